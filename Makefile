@@ -1,0 +1,44 @@
+# stagelab: `make run` sets up .venv and runs the quick profile; `make test` runs the tests.
+PYTHON ?= python3
+VENV ?= .venv
+PROFILE ?= quick
+# torch: on an NVIDIA machine PyPI's default (CUDA) build; elsewhere the CPU build 2.13.0.
+TORCH_SPEC ?= $(shell if nvidia-smi -L >/dev/null 2>&1; then echo 'torch>=2.4'; else echo 'torch==2.13.0'; fi)
+# Offline GPU nodes: `make run OFFLINE_WHEELS=wheelhouse PROFILE=full` installs from a bundle made
+# by `make wheelhouse` and reuses the node's preinstalled torch (system site packages).
+OFFLINE_WHEELS ?=
+EXTRAS ?= $(if $(OFFLINE_WHEELS),test,lab,test)
+PIP_FLAGS := $(if $(OFFLINE_WHEELS),--no-index --find-links $(OFFLINE_WHEELS),)
+VENV_FLAGS := $(if $(OFFLINE_WHEELS),--system-site-packages,)
+PY := $(VENV)/bin/python
+
+.PHONY: setup run test lab wheelhouse browser clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
+	$(PY) -c 'import torch' 2>/dev/null || $(PY) -m pip install -q $(PIP_FLAGS) '$(TORCH_SPEC)'
+	$(PY) -m pip install -q $(PIP_FLAGS) -e '.[$(EXTRAS)]'
+	$(PY) -m ipykernel install --sys-prefix --name stagelab --display-name 'Python (stagelab)' >/dev/null
+	touch $@
+
+setup: $(VENV)/.installed
+
+run: setup
+	$(VENV)/bin/stagelab run --profile $(PROFILE)
+
+# The report test drives a real browser: Debian's chromium, installed here when missing.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; } \
+	  || echo 'warning: chromium could not be installed; the browser test will say so'
+
+test: setup browser
+	$(PY) -m pytest
+
+lab: setup
+	$(VENV)/bin/jupyter lab --notebook-dir=notebooks
+
+wheelhouse:
+	$(PYTHON) scripts/build_wheelhouse.py --dest wheelhouse
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,187 @@
+"""A snapshot of the machine the numbers came from: host, torch and CUDA, GPU, and its PCIe link.
+
+With no GPU, no CUDA build or no NVML library the snapshot still returns the host part and lists
+in ``unavailable`` what could not be read, in plain words.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+# PCIe usable bandwidth per lane and direction, GB/s, after line encoding (8b/10b, then 128b/130b).
+PCIE_GBPS_PER_LANE = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.877}
+
+
+def link_bandwidth_gbps(generation: int | None, width: int | None) -> float | None:
+    """Theoretical bandwidth per direction of a PCIe link, GB/s; None when unknown."""
+    if not generation or not width or generation not in PCIE_GBPS_PER_LANE:
+        return None
+    return round(PCIE_GBPS_PER_LANE[generation] * width, 2)
+
+
+def _read_text(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return ""
+
+
+def _meminfo_bytes(key: str) -> int | None:
+    for line in _read_text("/proc/meminfo").splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024
+    return None
+
+
+def host_info() -> dict[str, Any]:
+    """The host: name, OS, CPU model, logical cores, memory."""
+    cpu_model = next((line.split(":", 1)[1].strip()
+                      for line in _read_text("/proc/cpuinfo").splitlines()
+                      if line.startswith("model name")), platform.processor() or "unknown")
+    return {
+        "hostname": socket.gethostname(),
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        "cpu_model": cpu_model,
+        "logical_cores": os.cpu_count(),
+        "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "memory_total_bytes": _meminfo_bytes("MemTotal"),
+        "memory_available_bytes": _meminfo_bytes("MemAvailable"),
+        "torch_threads": torch.get_num_threads(),
+    }
+
+
+def torch_info() -> dict[str, Any]:
+    """torch's version and the CUDA it was built with (None on a CPU build)."""
+    return {
+        "torch": torch.__version__,
+        "cuda_build": torch.version.cuda,
+        "cuda_available": torch.cuda.is_available(),
+        "cudnn": torch.backends.cudnn.version() if torch.cuda.is_available() else None,
+    }
+
+
+def gpu_info(index: int = 0) -> dict[str, Any]:
+    """Name, compute capability and memory of one CUDA device, as torch sees it."""
+    props = torch.cuda.get_device_properties(index)
+    return {
+        "index": index,
+        "name": props.name,
+        "compute_capability": f"{props.major}.{props.minor}",
+        "memory_total_bytes": props.total_memory,
+        "multiprocessors": props.multi_processor_count,
+    }
+
+
+def _busy_copy_loop(stop: threading.Event, index: int) -> None:
+    """Keep the link busy with device-to-host copies so that it trains up to its working speed."""
+    src = torch.empty(64 << 20, dtype=torch.uint8, device=f"cuda:{index}")
+    dst = torch.empty(64 << 20, dtype=torch.uint8, pin_memory=True)
+    while not stop.is_set():
+        dst.copy_(src, non_blocking=True)
+        torch.cuda.synchronize(index)
+
+
+def nvml_info(index: int = 0, under_load: bool = False) -> dict[str, Any]:
+    """Driver and PCIe link facts through NVML; ``under_load`` reads the current link during copies.
+
+    Idle links downtrain to save power, so the current generation and width read at idle can be
+    lower than what a copy gets; the maximum values are read as well.
+    """
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        info: dict[str, Any] = {
+            "driver": pynvml.nvmlSystemGetDriverVersion(),
+            "pcie_max_generation": pynvml.nvmlDeviceGetMaxPcieLinkGeneration(handle),
+            "pcie_max_width": pynvml.nvmlDeviceGetMaxPcieLinkWidth(handle),
+            "pci_bus_id": pynvml.nvmlDeviceGetPciInfo(handle).busId,
+        }
+        stop = threading.Event()
+        worker = threading.Thread(target=_busy_copy_loop, args=(stop, index), daemon=True)
+        if under_load:
+            worker.start()
+            time.sleep(0.3)
+        try:
+            info["pcie_current_generation"] = pynvml.nvmlDeviceGetCurrPcieLinkGeneration(handle)
+            info["pcie_current_width"] = pynvml.nvmlDeviceGetCurrPcieLinkWidth(handle)
+        finally:
+            stop.set()
+            if under_load:
+                worker.join()
+        info["pcie_read_under_load"] = under_load
+    finally:
+        pynvml.nvmlShutdown()
+    bus_id = info["pci_bus_id"]
+    bus_id = bus_id.decode() if isinstance(bus_id, bytes) else bus_id
+    info["pci_bus_id"] = bus_id
+    info["pcie_max_gbps_per_direction"] = link_bandwidth_gbps(
+        info["pcie_max_generation"], info["pcie_max_width"])
+    info["pcie_current_gbps_per_direction"] = link_bandwidth_gbps(
+        info["pcie_current_generation"], info["pcie_current_width"])
+    info["numa_node"] = gpu_numa_node(bus_id)
+    return info
+
+
+def gpu_numa_node(pci_bus_id: str) -> int | None:
+    """The NUMA node the GPU hangs off, from sysfs; None where the kernel does not say."""
+    domain_bus = pci_bus_id.lower()
+    if domain_bus.count(":") == 2 and len(domain_bus.split(":")[0]) == 8:
+        domain_bus = domain_bus[4:]  # NVML pads the PCI domain to 8 hex digits, sysfs to 4
+    text = _read_text(f"/sys/bus/pci/devices/{domain_bus}/numa_node").strip()
+    return int(text) if text.lstrip("-").isdigit() else None
+
+
+def snapshot(under_load: bool = False, device_index: int = 0) -> dict[str, Any]:
+    """The machine as a JSON-ready dict: ``host``, ``torch``, ``gpu``, ``nvml`` and ``unavailable``.
+
+    ``gpu`` and ``nvml`` are None where they cannot be read, and ``unavailable`` says why.
+    """
+    snap: dict[str, Any] = {"host": host_info(), "torch": torch_info(), "gpu": None, "nvml": None,
+                            "unavailable": []}
+    if torch.cuda.is_available():
+        snap["gpu"] = gpu_info(device_index)
+    elif torch.version.cuda is None:
+        snap["unavailable"].append("GPU: this torch is a CPU build (no CUDA support compiled in)")
+    else:
+        snap["unavailable"].append("GPU: torch has CUDA support but sees no CUDA device")
+    try:
+        snap["nvml"] = nvml_info(device_index, under_load=under_load and snap["gpu"] is not None)
+    except ImportError:
+        snap["unavailable"].append("NVML: the nvidia-ml-py package is not installed")
+    except Exception as exc:  # pynvml raises NVMLError subclasses, e.g. library not found
+        snap["unavailable"].append(f"NVML: {type(exc).__name__}: {exc} (driver, PCIe link and "
+                                   "NUMA node are not known)")
+    return snap
+
+
+def device_label(device: torch.device | str) -> str:
+    """The ``device`` column of a measurement row: ``cpu`` or ``cuda:0 <name>``."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return device.type
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return f"cuda:{index} {torch.cuda.get_device_name(index)}"
+
+
+def flatten(snap: dict[str, Any]) -> list[tuple[str, str, Any]]:
+    """(section, key, value) triples of a snapshot, for tables and the ``stagelab env`` printout."""
+    rows = []
+    for section in ("host", "torch", "gpu", "nvml"):
+        part = snap.get(section)
+        if part is None:
+            rows.append((section, "(unavailable)", "see below"))
+            continue
+        rows.extend((section, key, value) for key, value in part.items())
+    rows.extend(("unavailable", str(i + 1), reason) for i, reason in enumerate(snap["unavailable"]))
+    return rows

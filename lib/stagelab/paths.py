@@ -1,0 +1,13 @@
+"""Where the repository's inputs live; the package is installed editable from ``lib/``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
+DATA_DIR = REPO_ROOT / "data"
+REFERENCE_DIR = DATA_DIR / "reference"
+RUNS_DIR = REPO_ROOT / "papermill_runs"
+PROFILES_FILE = REPO_ROOT / "profiles.yaml"
+MODEL_SHAPES_FILE = DATA_DIR / "model_shapes.csv"

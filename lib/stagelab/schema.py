@@ -1,0 +1,140 @@
+"""The one tidy-data schema that every measurement row carries, and the helper that writes tables.
+
+Every notebook turns its measurements into rows of this schema and writes them with
+:func:`write_table` into ``<run folder>/data/<name>.parquet``. One row is one observation: one
+repeat of one arm of one experiment at one size, or one non-timing measurement (a peak, an error).
+
+========== ======= ============================================================================
+column     type    meaning
+========== ======= ============================================================================
+run_id     str     the run folder's name
+notebook   str     the notebook that measured it, e.g. ``01_d2h_staging``
+experiment str     what was measured, e.g. ``d2h_copy``, ``step``, ``prompt_memory``
+arm        str     the variant under test, e.g. ``pageable_fresh``; A/A twins end in ``~aa``
+stage      str     part of a pipeline (``copy``, ``host_gather``...) or ``total``
+metric     str     ``time`` for timings; otherwise what ``bytes``/``value`` hold
+                   (``peak_host_bytes``, ``peak_device_bytes``, ``predicted_peak_bytes``,
+                   ``pinned_bytes_held``, ``max_abs_error``, ``mismatches``...)
+device     str     where the source lived: ``cpu`` or ``cuda:0 <name>``
+model      str     model whose shape was used, empty when sizes were given as numbers
+rows       int     rows per step (``n``) or scored prompt positions (``T - 1``)
+vocab      int     vocabulary size ``V``
+hidden     int     hidden size ``H`` (prompt logprobs), else missing
+k          int     top-K logprobs requested, else missing
+chunk      int     prompt-logprob chunk rows, else missing (unchunked: equal to ``rows``)
+overlap    bool    whether the copy overlapped compute (prompt logprobs), else missing
+dtype      str     element type of the tensor that was moved or scored
+repeat     int     repeat index within the arm (warm-up repeats are not recorded)
+seconds    float   the primary timer's reading (CUDA events on a GPU, else ``perf_counter``)
+host_seconds float host-clock reading of the same repeat, to cross-check events; else missing
+bytes      int     bytes moved (timings) or the measured quantity in bytes
+value      float   a dimensionless measurement (errors, counts), else missing
+gb_per_s   float   derived: ``bytes / seconds / 1e9`` for timings that move bytes
+timer      str     ``cuda_event``, ``perf_counter`` or empty
+status     str     ``ok``, ``unavailable`` (could not be measured here) or ``skipped``
+note       str     why a row is unavailable or skipped, or other plain-words context
+========== ======= ============================================================================
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import pandas as pd
+
+COLUMN_DTYPES: dict[str, str] = {
+    "run_id": "string",
+    "notebook": "string",
+    "experiment": "string",
+    "arm": "string",
+    "stage": "string",
+    "metric": "string",
+    "device": "string",
+    "model": "string",
+    "rows": "Int64",
+    "vocab": "Int64",
+    "hidden": "Int64",
+    "k": "Int64",
+    "chunk": "Int64",
+    "overlap": "boolean",
+    "dtype": "string",
+    "repeat": "Int64",
+    "seconds": "float64",
+    "host_seconds": "float64",
+    "bytes": "Int64",
+    "value": "float64",
+    "gb_per_s": "float64",
+    "timer": "string",
+    "status": "string",
+    "note": "string",
+}
+COLUMNS: tuple[str, ...] = tuple(COLUMN_DTYPES)
+STATUSES = ("ok", "unavailable", "skipped")
+_DEFAULTS: dict[str, Any] = {"stage": "total", "metric": "time", "model": "", "timer": "",
+                             "status": "ok", "note": ""}
+
+
+class SchemaError(ValueError):
+    """A table does not follow the tidy schema."""
+
+
+def make_rows(records: Iterable[Mapping[str, Any]], **common: Any) -> pd.DataFrame:
+    """Build a schema-conforming frame from dict records; ``common`` fills every row.
+
+    Unknown keys are an error (a typo must not become a silently dropped column); missing columns
+    get their default or a missing value; ``gb_per_s`` is derived where a timing moved bytes.
+    """
+    rows = [{**_DEFAULTS, **common, **record} for record in records]
+    unknown = sorted({key for row in rows for key in row} - set(COLUMNS))
+    if unknown:
+        raise SchemaError(f"unknown column(s) {unknown}; the schema's columns are {list(COLUMNS)}")
+    frame = conform(pd.DataFrame(rows, columns=list(COLUMNS)))
+    derivable = frame["gb_per_s"].isna() & (frame["metric"] == "time") & (frame["seconds"] > 0)
+    frame.loc[derivable, "gb_per_s"] = (
+        frame.loc[derivable, "bytes"].astype("float64") / frame.loc[derivable, "seconds"] / 1e9
+    )
+    return frame
+
+
+def conform(frame: pd.DataFrame) -> pd.DataFrame:
+    """Check a frame has exactly the schema's columns and valid statuses; cast to the schema types."""
+    missing = [c for c in COLUMNS if c not in frame.columns]
+    extra = [c for c in frame.columns if c not in COLUMN_DTYPES]
+    if missing or extra:
+        raise SchemaError(f"table does not follow the schema: missing {missing}, extra {extra}")
+    frame = frame[list(COLUMNS)].astype(COLUMN_DTYPES)
+    bad = sorted(set(frame["status"].dropna()) - set(STATUSES))
+    if bad:
+        raise SchemaError(f"unknown status value(s) {bad}; valid: {list(STATUSES)}")
+    return frame
+
+
+def table_path(run_dir: Path | str, name: str) -> Path:
+    """Where the table ``name`` of a run folder lives."""
+    return Path(run_dir) / "data" / f"{name}.parquet"
+
+
+def write_table(frame: pd.DataFrame, run_dir: Path | str, name: str) -> Path:
+    """Validate ``frame`` against the schema and write it as ``data/<name>.parquet`` in the run."""
+    if not name or not name.replace("_", "").isalnum():
+        raise ValueError(f"table name {name!r} must be letters, digits and underscores")
+    path = table_path(run_dir, name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    conform(frame).to_parquet(path, index=False)
+    return path
+
+
+def read_table(run_dir: Path | str, name: str) -> pd.DataFrame:
+    """Read a run's table; a missing file raises FileNotFoundError, a corrupt one names the file."""
+    path = table_path(run_dir, name)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such table in this run")
+    try:
+        frame = pd.read_parquet(path)
+    except Exception as exc:  # pyarrow raises several types for a damaged file
+        raise SchemaError(f"{path}: cannot be read as a parquet table ({exc})") from exc
+    try:
+        return conform(frame)
+    except SchemaError as exc:
+        raise SchemaError(f"{path}: {exc}") from exc

@@ -1,0 +1,65 @@
+"""Real models' vocabulary and hidden sizes (``data/model_shapes.csv``), looked up by name or number.
+
+Notebooks take sizes as a list whose items are either a model name from the table or a plain
+vocabulary size; :func:`resolve_vocabs` turns such a list into ``(model, vocab, hidden)`` rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Iterable
+
+import pandas as pd
+
+from stagelab import paths
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """A model's name ('' when given as a number), vocabulary size and hidden size (0 if unknown)."""
+
+    model: str
+    vocab: int
+    hidden: int
+
+
+@lru_cache(maxsize=4)
+def model_shapes(path: Path = paths.MODEL_SHAPES_FILE) -> pd.DataFrame:
+    """The table of real model shapes, with its source column."""
+    return pd.read_csv(path)
+
+
+def resolve_vocabs(items: Iterable[str | int], parameter: str = "models") -> list[ModelShape]:
+    """Resolve model names or vocabulary sizes; a clear error names the bad item and the choices."""
+    items = list(items)
+    if not items:
+        raise ValueError(f"{parameter} is empty: give model names or vocabulary sizes")
+    table = model_shapes().set_index("model")
+    shapes = []
+    for item in items:
+        if isinstance(item, bool):
+            raise ValueError(f"{parameter}: {item!r} is neither a model name nor a size")
+        if isinstance(item, int):
+            if item <= 0:
+                raise ValueError(f"{parameter}: vocabulary size {item} must be positive")
+            shapes.append(ModelShape("", item, 0))
+        elif isinstance(item, str) and item in table.index:
+            row = table.loc[item]
+            shapes.append(ModelShape(item, int(row["vocab"]), int(row["hidden"])))
+        else:
+            raise ValueError(f"{parameter}: unknown model {item!r}; known: "
+                             f"{', '.join(table.index)} (or give a vocabulary size as a number)")
+    return shapes
+
+
+def positive_ints(values: Iterable[int], parameter: str) -> list[int]:
+    """Check a list of sizes is non-empty and all positive integers; name the parameter if not."""
+    values = list(values)
+    if not values:
+        raise ValueError(f"{parameter} is empty")
+    for value in values:
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{parameter}: {value!r} is not a positive integer")
+    return values

@@ -1,0 +1,45 @@
+"""Shared fixtures: tiny notebooks and profiles that exercise the runner in seconds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_notebook
+
+
+def write_notebook(path: Path, parameters: str, body: str) -> Path:
+    """A notebook with a tagged parameters cell followed by one code cell."""
+    nb = new_notebook(cells=[new_code_cell(parameters, metadata={"tags": ["parameters"]}),
+                             new_code_cell(body)],
+                      metadata={"kernelspec": {"name": "stagelab", "display_name": "stagelab",
+                                               "language": "python"}})
+    nbformat.write(nb, str(path))
+    return path
+
+
+@pytest.fixture
+def tiny_suite(tmp_path: Path) -> dict[str, Path]:
+    """Three notebooks (one writes a table, one fails, one sleeps) and a profile file naming them."""
+    nb_dir = tmp_path / "notebooks"
+    nb_dir.mkdir()
+    write_notebook(nb_dir / "10_ok.ipynb", 'run_dir = ""\nrepeats = 2\nlabel = "x"',
+                   "from stagelab import runs, schema\n"
+                   "ctx = runs.notebook_context('10_ok', run_dir)\n"
+                   "rows = schema.make_rows([{'seconds': 0.5, 'bytes': 10**9, 'repeat': r}\n"
+                   "                         for r in range(repeats)], experiment='e', arm=label)\n"
+                   "ctx.write_table(rows, 'ok_table')\nprint('done', repeats)")
+    write_notebook(nb_dir / "20_fails.ipynb", 'run_dir = ""',
+                   "print('partial output before the failure')\n"
+                   "raise RuntimeError('deliberate failure for the test')")
+    write_notebook(nb_dir / "30_sleeps.ipynb", 'run_dir = ""\nseconds = 60',
+                   "import time\nprint('sleeping', flush=True)\ntime.sleep(seconds)")
+    profiles = tmp_path / "profiles.yaml"
+    profiles.write_text(
+        "profiles:\n"
+        "  tiny:\n    description: test\n    notebooks:\n"
+        "      10_ok: {repeats: 3}\n      20_fails: {}\n"
+        "  okonly:\n    description: test\n    notebooks:\n      10_ok: {}\n"
+        "  sleepy:\n    description: test\n    notebooks:\n      30_sleeps: {}\n      10_ok: {}\n")
+    return {"notebooks": nb_dir, "profiles": profiles, "root": tmp_path / "runs"}

@@ -1,0 +1,40 @@
+"""The hardware snapshot works without a GPU and says what it could not read."""
+
+import json
+
+import pytest
+import torch
+
+from stagelab import hardware
+
+
+def test_snapshot_without_a_gpu_has_the_host_and_says_what_is_missing():
+    snap = hardware.snapshot()
+    json.dumps(snap)  # JSON-ready for the manifest
+    host = snap["host"]
+    assert host["logical_cores"] >= 1 and host["memory_total_bytes"] > 0 and host["cpu_model"]
+    assert snap["torch"]["torch"] == torch.__version__
+    if not torch.cuda.is_available():
+        assert snap["gpu"] is None
+        assert any(reason.startswith("GPU:") for reason in snap["unavailable"])
+
+
+@pytest.mark.parametrize("gen, width, gbps", [(5, 16, 63.01), (4, 16, 31.5), (3, 16, 15.76),
+                                              (4, 8, 15.75), (None, 16, None), (9, 16, None)])
+def test_link_bandwidth_per_direction(gen, width, gbps):
+    assert hardware.link_bandwidth_gbps(gen, width) == gbps
+
+
+def test_numa_node_of_an_unknown_bus_is_none():
+    assert hardware.gpu_numa_node("00000000:FF:1F.7") is None
+
+
+def test_flatten_lists_every_section():
+    rows = hardware.flatten({"host": {"a": 1}, "torch": {"b": 2}, "gpu": None, "nvml": None,
+                             "unavailable": ["GPU: none"]})
+    assert ("host", "a", 1) in rows and ("gpu", "(unavailable)", "see below") in rows
+    assert ("unavailable", "1", "GPU: none") in rows
+
+
+def test_device_label_on_cpu():
+    assert hardware.device_label("cpu") == "cpu"

@@ -1,0 +1,57 @@
+"""Project rules: notebooks committed clean with parameters; environment.yml agrees with pyproject."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+
+import nbformat
+import pytest
+import yaml
+
+from stagelab import paths, runs
+
+NOTEBOOKS = sorted(paths.NOTEBOOKS_DIR.glob("*.ipynb"))
+CONDA_NAMES = {"torch": "pytorch"}
+
+
+def _split(requirement: str) -> tuple[str, str]:
+    name, spec = re.match(r"^\s*([A-Za-z0-9_.\-]+)\s*(.*)$", requirement).groups()
+    return name.lower(), spec.replace(" ", "")
+
+
+def test_there_are_notebooks():
+    assert [p.name for p in NOTEBOOKS][:1] == ["00_environment.ipynb"]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_is_committed_without_outputs_and_has_parameters(path):
+    nb = nbformat.read(str(path), as_version=4)
+    nbformat.validate(nb)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert all(not c.outputs and c.execution_count is None for c in code), "strip the outputs"
+    tagged = [c for c in code if "parameters" in c.metadata.get("tags", [])]
+    assert len(tagged) == 1
+    assert "run_dir" in runs.notebook_parameters(path)
+    assert nb.metadata.kernelspec.name == runs.KERNEL_NAME
+
+
+def test_every_profile_names_existing_notebooks_with_valid_parameters():
+    for profile in runs.load_profiles():
+        plans = runs.plan_run(profile)
+        assert plans and plans[0].name == "00_environment"
+
+
+def test_environment_yml_agrees_with_pyproject():
+    project = tomllib.loads((paths.REPO_ROOT / "pyproject.toml").read_text())["project"]
+    wanted = [_split(r) for r in project["dependencies"]]
+    wanted += [_split(r) for extra in project["optional-dependencies"].values() for r in extra]
+    env = yaml.safe_load((paths.REPO_ROOT / "environment.yml").read_text())
+    conda = dict(_split(d) for d in env["dependencies"] if isinstance(d, str))
+    pip_part = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
+    assert conda.pop("python") == project["requires-python"]
+    conda.pop("pip")
+    expected = {CONDA_NAMES.get(name, name): spec for name, spec in wanted}
+    assert conda == expected
+    extras = ",".join(sorted(project["optional-dependencies"]))
+    assert pip_part == [f"-e .[{extras}]"]
