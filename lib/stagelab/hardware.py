@@ -185,3 +185,47 @@ def flatten(snap: dict[str, Any]) -> list[tuple[str, str, Any]]:
         rows.extend((section, key, value) for key, value in part.items())
     rows.extend(("unavailable", str(i + 1), reason) for i, reason in enumerate(snap["unavailable"]))
     return rows
+
+
+class PcieSampler:
+    """Samples NVML's PCIe TX/RX throughput (KB/s over a 20 ms window) in a thread while a loop runs.
+
+    A cross-check of what the copy loop really moved over the link. ``available`` is False, with
+    ``reason``, where NVML cannot be read (no GPU, no driver); then ``samples`` stays empty.
+    """
+
+    def __init__(self, device_index: int = 0, interval_s: float = 0.02) -> None:
+        self.device_index, self.interval_s = device_index, interval_s
+        self.samples: list[tuple[float, int, int]] = []
+        self.available, self.reason = False, ""
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> "PcieSampler":
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._nvml = pynvml
+            self._handle = pynvml.nvmlDeviceGetHandleByIndex(self.device_index)
+        except Exception as exc:  # ImportError or an NVMLError subclass
+            self.reason = f"NVML cannot be read here ({type(exc).__name__}: {exc})"
+            return self
+        self.available = True
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        nvml, start = self._nvml, time.perf_counter()
+        while not self._stop.is_set():
+            tx = nvml.nvmlDeviceGetPcieThroughput(self._handle, nvml.NVML_PCIE_UTIL_TX_BYTES)
+            rx = nvml.nvmlDeviceGetPcieThroughput(self._handle, nvml.NVML_PCIE_UTIL_RX_BYTES)
+            self.samples.append((time.perf_counter() - start, tx * 1024, rx * 1024))
+            self._stop.wait(self.interval_s)
+
+    def __exit__(self, *_exc: object) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._nvml.nvmlShutdown()

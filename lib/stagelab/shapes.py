@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Iterable
 
 import pandas as pd
+import torch
 
 from stagelab import paths
 
@@ -63,3 +64,13 @@ def positive_ints(values: Iterable[int], parameter: str) -> list[int]:
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise ValueError(f"{parameter}: {value!r} is not a positive integer")
     return values
+
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def torch_dtype(name: str, parameter: str = "dtype") -> torch.dtype:
+    """A supported floating dtype by name; a clear error names the parameter and the choices."""
+    if name not in DTYPES:
+        raise ValueError(f"{parameter}: unsupported dtype {name!r}; valid: {', '.join(DTYPES)}")
+    return DTYPES[name]

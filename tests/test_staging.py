@@ -1,0 +1,174 @@
+"""Staging arms: values, allocation counts, grow-only behaviour, the pinned-allocator proof."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from stagelab import memory, schema, shapes, staging
+
+CUDA = torch.cuda.is_available()
+
+
+class RecordingAllocator:
+    """Hands out host uint8 buffers and remembers each, as torch's pinned allocator would."""
+
+    def __init__(self) -> None:
+        self.buffers: list[torch.Tensor] = []
+
+    def __call__(self, nbytes: int) -> torch.Tensor:
+        self.buffers.append(torch.empty(nbytes, dtype=torch.uint8))
+        return self.buffers[-1]
+
+    def owns(self, tensor: torch.Tensor) -> bool:
+        last = self.buffers[-1]
+        start, end = last.data_ptr(), last.data_ptr() + last.numel()
+        size = tensor.numel() * tensor.element_size()
+        return start <= tensor.data_ptr() and tensor.data_ptr() + size <= end
+
+
+def source(n: int, vocab: int, dtype=torch.float32, seed: int = 0) -> torch.Tensor:
+    return torch.randn(n, vocab, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+def cpu_arms() -> list[staging.StagingArm]:
+    return [staging.PageableFresh(), staging.PageableReused(),
+            staging.PinnedGrowOnly(allocator=RecordingAllocator()), staging.RawCeiling(1 << 20)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("arm", cpu_arms(), ids=lambda a: a.name)
+def test_every_arm_returns_the_source_values(arm, dtype):
+    for n, vocab in [(3, 1001), (1, 7), (5, 333)]:
+        src = source(n, vocab, dtype, seed=n)
+        out = arm.stage(src)
+        assert out.shape == src.shape and out.dtype == src.dtype and out.device.type == "cpu"
+        assert torch.equal(out, src)
+        assert out.data_ptr() != src.data_ptr()
+
+
+def test_pinned_grow_only_stages_into_the_allocators_buffer_and_only_grows():
+    allocator = RecordingAllocator()
+    arm = staging.PinnedGrowOnly(allocator=allocator)
+    sizes = [(4, 1000), (2, 1000), (1, 10), (4, 1000), (8, 1000), (3, 1000), (8, 1000)]
+    allocations_after = []
+    for i, (n, vocab) in enumerate(sizes):
+        src = source(n, vocab, seed=i)
+        out = arm.stage(src)
+        assert torch.equal(out, src)
+        assert allocator.owns(out), "the staged tensor must lie inside the allocator's buffer"
+        allocations_after.append(arm.allocations)
+    assert allocations_after == [1, 1, 1, 1, 2, 2, 2]
+    assert [b.numel() for b in allocator.buffers] == [16000, 32000]
+    assert arm.capacity_bytes == 32000 and arm.pinned_bytes_held == 32000 and arm.pinned
+
+
+def test_pageable_arms_count_their_allocations():
+    fresh, reused = staging.PageableFresh(), staging.PageableReused()
+    for i in range(5):
+        fresh.stage(source(2, 100, seed=i))
+        reused.stage(source(2, 100, seed=i))
+    assert fresh.allocations == 5 and reused.allocations == 1
+    assert fresh.pinned_bytes_held == 0 and reused.pinned_bytes_held == 0
+
+
+def test_pageable_reused_returns_views_of_one_buffer():
+    arm = staging.PageableReused()
+    first = arm.stage(source(4, 50))
+    second = arm.stage(source(2, 50, seed=1))
+    assert first.data_ptr() == second.data_ptr()
+
+
+@pytest.mark.skipif(CUDA, reason="checks the CPU-only refusal")
+@pytest.mark.parametrize("cls", [staging.PinnedGrowOnly, staging.PinnedFresh,
+                                 staging.ToCpuNonBlocking])
+def test_pinned_arms_refuse_clearly_without_cuda(cls):
+    with pytest.raises(staging.PinnedMemoryUnavailable, match="needs a CUDA device"):
+        cls()
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+def test_pinned_grow_only_on_cuda_uses_pinned_memory_from_its_allocator():
+    handed: list[torch.Tensor] = []
+
+    def allocator(nbytes: int) -> torch.Tensor:
+        handed.append(staging.pinned_allocator(nbytes))
+        return handed[-1]
+
+    arm = staging.PinnedGrowOnly(allocator=allocator)
+    src = torch.randn(8, 4099, device="cuda")
+    out = arm.stage(src)
+    assert out.is_pinned() and torch.equal(out, src.cpu())
+    start = handed[-1].data_ptr()
+    assert start <= out.data_ptr() < start + handed[-1].numel()
+    for cls in (staging.PinnedFresh, staging.ToCpuNonBlocking):
+        assert torch.equal(cls().stage(src), src.cpu())
+
+
+def test_bad_sources_are_refused_naming_src():
+    arm = staging.PageableReused()
+    with pytest.raises(ValueError, match="src must be contiguous"):
+        arm.stage(source(4, 10).t())
+    with pytest.raises(ValueError, match="src is empty"):
+        arm.stage(torch.empty(0, 10))
+    with pytest.raises(TypeError, match="src must be a torch.Tensor"):
+        arm.stage([1.0, 2.0])
+    assert arm.allocations == 0  # refused before allocating
+
+
+def test_raw_ceiling_refuses_a_copy_larger_than_its_buffer():
+    with pytest.raises(ValueError, match="raw_ceiling holds 64"):
+        staging.RawCeiling(64).stage(source(1, 100))
+    with pytest.raises(ValueError, match="capacity_bytes must be positive"):
+        staging.RawCeiling(0)
+
+
+def test_unknown_arm_is_named():
+    with pytest.raises(ValueError, match="unknown arm 'fast'; valid: pageable_fresh"):
+        staging.make_arm("fast")
+
+
+def test_sweep_times_interleaved_arms_and_records_what_it_cannot_measure():
+    arms = ["pageable_fresh", "pageable_reused", "pinned_grow_only", "raw_ceiling"]
+    records = staging.sweep(shapes.resolve_vocabs([1000]), [2], torch.float32, arms, repeats=4,
+                            warmup=1)
+    frame = schema.make_rows(records)
+    timed = frame[(frame.metric == "time") & (frame.status == "ok")]
+    assert timed.groupby("arm").size().to_dict() == {
+        "pageable_fresh": 4, "pageable_fresh~aa": 4, "pageable_reused": 4, "raw_ceiling": 4}
+    assert (timed.bytes == 8000).all() and (timed.seconds > 0).all()
+    if not CUDA:
+        missing = frame[frame.arm == "pinned_grow_only"]
+        assert list(missing.status) == ["unavailable"]
+        assert "needs a CUDA device" in missing.note.iloc[0]
+    allocations = frame[frame.metric == "allocations"].set_index("arm")["value"]
+    assert allocations["pageable_fresh"] == 5 and allocations["pageable_reused"] == 1
+
+
+def test_sweep_skips_a_cell_that_does_not_fit_with_the_numbers(monkeypatch):
+    monkeypatch.setattr(memory, "free_host_bytes", lambda: 10_000)
+    frame = schema.make_rows(staging.sweep(shapes.resolve_vocabs([1000]), [64], torch.float32,
+                                           ["pageable_fresh"], repeats=2))
+    assert list(frame.status) == ["skipped"]
+    assert "needs" in frame.note.iloc[0] and "GiB" in frame.note.iloc[0]
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"arms": ["nope"]}, "arms: unknown arm 'nope'"),
+    ({"arms": ["pageable_reused"]}, "aa_arm 'pageable_fresh' must be one of arms"),
+    ({"repeats": 0}, "repeats must be positive"),
+])
+def test_sweep_bad_parameters(kwargs, message):
+    args = {"arms": ["pageable_fresh"], "repeats": 2, **kwargs}
+    with pytest.raises(ValueError, match=message):
+        staging.sweep(shapes.resolve_vocabs([10]), [1], torch.float32, **args)
+
+
+def test_goal_checks_say_what_was_not_measured_without_a_gpu():
+    frame = schema.make_rows(staging.sweep(shapes.resolve_vocabs([1000]), [2], torch.float32,
+                                           ["pageable_fresh", "pageable_reused", "raw_ceiling"],
+                                           repeats=3))
+    goals = staging.goal_checks(frame, {"gpu": None, "nvml": None}).set_index("goal")
+    assert goals.loc["pinned grow-only vs raw pinned ceiling", "status"] == "not measured"
+    assert goals.loc["reuse lever: reused vs fresh pageable", "status"] == "met"
+    assert goals.loc["A/A noise band", "status"] in ("met", "not met")
