@@ -1,0 +1,131 @@
+"""Exactness of every logprobs path against float64, and clear errors for bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from reference import assert_matches_reference
+from stagelab import logprobs as lp
+from stagelab import staging, step
+from test_staging import RecordingAllocator
+
+
+def make_logits(n: int, vocab: int, dtype=torch.float32, seed: int = 0) -> torch.Tensor:
+    return (3 * torch.randn(n, vocab, generator=torch.Generator().manual_seed(seed))).to(dtype)
+
+
+def make_tokens(n: int, vocab: int, seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed))
+
+
+def vllm_path(logits, k, tokens):
+    return lp.gather_logprobs(lp.compute_logprobs(logits), k, tokens)
+
+
+def host_path(logits, k, tokens):
+    return lp.gather_logprobs_host(lp.compute_logprobs(logits), k, tokens)
+
+
+PATHS = {"device_gather": vllm_path, "host_gather": host_path, "fused": lp.logprobs_from_logits}
+# torch's fp32 log-softmax rounds its V-term sum and every subtraction: at V = 152k we saw
+# 1.3e-5 from float64, so those paths get 5e-5. The fused path forms each value once as
+# logit - logsumexp from the exact logit: within 1e-5.
+ATOL = {"device_gather": 5e-5, "host_gather": 5e-5, "fused": 1e-5}
+SHAPES = [(1, 7), (5, 1001), (33, 4099), (3, 151_937)]
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("n, vocab", SHAPES)
+@pytest.mark.parametrize("k", [0, 1, 5, 20])
+def test_paths_match_float64(path, n, vocab, k):
+    k = min(k, vocab)
+    logits, tokens = make_logits(n, vocab, seed=n), make_tokens(n, vocab)
+    assert_matches_reference(PATHS[path](logits, k, tokens), logits, k, tokens, atol=ATOL[path])
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_logits(path, dtype):
+    logits, tokens = make_logits(9, 3001, dtype), make_tokens(9, 3001)
+    # bf16 logits repeat values often: ids may differ among ties, values and ranks may not
+    assert_matches_reference(PATHS[path](logits, 5, tokens), logits, 5, tokens,
+                             atol=ATOL[path], exact_ranks=path == "fused")
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_k_equals_vocab_and_masked_entries(path):
+    logits, tokens = make_logits(4, 50), make_tokens(4, 50)
+    logits[:, ::3] = float("-inf")  # a masked vocabulary
+    tokens[0] = 0  # a masked target: rank V
+    result = PATHS[path](logits, 50, tokens)
+    assert_matches_reference(result, logits, 50, tokens)
+    assert result.selected_token_ranks[0] == 50
+    assert torch.isneginf(result.logprobs[:, -17:]).all()
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_duplicated_values_rank_against_the_target(path):
+    logits = torch.tensor([[1.0, 2.0, 2.0, 2.0, 0.5], [0.0, 0.0, 0.0, 0.0, 0.0]])
+    tokens = torch.tensor([1, 4])
+    result = PATHS[path](logits, 3, tokens)
+    assert result.selected_token_ranks.tolist() == [3, 5]
+    assert sorted(result.logprob_token_ids[0, 1:].tolist()) == [1, 2, 3]
+    assert_matches_reference(result, logits, 3, tokens)
+
+
+def test_fused_works_across_many_blocks():
+    logits, tokens = make_logits(300, 40_000), make_tokens(300, 40_000)
+    assert lp.block_rows(300, 40_000) < 300
+    assert_matches_reference(lp.logprobs_from_logits(logits, 4, tokens), logits, 4, tokens)
+
+
+@pytest.mark.parametrize("arm", ["seed_pageable", "seed_pinned", "device_gather", "fused"])
+def test_step_pipelines_agree_with_float64_and_report_stages(arm):
+    stager = staging.PinnedGrowOnly(allocator=RecordingAllocator()) if arm == "seed_pinned" else None
+    logits, tokens = make_logits(6, 2003, torch.bfloat16), make_tokens(6, 2003)
+    result, stages = step.StepPipeline(arm, stager=stager).run(logits, 5, tokens)
+    assert set(stages) == set(step.STAGES) and all(v >= 0 for v in stages.values())
+    assert_matches_reference(result, logits, 5, tokens, exact_ranks=arm == "fused")
+
+
+def test_empty_host_tensors():
+    out = lp.LogprobsTensors.empty_host(3, 4)
+    assert out.logprob_token_ids.shape == (3, 5) and out.selected_token_ranks.shape == (3,)
+    assert out.nbytes == 3 * 5 * 8 + 3 * 4
+    if not torch.cuda.is_available():
+        with pytest.raises(staging.PinnedMemoryUnavailable):
+            lp.LogprobsTensors.empty_host(3, 4, pinned=True)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("mutate, error, message", [
+    (lambda x, k, t: (x, -1, t), ValueError, r"num_logprobs must be in \[0, 10\]"),
+    (lambda x, k, t: (x, 11, t), ValueError, r"num_logprobs must be in \[0, 10\]"),
+    (lambda x, k, t: (x, k, t.float()), TypeError, "token_ids must be an integer tensor"),
+    (lambda x, k, t: (x, k, t[:2]), ValueError, "token_ids must be 1-D with 3 entries"),
+    (lambda x, k, t: (x, k, t + 10), ValueError, r"token_ids out of range \[0, 10\): rows \[0, 1, 2\]"),
+    (lambda x, k, t: (x[0], k, t), ValueError, "must be 2-D"),
+    (lambda x, k, t: (x[None], k, t), ValueError, "must be 2-D"),
+])
+def test_bad_input_names_the_parameter(path, mutate, error, message):
+    logits, tokens = make_logits(3, 10), torch.tensor([1, 2, 3])
+    with pytest.raises(error, match=message):
+        PATHS[path](*mutate(logits, 2, tokens))
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_nan_rows_are_named(path):
+    logits, tokens = make_logits(12, 10), make_tokens(12, 10)
+    logits[3, 4] = logits[7, 0] = float("nan")
+    with pytest.raises(ValueError, match=r"NaN.*rows \[3, 7\]"):
+        PATHS[path](logits, 2, tokens)
+
+
+def test_host_gather_refuses_device_tensors_and_fused_names_all_minus_inf_rows():
+    logits, tokens = make_logits(3, 10), make_tokens(3, 10)
+    logits[1] = float("-inf")
+    with pytest.raises(ValueError, match=r"only -inf: rows \[1\]"):
+        lp.logprobs_from_logits(logits, 2, tokens)
+    with pytest.raises(ValueError, match="unknown step arm 'x'"):
+        step.StepPipeline("x")
