@@ -25,10 +25,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-# A fused block's fp32 temporaries stay near 1/64 of the logits, and at least this many bytes,
-# so that short inputs do not pay a kernel launch per row.
-MIN_BLOCK_BYTES = 4 << 20
-BLOCK_FRACTION = 64
+# The fused path's temporaries per block element: the rank's bool comparison and the int64 its
+# sum casts to (1 + 8 bytes, measured on CPU), which outweighs logsumexp's fp32 upcast and exp.
+BLOCK_TEMP_BYTES = 9
+# Blocks are sized so that those temporaries stay within this fraction of the logits' bytes.
+BLOCK_EXTRA_FRACTION = 0.10
 
 
 @dataclass
@@ -168,10 +169,9 @@ def gather_logprobs(logprobs: torch.Tensor, num_logprobs: int,
                            ranks.to(torch.int32))
 
 
-def block_rows(rows: int, vocab: int) -> int:
-    """Rows per block of the fused path: about 1/64 of the rows, at least 4 MiB of fp32."""
-    floor = MIN_BLOCK_BYTES // (4 * vocab)
-    return max(1, min(rows, max(-(-rows // BLOCK_FRACTION), floor)))
+def block_rows(rows: int, itemsize: int) -> int:
+    """Rows per block of the fused path: temporaries within 10 % of the logits' bytes."""
+    return max(1, min(rows, int(BLOCK_EXTRA_FRACTION * rows * itemsize / BLOCK_TEMP_BYTES)))
 
 
 def logprobs_from_logits(logits: torch.Tensor, num_logprobs: int,
@@ -183,7 +183,7 @@ def logprobs_from_logits(logits: torch.Tensor, num_logprobs: int,
     out = LogprobsTensors.empty(rows, num_logprobs, device)
     targets = token_ids.to(device=device, dtype=torch.int64)
     lse = torch.empty(rows, dtype=torch.float32, device=device)
-    step = block_rows(rows, vocab)
+    step = block_rows(rows, logits.element_size())
     for start in range(0, rows, step):
         block = logits[start:start + step]
         target = block.gather(1, targets[start:start + step, None])

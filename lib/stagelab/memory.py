@@ -2,11 +2,18 @@
 
 Peaks: on a device, torch's allocator statistics. On the host, the kernel's high-water mark
 (``VmHWM``) in a fresh process per configuration, because memory that an allocator kept from an
-earlier step is reused without raising any counter; ``tracemalloc`` does not see torch tensors.
+earlier configuration is reused without raising any counter (``tracemalloc`` does not see torch
+tensors at all); inside that process, freed heap is trimmed before the measured call.
 """
 
 from __future__ import annotations
 
+import ctypes
+import gc
+import importlib
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import torch
@@ -64,3 +71,100 @@ def pinned_host_bytes() -> int:
         if key in stats:
             return int(stats[key])
     return 0
+
+
+def predicted_peak_bytes(T: int, V: int, H: int, C: int | None, dtype: torch.dtype,
+                         method: str, K: int = 0) -> int:
+    """Analytic peak of prompt logprobs' working memory beyond its inputs, in bytes.
+
+    Per chunk of ``C`` rows (``C=None``: all ``T - 1`` rows) the logits ``C x V`` in ``dtype``, and:
+
+    * ``logsoftmax``: the fp32 log-softmax (4 bytes per element), then at the larger of two
+      moments either the fp32 upcast of half-precision logits (4) or the rank's comparison, a
+      bool (1) whose sum casts it to int64 (8): ``C x V x (4 + max(upcast, 9))``;
+    * ``fused``: the same temporaries for one block of :func:`stagelab.logprobs.block_rows` rows:
+      ``B x V x max(4 + upcast, 9)``.
+
+    Plus the results: the chunk's device results, the host output ``(T-1) x (K+1)`` and two host
+    slots. ``H`` is accepted for the callers' convenience: hidden states and the weight are inputs.
+    """
+    from stagelab.logprobs import BLOCK_TEMP_BYTES, block_rows
+
+    del H
+    rows = T - 1
+    chunk = rows if C is None else min(C, rows)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    upcast = 0 if dtype == torch.float32 else 4
+    if method == "logsoftmax":
+        working = chunk * V * (4 + max(upcast, BLOCK_TEMP_BYTES))
+    elif method == "fused":
+        working = block_rows(chunk, itemsize) * V * max(4 + upcast, BLOCK_TEMP_BYTES)
+    else:
+        raise ValueError(f"method must be 'fused' or 'logsoftmax', got {method!r}")
+    result_row = (K + 1) * 8 + 4
+    return chunk * V * itemsize + working + result_row * (chunk + rows + 2 * chunk)
+
+
+def _reset_high_water_mark() -> bool:
+    """Reset this process's peak RSS (``VmHWM``) to its current RSS; False where not allowed."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def _release_freed_memory() -> None:
+    """Return freed heap memory to the kernel, so that a later peak cannot hide in it."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass  # not glibc: large blocks are unmapped on free anyway
+
+
+def measure_peak(target: str, config: dict, timeout: float = 900) -> dict:
+    """Peak memory of one configuration, measured in a fresh Python process.
+
+    ``target`` is ``"module:function"``; ``function(**config)`` builds the inputs and returns a
+    no-argument callable. It is called once to warm up (code pages, thread pools, lazy set-up),
+    freed memory is handed back to the kernel (``malloc_trim``), the high-water mark is reset, and
+    only the second call is measured. Returns host bytes (baseline, peak, extra
+    over the baseline, whether the kernel's high-water mark could be reset), device bytes (extra
+    peak of torch's allocator, None on CPU) and pinned host bytes held afterwards.
+    """
+    proc = subprocess.run([sys.executable, "-m", "stagelab.memory", target, json.dumps(config)],
+                          capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"memory probe {target} {config} failed: {tail}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _probe(target: str, config: dict) -> dict:
+    module, _, function = target.partition(":")
+    run = getattr(importlib.import_module(module), function)(**config)
+    run()  # warm-up: code pages, thread pools and lazy initialization are not working memory
+    _release_freed_memory()
+    cuda = torch.cuda.is_available() and str(config.get("device", "cpu")).startswith("cuda")
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        device_base = torch.cuda.memory_allocated()
+    reset = _reset_high_water_mark()
+    base = _status_bytes("VmRSS")
+    run()
+    if cuda:
+        torch.cuda.synchronize()
+    peak = _status_bytes("VmHWM")
+    return {
+        "host_baseline_bytes": base, "host_peak_bytes": peak,
+        "host_extra_bytes": None if peak is None or base is None else peak - base,
+        "hwm_reset": reset,
+        "device_extra_bytes": torch.cuda.max_memory_allocated() - device_base if cuda else None,
+        "pinned_host_bytes": pinned_host_bytes(),
+    }
+
+
+if __name__ == "__main__":
+    print(json.dumps(_probe(sys.argv[1], json.loads(sys.argv[2]))))

@@ -1,0 +1,383 @@
+"""Prompt logprobs in chunks: exact, memory-bounded, with top-K, the copy overlapped with compute.
+
+Position ``i`` of a prompt scores token ``prompt_token_ids[i + 1]`` from ``hidden_states[i]``, so a
+prompt of ``T`` tokens has ``T - 1`` rows. Computed at once, those rows need ``[T-1, V]`` logits
+(and, vLLM V1 style, a fp32 log-softmax of the same shape): gigabytes for long prompts. Here rows
+go through in chunks of ``chunk_tokens``; each chunk's ``[C, K+1]`` result is copied to one
+preallocated host :class:`LogprobsTensors`.
+
+Overlap: on a GPU each chunk's device-to-host copy runs on a side stream into one of two pinned
+slot buffers while the next chunk computes. An event guards every host read of a slot, and a slot
+is reused only after the host has read it. On a CPU there is nothing to overlap: the same
+double-buffer code runs with an engine that copies at once.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Protocol
+
+import torch
+
+from stagelab import logprobs as lp
+from stagelab import memory
+
+METHODS = ("fused", "logsoftmax")
+LmHead = "torch.Tensor | Callable[[torch.Tensor], torch.Tensor]"
+
+
+# --------------------------------------------------------------------------------- copying
+
+class Waitable(Protocol):
+    def synchronize(self) -> None: ...
+
+
+class CopyEngine(Protocol):
+    """Starts a copy of device results into a host slot; the returned event completes with it."""
+
+    def launch(self, dst: lp.LogprobsTensors, src: lp.LogprobsTensors) -> Waitable: ...
+
+
+class _Done:
+    def synchronize(self) -> None:
+        return None
+
+
+class ImmediateEngine:
+    """Copies at once (CPU, or a GPU without overlap): the event is already complete."""
+
+    def launch(self, dst: lp.LogprobsTensors, src: lp.LogprobsTensors) -> Waitable:
+        dst.copy_(src)
+        return _Done()
+
+
+class CudaStreamEngine:
+    """Copies on a side stream after the compute stream's work; records an event per copy."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.stream = torch.cuda.Stream(device)
+
+    def launch(self, dst: lp.LogprobsTensors, src: lp.LogprobsTensors) -> Waitable:
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self.stream):
+            dst.copy_(src, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(self.stream)
+        for tensor in src.tensors():  # keep the device results alive until the copy is done
+            tensor.record_stream(self.stream)
+        return event
+
+
+class DoubleBufferCopier:
+    """Moves each chunk's results through two host slots into the output.
+
+    ``submit(i)`` starts chunk ``i``'s copy into slot ``i % 2``, then drains chunk ``i - 1``: waits
+    on its event and only then reads its slot into the output. Slot ``i % 2`` was last used by
+    chunk ``i - 2``, drained during ``submit(i - 1)``, so no slot is overwritten before it was read.
+    """
+
+    def __init__(self, engine: CopyEngine, chunk_rows: int, num_logprobs: int,
+                 pinned: bool) -> None:
+        self.engine = engine
+        self.slots = [lp.LogprobsTensors.empty_host(chunk_rows, num_logprobs, pinned=pinned)
+                      for _ in range(2)]
+        self.submitted = 0
+        self.pending: tuple[Waitable, lp.LogprobsTensors, lp.LogprobsTensors] | None = None
+
+    def submit(self, result: lp.LogprobsTensors, dest: lp.LogprobsTensors) -> None:
+        slot = self.slots[self.submitted % 2].rows(0, result.selected_token_ranks.shape[0])
+        event = self.engine.launch(slot, result)
+        self.drain()
+        self.pending = (event, slot, dest)
+        self.submitted += 1
+
+    def drain(self) -> None:
+        """Wait for the pending chunk's copy, then read its slot into the output."""
+        if self.pending is not None:
+            event, slot, dest = self.pending
+            event.synchronize()
+            dest.copy_(slot)
+            self.pending = None
+
+
+class DirectCopier:
+    """No overlap: each chunk's results are copied straight into the output, synchronously."""
+
+    def submit(self, result: lp.LogprobsTensors, dest: lp.LogprobsTensors) -> None:
+        dest.copy_(result)
+
+    def drain(self) -> None:
+        return None
+
+
+# ---------------------------------------------------------------------------------- checks
+
+def _check_prompt(hidden_states: torch.Tensor, lm_head: LmHead,
+                  prompt_token_ids: torch.Tensor) -> tuple[int, int, int, torch.dtype]:
+    """Shapes and types; returns ``(T, H, V, logits dtype)``. A callable head is called on one
+    row to learn V and the logits' dtype."""
+    if not isinstance(hidden_states, torch.Tensor) or hidden_states.dim() != 2:
+        shape = tuple(hidden_states.shape) if isinstance(hidden_states, torch.Tensor) else None
+        raise ValueError(f"hidden_states must be a 2-D [T, H] tensor, got {shape}")
+    if not hidden_states.is_floating_point():
+        raise TypeError(f"hidden_states must be floating point, got {hidden_states.dtype}")
+    tokens, hidden = hidden_states.shape
+    if tokens <= 1:
+        raise ValueError(f"hidden_states: a prompt needs T >= 2 tokens to score any position, "
+                         f"got T={tokens}")
+    if isinstance(lm_head, torch.Tensor):
+        if lm_head.dim() != 2 or lm_head.shape[1] != hidden:
+            raise ValueError(f"lm_head must be a [V, {hidden}] weight to match hidden_states, "
+                             f"got shape {tuple(lm_head.shape)}")
+        if lm_head.dtype != hidden_states.dtype or lm_head.device != hidden_states.device:
+            raise TypeError(f"lm_head is {lm_head.dtype} on {lm_head.device} but hidden_states "
+                            f"is {hidden_states.dtype} on {hidden_states.device}")
+        vocab, dtype = lm_head.shape[0], lm_head.dtype
+    elif callable(lm_head):
+        probe = lm_head(hidden_states[:1])
+        if not isinstance(probe, torch.Tensor) or probe.dim() != 2 or probe.shape[0] != 1:
+            raise ValueError("lm_head callable must map [rows, H] hidden states to [rows, V] "
+                             f"logits; for one row it returned {getattr(probe, 'shape', probe)}")
+        vocab, dtype = probe.shape[1], probe.dtype
+    else:
+        raise TypeError(f"lm_head must be a [V, H] tensor or a callable, not "
+                        f"{type(lm_head).__name__}")
+    lp.check_token_ids(prompt_token_ids, tokens, vocab, name="prompt_token_ids")
+    return tokens, hidden, vocab, dtype
+
+
+def _check_chunk(chunk_tokens: int | None) -> None:
+    if chunk_tokens is None:
+        return
+    if isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, int) or chunk_tokens <= 0:
+        raise ValueError(f"chunk_tokens must be a positive int or None (unchunked), got "
+                         f"{chunk_tokens!r}")
+
+
+# ------------------------------------------------------------------------------------- main
+
+def prompt_logprobs(hidden_states: torch.Tensor, lm_head: LmHead,
+                    prompt_token_ids: torch.Tensor, num_logprobs: int,
+                    chunk_tokens: int | None, *, method: str = "fused", overlap: bool = True,
+                    copy_engine: CopyEngine | None = None) -> lp.LogprobsTensors:
+    """Host ``LogprobsTensors`` of ``[T-1, K+1]``: row ``i`` scores ``prompt_token_ids[i+1]``.
+
+    ``lm_head`` is a ``[V, H]`` weight or a callable from hidden rows to logits.
+    ``chunk_tokens=None`` computes every row at once (the reference). ``method="logsoftmax"``
+    builds a fp32 log-softmax per chunk (vLLM V1); ``"fused"`` uses
+    :func:`stagelab.logprobs.logprobs_from_logits`. ``copy_engine`` replaces the copy mechanism
+    of the overlapped path (tests inject one that delays copies). A configuration whose predicted
+    peak exceeds free memory is refused before anything large is allocated.
+    """
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    _check_chunk(chunk_tokens)
+    tokens, hidden, vocab, dtype = _check_prompt(hidden_states, lm_head, prompt_token_ids)
+    lp.check_num_logprobs(num_logprobs, vocab)
+    rows = tokens - 1
+    chunk = rows if chunk_tokens is None else min(chunk_tokens, rows)
+    device = hidden_states.device
+    predicted = memory.predicted_peak_bytes(tokens, vocab, hidden, chunk, dtype, method,
+                                            num_logprobs)
+    try:
+        memory.check_fits(predicted, memory.free_device_bytes(device) if device.type == "cuda"
+                          else memory.free_host_bytes(), f"prompt logprobs, chunk_tokens={chunk}")
+    except memory.InsufficientMemory as exc:
+        raise memory.InsufficientMemory(f"{exc}; choose a smaller chunk_tokens") from None
+    on_gpu = device.type == "cuda"
+    out = lp.LogprobsTensors.empty_host(rows, num_logprobs, pinned=on_gpu)
+    if overlap:
+        engine = copy_engine or (CudaStreamEngine(device) if on_gpu else ImmediateEngine())
+        copier = DoubleBufferCopier(engine, chunk, num_logprobs, pinned=on_gpu)
+    else:
+        copier = DirectCopier()
+    targets = prompt_token_ids[1:]
+    score = lp.logprobs_from_logits if method == "fused" else _logsoftmax_chunk
+    for start in range(0, rows, chunk):
+        end = min(start + chunk, rows)
+        logits = _project(hidden_states[start:end], lm_head)
+        copier.submit(score(logits, num_logprobs, targets[start:end]), out.rows(start, end))
+        del logits
+    copier.drain()
+    return out
+
+
+def _project(hidden_rows: torch.Tensor, lm_head: LmHead) -> torch.Tensor:
+    return hidden_rows @ lm_head.T if isinstance(lm_head, torch.Tensor) else lm_head(hidden_rows)
+
+
+def _logsoftmax_chunk(logits: torch.Tensor, num_logprobs: int,
+                      targets: torch.Tensor) -> lp.LogprobsTensors:
+    return lp.gather_logprobs(lp.compute_logprobs(logits), num_logprobs, targets)
+
+
+# ------------------------------------------------------------------------------ measurement
+
+def make_inputs(tokens: int, vocab: int, hidden: int, dtype: torch.dtype, seed: int = 0,
+                device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Random hidden states ``[T, H]``, an lm_head weight ``[V, H]`` and prompt ids ``[T]``."""
+    generator = torch.Generator(device=device).manual_seed(seed)
+    scale = hidden ** -0.5
+    hidden_states = torch.randn(tokens, hidden, device=device, generator=generator).to(dtype)
+    weight = (3 * scale * torch.randn(vocab, hidden, device=device, generator=generator)).to(dtype)
+    ids = torch.randint(0, vocab, (tokens,), device=device, generator=generator)
+    return hidden_states, weight, ids
+
+
+def memory_probe(tokens: int, vocab: int, hidden: int, chunk: int | None, dtype: str,
+                 method: str, k: int, overlap: bool, seed: int = 0,
+                 device: str = "cpu") -> Callable[[], object]:
+    """For :func:`stagelab.memory.measure_peak`: build the inputs, return the call to measure."""
+    from stagelab.shapes import torch_dtype
+
+    hidden_states, weight, ids = make_inputs(tokens, vocab, hidden, torch_dtype(dtype), seed,
+                                             device)
+    return lambda: prompt_logprobs(hidden_states, weight, ids, k, chunk, method=method,
+                                   overlap=overlap)
+
+
+def _config_key(method: str, chunk: int | None, overlap: bool) -> str:
+    return f"{method}|{chunk or 0}|{int(overlap)}"
+
+
+def _arm(method: str, overlap: bool) -> str:
+    return f"{method}+overlap" if overlap else method
+
+
+def agreement_records(result: lp.LogprobsTensors, reference: lp.LogprobsTensors,
+                      common: dict) -> list[dict]:
+    """How far a chunked result is from the unchunked one of the same method."""
+    same_ids = result.logprob_token_ids == reference.logprob_token_ids
+    return [
+        {**common, "metric": "max_abs_error",
+         "value": float((result.logprobs - reference.logprobs).abs().max())},
+        {**common, "metric": "id_mismatches", "value": float((~same_ids).sum())},
+        {**common, "metric": "rank_mismatches", "value": float(
+            (result.selected_token_ranks != reference.selected_token_ranks).sum())},
+        {**common, "metric": "bitwise_equal", "value": float(
+            torch.equal(result.logprobs, reference.logprobs) and bool(same_ids.all())
+            and torch.equal(result.selected_token_ranks, reference.selected_token_ranks))},
+    ]
+
+
+def sweep(tokens: int, shape, hidden: int, chunks: list[int | None], dtype: torch.dtype, k: int,
+          methods: list[str], overlaps: list[bool], *, repeats: int, warmup: int = 1,
+          seed: int = 0, measure_memory: bool = True, device: str | None = None,
+          progress: bool = False) -> list[dict]:
+    """Time, measure and check every ``(method, chunk, overlap)`` configuration of one prompt.
+
+    The unchunked configuration (``None``) of each method is always included as the reference;
+    a chunk of ``T - 1`` rows or more is the unchunked configuration and runs once.
+    Memory is measured in a fresh process per ``(method, chunk)`` for the first of ``overlaps``
+    (see :mod:`stagelab.memory`); a process costs seconds, and overlap changes only two small
+    host slots.
+    """
+    from stagelab import bench
+    from stagelab.hardware import device_label
+
+    for method in methods:
+        if method not in METHODS:
+            raise ValueError(f"methods: unknown method {method!r}; valid: {', '.join(METHODS)}")
+    for chunk in chunks:
+        _check_chunk(chunk)
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype_name = str(dtype).removeprefix("torch.")
+    hidden_states, weight, ids = make_inputs(tokens, shape.vocab, hidden, dtype, seed, device)
+    lp.check_num_logprobs(k, shape.vocab)
+    chunked = [c for c in dict.fromkeys(chunks) if c < tokens - 1]  # larger is unchunked
+    configs = [(m, c, o) for m in methods for c in [None, *chunked]
+               for o in dict.fromkeys(overlaps)]
+    base = dict(experiment="prompt_logprobs", device=device_label(device), model=shape.model,
+                rows=tokens - 1, vocab=shape.vocab, hidden=hidden, k=k, dtype=dtype_name)
+
+    def sizes(method: str, chunk: int | None, overlap: bool) -> dict:
+        return {**base, "arm": _arm(method, overlap), "overlap": overlap,
+                "chunk": min(chunk or tokens - 1, tokens - 1)}
+
+    calls = {_config_key(m, c, o): (lambda r, m=m, c=c, o=o: prompt_logprobs(
+        hidden_states, weight, ids, k, c, method=m, overlap=o)) for m, c, o in configs}
+    records = []
+    by_key = {_config_key(m, c, o): (m, c, o) for m, c, o in configs}
+    for timing in bench.interleaved(calls, repeats=repeats, warmup=warmup, seed=seed,
+                                    device=device, progress=progress, label="prompt"):
+        key = timing.pop("arm")
+        records.append({**sizes(*by_key[key]), **timing})
+    references = {m: prompt_logprobs(hidden_states, weight, ids, k, None, method=m,
+                                     overlap=False) for m in methods}
+    for method, chunk, overlap in configs:
+        common = sizes(method, chunk, overlap)
+        result = prompt_logprobs(hidden_states, weight, ids, k, chunk, method=method,
+                                 overlap=overlap)
+        records += agreement_records(result, references[method], common)
+        records.append({**common, "metric": "predicted_peak_bytes",
+                        "bytes": memory.predicted_peak_bytes(tokens, shape.vocab, hidden, chunk,
+                                                             dtype, method, k)})
+        if measure_memory and overlap == overlaps[0]:
+            records += _memory_records(common, dict(
+                tokens=tokens, vocab=shape.vocab, hidden=hidden, chunk=chunk, dtype=dtype_name,
+                method=method, k=k, overlap=overlap, seed=seed, device=device))
+    return records
+
+
+def _memory_records(common: dict, config: dict) -> list[dict]:
+    peak = memory.measure_peak("stagelab.prompt_logprobs:memory_probe", config)
+    note = "" if peak["hwm_reset"] else "VmHWM could not be reset: includes set-up"
+    rows = [{**common, "metric": "peak_host_bytes", "bytes": peak["host_extra_bytes"],
+             "note": note},
+            {**common, "metric": "pinned_bytes_held", "bytes": peak["pinned_host_bytes"]}]
+    if peak["device_extra_bytes"] is not None:
+        rows.append({**common, "metric": "peak_device_bytes", "bytes": peak["device_extra_bytes"]})
+    return rows
+
+
+def recommend_chunk(frame, arm: str = "fused+overlap", tolerance: float = 0.05) -> dict:
+    """The smallest chunk whose median time is within ``tolerance`` of the best configuration's
+    of that arm (unchunked included); with the times behind the choice."""
+    timed = frame[(frame["metric"] == "time") & (frame["arm"] == arm)
+                  & (frame["stage"] == "total") & (frame["status"] == "ok")]
+    if timed.empty:
+        return {"arm": arm, "chunk": None, "reason": f"{arm} was not timed in this run"}
+    medians = timed.groupby("chunk")["seconds"].median().sort_index()
+    best = float(medians.min())
+    within = medians[medians <= (1 + tolerance) * best]
+    chunk = int(within.index.min())
+    return {"arm": arm, "chunk": chunk, "median_seconds": float(medians[chunk]),
+            "best_seconds": best, "best_chunk": int(medians.idxmin()),
+            "unchunked_rows": int(timed["rows"].iloc[0]), "tolerance": tolerance,
+            "reason": f"smallest chunk within {tolerance:.0%} of the best median time "
+                      f"({1e3 * best:.1f} ms at chunk {int(medians.idxmin())})"}
+
+
+def goal_checks(frame) -> "pd.DataFrame":
+    """The prompt-logprob goals against this run: the fused path's peak extra memory within
+    1.15 x one chunk of logits, and chunked time within 1.05 x unchunked for chunks >= 512."""
+    import pandas as pd
+
+    goals = []
+    itemsize = {"float32": 4, "float16": 2, "bfloat16": 2}
+    peaks = frame[(frame["metric"].isin(["peak_device_bytes", "peak_host_bytes"]))
+                  & frame["arm"].str.startswith("fused") & (frame["status"] == "ok")]
+    on_gpu = (peaks["metric"] == "peak_device_bytes").any()
+    peaks = peaks[peaks["metric"] == ("peak_device_bytes" if on_gpu else "peak_host_bytes")]
+    for _, row in peaks.sort_values(["chunk", "arm"]).iterrows():
+        budget = row["chunk"] * row["vocab"] * itemsize[row["dtype"]]
+        ratio = row["bytes"] / budget
+        goals.append({"goal": f"fused peak extra memory, chunk {row['chunk']} ({row['arm']})",
+                      "target": "<= 1.15 x C x V x dtype bytes",
+                      "measured": f"{ratio:.2f} x ({row['bytes'] / 2**20:.1f} MiB, "
+                                  f"{'device' if on_gpu else 'host RSS'})",
+                      "status": "met" if ratio <= 1.15 else "not met"})
+    timed = frame[(frame["metric"] == "time") & (frame["stage"] == "total")
+                  & (frame["status"] == "ok")]
+    med = timed.groupby(["arm", "chunk"])["seconds"].median().reset_index()
+    for arm, group in med.groupby("arm"):
+        unchunked = group.loc[group["chunk"] == group["chunk"].max(), "seconds"].iloc[0]
+        for _, row in group[(group["chunk"] >= 512) & (group["chunk"] < group["chunk"].max())].iterrows():
+            ratio = row["seconds"] / unchunked
+            goals.append({"goal": f"chunked time, chunk {row['chunk']} ({arm})",
+                          "target": "<= 1.05 x unchunked", "measured": f"{ratio:.3f} x",
+                          "status": "met" if ratio <= 1.05 else "not met"})
+    if not goals:
+        goals.append({"goal": "prompt-logprob goals", "target": "-", "measured": "-",
+                      "status": "not measured"})
+    return pd.DataFrame(goals)

@@ -1,0 +1,204 @@
+"""Chunked prompt logprobs: exact for every chunk size, overlap that cannot read early, bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from reference import assert_matches_reference
+from stagelab import logprobs as lp
+from stagelab import memory
+from stagelab import prompt_logprobs as pl
+
+T, H, V = 41, 8, 257
+
+
+def inputs(dtype=torch.float32, tokens: int = T, vocab: int = V, seed: int = 0):
+    return pl.make_inputs(tokens, vocab, H, dtype, seed=seed)
+
+
+class LookupHead:
+    """An lm_head whose logits for a row do not depend on the chunk: looked up by row content."""
+
+    def __init__(self, hidden_states: torch.Tensor, vocab: int, dtype=torch.float32) -> None:
+        g = torch.Generator().manual_seed(5)
+        self.table = (3 * torch.randn(hidden_states.shape[0], vocab, generator=g)).to(dtype)
+        self.keys = hidden_states
+
+    def __call__(self, rows: torch.Tensor) -> torch.Tensor:
+        index = (rows[:, None, :] == self.keys[None]).all(-1).float().argmax(1)
+        return self.table[index]
+
+
+def same(a: lp.LogprobsTensors, b: lp.LogprobsTensors) -> bool:
+    return all(torch.equal(x, y) for x, y in zip(a.tensors(), b.tensors()))
+
+
+CHUNKS = [1, 3, 7, 16, T - 2, T - 1, T, T + 9]
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+@pytest.mark.parametrize("chunk", CHUNKS)
+def test_logsoftmax_chunked_is_bitwise_the_unchunked_result(chunk, overlap):
+    hidden, _, ids = inputs()
+    head = LookupHead(hidden, V)
+    reference = pl.prompt_logprobs(hidden, head, ids, 5, None, method="logsoftmax")
+    result = pl.prompt_logprobs(hidden, head, ids, 5, chunk, method="logsoftmax", overlap=overlap)
+    assert same(result, reference)
+
+
+@pytest.mark.parametrize("chunk", CHUNKS)
+def test_fused_chunked_is_bitwise_the_unchunked_result(chunk):
+    hidden, _, ids = inputs()
+    head = LookupHead(hidden, V)
+    assert same(pl.prompt_logprobs(hidden, head, ids, 5, chunk),
+                pl.prompt_logprobs(hidden, head, ids, 5, None))
+
+
+@pytest.mark.parametrize("method", pl.METHODS)
+@pytest.mark.parametrize("chunk", [1, 7, None])
+def test_weight_matrix_agrees_within_fp32_rounding(method, chunk):
+    hidden, weight, ids = inputs()
+    result = pl.prompt_logprobs(hidden, weight, ids, 4, chunk, method=method)
+    reference = pl.prompt_logprobs(hidden, weight, ids, 4, None, method=method)
+    torch.testing.assert_close(result.logprobs, reference.logprobs, atol=1e-5, rtol=0)
+    assert_matches_reference(result, hidden[:-1] @ weight.T, 4, ids[1:])
+
+
+@pytest.mark.parametrize("k", [0, 1, V])
+def test_fused_matches_float64_for_every_k(k):
+    hidden, _, ids = inputs()
+    head = LookupHead(hidden, V)
+    result = pl.prompt_logprobs(hidden, head, ids, k, 6)
+    assert result.logprobs.shape == (T - 1, k + 1)
+    assert_matches_reference(result, head(hidden[:-1]), k, ids[1:], atol=1e-5)
+
+
+def test_bf16_logits_bound():
+    """bf16 logits: within 1e-5 of float64 of those same bf16 logits (the fused path rounds only
+    its fp32 logsumexp); against the fp32 logits before rounding, bf16 itself costs up to
+    |logit| x 2^-8."""
+    hidden, _, ids = inputs()
+    head = LookupHead(hidden, V, torch.bfloat16)
+    result = pl.prompt_logprobs(hidden, head, ids, 5, 9)
+    assert_matches_reference(result, head(hidden[:-1]), 5, ids[1:], atol=1e-5)
+
+
+class DeferredEngine:
+    """Copies only when their event is waited on, and poisons the slot meanwhile: a read of a
+    slot before its wait, or a slot reused before it was read, yields poison or another chunk."""
+
+    def __init__(self) -> None:
+        self.launched = 0
+
+    def launch(self, dst: lp.LogprobsTensors, src: lp.LogprobsTensors):
+        snapshot = lp.LogprobsTensors(*(t.clone() for t in src.tensors()))
+        for tensor in dst.tensors():
+            tensor.fill_(-7)
+        self.launched += 1
+
+        class Event:
+            def synchronize(self) -> None:
+                dst.copy_(snapshot)
+
+        return Event()
+
+
+class EarlyReadCopier(pl.DoubleBufferCopier):
+    """A deliberately broken copier: reads the slot before waiting on its event."""
+
+    def drain(self) -> None:
+        if self.pending is not None:
+            event, slot, dest = self.pending
+            dest.copy_(slot)
+            event.synchronize()
+            self.pending = None
+
+
+@pytest.mark.parametrize("method", pl.METHODS)
+@pytest.mark.parametrize("chunk", [1, 4, 13, T])
+def test_overlap_never_reads_a_slot_before_its_copy_completed(method, chunk):
+    hidden, weight, ids = inputs()
+    engine = DeferredEngine()
+    result = pl.prompt_logprobs(hidden, weight, ids, 3, chunk, method=method, copy_engine=engine)
+    assert engine.launched == -(-(T - 1) // min(chunk, T - 1))
+    assert same(result, pl.prompt_logprobs(hidden, weight, ids, 3, chunk, method=method,
+                                           overlap=False))
+
+
+def test_the_poisoning_catches_an_early_read(monkeypatch):
+    """The negative control: the same check fails when the copier reads before it waits."""
+    monkeypatch.setattr(pl, "DoubleBufferCopier", EarlyReadCopier)
+    hidden, weight, ids = inputs()
+    result = pl.prompt_logprobs(hidden, weight, ids, 3, 4, copy_engine=DeferredEngine())
+    assert (result.selected_token_ranks == -7).any()
+
+
+@pytest.mark.parametrize("mutate, error, message", [
+    (lambda h, w, i, k, c: (h[:1], w, i[:1], k, c), ValueError, "T >= 2 tokens"),
+    (lambda h, w, i, k, c: (h, w, i, k, 0), ValueError, "chunk_tokens must be a positive int"),
+    (lambda h, w, i, k, c: (h, w, i, k, -3), ValueError, "chunk_tokens must be a positive int"),
+    (lambda h, w, i, k, c: (h, w, i, V + 1, c), ValueError, r"num_logprobs must be in \[0, 257\]"),
+    (lambda h, w, i, k, c: (h, w, i, -1, c), ValueError, r"num_logprobs must be in \[0, 257\]"),
+    (lambda h, w, i, k, c: (h, w, i + V, k, c), ValueError, r"prompt_token_ids out of range"),
+    (lambda h, w, i, k, c: (h, w, i.float(), k, c), TypeError, "prompt_token_ids must be an integer"),
+    (lambda h, w, i, k, c: (h, w, i[:-1], k, c), ValueError, f"prompt_token_ids must be 1-D with {T}"),
+    (lambda h, w, i, k, c: (h, w[:, :-1], i, k, c), ValueError, r"lm_head must be a \[V, 8\] weight"),
+    (lambda h, w, i, k, c: (h, w.double(), i, k, c), TypeError, "lm_head is torch.float64"),
+    (lambda h, w, i, k, c: (h[0], w, i, k, c), ValueError, "hidden_states must be a 2-D"),
+    (lambda h, w, i, k, c: (h, "head", i, k, c), TypeError, "lm_head must be a"),
+])
+def test_bad_input_names_the_parameter(mutate, error, message):
+    hidden, weight, ids = inputs()
+    with pytest.raises(error, match=message):
+        pl.prompt_logprobs(*mutate(hidden, weight, ids, 2, 8))
+
+
+def test_unknown_method_is_named():
+    hidden, weight, ids = inputs()
+    with pytest.raises(ValueError, match="method must be one of"):
+        pl.prompt_logprobs(hidden, weight, ids, 2, 8, method="fast")
+
+
+def test_a_configuration_that_cannot_fit_is_refused_before_allocating(monkeypatch):
+    hidden, weight, ids = inputs()
+    monkeypatch.setattr(memory, "free_host_bytes", lambda: 1000)
+    monkeypatch.setattr(lp.LogprobsTensors, "empty_host", None)  # any allocation would crash
+    with pytest.raises(memory.InsufficientMemory, match=r"needs .* GiB but only .* smaller chunk"):
+        pl.prompt_logprobs(hidden, weight, ids, 2, None)
+
+
+def test_predicted_peak_follows_the_documented_model():
+    f32, bf16 = torch.float32, torch.bfloat16
+    results = lambda rows, chunk, k: ((k + 1) * 8 + 4) * (chunk + rows + 2 * chunk)
+    assert memory.predicted_peak_bytes(101, 1000, 8, None, f32, "logsoftmax", 2) == (
+        100 * 1000 * (4 + 4 + 9) + results(100, 100, 2))
+    assert memory.predicted_peak_bytes(101, 1000, 8, 50, bf16, "logsoftmax", 0) == (
+        50 * 1000 * (2 + 4 + 9) + results(100, 50, 0))
+    blocks = lp.block_rows(100, 2)
+    assert memory.predicted_peak_bytes(101, 1000, 8, None, bf16, "fused", 0) == (
+        100 * 1000 * 2 + blocks * 1000 * 9 + results(100, 100, 0))
+    with pytest.raises(ValueError, match="method must be"):
+        memory.predicted_peak_bytes(3, 3, 3, None, f32, "other")
+
+
+def test_measured_peaks_separate_chunked_fused_from_unchunked_logsoftmax():
+    config = dict(tokens=257, vocab=32768, hidden=16, dtype="float32", k=5, overlap=True)
+    small = memory.measure_peak("stagelab.prompt_logprobs:memory_probe",
+                                {**config, "chunk": 32, "method": "fused"})
+    large = memory.measure_peak("stagelab.prompt_logprobs:memory_probe",
+                                {**config, "chunk": None, "method": "logsoftmax"})
+    assert small["hwm_reset"] and large["hwm_reset"]
+    assert small["device_extra_bytes"] is None or torch.cuda.is_available()
+    logits = 256 * 32768 * 4
+    assert large["host_extra_bytes"] > 3 * logits  # logits, fp32 logprobs, rank temporaries
+    assert small["host_extra_bytes"] < logits / 4
+
+
+def test_recommend_chunk_picks_the_smallest_within_tolerance():
+    from stagelab import schema
+
+    rows = [{"arm": "fused+overlap", "chunk": c, "seconds": s, "rows": 100}
+            for c, s in [(10, 2.0), (25, 1.04), (50, 1.0), (100, 1.2)] for _ in range(3)]
+    choice = pl.recommend_chunk(schema.make_rows(rows))
+    assert choice["chunk"] == 25 and choice["best_chunk"] == 50
