@@ -36,3 +36,29 @@ def note_figure(text: str, title: str) -> plt.Figure:
     ax.set_title(title)
     ax.text(0.5, 0.5, text, ha="center", va="center", wrap=True, fontsize=10)
     return fig
+
+
+DECISION_COLORS = {"PORT": "tab:green", "CLOSE": "tab:gray", "INCONCLUSIVE": "tab:orange"}
+
+
+def verdict_forest(cells: list[dict], title: str, ax: plt.Axes | None = None) -> plt.Axes:
+    """Each cell's speedup with its CI, its A/A noise band (shaded) and minimum effect (tick),
+    coloured by decision: the verdict's key plot."""
+    cells = [c for c in cells if c.get("speedup") is not None]
+    ax = ax or plt.subplots(figsize=(8, 0.5 * len(cells) + 1.6))[1]
+    for y, cell in enumerate(cells):
+        color = DECISION_COLORS[cell["decision"]]
+        noise = cell.get("noise_half_width") or 0.0
+        ax.fill_betweenx([y - 0.35, y + 0.35], 1 - noise, 1 + noise, color="0.85", lw=0)
+        ax.errorbar(cell["speedup"], y, xerr=[[cell["speedup"] - cell["ci_low"]],
+                                              [cell["ci_high"] - cell["speedup"]]],
+                    fmt="o", color=color, capsize=4)
+        if cell.get("min_speedup"):
+            ax.plot([cell["min_speedup"]] * 2, [y - 0.3, y + 0.3], color="k", lw=1.5)
+        ax.text(cell["ci_high"], y + 0.18, f"  {cell['decision']}", color=color, fontsize=8)
+    ax.axvline(1.0, color="k", lw=0.8, ls=":")
+    ax.set_yticks(range(len(cells)), [f"n={c['rows']} V={c['vocab']}" for c in cells])
+    ax.set_xlabel("speedup over the fresh pageable buffer (95 % CI); grey: A/A noise band; "
+                  "bar: minimum effect")
+    ax.set_title(title)
+    return ax

@@ -341,11 +341,13 @@ def recommend_chunk(frame, arm: str = "fused+overlap", tolerance: float = 0.05) 
     best = float(medians.min())
     within = medians[medians <= (1 + tolerance) * best]
     chunk = int(within.index.min())
+    rows = int(timed["rows"].iloc[0])
+    unchunked = " (the whole prompt: chunking bought no time here)" if chunk >= rows else ""
     return {"arm": arm, "chunk": chunk, "median_seconds": float(medians[chunk]),
             "best_seconds": best, "best_chunk": int(medians.idxmin()),
-            "unchunked_rows": int(timed["rows"].iloc[0]), "tolerance": tolerance,
+            "unchunked_rows": rows, "tolerance": tolerance,
             "reason": f"smallest chunk within {tolerance:.0%} of the best median time "
-                      f"({1e3 * best:.1f} ms at chunk {int(medians.idxmin())})"}
+                      f"({1e3 * best:.1f} ms at chunk {int(medians.idxmin())}){unchunked}"}
 
 
 def goal_checks(frame) -> "pd.DataFrame":

@@ -74,3 +74,15 @@ def torch_dtype(name: str, parameter: str = "dtype") -> torch.dtype:
     if name not in DTYPES:
         raise ValueError(f"{parameter}: unsupported dtype {name!r}; valid: {', '.join(DTYPES)}")
     return DTYPES[name]
+
+
+def override(shape: ModelShape, vocab: int = 0, hidden: int = 0) -> ModelShape:
+    """A model's shape with its vocabulary or hidden size replaced where given (0 keeps it)."""
+    for name, value in (("vocab", vocab), ("hidden", hidden)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name}: {value!r} must be 0 (the model's) or a positive integer")
+    shape = ModelShape(shape.model if not (vocab or hidden) else "", vocab or shape.vocab,
+                       hidden or shape.hidden)
+    if shape.hidden <= 0:
+        raise ValueError("hidden: give a hidden size; this model has none in model_shapes.csv")
+    return shape

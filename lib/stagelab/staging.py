@@ -28,10 +28,10 @@ def cuda_present() -> bool:
 
 def _require_cuda(arm: str) -> None:
     if not cuda_present():
+        build = "a CPU build" if torch.version.cuda is None else f"CUDA {torch.version.cuda}"
         raise PinnedMemoryUnavailable(
-            f"{arm}: pinned host memory needs a CUDA device and this machine has none "
-            f"(torch {torch.__version__}, CUDA build {torch.version.cuda}); pass an allocator to "
-            "test the logic on CPU")
+            f"{arm}: pinned host memory needs a CUDA device, and this machine has none "
+            f"(torch {torch.__version__}, {build})")
 
 
 def pinned_allocator(nbytes: int) -> torch.Tensor:

@@ -1,0 +1,83 @@
+"""The real notebooks, end to end, at tiny sizes: a complete run, its verdict, its report in a
+real browser (Debian's chromium, installed by `make test` when missing)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+
+from stagelab import report, runs, verdict
+
+pytestmark = pytest.mark.slow
+
+TINY = {
+    "01_d2h_staging": {"models": [1000, 4096], "rows": [2], "repeats": 4, "warmup": 1},
+    "02_logprobs_step": {"models": [1000], "rows": [2], "ks": [0, 2], "repeats": 3},
+    "03_prompt_logprobs": {"tokens": 97, "vocab": 1000, "hidden": 8, "chunks": [16, 64],
+                           "repeats": 2, "dtype": "float32"},
+    "04_verdict": {"min_samples": 3},
+}
+CHROMIUM = shutil.which("chromium")
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    plans = runs.plan_run("quick", overrides=TINY)
+    run_dir = runs.new_run_dir(tmp_path_factory.mktemp("runs"), "quick")
+    return run_dir, runs.execute(plans, run_dir, "quick", progress=False)
+
+
+def test_every_notebook_runs_and_writes_its_outputs(tiny_run):
+    run_dir, manifest = tiny_run
+    assert [(nb["name"], nb["status"]) for nb in manifest["notebooks"]] == [
+        ("00_environment", "ok"), ("01_d2h_staging", "ok"), ("02_logprobs_step", "ok"),
+        ("03_prompt_logprobs", "ok"), ("04_verdict", "ok")], [nb["error"] for nb in manifest["notebooks"]]
+    for name in ("staging", "step", "prompt_logprobs"):
+        assert (run_dir / "data" / f"{name}.parquet").exists()
+    assert (run_dir / "figures" / "04_verdict_key.png").exists()
+    assert manifest["notebooks"][1]["parameters"]["repeats"] == 4
+
+
+def test_cpu_verdict_is_inconclusive_and_says_why(tiny_run):
+    run_dir, _ = tiny_run
+    saved = json.loads((run_dir / "verdict.json").read_text())
+    if saved["hardware"]["gpu"] is None:
+        assert saved["overall"]["decision"] == "INCONCLUSIVE"
+        assert "not measured" in saved["overall"]["summary"]
+        assert all(c["decision"] == "INCONCLUSIVE" for c in saved["cells"])
+    assert saved["findings"]
+    rebuilt = verdict.build_verdict(run_dir, min_samples=3, reference_root=verdict.Path(
+        runs.paths.REFERENCE_DIR))
+    assert json.dumps(rebuilt, sort_keys=True) == json.dumps(saved, sort_keys=True)
+
+
+def test_report_reads_well_in_a_real_browser(tiny_run):
+    if CHROMIUM is None:
+        if os.environ.get("CI"):
+            pytest.fail("chromium is missing: `make test` installs Debian's chromium package")
+        pytest.skip("chromium is not installed (make test installs it)")
+    from playwright.sync_api import sync_playwright
+
+    run_dir, _ = tiny_run
+    report.rebuild(run_dir)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM,
+                                     args=["--no-sandbox", "--disable-gpu"])
+        page = browser.new_page(viewport={"width": 1200, "height": 900})
+        page.goto((run_dir / "index.html").as_uri())
+        page.wait_for_load_state("load")
+        assert "Staging verdict: " in page.inner_text("#verdict")
+        images = page.evaluate(
+            "Array.from(document.images).map(i => [i.getAttribute('src'), i.complete, i.naturalWidth])")
+        assert len(images) >= 5 and all(ok and width > 0 for _, ok, width in images), images
+        page.screenshot(path=str(run_dir / "report_screenshot.png"), full_page=True)
+        page.goto((run_dir / "01_d2h_staging.html").as_uri())
+        widths = page.evaluate("Array.from(document.images).map(i => i.naturalWidth)")
+        assert widths and all(w > 0 for w in widths)
+        assert page.locator(".jp-CodeMirrorEditor").count() == 0  # code hidden
+        assert "notebook_context" not in page.content()
+        browser.close()
+    assert (run_dir / "report_screenshot.png").stat().st_size > 10_000
