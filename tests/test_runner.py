@@ -155,3 +155,20 @@ def test_runs_command_lists_folders(tiny_suite, capsys):
     assert cli.main(["runs", "--root", str(tiny_suite["root"])]) == 0
     line = capsys.readouterr().out.strip()
     assert run_dir.name in line and "okonly" in line and line.endswith("ok")
+
+
+def test_keep_copies_evidence_once(tiny_suite, tmp_path):
+    run_dir, _ = run_tiny(tiny_suite, "okonly")
+    dest = runs.keep_evidence(run_dir, tmp_path / "reference")
+    assert dest == tmp_path / "reference" / "cpu" / run_dir.name or torch_has_gpu()
+    for name in ("manifest.json", "index.html", "10_ok.html", "10_ok.ipynb",
+                 "data/ok_table.parquet"):
+        assert (dest / name).exists(), name
+    with pytest.raises(runs.UserError, match="never overwritten"):
+        runs.keep_evidence(run_dir, tmp_path / "reference")
+
+
+def torch_has_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()

@@ -1,4 +1,5 @@
-"""The ``stagelab`` command: run a profile, print the machine, rebuild a report, list runs."""
+"""The ``stagelab`` command: run a profile, print the machine, rebuild a report, list runs,
+keep a run as reference evidence."""
 
 from __future__ import annotations
 
@@ -31,6 +32,8 @@ def _parser() -> argparse.ArgumentParser:
     rep.add_argument("run_dir", type=Path)
     runs = sub.add_parser("runs", help="list run folders")
     runs.add_argument("--root", type=Path, default=paths.RUNS_DIR)
+    keep = sub.add_parser("keep", help="copy a run's evidence under data/reference/ to commit it")
+    keep.add_argument("run_dir", type=Path)
     return parser
 
 
@@ -86,7 +89,15 @@ def cmd_runs(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-COMMANDS = {"run": cmd_run, "env": cmd_env, "report": cmd_report, "runs": cmd_runs}
+def cmd_keep(args: argparse.Namespace) -> int:
+    from stagelab import runs
+
+    print(runs.keep_evidence(args.run_dir))
+    return EXIT_OK
+
+
+COMMANDS = {"run": cmd_run, "env": cmd_env, "report": cmd_report, "runs": cmd_runs,
+            "keep": cmd_keep}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -419,3 +420,29 @@ def notebook_context(notebook: str, run_dir: str | Path | None) -> NotebookConte
             raise FileNotFoundError(f"run_dir {path} does not exist")
         return NotebookContext(notebook, path)
     return NotebookContext(notebook, new_run_dir(paths.RUNS_DIR, "interactive"))
+
+
+# -------------------------------------------------------------------------------- evidence
+
+EVIDENCE_PATTERNS = ("manifest.json", "verdict.json", "hardware.json", "*.json", "*.html",
+                     "*.ipynb", "data/*.parquet", "figures/*.png")
+
+
+def keep_evidence(run_dir: Path, root: Path = paths.REFERENCE_DIR) -> Path:
+    """Copy a run's evidence to ``<root>/<gpu or cpu>/<run id>/`` for committing; never overwrite."""
+    run_dir = Path(run_dir)
+    manifest = read_manifest(run_dir)
+    if effective_status(manifest) == "running":
+        raise UserError(f"{run_dir}: the run is still running")
+    gpu = ((manifest.get("hardware") or {}).get("gpu") or {}).get("name") or "cpu"
+    slug = "".join(c if c.isalnum() or c in ".-" else "-" for c in gpu).strip("-")
+    dest = Path(root) / slug / run_dir.name
+    if dest.exists():
+        raise UserError(f"{dest} exists already: reference evidence is never overwritten")
+    for pattern in EVIDENCE_PATTERNS:
+        for path in run_dir.glob(pattern):
+            target = dest / path.relative_to(run_dir)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if not target.exists():
+                shutil.copy2(path, target)
+    return dest

@@ -1,0 +1,53 @@
+"""Build a wheel bundle to install stagelab on an offline GPU node (``make wheelhouse``).
+
+GPU nodes are often air-gapped, with torch preinstalled. This downloads, on a machine with a
+package index, wheels of every runtime dependency of stagelab (from pyproject.toml, torch and the
+CUDA libraries excluded) for the node's Python and platform, plus the build backend that an
+editable install needs. On the node: ``make run OFFLINE_WHEELS=wheelhouse PROFILE=full``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64",
+             "manylinux2014_x86_64", "manylinux1_x86_64", "any"]
+PREINSTALLED = {"torch"}  # the node's own build, matched to its driver
+
+
+def requirements(extras: list[str]) -> list[str]:
+    """Runtime (and the named extras') requirements of stagelab, minus preinstalled ones."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    wanted = list(project["dependencies"])
+    for extra in extras:
+        wanted += project["optional-dependencies"][extra]
+    keep = [r for r in wanted if re.split(r"[<>=!~ \[]", r, maxsplit=1)[0] not in PREINSTALLED]
+    return keep + ["setuptools>=68"]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--dest", type=Path, default=REPO / "wheelhouse")
+    parser.add_argument("--python-version", default="3.12")
+    parser.add_argument("--platform", action="append", default=None,
+                        help="wheel platform tag (repeatable); default manylinux x86_64 tags")
+    parser.add_argument("--extra", action="append", default=[], help="also bundle an extra")
+    args = parser.parse_args()
+    command = [sys.executable, "-m", "pip", "download", "--only-binary=:all:",
+               "--python-version", args.python_version, "--implementation", "cp",
+               "-d", str(args.dest)]
+    for platform in args.platform or PLATFORMS:
+        command += ["--platform", platform]
+    command += requirements(args.extra)
+    print(" ".join(command), file=sys.stderr)
+    return subprocess.call(command)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
