@@ -7,7 +7,7 @@ import torch
 
 from reference import assert_matches_reference
 from stagelab import logprobs as lp
-from stagelab import staging, step
+from stagelab import shapes, staging, step
 from test_staging import RecordingAllocator
 
 
@@ -129,3 +129,22 @@ def test_host_gather_refuses_device_tensors_and_fused_names_all_minus_inf_rows()
         lp.logprobs_from_logits(logits, 2, tokens)
     with pytest.raises(ValueError, match="unknown step arm 'x'"):
         step.StepPipeline("x")
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"ks": [-1]}, "ks: "), ({"ks": []}, "ks: "), ({"rows": [0]}, "rows: 0 is not a positive"),
+    ({"arms": ["nope"]}, "unknown step arm 'nope'"),
+])
+def test_step_sweep_bad_parameters(kwargs, message):
+    args = {"rows": [1], "ks": [0], "arms": ["fused"], **kwargs}
+    with pytest.raises(ValueError, match=message):
+        step.sweep(shapes.resolve_vocabs([10]), args.pop("rows"), args.pop("ks"), torch.float32,
+                   args.pop("arms"), repeats=1)
+
+
+def test_step_sweep_skips_a_k_larger_than_the_vocabulary():
+    from stagelab import schema
+
+    frame = schema.make_rows(step.sweep(shapes.resolve_vocabs([10]), [2], [20], torch.float32,
+                                        ["fused"], repeats=1))
+    assert list(frame.status) == ["skipped"] and "num_logprobs must be in" in frame.note.iloc[0]

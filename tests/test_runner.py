@@ -51,12 +51,20 @@ def test_run_writes_a_complete_folder_and_keeps_a_failure(tiny_suite):
     assert "done 3" in html and "notebook_context" not in html  # outputs shown, code hidden
 
 
-def test_cli_exit_code_is_nonzero_when_a_notebook_fails(tiny_suite, monkeypatch):
-    from stagelab import cli, paths
+@pytest.fixture
+def tiny_paths(tiny_suite, monkeypatch):
+    """Point the CLI at the tiny profiles and notebooks."""
+    from stagelab import paths
 
     monkeypatch.setattr(paths, "PROFILES_FILE", tiny_suite["profiles"])
-    monkeypatch.setattr(runs.plan_run, "__defaults__",
-                        ((), {}, tiny_suite["profiles"], tiny_suite["notebooks"]))
+    monkeypatch.setattr(paths, "NOTEBOOKS_DIR", tiny_suite["notebooks"])
+    return tiny_suite
+
+
+def test_cli_exit_code_is_nonzero_when_a_notebook_fails(tiny_paths):
+    from stagelab import cli
+
+    tiny_suite = tiny_paths
     code = cli.main(["run", "--profile", "tiny", "--out", str(tiny_suite["root"]),
                      "--param", "10_ok.label=y"])
     assert code == cli.EXIT_FAILED
@@ -78,11 +86,10 @@ def test_two_runs_never_share_a_folder(tmp_path):
     (["--profile", "tiny", "--param", "10_ok.repeats=many"], "10_ok.repeats='many' is a str, expected int"),
     (["--profile", "tiny", "--param", "repeats=3"], "expected NOTEBOOK.KEY=VALUE"),
 ])
-def test_bad_requests_get_one_line_errors(tiny_suite, monkeypatch, capsys, args, message):
+def test_bad_requests_get_one_line_errors(tiny_paths, capsys, args, message):
     from stagelab import cli
 
-    monkeypatch.setattr(runs.plan_run, "__defaults__",
-                        ((), {}, tiny_suite["profiles"], tiny_suite["notebooks"]))
+    tiny_suite = tiny_paths
     code = cli.main(["run", *args, "--out", str(tiny_suite["root"])])
     err = capsys.readouterr().err.strip()
     assert code == cli.EXIT_USAGE

@@ -157,11 +157,14 @@ def test_sweep_skips_a_cell_that_does_not_fit_with_the_numbers(monkeypatch):
     ({"arms": ["nope"]}, "arms: unknown arm 'nope'"),
     ({"arms": ["pageable_reused"]}, "aa_arm 'pageable_fresh' must be one of arms"),
     ({"repeats": 0}, "repeats must be positive"),
+    ({"rows": [0]}, "rows: 0 is not a positive integer"),
+    ({"rows": []}, "rows is empty"),
 ])
 def test_sweep_bad_parameters(kwargs, message):
-    args = {"arms": ["pageable_fresh"], "repeats": 2, **kwargs}
+    args = {"arms": ["pageable_fresh"], "repeats": 2, "rows": [1], **kwargs}
+    rows = args.pop("rows")
     with pytest.raises(ValueError, match=message):
-        staging.sweep(shapes.resolve_vocabs([10]), [1], torch.float32, **args)
+        staging.sweep(shapes.resolve_vocabs([10]), rows, torch.float32, **args)
 
 
 def test_goal_checks_say_what_was_not_measured_without_a_gpu():

@@ -50,8 +50,9 @@ class NotebookPlan:
 
 # ----------------------------------------------------------------------------------- planning
 
-def load_profiles(path: Path = paths.PROFILES_FILE) -> dict[str, Any]:
+def load_profiles(path: Path | None = None) -> dict[str, Any]:
     """The profiles file: ``{profile: {"description": str, "notebooks": {name: {param: value}}}}``."""
+    path = path or paths.PROFILES_FILE
     try:
         profiles = yaml.safe_load(Path(path).read_text())["profiles"]
     except (OSError, KeyError, TypeError, yaml.YAMLError) as exc:
@@ -116,10 +117,12 @@ def check_parameters(notebook: str, given: Mapping[str, Any], declared: Mapping[
                             f"(default {declared[key]!r})")
 
 
-def plan_run(profile: str, only: Iterable[str] = (), overrides: Mapping[str, Mapping] = {},
-             profiles_path: Path = paths.PROFILES_FILE,
-             notebooks_dir: Path = paths.NOTEBOOKS_DIR) -> list[NotebookPlan]:
+def plan_run(profile: str, only: Iterable[str] = (),
+             overrides: Mapping[str, Mapping] | None = None, profiles_path: Path | None = None,
+             notebooks_dir: Path | None = None) -> list[NotebookPlan]:
     """Validate a request and return the notebooks to run, in the profile's order."""
+    overrides = overrides or {}
+    notebooks_dir = notebooks_dir or paths.NOTEBOOKS_DIR
     profiles = load_profiles(profiles_path)
     if profile not in profiles:
         raise UserError(f"unknown profile {profile!r}; valid: {', '.join(profiles)}")

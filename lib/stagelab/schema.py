@@ -12,9 +12,11 @@ notebook   str     the notebook that measured it, e.g. ``01_d2h_staging``
 experiment str     what was measured, e.g. ``d2h_copy``, ``step``, ``prompt_memory``
 arm        str     the variant under test, e.g. ``pageable_fresh``; A/A twins end in ``~aa``
 stage      str     part of a pipeline (``copy``, ``host_gather``...) or ``total``
-metric     str     ``time`` for timings; otherwise what ``bytes``/``value`` hold
-                   (``peak_host_bytes``, ``peak_device_bytes``, ``predicted_peak_bytes``,
-                   ``pinned_bytes_held``, ``max_abs_error``, ``mismatches``...)
+metric     str     ``time`` for timings; otherwise what ``bytes``/``value`` hold:
+                   bytes: ``peak_host_bytes``, ``peak_device_bytes``, ``predicted_peak_bytes``,
+                   ``pinned_bytes_held``; value: ``allocations``, ``pcie_tx_bytes_per_s``,
+                   ``max_abs_error``, ``rank_mismatches``, ``id_mismatches``,
+                   ``bitwise_equal`` (1 or 0)
 device     str     where the source lived: ``cpu`` or ``cuda:0 <name>``
 model      str     model whose shape was used, empty when sizes were given as numbers
 rows       int     rows per step (``n``) or scored prompt positions (``T - 1``)

@@ -300,6 +300,10 @@ def sweep(shapes: list, rows: list[int], dtype: torch.dtype, arms: list[str], *,
     from stagelab import bench, memory
     from stagelab.hardware import PcieSampler, device_label
 
+    from stagelab.shapes import positive_ints
+
+    positive_ints(rows, "rows")
+    positive_ints([sources], "sources")
     for name in arms:
         if name not in ARMS:
             raise ValueError(f"arms: unknown arm {name!r}; valid: {', '.join(ARMS)}")
@@ -328,6 +332,8 @@ def sweep(shapes: list, rows: list[int], dtype: torch.dtype, arms: list[str], *,
                             for a in arms]
                 continue
             built, unavailable = build_arms(arms, nbytes)
+            if aa_arm in unavailable:
+                raise ValueError(f"aa_arm {aa_arm!r} cannot run here: {unavailable[aa_arm]}")
             twin = make_arm(aa_arm, nbytes)
             records += [{**sizes, "arm": name, "status": "unavailable", "note": reason}
                         for name, reason in unavailable.items()]

@@ -99,6 +99,12 @@ def sweep(shapes: list, rows: list[int], ks: list[int], logits_dtype: torch.dtyp
     from stagelab import bench, memory
     from stagelab.hardware import device_label
 
+    from stagelab.shapes import positive_ints
+
+    positive_ints(rows, "rows")
+    positive_ints([sources], "sources")
+    if not ks or any(isinstance(k, bool) or not isinstance(k, int) or k < 0 for k in ks):
+        raise ValueError(f"ks: {ks!r} must be a non-empty list of integers >= 0")
     for name in arms:
         if name not in STEP_ARMS:
             raise ValueError(f"arms: unknown step arm {name!r}; valid: {', '.join(STEP_ARMS)}")
