@@ -157,19 +157,29 @@ class PinnedGrowOnly(_GrowOnly):
         super().__init__(allocator)
 
 
-class PinnedFresh(StagingArm):
-    """Pins a new buffer every call (``cudaHostRegister`` of fresh memory): the cost of pinning.
+class _PinnedPerCall(StagingArm):
+    """A pinned destination per call that the arm does not keep: CUDA only, holds no bytes."""
 
-    torch's pinned allocator caches blocks, so it would hide that cost; registering a fresh
-    pageable allocation pays it every time, as an engine that pins per step would.
-    """
-
-    name = "pinned_fresh"
     pinned = True
 
     def __init__(self) -> None:
         _require_cuda(self.name)
         super().__init__()
+
+    @property
+    def pinned_bytes_held(self) -> int:
+        return 0
+
+
+class PinnedFresh(_PinnedPerCall):
+    """Pins a new buffer every call (``cudaHostRegister`` of fresh memory): the cost of pinning.
+
+    torch's pinned allocator caches blocks, so it would hide that cost; registering a fresh
+    pageable allocation pays it every time, as an engine that pins per step would. The buffer is
+    unregistered before it is returned.
+    """
+
+    name = "pinned_fresh"
 
     def stage(self, src: torch.Tensor) -> torch.Tensor:
         check_source(src)
@@ -188,24 +198,16 @@ class PinnedFresh(StagingArm):
             cudart.cudaHostUnregister(out.data_ptr())
         return out
 
-    @property
-    def pinned_bytes_held(self) -> int:
-        return 0  # unregistered after every step
 
-
-class ToCpuNonBlocking(StagingArm):
+class ToCpuNonBlocking(_PinnedPerCall):
     """``src.to("cpu", non_blocking=True)`` then an event wait: vLLM's async output, SGLang.
 
-    The destination comes from torch's caching pinned allocator; ``allocations`` counts requests
-    made to it (the cache serves repeats without a new ``cudaHostAlloc``).
+    The destination comes from torch's caching pinned allocator, which holds it (see
+    :func:`stagelab.memory.pinned_host_bytes`); ``allocations`` counts requests made to it (the
+    cache serves repeats without a new ``cudaHostAlloc``).
     """
 
     name = "to_cpu_non_blocking"
-    pinned = True
-
-    def __init__(self) -> None:
-        _require_cuda(self.name)
-        super().__init__()
 
     def stage(self, src: torch.Tensor) -> torch.Tensor:
         check_source(src)
@@ -217,10 +219,6 @@ class ToCpuNonBlocking(StagingArm):
             event.record(torch.cuda.current_stream(src.device))
             event.synchronize()
         return out
-
-    @property
-    def pinned_bytes_held(self) -> int:
-        return 0  # held by torch's cache, not by the arm; see memory.pinned_host_bytes()
 
 
 class RawCeiling(StagingArm):
