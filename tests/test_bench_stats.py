@@ -37,10 +37,6 @@ def test_interleaved_bad_parameters(kwargs, message):
         bench.interleaved({"a": lambda r: None}, **{"repeats": 1, **kwargs})
 
 
-def test_aa_names_round_trip():
-    assert bench.base_arm(bench.aa_name("pageable_fresh")) == "pageable_fresh"
-
-
 rng = np.random.default_rng(0)
 BASE = 10.0 * (1 + 0.01 * rng.standard_normal(40))
 TWIN = 10.0 * (1 + 0.01 * rng.standard_normal(40))

@@ -112,7 +112,7 @@ def test_reference_evidence_is_listed_with_its_hardware(tmp_path):
     result = verdict.build_verdict(write_run(tmp_path, staging_rows(pinned=None)),
                                    reference_root=tmp_path / "reference")
     assert result["reference"][0]["hardware"]["gpu"] == "NVIDIA H200"
-    assert any("other hardware: NVIDIA H200" in line for line in result["findings"])
+    assert any("(NVIDIA H200; not this run)" in line for line in result["findings"])
 
 
 @pytest.mark.parametrize("kwargs, message", [({"min_effect_fraction": 1.5}, "min_effect_fraction"),

@@ -26,11 +26,6 @@ def aa_name(arm: str) -> str:
     return f"{arm}{AA_SUFFIX}"
 
 
-def base_arm(arm: str) -> str:
-    """The arm an A/A twin stands for."""
-    return arm.removesuffix(AA_SUFFIX)
-
-
 class Timer:
     """Times one call: CUDA events plus the host clock on a GPU, ``perf_counter`` elsewhere."""
 

@@ -29,15 +29,6 @@ def speedup_heatmap(compared: pd.DataFrame, title: str, ax: plt.Axes | None = No
     return ax
 
 
-def note_figure(text: str, title: str) -> plt.Figure:
-    """A figure that says plainly why a plot could not be drawn from this run's data."""
-    fig, ax = plt.subplots(figsize=(7, 1.4))
-    ax.axis("off")
-    ax.set_title(title)
-    ax.text(0.5, 0.5, text, ha="center", va="center", wrap=True, fontsize=10)
-    return fig
-
-
 DECISION_COLORS = {"PORT": "tab:green", "CLOSE": "tab:gray", "INCONCLUSIVE": "tab:orange"}
 
 

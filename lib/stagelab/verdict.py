@@ -228,9 +228,10 @@ def findings(verdict: dict[str, Any]) -> list[str]:
                        f"{max(p['bytes'] for p in soft) / 2**20:.1f} MiB over the chunk sizes.")
     out.extend(verdict["missing"])
     for ref in verdict["reference"]:
-        gpu = (ref.get("hardware") or {}).get("gpu") or "unknown hardware"
-        out.append(f"Reference evidence (other hardware: {gpu}, run {ref['run_id']}): "
-                   f"{(ref.get('overall') or {}).get('decision')}.")
+        hardware = ref.get("hardware") or {}
+        machine = hardware.get("gpu") or f"CPU only, {hardware.get('cpu') or 'unknown CPU'}"
+        out.append(f"Committed reference evidence ({machine}; not this run): run "
+                   f"{ref['run_id']} decided {(ref.get('overall') or {}).get('decision')}.")
     return out
 
 
