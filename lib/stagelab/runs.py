@@ -239,6 +239,20 @@ def ensure_kernel() -> None:
     install(kernel_name=KERNEL_NAME, display_name="Python (stagelab)", prefix=sys.prefix)
 
 
+def _ipc_kernel_manager() -> type:
+    """A kernel manager whose kernel talks over local IPC sockets rather than loopback TCP
+    (private to this user, and the kernel no longer warns about unencrypted TCP)."""
+    from jupyter_client.manager import AsyncKernelManager
+    from traitlets import default
+
+    class IpcKernelManager(AsyncKernelManager):
+        @default("transport")
+        def _default_transport(self) -> str:
+            return "ipc"
+
+    return IpcKernelManager
+
+
 def _raise_interrupt(signum: int, _frame: Any) -> None:
     raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
 
@@ -260,6 +274,7 @@ def execute(plans: list[NotebookPlan], run_dir: Path, profile: str,
     import papermill
 
     ensure_kernel()
+    kernel_manager = _ipc_kernel_manager()
     run_dir = Path(run_dir)
     manifest: dict[str, Any] = {
         "run_id": run_dir.name,
@@ -294,7 +309,7 @@ def execute(plans: list[NotebookPlan], run_dir: Path, profile: str,
                     str(plan.path), str(run_dir / entry["output"]),
                     parameters={**plan.parameters, "run_dir": str(run_dir.resolve())},
                     kernel_name=KERNEL_NAME, cwd=str(plan.path.parent), progress_bar=False,
-                    request_save_on_cell_execute=True)
+                    request_save_on_cell_execute=True, kernel_manager_class=kernel_manager)
                 entry["status"] = "ok"
             except KeyboardInterrupt:
                 raise
