@@ -64,6 +64,8 @@ def cmd_env(args: argparse.Namespace) -> int:
         print(json.dumps(snap, indent=2))
         return EXIT_OK
     for section, key, value in hardware.flatten(snap):
+        if key.endswith("_bytes") and isinstance(value, int):
+            value = f"{value} ({value / 2**30:.1f} GiB)"
         print(f"{section:12} {key:34} {value}")
     return EXIT_OK
 
