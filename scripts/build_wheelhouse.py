@@ -21,13 +21,14 @@ PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x
 PREINSTALLED = {"torch"}  # the node's own build, matched to its driver
 
 
-def requirements(extras: list[str]) -> list[str]:
+def requirements(extras: list[str], skip: set[str]) -> list[str]:
     """Runtime (and the named extras') requirements of stagelab, minus preinstalled ones."""
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     wanted = list(project["dependencies"])
     for extra in extras:
         wanted += project["optional-dependencies"][extra]
-    keep = [r for r in wanted if re.split(r"[<>=!~ \[]", r, maxsplit=1)[0] not in PREINSTALLED]
+    dropped = PREINSTALLED | {name.lower() for name in skip}
+    keep = [r for r in wanted if re.split(r"[<>=!~ \[]", r, maxsplit=1)[0].lower() not in dropped]
     return keep + ["setuptools>=68"]
 
 
@@ -38,13 +39,15 @@ def main() -> int:
     parser.add_argument("--platform", action="append", default=None,
                         help="wheel platform tag (repeatable); default manylinux x86_64 tags")
     parser.add_argument("--extra", action="append", default=[], help="also bundle an extra")
+    parser.add_argument("--skip", action="append", default=[], metavar="NAME",
+                        help="leave out a requirement the node already has (repeatable)")
     args = parser.parse_args()
     command = [sys.executable, "-m", "pip", "download", "--only-binary=:all:",
                "--python-version", args.python_version, "--implementation", "cp",
                "-d", str(args.dest)]
     for platform in args.platform or PLATFORMS:
         command += ["--platform", platform]
-    command += requirements(args.extra)
+    command += requirements(args.extra, set(args.skip))
     print(" ".join(command), file=sys.stderr)
     return subprocess.call(command)
 
