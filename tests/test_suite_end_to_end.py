@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from stagelab import report, runs, verdict
+from stagelab import runs, verdict
 
 pytestmark = pytest.mark.slow
 
@@ -62,7 +62,7 @@ def test_report_reads_well_in_a_real_browser(tiny_run):
     from playwright.sync_api import sync_playwright
 
     run_dir, _ = tiny_run
-    report.rebuild(run_dir)
+    runs.rebuild_report(run_dir)
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM,
                                      args=["--no-sandbox", "--disable-gpu"])

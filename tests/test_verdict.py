@@ -61,7 +61,16 @@ def test_a_real_gain_smaller_than_two_percent_of_the_step_closes(tmp_path):
     # 1.5 % faster copy: outside a 0.5 % noise band, but saves 0.15 ms of a 50 ms step
     result = verdict.build_verdict(write_run(tmp_path, staging_rows(pinned=0.010 / 1.015, n=200)))
     cell = result["cells"][0]
-    assert cell["decision"] in ("CLOSE", "INCONCLUSIVE") and cell["decision"] != "PORT"
+    assert cell["decision"] == "CLOSE" and "real but below the minimum" in cell["reason"]
+    assert result["overall"]["decision"] == "CLOSE"
+
+
+def test_pinned_slower_in_one_cell_blocks_a_port(tmp_path):
+    rows = staging_rows(pinned=0.005) + [
+        {**r, "rows": 8} for r in staging_rows(pinned=0.020)]
+    result = verdict.build_verdict(write_run(tmp_path, rows, step_seconds=None))
+    assert sorted(c["decision"] for c in result["cells"]) == ["CLOSE", "PORT"]
+    assert result["overall"]["decision"] == "INCONCLUSIVE"
 
 
 def test_unmeasured_pinned_arm_is_inconclusive_with_the_reason(tmp_path):

@@ -71,10 +71,9 @@ def cmd_env(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from stagelab import report, runs
+    from stagelab import runs
 
-    runs.read_manifest(args.run_dir)  # a clear error for a folder that is not a run
-    print(report.rebuild(args.run_dir))
+    print(runs.rebuild_report(args.run_dir))
     return EXIT_OK
 
 

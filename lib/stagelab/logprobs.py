@@ -25,6 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from stagelab.staging import require_cuda
+
 # The fused path's temporaries per block element: the rank's bool comparison and the int64 its
 # sum casts to (1 + 8 bytes, measured on CPU), which outweighs logsumexp's fp32 upcast and exp.
 BLOCK_TEMP_BYTES = 9
@@ -49,9 +51,7 @@ class LogprobsTensors:
             raise ValueError(f"num_positions ({num_positions}) and num_logprobs "
                              f"({num_logprobs}) must be >= 0")
         if pinned:
-            from stagelab.staging import _require_cuda
-
-            _require_cuda("LogprobsTensors.empty_host(pinned=True)")
+            require_cuda("LogprobsTensors.empty_host(pinned=True)")
         shape = (num_positions, num_logprobs + 1)
         return cls(torch.empty(shape, dtype=torch.int32, device=device, pin_memory=pinned),
                    torch.empty(shape, dtype=torch.float32, device=device, pin_memory=pinned),

@@ -88,6 +88,7 @@ def predicted_peak_bytes(T: int, V: int, H: int, C: int | None, dtype: torch.dty
     Plus the results: the chunk's device results, the host output ``(T-1) x (K+1)`` and two host
     slots. ``H`` is accepted for the callers' convenience: hidden states and the weight are inputs.
     """
+    # imported here: logprobs -> staging -> memory would otherwise be an import cycle
     from stagelab.logprobs import BLOCK_TEMP_BYTES, block_rows
 
     del H

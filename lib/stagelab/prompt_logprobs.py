@@ -16,10 +16,13 @@ from __future__ import annotations
 
 from typing import Callable, Protocol
 
+import pandas as pd
 import torch
 
+from stagelab import bench, memory
 from stagelab import logprobs as lp
-from stagelab import memory
+from stagelab.hardware import device_label
+from stagelab.shapes import torch_dtype
 
 METHODS = ("fused", "logsoftmax")
 LmHead = "torch.Tensor | Callable[[torch.Tensor], torch.Tensor]"
@@ -228,8 +231,6 @@ def memory_probe(tokens: int, vocab: int, hidden: int, chunk: int | None, dtype:
                  method: str, k: int, overlap: bool, seed: int = 0,
                  device: str = "cpu") -> Callable[[], object]:
     """For :func:`stagelab.memory.measure_peak`: build the inputs, return the call to measure."""
-    from stagelab.shapes import torch_dtype
-
     hidden_states, weight, ids = make_inputs(tokens, vocab, hidden, torch_dtype(dtype), seed,
                                              device)
     return lambda: prompt_logprobs(hidden_states, weight, ids, k, chunk, method=method,
@@ -272,9 +273,6 @@ def sweep(tokens: int, shape, hidden: int, chunks: list[int | None], dtype: torc
     (see :mod:`stagelab.memory`); a process costs seconds, and overlap changes only two small
     host slots.
     """
-    from stagelab import bench
-    from stagelab.hardware import device_label
-
     for method in methods:
         if method not in METHODS:
             raise ValueError(f"methods: unknown method {method!r}; valid: {', '.join(METHODS)}")
@@ -282,8 +280,10 @@ def sweep(tokens: int, shape, hidden: int, chunks: list[int | None], dtype: torc
         _check_chunk(chunk)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype_name = str(dtype).removeprefix("torch.")
-    hidden_states, weight, ids = make_inputs(tokens, shape.vocab, hidden, dtype, seed, device)
+    if tokens < 2:
+        raise ValueError(f"tokens: a prompt needs T >= 2 tokens to score any position, got {tokens}")
     lp.check_num_logprobs(k, shape.vocab)
+    hidden_states, weight, ids = make_inputs(tokens, shape.vocab, hidden, dtype, seed, device)
     chunked = [c for c in dict.fromkeys(chunks) if c < tokens - 1]  # larger is unchunked
     configs = [(m, c, o) for m in methods for c in [None, *chunked]
                for o in dict.fromkeys(overlaps)]
@@ -330,7 +330,7 @@ def _memory_records(common: dict, config: dict) -> list[dict]:
     return rows
 
 
-def recommend_chunk(frame, arm: str = "fused+overlap", tolerance: float = 0.05) -> dict:
+def recommend_chunk(frame: pd.DataFrame, arm: str = "fused+overlap", tolerance: float = 0.05) -> dict:
     """The smallest chunk whose median time is within ``tolerance`` of the best configuration's
     of that arm (unchunked included); with the times behind the choice."""
     timed = frame[(frame["metric"] == "time") & (frame["arm"] == arm)
@@ -350,11 +350,9 @@ def recommend_chunk(frame, arm: str = "fused+overlap", tolerance: float = 0.05) 
                       f"({1e3 * best:.1f} ms at chunk {int(medians.idxmin())}){unchunked}"}
 
 
-def goal_checks(frame) -> "pd.DataFrame":
+def goal_checks(frame: pd.DataFrame) -> pd.DataFrame:
     """The prompt-logprob goals against this run: the fused path's peak extra memory within
     1.15 x one chunk of logits, and chunked time within 1.05 x unchunked for chunks >= 512."""
-    import pandas as pd
-
     goals = []
     itemsize = {"float32": 4, "float16": 2, "bfloat16": 2}
     peaks = frame[(frame["metric"].isin(["peak_device_bytes", "peak_host_bytes"]))

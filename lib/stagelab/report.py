@@ -125,14 +125,3 @@ def write_index(run_dir: Path) -> Path:
     path.write_text(page, encoding="utf-8")
     return path
 
-
-def rebuild(run_dir: Path) -> Path:
-    """Re-export every executed notebook of a run folder and rewrite its index."""
-    run_dir = Path(run_dir)
-    manifest = json.loads((run_dir / "manifest.json").read_text())
-    for nb in manifest.get("notebooks", []):
-        notebook = run_dir / nb["output"]
-        if notebook.exists():
-            nb["html"] = export_html(notebook, run_dir / f"{nb['name']}.html").name
-    (run_dir / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str))
-    return write_index(run_dir)

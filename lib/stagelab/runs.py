@@ -336,6 +336,17 @@ def execute(plans: list[NotebookPlan], run_dir: Path, profile: str,
     return manifest
 
 
+def rebuild_report(run_dir: Path) -> Path:
+    """Re-export every executed notebook of a run folder, record the HTML, rewrite the index."""
+    run_dir = Path(run_dir)
+    manifest = read_manifest(run_dir)
+    for entry in manifest.get("notebooks", []):
+        entry["html"] = f"{entry['name']}.html"
+        _export_quietly(run_dir, entry)
+    write_manifest(run_dir, manifest)
+    return report.write_index(run_dir)
+
+
 def _export_quietly(run_dir: Path, entry: dict[str, Any]) -> None:
     """Export one executed notebook's HTML; an export failure is recorded, never fatal."""
     notebook = run_dir / entry["output"]

@@ -12,7 +12,12 @@ from __future__ import annotations
 
 from typing import Callable
 
+import pandas as pd
 import torch
+
+from stagelab import bench, memory, stats
+from stagelab.hardware import PcieSampler, device_label
+from stagelab.shapes import positive_ints
 
 Allocator = Callable[[int], torch.Tensor]
 
@@ -26,7 +31,7 @@ def cuda_present() -> bool:
     return torch.cuda.is_available()
 
 
-def _require_cuda(arm: str) -> None:
+def require_cuda(arm: str) -> None:
     if not cuda_present():
         build = "a CPU build" if torch.version.cuda is None else f"CUDA {torch.version.cuda}"
         raise PinnedMemoryUnavailable(
@@ -36,7 +41,7 @@ def _require_cuda(arm: str) -> None:
 
 def pinned_allocator(nbytes: int) -> torch.Tensor:
     """torch's pinned allocation of ``nbytes`` bytes (its caching host allocator)."""
-    _require_cuda("pinned_allocator")
+    require_cuda("pinned_allocator")
     return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
 
 
@@ -152,7 +157,7 @@ class PinnedGrowOnly(_GrowOnly):
 
     def __init__(self, allocator: Allocator | None = None) -> None:
         if allocator is None:
-            _require_cuda(self.name)
+            require_cuda(self.name)
             allocator = pinned_allocator
         super().__init__(allocator)
 
@@ -163,7 +168,7 @@ class _PinnedPerCall(StagingArm):
     pinned = True
 
     def __init__(self) -> None:
-        _require_cuda(self.name)
+        require_cuda(self.name)
         super().__init__()
 
     @property
@@ -295,11 +300,6 @@ def sweep(shapes: list, rows: list[int], dtype: torch.dtype, arms: list[str], *,
     Returns schema records (without run id and notebook). A cell that would not fit in free memory
     is recorded as ``skipped`` with the numbers; arms that cannot run here as ``unavailable``.
     """
-    from stagelab import bench, memory
-    from stagelab.hardware import PcieSampler, device_label
-
-    from stagelab.shapes import positive_ints
-
     positive_ints(rows, "rows")
     positive_ints([sources], "sources")
     for name in arms:
@@ -355,17 +355,13 @@ def sweep(shapes: list, rows: list[int], dtype: torch.dtype, arms: list[str], *,
     return records
 
 
-def goal_checks(frame, snap: dict, big_bytes: int = 64 * 10**6) -> "pd.DataFrame":
+def goal_checks(frame: pd.DataFrame, snap: dict, big_bytes: int = 64 * 10**6) -> pd.DataFrame:
     """The staging goals of this suite, each with what was measured here, or why it was not.
 
     Goals: pinned grow-only >= 95 % of the raw pinned ceiling; the raw ceiling >= 85 % of the NVML
     link bandwidth for copies of 64 MB and more (else the likely cause); the A/A noise band within
     +-2 %; the reuse lever (reused vs fresh pageable) with its CI at the largest cell.
     """
-    import pandas as pd
-
-    from stagelab import stats
-
     timed = frame[(frame["metric"] == "time") & (frame["stage"] == "total")
                   & (frame["status"] == "ok")]
     medians = timed.groupby(["arm", "bytes"], observed=True)["gb_per_s"].median().unstack("arm")

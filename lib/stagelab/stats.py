@@ -14,6 +14,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats as sps
 
+from stagelab.bench import aa_name
+
 PORT, CLOSE, INCONCLUSIVE = "PORT", "CLOSE", "INCONCLUSIVE"
 
 
@@ -128,8 +130,6 @@ def compare_arms(frame: pd.DataFrame, baseline: str, candidate: str, by: Sequenc
                  seed: int = 0) -> pd.DataFrame:
     """Per group of ``by``: the candidate's speedup over the baseline with its CI, the A/A noise
     half-width (from ``noise_arm`` and its twin ``<arm>~aa``), and seconds saved per call."""
-    from stagelab.bench import aa_name
-
     timed = frame[(frame["metric"] == "time") & (frame["stage"] == stage)
                   & (frame["status"] == "ok")]
     out = []

@@ -16,10 +16,13 @@ from __future__ import annotations
 import time
 from typing import Callable
 
+import pandas as pd
 import torch
 
+from stagelab import bench, memory, staging, stats
 from stagelab import logprobs as lp
-from stagelab import staging
+from stagelab.hardware import device_label
+from stagelab.shapes import positive_ints
 
 STEP_ARMS = ("seed_pageable", "seed_pinned", "device_gather", "fused")
 STAGES = ("device", "copy", "host_gather")
@@ -96,11 +99,6 @@ def sweep(shapes: list, rows: list[int], ks: list[int], logits_dtype: torch.dtyp
     and how many ranks differ (metric ``max_abs_error`` and ``rank_mismatches``), so that a
     speed comparison is never one between different answers.
     """
-    from stagelab import bench, memory
-    from stagelab.hardware import device_label
-
-    from stagelab.shapes import positive_ints
-
     positive_ints(rows, "rows")
     positive_ints([sources], "sources")
     if not ks or any(isinstance(k, bool) or not isinstance(k, int) or k < 0 for k in ks):
@@ -172,10 +170,8 @@ def agreement(pipelines: dict[str, StepPipeline], logits: torch.Tensor, k: int,
     return rows
 
 
-def decomposition(frame) -> "pd.DataFrame":
+def decomposition(frame: pd.DataFrame) -> pd.DataFrame:
     """Median seconds per stage and in total, per arm and cell, with each stage's share."""
-    import pandas as pd
-
     timed = frame[(frame["metric"] == "time") & (frame["status"] == "ok")]
     med = timed.pivot_table(index=["rows", "vocab", "k", "arm"], columns="stage",
                             values="seconds", aggfunc="median", observed=True)
@@ -188,7 +184,7 @@ def decomposition(frame) -> "pd.DataFrame":
 DWARFED_SHARE = 0.10
 
 
-def is_copy_dwarfed(frame) -> list[str]:
+def is_copy_dwarfed(frame: pd.DataFrame) -> list[str]:
     """Plain sentences, one per cell, answering "is the copy dwarfed?" for the seed's step, from
     this run's medians. The copy counts as dwarfed when it is under 10 % of the step."""
     parts = decomposition(frame)
@@ -205,12 +201,9 @@ def is_copy_dwarfed(frame) -> list[str]:
     return sentences
 
 
-def lever_savings(frame, baseline: str = "seed_pageable", seed: int = 0) -> "pd.DataFrame":
+def lever_savings(frame: pd.DataFrame, baseline: str = "seed_pageable",
+                  seed: int = 0) -> pd.DataFrame:
     """Per cell and lever: speedup of the whole step over the seed's arm, its CI, ms saved."""
-    import pandas as pd
-
-    from stagelab import stats
-
     timed = frame[(frame["metric"] == "time") & (frame["status"] == "ok")]
     levers = [arm for arm in STEP_ARMS if arm != baseline and arm in set(timed["arm"])]
     parts = [stats.compare_arms(frame, baseline, arm, ["rows", "vocab", "k"], seed=seed)
@@ -218,7 +211,7 @@ def lever_savings(frame, baseline: str = "seed_pageable", seed: int = 0) -> "pd.
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
 
 
-def fused_goal(frame, target_rows: int = 64, target_vocab: int = 152_064, target_k: int = 5,
+def fused_goal(frame: pd.DataFrame, target_rows: int = 64, target_vocab: int = 152_064, target_k: int = 5,
                goal: float = 10.0) -> str:
     """The suite's goal for the fused arm (>= 10x the seed's step at n=64, V~152k, K=5), against
     the nearest measured cell, in words."""

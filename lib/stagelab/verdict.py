@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from stagelab import bench, schema, stats
+from stagelab import bench, prompt_logprobs, schema, stats
+from stagelab import step as step_module
 
 TABLES = {"staging": "01_d2h_staging", "step": "02_logprobs_step",
           "prompt_logprobs": "03_prompt_logprobs"}
@@ -111,13 +112,14 @@ def overall(cells: list[dict[str, Any]]) -> dict[str, str]:
     if not cells:
         return {"decision": stats.INCONCLUSIVE,
                 "summary": "No staging cell was measured in this run: nothing to decide from."}
-    measured = [c for c in cells if not c["reason"].startswith("not measured")]
+    measured = [c for c in cells if c.get("n_candidate")]
     if not measured:
         return {"decision": stats.INCONCLUSIVE, "summary": (
             "The pinned staging arm was not measured in this run (" + cells[0]["reason"]
             .removeprefix("not measured: ") + "), so whether pinned staging helps cannot be "
             "decided here. See the findings for what was measured instead.")}
-    slower = [c for c in measured if "slower" in c["reason"]]
+    slower = [c for c in measured if c.get("ci_high") is not None
+              and c["ci_high"] < 1 - c["noise_half_width"]]
     ported = [c for c in measured if c["decision"] == stats.PORT]
     if ported and not slower:
         best = max(ported, key=lambda c: c["saved_ms"] or 0)
@@ -146,8 +148,6 @@ def _lever_rows(staging: pd.DataFrame, step: pd.DataFrame | None,
 
 
 def _step_levers(step: pd.DataFrame, seed: int) -> list[dict[str, Any]]:
-    from stagelab import step as step_module
-
     levers = step_module.lever_savings(step, seed=seed)
     parts = step_module.decomposition(step)
     seed_parts = parts[parts["arm"] == "seed_pageable"].set_index(["rows", "vocab", "k"])
@@ -172,8 +172,6 @@ def _num(value: Any) -> float | None:
 def _prompt_summary(run_dir: Path, prompt: pd.DataFrame | None) -> dict[str, Any] | None:
     if prompt is None:
         return None
-    from stagelab import prompt_logprobs
-
     path = run_dir / RECOMMENDATION_FILE
     recommendation = (json.loads(path.read_text()) if path.exists()
                       else prompt_logprobs.recommend_chunk(prompt))
