@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from stagelab import hardware
+from stagelab import device, hardware
 
 
 def test_snapshot_without_a_gpu_has_the_host_and_says_what_is_missing():
@@ -37,4 +37,4 @@ def test_flatten_lists_every_section():
 
 
 def test_device_label_on_cpu():
-    assert hardware.device_label("cpu") == "cpu"
+    assert device.device_label("cpu") == "cpu"

@@ -17,13 +17,11 @@ from typing import Callable, Mapping
 import torch
 from tqdm import tqdm
 
+from stagelab.schema import aa_name
+
+__all__ = ["ArmCall", "Timer", "aa_name", "interleaved", "pick", "rotating"]
+
 ArmCall = Callable[[int], "Mapping[str, float] | object"]
-AA_SUFFIX = "~aa"
-
-
-def aa_name(arm: str) -> str:
-    """The name of an arm's A/A twin: the same arm again, measured as if it were another."""
-    return f"{arm}{AA_SUFFIX}"
 
 
 class Timer:

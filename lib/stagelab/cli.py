@@ -103,7 +103,7 @@ COMMANDS = {"run": cmd_run, "env": cmd_env, "report": cmd_report, "runs": cmd_ru
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; user errors print one line and exit 2, never a traceback."""
-    from stagelab.runs import UserError
+    from stagelab.errors import UserError
 
     args = _parser().parse_args(argv)
     try:

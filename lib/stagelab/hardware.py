@@ -165,15 +165,6 @@ def snapshot(under_load: bool = False, device_index: int = 0) -> dict[str, Any]:
     return snap
 
 
-def device_label(device: torch.device | str) -> str:
-    """The ``device`` column of a measurement row: ``cpu`` or ``cuda:0 <name>``."""
-    device = torch.device(device)
-    if device.type != "cuda":
-        return device.type
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return f"cuda:{index} {torch.cuda.get_device_name(index)}"
-
-
 def flatten(snap: dict[str, Any]) -> list[tuple[str, str, Any]]:
     """(section, key, value) triples of a snapshot, for tables and the ``stagelab env`` printout."""
     rows = []

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from stagelab.staging import require_cuda
+from stagelab.device import require_cuda
 
 # The fused path's temporaries per block element: the rank's bool comparison and the int64 its
 # sum casts to (1 + 8 bytes, measured on CPU), which outweighs logsumexp's fp32 upcast and exp.

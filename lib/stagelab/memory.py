@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch
 
+from stagelab.errors import InsufficientMemory
+
 
 def _status_bytes(key: str, pid: str = "self") -> int | None:
     try:
@@ -48,10 +50,6 @@ def free_device_bytes(device: torch.device | str) -> int | None:
         return None
     free, _total = torch.cuda.mem_get_info(device)
     return free
-
-
-class InsufficientMemory(MemoryError):
-    """A configuration would not fit; raised before anything large is allocated."""
 
 
 def check_fits(needed: int, free: int | None, what: str, margin: float = 0.9) -> None:

@@ -21,7 +21,7 @@ import torch
 
 from stagelab import bench, memory
 from stagelab import logprobs as lp
-from stagelab.hardware import device_label
+from stagelab.device import device_label
 from stagelab.shapes import torch_dtype
 
 METHODS = ("fused", "logsoftmax")

@@ -26,6 +26,7 @@ from typing import Any, Iterable, Mapping
 import yaml
 
 from stagelab import hardware, paths, report
+from stagelab.errors import UserError
 
 KERNEL_NAME = "stagelab"
 MANIFEST = "manifest.json"
@@ -33,10 +34,6 @@ PACKAGES = ("stagelab", "torch", "numpy", "pandas", "pyarrow", "scipy", "matplot
             "papermill", "nbconvert", "nbformat", "ipykernel", "nvidia-ml-py", "tqdm")
 # Parameters the runner injects into every notebook; a notebook must declare ``run_dir``.
 INJECTED = ("run_dir",)
-
-
-class UserError(Exception):
-    """A mistake in what the user asked for: reported in one line, without a traceback."""
 
 
 @dataclass

@@ -45,6 +45,8 @@ from typing import Any, Iterable, Mapping
 
 import pandas as pd
 
+from stagelab.errors import SchemaError
+
 COLUMN_DTYPES: dict[str, str] = {
     "run_id": "string",
     "notebook": "string",
@@ -72,13 +74,15 @@ COLUMN_DTYPES: dict[str, str] = {
     "note": "string",
 }
 COLUMNS: tuple[str, ...] = tuple(COLUMN_DTYPES)
+AA_SUFFIX = "~aa"
 STATUSES = ("ok", "unavailable", "skipped")
 _DEFAULTS: dict[str, Any] = {"stage": "total", "metric": "time", "model": "", "timer": "",
                              "status": "ok", "note": ""}
 
 
-class SchemaError(ValueError):
-    """A table does not follow the tidy schema."""
+def aa_name(arm: str) -> str:
+    """The name of an arm's A/A twin: the same arm again, measured as if it were another."""
+    return f"{arm}{AA_SUFFIX}"
 
 
 def make_rows(records: Iterable[Mapping[str, Any]], **common: Any) -> pd.DataFrame:

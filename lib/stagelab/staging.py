@@ -16,33 +16,12 @@ import pandas as pd
 import torch
 
 from stagelab import bench, memory, stats
-from stagelab.hardware import PcieSampler, device_label
+from stagelab.device import (PinnedMemoryUnavailable, cuda_present, device_label,
+                             pinned_allocator, require_cuda)
+from stagelab.hardware import PcieSampler
 from stagelab.shapes import positive_ints
 
 Allocator = Callable[[int], torch.Tensor]
-
-
-class PinnedMemoryUnavailable(RuntimeError):
-    """Pinned (page-locked) host memory needs a CUDA device, and there is none here."""
-
-
-def cuda_present() -> bool:
-    """Whether pinned memory and CUDA copies can be used on this machine."""
-    return torch.cuda.is_available()
-
-
-def require_cuda(arm: str) -> None:
-    if not cuda_present():
-        build = "a CPU build" if torch.version.cuda is None else f"CUDA {torch.version.cuda}"
-        raise PinnedMemoryUnavailable(
-            f"{arm}: pinned host memory needs a CUDA device, and this machine has none "
-            f"(torch {torch.__version__}, {build})")
-
-
-def pinned_allocator(nbytes: int) -> torch.Tensor:
-    """torch's pinned allocation of ``nbytes`` bytes (its caching host allocator)."""
-    require_cuda("pinned_allocator")
-    return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
 
 
 def check_source(src: torch.Tensor) -> None:

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats as sps
 
-from stagelab.bench import aa_name
+from stagelab.schema import aa_name
 
 PORT, CLOSE, INCONCLUSIVE = "PORT", "CLOSE", "INCONCLUSIVE"
 

@@ -21,7 +21,7 @@ import torch
 
 from stagelab import bench, memory, staging, stats
 from stagelab import logprobs as lp
-from stagelab.hardware import device_label
+from stagelab.device import device_label
 from stagelab.shapes import positive_ints
 
 STEP_ARMS = ("seed_pageable", "seed_pinned", "device_gather", "fused")
