@@ -1,11 +1,13 @@
 """Interleaved, randomized timing of several arms, with warm-up, repeats and an A/A twin.
 
 Each round runs every arm once, in an order shuffled per round, so slow drift (thermal, page cache,
-a neighbour's load) falls on all arms alike instead of on whichever ran last. On a GPU each call is
-timed with CUDA events and cross-checked with the host clock after a synchronize (a pageable copy
-is synchronous, so both must agree); on CPU with ``time.perf_counter``. Warm-up rounds are run and
-discarded. An arm may return ``{stage: seconds}`` to report its parts; the whole call is always
-recorded as stage ``total``.
+a neighbour's load) falls on all arms alike instead of on whichever ran last; the round index is
+recorded as ``repeat``, so the arms' samples pair by round. On a GPU each call is timed with CUDA
+events and cross-checked with the host clock after a synchronize (``clock_agrees``); on CPU with
+``time.perf_counter``. Warm-up rounds are run and discarded. An arm may return ``{stage: seconds}``
+to report its parts; the whole call is always recorded as stage ``total``. An arm that raises is
+recorded once as ``failed`` with the error's first line and dropped from later rounds; the other
+arms go on.
 """
 
 from __future__ import annotations
@@ -15,13 +17,27 @@ import time
 from typing import Callable, Mapping
 
 import torch
-from tqdm import tqdm
 
 from stagelab.schema import aa_name
 
 __all__ = ["ArmCall", "Timer", "aa_name", "interleaved", "pick", "rotating"]
 
 ArmCall = Callable[[int], "Mapping[str, float] | object"]
+# The host clock also counts the launch and the final synchronize: it may exceed the events by this
+# much, plus this fraction of the event time, and still agree.
+CLOCK_SLACK_S, CLOCK_SLACK_FRACTION = 0.5e-3, 0.10
+
+
+def clocks_agree(event_seconds: float, host_seconds: float) -> bool:
+    """Whether a host-clock reading agrees with the CUDA events of the same call."""
+    slack = CLOCK_SLACK_S + CLOCK_SLACK_FRACTION * event_seconds
+    return abs(host_seconds - event_seconds) <= slack
+
+
+def first_line(exc: BaseException) -> str:
+    """``Type: first line of the message``: what a failed row's note says."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}".strip()
 
 
 class Timer:
@@ -51,8 +67,7 @@ class Timer:
 
 
 def interleaved(arms: Mapping[str, ArmCall], *, repeats: int, warmup: int = 2, seed: int = 0,
-                device: torch.device | str | None = None, progress: bool = False,
-                label: str = "") -> list[dict]:
+                device: torch.device | str | None = None) -> list[dict]:
     """Run every arm ``warmup + repeats`` times in shuffled order per round; return timing records.
 
     ``arms[name](round_index)`` performs one repeat (the index lets it rotate its sources). Each
@@ -69,20 +84,31 @@ def interleaved(arms: Mapping[str, ArmCall], *, repeats: int, warmup: int = 2, s
     order = list(arms)
     shuffler = random.Random(seed)
     records: list[dict] = []
-    rounds = range(warmup + repeats)
-    for round_index in tqdm(rounds, desc=label or "rounds", disable=not progress, leave=False):
+    for round_index in range(warmup + repeats):
         shuffler.shuffle(order)
-        for name in order:
-            seconds, host, result = timer.time(lambda: arms[name](round_index))
-            if round_index < warmup:
+        for name in list(order):
+            try:
+                seconds, host, result = timer.time(lambda: arms[name](round_index))
+            except Exception as exc:  # one arm's failure must not cost the others their data
+                order.remove(name)
+                records.append({"arm": name, "status": "failed", "note": first_line(exc),
+                                "repeat": max(round_index - warmup, 0)})
                 continue
-            repeat = round_index - warmup
-            records.append({"arm": name, "stage": "total", "repeat": repeat, "seconds": seconds,
-                            "host_seconds": host, "timer": timer.name})
-            if isinstance(result, Mapping):
-                records.extend({"arm": name, "stage": stage, "repeat": repeat,
-                                "seconds": float(value), "host_seconds": None,
-                                "timer": "perf_counter"} for stage, value in result.items())
+            if round_index >= warmup:
+                records += _round_records(name, round_index - warmup, seconds, host, result,
+                                          timer.name)
+    return records
+
+
+def _round_records(name: str, repeat: int, seconds: float, host: float | None, result: object,
+                   timer: str) -> list[dict]:
+    """The ``total`` record of one timed call, and one per stage the arm reported."""
+    records = [{"arm": name, "stage": "total", "repeat": repeat, "seconds": seconds,
+                "host_seconds": host, "timer": timer,
+                "clock_agrees": None if host is None else clocks_agree(seconds, host)}]
+    if isinstance(result, Mapping):
+        records += [{"arm": name, "stage": stage, "repeat": repeat, "seconds": float(value),
+                     "timer": timer} for stage, value in result.items()]
     return records
 
 

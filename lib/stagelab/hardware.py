@@ -182,7 +182,8 @@ class PcieSampler:
     """Samples NVML's PCIe TX/RX throughput (KB/s over a 20 ms window) in a thread while a loop runs.
 
     A cross-check of what the copy loop really moved over the link. ``available`` is False, with
-    ``reason``, where NVML cannot be read (no GPU, no driver); then ``samples`` stays empty.
+    ``reason``, where NVML cannot be read (no GPU, no driver) or the sampler itself failed part way
+    (then the samples taken before the failure are dropped: a partial series would mislead).
     """
 
     def __init__(self, device_index: int = 0, interval_s: float = 0.02) -> None:
@@ -209,11 +210,15 @@ class PcieSampler:
 
     def _run(self) -> None:
         nvml, start = self._nvml, time.perf_counter()
-        while not self._stop.is_set():
-            tx = nvml.nvmlDeviceGetPcieThroughput(self._handle, nvml.NVML_PCIE_UTIL_TX_BYTES)
-            rx = nvml.nvmlDeviceGetPcieThroughput(self._handle, nvml.NVML_PCIE_UTIL_RX_BYTES)
-            self.samples.append((time.perf_counter() - start, tx * 1024, rx * 1024))
-            self._stop.wait(self.interval_s)
+        try:
+            while not self._stop.is_set():
+                tx = nvml.nvmlDeviceGetPcieThroughput(self._handle, nvml.NVML_PCIE_UTIL_TX_BYTES)
+                rx = nvml.nvmlDeviceGetPcieThroughput(self._handle, nvml.NVML_PCIE_UTIL_RX_BYTES)
+                self.samples.append((time.perf_counter() - start, tx * 1024, rx * 1024))
+                self._stop.wait(self.interval_s)
+        except Exception as exc:  # the sampler records its own failure instead of dying silently
+            self.available, self.samples = False, []
+            self.reason = f"the PCIe sampler failed ({type(exc).__name__}: {exc})"
 
     def __exit__(self, *_exc: object) -> None:
         if self._thread is not None:

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 from typing import Callable, Protocol
 
-import pandas as pd
 import torch
 
-from stagelab import bench, memory
+from stagelab import memory, sweep
 from stagelab import logprobs as lp
-from stagelab.device import device_label
-from stagelab.shapes import torch_dtype
+from stagelab.device import default_device, device_label
+from stagelab.schema import TableSink
+from stagelab.shapes import ModelShape, torch_dtype
 
 METHODS = ("fused", "logsoftmax")
 LmHead = "torch.Tensor | Callable[[torch.Tensor], torch.Tensor]"
@@ -237,147 +237,117 @@ def memory_probe(tokens: int, vocab: int, hidden: int, chunk: int | None, dtype:
                                    overlap=overlap)
 
 
-def _config_key(method: str, chunk: int | None, overlap: bool) -> str:
-    return f"{method}|{chunk or 0}|{int(overlap)}"
-
-
-def _arm(method: str, overlap: bool) -> str:
+def arm_name(method: str, overlap: bool) -> str:
+    """The ``arm`` of a configuration's rows: the method, ``+overlap`` where the copy overlaps."""
     return f"{method}+overlap" if overlap else method
 
 
-def agreement_records(result: lp.LogprobsTensors, reference: lp.LogprobsTensors,
-                      common: dict) -> list[dict]:
+def agreement_records(result: lp.LogprobsTensors, reference: lp.LogprobsTensors) -> list[dict]:
     """How far a chunked result is from the unchunked one of the same method."""
     same_ids = result.logprob_token_ids == reference.logprob_token_ids
     return [
-        {**common, "metric": "max_abs_error",
+        {"metric": "max_abs_error",
          "value": float((result.logprobs - reference.logprobs).abs().max())},
-        {**common, "metric": "id_mismatches", "value": float((~same_ids).sum())},
-        {**common, "metric": "rank_mismatches", "value": float(
+        {"metric": "id_mismatches", "value": float((~same_ids).sum())},
+        {"metric": "rank_mismatches", "value": float(
             (result.selected_token_ranks != reference.selected_token_ranks).sum())},
-        {**common, "metric": "bitwise_equal", "value": float(
+        {"metric": "bitwise_equal", "value": float(
             torch.equal(result.logprobs, reference.logprobs) and bool(same_ids.all())
             and torch.equal(result.selected_token_ranks, reference.selected_token_ranks))},
     ]
 
 
-def sweep(tokens: int, shape, hidden: int, chunks: list[int | None], dtype: torch.dtype, k: int,
-          methods: list[str], overlaps: list[bool], *, repeats: int, warmup: int = 1,
-          seed: int = 0, measure_memory: bool = True, device: str | None = None,
-          progress: bool = False) -> list[dict]:
-    """Time, measure and check every ``(method, chunk, overlap)`` configuration of one prompt.
-
-    The unchunked configuration (``None``) of each method is always included as the reference;
-    a chunk of ``T - 1`` rows or more is the unchunked configuration and runs once.
-    Memory is measured in a fresh process per ``(method, chunk)`` for the first of ``overlaps``
-    (see :mod:`stagelab.memory`); a process costs seconds, and overlap changes only two small
-    host slots.
-    """
+def check_measure_parameters(tokens: int, vocab: int, chunks: list[int], k: int,
+                             methods: list[str], overlaps: list[bool]) -> None:
+    """Every parameter of :func:`measure`, checked before anything is allocated."""
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 2:
+        raise ValueError(f"tokens: a prompt needs T >= 2 tokens to score any position, got "
+                         f"{tokens!r}")
+    for name, values in (("methods", methods), ("overlaps", overlaps), ("chunks", chunks)):
+        if not values:
+            raise ValueError(f"{name} is empty")
     for method in methods:
         if method not in METHODS:
             raise ValueError(f"methods: unknown method {method!r}; valid: {', '.join(METHODS)}")
+    for overlap in overlaps:
+        if not isinstance(overlap, bool):
+            raise ValueError(f"overlaps: {overlap!r} is not true or false")
     for chunk in chunks:
         _check_chunk(chunk)
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    dtype_name = str(dtype).removeprefix("torch.")
-    if tokens < 2:
-        raise ValueError(f"tokens: a prompt needs T >= 2 tokens to score any position, got {tokens}")
-    lp.check_num_logprobs(k, shape.vocab)
-    hidden_states, weight, ids = make_inputs(tokens, shape.vocab, hidden, dtype, seed, device)
-    chunked = [c for c in dict.fromkeys(chunks) if c < tokens - 1]  # larger is unchunked
-    configs = [(m, c, o) for m in methods for c in [None, *chunked]
-               for o in dict.fromkeys(overlaps)]
-    base = dict(experiment="prompt_logprobs", device=device_label(device), model=shape.model,
-                rows=tokens - 1, vocab=shape.vocab, hidden=hidden, k=k, dtype=dtype_name)
-
-    def sizes(method: str, chunk: int | None, overlap: bool) -> dict:
-        return {**base, "arm": _arm(method, overlap), "overlap": overlap,
-                "chunk": min(chunk or tokens - 1, tokens - 1)}
-
-    calls = {_config_key(m, c, o): (lambda r, m=m, c=c, o=o: prompt_logprobs(
-        hidden_states, weight, ids, k, c, method=m, overlap=o)) for m, c, o in configs}
-    records = []
-    by_key = {_config_key(m, c, o): (m, c, o) for m, c, o in configs}
-    for timing in bench.interleaved(calls, repeats=repeats, warmup=warmup, seed=seed,
-                                    device=device, progress=progress, label="prompt"):
-        key = timing.pop("arm")
-        records.append({**sizes(*by_key[key]), **timing})
-    references = {m: prompt_logprobs(hidden_states, weight, ids, k, None, method=m,
-                                     overlap=False) for m in methods}
-    for method, chunk, overlap in configs:
-        common = sizes(method, chunk, overlap)
-        result = prompt_logprobs(hidden_states, weight, ids, k, chunk, method=method,
-                                 overlap=overlap)
-        records += agreement_records(result, references[method], common)
-        records.append({**common, "metric": "predicted_peak_bytes",
-                        "bytes": memory.predicted_peak_bytes(tokens, shape.vocab, hidden, chunk,
-                                                             dtype, method, k)})
-        if measure_memory and overlap == overlaps[0]:
-            records += _memory_records(common, dict(
-                tokens=tokens, vocab=shape.vocab, hidden=hidden, chunk=chunk, dtype=dtype_name,
-                method=method, k=k, overlap=overlap, seed=seed, device=device))
-    return records
+    lp.check_num_logprobs(k, vocab)
 
 
-def _memory_records(common: dict, config: dict) -> list[dict]:
+def measure(tokens: int, shape: ModelShape, hidden: int, chunks: list[int], dtype: torch.dtype,
+            k: int, methods: list[str], overlaps: list[bool], *, repeats: int, warmup: int = 1,
+            seed: int = 0, measure_memory: bool = True, device: str | None = None,
+            sink: TableSink | None = None, progress: bool = True) -> list[dict]:
+    """Time, measure and check every ``(method, chunk, overlap)`` configuration of one prompt.
+
+    The configurations are the arms of one sweep cell, interleaved. The unchunked configuration of
+    each method always runs as the reference; a chunk of ``T - 1`` rows or more is unchunked and
+    runs once. Memory is measured in a fresh process per ``(method, chunk)`` for the first of
+    ``overlaps`` (see :mod:`stagelab.memory`): a process costs seconds, and overlap changes only
+    two small host slots.
+    """
+    check_measure_parameters(tokens, shape.vocab, chunks, k, methods, overlaps)
+    device = device or default_device()
+    rows = tokens - 1
+    sizes_of = [min(c, rows) for c in dict.fromkeys(chunks) if c < rows]
+    configs = {f"{arm_name(m, o)}@{c}": (m, c, o) for m in methods for c in [rows, *sizes_of]
+               for o in dict.fromkeys(overlaps)}
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    inputs_bytes = (tokens + shape.vocab) * hidden * itemsize
+    peak = max(predicted_peak_bytes(tokens=tokens, vocab=shape.vocab, chunk=c, dtype=dtype,
+                                    method=m, num_logprobs=k) for m, c, _ in configs.values())
+    on_cpu = torch.device(device).type == "cpu"
+    cell = sweep.Cell(
+        sizes=dict(experiment="prompt_logprobs", device=device_label(device), model=shape.model,
+                   rows=rows, vocab=shape.vocab, hidden=hidden, k=k,
+                   dtype=str(dtype).removeprefix("torch.")),
+        arms=list(configs), label=f"T={tokens} V={shape.vocab} H={hidden}",
+        host_bytes=inputs_bytes + peak if on_cpu else 0,
+        device_bytes=0 if on_cpu else inputs_bytes + peak)
+
+    def prepare(_cell: sweep.Cell) -> sweep.CellPlan:
+        hidden_states, weight, ids = make_inputs(tokens, shape.vocab, hidden, dtype, seed, device)
+
+        def run(config: tuple[str, int, bool]) -> lp.LogprobsTensors:
+            method, chunk, overlap = config
+            return prompt_logprobs(hidden_states, weight, ids, k, chunk, method=method,
+                                   overlap=overlap)
+
+        def after() -> list[dict]:
+            references = {m: run((m, rows, False)) for m in methods}
+            records = []
+            for key, (method, chunk, overlap) in configs.items():
+                found = agreement_records(run((method, chunk, overlap)), references[method])
+                found.append({"metric": "predicted_peak_bytes", "bytes": predicted_peak_bytes(
+                    tokens=tokens, vocab=shape.vocab, chunk=chunk, dtype=dtype, method=method,
+                    num_logprobs=k)})
+                if measure_memory and overlap == overlaps[0]:
+                    found += _memory_records(dict(
+                        tokens=tokens, vocab=shape.vocab, hidden=hidden, chunk=chunk,
+                        dtype=str(dtype).removeprefix("torch."), method=method, k=k,
+                        overlap=overlap, seed=seed, device=device))
+                records += [annotate({"arm": key, **record}) for record in found]
+            return records
+
+        return sweep.CellPlan(calls={key: (lambda r, c=c: run(c)) for key, c in configs.items()},
+                              annotate=annotate, after=after)
+
+    def annotate(record: dict) -> dict:
+        method, chunk, overlap = configs[record["arm"]]
+        return {**record, "arm": arm_name(method, overlap), "chunk": chunk, "overlap": overlap}
+
+    return sweep.run([cell], prepare, repeats=repeats, warmup=warmup, seed=seed, device=device,
+                     sink=sink, label="prompt logprobs", progress=progress)
+
+
+def _memory_records(config: dict) -> list[dict]:
     peak = memory.measure_peak("stagelab.prompt_logprobs:memory_probe", config)
     note = "" if peak["hwm_reset"] else "VmHWM could not be reset: includes set-up"
-    rows = [{**common, "metric": "peak_host_bytes", "bytes": peak["host_extra_bytes"],
-             "note": note},
-            {**common, "metric": "pinned_bytes_held", "bytes": peak["pinned_host_bytes"]}]
+    rows = [{"metric": "peak_host_bytes", "bytes": peak["host_extra_bytes"], "note": note},
+            {"metric": "pinned_bytes_held", "bytes": peak["pinned_host_bytes"]}]
     if peak["device_extra_bytes"] is not None:
-        rows.append({**common, "metric": "peak_device_bytes", "bytes": peak["device_extra_bytes"]})
+        rows.append({"metric": "peak_device_bytes", "bytes": peak["device_extra_bytes"]})
     return rows
-
-
-def recommend_chunk(frame: pd.DataFrame, arm: str = "fused+overlap", tolerance: float = 0.05) -> dict:
-    """The smallest chunk whose median time is within ``tolerance`` of the best configuration's
-    of that arm (unchunked included); with the times behind the choice."""
-    timed = frame[(frame["metric"] == "time") & (frame["arm"] == arm)
-                  & (frame["stage"] == "total") & (frame["status"] == "ok")]
-    if timed.empty:
-        return {"arm": arm, "chunk": None, "reason": f"{arm} was not timed in this run"}
-    medians = timed.groupby("chunk")["seconds"].median().sort_index()
-    best = float(medians.min())
-    within = medians[medians <= (1 + tolerance) * best]
-    chunk = int(within.index.min())
-    rows = int(timed["rows"].iloc[0])
-    unchunked = " (the whole prompt: chunking bought no time here)" if chunk >= rows else ""
-    return {"arm": arm, "chunk": chunk, "median_seconds": float(medians[chunk]),
-            "best_seconds": best, "best_chunk": int(medians.idxmin()),
-            "unchunked_rows": rows, "tolerance": tolerance,
-            "reason": f"smallest chunk within {tolerance:.0%} of the best median time "
-                      f"({1e3 * best:.1f} ms at chunk {int(medians.idxmin())}){unchunked}"}
-
-
-def goal_checks(frame: pd.DataFrame) -> pd.DataFrame:
-    """The prompt-logprob goals against this run: the fused path's peak extra memory within
-    1.15 x one chunk of logits, and chunked time within 1.05 x unchunked for chunks >= 512."""
-    goals = []
-    itemsize = {"float32": 4, "float16": 2, "bfloat16": 2}
-    peaks = frame[(frame["metric"].isin(["peak_device_bytes", "peak_host_bytes"]))
-                  & frame["arm"].str.startswith("fused") & (frame["status"] == "ok")]
-    on_gpu = (peaks["metric"] == "peak_device_bytes").any()
-    peaks = peaks[peaks["metric"] == ("peak_device_bytes" if on_gpu else "peak_host_bytes")]
-    for _, row in peaks.sort_values(["chunk", "arm"]).iterrows():
-        budget = row["chunk"] * row["vocab"] * itemsize[row["dtype"]]
-        ratio = row["bytes"] / budget
-        goals.append({"goal": f"fused peak extra memory, chunk {row['chunk']} ({row['arm']})",
-                      "target": "<= 1.15 x C x V x dtype bytes",
-                      "measured": f"{ratio:.2f} x ({row['bytes'] / 2**20:.1f} MiB, "
-                                  f"{'device' if on_gpu else 'host RSS'})",
-                      "status": "met" if ratio <= 1.15 else "not met"})
-    timed = frame[(frame["metric"] == "time") & (frame["stage"] == "total")
-                  & (frame["status"] == "ok")]
-    med = timed.groupby(["arm", "chunk"])["seconds"].median().reset_index()
-    for arm, group in med.groupby("arm"):
-        unchunked = group.loc[group["chunk"] == group["chunk"].max(), "seconds"].iloc[0]
-        for _, row in group[(group["chunk"] >= 512) & (group["chunk"] < group["chunk"].max())].iterrows():
-            ratio = row["seconds"] / unchunked
-            goals.append({"goal": f"chunked time, chunk {row['chunk']} ({arm})",
-                          "target": "<= 1.05 x unchunked", "measured": f"{ratio:.3f} x",
-                          "status": "met" if ratio <= 1.05 else "not met"})
-    if not goals:
-        goals.append({"goal": "prompt-logprob goals", "target": "-", "measured": "-",
-                      "status": "not measured"})
-    return pd.DataFrame(goals)

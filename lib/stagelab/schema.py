@@ -26,20 +26,26 @@ k          int     top-K logprobs requested, else missing
 chunk      int     prompt-logprob chunk rows, else missing (unchunked: equal to ``rows``)
 overlap    bool    whether the copy overlapped compute (prompt logprobs), else missing
 dtype      str     element type of the tensor that was moved or scored
-repeat     int     repeat index within the arm (warm-up repeats are not recorded)
+repeat     int     the round (interleaved arms of one round share it: samples pair by it);
+                   warm-up rounds are not recorded
 seconds    float   the primary timer's reading (CUDA events on a GPU, else ``perf_counter``)
 host_seconds float host-clock reading of the same repeat, to cross-check events; else missing
+clock_agrees bool  whether the host clock agreed with the CUDA events on this repeat (within
+                   ``stagelab.bench.clocks_agree``); missing where only one clock ran
 bytes      int     bytes moved (timings) or the measured quantity in bytes
 value      float   a dimensionless measurement (errors, counts), else missing
 gb_per_s   float   derived: ``bytes / seconds / 1e9`` for timings that move bytes
 timer      str     ``cuda_event``, ``perf_counter`` or empty
-status     str     ``ok``, ``unavailable`` (could not be measured here) or ``skipped``
-note       str     why a row is unavailable or skipped, or other plain-words context
+status     str     ``ok``, ``unavailable`` (could not be measured here), ``skipped`` (would not
+                   fit, or not a valid cell) or ``failed`` (the arm or cell raised)
+note       str     why a row is unavailable, skipped or failed, or other plain-words context
 ========== ======= ============================================================================
 """
 
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -66,6 +72,7 @@ COLUMN_DTYPES: dict[str, str] = {
     "repeat": "Int64",
     "seconds": "float64",
     "host_seconds": "float64",
+    "clock_agrees": "boolean",
     "bytes": "Int64",
     "value": "float64",
     "gb_per_s": "float64",
@@ -75,7 +82,7 @@ COLUMN_DTYPES: dict[str, str] = {
 }
 COLUMNS: tuple[str, ...] = tuple(COLUMN_DTYPES)
 AA_SUFFIX = "~aa"
-STATUSES = ("ok", "unavailable", "skipped")
+STATUSES = ("ok", "unavailable", "skipped", "failed")
 _DEFAULTS: dict[str, Any] = {"stage": "total", "metric": "time", "model": "", "timer": "",
                              "status": "ok", "note": ""}
 
@@ -122,13 +129,41 @@ def table_path(run_dir: Path | str, name: str) -> Path:
 
 
 def write_table(frame: pd.DataFrame, run_dir: Path | str, name: str) -> Path:
-    """Validate ``frame`` against the schema and write it as ``data/<name>.parquet`` in the run."""
+    """Validate ``frame`` against the schema and write it as ``data/<name>.parquet`` in the run,
+    atomically: a reader (or a kill) never sees half a file."""
     if not name or not name.replace("_", "").isalnum():
         raise ValueError(f"table name {name!r} must be letters, digits and underscores")
     path = table_path(run_dir, name)
     path.parent.mkdir(parents=True, exist_ok=True)
-    conform(frame).to_parquet(path, index=False)
+    frame = conform(frame)
+    handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{name}.", suffix=".tmp")
+    os.close(handle)
+    try:
+        frame.to_parquet(tmp, index=False)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
     return path
+
+
+class TableSink:
+    """Collects a sweep's records and rewrites its table after every cell, so that a notebook that
+    is interrupted or killed leaves every finished cell on disk. ``common`` fills every row
+    (``run_id``, ``notebook``)."""
+
+    def __init__(self, run_dir: Path | str, name: str, **common: Any) -> None:
+        self.run_dir, self.name, self.common = Path(run_dir), name, common
+        self.records: list[dict] = []
+
+    def append(self, records: Iterable[Mapping[str, Any]]) -> Path:
+        """Add one cell's records and write the whole table so far."""
+        self.records.extend(records)
+        return write_table(self.frame(), self.run_dir, self.name)
+
+    def frame(self) -> pd.DataFrame:
+        """Every record so far as a schema frame."""
+        return make_rows(self.records, **self.common)
 
 
 def read_table(run_dir: Path | str, name: str) -> pd.DataFrame:

@@ -6,20 +6,28 @@ separated here: *reuse* (a grow-only buffer pays first-touch page faults once, n
 *pinning* (page-locked memory lets the copy engine DMA straight into it instead of going through
 the driver's bounce buffer). On a machine without CUDA the pinned arms raise
 :class:`PinnedMemoryUnavailable`; the pageable arms and the raw ceiling still run, host to host.
+
+The grow-only arms and the raw ceiling return a **view of the arm's one buffer**, valid until the
+next ``stage()`` (the engine's scratch pattern): the next call overwrites it. Callers that keep
+results pass ``copy=True``.
 """
 
 from __future__ import annotations
 
 from typing import Callable
 
-import pandas as pd
 import torch
 
-from stagelab import bench, memory, stats
-from stagelab.device import (PinnedMemoryUnavailable, cuda_present, device_label,
-                             pinned_allocator, require_cuda)
+from stagelab import bench, sweep
+from stagelab.device import (PinnedMemoryUnavailable, cuda_present, default_device, device_label,
+                             pinned_allocator, require_cuda, synchronize)
 from stagelab.hardware import PcieSampler
-from stagelab.shapes import positive_ints
+from stagelab.schema import TableSink, aa_name
+from stagelab.shapes import ModelShape, positive_ints
+
+__all__ = ["ARMS", "PageableFresh", "PageableFreshEmpty", "PageableReused", "PinnedFresh",
+           "PinnedGrowOnly", "PinnedMemoryUnavailable", "RawCeiling", "StagingArm",
+           "ToCpuNonBlocking", "check_source", "make_arm", "pinned_allocator", "measure"]
 
 Allocator = Callable[[int], torch.Tensor]
 
@@ -41,8 +49,7 @@ def _nbytes(src: torch.Tensor) -> int:
 
 def _wait_for_copy(src: torch.Tensor) -> None:
     """Block until the copy just queued from ``src``'s device has completed."""
-    if src.is_cuda:
-        torch.cuda.current_stream(src.device).synchronize()
+    synchronize(src.device)
 
 
 def _view(buffer: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -65,7 +72,14 @@ class StagingArm:
         """Page-locked host bytes this arm keeps between steps."""
         return self.capacity_bytes if self.pinned else 0
 
-    def stage(self, src: torch.Tensor) -> torch.Tensor:  # pragma: no cover - interface
+    def stage(self, src: torch.Tensor, copy: bool = False) -> torch.Tensor:
+        """``src`` on the host, the copy complete; ``copy=True`` returns a tensor the caller owns
+        (the grow-only arms otherwise return a view of their buffer, overwritten next call)."""
+        check_source(src)
+        out = self._stage(src)
+        return out.clone() if copy else out
+
+    def _stage(self, src: torch.Tensor) -> torch.Tensor:  # pragma: no cover - interface
         raise NotImplementedError
 
     def __repr__(self) -> str:
@@ -74,18 +88,29 @@ class StagingArm:
 
 
 class PageableFresh(StagingArm):
-    """A new pageable buffer every call: the seed's per-step ``std::vector``."""
+    """A new pageable buffer every call, value-initialised like the seed's per-step
+    ``std::vector<float>(n)``: every page is zero-filled (and faulted in) before the copy. The
+    sweep drops it inside the timed call, so its free is timed too, as at the end of the seed's
+    step."""
 
     name = "pageable_fresh"
+    _make = staticmethod(torch.zeros)
 
-    def stage(self, src: torch.Tensor) -> torch.Tensor:
-        check_source(src)
-        out = torch.empty(src.shape, dtype=src.dtype)
+    def _stage(self, src: torch.Tensor) -> torch.Tensor:
+        out = self._make(src.shape, dtype=src.dtype)
         self.allocations += 1
         self.capacity_bytes = _nbytes(src)
         out.copy_(src)
         _wait_for_copy(src)
         return out
+
+
+class PageableFreshEmpty(PageableFresh):
+    """A new uninitialised pageable buffer every call (``torch.empty``): what the first version of
+    this suite timed; beside :class:`PageableFresh` it shows what zero-fill costs."""
+
+    name = "pageable_fresh_empty"
+    _make = staticmethod(torch.empty)
 
 
 class _GrowOnly(StagingArm):
@@ -107,8 +132,7 @@ class _GrowOnly(StagingArm):
             self.capacity_bytes = buffer.numel()
         return self._buffer
 
-    def stage(self, src: torch.Tensor) -> torch.Tensor:
-        check_source(src)
+    def _stage(self, src: torch.Tensor) -> torch.Tensor:
         out = _view(self._ensure(_nbytes(src)), src)
         out.copy_(src, non_blocking=self.pinned)
         _wait_for_copy(src)
@@ -165,8 +189,7 @@ class PinnedFresh(_PinnedPerCall):
 
     name = "pinned_fresh"
 
-    def stage(self, src: torch.Tensor) -> torch.Tensor:
-        check_source(src)
+    def _stage(self, src: torch.Tensor) -> torch.Tensor:
         out = torch.empty(src.shape, dtype=src.dtype)
         cudart = torch.cuda.cudart()
         nbytes = _nbytes(src)
@@ -193,8 +216,7 @@ class ToCpuNonBlocking(_PinnedPerCall):
 
     name = "to_cpu_non_blocking"
 
-    def stage(self, src: torch.Tensor) -> torch.Tensor:
-        check_source(src)
+    def _stage(self, src: torch.Tensor) -> torch.Tensor:
         out = src.to("cpu", non_blocking=True)
         self.allocations += 1
         self.capacity_bytes = _nbytes(src)
@@ -222,8 +244,7 @@ class RawCeiling(StagingArm):
         self.allocations = 1
         self.capacity_bytes = capacity_bytes
 
-    def stage(self, src: torch.Tensor) -> torch.Tensor:
-        check_source(src)
+    def _stage(self, src: torch.Tensor) -> torch.Tensor:
         if _nbytes(src) > self.capacity_bytes:
             raise ValueError(f"src has {_nbytes(src)} bytes; raw_ceiling holds "
                              f"{self.capacity_bytes}")
@@ -234,8 +255,8 @@ class RawCeiling(StagingArm):
 
 
 ARMS: dict[str, Callable[..., StagingArm]] = {
-    cls.name: cls for cls in (PageableFresh, PageableReused, PinnedGrowOnly, PinnedFresh,
-                              ToCpuNonBlocking, RawCeiling)
+    cls.name: cls for cls in (PageableFresh, PageableFreshEmpty, PageableReused, PinnedGrowOnly,
+                              PinnedFresh, ToCpuNonBlocking, RawCeiling)
 }
 
 
@@ -250,14 +271,13 @@ def make_arm(name: str, capacity_bytes: int = 0) -> StagingArm:
 
 # ------------------------------------------------------------------------------- measurement
 
-def _pcie_records(pcie, sizes: dict) -> list[dict]:
+def _pcie_records(pcie: PcieSampler) -> list[dict]:
     """NVML's link throughput samples taken during a copy loop, or one row saying why not."""
-    common = {**sizes, "arm": "nvml_pcie", "bytes": None}
+    common = {"arm": "nvml_pcie", "metric": "pcie_tx_bytes_per_s"}
     if not pcie.available:
-        return [{**common, "metric": "pcie_tx_bytes_per_s", "status": "unavailable",
-                 "note": pcie.reason}]
-    return [{**common, "metric": "pcie_tx_bytes_per_s", "repeat": i, "value": float(tx),
-             "seconds": t} for i, (t, tx, _rx) in enumerate(pcie.samples)]
+        return [{**common, "status": "unavailable", "note": pcie.reason}]
+    return [{**common, "repeat": i, "value": float(tx), "seconds": t}
+            for i, (t, tx, _rx) in enumerate(pcie.samples)]
 
 
 def build_arms(names: list[str], capacity_bytes: int) -> tuple[dict[str, StagingArm], dict[str, str]]:
@@ -271,139 +291,77 @@ def build_arms(names: list[str], capacity_bytes: int) -> tuple[dict[str, Staging
     return built, unavailable
 
 
-def sweep(shapes: list, rows: list[int], dtype: torch.dtype, arms: list[str], *,
-          repeats: int, warmup: int = 2, aa_arm: str = PageableFresh.name, sources: int = 3,
-          seed: int = 0, device: str | None = None, progress: bool = False) -> list[dict]:
-    """Time each arm's ``stage()`` over every ``rows x vocab`` cell, interleaved, with an A/A twin.
+def _stage_and_release(arm: StagingArm, src: torch.Tensor) -> None:
+    """One timed call: stage, then drop the result, so that a fresh buffer's free is timed too."""
+    arm.stage(src)
 
-    Returns schema records (without run id and notebook). A cell that would not fit in free memory
-    is recorded as ``skipped`` with the numbers; arms that cannot run here as ``unavailable``.
-    """
-    positive_ints(rows, "rows")
-    positive_ints([sources], "sources")
+
+def check_arms(arms: list[str], aa_arm: str) -> None:
+    """Known arm names, and the A/A arm among them."""
+    if not arms:
+        raise ValueError("arms is empty: name at least one staging arm")
     for name in arms:
         if name not in ARMS:
             raise ValueError(f"arms: unknown arm {name!r}; valid: {', '.join(ARMS)}")
     if aa_arm not in arms:
         raise ValueError(f"aa_arm {aa_arm!r} must be one of arms {arms}")
-    device = device or ("cuda" if cuda_present() else "cpu")
-    label = device_label(device)
+
+
+def measure(shapes: list[ModelShape], rows: list[int], dtype: torch.dtype, arms: list[str], *,
+                repeats: int, warmup: int = 2, aa_arm: str = PageableFresh.name, sources: int = 3,
+                seed: int = 0, device: str | None = None, sink: TableSink | None = None,
+                progress: bool = True) -> list[dict]:
+    """Time each arm's ``stage()`` over every ``rows x vocab`` cell, interleaved, with an A/A twin
+    of ``aa_arm``; schema records out (written per cell into ``sink``). See :mod:`stagelab.sweep`
+    for skipped, unavailable and failed rows."""
+    positive_ints(rows, "rows")
+    positive_ints([sources], "sources")
+    check_arms(arms, aa_arm)
+    device = device or default_device()
     itemsize = torch.empty((), dtype=dtype).element_size()
     generator = torch.Generator(device=device).manual_seed(seed)
-    records: list[dict] = []
+    on_cpu = torch.device(device).type == "cpu"
+    every_arm = [*arms, aa_name(aa_arm)]
+    cells = []
     for shape in shapes:
         for n in rows:
             nbytes = n * shape.vocab * itemsize
-            sizes = dict(experiment="d2h_copy", device=label, model=shape.model, rows=n,
-                         vocab=shape.vocab, dtype=str(dtype).removeprefix("torch."),
-                         bytes=nbytes)
-            try:
-                host_buffers = len(arms) + 2 + (sources if device == "cpu" else 0)
-                memory.check_fits(host_buffers * nbytes, memory.free_host_bytes(),
-                                  f"{n} x {shape.vocab} staging on the host")
-                if device != "cpu":
-                    memory.check_fits(sources * nbytes, memory.free_device_bytes(device),
-                                      f"{sources} sources of {n} x {shape.vocab} on {device}")
-            except memory.InsufficientMemory as exc:
-                records += [{**sizes, "arm": a, "status": "skipped", "note": str(exc)}
-                            for a in arms]
-                continue
-            built, unavailable = build_arms(arms, nbytes)
-            if aa_arm in unavailable:
-                raise ValueError(f"aa_arm {aa_arm!r} cannot run here: {unavailable[aa_arm]}")
-            twin = make_arm(aa_arm, nbytes)
-            records += [{**sizes, "arm": name, "status": "unavailable", "note": reason}
-                        for name, reason in unavailable.items()]
-            srcs = bench.rotating(lambda i: torch.randn(n, shape.vocab, device=device,
-                                                        generator=generator).to(dtype), sources)
-            calls = {name: (lambda r, arm=arm: arm.stage(bench.pick(srcs, r)))
-                     for name, arm in built.items()}
-            calls[bench.aa_name(aa_arm)] = lambda r: twin.stage(bench.pick(srcs, r))
-            with PcieSampler() as pcie:
-                timings = bench.interleaved(calls, repeats=repeats, warmup=warmup, seed=seed,
-                                            device=device, progress=progress,
-                                            label=f"n={n} V={shape.vocab}")
-            records += [{**sizes, **t} for t in timings]
-            records += _pcie_records(pcie, sizes)
-            for name, arm in built.items():
-                records.append({**sizes, "arm": name, "metric": "pinned_bytes_held",
-                                "bytes": arm.pinned_bytes_held})
-                records.append({**sizes, "arm": name, "metric": "allocations",
-                                "value": float(arm.allocations), "bytes": arm.capacity_bytes})
-            del srcs, built, twin
+            cells.append(sweep.Cell(
+                sizes=dict(experiment="d2h_copy", device=device_label(device), model=shape.model,
+                           rows=n, vocab=shape.vocab, dtype=str(dtype).removeprefix("torch."),
+                           bytes=nbytes),
+                arms=every_arm, label=f"n={n} V={shape.vocab}",
+                host_bytes=(len(every_arm) + 1 + (sources if on_cpu else 0)) * nbytes,
+                device_bytes=0 if on_cpu else sources * nbytes))
+
+    def prepare(cell: sweep.Cell) -> sweep.CellPlan:
+        nbytes, n, vocab = cell.sizes["bytes"], cell.sizes["rows"], cell.sizes["vocab"]
+        built, unavailable = build_arms(arms, nbytes)
+        if aa_arm in built:
+            built[aa_name(aa_arm)] = make_arm(aa_arm, nbytes)
+        else:
+            unavailable[aa_name(aa_arm)] = unavailable[aa_arm]
+        srcs = bench.rotating(lambda i: torch.randn(n, vocab, device=device,
+                                                    generator=generator).to(dtype), sources)
+        pcie = PcieSampler()
+
+        def after() -> list[dict]:
+            return [*_pcie_records(pcie), *_holdings(built)]
+
+        return sweep.CellPlan(
+            calls={name: (lambda r, arm=arm: _stage_and_release(arm, bench.pick(srcs, r)))
+                   for name, arm in built.items()},
+            unavailable=unavailable, monitor=pcie, after=after)
+
+    return sweep.run(cells, prepare, repeats=repeats, warmup=warmup, seed=seed, device=device,
+                     sink=sink, label="staging", progress=progress)
+
+
+def _holdings(built: dict[str, StagingArm]) -> list[dict]:
+    """Pinned bytes each arm holds and the allocations it made over the cell."""
+    records = []
+    for name, arm in built.items():
+        records.append({"arm": name, "metric": "pinned_bytes_held", "bytes": arm.pinned_bytes_held})
+        records.append({"arm": name, "metric": "allocations", "value": float(arm.allocations),
+                        "bytes": arm.capacity_bytes})
     return records
-
-
-def goal_checks(frame: pd.DataFrame, snap: dict, big_bytes: int = 64 * 10**6) -> pd.DataFrame:
-    """The staging goals of this suite, each with what was measured here, or why it was not.
-
-    Goals: pinned grow-only >= 95 % of the raw pinned ceiling; the raw ceiling >= 85 % of the NVML
-    link bandwidth for copies of 64 MB and more (else the likely cause); the A/A noise band within
-    +-2 %; the reuse lever (reused vs fresh pageable) with its CI at the largest cell.
-    """
-    timed = frame[(frame["metric"] == "time") & (frame["stage"] == "total")
-                  & (frame["status"] == "ok")]
-    medians = timed.groupby(["arm", "bytes"], observed=True)["gb_per_s"].median().unstack("arm")
-    goals = []
-
-    def add(goal: str, target: str, measured: str, met: bool | None, note: str = "") -> None:
-        status = "not measured" if met is None else ("met" if met else "not met")
-        goals.append({"goal": goal, "target": target, "measured": measured, "status": status,
-                      "note": note})
-
-    if {"pinned_grow_only", "raw_ceiling"} <= set(medians.columns) and bool(
-            medians["raw_ceiling"].notna().any()) and snap.get("gpu"):
-        share = (medians["pinned_grow_only"] / medians["raw_ceiling"]).dropna()
-        add("pinned grow-only vs raw pinned ceiling", ">= 95 % in every cell",
-            f"{share.min():.1%} (worst cell) to {share.max():.1%}", bool(share.min() >= 0.95))
-    else:
-        add("pinned grow-only vs raw pinned ceiling", ">= 95 % in every cell", "-", None,
-            "no CUDA device: pinned memory does not exist here")
-    link = (snap.get("nvml") or {}).get("pcie_max_gbps_per_direction")
-    big = medians[medians.index >= big_bytes] if "raw_ceiling" in medians else medians.iloc[:0]
-    if link and snap.get("gpu") and not big.empty:
-        share = float(big["raw_ceiling"].median() / link)
-        add("raw ceiling vs NVML link (copies >= 64 MB)", ">= 85 %",
-            f"{share:.1%} of {link} GB/s", share >= 0.85,
-            "" if share >= 0.85 else likely_link_cause(snap))
-    else:
-        add("raw ceiling vs NVML link (copies >= 64 MB)", ">= 85 %", "-", None,
-            "no GPU link to compare with (the raw ceiling here is a host-to-host copy)"
-            if not snap.get("gpu") else "no copy of 64 MB or more in this run, or NVML unread")
-    aa = stats.compare_arms(frame, "pageable_fresh", "pageable_reused", ["rows", "vocab"],
-                            noise_arm="pageable_fresh")
-    if "noise_half_width" in aa and aa["noise_half_width"].notna().any():
-        widest = aa.sort_values("noise_half_width").iloc[-1]
-        add("A/A noise band", "within +-2 %",
-            f"+-{aa['noise_half_width'].median():.1%} median over cells, +-"
-            f"{widest['noise_half_width']:.1%} worst (n={widest['rows']}, V={widest['vocab']})",
-            bool(aa["noise_half_width"].max() <= 0.02))
-    else:
-        add("A/A noise band", "within +-2 %", "-", None, "pageable_fresh and its twin not timed")
-    if "speedup" in aa and aa["speedup"].notna().any():
-        largest = aa.assign(size=aa["rows"] * aa["vocab"]).sort_values("size").iloc[-1]
-        add("reuse lever: reused vs fresh pageable", "measured with its CI",
-            f"{largest['speedup']:.2f}x [{largest['ci_low']:.2f}, {largest['ci_high']:.2f}], "
-            f"{largest['saved_ms']:.2f} ms per copy at n={largest['rows']}, "
-            f"V={largest['vocab']}", True)
-    else:
-        add("reuse lever: reused vs fresh pageable", "measured with its CI", "-", None,
-            "pageable arms not both timed")
-    return pd.DataFrame(goals)
-
-
-def likely_link_cause(snap: dict) -> str:
-    """Plain words for why a raw pinned copy falls short of the link's theoretical bandwidth."""
-    nvml = snap.get("nvml") or {}
-    causes = []
-    if (nvml.get("pcie_current_generation") or 0) < (nvml.get("pcie_max_generation") or 0) or (
-            nvml.get("pcie_current_width") or 0) < (nvml.get("pcie_max_width") or 0):
-        causes.append(f"the link runs below its maximum (Gen{nvml.get('pcie_current_generation')}"
-                      f" x{nvml.get('pcie_current_width')} of Gen{nvml.get('pcie_max_generation')}"
-                      f" x{nvml.get('pcie_max_width')}; read it under load to rule out idle "
-                      "downtraining)")
-    if nvml.get("numa_node") is not None:
-        causes.append(f"the GPU hangs off NUMA node {nvml['numa_node']}: a process or buffer on "
-                      "another node crosses the socket link (numactl --cpunodebind/--membind)")
-    causes.append("the buffer size: small copies pay fixed per-copy latency")
-    return "; ".join(causes)

@@ -1,230 +1,289 @@
 """A whole logprobs step, device logits in, host :class:`LogprobsTensors` out, as named arms.
 
+The decisive experiment is the seed engine's own step, the same code with two stagings:
+
 | arm | device work | copy to host | host work |
 |---|---|---|---|
-| ``seed_pageable`` | fp32 log-softmax ``[n, V]`` | ``[n, V]`` into a fresh pageable buffer | numpy top-K per row |
-| ``seed_pinned`` | the same | ``[n, V]`` into the pinned grow-only scratch | the same |
+| ``seed_pageable`` | fp32 log-softmax ``[n, V]`` | into a fresh value-initialised ``std::vector`` | native top-K, then the vector is freed |
+| ``seed_pageable~aa`` | the same arm again, as if it were another (A/A) | | |
+| ``seed_pinned`` | the same | into the pinned grow-only scratch | native top-K |
+| ``seed_pageable_reused`` | the same | into a grow-only pageable buffer (the reuse lever alone) | native top-K |
+| ``seed_pageable_numpy`` | the same | into a fresh zero-filled buffer | numpy top-K (the first version of this suite) |
 | ``device_gather`` | log-softmax, then top-K (vLLM V1) | ``[n, K+1]`` results | none |
 | ``fused`` | top-K and ranks on raw logits + logsumexp | ``[n, K+1]`` results | none |
 
-Each arm reports its stages' seconds (host clock, with a device synchronize at every stage
-boundary, so a stage's time is its own): ``device``, ``copy``, ``host_gather``.
+Each seed arm makes the engine's one wait (``b.Copy`` then ``b.Synchronize``) after its copy; each
+device arm one wait to hand its results to the host; nothing else in a timed call waits on the
+device. Stages (``device``, ``alloc``, ``copy``, ``host_gather``, ``free``) are timed without
+extra waits: CUDA events around device work, read after the step's own wait, and the host clock
+around host work (on a CPU, the host clock for all).
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
-from typing import Callable
+from typing import Callable, Iterator
 
-import pandas as pd
 import torch
 
-from stagelab import bench, memory, staging, stats
+from stagelab import bench, native, staging, sweep
 from stagelab import logprobs as lp
-from stagelab.device import device_label
-from stagelab.shapes import positive_ints
+from stagelab.device import PinnedMemoryUnavailable, default_device, device_label, synchronize
+from stagelab.errors import NativeUnavailable
+from stagelab.schema import TableSink, aa_name
+from stagelab.shapes import ModelShape, positive_ints
 
-STEP_ARMS = ("seed_pageable", "seed_pinned", "device_gather", "fused")
-STAGES = ("device", "copy", "host_gather")
+STEP_ARMS = ("seed_pageable", "seed_pinned", "seed_pageable_reused", "seed_pageable_numpy",
+             "device_gather", "fused")
+SEED_ARMS = STEP_ARMS[:4]
+STAGES = ("device", "alloc", "copy", "host_gather", "free")
+BASELINE = "seed_pageable"
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+class StageClock:
+    """Stage times with no host wait of its own: CUDA events around device work (read only after
+    the step's own wait), the host clock around host work."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.host: dict[str, float] = {}
+        self.events: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = []
+
+    @contextlib.contextmanager
+    def host_stage(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        yield
+        self.host[name] = time.perf_counter() - start
+
+    @contextlib.contextmanager
+    def device_stage(self, name: str) -> Iterator[None]:
+        if not self.cuda:
+            with self.host_stage(name):
+                yield
+            return
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        yield
+        end.record()
+        self.events.append((name, start, end))
+
+    def seconds(self) -> dict[str, float]:
+        """Every stage's seconds; call after the step's wait, when the events are complete."""
+        return {**self.host, **{name: a.elapsed_time(b) / 1e3 for name, a, b in self.events}}
 
 
-class StepPipeline:
-    """One arm: ``run(logits, K, token_ids) -> (host LogprobsTensors, {stage: seconds})``."""
+class FreshVector:
+    """The seed's destination: a value-initialised ``std::vector<float>`` per step, freed by its
+    destructor at the end of the step (native)."""
 
-    def __init__(self, name: str, stager: staging.StagingArm | None = None) -> None:
-        """``stager`` replaces a seed arm's staging (tests inject a recording allocator)."""
-        if name not in STEP_ARMS:
-            raise ValueError(f"arms: unknown step arm {name!r}; valid: {', '.join(STEP_ARMS)}")
+    def __init__(self) -> None:
+        native.require()
+
+    def acquire(self, shape: torch.Size) -> tuple[torch.Tensor, Callable[[], None]]:
+        vector = native.seed_vector(shape.numel())
+        return vector.tensor.view(shape), vector.free
+
+
+class FreshZeros:
+    """A zero-filled pageable tensor per step, dropped at the end of the step (no compiler needed)."""
+
+    def acquire(self, shape: torch.Size) -> tuple[torch.Tensor, Callable[[], None]]:
+        held = [torch.zeros(shape, dtype=torch.float32)]
+        return held[0], held.clear
+
+
+class Scratch:
+    """A grow-only scratch (pinned or pageable) reused by every step; nothing to free."""
+
+    def __init__(self, arm: staging.StagingArm) -> None:
+        self.arm = arm
+
+    def acquire(self, shape: torch.Size) -> tuple[torch.Tensor, Callable[[], None]]:
+        buffer = self.arm._ensure(shape.numel() * 4)
+        return buffer[: shape.numel() * 4].view(torch.float32).view(shape), _nothing
+
+
+def _nothing() -> None:
+    return None
+
+
+class SeedStep:
+    """The seed engine's step with a given destination and host gather backend."""
+
+    def __init__(self, name: str, destination: FreshVector | FreshZeros | Scratch,
+                 backend: str) -> None:
+        self.name, self.destination, self.backend = name, destination, backend
+
+    def run(self, logits: torch.Tensor, num_logprobs: int, token_ids: torch.Tensor,
+            host_token_ids: torch.Tensor) -> tuple[lp.LogprobsTensors, dict[str, float]]:
+        """``(host results, stage seconds)``; ``host_token_ids`` are the targets on the host, as
+        the engine's host loop reads them. Inputs are validated once per cell by the caller."""
+        clock = StageClock(logits.device)
+        with clock.device_stage("device"):
+            logprobs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
+        with clock.host_stage("alloc"):
+            host, release = self.destination.acquire(logprobs.shape)
+        with clock.device_stage("copy"):
+            host.copy_(logprobs, non_blocking=True)
+        synchronize(logits.device)  # the engine's b.Synchronize(q): the one wait of this path
+        with clock.host_stage("host_gather"):
+            result = lp.gather_logprobs_host(host, num_logprobs, host_token_ids,
+                                             backend=self.backend, validate=False)
+        with clock.host_stage("free"):
+            del host
+            release()
+        return result, clock.seconds()
+
+
+class DeviceStep:
+    """Top-K on the device (vLLM V1's gather, or the fused path); only ``[n, K+1]`` is copied."""
+
+    def __init__(self, name: str) -> None:
         self.name = name
-        if stager is not None and name.startswith("seed"):
-            self.staging = stager
-        elif name == "seed_pageable":
-            self.staging: staging.StagingArm | None = staging.PageableFresh()
-        elif name == "seed_pinned":
-            self.staging = staging.PinnedGrowOnly()  # PinnedMemoryUnavailable without CUDA
-        else:
-            self.staging = None
 
-    def run(self, logits: torch.Tensor, num_logprobs: int,
-            token_ids: torch.Tensor) -> tuple[lp.LogprobsTensors, dict[str, float]]:
-        device = logits.device
-        times: dict[str, float] = {}
-
-        def timed(stage: str, work: Callable[[], object]) -> object:
-            start = time.perf_counter()
-            result = work()
-            _sync(device)
-            times[stage] = time.perf_counter() - start
-            return result
-
-        if self.staging is not None:
-            logprobs = timed("device", lambda: lp.compute_logprobs(logits))
-            host = timed("copy", lambda: self.staging.stage(logprobs))
-            result = timed("host_gather",
-                           lambda: lp.gather_logprobs_host(host, num_logprobs, token_ids.cpu()))
-            return result, times
-        if self.name == "device_gather":
-            on_device = timed("device", lambda: lp.gather_logprobs(
-                lp.compute_logprobs(logits), num_logprobs, token_ids))
-        else:
-            on_device = timed("device", lambda: lp.logprobs_from_logits(
-                logits, num_logprobs, token_ids))
-        result = timed("copy", on_device.to_host)
-        times["host_gather"] = 0.0
-        return result, times
+    def run(self, logits: torch.Tensor, num_logprobs: int, token_ids: torch.Tensor,
+            host_token_ids: torch.Tensor) -> tuple[lp.LogprobsTensors, dict[str, float]]:
+        clock = StageClock(logits.device)
+        with clock.device_stage("device"):
+            if self.name == "fused":
+                on_device = lp.logprobs_from_logits(logits, num_logprobs, token_ids,
+                                                    validate=False)
+            else:
+                on_device = lp.gather_logprobs(lp.compute_logprobs(logits), num_logprobs,
+                                               token_ids, validate=False)
+        with clock.device_stage("copy"):
+            result = lp.LogprobsTensors.empty_host(logits.shape[0], num_logprobs)
+            result.copy_(on_device, non_blocking=True)
+        synchronize(logits.device)  # hand the results to the host: the one wait of this path
+        return result, clock.seconds()
 
 
-def build_pipelines(names: list[str]) -> tuple[dict[str, StepPipeline], dict[str, str]]:
+def make_pipeline(name: str) -> SeedStep | DeviceStep:
+    """An arm by name; raises PinnedMemoryUnavailable or NativeUnavailable where it cannot exist."""
+    if name == "seed_pageable":
+        return SeedStep(name, FreshVector(), "native")
+    if name == "seed_pinned":
+        native.require()
+        return SeedStep(name, Scratch(staging.PinnedGrowOnly()), "native")
+    if name == "seed_pageable_reused":
+        native.require()
+        return SeedStep(name, Scratch(staging.PageableReused()), "native")
+    if name == "seed_pageable_numpy":
+        return SeedStep(name, FreshZeros(), "numpy")
+    if name in ("device_gather", "fused"):
+        return DeviceStep(name)
+    raise ValueError(f"arms: unknown step arm {name!r}; valid: {', '.join(STEP_ARMS)}")
+
+
+def build_pipelines(names: list[str]) -> tuple[dict[str, SeedStep | DeviceStep], dict[str, str]]:
     """The named arms that can run here, and the reason for each that cannot."""
     built, unavailable = {}, {}
     for name in names:
         try:
-            built[name] = StepPipeline(name)
-        except staging.PinnedMemoryUnavailable as exc:
+            built[name] = make_pipeline(name)
+        except (PinnedMemoryUnavailable, NativeUnavailable) as exc:
             unavailable[name] = str(exc)
     return built, unavailable
 
 
-def sweep(shapes: list, rows: list[int], ks: list[int], logits_dtype: torch.dtype,
-          arms: list[str], *, repeats: int, warmup: int = 2, sources: int = 2, seed: int = 0,
-          device: str | None = None, progress: bool = False) -> list[dict]:
-    """Time every arm's whole step per ``(n, V, K)`` cell, interleaved; schema records out.
+def check_arms(arms: list[str], aa_arm: str | None) -> None:
+    """Known arm names, and the A/A arm among them."""
+    if not arms:
+        raise ValueError("arms is empty: name at least one step arm")
+    for name in arms:
+        if name not in STEP_ARMS:
+            raise ValueError(f"arms: unknown step arm {name!r}; valid: {', '.join(STEP_ARMS)}")
+    if aa_arm is not None and aa_arm not in arms:
+        raise ValueError(f"aa_arm {aa_arm!r} must be one of arms {arms}")
+
+
+def copied_bytes(arm: str, n: int, vocab: int, k: int) -> int:
+    """Bytes an arm moves from device to host per step."""
+    if arm.removesuffix("~aa") in SEED_ARMS:
+        return n * vocab * 4
+    return n * (k + 1) * 8 + n * 4
+
+
+def measure(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dtype: torch.dtype,
+            arms: list[str], *, repeats: int, warmup: int = 2, aa_arm: str | None = BASELINE,
+            sources: int = 2, seed: int = 0, device: str | None = None,
+            sink: TableSink | None = None, progress: bool = True) -> list[dict]:
+    """Time every arm's whole step per ``(n, V, K)`` cell, interleaved, with an A/A twin of
+    ``aa_arm``; schema records out (written per cell into ``sink``).
 
     Also records, per arm and cell, the largest difference of its logprobs from the fused arm's
-    and how many ranks differ (metric ``max_abs_error`` and ``rank_mismatches``), so that a
-    speed comparison is never one between different answers.
+    and how many ranks differ (``max_abs_error``, ``rank_mismatches``), so that a speed
+    comparison is never one between different answers.
     """
     positive_ints(rows, "rows")
     positive_ints([sources], "sources")
     if not ks or any(isinstance(k, bool) or not isinstance(k, int) or k < 0 for k in ks):
         raise ValueError(f"ks: {ks!r} must be a non-empty list of integers >= 0")
-    for name in arms:
-        if name not in STEP_ARMS:
-            raise ValueError(f"arms: unknown step arm {name!r}; valid: {', '.join(STEP_ARMS)}")
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    label = device_label(device)
+    check_arms(arms, aa_arm)
+    device = device or default_device()
     itemsize = torch.empty((), dtype=logits_dtype).element_size()
     generator = torch.Generator(device=device).manual_seed(seed)
-    built, unavailable = build_pipelines(arms)
-    records: list[dict] = []
+    every_arm = [*arms, *([aa_name(aa_arm)] if aa_arm else [])]
+    on_cpu = torch.device(device).type == "cpu"
+    cells = []
     for shape in shapes:
         for n in rows:
             for k in ks:
-                sizes = dict(experiment="step", device=label, model=shape.model, rows=n,
-                             vocab=shape.vocab, k=k,
-                             dtype=str(logits_dtype).removeprefix("torch."))
-                try:
-                    lp.check_num_logprobs(k, shape.vocab)
-                    need = n * shape.vocab * (sources * itemsize + 4 * 3)
-                    memory.check_fits(need, memory.free_device_bytes(device)
-                                      or memory.free_host_bytes(),
-                                      f"step n={n} V={shape.vocab}")
-                except (ValueError, memory.InsufficientMemory) as exc:
-                    records += [{**sizes, "arm": a, "status": "skipped", "note": str(exc)}
-                                for a in arms]
-                    continue
-                records += [{**sizes, "arm": a, "status": "unavailable", "note": why}
-                            for a, why in unavailable.items()]
-                logits = bench.rotating(lambda i: (3 * torch.randn(
-                    n, shape.vocab, device=device, generator=generator)).to(logits_dtype),
-                    sources)
-                tokens = [torch.randint(0, shape.vocab, (n,), device=device,
-                                        generator=generator) for _ in range(sources)]
-                calls = {name: (lambda r, p=p: p.run(bench.pick(logits, r), k,
-                                                     bench.pick(tokens, r))[1])
-                         for name, p in built.items()}
-                timings = bench.interleaved(calls, repeats=repeats, warmup=warmup, seed=seed,
-                                            device=device, progress=progress,
-                                            label=f"n={n} V={shape.vocab} K={k}")
-                nbytes = {name: _copied_bytes(name, n, shape.vocab, k) for name in built}
-                records += [{**sizes, **t, "bytes": nbytes[t["arm"]] if t["stage"] == "copy"
-                             else None} for t in timings]
-                records += agreement(built, logits[0], k, tokens[0], sizes)
-                del logits, tokens
-    return records
+                logits_bytes, fp32_bytes = n * shape.vocab * itemsize, n * shape.vocab * 4
+                device_bytes = sources * logits_bytes + 3 * fp32_bytes
+                cells.append(sweep.Cell(
+                    sizes=dict(experiment="step", device=device_label(device), model=shape.model,
+                               rows=n, vocab=shape.vocab, k=k,
+                               dtype=str(logits_dtype).removeprefix("torch.")),
+                    arms=every_arm, label=f"n={n} V={shape.vocab} K={k}",
+                    host_bytes=3 * fp32_bytes + (device_bytes if on_cpu else 0),
+                    device_bytes=0 if on_cpu else device_bytes,
+                    invalid="" if k <= shape.vocab else
+                    f"K={k} exceeds the vocabulary V={shape.vocab}: no top-K to take"))
+
+    def prepare(cell: sweep.Cell) -> sweep.CellPlan:
+        n, vocab, k = cell.sizes["rows"], cell.sizes["vocab"], cell.sizes["k"]
+        built, unavailable = build_pipelines(arms)
+        if aa_arm in built:
+            built[aa_name(aa_arm)] = make_pipeline(aa_arm)
+        elif aa_arm:
+            unavailable[aa_name(aa_arm)] = unavailable[aa_arm]
+        logits = bench.rotating(lambda i: (3 * torch.randn(
+            n, vocab, device=device, generator=generator)).to(logits_dtype), sources)
+        tokens = bench.rotating(lambda i: torch.randint(0, vocab, (n,), device=device,
+                                                        generator=generator), sources)
+        host_tokens = [t.cpu() for t in tokens]
+        for scores, ids in zip(logits, tokens):  # validated once here, never inside a timed call
+            lp.check_inputs(scores, k, ids)
+
+        def call(pipeline: SeedStep | DeviceStep, r: int) -> dict[str, float]:
+            return pipeline.run(bench.pick(logits, r), k, bench.pick(tokens, r),
+                                bench.pick(host_tokens, r))[1]
+
+        def annotate(record: dict) -> dict:
+            if record.get("stage") == "copy":
+                record["bytes"] = copied_bytes(record["arm"], n, vocab, k)
+            return record
+
+        return sweep.CellPlan(
+            calls={name: (lambda r, p=p: call(p, r)) for name, p in built.items()},
+            unavailable=unavailable, annotate=annotate,
+            after=lambda: agreement(built, logits[0], k, tokens[0], host_tokens[0]))
+
+    return sweep.run(cells, prepare, repeats=repeats, warmup=warmup, seed=seed, device=device,
+                     sink=sink, label="step", progress=progress)
 
 
-def _copied_bytes(arm: str, n: int, vocab: int, k: int) -> int:
-    """Bytes an arm moves from device to host per step."""
-    if arm.startswith("seed"):
-        return n * vocab * 4
-    return n * (k + 1) * 8 + n * 4
-
-
-def agreement(pipelines: dict[str, StepPipeline], logits: torch.Tensor, k: int,
-              tokens: torch.Tensor, sizes: dict) -> list[dict]:
+def agreement(pipelines: dict[str, SeedStep | DeviceStep], logits: torch.Tensor, k: int,
+              tokens: torch.Tensor, host_tokens: torch.Tensor) -> list[dict]:
     """Each arm's largest logprob difference from the fused arm's, and its rank mismatches."""
-    reference, _ = StepPipeline("fused").run(logits, k, tokens)
+    reference, _ = DeviceStep("fused").run(logits, k, tokens, host_tokens)
     rows = []
     for name, pipeline in pipelines.items():
-        result, _ = pipeline.run(logits, k, tokens)
+        result, _ = pipeline.run(logits, k, tokens, host_tokens)
         error = float((result.logprobs - reference.logprobs).abs().max())
         mismatches = int((result.selected_token_ranks != reference.selected_token_ranks).sum())
-        rows += [{**sizes, "arm": name, "metric": "max_abs_error", "value": error},
-                 {**sizes, "arm": name, "metric": "rank_mismatches", "value": float(mismatches)}]
+        rows += [{"arm": name, "metric": "max_abs_error", "value": error},
+                 {"arm": name, "metric": "rank_mismatches", "value": float(mismatches)}]
     return rows
-
-
-def decomposition(frame: pd.DataFrame) -> pd.DataFrame:
-    """Median seconds per stage and in total, per arm and cell, with each stage's share."""
-    timed = frame[(frame["metric"] == "time") & (frame["status"] == "ok")]
-    med = timed.pivot_table(index=["rows", "vocab", "k", "arm"], columns="stage",
-                            values="seconds", aggfunc="median", observed=True)
-    med = med.reindex(columns=[*STAGES, "total"]).fillna(0.0).reset_index()
-    for stage in STAGES:
-        med[f"{stage}_share"] = med[stage] / med["total"]
-    return pd.DataFrame(med)
-
-
-DWARFED_SHARE = 0.10
-
-
-def is_copy_dwarfed(frame: pd.DataFrame) -> list[str]:
-    """Plain sentences, one per cell, answering "is the copy dwarfed?" for the seed's step, from
-    this run's medians. The copy counts as dwarfed when it is under 10 % of the step."""
-    parts = decomposition(frame)
-    seed = parts[parts["arm"] == "seed_pageable"]
-    sentences = []
-    for _, row in seed.iterrows():
-        verdict = "dwarfed" if row["copy_share"] < DWARFED_SHARE else "not dwarfed"
-        sentences.append(
-            f"n={row['rows']}, V={row['vocab']}, K={row['k']}: the copy took "
-            f"{1e3 * row['copy']:.2f} ms of a {1e3 * row['total']:.2f} ms step "
-            f"({row['copy_share']:.0%}); the host top-K {1e3 * row['host_gather']:.2f} ms "
-            f"({row['host_gather_share']:.0%}); device work {1e3 * row['device']:.2f} ms. "
-            f"The copy is {verdict}.")
-    return sentences
-
-
-def lever_savings(frame: pd.DataFrame, baseline: str = "seed_pageable",
-                  seed: int = 0) -> pd.DataFrame:
-    """Per cell and lever: speedup of the whole step over the seed's arm, its CI, ms saved."""
-    timed = frame[(frame["metric"] == "time") & (frame["status"] == "ok")]
-    levers = [arm for arm in STEP_ARMS if arm != baseline and arm in set(timed["arm"])]
-    parts = [stats.compare_arms(frame, baseline, arm, ["rows", "vocab", "k"], seed=seed)
-             for arm in levers]
-    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
-
-
-def fused_goal(frame: pd.DataFrame, target_rows: int = 64, target_vocab: int = 152_064, target_k: int = 5,
-               goal: float = 10.0) -> str:
-    """The suite's goal for the fused arm (>= 10x the seed's step at n=64, V~152k, K=5), against
-    the nearest measured cell, in words."""
-    savings = lever_savings(frame)
-    if savings.empty or "fused" not in set(savings["candidate"]):
-        return "Not measured: the fused and seed arms were not both timed in this run."
-    fused = savings[savings["candidate"] == "fused"].copy()
-    fused["distance"] = (abs(fused["rows"] - target_rows) / target_rows
-                         + abs(fused["vocab"] - target_vocab) / target_vocab
-                         + abs(fused["k"] - target_k))
-    cell = fused.sort_values("distance").iloc[0]
-    met = "met" if cell["ci_low"] >= goal else "not met"
-    exact = "the goal's cell" if cell["distance"] == 0 else "the nearest measured cell"
-    return (f"At {exact} (n={cell['rows']}, V={cell['vocab']}, K={cell['k']}) the fused arm's "
-            f"step is {cell['speedup']:.1f}x the seed's (95 % CI {cell['ci_low']:.1f}-"
-            f"{cell['ci_high']:.1f}x): goal of {goal:.0f}x {met}.")

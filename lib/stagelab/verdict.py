@@ -1,17 +1,21 @@
-"""Port or close: the decision the suite exists for, computed from a run folder's tidy data alone.
+"""Port or close: the decision the suite exists for, from a run folder's tidy data alone.
 
-Per ``(n, vocab)`` cell of the staging notebook, :func:`stagelab.stats.decide` compares the pinned
-grow-only scratch with the seed's fresh pageable buffer, against the A/A noise band of that cell
-and a minimum effect: a saving of ``min_effect_fraction`` (default 2 %) of the seed's whole step
-(notebook 02), converted to the copy speedup that would save it. Rules:
+The decisive experiment is the seed's own step, same code, two stagings (``stagelab.step``):
+``seed_pageable`` (a fresh value-initialised ``std::vector`` per step) against ``seed_pinned`` (the
+pinned grow-only scratch), interleaved per round with an A/A twin of the baseline. Per decisive
+cell (named by the profile: rows x models x K), :func:`stagelab.stats.decide` tests equivalence
+against a smallest effect of interest: a saving of ``delta`` (default 2 %) of the seed's measured
+step, i.e. a step speedup of ``1 / (1 - delta)``:
 
-* INCONCLUSIVE where the pinned arm was not measured (no GPU), where a cell has fewer samples than
-  ``min_samples``, or where the CI overlaps a boundary; the reason is given per cell.
-* PORT only when the CI lies entirely beyond the noise band and the minimum effect.
-* CLOSE when the CI lies entirely within the noise band (or below it, or is real but too small).
+* PORT: the paired speedup's CI lies above that, and above the A/A twin's CI;
+* CLOSE: the CI lies below it (any benefit is too small to be worth a change; slower counts too);
+* INCONCLUSIVE otherwise, with the reason (not measured, too few rounds, straddles, or the A/A
+  twin shows the harness seeing a difference between identical arms).
 
-Overall: PORT when some cell is PORT and no cell shows pinning slower; CLOSE when every cell is
-CLOSE; INCONCLUSIVE otherwise. Bootstraps are seeded, so the same folder gives the same file.
+Overall: PORT when at least one decisive cell is PORT and none is slower beyond delta; CLOSE when
+every decisive cell is CLOSE; INCONCLUSIVE otherwise. Other cells are reported, never decide.
+Copy-level cells (notebook 01) explain the mechanism and never decide. Deterministic: the same
+folder gives the same file. Torch-free.
 """
 
 from __future__ import annotations
@@ -23,12 +27,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from stagelab import bench, prompt_logprobs, schema, stats
-from stagelab import step as step_module
+from stagelab import analysis, schema, stats
+from stagelab.schema import aa_name
 
 TABLES = {"staging": "01_d2h_staging", "step": "02_logprobs_step",
           "prompt_logprobs": "03_prompt_logprobs"}
-BASELINE, CANDIDATE, REUSE = "pageable_fresh", "pinned_grow_only", "pageable_reused"
+BASELINE, CANDIDATE, REUSED = "seed_pageable", "seed_pinned", "seed_pageable_reused"
 RECOMMENDATION_FILE = "prompt_chunk_recommendation.json"
 
 
@@ -44,129 +48,118 @@ def load_tables(run_dir: Path) -> tuple[dict[str, pd.DataFrame], list[str]]:
     return tables, missing
 
 
-def _seconds(frame: pd.DataFrame, arm: str, stage: str = "total") -> np.ndarray:
-    rows = frame[(frame["arm"] == arm) & (frame["metric"] == "time") & (frame["stage"] == stage)
-                 & (frame["status"] == "ok")]
-    return rows["seconds"].to_numpy(dtype=float)
-
-
-def _step_seconds(step: pd.DataFrame | None, rows: int, vocab: int) -> float | None:
-    """Median seconds of the seed's whole step at this cell (over its K values), if measured."""
-    if step is None:
-        return None
-    cell = step[(step["rows"] == rows) & (step["vocab"] == vocab)]
-    seconds = _seconds(cell, "seed_pageable")
-    return float(np.median(seconds)) if len(seconds) else None
-
-
-def min_speedup_for(copy_seconds: float, step_seconds: float | None, fraction: float) -> float:
-    """The copy speedup that saves ``fraction`` of the step (of the copy itself without a step);
-    infinite when even a free copy would save less."""
-    goal = fraction * (step_seconds if step_seconds else copy_seconds)
-    if goal >= copy_seconds:
-        return float("inf")
-    return 1.0 / (1.0 - goal / copy_seconds)
-
-
-def _unavailable_reason(cell: pd.DataFrame, arm: str) -> str:
-    notes = cell.loc[(cell["arm"] == arm) & (cell["status"] != "ok"), "note"]
-    return notes.iloc[0] if len(notes) else f"{arm} was not measured"
-
-
-def decide_cell(cell: pd.DataFrame, candidate: str, step_seconds: float | None, *,
-                min_effect_fraction: float, min_samples: int, confidence: float,
-                seed: int) -> dict[str, Any]:
-    """The decision for one ``(n, vocab)`` cell, with its evidence, as a JSON-ready dict."""
-    base, cand = _seconds(cell, BASELINE), _seconds(cell, candidate)
-    twin = _seconds(cell, bench.aa_name(BASELINE))
-    out: dict[str, Any] = {"rows": int(cell["rows"].iloc[0]), "vocab": int(cell["vocab"].iloc[0]),
-                           "candidate": candidate, "step_ms": None if step_seconds is None
-                           else 1e3 * step_seconds}
-    if len(cand) == 0:
-        decision = stats.Decision(stats.INCONCLUSIVE, "not measured: "
-                                  + _unavailable_reason(cell, candidate), n_baseline=len(base))
-    elif min(len(base), len(twin)) < max(min_samples, 2):
-        decision = stats.Decision(stats.INCONCLUSIVE, f"fewer samples than the minimum "
-                                  f"({min(len(base), len(twin), len(cand))} < {min_samples})",
-                                  n_baseline=len(base), n_candidate=len(cand))
-    else:
-        noise = stats.noise_band(base, twin, confidence, seed=seed)
-        threshold = min_speedup_for(float(np.median(base)), step_seconds, min_effect_fraction)
-        decision = stats.decide(base, cand, noise=noise, min_speedup=threshold,
-                                min_samples=min_samples, confidence=confidence, seed=seed)
-        if step_seconds is None:
-            decision.reason += (f" (no step time for this cell: the minimum effect is "
-                                f"{min_effect_fraction:.0%} of the copy)")
-    out.update(decision.to_dict())
-    if out.get("min_speedup") == float("inf"):
-        out["min_speedup"] = None
-        out["reason"] += "; even a free copy would save less than the minimum effect"
-    out["saved_ms"] = None if out.get("saved_seconds") is None else 1e3 * out["saved_seconds"]
-    out.pop("saved_seconds", None)
-    return out
-
-
-def overall(cells: list[dict[str, Any]]) -> dict[str, str]:
-    """One decision over all cells, with a summary in plain words."""
-    decisions = [c["decision"] for c in cells]
-    if not cells:
-        return {"decision": stats.INCONCLUSIVE,
-                "summary": "No staging cell was measured in this run: nothing to decide from."}
-    measured = [c for c in cells if c.get("n_candidate")]
-    if not measured:
-        return {"decision": stats.INCONCLUSIVE, "summary": (
-            "The pinned staging arm was not measured in this run (" + cells[0]["reason"]
-            .removeprefix("not measured: ") + "), so whether pinned staging helps cannot be "
-            "decided here. See the findings for what was measured instead.")}
-    slower = [c for c in measured if c.get("ci_high") is not None
-              and c["ci_high"] < 1 - c["noise_half_width"]]
-    ported = [c for c in measured if c["decision"] == stats.PORT]
-    if ported and not slower:
-        best = max(ported, key=lambda c: c["saved_ms"] or 0)
-        return {"decision": stats.PORT, "summary": (
-            f"Pinned grow-only staging is faster beyond the noise and the minimum effect in "
-            f"{len(ported)} of {len(cells)} cells; the largest saving is {best['saved_ms']:.2f} "
-            f"ms per step at n={best['rows']}, V={best['vocab']} ({best['speedup']:.2f}x, CI "
-            f"[{best['ci_low']:.2f}, {best['ci_high']:.2f}]).")}
-    if all(d == stats.CLOSE for d in decisions):
-        return {"decision": stats.CLOSE, "summary": (
-            f"In all {len(cells)} cells pinned grow-only staging is within the noise, slower, "
-            "or too small to matter against the step: close without porting.")}
-    counts = {d: decisions.count(d) for d in sorted(set(decisions))}
-    return {"decision": stats.INCONCLUSIVE, "summary": (
-        f"The cells disagree or are unresolved ({counts}); see the per-cell reasons.")}
-
-
-def _lever_rows(staging: pd.DataFrame, step: pd.DataFrame | None,
-                **kwargs) -> list[dict[str, Any]]:
-    """The reuse lever (grow-only pageable vs fresh pageable) decided like the pinned arm."""
-    rows = []
-    for (n, vocab), cell in staging.groupby(["rows", "vocab"]):
-        if len(_seconds(cell, REUSE)):
-            rows.append(decide_cell(cell, REUSE, _step_seconds(step, n, vocab), **kwargs))
-    return rows
-
-
-def _step_levers(step: pd.DataFrame, seed: int) -> list[dict[str, Any]]:
-    levers = step_module.lever_savings(step, seed=seed)
-    parts = step_module.decomposition(step)
-    seed_parts = parts[parts["arm"] == "seed_pageable"].set_index(["rows", "vocab", "k"])
-    out = []
-    for _, row in levers.iterrows():
-        key = (row["rows"], row["vocab"], row["k"])
-        share = seed_parts.loc[key] if key in seed_parts.index else None
-        out.append({"rows": int(row["rows"]), "vocab": int(row["vocab"]), "k": int(row["k"]),
-                    "lever": row["candidate"], "speedup": _num(row.get("speedup")),
-                    "ci_low": _num(row.get("ci_low")), "ci_high": _num(row.get("ci_high")),
-                    "saved_ms": _num(row.get("saved_ms")),
-                    "seed_copy_share": None if share is None else _num(share["copy_share"]),
-                    "seed_host_gather_share": None if share is None
-                    else _num(share["host_gather_share"])})
-    return out
-
-
 def _num(value: Any) -> float | None:
     return None if value is None or pd.isna(value) else float(value)
+
+
+def decide_cell(step: pd.DataFrame, rows: int, vocab: int, k: int, candidate: str, *,
+                delta: float, min_samples: int, confidence: float, seed: int) -> dict[str, Any]:
+    """The decision for one ``(n, V, K)`` cell of the step table, with its evidence and the seed
+    step's stage split, as a JSON-ready dict."""
+    cell = step[(step["rows"] == rows) & (step["vocab"] == vocab) & (step["k"] == k)]
+    out: dict[str, Any] = {"rows": rows, "vocab": vocab, "k": k, "candidate": candidate,
+                           "delta": delta}
+    base, cand, twin = analysis.paired_rounds(cell, BASELINE, candidate, aa_name(BASELINE))
+    step_rounds = analysis.by_round(cell, BASELINE)
+    if len(step_rounds) == 0:
+        decision = stats.Decision(stats.INCONCLUSIVE, "not measured: "
+                                  + analysis.not_measured_reason(cell, BASELINE))
+    elif analysis.by_round(cell, candidate).empty:
+        decision = stats.Decision(stats.INCONCLUSIVE, "not measured: "
+                                  + analysis.not_measured_reason(cell, candidate))
+    else:
+        step_seconds = float(np.median(step_rounds))
+        threshold = stats.min_speedup_for(delta, part_seconds=step_seconds,
+                                          step_seconds=step_seconds)
+        decision = stats.decide(base, cand, min_speedup=threshold,
+                                twin=twin if len(twin) else None, min_samples=min_samples,
+                                confidence=confidence, seed=seed)
+        out["step_ms"] = 1e3 * step_seconds
+    out.update(decision.to_dict())
+    out["saved_ms"] = None if out.get("saved_seconds") is None else 1e3 * out["saved_seconds"]
+    out.pop("saved_seconds", None)
+    out["stages_ms"] = _stage_split(cell)
+    return out
+
+
+def _stage_split(cell: pd.DataFrame) -> dict[str, float] | None:
+    """The seed step's median ms per stage (device, alloc, copy, host top-K, free) in one cell."""
+    parts = analysis.decomposition(cell)
+    seed = parts[parts["arm"] == BASELINE]
+    if seed.empty:
+        return None
+    row = seed.iloc[0]
+    return {stage: 1e3 * float(row[stage]) for stage in (*analysis.STAGES, "total")}
+
+
+def _slower_beyond_delta(cell: dict[str, Any]) -> bool:
+    return (cell.get("ci_high") is not None and cell.get("min_speedup") is not None
+            and cell["ci_high"] < 1.0 / cell["min_speedup"])
+
+
+def overall(decisive: list[dict[str, Any]]) -> dict[str, str]:
+    """One decision over the decisive cells, a summary and where the effect lies."""
+    if not decisive:
+        return {"decision": stats.INCONCLUSIVE, "where": "",
+                "summary": "No decisive cell was named or measured: nothing to decide from."}
+    decisions = [c["decision"] for c in decisive]
+    ported = [c for c in decisive if c["decision"] == stats.PORT]
+    slower = [c for c in decisive if _slower_beyond_delta(c)]
+    where = effect_location(decisive)
+    if ported and not slower:
+        best = max(ported, key=lambda c: c["saved_ms"] or 0)
+        return {"decision": stats.PORT, "where": where, "summary": (
+            f"Pinned grow-only staging saves more than delta of the seed's step in "
+            f"{len(ported)} of {len(decisive)} decisive cells; the largest saving is "
+            f"{best['saved_ms']:.2f} ms per step at n={best['rows']}, V={best['vocab']}, "
+            f"K={best['k']} ({best['speedup']:.3f}x, CI [{best['ci_low']:.3f}, "
+            f"{best['ci_high']:.3f}]). {where}")}
+    if all(d == stats.CLOSE for d in decisions):
+        return {"decision": stats.CLOSE, "where": where, "summary": (
+            f"In all {len(decisive)} decisive cells any benefit of pinned grow-only staging is "
+            f"smaller than delta ({decisive[0]['delta']:.0%}) of the seed's step, or it is "
+            "slower: close without porting.")}
+    unmeasured = [c for c in decisive if c["reason"].startswith("not measured")]
+    if len(unmeasured) == len(decisive):
+        return {"decision": stats.INCONCLUSIVE, "where": "", "summary": (
+            "No decisive cell was measured (" + unmeasured[0]["reason"].removeprefix(
+                "not measured: ") + "), so whether pinned staging helps cannot be decided "
+            "here. See the findings for what was measured instead.")}
+    counts = {d: decisions.count(d) for d in sorted(set(decisions))}
+    extra = f" {len(slower)} cell(s) show pinning slower beyond delta." if slower else ""
+    return {"decision": stats.INCONCLUSIVE, "where": where, "summary": (
+        f"The decisive cells disagree or are unresolved ({counts});{extra} see the per-cell "
+        f"reasons. {where}").strip()}
+
+
+def effect_location(decisive: list[dict[str, Any]]) -> str:
+    """One sentence on where the effect lies: PORT from which n x V up, what below."""
+    ordered = sorted(decisive, key=lambda c: (c["rows"] * c["vocab"], c["k"]))
+    from_index = len(ordered)
+    while from_index > 0 and ordered[from_index - 1]["decision"] == stats.PORT:
+        from_index -= 1
+    if from_index == len(ordered):
+        return ""
+    size = ordered[from_index]["rows"] * ordered[from_index]["vocab"]
+    below = sorted({c["decision"] for c in ordered[:from_index]})
+    rest = f"; {'/'.join(below)} below" if below else ""
+    return f"PORT from n x V >= {size:,}{rest}."
+
+
+def decisive_cells(rows: list[int], vocabs: list[int],
+                   ks: list[int]) -> list[tuple[int, int, int]]:
+    """The cells the profile names as decisive (each is decided, measured or not)."""
+    return [(n, v, k) for v in vocabs for n in rows for k in ks]
+
+
+def _copy_cells(staging: pd.DataFrame, seed: int) -> list[dict[str, Any]]:
+    """Copy level (the mechanism): pinned grow-only and reused pageable against fresh pageable."""
+    out = []
+    for candidate in ("pinned_grow_only", "pageable_reused", "pageable_fresh_empty"):
+        compared = analysis.compare(staging, "pageable_fresh", candidate, ["rows", "vocab"],
+                                    twin=True, seed=seed)
+        out += compared.to_dict("records")
+    return out
 
 
 def _prompt_summary(run_dir: Path, prompt: pd.DataFrame | None) -> dict[str, Any] | None:
@@ -174,13 +167,13 @@ def _prompt_summary(run_dir: Path, prompt: pd.DataFrame | None) -> dict[str, Any
         return None
     path = run_dir / RECOMMENDATION_FILE
     recommendation = (json.loads(path.read_text()) if path.exists()
-                      else prompt_logprobs.recommend_chunk(prompt))
-    peaks = prompt[prompt["metric"].isin(["peak_device_bytes", "peak_host_bytes"])]
+                      else analysis.recommend_chunk(prompt))
+    peaks = prompt[prompt["metric"].isin(["peak_device_bytes", "peak_host_bytes"])
+                   & (prompt["status"] == "ok")]
     return {"recommendation": recommendation,
             "peaks": [{"arm": r["arm"], "chunk": int(r["chunk"]), "metric": r["metric"],
                        "bytes": int(r["bytes"])} for _, r in peaks.iterrows()
-                      if not pd.isna(r["bytes"])],
-            "goals": prompt_logprobs.goal_checks(prompt).to_dict("records")}
+                      if not pd.isna(r["bytes"])]}
 
 
 def reference_verdicts(reference_root: Path) -> list[dict[str, Any]]:
@@ -188,42 +181,52 @@ def reference_verdicts(reference_root: Path) -> list[dict[str, Any]]:
     found = []
     for path in sorted(Path(reference_root).glob("*/*/verdict.json")):
         data = json.loads(path.read_text())
-        found.append({"path": str(path.relative_to(reference_root)), "hardware": data.get("hardware"),
-                      "overall": data.get("overall"), "run_id": data.get("run_id")})
+        found.append({"path": str(path.relative_to(reference_root)),
+                      "hardware": data.get("hardware"), "overall": data.get("overall"),
+                      "run_id": data.get("run_id")})
     return found
 
 
-def findings(verdict: dict[str, Any]) -> list[str]:
+def findings(verdict: dict[str, Any], tables: dict[str, pd.DataFrame]) -> list[str]:
     """Plain sentences of what this run measured, for the report's first screen."""
     out = []
-    reuse = [r for r in verdict["reuse_lever"] if r.get("speedup") is not None]
-    if reuse:
-        big = max(reuse, key=lambda r: r["rows"] * r["vocab"])
-        out.append(f"Reuse lever (a grow-only pageable buffer vs a fresh one), largest cell n="
-                   f"{big['rows']}, V={big['vocab']}: {big['speedup']:.2f}x (95 % CI "
-                   f"[{big['ci_low']:.2f}, {big['ci_high']:.2f}]), {big['saved_ms']:.2f} ms per "
-                   f"copy. Judged by the pinned arm's rules it is {big['decision']}: "
-                   f"{big['reason']}.")
-    shares = [s for s in verdict["step_levers"] if s["lever"] == "fused"]
-    if shares:
-        big = max(shares, key=lambda r: (r["rows"] * r["vocab"], r["k"]))
-        out.append(f"Seed's step at n={big['rows']}, V={big['vocab']}, K={big['k']}: the copy is "
-                   f"{big['seed_copy_share']:.0%} of it, the host top-K "
-                   f"{big['seed_host_gather_share']:.0%}; the fused device path is "
-                   f"{big['speedup']:.2f}x the seed's step (CI [{big['ci_low']:.2f}, "
-                   f"{big['ci_high']:.2f}]), {big['saved_ms']:.2f} ms saved per step.")
+    for cell in verdict["decisive"]:
+        split = cell.get("stages_ms")
+        if split:
+            out.append(
+                f"Seed's step at n={cell['rows']}, V={cell['vocab']}, K={cell['k']}: "
+                f"{split['total']:.2f} ms = log-softmax {split['device']:.2f} + zero-filled "
+                f"vector {split['alloc']:.2f} + copy {split['copy']:.2f} + host top-K (C++) "
+                f"{split['host_gather']:.2f} + free {split['free']:.2f} ms (medians).")
+    step = tables.get("step")
+    if step is not None:
+        for lever in verdict["step_levers"]:
+            if lever.get("speedup") is not None and lever["candidate"] == REUSED:
+                out.append(f"Reuse lever at step level (grow-only pageable vs fresh vector) at "
+                           f"n={lever['rows']}, V={lever['vocab']}, K={lever['k']}: "
+                           f"{lever['speedup']:.2f}x (CI [{lever['ci_low']:.2f}, "
+                           f"{lever['ci_high']:.2f}]), {lever['saved_ms']:.2f} ms per step.")
+        backends = analysis.host_gather_backends(step)
+        for _, row in backends.iterrows():
+            out.append(f"Host top-K at n={row['rows']}, V={row['vocab']}, K={row['k']}: native "
+                       f"C++ {row['native_ms']:.2f} ms, numpy {row['numpy_ms']:.2f} ms "
+                       f"({row['numpy_over_native']:.1f}x).")
+    staging = tables.get("staging")
+    if staging is not None:
+        for cell in verdict["copy_cells"]:
+            if cell["candidate"] == "pageable_fresh_empty" and cell.get("speedup") is not None:
+                out.append(f"Zero-fill and free of a fresh {cell['rows']} x {cell['vocab']} "
+                           f"buffer cost {-cell['saved_ms']:.2f} ms per copy (fresh zero-filled "
+                           f"vs torch.empty: {1 / cell['speedup']:.2f}x the time).")
+    clocks = verdict["clock_check"]
+    if clocks["checked"]:
+        out.append(f"Host clock vs CUDA events: {clocks['disagree']} of {clocks['checked']} "
+                   "timed calls disagreed beyond the tolerance (flagged in the data).")
     prompt = verdict.get("prompt_logprobs")
     if prompt and prompt["recommendation"].get("chunk") is not None:
         rec = prompt["recommendation"]
         out.append(f"Prompt logprobs: chunk {rec['chunk']} recommended for {rec['arm']} "
                    f"({rec['reason']}).")
-        fused = [p for p in prompt["peaks"] if p["arm"].startswith("fused")]
-        soft = [p for p in prompt["peaks"] if p["arm"].startswith("logsoftmax")]
-        if fused and soft:
-            out.append(f"Prompt-logprob peak working memory: fused {min(p['bytes'] for p in fused) / 2**20:.1f}-"
-                       f"{max(p['bytes'] for p in fused) / 2**20:.1f} MiB, logsoftmax "
-                       f"{min(p['bytes'] for p in soft) / 2**20:.1f}-"
-                       f"{max(p['bytes'] for p in soft) / 2**20:.1f} MiB over the chunk sizes.")
     out.extend(verdict["missing"])
     for ref in verdict["reference"]:
         hardware = ref.get("hardware") or {}
@@ -233,40 +236,66 @@ def findings(verdict: dict[str, Any]) -> list[str]:
     return out
 
 
-def build_verdict(run_dir: Path | str, *, min_effect_fraction: float = 0.02,
-                  min_samples: int = 10, confidence: float = 0.95, seed: int = 0,
-                  reference_root: Path | None = None) -> dict[str, Any]:
+def check_parameters(delta: float, min_samples: int, decisive_rows: list[int],
+                     decisive_vocabs: list[int], decisive_ks: list[int]) -> None:
+    """Every parameter of :func:`build_verdict`, checked before any table is read."""
+    if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not 0 < delta < 1:
+        raise ValueError(f"delta must be in (0, 1), got {delta!r}")
+    if isinstance(min_samples, bool) or not isinstance(min_samples, int) or min_samples < 2:
+        raise ValueError(f"min_samples must be an integer of at least 2, got {min_samples!r}")
+    for name, values in (("decisive_rows", decisive_rows), ("decisive_vocabs", decisive_vocabs),
+                         ("decisive_ks", decisive_ks)):
+        if not values:
+            raise ValueError(f"{name} is empty: name the cells that decide")
+
+
+def build_verdict(run_dir: Path | str, *, decisive_rows: list[int], decisive_vocabs: list[int],
+                  decisive_ks: list[int], delta: float = 0.02, min_samples: int = 10,
+                  confidence: float = 0.95, seed: int = 0, reference_root: Path | None = None,
+                  calibration: list[dict] | None = None) -> dict[str, Any]:
     """The verdict of a run folder as a JSON-ready dict (deterministic for the same folder)."""
-    if not 0 <= min_effect_fraction < 1:
-        raise ValueError(f"min_effect_fraction must be in [0, 1), got {min_effect_fraction}")
-    if min_samples < 2:
-        raise ValueError(f"min_samples must be at least 2, got {min_samples}")
+    check_parameters(delta, min_samples, decisive_rows, decisive_vocabs, decisive_ks)
     run_dir = Path(run_dir)
     tables, missing = load_tables(run_dir)
     staging, step = tables.get("staging"), tables.get("step")
-    kwargs = dict(min_effect_fraction=min_effect_fraction, min_samples=min_samples,
-                  confidence=confidence, seed=seed)
-    cells = [] if staging is None else [
-        decide_cell(cell, CANDIDATE, _step_seconds(step, rows, vocab), **kwargs)
-        for (rows, vocab), cell in staging.groupby(["rows", "vocab"])]
+    kwargs = dict(delta=delta, min_samples=min_samples, confidence=confidence, seed=seed)
+    named = decisive_cells(decisive_rows, decisive_vocabs, decisive_ks)
+    empty_step = schema.make_rows([])
+    decisive = [decide_cell(step if step is not None else empty_step, n, v, k, CANDIDATE,
+                            **kwargs) for n, v, k in named]
+    step_levers = [] if step is None else analysis.lever_savings(step, seed=seed).to_dict(
+        "records")
     manifest_path = run_dir / "manifest.json"
     hardware = json.loads(manifest_path.read_text()).get("hardware", {}) if (
         manifest_path.exists()) else {}
+    goals = []
+    if staging is not None:
+        goals += analysis.staging_goals(staging, hardware)
+    if step is not None:
+        goals.append(analysis.fused_goal(step))
+    if tables.get("prompt_logprobs") is not None:
+        goals += analysis.prompt_goals(tables["prompt_logprobs"])
+    timed = [t for t in (staging, step) if t is not None]
+    clocks = [analysis.clock_disagreements(t) for t in timed]
     verdict = {
         "run_id": run_dir.name,
         "hardware": {"gpu": (hardware.get("gpu") or {}).get("name"),
                      "cpu": (hardware.get("host") or {}).get("cpu_model"),
-                     "torch": (hardware.get("torch") or {}).get("torch")},
-        "parameters": {**kwargs},
-        "overall": overall(cells) if staging is not None else {
-            "decision": stats.INCONCLUSIVE,
-            "summary": "The staging table is missing from this run: nothing to decide from."},
-        "cells": cells,
-        "reuse_lever": [] if staging is None else _lever_rows(staging, step, **kwargs),
-        "step_levers": [] if step is None else _step_levers(step, seed),
+                     "torch": (hardware.get("torch") or {}).get("torch"),
+                     "link_gbps": (hardware.get("nvml") or {}).get("pcie_max_gbps_per_direction")},
+        "parameters": {**kwargs, "decisive_rows": decisive_rows,
+                       "decisive_vocabs": decisive_vocabs, "decisive_ks": decisive_ks},
+        "overall": overall(decisive),
+        "decisive": decisive,
+        "step_levers": step_levers,
+        "copy_cells": [] if staging is None else _copy_cells(staging, seed),
+        "goals": goals,
+        "clock_check": {"checked": sum(c["checked"] for c in clocks),
+                        "disagree": sum(c["disagree"] for c in clocks)},
         "prompt_logprobs": _prompt_summary(run_dir, tables.get("prompt_logprobs")),
+        "calibration": calibration or [],
         "missing": missing,
         "reference": reference_verdicts(reference_root) if reference_root else [],
     }
-    verdict["findings"] = findings(verdict)
+    verdict["findings"] = findings(verdict, tables)
     return json.loads(json.dumps(verdict, default=_num))  # plain JSON types only

@@ -1,0 +1,364 @@
+"""The analysis floor: comparisons, decompositions, goals, recommendations and plain-words findings,
+computed from tidy tables (:mod:`stagelab.schema`) alone. Torch-free, so that the verdict, the
+report and ``stagelab compare`` never load the measuring code.
+
+Every comparison pairs arms by round (the ``repeat`` column): interleaved rounds share drift, and
+the paired bootstrap of :mod:`stagelab.stats` cancels it. Every goal is one row of one shape:
+``goal, target, measured, status, note`` with status ``met``, ``not met`` or ``not measured``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+
+from stagelab import stats
+from stagelab.schema import aa_name
+
+STAGES = ("device", "alloc", "copy", "host_gather", "free")
+DWARFED_SHARE = 0.10  # the copy counts as dwarfed below this share of the seed's step
+MET, NOT_MET, NOT_MEASURED = "met", "not met", "not measured"
+GOAL_COLUMNS = ("goal", "target", "measured", "status", "note")
+
+
+# ------------------------------------------------------------------------------- selecting
+
+def ok_timings(frame: pd.DataFrame, stage: str | None = "total") -> pd.DataFrame:
+    """The timing rows that measured something (status ok), of one stage (None: every stage)."""
+    rows = frame[(frame["metric"] == "time") & (frame["status"] == "ok")]
+    return rows if stage is None else rows[rows["stage"] == stage]
+
+
+def by_round(frame: pd.DataFrame, arm: str, stage: str = "total") -> pd.Series:
+    """One arm's seconds indexed by round (``repeat``)."""
+    rows = ok_timings(frame, stage)
+    rows = rows[rows["arm"] == arm]
+    return rows.groupby("repeat")["seconds"].median()
+
+
+def paired_rounds(frame: pd.DataFrame, *arms: str, stage: str = "total") -> list[np.ndarray]:
+    """The arms' seconds over the rounds where every one of them was timed, aligned by round."""
+    series = [by_round(frame, arm, stage) for arm in arms]
+    common = series[0].index
+    for s in series[1:]:
+        common = common.intersection(s.index)
+    return [s.loc[common].to_numpy(dtype=float) for s in series]
+
+
+def not_measured_reason(frame: pd.DataFrame, arm: str) -> str:
+    """Why an arm has no timings: its unavailable, skipped or failed row's note."""
+    rows = frame[(frame["arm"] == arm) & (frame["status"] != "ok")]
+    if rows.empty:
+        return f"{arm} was not measured in this run"
+    return f"{arm} {rows['status'].iloc[0]}: {rows['note'].iloc[0]}"
+
+
+def cells(frame: pd.DataFrame, by: Sequence[str]) -> list[tuple[dict, pd.DataFrame]]:
+    """The frame split by the size columns ``by``, each part with its key as a dict."""
+    return [(dict(zip(by, key if isinstance(key, tuple) else (key,))), part)
+            for key, part in frame.groupby(list(by), observed=True, sort=True)]
+
+
+# ----------------------------------------------------------------------------- comparisons
+
+def compare(frame: pd.DataFrame, baseline: str, candidate: str, by: Sequence[str], *,
+            stage: str = "total", twin: bool = False, confidence: float = 0.95,
+            seed: int = 0) -> pd.DataFrame:
+    """Per cell of ``by``: the candidate's paired speedup over the baseline with its CI, the ms it
+    saves per call, and, with ``twin``, the A/A speedup of the baseline over its twin."""
+    out = []
+    for key, part in cells(frame, by):
+        base, cand = paired_rounds(part, baseline, candidate, stage=stage)
+        row: dict[str, Any] = {**key, "baseline": baseline, "candidate": candidate,
+                               "n_rounds": len(base)}
+        if len(base) >= 2:
+            row["speedup"], row["ci_low"], row["ci_high"] = stats.paired_speedup(
+                base, cand, confidence=confidence, seed=seed)
+            row["saved_ms"] = 1e3 * float(np.median(base) - np.median(cand))
+        if twin:
+            a, b = paired_rounds(part, baseline, aa_name(baseline), stage=stage)
+            if len(a) >= 2:
+                row["twin_speedup"], row["twin_ci_low"], row["twin_ci_high"] = (
+                    stats.paired_speedup(a, b, confidence=confidence, seed=seed))
+        out.append(row)
+    return pd.DataFrame(out)
+
+
+def decomposition(frame: pd.DataFrame, by: Sequence[str] = ("rows", "vocab", "k")) -> pd.DataFrame:
+    """Median seconds per stage and in total, per arm and cell, with each stage's share."""
+    timed = ok_timings(frame, stage=None)
+    if timed.empty:
+        return pd.DataFrame(columns=[*by, "arm", *STAGES, "total"])
+    med = timed.pivot_table(index=[*by, "arm"], columns="stage", values="seconds",
+                            aggfunc="median", observed=True)
+    med = med.reindex(columns=[*STAGES, "total"]).fillna(0.0).reset_index()
+    for stage in STAGES:
+        med[f"{stage}_share"] = med[stage] / med["total"]
+    return pd.DataFrame(med)
+
+
+def copy_dwarfed(frame: pd.DataFrame, arm: str = "seed_pageable") -> list[str]:
+    """Plain sentences, one per cell, answering "is the copy dwarfed?" for the seed's step."""
+    parts = decomposition(frame)
+    sentences = []
+    for _, row in parts[parts["arm"] == arm].iterrows():
+        verdict = "dwarfed" if row["copy_share"] < DWARFED_SHARE else "not dwarfed"
+        sentences.append(
+            f"n={row['rows']}, V={row['vocab']}, K={row['k']}: the copy took "
+            f"{1e3 * row['copy']:.2f} ms of a {1e3 * row['total']:.2f} ms step "
+            f"({row['copy_share']:.0%}); zero-fill {1e3 * row['alloc']:.2f} ms, host top-K "
+            f"{1e3 * row['host_gather']:.2f} ms ({row['host_gather_share']:.0%}), free "
+            f"{1e3 * row['free']:.2f} ms, device work {1e3 * row['device']:.2f} ms. "
+            f"The copy is {verdict} (under {DWARFED_SHARE:.0%} counts as dwarfed).")
+    return sentences or [f"The seed's step ({arm}) was not timed in this run: "
+                         + not_measured_reason(frame, arm) + "."]
+
+
+def lever_savings(frame: pd.DataFrame, baseline: str = "seed_pageable",
+                  seed: int = 0) -> pd.DataFrame:
+    """Per cell and lever: paired speedup of the whole step over the seed's arm, its CI, ms saved."""
+    measured = set(ok_timings(frame)["arm"])
+    levers = sorted(a for a in measured if a != baseline and not a.endswith("~aa"))
+    parts = [compare(frame, baseline, arm, ["rows", "vocab", "k"], seed=seed) for arm in levers]
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+
+
+def stage_medians(frame: pd.DataFrame, arm: str, stage: str) -> pd.DataFrame:
+    """Median seconds of one arm's stage per ``(rows, vocab, k)`` cell."""
+    rows = ok_timings(frame, stage)
+    rows = rows[rows["arm"] == arm]
+    return rows.groupby(["rows", "vocab", "k"], observed=True)["seconds"].median().reset_index()
+
+
+def host_gather_backends(frame: pd.DataFrame) -> pd.DataFrame:
+    """The host top-K stage, native (the seed's C++) against numpy, per cell, in ms."""
+    native = stage_medians(frame, "seed_pageable", "host_gather").rename(
+        columns={"seconds": "native_ms"})
+    numpy_ = stage_medians(frame, "seed_pageable_numpy", "host_gather").rename(
+        columns={"seconds": "numpy_ms"})
+    both = native.merge(numpy_, on=["rows", "vocab", "k"])
+    both[["native_ms", "numpy_ms"]] *= 1e3
+    both["numpy_over_native"] = both["numpy_ms"] / both["native_ms"]
+    return both
+
+
+def zero_fill_cost(staging: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
+    """What zero-fill and free add to a fresh pageable copy: ``pageable_fresh`` (value-initialised,
+    freed inside the call, as the seed) against ``pageable_fresh_empty``, per cell."""
+    return compare(staging, "pageable_fresh", "pageable_fresh_empty", ["rows", "vocab"],
+                   seed=seed)
+
+
+def clock_disagreements(frame: pd.DataFrame) -> dict[str, int]:
+    """How many timed calls had a host clock that disagreed with the CUDA events (and how many
+    were cross-checked at all)."""
+    timed = ok_timings(frame)
+    checked = timed["clock_agrees"].dropna()
+    return {"checked": int(len(checked)), "disagree": int((~checked.astype(bool)).sum())}
+
+
+def nothing_measured(frame: pd.DataFrame, what: str) -> str | None:
+    """One clear sentence when no timing of ``what`` is ok: which cells and arms, why, what to
+    change; None when something was measured."""
+    if not ok_timings(frame).empty:
+        return None
+    if frame.empty:
+        return f"Nothing was measured in {what}: no cell was given."
+    reasons = frame.drop_duplicates("note")[["status", "note"]]
+    why = "; ".join(f"{r.status}: {r.note}" for r in reasons.itertuples() if r.note)
+    sizes = ", ".join(sorted({f"n={r.rows} V={r.vocab}" for r in frame.itertuples()
+                              if not pd.isna(r.rows)}))
+    return (f"Nothing was measured in {what} (cells {sizes}). Why: {why or 'no arm ran'}. "
+            "Change the sizes or arms in the parameters (smaller rows or vocabularies, arms "
+            "that exist on this machine) and run it again.")
+
+
+# ------------------------------------------------------------------------- prompt logprobs
+
+def prompt_time_relative(frame: pd.DataFrame) -> pd.DataFrame:
+    """Median seconds per configuration and its ratio to the same arm's unchunked run."""
+    timed = ok_timings(frame)
+    medians = timed.groupby(["arm", "chunk", "rows"], as_index=False, observed=True)[
+        "seconds"].median()
+    unchunked = medians[medians["chunk"] >= medians["rows"]].set_index("arm")["seconds"]
+    medians["relative"] = medians["seconds"] / medians["arm"].map(unchunked)
+    return medians
+
+
+def overlap_effect(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per method and chunk: median seconds with and without overlap, and ms overlap saves."""
+    timed = ok_timings(frame)
+    timed = timed.assign(method=timed["arm"].str.split("+").str[0])
+    table = timed.pivot_table(index=["method", "chunk"], columns="overlap", values="seconds",
+                              aggfunc="median", observed=True)
+    table = table.rename(columns={True: "overlap_s", False: "plain_s"}).reset_index()
+    if {"overlap_s", "plain_s"} <= set(table.columns):
+        table["overlap_saves_ms"] = 1e3 * (table["plain_s"] - table["overlap_s"])
+    return table
+
+
+def recommend_chunk(frame: pd.DataFrame, arm: str = "fused+overlap",
+                    tolerance: float = 0.05) -> dict[str, Any]:
+    """The smallest chunk whose median time is within ``tolerance`` of the best configuration's
+    of that arm (unchunked included); with the times behind the choice."""
+    timed = ok_timings(frame)
+    timed = timed[timed["arm"] == arm]
+    if timed.empty:
+        return {"arm": arm, "chunk": None, "reason": f"{arm} was not timed in this run"}
+    medians = timed.groupby("chunk")["seconds"].median().sort_index()
+    best = float(medians.min())
+    chunk = int(medians[medians <= (1 + tolerance) * best].index.min())
+    rows = int(timed["rows"].iloc[0])
+    unchunked = " (the whole prompt: chunking bought no time here)" if chunk >= rows else ""
+    return {"arm": arm, "chunk": chunk, "median_seconds": float(medians[chunk]),
+            "best_seconds": best, "best_chunk": int(medians.idxmin()),
+            "unchunked_rows": rows, "tolerance": tolerance,
+            "reason": f"smallest chunk within {tolerance:.0%} of the best median time "
+                      f"({1e3 * best:.1f} ms at chunk {int(medians.idxmin())}){unchunked}"}
+
+
+def prompt_peaks(frame: pd.DataFrame) -> pd.DataFrame:
+    """Measured and predicted peak bytes per arm and chunk (one column per metric)."""
+    mem = frame[frame["metric"].isin(["peak_device_bytes", "peak_host_bytes",
+                                      "predicted_peak_bytes"]) & (frame["status"] == "ok")]
+    if mem.empty:
+        return pd.DataFrame(columns=["arm", "chunk"])
+    return mem.pivot_table(index=["arm", "chunk"], columns="metric", values="bytes",
+                           aggfunc="first", observed=True).reset_index()
+
+
+# ------------------------------------------------------------------------------------ goals
+
+def goal(name: str, target: str, measured: str, met: bool | None, note: str = "") -> dict:
+    """One goal row: ``met`` / ``not met`` from a boolean, ``not measured`` from None."""
+    status = NOT_MEASURED if met is None else (MET if met else NOT_MET)
+    return {"goal": name, "target": target, "measured": measured, "status": status, "note": note}
+
+
+def staging_goals(frame: pd.DataFrame, snap: dict, big_bytes: int = 64 * 10**6) -> list[dict]:
+    """Copy-level goals: pinned grow-only >= 95 % of the raw pinned ceiling; the raw ceiling >= 85 %
+    of the NVML link for copies of 64 MB and more (else the likely cause); the A/A harness check;
+    the reuse lever with its CI at the largest cell."""
+    timed = ok_timings(frame)
+    medians = timed.groupby(["arm", "bytes"], observed=True)["gb_per_s"].median().unstack("arm")
+    gpu = bool(snap.get("gpu"))
+    goals = []
+    name = "pinned grow-only vs raw pinned ceiling"
+    if gpu and {"pinned_grow_only", "raw_ceiling"} <= set(medians.columns):
+        share = (medians["pinned_grow_only"] / medians["raw_ceiling"]).dropna()
+        goals.append(goal(name, ">= 95 % in every cell",
+                          f"{share.min():.1%} (worst cell) to {share.max():.1%}",
+                          bool(share.min() >= 0.95)))
+    else:
+        goals.append(goal(name, ">= 95 % in every cell", "-", None,
+                          "no CUDA device: pinned memory does not exist here" if not gpu
+                          else not_measured_reason(frame, "pinned_grow_only")))
+    link = (snap.get("nvml") or {}).get("pcie_max_gbps_per_direction")
+    big = medians[medians.index >= big_bytes] if "raw_ceiling" in medians else medians.iloc[:0]
+    name = "raw ceiling vs NVML link (copies >= 64 MB)"
+    if link and gpu and not big.empty:
+        share = float(big["raw_ceiling"].median() / link)
+        goals.append(goal(name, ">= 85 %", f"{share:.1%} of {link} GB/s", share >= 0.85,
+                          "" if share >= 0.85 else likely_link_cause(snap)))
+    else:
+        goals.append(goal(name, ">= 85 %", "-", None,
+                          "no GPU link to compare with (the raw ceiling here is a host-to-host "
+                          "copy)" if not gpu else "no copy of 64 MB or more, or NVML unread"))
+    aa = compare(frame, "pageable_fresh", "pageable_reused", ["rows", "vocab"], twin=True)
+    goals.append(harness_goal(aa))
+    name = "reuse lever: reused vs fresh pageable"
+    if "speedup" in aa and aa["speedup"].notna().any():
+        big_cell = aa.assign(size=aa["rows"] * aa["vocab"]).sort_values("size").iloc[-1]
+        goals.append(goal(name, "measured with its CI",
+                          f"{big_cell['speedup']:.2f}x [{big_cell['ci_low']:.2f}, "
+                          f"{big_cell['ci_high']:.2f}], {big_cell['saved_ms']:.2f} ms per copy "
+                          f"at n={big_cell['rows']}, V={big_cell['vocab']}", True))
+    else:
+        goals.append(goal(name, "measured with its CI", "-", None,
+                          "pageable_fresh and pageable_reused not both timed"))
+    return goals
+
+
+def harness_goal(compared: pd.DataFrame, tolerance: float = 0.02) -> dict:
+    """The A/A check: the baseline against its twin should show no difference beyond +-2 %."""
+    name = "A/A harness check (baseline vs its twin)"
+    if "twin_ci_low" not in compared or compared["twin_ci_low"].isna().all():
+        return goal(name, f"CI within 1 +- {tolerance:.0%}", "-", None, "no twin was timed")
+    worst = compared.assign(width=np.maximum(abs(compared["twin_ci_low"] - 1),
+                                             abs(compared["twin_ci_high"] - 1)))
+    worst = worst.sort_values("width").iloc[-1]
+    return goal(name, f"CI within 1 +- {tolerance:.0%}",
+                f"worst cell n={worst['rows']}, V={worst['vocab']}: {worst['twin_speedup']:.3f}x "
+                f"[{worst['twin_ci_low']:.3f}, {worst['twin_ci_high']:.3f}]",
+                bool(worst["width"] <= tolerance))
+
+
+def likely_link_cause(snap: dict) -> str:
+    """Plain words for why a raw pinned copy falls short of the link's theoretical bandwidth."""
+    nvml = snap.get("nvml") or {}
+    causes = []
+    if (nvml.get("pcie_current_generation") or 0) < (nvml.get("pcie_max_generation") or 0) or (
+            nvml.get("pcie_current_width") or 0) < (nvml.get("pcie_max_width") or 0):
+        causes.append(f"the link runs below its maximum (Gen{nvml.get('pcie_current_generation')}"
+                      f" x{nvml.get('pcie_current_width')} of Gen{nvml.get('pcie_max_generation')}"
+                      f" x{nvml.get('pcie_max_width')}; read it under load to rule out idle "
+                      "downtraining)")
+    if nvml.get("numa_node") is not None:
+        causes.append(f"the GPU hangs off NUMA node {nvml['numa_node']}: a process or buffer on "
+                      "another node crosses the socket link (numactl --cpunodebind/--membind)")
+    causes.append("the buffer size: small copies pay fixed per-copy latency")
+    return "; ".join(causes)
+
+
+def fused_goal(frame: pd.DataFrame, target_rows: int = 64, target_vocab: int = 152_064,
+               target_k: int = 5, factor: float = 10.0) -> dict:
+    """The fused arm's goal (>= 10x the seed's step at n=64, V~152k, K=5), at the nearest cell."""
+    name, target = "fused step vs the seed's step", f">= {factor:.0f}x at n=64, V~152k, K=5"
+    savings = lever_savings(frame)
+    if savings.empty or "fused" not in set(savings["candidate"]) or "speedup" not in savings:
+        return goal(name, target, "-", None, "the fused and seed arms were not both timed")
+    fused = savings[(savings["candidate"] == "fused") & savings["speedup"].notna()].copy()
+    if fused.empty:
+        return goal(name, target, "-", None, "the fused and seed arms share no timed round")
+    fused["distance"] = (abs(fused["rows"] - target_rows) / target_rows
+                         + abs(fused["vocab"] - target_vocab) / target_vocab
+                         + abs(fused["k"] - target_k))
+    cell = fused.sort_values("distance").iloc[0]
+    where = "the goal's cell" if cell["distance"] == 0 else "the nearest measured cell"
+    return goal(name, target, f"{cell['speedup']:.1f}x (CI {cell['ci_low']:.1f}-"
+                f"{cell['ci_high']:.1f}x) at {where} n={cell['rows']}, V={cell['vocab']}, "
+                f"K={cell['k']}", bool(cell["ci_low"] >= factor))
+
+
+def prompt_goals(frame: pd.DataFrame) -> list[dict]:
+    """Prompt-logprob goals: the fused path's peak extra memory within 1.15 x one chunk of logits,
+    and chunked time within 1.05 x unchunked for chunks >= 512."""
+    goals = []
+    itemsize = {"float32": 4, "float16": 2, "bfloat16": 2}
+    peaks = frame[frame["metric"].isin(["peak_device_bytes", "peak_host_bytes"])
+                  & frame["arm"].str.startswith("fused") & (frame["status"] == "ok")]
+    on_gpu = bool((peaks["metric"] == "peak_device_bytes").any())
+    peaks = peaks[peaks["metric"] == ("peak_device_bytes" if on_gpu else "peak_host_bytes")]
+    for _, row in peaks.sort_values(["chunk", "arm"]).iterrows():
+        ratio = row["bytes"] / (row["chunk"] * row["vocab"] * itemsize[row["dtype"]])
+        goals.append(goal(f"fused peak extra memory, chunk {row['chunk']} ({row['arm']})",
+                          "<= 1.15 x C x V x dtype bytes",
+                          f"{ratio:.2f} x ({row['bytes'] / 2**20:.1f} MiB, "
+                          f"{'device' if on_gpu else 'host RSS'})", bool(ratio <= 1.15)))
+    relative = prompt_time_relative(frame)
+    for _, row in relative[(relative["chunk"] >= 512)
+                           & (relative["chunk"] < relative["rows"])].iterrows():
+        goals.append(goal(f"chunked time, chunk {row['chunk']} ({row['arm']})",
+                          "<= 1.05 x unchunked", f"{row['relative']:.3f} x",
+                          bool(row["relative"] <= 1.05)))
+    if not goals:
+        goals.append(goal("prompt-logprob goals", "-", "-", None,
+                          "no peak was measured and no chunk of 512 or more was timed"))
+    return goals
+
+
+def goals_frame(goals: list[dict]) -> pd.DataFrame:
+    """Goal rows as a table in the one shape."""
+    return pd.DataFrame(goals, columns=list(GOAL_COLUMNS))

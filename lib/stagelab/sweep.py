@@ -1,0 +1,137 @@
+"""One sweep for every experiment: cells x arms, interleaved, fault-isolated, written per cell.
+
+An experiment (staging, the step, prompt logprobs) describes only its cells (the sizes of each, what
+memory a cell needs) and how to prepare a cell's arms. This module does the rest, the same way for
+all of them:
+
+* a cell that would not fit in free memory is recorded ``skipped``, with the numbers, before
+  anything large is allocated;
+* arms that cannot exist here (no CUDA, no compiler) are recorded ``unavailable`` with the reason;
+* the arms are timed interleaved (:func:`stagelab.bench.interleaved`); an arm that raises is
+  recorded ``failed`` and the others go on; a cell whose preparation raises is recorded ``failed``
+  for all its arms and the sweep goes on;
+* after every cell the table so far is written (a :class:`stagelab.schema.TableSink`), so an
+  interrupted or killed notebook leaves every finished cell on disk;
+* progress: a bar in JupyterLab; in headless runs (the runner sets ``STAGELAB_HEADLESS``) one line
+  per finished cell, never a flood.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Callable, ContextManager, Iterable
+
+import torch
+from tqdm.auto import tqdm
+
+from stagelab import bench, memory
+from stagelab.errors import InsufficientMemory
+from stagelab.schema import TableSink
+
+HEADLESS_ENV = "STAGELAB_HEADLESS"
+
+
+@dataclass
+class Cell:
+    """One size of an experiment: the schema fields its rows share, the arms it should have, and
+    the memory it needs (checked before anything is allocated)."""
+
+    sizes: dict
+    arms: list[str]
+    label: str
+    host_bytes: int = 0
+    device_bytes: int = 0
+    invalid: str = ""  # why this cell cannot be measured at all (recorded as skipped)
+
+
+@dataclass
+class CellPlan:
+    """A prepared cell: one call per arm, the arms that cannot run here, an optional monitor that
+    wraps the timing loop, and a function giving the records measured after timing."""
+
+    calls: dict[str, bench.ArmCall]
+    unavailable: dict[str, str] = field(default_factory=dict)
+    monitor: ContextManager | None = None
+    after: Callable[[], list[dict]] | None = None
+    annotate: Callable[[dict], dict] | None = None  # adds per-arm fields to a timing record
+
+
+def rows_for_arms(cell: Cell, arms: Iterable[str], status: str, note: str) -> list[dict]:
+    """One record per arm saying why it has no timings in this cell."""
+    return [{**cell.sizes, "arm": arm, "status": status, "note": note} for arm in arms]
+
+
+def check_memory(cell: Cell, device: str) -> None:
+    """Raise InsufficientMemory when the cell would not fit on the host or the device."""
+    memory.check_fits(cell.host_bytes, memory.free_host_bytes(), f"{cell.label} on the host")
+    if torch.device(device).type == "cuda":
+        memory.check_fits(cell.device_bytes, memory.free_device_bytes(device),
+                          f"{cell.label} on {device}")
+
+
+def measure_cell(cell: Cell, prepare: Callable[[Cell], CellPlan], *, repeats: int, warmup: int,
+                 seed: int, device: str) -> list[dict]:
+    """Every record of one cell: timings, or the rows that say why there are none."""
+    if cell.invalid:
+        return rows_for_arms(cell, cell.arms, "skipped", cell.invalid)
+    try:
+        check_memory(cell, device)
+        plan = prepare(cell)
+    except InsufficientMemory as exc:
+        return rows_for_arms(cell, cell.arms, "skipped", str(exc))
+    except Exception as exc:  # a broken cell must not stop the sweep
+        return rows_for_arms(cell, cell.arms, "failed", bench.first_line(exc))
+    records = rows_for_arms(cell, plan.unavailable, "unavailable", "")
+    for record, reason in zip(records, plan.unavailable.values()):
+        record["note"] = reason
+    if plan.calls:
+        with plan.monitor or contextlib.nullcontext():
+            timings = bench.interleaved(plan.calls, repeats=repeats, warmup=warmup, seed=seed,
+                                        device=device)
+        annotate = plan.annotate or (lambda record: record)
+        records += [annotate({**cell.sizes, **timing}) for timing in timings]
+    if plan.after is not None:
+        try:
+            records += [{**cell.sizes, **extra} for extra in plan.after()]
+        except Exception as exc:
+            records += rows_for_arms(cell, ["checks"], "failed", bench.first_line(exc))
+    return records
+
+
+def run(cells: list[Cell], prepare: Callable[[Cell], CellPlan], *, repeats: int,
+        warmup: int = 2, seed: int = 0, device: str, sink: TableSink | None = None,
+        label: str = "sweep", progress: bool = True) -> list[dict]:
+    """Measure every cell in order; write the table after each one when a sink is given."""
+    if repeats <= 0:
+        raise ValueError(f"repeats must be positive, got {repeats}")
+    if warmup < 0:
+        raise ValueError(f"warmup must be >= 0, got {warmup}")
+    headless = bool(os.environ.get(HEADLESS_ENV))
+    records: list[dict] = []
+    with tqdm(total=len(cells), desc=label, disable=not progress or headless) as bar:
+        for index, cell in enumerate(cells, 1):
+            found = measure_cell(cell, prepare, repeats=repeats, warmup=warmup, seed=seed,
+                                 device=device)
+            records += found
+            if sink is not None:
+                sink.append(found)
+            gc.collect()
+            bar.update()
+            if progress and headless:
+                print(f"{label}: cell {index}/{len(cells)} {cell.label}: {outcome(found)}",
+                      file=sys.stderr, flush=True)
+    return records
+
+
+def outcome(records: list[dict]) -> str:
+    """A cell's records in a few words: how many arms were timed, skipped, unavailable, failed."""
+    counts: dict[str, set] = {}
+    for record in records:
+        status = record.get("status", "ok")
+        if status != "ok" or record.get("stage") == "total":
+            counts.setdefault(status, set()).add(record.get("arm"))
+    return ", ".join(f"{len(arms)} {status}" for status, arms in sorted(counts.items())) or "empty"
