@@ -1,11 +1,28 @@
-"""Statistics of timings: robust summaries, a bootstrap CI of a ratio of medians, the A/A noise
-band, and the gate's decision (PORT, CLOSE or INCONCLUSIVE).
+"""Statistics of paired timings and the gate's decision (PORT, CLOSE or INCONCLUSIVE).
 
-Effects are speedups: ``median(baseline) / median(candidate)``; above 1 the candidate is faster.
+Timings come in rounds: each round runs every arm once, in a shuffled order, so ``baseline[i]``
+and ``candidate[i]`` share whatever the machine was doing in round ``i`` (clock, cache, a
+neighbour's load). The statistics keep that pairing.
+
+* **The effect** is the speedup ``baseline / candidate`` (above 1 the candidate is faster),
+  estimated as the **median of the per-round ratios** ``median(baseline[i] / candidate[i])``,
+  not as the ratio of medians. Why: a slowdown shared by both arms of a round cancels inside that
+  round's ratio, before any summary; and a rare outlier spoils one ratio, which the median
+  ignores. The ratio of medians only cancels drift on average and lets an outlier move each arm's
+  median separately.
+* **Its CI** comes from a bootstrap that resamples whole rounds (resampling the per-round ratios
+  does exactly that: each ratio carries its round's two arms together), BCa first, the percentile
+  interval where BCa degenerates. It is seeded: the same data gives the same answer.
+* **The rule** is equivalence testing against a smallest effect of interest: ``min_speedup`` is the
+  speedup that saves a fraction delta of the step (:func:`min_speedup_for`). PORT when the whole
+  CI lies above it, CLOSE when the whole CI lies below it, INCONCLUSIVE otherwise. An A/A twin (the
+  baseline measured again as another arm) checks the harness rather than defining a band.
+  :mod:`stagelab.calibration` proves the rule's error rates by simulation.
 """
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import asdict, dataclass
 from typing import Sequence
@@ -29,40 +46,57 @@ def summarize(frame: pd.DataFrame, by: Sequence[str], value: str = "seconds") ->
     return out
 
 
-def _ratio_of_medians(baseline: np.ndarray, candidate: np.ndarray, axis: int = -1) -> np.ndarray:
-    return np.median(baseline, axis=axis) / np.median(candidate, axis=axis)
+def _timings(values: Sequence[float], name: str) -> np.ndarray:
+    """``values`` as a 1-D float array of positive, finite seconds; a ValueError naming ``name``
+    otherwise."""
+    array = np.asarray(values, dtype=float)
+    if array.ndim != 1:
+        raise ValueError(f"{name} must be one-dimensional (one timing per round), "
+                         f"got shape {array.shape}")
+    if not np.all(np.isfinite(array) & (array > 0)):
+        raise ValueError(f"{name} must hold positive, finite timings")
+    return array
 
 
-def ratio_ci(baseline: Sequence[float], candidate: Sequence[float], confidence: float = 0.95,
-             n_resamples: int = 2000, seed: int = 0) -> tuple[float, float, float]:
-    """Speedup ``median(baseline)/median(candidate)`` and its bootstrap CI. BCa first; the
-    percentile interval where BCa degenerates (ties, or an interval that misses the point estimate,
-    which the jackknife acceleration of a median can produce on small samples). Deterministic for a
-    given ``seed``."""
-    b = np.asarray(baseline, dtype=float)
-    c = np.asarray(candidate, dtype=float)
-    if len(b) < 2 or len(c) < 2:
-        raise ValueError(f"need at least 2 samples per arm, got {len(b)} and {len(c)}")
-    point = float(_ratio_of_medians(b, c))
-    low = high = np.nan
+def _same_lengths(**arrays: np.ndarray | None) -> None:
+    lengths = {name: len(a) for name, a in arrays.items() if a is not None}
+    if len(set(lengths.values())) > 1:
+        listed = ", ".join(f"{name} has {n}" for name, n in lengths.items())
+        raise ValueError(f"paired arms need one timing per round each, but {listed} rounds")
+
+
+def _median_ratio(ratios: np.ndarray, axis: int = -1) -> np.ndarray:
+    return np.median(ratios, axis=axis)
+
+
+def paired_speedup(baseline: Sequence[float], candidate: Sequence[float], *,
+                   confidence: float = 0.95, n_resamples: int = 2000,
+                   seed: int = 0) -> tuple[float, float, float]:
+    """(speedup, ci_low, ci_high) of baseline/candidate; baseline[i] and candidate[i] come from
+    round i. The speedup is the median of per-round ratios; the CI a bootstrap over rounds, BCa
+    with a percentile fallback where BCa gives no finite interval around the estimate (ties, or
+    the jackknife of a median on few rounds)."""
+    b, c = _timings(baseline, "baseline"), _timings(candidate, "candidate")
+    _same_lengths(baseline=b, candidate=c)
+    if len(b) < 2:
+        raise ValueError(f"baseline and candidate need at least 2 rounds, got {len(b)}")
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must lie in (0, 1), got {confidence}")
+    if n_resamples < 1:
+        raise ValueError(f"n_resamples must be positive, got {n_resamples}")
+    ratios = b / c
+    point = float(_median_ratio(ratios))
+    low = high = math.nan
     for method in ("BCa", "percentile"):
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            result = sps.bootstrap((b, c), _ratio_of_medians, confidence_level=confidence,
+            warnings.simplefilter("ignore")  # degenerate BCa is handled by the fallback below
+            result = sps.bootstrap((ratios,), _median_ratio, confidence_level=confidence,
                                    n_resamples=n_resamples, method=method, vectorized=True,
                                    rng=np.random.default_rng(seed))
-        low, high = result.confidence_interval
+        low, high = (float(x) for x in result.confidence_interval)
         if np.isfinite(low) and np.isfinite(high) and low <= point <= high:
             break
-    return point, float(low), float(high)
-
-
-def noise_band(arm: Sequence[float], twin: Sequence[float], confidence: float = 0.95,
-               seed: int = 0) -> float:
-    """Half-width ``h`` of the A/A noise band ``[1 - h, 1 + h]``: how far the same arm measured
-    twice, interleaved, can seem to differ from itself."""
-    _, low, high = ratio_ci(arm, twin, confidence=confidence, seed=seed)
-    return float(max(abs(low - 1.0), abs(high - 1.0)))
+    return point, low, high
 
 
 @dataclass
@@ -74,79 +108,148 @@ class Decision:
     speedup: float | None = None
     ci_low: float | None = None
     ci_high: float | None = None
-    noise_half_width: float | None = None
     min_speedup: float | None = None
-    saved_seconds: float | None = None
-    n_baseline: int = 0
-    n_candidate: int = 0
+    twin_speedup: float | None = None
+    twin_ci_low: float | None = None
+    twin_ci_high: float | None = None
+    saved_seconds: float | None = None  # median(baseline) - median(candidate)
+    n_rounds: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def decide(baseline: Sequence[float], candidate: Sequence[float], *, noise: float,
-           min_speedup: float = 1.0, min_samples: int = 5, confidence: float = 0.95,
-           seed: int = 0) -> Decision:
+def min_speedup_for(delta: float, *, part_seconds: float, step_seconds: float) -> float:
+    """The speedup of a part (the copy; or the whole step when part_seconds == step_seconds) that
+    saves delta x step_seconds; inf when even a free part would save less. delta outside (0, 1):
+    ValueError naming delta.
+
+    Speeding the part up by ``s`` saves ``part (1 - 1/s)``; setting that to ``delta * step`` gives
+    ``s = part / (part - delta * step)``."""
+    if not 0 < delta < 1:
+        raise ValueError(f"delta must lie in (0, 1), got {delta}")
+    for name, value in (("part_seconds", part_seconds), ("step_seconds", step_seconds)):
+        if not (math.isfinite(value) and value > 0):
+            raise ValueError(f"{name} must be positive and finite, got {value}")
+    if part_seconds > step_seconds:
+        raise ValueError(f"part_seconds ({part_seconds}) cannot exceed step_seconds "
+                         f"({step_seconds}): the part is inside the step")
+    saving = delta * step_seconds
+    return part_seconds / (part_seconds - saving) if part_seconds > saving else math.inf
+
+
+def _ci_words(speedup: float, low: float, high: float, confidence: float) -> str:
+    return f"{speedup:.3f}x ({confidence:.0%} CI [{low:.3f}, {high:.3f}])"
+
+
+def decide(baseline: Sequence[float], candidate: Sequence[float], *, min_speedup: float,
+           twin: Sequence[float] | None = None, min_samples: int = 10,
+           confidence: float = 0.95, seed: int = 0) -> Decision:
     """PORT, CLOSE or INCONCLUSIVE for replacing ``baseline`` with ``candidate``.
 
-    * PORT: the speedup's CI lies entirely above the noise band and above ``min_speedup``.
-    * CLOSE: the CI lies entirely inside the noise band (no effect), or entirely below it (the
-      candidate is slower), or entirely above the band but below ``min_speedup`` (a real effect
-      too small to be worth the change).
-    * INCONCLUSIVE: too few samples, or the CI straddles a boundary.
+    Inputs are per-round timings (index i = round i); ``twin`` is the baseline measured again as if
+    it were another arm (A/A).
+
+    * INCONCLUSIVE when fewer rounds than ``min_samples`` were measured, or when the twin's CI lies
+      entirely above ``min_speedup`` or entirely below ``1/min_speedup`` (the harness sees a
+      difference between identical arms).
+    * PORT: the speedup's CI lies above ``min_speedup`` (and above the twin's CI where measured).
+    * CLOSE: the CI lies below ``min_speedup``: any benefit is too small to be worth a change, and
+      a slowdown is CLOSE too. ``min_speedup = inf`` (even a free candidate saves too little) is
+      CLOSE whatever was measured.
+    * INCONCLUSIVE otherwise, saying which bound the CI straddles.
     """
-    n_b, n_c = len(baseline), len(candidate)
-    if n_c == 0:
-        return Decision(INCONCLUSIVE, "the candidate arm was not measured", n_baseline=n_b)
-    if min(n_b, n_c) < min_samples:
-        return Decision(INCONCLUSIVE, f"fewer samples than the minimum ({min(n_b, n_c)} < "
-                        f"{min_samples})", n_baseline=n_b, n_candidate=n_c)
-    speedup, low, high = ratio_ci(baseline, candidate, confidence=confidence, seed=seed)
-    lower, upper = 1.0 - noise, 1.0 + noise
-    bar = max(upper, min_speedup)
-    evidence = dict(speedup=speedup, ci_low=low, ci_high=high, noise_half_width=noise,
-                    min_speedup=min_speedup, n_baseline=n_b, n_candidate=n_c,
-                    saved_seconds=float(np.median(baseline) - np.median(candidate)))
-    ci = f"{speedup:.3f}x, {confidence:.0%} CI [{low:.3f}, {high:.3f}]"
-    band = f"noise band [{lower:.3f}, {upper:.3f}]"
+    if not min_samples >= 2:
+        raise ValueError(f"min_samples must be at least 2, got {min_samples}")
+    if not min_speedup >= 1:  # also catches NaN
+        raise ValueError(f"min_speedup must be >= 1 (a speedup), got {min_speedup}")
+    b, c = _timings(baseline, "baseline"), _timings(candidate, "candidate")
+    t = None if twin is None else _timings(twin, "twin")
+    _same_lengths(baseline=b, candidate=c, twin=t)
+    n = len(b)
+    if n < min_samples and math.isfinite(min_speedup):
+        return Decision(INCONCLUSIVE, f"fewer rounds than the minimum ({n} < {min_samples})",
+                        min_speedup=min_speedup, n_rounds=n)
+    evidence: dict = dict(min_speedup=min_speedup, n_rounds=n)
+    if n >= 2:
+        evidence.update(saved_seconds=float(np.median(b) - np.median(c)))
+        evidence.update(zip(("speedup", "ci_low", "ci_high"),
+                            paired_speedup(b, c, confidence=confidence, seed=seed)))
+        if t is not None:
+            evidence.update(zip(("twin_speedup", "twin_ci_low", "twin_ci_high"),
+                                paired_speedup(b, t, confidence=confidence, seed=seed)))
+    if math.isinf(min_speedup):
+        return Decision(CLOSE, "min_speedup is infinite: even a candidate that took no time "
+                        "would save less than the smallest effect of interest", **evidence)
+    return _apply_rule(evidence, confidence)
+
+
+def _apply_rule(evidence: dict, confidence: float) -> Decision:
+    """The equivalence rule on a measured speedup, its CI and the twin's."""
+    bar = evidence["min_speedup"]
+    low, high = evidence["ci_low"], evidence["ci_high"]
+    effect = _ci_words(evidence["speedup"], low, high, confidence)
+    twin_high = evidence.get("twin_ci_high")
+    if twin_high is not None:
+        twin_low = evidence["twin_ci_low"]
+        twin = _ci_words(evidence["twin_speedup"], twin_low, twin_high, confidence)
+        if twin_low > bar or twin_high < 1 / bar:
+            return Decision(INCONCLUSIVE, f"the harness sees a difference between identical "
+                            f"arms: the A/A twin's speedup {twin} lies outside "
+                            f"[{1 / bar:.3f}, {bar:.3f}]", **evidence)
+    if low > bar and (twin_high is None or low > twin_high):
+        return Decision(PORT, f"speedup {effect} lies above the minimum {bar:.3f}x"
+                        + ("" if twin_high is None else
+                           f" and above the A/A twin's CI (up to {twin_high:.3f})"), **evidence)
+    if high < bar:
+        return Decision(CLOSE, f"speedup {effect} lies below the minimum {bar:.3f}x: any "
+                        f"benefit is smaller than worth a change", **evidence)
     if low > bar:
-        return Decision(PORT, f"speedup {ci} lies above the {band} and the minimum "
-                        f"{min_speedup:.3f}x", **evidence)
-    if low >= lower and high <= upper:
-        return Decision(CLOSE, f"speedup {ci} lies within the {band}: no measurable effect",
-                        **evidence)
-    if high < lower:
-        return Decision(CLOSE, f"speedup {ci} lies below the {band}: the candidate is slower",
-                        **evidence)
-    if low > upper and high < min_speedup:
-        return Decision(CLOSE, f"speedup {ci} is real but below the minimum {min_speedup:.3f}x",
-                        **evidence)
-    return Decision(INCONCLUSIVE, f"speedup {ci} straddles the {band} or the minimum "
-                    f"{min_speedup:.3f}x", **evidence)
+        return Decision(INCONCLUSIVE, f"speedup {effect} lies above the minimum {bar:.3f}x but "
+                        f"not above the A/A twin's CI (up to {twin_high:.3f})", **evidence)
+    return Decision(INCONCLUSIVE, f"speedup {effect} straddles the minimum {bar:.3f}x: more "
+                    f"rounds or less noise are needed to tell", **evidence)
+
+
+def _by_round(group: pd.DataFrame, arm: str, by: Sequence[str]) -> pd.Series:
+    """One arm's seconds indexed by round (the ``repeat`` column)."""
+    rows = group[group["arm"] == arm]
+    if rows["repeat"].duplicated().any():
+        raise ValueError(f"arm {arm!r} has several timings for one round within a group of "
+                         f"by={list(by)}: add the columns that tell them apart to by")
+    return rows.set_index("repeat")["seconds"]
+
+
+def _paired(*series: pd.Series) -> list[np.ndarray]:
+    """The series' values on the rounds that all of them measured, in round order."""
+    joined = pd.concat(series, axis=1, join="inner").sort_index()
+    return [joined.iloc[:, i].to_numpy() for i in range(len(series))]
 
 
 def compare_arms(frame: pd.DataFrame, baseline: str, candidate: str, by: Sequence[str],
                  noise_arm: str | None = None, stage: str = "total", confidence: float = 0.95,
                  seed: int = 0) -> pd.DataFrame:
-    """Per group of ``by``: the candidate's speedup over the baseline with its CI, the A/A noise
-    half-width (from ``noise_arm`` and its twin ``<arm>~aa``), and seconds saved per call."""
+    """Per group of ``by``: the candidate's paired speedup over the baseline with its CI (rounds
+    paired by the ``repeat`` column) and ms saved per call. With ``noise_arm``: the paired speedup
+    of that arm over its twin ``<arm>~aa`` with its CI, and ``noise_half_width``, the larger
+    distance of that CI's ends from 1."""
     timed = frame[(frame["metric"] == "time") & (frame["stage"] == stage)
                   & (frame["status"] == "ok")]
     out = []
     for key, group in timed.groupby(list(by), observed=True):
-        base = group.loc[group["arm"] == baseline, "seconds"].to_numpy()
-        cand = group.loc[group["arm"] == candidate, "seconds"].to_numpy()
         row = dict(zip(by, key if isinstance(key, tuple) else (key,)))
-        row.update(baseline=baseline, candidate=candidate, n_baseline=len(base),
-                   n_candidate=len(cand))
-        if len(base) >= 2 and len(cand) >= 2:
-            row["speedup"], row["ci_low"], row["ci_high"] = ratio_ci(base, cand, confidence,
-                                                                     seed=seed)
+        base, cand = _paired(_by_round(group, baseline, by), _by_round(group, candidate, by))
+        row.update(baseline=baseline, candidate=candidate, n_rounds=len(base))
+        if len(base) >= 2:
+            row["speedup"], row["ci_low"], row["ci_high"] = paired_speedup(
+                base, cand, confidence=confidence, seed=seed)
             row["saved_ms"] = 1e3 * float(np.median(base) - np.median(cand))
         if noise_arm is not None:
-            a = group.loc[group["arm"] == noise_arm, "seconds"].to_numpy()
-            twin = group.loc[group["arm"] == aa_name(noise_arm), "seconds"].to_numpy()
-            if len(a) >= 2 and len(twin) >= 2:
-                row["noise_half_width"] = noise_band(a, twin, confidence, seed=seed)
+            arm, twin = _paired(_by_round(group, noise_arm, by),
+                                _by_round(group, aa_name(noise_arm), by))
+            if len(arm) >= 2:
+                speedup, low, high = paired_speedup(arm, twin, confidence=confidence, seed=seed)
+                row.update(twin_speedup=speedup, twin_ci_low=low, twin_ci_high=high,
+                           noise_half_width=max(abs(low - 1.0), abs(high - 1.0)))
         out.append(row)
     return pd.DataFrame(out)

@@ -1,0 +1,226 @@
+"""The statistics of the gate: paired speedups, the equivalence rule, paired arm comparisons."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats as sps
+
+from stagelab import calibration, stats
+
+ONES = np.ones(12)
+AROUND_1_10 = np.linspace(1.09, 1.11, 12)  # per-round ratios: median 1.10, all within 1 %
+
+
+def test_importing_the_statistics_does_not_load_torch():
+    code = ("import sys, stagelab.stats, stagelab.calibration; "
+            "print('torch' in sys.modules, 'scipy' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    # scipy is loaded: the check sees what an import pulls in, so a loaded torch would show
+    assert out.stdout.split() == ["False", "True"]
+
+
+def test_paired_speedup_of_constant_ratios_is_exact():
+    assert stats.paired_speedup(2.0 * ONES, ONES) == (2.0, 2.0, 2.0)
+
+
+def test_paired_speedup_is_the_median_of_per_round_ratios_and_is_seeded():
+    point, low, high = stats.paired_speedup(AROUND_1_10 * 3.0, 3.0 * ONES, seed=4)
+    assert point == pytest.approx(1.10) and 1.09 <= low < point < high <= 1.11
+    assert stats.paired_speedup(AROUND_1_10 * 3.0, 3.0 * ONES, seed=4) == (point, low, high)
+
+
+def test_an_outlier_round_does_not_move_the_speedup():
+    candidate = ONES.copy()
+    candidate[3] = 100.0  # one preempted sample
+    assert stats.paired_speedup(AROUND_1_10, candidate)[0] == pytest.approx(
+        np.median(np.delete(AROUND_1_10, 3)), abs=0.002)
+
+
+def _unpaired_ratio_of_medians(baseline, candidate, seed=0):
+    result = sps.bootstrap((baseline, candidate),
+                           lambda b, c, axis: np.median(b, axis=axis) / np.median(c, axis=axis),
+                           vectorized=True, n_resamples=2000, method="percentile",
+                           rng=np.random.default_rng(seed))
+    return result.confidence_interval
+
+
+def test_pairing_cancels_drift_shared_by_a_round():
+    rng = np.random.default_rng(1)
+    drift = np.exp(rng.normal(0, 0.3, 30))  # the machine's state changes a lot between rounds
+    baseline = drift * np.exp(rng.normal(0, 0.01, 30))
+    candidate = drift / 1.5 * np.exp(rng.normal(0, 0.01, 30))
+    _, low, high = stats.paired_speedup(baseline, candidate)
+    assert 1.48 < low < high < 1.52
+    # negative control: bootstrapping the arms apart, the drift swamps the interval
+    unpaired = _unpaired_ratio_of_medians(baseline, candidate)
+    assert unpaired.high - unpaired.low > 10 * (high - low)
+
+
+def test_paired_ci_covers_the_true_speedup_at_its_confidence():
+    def coverage(confidence):
+        covered = 0
+        for seed in range(200):
+            baseline, candidate, _ = calibration.simulate_rounds(
+                1.0, 30, sigma=0.08, drift_sigma=0.05, outlier_rate=0.02, outlier_scale=3.0,
+                seed=seed)
+            _, low, high = stats.paired_speedup(baseline, candidate, confidence=confidence,
+                                                n_resamples=1000, seed=seed)
+            covered += low <= 1.0 <= high
+        return covered / 200
+
+    assert 0.90 <= coverage(0.95) <= 0.99
+    assert coverage(0.50) < 0.70  # negative control: the check sees a narrower interval
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(baseline=ONES, candidate=ONES[:5]), "baseline has 12, candidate has 5 rounds"),
+    (dict(baseline=ONES[:1], candidate=ONES[:1]), "at least 2 rounds, got 1"),
+    (dict(baseline=ONES, candidate=-ONES), "candidate must hold positive, finite"),
+    (dict(baseline=np.full(12, np.nan), candidate=ONES), "baseline must hold positive, finite"),
+    (dict(baseline=ONES, candidate=ONES, confidence=1.0), "confidence must lie in"),
+    (dict(baseline=ONES, candidate=ONES, n_resamples=0), "n_resamples must be positive"),
+])
+def test_paired_speedup_bad_input_names_the_parameter(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        stats.paired_speedup(**kwargs)
+
+
+@pytest.mark.parametrize("delta, part, step, expected", [
+    (0.02, 1.0, 1.0, 1 / 0.98),  # the whole step must be 2 % faster
+    (0.1, 0.5, 1.0, 1.25),  # half the step must save a tenth of it
+    (0.1, 0.1, 1.0, math.inf),  # even a free part saves exactly delta, not more
+    (0.1, 0.05, 1.0, math.inf),
+])
+def test_min_speedup_for(delta, part, step, expected):
+    assert stats.min_speedup_for(delta, part_seconds=part, step_seconds=step) == pytest.approx(
+        expected)
+
+
+@pytest.mark.parametrize("delta, part, step, message", [
+    (0.0, 1.0, 1.0, "delta must lie in"), (1.0, 1.0, 1.0, "delta must lie in"),
+    (math.nan, 1.0, 1.0, "delta must lie in"), (0.02, 0.0, 1.0, "part_seconds must be positive"),
+    (0.02, 1.0, math.inf, "step_seconds must be positive"),
+    (0.02, 2.0, 1.0, "part_seconds .* cannot exceed step_seconds"),
+])
+def test_min_speedup_for_bad_input(delta, part, step, message):
+    with pytest.raises(ValueError, match=message):
+        stats.min_speedup_for(delta, part_seconds=part, step_seconds=step)
+
+
+@pytest.mark.parametrize("ratios, min_speedup, expected, words", [
+    (AROUND_1_10, 1.05, stats.PORT, "speedup 1.100x (95% CI [1.09"),
+    (AROUND_1_10, 1.20, stats.CLOSE, "lies below the minimum 1.200x"),
+    (AROUND_1_10 / 1.37, 1.02, stats.CLOSE, "lies below the minimum 1.020x"),  # a slowdown
+    (AROUND_1_10, 1.10, stats.INCONCLUSIVE, "straddles the minimum 1.100x"),
+])
+def test_decide_follows_the_rule(ratios, min_speedup, expected, words):
+    baseline = 0.004 * ratios
+    decision = stats.decide(baseline, 0.004 * ONES, min_speedup=min_speedup)
+    assert decision.decision == expected and words in decision.reason
+    assert decision.n_rounds == 12 and decision.min_speedup == min_speedup
+    assert decision.saved_seconds == pytest.approx(np.median(baseline) - 0.004)
+    assert decision.twin_speedup is None
+
+
+def test_decide_ports_above_a_quiet_twin():
+    twin = AROUND_1_10 / np.linspace(0.995, 1.005, 12)
+    decision = stats.decide(AROUND_1_10, ONES, min_speedup=1.05, twin=twin)
+    assert decision.decision == stats.PORT and "above the A/A twin's CI" in decision.reason
+    assert decision.twin_ci_low < 1.0 < decision.twin_ci_high < decision.ci_low
+
+
+@pytest.mark.parametrize("twin_ratios", [np.full(12, 1.08), np.full(12, 1 / 1.08)])
+def test_decide_is_inconclusive_when_the_twin_differs(twin_ratios):
+    decision = stats.decide(AROUND_1_10, ONES, min_speedup=1.05, twin=AROUND_1_10 / twin_ratios)
+    assert decision.decision == stats.INCONCLUSIVE
+    assert decision.reason.startswith("the harness sees a difference between identical arms")
+    assert "outside [0.952, 1.050]" in decision.reason
+
+
+def test_decide_is_inconclusive_when_the_effect_does_not_clear_the_twin():
+    effect = np.full(12, 1.04)
+    twin = effect / np.linspace(0.95, 1.10, 12)  # A/A CI about [0.98, 1.07]: wide but around 1
+    decision = stats.decide(effect, ONES, min_speedup=1.02, twin=twin)
+    assert decision.decision == stats.INCONCLUSIVE
+    assert "above the minimum 1.020x but not above the A/A twin's CI" in decision.reason
+
+
+def test_decide_closes_when_even_a_free_candidate_saves_too_little():
+    decision = stats.decide(AROUND_1_10, ONES, min_speedup=math.inf)
+    assert decision.decision == stats.CLOSE and "min_speedup is infinite" in decision.reason
+    assert decision.speedup == pytest.approx(1.10)
+    assert stats.decide(ONES[:3], ONES[:3], min_speedup=math.inf).decision == stats.CLOSE
+
+
+@pytest.mark.parametrize("rounds", [0, 1, 9])
+def test_decide_is_inconclusive_with_too_few_rounds(rounds):
+    decision = stats.decide(AROUND_1_10[:rounds], ONES[:rounds], min_speedup=1.02,
+                            twin=ONES[:rounds])
+    assert decision.decision == stats.INCONCLUSIVE and decision.n_rounds == rounds
+    assert decision.reason == f"fewer rounds than the minimum ({rounds} < 10)"
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(candidate=ONES[:11]), "baseline has 12, candidate has 11 rounds"),
+    (dict(twin=ONES[:10]), "baseline has 12, candidate has 12, twin has 10 rounds"),
+    (dict(min_samples=1), "min_samples must be at least 2, got 1"),
+    (dict(min_speedup=0.99), "min_speedup must be >= 1"),
+    (dict(min_speedup=math.nan), "min_speedup must be >= 1"),
+    (dict(twin=np.zeros(12)), "twin must hold positive, finite timings"),
+])
+def test_decide_bad_input_names_the_parameter(kwargs, message):
+    arguments = {"baseline": AROUND_1_10, "candidate": ONES, "min_speedup": 1.02, **kwargs}
+    with pytest.raises(ValueError, match=message):
+        stats.decide(**arguments)
+
+
+def test_decide_is_deterministic_for_a_seed():
+    baseline, candidate, twin = calibration.simulate_rounds(
+        1.03, 30, sigma=0.05, drift_sigma=0.05, outlier_rate=0.02, outlier_scale=3.0, seed=5)
+    first = stats.decide(baseline, candidate, min_speedup=1.02, twin=twin, seed=7)
+    assert stats.decide(baseline, candidate, min_speedup=1.02, twin=twin, seed=7) == first
+    assert first.to_dict()["n_rounds"] == 30 and set(first.to_dict()) >= {
+        "decision", "reason", "speedup", "ci_low", "ci_high", "twin_ci_high", "saved_seconds"}
+
+
+def _timings_frame(arms: dict[str, list[float]], repeats: list[int], **cell) -> pd.DataFrame:
+    rows = [dict(arm=arm, repeat=r, seconds=s, metric="time", stage="total", status="ok", **cell)
+            for arm, seconds in arms.items() for r, s in zip(repeats, seconds)]
+    return pd.DataFrame(rows)
+
+
+def test_compare_arms_pairs_rounds_by_repeat():
+    drift = [1.0, 5.0, 2.0, 9.0, 3.0]
+    base = _timings_frame({"fresh": drift, "fresh~aa": drift}, [0, 1, 2, 3, 4], rows=8)
+    # the candidate's rows arrive in another order, and its round 4 is missing
+    cand = _timings_frame({"pinned": [d / 2 for d in drift[:4]][::-1]}, [3, 2, 1, 0], rows=8)
+    other = _timings_frame({"fresh": [1.0, 1.0], "pinned": [0.25, 0.25]}, [0, 1], rows=64)
+    frame = pd.concat([base, cand, other]).sample(frac=1.0, random_state=0)
+    out = stats.compare_arms(frame, "fresh", "pinned", ["rows"], noise_arm="fresh")
+    small = out.set_index("rows").loc[8]
+    assert small["n_rounds"] == 4 and small["speedup"] == 2.0
+    assert (small["ci_low"], small["ci_high"]) == (2.0, 2.0)  # paired: the drift cancels
+    assert small["twin_speedup"] == 1.0 and small["noise_half_width"] == 0.0
+    assert small["saved_ms"] == pytest.approx(1e3 * np.median(drift[:4]) / 2)
+    assert out.set_index("rows").loc[64, "speedup"] == 4.0
+
+
+def test_compare_arms_refuses_two_timings_of_one_round_in_a_group():
+    frame = pd.concat([_timings_frame({"a": [1.0, 1.0], "b": [1.0, 1.0]}, [0, 1], rows=r)
+                       for r in (8, 64)])
+    with pytest.raises(ValueError, match=r"arm 'a' has several timings for one round .*by=\['k'\]"):
+        stats.compare_arms(frame.assign(k=5), "a", "b", ["k"])
+    assert len(stats.compare_arms(frame.assign(k=5), "a", "b", ["k", "rows"])) == 2
+
+
+def test_summarize_gives_robust_statistics():
+    frame = pd.DataFrame({"arm": ["a"] * 4 + ["b"] * 4, "seconds": [1, 2, 3, 4, 10, 10, 10, 10]})
+    out = stats.summarize(frame, ["arm"]).set_index("arm")
+    assert out.loc["a", "median"] == 2.5 and out.loc["a", "iqr"] == 1.5
+    assert out.loc["b", "iqr_over_median"] == 0 and out.loc["b", "n"] == 4
