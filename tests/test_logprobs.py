@@ -27,11 +27,16 @@ def host_path(logits, k, tokens):
     return lp.gather_logprobs_host(lp.compute_logprobs(logits), k, tokens)
 
 
-PATHS = {"device_gather": vllm_path, "host_gather": host_path, "fused": lp.logprobs_from_logits}
+def native_path(logits, k, tokens):
+    return lp.gather_logprobs_host(lp.compute_logprobs(logits), k, tokens, backend="native")
+
+
+PATHS = {"device_gather": vllm_path, "host_gather": host_path, "host_native": native_path,
+         "fused": lp.logprobs_from_logits}
 # torch's fp32 log-softmax rounds its V-term sum and every subtraction: at V = 152k we saw
 # 1.3e-5 from float64, so those paths get 5e-5. The fused path forms each value once as
 # logit - logsumexp from the exact logit: within 1e-5.
-ATOL = {"device_gather": 5e-5, "host_gather": 5e-5, "fused": 1e-5}
+ATOL = {"device_gather": 5e-5, "host_gather": 5e-5, "host_native": 5e-5, "fused": 1e-5}
 SHAPES = [(1, 7), (5, 1001), (33, 4099), (3, 151_937)]
 
 

@@ -7,24 +7,31 @@ against the target).
 
 * :func:`compute_logprobs` + :func:`gather_logprobs`: vLLM V1 on the device (a fp32 ``[N, V]``
   log-softmax, then top-K and the target).
-* :func:`gather_logprobs_host`: the seed engine's host path, per row with numpy (argpartition of
-  the top K, then a sort of those K), after the ``[N, V]`` logprobs were copied to the host.
+* :func:`gather_logprobs_host`: the seed engine's host path, per row, after the ``[N, V]``
+  logprobs were copied to the host: ``backend="native"`` is the seed's C++ loop (iota, a
+  ``std::partial_sort`` by descending value, a count for the rank; :mod:`stagelab.native`),
+  ``backend="numpy"`` the same with numpy (argpartition of the top K, then a sort of those K).
 * :func:`logprobs_from_logits`: the fused path. log-softmax is monotonic per row, so top-K, the
   target and its rank are taken on raw logits, and only the selected logprobs are formed as
   ``logit - logsumexp`` in fp32. It works through row blocks, so its extra memory is one block's,
   never a fp32 ``[N, V]`` tensor.
 
-Tie order: among equal values the order of top-K ids is the backend's (``torch.topk`` or numpy's
-``argpartition``) and is not specified; values, ranks and the set of tied ids are.
+Tie order: every path gives the same values and ranks, and the same ids up to their order among
+tied values, which is each backend's own: ``torch.topk``'s (unspecified); numpy's (which of the ids
+tied at the K-th value are kept is ``argpartition``'s choice, and tied ids then appear in
+descending id order, from the reversed stable sort); native's (``std::partial_sort``'s heap
+selection with a strict ``>`` comparator, as in the engine: unspecified, deterministic for one build).
 """
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from stagelab import native
 from stagelab.device import require_cuda
 
 # The fused path's temporaries per block element: the rank's bool comparison and the int64 its
@@ -32,6 +39,7 @@ from stagelab.device import require_cuda
 BLOCK_TEMP_BYTES = 9
 # Blocks are sized so that those temporaries stay within this fraction of the logits' bytes.
 BLOCK_EXTRA_FRACTION = 0.10
+HOST_BACKENDS = ("numpy", "native")
 
 
 @dataclass
@@ -88,32 +96,53 @@ class LogprobsTensors:
 
 # ------------------------------------------------------------------------------------ checks
 
+def check_has_data(tensor: torch.Tensor, name: str) -> None:
+    """Refuse meta tensors (a shape, no data) and tensors that require grad (logprobs here are
+    measured, never differentiated), naming the parameter."""
+    if tensor.is_meta:
+        raise ValueError(f"{name} is a meta tensor: it has a shape but no data to compute with")
+    if tensor.requires_grad:
+        raise ValueError(f"{name} requires grad: logprobs here are measured, not "
+                         f"differentiated; pass {name}.detach() or run under torch.no_grad()")
+
+
 def check_scores(scores: torch.Tensor, name: str = "logits") -> tuple[int, int]:
-    """A 2-D floating ``[rows, vocab]`` tensor with at least one column; returns its shape."""
+    """A 2-D floating ``[rows, vocab]`` tensor with data and at least one column; returns its
+    shape."""
     if not isinstance(scores, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, not {type(scores).__name__}")
     if scores.dim() != 2:
         raise ValueError(f"{name} must be 2-D [rows, vocab], got shape {tuple(scores.shape)}")
     if not scores.is_floating_point():
         raise TypeError(f"{name} must be floating point, got {scores.dtype}")
+    check_has_data(scores, name)
     rows, vocab = scores.shape
     if vocab == 0:
         raise ValueError(f"{name} has an empty vocabulary dimension")
     return rows, vocab
 
 
-def check_num_logprobs(num_logprobs: int, vocab: int) -> None:
-    """``0 <= K <= V``."""
-    if isinstance(num_logprobs, bool) or not isinstance(num_logprobs, int):
-        raise TypeError(f"num_logprobs must be an int, got {type(num_logprobs).__name__}")
+def as_int(value: object, name: str) -> int:
+    """``value`` as a Python int: ints and numpy integers, never bools or floats."""
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}") from None
+
+
+def check_num_logprobs(num_logprobs: int, vocab: int) -> int:
+    """``0 <= K <= V``; returns K as a Python int (numpy integers are accepted)."""
+    num_logprobs = as_int(num_logprobs, "num_logprobs")
     if not 0 <= num_logprobs <= vocab:
         raise ValueError(f"num_logprobs must be in [0, {vocab}] (the vocabulary), "
                          f"got {num_logprobs}")
+    return num_logprobs
 
 
-def check_token_ids(token_ids: torch.Tensor, rows: int, vocab: int,
-                    name: str = "token_ids") -> None:
-    """An integer 1-D tensor of ``rows`` ids, each in ``[0, vocab)``."""
+def check_token_ids_shape(token_ids: torch.Tensor, rows: int, name: str = "token_ids") -> None:
+    """An integer 1-D tensor of ``rows`` ids, with data (no look at the values: no host wait)."""
     if not isinstance(token_ids, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, not {type(token_ids).__name__}")
     if token_ids.is_floating_point() or token_ids.is_complex() or token_ids.dtype == torch.bool:
@@ -121,12 +150,28 @@ def check_token_ids(token_ids: torch.Tensor, rows: int, vocab: int,
     if token_ids.dim() != 1 or token_ids.numel() != rows:
         raise ValueError(f"{name} must be 1-D with {rows} entries (one per row), got shape "
                          f"{tuple(token_ids.shape)}")
-    if rows:
-        low, high = int(token_ids.min()), int(token_ids.max())
-        if low < 0 or high >= vocab:
-            bad = torch.nonzero((token_ids < 0) | (token_ids >= vocab)).flatten()[:8].tolist()
-            raise ValueError(f"{name} out of range [0, {vocab}): rows {bad} hold "
-                             f"{token_ids[bad].tolist()}")
+    check_has_data(token_ids, name)
+
+
+def out_of_range(token_ids: torch.Tensor, vocab: int) -> torch.Tensor:
+    """A bool tensor flagging ids outside ``[0, vocab)``, on their device (no host wait)."""
+    return (token_ids < 0) | (token_ids >= vocab)
+
+
+def raise_bad_token_ids(bad: torch.Tensor, token_ids: torch.Tensor, vocab: int,
+                        name: str = "token_ids") -> None:
+    """Raise naming the rows flagged in ``bad`` and the ids they hold, if any (one host wait)."""
+    if bool(bad.any()):
+        rows = torch.nonzero(bad).flatten()[:8]
+        raise ValueError(f"{name} out of range [0, {vocab}): rows {rows.tolist()} hold "
+                         f"{token_ids[rows.to(token_ids.device)].tolist()}")
+
+
+def check_token_ids(token_ids: torch.Tensor, rows: int, vocab: int,
+                    name: str = "token_ids") -> None:
+    """An integer 1-D tensor of ``rows`` ids, each in ``[0, vocab)``: one host wait."""
+    check_token_ids_shape(token_ids, rows, name)
+    raise_bad_token_ids(out_of_range(token_ids, vocab), token_ids, vocab, name)
 
 
 def _raise_bad_rows(bad: torch.Tensor, what: str) -> None:
@@ -138,13 +183,31 @@ def _raise_bad_rows(bad: torch.Tensor, what: str) -> None:
         raise ValueError(f"{what}: rows {shown}{more}")
 
 
-def check_inputs(scores: torch.Tensor, num_logprobs: int, token_ids: torch.Tensor,
-                 name: str = "logits") -> tuple[int, int]:
-    """All the cheap checks, before anything large is allocated."""
+def raise_flagged(bad_ids: torch.Tensor, token_ids: torch.Tensor, vocab: int,
+                  bad_rows: torch.Tensor, what: str) -> None:
+    """One host read of both device flags; where either is set, the named error (ids first)."""
+    if bool(bad_ids.any() | bad_rows.any()):
+        raise_bad_token_ids(bad_ids, token_ids, vocab)
+        _raise_bad_rows(bad_rows, what)
+
+
+def check_call(scores: torch.Tensor, num_logprobs: int, token_ids: torch.Tensor,
+               name: str = "logits") -> tuple[int, int, int]:
+    """The checks that need no host wait, before anything is allocated: ``(rows, V, K)``."""
     rows, vocab = check_scores(scores, name)
-    check_num_logprobs(num_logprobs, vocab)
-    check_token_ids(token_ids, rows, vocab)
-    return rows, vocab
+    num_logprobs = check_num_logprobs(num_logprobs, vocab)
+    check_token_ids_shape(token_ids, rows)
+    return rows, vocab, num_logprobs
+
+
+def device_targets(token_ids: torch.Tensor, device: torch.device, vocab: int,
+                   validate: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """int64 targets on ``device`` and, when validating, the flag of ids out of range; those
+    are clamped into the vocabulary so that no gather reads outside it before the flag is read."""
+    targets = token_ids.to(device=device, dtype=torch.int64)
+    if not validate:
+        return targets, None
+    return targets.clamp(0, vocab - 1), out_of_range(targets, vocab)
 
 
 # ------------------------------------------------------------------------------------ device
@@ -155,12 +218,30 @@ def compute_logprobs(logits: torch.Tensor) -> torch.Tensor:
     return torch.log_softmax(logits, dim=-1, dtype=torch.float32)
 
 
-def gather_logprobs(logprobs: torch.Tensor, num_logprobs: int,
-                    token_ids: torch.Tensor) -> LogprobsTensors:
-    """Top-K, the target and its rank from ``[N, V]`` logprobs, on the tensors' device."""
-    check_inputs(logprobs, num_logprobs, token_ids, "logprobs")
-    _raise_bad_rows(torch.isnan(logprobs.amax(dim=-1)), "logprobs contain NaN")
-    targets = token_ids.to(device=logprobs.device, dtype=torch.int64).unsqueeze(-1)
+def gather_logprobs(logprobs: torch.Tensor, num_logprobs: int, token_ids: torch.Tensor, *,
+                    validate: bool = True) -> LogprobsTensors:
+    """Top-K, the target and its rank from ``[N, V]`` logprobs, on the tensors' device.
+
+    Bad ids and NaN rows are flagged on the device and read once at the end (one host wait,
+    where a caller reads the results anyway); ``validate=False`` skips them for callers that
+    validated their data already."""
+    rows, vocab, num_logprobs = check_call(logprobs, num_logprobs, token_ids, "logprobs")
+    targets, bad_ids = device_targets(token_ids, logprobs.device, vocab, validate)
+    out = gather_unchecked(logprobs, num_logprobs, targets)
+    if validate:
+        raise_flagged(bad_ids, token_ids, vocab, nan_rows(logprobs), "logprobs contain NaN")
+    return out
+
+
+def nan_rows(logprobs: torch.Tensor) -> torch.Tensor:
+    """A bool ``[rows]`` device flag of the rows holding a NaN (no host wait)."""
+    return torch.isnan(logprobs.amax(dim=-1))
+
+
+def gather_unchecked(logprobs: torch.Tensor, num_logprobs: int,
+                     targets: torch.Tensor) -> LogprobsTensors:
+    """:func:`gather_logprobs` on int64 ``targets`` on the logprobs' device, all in range."""
+    targets = targets.unsqueeze(-1)
     top_values, top_ids = torch.topk(logprobs, num_logprobs, dim=-1)
     target_values = logprobs.gather(-1, targets)
     ranks = (logprobs >= target_values).sum(-1)
@@ -174,14 +255,29 @@ def block_rows(rows: int, itemsize: int) -> int:
     return max(1, min(rows, int(BLOCK_EXTRA_FRACTION * rows * itemsize / BLOCK_TEMP_BYTES)))
 
 
-def logprobs_from_logits(logits: torch.Tensor, num_logprobs: int,
-                         token_ids: torch.Tensor) -> LogprobsTensors:
+def logprobs_from_logits(logits: torch.Tensor, num_logprobs: int, token_ids: torch.Tensor, *,
+                         validate: bool = True) -> LogprobsTensors:
     """The fused path: the same result as ``gather_logprobs(compute_logprobs(logits), ...)``
-    without a fp32 ``[N, V]`` tensor; logprobs are ``logit - logsumexp`` formed in fp32."""
-    rows, vocab = check_inputs(logits, num_logprobs, token_ids)
+    without a fp32 ``[N, V]`` tensor; logprobs are ``logit - logsumexp`` formed in fp32.
+
+    Bad ids and rows whose logsumexp is not finite (NaN, +inf, or only -inf) are flagged on
+    the device and read once at the end: one host wait per call, none with ``validate=False``."""
+    rows, vocab, num_logprobs = check_call(logits, num_logprobs, token_ids)
+    targets, bad_ids = device_targets(token_ids, logits.device, vocab, validate)
+    out, lse = fused_unchecked(logits, num_logprobs, targets)
+    if validate:
+        raise_flagged(bad_ids, token_ids, vocab, ~torch.isfinite(lse),
+                      "logits contain NaN, +inf, or only -inf")
+    return out
+
+
+def fused_unchecked(logits: torch.Tensor, num_logprobs: int,
+                    targets: torch.Tensor) -> tuple[LogprobsTensors, torch.Tensor]:
+    """:func:`logprobs_from_logits` on int64 ``targets`` on the logits' device, all in range;
+    returns the result and each row's logsumexp (not finite: a bad row)."""
+    rows = logits.shape[0]
     device = logits.device
     out = LogprobsTensors.empty(rows, num_logprobs, device)
-    targets = token_ids.to(device=device, dtype=torch.int64)
     lse = torch.empty(rows, dtype=torch.float32, device=device)
     step = block_rows(rows, logits.element_size())
     for start in range(0, rows, step):
@@ -194,31 +290,52 @@ def logprobs_from_logits(logits: torch.Tensor, num_logprobs: int,
             out.logprobs[start:start + step, 1:] = values
             out.logprob_token_ids[start:start + step, 1:] = ids
         lse[start:start + step] = torch.logsumexp(block.float(), dim=1)
-    _raise_bad_rows(~torch.isfinite(lse), "logits contain NaN, +inf, or only -inf")
     out.logprob_token_ids[:, 0] = targets
     out.logprobs.sub_(lse[:, None])
-    return out
+    return out, lse
 
 
 # -------------------------------------------------------------------------------------- host
 
-def gather_logprobs_host(logprobs: torch.Tensor, num_logprobs: int,
-                         token_ids: torch.Tensor) -> LogprobsTensors:
-    """The seed engine's host gather: per row, argpartition of the top K then a sort of those K,
-    and a count for the rank; numpy on host memory. Same result as :func:`gather_logprobs`."""
-    rows, vocab = check_inputs(logprobs, num_logprobs, token_ids, "logprobs")
+def gather_logprobs_host(logprobs: torch.Tensor, num_logprobs: int, token_ids: torch.Tensor, *,
+                         backend: str = "numpy", validate: bool = True) -> LogprobsTensors:
+    """The seed engine's host gather on ``[N, V]`` host logprobs; same result as
+    :func:`gather_logprobs`. ``backend="numpy"``: per row, argpartition of the top K then a sort
+    of those K, and a count for the rank. ``backend="native"``: the seed's C++ loop
+    (:mod:`stagelab.native`; contiguous fp32 input only, raises NativeUnavailable where it could
+    not be built). ``validate=False`` skips the id and NaN checks (the latter a full pass over
+    the data) for callers that validated their data already; the native loop still refuses an
+    id outside the vocabulary."""
+    if backend not in HOST_BACKENDS:
+        raise ValueError(f"backend must be one of {HOST_BACKENDS}, got {backend!r}")
+    rows, vocab, num_logprobs = check_call(logprobs, num_logprobs, token_ids, "logprobs")
     if logprobs.device.type != "cpu":
         raise ValueError(f"logprobs must be on the host for gather_logprobs_host, got "
                          f"{logprobs.device}")
+    if backend == "native":
+        if logprobs.dtype != torch.float32 or not logprobs.is_contiguous():
+            raise ValueError(f"logprobs must be a contiguous float32 tensor for the native "
+                             f"backend, got {logprobs.dtype}"
+                             f"{'' if logprobs.is_contiguous() else ', not contiguous'}")
+        native.require()
     values = logprobs.numpy() if logprobs.dtype == torch.float32 else (
         logprobs.float().numpy())
-    _raise_bad_rows(torch.from_numpy(np.isnan(values.max(axis=1))), "logprobs contain NaN")
-    targets = token_ids.to(torch.int64).numpy()
-    k = num_logprobs
-    ids = np.empty((rows, k + 1), dtype=np.int32)
-    out = np.empty((rows, k + 1), dtype=np.float32)
-    ranks = np.empty(rows, dtype=np.int32)
-    for i in range(rows):
+    targets = token_ids.to("cpu", torch.int64).contiguous()
+    if validate:
+        raise_bad_token_ids(out_of_range(targets, vocab), targets, vocab)
+        _raise_bad_rows(torch.from_numpy(np.isnan(values.max(axis=1))), "logprobs contain NaN")
+    out = LogprobsTensors.empty_host(rows, num_logprobs)
+    if backend == "native":
+        native.gather_logprobs(logprobs, targets, num_logprobs, *out.tensors())
+    else:
+        _gather_numpy(values, num_logprobs, targets.numpy(), *(t.numpy() for t in out.tensors()))
+    return out
+
+
+def _gather_numpy(values: np.ndarray, k: int, targets: np.ndarray, ids: np.ndarray,
+                  out: np.ndarray, ranks: np.ndarray) -> None:
+    vocab = values.shape[1]
+    for i in range(values.shape[0]):
         row = values[i]
         target = row[targets[i]]
         ranks[i] = np.count_nonzero(row >= target)
@@ -227,4 +344,3 @@ def gather_logprobs_host(logprobs: torch.Tensor, num_logprobs: int,
             top = np.argpartition(row, vocab - k)[vocab - k:] if k < vocab else np.arange(vocab)
             top = top[np.argsort(row[top], kind="stable")[::-1]]
             ids[i, 1:], out[i, 1:] = top, row[top]
-    return LogprobsTensors(torch.from_numpy(ids), torch.from_numpy(out), torch.from_numpy(ranks))

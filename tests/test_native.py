@@ -1,0 +1,163 @@
+"""The seed's native host path: its build (cached, atomic, honest when it fails), its zeroed
+std::vector destination and its host gather, which must equal the numpy backend."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from stagelab import logprobs as lp
+from stagelab import native
+from stagelab.errors import NativeUnavailable
+
+LIB = Path(native.__file__).parents[1]
+
+
+def status_in_new_process(env: dict[str, str]) -> tuple[bool, str]:
+    """``native.status()`` in a fresh interpreter (the in-process result is cached)."""
+    code = "import json; from stagelab import native; print(json.dumps(native.status()))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          env={**os.environ, "PYTHONPATH": str(LIB), **env})
+    return tuple(json.loads(done.stdout))
+
+
+def test_the_build_works_here():
+    available, where = native.status()
+    assert available, where
+    assert Path(where).is_file() and Path(where).with_suffix(".log").is_file()
+    assert "-O3 -std=c++17 -shared -fPIC" in Path(where).with_suffix(".log").read_text()
+    native.require()
+
+
+def test_seed_vector_is_zeroed_and_aliased_by_its_tensor():
+    with native.seed_vector(1000) as vector:
+        tensor = vector.tensor
+        assert tensor.dtype == torch.float32 and tensor.shape == (1000,)
+        assert torch.count_nonzero(tensor) == 0
+        # the vector's own memory, not a copy: same address, and a write through it is seen
+        assert tensor.data_ptr() == vector.address
+        ctypes.c_float.from_address(vector.address + 4 * 999).value = 3.5
+        assert tensor[999] == 3.5
+
+
+def test_free_is_idempotent_and_the_tensor_is_gone_after_it():
+    vector = native.seed_vector(16)
+    assert vector.numel == 16
+    vector.free()
+    vector.free()
+    with pytest.raises(RuntimeError, match="after free"):
+        vector.tensor
+    assert native.seed_vector(0).tensor.numel() == 0
+
+
+def test_seed_vector_bad_sizes():
+    with pytest.raises(ValueError, match="numel must be >= 0"):
+        native.seed_vector(-1)
+    with pytest.raises(TypeError):
+        native.seed_vector(2.5)
+
+
+def gather_both(logprobs: torch.Tensor, k: int, tokens: torch.Tensor):
+    return (lp.gather_logprobs_host(logprobs, k, tokens, backend="numpy"),
+            lp.gather_logprobs_host(logprobs, k, tokens, backend="native"))
+
+
+def assert_same_up_to_tie_order(ours: lp.LogprobsTensors, reference: lp.LogprobsTensors,
+                                logprobs: torch.Tensor) -> None:
+    """Values and ranks exactly; ids distinct per row and pointing at exactly those values."""
+    assert torch.equal(ours.logprobs, reference.logprobs)
+    assert torch.equal(ours.selected_token_ranks, reference.selected_token_ranks)
+    assert torch.equal(ours.logprob_token_ids[:, 0], reference.logprob_token_ids[:, 0])
+    ids = ours.logprob_token_ids[:, 1:].long()
+    assert torch.equal(logprobs.gather(1, ids), ours.logprobs[:, 1:])
+    for row in ids:
+        assert len(set(row.tolist())) == row.numel()
+
+
+@pytest.mark.parametrize("n, vocab, k", [(1, 7, 3), (17, 1001, 5), (4, 50, 0), (3, 64, 64),
+                                         (8, 4099, 20)])
+def test_native_equals_numpy_on_random_data(n, vocab, k):
+    generator = torch.Generator().manual_seed(n)
+    logprobs = torch.log_softmax(3 * torch.randn(n, vocab, generator=generator), dim=-1)
+    tokens = torch.randint(0, vocab, (n,), generator=generator)
+    numpy_result, native_result = gather_both(logprobs, k, tokens)
+    assert_same_up_to_tie_order(native_result, numpy_result, logprobs)
+    assert torch.equal(native_result.logprob_token_ids, numpy_result.logprob_token_ids)
+
+
+@pytest.mark.parametrize("k", [0, 3, 10, 40])
+def test_native_equals_numpy_with_ties_and_minus_inf(k):
+    generator = torch.Generator().manual_seed(7)
+    logprobs = torch.randint(-4, 0, (6, 40), generator=generator).float()  # many ties
+    logprobs[:, ::5] = float("-inf")
+    logprobs[5] = float("-inf")
+    tokens = torch.tensor([0, 1, 2, 3, 4, 5])  # targets at -inf (rank V) and on ties
+    numpy_result, native_result = gather_both(logprobs, k, tokens)
+    assert_same_up_to_tie_order(native_result, numpy_result, logprobs)
+    assert native_result.selected_token_ranks[0] == 40 == native_result.selected_token_ranks[5]
+
+
+def test_the_tie_check_catches_a_wrong_id():
+    logprobs = torch.tensor([[0.0, -1.0, -1.0, -2.0]])
+    numpy_result, native_result = gather_both(logprobs, 2, torch.tensor([3]))
+    native_result.logprob_token_ids[0, 2] = 3  # points at -2.0, not -1.0
+    with pytest.raises(AssertionError):
+        assert_same_up_to_tie_order(native_result, numpy_result, logprobs)
+
+
+def test_native_gather_refuses_bad_input_naming_the_parameter():
+    logprobs, tokens = torch.zeros(4, 8), torch.zeros(4, dtype=torch.int64)
+    with pytest.raises(ValueError, match="logprobs must be a contiguous float32.*float64"):
+        lp.gather_logprobs_host(logprobs.double(), 1, tokens, backend="native")
+    with pytest.raises(ValueError, match="logprobs must be a contiguous float32.*not contiguous"):
+        lp.gather_logprobs_host(torch.zeros(8, 4).T, 1, tokens, backend="native")
+    with pytest.raises(ValueError, match="backend must be one of.*'cuda'"):
+        lp.gather_logprobs_host(logprobs, 1, tokens, backend="cuda")
+    # with validate=False the C loop still refuses an id outside the vocabulary, naming it
+    with pytest.raises(ValueError, match=r"token_ids out of range \[0, 8\): row 2 holds 9"):
+        lp.gather_logprobs_host(logprobs, 1, torch.tensor([0, 1, 9, 2]), backend="native",
+                                validate=False)
+
+
+def test_native_unavailable_is_raised_with_the_reason(monkeypatch):
+    monkeypatch.setattr(native, "status", lambda: (False, "no C++ compiler: test"))
+    with pytest.raises(NativeUnavailable, match=r"no C\+\+ compiler: test"):
+        lp.gather_logprobs_host(torch.zeros(2, 3), 1, torch.zeros(2, dtype=torch.int64),
+                                backend="native")
+    with pytest.raises(NativeUnavailable, match=r"no C\+\+ compiler: test"):
+        native.seed_vector(4)
+
+
+def test_a_broken_compiler_gives_its_first_error_line(tmp_path):
+    compiler = tmp_path / "broken-cxx"
+    compiler.write_text("#!/bin/sh\necho 'fatal error: this compiler is broken' >&2\n"
+                        "echo 'second line' >&2\nexit 1\n")
+    compiler.chmod(0o755)
+    cache = tmp_path / "cache"
+    available, reason = status_in_new_process({"CXX": str(compiler), "STAGELAB_CACHE": str(cache)})
+    assert not available
+    assert reason.endswith("fatal error: this compiler is broken")
+    assert not list(cache.glob("*.so")), "no library (and no temporary) may be left behind"
+
+
+def test_a_missing_compiler_is_named(tmp_path):
+    available, reason = status_in_new_process({"CXX": str(tmp_path / "nope"),
+                                               "STAGELAB_CACHE": str(tmp_path)})
+    assert not available and reason.startswith("no C++ compiler") and "nope" in reason
+
+
+def test_the_build_is_cached_between_processes(tmp_path):
+    env = {"STAGELAB_CACHE": str(tmp_path)}
+    assert status_in_new_process(env)[0]
+    [library] = tmp_path.glob("*.so")
+    built = library.stat().st_mtime_ns
+    available, where = status_in_new_process(env)
+    assert available and Path(where) == library and library.stat().st_mtime_ns == built
+    assert not list(tmp_path.glob("*.tmp*"))
