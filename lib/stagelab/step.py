@@ -255,7 +255,8 @@ def measure(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dty
                                                         generator=generator), sources)
         host_tokens = [t.cpu() for t in tokens]
         for scores, ids in zip(logits, tokens):  # validated once here, never inside a timed call
-            lp.check_inputs(scores, k, ids)
+            lp.check_call(scores, k, ids)
+            lp.check_token_ids(ids, n, vocab)
 
         def call(pipeline: SeedStep | DeviceStep, r: int) -> dict[str, float]:
             return pipeline.run(bench.pick(logits, r), k, bench.pick(tokens, r),
