@@ -32,19 +32,21 @@ def ok_timings(frame: pd.DataFrame, stage: str | None = "total") -> pd.DataFrame
 
 
 def by_round(frame: pd.DataFrame, arm: str, stage: str = "total") -> pd.Series:
-    """One arm's seconds indexed by round (``repeat``)."""
+    """One arm's seconds indexed by round (``repeat``); several timings of one round mean the
+    frame mixes cells, which is refused rather than averaged."""
     rows = ok_timings(frame, stage)
     rows = rows[rows["arm"] == arm]
-    return rows.groupby("repeat")["seconds"].median()
+    if rows["repeat"].duplicated().any():
+        raise ValueError(f"arm {arm!r} has several timings for one round: the frame mixes "
+                         "cells; split it by the size columns that tell them apart")
+    return rows.set_index("repeat")["seconds"].astype(float)
 
 
 def paired_rounds(frame: pd.DataFrame, *arms: str, stage: str = "total") -> list[np.ndarray]:
-    """The arms' seconds over the rounds where every one of them was timed, aligned by round."""
-    series = [by_round(frame, arm, stage) for arm in arms]
-    common = series[0].index
-    for s in series[1:]:
-        common = common.intersection(s.index)
-    return [s.loc[common].to_numpy(dtype=float) for s in series]
+    """The arms' seconds over the rounds where every one of them was timed, in round order."""
+    joined = pd.concat([by_round(frame, arm, stage) for arm in arms], axis=1,
+                       join="inner").sort_index()
+    return [joined.iloc[:, i].to_numpy(dtype=float) for i in range(len(arms))]
 
 
 def not_measured_reason(frame: pd.DataFrame, arm: str) -> str:
@@ -173,6 +175,77 @@ def nothing_measured(frame: pd.DataFrame, what: str) -> str | None:
     return (f"Nothing was measured in {what} (cells {sizes}). Why: {why or 'no arm ran'}. "
             "Change the sizes or arms in the parameters (smaller rows or vocabularies, arms "
             "that exist on this machine) and run it again.")
+
+
+def measured_summary(frame: pd.DataFrame, what: str) -> str:
+    """A notebook's first words after measuring: the device and the arms timed, or one clear
+    sentence saying that nothing could be measured, why, and what to change."""
+    empty = nothing_measured(frame, what)
+    if empty:
+        return f"**{empty}**"
+    timed = sorted(ok_timings(frame)["arm"].unique())
+    missing = frame[frame["status"] != "ok"].drop_duplicates("arm")
+    lines = [f"**Device:** `{frame['device'].dropna().iloc[0]}` · **arms timed:** "
+             f"{', '.join(timed)}"]
+    lines += [f"- `{r.arm}` {r.status}: {r.note}" for r in missing.itertuples()]
+    return "\n".join(lines)
+
+
+def closing(frame: pd.DataFrame, what: str) -> str:
+    """A notebook's last words: what was measured, or why nothing was."""
+    empty = nothing_measured(frame, what)
+    if empty:
+        return f"**{empty}**"
+    timed = ok_timings(frame)
+    cells = timed.drop_duplicates(["rows", "vocab", "k", "chunk"]).shape[0]
+    failed = sorted(frame.loc[frame["status"] == "failed", "arm"].unique())
+    tail = f" Failed: {', '.join(failed)} (see the table above)." if failed else ""
+    return (f"Measured in {what}: {len(timed)} timed calls over {cells} cell(s) and "
+            f"{timed['arm'].nunique()} arm(s).{tail}")
+
+
+def as_bullets(sentences: list[str]) -> str:
+    """Sentences as a Markdown list."""
+    return "\n".join(f"- {s}" for s in sentences)
+
+
+def spread(frame: pd.DataFrame, by: Sequence[str] = ("rows", "vocab", "arm"),
+           noisy_at: float = 0.10) -> pd.DataFrame:
+    """Median, quartiles and IQR/median per cell and arm; ``noisy`` where IQR/median reaches 10 %
+    (where ``torch.utils.benchmark`` warns)."""
+    out = stats.summarize(ok_timings(frame), list(by))
+    return out.assign(noisy=out["iqr_over_median"] >= noisy_at)
+
+
+COPY_CANDIDATES = ("pinned_grow_only", "pageable_reused", "to_cpu_non_blocking", "pinned_fresh",
+                   "raw_ceiling", "pageable_fresh_empty")
+
+
+def copy_comparisons(frame: pd.DataFrame, baseline: str = "pageable_fresh",
+                     seed: int = 0) -> pd.DataFrame:
+    """Every measured staging arm against the seed's fresh buffer, per cell, with the A/A twin."""
+    measured = set(ok_timings(frame)["arm"])
+    parts = [compare(frame, baseline, c, ["rows", "vocab"], twin=True, seed=seed)
+             for c in COPY_CANDIDATES if c in measured and baseline in measured]
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+
+
+def holdings(frame: pd.DataFrame) -> pd.DataFrame:
+    """Pinned bytes held and allocations made per arm and cell."""
+    held = frame[frame["metric"].isin(["pinned_bytes_held", "allocations"])]
+    if held.empty:
+        return pd.DataFrame()
+    return held.pivot_table(index=["rows", "vocab"], columns=["arm", "metric"],
+                            values=["bytes", "value"], aggfunc="first", observed=True)
+
+
+def checks_table(frame: pd.DataFrame, metrics: Sequence[str], index: Sequence[str]) -> pd.DataFrame:
+    """The agreement checks (``max_abs_error``, mismatches...) per arm and cell, one column each."""
+    checks = frame[frame["metric"].isin(list(metrics)) & (frame["status"] == "ok")]
+    if checks.empty:
+        return pd.DataFrame()
+    return checks.pivot_table(index=list(index), columns=["metric", "arm"], values="value",
+                              aggfunc="max", observed=True)
 
 
 # ------------------------------------------------------------------------- prompt logprobs

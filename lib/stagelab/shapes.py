@@ -55,6 +55,11 @@ def resolve_vocabs(items: Iterable[str | int], parameter: str = "models") -> lis
     return shapes
 
 
+def vocabs(items: Iterable[str | int], parameter: str = "models") -> list[int]:
+    """The vocabulary sizes of model names or sizes (see :func:`resolve_vocabs`)."""
+    return [shape.vocab for shape in resolve_vocabs(items, parameter)]
+
+
 def positive_ints(values: Iterable[int], parameter: str) -> list[int]:
     """Check a list of sizes is non-empty and all positive integers; name the parameter if not."""
     values = list(values)

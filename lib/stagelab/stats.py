@@ -31,7 +31,6 @@ import numpy as np
 import pandas as pd
 from scipy import stats as sps
 
-from stagelab.schema import aa_name
 
 PORT, CLOSE, INCONCLUSIVE = "PORT", "CLOSE", "INCONCLUSIVE"
 
@@ -209,47 +208,3 @@ def _apply_rule(evidence: dict, confidence: float) -> Decision:
                         f"not above the A/A twin's CI (up to {twin_high:.3f})", **evidence)
     return Decision(INCONCLUSIVE, f"speedup {effect} straddles the minimum {bar:.3f}x: more "
                     f"rounds or less noise are needed to tell", **evidence)
-
-
-def _by_round(group: pd.DataFrame, arm: str, by: Sequence[str]) -> pd.Series:
-    """One arm's seconds indexed by round (the ``repeat`` column)."""
-    rows = group[group["arm"] == arm]
-    if rows["repeat"].duplicated().any():
-        raise ValueError(f"arm {arm!r} has several timings for one round within a group of "
-                         f"by={list(by)}: add the columns that tell them apart to by")
-    return rows.set_index("repeat")["seconds"]
-
-
-def _paired(*series: pd.Series) -> list[np.ndarray]:
-    """The series' values on the rounds that all of them measured, in round order."""
-    joined = pd.concat(series, axis=1, join="inner").sort_index()
-    return [joined.iloc[:, i].to_numpy() for i in range(len(series))]
-
-
-def compare_arms(frame: pd.DataFrame, baseline: str, candidate: str, by: Sequence[str],
-                 noise_arm: str | None = None, stage: str = "total", confidence: float = 0.95,
-                 seed: int = 0) -> pd.DataFrame:
-    """Per group of ``by``: the candidate's paired speedup over the baseline with its CI (rounds
-    paired by the ``repeat`` column) and ms saved per call. With ``noise_arm``: the paired speedup
-    of that arm over its twin ``<arm>~aa`` with its CI, and ``noise_half_width``, the larger
-    distance of that CI's ends from 1."""
-    timed = frame[(frame["metric"] == "time") & (frame["stage"] == stage)
-                  & (frame["status"] == "ok")]
-    out = []
-    for key, group in timed.groupby(list(by), observed=True):
-        row = dict(zip(by, key if isinstance(key, tuple) else (key,)))
-        base, cand = _paired(_by_round(group, baseline, by), _by_round(group, candidate, by))
-        row.update(baseline=baseline, candidate=candidate, n_rounds=len(base))
-        if len(base) >= 2:
-            row["speedup"], row["ci_low"], row["ci_high"] = paired_speedup(
-                base, cand, confidence=confidence, seed=seed)
-            row["saved_ms"] = 1e3 * float(np.median(base) - np.median(cand))
-        if noise_arm is not None:
-            arm, twin = _paired(_by_round(group, noise_arm, by),
-                                _by_round(group, aa_name(noise_arm), by))
-            if len(arm) >= 2:
-                speedup, low, high = paired_speedup(arm, twin, confidence=confidence, seed=seed)
-                row.update(twin_speedup=speedup, twin_ci_low=low, twin_ci_high=high,
-                           noise_half_width=max(abs(low - 1.0), abs(high - 1.0)))
-        out.append(row)
-    return pd.DataFrame(out)

@@ -299,3 +299,47 @@ def build_verdict(run_dir: Path | str, *, decisive_rows: list[int], decisive_voc
     }
     verdict["findings"] = findings(verdict, tables)
     return json.loads(json.dumps(verdict, default=_num))  # plain JSON types only
+
+
+# ------------------------------------------------------------------------- tables to show
+
+DECISIVE_COLUMNS = ["rows", "vocab", "k", "decision", "speedup", "ci_low", "ci_high",
+                    "min_speedup", "twin_speedup", "twin_ci_low", "twin_ci_high", "saved_ms",
+                    "step_ms", "n_rounds", "reason"]
+
+
+def decisive_table(verdict: dict[str, Any]) -> pd.DataFrame:
+    """The decisive cells with their evidence and the seed step's stage split (ms)."""
+    rows = [{**{c: cell.get(c) for c in DECISIVE_COLUMNS},
+             **{f"{stage}_ms": ms for stage, ms in (cell.get("stages_ms") or {}).items()}}
+            for cell in verdict["decisive"]]
+    return pd.DataFrame(rows, columns=None if rows else DECISIVE_COLUMNS)
+
+
+def levers_table(verdict: dict[str, Any]) -> pd.DataFrame:
+    """Every step-level lever against the seed's step, per cell."""
+    return pd.DataFrame(verdict["step_levers"])
+
+
+def copy_table(verdict: dict[str, Any]) -> pd.DataFrame:
+    """The copy-level comparisons (the mechanism), per cell."""
+    return pd.DataFrame(verdict["copy_cells"])
+
+
+def prompt_sentence(verdict: dict[str, Any]) -> str:
+    """The prompt-logprob recommendation in one sentence, or why there is none."""
+    prompt = verdict.get("prompt_logprobs")
+    if not prompt:
+        return "Notebook 03's data is missing from this run."
+    rec = prompt["recommendation"]
+    return f"Recommended chunk: **{rec.get('chunk')}** ({rec.get('arm')}): {rec.get('reason')}."
+
+
+def reference_table(verdict: dict[str, Any]) -> pd.DataFrame:
+    """Committed reference verdicts from other machines, labelled; empty when there are none."""
+    return pd.DataFrame([{"path": r["path"], "gpu": (r["hardware"] or {}).get("gpu"),
+                          "cpu": (r["hardware"] or {}).get("cpu"),
+                          "decision": (r["overall"] or {}).get("decision"),
+                          "summary": (r["overall"] or {}).get("summary")}
+                         for r in verdict["reference"]],
+                        columns=["path", "gpu", "cpu", "decision", "summary"])
