@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import nbformat
@@ -25,8 +26,8 @@ def tiny_suite(tmp_path: Path) -> dict[str, Path]:
     nb_dir = tmp_path / "notebooks"
     nb_dir.mkdir()
     write_notebook(nb_dir / "10_ok.ipynb", 'run_dir = ""\nrepeats = 2\nlabel = "x"',
-                   "from stagelab import runs, schema\n"
-                   "ctx = runs.notebook_context('10_ok', run_dir)\n"
+                   "from stagelab import context, schema\n"
+                   "ctx = context.notebook_context('10_ok', run_dir)\n"
                    "rows = schema.make_rows([{'seconds': 0.5, 'bytes': 10**9, 'repeat': r}\n"
                    "                         for r in range(repeats)], experiment='e', arm=label)\n"
                    "ctx.write_table(rows, 'ok_table')\nprint('done', repeats)")
@@ -41,5 +42,16 @@ def tiny_suite(tmp_path: Path) -> dict[str, Path]:
         "  tiny:\n    description: test\n    notebooks:\n"
         "      10_ok: {repeats: 3}\n      20_fails: {}\n"
         "  okonly:\n    description: test\n    notebooks:\n      10_ok: {}\n"
-        "  sleepy:\n    description: test\n    notebooks:\n      30_sleeps: {}\n      10_ok: {}\n")
+        "  sleepy:\n    description: test\n    notebooks:\n      30_sleeps: {}\n      10_ok: {}\n"
+        "  hangs:\n    description: test\n    cell_timeout_s: 3\n    notebooks:\n"
+        "      30_sleeps: {}\n      10_ok: {}\n")
     return {"notebooks": nb_dir, "profiles": profiles, "root": tmp_path / "runs"}
+
+
+def tiny_cli(suite: dict[str, Path], *args: str) -> list[str]:
+    """A command line running ``stagelab ARGS`` in a fresh interpreter on the tiny suite."""
+    script = ("import sys\nfrom pathlib import Path\nfrom stagelab import cli, paths\n"
+              f"paths.PROFILES_FILE = Path({str(suite['profiles'])!r})\n"
+              f"paths.NOTEBOOKS_DIR = Path({str(suite['notebooks'])!r})\n"
+              f"sys.exit(cli.main({list(args)!r}))\n")
+    return [sys.executable, "-c", script]

@@ -9,7 +9,7 @@ import nbformat
 import pytest
 import yaml
 
-from stagelab import paths, runs
+from stagelab import execute, paths, profiles
 
 NOTEBOOKS = sorted(paths.NOTEBOOKS_DIR.glob("*.ipynb"))
 CONDA_NAMES = {"torch": "pytorch"}
@@ -32,14 +32,14 @@ def test_notebook_is_committed_without_outputs_and_has_parameters(path):
     assert all(not c.outputs and c.execution_count is None for c in code), "strip the outputs"
     tagged = [c for c in code if "parameters" in c.metadata.get("tags", [])]
     assert len(tagged) == 1
-    assert "run_dir" in runs.notebook_parameters(path)
-    assert nb.metadata.kernelspec.name == runs.KERNEL_NAME
+    assert "run_dir" in profiles.notebook_parameters(path)
+    assert nb.metadata.kernelspec.name == execute.KERNEL_NAME
 
 
 def test_every_profile_names_existing_notebooks_with_valid_parameters():
-    for profile in runs.load_profiles():
-        plans = runs.plan_run(profile)
-        assert plans and plans[0].name == "00_environment"
+    for profile in profiles.load_profiles():
+        plan = profiles.plan_run(profile)
+        assert plan.notebooks and plan.notebooks[0].name == "00_environment"
 
 
 def test_environment_yml_agrees_with_pyproject():

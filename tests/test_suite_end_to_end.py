@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from stagelab import runs, verdict
+from stagelab import execute, paths, profiles, rundir, verdict
 
 pytestmark = pytest.mark.slow
 
@@ -25,9 +25,9 @@ CHROMIUM = shutil.which("chromium")
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
-    plans = runs.plan_run("quick", overrides=TINY)
-    run_dir = runs.new_run_dir(tmp_path_factory.mktemp("runs"), "quick")
-    return run_dir, runs.execute(plans, run_dir, "quick", progress=False)
+    plan = profiles.plan_run("quick", overrides=TINY)
+    run_dir = rundir.new_run_dir(tmp_path_factory.mktemp("runs"), "quick")
+    return run_dir, execute.execute(plan, run_dir, progress=False)
 
 
 def test_every_notebook_runs_and_writes_its_outputs(tiny_run):
@@ -50,7 +50,7 @@ def test_cpu_verdict_is_inconclusive_and_says_why(tiny_run):
         assert all(c["decision"] == "INCONCLUSIVE" for c in saved["cells"])
     assert saved["findings"]
     rebuilt = verdict.build_verdict(run_dir, min_samples=3, reference_root=verdict.Path(
-        runs.paths.REFERENCE_DIR))
+        paths.REFERENCE_DIR))
     assert json.dumps(rebuilt, sort_keys=True) == json.dumps(saved, sort_keys=True)
 
 
@@ -62,7 +62,7 @@ def test_report_reads_well_in_a_real_browser(tiny_run):
     from playwright.sync_api import sync_playwright
 
     run_dir, _ = tiny_run
-    runs.rebuild_report(run_dir)
+    execute.rebuild_report(run_dir)
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM,
                                      args=["--no-sandbox", "--disable-gpu"])

@@ -10,6 +10,8 @@ from pathlib import Path
 
 from stagelab import paths
 
+# 0 every notebook ok; 1 a notebook failed (or the record could not be written); 2 a bad request,
+# refused before anything was created; 130 interrupted (Ctrl-C or SIGTERM), what was made is kept.
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
@@ -28,27 +30,31 @@ def _parser() -> argparse.ArgumentParser:
     env.add_argument("--json", action="store_true", help="print JSON instead of a table")
     env.add_argument("--under-load", action="store_true",
                      help="read the PCIe link while copies keep it busy (GPU only)")
-    rep = sub.add_parser("report", help="(re)build the HTML of a run folder")
+    rep = sub.add_parser("report", help="(re)build the HTML of a run folder (and its manifest, "
+                         "from the notebooks, if it is lost or corrupt)")
     rep.add_argument("run_dir", type=Path)
     runs = sub.add_parser("runs", help="list run folders")
     runs.add_argument("--root", type=Path, default=paths.RUNS_DIR)
-    keep = sub.add_parser("keep", help="copy a run's evidence under data/reference/ to commit it")
+    keep = sub.add_parser("keep", help="copy an ok run's evidence under data/reference/ to commit "
+                          "it, and regenerate data/reference/index.html")
     keep.add_argument("run_dir", type=Path)
+    keep.add_argument("--force", action="store_true",
+                      help="keep a run that is not ok or has no verdict, labelled forced")
     return parser
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from stagelab import runs
+    from stagelab import execute, profiles, rundir
 
-    plans = runs.plan_run(args.profile, args.only, runs.parse_overrides(args.param))
-    run_dir = runs.new_run_dir(args.out, args.profile)
+    plan = profiles.plan_run(args.profile, args.only, profiles.parse_overrides(args.param))
+    run_dir = rundir.new_run_dir(args.out, args.profile)
     print(f"run folder: {run_dir}", file=sys.stderr)
-    manifest = runs.execute(plans, run_dir, args.profile, command=["stagelab", *sys.argv[1:]])
+    manifest = execute.execute(plan, run_dir, command=["stagelab", *sys.argv[1:]])
     print(f"report: {run_dir / 'index.html'}")
     if manifest["status"] == "interrupted":
         print("run interrupted; what was produced is kept", file=sys.stderr)
         return EXIT_INTERRUPTED
-    failed = [nb["name"] for nb in manifest["notebooks"] if nb["status"] == "failed"]
+    failed = [nb["name"] for nb in manifest["notebooks"] if nb["status"] != "ok"]
     if failed:
         print(f"run failed: {', '.join(failed)} (see the manifest and their notebooks)",
               file=sys.stderr)
@@ -71,29 +77,36 @@ def cmd_env(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from stagelab import runs
+    from stagelab import execute, rundir
 
-    print(runs.rebuild_report(args.run_dir))
+    index = execute.rebuild_report(args.run_dir)
+    note = rundir.read_manifest(args.run_dir).get("note")
+    if note:
+        print(f"note: the manifest was {note}", file=sys.stderr)
+    print(index)
     return EXIT_OK
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
-    from stagelab import runs
+    from stagelab import rundir
 
-    listed = runs.list_runs(args.root)
+    listed = rundir.list_runs(args.root)
     if not listed:
         print(f"no run folders under {args.root}")
     for run in listed:
-        failed = f"  failed: {', '.join(run['failed'])}" if run.get("failed") else ""
-        print(f"{run['run_id']:48} {run.get('profile') or '':8} {run.get('created_utc') or '':26}"
-              f" {run.get('device') or '':24} {run['status']}{failed}")
+        details = "".join(f"  {status}: {', '.join(names)}" for status in rundir.NOT_DELIVERED
+                          if (names := run.not_delivered(status)))
+        print(f"{run.run_id:48} {run.profile or '':11} {run.created_utc or '':26}"
+              f" {run.device or '':24} {run.status}{details}")
     return EXIT_OK
 
 
 def cmd_keep(args: argparse.Namespace) -> int:
-    from stagelab import runs
+    from stagelab import evidence
 
-    print(runs.keep_evidence(args.run_dir))
+    dest = evidence.keep_evidence(args.run_dir, force=args.force)
+    print(dest)
+    print(f"index: {dest.parent.parent / evidence.INDEX}", file=sys.stderr)
     return EXIT_OK
 
 
@@ -102,8 +115,10 @@ COMMANDS = {"run": cmd_run, "env": cmd_env, "report": cmd_report, "runs": cmd_ru
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point; user errors print one line and exit 2, never a traceback."""
+    """Entry point; user errors print one line and exit 2, never a traceback; a record that
+    cannot be written (a full disk) prints one line and exits 1."""
     from stagelab.errors import UserError
+    from stagelab.rundir import RecordError
 
     args = _parser().parse_args(argv)
     try:
@@ -111,6 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         print(f"stagelab: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except RecordError as exc:
+        print(f"stagelab: error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
     except KeyboardInterrupt:
         print("stagelab: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

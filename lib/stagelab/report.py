@@ -21,7 +21,8 @@ h1{font-size:1.6em;margin-bottom:.2em} h2{margin-top:1.6em;border-bottom:1px sol
 table{border-collapse:collapse;margin:.6em 0} td,th{border:1px solid #ccd;padding:.3em .6em;text-align:left;
 vertical-align:top} th{background:#f3f4f8}
 .ok{color:#176b2c;font-weight:600}.failed,.interrupted{color:#b3261e;font-weight:600}
-.running,.pending{color:#8a6d00;font-weight:600}
+.running,.pending,.interactive{color:#8a6d00;font-weight:600}.missing{color:#b3261e;font-style:italic}
+.note{border-left:3px solid #8a6d00;padding-left:.6em}
 .verdict{border:2px solid #445;border-radius:8px;padding:.8em 1.2em;background:#f8f9fc}
 .decision{font-size:1.3em;font-weight:700} .PORT{color:#176b2c}.CLOSE{color:#444}.INCONCLUSIVE{color:#8a6d00}
 img{max-width:100%;border:1px solid #eee;margin:.4em 0} .muted{color:#667} code{background:#f3f4f8;padding:0 .2em}
@@ -74,7 +75,7 @@ def _notebooks_table(run_dir: Path, notebooks: list[Mapping[str, Any]]) -> str:
         html_link = (f"<a href='{_esc(nb['html'])}'>report</a>"
                      if nb.get("html") and (run_dir / nb["html"]).exists() else "")
         nb_link = (f"<a href='{_esc(nb['output'])}'>notebook</a>"
-                   if (run_dir / nb["output"]).exists() else "")
+                   if nb.get("output") and (run_dir / nb["output"]).exists() else "")
         rows.append(f"<tr><td>{_esc(nb['name'])}</td><td class='{_esc(nb['status'])}'>"
                     f"{_esc(nb['status'])}</td><td>{_esc(nb.get('duration_s'))}</td>"
                     f"<td>{html_link} {nb_link}</td><td>{_esc(nb.get('error') or '')}</td></tr>")
@@ -91,9 +92,15 @@ def _machine_table(hardware: Mapping[str, Any]) -> str:
 
 
 def write_index(run_dir: Path) -> Path:
-    """(Re)write ``index.html`` of a run folder from its manifest, verdict and files."""
+    """(Re)write ``index.html`` of a run folder from its manifest, verdict and files.
+
+    Statuses are the effective ones (:func:`stagelab.rundir.effective_manifest`), as in
+    ``stagelab runs``: a dead run shows interrupted, a notebook gone from the folder missing.
+    """
+    from stagelab import rundir
+
     run_dir = Path(run_dir)
-    manifest = json.loads((run_dir / "manifest.json").read_text())
+    manifest = rundir.effective_manifest(run_dir)
     status = manifest.get("status", "unknown")
     git = manifest.get("git") or {}
     figures = sorted(p.relative_to(run_dir).as_posix() for p in (run_dir / "figures").glob("*.png"))
@@ -105,6 +112,8 @@ def write_index(run_dir: Path) -> Path:
         f"{_esc(manifest.get('created_utc'))} · finished {_esc(manifest.get('finished_utc'))} · "
         f"commit <code>{_esc((git.get('commit') or 'unknown')[:12])}</code>"
         f"{' (uncommitted changes)' if git.get('dirty') else ''}</p>",
+        f"<p class='note'>{_esc(manifest['note'])}</p>" if manifest.get("note") else "",
+        f"<p class='failed'>{_esc(manifest['error'])}</p>" if manifest.get("error") else "",
         _verdict_section(run_dir),
         "<h2>Notebooks</h2>", _notebooks_table(run_dir, manifest.get("notebooks", [])),
         "<h2>Figures</h2>",
@@ -121,7 +130,5 @@ def write_index(run_dir: Path) -> Path:
     page = ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
             f"<title>stagelab {_esc(manifest.get('run_id'))}</title><style>{_STYLE}</style></head>"
             f"<body>{''.join(body)}</body></html>")
-    path = run_dir / "index.html"
-    path.write_text(page, encoding="utf-8")
-    return path
+    return rundir.write_text_atomic(run_dir / "index.html", page)
 

@@ -1,0 +1,252 @@
+"""Executing a run: each notebook through papermill, in a kernel of its own, under time limits.
+
+The steps are named and the state lives in one :class:`~stagelab.rundir.ManifestRecorder`:
+start the record, then for each notebook start it, execute it, export its HTML, record how it
+ended; finally close the record. A failing notebook is recorded ``failed`` (its partial output
+kept) and the next one still runs; Ctrl-C or SIGTERM records ``interrupted`` and stops.
+
+Every kernel talks over IPC sockets in a private temporary folder that is removed afterwards, so
+concurrent runs never share a socket and nothing is written next to the notebooks. The kernel's
+own stdout/stderr (teardown noise such as ZMQ tracebacks on Ctrl-C) goes to ``kernel.log`` in
+the run folder, not to the terminal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import IO, Any, Iterator
+
+from stagelab import hardware, report, rundir
+from stagelab.profiles import NotebookPlan, RunPlan
+from stagelab.rundir import ManifestRecorder, RecordError
+
+KERNEL_NAME = "stagelab"
+KERNEL_LOG = "kernel.log"
+
+
+# ------------------------------------------------------------------------------------ kernels
+
+def ensure_kernel() -> None:
+    """Make the ``stagelab`` kernel run this very interpreter, ahead of any other of that name."""
+    from ipykernel.kernelspec import install
+    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+
+    prefix_path = str(Path(sys.prefix) / "share" / "jupyter")
+    if os.environ.get("JUPYTER_PATH", "").split(os.pathsep)[0] != prefix_path:
+        os.environ["JUPYTER_PATH"] = os.pathsep.join(
+            p for p in (prefix_path, os.environ.get("JUPYTER_PATH")) if p)
+    try:
+        spec = KernelSpecManager().get_kernel_spec(KERNEL_NAME)
+        if spec.argv and spec.argv[0] == sys.executable:
+            return
+    except NoSuchKernel:
+        pass
+    install(kernel_name=KERNEL_NAME, display_name="Python (stagelab)", prefix=sys.prefix)
+
+
+def private_kernel_manager(socket_dir: Path, log: IO[str] | None = None) -> type:
+    """A kernel manager class whose kernel's IPC sockets and connection file live in
+    ``socket_dir``, and whose process output goes to ``log`` rather than the terminal.
+
+    IPC rather than loopback TCP: private to this user, and no port can collide.
+    """
+    from jupyter_client.manager import AsyncKernelManager
+    from traitlets import default
+
+    class PrivateKernelManager(AsyncKernelManager):
+        @default("transport")
+        def _default_transport(self) -> str:
+            return "ipc"
+
+        @default("ip")
+        def _default_private_ip(self) -> str:
+            return str(Path(socket_dir) / "kernel-ipc")
+
+        @default("connection_file")
+        def _default_private_connection_file(self) -> str:
+            return str(Path(socket_dir) / "kernel.json")
+
+        async def _async_launch_kernel(self, kernel_cmd: list[str], **kw: Any) -> None:
+            if log is not None:
+                kw.setdefault("stdout", log)
+                kw.setdefault("stderr", log)
+            await super()._async_launch_kernel(kernel_cmd, **kw)
+
+    return PrivateKernelManager
+
+
+@contextlib.contextmanager
+def kernel_sockets() -> Iterator[Path]:
+    """A private folder for one kernel's sockets, removed afterwards whatever happens.
+
+    Under the system's temporary folder: a Unix socket path must stay under ~100 bytes, which a
+    run folder deep in a checkout may not.
+    """
+    folder = Path(tempfile.mkdtemp(prefix="stagelab-kernel-"))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------- the steps
+
+def _raise_interrupt(signum: int, _frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def error_summary(exc: BaseException) -> str:
+    """``Name: first line`` of an exception (papermill's carry the notebook's ename/evalue)."""
+    name = getattr(exc, "ename", None) or type(exc).__name__
+    value = getattr(exc, "evalue", None) or str(exc)
+    lines = str(value).strip().splitlines()
+    return f"{name}: {lines[0] if lines else ''}".strip()
+
+
+def _last_started_cell(notebook_path: Path) -> int | None:
+    """Index, in the executed notebook, of the last cell papermill started."""
+    import nbformat
+
+    try:
+        nb = nbformat.read(str(notebook_path), as_version=4)
+    except (OSError, ValueError):
+        return None
+    started = [i for i, cell in enumerate(nb.cells)
+               if cell.get("metadata", {}).get("papermill", {}).get("start_time")]
+    return started[-1] if started else None
+
+
+def execute_notebook(notebook: NotebookPlan, output: Path, run_dir: Path,
+                     plan: RunPlan) -> tuple[str, str | None]:
+    """Execute one notebook into ``output``; return its status and, if it failed, why."""
+    import papermill
+
+    with kernel_sockets() as sockets, open(Path(run_dir) / KERNEL_LOG, "a") as log:
+        try:
+            papermill.execute_notebook(
+                str(notebook.path), str(output),
+                parameters={**notebook.parameters, "run_dir": str(Path(run_dir).resolve())},
+                kernel_name=KERNEL_NAME, cwd=str(notebook.path.parent), progress_bar=False,
+                request_save_on_cell_execute=True,
+                kernel_manager_class=private_kernel_manager(sockets, log),
+                start_timeout=plan.start_timeout_s, execution_timeout=plan.cell_timeout_s)
+        except KeyboardInterrupt:
+            raise
+        except TimeoutError:
+            cell = _last_started_cell(output)
+            return rundir.FAILED, (f"timed out after {plan.cell_timeout_s} s in cell "
+                                   f"{cell if cell is not None else '?'}")
+        except Exception as exc:  # papermill or the kernel failed: record it, keep going
+            return rundir.FAILED, error_summary(exc)
+    return rundir.OK, None
+
+
+def export_html(run_dir: Path, entry: dict[str, Any]) -> None:
+    """Export one executed notebook's HTML; an export failure is recorded, never fatal."""
+    notebook = Path(run_dir) / entry["output"] if entry.get("output") else None
+    if notebook is None or not notebook.exists():
+        entry["html"] = None
+        return
+    entry["html"] = f"{entry['name']}.html"
+    try:
+        report.export_html(notebook, Path(run_dir) / entry["html"])
+    except Exception as exc:
+        entry["html"] = None
+        entry["html_error"] = error_summary(exc)
+
+
+def write_index(recorder: ManifestRecorder) -> None:
+    """Rewrite the run's ``index.html``; if that fails the run is recorded ``failed``."""
+    try:
+        report.write_index(recorder.run_dir)
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        recorder.record_failure(f"the run's index could not be written: {reason}")
+        raise RecordError(f"{recorder.run_dir / 'index.html'}: cannot be written ({reason}); "
+                          "the run stopped") from exc
+
+
+def _say(enabled: bool, text: str) -> None:
+    if enabled:
+        print(text, file=sys.stderr, flush=True)
+
+
+def run_notebook_step(recorder: ManifestRecorder, index: int, plan: RunPlan,
+                      progress: bool) -> None:
+    """One notebook: start its record, execute it, export its HTML, record how it ended."""
+    notebook = plan.notebooks[index]
+    count = f"[{index + 1}/{len(plan.notebooks)}]"
+    entry = recorder.start_notebook(index)
+    _say(progress, f"{count} {notebook.name} ...")
+    started = time.perf_counter()
+    status, error = execute_notebook(notebook, recorder.run_dir / entry["output"],
+                                     recorder.run_dir, plan)
+    export_html(recorder.run_dir, entry)
+    recorder.finish_notebook(index, status, time.perf_counter() - started, error)
+    write_index(recorder)
+    _say(progress, f"{count} {notebook.name}: {status} ({entry['duration_s']} s)"
+                   f"{' - ' + error if error else ''}")
+
+
+def execute(plan: RunPlan, run_dir: Path, command: list[str] | None = None,
+            progress: bool = True) -> dict[str, Any]:
+    """Run the plan's notebooks in order into ``run_dir``; return the final manifest.
+
+    Raises :class:`~stagelab.rundir.RecordError` when the record itself cannot be written (the
+    manifest then says ``failed`` with the cause, if it can still be written at all).
+    """
+    ensure_kernel()
+    run_dir = Path(run_dir)
+    recorder = ManifestRecorder(run_dir, rundir.new_manifest(
+        run_dir, plan.profile, command if command is not None else list(sys.argv),
+        [rundir.notebook_entry(nb.name, nb.parameters) for nb in plan.notebooks],
+        hardware.snapshot()))
+    recorder.manifest.update(cell_timeout_s=plan.cell_timeout_s,
+                             start_timeout_s=plan.start_timeout_s)
+    with _sigterm_as_interrupt():
+        try:
+            recorder.save()
+            write_index(recorder)
+            for index in range(len(plan.notebooks)):
+                run_notebook_step(recorder, index, plan, progress)
+        except RecordError:
+            with contextlib.suppress(OSError):  # show the failure in the index, if there is room
+                report.write_index(run_dir)
+            raise
+        except KeyboardInterrupt as exc:
+            recorder.interrupt(str(exc) or "Ctrl-C")
+            for entry in recorder.manifest["notebooks"]:
+                if entry["status"] == rundir.INTERRUPTED:
+                    export_html(run_dir, entry)
+        recorder.finish()
+        write_index(recorder)
+    return recorder.manifest
+
+
+def rebuild_report(run_dir: Path) -> Path:
+    """Re-export every executed notebook of a run folder, record the HTML, rewrite the index.
+
+    A missing or corrupt manifest is first rebuilt from the folder's notebooks, with a note.
+    """
+    run_dir = Path(run_dir)
+    manifest = rundir.load_or_rebuild_manifest(run_dir)
+    for entry in manifest.get("notebooks", []):
+        export_html(run_dir, entry)
+    rundir.write_manifest(run_dir, manifest)
+    return report.write_index(run_dir)

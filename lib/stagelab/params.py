@@ -1,0 +1,235 @@
+"""Checks of notebook parameter values that need no notebook to run: a bad value is a bad request.
+
+Validators are keyed by parameter name, and by ``(notebook, name)`` where a name means different
+things in different notebooks (``arms``). Each raises ``ValueError`` with what is wrong and what
+would be right; :func:`validate` turns that into a one-line :class:`~stagelab.errors.UserError`
+naming ``notebook.parameter``, before any run folder exists.
+
+Arm names, methods and dtypes are read from the registries that define them
+(``stagelab.staging.ARMS``, ``stagelab.step.STEP_ARMS``, ``stagelab.prompt_logprobs.METHODS``,
+``stagelab.shapes.DTYPES``), imported only when a value is checked, since they import torch.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping
+
+from stagelab import paths
+from stagelab.errors import UserError
+
+Validator = Callable[[Any, Mapping[str, Any]], None]
+
+
+# ----------------------------------------------------------------------------- words for values
+
+def _yaml_number_text(value: Any) -> bool:
+    """A string that reads as a number: YAML's ``1e9`` (no dot) is a string, not a float."""
+    if not isinstance(value, str):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except ValueError:
+        return False
+
+
+def describe_type(value: Any) -> str:
+    """The kind of a value in words, e.g. ``'text, not a number'`` for YAML's ``1e9``."""
+    if value is None:
+        return "null (None)"
+    if _yaml_number_text(value):
+        return "text, not a number"
+    article = "an" if type(value).__name__[0] in "aeiou" else "a"
+    return f"{article} {type(value).__name__}"
+
+
+def number_hint(value: Any) -> str:
+    """How to write a number YAML would misread, or an integral float as an int; else ''."""
+    if _yaml_number_text(value):
+        number = float(value)
+        whole = f"{int(number)} or " if number.is_integer() else ""
+        mantissa, _, exponent = value.lower().partition("e")
+        dotted = f"{mantissa if '.' in mantissa else mantissa + '.0'}e{exponent}" if exponent else value
+        return f"; YAML reads {value} as text: write {whole}{dotted}"
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**63:
+        return f"; for a whole number write {int(value)}"
+    return ""
+
+
+# ------------------------------------------------------------------------------ value checks
+
+def _int(value: Any, minimum: int, what: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{value!r} is not {what}{number_hint(value)}")
+
+
+def positive_int(value: Any, _: Mapping[str, Any] | None = None) -> None:
+    """An integer >= 1."""
+    _int(value, 1, "a positive integer")
+
+
+def non_negative_int(value: Any, _: Mapping[str, Any] | None = None) -> None:
+    """An integer >= 0."""
+    _int(value, 0, "an integer >= 0")
+
+
+def _items(value: Any) -> list[Any]:
+    if not isinstance(value, (list, tuple)):
+        raise ValueError(f"{value!r} is {describe_type(value)}; give a list{number_hint(value)}")
+    if not value:
+        raise ValueError("is empty; give at least one value")
+    return list(value)
+
+
+def _each(check: Callable[[Any], None]) -> Validator:
+    def validator(value: Any, _: Mapping[str, Any] | None = None) -> None:
+        for item in _items(value):
+            check(item)
+    validator.__doc__ = f"A non-empty list, each item checked by {check.__name__}."
+    return validator
+
+
+def _between(low: float, high: float, closed_low: bool) -> Validator:
+    def validator(value: Any, _: Mapping[str, Any] | None = None) -> None:
+        ok_low = value >= low if closed_low else value > low
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (ok_low and value < high):
+            bracket = "[" if closed_low else "("
+            raise ValueError(f"{value!r} is not in {bracket}{low}, {high}){number_hint(value)}")
+    validator.__doc__ = f"A number between {low} and {high}."
+    return validator
+
+
+def _one_of(value: Any, valid: Iterable[str], what: str) -> None:
+    valid = list(valid)
+    if not isinstance(value, str) or value not in valid:
+        raise ValueError(f"unknown {what} {value!r}; valid: {', '.join(valid)}")
+
+
+def _subset(registry: Callable[[], Iterable[str]], what: str) -> Validator:
+    def validator(value: Any, _: Mapping[str, Any] | None = None) -> None:
+        items = _items(value)
+        valid = list(registry())
+        for item in items:
+            _one_of(item, valid, what)
+        if len(set(items)) != len(items):
+            raise ValueError(f"{items!r} names an {what} twice")
+    validator.__doc__ = f"A non-empty list of known {what}s, each once."
+    return validator
+
+
+@lru_cache(maxsize=4)
+def known_models(path: Path = paths.MODEL_SHAPES_FILE) -> tuple[str, ...]:
+    """The model names of ``data/model_shapes.csv``."""
+    with open(path, newline="") as handle:
+        return tuple(row["model"] for row in csv.DictReader(handle))
+
+
+def model_or_vocab(value: Any, _: Mapping[str, Any] | None = None) -> None:
+    """A model name of ``data/model_shapes.csv`` or a positive vocabulary size."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        positive_int(value)
+        return
+    if not isinstance(value, str) or value not in known_models():
+        raise ValueError(f"unknown model {value!r}; known: {', '.join(known_models())} "
+                         f"(or a vocabulary size as a number){number_hint(value)}")
+
+
+def dtype_name(value: Any, _: Mapping[str, Any] | None = None) -> None:
+    """A floating dtype the suite supports, by name."""
+    from stagelab.shapes import DTYPES
+
+    _one_of(value, DTYPES, "dtype")
+
+
+def _staging_arms() -> Iterable[str]:
+    from stagelab.staging import ARMS
+
+    return ARMS
+
+
+def _step_arms() -> Iterable[str]:
+    from stagelab.step import STEP_ARMS
+
+    return STEP_ARMS
+
+
+def _prompt_methods() -> Iterable[str]:
+    from stagelab.prompt_logprobs import METHODS
+
+    return METHODS
+
+
+def aa_arm_in_arms(value: Any, values: Mapping[str, Any]) -> None:
+    """The A/A (noise) arm is a staging arm and is among ``arms``, since it is timed twice."""
+    _one_of(value, _staging_arms(), "arm")
+    if value not in (values.get("arms") or []):
+        raise ValueError(f"{value!r} must be in arms (it is timed twice to measure the noise); "
+                         f"arms are {values.get('arms')!r}")
+
+
+def booleans(value: Any, _: Mapping[str, Any] | None = None) -> None:
+    """A non-empty list of true/false."""
+    for item in _items(value):
+        if not isinstance(item, bool):
+            raise ValueError(f"{item!r} is not true or false")
+
+
+def prompt_tokens(value: Any, _: Mapping[str, Any] | None = None) -> None:
+    """A prompt needs two tokens to score one position."""
+    _int(value, 2, "an integer >= 2 (a prompt needs two tokens to score one position)")
+
+
+# ----------------------------------------------------------------------------- the registries
+
+VALIDATORS: dict[str, Validator] = {
+    "models": _each(model_or_vocab),
+    "model": model_or_vocab,
+    "rows": _each(positive_int),
+    "chunks": _each(positive_int),
+    "ks": _each(non_negative_int),
+    "repeats": positive_int,
+    "warmup": non_negative_int,
+    "sources": positive_int,
+    "tokens": prompt_tokens,
+    "vocab": non_negative_int,
+    "hidden": non_negative_int,
+    "k": non_negative_int,
+    "dtype": dtype_name,
+    "logits_dtype": dtype_name,
+    "overlaps": booleans,
+    "min_samples": positive_int,
+    "min_effect_fraction": _between(0.0, 1.0, closed_low=True),
+    "confidence": _between(0.0, 1.0, closed_low=False),
+}
+
+NOTEBOOK_VALIDATORS: dict[tuple[str, str], Validator] = {
+    ("01_d2h_staging", "arms"): _subset(_staging_arms, "arm"),
+    ("01_d2h_staging", "aa_arm"): aa_arm_in_arms,
+    ("02_logprobs_step", "arms"): _subset(_step_arms, "step arm"),
+    ("03_prompt_logprobs", "methods"): _subset(_prompt_methods, "method"),
+}
+
+
+def validator_for(notebook: str, name: str) -> Validator | None:
+    """The check of one parameter of one notebook, if there is one."""
+    return NOTEBOOK_VALIDATORS.get((notebook, name)) or VALIDATORS.get(name)
+
+
+def validate(notebook: str, values: Mapping[str, Any], chosen: Iterable[str] = ()) -> None:
+    """Check a notebook's effective parameters (defaults overlaid with the chosen ones).
+
+    A default that is not a literal reads as None and is left to the notebook, unless chosen.
+    Raises UserError ``notebook.parameter: what is wrong``.
+    """
+    chosen = set(chosen)
+    for name, value in values.items():
+        check = validator_for(notebook, name)
+        if check is None or (value is None and name not in chosen):
+            continue
+        try:
+            check(value, values)
+        except ValueError as exc:
+            raise UserError(f"{notebook}.{name}: {exc}") from None

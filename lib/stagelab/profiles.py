@@ -1,0 +1,166 @@
+"""Profiles and the plan of a run: which notebooks, with which parameters, under which timeouts.
+
+Everything here is checked before a run folder exists, so a refused request leaves nothing
+behind: unknown profiles and notebooks, ``--param`` syntax, parameter names and types (against
+each notebook's ``parameters`` cell) and values (:mod:`stagelab.params`).
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import yaml
+
+from stagelab import params, paths
+from stagelab.errors import UserError
+
+# Parameters the runner injects into every notebook; a notebook must declare them, a user may not.
+INJECTED = ("run_dir",)
+# Generous defaults: the full profile's longest cell must fit (profiles.yaml may set its own).
+DEFAULT_CELL_TIMEOUT_S = 1800
+DEFAULT_START_TIMEOUT_S = 120
+
+
+@dataclass
+class NotebookPlan:
+    """One notebook of a run and the parameters it will get."""
+
+    name: str
+    path: Path
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RunPlan:
+    """A checked request: the profile, its notebooks in order, and the kernel's time limits."""
+
+    profile: str
+    notebooks: list[NotebookPlan]
+    cell_timeout_s: int = DEFAULT_CELL_TIMEOUT_S
+    start_timeout_s: int = DEFAULT_START_TIMEOUT_S
+
+
+def load_profiles(path: Path | None = None) -> dict[str, Any]:
+    """The profiles file: ``{profile: {"description": str, "notebooks": {name: {param: value}}}}``."""
+    path = path or paths.PROFILES_FILE
+    try:
+        profiles = yaml.safe_load(Path(path).read_text())["profiles"]
+    except (OSError, KeyError, TypeError, yaml.YAMLError) as exc:
+        raise UserError(f"profiles file {path} cannot be read: {exc}") from exc
+    return profiles
+
+
+def notebook_parameters(path: Path) -> dict[str, Any]:
+    """The defaults of a notebook's ``parameters`` cell, as Python values."""
+    import papermill
+
+    declared = papermill.inspect_notebook(str(path))
+    if not declared:
+        raise UserError(f"notebook {path.name} has no cell tagged 'parameters'")
+    return {name: _literal(info["default"]) for name, info in declared.items()}
+
+
+def _literal(source: str) -> Any:
+    try:
+        return ast.literal_eval(source)
+    except (ValueError, SyntaxError):
+        return None  # a computed default: any type is accepted
+
+
+def parse_overrides(items: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """``NOTEBOOK.KEY=VALUE`` strings to ``{notebook: {key: value}}``; values are read as YAML."""
+    overrides: dict[str, dict[str, Any]] = {}
+    for item in items:
+        target, sep, text = item.partition("=")
+        notebook, dot, key = target.partition(".")
+        if not sep or not dot or not notebook or not key:
+            raise UserError(f"--param {item!r}: expected NOTEBOOK.KEY=VALUE, "
+                            "e.g. 01_d2h_staging.repeats=20")
+        try:
+            value = yaml.safe_load(text) if text else ""
+        except yaml.YAMLError as exc:
+            raise UserError(f"--param {item!r}: value is not valid YAML ({exc})") from exc
+        overrides.setdefault(notebook, {})[key] = value
+    return overrides
+
+
+def _type_ok(value: Any, default: Any) -> bool:
+    if default is None:
+        return True
+    if isinstance(default, bool) or isinstance(value, bool):
+        return isinstance(value, bool) and isinstance(default, bool)
+    if isinstance(default, float):
+        return isinstance(value, (int, float))
+    return isinstance(value, type(default))
+
+
+def check_parameters(notebook: str, given: Mapping[str, Any], declared: Mapping[str, Any],
+                     source: str) -> None:
+    """Raise UserError for an unknown or runner-owned parameter, or a type unlike the default's."""
+    for key, value in given.items():
+        where = f"{source}: {notebook}.{key}"
+        if key in INJECTED:
+            raise UserError(f"{where} is set by the runner (each run gets its own folder); "
+                            "remove it")
+        if key not in declared:
+            raise UserError(f"{source}: unknown parameter {notebook}.{key}; valid: "
+                            f"{', '.join(k for k in declared if k not in INJECTED)}")
+        default = declared[key]
+        if value is None and default is not None:
+            raise UserError(f"{where} is null (None); give a {type(default).__name__} "
+                            f"like the default {default!r}")
+        if not _type_ok(value, default):
+            raise UserError(f"{where}={value!r} is "
+                            f"{params.describe_type(value)}, expected {type(default).__name__} "
+                            f"(default {default!r}){params.number_hint(value)}")
+
+
+def _timeout(entry: Mapping[str, Any], key: str, default: int, profile: str) -> int:
+    value = entry.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise UserError(f"profile {profile!r}: {key}={value!r} must be a positive number of "
+                        f"seconds{params.number_hint(value)}")
+    return int(value)
+
+
+def plan_run(profile: str, only: Iterable[str] = (),
+             overrides: Mapping[str, Mapping] | None = None, profiles_path: Path | None = None,
+             notebooks_dir: Path | None = None) -> RunPlan:
+    """Validate a request and return the notebooks to run, in the profile's order."""
+    overrides = overrides or {}
+    notebooks_dir = notebooks_dir or paths.NOTEBOOKS_DIR
+    profiles = load_profiles(profiles_path)
+    if profile not in profiles:
+        raise UserError(f"unknown profile {profile!r}; valid: {', '.join(profiles)}")
+    entry = profiles[profile] or {}
+    notebooks: dict[str, dict] = entry.get("notebooks") or {}
+    only = list(only)
+    for name in [*only, *overrides]:
+        if name not in notebooks:
+            raise UserError(f"unknown notebook {name!r} in profile {profile!r}; valid: "
+                            f"{', '.join(notebooks)}")
+    for name in overrides:
+        if only and name not in only:
+            raise UserError(f"--param for {name}, which --only leaves out (--only "
+                            f"{' '.join(only)}); add it to --only or drop the --param")
+    plans = []
+    for name, given in notebooks.items():
+        if only and name not in only:
+            continue
+        path = Path(notebooks_dir) / f"{name}.ipynb"
+        if not path.exists():
+            raise UserError(f"profile {profile!r} names {name}, but {path} does not exist")
+        declared = notebook_parameters(path)
+        if "run_dir" not in declared:
+            raise UserError(f"notebook {name} does not declare the parameter run_dir")
+        check_parameters(name, given or {}, declared, f"profile {profile!r}")
+        check_parameters(name, overrides.get(name, {}), declared, "--param")
+        chosen = {**(given or {}), **overrides.get(name, {})}
+        params.validate(name, {**declared, **chosen}, chosen)
+        plans.append(NotebookPlan(name, path, chosen))
+    return RunPlan(profile, plans,
+                   _timeout(entry, "cell_timeout_s", DEFAULT_CELL_TIMEOUT_S, profile),
+                   _timeout(entry, "start_timeout_s", DEFAULT_START_TIMEOUT_S, profile))
