@@ -10,16 +10,28 @@ TORCH_SPEC ?= $(shell if nvidia-smi -L >/dev/null 2>&1; then echo 'torch>=2.4'; 
 OFFLINE_WHEELS ?=
 EXTRAS ?= $(if $(OFFLINE_WHEELS),,lab,test)
 PACKAGE := .$(if $(EXTRAS),[$(EXTRAS)],)
-PIP_FLAGS := $(if $(OFFLINE_WHEELS),--no-index --find-links $(OFFLINE_WHEELS),)
+# Offline, the venv has no pip or setuptools of its own: it uses $(PYTHON)'s, through the .pth file,
+# and so sees exactly the packages that scripts/gpu_evidence.py's wheelhouse check saw; the build
+# backend comes from there (or the bundle) rather than an isolated build environment.
+PIP_FLAGS := $(if $(OFFLINE_WHEELS),--no-index --find-links $(OFFLINE_WHEELS) --no-build-isolation,)
 PY := $(VENV)/bin/python
 
-.PHONY: setup run test lab wheelhouse browser clean
+# `make gpu-evidence` on an offline GPU node: check the bundle, install, preflight, the gate
+# profile, keep the run (scripts/gpu_evidence.py). FORCE=1 goes on past a no-go preflight.
+GATE_PROFILE ?= gate
+GPU_WHEELS ?=
+FORCE ?=
+# What the H200 node's image already has (see the README): left out of its bundle.
+NODE_HAS ?= numpy pandas scipy pyarrow matplotlib seaborn tqdm nvidia-ml-py pyyaml
+
+.PHONY: setup run test lab wheelhouse gpu-wheelhouse gpu-evidence browser clean
 
 $(VENV)/.installed: pyproject.toml
-	$(PYTHON) -m venv $(VENV)
+	$(PYTHON) -m venv $(if $(OFFLINE_WHEELS),--without-pip) $(VENV)
 	$(if $(OFFLINE_WHEELS),$(PYTHON) -c 'import site; print(*site.getsitepackages(), sep="\n")' \
 	  > "$$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/inherited-site.pth")
 	$(PY) -c 'import torch' 2>/dev/null || $(PY) -m pip install -q $(PIP_FLAGS) '$(TORCH_SPEC)'
+	$(if $(OFFLINE_WHEELS),$(PY) -m pip install -q $(PIP_FLAGS) 'setuptools>=68')
 	$(PY) -m pip install -q $(PIP_FLAGS) -e '$(PACKAGE)'
 	$(PY) -m ipykernel install --sys-prefix --name stagelab --display-name 'Python (stagelab)' >/dev/null
 	touch $@
@@ -43,6 +55,15 @@ lab: setup
 # Wheels for an offline GPU node (Python 3.12, x86_64, torch preinstalled); see the README.
 wheelhouse:
 	$(PYTHON) scripts/build_wheelhouse.py --dest wheelhouse
+
+# The smaller bundle for the H200 node (.whl/, git-ignored, carried with the repository).
+gpu-wheelhouse:
+	$(PYTHON) scripts/build_wheelhouse.py --dest .whl $(addprefix --skip ,$(NODE_HAS))
+
+gpu-evidence:
+	$(PYTHON) scripts/gpu_evidence.py --python '$(PYTHON)' --venv '$(VENV)' \
+	  --profile '$(GATE_PROFILE)' $(if $(GPU_WHEELS),--wheelhouse '$(GPU_WHEELS)') \
+	  $(if $(FORCE),--go-on-no-go)
 
 clean:
 	rm -rf $(VENV)

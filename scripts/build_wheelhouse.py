@@ -18,16 +18,18 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64",
              "manylinux2014_x86_64", "manylinux1_x86_64", "any"]
-PREINSTALLED = {"torch"}  # the node's own build, matched to its driver
+PREINSTALLED = frozenset({"torch"})  # the node's own build, matched to its driver
 
 
-def requirements(extras: list[str], skip: set[str]) -> list[str]:
-    """Runtime (and the named extras') requirements of stagelab, minus preinstalled ones."""
+def requirements(extras: list[str], skip: set[str],
+                 preinstalled: frozenset[str] = PREINSTALLED) -> list[str]:
+    """Runtime (and the named extras') requirements of stagelab, minus preinstalled ones, plus
+    the build backend of its editable install."""
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     wanted = list(project["dependencies"])
     for extra in extras:
         wanted += project["optional-dependencies"][extra]
-    dropped = PREINSTALLED | {name.lower() for name in skip}
+    dropped = preinstalled | {name.lower() for name in skip}
     keep = [r for r in wanted if re.split(r"[<>=!~ \[]", r, maxsplit=1)[0].lower() not in dropped]
     return keep + ["setuptools>=68"]
 
@@ -49,7 +51,11 @@ def main() -> int:
         command += ["--platform", platform]
     command += requirements(args.extra, set(args.skip))
     print(" ".join(command), file=sys.stderr)
-    return subprocess.call(command)
+    status = subprocess.call(command)
+    wheels = sorted(args.dest.glob("*.whl"))
+    size = sum(w.stat().st_size for w in wheels)
+    print(f"{len(wheels)} wheels, {size / 2**20:.1f} MiB in {args.dest}", file=sys.stderr)
+    return status
 
 
 if __name__ == "__main__":

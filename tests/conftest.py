@@ -26,11 +26,11 @@ def tiny_suite(tmp_path: Path) -> dict[str, Path]:
     nb_dir = tmp_path / "notebooks"
     nb_dir.mkdir()
     write_notebook(nb_dir / "10_ok.ipynb", 'run_dir = ""\nrepeats = 2\nlabel = "x"',
-                   "from stagelab import context, schema\n"
+                   "from stagelab import context\n"
                    "ctx = context.notebook_context('10_ok', run_dir)\n"
-                   "rows = schema.make_rows([{'seconds': 0.5, 'bytes': 10**9, 'repeat': r}\n"
-                   "                         for r in range(repeats)], experiment='e', arm=label)\n"
-                   "ctx.write_table(rows, 'ok_table')\nprint('done', repeats)")
+                   "ctx.table_sink('ok_table').append(\n"
+                   "    {'seconds': 0.5, 'bytes': 10**9, 'repeat': r, 'experiment': 'e', 'arm': label}\n"
+                   "    for r in range(repeats))\nprint('done', repeats)")
     write_notebook(nb_dir / "20_fails.ipynb", 'run_dir = ""',
                    "print('partial output before the failure')\n"
                    "raise RuntimeError('deliberate failure for the test')")

@@ -40,6 +40,17 @@ def _parser() -> argparse.ArgumentParser:
     keep.add_argument("run_dir", type=Path)
     keep.add_argument("--force", action="store_true",
                       help="keep a run that is not ok or has no verdict, labelled forced")
+    pre = sub.add_parser(
+        "preflight", help="check in seconds whether this machine can produce the evidence",
+        description="Check CUDA, pinned memory, cudaHostRegister, event timing against the host "
+        "clock, NVML, free memory for the profile's largest cell, the native path, CPU features "
+        "and hidden syncs of the device paths; print a table and write preflight.json. "
+        "Exit status: 0 go, 3 no-go (the blocking reasons are printed), 2 a bad request.")
+    pre.add_argument("--profile", default="quick",
+                     help="the profile whose largest cell must fit in free memory")
+    pre.add_argument("--out", type=Path, default=None,
+                     help="preflight.json's path, or a folder for it "
+                          "(default papermill_runs/preflight.json)")
     return parser
 
 
@@ -110,8 +121,14 @@ def cmd_keep(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_preflight(args: argparse.Namespace) -> int:
+    from stagelab import preflight
+
+    return preflight.preflight(args.profile, args.out)
+
+
 COMMANDS = {"run": cmd_run, "env": cmd_env, "report": cmd_report, "runs": cmd_runs,
-            "keep": cmd_keep}
+            "keep": cmd_keep, "preflight": cmd_preflight}
 
 
 def main(argv: list[str] | None = None) -> int:

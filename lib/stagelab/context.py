@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from stagelab import paths, rundir
+from stagelab.schema import TableSink
 
 INTERACTIVE_PROFILE = "interactive"
 
@@ -30,12 +31,10 @@ class NotebookContext:
     def run_id(self) -> str:
         return self.run_dir.name
 
-    def write_table(self, frame: Any, name: str) -> Path:
-        """Write a tidy table (see :mod:`stagelab.schema`) into ``data/``."""
-        from stagelab import schema
-
-        frame = frame.assign(run_id=self.run_id, notebook=self.notebook)
-        return schema.write_table(frame, self.run_dir, name)
+    def table_sink(self, name: str) -> TableSink:
+        """A table of this run (``data/<name>.parquet``, see :mod:`stagelab.schema`) that a sweep
+        rewrites after every cell, each row labelled with this run and notebook."""
+        return TableSink(self.run_dir, name, run_id=self.run_id, notebook=self.notebook)
 
     def save_figure(self, figure: Any, name: str) -> Path:
         """Save a matplotlib figure as ``figures/<notebook>_<name>.png``."""

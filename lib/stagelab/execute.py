@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import IO, Any, Iterator
 
-from stagelab import hardware, report, rundir
+from stagelab import hardware, paths, report, rundir
 from stagelab.profiles import NotebookPlan, RunPlan
 from stagelab.rundir import ManifestRecorder, RecordError
 
@@ -137,6 +137,7 @@ def execute_notebook(notebook: NotebookPlan, output: Path, run_dir: Path,
     """Execute one notebook into ``output``; return its status and, if it failed, why."""
     import papermill
 
+    os.environ[paths.HEADLESS_ENV] = "1"  # the kernel's sweeps print a line per cell, no bars
     with kernel_sockets() as sockets, open(Path(run_dir) / KERNEL_LOG, "a") as log:
         try:
             papermill.execute_notebook(

@@ -29,11 +29,9 @@ import torch
 from tqdm.auto import tqdm
 
 from stagelab import bench, memory
+from stagelab.paths import HEADLESS_ENV
 from stagelab.errors import InsufficientMemory
 from stagelab.schema import TableSink
-
-HEADLESS_ENV = "STAGELAB_HEADLESS"
-
 
 @dataclass
 class Cell:

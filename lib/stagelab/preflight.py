@@ -1,0 +1,416 @@
+"""Preflight: can this machine produce the staging evidence? Checked in seconds, before a lease
+of GPU time is spent on a run that cannot succeed.
+
+Each check ends ``go`` (passed), ``no-go`` (blocks the evidence), ``info`` (a fact worth keeping)
+or ``unavailable`` (cannot be read here, and does not block). The decision is ``go`` when no check
+says ``no-go``. Blocking: CUDA itself, a pinned allocation with a copy, ``cudaHostRegister``,
+CUDA-event timing that agrees with the host clock on a synchronous copy, and enough free memory
+for the profile's largest cell. Everything is written to ``preflight.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import statistics
+import sys
+import time
+import warnings
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from stagelab import paths
+from stagelab.errors import UserError
+
+GO, NO_GO, INFO, UNAVAILABLE = "go", "no-go", "info", "unavailable"
+EXIT_GO, EXIT_NO_GO = 0, 3
+PROBE_BYTES = 64 << 20  # copies long enough (milliseconds) for both clocks to resolve them
+EVENT_HOST_TOLERANCE = 0.10  # a pageable copy is synchronous: event and host time agree within it
+EVENT_HOST_FLOOR_S = 200e-6  # ...or within this, which covers launch and synchronize overheads
+MEMORY_MARGIN = 0.9  # the share of free memory a cell may use (as memory.check_fits)
+CPU_STILL_RUNS = ("what can still run here: the CPU arms of every notebook (pageable staging, the "
+                  "whole step, prompt logprobs) and the verdict, which stays INCONCLUSIVE for "
+                  "staging; the pinned arms are recorded unavailable")
+
+
+@dataclass
+class Check:
+    """One line of the preflight table, with the numbers behind it in ``data``."""
+
+    name: str
+    status: str
+    detail: str
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CellNeed:
+    """The memory the largest cell of one notebook needs, on the device and on the host."""
+
+    notebook: str
+    cell: str
+    device_bytes: int
+    host_bytes: int
+
+
+# ------------------------------------------------------------------------- profile's largest cell
+
+def profile_parameters(profile: str) -> dict[str, dict[str, Any]]:
+    """Each notebook of ``profile`` with its parameters: the notebook's defaults, then the
+    profile's values. UserError, naming the valid profiles, for an unknown one."""
+    from stagelab.runs import load_profiles, notebook_parameters  # the one place they are found
+
+    profiles = load_profiles()
+    if profile not in profiles:
+        raise UserError(f"unknown profile {profile!r}; valid: {', '.join(profiles)}")
+    merged = {}
+    for name, given in (profiles[profile].get("notebooks") or {}).items():
+        notebook = paths.NOTEBOOKS_DIR / f"{name}.ipynb"
+        defaults = notebook_parameters(notebook) if notebook.exists() else {}
+        merged[name] = {**defaults, **(given or {})}
+    return merged
+
+
+def _itemsize(dtype_name: str) -> int:
+    from stagelab.shapes import torch_dtype
+
+    return torch.empty((), dtype=torch_dtype(dtype_name)).element_size()
+
+
+def staging_need(p: dict[str, Any]) -> CellNeed:
+    """Notebook 01: ``sources`` device tensors of ``n x V``; a host buffer per arm plus two."""
+    from stagelab.shapes import resolve_vocabs
+
+    n, vocab = max(p["rows"]), max(s.vocab for s in resolve_vocabs(p["models"]))
+    nbytes = n * vocab * _itemsize(p["dtype"])
+    return CellNeed("01_d2h_staging", f"n={n} V={vocab}", p["sources"] * nbytes,
+                    (len(p["arms"]) + 2) * nbytes)
+
+
+def step_need(p: dict[str, Any]) -> CellNeed:
+    """Notebook 02: ``sources`` logits and three fp32 ``n x V`` temporaries on the device; the
+    seed arms' fp32 copies (pageable and pinned) on the host."""
+    from stagelab.shapes import resolve_vocabs
+
+    n, vocab = max(p["rows"]), max(s.vocab for s in resolve_vocabs(p["models"]))
+    device = n * vocab * (p["sources"] * _itemsize(p["logits_dtype"]) + 4 * 3)
+    return CellNeed("02_logprobs_step", f"n={n} V={vocab}", device, 2 * n * vocab * 4)
+
+
+def prompt_need(p: dict[str, Any]) -> CellNeed:
+    """Notebook 03: hidden states, the lm_head weight and the unchunked reference's peak."""
+    from stagelab.memory import predicted_peak_bytes
+    from stagelab.shapes import override, resolve_vocabs, torch_dtype
+
+    shape = override(resolve_vocabs([p["model"]], "model")[0], p["vocab"], p["hidden"])
+    tokens, k, dtype = p["tokens"], p["k"], torch_dtype(p["dtype"])
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    method = "logsoftmax" if "logsoftmax" in p["methods"] else "fused"
+    inputs = (tokens + shape.vocab) * shape.hidden * itemsize
+    peak = predicted_peak_bytes(tokens, shape.vocab, shape.hidden, None, dtype, method, k)
+    host = 3 * (tokens - 1) * ((k + 1) * 8 + 4)  # the result and two copier slots
+    return CellNeed("03_prompt_logprobs", f"T={tokens} V={shape.vocab} H={shape.hidden} {method}",
+                    inputs + peak, host)
+
+
+SIZE_MODELS: dict[str, Callable[[dict[str, Any]], CellNeed]] = {
+    "01_d2h_staging": staging_need, "02_logprobs_step": step_need,
+    "03_prompt_logprobs": prompt_need}
+
+
+def largest_cells(parameters: dict[str, dict[str, Any]]) -> list[CellNeed]:
+    """The largest cell of every notebook that allocates by size, in the profile's order."""
+    return [SIZE_MODELS[name](params) for name, params in parameters.items()
+            if name in SIZE_MODELS]
+
+
+# ------------------------------------------------------------------------------------- checks
+
+def _gib(nbytes: int | None) -> str:
+    return "unknown" if nbytes is None else f"{nbytes / 2**30:.2f} GiB"
+
+
+def check_cuda() -> Check:
+    """CUDA is visible to torch: the pinned arms and the decision need it."""
+    if torch.cuda.is_available():
+        name = torch.cuda.get_device_name(0)
+        return Check("cuda", GO, f"{name}, torch {torch.__version__}, CUDA {torch.version.cuda}",
+                     {"device": name, "count": torch.cuda.device_count(),
+                      "torch": torch.__version__, "cuda_build": torch.version.cuda})
+    build = "a CPU build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
+    return Check("cuda", NO_GO, f"no CUDA device (torch {torch.__version__}, {build}): the "
+                 "pinned arms and the staging decision cannot be measured",
+                 {"torch": torch.__version__, "cuda_build": torch.version.cuda})
+
+
+def check_pinned() -> Check:
+    """A pinned allocation, a device-to-host copy into it, and the bytes arrived."""
+    src = torch.randint(0, 256, (PROBE_BYTES,), dtype=torch.uint8, device="cuda")
+    dst = torch.empty(PROBE_BYTES, dtype=torch.uint8, pin_memory=True)
+    dst.copy_(src, non_blocking=True)
+    torch.cuda.synchronize()
+    head = slice(0, 1 << 20)
+    same = bool(torch.equal(dst[head].to("cuda"), src[head]))
+    ok = dst.is_pinned() and same
+    return Check("pinned_copy", GO if ok else NO_GO,
+                 f"{_gib(PROBE_BYTES)} pinned, copied into: {'bytes match' if same else 'MISMATCH'}",
+                 {"bytes": PROBE_BYTES, "is_pinned": dst.is_pinned(), "bytes_match": same})
+
+
+def check_host_register() -> Check:
+    """``cudaHostRegister`` then ``cudaHostUnregister`` of a fresh pageable buffer."""
+    cudart = torch.cuda.cudart()
+    buffer = torch.empty(PROBE_BYTES, dtype=torch.uint8)
+    start = time.perf_counter()
+    registered = int(cudart.cudaHostRegister(buffer.data_ptr(), PROBE_BYTES, 0))
+    register_s = time.perf_counter() - start
+    unregistered = int(cudart.cudaHostUnregister(buffer.data_ptr())) if registered == 0 else None
+    ok = registered == 0 and unregistered == 0
+    return Check("host_register", GO if ok else NO_GO,
+                 f"register {registered}, unregister {unregistered} (0 is success); "
+                 f"registering {_gib(PROBE_BYTES)} took {register_s * 1e3:.1f} ms",
+                 {"register_status": registered, "unregister_status": unregistered,
+                  "register_s": register_s})
+
+
+def check_event_timing(repeats: int = 5) -> Check:
+    """CUDA events against the host clock on a pageable (synchronous) device-to-host copy."""
+    from stagelab.bench import Timer
+
+    src = torch.empty(PROBE_BYTES, dtype=torch.uint8, device="cuda")
+    dst = torch.empty(PROBE_BYTES, dtype=torch.uint8)
+    timer = Timer("cuda")
+    timer.time(lambda: dst.copy_(src))  # warm-up: first-touch of the pageable pages
+    pairs = [timer.time(lambda: dst.copy_(src))[:2] for _ in range(repeats)]
+    gaps = [abs(host - event) for event, host in pairs]
+    allowed = [max(EVENT_HOST_FLOOR_S, EVENT_HOST_TOLERANCE * host) for _, host in pairs]
+    agree = sum(gap <= limit for gap, limit in zip(gaps, allowed))
+    event_s = statistics.median(e for e, _ in pairs)
+    host_s = statistics.median(h for _, h in pairs)
+    return Check("event_timing", GO if agree == repeats else NO_GO,
+                 f"{agree}/{repeats} copies agree (event {event_s * 1e3:.2f} ms, host "
+                 f"{host_s * 1e3:.2f} ms, medians; tolerance {EVENT_HOST_TOLERANCE:.0%} "
+                 f"or {EVENT_HOST_FLOOR_S * 1e6:.0f} us)",
+                 {"event_s": [e for e, _ in pairs], "host_s": [h for _, h in pairs],
+                  "tolerance": EVENT_HOST_TOLERANCE, "floor_s": EVENT_HOST_FLOOR_S})
+
+
+def check_nvml() -> Check:
+    """Driver, PCIe maximum and current generation and width, and one throughput read."""
+    import pynvml
+
+    from stagelab.hardware import nvml_info
+
+    info = nvml_info(0)
+    pynvml.nvmlInit()
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        info["pcie_tx_kb_per_s"] = pynvml.nvmlDeviceGetPcieThroughput(
+            handle, pynvml.NVML_PCIE_UTIL_TX_BYTES)
+        info["pcie_rx_kb_per_s"] = pynvml.nvmlDeviceGetPcieThroughput(
+            handle, pynvml.NVML_PCIE_UTIL_RX_BYTES)
+    finally:
+        pynvml.nvmlShutdown()
+    return Check("nvml", GO,
+                 f"driver {info['driver']}, PCIe gen {info['pcie_current_generation']}/"
+                 f"{info['pcie_max_generation']} x{info['pcie_current_width']}/"
+                 f"x{info['pcie_max_width']} (current/max; idle links downtrain), throughput "
+                 f"tx {info['pcie_tx_kb_per_s']} rx {info['pcie_rx_kb_per_s']} KB/s", info)
+
+
+def check_memory(needs: list[CellNeed], on_gpu: bool) -> Check:
+    """Free host and device memory against the largest cell of the profile (without a device,
+    the device's tensors live on the host too)."""
+    from stagelab.memory import free_device_bytes, free_host_bytes
+
+    if not needs:
+        return Check("memory", INFO, "the profile has no notebook that allocates by size")
+    host_of = (lambda c: c.host_bytes) if on_gpu else (lambda c: c.host_bytes + c.device_bytes)
+    sides = [("host", max(needs, key=host_of), host_of, free_host_bytes())]
+    if on_gpu:
+        sides.append(("device", max(needs, key=lambda c: c.device_bytes),
+                      lambda c: c.device_bytes, free_device_bytes("cuda")))
+    parts, short = [], False
+    for side, cell, need_of, free in sides:
+        fits = free is None or need_of(cell) <= MEMORY_MARGIN * free
+        short = short or not fits
+        parts.append(f"{side}: {cell.notebook} {cell.cell} needs {_gib(need_of(cell))}, "
+                     f"{_gib(free)} free{'' if fits else ' (DOES NOT FIT)'}")
+    return Check("memory", NO_GO if short else GO, "; ".join(parts),
+                 {"cells": [asdict(c) for c in needs], "margin": MEMORY_MARGIN,
+                  **{f"free_{side}_bytes": free for side, _, _, free in sides}})
+
+
+def check_native() -> Check:
+    """The seed's native C++ host path builds here (else its arms are recorded unavailable)."""
+    try:
+        from stagelab import native
+    except ImportError as exc:
+        return Check("native", UNAVAILABLE, "native module missing: the native arms will be "
+                     "recorded unavailable", {"reason": f"native module missing ({exc})"})
+    ok, reason = native.status()
+    return Check("native", GO if ok else UNAVAILABLE,
+                 reason if ok else f"{reason}: the native arms will be recorded unavailable",
+                 {"ok": ok, "reason": reason})
+
+
+def check_cpu_features() -> Check:
+    """numpy's SIMD extensions and torch's CPU capability (host-side arms depend on them)."""
+    import numpy as np
+
+    simd = np.show_config(mode="dicts").get("SIMD Extensions", {})
+    capability = torch.backends.cpu.get_cpu_capability()
+    return Check("cpu_features", INFO,
+                 f"torch {capability}; numpy baseline {', '.join(simd.get('baseline', []))}, "
+                 f"found {', '.join(simd.get('found', []))}",
+                 {"torch_cpu_capability": capability, "numpy_simd": simd,
+                  "numpy": np.__version__})
+
+
+def _sync_warnings(call: Callable[[], object]) -> list[str]:
+    """The synchronizing-operation warnings of one call under ``set_sync_debug_mode("warn")``,
+    after an unobserved warm-up call, as ``file:line: message``."""
+    call()
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            call()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    return [f"{Path(w.filename).name}:{w.lineno}: {str(w.message).splitlines()[0]}"
+            for w in caught if "synchroniz" in str(w.message)]
+
+
+def device_path_calls(rows: int = 16, vocab: int = 32768, k: int = 5, tokens: int = 257,
+                      hidden: int = 256, chunk: int = 64) -> dict[str, Callable[[], object]]:
+    """One small call of each measured device path, on CUDA."""
+    from stagelab import logprobs as lp
+    from stagelab.prompt_logprobs import make_inputs, prompt_logprobs
+
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    logits = torch.randn(rows, vocab, device="cuda", generator=generator).to(torch.bfloat16)
+    ids = torch.randint(0, vocab, (rows,), device="cuda", generator=generator)
+    states, weight, prompt = make_inputs(tokens, vocab, hidden, torch.bfloat16, device="cuda")
+    return {
+        "logprobs_from_logits": lambda: lp.logprobs_from_logits(logits, k, ids),
+        "gather_logprobs(compute_logprobs)": lambda: lp.gather_logprobs(
+            lp.compute_logprobs(logits), k, ids),
+        "prompt_logprobs": lambda: prompt_logprobs(states, weight, prompt, k, chunk,
+                                                   method="fused", overlap=True),
+    }
+
+
+def check_sync_debug() -> list[Check]:
+    """Count hidden host synchronisations of each device path (issue 13); recorded, not blocking."""
+    checks = []
+    for name, call in device_path_calls().items():
+        texts = _sync_warnings(call)
+        checks.append(Check(f"sync:{name}", INFO, f"{len(texts)} sync warnings in one call",
+                            {"count": len(texts), "warnings": texts}))
+    return checks
+
+
+def _guarded(name: str, check: Callable[[], Check | list[Check]], blocking: bool) -> list[Check]:
+    """Run a check; an exception becomes its row (``no-go`` if it blocks), never a crash."""
+    try:
+        result = check()
+    except Exception as exc:  # a broken check is a finding, recorded with its cause
+        first = (str(exc).strip().splitlines() or [""])[0]
+        return [Check(name, NO_GO if blocking else UNAVAILABLE, f"{type(exc).__name__}: {first}")]
+    return result if isinstance(result, list) else [result]
+
+
+def run_checks(parameters: dict[str, dict[str, Any]]) -> list[Check]:
+    """Every check, in table order; ``parameters`` sizes the memory check (see
+    :func:`profile_parameters`)."""
+    checks = _guarded("cuda", check_cuda, blocking=True)
+    on_gpu = checks[0].status == GO
+    gpu_checks = [("pinned_copy", check_pinned), ("host_register", check_host_register),
+                  ("event_timing", check_event_timing)]
+    for name, check in gpu_checks:
+        checks += (_guarded(name, check, blocking=True) if on_gpu
+                   else [Check(name, UNAVAILABLE, "needs a CUDA device")])
+    checks += _guarded("nvml", check_nvml, blocking=False)
+    checks += _guarded("memory", lambda: check_memory(largest_cells(parameters), on_gpu),
+                       blocking=False)
+    checks += _guarded("native", check_native, blocking=False)
+    checks += _guarded("cpu_features", check_cpu_features, blocking=False)
+    checks += (_guarded("sync_debug", check_sync_debug, blocking=False) if on_gpu else [
+        Check("sync_debug", UNAVAILABLE, "torch.cuda.set_sync_debug_mode needs a CUDA device; "
+              "on CPU the tests' sync counter stands in")])
+    return checks
+
+
+# ------------------------------------------------------------------------------------ outcome
+
+def blocking_reasons(checks: list[Check]) -> list[str]:
+    """``name: detail`` of every no-go check."""
+    return [f"{c.name}: {c.detail}" for c in checks if c.status == NO_GO]
+
+
+def format_table(checks: list[Check]) -> str:
+    """The preflight table: check, status, detail."""
+    width = max(len("check"), *(len(c.name) for c in checks))
+    lines = [f"{'check':{width}}  {'status':11}  detail", f"{'-' * width}  {'-' * 11}  {'-' * 6}"]
+    lines += [f"{c.name:{width}}  {c.status:11}  {c.detail}" for c in checks]
+    return "\n".join(lines)
+
+
+def resolve_out(out: Path | None) -> Path:
+    """Where preflight.json goes: ``out`` (a ``.json`` file or a folder), by default
+    ``papermill_runs/preflight.json``. UserError, before any check runs, if it cannot be written."""
+    path = Path(out) if out is not None else paths.RUNS_DIR / "preflight.json"
+    if path.suffix != ".json":
+        path = path / "preflight.json"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"--out {path.parent}: cannot create the folder ({exc.strerror})") from exc
+    if not os.access(path.parent, os.W_OK):
+        raise UserError(f"--out {path.parent}: the folder is not writable")
+    return path
+
+
+def write_report(path: Path, profile: str, checks: list[Check], elapsed_s: float) -> Path:
+    """Write ``preflight.json`` atomically: decision, blocking reasons and every check."""
+    blocking = blocking_reasons(checks)
+    payload = {
+        "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "host": socket.gethostname(),
+        "profile": profile,
+        "decision": NO_GO if blocking else GO,
+        "exit_status": EXIT_NO_GO if blocking else EXIT_GO,
+        "blocking": blocking,
+        "elapsed_s": round(elapsed_s, 2),
+        "checks": [asdict(c) for c in checks],
+    }
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(payload, indent=2, default=str) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def preflight(profile: str, out: Path | None = None) -> int:
+    """Run every check, print the table and the decision, write preflight.json; 0 go, 3 no-go."""
+    started = time.perf_counter()
+    parameters = profile_parameters(profile)  # an unknown profile stops here, nothing written
+    path = resolve_out(out)
+    checks = run_checks(parameters)
+    write_report(path, profile, checks, time.perf_counter() - started)
+    print(format_table(checks))
+    blocking = blocking_reasons(checks)
+    for reason in blocking:
+        print(f"blocking: {reason}", file=sys.stderr)
+    if not any(c.name == "cuda" and c.status == GO for c in checks):
+        print(CPU_STILL_RUNS, file=sys.stderr)
+    print(f"preflight: {'NO-GO (exit 3)' if blocking else 'GO'} after "
+          f"{time.perf_counter() - started:.1f} s; written {path}")
+    return EXIT_NO_GO if blocking else EXIT_GO
