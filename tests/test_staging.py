@@ -128,15 +128,20 @@ def test_unknown_arm_is_named():
         staging.make_arm("fast")
 
 
-def test_sweep_times_interleaved_arms_and_records_what_it_cannot_measure():
-    arms = ["pageable_fresh", "pageable_reused", "pinned_grow_only", "raw_ceiling"]
-    records = staging.sweep(shapes.resolve_vocabs([1000]), [2], torch.float32, arms, repeats=4,
-                            warmup=1)
+def test_measure_times_interleaved_arms_and_records_what_it_cannot_measure():
+    arms = ["pageable_fresh", "pageable_fresh_empty", "pageable_reused", "pinned_grow_only",
+            "raw_ceiling"]
+    records = staging.measure(shapes.resolve_vocabs([1000]), [2], torch.float32, arms, repeats=4,
+                              warmup=1, progress=False)
     frame = schema.make_rows(records)
     timed = frame[(frame.metric == "time") & (frame.status == "ok")]
-    assert timed.groupby("arm").size().to_dict() == {
-        "pageable_fresh": 4, "pageable_fresh~aa": 4, "pageable_reused": 4, "raw_ceiling": 4}
+    expected = {"pageable_fresh": 4, "pageable_fresh~aa": 4, "pageable_fresh_empty": 4,
+                "pageable_reused": 4, "raw_ceiling": 4}
+    if CUDA:
+        expected["pinned_grow_only"] = 4
+    assert timed.groupby("arm").size().to_dict() == expected
     assert (timed.bytes == 8000).all() and (timed.seconds > 0).all()
+    assert set(timed.repeat) == {0, 1, 2, 3}
     if not CUDA:
         missing = frame[frame.arm == "pinned_grow_only"]
         assert list(missing.status) == ["unavailable"]
@@ -145,33 +150,48 @@ def test_sweep_times_interleaved_arms_and_records_what_it_cannot_measure():
     assert allocations["pageable_fresh"] == 5 and allocations["pageable_reused"] == 1
 
 
-def test_sweep_skips_a_cell_that_does_not_fit_with_the_numbers(monkeypatch):
+def test_measure_skips_a_cell_that_does_not_fit_with_the_numbers(monkeypatch):
     monkeypatch.setattr(memory, "free_host_bytes", lambda: 10_000)
-    frame = schema.make_rows(staging.sweep(shapes.resolve_vocabs([1000]), [64], torch.float32,
-                                           ["pageable_fresh"], repeats=2))
-    assert list(frame.status) == ["skipped"]
+    frame = schema.make_rows(staging.measure(shapes.resolve_vocabs([1000]), [64], torch.float32,
+                                             ["pageable_fresh"], repeats=2, progress=False))
+    assert list(frame.status) == ["skipped", "skipped"]  # the arm and its A/A twin
     assert "needs" in frame.note.iloc[0] and "GiB" in frame.note.iloc[0]
 
 
 @pytest.mark.parametrize("kwargs, message", [
     ({"arms": ["nope"]}, "arms: unknown arm 'nope'"),
+    ({"arms": []}, "arms is empty"),
     ({"arms": ["pageable_reused"]}, "aa_arm 'pageable_fresh' must be one of arms"),
     ({"repeats": 0}, "repeats must be positive"),
     ({"rows": [0]}, "rows: 0 is not a positive integer"),
     ({"rows": []}, "rows is empty"),
 ])
-def test_sweep_bad_parameters(kwargs, message):
+def test_measure_bad_parameters(kwargs, message):
     args = {"arms": ["pageable_fresh"], "repeats": 2, "rows": [1], **kwargs}
     rows = args.pop("rows")
     with pytest.raises(ValueError, match=message):
-        staging.sweep(shapes.resolve_vocabs([10]), rows, torch.float32, **args)
+        staging.measure(shapes.resolve_vocabs([10]), rows, torch.float32, progress=False, **args)
 
 
-def test_goal_checks_say_what_was_not_measured_without_a_gpu():
-    frame = schema.make_rows(staging.sweep(shapes.resolve_vocabs([1000]), [2], torch.float32,
-                                           ["pageable_fresh", "pageable_reused", "raw_ceiling"],
-                                           repeats=3))
-    goals = staging.goal_checks(frame, {"gpu": None, "nvml": None}).set_index("goal")
-    assert goals.loc["pinned grow-only vs raw pinned ceiling", "status"] == "not measured"
-    assert goals.loc["reuse lever: reused vs fresh pageable", "status"] == "met"
-    assert goals.loc["A/A noise band", "status"] in ("met", "not met")
+def test_grow_only_results_are_views_until_the_next_stage_unless_copied():
+    arm = staging.PageableReused()
+    first_src, second_src = source(2, 50), source(2, 50, seed=1)
+    kept = arm.stage(first_src, copy=True)
+    view = arm.stage(first_src)
+    arm.stage(second_src)
+    assert torch.equal(view, second_src), "a view of the buffer shows the next stage's data"
+    assert torch.equal(kept, first_src), "copy=True keeps the result"
+
+
+def test_the_fresh_arm_zero_fills_like_a_value_initialised_vector(monkeypatch):
+    made = []
+    real_zeros = torch.zeros
+
+    def recording_zeros(*args, **kwargs):
+        made.append(args)
+        return real_zeros(*args, **kwargs)
+
+    monkeypatch.setattr(staging.PageableFresh, "_make", staticmethod(recording_zeros))
+    out = staging.PageableFresh().stage(source(3, 10))
+    assert made == [(torch.Size([3, 10]),)] and out.shape == (3, 10)
+    assert staging.PageableFreshEmpty._make is torch.empty

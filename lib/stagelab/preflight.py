@@ -63,7 +63,7 @@ class CellNeed:
 def profile_parameters(profile: str) -> dict[str, dict[str, Any]]:
     """Each notebook of ``profile`` with its parameters: the notebook's defaults, then the
     profile's values. UserError, naming the valid profiles, for an unknown one."""
-    from stagelab.runs import load_profiles, notebook_parameters  # the one place they are found
+    from stagelab.profiles import load_profiles, notebook_parameters
 
     profiles = load_profiles()
     if profile not in profiles:

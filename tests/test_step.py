@@ -1,0 +1,119 @@
+"""The step's arms: the seed's native path and its stagings, the device paths, their stages, the
+sweep over cells, and the waits each arm makes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from reference import assert_matches_reference
+from stagelab import native, schema, shapes, staging, step
+from stagelab.errors import NativeUnavailable
+from test_staging import RecordingAllocator
+
+CUDA = torch.cuda.is_available()
+NATIVE_OK, NATIVE_WHY = native.status()
+
+
+def make_logits(n: int, vocab: int, dtype=torch.bfloat16, seed: int = 0) -> torch.Tensor:
+    return (3 * torch.randn(n, vocab, generator=torch.Generator().manual_seed(seed))).to(dtype)
+
+
+def make_tokens(n: int, vocab: int, seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed))
+
+
+def pipelines() -> dict[str, step.SeedStep | step.DeviceStep]:
+    """Every arm that can exist on this machine; the pinned scratch from a recording allocator."""
+    arms = {name: step.make_pipeline(name) for name in
+            ("seed_pageable", "seed_pageable_reused", "seed_pageable_numpy", "device_gather",
+             "fused")}
+    arms["seed_pinned"] = step.SeedStep("seed_pinned", step.Scratch(
+        staging.PinnedGrowOnly(allocator=RecordingAllocator())), "native")
+    return arms
+
+
+@pytest.mark.skipif(not NATIVE_OK, reason=f"the native path cannot be built here: {NATIVE_WHY}")
+@pytest.mark.parametrize("arm", ["seed_pageable", "seed_pinned", "seed_pageable_reused",
+                                 "seed_pageable_numpy", "device_gather", "fused"])
+def test_every_arm_agrees_with_float64_and_reports_its_stages(arm):
+    logits, tokens = make_logits(6, 2003), make_tokens(6, 2003)
+    pipeline = pipelines()[arm]
+    for _ in range(2):  # a reused scratch gives the same answer the second time
+        result, stages = pipeline.run(logits, 5, tokens, tokens)
+        assert_matches_reference(result, logits, 5, tokens, atol=5e-5,
+                                 exact_ranks=arm == "fused")
+    expected = set(step.STAGES) if arm.startswith("seed") else {"device", "copy"}
+    assert set(stages) == expected and all(v >= 0 for v in stages.values())
+
+
+@pytest.mark.skipif(not NATIVE_OK, reason=f"the native path cannot be built here: {NATIVE_WHY}")
+def test_the_pinned_seed_arm_copies_into_its_allocators_buffer_and_only_grows():
+    allocator = RecordingAllocator()
+    scratch = step.Scratch(staging.PinnedGrowOnly(allocator=allocator))
+    pipeline = step.SeedStep("seed_pinned", scratch, "native")
+    for n in (4, 2, 8, 8):
+        pipeline.run(make_logits(n, 1000), 3, make_tokens(n, 1000), make_tokens(n, 1000))
+        host, _release = scratch.acquire(torch.Size([n, 1000]))
+        assert allocator.owns(host)
+    assert [b.numel() for b in allocator.buffers] == [16000, 32000]
+
+
+def test_native_unavailable_makes_its_arms_unavailable_and_keeps_the_numpy_arm(monkeypatch):
+    def refuse() -> None:
+        raise NativeUnavailable("no C++ compiler found (tried c++, g++, clang++)")
+
+    monkeypatch.setattr(native, "require", refuse)
+    built, unavailable = step.build_pipelines(["seed_pageable", "seed_pageable_reused",
+                                               "seed_pageable_numpy", "fused"])
+    assert set(built) == {"seed_pageable_numpy", "fused"}
+    assert unavailable == {arm: "no C++ compiler found (tried c++, g++, clang++)"
+                           for arm in ("seed_pageable", "seed_pageable_reused")}
+
+
+def test_measure_times_each_arm_with_a_twin_and_records_what_cannot_run():
+    frame = schema.make_rows(step.measure(shapes.resolve_vocabs([1000]), [3], [2],
+                                          torch.float32, list(step.STEP_ARMS), repeats=3,
+                                          warmup=1, progress=False))
+    totals = frame[(frame.metric == "time") & (frame.stage == "total") & (frame.status == "ok")]
+    expected = {"seed_pageable_numpy", "device_gather", "fused"}
+    if NATIVE_OK:
+        expected |= {"seed_pageable", "seed_pageable~aa", "seed_pageable_reused"}
+    if CUDA:
+        expected.add("seed_pinned")
+    assert set(totals.arm) == expected
+    assert all(sorted(r) == [0, 1, 2] for r in totals.groupby("arm").repeat.apply(list))
+    copies = frame[(frame.stage == "copy") & (frame.status == "ok")].set_index("arm")["bytes"]
+    assert copies.loc["seed_pageable_numpy"].eq(3 * 1000 * 4).all()
+    assert copies.loc["fused"].eq(3 * 3 * 8 + 3 * 4).all()
+    if not CUDA:
+        missing = frame[frame.arm == "seed_pinned"]
+        assert list(missing.status) == ["unavailable"]
+        assert "needs a CUDA device" in missing.note.iloc[0]
+    errors = frame[frame.metric == "max_abs_error"].set_index("arm")["value"]
+    assert (errors < 5e-5).all() and errors["fused"] == 0.0
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"ks": [-1]}, "ks: "), ({"ks": []}, "ks: "), ({"rows": [0]}, "rows: 0 is not a positive"),
+    ({"arms": ["nope"]}, "unknown step arm 'nope'"), ({"arms": []}, "arms is empty"),
+    ({"arms": ["fused"], "aa_arm": "seed_pageable"}, "aa_arm 'seed_pageable' must be one of"),
+    ({"repeats": 0}, "repeats must be positive"),
+])
+def test_measure_refuses_bad_parameters_naming_them(kwargs, message):
+    args = {"rows": [1], "ks": [0], "arms": ["fused"], "aa_arm": None, "repeats": 1, **kwargs}
+    with pytest.raises(ValueError, match=message):
+        step.measure(shapes.resolve_vocabs([10]), args.pop("rows"), args.pop("ks"),
+                     torch.float32, args.pop("arms"), progress=False, **args)
+
+
+def test_measure_skips_a_k_larger_than_the_vocabulary_and_says_why():
+    frame = schema.make_rows(step.measure(shapes.resolve_vocabs([10]), [2], [20], torch.float32,
+                                          ["fused"], aa_arm=None, repeats=1, progress=False))
+    assert list(frame.status) == ["skipped"]
+    assert "K=20 exceeds the vocabulary V=10" in frame.note.iloc[0]
+
+
+def test_unknown_arm_is_named():
+    with pytest.raises(ValueError, match="unknown step arm 'x'"):
+        step.make_pipeline("x")

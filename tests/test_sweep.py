@@ -1,0 +1,135 @@
+"""The one sweep: fault isolation, per-cell writes that survive a kill, progress, clock checks."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from stagelab import bench, hardware, paths, schema, sweep
+from stagelab.errors import InsufficientMemory
+
+
+def cells(count: int, arms=("a", "b")) -> list[sweep.Cell]:
+    return [sweep.Cell(sizes={"experiment": "e", "rows": i + 1, "vocab": 10}, arms=list(arms),
+                       label=f"cell {i}") for i in range(count)]
+
+
+def plan(calls: dict, **kwargs) -> sweep.CellPlan:
+    return sweep.CellPlan(calls=calls, **kwargs)
+
+
+def test_an_arm_that_raises_is_recorded_failed_and_the_others_go_on():
+    def broken(r: int) -> None:
+        if r >= 2:
+            raise RuntimeError("device lost\nsecond line")
+
+    records = sweep.run(cells(1), lambda cell: plan({"a": lambda r: None, "b": broken}),
+                        repeats=4, warmup=1, device="cpu", progress=False)
+    frame = schema.make_rows(records)
+    timed = frame[(frame.status == "ok") & (frame.arm == "a")]
+    assert list(timed.repeat) == [0, 1, 2, 3]
+    failed = frame[frame.status == "failed"]
+    assert list(failed.arm) == ["b"] and failed.note.iloc[0] == "RuntimeError: device lost"
+    assert list(frame[(frame.arm == "b") & (frame.status == "ok")].repeat) == [0]
+
+
+def test_a_cell_that_fails_or_does_not_fit_does_not_stop_the_sweep():
+    def prepare(cell: sweep.Cell) -> sweep.CellPlan:
+        if cell.sizes["rows"] == 1:
+            raise ValueError("cannot build the sources")
+        if cell.sizes["rows"] == 2:
+            raise InsufficientMemory("needs 9.00 GiB but only 1.00 GiB is free")
+        return plan({"a": lambda r: None, "b": lambda r: None})
+
+    frame = schema.make_rows(sweep.run(cells(3), prepare, repeats=2, warmup=0, device="cpu",
+                                       progress=False))
+    by_cell = {rows: set(part.status) for rows, part in frame.groupby("rows")}
+    assert by_cell == {1: {"failed"}, 2: {"skipped"}, 3: {"ok"}}
+    assert frame[frame.rows == 1].note.iloc[0] == "ValueError: cannot build the sources"
+
+
+def test_an_invalid_cell_is_skipped_with_its_reason_and_unavailable_arms_are_named():
+    todo = cells(2)
+    todo[0].invalid = "K=20 exceeds the vocabulary V=10"
+    frame = schema.make_rows(sweep.run(
+        todo, lambda cell: plan({"a": lambda r: None}, unavailable={"b": "needs CUDA"}),
+        repeats=1, warmup=0, device="cpu", progress=False))
+    assert set(frame[frame.rows == 1].status) == {"skipped"}
+    second = frame[frame.rows == 2]
+    assert second[second.arm == "b"][["status", "note"]].values.tolist() == [
+        ["unavailable", "needs CUDA"]]
+
+
+def test_the_table_is_written_after_every_cell(tmp_path):
+    sink = schema.TableSink(tmp_path, "t", run_id="r", notebook="n")
+    seen = []
+
+    def prepare(cell: sweep.Cell) -> sweep.CellPlan:
+        if cell.sizes["rows"] > 1:  # by the second cell, the first is on disk
+            seen.append(sorted(set(schema.read_table(tmp_path, "t").rows)))
+        return plan({"a": lambda r: None})
+
+    sweep.run(cells(3), prepare, repeats=1, warmup=0, device="cpu", sink=sink, progress=False)
+    assert seen == [[1], [1, 2]]
+    assert set(schema.read_table(tmp_path, "t").run_id) == {"r"}
+
+
+def test_a_sweep_killed_mid_way_leaves_its_finished_cells_on_disk(tmp_path):
+    script = textwrap.dedent(f"""
+        import time
+        from stagelab import schema, sweep
+        cells = [sweep.Cell(sizes={{"experiment": "e", "rows": i + 1}}, arms=["a"], label=str(i))
+                 for i in range(3)]
+        def prepare(cell):
+            if cell.sizes["rows"] == 2:
+                time.sleep(120)  # killed here, in the second cell
+            return sweep.CellPlan(calls={{"a": lambda r: None}})
+        sink = schema.TableSink({str(tmp_path)!r}, "t")
+        sweep.run(cells, prepare, repeats=3, warmup=0, device="cpu", sink=sink, progress=False)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script])
+    path = schema.table_path(tmp_path, "t")
+    deadline = time.time() + 60
+    while not path.exists() and time.time() < deadline:
+        time.sleep(0.1)
+    proc.kill()
+    proc.wait()
+    table = schema.read_table(tmp_path, "t")
+    assert set(table.rows) == {1} and list(table.repeat) == [0, 1, 2]
+    assert not list(tmp_path.glob("data/.*.tmp")), "no half-written file is left behind"
+
+
+def test_headless_progress_is_one_line_per_cell(monkeypatch, capsys):
+    monkeypatch.setenv(paths.HEADLESS_ENV, "1")
+    sweep.run(cells(3), lambda cell: plan({"a": lambda r: None}), repeats=2, warmup=0,
+              device="cpu", label="demo")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"demo: cell {i + 1}/3 cell {i}: 1 ok" for i in range(3)]
+
+
+@pytest.mark.parametrize("event, host, agree", [(0.010, 0.0102, True), (0.010, 0.0125, False),
+                                                (0.0001, 0.0005, True), (0.0001, 0.002, False)])
+def test_host_clock_cross_check(event, host, agree):
+    assert bench.clocks_agree(event, host) is agree
+
+
+def test_a_pcie_sampler_that_fails_records_itself_unavailable(monkeypatch):
+    class FailingNvml:
+        NVML_PCIE_UTIL_TX_BYTES = NVML_PCIE_UTIL_RX_BYTES = 0
+
+        def nvmlInit(self): pass
+        def nvmlShutdown(self): pass
+        def nvmlDeviceGetHandleByIndex(self, index): return index
+
+        def nvmlDeviceGetPcieThroughput(self, handle, counter):
+            raise RuntimeError("NVML_ERROR_GPU_IS_LOST")
+
+    monkeypatch.setitem(sys.modules, "pynvml", FailingNvml())
+    with hardware.PcieSampler() as sampler:
+        time.sleep(0.05)
+    assert not sampler.available and sampler.samples == []
+    assert "the PCIe sampler failed (RuntimeError: NVML_ERROR_GPU_IS_LOST)" in sampler.reason
