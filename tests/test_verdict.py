@@ -1,137 +1,501 @@
-"""The verdict's rules on synthetic run folders: PORT, CLOSE, INCONCLUSIVE, missing and corrupt data."""
+"""The verdict on synthetic run folders: the seed's step, pinned against pageable, paired by round.
+
+Each run folder holds a ``step`` table built here with known stage times, a true speedup per cell
+and a drift shared by the arms of each round (so that only a paired analysis sees a tight effect),
+and optionally the ``staging`` and ``prompt_logprobs`` tables.
+"""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from stagelab import schema, verdict
+from stagelab.errors import SchemaError
 
-RNG = np.random.default_rng(7)
-
-
-def timings(arm: str, seconds: float, n: int, rows: int = 64, vocab: int = 152064,
-            experiment: str = "d2h_copy", stage: str = "total") -> list[dict]:
-    jitter = 1 + 0.005 * RNG.standard_normal(n)
-    return [{"experiment": experiment, "arm": arm, "stage": stage, "rows": rows, "vocab": vocab,
-             "repeat": i, "seconds": float(seconds * j), "bytes": rows * vocab * 4}
-            for i, j in enumerate(jitter)]
+V = 152_064
+STAGE_MS = {"device": 2.0, "alloc": 4.0, "copy": 6.0, "host_gather": 7.0, "free": 1.0}  # 20 ms
+MIN_SPEEDUP = 1 / (1 - 0.02)
+UNAVAILABLE = "pinned host memory needs a CUDA device"
 
 
-def staging_rows(pinned: float | None, n: int = 30, reused: float = 0.004) -> list[dict]:
-    rows = timings("pageable_fresh", 0.010, n) + timings("pageable_fresh~aa", 0.010, n)
-    rows += timings("pageable_reused", reused, n)
-    if pinned is None:
-        rows.append({"experiment": "d2h_copy", "arm": "pinned_grow_only", "rows": 64,
-                     "vocab": 152064, "status": "unavailable",
-                     "note": "pinned_grow_only: pinned host memory needs a CUDA device"})
+def arm_rows(arm: str, stage_ms: dict[str, float], drift: np.ndarray, rng: np.random.Generator,
+             noise: float, rows: int, vocab: int, k: int) -> list[dict]:
+    """One arm's rows of one cell: every stage and the total (their sum), per round."""
+    out = []
+    for round_, shared in enumerate(drift):
+        factor = shared * (1 + noise * rng.standard_normal())
+        parts = {stage: ms * factor / 1e3 for stage, ms in stage_ms.items()}
+        for stage, seconds in {**parts, "total": sum(parts.values())}.items():
+            out.append(dict(experiment="step", arm=arm, stage=stage, repeat=round_,
+                            seconds=seconds, rows=rows, vocab=vocab, k=k))
+    return out
+
+
+def step_cell(rows: int, speedup: float | None, *, rounds: int = 30, vocab: int = V, k: int = 5,
+              seed: int = 0, noise: float = 0.002, drift_sigma: float = 0.3,
+              twin_factor: float = 1.0, extra: dict[str, float] | None = None,
+              numpy_gather: bool = False) -> list[dict]:
+    """One cell of the step table: the seed's arm, its A/A twin (``twin_factor`` times slower)
+    and ``seed_pinned`` ``speedup`` times faster (None: unavailable, with a note); ``extra`` adds
+    arms by their speedup over the seed's step; ``numpy_gather`` the numpy arm, whose host top-K
+    takes twice the native one's time."""
+    rng = np.random.default_rng(seed)
+    drift = np.exp(drift_sigma * rng.standard_normal(rounds))
+    cell = dict(rows=rows, vocab=vocab, k=k)
+    recs = arm_rows("seed_pageable", STAGE_MS, drift, rng, noise, **cell)
+    recs += arm_rows("seed_pageable~aa", {s: ms * twin_factor for s, ms in STAGE_MS.items()},
+                     drift, rng, noise, **cell)
+    arms = dict(extra or {})
+    if speedup is None:
+        recs.append(dict(experiment="step", arm="seed_pinned", status="unavailable",
+                         note=UNAVAILABLE, **cell))
     else:
-        rows += timings("pinned_grow_only", pinned, n)
-    return rows
+        arms["seed_pinned"] = speedup
+    for arm, arm_speedup in arms.items():
+        recs += arm_rows(arm, {s: ms / arm_speedup for s, ms in STAGE_MS.items()}, drift, rng,
+                         noise, **cell)
+    if numpy_gather:
+        recs += arm_rows("seed_pageable_numpy", {**STAGE_MS, "host_gather": 14.0}, drift, rng,
+                         noise, **cell)
+    return recs
 
 
-def write_run(tmp_path, staging=None, step_seconds: float | None = 0.050):
-    run = tmp_path / "run"
-    if staging is not None:
-        schema.write_table(schema.make_rows(staging), run, "staging")
-    if step_seconds is not None:
-        step = timings("seed_pageable", step_seconds, 20, experiment="step")
-        schema.write_table(schema.make_rows(step, k=5), run, "step")
+def write_step(run: Path, records: list[dict]) -> Path:
+    schema.write_table(schema.make_rows(records), run, "step")
     return run
 
 
-def test_a_clear_gain_ports(tmp_path):
-    result = verdict.build_verdict(write_run(tmp_path, staging_rows(pinned=0.005)))
-    (cell,) = result["cells"]
+def build(run: Path, rows: list[int], **kwargs) -> dict:
+    return verdict.build_verdict(run, decisive_rows=rows, decisive_vocabs=[V], decisive_ks=[5],
+                                 **kwargs)
+
+
+def medians_ms(records: list[dict], arm: str, stage: str) -> float:
+    return 1e3 * float(np.median([r["seconds"] for r in records
+                                  if r["arm"] == arm and r.get("stage") == stage]))
+
+
+# --------------------------------------------------------------------------- decisions
+
+def test_a_clear_step_level_gain_ports_with_its_evidence(tmp_path):
+    records = step_cell(64, 1.5)
+    result = build(write_step(tmp_path / "run", records), [64])
+    (cell,) = result["decisive"]
+    assert (cell["rows"], cell["vocab"], cell["k"], cell["candidate"]) == (64, V, 5, "seed_pinned")
     assert cell["decision"] == "PORT" and result["overall"]["decision"] == "PORT"
-    assert cell["speedup"] == pytest.approx(2.0, rel=0.02)
-    assert cell["saved_ms"] == pytest.approx(5.0, rel=0.05) and cell["step_ms"] == pytest.approx(50, rel=0.02)
-    assert cell["min_speedup"] == pytest.approx(1 / (1 - 0.02 * 50 / 10), rel=0.02)
+    assert cell["reason"].startswith("speedup 1.50")
+    assert "above the A/A twin's CI" in cell["reason"]
+    assert cell["speedup"] == pytest.approx(1.5, rel=0.005)
+    assert cell["ci_low"] > MIN_SPEEDUP and cell["ci_low"] <= cell["speedup"] <= cell["ci_high"]
+    assert cell["min_speedup"] == pytest.approx(MIN_SPEEDUP, rel=1e-12)
+    assert cell["n_rounds"] == 30 and cell["delta"] == 0.02
+    step_ms = medians_ms(records, "seed_pageable", "total")
+    pinned_ms = medians_ms(records, "seed_pinned", "total")
+    assert cell["step_ms"] == pytest.approx(step_ms, rel=1e-12)
+    assert cell["saved_ms"] == pytest.approx(step_ms - pinned_ms, rel=1e-12)
+    assert cell["saved_ms"] == pytest.approx(step_ms / 3, rel=0.01)  # 1 - 1/1.5 of the step
+    assert cell["stages_ms"] == pytest.approx(
+        {stage: medians_ms(records, "seed_pageable", stage) for stage in (*STAGE_MS, "total")},
+        rel=1e-12)
+    assert result["overall"]["summary"].startswith(
+        "Pinned grow-only staging saves more than delta of the seed's step in 1 of 1 decisive "
+        f"cells; the largest saving is {cell['saved_ms']:.2f} ms per step at n=64, V={V}, K=5")
 
 
-def test_no_effect_closes(tmp_path):
-    result = verdict.build_verdict(write_run(tmp_path, staging_rows(pinned=0.010)))
-    assert result["cells"][0]["decision"] == "CLOSE"
-    assert result["overall"]["decision"] == "CLOSE"
+def test_pairing_by_round_is_what_resolves_a_small_gain_under_drift(tmp_path):
+    records = step_cell(64, 1.06, drift_sigma=0.3)
+    assert build(write_step(tmp_path / "paired", records), [64])["decisive"][0]["decision"] == (
+        "PORT")
+    # negative control: the same timings with the candidate's rounds shuffled lose the pairing
+    order = np.random.default_rng(1).permutation(30)
+    shuffled = [{**r, "repeat": int(order[r["repeat"]])} if r["arm"] == "seed_pinned" else r
+                for r in records]
+    cell = build(write_step(tmp_path / "shuffled", shuffled), [64])["decisive"][0]
+    assert cell["decision"] == "INCONCLUSIVE" and "straddles the minimum 1.020x" in cell["reason"]
 
 
-def test_a_real_gain_smaller_than_two_percent_of_the_step_closes(tmp_path):
-    # 1.5 % faster copy: outside a 0.5 % noise band, but saves 0.15 ms of a 50 ms step
-    result = verdict.build_verdict(write_run(tmp_path, staging_rows(pinned=0.010 / 1.015, n=200)))
-    cell = result["cells"][0]
-    assert cell["decision"] == "CLOSE" and "real but below the minimum" in cell["reason"]
-    assert result["overall"]["decision"] == "CLOSE"
+@pytest.mark.parametrize("speedup", [1.0, 1.01, 0.8], ids=["no-effect", "below-delta", "slower"])
+def test_no_gain_a_gain_below_delta_or_a_slowdown_closes(tmp_path, speedup):
+    result = build(write_step(tmp_path / "run", step_cell(64, speedup) + step_cell(
+        256, speedup, seed=1)), [64, 256])
+    for cell in result["decisive"]:
+        assert cell["decision"] == "CLOSE"
+        assert cell["reason"].endswith("lies below the minimum 1.020x: any benefit is smaller "
+                                       "than worth a change")
+        assert cell["speedup"] == pytest.approx(speedup, rel=0.005)
+    assert result["overall"] == {
+        "decision": "CLOSE", "where": "",
+        "summary": "In all 2 decisive cells any benefit of pinned grow-only staging is smaller "
+                   "than delta (2%) of the seed's step, or it is slower: close without porting."}
 
 
-def test_pinned_slower_in_one_cell_blocks_a_port(tmp_path):
-    rows = staging_rows(pinned=0.005) + [
-        {**r, "rows": 8} for r in staging_rows(pinned=0.020)]
-    result = verdict.build_verdict(write_run(tmp_path, rows, step_seconds=None))
-    assert sorted(c["decision"] for c in result["cells"]) == ["CLOSE", "PORT"]
+def test_one_cell_slower_beyond_delta_keeps_a_port_elsewhere_from_carrying(tmp_path):
+    result = build(write_step(tmp_path / "run", step_cell(64, 1.5) + step_cell(
+        256, 0.8, seed=1)), [64, 256])
+    assert [c["decision"] for c in result["decisive"]] == ["PORT", "CLOSE"]
+    overall = result["overall"]
+    assert overall["decision"] == "INCONCLUSIVE"
+    assert overall["summary"].startswith(
+        "The decisive cells disagree or are unresolved ({'CLOSE': 1, 'PORT': 1}); 1 cell(s) "
+        "show pinning slower beyond delta.")
+
+
+def test_a_cell_slower_within_delta_does_not_block_a_port(tmp_path):
+    # negative control of the test above: 1 % slower is within delta, so the PORT cell carries
+    result = build(write_step(tmp_path / "run", step_cell(64, 1.5) + step_cell(
+        256, 0.99, seed=1)), [64, 256])
+    assert [c["decision"] for c in result["decisive"]] == ["PORT", "CLOSE"]
+    assert result["overall"]["decision"] == "PORT"
+
+
+def test_the_pinned_arm_unavailable_makes_every_decisive_cell_inconclusive(tmp_path):
+    records = step_cell(64, None, extra={"seed_pageable_reused": 1.25}) + step_cell(
+        256, None, seed=1, extra={"seed_pageable_reused": 1.25})
+    result = build(write_step(tmp_path / "run", records), [64, 256])
+    for cell in result["decisive"]:
+        assert cell["decision"] == "INCONCLUSIVE"
+        assert cell["reason"] == f"not measured: seed_pinned unavailable: {UNAVAILABLE}"
+        seed_step = [r for r in records if r["rows"] == cell["rows"]]
+        assert cell["stages_ms"]["total"] == pytest.approx(  # the seed's step is still measured
+            medians_ms(seed_step, "seed_pageable", "total"))
+    assert result["overall"] == {
+        "decision": "INCONCLUSIVE", "where": "",
+        "summary": f"No decisive cell was measured (seed_pinned unavailable: {UNAVAILABLE}), so "
+                   "whether pinned staging helps cannot be decided here. See the findings for "
+                   "what was measured instead."}
+    # what a CPU can measure is still reported: the reuse lever at step level
+    reuse = [line for line in result["findings"] if line.startswith("Reuse lever")]
+    assert len(reuse) == 2 and reuse[0].startswith(
+        f"Reuse lever at step level (grow-only pageable vs fresh vector) at n=64, V={V}, K=5: "
+        "1.25x")
+
+
+def test_a_decisive_cell_named_but_not_measured_is_inconclusive_naming_it(tmp_path):
+    result = build(write_step(tmp_path / "run", step_cell(64, 1.5)), [64, 256])
+    port, missing = result["decisive"]
+    assert port["decision"] == "PORT"
+    assert (missing["rows"], missing["decision"]) == (256, "INCONCLUSIVE")
+    assert missing["reason"] == "not measured: seed_pageable was not measured in this run"
+    assert missing["stages_ms"] is None and missing["speedup"] is None
+    # the rule (issue 9): PORT needs one PORT cell and none slower beyond delta
+    assert result["overall"]["decision"] == "PORT"
+
+
+def test_too_few_rounds_is_inconclusive(tmp_path):
+    run = write_step(tmp_path / "run", step_cell(64, 1.5, rounds=5))
+    cell = build(run, [64])["decisive"][0]
+    assert cell["decision"] == "INCONCLUSIVE"
+    assert cell["reason"] == "fewer rounds than the minimum (5 < 10)"
+    assert cell["n_rounds"] == 5 and cell["speedup"] is None
+    assert build(run, [64], min_samples=5)["decisive"][0]["decision"] == "PORT"
+
+
+def test_an_aa_twin_that_differs_from_its_baseline_is_inconclusive(tmp_path):
+    result = build(write_step(tmp_path / "run", step_cell(64, 1.5, twin_factor=1.10)), [64])
+    cell = result["decisive"][0]
+    assert cell["decision"] == "INCONCLUSIVE"
+    assert cell["reason"].startswith("the harness sees a difference between identical arms: "
+                                     "the A/A twin's speedup 0.909x")
+    assert cell["twin_speedup"] == pytest.approx(1 / 1.1, rel=0.005)
     assert result["overall"]["decision"] == "INCONCLUSIVE"
 
 
-def test_unmeasured_pinned_arm_is_inconclusive_with_the_reason(tmp_path):
-    result = verdict.build_verdict(write_run(tmp_path, staging_rows(pinned=None)))
-    cell = result["cells"][0]
-    assert cell["decision"] == "INCONCLUSIVE" and "needs a CUDA device" in cell["reason"]
-    assert result["overall"]["decision"] == "INCONCLUSIVE"
-    assert "not measured" in result["overall"]["summary"]
-    assert result["reuse_lever"][0]["decision"] == "PORT"  # the reuse lever is still measured
-    assert any("Reuse lever" in line for line in result["findings"])
+@pytest.mark.xfail(strict=True, reason="lib bug: verdict.decide_cell pairs the twin into the "
+                   "inner join, so a step table without the A/A twin decides on 0 rounds")
+def test_a_step_table_without_an_aa_twin_still_decides(tmp_path):
+    records = [r for r in step_cell(64, 1.5) if r["arm"] != "seed_pageable~aa"]
+    cell = build(write_step(tmp_path / "run", records), [64])["decisive"][0]
+    assert cell["n_rounds"] == 30 and cell["decision"] == "PORT"
 
 
-def test_too_few_samples_is_inconclusive(tmp_path):
-    result = verdict.build_verdict(write_run(tmp_path, staging_rows(pinned=0.005, n=5)),
-                                   min_samples=10)
-    assert result["cells"][0]["decision"] == "INCONCLUSIVE"
-    assert "fewer samples than the minimum" in result["cells"][0]["reason"]
+def test_where_the_effect_lies_names_the_smallest_size_of_the_port_run(tmp_path):
+    records = step_cell(16, 1.0) + step_cell(64, 1.5, seed=1) + step_cell(256, 1.5, seed=2)
+    result = build(write_step(tmp_path / "run", records), [16, 64, 256])
+    assert [c["decision"] for c in result["decisive"]] == ["CLOSE", "PORT", "PORT"]
+    assert result["overall"]["decision"] == "PORT"
+    assert result["overall"]["where"] == f"PORT from n x V >= {64 * V:,}; CLOSE below."
+    assert result["overall"]["summary"].endswith(result["overall"]["where"])
+    # negative control: PORT only at the smallest cell is not a run from some size up
+    records = step_cell(16, 1.5) + step_cell(64, 1.0, seed=1) + step_cell(256, 1.0, seed=2)
+    result = build(write_step(tmp_path / "low", records), [16, 64, 256])
+    assert result["overall"]["where"] == ""
 
+
+# ------------------------------------------------------------------ missing and bad input
 
 def test_missing_tables_are_named_and_do_not_crash(tmp_path):
-    result = verdict.build_verdict(write_run(tmp_path, staging=None, step_seconds=None))
+    result = build(tmp_path / "empty_run", [64])
+    assert [line.split(" ")[0] for line in result["missing"]] == [
+        "data/staging.parquet", "data/step.parquet", "data/prompt_logprobs.parquet"]
+    assert result["missing"][1] == ("data/step.parquet is missing (notebook 02_logprobs_step did "
+                                    "not write it): the decisions that need it are INCONCLUSIVE")
+    assert result["decisive"][0]["reason"] == (
+        "not measured: seed_pageable was not measured in this run")
     assert result["overall"]["decision"] == "INCONCLUSIVE"
-    assert len(result["missing"]) == 3 and "data/staging.parquet is missing" in result["missing"][0]
-    partial = verdict.build_verdict(write_run(tmp_path, staging_rows(pinned=0.005),
-                                              step_seconds=None))
-    assert "no step time for this cell" in partial["cells"][0]["reason"]
+    assert result["overall"]["summary"].startswith(
+        "No decisive cell was measured (seed_pageable was not measured in this run)")
+    assert (result["goals"], result["step_levers"], result["copy_cells"]) == ([], [], [])
+    assert result["prompt_logprobs"] is None and result["findings"] == result["missing"]
+    step_only = build(write_step(tmp_path / "run", step_cell(64, 1.5)), [64])
+    assert [line.split(" ")[0] for line in step_only["missing"]] == [
+        "data/staging.parquet", "data/prompt_logprobs.parquet"]
 
 
-def test_a_corrupt_table_is_a_clear_error_naming_the_file(tmp_path):
-    run = write_run(tmp_path, staging_rows(pinned=0.005))
-    (run / "data" / "step.parquet").write_bytes(b"garbage")
-    with pytest.raises(schema.SchemaError, match="step.parquet: cannot be read"):
-        verdict.build_verdict(run)
+@pytest.mark.xfail(strict=True, reason="lib bug: analysis.prompt_time_relative raises TypeError "
+                   "on a prompt table without an ok timing, and build_verdict with it")
+def test_a_prompt_table_with_every_cell_skipped_does_not_crash(tmp_path):
+    run = write_step(tmp_path / "run", step_cell(64, 1.5))
+    schema.write_table(schema.make_rows([dict(
+        experiment="prompt_logprobs", arm="fused+overlap", chunk=512, rows=2048, vocab=V,
+        status="skipped", note="would not fit")]), run, "prompt_logprobs")
+    result = build(run, [64])
+    assert result["prompt_logprobs"]["recommendation"]["chunk"] is None
+    assert result["goals"][-1]["status"] == "not measured"
 
 
-def test_the_verdict_is_deterministic(tmp_path):
-    run = write_run(tmp_path, staging_rows(pinned=0.009))
-    first = json.dumps(verdict.build_verdict(run), sort_keys=True)
-    assert json.dumps(verdict.build_verdict(run), sort_keys=True) == first
+def test_a_corrupt_table_raises_naming_the_file(tmp_path):
+    run = write_step(tmp_path / "run", step_cell(64, 1.5))
+    (run / "data" / "step.parquet").write_bytes(b"not a parquet file")
+    with pytest.raises(SchemaError, match=r"step\.parquet: cannot be read as a parquet table"):
+        build(run, [64])
+
+
+@pytest.mark.parametrize("kwargs, parameter", [
+    ({"delta": 0}, "delta"), ({"delta": 1}, "delta"), ({"delta": -0.1}, "delta"),
+    ({"delta": True}, "delta"), ({"min_samples": 1}, "min_samples"),
+    ({"min_samples": 2.5}, "min_samples"), ({"decisive_rows": []}, "decisive_rows"),
+    ({"decisive_vocabs": []}, "decisive_vocabs"), ({"decisive_ks": []}, "decisive_ks")])
+def test_bad_parameters_raise_naming_the_parameter_before_reading(tmp_path, kwargs, parameter):
+    run = tmp_path / "run"
+    (run / "data").mkdir(parents=True)
+    (run / "data" / "step.parquet").write_bytes(b"corrupt: never read")
+    arguments = {**dict(decisive_rows=[64], decisive_vocabs=[V], decisive_ks=[5]), **kwargs}
+    with pytest.raises(ValueError, match=rf"^{parameter} ") as raised:
+        verdict.build_verdict(run, **arguments)
+    assert not isinstance(raised.value, SchemaError)
+
+
+def test_importing_the_verdict_loads_no_torch():
+    code = "import sys, {}; print('torch' in sys.modules)"
+    out = [subprocess.run([sys.executable, "-c", code.format(module)], capture_output=True,
+                          text=True, check=True).stdout.strip()
+           for module in ("stagelab.verdict", "stagelab.step")]
+    assert out == ["False", "True"]  # the second: the check does see torch where it is loaded
+
+
+# ------------------------------------------------------------------------ a full run folder
+
+def staging_records(rounds: int = 20) -> list[dict]:
+    rng = np.random.default_rng(3)
+    drift = np.exp(0.2 * rng.standard_normal(rounds))
+    recs = []
+    for rows in (64, 256):
+        size = rows * V * 4
+        for arm, seconds in (("pageable_fresh", 0.010), ("pageable_fresh~aa", 0.010),
+                             ("pageable_reused", 0.005), ("pageable_fresh_empty", 0.008)):
+            recs += [dict(experiment="d2h_copy", arm=arm, rows=rows, vocab=V, repeat=r,
+                          seconds=seconds * rows / 64 * d, bytes=size)
+                     for r, d in enumerate(drift)]
+        recs.append(dict(experiment="d2h_copy", arm="pinned_grow_only", rows=rows, vocab=V,
+                         status="unavailable", note=UNAVAILABLE))
+    return recs
+
+
+PROMPT_MS = {256: 1.20, 512: 1.03, 1024: 1.00, 2048: 1.01}  # chunk -> ms; 2048 = the whole prompt
+
+
+def prompt_records() -> list[dict]:
+    common = dict(experiment="prompt_logprobs", rows=2048, vocab=V, hidden=3584,
+                  dtype="float32")
+    recs = []
+    for arm, overlap, factor in (("fused", False, 1.1), ("fused+overlap", True, 1.0)):
+        for chunk, ms in PROMPT_MS.items():
+            recs += [dict(arm=arm, overlap=overlap, chunk=chunk, repeat=r,
+                          seconds=factor * ms / 1e3, **common) for r in range(3)]
+    recs += [dict(arm="fused+overlap", overlap=True, chunk=chunk, metric="peak_host_bytes",
+                  bytes=int(1.1 * chunk * V * 4), **common) for chunk in (512, 1024)]
+    return recs
+
+
+def full_step_records() -> list[dict]:
+    return step_cell(64, 1.5, extra={"seed_pageable_reused": 1.2, "fused": 20.0},
+                     numpy_gather=True) + step_cell(256, 1.5, seed=1, numpy_gather=True,
+                                                    extra={"seed_pageable_reused": 1.2})
+
+
+def write_full_run(run: Path) -> Path:
+    write_step(run, full_step_records())
+    schema.write_table(schema.make_rows(staging_records()), run, "staging")
+    schema.write_table(schema.make_rows(prompt_records()), run, "prompt_logprobs")
+    return run
+
+
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory) -> Path:
+    return write_full_run(tmp_path_factory.mktemp("full") / "run")
+
+
+@pytest.fixture(scope="module")
+def full_verdict(full_run) -> dict:
+    return build(full_run, [64, 256])
+
+
+def test_the_verdict_is_deterministic(full_run, full_verdict):
+    assert json.dumps(build(full_run, [64, 256])) == json.dumps(full_verdict)
+    # negative control: another bootstrap seed moves the CIs, and the comparison sees it
+    assert json.dumps(build(full_run, [64, 256], seed=1)) != json.dumps(full_verdict)
+
+
+def test_every_goal_row_has_the_one_shape(full_verdict):
+    goals = full_verdict["goals"]
+    assert [g["goal"] for g in goals] == [
+        "pinned grow-only vs raw pinned ceiling", "raw ceiling vs NVML link (copies >= 64 MB)",
+        "A/A harness check (baseline vs its twin)", "reuse lever: reused vs fresh pageable",
+        "fused step vs the seed's step",
+        "fused peak extra memory, chunk 512 (fused+overlap)",
+        "fused peak extra memory, chunk 1024 (fused+overlap)",
+        "chunked time, chunk 512 (fused)", "chunked time, chunk 1024 (fused)",
+        "chunked time, chunk 512 (fused+overlap)", "chunked time, chunk 1024 (fused+overlap)"]
+    for row in goals:
+        assert list(row) == ["goal", "target", "measured", "status", "note"]
+    statuses = {g["goal"]: g["status"] for g in goals}
+    assert statuses["pinned grow-only vs raw pinned ceiling"] == "not measured"
+    assert statuses["fused step vs the seed's step"] == "met"
+    assert statuses["reuse lever: reused vs fresh pageable"] == "met"
+    assert statuses["chunked time, chunk 512 (fused)"] == "met"  # 1.03 / 1.01 within 1.05
+
+
+def test_the_full_run_reports_levers_backends_copies_and_the_prompt(full_verdict):
+    assert full_verdict["missing"] == [] and full_verdict["overall"]["decision"] == "PORT"
+    assert full_verdict["overall"]["where"] == f"PORT from n x V >= {64 * V:,}."
+    levers = {(lv["rows"], lv["candidate"]): lv for lv in full_verdict["step_levers"]}
+    assert sorted(levers) == [(64, "fused"), (64, "seed_pageable_numpy"), (64, "seed_pageable_reused"),
+                              (64, "seed_pinned"), (256, "fused"),
+                              (256, "seed_pageable_numpy"), (256, "seed_pageable_reused"),
+                              (256, "seed_pinned")]
+    assert levers[(64, "fused")]["speedup"] == pytest.approx(20.0, rel=0.005)
+    assert levers[(256, "seed_pageable_reused")]["speedup"] == pytest.approx(1.2, rel=0.005)
+    assert levers[(256, "fused")]["n_rounds"] == 0  # measured in another cell only
+    small = [r for r in full_step_records() if r["rows"] == 64]
+    native = medians_ms(small, "seed_pageable", "host_gather")
+    numpy_ = medians_ms(small, "seed_pageable_numpy", "host_gather")
+    assert (f"Host top-K at n=64, V={V}, K=5: native C++ {native:.2f} ms, numpy "
+            f"{numpy_:.2f} ms (2.0x).") in full_verdict["findings"]
+    copies = {(c["rows"], c["candidate"]): c for c in full_verdict["copy_cells"]}
+    assert copies[(64, "pageable_reused")]["speedup"] == pytest.approx(2.0)
+    assert copies[(64, "pageable_fresh_empty")]["speedup"] == pytest.approx(1.25)
+    assert copies[(64, "pinned_grow_only")]["n_rounds"] == 0
+    assert copies[(64, "pinned_grow_only")]["twin_speedup"] == pytest.approx(1.0)
+    prompt = full_verdict["prompt_logprobs"]
+    assert prompt["recommendation"]["chunk"] == 512 and prompt["recommendation"]["arm"] == (
+        "fused+overlap")
+    assert prompt["peaks"] == [
+        {"arm": "fused+overlap", "chunk": c, "metric": "peak_host_bytes",
+         "bytes": int(1.1 * c * V * 4)} for c in (512, 1024)]
+    assert full_verdict["clock_check"] == {"checked": 0, "disagree": 0}
+
+
+@pytest.mark.xfail(strict=True, reason="lib bug: verdict.findings prints the zero-fill cost with "
+                   "the wrong sign and the inverse ratio")
+def test_the_zero_fill_finding_states_its_cost(full_verdict):
+    # pageable_fresh (zero-filled, freed) takes 1.25x the time of torch.empty at n=64
+    cell = next(c for c in full_verdict["copy_cells"]
+                if (c["rows"], c["candidate"]) == (64, "pageable_fresh_empty"))
+    assert cell["saved_ms"] > 0 and cell["speedup"] == pytest.approx(1.25)
+    line = next(f for f in full_verdict["findings"] if f.startswith("Zero-fill and free"))
+    assert line == (f"Zero-fill and free of a fresh 64 x {V} buffer cost {cell['saved_ms']:.2f} "
+                    "ms per copy (fresh zero-filled vs torch.empty: 1.25x the time).")
+
+
+@pytest.mark.xfail(strict=True, reason="lib bug: build_verdict keeps NaN (levers and copy cells "
+                   "without paired rounds), so verdict.json is not strict JSON")
+def test_the_verdict_is_strict_json(full_verdict):
+    json.dumps(full_verdict, allow_nan=False)
+
+
+@pytest.mark.xfail(strict=True, reason="lib bug: verdict.findings writes a reuse-lever sentence "
+                   "of 'nanx' for a cell where the lever was not timed")
+def test_no_finding_is_written_for_a_lever_that_was_not_timed(tmp_path):
+    skipped = [dict(experiment="step", arm=arm, rows=256, vocab=V, k=5, status="skipped",
+                    note="would not fit") for arm in ("seed_pageable", "seed_pageable~aa",
+                                                      "seed_pinned", "seed_pageable_reused")]
+    records = step_cell(64, None, extra={"seed_pageable_reused": 1.25}) + skipped
+    findings = build(write_step(tmp_path / "run", records), [64, 256])["findings"]
+    reuse = [line for line in findings if line.startswith("Reuse lever")]
+    assert len(reuse) == 1 and "n=64" in reuse[0]
+    assert not any("nan" in line for line in findings)
+
+
+def test_a_recommendation_file_in_the_run_wins_over_recomputing(tmp_path):
+    run = write_full_run(tmp_path / "run")
+    stored = {"arm": "fused", "chunk": 1024, "reason": "chosen by the notebook"}
+    (run / verdict.RECOMMENDATION_FILE).write_text(json.dumps(stored))
+    result = build(run, [64])
+    assert result["prompt_logprobs"]["recommendation"] == stored
+    assert verdict.prompt_sentence(result) == (
+        "Recommended chunk: **1024** (fused): chosen by the notebook.")
 
 
 def test_reference_evidence_is_listed_with_its_hardware(tmp_path):
-    ref = tmp_path / "reference" / "H200" / "20270101T000000Z_node_full"
-    ref.mkdir(parents=True)
-    (ref / "verdict.json").write_text(json.dumps({
-        "run_id": ref.name, "hardware": {"gpu": "NVIDIA H200"},
-        "overall": {"decision": "CLOSE", "summary": "s"}}))
-    result = verdict.build_verdict(write_run(tmp_path, staging_rows(pinned=None)),
-                                   reference_root=tmp_path / "reference")
-    assert result["reference"][0]["hardware"]["gpu"] == "NVIDIA H200"
-    assert any("(NVIDIA H200; not this run)" in line for line in result["findings"])
+    root = tmp_path / "reference"
+    for gpu, run_id, decision in (("H200", "20270101T000000Z_full", "CLOSE"),
+                                  ("cpu", "20270102T000000Z_quick", "INCONCLUSIVE")):
+        (root / gpu / run_id).mkdir(parents=True)
+        (root / gpu / run_id / "verdict.json").write_text(json.dumps({
+            "run_id": run_id, "overall": {"decision": decision, "summary": f"s {gpu}"},
+            "hardware": {"gpu": "NVIDIA H200"} if gpu == "H200" else {"cpu": "Xeon"}}))
+    (root / "H200" / "notes.txt").write_text("not a verdict")
+    result = build(write_step(tmp_path / "run", step_cell(64, 1.5)), [64], reference_root=root)
+    assert [r["path"] for r in result["reference"]] == [
+        "H200/20270101T000000Z_full/verdict.json", "cpu/20270102T000000Z_quick/verdict.json"]
+    assert result["reference"][0]["overall"]["decision"] == "CLOSE"
+    assert ("Committed reference evidence (NVIDIA H200; not this run): run 20270101T000000Z_full "
+            "decided CLOSE.") in result["findings"]
+    assert ("Committed reference evidence (CPU only, Xeon; not this run): run "
+            "20270102T000000Z_quick decided INCONCLUSIVE.") in result["findings"]
+    table = verdict.reference_table(result)
+    assert list(table.columns) == ["path", "gpu", "cpu", "decision", "summary"]
+    assert table["gpu"].fillna("-").tolist() == ["NVIDIA H200", "-"]
+    assert table["cpu"].fillna("-").tolist() == ["-", "Xeon"]
+    assert table["decision"].tolist() == ["CLOSE", "INCONCLUSIVE"]
+    assert build(tmp_path / "run", [64])["reference"] == []
 
 
-@pytest.mark.parametrize("kwargs, message", [({"min_effect_fraction": 1.5}, "min_effect_fraction"),
-                                             ({"min_samples": 1}, "min_samples")])
-def test_bad_parameters(tmp_path, kwargs, message):
-    with pytest.raises(ValueError, match=message):
-        verdict.build_verdict(tmp_path, **kwargs)
+# --------------------------------------------------------------------------- table helpers
+
+def test_the_decisive_table_holds_the_evidence_and_the_stage_split(full_verdict):
+    table = verdict.decisive_table(full_verdict)
+    stage_columns = [f"{s}_ms" for s in (*STAGE_MS, "total")]
+    assert list(table.columns) == [*verdict.DECISIVE_COLUMNS, *stage_columns]
+    assert table["rows"].tolist() == [64, 256]
+    assert table["decision"].tolist() == ["PORT", "PORT"]
+    first = full_verdict["decisive"][0]
+    assert table.loc[0, "copy_ms"] == first["stages_ms"]["copy"]
+    assert table.loc[0, "speedup"] == first["speedup"]
+    empty = verdict.decisive_table({"decisive": []})
+    assert list(empty.columns) == verdict.DECISIVE_COLUMNS and empty.empty
 
 
-def test_min_speedup_conversion():
-    assert verdict.min_speedup_for(0.010, 0.050, 0.02) == pytest.approx(1 / 0.9)
-    assert verdict.min_speedup_for(0.010, None, 0.02) == pytest.approx(1 / 0.98)
-    assert verdict.min_speedup_for(0.001, 0.100, 0.02) == float("inf")
+def test_the_levers_copy_and_reference_tables(full_verdict):
+    levers = verdict.levers_table(full_verdict)
+    assert len(levers) == 8 and set(levers["baseline"]) == {"seed_pageable"}
+    copies = verdict.copy_table(full_verdict)
+    assert len(copies) == 6
+    assert sorted(set(copies["candidate"])) == [
+        "pageable_fresh_empty", "pageable_reused", "pinned_grow_only"]
+    assert verdict.reference_table(full_verdict).empty
+
+
+def test_the_prompt_sentence(full_verdict):
+    assert verdict.prompt_sentence(full_verdict) == (
+        "Recommended chunk: **512** (fused+overlap): smallest chunk within 5% of the best "
+        "median time (1.0 ms at chunk 1024).")
+    assert verdict.prompt_sentence({"prompt_logprobs": None}) == (
+        "Notebook 03's data is missing from this run.")
+

@@ -60,6 +60,7 @@ def _verdict_section(run_dir: Path) -> str:
     decision = _esc(overall.get("decision", "INCONCLUSIVE"))
     parts = [f"<section class='verdict' id='verdict'><p class='decision {decision}'>"
              f"Staging verdict: {decision}</p><p>{_esc(overall.get('summary', ''))}</p>"]
+    parts.append(_decisive_table(verdict.get("decisive", [])))
     findings = verdict.get("findings", [])
     if findings:
         parts.append("<ul>" + "".join(f"<li>{_esc(f)}</li>" for f in findings) + "</ul>")
@@ -67,6 +68,35 @@ def _verdict_section(run_dir: Path) -> str:
         parts.append(f"<img src='{VERDICT_FIGURE}' alt='key plot of the verdict'>")
     parts.append("</section>")
     return "".join(parts)
+
+
+def _fmt(value: Any, spec: str = ".3f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _decisive_table(cells: list[Mapping[str, Any]]) -> str:
+    """Per decisive cell: the step-level speedup with its CI, delta, the A/A check, and the seed
+    step's stage split."""
+    if not cells:
+        return ""
+    head = ("<table id='decisive'><tr><th>cell</th><th>decision</th><th>step speedup [95 % CI]"
+            "</th><th>delta (min speedup)</th><th>A/A twin [CI]</th><th>seed step, ms: "
+            "log-softmax + zero-fill + copy + host top-K + free</th><th>reason</th></tr>")
+    rows = []
+    for c in cells:
+        split = c.get("stages_ms") or {}
+        stages = (" + ".join(_fmt(split.get(s), ".2f") for s in
+                             ("device", "alloc", "copy", "host_gather", "free"))
+                  + f" = {_fmt(split.get('total'), '.2f')}") if split else "-"
+        rows.append(
+            f"<tr><td>n={c['rows']} V={c['vocab']} K={c.get('k')}</td>"
+            f"<td class='{_esc(c['decision'])}'>{_esc(c['decision'])}</td>"
+            f"<td>{_fmt(c.get('speedup'))} [{_fmt(c.get('ci_low'))}, {_fmt(c.get('ci_high'))}]</td>"
+            f"<td>{_fmt(c.get('delta'), '.0%')} ({_fmt(c.get('min_speedup'))})</td>"
+            f"<td>{_fmt(c.get('twin_speedup'))} [{_fmt(c.get('twin_ci_low'))}, "
+            f"{_fmt(c.get('twin_ci_high'))}]</td><td>{_esc(stages)}</td>"
+            f"<td>{_esc(c.get('reason'))}</td></tr>")
+    return head + "".join(rows) + "</table>"
 
 
 def _notebooks_table(run_dir: Path, notebooks: list[Mapping[str, Any]]) -> str:
