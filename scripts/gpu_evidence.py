@@ -152,6 +152,8 @@ def phase_preflight(stagelab: Path, profile: str, out: Path, go_on: bool) -> boo
     if status == 0:
         stamp("preflight", "GO")
         return True
+    if status == 2:
+        raise Stop(EXIT_BAD_REQUEST, "preflight refused the request (its error is above)")
     if status != 3:
         raise Stop(EXIT_BROKEN, f"preflight ended with exit status {status}")
     if not go_on:
