@@ -5,15 +5,8 @@ PROFILE ?= quick
 # torch: on an NVIDIA machine PyPI's default (CUDA) build; elsewhere the CPU build 2.13.0.
 TORCH_SPEC ?= $(shell if nvidia-smi -L >/dev/null 2>&1; then echo 'torch>=2.4'; else echo 'torch==2.13.0'; fi)
 # Offline GPU nodes: `make run OFFLINE_WHEELS=wheelhouse PROFILE=full` installs from a bundle made
-# by `make wheelhouse` and reuses the packages of $(PYTHON), above all its preinstalled torch
-# (through a .pth file, which also works where $(PYTHON) is itself a virtual environment).
+# by `make wheelhouse` and reuses the packages of $(PYTHON), above all its preinstalled torch.
 OFFLINE_WHEELS ?=
-EXTRAS ?= $(if $(OFFLINE_WHEELS),,lab,test)
-PACKAGE := .$(if $(EXTRAS),[$(EXTRAS)],)
-# Offline, the venv has no pip or setuptools of its own: it uses $(PYTHON)'s, through the .pth file,
-# and so sees exactly the packages that scripts/gpu_evidence.py's wheelhouse check saw; the build
-# backend comes from there (or the bundle) rather than an isolated build environment.
-PIP_FLAGS := $(if $(OFFLINE_WHEELS),--no-index --find-links $(OFFLINE_WHEELS) --no-build-isolation,)
 PY := $(VENV)/bin/python
 
 # `make gpu-evidence` on an offline GPU node: check the bundle, install, preflight, the gate
@@ -26,14 +19,19 @@ NODE_HAS ?= numpy pandas scipy pyarrow matplotlib seaborn tqdm nvidia-ml-py pyya
 
 .PHONY: setup run test lab wheelhouse gpu-wheelhouse gpu-evidence browser clean
 
+# Offline, scripts/gpu_evidence.py checks the wheelhouse, then installs from it alone into a venv
+# that reuses $(PYTHON)'s packages and torch (through a .pth file, which also works where $(PYTHON)
+# is itself a virtual environment).
 $(VENV)/.installed: pyproject.toml
-	$(PYTHON) -m venv $(if $(OFFLINE_WHEELS),--without-pip) $(VENV)
-	$(if $(OFFLINE_WHEELS),$(PYTHON) -c 'import site; print(*site.getsitepackages(), sep="\n")' \
-	  > "$$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/inherited-site.pth")
-	$(PY) -c 'import torch' 2>/dev/null || $(PY) -m pip install -q $(PIP_FLAGS) '$(TORCH_SPEC)'
-	$(if $(OFFLINE_WHEELS),$(PY) -m pip install -q $(PIP_FLAGS) 'setuptools>=68')
-	$(PY) -m pip install -q $(PIP_FLAGS) -e '$(PACKAGE)'
+ifdef OFFLINE_WHEELS
+	$(PYTHON) scripts/gpu_evidence.py --install-only --python '$(PYTHON)' --venv '$(VENV)' \
+	  --wheelhouse '$(OFFLINE_WHEELS)'
+else
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -c 'import torch' 2>/dev/null || $(PY) -m pip install -q '$(TORCH_SPEC)'
+	$(PY) -m pip install -q -e '.[lab,test]'
 	$(PY) -m ipykernel install --sys-prefix --name stagelab --display-name 'Python (stagelab)' >/dev/null
+endif
 	touch $@
 
 setup: $(VENV)/.installed

@@ -2,7 +2,8 @@
 
 Phases: (1) check that the wheelhouse holds every wheel the node lacks, and that
 ``data/reference/`` is writable, before anything is installed; (2) install offline into a
-virtual environment that reuses the node's packages and torch (``make setup OFFLINE_WHEELS=...``);
+virtual environment that reuses the node's packages and torch (also what
+``make setup OFFLINE_WHEELS=...`` runs, with ``--install-only``); needs no ``make``;
 (3) ``stagelab preflight``, stopping on no-go unless ``--go-on-no-go``; (4) ``stagelab run`` of the
 gate profile; (5) ``stagelab keep`` of that run, its preflight.json included. Standard library
 only: it runs before anything is installed.
@@ -105,12 +106,43 @@ def phase_check(python: str, wheelhouse: str) -> Path:
     return folder
 
 
+def _pip_install(venv: Path, wheelhouse: Path, *what: str) -> None:
+    subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-index",
+                    "--find-links", str(wheelhouse), "--no-build-isolation", *what],
+                   env=offline_env(), check=True)
+
+
+def install_offline(python: str, wheelhouse: Path, venv: Path) -> None:
+    """A venv that reuses ``python``'s packages (torch above all) through a .pth file, and has
+    no pip or setuptools of its own, so it sees exactly what the wheelhouse check saw; then
+    stagelab (editable) and its kernel, installed from the wheelhouse alone."""
+    subprocess.run([python, "-m", "venv", "--without-pip", str(venv)], check=True)
+    inherited = subprocess.run(
+        [python, "-c", "import site; print(*site.getsitepackages(), sep='\\n')"],
+        capture_output=True, text=True, check=True).stdout
+    purelib = subprocess.run([str(venv / "bin" / "python"), "-c",
+                              "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    Path(purelib, "inherited-site.pth").write_text(inherited)
+    _pip_install(venv, wheelhouse, "setuptools>=68")  # the build backend, before the build
+    _pip_install(venv, wheelhouse, "-e", str(REPO))
+    subprocess.run([str(venv / "bin" / "python"), "-m", "ipykernel", "install", "--sys-prefix",
+                    "--name", "stagelab", "--display-name", "Python (stagelab)"],
+                   env=offline_env(), check=True, stdout=subprocess.DEVNULL)
+    (venv / ".installed").touch()
+
+
 def phase_install(python: str, wheelhouse: Path, venv: Path) -> None:
+    marker = venv / ".installed"
+    if marker.exists() and marker.stat().st_mtime >= (REPO / "pyproject.toml").stat().st_mtime:
+        stamp("install", f"{venv} is installed already")
+        return
     stamp("install", f"{venv} from {wheelhouse}, reusing {python}'s packages and torch")
-    command = [os.environ.get("MAKE", "make"), "--no-print-directory", "-C", str(REPO), "setup",
-               f"OFFLINE_WHEELS={wheelhouse}", f"PYTHON={python}", f"VENV={venv}"]
-    if subprocess.call(command, env=offline_env()) != 0:
-        raise Stop(EXIT_BROKEN, f"the offline install into {venv} failed (see above)")
+    try:
+        install_offline(python, wheelhouse, venv)
+    except subprocess.CalledProcessError as exc:
+        raise Stop(EXIT_BROKEN, f"the offline install into {venv} failed at "
+                   f"`{' '.join(map(str, exc.cmd[:6]))} ...` (see above)") from exc
 
 
 def phase_preflight(stagelab: Path, profile: str, out: Path, go_on: bool) -> bool:
@@ -120,6 +152,8 @@ def phase_preflight(stagelab: Path, profile: str, out: Path, go_on: bool) -> boo
     if status == 0:
         stamp("preflight", "GO")
         return True
+    if status == 2:
+        raise Stop(EXIT_BAD_REQUEST, "preflight refused the request (its error is above)")
     if status != 3:
         raise Stop(EXIT_BROKEN, f"preflight ended with exit status {status}")
     if not go_on:
@@ -168,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--venv", type=Path, default=REPO / ".venv")
     parser.add_argument("--go-on-no-go", action="store_true",
                         help="run the profile even when preflight says no-go (a CPU rehearsal)")
+    parser.add_argument("--install-only", action="store_true",
+                        help="stop after the check and the install (`make setup OFFLINE_WHEELS=`)")
     args = parser.parse_args(argv)
     started = time.perf_counter()
     stagelab = args.venv.resolve() / "bin" / "stagelab"
@@ -175,6 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         wheelhouse = phase_check(args.python, args.wheelhouse)
         phase_install(args.python, wheelhouse, args.venv.resolve())
+        if args.install_only:
+            return EXIT_OK
         went = phase_preflight(stagelab, args.profile, preflight_json, args.go_on_no_go)
         run_dir, run_status = phase_gate(stagelab, args.profile)
         kept = phase_keep(stagelab, run_dir, preflight_json, run_status)

@@ -1,0 +1,146 @@
+"""`stagelab preflight`: the CPU outcome (no-go, exit 3, reasons written), bad input, the memory
+model of a profile's largest cell, and how checks are judged."""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from stagelab import cli, memory, preflight
+from stagelab.preflight import GO, INFO, NO_GO, UNAVAILABLE, Check
+
+no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU outcome needs no CUDA")
+
+
+@no_cuda
+def test_cpu_preflight_is_no_go_and_writes_the_reasons(tmp_path, capsys):
+    out = tmp_path / "pf" / "preflight.json"
+    assert cli.main(["preflight", "--profile", "quick", "--out", str(out)]) == 3
+    printed = capsys.readouterr()
+    table = printed.out.splitlines()
+    assert table[0].split() == ["check", "status", "detail"]
+    assert any(line.split()[:2] == ["cuda", "no-go"] for line in table)
+    assert "NO-GO (exit 3)" in printed.out
+    assert "blocking: cuda: no CUDA device" in printed.err
+    assert "what can still run here" in printed.err and "pinned arms" in printed.err
+
+    saved = json.loads(out.read_text())
+    assert saved["decision"] == "no-go" and saved["exit_status"] == 3
+    assert saved["profile"] == "quick" and len(saved["blocking"]) == 1
+    assert "pinned arms and the staging decision cannot be measured" in saved["blocking"][0]
+    by_name = {c["name"]: c for c in saved["checks"]}
+    for name in ("pinned_copy", "host_register", "event_timing", "sync_debug"):
+        assert by_name[name]["status"] == "unavailable", name
+        assert "CUDA device" in by_name[name]["detail"], name
+    assert by_name["memory"]["status"] == "go"
+    assert {c["notebook"] for c in by_name["memory"]["data"]["cells"]} == {
+        "01_d2h_staging", "02_logprobs_step", "03_prompt_logprobs"}
+    assert by_name["cpu_features"]["data"]["torch_cpu_capability"]
+    assert by_name["native"]["status"] in ("go", "unavailable")
+    assert [line.split()[0] for line in table[2:len(saved["checks"]) + 2]] == list(by_name)
+
+
+def test_unknown_profile_exits_2_and_writes_nothing(tmp_path, capsys):
+    out = tmp_path / "never" / "preflight.json"
+    assert cli.main(["preflight", "--profile", "nope", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("stagelab: error: unknown profile 'nope'; valid: ")
+    assert "quick" in err[0]
+    assert not (tmp_path / "never").exists()
+
+
+def test_an_out_path_that_cannot_be_made_is_refused_before_any_check(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    with pytest.raises(preflight.UserError, match="--out"):
+        preflight.resolve_out(blocker / "sub")
+    assert preflight.resolve_out(tmp_path / "folder") == tmp_path / "folder" / "preflight.json"
+    assert preflight.resolve_out(tmp_path / "x.json") == tmp_path / "x.json"
+
+
+def test_profile_parameters_are_the_notebook_defaults_then_the_profile():
+    params = preflight.profile_parameters("quick")
+    assert params["03_prompt_logprobs"]["tokens"] == 1025  # the profile's
+    assert params["03_prompt_logprobs"]["k"] == 5  # the notebook's default
+    assert params["01_d2h_staging"]["sources"] == 3
+
+
+STAGING = {"models": [1000, 4096], "rows": [2, 8], "dtype": "float32", "sources": 3,
+           "arms": ["pageable_fresh", "raw_ceiling"]}
+STEP = {"models": [1000], "rows": [4], "logits_dtype": "bfloat16", "sources": 2}
+PROMPT = {"model": "GPT-2", "vocab": 1000, "hidden": 8, "tokens": 97, "k": 2,
+          "dtype": "float32", "methods": ["fused", "logsoftmax"]}
+
+
+def test_largest_cell_sizes_are_exact():
+    staging, step, prompt = preflight.largest_cells(
+        {"00_environment": {}, "01_d2h_staging": STAGING, "02_logprobs_step": STEP,
+         "03_prompt_logprobs": PROMPT})
+    cell = 8 * 4096 * 4
+    assert (staging.cell, staging.device_bytes, staging.host_bytes) == ("n=8 V=4096", 3 * cell,
+                                                                        4 * cell)
+    assert (step.device_bytes, step.host_bytes) == (4 * 1000 * (2 * 2 + 12), 2 * 4 * 1000 * 4)
+    peak = memory.predicted_peak_bytes(97, 1000, 8, None, torch.float32, "logsoftmax", 2)
+    assert prompt.device_bytes == (97 + 1000) * 8 * 4 + peak
+    assert prompt.cell == "T=97 V=1000 H=8 logsoftmax"
+    fused_only = preflight.prompt_need({**PROMPT, "methods": ["fused"]})
+    assert fused_only.device_bytes < prompt.device_bytes  # the fused reference needs less
+
+
+def test_memory_is_no_go_when_the_largest_cell_does_not_fit(monkeypatch):
+    needs = preflight.largest_cells({"01_d2h_staging": STAGING})
+    on_host = needs[0].device_bytes + needs[0].host_bytes
+    monkeypatch.setattr(memory, "free_host_bytes", lambda: on_host)  # 90 % of it is too little
+    short = preflight.check_memory(needs, on_gpu=False)
+    assert short.status == NO_GO and "DOES NOT FIT" in short.detail
+    assert "01_d2h_staging n=8 V=4096" in short.detail
+    monkeypatch.setattr(memory, "free_host_bytes", lambda: 2 * on_host)
+    assert preflight.check_memory(needs, on_gpu=False).status == GO
+
+
+def test_event_and_host_clocks_agree_within_the_tolerance_only():
+    assert preflight.clocks_agree(0.0095, 0.0100)  # 5 % apart
+    assert not preflight.clocks_agree(0.0080, 0.0100)  # 20 % apart
+    assert preflight.clocks_agree(0.0001, 0.0002)  # 100 us apart: within the floor
+    assert not preflight.clocks_agree(0.0001, 0.0004)
+
+
+def test_a_check_that_raises_is_recorded_not_fatal():
+    def broken() -> Check:
+        raise RuntimeError("driver said no\nsecond line")
+
+    assert preflight._guarded("x", broken, blocking=True)[0].status == NO_GO
+    row = preflight._guarded("x", broken, blocking=False)[0]
+    assert (row.status, row.detail) == (UNAVAILABLE, "RuntimeError: driver said no")
+    checks = [Check("a", GO, "fine"), Check("b", NO_GO, "why"), Check("c", INFO, "fact")]
+    assert preflight.blocking_reasons(checks) == ["b: why"]
+
+
+def test_native_status_is_read_or_its_absence_said(monkeypatch):
+    monkeypatch.delattr("stagelab.native", raising=False)
+    monkeypatch.setitem(sys.modules, "stagelab.native", None)  # import fails
+    missing = preflight.check_native()
+    assert missing.status == UNAVAILABLE and missing.detail.startswith("native module missing")
+    fake = types.SimpleNamespace(status=lambda: (False, "no C++ compiler (g++ not found)"))
+    monkeypatch.setitem(sys.modules, "stagelab.native", fake)
+    monkeypatch.setattr("stagelab.native", fake, raising=False)
+    failed = preflight.check_native()
+    assert failed.status == UNAVAILABLE and failed.detail.startswith("no C++ compiler")
+    fake.status = lambda: (True, "built with g++ 12")
+    assert preflight.check_native().status == GO
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
+def test_gpu_preflight_runs_every_check(tmp_path: Path):
+    status = preflight.preflight("quick", tmp_path)
+    saved = json.loads((tmp_path / "preflight.json").read_text())
+    names = [c["name"] for c in saved["checks"]]
+    assert {"sync:logprobs_from_logits", "sync:gather_logprobs(compute_logprobs)",
+            "sync:prompt_logprobs"} <= set(names)
+    assert status == (0 if saved["decision"] == "go" else 3)
