@@ -30,6 +30,10 @@ def _parser() -> argparse.ArgumentParser:
                      help="read the PCIe link while copies keep it busy (GPU only)")
     rep = sub.add_parser("report", help="(re)build the HTML of a run folder")
     rep.add_argument("run_dir", type=Path)
+    rep.add_argument("--single-file", action="store_true",
+                     help="also write one self-contained HTML file (figures inlined, opens offline)")
+    rep.add_argument("--out", type=Path, help="where the single file goes "
+                     "(default <run_dir>/<run id>_report.html)")
     runs = sub.add_parser("runs", help="list run folders")
     runs.add_argument("--root", type=Path, default=paths.RUNS_DIR)
     keep = sub.add_parser("keep", help="copy a run's evidence under data/reference/ to commit it")
@@ -71,9 +75,14 @@ def cmd_env(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from stagelab import runs
+    from stagelab import report, runs
+    from stagelab.errors import UserError
 
+    if args.out and not args.single_file:
+        raise UserError("--out names the single file: add --single-file")
     print(runs.rebuild_report(args.run_dir))
+    if args.single_file:
+        print(report.write_single_file(args.run_dir, args.out))
     return EXIT_OK
 
 
