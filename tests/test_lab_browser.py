@@ -10,6 +10,7 @@ decides on what 01-03 wrote there, as a user exploring in Lab would do.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -37,8 +38,8 @@ LAB_SETTINGS = {
 }
 KERNEL_MARK = "KERNEL_PYTHON="
 RUN_FINISHED = """() => {
-  const prompts = Array.from(document.querySelectorAll('.jp-NotebookPanel .jp-CodeCell .jp-InputPrompt'))
-    .map(e => e.textContent);
+  const prompts = Array.from(document.querySelectorAll(
+    '.jp-NotebookPanel .jp-CodeCell .jp-InputPrompt')).map(e => e.textContent);
   const indicator = document.querySelector('.jp-Notebook-ExecutionIndicator');
   return indicator && indicator.getAttribute('data-status') === 'idle'
     && !prompts.some(t => t.includes('*')) && prompts.some(t => /\\d/.test(t));
@@ -64,7 +65,8 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _wait_until_serving(server: subprocess.Popen, url: str, log: Path, timeout: float = 120) -> None:
+def _wait_until_serving(server: subprocess.Popen, url: str, log: Path,
+                        timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if server.poll() is not None:
@@ -75,6 +77,16 @@ def _wait_until_serving(server: subprocess.Popen, url: str, log: Path, timeout: 
         except OSError:
             time.sleep(0.5)
     pytest.fail(f"jupyter lab did not answer within {timeout} s:\n{log.read_text()[-3000:]}")
+
+
+@pytest.fixture
+def chromium() -> str:
+    """Debian's chromium; the test is skipped without it, except under CI, where it fails."""
+    if CHROMIUM is None:
+        if os.environ.get("CI"):
+            pytest.fail("chromium is missing: `make test` installs Debian's chromium package")
+        pytest.skip("chromium is not installed (make test installs it)")
+    return CHROMIUM
 
 
 @pytest.fixture
@@ -133,7 +145,8 @@ def _run_in_lab(page, base: str, token: str, name: str, values: dict) -> None:
     page.goto(f"{base}/lab/tree/{name}.ipynb?reset&token={token}")
     page.wait_for_function("() => document.querySelector('.jp-Notebook-ExecutionIndicator')"
                            "?.getAttribute('data-status') === 'idle'")  # kernel started
-    cell = page.locator(".jp-NotebookPanel .jp-Cell").nth(page.wait_for_function(PARAMETERS_CELL).json_value())
+    parameters = page.wait_for_function(PARAMETERS_CELL).json_value()
+    cell = page.locator(".jp-NotebookPanel .jp-Cell").nth(parameters)
     cell.locator(".jp-InputPrompt").click()
     page.keyboard.press("Escape")
     page.keyboard.press("b")  # insert a cell below, as a user would
@@ -145,15 +158,15 @@ def _run_in_lab(page, base: str, token: str, name: str, values: dict) -> None:
     page.click(".lm-Menu-itemLabel:text-is('Run All Cells')")
     page.wait_for_function(RUN_FINISHED, timeout=240_000)
     page.keyboard.press("Control+s")
-    page.wait_for_function("() => !document.querySelector('.lm-TabBar-tab.jp-mod-current.jp-mod-dirty')")
+    page.wait_for_function(  # saved: the tab no longer marked dirty
+        "() => !document.querySelector('.lm-TabBar-tab.jp-mod-current.jp-mod-dirty')")
 
 
 def _shut_down_kernels(base: str, token: str) -> None:
-    import json
-
     headers = {"Authorization": f"token {token}"}
-    with urllib.request.urlopen(urllib.request.Request(f"{base}/api/kernels", headers=headers)) as r:
-        kernels = json.load(r)
+    listing = urllib.request.Request(f"{base}/api/kernels", headers=headers)
+    with urllib.request.urlopen(listing) as response:
+        kernels = json.load(response)
     for kernel in kernels:
         urllib.request.urlopen(urllib.request.Request(
             f"{base}/api/kernels/{kernel['id']}", method="DELETE", headers=headers)).close()
@@ -169,43 +182,49 @@ def test_error_outputs_are_tracebacks_not_warnings():
     assert error_outputs(nb) == []
 
 
+def _check_saved(path: Path) -> None:
+    """Every code cell of the saved notebook ran, none raised, and the kernel was the project's."""
+    saved = nbformat.read(str(path), as_version=4)
+    code = [c for c in saved.cells if c.cell_type == "code"]
+    assert error_outputs(saved) == [], path.name
+    assert all(c.execution_count for c in code), f"{path.name}: a cell did not run"
+    printed = "".join(o.get("text", "") for c in code for o in c.outputs)
+    assert f"{KERNEL_MARK}{sys.executable}\n" in printed, (path.name, printed[:500])
+
+
 @pytest.mark.slow
-def test_every_notebook_runs_in_jupyterlab_with_the_project_kernel(lab, new_interactive_folders):
-    if CHROMIUM is None:
-        if os.environ.get("CI"):
-            pytest.fail("chromium is missing: `make test` installs Debian's chromium package")
-        pytest.skip("chromium is not installed (make test installs it)")
+def test_every_notebook_runs_in_jupyterlab_with_the_project_kernel(chromium, lab, tmp_path,
+                                                                   new_interactive_folders):
     from playwright.sync_api import sync_playwright
 
     base, token, root = lab
     names = sorted(p.stem for p in root.glob("*.ipynb"))
+    committed = {name: (paths.NOTEBOOKS_DIR / f"{name}.ipynb").read_bytes() for name in names}
     run_dir = ""  # the first notebook makes the interactive folder; the others write into it
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        browser = pw.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.set_default_timeout(90_000)
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.set_default_timeout(90_000)
             for name in names:
                 _run_in_lab(page, base, token, name, {"run_dir": run_dir, **TINY.get(name, {})})
-                assert page.inner_text(".jp-NotebookPanel-toolbar .jp-Toolbar-kernelName") == "Python (stagelab)"
+                kernel = page.inner_text(".jp-NotebookPanel-toolbar .jp-Toolbar-kernelName")
+                assert kernel == "Python (stagelab)", name
                 _shut_down_kernels(base, token)
+                _check_saved(root / f"{name}.ipynb")
                 if not run_dir:
                     made = new_interactive_folders()
                     assert len(made) == 1, made
                     run_dir = str(made[0])
+        except Exception:
+            page.screenshot(path=str(tmp_path / "lab_failure.png"))  # what Lab showed
+            raise
         finally:
             browser.close()
-    for name in names:
-        saved = nbformat.read(str(root / f"{name}.ipynb"), as_version=4)
-        code = [c for c in saved.cells if c.cell_type == "code"]
-        assert all(c.execution_count for c in code), f"{name}: a cell did not run"
-        assert error_outputs(saved) == [], name
-        printed = "".join(o.get("text", "") for c in code for o in c.outputs)
-        assert f"{KERNEL_MARK}{sys.executable}\n" in printed, (name, printed[:500])
     folder = Path(run_dir)
     assert new_interactive_folders() == [folder]  # one folder for the whole session
     assert folder.name.endswith("_interactive")
     assert sorted(p.name for p in (folder / "data").glob("*.parquet"))
     assert (folder / "verdict.json").exists()
-    assert (paths.NOTEBOOKS_DIR / f"{names[0]}.ipynb").read_text() != (
-        root / f"{names[0]}.ipynb").read_text()  # the copy was saved, the repository's was not
+    assert all((paths.NOTEBOOKS_DIR / f"{name}.ipynb").read_bytes() == committed[name]
+               for name in names)  # Lab saved the copies only

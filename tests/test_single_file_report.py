@@ -24,7 +24,8 @@ PIXEL = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQV
 PLOT_BODY = ("import matplotlib.pyplot as plt\nimport pandas as pd\nfrom stagelab import runs\n"
              "ctx = runs.notebook_context('10_plot', run_dir)\n"
              "fig, ax = plt.subplots(figsize=(4, 3))\nax.plot([1, 3, 2])\n"
-             "ctx.save_figure(fig, 'line')\nplt.show()\npd.DataFrame({'arm': ['a', 'b'], 'ms': [1.5, 2.5]})")
+             "ctx.save_figure(fig, 'line')\nplt.show()\n"
+             "pd.DataFrame({'arm': ['a', 'b'], 'ms': [1.5, 2.5]})")
 
 
 def _synthetic_run(run_dir: Path) -> Path:
@@ -157,7 +158,8 @@ def test_single_file_opens_offline_with_every_image_rendered(executed_run):
                                         for src, ok, width in images), images
         assert left == []
         text = page.inner_text("body")
-        assert "No verdict yet" in text and "deliberate failure" in text and "partial output" in text
+        assert executed_run.name in text and "partial output" in text
+        assert "RuntimeError: deliberate failure" in text  # the failed notebook's traceback
         page.screenshot(path=str(out.with_suffix(".png")), full_page=True)
         page.goto(leaky.as_uri())
         page.wait_for_load_state("load")

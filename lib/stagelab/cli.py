@@ -31,7 +31,7 @@ def _parser() -> argparse.ArgumentParser:
     rep = sub.add_parser("report", help="(re)build the HTML of a run folder")
     rep.add_argument("run_dir", type=Path)
     rep.add_argument("--single-file", action="store_true",
-                     help="also write one self-contained HTML file (figures inlined, opens offline)")
+                     help="also write one self-contained HTML file that opens offline")
     rep.add_argument("--out", type=Path, help="where the single file goes "
                      "(default <run_dir>/<run id>_report.html)")
     runs = sub.add_parser("runs", help="list run folders")

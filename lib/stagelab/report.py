@@ -133,7 +133,6 @@ def write_index(run_dir: Path) -> Path:
     return path
 
 
-
 # ------------------------------------------------------------------------ single-file report
 
 SINGLE_FILE_SUFFIX = "_report.html"
@@ -144,7 +143,8 @@ _NOTEBOOK_STYLE = """
 section.notebook{border-top:3px solid #445;margin-top:2.5em}
 section.notebook>p.muted{margin:.4em 0 1em}
 .anchor-link{display:none} .output_area pre,.output_text pre{white-space:pre-wrap;margin:.3em 0}
-.output_stderr,.output_error{background:#fdecea;padding:.2em .5em} .dataframe td,.dataframe th{font-size:.9em}
+.output_stderr,.output_error{background:#fdecea;padding:.2em .5em}
+.dataframe td,.dataframe th{font-size:.9em}
 """
 
 
@@ -311,11 +311,11 @@ def write_single_file(run_dir: Path, out: Path | None = None) -> Path:
     run_dir = Path(run_dir)
     if not (run_dir / "manifest.json").is_file():
         raise UserError(f"{run_dir}: no manifest.json; is it a run folder?")
-    out = Path(out) if out else run_dir / f"{run_dir.name}{SINGLE_FILE_SUFFIX}"
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    out = Path(out or run_dir / f"{manifest.get('run_id') or run_dir.name}{SINGLE_FILE_SUFFIX}")
     if not out.parent.is_dir():
         raise UserError(f"--out {out}: the folder {out.parent} does not exist")
-    notebooks = [nb for nb in json.loads((run_dir / "manifest.json").read_text()).get("notebooks", [])
-                 if (run_dir / nb["output"]).is_file()]
+    notebooks = [nb for nb in manifest.get("notebooks", []) if (run_dir / nb["output"]).is_file()]
     anchors = {nb[key]: f"#notebook-{nb['name']}" for nb in notebooks
                for key in ("html", "output") if nb.get(key)}
     landing = write_index(run_dir).read_text(encoding="utf-8")
