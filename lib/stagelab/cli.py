@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from stagelab import paths
+from stagelab.errors import UserError
 
 # 0 every notebook ok; 1 a notebook failed (or the record could not be written); 2 a bad request,
 # refused before anything was created; 130 interrupted (Ctrl-C or SIGTERM), what was made is kept.
@@ -33,6 +34,10 @@ def _parser() -> argparse.ArgumentParser:
     rep = sub.add_parser("report", help="(re)build the HTML of a run folder (and its manifest, "
                          "from the notebooks, if it is lost or corrupt)")
     rep.add_argument("run_dir", type=Path)
+    rep.add_argument("--single-file", action="store_true",
+                     help="also write one self-contained HTML file that opens offline")
+    rep.add_argument("--out", type=Path, help="where the single file goes "
+                     "(default <run_dir>/<run id>_report.html)")
     runs = sub.add_parser("runs", help="list run folders")
     runs.add_argument("--root", type=Path, default=paths.RUNS_DIR)
     keep = sub.add_parser("keep", help="copy an ok run's evidence under data/reference/ to commit "
@@ -88,13 +93,17 @@ def cmd_env(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from stagelab import execute, rundir
+    from stagelab import execute, report, rundir
 
+    if args.out and not args.single_file:
+        raise UserError("--out names the single file: add --single-file")
     index = execute.rebuild_report(args.run_dir)
     note = rundir.read_manifest(args.run_dir).get("note")
     if note:
         print(f"note: the manifest was {note}", file=sys.stderr)
     print(index)
+    if args.single_file:
+        print(report.write_single_file(args.run_dir, args.out))
     return EXIT_OK
 
 
@@ -134,7 +143,6 @@ COMMANDS = {"run": cmd_run, "env": cmd_env, "report": cmd_report, "runs": cmd_ru
 def main(argv: list[str] | None = None) -> int:
     """Entry point; user errors print one line and exit 2, never a traceback; a record that
     cannot be written (a full disk) prints one line and exits 1."""
-    from stagelab.errors import UserError
     from stagelab.rundir import RecordError
 
     args = _parser().parse_args(argv)

@@ -6,10 +6,17 @@
 
 from __future__ import annotations
 
+import base64
 import html
 import json
+import mimetypes
+import re
+from html.parser import HTMLParser
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
+from urllib.parse import unquote, urlsplit
+
+from stagelab.errors import UserError
 
 VERDICT_FILE = "verdict.json"
 VERDICT_FIGURE = "figures/04_verdict_key.png"
@@ -162,3 +169,200 @@ def write_index(run_dir: Path) -> Path:
             f"<body>{''.join(body)}</body></html>")
     return rundir.write_text_atomic(run_dir / "index.html", page)
 
+
+# ------------------------------------------------------------------------ single-file report
+
+SINGLE_FILE_SUFFIX = "_report.html"
+# Attributes through which a browser fetches something when the page loads.
+_FETCHING_ATTRIBUTES = {"src", "srcset", "poster", "background", "data", "action", "formaction"}
+_CSS_URL = re.compile(r"""url\(\s*(['"]?)(.*?)\1\s*\)|@import\s+(['"])(.*?)\3""", re.IGNORECASE)
+_NOTEBOOK_STYLE = """
+section.notebook{border-top:3px solid #445;margin-top:2.5em}
+section.notebook>p.muted{margin:.4em 0 1em}
+.anchor-link{display:none} .output_area pre,.output_text pre{white-space:pre-wrap;margin:.3em 0}
+.output_stderr,.output_error{background:#fdecea;padding:.2em .5em}
+.dataframe td,.dataframe th{font-size:.9em}
+"""
+
+
+def _inside(run_dir: Path, reference: str) -> Path | None:
+    """The file of ``run_dir`` that a relative reference names, if any."""
+    if not reference or urlsplit(reference).scheme or reference.startswith(("/", "#")):
+        return None
+    path = (run_dir / unquote(urlsplit(reference).path)).resolve()
+    return path if path.is_file() and path.is_relative_to(run_dir.resolve()) else None
+
+
+def _data_uri(path: Path) -> str:
+    kind = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
+    return f"data:{kind};base64,{base64.b64encode(path.read_bytes()).decode('ascii')}"
+
+
+def _is_local(reference: str) -> bool:
+    return reference.startswith(("data:", "#"))
+
+
+class _AttributeRewriter(HTMLParser):
+    """Re-emits a page as it came, except the start tags whose attributes ``rewrite`` changes."""
+
+    DROP = object()
+
+    def __init__(self, rewrite: Callable[[str, str, str], Any]) -> None:
+        super().__init__(convert_charrefs=False)
+        self._rewrite = rewrite
+        self.parts: list[str] = []
+
+    def _start(self, tag: str, attrs: list[tuple[str, str | None]], closing: str) -> None:
+        new = [(k, v if v is None else self._rewrite(tag, k, v)) for k, v in attrs]
+        if new == attrs:
+            self.parts.append(self.get_starttag_text())
+            return
+        kept = "".join(f" {k}" if v is None else f' {k}="{html.escape(v)}"'
+                       for k, v in new if v is not self.DROP)
+        self.parts.append(f"<{tag}{kept}{closing}>")
+
+    def handle_starttag(self, tag, attrs):
+        self._start(tag, attrs, "")
+
+    def handle_startendtag(self, tag, attrs):
+        self._start(tag, attrs, " /")
+
+    def handle_endtag(self, tag):
+        self.parts.append(f"</{tag}>")
+
+    def handle_data(self, data):
+        self.parts.append(data)
+
+    def handle_entityref(self, name):
+        self.parts.append(f"&{name};")
+
+    def handle_charref(self, name):
+        self.parts.append(f"&#{name};")
+
+    def handle_comment(self, data):
+        self.parts.append(f"<!--{data}-->")
+
+    def handle_decl(self, decl):
+        self.parts.append(f"<!{decl}>")
+
+    def handle_pi(self, data):
+        self.parts.append(f"<?{data}>")
+
+    def unknown_decl(self, data):
+        self.parts.append(f"<![{data}]>")
+
+
+def _inline(page: str, run_dir: Path, anchors: Mapping[str, str]) -> str:
+    """Embed the run folder's files that ``page`` loads as data: URIs, point links to notebooks at
+    their sections (``anchors``: file name -> #id) and drop every other link and fetch."""
+    def rewrite(tag: str, name: str, value: str) -> Any:
+        if _is_local(value):
+            return value
+        if name == "href" and tag == "a":
+            return anchors.get(unquote(value), _AttributeRewriter.DROP)
+        if name in _FETCHING_ATTRIBUTES or name == "href":
+            local = _inside(run_dir, value) if name == "src" else None
+            return _data_uri(local) if local else _AttributeRewriter.DROP
+        return value
+
+    rewriter = _AttributeRewriter(rewrite)
+    rewriter.feed(page)
+    rewriter.close()
+    return "".join(rewriter.parts)
+
+
+def _srcset_urls(value: str) -> list[str]:
+    """The URL of each candidate of a ``srcset`` (URLs may hold commas, as data: URIs do)."""
+    urls, want_url = [], True
+    for token in value.split():
+        if not want_url:  # a descriptor (2x, 300w), maybe glued to the next URL by a comma
+            if "," not in token:
+                continue
+            token, want_url = token.partition(",")[2], True
+            if not token:
+                continue
+        urls.append(token.rstrip(","))
+        want_url = token.endswith(",")
+    return urls
+
+
+class _References(HTMLParser):
+    """Collects what a page would fetch or link to: attribute URLs and CSS ``url()``/``@import``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.found: list[str] = []
+        self._in_style = False
+
+    def handle_starttag(self, tag, attrs):
+        for name, value in attrs:
+            if not value:
+                continue
+            if name in _FETCHING_ATTRIBUTES or name in ("href", "xlink:href"):
+                self.found.extend(_srcset_urls(value) if name == "srcset"
+                                  else [value.strip()])
+            elif name == "style":
+                self._css(value)
+        self._in_style = tag == "style"
+
+    def handle_endtag(self, tag):
+        self._in_style = False
+
+    def handle_data(self, data):
+        if self._in_style:
+            self._css(data)
+
+    def _css(self, text: str) -> None:
+        self.found.extend((m.group(2) or m.group(4) or "").strip() for m in _CSS_URL.finditer(text))
+
+
+def external_references(page: str) -> list[str]:
+    """Every URL in ``page`` that is neither a data: URI nor a #fragment: each would be fetched
+    from, or lead to, somewhere outside the file. Empty for a self-contained page."""
+    parser = _References()
+    parser.feed(page)
+    parser.close()
+    return [ref for ref in parser.found if not _is_local(ref)]
+
+
+def _notebook_section(run_dir: Path, entry: Mapping[str, Any]) -> str:
+    """One executed notebook as a section of the single file: outputs only, nothing to fetch."""
+    import nbformat
+    from nbconvert import HTMLExporter
+
+    # The 'basic' template is the notebook's body alone: no CDN scripts, fonts or stylesheets.
+    exporter = HTMLExporter(template_name="basic", exclude_input=True, exclude_input_prompt=True,
+                            exclude_output_prompt=True, embed_images=True)
+    body, _ = exporter.from_notebook_node(nbformat.read(str(run_dir / entry["output"]),
+                                                        as_version=4))
+    return (f"<section class='notebook' id='notebook-{_esc(entry['name'])}'>"
+            f"<p class='muted'>Notebook <b>{_esc(entry['name'])}</b> · status "
+            f"<span class='{_esc(entry.get('status'))}'>{_esc(entry.get('status'))}</span></p>"
+            f"{body}</section>")
+
+
+def write_single_file(run_dir: Path, out: Path | None = None) -> Path:
+    """Write one self-contained HTML file of a run: the landing page followed by every executed
+    notebook, figures inlined as data: URIs, nothing fetched from elsewhere, so that it can be
+    attached to a review and read offline. Default: ``<run_dir>/<run id>_report.html``."""
+    run_dir = Path(run_dir)
+    if not (run_dir / "manifest.json").is_file():
+        raise UserError(f"{run_dir}: no manifest.json; is it a run folder?")
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    out = Path(out or run_dir / f"{manifest.get('run_id') or run_dir.name}{SINGLE_FILE_SUFFIX}")
+    if not out.parent.is_dir():
+        raise UserError(f"--out {out}: the folder {out.parent} does not exist")
+    notebooks = [nb for nb in manifest.get("notebooks", []) if (run_dir / nb["output"]).is_file()]
+    anchors = {nb[key]: f"#notebook-{nb['name']}" for nb in notebooks
+               for key in ("html", "output") if nb.get(key)}
+    landing = write_index(run_dir).read_text(encoding="utf-8")
+    head, _, rest = landing.partition("</head>")
+    body, _, tail = rest.rpartition("</body>")
+    sections = "".join(_notebook_section(run_dir, nb) for nb in notebooks)
+    page = _inline(f"{head}<style>{_NOTEBOOK_STYLE}</style></head>{body}<h2>Notebooks in full</h2>"
+                   f"{sections}</body>{tail}", run_dir, anchors)
+    leftover = external_references(page)
+    if leftover:
+        raise RuntimeError(f"the single-file report would still load {leftover[:5]}")
+    out.write_text(page, encoding="utf-8")
+    return out
