@@ -3,7 +3,8 @@
 GPU nodes are often air-gapped, with torch preinstalled. This downloads, on a machine with a
 package index, wheels of every runtime dependency of stagelab (from pyproject.toml, torch and the
 CUDA libraries excluded) for the node's Python and platform, plus the build backend that an
-editable install needs. On the node: ``make run OFFLINE_WHEELS=wheelhouse PROFILE=full``.
+editable install needs, then checks that the bundle resolves offline for that Python and platform.
+On the node: ``make gpu-evidence`` or ``make run OFFLINE_WHEELS=wheelhouse PROFILE=full``.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import argparse
 import re
 import subprocess
 import sys
+import tempfile
 import tomllib
 from pathlib import Path
 
@@ -44,18 +46,33 @@ def main() -> int:
     parser.add_argument("--skip", action="append", default=[], metavar="NAME",
                         help="leave out a requirement the node already has (repeatable)")
     args = parser.parse_args()
-    command = [sys.executable, "-m", "pip", "download", "--only-binary=:all:",
-               "--python-version", args.python_version, "--implementation", "cp",
-               "-d", str(args.dest)]
+    target = ["--only-binary=:all:", "--python-version", args.python_version,
+              "--implementation", "cp"]
     for platform in args.platform or PLATFORMS:
-        command += ["--platform", platform]
-    command += requirements(args.extra, set(args.skip))
+        target += ["--platform", platform]
+    wanted = requirements(args.extra, set(args.skip))
+    command = [sys.executable, "-m", "pip", "download", *target, "-d", str(args.dest), *wanted]
     print(" ".join(command), file=sys.stderr)
     status = subprocess.call(command)
     wheels = sorted(args.dest.glob("*.whl"))
     size = sum(w.stat().st_size for w in wheels)
     print(f"{len(wheels)} wheels, {size / 2**20:.1f} MiB in {args.dest}", file=sys.stderr)
-    return status
+    return status or verify(args.dest, target, wanted)
+
+
+def verify(dest: Path, target: list[str], wanted: list[str]) -> int:
+    """Resolve the bundle for the node's Python and platform from ``dest`` alone (offline,
+    ignoring what this machine has installed): it must hold everything but what was skipped."""
+    with tempfile.TemporaryDirectory() as scratch:
+        proc = subprocess.run([sys.executable, "-m", "pip", "install", "--isolated", "--dry-run",
+                               "--quiet", "--no-index", "--find-links", str(dest), "--target",
+                               scratch, *target, *wanted], capture_output=True, text=True)
+    if proc.returncode:
+        print(f"the bundle is incomplete: {proc.stderr.strip().splitlines()[-1]}", file=sys.stderr)
+        return proc.returncode
+    print("the bundle resolves offline for the node (skipped packages and torch aside)",
+          file=sys.stderr)
+    return 0
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
@@ -110,6 +111,7 @@ def test_no_wheelhouse_is_one_line_and_exit_2(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="rehearses the no-GPU outcome")
 def test_cpu_rehearsal_of_make_gpu_evidence(tmp_path):
     repo = copy_repository(tmp_path / "repo")
     profiles = yaml.safe_load((repo / "profiles.yaml").read_text())

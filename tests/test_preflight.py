@@ -144,3 +144,9 @@ def test_gpu_preflight_runs_every_check(tmp_path: Path):
     assert {"sync:logprobs_from_logits", "sync:gather_logprobs(compute_logprobs)",
             "sync:prompt_logprobs"} <= set(names)
     assert status == (0 if saved["decision"] == "go" else 3)
+
+
+def test_the_help_states_the_exit_statuses(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["preflight", "--help"])
+    assert "0 go, 3 no-go" in " ".join(capsys.readouterr().out.split())

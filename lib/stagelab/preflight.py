@@ -242,6 +242,7 @@ def check_memory(needs: list[CellNeed], on_gpu: bool) -> Check:
     host_of = (lambda c: c.host_bytes) if on_gpu else (lambda c: c.host_bytes + c.device_bytes)
     sides = [("host", max(needs, key=host_of), host_of, free_host_bytes())]
     if on_gpu:
+        torch.cuda.empty_cache()  # the probes' cached blocks are not the run's to lose
         sides.append(("device", max(needs, key=lambda c: c.device_bytes),
                       lambda c: c.device_bytes, free_device_bytes("cuda")))
     parts, short = [], False
