@@ -170,8 +170,9 @@ def nothing_measured(frame: pd.DataFrame, what: str) -> str | None:
         return f"Nothing was measured in {what}: no cell was given."
     reasons = frame.drop_duplicates("note")[["status", "note"]]
     why = "; ".join(f"{r.status}: {r.note}" for r in reasons.itertuples() if r.note)
-    sizes = ", ".join(sorted({f"n={r.rows} V={r.vocab}" for r in frame.itertuples()
-                              if not pd.isna(r.rows)}))
+    cells_seen = frame.dropna(subset=["rows"]).drop_duplicates(["rows", "vocab"])
+    sizes = ", ".join(f"n={r.rows} V={r.vocab}"
+                      for r in cells_seen.sort_values(["vocab", "rows"]).itertuples())
     return (f"Nothing was measured in {what} (cells {sizes}). Why: {why or 'no arm ran'}. "
             "Change the sizes or arms in the parameters (smaller rows or vocabularies, arms "
             "that exist on this machine) and run it again.")
@@ -253,6 +254,8 @@ def checks_table(frame: pd.DataFrame, metrics: Sequence[str], index: Sequence[st
 def prompt_time_relative(frame: pd.DataFrame) -> pd.DataFrame:
     """Median seconds per configuration and its ratio to the same arm's unchunked run."""
     timed = ok_timings(frame)
+    if timed.empty:
+        return pd.DataFrame(columns=["arm", "chunk", "rows", "seconds", "relative"])
     medians = timed.groupby(["arm", "chunk", "rows"], as_index=False, observed=True)[
         "seconds"].median()
     unchunked = medians[medians["chunk"] >= medians["rows"]].set_index("arm")["seconds"]
@@ -342,8 +345,10 @@ def staging_goals(frame: pd.DataFrame, snap: dict, big_bytes: int = 64 * 10**6) 
     aa = compare(frame, "pageable_fresh", "pageable_reused", ["rows", "vocab"], twin=True)
     goals.append(harness_goal(aa))
     name = "reuse lever: reused vs fresh pageable"
-    if "speedup" in aa and aa["speedup"].notna().any():
-        big_cell = aa.assign(size=aa["rows"] * aa["vocab"]).sort_values("size").iloc[-1]
+    measured = aa.dropna(subset=["speedup"]) if "speedup" in aa else aa.iloc[:0]
+    if not measured.empty:
+        big_cell = measured.assign(size=measured["rows"] * measured["vocab"]).sort_values(
+            "size").iloc[-1]
         goals.append(goal(name, "measured with its CI",
                           f"{big_cell['speedup']:.2f}x [{big_cell['ci_low']:.2f}, "
                           f"{big_cell['ci_high']:.2f}], {big_cell['saved_ms']:.2f} ms per copy "
@@ -357,7 +362,9 @@ def staging_goals(frame: pd.DataFrame, snap: dict, big_bytes: int = 64 * 10**6) 
 def harness_goal(compared: pd.DataFrame, tolerance: float = 0.02) -> dict:
     """The A/A check: the baseline against its twin should show no difference beyond +-2 %."""
     name = "A/A harness check (baseline vs its twin)"
-    if "twin_ci_low" not in compared or compared["twin_ci_low"].isna().all():
+    if "twin_ci_low" in compared:
+        compared = compared.dropna(subset=["twin_ci_low", "twin_ci_high"])
+    if "twin_ci_low" not in compared or compared.empty:
         return goal(name, f"CI within 1 +- {tolerance:.0%}", "-", None, "no twin was timed")
     worst = compared.assign(width=np.maximum(abs(compared["twin_ci_low"] - 1),
                                              abs(compared["twin_ci_high"] - 1)))

@@ -307,32 +307,42 @@ def check_arms(arms: list[str], aa_arm: str) -> None:
         raise ValueError(f"aa_arm {aa_arm!r} must be one of arms {arms}")
 
 
-def measure(shapes: list[ModelShape], rows: list[int], dtype: torch.dtype, arms: list[str], *,
-                repeats: int, warmup: int = 2, aa_arm: str = PageableFresh.name, sources: int = 3,
-                seed: int = 0, device: str | None = None, sink: TableSink | None = None,
-                progress: bool = True) -> list[dict]:
-    """Time each arm's ``stage()`` over every ``rows x vocab`` cell, interleaved, with an A/A twin
-    of ``aa_arm``; schema records out (written per cell into ``sink``). See :mod:`stagelab.sweep`
-    for skipped, unavailable and failed rows."""
+def cells(shapes: list[ModelShape], rows: list[int], dtype: torch.dtype, arms: list[str], *,
+          aa_arm: str = PageableFresh.name, sources: int = 3,
+          device: str | None = None) -> list[sweep.Cell]:
+    """The sweep's cells, one per ``rows x vocab``, with the memory each needs (the preflight
+    checks the largest against free memory)."""
     positive_ints(rows, "rows")
     positive_ints([sources], "sources")
     check_arms(arms, aa_arm)
     device = device or default_device()
     itemsize = torch.empty((), dtype=dtype).element_size()
-    generator = torch.Generator(device=device).manual_seed(seed)
     on_cpu = torch.device(device).type == "cpu"
     every_arm = [*arms, aa_name(aa_arm)]
-    cells = []
+    out = []
     for shape in shapes:
         for n in rows:
             nbytes = n * shape.vocab * itemsize
-            cells.append(sweep.Cell(
+            out.append(sweep.Cell(
                 sizes=dict(experiment="d2h_copy", device=device_label(device), model=shape.model,
                            rows=n, vocab=shape.vocab, dtype=str(dtype).removeprefix("torch."),
                            bytes=nbytes),
                 arms=every_arm, label=f"n={n} V={shape.vocab}",
                 host_bytes=(len(every_arm) + 1 + (sources if on_cpu else 0)) * nbytes,
                 device_bytes=0 if on_cpu else sources * nbytes))
+    return out
+
+
+def measure(shapes: list[ModelShape], rows: list[int], dtype: torch.dtype, arms: list[str], *,
+            repeats: int, warmup: int = 2, aa_arm: str = PageableFresh.name, sources: int = 3,
+            seed: int = 0, device: str | None = None, sink: TableSink | None = None,
+            progress: bool = True) -> list[dict]:
+    """Time each arm's ``stage()`` over every ``rows x vocab`` cell, interleaved, with an A/A twin
+    of ``aa_arm``; schema records out (written per cell into ``sink``). See :mod:`stagelab.sweep`
+    for skipped, unavailable and failed rows."""
+    device = device or default_device()
+    todo = cells(shapes, rows, dtype, arms, aa_arm=aa_arm, sources=sources, device=device)
+    generator = torch.Generator(device=device).manual_seed(seed)
 
     def prepare(cell: sweep.Cell) -> sweep.CellPlan:
         nbytes, n, vocab = cell.sizes["bytes"], cell.sizes["rows"], cell.sizes["vocab"]
@@ -353,7 +363,7 @@ def measure(shapes: list[ModelShape], rows: list[int], dtype: torch.dtype, arms:
                    for name, arm in built.items()},
             unavailable=unavailable, monitor=pcie, after=after)
 
-    return sweep.run(cells, prepare, repeats=repeats, warmup=warmup, seed=seed, device=device,
+    return sweep.run(todo, prepare, repeats=repeats, warmup=warmup, seed=seed, device=device,
                      sink=sink, label="staging", progress=progress)
 
 

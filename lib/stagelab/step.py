@@ -205,6 +205,38 @@ def copied_bytes(arm: str, n: int, vocab: int, k: int) -> int:
     return n * (k + 1) * 8 + n * 4
 
 
+def cells(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dtype: torch.dtype,
+          arms: list[str], *, aa_arm: str | None = BASELINE, sources: int = 2,
+          device: str | None = None) -> list[sweep.Cell]:
+    """The sweep's cells, one per ``(n, V, K)``, with the memory each needs; a K beyond the
+    vocabulary is a cell recorded as skipped, with the reason."""
+    positive_ints(rows, "rows")
+    positive_ints([sources], "sources")
+    if not ks or any(isinstance(k, bool) or not isinstance(k, int) or k < 0 for k in ks):
+        raise ValueError(f"ks: {ks!r} must be a non-empty list of integers >= 0")
+    check_arms(arms, aa_arm)
+    device = device or default_device()
+    itemsize = torch.empty((), dtype=logits_dtype).element_size()
+    every_arm = [*arms, *([aa_name(aa_arm)] if aa_arm else [])]
+    on_cpu = torch.device(device).type == "cpu"
+    out = []
+    for shape in shapes:
+        for n in rows:
+            for k in ks:
+                logits_bytes, fp32_bytes = n * shape.vocab * itemsize, n * shape.vocab * 4
+                device_bytes = sources * logits_bytes + 3 * fp32_bytes
+                out.append(sweep.Cell(
+                    sizes=dict(experiment="step", device=device_label(device), model=shape.model,
+                               rows=n, vocab=shape.vocab, k=k,
+                               dtype=str(logits_dtype).removeprefix("torch.")),
+                    arms=every_arm, label=f"n={n} V={shape.vocab} K={k}",
+                    host_bytes=3 * fp32_bytes + (device_bytes if on_cpu else 0),
+                    device_bytes=0 if on_cpu else device_bytes,
+                    invalid="" if k <= shape.vocab else
+                    f"K={k} exceeds the vocabulary V={shape.vocab}: no top-K to take"))
+    return out
+
+
 def measure(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dtype: torch.dtype,
             arms: list[str], *, repeats: int, warmup: int = 2, aa_arm: str | None = BASELINE,
             sources: int = 2, seed: int = 0, device: str | None = None,
@@ -216,31 +248,10 @@ def measure(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dty
     and how many ranks differ (``max_abs_error``, ``rank_mismatches``), so that a speed
     comparison is never one between different answers.
     """
-    positive_ints(rows, "rows")
-    positive_ints([sources], "sources")
-    if not ks or any(isinstance(k, bool) or not isinstance(k, int) or k < 0 for k in ks):
-        raise ValueError(f"ks: {ks!r} must be a non-empty list of integers >= 0")
-    check_arms(arms, aa_arm)
     device = device or default_device()
-    itemsize = torch.empty((), dtype=logits_dtype).element_size()
+    todo = cells(shapes, rows, ks, logits_dtype, arms, aa_arm=aa_arm, sources=sources,
+                 device=device)
     generator = torch.Generator(device=device).manual_seed(seed)
-    every_arm = [*arms, *([aa_name(aa_arm)] if aa_arm else [])]
-    on_cpu = torch.device(device).type == "cpu"
-    cells = []
-    for shape in shapes:
-        for n in rows:
-            for k in ks:
-                logits_bytes, fp32_bytes = n * shape.vocab * itemsize, n * shape.vocab * 4
-                device_bytes = sources * logits_bytes + 3 * fp32_bytes
-                cells.append(sweep.Cell(
-                    sizes=dict(experiment="step", device=device_label(device), model=shape.model,
-                               rows=n, vocab=shape.vocab, k=k,
-                               dtype=str(logits_dtype).removeprefix("torch.")),
-                    arms=every_arm, label=f"n={n} V={shape.vocab} K={k}",
-                    host_bytes=3 * fp32_bytes + (device_bytes if on_cpu else 0),
-                    device_bytes=0 if on_cpu else device_bytes,
-                    invalid="" if k <= shape.vocab else
-                    f"K={k} exceeds the vocabulary V={shape.vocab}: no top-K to take"))
 
     def prepare(cell: sweep.Cell) -> sweep.CellPlan:
         n, vocab, k = cell.sizes["rows"], cell.sizes["vocab"], cell.sizes["k"]
@@ -272,7 +283,7 @@ def measure(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dty
             unavailable=unavailable, annotate=annotate,
             after=lambda: agreement(built, logits[0], k, tokens[0], host_tokens[0]))
 
-    return sweep.run(cells, prepare, repeats=repeats, warmup=warmup, seed=seed, device=device,
+    return sweep.run(todo, prepare, repeats=repeats, warmup=warmup, seed=seed, device=device,
                      sink=sink, label="step", progress=progress)
 
 

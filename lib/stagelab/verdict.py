@@ -52,6 +52,25 @@ def _num(value: Any) -> float | None:
     return None if value is None or pd.isna(value) else float(value)
 
 
+def _plain(value: Any) -> Any:
+    """A JSON-ready copy: numpy scalars as Python numbers, NaN and missing values as None."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)) or value is pd.NA or value is None:
+        return _num(value)
+    return value
+
+
+def _measured(value: Any) -> bool:
+    return _num(value) is not None
+
+
 def decide_cell(step: pd.DataFrame, rows: int, vocab: int, k: int, candidate: str, *,
                 delta: float, min_samples: int, confidence: float, seed: int) -> dict[str, Any]:
     """The decision for one ``(n, V, K)`` cell of the step table, with its evidence and the seed
@@ -59,8 +78,9 @@ def decide_cell(step: pd.DataFrame, rows: int, vocab: int, k: int, candidate: st
     cell = step[(step["rows"] == rows) & (step["vocab"] == vocab) & (step["k"] == k)]
     out: dict[str, Any] = {"rows": rows, "vocab": vocab, "k": k, "candidate": candidate,
                            "delta": delta}
-    base, cand, twin = analysis.paired_rounds(cell, BASELINE, candidate, aa_name(BASELINE))
     step_rounds = analysis.by_round(cell, BASELINE)
+    if len(step_rounds):
+        out["step_ms"] = 1e3 * float(np.median(step_rounds))
     if len(step_rounds) == 0:
         decision = stats.Decision(stats.INCONCLUSIVE, "not measured: "
                                   + analysis.not_measured_reason(cell, BASELINE))
@@ -68,18 +88,27 @@ def decide_cell(step: pd.DataFrame, rows: int, vocab: int, k: int, candidate: st
         decision = stats.Decision(stats.INCONCLUSIVE, "not measured: "
                                   + analysis.not_measured_reason(cell, candidate))
     else:
-        step_seconds = float(np.median(step_rounds))
+        step_seconds = out["step_ms"] / 1e3
         threshold = stats.min_speedup_for(delta, part_seconds=step_seconds,
                                           step_seconds=step_seconds)
-        decision = stats.decide(base, cand, min_speedup=threshold,
-                                twin=twin if len(twin) else None, min_samples=min_samples,
-                                confidence=confidence, seed=seed)
-        out["step_ms"] = 1e3 * step_seconds
+        base, cand, twin = _paired_with_twin(cell, candidate)
+        decision = stats.decide(base, cand, min_speedup=threshold, twin=twin,
+                                min_samples=min_samples, confidence=confidence, seed=seed)
     out.update(decision.to_dict())
     out["saved_ms"] = None if out.get("saved_seconds") is None else 1e3 * out["saved_seconds"]
     out.pop("saved_seconds", None)
     out["stages_ms"] = _stage_split(cell)
     return out
+
+
+def _paired_with_twin(cell: pd.DataFrame,
+                      candidate: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Baseline and candidate over their shared rounds, and the A/A twin over the rounds all
+    three share where it was timed (None where it was not)."""
+    if analysis.by_round(cell, aa_name(BASELINE)).empty:
+        base, cand = analysis.paired_rounds(cell, BASELINE, candidate)
+        return base, cand, None
+    return tuple(analysis.paired_rounds(cell, BASELINE, candidate, aa_name(BASELINE)))
 
 
 def _stage_split(cell: pd.DataFrame) -> dict[str, float] | None:
@@ -113,7 +142,7 @@ def overall(decisive: list[dict[str, Any]]) -> dict[str, str]:
             f"{len(ported)} of {len(decisive)} decisive cells; the largest saving is "
             f"{best['saved_ms']:.2f} ms per step at n={best['rows']}, V={best['vocab']}, "
             f"K={best['k']} ({best['speedup']:.3f}x, CI [{best['ci_low']:.3f}, "
-            f"{best['ci_high']:.3f}]). {where}")}
+            f"{best['ci_high']:.3f}]). {where}".strip())}
     if all(d == stats.CLOSE for d in decisions):
         return {"decision": stats.CLOSE, "where": where, "summary": (
             f"In all {len(decisive)} decisive cells any benefit of pinned grow-only staging is "
@@ -201,7 +230,7 @@ def findings(verdict: dict[str, Any], tables: dict[str, pd.DataFrame]) -> list[s
     step = tables.get("step")
     if step is not None:
         for lever in verdict["step_levers"]:
-            if lever.get("speedup") is not None and lever["candidate"] == REUSED:
+            if _measured(lever.get("speedup")) and lever["candidate"] == REUSED:
                 out.append(f"Reuse lever at step level (grow-only pageable vs fresh vector) at "
                            f"n={lever['rows']}, V={lever['vocab']}, K={lever['k']}: "
                            f"{lever['speedup']:.2f}x (CI [{lever['ci_low']:.2f}, "
@@ -212,7 +241,7 @@ def findings(verdict: dict[str, Any], tables: dict[str, pd.DataFrame]) -> list[s
                        f"C++ {row['native_ms']:.2f} ms, numpy {row['numpy_ms']:.2f} ms "
                        f"({row['numpy_over_native']:.1f}x).")
     zero_fill = [c for c in verdict["copy_cells"]
-                 if c["candidate"] == "pageable_fresh_empty" and c.get("speedup") is not None]
+                 if c["candidate"] == "pageable_fresh_empty" and _measured(c.get("speedup"))]
     if zero_fill:
         big = max(zero_fill, key=lambda c: c["rows"] * c["vocab"])
         out.append(f"Zero-fill and free of a fresh {big['rows']} x {big['vocab']} fp32 buffer "
@@ -237,11 +266,13 @@ def findings(verdict: dict[str, Any], tables: dict[str, pd.DataFrame]) -> list[s
     return out
 
 
-def check_parameters(delta: float, min_samples: int, decisive_rows: list[int],
+def check_parameters(delta: float, min_samples: int, confidence: float, decisive_rows: list[int],
                      decisive_vocabs: list[int], decisive_ks: list[int]) -> None:
     """Every parameter of :func:`build_verdict`, checked before any table is read."""
     if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not 0 < delta < 1:
         raise ValueError(f"delta must be in (0, 1), got {delta!r}")
+    if isinstance(confidence, bool) or not isinstance(confidence, float) or not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
     if isinstance(min_samples, bool) or not isinstance(min_samples, int) or min_samples < 2:
         raise ValueError(f"min_samples must be an integer of at least 2, got {min_samples!r}")
     for name, values in (("decisive_rows", decisive_rows), ("decisive_vocabs", decisive_vocabs),
@@ -255,7 +286,7 @@ def build_verdict(run_dir: Path | str, *, decisive_rows: list[int], decisive_voc
                   confidence: float = 0.95, seed: int = 0, reference_root: Path | None = None,
                   calibration: list[dict] | None = None) -> dict[str, Any]:
     """The verdict of a run folder as a JSON-ready dict (deterministic for the same folder)."""
-    check_parameters(delta, min_samples, decisive_rows, decisive_vocabs, decisive_ks)
+    check_parameters(delta, min_samples, confidence, decisive_rows, decisive_vocabs, decisive_ks)
     run_dir = Path(run_dir)
     tables, missing = load_tables(run_dir)
     staging, step = tables.get("staging"), tables.get("step")
@@ -298,8 +329,9 @@ def build_verdict(run_dir: Path | str, *, decisive_rows: list[int], decisive_voc
         "missing": missing,
         "reference": reference_verdicts(reference_root) if reference_root else [],
     }
+    verdict = _plain(verdict)
     verdict["findings"] = findings(verdict, tables)
-    return json.loads(json.dumps(verdict, default=_num))  # plain JSON types only
+    return verdict
 
 
 # ------------------------------------------------------------------------- tables to show
