@@ -35,7 +35,9 @@ def tiny_suite(tmp_path: Path) -> dict[str, Path]:
                    "print('partial output before the failure')\n"
                    "raise RuntimeError('deliberate failure for the test')")
     write_notebook(nb_dir / "30_sleeps.ipynb", 'run_dir = ""\nseconds = 60',
-                   "import time\nprint('sleeping', flush=True)\ntime.sleep(seconds)")
+                   "import pathlib, time\nprint('sleeping', flush=True)\n"
+                   "pathlib.Path(run_dir, 'sleeping').touch()  # tells a test the cell runs\n"
+                   "time.sleep(seconds)")
     profiles = tmp_path / "profiles.yaml"
     profiles.write_text(
         "profiles:\n"

@@ -103,13 +103,6 @@ def test_memory_is_no_go_when_the_largest_cell_does_not_fit(monkeypatch):
     assert preflight.check_memory(needs, on_gpu=False).status == GO
 
 
-def test_event_and_host_clocks_agree_within_the_tolerance_only():
-    assert preflight.clocks_agree(0.0095, 0.0100)  # 5 % apart
-    assert not preflight.clocks_agree(0.0080, 0.0100)  # 20 % apart
-    assert preflight.clocks_agree(0.0001, 0.0002)  # 100 us apart: within the floor
-    assert not preflight.clocks_agree(0.0001, 0.0004)
-
-
 def test_a_check_that_raises_is_recorded_not_fatal():
     def broken() -> Check:
         raise RuntimeError("driver said no\nsecond line")

@@ -19,6 +19,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import IO, Any, Iterator
@@ -51,9 +52,11 @@ def ensure_kernel() -> None:
     install(kernel_name=KERNEL_NAME, display_name="Python (stagelab)", prefix=sys.prefix)
 
 
-def private_kernel_manager(socket_dir: Path, log: IO[str] | None = None) -> type:
+def private_kernel_manager(socket_dir: Path, log: IO[str] | None = None,
+                           started: list | None = None) -> type:
     """A kernel manager class whose kernel's IPC sockets and connection file live in
     ``socket_dir``, and whose process output goes to ``log`` rather than the terminal.
+    Each manager that launches a kernel is appended to ``started``, so it can be stopped.
 
     IPC rather than loopback TCP: private to this user, and no port can collide.
     """
@@ -77,9 +80,21 @@ def private_kernel_manager(socket_dir: Path, log: IO[str] | None = None) -> type
             if log is not None:
                 kw.setdefault("stdout", log)
                 kw.setdefault("stderr", log)
+            if started is not None:
+                started.append(self)
             await super()._async_launch_kernel(kernel_cmd, **kw)
 
     return PrivateKernelManager
+
+
+def kill_kernels(managers: list) -> None:
+    """Kill the kernels these managers launched (each in a process group of its own)."""
+    for manager in managers:
+        process = getattr(manager.provisioner, "process", None)
+        if process is None or process.poll() is not None:
+            continue
+        with contextlib.suppress(OSError):
+            os.killpg(process.pid, signal.SIGKILL)
 
 
 @contextlib.contextmanager
@@ -132,30 +147,51 @@ def _last_started_cell(notebook_path: Path) -> int | None:
     return started[-1] if started else None
 
 
-def execute_notebook(notebook: NotebookPlan, output: Path, run_dir: Path,
-                     plan: RunPlan) -> tuple[str, str | None]:
-    """Execute one notebook into ``output``; return its status and, if it failed, why."""
+def _papermill(notebook: NotebookPlan, output: Path, run_dir: Path, plan: RunPlan,
+               kernel_manager: type) -> tuple[str, str | None]:
     import papermill
 
     os.environ[paths.HEADLESS_ENV] = "1"  # the kernel's sweeps print a line per cell, no bars
-    with kernel_sockets() as sockets, open(Path(run_dir) / KERNEL_LOG, "a") as log:
-        try:
-            papermill.execute_notebook(
-                str(notebook.path), str(output),
-                parameters={**notebook.parameters, "run_dir": str(Path(run_dir).resolve())},
-                kernel_name=KERNEL_NAME, cwd=str(notebook.path.parent), progress_bar=False,
-                request_save_on_cell_execute=True,
-                kernel_manager_class=private_kernel_manager(sockets, log),
-                start_timeout=plan.start_timeout_s, execution_timeout=plan.cell_timeout_s)
-        except KeyboardInterrupt:
-            raise
-        except TimeoutError:
-            cell = _last_started_cell(output)
-            return rundir.FAILED, (f"timed out after {plan.cell_timeout_s} s in cell "
-                                   f"{cell if cell is not None else '?'}")
-        except Exception as exc:  # papermill or the kernel failed: record it, keep going
-            return rundir.FAILED, error_summary(exc)
+    try:
+        papermill.execute_notebook(
+            str(notebook.path), str(output),
+            parameters={**notebook.parameters, "run_dir": str(Path(run_dir).resolve())},
+            kernel_name=KERNEL_NAME, cwd=str(notebook.path.parent), progress_bar=False,
+            request_save_on_cell_execute=True, kernel_manager_class=kernel_manager,
+            start_timeout=plan.start_timeout_s, execution_timeout=plan.cell_timeout_s)
+    except TimeoutError:
+        cell = _last_started_cell(output)
+        return rundir.FAILED, (f"timed out after {plan.cell_timeout_s} s in cell "
+                               f"{cell if cell is not None else '?'}")
+    except Exception as exc:  # papermill or the kernel failed: record it, keep going
+        return rundir.FAILED, error_summary(exc)
     return rundir.OK, None
+
+
+def execute_notebook(notebook: NotebookPlan, output: Path, run_dir: Path,
+                     plan: RunPlan) -> tuple[str, str | None]:
+    """Execute one notebook into ``output``; return its status and, if it failed, why.
+
+    papermill works in a thread of its own, so that Ctrl-C and SIGTERM reach this (main) thread
+    at once: the kernel is then killed, papermill saves what the notebook produced, and
+    KeyboardInterrupt goes on up.
+    """
+    with kernel_sockets() as sockets, open(Path(run_dir) / KERNEL_LOG, "a") as log:
+        started: list = []
+        outcome: list[tuple[str, str | None]] = []
+        manager = private_kernel_manager(sockets, log, started)
+        worker = threading.Thread(
+            target=lambda: outcome.append(_papermill(notebook, output, run_dir, plan, manager)),
+            name=f"papermill {notebook.name}", daemon=True)
+        worker.start()
+        try:
+            while worker.is_alive():
+                worker.join(0.2)
+        except KeyboardInterrupt:
+            kill_kernels(started)
+            worker.join(30)
+            raise
+    return outcome[0] if outcome else (rundir.FAILED, "papermill stopped without a result")
 
 
 def export_html(run_dir: Path, entry: dict[str, Any]) -> None:

@@ -47,13 +47,21 @@ def describe_type(value: Any) -> str:
 
 
 def number_hint(value: Any) -> str:
-    """How to write a number YAML would misread, or an integral float as an int; else ''."""
+    """How to write a number YAML would misread, or an integral float as an int; else ''.
+
+    YAML 1.1 (PyYAML) reads a float with an exponent only with a dot and a signed exponent:
+    ``1e9`` and ``1.0e9`` are text, ``1.0e+9`` is a number.
+    """
     if _yaml_number_text(value):
         number = float(value)
         whole = f"{int(number)} or " if number.is_integer() else ""
         mantissa, _, exponent = value.lower().partition("e")
-        dotted = f"{mantissa if '.' in mantissa else mantissa + '.0'}e{exponent}" if exponent else value
-        return f"; YAML reads {value} as text: write {whole}{dotted}"
+        if exponent:
+            sign = "" if exponent[0] in "+-" else "+"
+            written = f"{mantissa if '.' in mantissa else mantissa + '.0'}e{sign}{exponent}"
+        else:
+            written = value
+        return f"; YAML reads {value} as text: write {whole}{written}"
     if isinstance(value, float) and value.is_integer() and abs(value) < 2**63:
         return f"; for a whole number write {int(value)}"
     return ""

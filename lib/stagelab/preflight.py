@@ -30,8 +30,6 @@ from stagelab.errors import UserError
 GO, NO_GO, INFO, UNAVAILABLE = "go", "no-go", "info", "unavailable"
 EXIT_GO, EXIT_NO_GO = 0, 3
 PROBE_BYTES = 64 << 20  # copies long enough (milliseconds) for both clocks to resolve them
-EVENT_HOST_TOLERANCE = 0.10  # a pageable copy is synchronous: event and host time agree within it
-EVENT_HOST_FLOOR_S = 200e-6  # ...or within this, which covers launch and synchronize overheads
 MEMORY_MARGIN = 0.9  # the share of free memory a cell may use (as memory.check_fits)
 CPU_STILL_RUNS = ("what can still run here: the CPU arms of every notebook (pageable staging, the "
                   "whole step, prompt logprobs) and the verdict, which stays INCONCLUSIVE for "
@@ -183,15 +181,9 @@ def check_host_register() -> Check:
                   "register_s": register_s})
 
 
-def clocks_agree(event_s: float, host_s: float) -> bool:
-    """Whether a synchronous copy's event time and host time agree: within
-    ``EVENT_HOST_TOLERANCE`` of the host time, or ``EVENT_HOST_FLOOR_S``, whichever is larger."""
-    return abs(host_s - event_s) <= max(EVENT_HOST_FLOOR_S, EVENT_HOST_TOLERANCE * host_s)
-
-
 def check_event_timing(repeats: int = 5) -> Check:
     """CUDA events against the host clock on a pageable (synchronous) device-to-host copy."""
-    from stagelab.bench import Timer
+    from stagelab.bench import CLOCK_SLACK_FRACTION, CLOCK_SLACK_S, Timer, clocks_agree
 
     src = torch.empty(PROBE_BYTES, dtype=torch.uint8, device="cuda")
     dst = torch.empty(PROBE_BYTES, dtype=torch.uint8)
@@ -203,10 +195,10 @@ def check_event_timing(repeats: int = 5) -> Check:
     host_s = statistics.median(h for _, h in pairs)
     return Check("event_timing", GO if agree == repeats else NO_GO,
                  f"{agree}/{repeats} copies agree (event {event_s * 1e3:.2f} ms, host "
-                 f"{host_s * 1e3:.2f} ms, medians; tolerance {EVENT_HOST_TOLERANCE:.0%} "
-                 f"or {EVENT_HOST_FLOOR_S * 1e6:.0f} us)",
+                 f"{host_s * 1e3:.2f} ms, medians; tolerance {CLOCK_SLACK_S * 1e3:.1f} ms + "
+                 f"{CLOCK_SLACK_FRACTION:.0%})",
                  {"event_s": [e for e, _ in pairs], "host_s": [h for _, h in pairs],
-                  "tolerance": EVENT_HOST_TOLERANCE, "floor_s": EVENT_HOST_FLOOR_S})
+                  "slack_s": CLOCK_SLACK_S, "slack_fraction": CLOCK_SLACK_FRACTION})
 
 
 def check_nvml() -> Check:

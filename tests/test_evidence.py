@@ -1,0 +1,136 @@
+"""`stagelab keep` takes only good evidence, never half-writes it, and indexes what is kept."""
+
+from __future__ import annotations
+
+import errno
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from test_runner import dead_pid, fake_run
+
+from stagelab import cli, evidence, paths, rundir
+from stagelab.errors import UserError
+
+GPU = {"gpu": {"name": "NVIDIA H200"}, "host": {"cpu_model": "Xeon"}}
+
+
+def good_run(root: Path, decision: str = "PORT", hardware: dict | None = None,
+             status: str = "ok", verdict: bool = True, pid: int | None = None,
+             created: str = "2026-11-30T10:00:00+00:00") -> Path:
+    """A run folder with a manifest (given status and hardware), a verdict and a table."""
+    run_dir = fake_run(root, status=status, pid=pid)
+    manifest = rundir.read_manifest(run_dir)
+    manifest.update(hardware=hardware or GPU, git={"commit": "abcdef1234567890", "dirty": False},
+                    created_utc=created)
+    rundir.write_manifest(run_dir, manifest)
+    (run_dir / "data" / "staging.parquet").write_bytes(b"PAR1")
+    (run_dir / "index.html").write_text("<html></html>")
+    if verdict:
+        (run_dir / "verdict.json").write_text(json.dumps({"overall": {"decision": decision}}))
+    return run_dir
+
+
+@pytest.fixture
+def reference(tmp_path, monkeypatch) -> Path:
+    root = tmp_path / "reference"
+    monkeypatch.setattr(paths, "REFERENCE_DIR", root)
+    return root
+
+
+def test_keep_copies_an_ok_run_once_and_indexes_it(tmp_path, reference):
+    run_dir = good_run(tmp_path / "runs")
+    dest = evidence.keep_evidence(run_dir)
+    assert dest == reference / "NVIDIA-H200" / run_dir.name
+    for name in ("manifest.json", "verdict.json", "index.html", "10_ok.ipynb",
+                 "data/staging.parquet", "kept.json"):
+        assert (dest / name).exists(), name
+    assert json.loads((dest / "kept.json").read_text())["forced"] is False
+    assert not list(reference.glob("*/.incoming-*"))
+    (row,) = evidence.kept_runs(reference)
+    assert row == evidence.KeptRun(path=f"NVIDIA-H200/{run_dir.name}", machine="NVIDIA H200",
+                                   date="2026-11-30T10:00:00+00:00",
+                                   commit="abcdef123456", profile="quick", verdict="PORT",
+                                   forced=False)
+    index = (reference / "index.html").read_text()
+    assert f"href='NVIDIA-H200/{run_dir.name}/index.html'" in index
+    assert "NVIDIA H200" in index and ">PORT<" in index and "abcdef123456" in index
+    with pytest.raises(UserError, match="never overwritten"):
+        evidence.keep_evidence(run_dir)
+
+
+@pytest.mark.parametrize("make, why", [
+    # Before: a failed run and a killed "running" run were kept without a word.
+    (lambda root: good_run(root, status="failed"), "its status is failed (10_ok failed), not ok"),
+    (lambda root: good_run(root, status="running", pid=dead_pid()),
+     "its status is interrupted (10_ok interrupted), not ok"),
+    (lambda root: good_run(root, verdict=False), "it has no verdict.json"),
+])
+def test_keep_refuses_bad_evidence_and_force_keeps_it_labelled(tmp_path, reference, capsys,
+                                                                 make, why):
+    run_dir = make(tmp_path / "runs")
+    assert cli.main(["keep", str(run_dir)]) == cli.EXIT_USAGE
+    err = capsys.readouterr().err.strip()
+    assert why in err and "--force" in err and len(err.splitlines()) == 1
+    assert not reference.exists()  # nothing written
+    assert cli.main(["keep", "--force", str(run_dir)]) == cli.EXIT_OK
+    (row,) = evidence.kept_runs(reference)
+    assert row.forced
+    kept = json.loads((reference / row.path / "kept.json").read_text())
+    assert kept["forced"] is True and why in kept["refusal"]
+    assert "<b>forced</b>" in (reference / "index.html").read_text()
+
+
+def test_a_missing_notebook_makes_a_run_unfit_to_keep(tmp_path, reference):
+    run_dir = good_run(tmp_path / "runs")
+    (run_dir / "10_ok.ipynb").unlink()
+    with pytest.raises(UserError, match="status is missing"):
+        evidence.keep_evidence(run_dir)
+
+
+def test_no_write_access_is_one_line_and_nothing_half_written(tmp_path, reference, monkeypatch,
+                                                                capsys):
+    run_dir = good_run(tmp_path / "runs")
+    copies = []
+
+    def refuse_second_copy(src, dst, **kwargs):
+        copies.append(src)
+        if len(copies) == 2:
+            raise PermissionError(errno.EACCES, "Permission denied", str(dst))
+        return shutil.copy(src, dst)
+
+    monkeypatch.setattr(evidence.shutil, "copy2", refuse_second_copy)
+    assert cli.main(["keep", str(run_dir)]) == cli.EXIT_USAGE
+    err = capsys.readouterr().err.strip()
+    assert "Permission denied" in err and len(err.splitlines()) == 1
+    assert not [p for p in reference.rglob("*") if p.is_file()]  # no copy, no index
+    assert not list(reference.glob("*/*"))
+
+
+def test_a_reference_root_that_cannot_be_made_is_one_line(tmp_path, monkeypatch, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setattr(paths, "REFERENCE_DIR", blocker / "reference")
+    assert cli.main(["keep", str(good_run(tmp_path / "runs"))]) == cli.EXIT_USAGE
+    err = capsys.readouterr().err.strip()
+    assert f"under {blocker / 'reference'}" in err and len(err.splitlines()) == 1
+
+
+def test_the_index_lists_every_kept_run_oldest_first(tmp_path, reference):
+    cpu = good_run(tmp_path / "runs", decision="INCONCLUSIVE",
+                   hardware={"gpu": None, "host": {"cpu_model": "AMD EPYC"}})
+    gpu = good_run(tmp_path / "runs", decision="CLOSE", created="2026-11-30T11:00:00+00:00")
+    evidence.keep_evidence(cpu)
+    evidence.keep_evidence(gpu)
+    rows = evidence.kept_runs(reference)
+    assert [(r.machine, r.verdict, r.path.split("/")[0]) for r in rows] == [
+        ("AMD EPYC", "INCONCLUSIVE", "cpu"), ("NVIDIA H200", "CLOSE", "NVIDIA-H200")]
+    index = (reference / "index.html").read_text()
+    assert index.count("<tr>") == 3  # the header and one row per run
+    assert evidence.write_evidence_index(reference).read_text() == index
+
+
+def test_the_committed_reference_folder_is_indexed():
+    rows = evidence.kept_runs(paths.REFERENCE_DIR)
+    assert rows and all(r.verdict != "no verdict" for r in rows)

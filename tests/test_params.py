@@ -1,0 +1,113 @@
+"""Bad parameter values of the real notebooks are bad requests: exit 2, one line naming the
+parameter, and no run folder; good values pass, and arm names come from their registries."""
+
+from __future__ import annotations
+
+import pytest
+
+from stagelab import cli, params, profiles
+from stagelab.errors import UserError
+
+BAD = [
+    # Before: exit 1 and a failed run folder.
+    ("01_d2h_staging.rows=[0]", "01_d2h_staging.rows: 0 is not a positive integer"),
+    ("01_d2h_staging.repeats=0", "01_d2h_staging.repeats: 0 is not a positive integer"),
+    ("01_d2h_staging.models=[Nope-7B]", "01_d2h_staging.models: unknown model 'Nope-7B'; known: "),
+    # Before: a TypeError that named no parameter.
+    ("01_d2h_staging.models=null", "01_d2h_staging.models is null (None); give a list"),
+    # Before: "arms is empty".
+    ("03_prompt_logprobs.overlaps=[]", "03_prompt_logprobs.overlaps: is empty"),
+    # Before: "is a str".
+    ("01_d2h_staging.repeats=1e9", "YAML reads 1e9 as text: write 1000000000 or 1.0e+9"),
+    ("01_d2h_staging.rows=[1e3]", "01_d2h_staging.rows: '1e3' is not a positive integer; YAML "
+                                  "reads 1e3 as text: write 1000 or 1.0e+3"),
+    ("01_d2h_staging.repeats=1.0e9", "YAML reads 1.0e9 as text: write 1000000000 or 1.0e+9"),
+    ("01_d2h_staging.repeats=1.0e+9", "for a whole number write 1000000000"),
+    ("01_d2h_staging.arms=[pageable_fresh, nope]", "01_d2h_staging.arms: unknown arm 'nope'"),
+    ("01_d2h_staging.arms=[pinned_grow_only, raw_ceiling]",
+     "01_d2h_staging.aa_arm: 'pageable_fresh' must be in arms"),
+    ("01_d2h_staging.aa_arm=nope", "01_d2h_staging.aa_arm: unknown arm 'nope'"),
+    ("01_d2h_staging.arms=[raw_ceiling, raw_ceiling]", "names an arm twice"),
+    ("01_d2h_staging.dtype=float64", "01_d2h_staging.dtype: unknown dtype 'float64'; valid: "),
+    ("02_logprobs_step.arms=[pageable_fresh]", "02_logprobs_step.arms: unknown step arm"),
+    ("02_logprobs_step.ks=[-1]", "02_logprobs_step.ks: -1 is not an integer >= 0"),
+    ("02_logprobs_step.logits_dtype=int8", "02_logprobs_step.logits_dtype: unknown dtype"),
+    ("03_prompt_logprobs.methods=[softmax]", "03_prompt_logprobs.methods: unknown method"),
+    ("03_prompt_logprobs.tokens=1", "03_prompt_logprobs.tokens: 1 is not an integer >= 2"),
+    ("03_prompt_logprobs.model=Nope", "03_prompt_logprobs.model: unknown model 'Nope'"),
+    ("03_prompt_logprobs.overlaps=[yes-please]", "'yes-please' is not true or false"),
+    ("04_verdict.confidence=1.5", "04_verdict.confidence: 1.5 is not in (0.0, 1.0)"),
+    ("04_verdict.min_samples=-3", "04_verdict.min_samples: -3 is not a positive integer"),
+    ("01_d2h_staging.run_dir=/tmp/elsewhere", "01_d2h_staging.run_dir is set by the runner"),
+]
+
+
+@pytest.mark.parametrize("param, message", BAD, ids=[p for p, _ in BAD])
+def test_a_bad_value_is_a_bad_request(tmp_path, capsys, param, message):
+    code = cli.main(["run", "--profile", "quick", "--param", param, "--out", str(tmp_path / "runs")])
+    err = capsys.readouterr().err.strip()
+    assert code == cli.EXIT_USAGE, err
+    assert message in err and len(err.splitlines()) == 1 and "Traceback" not in err
+    assert " a str" not in err
+    assert not (tmp_path / "runs").exists()  # refused before any run folder exists
+
+
+def test_a_param_for_a_notebook_left_out_by_only_is_refused(tmp_path, capsys):
+    # Before: silently ignored.
+    code = cli.main(["run", "--only", "00_environment", "--param", "01_d2h_staging.repeats=3",
+                     "--out", str(tmp_path / "runs")])
+    err = capsys.readouterr().err.strip()
+    assert code == cli.EXIT_USAGE
+    assert "--param for 01_d2h_staging, which --only leaves out" in err
+
+
+GOOD = {
+    "01_d2h_staging": {"models": ["GPT-2", 1000], "rows": [1], "arms": ["pageable_fresh",
+                                                                       "raw_ceiling"],
+                       "repeats": 1, "warmup": 0, "dtype": "bfloat16"},
+    "02_logprobs_step": {"ks": [0], "arms": ["fused"], "logits_dtype": "float16"},
+    "03_prompt_logprobs": {"tokens": 2, "overlaps": [False], "methods": ["fused"], "vocab": 0},
+    "04_verdict": {"confidence": 0.9, "min_effect_fraction": 0.0},
+}
+
+
+def test_good_values_pass():  # the negative control of the table above
+    plan = profiles.plan_run("quick", overrides=GOOD)
+    by_name = {nb.name: nb.parameters for nb in plan.notebooks}
+    assert by_name["01_d2h_staging"]["arms"] == ["pageable_fresh", "raw_ceiling"]
+    assert by_name["03_prompt_logprobs"]["overlaps"] == [False]
+
+
+def test_every_shipped_profile_passes_the_checks():
+    for name in profiles.load_profiles():
+        assert profiles.plan_run(name).notebooks
+
+
+def test_arm_names_come_from_the_registries(monkeypatch):
+    from stagelab import staging, step
+
+    monkeypatch.setitem(staging.ARMS, "brand_new_arm", staging.ARMS["pageable_fresh"])
+    monkeypatch.setattr(step, "STEP_ARMS", (*step.STEP_ARMS, "renamed_step_arm"))
+    params.validate("01_d2h_staging", {"arms": ["brand_new_arm"], "aa_arm": "brand_new_arm"})
+    params.validate("02_logprobs_step", {"arms": ["renamed_step_arm"]})
+    monkeypatch.setattr(step, "STEP_ARMS", ("only_this",))
+    with pytest.raises(UserError, match="unknown step arm 'fused'; valid: only_this"):
+        params.validate("02_logprobs_step", {"arms": ["fused"]})
+
+
+def test_a_computed_default_is_left_to_the_notebook():
+    params.validate("01_d2h_staging", {"rows": None})  # not chosen: the notebook computes it
+    with pytest.raises(UserError, match="01_d2h_staging.rows"):
+        params.validate("01_d2h_staging", {"rows": None}, chosen=["rows"])
+
+
+@pytest.mark.parametrize("value, hint", [
+    ("1e9", "; YAML reads 1e9 as text: write 1000000000 or 1.0e+9"),
+    ("2.5e3", "; YAML reads 2.5e3 as text: write 2500 or 2.5e+3"),
+    ("1e-3", "; YAML reads 1e-3 as text: write 1.0e-3"),
+    ("1.0e9", "; YAML reads 1.0e9 as text: write 1000000000 or 1.0e+9"),
+    (1e9, "; for a whole number write 1000000000"),
+    ("many", ""), (3, ""), (0.5, ""),
+])
+def test_number_hints(value, hint):
+    assert params.number_hint(value) == hint
