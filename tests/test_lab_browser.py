@@ -37,6 +37,12 @@ LAB_SETTINGS = {
     "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": '{"windowingMode": "none"}',
 }
 KERNEL_MARK = "KERNEL_PYTHON="
+# The kernel has started and answered: Lab's status bar reads "Python (stagelab) | Idle" (Run All
+# clicked before that can be dropped).
+KERNEL_READY = """() => (document.querySelector('#jp-main-statusbar')?.innerText || '')
+  .includes('| Idle')"""
+RUN_STARTED = """() => Array.from(document.querySelectorAll(
+  '.jp-NotebookPanel .jp-CodeCell .jp-InputPrompt')).some(e => /[*\\d]/.test(e.textContent))"""
 RUN_FINISHED = """() => {
   const prompts = Array.from(document.querySelectorAll(
     '.jp-NotebookPanel .jp-CodeCell .jp-InputPrompt')).map(e => e.textContent);
@@ -143,8 +149,7 @@ def new_interactive_folders():
 def _run_in_lab(page, base: str, token: str, name: str, values: dict) -> None:
     """Open a notebook in Lab, add a cell of values below its parameters, run all, save."""
     page.goto(f"{base}/lab/tree/{name}.ipynb?reset&token={token}")
-    page.wait_for_function("() => document.querySelector('.jp-Notebook-ExecutionIndicator')"
-                           "?.getAttribute('data-status') === 'idle'")  # kernel started
+    page.wait_for_function(KERNEL_READY, timeout=180_000)
     parameters = page.wait_for_function(PARAMETERS_CELL).json_value()
     cell = page.locator(".jp-NotebookPanel .jp-Cell").nth(parameters)
     cell.locator(".jp-InputPrompt").click()
@@ -156,6 +161,7 @@ def _run_in_lab(page, base: str, token: str, name: str, values: dict) -> None:
     page.keyboard.press("Escape")
     page.click(".lm-MenuBar-itemLabel:text-is('Run')")
     page.click(".lm-Menu-itemLabel:text-is('Run All Cells')")
+    page.wait_for_function(RUN_STARTED)
     page.wait_for_function(RUN_FINISHED, timeout=240_000)
     page.keyboard.press("Control+s")
     page.wait_for_function(  # saved: the tab no longer marked dirty
