@@ -38,6 +38,10 @@ BAD = [
     ("03_prompt_logprobs.overlaps=[yes-please]", "'yes-please' is not true or false"),
     ("04_verdict.confidence=1.5", "04_verdict.confidence: 1.5 is not in (0.0, 1.0)"),
     ("04_verdict.min_samples=-3", "04_verdict.min_samples: -3 is not a positive integer"),
+    ("04_verdict.delta=0", "04_verdict.delta: 0 is not in (0.0, 1.0)"),
+    ("04_verdict.decisive_models=[Nope-7B]", "04_verdict.decisive_models: unknown model"),
+    ("04_verdict.decisive_rows=[]", "04_verdict.decisive_rows: is empty"),
+    ("02_logprobs_step.arms=[fused]", "02_logprobs_step.aa_arm: 'seed_pageable' must be in arms"),
     ("01_d2h_staging.run_dir=/tmp/elsewhere", "01_d2h_staging.run_dir is set by the runner"),
 ]
 
@@ -65,9 +69,9 @@ GOOD = {
     "01_d2h_staging": {"models": ["GPT-2", 1000], "rows": [1], "arms": ["pageable_fresh",
                                                                        "raw_ceiling"],
                        "repeats": 1, "warmup": 0, "dtype": "bfloat16"},
-    "02_logprobs_step": {"ks": [0], "arms": ["fused"], "logits_dtype": "float16"},
+    "02_logprobs_step": {"ks": [0], "arms": ["seed_pageable", "fused"], "logits_dtype": "float16"},
     "03_prompt_logprobs": {"tokens": 2, "overlaps": [False], "methods": ["fused"], "vocab": 0},
-    "04_verdict": {"confidence": 0.9, "min_effect_fraction": 0.0},
+    "04_verdict": {"confidence": 0.9, "delta": 0.05, "decisive_models": ["GPT-2", 1000]},
 }
 
 

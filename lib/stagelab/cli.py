@@ -56,6 +56,12 @@ def _parser() -> argparse.ArgumentParser:
     pre.add_argument("--out", type=Path, default=None,
                      help="preflight.json's path, or a folder for it "
                           "(default papermill_runs/preflight.json)")
+    cmp = sub.add_parser("compare", help="put runs side by side (hardware, verdicts, stage "
+                         "split, copy bandwidth, prompt peaks) with ratios to the first run")
+    cmp.add_argument("runs", type=Path, nargs="+", metavar="RUN",
+                     help="run folders (papermill_runs/<id>/) or kept runs (data/reference/...)")
+    cmp.add_argument("--out", type=Path, default=None,
+                     help="the HTML page (default papermill_runs/compare_<UTC time>.html)")
     return parser
 
 
@@ -136,8 +142,19 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     return preflight.preflight(args.profile, args.out)
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+    from stagelab import compare
+
+    comparison = compare.compare(args.runs)
+    for note in comparison.notes:
+        print(f"note: {note}", file=sys.stderr)
+    print(compare.render_text(comparison))
+    print(f"page: {compare.write_html(comparison, args.out)}")
+    return EXIT_OK
+
+
 COMMANDS = {"run": cmd_run, "env": cmd_env, "report": cmd_report, "runs": cmd_runs,
-            "keep": cmd_keep, "preflight": cmd_preflight}
+            "keep": cmd_keep, "preflight": cmd_preflight, "compare": cmd_compare}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -170,12 +170,14 @@ def _prompt_methods() -> Iterable[str]:
     return METHODS
 
 
-def aa_arm_in_arms(value: Any, values: Mapping[str, Any]) -> None:
-    """The A/A (noise) arm is a staging arm and is among ``arms``, since it is timed twice."""
-    _one_of(value, _staging_arms(), "arm")
-    if value not in (values.get("arms") or []):
-        raise ValueError(f"{value!r} must be in arms (it is timed twice to measure the noise); "
-                         f"arms are {values.get('arms')!r}")
+def _aa_arm_in_arms(registry: Callable[[], Iterable[str]], what: str) -> Validator:
+    def validator(value: Any, values: Mapping[str, Any]) -> None:
+        _one_of(value, registry(), what)
+        if value not in (values.get("arms") or []):
+            raise ValueError(f"{value!r} must be in arms (it is timed twice, as its own A/A "
+                             f"twin); arms are {values.get('arms')!r}")
+    validator.__doc__ = f"The A/A arm is a known {what} and among ``arms``: it is timed twice."
+    return validator
 
 
 def booleans(value: Any, _: Mapping[str, Any] | None = None) -> None:
@@ -209,14 +211,19 @@ VALIDATORS: dict[str, Validator] = {
     "logits_dtype": dtype_name,
     "overlaps": booleans,
     "min_samples": positive_int,
-    "min_effect_fraction": _between(0.0, 1.0, closed_low=True),
+    "delta": _between(0.0, 1.0, closed_low=False),
     "confidence": _between(0.0, 1.0, closed_low=False),
+    "decisive_rows": _each(positive_int),
+    "decisive_models": _each(model_or_vocab),
+    "decisive_ks": _each(non_negative_int),
+    "calibration_trials": positive_int,
 }
 
 NOTEBOOK_VALIDATORS: dict[tuple[str, str], Validator] = {
     ("01_d2h_staging", "arms"): _subset(_staging_arms, "arm"),
-    ("01_d2h_staging", "aa_arm"): aa_arm_in_arms,
+    ("01_d2h_staging", "aa_arm"): _aa_arm_in_arms(_staging_arms, "arm"),
     ("02_logprobs_step", "arms"): _subset(_step_arms, "step arm"),
+    ("02_logprobs_step", "aa_arm"): _aa_arm_in_arms(_step_arms, "step arm"),
     ("03_prompt_logprobs", "methods"): _subset(_prompt_methods, "method"),
 }
 

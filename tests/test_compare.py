@@ -1,0 +1,227 @@
+"""``stagelab compare``: runs side by side, ratios to the first run, a self-contained escaped page,
+runs that lack something named while the others are compared, and no torch."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from stagelab import cli, compare, paths, schema
+
+CELL = "n=64 V=152064 K=5"
+TOTAL = ("seed step, ms", f"{CELL} total")
+PINNED_GBPS = ("copy bandwidth", "n=64 V=152064 pinned_grow_only GB/s")
+HOSTILE = "<script>alert('x')</script> & co"
+
+
+def staging_records(copy_seconds: float) -> list[dict]:
+    """Three rounds at the largest cell (1 GB per copy), a smaller cell that must not be used, an
+    A/A twin that must be left out and a failed row that must be ignored."""
+    recs = []
+    for r in range(3):
+        recs.append(dict(experiment="d2h_copy", arm="pinned_grow_only", rows=64, vocab=152064,
+                         repeat=r, seconds=copy_seconds * (1 + 0.1 * (r - 1)), bytes=10**9))
+        recs.append(dict(experiment="d2h_copy", arm="pinned_grow_only~aa", rows=64,
+                         vocab=152064, repeat=r, seconds=copy_seconds / 10, bytes=10**9))
+        recs.append(dict(experiment="d2h_copy", arm="pinned_grow_only", rows=16, vocab=152064,
+                         repeat=r, seconds=copy_seconds / 100, bytes=10**9))
+    recs.append(dict(experiment="d2h_copy", arm="pinned_grow_only", rows=64, vocab=152064,
+                     repeat=9, seconds=1e-6, bytes=10**9, status="failed", note="boom"))
+    return recs
+
+
+def decisive_cell(total_ms: float) -> dict:
+    return {"rows": 64, "vocab": 152064, "k": 5, "decision": "PORT", "speedup": 1.5,
+            "ci_low": 1.4, "ci_high": 1.6, "min_speedup": 1.02, "twin_speedup": 1.0,
+            "twin_ci_low": 0.99, "twin_ci_high": 1.01, "saved_ms": 1.0,
+            "step_ms": total_ms, "reason": HOSTILE,
+            "stages_ms": {"device": total_ms - 4.0, "alloc": 1.0, "copy": 2.0,
+                          "host_gather": 0.75, "free": 0.25, "total": total_ms}}
+
+
+def make_run(root: Path, name: str, *, gpu: str | None = None, link: float | None = None,
+             total_ms: float = 10.0, copy_seconds: float = 0.5, verdict: str = "current",
+             staging: bool = True) -> Path:
+    """A synthetic run folder: manifest (hardware), verdict.json (current, older or none) and
+    data/staging.parquet."""
+    run = root / name
+    run.mkdir(parents=True)
+    hardware = {"host": {"cpu_model": f"CPU {HOSTILE}"}, "torch": {"torch": "2.5.1"},
+                "gpu": {"name": gpu} if gpu else None,
+                "nvml": {"pcie_max_gbps_per_direction": link} if link else None}
+    (run / "manifest.json").write_text(json.dumps({"run_id": name, "hardware": hardware}))
+    prompt = {"recommendation": {"chunk": 512, "arm": "fused+overlap", "reason": "smallest"},
+              "peaks": [{"arm": "fused", "chunk": 512, "metric": "peak_device_bytes",
+                         "bytes": int(copy_seconds * 8) * 2**20}]}
+    if verdict == "current":
+        (run / "verdict.json").write_text(json.dumps({
+            "overall": {"decision": "PORT"}, "decisive": [decisive_cell(total_ms)],
+            "prompt_logprobs": prompt}))
+    elif verdict == "older":
+        (run / "verdict.json").write_text(json.dumps({"overall": {"decision": "CLOSE"},
+                                                      "cells": [], "prompt_logprobs": None}))
+    if staging:
+        schema.write_table(schema.make_rows(staging_records(copy_seconds), run_id=name,
+                                            notebook="01_d2h_staging"), run, "staging")
+    return run
+
+
+@pytest.fixture
+def cpu_and_h200(tmp_path: Path) -> tuple[Path, Path]:
+    return (make_run(tmp_path, "A_cpu", total_ms=10.0, copy_seconds=0.5),
+            make_run(tmp_path, "B_h200", gpu="NVIDIA H200", link=64.0, total_ms=25.0,
+                     copy_seconds=0.25))
+
+
+def test_table_has_a_column_per_run_and_the_exact_ratio_of_shared_cells(cpu_and_h200, tmp_path,
+                                                                         capsys):
+    a, b = cpu_and_h200
+    assert cli.main(["compare", str(a), str(b), "--out", str(tmp_path / "c.html")]) == 0
+    out = capsys.readouterr().out
+
+    comparison = compare.compare([a, b])
+    table, ratios = comparison.table, comparison.ratios
+    assert list(table.columns) == ["A_cpu", "B_h200"]
+    assert table.loc[TOTAL, "A_cpu"] == 10.0 and table.loc[TOTAL, "B_h200"] == 25.0
+    assert ratios.loc[TOTAL, "B_h200 / A_cpu"] == 2.5
+    assert ratios.loc[("seed step, ms", f"{CELL} device"), "B_h200 / A_cpu"] == 3.5
+    assert ratios.loc[("seed step, ms", f"{CELL} copy"), "B_h200 / A_cpu"] == 1.0
+    assert ratios.loc[("prompt logprobs", "peak device MiB fused chunk 512"),
+                      "B_h200 / A_cpu"] == 0.5
+    # bandwidth: 1 GB over the median 0.5 s and 0.25 s, at the largest cell only, twin left out
+    assert table.loc[PINNED_GBPS, "A_cpu"] == pytest.approx(2.0)
+    assert ratios.loc[PINNED_GBPS, "B_h200 / A_cpu"] == pytest.approx(2.0)
+    assert ("copy bandwidth", "n=16 V=152064 pinned_grow_only GB/s") not in table.index
+    assert not any("~aa" in quantity for _, quantity in table.index)
+    # the share of the link where it is known (B: 4 GB/s of 64), not known for the CPU
+    share = ("copy bandwidth", "n=64 V=152064 pinned_grow_only % of link")
+    assert table.loc[share, "B_h200"] == pytest.approx(6.25) and table.loc[share, "A_cpu"] is None
+    # text quantities never get a ratio
+    assert ("hardware", "GPU") not in ratios.index
+    assert table.loc[("hardware", "GPU"), "B_h200"] == "NVIDIA H200"
+
+    header = out.splitlines()[0].split()
+    assert header == ["A_cpu", "B_h200"]
+    total_lines = [line for line in out.splitlines() if line.rstrip().endswith("2.5x")]
+    assert len(total_lines) == 1 and f"{CELL} total" in total_lines[0]
+    assert "PORT 1.500x [1.400, 1.600] min 1.020x" in out
+
+
+def test_html_is_written_to_out_self_contained_with_the_same_numbers_escaped(cpu_and_h200,
+                                                                           tmp_path, capsys):
+    page = tmp_path / "sub" / "compare.html"
+    assert cli.main(["compare", *map(str, cpu_and_h200), "--out", str(page)]) == 0
+    assert f"page: {page}" in capsys.readouterr().out
+    text = page.read_text()
+    assert "2.5x" in text and "6.25" in text and "NVIDIA H200" in text
+    assert "&lt;script&gt;" in text and "<script" not in text  # the hostile reason and CPU name
+    for fetch in ("<link", "src=", "@import", "url(", "http://", "https://"):
+        assert fetch not in text
+
+
+def test_a_run_lacking_its_verdict_is_named_and_the_others_compared(cpu_and_h200, tmp_path,
+                                                                    capsys):
+    a, b = cpu_and_h200
+    bare = make_run(tmp_path, "C_noverdict", copy_seconds=1.0, verdict="none")
+    older = make_run(tmp_path, "D_older", verdict="older", staging=False)
+    page = tmp_path / "c.html"
+    assert cli.main(["compare", str(a), str(b), str(bare), str(older), "--out", str(page)]) == 0
+    captured = capsys.readouterr()
+    notes = captured.err.splitlines()
+    assert any(line.startswith("note: C_noverdict: no verdict.json") for line in notes)
+    assert any(line.startswith("note: D_older: verdict.json is of an older format")
+               for line in notes)
+    assert any(line.startswith("note: D_older: no data/staging.parquet") for line in notes)
+    assert not any("A_cpu" in line or "B_h200" in line for line in notes)
+
+    comparison = compare.compare([a, b, bare, older])
+    missing = comparison.table.loc[("run", "missing")]
+    assert missing["C_noverdict"] == "no verdict.json"
+    assert missing["D_older"] == "older verdict.json; no prompt data; no staging table"
+    assert missing["A_cpu"] is None
+    assert comparison.table.loc[("verdict", "overall"), "D_older"] == "CLOSE (older format)"
+    # the bare run's bandwidth is still compared (1 GB/s against 2), the older run has none
+    assert comparison.ratios.loc[PINNED_GBPS, "C_noverdict / A_cpu"] == pytest.approx(0.5)
+    assert math.isnan(comparison.ratios.loc[PINNED_GBPS, "D_older / A_cpu"])
+    assert ("run", "missing") not in comparison.ratios.index  # text, even where A has none
+    assert "C_noverdict" in page.read_text()
+
+
+def test_all_runs_unusable_exit_2_in_one_line(tmp_path, capsys):
+    empty = [make_run(tmp_path, name, verdict="none", staging=False) for name in ("E1", "E2")]
+    page = tmp_path / "c.html"
+    assert cli.main(["compare", *map(str, empty), "--out", str(page)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("stagelab: error: no run to compare")
+    assert "E1 (no verdict.json, no staging table)" in err[0] and "E2" in err[0]
+    assert not page.exists()
+
+
+def test_a_path_that_is_not_a_run_folder_is_refused_in_one_line(cpu_and_h200, tmp_path, capsys):
+    stray = tmp_path / "not_a_run"
+    stray.mkdir()
+    assert cli.main(["compare", str(cpu_and_h200[0]), str(stray),
+                     "--out", str(tmp_path / "c.html")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"stagelab: error: {stray} is not a run folder (no manifest.json or "
+                   "verdict.json)"]
+
+
+def test_runs_with_the_same_id_get_distinct_columns(cpu_and_h200):
+    a, _ = cpu_and_h200
+    assert list(compare.compare([a, a]).table.columns) == ["A_cpu", "A_cpu (2)"]
+
+
+def test_importing_compare_loads_no_torch():
+    code = "import sys, stagelab.compare; print('torch' in sys.modules, 'pandas' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    # pandas is loaded: the check sees what an import pulls in, so a loaded torch would show
+    assert out.stdout.split() == ["False", "True"]
+
+
+def test_without_out_the_page_goes_under_the_runs_folder_and_is_named(cpu_and_h200, tmp_path,
+                                                                     monkeypatch, capsys):
+    monkeypatch.setattr(paths, "RUNS_DIR", tmp_path / "runs")
+    assert cli.main(["compare", *map(str, cpu_and_h200)]) == 0
+    printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("page: ")]
+    assert len(printed) == 1
+    page = Path(printed[0].removeprefix("page: "))
+    assert page.parent == tmp_path / "runs" and page.name.startswith("compare_")
+    assert "2.5x" in page.read_text()
+
+
+def test_a_staging_table_of_an_older_schema_still_gives_its_bandwidth(cpu_and_h200, tmp_path,
+                                                                      capsys):
+    a, _ = cpu_and_h200
+    frame = schema.make_rows(staging_records(0.5), run_id="K", notebook="01_d2h_staging")
+    older = make_run(tmp_path, "K_older", verdict="none", staging=False)
+    (older / "data").mkdir()
+    frame.drop(columns=["clock_agrees"]).to_parquet(schema.table_path(older, "staging"))
+    broken = make_run(tmp_path, "L_broken", verdict="none", staging=False)
+    (broken / "data").mkdir()
+    frame.drop(columns=["gb_per_s"]).to_parquet(schema.table_path(broken, "staging"))
+
+    assert cli.main(["compare", str(a), str(older), str(broken),
+                     "--out", str(tmp_path / "c.html")]) == 0
+    notes = capsys.readouterr().err.splitlines()
+    assert any(line.startswith("note: K_older:") and "older schema (without clock_agrees)" in line
+               for line in notes)
+    assert any(line.startswith("note: L_broken:") and "missing ['gb_per_s']" in line
+               for line in notes)
+    comparison = compare.compare([a, older, broken])
+    assert comparison.ratios.loc[PINNED_GBPS, "K_older / A_cpu"] == pytest.approx(1.0)
+    assert math.isnan(comparison.ratios.loc[PINNED_GBPS, "L_broken / A_cpu"])
+    assert comparison.table.loc[("run", "missing"), "L_broken"] == (
+        "no verdict.json; staging table of another schema")
+
+
+def test_a_single_run_is_shown_without_ratios(cpu_and_h200, capsys, tmp_path):
+    assert cli.main(["compare", str(cpu_and_h200[1]), "--out", str(tmp_path / "c.html")]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].split() == ["B_h200"]
+    assert "No quantity was measured as a number in the first run and another." in out
