@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from stagelab import cli, memory, preflight
+from stagelab import cli, memory, preflight, prompt_logprobs
 from stagelab.preflight import GO, INFO, NO_GO, UNAVAILABLE, Check
 
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU outcome needs no CUDA")
@@ -71,25 +71,25 @@ def test_profile_parameters_are_the_notebook_defaults_then_the_profile():
 
 
 STAGING = {"models": [1000, 4096], "rows": [2, 8], "dtype": "float32", "sources": 3,
-           "arms": ["pageable_fresh", "raw_ceiling"]}
-STEP = {"models": [1000], "rows": [4], "logits_dtype": "bfloat16", "sources": 2}
-PROMPT = {"model": "GPT-2", "vocab": 1000, "hidden": 8, "tokens": 97, "k": 2,
-          "dtype": "float32", "methods": ["fused", "logsoftmax"]}
+           "arms": ["pageable_fresh", "raw_ceiling"], "aa_arm": "pageable_fresh"}
+STEP = {"models": [1000], "rows": [4], "ks": [5], "logits_dtype": "bfloat16", "sources": 2,
+        "arms": ["seed_pageable", "fused"], "aa_arm": "seed_pageable"}
+PROMPT = {"model": "GPT-2", "vocab": 1000, "hidden": 8, "tokens": 97, "k": 2, "chunks": [16],
+          "dtype": "float32", "methods": ["fused", "logsoftmax"], "overlaps": [True]}
 
 
-def test_largest_cell_sizes_are_exact():
+def test_the_largest_cells_are_the_sweeps_own_on_the_cpu():
     staging, step, prompt = preflight.largest_cells(
         {"00_environment": {}, "01_d2h_staging": STAGING, "02_logprobs_step": STEP,
-         "03_prompt_logprobs": PROMPT})
-    cell = 8 * 4096 * 4
-    assert (staging.cell, staging.device_bytes, staging.host_bytes) == ("n=8 V=4096", 3 * cell,
-                                                                        4 * cell)
-    assert (step.device_bytes, step.host_bytes) == (4 * 1000 * (2 * 2 + 12), 2 * 4 * 1000 * 4)
-    peak = memory.predicted_peak_bytes(97, 1000, 8, None, torch.float32, "logsoftmax", 2)
-    assert prompt.device_bytes == (97 + 1000) * 8 * 4 + peak
-    assert prompt.cell == "T=97 V=1000 H=8 logsoftmax"
-    fused_only = preflight.prompt_need({**PROMPT, "methods": ["fused"]})
-    assert fused_only.device_bytes < prompt.device_bytes  # the fused reference needs less
+         "03_prompt_logprobs": PROMPT}, device="cpu")
+    cell = 8 * 4096 * 4  # on a CPU the sources live on the host too: 3 arms + 1 + 3 sources
+    assert (staging.cell, staging.device_bytes, staging.host_bytes) == ("n=8 V=4096", 0, 7 * cell)
+    assert (step.cell, step.device_bytes) == ("n=4 V=1000 K=5", 0)
+    assert step.host_bytes == 3 * 4 * 1000 * 4 + 4 * 1000 * (2 * 2 + 12)
+    peak = prompt_logprobs.predicted_peak_bytes(tokens=97, vocab=1000, chunk=96,
+                                                dtype=torch.float32, method="logsoftmax",
+                                                num_logprobs=2)
+    assert prompt.cell == "T=97 V=1000 H=8" and prompt.host_bytes == (97 + 1000) * 8 * 4 + peak
 
 
 def test_memory_is_no_go_when_the_largest_cell_does_not_fit(monkeypatch):

@@ -74,57 +74,40 @@ def profile_parameters(profile: str) -> dict[str, dict[str, Any]]:
     return merged
 
 
-def _itemsize(dtype_name: str) -> int:
-    from stagelab.shapes import torch_dtype
+def notebook_cells(notebook: str, p: dict[str, Any], device: str) -> list[Any]:
+    """The sweep cells a notebook would measure with parameters ``p`` (none for a notebook that
+    does not allocate by size): the same cells, with the same memory needs, the run will check."""
+    from stagelab import prompt_logprobs, shapes, staging, step
 
-    return torch.empty((), dtype=torch_dtype(dtype_name)).element_size()
-
-
-def staging_need(p: dict[str, Any]) -> CellNeed:
-    """Notebook 01: ``sources`` device tensors of ``n x V``; a host buffer per arm plus two."""
-    from stagelab.shapes import resolve_vocabs
-
-    n, vocab = max(p["rows"]), max(s.vocab for s in resolve_vocabs(p["models"]))
-    nbytes = n * vocab * _itemsize(p["dtype"])
-    return CellNeed("01_d2h_staging", f"n={n} V={vocab}", p["sources"] * nbytes,
-                    (len(p["arms"]) + 2) * nbytes)
-
-
-def step_need(p: dict[str, Any]) -> CellNeed:
-    """Notebook 02: ``sources`` logits and three fp32 ``n x V`` temporaries on the device; the
-    seed arms' fp32 copies (pageable and pinned) on the host."""
-    from stagelab.shapes import resolve_vocabs
-
-    n, vocab = max(p["rows"]), max(s.vocab for s in resolve_vocabs(p["models"]))
-    device = n * vocab * (p["sources"] * _itemsize(p["logits_dtype"]) + 4 * 3)
-    return CellNeed("02_logprobs_step", f"n={n} V={vocab}", device, 2 * n * vocab * 4)
+    if notebook == "01_d2h_staging":
+        return staging.cells(shapes.resolve_vocabs(p["models"]), p["rows"],
+                             shapes.torch_dtype(p["dtype"]), p["arms"], aa_arm=p["aa_arm"],
+                             sources=p["sources"], device=device)
+    if notebook == "02_logprobs_step":
+        return step.cells(shapes.resolve_vocabs(p["models"]), p["rows"], p["ks"],
+                          shapes.torch_dtype(p["logits_dtype"], "logits_dtype"), p["arms"],
+                          aa_arm=p["aa_arm"], sources=p["sources"], device=device)
+    if notebook == "03_prompt_logprobs":
+        shape = shapes.override(shapes.resolve_vocabs([p["model"]], "model")[0], p["vocab"],
+                                p["hidden"])
+        return [prompt_logprobs.prompt_cell(p["tokens"], shape, shape.hidden, p["chunks"],
+                                            shapes.torch_dtype(p["dtype"]), p["k"],
+                                            p["methods"], p["overlaps"], device=device)]
+    return []
 
 
-def prompt_need(p: dict[str, Any]) -> CellNeed:
-    """Notebook 03: hidden states, the lm_head weight and the unchunked reference's peak."""
-    from stagelab.memory import predicted_peak_bytes
-    from stagelab.shapes import override, resolve_vocabs, torch_dtype
-
-    shape = override(resolve_vocabs([p["model"]], "model")[0], p["vocab"], p["hidden"])
-    tokens, k, dtype = p["tokens"], p["k"], torch_dtype(p["dtype"])
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    method = "logsoftmax" if "logsoftmax" in p["methods"] else "fused"
-    inputs = (tokens + shape.vocab) * shape.hidden * itemsize
-    peak = predicted_peak_bytes(tokens, shape.vocab, shape.hidden, None, dtype, method, k)
-    host = 3 * (tokens - 1) * ((k + 1) * 8 + 4)  # the result and two copier slots
-    return CellNeed("03_prompt_logprobs", f"T={tokens} V={shape.vocab} H={shape.hidden} {method}",
-                    inputs + peak, host)
-
-
-SIZE_MODELS: dict[str, Callable[[dict[str, Any]], CellNeed]] = {
-    "01_d2h_staging": staging_need, "02_logprobs_step": step_need,
-    "03_prompt_logprobs": prompt_need}
-
-
-def largest_cells(parameters: dict[str, dict[str, Any]]) -> list[CellNeed]:
+def largest_cells(parameters: dict[str, dict[str, Any]],
+                  device: str | None = None) -> list[CellNeed]:
     """The largest cell of every notebook that allocates by size, in the profile's order."""
-    return [SIZE_MODELS[name](params) for name, params in parameters.items()
-            if name in SIZE_MODELS]
+    from stagelab.device import default_device
+
+    needs = []
+    for name, params in parameters.items():
+        found = notebook_cells(name, params, device or default_device())
+        if found:
+            cell = max(found, key=lambda c: c.host_bytes + c.device_bytes)
+            needs.append(CellNeed(name, cell.label, cell.device_bytes, cell.host_bytes))
+    return needs
 
 
 # ------------------------------------------------------------------------------------- checks

@@ -277,6 +277,37 @@ def check_measure_parameters(tokens: int, vocab: int, chunks: list[int], k: int,
     lp.check_num_logprobs(k, vocab)
 
 
+def configurations(rows: int, chunks: list[int], methods: list[str],
+                   overlaps: list[bool]) -> dict[str, tuple[str, int, bool]]:
+    """Every ``(method, chunk, overlap)`` to run, by a key naming it; the unchunked reference of
+    each method first, and a chunk of ``rows`` or more counted as unchunked."""
+    chunked = [c for c in dict.fromkeys(chunks) if c < rows]
+    return {f"{arm_name(m, o)}@{c}": (m, c, o) for m in methods for c in [rows, *chunked]
+            for o in dict.fromkeys(overlaps)}
+
+
+def prompt_cell(tokens: int, shape: ModelShape, hidden: int, chunks: list[int],
+                dtype: torch.dtype, k: int, methods: list[str], overlaps: list[bool], *,
+                device: str | None = None) -> sweep.Cell:
+    """The sweep's one cell (one prompt; the configurations are its arms), with the memory its
+    largest configuration needs: the inputs and the predicted peak."""
+    check_measure_parameters(tokens, shape.vocab, chunks, k, methods, overlaps)
+    device = device or default_device()
+    configs = configurations(tokens - 1, chunks, methods, overlaps)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    inputs_bytes = (tokens + shape.vocab) * hidden * itemsize
+    peak = max(predicted_peak_bytes(tokens=tokens, vocab=shape.vocab, chunk=c, dtype=dtype,
+                                    method=m, num_logprobs=k) for m, c, _ in configs.values())
+    on_cpu = torch.device(device).type == "cpu"
+    return sweep.Cell(
+        sizes=dict(experiment="prompt_logprobs", device=device_label(device), model=shape.model,
+                   rows=tokens - 1, vocab=shape.vocab, hidden=hidden, k=k,
+                   dtype=str(dtype).removeprefix("torch.")),
+        arms=list(configs), label=f"T={tokens} V={shape.vocab} H={hidden}",
+        host_bytes=inputs_bytes + peak if on_cpu else 0,
+        device_bytes=0 if on_cpu else inputs_bytes + peak)
+
+
 def measure(tokens: int, shape: ModelShape, hidden: int, chunks: list[int], dtype: torch.dtype,
             k: int, methods: list[str], overlaps: list[bool], *, repeats: int, warmup: int = 1,
             seed: int = 0, measure_memory: bool = True, device: str | None = None,
@@ -289,24 +320,10 @@ def measure(tokens: int, shape: ModelShape, hidden: int, chunks: list[int], dtyp
     ``overlaps`` (see :mod:`stagelab.memory`): a process costs seconds, and overlap changes only
     two small host slots.
     """
-    check_measure_parameters(tokens, shape.vocab, chunks, k, methods, overlaps)
     device = device or default_device()
+    cell = prompt_cell(tokens, shape, hidden, chunks, dtype, k, methods, overlaps, device=device)
     rows = tokens - 1
-    sizes_of = [min(c, rows) for c in dict.fromkeys(chunks) if c < rows]
-    configs = {f"{arm_name(m, o)}@{c}": (m, c, o) for m in methods for c in [rows, *sizes_of]
-               for o in dict.fromkeys(overlaps)}
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    inputs_bytes = (tokens + shape.vocab) * hidden * itemsize
-    peak = max(predicted_peak_bytes(tokens=tokens, vocab=shape.vocab, chunk=c, dtype=dtype,
-                                    method=m, num_logprobs=k) for m, c, _ in configs.values())
-    on_cpu = torch.device(device).type == "cpu"
-    cell = sweep.Cell(
-        sizes=dict(experiment="prompt_logprobs", device=device_label(device), model=shape.model,
-                   rows=rows, vocab=shape.vocab, hidden=hidden, k=k,
-                   dtype=str(dtype).removeprefix("torch.")),
-        arms=list(configs), label=f"T={tokens} V={shape.vocab} H={hidden}",
-        host_bytes=inputs_bytes + peak if on_cpu else 0,
-        device_bytes=0 if on_cpu else inputs_bytes + peak)
+    configs = configurations(rows, chunks, methods, overlaps)
 
     def prepare(_cell: sweep.Cell) -> sweep.CellPlan:
         hidden_states, weight, ids = make_inputs(tokens, shape.vocab, hidden, dtype, seed, device)
