@@ -16,7 +16,7 @@ BAD = [
     # Before: a TypeError that named no parameter.
     ("01_d2h_staging.models=null", "01_d2h_staging.models is null (None); give a list"),
     # Before: "arms is empty".
-    ("03_prompt_logprobs.overlaps=[]", "03_prompt_logprobs.overlaps: is empty"),
+    ("03_prompt_logprobs.overlaps=[]", "03_prompt_logprobs.overlaps: [] is empty"),
     # Before: "is a str".
     ("01_d2h_staging.repeats=1e9", "YAML reads 1e9 as text: write 1000000000 or 1.0e+9"),
     ("01_d2h_staging.rows=[1e3]", "01_d2h_staging.rows: '1e3' is not a positive integer; YAML "

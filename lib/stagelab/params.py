@@ -88,7 +88,7 @@ def _items(value: Any) -> list[Any]:
     if not isinstance(value, (list, tuple)):
         raise ValueError(f"{value!r} is {describe_type(value)}; give a list{number_hint(value)}")
     if not value:
-        raise ValueError("is empty; give at least one value")
+        raise ValueError(f"{value!r} is empty; give at least one value")
     return list(value)
 
 

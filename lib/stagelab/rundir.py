@@ -38,7 +38,6 @@ RUNNING = "running"
 PENDING = "pending"
 MISSING = "missing"
 INTERACTIVE = "interactive"  # run by hand in JupyterLab: the runner cannot know how it ended
-STATUSES = (OK, FAILED, INTERRUPTED, RUNNING, PENDING, MISSING, INTERACTIVE)
 # Notebook statuses that mean "this notebook did not deliver", as listed by ``stagelab runs``.
 NOT_DELIVERED = (FAILED, INTERRUPTED, MISSING)
 
