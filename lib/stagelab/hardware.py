@@ -178,6 +178,13 @@ def flatten(snap: dict[str, Any]) -> list[tuple[str, str, Any]]:
     return rows
 
 
+def unavailable_text(snap: dict[str, Any]) -> str:
+    """What the snapshot could not read, as a Markdown list, or a sentence saying all was read."""
+    if not snap["unavailable"]:
+        return "Everything was read: GPU, NVML and host."
+    return "\n".join(f"- {reason}" for reason in snap["unavailable"])
+
+
 class PcieSampler:
     """Samples NVML's PCIe TX/RX throughput (KB/s over a 20 ms window) in a thread while a loop runs.
 
