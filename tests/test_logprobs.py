@@ -153,3 +153,57 @@ def test_step_sweep_skips_a_k_larger_than_the_vocabulary():
     frame = schema.make_rows(step.sweep(shapes.resolve_vocabs([10]), [2], [20], torch.float32,
                                         ["fused"], repeats=1))
     assert list(frame.status) == ["skipped"] and "num_logprobs must be in" in frame.note.iloc[0]
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_numpy_integers_are_accepted_as_num_logprobs(path):
+    """Issue 14: num_logprobs=np.int64(3) was refused ("must be an int, got int64")."""
+    import numpy as np
+
+    logits, tokens = make_logits(4, 30), make_tokens(4, 30)
+    result = PATHS[path](logits, np.int64(3), tokens)
+    assert result.logprobs.shape == (4, 4)
+    assert_matches_reference(result, logits, 3, tokens)
+    with pytest.raises(TypeError, match="num_logprobs must be an int, got bool"):
+        PATHS[path](logits, True, tokens)
+    with pytest.raises(TypeError, match="num_logprobs must be an int, got float"):
+        PATHS[path](logits, 3.0, tokens)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_meta_tensors_get_a_clear_error(path):
+    """Issue 14: meta tensors got raw torch errors (item() on a meta tensor)."""
+    logits, tokens = make_logits(4, 30), make_tokens(4, 30)
+    with pytest.raises(ValueError, match="logits is a meta tensor"):
+        PATHS[path](logits.to("meta"), 2, tokens)
+    with pytest.raises(ValueError, match="token_ids is a meta tensor"):
+        PATHS[path](logits, 2, tokens.to("meta"))
+    for name, call in [("logprobs", lp.gather_logprobs), ("logprobs", lp.gather_logprobs_host)]:
+        with pytest.raises(ValueError, match=f"{name} is a meta tensor"):
+            call(torch.empty(4, 30, device="meta"), 2, tokens)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_inputs_that_require_grad_get_a_clear_error(path):
+    """Issue 14: the host gather failed inside numpy() ("Can't call numpy() on Tensor that
+    requires grad"); the device paths silently built an autograd graph."""
+    logits, tokens = make_logits(4, 30).requires_grad_(), make_tokens(4, 30)
+    with pytest.raises(ValueError, match=r"logits requires grad.*logits\.detach\(\)"):
+        PATHS[path](logits, 2, tokens)
+    with pytest.raises(ValueError, match="logprobs requires grad"):
+        lp.gather_logprobs_host(lp.compute_logprobs(logits.detach()).requires_grad_(), 2, tokens)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_validate_false_gives_the_same_result(path):
+    logits, tokens = make_logits(9, 300), make_tokens(9, 300)
+    checked = PATHS[path](logits, 4, tokens)
+    if path == "fused":
+        unchecked = lp.logprobs_from_logits(logits, 4, tokens, validate=False)
+    elif path == "device_gather":
+        unchecked = lp.gather_logprobs(lp.compute_logprobs(logits), 4, tokens, validate=False)
+    else:
+        unchecked = lp.gather_logprobs_host(lp.compute_logprobs(logits), 4, tokens,
+                                            backend=path.removeprefix("host_").replace(
+                                                "gather", "numpy"), validate=False)
+    assert all(torch.equal(a, b) for a, b in zip(checked.tensors(), unchecked.tensors()))

@@ -11,7 +11,7 @@ import torch
 from stagelab.errors import PinnedMemoryUnavailable
 
 __all__ = ["PinnedMemoryUnavailable", "cuda_present", "default_device", "device_label",
-           "pinned_allocator", "require_cuda"]
+           "pinned_allocator", "require_cuda", "synchronize"]
 
 
 def cuda_present() -> bool:
@@ -46,3 +46,12 @@ def device_label(device: torch.device | str) -> str:
         return device.type
     index = device.index if device.index is not None else torch.cuda.current_device()
     return f"cuda:{index} {torch.cuda.get_device_name(index)}"
+
+
+def synchronize(device: torch.device | str) -> None:
+    """The library's one explicit host wait: wait for all queued work on a CUDA ``device``;
+    nothing on a CPU, where work runs when it is called. Call it as ``device.synchronize`` (the
+    module attribute), so that :class:`stagelab.testing.SyncCounter` can count it."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
