@@ -170,16 +170,29 @@ def test_a_configuration_that_cannot_fit_is_refused_before_allocating(monkeypatc
 
 def test_predicted_peak_follows_the_documented_model():
     f32, bf16 = torch.float32, torch.bfloat16
-    results = lambda rows, chunk, k: ((k + 1) * 8 + 4) * (chunk + rows + 2 * chunk)
-    assert memory.predicted_peak_bytes(101, 1000, 8, None, f32, "logsoftmax", 2) == (
+    results = lambda rows, chunk, k: ((k + 1) * 8 + 4) * (chunk + rows + 2 * chunk) + rows
+    assert pl.predicted_peak_bytes(101, 1000, None, f32, "logsoftmax", 2) == (
         100 * 1000 * (4 + 4 + 9) + results(100, 100, 2))
-    assert memory.predicted_peak_bytes(101, 1000, 8, 50, bf16, "logsoftmax", 0) == (
+    assert pl.predicted_peak_bytes(101, 1000, 50, bf16, "logsoftmax", 0) == (
         50 * 1000 * (2 + 4 + 9) + results(100, 50, 0))
     blocks = lp.block_rows(100, 2)
-    assert memory.predicted_peak_bytes(101, 1000, 8, None, bf16, "fused", 0) == (
+    assert pl.predicted_peak_bytes(101, 1000, None, bf16, "fused", 0) == (
         100 * 1000 * 2 + blocks * 1000 * 9 + results(100, 100, 0))
     with pytest.raises(ValueError, match="method must be"):
-        memory.predicted_peak_bytes(3, 3, 3, None, f32, "other")
+        pl.predicted_peak_bytes(3, 3, None, f32, "other")
+
+
+def test_memory_no_longer_imports_logprobs():
+    """predicted_peak_bytes lives beside the algorithm it models: memory is a lower floor."""
+    import ast
+    from pathlib import Path
+
+    tree = ast.parse(Path(memory.__file__).read_text())
+    imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    imported |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+                 for alias in node.names}
+    assert not any("logprobs" in (name or "") for name in imported)
+    assert not hasattr(memory, "predicted_peak_bytes")
 
 
 def test_measured_peaks_separate_chunked_fused_from_unchunked_logsoftmax():
@@ -195,10 +208,49 @@ def test_measured_peaks_separate_chunked_fused_from_unchunked_logsoftmax():
     assert small["host_extra_bytes"] < logits / 4
 
 
-def test_recommend_chunk_picks_the_smallest_within_tolerance():
-    from stagelab import schema
+def test_numpy_integers_are_accepted_for_k_and_chunk():
+    """Issue 14: np.int64 num_logprobs or chunk_tokens were refused."""
+    import numpy as np
 
-    rows = [{"arm": "fused+overlap", "chunk": c, "seconds": s, "rows": 100}
-            for c, s in [(10, 2.0), (25, 1.04), (50, 1.0), (100, 1.2)] for _ in range(3)]
-    choice = pl.recommend_chunk(schema.make_rows(rows))
-    assert choice["chunk"] == 25 and choice["best_chunk"] == 50
+    hidden, weight, ids = inputs()
+    expected = pl.prompt_logprobs(hidden, weight, ids, 3, 8)
+    assert same(pl.prompt_logprobs(hidden, weight, ids, np.int64(3), np.int32(8)), expected)
+    with pytest.raises(ValueError, match="chunk_tokens must be a positive int"):
+        pl.prompt_logprobs(hidden, weight, ids, 3, 8.0)
+    with pytest.raises(ValueError, match="chunk_tokens must be a positive int"):
+        pl.prompt_logprobs(hidden, weight, ids, 3, np.bool_(True))
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda h, w, i: (h.to("meta"), w, i), "hidden_states is a meta tensor"),
+    (lambda h, w, i: (h.to("meta"), w.to("meta"), i), "hidden_states is a meta tensor"),
+    (lambda h, w, i: (h, w, i.to("meta")), "prompt_token_ids is a meta tensor"),
+    (lambda h, w, i: (h.requires_grad_(), w, i), r"hidden_states requires grad"),
+    (lambda h, w, i: (h, w.requires_grad_(), i), r"lm_head requires grad"),
+    (lambda h, w, i: (h, torch.nn.Linear(H, V, bias=False), i), "require grad: call .*no_grad"),
+])
+def test_meta_and_grad_inputs_get_clear_errors(mutate, message):
+    """Issue 14: meta tensors got raw torch errors; tensors that require grad were not named."""
+    hidden, weight, ids = inputs()
+    with pytest.raises(ValueError, match=message):
+        pl.prompt_logprobs(*mutate(hidden, weight, ids), 2, 8)
+
+
+@pytest.mark.parametrize("method", pl.METHODS)
+@pytest.mark.parametrize("chunk", [7, None])
+def test_bad_rows_are_named_by_prompt_position_once_per_prompt(method, chunk):
+    hidden, weight, ids = inputs()
+    hidden[[3, 30]] = float("nan")  # rows 3 and 30 fall in different chunks of 7
+    with pytest.raises(ValueError, match=r"NaN.*rows \[3, 30\]"):
+        pl.prompt_logprobs(hidden, weight, ids, 2, chunk, method=method)
+    result = pl.prompt_logprobs(hidden, weight, ids, 2, chunk, method=method, validate=False)
+    assert result.logprobs.shape == (T - 1, 3)
+
+
+def test_bad_ids_are_named_before_the_chunk_loop(monkeypatch):
+    hidden, weight, ids = inputs()
+    ids[[5, 9]] = V + 1
+    monkeypatch.setattr(pl, "_project", None)  # any chunk would crash
+    with pytest.raises(ValueError, match=rf"prompt_token_ids out of range \[0, {V}\): rows "
+                                         rf"\[5, 9\] hold \[{V + 1}, {V + 1}\]"):
+        pl.prompt_logprobs(hidden, weight, ids, 2, 8)

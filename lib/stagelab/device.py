@@ -49,7 +49,9 @@ def device_label(device: torch.device | str) -> str:
 
 
 def synchronize(device: torch.device | str) -> None:
-    """The library's one explicit host wait: until the device's queued work is done (CPU: none)."""
+    """The library's one explicit host wait: wait for all queued work on a CUDA ``device``;
+    nothing on a CPU, where work runs when it is called. Call it as ``device.synchronize`` (the
+    module attribute), so that :class:`stagelab.testing.SyncCounter` can count it."""
     device = torch.device(device)
     if device.type == "cuda":
         torch.cuda.synchronize(device)

@@ -174,7 +174,7 @@ def check_token_ids(token_ids: torch.Tensor, rows: int, vocab: int,
     raise_bad_token_ids(out_of_range(token_ids, vocab), token_ids, vocab, name)
 
 
-def _raise_bad_rows(bad: torch.Tensor, what: str) -> None:
+def raise_bad_rows(bad: torch.Tensor, what: str) -> None:
     """Raise naming the rows flagged in a boolean ``[rows]`` tensor, if any."""
     if bool(bad.any()):
         rows = torch.nonzero(bad).flatten()
@@ -188,7 +188,7 @@ def raise_flagged(bad_ids: torch.Tensor, token_ids: torch.Tensor, vocab: int,
     """One host read of both device flags; where either is set, the named error (ids first)."""
     if bool(bad_ids.any() | bad_rows.any()):
         raise_bad_token_ids(bad_ids, token_ids, vocab)
-        _raise_bad_rows(bad_rows, what)
+        raise_bad_rows(bad_rows, what)
 
 
 def check_call(scores: torch.Tensor, num_logprobs: int, token_ids: torch.Tensor,
@@ -323,7 +323,7 @@ def gather_logprobs_host(logprobs: torch.Tensor, num_logprobs: int, token_ids: t
     targets = token_ids.to("cpu", torch.int64).contiguous()
     if validate:
         raise_bad_token_ids(out_of_range(targets, vocab), targets, vocab)
-        _raise_bad_rows(torch.from_numpy(np.isnan(values.max(axis=1))), "logprobs contain NaN")
+        raise_bad_rows(torch.from_numpy(np.isnan(values.max(axis=1))), "logprobs contain NaN")
     out = LogprobsTensors.empty_host(rows, num_logprobs)
     if backend == "native":
         native.gather_logprobs(logprobs, targets, num_logprobs, *out.tensors())

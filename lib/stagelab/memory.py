@@ -71,39 +71,6 @@ def pinned_host_bytes() -> int:
     return 0
 
 
-def predicted_peak_bytes(T: int, V: int, H: int, C: int | None, dtype: torch.dtype,
-                         method: str, K: int = 0) -> int:
-    """Analytic peak of prompt logprobs' working memory beyond its inputs, in bytes.
-
-    Per chunk of ``C`` rows (``C=None``: all ``T - 1`` rows) the logits ``C x V`` in ``dtype``, and:
-
-    * ``logsoftmax``: the fp32 log-softmax (4 bytes per element), then at the larger of two
-      moments either the fp32 upcast of half-precision logits (4) or the rank's comparison, a
-      bool (1) whose sum casts it to int64 (8): ``C x V x (4 + max(upcast, 9))``;
-    * ``fused``: the same temporaries for one block of :func:`stagelab.logprobs.block_rows` rows:
-      ``B x V x max(4 + upcast, 9)``.
-
-    Plus the results: the chunk's device results, the host output ``(T-1) x (K+1)`` and two host
-    slots. ``H`` is accepted for the callers' convenience: hidden states and the weight are inputs.
-    """
-    # imported here: logprobs -> staging -> memory would otherwise be an import cycle
-    from stagelab.logprobs import BLOCK_TEMP_BYTES, block_rows
-
-    del H
-    rows = T - 1
-    chunk = rows if C is None else min(C, rows)
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    upcast = 0 if dtype == torch.float32 else 4
-    if method == "logsoftmax":
-        working = chunk * V * (4 + max(upcast, BLOCK_TEMP_BYTES))
-    elif method == "fused":
-        working = block_rows(chunk, itemsize) * V * max(4 + upcast, BLOCK_TEMP_BYTES)
-    else:
-        raise ValueError(f"method must be 'fused' or 'logsoftmax', got {method!r}")
-    result_row = (K + 1) * 8 + 4
-    return chunk * V * itemsize + working + result_row * (chunk + rows + 2 * chunk)
-
-
 def _reset_high_water_mark() -> bool:
     """Reset this process's peak RSS (``VmHWM``) to its current RSS; False where not allowed."""
     try:

@@ -115,15 +115,17 @@ class DirectCopier:
 
 # ---------------------------------------------------------------------------------- checks
 
-def _check_prompt(hidden_states: torch.Tensor, lm_head: LmHead,
-                  prompt_token_ids: torch.Tensor) -> tuple[int, int, int, torch.dtype]:
-    """Shapes and types; returns ``(T, H, V, logits dtype)``. A callable head is called on one
-    row to learn V and the logits' dtype."""
+def _check_prompt(hidden_states: torch.Tensor, lm_head: LmHead, prompt_token_ids: torch.Tensor,
+                  validate: bool = True) -> tuple[int, int, int, torch.dtype]:
+    """Shapes and types, and (``validate``) the ids' range, with one host wait; returns
+    ``(T, H, V, logits dtype)``. A callable head is called on one row to learn V and the
+    logits' dtype."""
     if not isinstance(hidden_states, torch.Tensor) or hidden_states.dim() != 2:
         shape = tuple(hidden_states.shape) if isinstance(hidden_states, torch.Tensor) else None
         raise ValueError(f"hidden_states must be a 2-D [T, H] tensor, got {shape}")
     if not hidden_states.is_floating_point():
         raise TypeError(f"hidden_states must be floating point, got {hidden_states.dtype}")
+    lp.check_has_data(hidden_states, "hidden_states")
     tokens, hidden = hidden_states.shape
     if tokens <= 1:
         raise ValueError(f"hidden_states: a prompt needs T >= 2 tokens to score any position, "
@@ -135,26 +137,39 @@ def _check_prompt(hidden_states: torch.Tensor, lm_head: LmHead,
         if lm_head.dtype != hidden_states.dtype or lm_head.device != hidden_states.device:
             raise TypeError(f"lm_head is {lm_head.dtype} on {lm_head.device} but hidden_states "
                             f"is {hidden_states.dtype} on {hidden_states.device}")
+        lp.check_has_data(lm_head, "lm_head")
         vocab, dtype = lm_head.shape[0], lm_head.dtype
     elif callable(lm_head):
         probe = lm_head(hidden_states[:1])
         if not isinstance(probe, torch.Tensor) or probe.dim() != 2 or probe.shape[0] != 1:
             raise ValueError("lm_head callable must map [rows, H] hidden states to [rows, V] "
                              f"logits; for one row it returned {getattr(probe, 'shape', probe)}")
+        if probe.requires_grad:
+            raise ValueError("lm_head callable returns logits that require grad: call "
+                             "prompt_logprobs under torch.no_grad()")
         vocab, dtype = probe.shape[1], probe.dtype
     else:
         raise TypeError(f"lm_head must be a [V, H] tensor or a callable, not "
                         f"{type(lm_head).__name__}")
-    lp.check_token_ids(prompt_token_ids, tokens, vocab, name="prompt_token_ids")
+    if validate:
+        lp.check_token_ids(prompt_token_ids, tokens, vocab, name="prompt_token_ids")
+    else:
+        lp.check_token_ids_shape(prompt_token_ids, tokens, name="prompt_token_ids")
     return tokens, hidden, vocab, dtype
 
 
-def _check_chunk(chunk_tokens: int | None) -> None:
+def _check_chunk(chunk_tokens: int | None) -> int | None:
+    """A positive int (numpy integers too) or None; returned as a Python int or None."""
     if chunk_tokens is None:
-        return
-    if isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, int) or chunk_tokens <= 0:
+        return None
+    try:
+        chunk = lp.as_int(chunk_tokens, "chunk_tokens")
+    except TypeError:
+        chunk = 0
+    if chunk <= 0:
         raise ValueError(f"chunk_tokens must be a positive int or None (unchunked), got "
                          f"{chunk_tokens!r}")
+    return chunk
 
 
 # ------------------------------------------------------------------------------------- main
@@ -162,7 +177,8 @@ def _check_chunk(chunk_tokens: int | None) -> None:
 def prompt_logprobs(hidden_states: torch.Tensor, lm_head: LmHead,
                     prompt_token_ids: torch.Tensor, num_logprobs: int,
                     chunk_tokens: int | None, *, method: str = "fused", overlap: bool = True,
-                    copy_engine: CopyEngine | None = None) -> lp.LogprobsTensors:
+                    copy_engine: CopyEngine | None = None,
+                    validate: bool = True) -> lp.LogprobsTensors:
     """Host ``LogprobsTensors`` of ``[T-1, K+1]``: row ``i`` scores ``prompt_token_ids[i+1]``.
 
     ``lm_head`` is a ``[V, H]`` weight or a callable from hidden rows to logits.
@@ -171,17 +187,23 @@ def prompt_logprobs(hidden_states: torch.Tensor, lm_head: LmHead,
     :func:`stagelab.logprobs.logprobs_from_logits`. ``copy_engine`` replaces the copy mechanism
     of the overlapped path (tests inject one that delays copies). A configuration whose predicted
     peak exceeds free memory is refused before anything large is allocated.
+
+    Host waits: the prompt's ids are checked once, before the chunk loop; each chunk flags its
+    bad rows (NaN, or for ``fused`` a logsumexp that is not finite) on the device, and the flags
+    are read once, after the last copy: two waits per prompt, whatever the number of chunks, so
+    nothing stops the host between chunks. ``validate=False`` skips both, for inputs already
+    validated.
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    _check_chunk(chunk_tokens)
-    tokens, hidden, vocab, dtype = _check_prompt(hidden_states, lm_head, prompt_token_ids)
-    lp.check_num_logprobs(num_logprobs, vocab)
+    chunk_tokens = _check_chunk(chunk_tokens)
+    tokens, hidden, vocab, dtype = _check_prompt(hidden_states, lm_head, prompt_token_ids,
+                                                 validate)
+    num_logprobs = lp.check_num_logprobs(num_logprobs, vocab)
     rows = tokens - 1
     chunk = rows if chunk_tokens is None else min(chunk_tokens, rows)
     device = hidden_states.device
-    predicted = memory.predicted_peak_bytes(tokens, vocab, hidden, chunk, dtype, method,
-                                            num_logprobs)
+    predicted = predicted_peak_bytes(tokens, vocab, chunk, dtype, method, num_logprobs)
     try:
         memory.check_fits(predicted, memory.free_device_bytes(device) if device.type == "cuda"
                           else memory.free_host_bytes(), f"prompt logprobs, chunk_tokens={chunk}")
@@ -194,24 +216,78 @@ def prompt_logprobs(hidden_states: torch.Tensor, lm_head: LmHead,
         copier = DoubleBufferCopier(engine, chunk, num_logprobs, pinned=on_gpu)
     else:
         copier = DirectCopier()
-    targets = prompt_token_ids[1:]
-    score = lp.logprobs_from_logits if method == "fused" else _logsoftmax_chunk
+    targets = prompt_token_ids[1:].to(device=device, dtype=torch.int64)
+    bad_rows = torch.zeros(rows, dtype=torch.bool, device=device)
+    score = _fused_chunk if method == "fused" else _logsoftmax_chunk
     for start in range(0, rows, chunk):
         end = min(start + chunk, rows)
         logits = _project(hidden_states[start:end], lm_head)
-        copier.submit(score(logits, num_logprobs, targets[start:end]), out.rows(start, end))
-        del logits
+        copier.submit(score(logits, num_logprobs, targets[start:end], bad_rows[start:end],
+                            validate), out.rows(start, end))
+        del logits  # nothing of this chunk may outlive it: the next chunk's logits reuse its memory
     copier.drain()
+    if validate:
+        lp.raise_bad_rows(bad_rows, BAD_ROWS[method])
     return out
+
+
+BAD_ROWS = {"fused": "logits contain NaN, +inf, or only -inf",
+            "logsoftmax": "logprobs contain NaN"}
 
 
 def _project(hidden_rows: torch.Tensor, lm_head: LmHead) -> torch.Tensor:
     return hidden_rows @ lm_head.T if isinstance(lm_head, torch.Tensor) else lm_head(hidden_rows)
 
 
-def _logsoftmax_chunk(logits: torch.Tensor, num_logprobs: int,
-                      targets: torch.Tensor) -> lp.LogprobsTensors:
-    return lp.gather_logprobs(lp.compute_logprobs(logits), num_logprobs, targets)
+def _fused_chunk(logits: torch.Tensor, num_logprobs: int, targets: torch.Tensor,
+                 bad_rows: torch.Tensor, validate: bool) -> lp.LogprobsTensors:
+    """One chunk of the fused path; flags its bad rows into ``bad_rows`` (no host wait)."""
+    result, lse = lp.fused_unchecked(logits, num_logprobs, targets)
+    if validate:
+        torch.logical_not(torch.isfinite(lse), out=bad_rows)
+    return result
+
+
+def _logsoftmax_chunk(logits: torch.Tensor, num_logprobs: int, targets: torch.Tensor,
+                      bad_rows: torch.Tensor, validate: bool) -> lp.LogprobsTensors:
+    """One chunk of vLLM V1's path; flags its NaN rows into ``bad_rows`` (no host wait)."""
+    logprobs = lp.compute_logprobs(logits)
+    if validate:
+        bad_rows.copy_(lp.nan_rows(logprobs))
+    return lp.gather_unchecked(logprobs, num_logprobs, targets)
+
+
+def predicted_peak_bytes(tokens: int, vocab: int, chunk: int | None, dtype: torch.dtype,
+                         method: str, num_logprobs: int = 0) -> int:
+    """Analytic peak of :func:`prompt_logprobs`' working memory beyond its inputs, in bytes.
+
+    Per chunk of ``chunk`` rows (``None``: all ``tokens - 1`` rows) the logits ``C x V`` in
+    ``dtype``, and:
+
+    * ``logsoftmax``: the fp32 log-softmax (4 bytes per element), then at the larger of two
+      moments either the fp32 upcast of half-precision logits (4) or the rank's comparison, a
+      bool (1) whose sum casts it to int64 (8): ``C x V x (4 + max(upcast, 9))``;
+    * ``fused``: the same temporaries for one block of :func:`stagelab.logprobs.block_rows` rows:
+      ``B x V x max(4 + upcast, 9)``.
+
+    Plus the results: the chunk's device results, the host output ``(T-1) x (K+1)`` and two host
+    slots; and the bad-row flags, one bool per row.
+    """
+    rows = tokens - 1
+    chunk = rows if chunk is None else min(chunk, rows)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    upcast = 0 if dtype == torch.float32 else 4
+    if method == "logsoftmax":
+        working = chunk * vocab * (4 + max(upcast, lp.BLOCK_TEMP_BYTES))
+    elif method == "fused":
+        working = (lp.block_rows(chunk, itemsize) * vocab
+                   * max(4 + upcast, lp.BLOCK_TEMP_BYTES))
+    else:
+        raise ValueError(f"method must be 'fused' or 'logsoftmax', got {method!r}")
+    result_row = (num_logprobs + 1) * 8 + 4
+    flags = rows
+    return (chunk * vocab * itemsize + working + result_row * (chunk + rows + 2 * chunk)
+            + flags)
 
 
 # ------------------------------------------------------------------------------ measurement

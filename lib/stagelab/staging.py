@@ -18,9 +18,10 @@ from typing import Callable
 
 import torch
 
+import stagelab.device
 from stagelab import bench, sweep
 from stagelab.device import (PinnedMemoryUnavailable, cuda_present, default_device, device_label,
-                             pinned_allocator, require_cuda, synchronize)
+                             pinned_allocator, require_cuda)
 from stagelab.hardware import PcieSampler
 from stagelab.schema import TableSink, aa_name
 from stagelab.shapes import ModelShape, positive_ints
@@ -49,7 +50,7 @@ def _nbytes(src: torch.Tensor) -> int:
 
 def _wait_for_copy(src: torch.Tensor) -> None:
     """Block until the copy just queued from ``src``'s device has completed."""
-    synchronize(src.device)
+    stagelab.device.synchronize(src.device)
 
 
 def _view(buffer: torch.Tensor, like: torch.Tensor) -> torch.Tensor:

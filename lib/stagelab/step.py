@@ -27,9 +27,10 @@ from typing import Callable, Iterator
 
 import torch
 
+import stagelab.device
 from stagelab import bench, native, staging, sweep
 from stagelab import logprobs as lp
-from stagelab.device import PinnedMemoryUnavailable, default_device, device_label, synchronize
+from stagelab.device import PinnedMemoryUnavailable, default_device, device_label
 from stagelab.errors import NativeUnavailable
 from stagelab.schema import TableSink, aa_name
 from stagelab.shapes import ModelShape, positive_ints
@@ -126,7 +127,7 @@ class SeedStep:
             host, release = self.destination.acquire(logprobs.shape)
         with clock.device_stage("copy"):
             host.copy_(logprobs, non_blocking=True)
-        synchronize(logits.device)  # the engine's b.Synchronize(q): the one wait of this path
+        stagelab.device.synchronize(logits.device)  # the engine's b.Synchronize(q): its one wait
         with clock.host_stage("host_gather"):
             result = lp.gather_logprobs_host(host, num_logprobs, host_token_ids,
                                              backend=self.backend, validate=False)
@@ -155,7 +156,7 @@ class DeviceStep:
         with clock.device_stage("copy"):
             result = lp.LogprobsTensors.empty_host(logits.shape[0], num_logprobs)
             result.copy_(on_device, non_blocking=True)
-        synchronize(logits.device)  # hand the results to the host: the one wait of this path
+        stagelab.device.synchronize(logits.device)  # hands the results over: its one wait
         return result, clock.seconds()
 
 
