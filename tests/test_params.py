@@ -40,7 +40,7 @@ BAD = [
     ("04_verdict.min_samples=-3", "04_verdict.min_samples: -3 is not a positive integer"),
     ("04_verdict.delta=0", "04_verdict.delta: 0 is not in (0.0, 1.0)"),
     ("04_verdict.decisive_models=[Nope-7B]", "04_verdict.decisive_models: unknown model"),
-    ("04_verdict.decisive_rows=[]", "04_verdict.decisive_rows: is empty"),
+    ("04_verdict.decisive_rows=[]", "04_verdict.decisive_rows: [] is empty"),
     ("02_logprobs_step.arms=[fused]", "02_logprobs_step.aa_arm: 'seed_pageable' must be in arms"),
     ("01_d2h_staging.run_dir=/tmp/elsewhere", "01_d2h_staging.run_dir is set by the runner"),
 ]
