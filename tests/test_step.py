@@ -7,8 +7,10 @@ import pytest
 import torch
 
 from reference import assert_matches_reference
+from stagelab import logprobs as lp
 from stagelab import native, schema, shapes, staging, step
 from stagelab.errors import NativeUnavailable
+from stagelab.testing import SyncCounter
 from test_staging import RecordingAllocator
 
 CUDA = torch.cuda.is_available()
@@ -117,3 +119,24 @@ def test_measure_skips_a_k_larger_than_the_vocabulary_and_says_why():
 def test_unknown_arm_is_named():
     with pytest.raises(ValueError, match="unknown step arm 'x'"):
         step.make_pipeline("x")
+
+
+@pytest.mark.skipif(not NATIVE_OK, reason=f"the native path cannot be built here: {NATIVE_WHY}")
+@pytest.mark.parametrize("arm", ["seed_pageable", "seed_pinned", "seed_pageable_reused",
+                                 "seed_pageable_numpy", "device_gather", "fused"])
+def test_each_arm_makes_exactly_the_wait_its_design_names(arm):
+    """Seed arms wait once after their copy (the engine's Synchronize), device arms once to hand
+    their results over; no hidden wait (a read of a device value) anywhere in a timed call."""
+    pipeline = pipelines()[arm]
+    logits, tokens = make_logits(8, 3001), make_tokens(8, 3001)
+    pipeline.run(logits, 5, tokens, tokens)  # first call: builds, grows its scratch
+    with SyncCounter() as counter:
+        pipeline.run(logits, 5, tokens, tokens)
+    assert (counter.explicit, counter.hidden) == (1, 0), counter.ops
+
+
+def test_the_wait_counter_sees_a_validating_call_negative_control():
+    logits, tokens = make_logits(8, 3001), make_tokens(8, 3001)
+    with SyncCounter() as counter:
+        lp.logprobs_from_logits(logits, 5, tokens)  # validate=True reads its device flag once
+    assert counter.hidden == 1
