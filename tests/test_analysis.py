@@ -403,3 +403,15 @@ def test_prompt_goals_on_a_table_whose_timings_were_all_skipped():
     assert analysis.prompt_time_relative(skipped).empty
     (nothing,) = analysis.prompt_goals(skipped)
     assert nothing["status"] == "not measured"
+
+
+def test_sync_warnings_are_summed_up_per_arm_and_absent_without_cuda():
+    frame = schema.make_rows([
+        dict(arm="fused", metric="sync_warnings", value=0.0, rows=16),
+        dict(arm="fused", metric="sync_warnings", value=2.0, rows=64, note="a.py:3: sync"),
+        dict(arm="seed_pageable", metric="sync_warnings", value=1.0, rows=16)])
+    sentence = analysis.sync_warnings(frame)
+    assert sentence.endswith("fused 2 (a.py:3: sync); seed_pageable 1.")
+    unavailable = schema.make_rows([dict(arm="sync_debug", metric="sync_warnings",
+                                         status="unavailable", note="needs CUDA")])
+    assert analysis.sync_warnings(unavailable) is None

@@ -161,6 +161,20 @@ def clock_disagreements(frame: pd.DataFrame) -> dict[str, int]:
     return {"checked": int(len(checked)), "disagree": int((~checked.astype(bool)).sum())}
 
 
+def sync_warnings(frame: pd.DataFrame) -> str | None:
+    """What torch's sync debug mode flagged, per arm (the most over the cells), in one sentence;
+    None where it did not run (no CUDA device)."""
+    rows = frame[(frame["metric"] == "sync_warnings") & (frame["status"] == "ok")]
+    if rows.empty:
+        return None
+    most = rows.sort_values("value").groupby("arm", observed=True).tail(1).sort_values("arm")
+    parts = [f"{r.arm} {int(r.value)}" + (f" ({r.note})" if r.note else "")
+             for r in most.itertuples()]
+    return ("Synchronizing operations flagged by torch's sync debug mode, one call per arm (the "
+            "designed waits are each seed arm's pageable copy and each arm's one synchronize): "
+            + "; ".join(parts) + ".")
+
+
 def nothing_measured(frame: pd.DataFrame, what: str) -> str | None:
     """One clear sentence when no timing of ``what`` is ok: which cells and arms, why, what to
     change; None when something was measured."""

@@ -6,12 +6,16 @@ another stagelab module but :mod:`stagelab.errors`.
 
 from __future__ import annotations
 
+import warnings
+from pathlib import Path
+from typing import Callable
+
 import torch
 
 from stagelab.errors import PinnedMemoryUnavailable
 
 __all__ = ["PinnedMemoryUnavailable", "cuda_present", "default_device", "device_label",
-           "pinned_allocator", "require_cuda", "synchronize"]
+           "pinned_allocator", "require_cuda", "sync_warnings", "synchronize"]
 
 
 def cuda_present() -> bool:
@@ -55,3 +59,21 @@ def synchronize(device: torch.device | str) -> None:
     device = torch.device(device)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def sync_warnings(call: Callable[[], object]) -> list[str]:
+    """The synchronizing-operation warnings of one call under ``set_sync_debug_mode("warn")``,
+    after an unobserved warm-up call, as ``file:line: message`` (CUDA only)."""
+    require_cuda("sync_warnings")
+    call()
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            call()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    return [f"{Path(w.filename).name}:{w.lineno}: {str(w.message).splitlines()[0]}"
+            for w in caught if "synchroniz" in str(w.message)]

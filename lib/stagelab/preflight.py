@@ -16,7 +16,6 @@ import socket
 import statistics
 import sys
 import time
-import warnings
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -24,6 +23,7 @@ from typing import Any, Callable
 
 import torch
 
+import stagelab.device
 from stagelab import paths
 from stagelab.errors import UserError
 
@@ -257,23 +257,6 @@ def check_cpu_features() -> Check:
                   "numpy": np.__version__})
 
 
-def _sync_warnings(call: Callable[[], object]) -> list[str]:
-    """The synchronizing-operation warnings of one call under ``set_sync_debug_mode("warn")``,
-    after an unobserved warm-up call, as ``file:line: message``."""
-    call()
-    torch.cuda.synchronize()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            call()
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-    torch.cuda.synchronize()
-    return [f"{Path(w.filename).name}:{w.lineno}: {str(w.message).splitlines()[0]}"
-            for w in caught if "synchroniz" in str(w.message)]
-
-
 def device_path_calls(rows: int = 16, vocab: int = 32768, k: int = 5, tokens: int = 257,
                       hidden: int = 256, chunk: int = 64) -> dict[str, Callable[[], object]]:
     """One small call of each measured device path, on CUDA."""
@@ -297,7 +280,7 @@ def check_sync_debug() -> list[Check]:
     """Count hidden host synchronisations of each device path (issue 13); recorded, not blocking."""
     checks = []
     for name, call in device_path_calls().items():
-        texts = _sync_warnings(call)
+        texts = stagelab.device.sync_warnings(call)
         checks.append(Check(f"sync:{name}", INFO, f"{len(texts)} sync warnings in one call",
                             {"count": len(texts), "warnings": texts}))
     return checks

@@ -279,10 +279,13 @@ def measure(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dty
                 record["bytes"] = copied_bytes(record["arm"], n, vocab, k)
             return record
 
+        def after() -> list[dict]:
+            return [*agreement(built, logits[0], k, tokens[0], host_tokens[0]),
+                    *sync_debug(built, logits[0], k, tokens[0], host_tokens[0])]
+
         return sweep.CellPlan(
             calls={name: (lambda r, p=p: call(p, r)) for name, p in built.items()},
-            unavailable=unavailable, annotate=annotate,
-            after=lambda: agreement(built, logits[0], k, tokens[0], host_tokens[0]))
+            unavailable=unavailable, annotate=annotate, after=after)
 
     return sweep.run(todo, prepare, repeats=repeats, warmup=warmup, seed=seed, device=device,
                      sink=sink, label="step", progress=progress)
@@ -299,4 +302,22 @@ def agreement(pipelines: dict[str, SeedStep | DeviceStep], logits: torch.Tensor,
         mismatches = int((result.selected_token_ranks != reference.selected_token_ranks).sum())
         rows += [{"arm": name, "metric": "max_abs_error", "value": error},
                  {"arm": name, "metric": "rank_mismatches", "value": float(mismatches)}]
+    return rows
+
+
+def sync_debug(pipelines: dict[str, SeedStep | DeviceStep], logits: torch.Tensor, k: int,
+               tokens: torch.Tensor, host_tokens: torch.Tensor) -> list[dict]:
+    """On CUDA, one call of each arm under ``set_sync_debug_mode("warn")``: how many
+    synchronizing operations torch flags (metric ``sync_warnings``; the first texts in the note).
+    The designed waits are the seed arms' copy into pageable memory and each arm's one
+    synchronize; anything more is a hidden wait."""
+    if logits.device.type != "cuda":
+        return [{"arm": "sync_debug", "metric": "sync_warnings", "status": "unavailable",
+                 "note": "torch's sync debug mode needs a CUDA device"}]
+    rows = []
+    for name, pipeline in pipelines.items():
+        found = stagelab.device.sync_warnings(
+            lambda p=pipeline: p.run(logits, k, tokens, host_tokens))
+        rows.append({"arm": name, "metric": "sync_warnings", "value": float(len(found)),
+                     "note": " | ".join(found[:3])})
     return rows

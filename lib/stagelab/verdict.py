@@ -235,6 +235,9 @@ def findings(verdict: dict[str, Any], tables: dict[str, pd.DataFrame]) -> list[s
                            f"n={lever['rows']}, V={lever['vocab']}, K={lever['k']}: "
                            f"{lever['speedup']:.2f}x (CI [{lever['ci_low']:.2f}, "
                            f"{lever['ci_high']:.2f}]), {lever['saved_ms']:.2f} ms per step.")
+        flagged = analysis.sync_warnings(step)
+        if flagged:
+            out.append(flagged)
         backends = analysis.host_gather_backends(step)
         for _, row in backends.iterrows():
             out.append(f"Host top-K at n={row['rows']}, V={row['vocab']}, K={row['k']}: native "
