@@ -120,10 +120,14 @@ def test_native_gather_refuses_bad_input_naming_the_parameter():
         lp.gather_logprobs_host(torch.zeros(8, 4).T, 1, tokens, backend="native")
     with pytest.raises(ValueError, match="backend must be one of.*'cuda'"):
         lp.gather_logprobs_host(logprobs, 1, tokens, backend="cuda")
-    # with validate=False the C loop still refuses an id outside the vocabulary, naming it
-    with pytest.raises(ValueError, match=r"token_ids out of range \[0, 8\): row 2 holds 9"):
+    # ids outside the vocabulary are refused even with validate=False, by the host gather and
+    # (should a caller reach it directly) by the C loop itself
+    with pytest.raises(ValueError, match=r"token_ids out of range \[0, 8\): rows \[2\] hold \[9\]"):
         lp.gather_logprobs_host(logprobs, 1, torch.tensor([0, 1, 9, 2]), backend="native",
                                 validate=False)
+    out = lp.LogprobsTensors.empty_host(4, 1)
+    with pytest.raises(ValueError, match=r"token_ids out of range \[0, 8\): row 2 holds -1"):
+        native.gather_logprobs(logprobs, torch.tensor([0, 1, -1, 2]), 1, *out.tensors())
 
 
 def test_native_unavailable_is_raised_with_the_reason(monkeypatch):

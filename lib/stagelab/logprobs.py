@@ -303,9 +303,9 @@ def gather_logprobs_host(logprobs: torch.Tensor, num_logprobs: int, token_ids: t
     :func:`gather_logprobs`. ``backend="numpy"``: per row, argpartition of the top K then a sort
     of those K, and a count for the rank. ``backend="native"``: the seed's C++ loop
     (:mod:`stagelab.native`; contiguous fp32 input only, raises NativeUnavailable where it could
-    not be built). ``validate=False`` skips the id and NaN checks (the latter a full pass over
-    the data) for callers that validated their data already; the native loop still refuses an
-    id outside the vocabulary."""
+    not be built). Ids outside the vocabulary are always refused (a cheap host check, no wait);
+    ``validate=False`` skips the NaN scan, a full pass over the data, for callers that
+    validated their data already."""
     if backend not in HOST_BACKENDS:
         raise ValueError(f"backend must be one of {HOST_BACKENDS}, got {backend!r}")
     rows, vocab, num_logprobs = check_call(logprobs, num_logprobs, token_ids, "logprobs")
@@ -321,9 +321,14 @@ def gather_logprobs_host(logprobs: torch.Tensor, num_logprobs: int, token_ids: t
     values = logprobs.numpy() if logprobs.dtype == torch.float32 else (
         logprobs.float().numpy())
     targets = token_ids.to("cpu", torch.int64).contiguous()
+    # checked in numpy: host data needs no wait, and the SyncCounter sees none
+    bad_ids = (targets.numpy() < 0) | (targets.numpy() >= vocab)
+    if bad_ids.any():
+        raise_bad_token_ids(torch.from_numpy(bad_ids), targets, vocab)
     if validate:
-        raise_bad_token_ids(out_of_range(targets, vocab), targets, vocab)
-        raise_bad_rows(torch.from_numpy(np.isnan(values.max(axis=1))), "logprobs contain NaN")
+        nan = np.isnan(values.max(axis=1))
+        if nan.any():
+            raise_bad_rows(torch.from_numpy(nan), "logprobs contain NaN")
     out = LogprobsTensors.empty_host(rows, num_logprobs)
     if backend == "native":
         native.gather_logprobs(logprobs, targets, num_logprobs, *out.tensors())
