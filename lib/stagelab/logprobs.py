@@ -20,7 +20,8 @@ Tie order: every path gives the same values and ranks, and the same ids up to th
 tied values, which is each backend's own: ``torch.topk``'s (unspecified); numpy's (which of the ids
 tied at the K-th value are kept is ``argpartition``'s choice, and tied ids then appear in
 descending id order, from the reversed stable sort); native's (``std::partial_sort``'s heap
-selection with a strict ``>`` comparator, as in the engine: unspecified, deterministic for one build).
+selection with a strict ``>`` comparator, as in the engine: unspecified, but deterministic for
+one build).
 """
 
 from __future__ import annotations
@@ -225,7 +226,7 @@ def gather_logprobs(logprobs: torch.Tensor, num_logprobs: int, token_ids: torch.
     Bad ids and NaN rows are flagged on the device and read once at the end (one host wait,
     where a caller reads the results anyway); ``validate=False`` skips them for callers that
     validated their data already."""
-    rows, vocab, num_logprobs = check_call(logprobs, num_logprobs, token_ids, "logprobs")
+    _, vocab, num_logprobs = check_call(logprobs, num_logprobs, token_ids, "logprobs")
     targets, bad_ids = device_targets(token_ids, logprobs.device, vocab, validate)
     out = gather_unchecked(logprobs, num_logprobs, targets)
     if validate:
@@ -262,7 +263,7 @@ def logprobs_from_logits(logits: torch.Tensor, num_logprobs: int, token_ids: tor
 
     Bad ids and rows whose logsumexp is not finite (NaN, +inf, or only -inf) are flagged on
     the device and read once at the end: one host wait per call, none with ``validate=False``."""
-    rows, vocab, num_logprobs = check_call(logits, num_logprobs, token_ids)
+    _, vocab, num_logprobs = check_call(logits, num_logprobs, token_ids)
     targets, bad_ids = device_targets(token_ids, logits.device, vocab, validate)
     out, lse = fused_unchecked(logits, num_logprobs, targets)
     if validate:
