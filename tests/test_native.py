@@ -4,6 +4,7 @@ std::vector destination and its host gather, which must equal the numpy backend.
 from __future__ import annotations
 
 import ctypes
+import gc
 import json
 import os
 import subprocess
@@ -55,6 +56,22 @@ def test_free_is_idempotent_and_the_tensor_is_gone_after_it():
     with pytest.raises(RuntimeError, match="after free"):
         vector.tensor
     assert native.seed_vector(0).tensor.numel() == 0
+
+
+def test_the_vector_lives_as_long_as_its_tensor_and_no_longer(monkeypatch):
+    library, freed = native.library(), []
+    original = library.sl_vector_free
+    monkeypatch.setattr(library, "sl_vector_free", lambda handle: (freed.append(handle),
+                                                                    original(handle)))
+    vector = native.seed_vector(10)
+    tensor = vector.tensor
+    del vector
+    gc.collect()
+    assert freed == [] and tensor.sum() == 0  # not freed under a live tensor
+    del tensor
+    assert len(freed) == 1  # deleted (its destructor run) once both are gone, without a GC pass
+    native.seed_vector(10).free()
+    assert len(freed) == 2
 
 
 def test_seed_vector_bad_sizes():
@@ -120,10 +137,14 @@ def test_native_gather_refuses_bad_input_naming_the_parameter():
         lp.gather_logprobs_host(torch.zeros(8, 4).T, 1, tokens, backend="native")
     with pytest.raises(ValueError, match="backend must be one of.*'cuda'"):
         lp.gather_logprobs_host(logprobs, 1, tokens, backend="cuda")
-    # with validate=False the C loop still refuses an id outside the vocabulary, naming it
-    with pytest.raises(ValueError, match=r"token_ids out of range \[0, 8\): row 2 holds 9"):
+    # ids outside the vocabulary are refused even with validate=False, by the host gather and
+    # (should a caller reach it directly) by the C loop itself
+    with pytest.raises(ValueError, match=r"token_ids out of range \[0, 8\): rows \[2\] hold \[9\]"):
         lp.gather_logprobs_host(logprobs, 1, torch.tensor([0, 1, 9, 2]), backend="native",
                                 validate=False)
+    out = lp.LogprobsTensors.empty_host(4, 1)
+    with pytest.raises(ValueError, match=r"token_ids out of range \[0, 8\): row 2 holds -1"):
+        native.gather_logprobs(logprobs, torch.tensor([0, 1, -1, 2]), 1, *out.tensors())
 
 
 def test_native_unavailable_is_raised_with_the_reason(monkeypatch):
@@ -161,3 +182,14 @@ def test_the_build_is_cached_between_processes(tmp_path):
     available, where = status_in_new_process(env)
     assert available and Path(where) == library and library.stat().st_mtime_ns == built
     assert not list(tmp_path.glob("*.tmp*"))
+
+
+def test_concurrent_first_builds_all_load_a_whole_library(tmp_path):
+    code = ("import json; from stagelab import native; "
+            "print(json.dumps([native.status(), native.seed_vector(4).tensor.tolist()]))")
+    env = {**os.environ, "PYTHONPATH": str(LIB), "STAGELAB_CACHE": str(tmp_path)}
+    runs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                             env=env) for _ in range(3)]
+    results = [json.loads(run.communicate()[0]) for run in runs]
+    assert all(status[0] for status, _ in results) and all(z == [0.0] * 4 for _, z in results)
+    assert len(list(tmp_path.glob("*.so"))) == 1 and not list(tmp_path.glob("*.tmp*"))

@@ -52,6 +52,15 @@ def test_one_wait_per_device_call_and_none_without_validation(call):
     assert count_waits(lambda: lp.gather_logprobs(logits, 5, tokens, validate=False)).hidden == 0
 
 
+@pytest.mark.parametrize("backend", ["numpy", "native"])
+def test_the_host_gather_counts_no_wait(backend):
+    """Host data never waits: its checks run in numpy, so a step's count is its designed waits."""
+    logprobs = torch.log_softmax(torch.randn(16, V), dim=-1)
+    tokens = torch.randint(0, V, (16,))
+    assert count_waits(lambda: lp.gather_logprobs_host(logprobs, 5, tokens, backend=backend)
+                       ).hidden == 0
+
+
 @pytest.mark.parametrize("op, name", [
     (lambda t: int(t.max()), "_local_scalar_dense"),
     (lambda t: bool(t.any()), "_local_scalar_dense"),
@@ -84,4 +93,5 @@ def test_explicit_waits_are_counted_and_the_wrapper_removed():
         device.synchronize(torch.device("cpu"))
     assert counter.explicit == 2 and counter.hidden == 0
     assert device.synchronize is original and torch.Tensor.tolist is tolist
+    assert "tolist" not in vars(torch.Tensor)
     assert count_waits(lambda: None).explicit == 0

@@ -20,7 +20,8 @@ Tie order: every path gives the same values and ranks, and the same ids up to th
 tied values, which is each backend's own: ``torch.topk``'s (unspecified); numpy's (which of the ids
 tied at the K-th value are kept is ``argpartition``'s choice, and tied ids then appear in
 descending id order, from the reversed stable sort); native's (``std::partial_sort``'s heap
-selection with a strict ``>`` comparator, as in the engine: unspecified, deterministic for one build).
+selection with a strict ``>`` comparator, as in the engine: unspecified, but deterministic for
+one build).
 """
 
 from __future__ import annotations
@@ -225,7 +226,7 @@ def gather_logprobs(logprobs: torch.Tensor, num_logprobs: int, token_ids: torch.
     Bad ids and NaN rows are flagged on the device and read once at the end (one host wait,
     where a caller reads the results anyway); ``validate=False`` skips them for callers that
     validated their data already."""
-    rows, vocab, num_logprobs = check_call(logprobs, num_logprobs, token_ids, "logprobs")
+    _, vocab, num_logprobs = check_call(logprobs, num_logprobs, token_ids, "logprobs")
     targets, bad_ids = device_targets(token_ids, logprobs.device, vocab, validate)
     out = gather_unchecked(logprobs, num_logprobs, targets)
     if validate:
@@ -262,7 +263,7 @@ def logprobs_from_logits(logits: torch.Tensor, num_logprobs: int, token_ids: tor
 
     Bad ids and rows whose logsumexp is not finite (NaN, +inf, or only -inf) are flagged on
     the device and read once at the end: one host wait per call, none with ``validate=False``."""
-    rows, vocab, num_logprobs = check_call(logits, num_logprobs, token_ids)
+    _, vocab, num_logprobs = check_call(logits, num_logprobs, token_ids)
     targets, bad_ids = device_targets(token_ids, logits.device, vocab, validate)
     out, lse = fused_unchecked(logits, num_logprobs, targets)
     if validate:
@@ -303,9 +304,9 @@ def gather_logprobs_host(logprobs: torch.Tensor, num_logprobs: int, token_ids: t
     :func:`gather_logprobs`. ``backend="numpy"``: per row, argpartition of the top K then a sort
     of those K, and a count for the rank. ``backend="native"``: the seed's C++ loop
     (:mod:`stagelab.native`; contiguous fp32 input only, raises NativeUnavailable where it could
-    not be built). ``validate=False`` skips the id and NaN checks (the latter a full pass over
-    the data) for callers that validated their data already; the native loop still refuses an
-    id outside the vocabulary."""
+    not be built). Ids outside the vocabulary are always refused (a cheap host check, no wait);
+    ``validate=False`` skips the NaN scan, a full pass over the data, for callers that
+    validated their data already."""
     if backend not in HOST_BACKENDS:
         raise ValueError(f"backend must be one of {HOST_BACKENDS}, got {backend!r}")
     rows, vocab, num_logprobs = check_call(logprobs, num_logprobs, token_ids, "logprobs")
@@ -321,9 +322,14 @@ def gather_logprobs_host(logprobs: torch.Tensor, num_logprobs: int, token_ids: t
     values = logprobs.numpy() if logprobs.dtype == torch.float32 else (
         logprobs.float().numpy())
     targets = token_ids.to("cpu", torch.int64).contiguous()
+    # checked in numpy: host data needs no wait, and the SyncCounter sees none
+    bad_ids = (targets.numpy() < 0) | (targets.numpy() >= vocab)
+    if bad_ids.any():
+        raise_bad_token_ids(torch.from_numpy(bad_ids), targets, vocab)
     if validate:
-        raise_bad_token_ids(out_of_range(targets, vocab), targets, vocab)
-        raise_bad_rows(torch.from_numpy(np.isnan(values.max(axis=1))), "logprobs contain NaN")
+        nan = np.isnan(values.max(axis=1))
+        if nan.any():
+            raise_bad_rows(torch.from_numpy(nan), "logprobs contain NaN")
     out = LogprobsTensors.empty_host(rows, num_logprobs)
     if backend == "native":
         native.gather_logprobs(logprobs, targets, num_logprobs, *out.tensors())

@@ -1,4 +1,4 @@
-"""The seed engine's host path in C++ (``csrc/seed_host.cpp``), built on first use, loaded by ctypes.
+"""The seed engine's host path in C++ (``csrc/seed_host.cpp``), built on first use, via ctypes.
 
 Why plain ``ctypes`` and not ``torch.utils.cpp_extension``: the source uses no torch headers, so
 one compiler call builds it in about a second with the machine's C++ compiler, and that works on
@@ -145,50 +145,69 @@ def library() -> ctypes.CDLL:
     return _load()
 
 
+class _Vector:
+    """Owns one ``new std::vector<float>(numel)``; deleted by :meth:`delete` or, failing that,
+    when the last reference (a SeedVector, or the memory behind its tensor) goes."""
+
+    def __init__(self, numel: int) -> None:
+        self._library = library()
+        data = ctypes.c_void_p()
+        self._handle = self._library.sl_vector_new(numel, ctypes.byref(data))
+        self.address = data.value
+
+    @property
+    def deleted(self) -> bool:
+        return self._handle is None
+
+    def delete(self) -> None:
+        if self._handle is not None:
+            self._library.sl_vector_free(self._handle)
+            self._handle = None
+
+    def __del__(self) -> None:
+        if getattr(self, "_handle", None) is not None:
+            self.delete()
+
+
 class SeedVector:
     """The seed's copy destination: ``new std::vector<float>(numel)``, value-initialised (zeroed).
 
     ``tensor`` is a 1-D fp32 host tensor over the vector's data (no copy). :meth:`free` runs the
     vector's destructor, as the engine does when the step ends; it is idempotent, and afterwards
     ``tensor`` raises (tensors taken from it earlier point at freed memory: do not use them).
-    A context manager that frees on exit.
+    A context manager that frees on exit. Without ``free()`` the vector lives as long as its
+    tensor or this object, whichever goes last.
     """
 
     def __init__(self, numel: int) -> None:
         numel = operator.index(numel)
         if numel < 0:
             raise ValueError(f"numel must be >= 0, got {numel}")
-        self._library = library()
-        data = ctypes.c_void_p()
-        self._handle = self._library.sl_vector_new(numel, ctypes.byref(data))
         self.numel = numel
-        self.address = data.value  # the vector's data(): the tensor's data_ptr()
-        self._tensor = (torch.frombuffer((ctypes.c_float * numel).from_address(data.value),
-                                         dtype=torch.float32)
-                        if numel else torch.empty(0, dtype=torch.float32))
+        self._vector = _Vector(numel)
+        self.address = self._vector.address  # the vector's data(): the tensor's data_ptr()
+        self._tensor = torch.empty(0, dtype=torch.float32)
+        if numel:
+            memory = (ctypes.c_float * numel).from_address(self.address)
+            memory.owner = self._vector  # the tensor keeps the vector alive (no cycle)
+            self._tensor = torch.frombuffer(memory, dtype=torch.float32)
 
     @property
     def tensor(self) -> torch.Tensor:
-        if self._handle is None:
+        if self._vector.deleted:
             raise RuntimeError("SeedVector.tensor used after free()")
         return self._tensor
 
     def free(self) -> None:
         """Delete the vector (its destructor frees the memory); a second call does nothing."""
-        if self._handle is not None:
-            self._tensor = None
-            self._library.sl_vector_free(self._handle)
-            self._handle = None
+        self._tensor = None
+        self._vector.delete()
 
     def __enter__(self) -> "SeedVector":
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.free()
-
-    def __del__(self) -> None:
-        if getattr(self, "_handle", None) is not None:
-            self.free()
 
 
 def seed_vector(numel: int) -> SeedVector:

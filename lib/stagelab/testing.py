@@ -78,7 +78,7 @@ class SyncCounter(TorchDispatchMode):
         super().__init__()
         self.ops: list[str] = []
         self.explicit = 0
-        self._restore: list[tuple[Any, str, Any]] = []
+        self._restore: list[tuple[Any, str, Any | None]] = []
 
     @property
     def hidden(self) -> int:
@@ -100,12 +100,15 @@ class SyncCounter(TorchDispatchMode):
             super().__exit__(*exc)
         finally:
             for owner, name, original in reversed(self._restore):
-                setattr(owner, name, original)
+                if original is None:
+                    delattr(owner, name)  # it was inherited: uncover the base class's again
+                else:
+                    setattr(owner, name, original)
             self._restore.clear()
 
     def _wrap(self, owner: Any, name: str, counting: Any) -> None:
         original = getattr(owner, name)
-        self._restore.append((owner, name, original))
+        self._restore.append((owner, name, vars(owner).get(name)))
         setattr(owner, name, functools.wraps(original)(
             lambda *args, **kwargs: counting(original, *args, **kwargs)))
 
