@@ -18,8 +18,16 @@ TINY = {
     "02_logprobs_step": {"models": [1000], "rows": [2], "ks": [0, 2], "repeats": 3},
     "03_prompt_logprobs": {"tokens": 97, "vocab": 1000, "hidden": 8, "chunks": [16, 64],
                            "repeats": 2, "dtype": "float32"},
-    "04_verdict": {"min_samples": 3},
+    "04_verdict": {"min_samples": 3, "decisive_rows": [2], "decisive_models": [1000],
+                   "decisive_ks": [2], "calibration_trials": 20},
 }
+# Valid requests that measure nothing, or only part: each notebook must end with a clear sentence.
+NOTHING = {
+    "01_d2h_staging": {"models": ["Gemma-3-4B"], "rows": [100000], "repeats": 2},
+    "02_logprobs_step": {"models": ["GPT-2"], "rows": [2], "ks": [60000], "repeats": 2},
+}
+SUBSET = {"01_d2h_staging": {"models": [1000], "rows": [2], "repeats": 3,
+                             "arms": ["pageable_fresh", "raw_ceiling"]}}
 CHROMIUM = shutil.which("chromium")
 
 
@@ -47,11 +55,29 @@ def test_cpu_verdict_is_inconclusive_and_says_why(tiny_run):
     if saved["hardware"]["gpu"] is None:
         assert saved["overall"]["decision"] == "INCONCLUSIVE"
         assert "not measured" in saved["overall"]["summary"]
-        assert all(c["decision"] == "INCONCLUSIVE" for c in saved["cells"])
-    assert saved["findings"]
-    rebuilt = verdict.build_verdict(run_dir, min_samples=3, reference_root=verdict.Path(
-        paths.REFERENCE_DIR))
+        assert all(c["decision"] == "INCONCLUSIVE" for c in saved["decisive"])
+        assert "pinned host memory needs a CUDA device" in saved["decisive"][0]["reason"]
+    assert saved["decisive"][0]["stages_ms"]["total"] > 0  # the seed's step was measured
+    assert saved["findings"] and saved["calibration"] and saved["goals"]
+    rebuilt = verdict.build_verdict(run_dir, decisive_rows=[2], decisive_vocabs=[1000],
+                                    decisive_ks=[2], min_samples=3,
+                                    reference_root=paths.REFERENCE_DIR,
+                                    calibration=saved["calibration"])
     assert json.dumps(rebuilt, sort_keys=True) == json.dumps(saved, sort_keys=True)
+
+
+@pytest.mark.parametrize("overrides, sentence", [
+    (NOTHING, "Nothing was measured in"), (SUBSET, "Measured in the staging sweep")],
+    ids=["nothing-measured", "arm-subset"])
+def test_a_valid_request_that_measures_little_ends_with_a_clear_sentence(tmp_path, overrides,
+                                                                        sentence):
+    plan = profiles.plan_run("quick", only=list(overrides), overrides=overrides)
+    run_dir = rundir.new_run_dir(tmp_path, "quick")
+    manifest = execute.execute(plan, run_dir, progress=False)
+    assert {nb["status"] for nb in manifest["notebooks"]} == {"ok"}, manifest["notebooks"]
+    for name in overrides:
+        text = (run_dir / f"{name}.ipynb").read_text()
+        assert sentence in text and "Traceback" not in text
 
 
 def test_report_reads_well_in_a_real_browser(tiny_run):
