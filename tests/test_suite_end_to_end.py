@@ -54,7 +54,7 @@ def test_cpu_verdict_is_inconclusive_and_says_why(tiny_run):
     saved = json.loads((run_dir / "verdict.json").read_text())
     if saved["hardware"]["gpu"] is None:
         assert saved["overall"]["decision"] == "INCONCLUSIVE"
-        assert "not measured" in saved["overall"]["summary"]
+        assert "No decisive cell was measured" in saved["overall"]["summary"]
         assert all(c["decision"] == "INCONCLUSIVE" for c in saved["decisive"])
         assert "pinned host memory needs a CUDA device" in saved["decisive"][0]["reason"]
     assert saved["decisive"][0]["stages_ms"]["total"] > 0  # the seed's step was measured
