@@ -309,7 +309,7 @@ def test_staging_goals_without_a_gpu():
                                 "host-to-host copy)")
     assert goals[2]["measured"] == f"worst cell n=64, V={V}: 1.000x [1.000, 1.000]"
     assert goals[3] == analysis.goal(
-        "reuse lever: reused vs fresh pageable", "measured with its CI",
+        "reuse lever: reused vs fresh pageable", "CI above 1 at the largest cell",
         f"2.00x [2.00, 2.00], 10.00 ms per copy at n=64, V={V}", True)
     without_reuse = analysis.staging_goals(
         staging_frame(**{"pageable_fresh": 10.0, "pageable_fresh~aa": 10.0}), {})

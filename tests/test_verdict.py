@@ -206,10 +206,23 @@ def test_an_aa_twin_that_differs_from_its_baseline_is_inconclusive(tmp_path):
     assert result["overall"]["decision"] == "INCONCLUSIVE"
 
 
-def test_a_step_table_without_an_aa_twin_still_decides(tmp_path):
+def test_a_decisive_cell_without_its_aa_twin_is_inconclusive(tmp_path):
     records = [r for r in step_cell(64, 1.5) if r["arm"] != "seed_pageable~aa"]
+    records.append({"experiment": "step", "arm": "seed_pageable~aa", "rows": 64, "vocab": V,
+                    "k": 5, "repeat": 3, "status": "failed", "note": "RuntimeError: lost"})
     cell = build(write_step(tmp_path / "run", records), [64])["decisive"][0]
-    assert cell["n_rounds"] == 30 and cell["decision"] == "PORT"
+    assert cell["decision"] == "INCONCLUSIVE"
+    assert cell["reason"].startswith("the A/A check is missing: seed_pageable~aa failed")
+    assert "(note: seed_pageable~aa failed after 3 rounds: RuntimeError: lost)" in cell["reason"]
+
+
+def test_where_the_effect_lies_counts_a_size_as_port_only_when_every_k_is():
+    cells = [{"rows": 64, "vocab": 1000, "k": 5, "decision": "INCONCLUSIVE"},
+             {"rows": 64, "vocab": 1000, "k": 20, "decision": "PORT"},
+             {"rows": 256, "vocab": 1000, "k": 5, "decision": "PORT"},
+             {"rows": 16, "vocab": 1000, "k": 5, "decision": "CLOSE"}]
+    assert verdict.effect_location(cells) == (
+        "PORT from n x V >= 256,000; CLOSE/INCONCLUSIVE/PORT below.")
 
 
 def test_where_the_effect_lies_names_the_smallest_size_of_the_port_run(tmp_path):

@@ -170,9 +170,9 @@ def sync_warnings(frame: pd.DataFrame) -> str | None:
     most = rows.sort_values("value").groupby("arm", observed=True).tail(1).sort_values("arm")
     parts = [f"{r.arm} {int(r.value)}" + (f" ({r.note})" if r.note else "")
              for r in most.itertuples()]
-    return ("Synchronizing operations flagged by torch's sync debug mode, one call per arm (the "
-            "designed waits are each seed arm's pageable copy and each arm's one synchronize): "
-            + "; ".join(parts) + ".")
+    return ("Synchronizing operations flagged by torch's sync debug mode, one call per arm (each "
+            "arm's designed wait is one synchronize, and the seed's arms also copy into pageable "
+            "memory): " + "; ".join(parts) + ".")
 
 
 def nothing_measured(frame: pd.DataFrame, what: str) -> str | None:
@@ -358,17 +358,18 @@ def staging_goals(frame: pd.DataFrame, snap: dict, big_bytes: int = 64 * 10**6) 
                           "copy)" if not gpu else "no copy of 64 MB or more, or NVML unread"))
     aa = compare(frame, "pageable_fresh", "pageable_reused", ["rows", "vocab"], twin=True)
     goals.append(harness_goal(aa))
-    name = "reuse lever: reused vs fresh pageable"
+    name, target = "reuse lever: reused vs fresh pageable", "CI above 1 at the largest cell"
     measured = aa.dropna(subset=["speedup"]) if "speedup" in aa else aa.iloc[:0]
     if not measured.empty:
         big_cell = measured.assign(size=measured["rows"] * measured["vocab"]).sort_values(
             "size").iloc[-1]
-        goals.append(goal(name, "measured with its CI",
+        goals.append(goal(name, target,
                           f"{big_cell['speedup']:.2f}x [{big_cell['ci_low']:.2f}, "
                           f"{big_cell['ci_high']:.2f}], {big_cell['saved_ms']:.2f} ms per copy "
-                          f"at n={big_cell['rows']}, V={big_cell['vocab']}", True))
+                          f"at n={big_cell['rows']}, V={big_cell['vocab']}",
+                          bool(big_cell["ci_low"] > 1)))
     else:
-        goals.append(goal(name, "measured with its CI", "-", None,
+        goals.append(goal(name, target, "-", None,
                           "pageable_fresh and pageable_reused not both timed"))
     return goals
 

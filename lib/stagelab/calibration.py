@@ -18,6 +18,7 @@ over 30 rounds just under delta/2 for the default delta of 2 %: the requirement 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -70,7 +71,14 @@ class Scenario:
 
 
 DRIFT_SIGMA, OUTLIER_RATE, OUTLIER_SCALE = 0.05, 0.02, 3.0
-REALISTIC_SIGMA, QUIET_SIGMA = 0.08, 0.014  # quiet: CI half-width just under delta/2
+REALISTIC_SIGMA, QUIET_SIGMA = 0.08, 0.013  # quiet: CI half-width under delta/2 ...
+QUIET_AT_ROUNDS, QUIET_AT_DELTA = 30, 0.02  # ... at 30 rounds and delta 2 %; scaled to others
+
+
+def quiet_sigma(rounds: int, delta: float) -> float:
+    """Per-sample noise that keeps the CI half-width just under delta/2 at ``rounds`` rounds (the
+    half-width shrinks as the square root of the rounds and must scale with delta)."""
+    return QUIET_SIGMA * (delta / QUIET_AT_DELTA) * math.sqrt(rounds / QUIET_AT_ROUNDS)
 
 SCENARIOS = (
     Scenario("no effect, realistic noise", 0.0, REALISTIC_SIGMA,
@@ -88,11 +96,12 @@ def _scenario_row(scenario: Scenario, trial_seeds: np.ndarray, rounds: int, delt
                   rule: Rule) -> dict:
     """Run ``rule`` on one simulated run per seed and summarise its answers."""
     true_speedup = 1.0 + scenario.effect_in_deltas * delta
+    sigma = quiet_sigma(rounds, delta) if scenario.quiet else scenario.sigma
     min_speedup = stats.min_speedup_for(delta, part_seconds=1.0, step_seconds=1.0)
     answers, half_widths = [], []
     for trial_seed in trial_seeds:
         baseline, candidate, twin = simulate_rounds(
-            true_speedup, rounds, sigma=scenario.sigma, drift_sigma=DRIFT_SIGMA,
+            true_speedup, rounds, sigma=sigma, drift_sigma=DRIFT_SIGMA,
             outlier_rate=OUTLIER_RATE, outlier_scale=OUTLIER_SCALE, seed=int(trial_seed))
         decision = rule(baseline, candidate, min_speedup=min_speedup, twin=twin,
                         seed=int(trial_seed))
@@ -108,7 +117,7 @@ def _scenario_row(scenario: Scenario, trial_seeds: np.ndarray, rounds: int, delt
     met = rate >= scenario.bound if scenario.at_least else rate <= scenario.bound
     if scenario.quiet:
         met = met and half_width <= delta / 2
-    return dict(scenario=scenario.name, true_speedup=true_speedup, sigma=scenario.sigma,
+    return dict(scenario=scenario.name, true_speedup=true_speedup, sigma=sigma,
                 trials=len(trial_seeds), **rates, median_ci_half_width=half_width,
                 requirement=scenario.requirement, met=bool(met))
 

@@ -153,6 +153,8 @@ class _Vector:
         self._library = library()
         data = ctypes.c_void_p()
         self._handle = self._library.sl_vector_new(numel, ctypes.byref(data))
+        if not self._handle:
+            raise MemoryError(f"std::vector<float>({numel}) could not be allocated")
         self.address = data.value
 
     @property

@@ -122,7 +122,8 @@ class _GrowOnly(StagingArm):
         self._allocate = allocator
         self._buffer: torch.Tensor | None = None
 
-    def _ensure(self, nbytes: int) -> torch.Tensor:
+    def ensure(self, nbytes: int) -> torch.Tensor:
+        """The buffer, grown (never shrunk) to hold at least ``nbytes``."""
         if self._buffer is None or nbytes > self.capacity_bytes:
             buffer = self._allocate(nbytes)
             if buffer.dtype != torch.uint8 or buffer.numel() < nbytes or buffer.is_cuda:
@@ -134,7 +135,7 @@ class _GrowOnly(StagingArm):
         return self._buffer
 
     def _stage(self, src: torch.Tensor) -> torch.Tensor:
-        out = _view(self._ensure(_nbytes(src)), src)
+        out = _view(self.ensure(_nbytes(src)), src)
         out.copy_(src, non_blocking=self.pinned)
         _wait_for_copy(src)
         return out

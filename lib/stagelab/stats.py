@@ -166,7 +166,7 @@ def decide(baseline: Sequence[float], candidate: Sequence[float], *, min_speedup
     t = None if twin is None else _timings(twin, "twin")
     _same_lengths(baseline=b, candidate=c, twin=t)
     n = len(b)
-    if n < min_samples and math.isfinite(min_speedup):
+    if n < min_samples:
         return Decision(INCONCLUSIVE, f"fewer rounds than the minimum ({n} < {min_samples})",
                         min_speedup=min_speedup, n_rounds=n)
     evidence: dict = dict(min_speedup=min_speedup, n_rounds=n)

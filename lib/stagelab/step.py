@@ -101,7 +101,7 @@ class Scratch:
         self.arm = arm
 
     def acquire(self, shape: torch.Size) -> tuple[torch.Tensor, Callable[[], None]]:
-        buffer = self.arm._ensure(shape.numel() * 4)
+        buffer = self.arm.ensure(shape.numel() * 4)
         return buffer[: shape.numel() * 4].view(torch.float32).view(shape), _nothing
 
 
@@ -138,10 +138,21 @@ class SeedStep:
 
 
 class DeviceStep:
-    """Top-K on the device (vLLM V1's gather, or the fused path); only ``[n, K+1]`` is copied."""
+    """Top-K on the device (vLLM V1's gather, or the fused path); only ``[n, K+1]`` is copied,
+    into host tensors pinned on a GPU (an async copy into pageable memory would block the host)
+    and reused while the shape stays."""
 
     def __init__(self, name: str) -> None:
         self.name = name
+        self.host: lp.LogprobsTensors | None = None
+
+    def destination(self, rows: int, num_logprobs: int, device: torch.device) -> lp.LogprobsTensors:
+        """The host results, allocated again only when the shape changes."""
+        shape = (rows, num_logprobs + 1)
+        if self.host is None or tuple(self.host.logprobs.shape) != shape:
+            self.host = lp.LogprobsTensors.empty_host(rows, num_logprobs,
+                                                      pinned=device.type == "cuda")
+        return self.host
 
     def run(self, logits: torch.Tensor, num_logprobs: int, token_ids: torch.Tensor,
             host_token_ids: torch.Tensor) -> tuple[lp.LogprobsTensors, dict[str, float]]:
@@ -153,8 +164,8 @@ class DeviceStep:
             else:
                 on_device = lp.gather_logprobs(lp.compute_logprobs(logits), num_logprobs,
                                                token_ids, validate=False)
+        result = self.destination(logits.shape[0], num_logprobs, logits.device)
         with clock.device_stage("copy"):
-            result = lp.LogprobsTensors.empty_host(logits.shape[0], num_logprobs)
             result.copy_(on_device, non_blocking=True)
         stagelab.device.synchronize(logits.device)  # hands the results over: its one wait
         return result, clock.seconds()
@@ -280,8 +291,9 @@ def measure(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dty
             return record
 
         def after() -> list[dict]:
-            return [*agreement(built, logits[0], k, tokens[0], host_tokens[0]),
-                    *sync_debug(built, logits[0], k, tokens[0], host_tokens[0])]
+            inputs = (built, logits[0], k, tokens[0], host_tokens[0])
+            return [*sweep.guarded("agreement", agreement, *inputs),
+                    *sweep.guarded("sync_debug", sync_debug, *inputs)]
 
         return sweep.CellPlan(
             calls={name: (lambda r, p=p: call(p, r)) for name, p in built.items()},
@@ -314,10 +326,11 @@ def sync_debug(pipelines: dict[str, SeedStep | DeviceStep], logits: torch.Tensor
     if logits.device.type != "cuda":
         return [{"arm": "sync_debug", "metric": "sync_warnings", "status": "unavailable",
                  "note": "torch's sync debug mode needs a CUDA device"}]
+    bare = len(stagelab.device.sync_warnings(lambda: stagelab.device.synchronize(logits.device)))
     rows = []
     for name, pipeline in pipelines.items():
         found = stagelab.device.sync_warnings(
             lambda p=pipeline: p.run(logits, k, tokens, host_tokens))
         rows.append({"arm": name, "metric": "sync_warnings", "value": float(len(found)),
-                     "note": " | ".join(found[:3])})
+                     "note": f"a bare synchronize gives {bare}; " + " | ".join(found[:3])})
     return rows

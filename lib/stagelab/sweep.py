@@ -100,6 +100,14 @@ def measure_cell(cell: Cell, prepare: Callable[[Cell], CellPlan], *, repeats: in
     return records
 
 
+def guarded(name: str, check: Callable[..., list[dict]], *args: object) -> list[dict]:
+    """A check's records, or one ``failed`` row naming it: one broken check costs no other's."""
+    try:
+        return check(*args)
+    except Exception as exc:
+        return [{"arm": name, "status": "failed", "note": bench.first_line(exc)}]
+
+
 def run(cells: list[Cell], prepare: Callable[[Cell], CellPlan], *, repeats: int,
         warmup: int = 2, seed: int = 0, device: str, sink: TableSink | None = None,
         label: str = "sweep", progress: bool = True) -> list[dict]:

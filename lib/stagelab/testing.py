@@ -41,11 +41,13 @@ def _has_bool_index(indices: Any) -> bool:
 
 
 def _is_blocking_device_to_host(func: Any, args: tuple, kwargs: dict) -> bool:
+    """A copy from CUDA to the host that blocks it: any copy into pageable memory (the driver
+    stages it synchronously, ``non_blocking`` or not), or a blocking one into pinned memory."""
     if func is aten.copy_.default:
         destination, source = args[0], args[1]
         non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
         return (source.device.type == "cuda" and destination.device.type == "cpu"
-                and not non_blocking)
+                and (not non_blocking or not destination.is_pinned()))
     target = kwargs.get("device")
     return (args[0].device.type == "cuda" and target is not None
             and torch.device(target).type == "cpu" and not kwargs.get("non_blocking", False))

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from stagelab import analysis, schema, stats
+from stagelab import analysis, calibration, schema, stats
 from stagelab.schema import aa_name
 
 TABLES = {"staging": "01_d2h_staging", "step": "02_logprobs_step",
@@ -79,6 +79,7 @@ def decide_cell(step: pd.DataFrame, rows: int, vocab: int, k: int, candidate: st
     out: dict[str, Any] = {"rows": rows, "vocab": vocab, "k": k, "candidate": candidate,
                            "delta": delta}
     step_rounds = analysis.by_round(cell, BASELINE)
+    out["baseline_rounds"] = len(step_rounds)
     if len(step_rounds):
         out["step_ms"] = 1e3 * float(np.median(step_rounds))
     if len(step_rounds) == 0:
@@ -87,13 +88,19 @@ def decide_cell(step: pd.DataFrame, rows: int, vocab: int, k: int, candidate: st
     elif analysis.by_round(cell, candidate).empty:
         decision = stats.Decision(stats.INCONCLUSIVE, "not measured: "
                                   + analysis.not_measured_reason(cell, candidate))
+    elif analysis.by_round(cell, aa_name(BASELINE)).empty:
+        decision = stats.Decision(stats.INCONCLUSIVE, "the A/A check is missing: "
+                                  + analysis.not_measured_reason(cell, aa_name(BASELINE)))
     else:
         step_seconds = out["step_ms"] / 1e3
         threshold = stats.min_speedup_for(delta, part_seconds=step_seconds,
                                           step_seconds=step_seconds)
-        base, cand, twin = _paired_with_twin(cell, candidate)
+        base, cand, twin = analysis.paired_rounds(cell, BASELINE, candidate, aa_name(BASELINE))
         decision = stats.decide(base, cand, min_speedup=threshold, twin=twin,
                                 min_samples=min_samples, confidence=confidence, seed=seed)
+    failures = _failures(cell, (BASELINE, candidate, aa_name(BASELINE)))
+    if failures:
+        decision.reason += f" (note: {failures})"
     out.update(decision.to_dict())
     out["saved_ms"] = None if out.get("saved_seconds") is None else 1e3 * out["saved_seconds"]
     out.pop("saved_seconds", None)
@@ -101,14 +108,11 @@ def decide_cell(step: pd.DataFrame, rows: int, vocab: int, k: int, candidate: st
     return out
 
 
-def _paired_with_twin(cell: pd.DataFrame,
-                      candidate: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """Baseline and candidate over their shared rounds, and the A/A twin over the rounds all
-    three share where it was timed (None where it was not)."""
-    if analysis.by_round(cell, aa_name(BASELINE)).empty:
-        base, cand = analysis.paired_rounds(cell, BASELINE, candidate)
-        return base, cand, None
-    return tuple(analysis.paired_rounds(cell, BASELINE, candidate, aa_name(BASELINE)))
+def _failures(cell: pd.DataFrame, arms: tuple[str, ...]) -> str:
+    """The failed rows of the decision's arms in a cell, in words (empty when none failed)."""
+    failed = cell[cell["arm"].isin(arms) & (cell["status"] == "failed")]
+    return "; ".join(f"{r.arm} failed after {r.repeat} rounds: {r.note}"
+                     for r in failed.itertuples())
 
 
 def _stage_split(cell: pd.DataFrame) -> dict[str, float] | None:
@@ -137,12 +141,16 @@ def overall(decisive: list[dict[str, Any]]) -> dict[str, str]:
     where = effect_location(decisive)
     if ported and not slower:
         best = max(ported, key=lambda c: c["saved_ms"] or 0)
+        unmeasured = [f"n={c['rows']} V={c['vocab']} K={c['k']}" for c in decisive
+                      if c.get("speedup") is None]
+        missing = (f" Not decided: {', '.join(unmeasured)} (see their reasons)."
+                   if unmeasured else "")
         return {"decision": stats.PORT, "where": where, "summary": (
             f"Pinned grow-only staging saves more than delta of the seed's step in "
             f"{len(ported)} of {len(decisive)} decisive cells; the largest saving is "
             f"{best['saved_ms']:.2f} ms per step at n={best['rows']}, V={best['vocab']}, "
             f"K={best['k']} ({best['speedup']:.3f}x, CI [{best['ci_low']:.3f}, "
-            f"{best['ci_high']:.3f}]). {where}".strip())}
+            f"{best['ci_high']:.3f}]).{missing} {where}".strip())}
     if all(d == stats.CLOSE for d in decisions):
         return {"decision": stats.CLOSE, "where": where, "summary": (
             f"In all {len(decisive)} decisive cells any benefit of pinned grow-only staging is "
@@ -162,17 +170,20 @@ def overall(decisive: list[dict[str, Any]]) -> dict[str, str]:
 
 
 def effect_location(decisive: list[dict[str, Any]]) -> str:
-    """One sentence on where the effect lies: PORT from which n x V up, what below."""
-    ordered = sorted(decisive, key=lambda c: (c["rows"] * c["vocab"], c["k"]))
-    from_index = len(ordered)
-    while from_index > 0 and ordered[from_index - 1]["decision"] == stats.PORT:
-        from_index -= 1
-    if from_index == len(ordered):
+    """One sentence on where the effect lies: PORT from which n x V up (a size counts as PORT
+    only when every K there is), and what lies below."""
+    by_size: dict[int, set[str]] = {}
+    for cell in decisive:
+        by_size.setdefault(cell["rows"] * cell["vocab"], set()).add(cell["decision"])
+    sizes = sorted(by_size)
+    start = len(sizes)
+    while start > 0 and by_size[sizes[start - 1]] == {stats.PORT}:
+        start -= 1
+    if start == len(sizes):
         return ""
-    size = ordered[from_index]["rows"] * ordered[from_index]["vocab"]
-    below = sorted({c["decision"] for c in ordered[:from_index]})
+    below = sorted(set().union(*(by_size[size] for size in sizes[:start])))
     rest = f"; {'/'.join(below)} below" if below else ""
-    return f"PORT from n x V >= {size:,}{rest}."
+    return f"PORT from n x V >= {sizes[start]:,}{rest}."
 
 
 def decisive_cells(rows: list[int], vocabs: list[int],
@@ -210,9 +221,12 @@ def reference_verdicts(reference_root: Path) -> list[dict[str, Any]]:
     found = []
     for path in sorted(Path(reference_root).glob("*/*/verdict.json")):
         data = json.loads(path.read_text())
+        kept = path.parent / "kept.json"
+        label = json.loads(kept.read_text()) if kept.exists() else {}
         found.append({"path": str(path.relative_to(reference_root)),
                       "hardware": data.get("hardware"), "overall": data.get("overall"),
-                      "run_id": data.get("run_id")})
+                      "run_id": data.get("run_id"), "forced": bool(label.get("forced")),
+                      "status": label.get("status")})
     return found
 
 
@@ -224,9 +238,11 @@ def findings(verdict: dict[str, Any], tables: dict[str, pd.DataFrame]) -> list[s
         if split:
             out.append(
                 f"Seed's step at n={cell['rows']}, V={cell['vocab']}, K={cell['k']}: "
-                f"{split['total']:.2f} ms = log-softmax {split['device']:.2f} + zero-filled "
-                f"vector {split['alloc']:.2f} + copy {split['copy']:.2f} + host top-K (C++) "
-                f"{split['host_gather']:.2f} + free {split['free']:.2f} ms (medians).")
+                f"{split['total']:.2f} ms in all; stage medians: log-softmax "
+                f"{split['device']:.2f}, zero-filled vector {split['alloc']:.2f}, copy "
+                f"{split['copy']:.2f}, host top-K (C++) {split['host_gather']:.2f}, free "
+                f"{split['free']:.2f} ms (on a GPU the vector's zero-fill overlaps the "
+                "log-softmax, so the stages need not add up).")
     step = tables.get("step")
     if step is not None:
         for lever in verdict["step_levers"]:
@@ -264,9 +280,30 @@ def findings(verdict: dict[str, Any], tables: dict[str, pd.DataFrame]) -> list[s
     for ref in verdict["reference"]:
         hardware = ref.get("hardware") or {}
         machine = hardware.get("gpu") or f"CPU only, {hardware.get('cpu') or 'unknown CPU'}"
-        out.append(f"Committed reference evidence ({machine}; not this run): run "
+        forced = (f", kept with --force although its status was {ref.get('status')}"
+                  if ref.get("forced") else "")
+        out.append(f"Committed reference evidence ({machine}; not this run{forced}): run "
                    f"{ref['run_id']} decided {(ref.get('overall') or {}).get('decision')}.")
     return out
+
+
+def calibrate_rule(decisive: list[dict[str, Any]], trials: int, delta: float,
+                   seed: int) -> list[dict[str, Any]]:
+    """The rule's simulated error rates at the rounds this run's decisive cells have; none where
+    no trials were asked for or no decisive cell has two rounds."""
+    rounds = [c["baseline_rounds"] for c in decisive if c["baseline_rounds"] >= 2]
+    if not trials or not rounds:
+        return []
+    return calibration.calibrate(trials=trials, rounds=min(rounds), delta=delta,
+                                 seed=seed).assign(rounds=min(rounds)).to_dict("records")
+
+
+def calibration_table(verdict: dict[str, Any]) -> pd.DataFrame:
+    """The calibration rows of a verdict, or one line saying why there are none."""
+    if not verdict["calibration"]:
+        return pd.DataFrame([{"calibration": "not simulated: no decisive cell has two rounds of "
+                                             "the seed's step, or no trials were asked for"}])
+    return pd.DataFrame(verdict["calibration"])
 
 
 def check_parameters(delta: float, min_samples: int, confidence: float, decisive_rows: list[int],
@@ -287,8 +324,11 @@ def check_parameters(delta: float, min_samples: int, confidence: float, decisive
 def build_verdict(run_dir: Path | str, *, decisive_rows: list[int], decisive_vocabs: list[int],
                   decisive_ks: list[int], delta: float = 0.02, min_samples: int = 10,
                   confidence: float = 0.95, seed: int = 0, reference_root: Path | None = None,
-                  calibration: list[dict] | None = None) -> dict[str, Any]:
-    """The verdict of a run folder as a JSON-ready dict (deterministic for the same folder)."""
+                  calibration_trials: int = 0) -> dict[str, Any]:
+    """The verdict of a run folder as a JSON-ready dict (deterministic for the same folder).
+
+    With ``calibration_trials``, the rule's error rates are simulated at this run's own number of
+    rounds (the fewest the baseline has in a decisive cell) and its delta."""
     check_parameters(delta, min_samples, confidence, decisive_rows, decisive_vocabs, decisive_ks)
     run_dir = Path(run_dir)
     tables, missing = load_tables(run_dir)
@@ -328,7 +368,7 @@ def build_verdict(run_dir: Path | str, *, decisive_rows: list[int], decisive_voc
         "clock_check": {"checked": sum(c["checked"] for c in clocks),
                         "disagree": sum(c["disagree"] for c in clocks)},
         "prompt_logprobs": _prompt_summary(run_dir, tables.get("prompt_logprobs")),
-        "calibration": calibration or [],
+        "calibration": calibrate_rule(decisive, calibration_trials, delta, seed),
         "missing": missing,
         "reference": reference_verdicts(reference_root) if reference_root else [],
     }

@@ -5,16 +5,22 @@
 //    std::partial_sort of an index vector by descending value; one thread, one row at a time.
 #include <algorithm>
 #include <cstdint>
+#include <new>
 #include <numeric>
 #include <vector>
 
 extern "C" {
 
-// A new vector of `numel` zeroed floats; its data pointer goes to *data.
+// A new vector of `numel` zeroed floats; its data pointer goes to *data. nullptr when the
+// allocation fails (an exception must not cross into C and terminate the process).
 void* sl_vector_new(int64_t numel, float** data) {
-    auto* vec = new std::vector<float>(static_cast<size_t>(numel));
-    *data = vec->data();
-    return vec;
+    try {
+        auto* vec = new std::vector<float>(static_cast<size_t>(numel));
+        *data = vec->data();
+        return vec;
+    } catch (const std::bad_alloc&) {
+        return nullptr;
+    }
 }
 
 void sl_vector_free(void* vec) { delete static_cast<std::vector<float>*>(vec); }
