@@ -3,6 +3,8 @@ what is missing on the axes instead of raising), and the suite's plot theme (set
 
 from __future__ import annotations
 
+import textwrap
+
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
@@ -11,7 +13,8 @@ import seaborn as sns
 from stagelab import analysis
 
 sns.set_theme(style="whitegrid", context="notebook")
-DECISION_COLORS = {"PORT": "tab:green", "CLOSE": "tab:gray", "INCONCLUSIVE": "tab:orange"}
+DECISION_COLORS = {"PORT": "tab:green", "CLOSE": "tab:gray", "INCONCLUSIVE": "tab:orange",
+                   "measured": "tab:blue"}  # "measured": shown for context, not a decision
 
 
 def _axes(ax: plt.Axes | None, size: tuple[float, float]) -> plt.Axes:
@@ -169,6 +172,22 @@ def prompt_time(frame: pd.DataFrame) -> plt.Figure:
     return fig
 
 
+def verdict_key(verdict: dict) -> plt.Axes:
+    """The verdict's key plot: the decisive cells where the candidate was measured; otherwise,
+    labelled as no decision, the reuse lever at step level (what a machine without pinned memory
+    can measure)."""
+    if any(c.get("speedup") is not None for c in verdict["decisive"]):
+        return verdict_forest(verdict["decisive"],
+                              "Pinned grow-only vs the seed's fresh vector: the whole step")
+    reuse = [{**lever, "decision": "measured"} for lever in verdict["step_levers"]
+             if lever["candidate"] == "seed_pageable_reused"
+             and lever.get("speedup") is not None]
+    if reuse:
+        return verdict_forest(reuse, "No decision here (pinned arm not measured). Measured "
+                                     "instead: the reuse lever, grow-only pageable vs fresh vector")
+    return verdict_forest(verdict["decisive"], "No decision here")
+
+
 def verdict_forest(cells: list[dict], title: str, ax: plt.Axes | None = None) -> plt.Axes:
     """Each decisive cell's paired speedup with its CI, the A/A twin's CI (grey band) and the
     smallest effect of interest (black tick), coloured by decision: the verdict's key plot."""
@@ -176,7 +195,8 @@ def verdict_forest(cells: list[dict], title: str, ax: plt.Axes | None = None) ->
     ax = _axes(ax, (8, 0.5 * len(shown) + 1.6))
     if not shown:
         reasons = sorted({c.get("reason", "") for c in cells}) or ["no decisive cell"]
-        return nothing(ax, "Not decided here:\n" + "\n".join(r[:110] for r in reasons[:3]))
+        return nothing(ax, "Not decided here:\n" + "\n".join(
+            textwrap.fill(r, 90) for r in reasons[:3]))
     for y, cell in enumerate(shown):
         color = DECISION_COLORS[cell["decision"]]
         if cell.get("twin_ci_low") is not None:
