@@ -90,6 +90,20 @@ def _busy_copy_loop(stop: threading.Event, index: int) -> None:
         torch.cuda.synchronize(index)
 
 
+def nvml_handle(pynvml: Any, cuda_index: int = 0) -> Any:
+    """NVML's handle of the GPU that CUDA calls ``cuda_index``. NVML ignores
+    ``CUDA_VISIBLE_DEVICES``, so the two numberings can differ: the device is found by its UUID
+    where torch can tell it, by index otherwise (then they agree unless devices are hidden)."""
+    if torch.cuda.is_available():
+        try:
+            uuid = str(torch.cuda.get_device_properties(cuda_index).uuid)
+            return pynvml.nvmlDeviceGetHandleByUUID(
+                uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
+        except Exception:  # an older torch without .uuid, or NVML that does not know it
+            pass
+    return pynvml.nvmlDeviceGetHandleByIndex(cuda_index)
+
+
 def nvml_info(index: int = 0, under_load: bool = False) -> dict[str, Any]:
     """Driver and PCIe link facts through NVML; ``under_load`` reads the current link during copies.
 
@@ -100,7 +114,7 @@ def nvml_info(index: int = 0, under_load: bool = False) -> dict[str, Any]:
 
     pynvml.nvmlInit()
     try:
-        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        handle = nvml_handle(pynvml, index)
         info: dict[str, Any] = {
             "driver": pynvml.nvmlSystemGetDriverVersion(),
             "pcie_max_generation": pynvml.nvmlDeviceGetMaxPcieLinkGeneration(handle),
@@ -206,7 +220,7 @@ class PcieSampler:
 
             pynvml.nvmlInit()
             self._nvml = pynvml
-            self._handle = pynvml.nvmlDeviceGetHandleByIndex(self.device_index)
+            self._handle = nvml_handle(pynvml, self.device_index)
         except Exception as exc:  # ImportError or an NVMLError subclass
             self.reason = f"NVML cannot be read here ({type(exc).__name__}: {exc})"
             return self

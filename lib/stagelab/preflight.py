@@ -188,12 +188,12 @@ def check_nvml() -> Check:
     """Driver, PCIe maximum and current generation and width, and one throughput read."""
     import pynvml
 
-    from stagelab.hardware import nvml_info
+    from stagelab.hardware import nvml_handle, nvml_info
 
     info = nvml_info(0)
     pynvml.nvmlInit()
     try:
-        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        handle = nvml_handle(pynvml, 0)
         info["pcie_tx_kb_per_s"] = pynvml.nvmlDeviceGetPcieThroughput(
             handle, pynvml.NVML_PCIE_UTIL_TX_BYTES)
         info["pcie_rx_kb_per_s"] = pynvml.nvmlDeviceGetPcieThroughput(
