@@ -114,9 +114,11 @@ def stage_bars(parts: pd.DataFrame) -> plt.Figure:
                xlabel="")
     for ax in list(axes.flat)[len(cells):]:
         ax.axis("off")
-    if not cells.empty:
-        axes.flat[0].legend(title="stage")
     fig.tight_layout()
+    if not cells.empty:  # one legend above the panels, never over a bar
+        handles, labels = axes.flat[0].get_legend_handles_labels()
+        fig.legend(handles, labels, title="stage", loc="lower center", ncol=len(labels),
+                   bbox_to_anchor=(0.5, 1.0))
     return fig
 
 
