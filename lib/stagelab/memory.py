@@ -44,12 +44,14 @@ def free_host_bytes() -> int | None:
 
 
 def free_device_bytes(device: torch.device | str) -> int | None:
-    """Free memory on a CUDA device; None for the CPU."""
+    """Memory a new tensor can get on a CUDA device: the driver's free memory plus what torch's
+    caching allocator holds unused (an earlier cell's blocks); None for the CPU."""
     device = torch.device(device)
     if device.type != "cuda":
         return None
     free, _total = torch.cuda.mem_get_info(device)
-    return free
+    cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    return free + cached
 
 
 def check_fits(needed: int, free: int | None, what: str, margin: float = 0.9) -> None:
