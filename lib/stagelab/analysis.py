@@ -63,6 +63,17 @@ def cells(frame: pd.DataFrame, by: Sequence[str]) -> list[tuple[dict, pd.DataFra
             for key, part in frame.groupby(list(by), observed=True, sort=True)]
 
 
+def hardware_summary(snapshot: dict[str, Any] | None) -> dict[str, Any]:
+    """The machine in four facts, for verdicts and comparisons: GPU name, PCIe link GB/s per
+    direction (NVML's maximum), CPU model and torch version from a hardware snapshot
+    (``stagelab env --json``); None where the snapshot does not say."""
+    snap = snapshot or {}
+    return {"gpu": (snap.get("gpu") or {}).get("name"),
+            "link_gbps": (snap.get("nvml") or {}).get("pcie_max_gbps_per_direction"),
+            "cpu": (snap.get("host") or {}).get("cpu_model"),
+            "torch": (snap.get("torch") or {}).get("torch")}
+
+
 # ----------------------------------------------------------------------------- comparisons
 
 def compare(frame: pd.DataFrame, baseline: str, candidate: str, by: Sequence[str], *,
@@ -144,13 +155,6 @@ def host_gather_backends(frame: pd.DataFrame) -> pd.DataFrame:
     both[["native_ms", "numpy_ms"]] *= 1e3
     both["numpy_over_native"] = both["numpy_ms"] / both["native_ms"]
     return both
-
-
-def zero_fill_cost(staging: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
-    """What zero-fill and free add to a fresh pageable copy: ``pageable_fresh`` (value-initialised,
-    freed inside the call, as the seed) against ``pageable_fresh_empty``, per cell."""
-    return compare(staging, "pageable_fresh", "pageable_fresh_empty", ["rows", "vocab"],
-                   seed=seed)
 
 
 def clock_disagreements(frame: pd.DataFrame) -> dict[str, int]:

@@ -85,16 +85,6 @@ def is_run_folder(path: Path) -> bool:
                                  for name in (rundir.MANIFEST, VERDICT_FILE))
 
 
-def hardware_summary(snapshot: dict[str, Any] | None) -> dict[str, Any]:
-    """GPU name, PCIe link GB/s per direction (NVML's maximum), CPU model and torch version from a
-    hardware snapshot (``stagelab env --json``); None where the snapshot does not say."""
-    snap = snapshot or {}
-    return {"gpu": (snap.get("gpu") or {}).get("name"),
-            "link_gbps": (snap.get("nvml") or {}).get("pcie_max_gbps_per_direction"),
-            "cpu": (snap.get("host") or {}).get("cpu_model"),
-            "torch": (snap.get("torch") or {}).get("torch")}
-
-
 def _read_json(path: Path) -> dict[str, Any] | None:
     """A JSON file's object; None when the file is absent. A damaged file names itself."""
     try:
@@ -121,7 +111,7 @@ def _hardware(run: RunFacts, verdict: dict[str, Any] | None) -> dict[str, Any]:
         except ValueError as exc:
             run.notes.append(f"{run.run_id}: {exc}")
     if snapshot:
-        return hardware_summary(snapshot)
+        return analysis.hardware_summary(snapshot)
     if verdict and verdict.get("hardware"):
         return {key: verdict["hardware"].get(key) for key in ("gpu", "link_gbps", "cpu", "torch")}
     run.lacks("hardware", "no hardware snapshot (manifest.json, hardware.json or verdict.json)")

@@ -155,7 +155,7 @@ def decide(baseline: Sequence[float], candidate: Sequence[float], *, min_speedup
     * PORT: the speedup's CI lies above ``min_speedup`` (and above the twin's CI where measured).
     * CLOSE: the CI lies below ``min_speedup``: any benefit is too small to be worth a change, and
       a slowdown is CLOSE too. ``min_speedup = inf`` (even a free candidate saves too little) is
-      CLOSE whatever was measured.
+      CLOSE whatever was measured, given enough rounds.
     * INCONCLUSIVE otherwise, saying which bound the CI straddles.
     """
     if not min_samples >= 2:
@@ -169,14 +169,13 @@ def decide(baseline: Sequence[float], candidate: Sequence[float], *, min_speedup
     if n < min_samples:
         return Decision(INCONCLUSIVE, f"fewer rounds than the minimum ({n} < {min_samples})",
                         min_speedup=min_speedup, n_rounds=n)
-    evidence: dict = dict(min_speedup=min_speedup, n_rounds=n)
-    if n >= 2:
-        evidence.update(saved_seconds=float(np.median(b) - np.median(c)))
-        evidence.update(zip(("speedup", "ci_low", "ci_high"),
-                            paired_speedup(b, c, confidence=confidence, seed=seed)))
-        if t is not None:
-            evidence.update(zip(("twin_speedup", "twin_ci_low", "twin_ci_high"),
-                                paired_speedup(b, t, confidence=confidence, seed=seed)))
+    evidence: dict = dict(min_speedup=min_speedup, n_rounds=n,
+                          saved_seconds=float(np.median(b) - np.median(c)))
+    evidence.update(zip(("speedup", "ci_low", "ci_high"),
+                        paired_speedup(b, c, confidence=confidence, seed=seed)))
+    if t is not None:
+        evidence.update(zip(("twin_speedup", "twin_ci_low", "twin_ci_high"),
+                            paired_speedup(b, t, confidence=confidence, seed=seed)))
     if math.isinf(min_speedup):
         return Decision(CLOSE, "min_speedup is infinite: even a candidate that took no time "
                         "would save less than the smallest effect of interest", **evidence)

@@ -354,10 +354,7 @@ def build_verdict(run_dir: Path | str, *, decisive_rows: list[int], decisive_voc
     clocks = [analysis.clock_disagreements(t) for t in timed]
     verdict = {
         "run_id": run_dir.name,
-        "hardware": {"gpu": (hardware.get("gpu") or {}).get("name"),
-                     "cpu": (hardware.get("host") or {}).get("cpu_model"),
-                     "torch": (hardware.get("torch") or {}).get("torch"),
-                     "link_gbps": (hardware.get("nvml") or {}).get("pcie_max_gbps_per_direction")},
+        "hardware": analysis.hardware_summary(hardware),
         "parameters": {**kwargs, "decisive_rows": decisive_rows,
                        "decisive_vocabs": decisive_vocabs, "decisive_ks": decisive_ks},
         "overall": overall(decisive),
