@@ -25,12 +25,12 @@ def tiny_suite(tmp_path: Path) -> dict[str, Path]:
     """Three notebooks (one writes a table, one fails, one sleeps) and a profile file naming them."""
     nb_dir = tmp_path / "notebooks"
     nb_dir.mkdir()
-    write_notebook(nb_dir / "10_ok.ipynb", 'run_dir = ""\nrepeats = 2\nlabel = "x"',
+    write_notebook(nb_dir / "10_ok.ipynb", 'run_dir = ""\nrounds = 2\nlabel = "x"',
                    "from stagelab import context\n"
                    "ctx = context.notebook_context('10_ok', run_dir)\n"
                    "ctx.table_sink('ok_table').append(\n"
-                   "    {'seconds': 0.5, 'bytes': 10**9, 'repeat': r, 'experiment': 'e', 'arm': label}\n"
-                   "    for r in range(repeats))\nprint('done', repeats)")
+                   "    {'seconds': 0.5, 'bytes': 10**9, 'round': r, 'experiment': 'e', 'arm': label}\n"
+                   "    for r in range(rounds))\nprint('done', rounds)")
     write_notebook(nb_dir / "20_fails.ipynb", 'run_dir = ""',
                    "print('partial output before the failure')\n"
                    "raise RuntimeError('deliberate failure for the test')")
@@ -42,7 +42,7 @@ def tiny_suite(tmp_path: Path) -> dict[str, Path]:
     profiles.write_text(
         "profiles:\n"
         "  tiny:\n    description: test\n    notebooks:\n"
-        "      10_ok: {repeats: 3}\n      20_fails: {}\n"
+        "      10_ok: {rounds: 3}\n      20_fails: {}\n"
         "  okonly:\n    description: test\n    notebooks:\n      10_ok: {}\n"
         "  sleepy:\n    description: test\n    notebooks:\n      30_sleeps: {}\n      10_ok: {}\n"
         "  hangs:\n    description: test\n    cell_timeout_s: 3\n    notebooks:\n"

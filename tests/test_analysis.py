@@ -9,13 +9,13 @@ import pytest
 from stagelab import analysis, schema
 
 
-def _timings_frame(arms: dict[str, list[float]], repeats: list[int], **cell) -> pd.DataFrame:
-    rows = [dict(arm=arm, repeat=r, seconds=s, metric="time", stage="total", status="ok", **cell)
-            for arm, seconds in arms.items() for r, s in zip(repeats, seconds)]
+def _timings_frame(arms: dict[str, list[float]], rounds: list[int], **cell) -> pd.DataFrame:
+    rows = [dict(arm=arm, round=r, seconds=s, metric="time", stage="total", status="ok", **cell)
+            for arm, seconds in arms.items() for r, s in zip(rounds, seconds)]
     return pd.DataFrame(rows)
 
 
-def test_compare_pairs_rounds_by_repeat():
+def test_compare_pairs_by_round():
     drift = [1.0, 5.0, 2.0, 9.0, 3.0]
     base = _timings_frame({"fresh": drift, "fresh~aa": drift}, [0, 1, 2, 3, 4], rows=8)
     # the candidate's rows arrive in another order, and its round 4 is missing
@@ -53,7 +53,7 @@ def rows(*records: dict, **common) -> pd.DataFrame:
 
 def timed(arm: str, seconds: list[float], stage: str = "total", first_round: int = 0,
           **cell) -> list[dict]:
-    return [dict(arm=arm, stage=stage, repeat=first_round + i, seconds=s, **cell)
+    return [dict(arm=arm, stage=stage, round=first_round + i, seconds=s, **cell)
             for i, s in enumerate(seconds)]
 
 
@@ -84,10 +84,10 @@ def test_ok_timings_keeps_ok_timings_of_one_stage():
 
 def test_paired_rounds_aligns_by_round_and_drops_incomplete_rounds():
     frame = rows(*timed("a", [1.0, 2.0, 3.0, 4.0]),
-                 *[{**r, "repeat": 3 - i} for i, r in enumerate(timed("b", [40., 30., 20., 10.]))],
+                 *[{**r, "round": 3 - i} for i, r in enumerate(timed("b", [40., 30., 20., 10.]))],
                  *timed("b", [99.0], stage="copy"),
-                 dict(arm="c", repeat=0, seconds=7.0), dict(arm="c", repeat=2, seconds=9.0),
-                 dict(arm="c", repeat=3, seconds=5.0, status="failed", note="x"))
+                 dict(arm="c", round=0, seconds=7.0), dict(arm="c", round=2, seconds=9.0),
+                 dict(arm="c", round=3, seconds=5.0, status="failed", note="x"))
     a, b = analysis.paired_rounds(frame.iloc[::-1], "a", "b")
     assert a.tolist() == [1.0, 2.0, 3.0, 4.0] and b.tolist() == [10.0, 20.0, 30.0, 40.0]
     a, b, c = analysis.paired_rounds(frame, "a", "b", "c")
@@ -251,7 +251,7 @@ def test_copy_comparisons_measure_every_timed_arm_against_the_fresh_buffer():
 def prompt_frame(medians: dict[int, float], arm: str = "fused+overlap",
                  prompt_rows: int = 2048, overlap: bool = True) -> list[dict]:
     return [dict(arm=arm, chunk=chunk, rows=prompt_rows, vocab=V, overlap=overlap,
-                 dtype="float32", repeat=r, seconds=ms * f / 1e3)
+                 dtype="float32", round=r, seconds=ms * f / 1e3)
             for chunk, ms in medians.items() for r, f in enumerate((0.9, 1.0, 1.3))]
 
 

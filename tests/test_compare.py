@@ -25,13 +25,13 @@ def staging_records(copy_seconds: float) -> list[dict]:
     recs = []
     for r in range(3):
         recs.append(dict(experiment="d2h_copy", arm="pinned_grow_only", rows=64, vocab=152064,
-                         repeat=r, seconds=copy_seconds * (1 + 0.1 * (r - 1)), bytes=10**9))
+                         round=r, seconds=copy_seconds * (1 + 0.1 * (r - 1)), bytes=10**9))
         recs.append(dict(experiment="d2h_copy", arm="pinned_grow_only~aa", rows=64,
-                         vocab=152064, repeat=r, seconds=copy_seconds / 10, bytes=10**9))
+                         vocab=152064, round=r, seconds=copy_seconds / 10, bytes=10**9))
         recs.append(dict(experiment="d2h_copy", arm="pinned_grow_only", rows=16, vocab=152064,
-                         repeat=r, seconds=copy_seconds / 100, bytes=10**9))
+                         round=r, seconds=copy_seconds / 100, bytes=10**9))
     recs.append(dict(experiment="d2h_copy", arm="pinned_grow_only", rows=64, vocab=152064,
-                     repeat=9, seconds=1e-6, bytes=10**9, status="failed", note="boom"))
+                     round=9, seconds=1e-6, bytes=10**9, status="failed", note="boom"))
     return recs
 
 

@@ -32,10 +32,10 @@ STAMP = re.compile(r"^\[\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ\] gpu-evidence (\d)/5 (\
 FAKE = "stagelab-fake-dep"
 GATE = {  # the real notebooks at tiny sizes
     "00_environment": {},
-    "01_d2h_staging": {"models": [1000, 4096], "rows": [2], "repeats": 4, "warmup": 1},
-    "02_logprobs_step": {"models": [1000], "rows": [2], "ks": [0, 2], "repeats": 3},
+    "01_d2h_staging": {"models": [1000, 4096], "rows": [2], "rounds": 4, "warmup": 1},
+    "02_logprobs_step": {"models": [1000], "rows": [2], "ks": [0, 2], "rounds": 3},
     "03_prompt_logprobs": {"tokens": 97, "vocab": 1000, "hidden": 8, "chunks": [32],
-                           "repeats": 2, "dtype": "float32", "measure_memory": False},
+                           "rounds": 2, "dtype": "float32", "measure_memory": False},
     "04_verdict": {"min_samples": 3},
 }
 PINNED_ARMS = {"pinned_grow_only", "pinned_fresh", "to_cpu_non_blocking"}
@@ -135,7 +135,7 @@ def test_cpu_rehearsal_of_make_gpu_evidence(tmp_path):
     assert (repo / ".venv" / "bin" / "stagelab").exists()
     manifest = json.loads((kept[0] / "manifest.json").read_text())
     assert manifest["status"] == "ok" and manifest["profile"] == "gate"
-    assert manifest["git"] and manifest["notebooks"][1]["parameters"]["repeats"] == 4
+    assert manifest["git"] and manifest["notebooks"][1]["parameters"]["rounds"] == 4
     saved = json.loads((kept[0] / "preflight.json").read_text())
     assert saved["decision"] == "no-go" and saved["profile"] == "gate"
     staging = pd.read_parquet(kept[0] / "data" / "staging.parquet")

@@ -52,7 +52,7 @@ def test_paths_match_float64(path, n, vocab, k):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_precision_logits(path, dtype):
     logits, tokens = make_logits(9, 3001, dtype), make_tokens(9, 3001)
-    # bf16 logits repeat values often: ids may differ among ties, values and ranks may not
+    # bf16 logits round values often: ids may differ among ties, values and ranks may not
     assert_matches_reference(PATHS[path](logits, 5, tokens), logits, 5, tokens,
                              atol=ATOL[path], exact_ranks=path == "fused")
 

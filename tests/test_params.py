@@ -11,18 +11,18 @@ from stagelab.errors import UserError
 BAD = [
     # Before: exit 1 and a failed run folder.
     ("01_d2h_staging.rows=[0]", "01_d2h_staging.rows: 0 is not a positive integer"),
-    ("01_d2h_staging.repeats=0", "01_d2h_staging.repeats: 0 is not a positive integer"),
+    ("01_d2h_staging.rounds=0", "01_d2h_staging.rounds: 0 is not a positive integer"),
     ("01_d2h_staging.models=[Nope-7B]", "01_d2h_staging.models: unknown model 'Nope-7B'; known: "),
     # Before: a TypeError that named no parameter.
     ("01_d2h_staging.models=null", "01_d2h_staging.models is null (None); give a list"),
     # Before: "arms is empty".
     ("03_prompt_logprobs.overlaps=[]", "03_prompt_logprobs.overlaps: [] is empty"),
     # Before: "is a str".
-    ("01_d2h_staging.repeats=1e9", "YAML reads 1e9 as text: write 1000000000 or 1.0e+9"),
+    ("01_d2h_staging.rounds=1e9", "YAML reads 1e9 as text: write 1000000000 or 1.0e+9"),
     ("01_d2h_staging.rows=[1e3]", "01_d2h_staging.rows: '1e3' is not a positive integer; YAML "
                                   "reads 1e3 as text: write 1000 or 1.0e+3"),
-    ("01_d2h_staging.repeats=1.0e9", "YAML reads 1.0e9 as text: write 1000000000 or 1.0e+9"),
-    ("01_d2h_staging.repeats=1.0e+9", "for a whole number write 1000000000"),
+    ("01_d2h_staging.rounds=1.0e9", "YAML reads 1.0e9 as text: write 1000000000 or 1.0e+9"),
+    ("01_d2h_staging.rounds=1.0e+9", "for a whole number write 1000000000"),
     ("01_d2h_staging.arms=[pageable_fresh, nope]", "01_d2h_staging.arms: unknown arm 'nope'"),
     ("01_d2h_staging.arms=[pinned_grow_only, raw_ceiling]",
      "01_d2h_staging.aa_arm: 'pageable_fresh' must be in arms"),
@@ -58,7 +58,7 @@ def test_a_bad_value_is_a_bad_request(tmp_path, capsys, param, message):
 
 def test_a_param_for_a_notebook_left_out_by_only_is_refused(tmp_path, capsys):
     # Before: silently ignored.
-    code = cli.main(["run", "--only", "00_environment", "--param", "01_d2h_staging.repeats=3",
+    code = cli.main(["run", "--only", "00_environment", "--param", "01_d2h_staging.rounds=3",
                      "--out", str(tmp_path / "runs")])
     err = capsys.readouterr().err.strip()
     assert code == cli.EXIT_USAGE
@@ -68,7 +68,7 @@ def test_a_param_for_a_notebook_left_out_by_only_is_refused(tmp_path, capsys):
 GOOD = {
     "01_d2h_staging": {"models": ["GPT-2", 1000], "rows": [1], "arms": ["pageable_fresh",
                                                                        "raw_ceiling"],
-                       "repeats": 1, "warmup": 0, "dtype": "bfloat16"},
+                       "rounds": 1, "warmup": 0, "dtype": "bfloat16"},
     "02_logprobs_step": {"ks": [0], "arms": ["seed_pageable", "fused"], "logits_dtype": "float16"},
     "03_prompt_logprobs": {"tokens": 2, "overlaps": [False], "methods": ["fused"], "vocab": 0},
     "04_verdict": {"confidence": 0.9, "delta": 0.05, "decisive_models": ["GPT-2", 1000]},

@@ -136,8 +136,8 @@ def test_the_poisoning_catches_an_early_read(monkeypatch):
 
 @pytest.mark.parametrize("mutate, error, message", [
     (lambda h, w, i, k, c: (h[:1], w, i[:1], k, c), ValueError, "T >= 2 tokens"),
-    (lambda h, w, i, k, c: (h, w, i, k, 0), ValueError, "chunk_tokens must be a positive int"),
-    (lambda h, w, i, k, c: (h, w, i, k, -3), ValueError, "chunk_tokens must be a positive int"),
+    (lambda h, w, i, k, c: (h, w, i, k, 0), ValueError, "chunk_rows must be a positive int"),
+    (lambda h, w, i, k, c: (h, w, i, k, -3), ValueError, "chunk_rows must be a positive int"),
     (lambda h, w, i, k, c: (h, w, i, V + 1, c), ValueError, r"num_logprobs must be in \[0, 257\]"),
     (lambda h, w, i, k, c: (h, w, i, -1, c), ValueError, r"num_logprobs must be in \[0, 257\]"),
     (lambda h, w, i, k, c: (h, w, i + V, k, c), ValueError, r"prompt_token_ids out of range"),
@@ -209,15 +209,15 @@ def test_measured_peaks_separate_chunked_fused_from_unchunked_logsoftmax():
 
 
 def test_numpy_integers_are_accepted_for_k_and_chunk():
-    """Issue 14: np.int64 num_logprobs or chunk_tokens were refused."""
+    """Issue 14: np.int64 num_logprobs or chunk_rows were refused."""
     import numpy as np
 
     hidden, weight, ids = inputs()
     expected = pl.prompt_logprobs(hidden, weight, ids, 3, 8)
     assert same(pl.prompt_logprobs(hidden, weight, ids, np.int64(3), np.int32(8)), expected)
-    with pytest.raises(ValueError, match="chunk_tokens must be a positive int"):
+    with pytest.raises(ValueError, match="chunk_rows must be a positive int"):
         pl.prompt_logprobs(hidden, weight, ids, 3, 8.0)
-    with pytest.raises(ValueError, match="chunk_tokens must be a positive int"):
+    with pytest.raises(ValueError, match="chunk_rows must be a positive int"):
         pl.prompt_logprobs(hidden, weight, ids, 3, np.bool_(True))
 
 

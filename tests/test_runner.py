@@ -63,7 +63,7 @@ def test_run_writes_a_complete_folder_and_keeps_a_failure(tiny_suite):
     by_name = {nb["name"]: nb for nb in manifest["notebooks"]}
     assert manifest["status"] == "failed"
     assert by_name["10_ok"]["status"] == "ok"
-    assert by_name["10_ok"]["parameters"] == {"repeats": 3}
+    assert by_name["10_ok"]["parameters"] == {"rounds": 3}
     assert by_name["20_fails"]["status"] == "failed"
     assert "RuntimeError: deliberate failure for the test" in by_name["20_fails"]["error"]
     for name in ("10_ok", "20_fails"):
@@ -71,7 +71,7 @@ def test_run_writes_a_complete_folder_and_keeps_a_failure(tiny_suite):
     partial = (run_dir / "20_fails.ipynb").read_text()
     assert "partial output before the failure" in partial
     table = schema.read_table(run_dir, "ok_table")
-    assert list(table["repeat"]) == [0, 1, 2]
+    assert list(table["round"]) == [0, 1, 2]
     assert set(table["run_id"]) == {run_dir.name} and set(table["gb_per_s"]) == {2.0}
     on_disk = json.loads((run_dir / "manifest.json").read_text())
     assert on_disk == json.loads(json.dumps(manifest, default=str))
@@ -216,7 +216,7 @@ def test_a_corrupt_manifest_is_rebuilt_from_the_notebooks_with_a_note(tmp_path, 
     # Before: a corrupt manifest could not be rebuilt and the error gave no hint.
     run_dir = fake_run(tmp_path, notebooks=("10_ok", "20_fails", "30_cut"))
     for name, meta in (("10_ok", {"end_time": "t", "exception": None, "duration": 1.5,
-                                   "parameters": {"run_dir": "x", "repeats": 3}}),
+                                   "parameters": {"run_dir": "x", "rounds": 3}}),
                        ("20_fails", {"end_time": "t", "exception": True}),
                        ("30_cut", {"end_time": None, "exception": None})):
         nb = nbformat.read(str(run_dir / f"{name}.ipynb"), as_version=4)
@@ -235,7 +235,7 @@ def test_a_corrupt_manifest_is_rebuilt_from_the_notebooks_with_a_note(tmp_path, 
     assert "rebuilt from the folder's notebooks" in manifest["note"]
     assert [(e["name"], e["status"]) for e in manifest["notebooks"]] == [
         ("10_ok", "ok"), ("20_fails", "failed"), ("30_cut", "interrupted")]
-    assert manifest["notebooks"][0]["parameters"] == {"repeats": 3}
+    assert manifest["notebooks"][0]["parameters"] == {"rounds": 3}
     assert manifest["notebooks"][1]["error"] == "RuntimeError: boom"
     assert manifest["status"] == "failed" and manifest["profile"] == "quick"
     assert (run_dir / "manifest.json.corrupt").read_text() == '{"run_id": "trunc'
@@ -362,21 +362,21 @@ def test_two_runs_never_share_a_folder(tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["--profile", "nope"], "unknown profile 'nope'; valid: tiny, okonly, sleepy, hangs"),
     (["--profile", "tiny", "--only", "99_x"], "unknown notebook '99_x'"),
-    (["--profile", "tiny", "--param", "10_ok.nope=1"], "unknown parameter 10_ok.nope; valid: repeats, label"),
-    (["--profile", "tiny", "--param", "10_ok.repeats=many"],
-     "10_ok.repeats='many' is a str, expected int"),
-    (["--profile", "tiny", "--param", "repeats=3"], "expected NOTEBOOK.KEY=VALUE"),
+    (["--profile", "tiny", "--param", "10_ok.nope=1"], "unknown parameter 10_ok.nope; valid: rounds, label"),
+    (["--profile", "tiny", "--param", "10_ok.rounds=many"],
+     "10_ok.rounds='many' is a str, expected int"),
+    (["--profile", "tiny", "--param", "rounds=3"], "expected NOTEBOOK.KEY=VALUE"),
     # Before: accepted, then silently ignored.
     (["--profile", "tiny", "--param", "10_ok.run_dir=/tmp/x"], "10_ok.run_dir is set by the runner"),
-    (["--profile", "tiny", "--only", "20_fails", "--param", "10_ok.repeats=3"],
+    (["--profile", "tiny", "--only", "20_fails", "--param", "10_ok.rounds=3"],
      "--param for 10_ok, which --only leaves out"),
     # Before: "is a str".
-    (["--profile", "tiny", "--param", "10_ok.repeats=1e9"],
-     "10_ok.repeats='1e9' is text, not a number, expected int (default 2); YAML reads 1e9 as "
+    (["--profile", "tiny", "--param", "10_ok.rounds=1e9"],
+     "10_ok.rounds='1e9' is text, not a number, expected int (default 2); YAML reads 1e9 as "
      "text: write 1000000000 or 1.0e+9"),
-    (["--profile", "tiny", "--param", "10_ok.repeats=null"], "10_ok.repeats is null (None)"),
+    (["--profile", "tiny", "--param", "10_ok.rounds=null"], "10_ok.rounds is null (None)"),
     # Before: exit 1 and a failed folder.
-    (["--profile", "tiny", "--param", "10_ok.repeats=0"], "10_ok.repeats: 0 is not a positive integer"),
+    (["--profile", "tiny", "--param", "10_ok.rounds=0"], "10_ok.rounds: 0 is not a positive integer"),
 ])
 def test_bad_requests_get_one_line_errors(tiny_paths, capsys, args, message):
     code = cli.main(["run", *args, "--out", str(tiny_paths["root"])])

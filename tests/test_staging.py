@@ -131,7 +131,7 @@ def test_unknown_arm_is_named():
 def test_measure_times_interleaved_arms_and_records_what_it_cannot_measure():
     arms = ["pageable_fresh", "pageable_fresh_empty", "pageable_reused", "pinned_grow_only",
             "raw_ceiling"]
-    records = staging.measure(shapes.resolve_vocabs([1000]), [2], torch.float32, arms, repeats=4,
+    records = staging.measure(shapes.resolve_vocabs([1000]), [2], torch.float32, arms, rounds=4,
                               warmup=1, progress=False)
     frame = schema.make_rows(records)
     timed = frame[(frame.metric == "time") & (frame.status == "ok")]
@@ -141,7 +141,7 @@ def test_measure_times_interleaved_arms_and_records_what_it_cannot_measure():
         expected["pinned_grow_only"] = 4
     assert timed.groupby("arm").size().to_dict() == expected
     assert (timed.bytes == 8000).all() and (timed.seconds > 0).all()
-    assert set(timed.repeat) == {0, 1, 2, 3}
+    assert set(timed["round"]) == {0, 1, 2, 3}
     if not CUDA:
         missing = frame[frame.arm == "pinned_grow_only"]
         assert list(missing.status) == ["unavailable"]
@@ -153,7 +153,7 @@ def test_measure_times_interleaved_arms_and_records_what_it_cannot_measure():
 def test_measure_skips_a_cell_that_does_not_fit_with_the_numbers(monkeypatch):
     monkeypatch.setattr(memory, "free_host_bytes", lambda: 10_000)
     frame = schema.make_rows(staging.measure(shapes.resolve_vocabs([1000]), [64], torch.float32,
-                                             ["pageable_fresh"], repeats=2, progress=False))
+                                             ["pageable_fresh"], rounds=2, progress=False))
     assert list(frame.status) == ["skipped", "skipped"]  # the arm and its A/A twin
     assert "needs" in frame.note.iloc[0] and "GiB" in frame.note.iloc[0]
 
@@ -162,12 +162,12 @@ def test_measure_skips_a_cell_that_does_not_fit_with_the_numbers(monkeypatch):
     ({"arms": ["nope"]}, "arms: unknown arm 'nope'"),
     ({"arms": []}, "arms is empty"),
     ({"arms": ["pageable_reused"]}, "aa_arm 'pageable_fresh' must be one of arms"),
-    ({"repeats": 0}, "repeats must be positive"),
+    ({"rounds": 0}, "rounds must be positive"),
     ({"rows": [0]}, "rows: 0 is not a positive integer"),
     ({"rows": []}, "rows is empty"),
 ])
 def test_measure_bad_parameters(kwargs, message):
-    args = {"arms": ["pageable_fresh"], "repeats": 2, "rows": [1], **kwargs}
+    args = {"arms": ["pageable_fresh"], "rounds": 2, "rows": [1], **kwargs}
     rows = args.pop("rows")
     with pytest.raises(ValueError, match=message):
         staging.measure(shapes.resolve_vocabs([10]), rows, torch.float32, progress=False, **args)

@@ -75,7 +75,7 @@ def test_native_unavailable_makes_its_arms_unavailable_and_keeps_the_numpy_arm(m
 
 def test_measure_times_each_arm_with_a_twin_and_records_what_cannot_run():
     frame = schema.make_rows(step.measure(shapes.resolve_vocabs([1000]), [3], [2],
-                                          torch.float32, list(step.STEP_ARMS), repeats=3,
+                                          torch.float32, list(step.STEP_ARMS), rounds=3,
                                           warmup=1, progress=False))
     totals = frame[(frame.metric == "time") & (frame.stage == "total") & (frame.status == "ok")]
     expected = {"seed_pageable_numpy", "device_gather", "fused"}
@@ -84,7 +84,7 @@ def test_measure_times_each_arm_with_a_twin_and_records_what_cannot_run():
     if CUDA:
         expected.add("seed_pinned")
     assert set(totals.arm) == expected
-    assert all(sorted(r) == [0, 1, 2] for r in totals.groupby("arm").repeat.apply(list))
+    assert all(sorted(r) == [0, 1, 2] for r in totals.groupby("arm")["round"].apply(list))
     copies = frame[(frame.stage == "copy") & (frame.status == "ok")].set_index("arm")["bytes"]
     assert copies.loc["seed_pageable_numpy"].eq(3 * 1000 * 4).all()
     assert copies.loc["fused"].eq(3 * 3 * 8 + 3 * 4).all()
@@ -100,10 +100,10 @@ def test_measure_times_each_arm_with_a_twin_and_records_what_cannot_run():
     ({"ks": [-1]}, "ks: "), ({"ks": []}, "ks: "), ({"rows": [0]}, "rows: 0 is not a positive"),
     ({"arms": ["nope"]}, "unknown step arm 'nope'"), ({"arms": []}, "arms is empty"),
     ({"arms": ["fused"], "aa_arm": "seed_pageable"}, "aa_arm 'seed_pageable' must be one of"),
-    ({"repeats": 0}, "repeats must be positive"),
+    ({"rounds": 0}, "rounds must be positive"),
 ])
 def test_measure_refuses_bad_parameters_naming_them(kwargs, message):
-    args = {"rows": [1], "ks": [0], "arms": ["fused"], "aa_arm": None, "repeats": 1, **kwargs}
+    args = {"rows": [1], "ks": [0], "arms": ["fused"], "aa_arm": None, "rounds": 1, **kwargs}
     with pytest.raises(ValueError, match=message):
         step.measure(shapes.resolve_vocabs([10]), args.pop("rows"), args.pop("ks"),
                      torch.float32, args.pop("arms"), progress=False, **args)
@@ -111,7 +111,7 @@ def test_measure_refuses_bad_parameters_naming_them(kwargs, message):
 
 def test_measure_skips_a_k_larger_than_the_vocabulary_and_says_why():
     frame = schema.make_rows(step.measure(shapes.resolve_vocabs([10]), [2], [20], torch.float32,
-                                          ["fused"], aa_arm=None, repeats=1, progress=False))
+                                          ["fused"], aa_arm=None, rounds=1, progress=False))
     assert list(frame.status) == ["skipped"]
     assert "K=20 exceeds the vocabulary V=10" in frame.note.iloc[0]
 

@@ -14,19 +14,19 @@ from stagelab import execute, paths, profiles, rundir, verdict
 pytestmark = pytest.mark.slow
 
 TINY = {
-    "01_d2h_staging": {"models": [1000, 4096], "rows": [2], "repeats": 4, "warmup": 1},
-    "02_logprobs_step": {"models": [1000], "rows": [2], "ks": [0, 2], "repeats": 3},
+    "01_d2h_staging": {"models": [1000, 4096], "rows": [2], "rounds": 4, "warmup": 1},
+    "02_logprobs_step": {"models": [1000], "rows": [2], "ks": [0, 2], "rounds": 3},
     "03_prompt_logprobs": {"tokens": 97, "vocab": 1000, "hidden": 8, "chunks": [16, 64],
-                           "repeats": 2, "dtype": "float32"},
+                           "rounds": 2, "dtype": "float32"},
     "04_verdict": {"min_samples": 3, "decisive_rows": [2], "decisive_models": [1000],
                    "decisive_ks": [2], "calibration_trials": 20},
 }
 # Valid requests that measure nothing, or only part: each notebook must end with a clear sentence.
 NOTHING = {
-    "01_d2h_staging": {"models": ["Gemma-3-4B"], "rows": [100000], "repeats": 2},
-    "02_logprobs_step": {"models": ["GPT-2"], "rows": [2], "ks": [60000], "repeats": 2},
+    "01_d2h_staging": {"models": ["Gemma-3-4B"], "rows": [100000], "rounds": 2},
+    "02_logprobs_step": {"models": ["GPT-2"], "rows": [2], "ks": [60000], "rounds": 2},
 }
-SUBSET = {"01_d2h_staging": {"models": [1000], "rows": [2], "repeats": 3,
+SUBSET = {"01_d2h_staging": {"models": [1000], "rows": [2], "rounds": 3,
                              "arms": ["pageable_fresh", "raw_ceiling"]}}
 CHROMIUM = shutil.which("chromium")
 
@@ -46,7 +46,7 @@ def test_every_notebook_runs_and_writes_its_outputs(tiny_run):
     for name in ("staging", "step", "prompt_logprobs"):
         assert (run_dir / "data" / f"{name}.parquet").exists()
     assert (run_dir / "figures" / "04_verdict_key.png").exists()
-    assert manifest["notebooks"][1]["parameters"]["repeats"] == 4
+    assert manifest["notebooks"][1]["parameters"]["rounds"] == 4
 
 
 def test_cpu_verdict_is_inconclusive_and_says_why(tiny_run):

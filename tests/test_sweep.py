@@ -28,13 +28,13 @@ def test_an_arm_that_raises_is_recorded_failed_and_the_others_go_on():
             raise RuntimeError("device lost\nsecond line")
 
     records = sweep.run(cells(1), lambda cell: plan({"a": lambda r: None, "b": broken}),
-                        repeats=4, warmup=1, device="cpu", progress=False)
+                        rounds=4, warmup=1, device="cpu", progress=False)
     frame = schema.make_rows(records)
     timed = frame[(frame.status == "ok") & (frame.arm == "a")]
-    assert list(timed.repeat) == [0, 1, 2, 3]
+    assert list(timed["round"]) == [0, 1, 2, 3]
     failed = frame[frame.status == "failed"]
     assert list(failed.arm) == ["b"] and failed.note.iloc[0] == "RuntimeError: device lost"
-    assert list(frame[(frame.arm == "b") & (frame.status == "ok")].repeat) == [0]
+    assert list(frame[(frame.arm == "b") & (frame.status == "ok")]["round"]) == [0]
 
 
 def test_a_cell_that_fails_or_does_not_fit_does_not_stop_the_sweep():
@@ -45,7 +45,7 @@ def test_a_cell_that_fails_or_does_not_fit_does_not_stop_the_sweep():
             raise InsufficientMemory("needs 9.00 GiB but only 1.00 GiB is free")
         return plan({"a": lambda r: None, "b": lambda r: None})
 
-    frame = schema.make_rows(sweep.run(cells(3), prepare, repeats=2, warmup=0, device="cpu",
+    frame = schema.make_rows(sweep.run(cells(3), prepare, rounds=2, warmup=0, device="cpu",
                                        progress=False))
     by_cell = {rows: set(part.status) for rows, part in frame.groupby("rows")}
     assert by_cell == {1: {"failed"}, 2: {"skipped"}, 3: {"ok"}}
@@ -57,7 +57,7 @@ def test_an_invalid_cell_is_skipped_with_its_reason_and_unavailable_arms_are_nam
     todo[0].invalid = "K=20 exceeds the vocabulary V=10"
     frame = schema.make_rows(sweep.run(
         todo, lambda cell: plan({"a": lambda r: None}, unavailable={"b": "needs CUDA"}),
-        repeats=1, warmup=0, device="cpu", progress=False))
+        rounds=1, warmup=0, device="cpu", progress=False))
     assert set(frame[frame.rows == 1].status) == {"skipped"}
     second = frame[frame.rows == 2]
     assert second[second.arm == "b"][["status", "note"]].values.tolist() == [
@@ -73,7 +73,7 @@ def test_the_table_is_written_after_every_cell(tmp_path):
             seen.append(sorted(set(schema.read_table(tmp_path, "t").rows)))
         return plan({"a": lambda r: None})
 
-    sweep.run(cells(3), prepare, repeats=1, warmup=0, device="cpu", sink=sink, progress=False)
+    sweep.run(cells(3), prepare, rounds=1, warmup=0, device="cpu", sink=sink, progress=False)
     assert seen == [[1], [1, 2]]
     assert set(schema.read_table(tmp_path, "t").run_id) == {"r"}
 
@@ -89,7 +89,7 @@ def test_a_sweep_killed_mid_way_leaves_its_finished_cells_on_disk(tmp_path):
                 time.sleep(120)  # killed here, in the second cell
             return sweep.CellPlan(calls={{"a": lambda r: None}})
         sink = schema.TableSink({str(tmp_path)!r}, "t")
-        sweep.run(cells, prepare, repeats=3, warmup=0, device="cpu", sink=sink, progress=False)
+        sweep.run(cells, prepare, rounds=3, warmup=0, device="cpu", sink=sink, progress=False)
     """)
     proc = subprocess.Popen([sys.executable, "-c", script])
     path = schema.table_path(tmp_path, "t")
@@ -99,13 +99,13 @@ def test_a_sweep_killed_mid_way_leaves_its_finished_cells_on_disk(tmp_path):
     proc.kill()
     proc.wait()
     table = schema.read_table(tmp_path, "t")
-    assert set(table.rows) == {1} and list(table.repeat) == [0, 1, 2]
+    assert set(table.rows) == {1} and list(table["round"]) == [0, 1, 2]
     assert not list(tmp_path.glob("data/.*.tmp")), "no half-written file is left behind"
 
 
 def test_headless_progress_is_one_line_per_cell(monkeypatch, capsys):
     monkeypatch.setenv(paths.HEADLESS_ENV, "1")
-    sweep.run(cells(3), lambda cell: plan({"a": lambda r: None}), repeats=2, warmup=0,
+    sweep.run(cells(3), lambda cell: plan({"a": lambda r: None}), rounds=2, warmup=0,
               device="cpu", label="demo")
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"demo: cell {i + 1}/3 cell {i}: 1 ok" for i in range(3)]

@@ -32,7 +32,7 @@ def arm_rows(arm: str, stage_ms: dict[str, float], drift: np.ndarray, rng: np.ra
         factor = shared * (1 + noise * rng.standard_normal())
         parts = {stage: ms * factor / 1e3 for stage, ms in stage_ms.items()}
         for stage, seconds in {**parts, "total": sum(parts.values())}.items():
-            out.append(dict(experiment="step", arm=arm, stage=stage, repeat=round_,
+            out.append(dict(experiment="step", arm=arm, stage=stage, round=round_,
                             seconds=seconds, rows=rows, vocab=vocab, k=k))
     return out
 
@@ -114,7 +114,7 @@ def test_pairing_by_round_is_what_resolves_a_small_gain_under_drift(tmp_path):
         "PORT")
     # negative control: the same timings with the candidate's rounds shuffled lose the pairing
     order = np.random.default_rng(1).permutation(30)
-    shuffled = [{**r, "repeat": int(order[r["repeat"]])} if r["arm"] == "seed_pinned" else r
+    shuffled = [{**r, "round": int(order[r["round"]])} if r["arm"] == "seed_pinned" else r
                 for r in records]
     cell = build(write_step(tmp_path / "shuffled", shuffled), [64])["decisive"][0]
     assert cell["decision"] == "INCONCLUSIVE" and "straddles the minimum 1.020x" in cell["reason"]
@@ -209,7 +209,7 @@ def test_an_aa_twin_that_differs_from_its_baseline_is_inconclusive(tmp_path):
 def test_a_decisive_cell_without_its_aa_twin_is_inconclusive(tmp_path):
     records = [r for r in step_cell(64, 1.5) if r["arm"] != "seed_pageable~aa"]
     records.append({"experiment": "step", "arm": "seed_pageable~aa", "rows": 64, "vocab": V,
-                    "k": 5, "repeat": 3, "status": "failed", "note": "RuntimeError: lost"})
+                    "k": 5, "round": 3, "status": "failed", "note": "RuntimeError: lost"})
     cell = build(write_step(tmp_path / "run", records), [64])["decisive"][0]
     assert cell["decision"] == "INCONCLUSIVE"
     assert cell["reason"].startswith("the A/A check is missing: seed_pageable~aa failed")
@@ -309,7 +309,7 @@ def staging_records(rounds: int = 20) -> list[dict]:
         size = rows * V * 4
         for arm, seconds in (("pageable_fresh", 0.010), ("pageable_fresh~aa", 0.010),
                              ("pageable_reused", 0.005), ("pageable_fresh_empty", 0.008)):
-            recs += [dict(experiment="d2h_copy", arm=arm, rows=rows, vocab=V, repeat=r,
+            recs += [dict(experiment="d2h_copy", arm=arm, rows=rows, vocab=V, round=r,
                           seconds=seconds * rows / 64 * d, bytes=size)
                      for r, d in enumerate(drift)]
         recs.append(dict(experiment="d2h_copy", arm="pinned_grow_only", rows=rows, vocab=V,
@@ -326,7 +326,7 @@ def prompt_records() -> list[dict]:
     recs = []
     for arm, overlap, factor in (("fused", False, 1.1), ("fused+overlap", True, 1.0)):
         for chunk, ms in PROMPT_MS.items():
-            recs += [dict(arm=arm, overlap=overlap, chunk=chunk, repeat=r,
+            recs += [dict(arm=arm, overlap=overlap, chunk=chunk, round=r,
                           seconds=factor * ms / 1e3, **common) for r in range(3)]
     recs += [dict(arm="fused+overlap", overlap=True, chunk=chunk, metric="peak_host_bytes",
                   bytes=int(1.1 * chunk * V * 4), **common) for chunk in (512, 1024)]

@@ -2,7 +2,7 @@
 computed from tidy tables (:mod:`stagelab.schema`) alone. Torch-free, so that the verdict, the
 report and ``stagelab compare`` never load the measuring code.
 
-Every comparison pairs arms by round (the ``repeat`` column): interleaved rounds share drift, and
+Every comparison pairs arms by round (the ``round`` column): interleaved rounds share drift, and
 the paired bootstrap of :mod:`stagelab.stats` cancels it. Every goal is one row of one shape:
 ``goal, target, measured, status, note`` with status ``met``, ``not met`` or ``not measured``.
 """
@@ -32,14 +32,14 @@ def ok_timings(frame: pd.DataFrame, stage: str | None = "total") -> pd.DataFrame
 
 
 def by_round(frame: pd.DataFrame, arm: str, stage: str = "total") -> pd.Series:
-    """One arm's seconds indexed by round (``repeat``); several timings of one round mean the
+    """One arm's seconds indexed by round (``round``); several timings of one round mean the
     frame mixes cells, which is refused rather than averaged."""
     rows = ok_timings(frame, stage)
     rows = rows[rows["arm"] == arm]
-    if rows["repeat"].duplicated().any():
+    if rows["round"].duplicated().any():
         raise ValueError(f"arm {arm!r} has several timings for one round: the frame mixes "
                          "cells; split it by the size columns that tell them apart")
-    return rows.set_index("repeat")["seconds"].astype(float)
+    return rows.set_index("round")["seconds"].astype(float)
 
 
 def paired_rounds(frame: pd.DataFrame, *arms: str, stage: str = "total") -> list[np.ndarray]:

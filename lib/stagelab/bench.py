@@ -1,8 +1,8 @@
-"""Interleaved, randomized timing of several arms, with warm-up, repeats and an A/A twin.
+"""Interleaved, randomized timing of several arms, with warm-up, rounds and an A/A twin.
 
 Each round runs every arm once, in an order shuffled per round, so slow drift (thermal, page cache,
 a neighbour's load) falls on all arms alike instead of on whichever ran last; the round index is
-recorded as ``repeat``, so the arms' samples pair by round. On a GPU each call is timed with CUDA
+recorded as ``round``, so the arms' samples pair by round. On a GPU each call is timed with CUDA
 events and cross-checked with the host clock after a synchronize (``clock_agrees``); on CPU with
 ``time.perf_counter``. Warm-up rounds are run and discarded. An arm may return ``{stage: seconds}``
 to report its parts; the whole call is always recorded as stage ``total``. An arm that raises is
@@ -66,16 +66,16 @@ class Timer:
         return start_event.elapsed_time(end_event) / 1e3, host, result
 
 
-def interleaved(arms: Mapping[str, ArmCall], *, repeats: int, warmup: int = 2, seed: int = 0,
+def interleaved(arms: Mapping[str, ArmCall], *, rounds: int, warmup: int = 2, seed: int = 0,
                 device: torch.device | str | None = None) -> list[dict]:
-    """Run every arm ``warmup + repeats`` times in shuffled order per round; return timing records.
+    """Run every arm ``warmup + rounds`` times in shuffled order per round; return timing records.
 
-    ``arms[name](round_index)`` performs one repeat (the index lets it rotate its sources). Each
-    record has ``arm``, ``stage``, ``repeat``, ``seconds``, ``host_seconds`` and ``timer``, ready for
+    ``arms[name](round_index)`` performs one round (the index lets it rotate its sources). Each
+    record has ``arm``, ``stage``, ``round``, ``seconds``, ``host_seconds`` and ``timer``, ready for
     :func:`stagelab.schema.make_rows`.
     """
-    if repeats <= 0:
-        raise ValueError(f"repeats must be positive, got {repeats}")
+    if rounds <= 0:
+        raise ValueError(f"rounds must be positive, got {rounds}")
     if warmup < 0:
         raise ValueError(f"warmup must be >= 0, got {warmup}")
     if not arms:
@@ -84,7 +84,7 @@ def interleaved(arms: Mapping[str, ArmCall], *, repeats: int, warmup: int = 2, s
     order = list(arms)
     shuffler = random.Random(seed)
     records: list[dict] = []
-    for round_index in range(warmup + repeats):
+    for round_index in range(warmup + rounds):
         shuffler.shuffle(order)
         for name in list(order):
             try:
@@ -92,7 +92,7 @@ def interleaved(arms: Mapping[str, ArmCall], *, repeats: int, warmup: int = 2, s
             except Exception as exc:  # one arm's failure must not cost the others their data
                 order.remove(name)
                 records.append({"arm": name, "status": "failed", "note": first_line(exc),
-                                "repeat": max(round_index - warmup, 0)})
+                                "round": max(round_index - warmup, 0)})
                 continue
             if round_index >= warmup:
                 records += _round_records(name, round_index - warmup, seconds, host, result,
@@ -100,20 +100,20 @@ def interleaved(arms: Mapping[str, ArmCall], *, repeats: int, warmup: int = 2, s
     return records
 
 
-def _round_records(name: str, repeat: int, seconds: float, host: float | None, result: object,
+def _round_records(name: str, round_index: int, seconds: float, host: float | None, result: object,
                    timer: str) -> list[dict]:
     """The ``total`` record of one timed call, and one per stage the arm reported."""
-    records = [{"arm": name, "stage": "total", "repeat": repeat, "seconds": seconds,
+    records = [{"arm": name, "stage": "total", "round": round_index, "seconds": seconds,
                 "host_seconds": host, "timer": timer,
                 "clock_agrees": None if host is None else clocks_agree(seconds, host)}]
     if isinstance(result, Mapping):
-        records += [{"arm": name, "stage": stage, "repeat": repeat, "seconds": float(value),
+        records += [{"arm": name, "stage": stage, "round": round_index, "seconds": float(value),
                      "timer": timer} for stage, value in result.items()]
     return records
 
 
 def rotating(make: Callable[[int], torch.Tensor], count: int) -> list[torch.Tensor]:
-    """``count`` distinct sources, so that consecutive repeats never reread a cached one."""
+    """``count`` distinct sources, so that consecutive rounds never reread a cached one."""
     if count <= 0:
         raise ValueError(f"count must be positive, got {count}")
     return [make(i) for i in range(count)]

@@ -155,7 +155,7 @@ def read_older_table(run_dir: Path, name: str, needed: Sequence[str]) -> tuple[p
     SchemaError otherwise."""
     path = schema.table_path(run_dir, name)
     try:
-        frame = pd.read_parquet(path)
+        frame = pd.read_parquet(path).rename(columns=schema.LEGACY_COLUMNS)
     except Exception as exc:  # pyarrow raises several types for a damaged file
         raise SchemaError(f"{path}: cannot be read as a parquet table ({exc})") from exc
     absent = [column for column in schema.COLUMNS if column not in frame.columns]

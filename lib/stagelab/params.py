@@ -200,7 +200,7 @@ VALIDATORS: dict[str, Validator] = {
     "rows": _each(positive_int),
     "chunks": _each(positive_int),
     "ks": _each(non_negative_int),
-    "repeats": positive_int,
+    "rounds": positive_int,
     "warmup": non_negative_int,
     "sources": positive_int,
     "tokens": prompt_tokens,

@@ -164,7 +164,7 @@ def check_host_register() -> Check:
                   "register_s": register_s})
 
 
-def check_event_timing(repeats: int = 5) -> Check:
+def check_event_timing(rounds: int = 5) -> Check:
     """CUDA events against the host clock on a pageable (synchronous) device-to-host copy."""
     from stagelab.bench import CLOCK_SLACK_FRACTION, CLOCK_SLACK_S, Timer, clocks_agree
 
@@ -172,12 +172,12 @@ def check_event_timing(repeats: int = 5) -> Check:
     dst = torch.empty(PROBE_BYTES, dtype=torch.uint8)
     timer = Timer("cuda")
     timer.time(lambda: dst.copy_(src))  # warm-up: first-touch of the pageable pages
-    pairs = [timer.time(lambda: dst.copy_(src))[:2] for _ in range(repeats)]
+    pairs = [timer.time(lambda: dst.copy_(src))[:2] for _ in range(rounds)]
     agree = sum(clocks_agree(event, host) for event, host in pairs)
     event_s = statistics.median(e for e, _ in pairs)
     host_s = statistics.median(h for _, h in pairs)
-    return Check("event_timing", GO if agree == repeats else NO_GO,
-                 f"{agree}/{repeats} copies agree (event {event_s * 1e3:.2f} ms, host "
+    return Check("event_timing", GO if agree == rounds else NO_GO,
+                 f"{agree}/{rounds} copies agree (event {event_s * 1e3:.2f} ms, host "
                  f"{host_s * 1e3:.2f} ms, medians; tolerance {CLOCK_SLACK_S * 1e3:.1f} ms + "
                  f"{CLOCK_SLACK_FRACTION:.0%})",
                  {"event_s": [e for e, _ in pairs], "host_s": [h for _, h in pairs],

@@ -78,7 +78,7 @@ def parse_overrides(items: Iterable[str]) -> dict[str, dict[str, Any]]:
         notebook, dot, key = target.partition(".")
         if not sep or not dot or not notebook or not key:
             raise UserError(f"--param {item!r}: expected NOTEBOOK.KEY=VALUE, "
-                            "e.g. 01_d2h_staging.repeats=20")
+                            "e.g. 01_d2h_staging.rounds=20")
         try:
             value = yaml.safe_load(text) if text else ""
         except yaml.YAMLError as exc:

@@ -3,7 +3,7 @@
 Position ``i`` of a prompt scores token ``prompt_token_ids[i + 1]`` from ``hidden_states[i]``, so a
 prompt of ``T`` tokens has ``T - 1`` rows. Computed at once, those rows need ``[T-1, V]`` logits
 (and, vLLM V1 style, a fp32 log-softmax of the same shape): gigabytes for long prompts. Here rows
-go through in chunks of ``chunk_tokens``; each chunk's ``[C, K+1]`` result is copied to one
+go through in chunks of ``chunk_rows``; each chunk's ``[C, K+1]`` result is copied to one
 preallocated host :class:`LogprobsTensors`.
 
 Overlap: on a GPU each chunk's device-to-host copy runs on a side stream into one of two pinned
@@ -158,17 +158,17 @@ def _check_prompt(hidden_states: torch.Tensor, lm_head: LmHead, prompt_token_ids
     return tokens, hidden, vocab, dtype
 
 
-def _check_chunk(chunk_tokens: int | None) -> int | None:
+def _check_chunk(chunk_rows: int | None) -> int | None:
     """A positive int (numpy integers too) or None; returned as a Python int or None."""
-    if chunk_tokens is None:
+    if chunk_rows is None:
         return None
     try:
-        chunk = lp.as_int(chunk_tokens, "chunk_tokens")
+        chunk = lp.as_int(chunk_rows, "chunk_rows")
     except TypeError:
         chunk = 0
     if chunk <= 0:
-        raise ValueError(f"chunk_tokens must be a positive int or None (unchunked), got "
-                         f"{chunk_tokens!r}")
+        raise ValueError(f"chunk_rows must be a positive int or None (unchunked), got "
+                         f"{chunk_rows!r}")
     return chunk
 
 
@@ -176,13 +176,13 @@ def _check_chunk(chunk_tokens: int | None) -> int | None:
 
 def prompt_logprobs(hidden_states: torch.Tensor, lm_head: LmHead,
                     prompt_token_ids: torch.Tensor, num_logprobs: int,
-                    chunk_tokens: int | None, *, method: str = "fused", overlap: bool = True,
+                    chunk_rows: int | None, *, method: str = "fused", overlap: bool = True,
                     copy_engine: CopyEngine | None = None,
                     validate: bool = True) -> lp.LogprobsTensors:
     """Host ``LogprobsTensors`` of ``[T-1, K+1]``: row ``i`` scores ``prompt_token_ids[i+1]``.
 
     ``lm_head`` is a ``[V, H]`` weight or a callable from hidden rows to logits.
-    ``chunk_tokens=None`` computes every row at once (the reference). ``method="logsoftmax"``
+    ``chunk_rows=None`` computes every row at once (the reference). ``method="logsoftmax"``
     builds a fp32 log-softmax per chunk (vLLM V1); ``"fused"`` uses
     :func:`stagelab.logprobs.logprobs_from_logits`. ``copy_engine`` replaces the copy mechanism
     of the overlapped path (tests inject one that delays copies). A configuration whose predicted
@@ -196,19 +196,19 @@ def prompt_logprobs(hidden_states: torch.Tensor, lm_head: LmHead,
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    chunk_tokens = _check_chunk(chunk_tokens)
+    chunk_rows = _check_chunk(chunk_rows)
     tokens, hidden, vocab, dtype = _check_prompt(hidden_states, lm_head, prompt_token_ids,
                                                  validate)
     num_logprobs = lp.check_num_logprobs(num_logprobs, vocab)
     rows = tokens - 1
-    chunk = rows if chunk_tokens is None else min(chunk_tokens, rows)
+    chunk = rows if chunk_rows is None else min(chunk_rows, rows)
     device = hidden_states.device
     predicted = predicted_peak_bytes(tokens, vocab, chunk, dtype, method, num_logprobs)
     try:
         memory.check_fits(predicted, memory.free_device_bytes(device) if device.type == "cuda"
-                          else memory.free_host_bytes(), f"prompt logprobs, chunk_tokens={chunk}")
+                          else memory.free_host_bytes(), f"prompt logprobs, chunk_rows={chunk}")
     except memory.InsufficientMemory as exc:
-        raise memory.InsufficientMemory(f"{exc}; choose a smaller chunk_tokens") from None
+        raise memory.InsufficientMemory(f"{exc}; choose a smaller chunk_rows") from None
     on_gpu = device.type == "cuda"
     out = lp.LogprobsTensors.empty_host(rows, num_logprobs, pinned=on_gpu)
     if overlap:
@@ -385,7 +385,7 @@ def prompt_cell(tokens: int, shape: ModelShape, hidden: int, chunks: list[int],
 
 
 def measure(tokens: int, shape: ModelShape, hidden: int, chunks: list[int], dtype: torch.dtype,
-            k: int, methods: list[str], overlaps: list[bool], *, repeats: int, warmup: int = 1,
+            k: int, methods: list[str], overlaps: list[bool], *, rounds: int, warmup: int = 1,
             seed: int = 0, measure_memory: bool = True, device: str | None = None,
             sink: TableSink | None = None, progress: bool = True) -> list[dict]:
     """Time, measure and check every ``(method, chunk, overlap)`` configuration of one prompt.
@@ -433,7 +433,7 @@ def measure(tokens: int, shape: ModelShape, hidden: int, chunks: list[int], dtyp
         method, chunk, overlap = configs[record["arm"]]
         return {**record, "arm": arm_name(method, overlap), "chunk": chunk, "overlap": overlap}
 
-    return sweep.run([cell], prepare, repeats=repeats, warmup=warmup, seed=seed, device=device,
+    return sweep.run([cell], prepare, rounds=rounds, warmup=warmup, seed=seed, device=device,
                      sink=sink, label="prompt logprobs", progress=progress)
 
 

@@ -2,7 +2,7 @@
 
 Every notebook turns its measurements into rows of this schema and writes them with
 :func:`write_table` into ``<run folder>/data/<name>.parquet``. One row is one observation: one
-repeat of one arm of one experiment at one size, or one non-timing measurement (a peak, an error).
+round of one arm of one experiment at one size, or one non-timing measurement (a peak, an error).
 
 ========== ======= ============================================================================
 column     type    meaning
@@ -26,11 +26,11 @@ k          int     top-K logprobs requested, else missing
 chunk      int     prompt-logprob chunk rows, else missing (unchunked: equal to ``rows``)
 overlap    bool    whether the copy overlapped compute (prompt logprobs), else missing
 dtype      str     element type of the tensor that was moved or scored
-repeat     int     the round (interleaved arms of one round share it: samples pair by it);
+round      int     the round (interleaved arms of one round share it: samples pair by it);
                    warm-up rounds are not recorded
 seconds    float   the primary timer's reading (CUDA events on a GPU, else ``perf_counter``)
-host_seconds float host-clock reading of the same repeat, to cross-check events; else missing
-clock_agrees bool  whether the host clock agreed with the CUDA events on this repeat (within
+host_seconds float host-clock reading of the same round, to cross-check events; else missing
+clock_agrees bool  whether the host clock agreed with the CUDA events on this round (within
                    ``stagelab.bench.clocks_agree``); missing where only one clock ran
 bytes      int     bytes moved (timings) or the measured quantity in bytes
 value      float   a dimensionless measurement (errors, counts), else missing
@@ -69,7 +69,7 @@ COLUMN_DTYPES: dict[str, str] = {
     "chunk": "Int64",
     "overlap": "boolean",
     "dtype": "string",
-    "repeat": "Int64",
+    "round": "Int64",
     "seconds": "float64",
     "host_seconds": "float64",
     "clock_agrees": "boolean",
@@ -81,6 +81,8 @@ COLUMN_DTYPES: dict[str, str] = {
     "note": "string",
 }
 COLUMNS: tuple[str, ...] = tuple(COLUMN_DTYPES)
+# Columns renamed since evidence was first kept: read under their new names.
+LEGACY_COLUMNS: dict[str, str] = {"repeat": "round"}
 AA_SUFFIX = "~aa"
 STATUSES = ("ok", "unavailable", "skipped", "failed")
 _DEFAULTS: dict[str, Any] = {"stage": "total", "metric": "time", "model": "", "timer": "",
@@ -172,7 +174,7 @@ def read_table(run_dir: Path | str, name: str) -> pd.DataFrame:
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such table in this run")
     try:
-        frame = pd.read_parquet(path)
+        frame = pd.read_parquet(path).rename(columns=LEGACY_COLUMNS)
     except Exception as exc:  # pyarrow raises several types for a damaged file
         raise SchemaError(f"{path}: cannot be read as a parquet table ({exc})") from exc
     try:

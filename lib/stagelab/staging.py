@@ -213,7 +213,7 @@ class ToCpuNonBlocking(_PinnedPerCall):
 
     The destination comes from torch's caching pinned allocator, which holds it (see
     :func:`stagelab.memory.pinned_host_bytes`); ``allocations`` counts requests made to it (the
-    cache serves repeats without a new ``cudaHostAlloc``).
+    cache serves rounds without a new ``cudaHostAlloc``).
     """
 
     name = "to_cpu_non_blocking"
@@ -278,7 +278,7 @@ def _pcie_records(pcie: PcieSampler) -> list[dict]:
     common = {"arm": "nvml_pcie", "metric": "pcie_tx_bytes_per_s"}
     if not pcie.available:
         return [{**common, "status": "unavailable", "note": pcie.reason}]
-    return [{**common, "repeat": i, "value": float(tx), "seconds": t}
+    return [{**common, "round": i, "value": float(tx), "seconds": t}
             for i, (t, tx, _rx) in enumerate(pcie.samples)]
 
 
@@ -336,7 +336,7 @@ def cells(shapes: list[ModelShape], rows: list[int], dtype: torch.dtype, arms: l
 
 
 def measure(shapes: list[ModelShape], rows: list[int], dtype: torch.dtype, arms: list[str], *,
-            repeats: int, warmup: int = 2, aa_arm: str = PageableFresh.name, sources: int = 3,
+            rounds: int, warmup: int = 2, aa_arm: str = PageableFresh.name, sources: int = 3,
             seed: int = 0, device: str | None = None, sink: TableSink | None = None,
             progress: bool = True) -> list[dict]:
     """Time each arm's ``stage()`` over every ``rows x vocab`` cell, interleaved, with an A/A twin
@@ -365,7 +365,7 @@ def measure(shapes: list[ModelShape], rows: list[int], dtype: torch.dtype, arms:
                    for name, arm in built.items()},
             unavailable=unavailable, monitor=pcie, after=after)
 
-    return sweep.run(todo, prepare, repeats=repeats, warmup=warmup, seed=seed, device=device,
+    return sweep.run(todo, prepare, rounds=rounds, warmup=warmup, seed=seed, device=device,
                      sink=sink, label="staging", progress=progress)
 
 

@@ -250,7 +250,7 @@ def cells(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dtype
 
 
 def measure(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dtype: torch.dtype,
-            arms: list[str], *, repeats: int, warmup: int = 2, aa_arm: str | None = BASELINE,
+            arms: list[str], *, rounds: int, warmup: int = 2, aa_arm: str | None = BASELINE,
             sources: int = 2, seed: int = 0, device: str | None = None,
             sink: TableSink | None = None, progress: bool = True) -> list[dict]:
     """Time every arm's whole step per ``(n, V, K)`` cell, interleaved, with an A/A twin of
@@ -299,7 +299,7 @@ def measure(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dty
             calls={name: (lambda r, p=p: call(p, r)) for name, p in built.items()},
             unavailable=unavailable, annotate=annotate, after=after)
 
-    return sweep.run(todo, prepare, repeats=repeats, warmup=warmup, seed=seed, device=device,
+    return sweep.run(todo, prepare, rounds=rounds, warmup=warmup, seed=seed, device=device,
                      sink=sink, label="step", progress=progress)
 
 

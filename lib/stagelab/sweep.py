@@ -71,7 +71,7 @@ def check_memory(cell: Cell, device: str) -> None:
                           f"{cell.label} on {device}")
 
 
-def measure_cell(cell: Cell, prepare: Callable[[Cell], CellPlan], *, repeats: int, warmup: int,
+def measure_cell(cell: Cell, prepare: Callable[[Cell], CellPlan], *, rounds: int, warmup: int,
                  seed: int, device: str) -> list[dict]:
     """Every record of one cell: timings, or the rows that say why there are none."""
     if cell.invalid:
@@ -88,7 +88,7 @@ def measure_cell(cell: Cell, prepare: Callable[[Cell], CellPlan], *, repeats: in
         record["note"] = reason
     if plan.calls:
         with plan.monitor or contextlib.nullcontext():
-            timings = bench.interleaved(plan.calls, repeats=repeats, warmup=warmup, seed=seed,
+            timings = bench.interleaved(plan.calls, rounds=rounds, warmup=warmup, seed=seed,
                                         device=device)
         annotate = plan.annotate or (lambda record: record)
         records += [annotate({**cell.sizes, **timing}) for timing in timings]
@@ -108,19 +108,19 @@ def guarded(name: str, check: Callable[..., list[dict]], *args: object) -> list[
         return [{"arm": name, "status": "failed", "note": bench.first_line(exc)}]
 
 
-def run(cells: list[Cell], prepare: Callable[[Cell], CellPlan], *, repeats: int,
+def run(cells: list[Cell], prepare: Callable[[Cell], CellPlan], *, rounds: int,
         warmup: int = 2, seed: int = 0, device: str, sink: TableSink | None = None,
         label: str = "sweep", progress: bool = True) -> list[dict]:
     """Measure every cell in order; write the table after each one when a sink is given."""
-    if repeats <= 0:
-        raise ValueError(f"repeats must be positive, got {repeats}")
+    if rounds <= 0:
+        raise ValueError(f"rounds must be positive, got {rounds}")
     if warmup < 0:
         raise ValueError(f"warmup must be >= 0, got {warmup}")
     headless = bool(os.environ.get(HEADLESS_ENV))
     records: list[dict] = []
     with tqdm(total=len(cells), desc=label, disable=not progress or headless) as bar:
         for index, cell in enumerate(cells, 1):
-            found = measure_cell(cell, prepare, repeats=repeats, warmup=warmup, seed=seed,
+            found = measure_cell(cell, prepare, rounds=rounds, warmup=warmup, seed=seed,
                                  device=device)
             records += found
             if sink is not None:

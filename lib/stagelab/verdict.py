@@ -111,7 +111,7 @@ def decide_cell(step: pd.DataFrame, rows: int, vocab: int, k: int, candidate: st
 def _failures(cell: pd.DataFrame, arms: tuple[str, ...]) -> str:
     """The failed rows of the decision's arms in a cell, in words (empty when none failed)."""
     failed = cell[cell["arm"].isin(arms) & (cell["status"] == "failed")]
-    return "; ".join(f"{r.arm} failed after {r.repeat} rounds: {r.note}"
+    return "; ".join(f"{r.arm} failed after {r.round} rounds: {r.note}"
                      for r in failed.itertuples())
 
 
