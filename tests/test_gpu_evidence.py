@@ -25,7 +25,6 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
-import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 STAMP = re.compile(r"^\[\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ\] gpu-evidence (\d)/5 (\w+): ", re.M)
@@ -114,9 +113,9 @@ def test_no_wheelhouse_is_one_line_and_exit_2(tmp_path):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="rehearses the no-GPU outcome")
 def test_cpu_rehearsal_of_make_gpu_evidence(tmp_path):
     repo = copy_repository(tmp_path / "repo")
-    profiles = yaml.safe_load((repo / "profiles.yaml").read_text())
+    profiles = json.loads((repo / "profiles.json").read_text())
     profiles["profiles"]["gate"] = {"description": "rehearsal", "notebooks": GATE}
-    (repo / "profiles.yaml").write_text(yaml.safe_dump(profiles, sort_keys=False))
+    (repo / "profiles.json").write_text(json.dumps(profiles))
     wheelhouse = tmp_path / "wh"
     wheelhouse.mkdir()
     make = ["make", "-C", str(repo), "gpu-evidence", f"PYTHON={sys.executable}",

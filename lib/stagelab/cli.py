@@ -20,11 +20,11 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="stagelab", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="execute a profile's notebooks into a new run folder")
-    run.add_argument("--profile", default="quick", help="a profile of profiles.yaml (quick, full)")
+    run.add_argument("--profile", default="quick", help="a profile of profiles.json (smoke, quick, gate, full)")
     run.add_argument("--only", nargs="+", default=[], metavar="NOTEBOOK",
                      help="run only these notebooks of the profile")
     run.add_argument("--param", action="append", default=[], metavar="NOTEBOOK.KEY=VALUE",
-                     help="override a notebook parameter; VALUE is YAML (repeatable)")
+                     help="override a notebook parameter; VALUE is JSON, bare words are text (repeatable)")
     run.add_argument("--out", type=Path, default=paths.RUNS_DIR,
                      help="folder in which the run folder is created (default papermill_runs/)")
     env = sub.add_parser("env", help="print the hardware snapshot")
