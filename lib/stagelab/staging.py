@@ -23,7 +23,7 @@ from stagelab import bench, sweep
 from stagelab.device import (PinnedMemoryUnavailable, cuda_present, default_device, device_label,
                              pinned_allocator, require_cuda)
 from stagelab.hardware import PcieSampler
-from stagelab.schema import TableSink, aa_name
+from stagelab.schema import RowSink, aa_name
 from stagelab.shapes import ModelShape, positive_ints
 
 __all__ = ["ARMS", "PageableFresh", "PageableFreshEmpty", "PageableReused", "PinnedFresh",
@@ -337,7 +337,7 @@ def cells(shapes: list[ModelShape], rows: list[int], dtype: torch.dtype, arms: l
 
 def measure(shapes: list[ModelShape], rows: list[int], dtype: torch.dtype, arms: list[str], *,
             rounds: int, warmup: int = 2, aa_arm: str = PageableFresh.name, sources: int = 3,
-            seed: int = 0, device: str | None = None, sink: TableSink | None = None,
+            seed: int = 0, device: str | None = None, sink: RowSink | None = None,
             progress: bool = True) -> list[dict]:
     """Time each arm's ``stage()`` over every ``rows x vocab`` cell, interleaved, with an A/A twin
     of ``aa_arm``; schema records out (written per cell into ``sink``). See :mod:`stagelab.sweep`

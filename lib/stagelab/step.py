@@ -31,8 +31,8 @@ import stagelab.device
 from stagelab import bench, native, staging, sweep
 from stagelab import logprobs as lp
 from stagelab.device import PinnedMemoryUnavailable, default_device, device_label
-from stagelab.errors import NativeUnavailable
-from stagelab.schema import TableSink, aa_name
+from stagelab.errors import ExtraUnavailable, NativeUnavailable
+from stagelab.schema import RowSink, aa_name
 from stagelab.shapes import ModelShape, positive_ints
 
 STEP_ARMS = ("seed_pageable", "seed_pinned", "seed_pageable_reused", "seed_pageable_numpy",
@@ -182,6 +182,7 @@ def make_pipeline(name: str) -> SeedStep | DeviceStep:
         native.require()
         return SeedStep(name, Scratch(staging.PageableReused()), "native")
     if name == "seed_pageable_numpy":
+        lp.require_numpy()
         return SeedStep(name, FreshZeros(), "numpy")
     if name in ("device_gather", "fused"):
         return DeviceStep(name)
@@ -194,7 +195,7 @@ def build_pipelines(names: list[str]) -> tuple[dict[str, SeedStep | DeviceStep],
     for name in names:
         try:
             built[name] = make_pipeline(name)
-        except (PinnedMemoryUnavailable, NativeUnavailable) as exc:
+        except (PinnedMemoryUnavailable, NativeUnavailable, ExtraUnavailable) as exc:
             unavailable[name] = str(exc)
     return built, unavailable
 
@@ -252,7 +253,7 @@ def cells(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dtype
 def measure(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dtype: torch.dtype,
             arms: list[str], *, rounds: int, warmup: int = 2, aa_arm: str | None = BASELINE,
             sources: int = 2, seed: int = 0, device: str | None = None,
-            sink: TableSink | None = None, progress: bool = True) -> list[dict]:
+            sink: RowSink | None = None, progress: bool = True) -> list[dict]:
     """Time every arm's whole step per ``(n, V, K)`` cell, interleaved, with an A/A twin of
     ``aa_arm``; schema records out (written per cell into ``sink``).
 
