@@ -242,18 +242,27 @@ def run_notebook_step(recorder: ManifestRecorder, index: int, plan: RunPlan,
 
 
 def execute(plan: RunPlan, run_dir: Path, command: list[str] | None = None,
-            progress: bool = True) -> dict[str, Any]:
+            progress: bool = True, measured: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run the plan's notebooks in order into ``run_dir``; return the final manifest.
+
+    ``measured`` (``stagelab run --from``) names where the rows were measured: the manifest's
+    ``hardware`` is then the measuring machine's, and ``analysed`` says where this ran.
 
     Raises :class:`~stagelab.rundir.RecordError` when the record itself cannot be written (the
     manifest then says ``failed`` with the cause, if it can still be written at all).
     """
     ensure_kernel()
     run_dir = Path(run_dir)
+    here = hardware.snapshot()
     recorder = ManifestRecorder(run_dir, rundir.new_manifest(
         run_dir, plan.profile, command if command is not None else list(sys.argv),
         [rundir.notebook_entry(nb.name, nb.parameters) for nb in plan.notebooks],
-        hardware.snapshot()))
+        measured["hardware"] if measured else here))
+    if measured:
+        recorder.manifest.update(
+            measured={key: value for key, value in measured.items() if key != "hardware"},
+            analysed={"host": here["host"]["hostname"], "created_utc": rundir.now_utc(),
+                      "hardware": here})
     recorder.manifest.update(cell_timeout_s=plan.cell_timeout_s,
                              start_timeout_s=plan.start_timeout_s)
     with _sigterm_as_interrupt():

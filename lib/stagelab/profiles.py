@@ -16,8 +16,9 @@ from typing import Any, Iterable, Mapping
 from stagelab import params, paths
 from stagelab.errors import UserError
 
-# Parameters the runner injects into every notebook; a notebook must declare them, a user may not.
-INJECTED = ("run_dir",)
+# Parameters the runner injects: every notebook declares run_dir, a measuring notebook measured
+# (set by ``stagelab run --from``); a user may set neither.
+INJECTED = ("run_dir", "measured")
 # Generous defaults: the full profile's longest cell must fit (the profiles file may set its own).
 DEFAULT_CELL_TIMEOUT_S = 1800
 DEFAULT_START_TIMEOUT_S = 120
@@ -136,8 +137,8 @@ def check_parameters(notebook: str, given: Mapping[str, Any], declared: Mapping[
     for key, value in given.items():
         where = f"{source}: {notebook}.{key}"
         if key in INJECTED:
-            raise UserError(f"{where} is set by the runner (each run gets its own folder); "
-                            "remove it")
+            raise UserError(f"{where} is set by the runner (each run gets its own folder; "
+                            "`stagelab run --from` names the measured one); remove it")
         if key not in declared:
             raise UserError(f"{source}: unknown parameter {notebook}.{key}; valid: "
                             f"{', '.join(k for k in declared if k not in INJECTED)}")

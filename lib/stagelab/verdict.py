@@ -341,8 +341,8 @@ def build_verdict(run_dir: Path | str, *, decisive_rows: list[int], decisive_voc
     step_levers = [] if step is None else analysis.lever_savings(step, seed=seed).to_dict(
         "records")
     manifest_path = run_dir / "manifest.json"
-    hardware = json.loads(manifest_path.read_text()).get("hardware", {}) if (
-        manifest_path.exists()) else {}
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+    hardware = manifest.get("hardware") or {}
     goals = []
     if staging is not None:
         goals += analysis.staging_goals(staging, hardware)
@@ -367,11 +367,25 @@ def build_verdict(run_dir: Path | str, *, decisive_rows: list[int], decisive_voc
         "prompt_logprobs": _prompt_summary(run_dir, tables.get("prompt_logprobs")),
         "calibration": calibrate_rule(decisive, calibration_trials, delta, seed),
         "missing": missing,
+        "measured": measured_origin(manifest),
         "reference": reference_verdicts(reference_root) if reference_root else [],
     }
     verdict = _plain(verdict)
     verdict["findings"] = findings(verdict, tables)
+    if verdict["measured"] and verdict["measured"]["gaps"]:
+        verdict["findings"].append("The measurement is partial, so cells may be missing: "
+                                   + "; ".join(verdict["measured"]["gaps"]) + ".")
     return verdict
+
+
+def measured_origin(manifest: dict[str, Any]) -> dict[str, Any] | None:
+    """Where a replayed run (``stagelab run --from``) was measured and what its measurement
+    lacks; None for a run measured where it ran."""
+    measured = manifest.get("measured")
+    if not measured:
+        return None
+    return {key: measured.get(key) for key in ("host", "gpu", "device", "created_utc", "status",
+                                               "forced", "gaps")}
 
 
 # ------------------------------------------------------------------------- tables to show
