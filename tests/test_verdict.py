@@ -8,8 +8,6 @@ and optionally the ``staging`` and ``prompt_logprobs`` tables.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -289,14 +287,6 @@ def test_bad_parameters_raise_naming_the_parameter_before_reading(tmp_path, kwar
     with pytest.raises(ValueError, match=rf"^{parameter} ") as raised:
         verdict.build_verdict(run, **arguments)
     assert not isinstance(raised.value, SchemaError)
-
-
-def test_importing_the_verdict_loads_no_torch():
-    code = "import sys, {}; print('torch' in sys.modules)"
-    out = [subprocess.run([sys.executable, "-c", code.format(module)], capture_output=True,
-                          text=True, check=True).stdout.strip()
-           for module in ("stagelab.verdict", "stagelab.step")]
-    assert out == ["False", "True"]  # the second: the check does see torch where it is loaded
 
 
 # ------------------------------------------------------------------------ a full run folder

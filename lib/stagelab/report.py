@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 from urllib.parse import unquote, urlsplit
 
-from stagelab import catalogue
+from stagelab import catalogue, machine
 from stagelab.errors import UserError
 
 VERDICT_FILE = "verdict.json"
@@ -121,10 +121,8 @@ def _notebooks_table(run_dir: Path, notebooks: list[Mapping[str, Any]]) -> str:
 
 
 def _machine_table(hardware: Mapping[str, Any]) -> str:
-    from stagelab.hardware import flatten
-
     rows = "".join(f"<tr><td>{_esc(s)}</td><td>{_esc(k)}</td><td>{_esc(v)}</td></tr>"
-                   for s, k, v in flatten(hardware))
+                   for s, k, v in machine.flatten(hardware))
     return f"<table><tr><th>part</th><th>what</th><th>value</th></tr>{rows}</table>"
 
 
