@@ -488,7 +488,7 @@ def test_reference_evidence_is_listed_with_its_hardware(tmp_path):
 
 def test_the_decisive_table_holds_the_evidence_and_the_stage_split(full_verdict):
     table = verdict.decisive_table(full_verdict)
-    stage_columns = [f"{s}_ms" for s in (*STAGE_MS, "total")]
+    stage_columns = [f"{s}_ms" for s in (*STAGE_MS, "unattributed", "total")]
     assert list(table.columns) == [*verdict.DECISIVE_COLUMNS, *stage_columns]
     assert table["rows"].tolist() == [64, 256]
     assert table["decision"].tolist() == ["PORT", "PORT"]
