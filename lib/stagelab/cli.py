@@ -156,9 +156,10 @@ def cmd_keep(args: argparse.Namespace) -> int:
 
 
 def cmd_preflight(args: argparse.Namespace) -> int:
-    from stagelab import preflight
+    from stagelab import preflight, profiles
 
-    return preflight.preflight(args.profile, args.out)
+    parameters = profiles.profile_parameters(args.profile)  # an unknown profile stops here
+    return preflight.preflight(args.profile, parameters, args.out)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 from urllib.parse import unquote, urlsplit
 
-from stagelab import trust
+from stagelab import catalogue, trust
 from stagelab.errors import UserError
 
 VERDICT_FILE = "verdict.json"
@@ -107,9 +107,8 @@ def _decisive_table(cells: list[Mapping[str, Any]]) -> str:
     rows = []
     for c in cells:
         split = c.get("stages_ms") or {}
-        stages = (" + ".join(_fmt(split.get(s), ".2f") for s in
-                             ("device", "alloc", "copy", "host_gather", "free"))
-                  + f" = {_fmt(split.get('total'), '.2f')}") if split else "-"
+        stages = (" + ".join(_fmt(split.get(s), ".2f") for s in catalogue.STAGES)
+                  + f" = {_fmt(split.get(catalogue.TOTAL), '.2f')}") if split else "-"
         rows.append(
             f"<tr><td>n={c['rows']} V={c['vocab']} K={c.get('k')}</td>"
             f"<td class='{_esc(c['decision'])}'>{_esc(c['decision'])}</td>"
