@@ -24,9 +24,9 @@ FLOORS: dict[str, tuple[str, ...]] = {
     "ground": ("errors", "paths", "catalogue", "schema", "rundir"),
     # torch: the measuring code, importable with torch and the standard library alone
     "measure": ("device", "shapes", "bench", "memory", "native", "logprobs", "hardware", "sweep",
-                "staging", "step", "prompt_logprobs", "testing", "preflight"),
+                "staging", "step", "prompt_logprobs", "testing", "busy", "preflight"),
     # torch-free analysis of tidy tables: comparisons, the decision, the verdict
-    "analyse": ("stats", "calibration", "analysis", "verdict"),
+    "analyse": ("stats", "calibration", "analysis", "trust", "verdict"),
     # torch-free presentation of a run: figures, pages, kept evidence
     "present": ("machine", "plots", "report", "compare", "evidence"),
     # the run: its plan and checks, notebooks' context, the runner and the command line

@@ -17,6 +17,8 @@ import pandas as pd
 from stagelab import catalogue, stats
 from stagelab.catalogue import STAGES, TOTAL, aa_name
 
+UNATTRIBUTED = "unattributed"  # what no timed stage accounts for
+SPLIT = (*STAGES, UNATTRIBUTED)  # the parts of a step that add up to its total
 DWARFED_SHARE = 0.10  # the copy counts as dwarfed below this share of the seed's step
 MET, NOT_MET, NOT_MEASURED = "met", "not met", "not measured"
 GOAL_COLUMNS = ("goal", "target", "measured", "status", "note")
@@ -99,16 +101,26 @@ def compare(frame: pd.DataFrame, baseline: str, candidate: str, by: Sequence[str
 
 
 def decomposition(frame: pd.DataFrame, by: Sequence[str] = ("rows", "vocab", "k")) -> pd.DataFrame:
-    """Median seconds per stage and in total, per arm and cell, with each stage's share."""
+    """Mean seconds per stage and in total, per arm and cell, with each part's share of the total.
+
+    Means, because the median of each stage does not add up to the median of the total; here the
+    parts add up to the total exactly: what no timed stage accounts for (untimed work between
+    stages, or, negative, stages that overlap on a GPU) is its own part, ``unattributed``. Each
+    call counts where its total was timed; a stage an arm has no row for counts as 0.
+    """
     timed = ok_timings(frame, stage=None)
     if timed.empty:
-        return pd.DataFrame(columns=[*by, "arm", *STAGES, TOTAL])
-    med = timed.pivot_table(index=[*by, "arm"], columns="stage", values="seconds",
-                            aggfunc="median", observed=True)
-    med = med.reindex(columns=[*STAGES, TOTAL]).fillna(0.0).reset_index()
-    for stage in STAGES:
-        med[f"{stage}_share"] = med[stage] / med[TOTAL]
-    return pd.DataFrame(med)
+        return pd.DataFrame(columns=[*by, "arm", *SPLIT, TOTAL])
+    per_call = timed.pivot_table(index=[*by, "arm", "round"], columns="stage", values="seconds",
+                                 aggfunc="mean", observed=True)
+    per_call = per_call.reindex(columns=[*STAGES, TOTAL])
+    per_call = per_call[per_call[TOTAL].notna()].fillna(0.0)
+    per_call[UNATTRIBUTED] = per_call[TOTAL] - per_call[list(STAGES)].sum(axis=1)
+    means = per_call.groupby(level=[*by, "arm"], observed=True)[[*SPLIT, TOTAL]].mean()
+    means = means.reset_index()
+    for stage in SPLIT:
+        means[f"{stage}_share"] = means[stage] / means[TOTAL]
+    return pd.DataFrame(means)
 
 
 def copy_dwarfed(frame: pd.DataFrame,
@@ -123,8 +135,9 @@ def copy_dwarfed(frame: pd.DataFrame,
             f"{1e3 * row['copy']:.2f} ms of a {1e3 * row['total']:.2f} ms step "
             f"({row['copy_share']:.0%}); zero-fill {1e3 * row['alloc']:.2f} ms, host top-K "
             f"{1e3 * row['host_gather']:.2f} ms ({row['host_gather_share']:.0%}), free "
-            f"{1e3 * row['free']:.2f} ms, device work {1e3 * row['device']:.2f} ms. "
-            f"The copy is {verdict} (under {DWARFED_SHARE:.0%} counts as dwarfed).")
+            f"{1e3 * row['free']:.2f} ms, device work {1e3 * row['device']:.2f} ms, "
+            f"unattributed {1e3 * row['unattributed']:.2f} ms (means; the parts add up to the "
+            f"step). The copy is {verdict} (under {DWARFED_SHARE:.0%} counts as dwarfed).")
     return sentences or [f"The seed's step ({arm}) was not timed in this run: "
                          + not_measured_reason(frame, arm) + "."]
 

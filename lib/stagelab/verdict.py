@@ -116,13 +116,14 @@ def _failures(cell: pd.DataFrame, arms: tuple[str, ...]) -> str:
 
 
 def _stage_split(cell: pd.DataFrame) -> dict[str, float] | None:
-    """The seed step's median ms per stage (device, alloc, copy, host top-K, free) in one cell."""
+    """The seed step's mean ms per part (device, alloc, copy, host top-K, free, unattributed)
+    and in total, in one cell: the parts add up to the total."""
     parts = analysis.decomposition(cell)
     seed = parts[parts["arm"] == BASELINE]
     if seed.empty:
         return None
     row = seed.iloc[0]
-    return {stage: 1e3 * float(row[stage]) for stage in (*catalogue.STAGES, catalogue.TOTAL)}
+    return {stage: 1e3 * float(row[stage]) for stage in (*analysis.SPLIT, catalogue.TOTAL)}
 
 
 def _slower_beyond_delta(cell: dict[str, Any]) -> bool:
@@ -241,11 +242,12 @@ def findings(verdict: dict[str, Any], tables: dict[str, pd.DataFrame]) -> list[s
         if split:
             out.append(
                 f"Seed's step at n={cell['rows']}, V={cell['vocab']}, K={cell['k']}: "
-                f"{split['total']:.2f} ms in all; stage medians: log-softmax "
+                f"{split['total']:.2f} ms on average, made of log-softmax "
                 f"{split['device']:.2f}, zero-filled vector {split['alloc']:.2f}, copy "
                 f"{split['copy']:.2f}, host top-K (C++) {split['host_gather']:.2f}, free "
-                f"{split['free']:.2f} ms (on a GPU the vector's zero-fill overlaps the "
-                "log-softmax, so the stages need not add up).")
+                f"{split['free']:.2f} and unattributed {split['unattributed']:.2f} ms (time "
+                "outside the timed stages; negative where stages overlap, as the vector's "
+                "zero-fill and the log-softmax do on a GPU).")
     step = tables.get("step")
     if step is not None:
         for lever in verdict["step_levers"]:
