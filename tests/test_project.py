@@ -71,3 +71,10 @@ def test_notebook_code_holds_calls_not_logic(path):
             found = [type(node).__name__ for node in ast.walk(ast.parse(cell.source))
                      if isinstance(node, LOGIC)]
             assert not found, f"{path.name}: {found} in a code cell:\n{cell.source}"
+
+
+def test_notebook_02_opens_with_the_decisive_comparison_in_at_most_150_words():
+    nb = nbformat.read(str(paths.NOTEBOOKS_DIR / "02_logprobs_step.ipynb"), as_version=4)
+    title, first, *_ = nb.cells[0].source.split("\n\n")
+    assert len(nb.cells[0].source.replace("#", "").split()) <= 150
+    assert first.startswith("**The decisive comparison:**") and "`seed_pinned`" in first

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stagelab import schema, verdict
+from stagelab import analysis, schema, verdict
 from stagelab.errors import SchemaError
 
 V = 152_064
@@ -439,14 +439,13 @@ def test_no_finding_is_written_for_a_comparison_that_was_not_timed(tmp_path):
     assert not any("nan" in line for line in findings)
 
 
-def test_a_recommendation_file_in_the_run_wins_over_recomputing(tmp_path):
+def test_the_recommendation_has_one_source_the_table(tmp_path):
     run = write_full_run(tmp_path / "run")
-    stored = {"arm": "fused", "chunk": 1024, "reason": "chosen by the notebook"}
-    (run / verdict.RECOMMENDATION_FILE).write_text(json.dumps(stored))
+    stray = {"arm": "fused", "chunk": 1024, "reason": "written by an older notebook 03"}
+    (run / "prompt_chunk_recommendation.json").write_text(json.dumps(stray))
     result = build(run, [64])
-    assert result["prompt_logprobs"]["recommendation"] == stored
-    assert verdict.prompt_sentence(result) == (
-        "Recommended chunk: **1024** (fused): chosen by the notebook.")
+    expected = analysis.recommend_chunk(schema.read_table(run, "prompt_logprobs"))
+    assert result["prompt_logprobs"]["recommendation"] == expected and expected["chunk"] == 512
 
 
 def test_reference_evidence_is_listed_with_its_hardware(tmp_path):
