@@ -56,3 +56,38 @@ def test_measured_cells_show_their_figures_and_unmeasured_ones_say_so(tmp_path):
     assert "1.500x [1.400, 1.600]" in box and "1.020x" in box and "1.000x [0.990, 1.010]" in box
     assert "counts from (delta 2%)" in box
     assert box.count("not measured</td>") == 3  # speedup, threshold and twin of n=16
+
+
+def test_the_key_plot_labels_decisions_only_and_captions_what_it_draws():
+    import matplotlib
+    matplotlib.use("Agg")
+    from stagelab import plots
+
+    # Before: two stray "measured" labels and a caption for a grey twin CI that was not drawn.
+    reuse = [{"rows": n, "vocab": 152064, "k": 5, "decision": "measured", "speedup": s,
+              "ci_low": s - 0.05, "ci_high": s + 0.05} for n, s in ((16, 0.9), (64, 1.5))]
+    ax = plots.verdict_forest(reuse, "reuse lever")
+    assert [t.get_text() for t in ax.texts] == []
+    assert "grey" not in ax.get_xlabel() and "tick" not in ax.get_xlabel()
+    decided = [{**reuse[1], "decision": "PORT", "twin_ci_low": 0.98, "twin_ci_high": 1.02,
+                "min_speedup": 1.02}]
+    ax = plots.verdict_forest(decided, "decided")
+    assert [t.get_text().strip() for t in ax.texts] == ["PORT"]
+    assert "grey band" in ax.get_xlabel() and "black tick" in ax.get_xlabel()
+
+
+def test_a_tall_arm_is_cut_and_labelled_so_the_seed_bars_stay_readable():
+    import matplotlib
+    matplotlib.use("Agg")
+    import pandas as pd
+
+    from stagelab import analysis, plots
+
+    base = {"rows": 16, "vocab": 1000, "k": 5}
+    parts = pd.DataFrame([
+        {**base, "arm": "seed_pageable", **{s: 1e-3 for s in analysis.SPLIT}, "total": 6e-3},
+        {**base, "arm": "fused", **{s: 0.0 for s in analysis.SPLIT}, "device": 60e-3,
+         "total": 60e-3}])
+    ax = plots.stage_bars(parts).axes[0]
+    assert ax.get_ylim()[1] == plots.CLIP_OVER_BASELINE * 6.0
+    assert [t.get_text() for t in ax.texts] == ["↑60"]
