@@ -4,8 +4,10 @@ against an H200, an H100 against an H200, before against after a change).
 Each run (a run folder or a kept run under ``data/reference/``) gives one column: its hardware,
 the overall verdict, the verdict per decisive cell with its CI, the seed step's stage split, the
 copy bandwidth at its largest copy cell against the PCIe link, and the prompt-logprob peaks with
-the recommended chunk. Where a quantity was measured at the same cell in a run and in the first
-run given, their ratio is shown (run over first run). A run that lacks something (no verdict, a
+the recommended chunk. The verdicts come first, with whether each run's timings can be trusted
+(:mod:`stagelab.trust`: a busy machine, a failed A/A check). Where a quantity was measured at the
+same cell in a run and in the first run given, their ratio (run over first run) stands beside the
+run's figure; every figure has three significant digits, its unit in the row's name. A run that lacks something (no verdict, a
 verdict of an older format, no tables) is named in a one-line note and its column says what is
 missing; the others are still compared. Torch-free: it reads the run's files only.
 """
