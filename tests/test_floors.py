@@ -3,8 +3,7 @@
 A module imports only from its own floor or below (anywhere in its file, lazy imports included),
 with no import cycle; the analyse and present floors never import the measuring floor, so the
 verdict, the report and ``stagelab compare`` never load torch; torch is imported on the measuring
-floor only; the ground and measuring floors import no pandas, so that a node measures with torch
-and the standard library alone. A module without a floor fails: a new module is placed here.
+floor only. A module without a floor fails: a new module is placed here.
 """
 
 from __future__ import annotations
@@ -34,7 +33,6 @@ FLOORS: dict[str, tuple[str, ...]] = {
 }
 ORDER = tuple(FLOORS)
 TORCH_FREE = ("analyse", "present")
-PANDAS_FREE = ("ground", "measure")
 FLOOR_OF = {module: floor for floor, modules in FLOORS.items() for module in modules}
 
 
@@ -82,12 +80,10 @@ def test_a_module_imports_nothing_above_its_floor(module):
 
 
 @pytest.mark.parametrize("module", sorted(FLOOR_OF))
-def test_torch_only_on_the_measuring_floor_and_pandas_never_below_the_analysis(module):
+def test_torch_only_on_the_measuring_floor(module):
     _, theirs = _imports(module)
     if FLOOR_OF[module] != "measure":
         assert "torch" not in theirs, f"{module} ({FLOOR_OF[module]}) imports torch"
-    if FLOOR_OF[module] in PANDAS_FREE:
-        assert "pandas" not in theirs, f"{module} ({FLOOR_OF[module]}) imports pandas"
 
 
 def test_the_package_has_no_import_cycle():
@@ -117,8 +113,3 @@ def test_the_torch_free_floors_load_no_torch_in_a_fresh_interpreter():
     modules = [m for floor in TORCH_FREE for m in FLOORS[floor]] + ["catalogue", "params", "profiles"]
     # pandas is watched too: it is loaded, which shows the check sees what an import pulls in
     assert _loaded_after_importing(modules, ("torch", "pandas")) == ["pandas"]
-
-
-def test_the_measuring_floor_loads_no_pandas_in_a_fresh_interpreter():
-    modules = [m for floor in PANDAS_FREE for m in FLOORS[floor]]
-    assert _loaded_after_importing(modules, ("pandas", "torch")) == ["torch"]
