@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from test_runner import dead_pid, fake_run
 
-from stagelab import cli, evidence, paths, rundir
+from stagelab import cli, evidence, paths, rundir, schema
 from stagelab.errors import UserError
 
 GPU = {"gpu": {"name": "NVIDIA H200"}, "host": {"cpu_model": "Xeon"}}
@@ -25,7 +25,10 @@ def good_run(root: Path, decision: str = "PORT", hardware: dict | None = None,
     manifest.update(hardware=hardware or GPU, git={"commit": "abcdef1234567890", "dirty": False},
                     created_utc=created)
     rundir.write_manifest(run_dir, manifest)
-    (run_dir / "data" / "staging.parquet").write_bytes(b"PAR1")
+    schema.write_table(schema.make_rows([{"experiment": "d2h_copy", "arm": "pageable_fresh",
+                                          "seconds": 0.5, "bytes": 10**9, "round": 0}],
+                                        run_id=run_dir.name, notebook="01_d2h_staging"),
+                       run_dir, "staging")
     (run_dir / "index.html").write_text("<html></html>")
     if verdict:
         (run_dir / "verdict.json").write_text(json.dumps({"overall": {"decision": decision}}))

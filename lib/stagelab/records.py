@@ -379,3 +379,23 @@ class RunFolder:
             yield
         finally:
             handle.close()
+
+
+# ------------------------------------------------------------------------------ kept runs
+
+def kept_folders(root: Path) -> tuple[list[RunFolder], list[str]]:
+    """The kept runs under ``<root>/<machine>/<run id>/`` and a sentence for each folder left
+    out (a dot-folder such as a keep's leftover staging, or a folder without ``kept.json``)."""
+    root = Path(root)
+    kept, skipped = [], []
+    for folder in sorted(p for p in root.glob("*/*") if p.is_dir()):
+        where = folder.relative_to(root).as_posix()
+        if any(part.startswith(".") for part in folder.relative_to(root).parts):
+            skipped.append(f"{where}: a hidden folder (e.g. a keep that was stopped), not evidence")
+        elif folder.is_symlink() or folder.parent.is_symlink():
+            skipped.append(f"{where}: a symbolic link, not evidence")
+        elif not (folder / RunFolder.KEPT).is_file():
+            skipped.append(f"{where}: no {RunFolder.KEPT}, so not kept by `stagelab keep`")
+        else:
+            kept.append(RunFolder(folder))
+    return kept, skipped
