@@ -79,6 +79,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     plan = profiles.plan_run(args.profile, args.only, profiles.parse_overrides(args.param))
     run_dir, manifest = execute.run(plan, args.out, command=["stagelab", *sys.argv[1:]])
     _say(f"report: {run_dir / 'index.html'}", sys.stdout)
+    _say(verdict_line(run_dir, manifest), sys.stdout)
     if manifest["status"] == rundir.INTERRUPTED:
         _say("run interrupted; what was produced is kept")
         return EXIT_INTERRUPTED
@@ -97,6 +98,26 @@ def _say(text: str, stream=None) -> None:
     """Print a line; a terminal closed under the run (SIGHUP) is not an error."""
     with contextlib.suppress(OSError):
         print(text, file=stream or sys.stderr, flush=True)
+
+
+def verdict_line(run_dir: Path, manifest: dict) -> str:
+    """The run's last words: its verdict in one line (or why there is none), and a warning line
+    when its timings are not trustworthy."""
+    from stagelab import trust
+    from stagelab.records import RunFolder
+
+    try:
+        verdict = RunFolder(run_dir).read_verdict()
+    except UserError as exc:
+        verdict, line = {}, f"verdict: unreadable ({exc})"
+    else:
+        if verdict is None:
+            verdict, line = {}, "verdict: none (the verdict notebook did not run or did not finish)"
+        else:
+            overall = verdict["overall"]
+            line = f"verdict: {overall['decision']} - {overall.get('summary', '')}".rstrip(" -")
+    warning = trust.headline(trust.reasons(run_dir, manifest, verdict))
+    return f"{line}\n{warning}" if warning else line
 
 
 def cmd_env(args: argparse.Namespace) -> int:
@@ -155,9 +176,10 @@ def cmd_keep(args: argparse.Namespace) -> int:
 
 
 def cmd_preflight(args: argparse.Namespace) -> int:
-    from stagelab import preflight
+    from stagelab import preflight, profiles
 
-    return preflight.preflight(args.profile, args.out)
+    parameters = profiles.profile_parameters(args.profile)  # an unknown profile stops here
+    return preflight.preflight(args.profile, parameters, args.out)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:

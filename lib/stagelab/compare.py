@@ -20,12 +20,12 @@ from typing import Any, Callable, Sequence
 
 import pandas as pd
 
-from stagelab import analysis, paths, records, rundir, schema
+from stagelab import analysis, catalogue, paths, records, rundir, schema
 from stagelab.errors import SchemaError, UserError
 from stagelab.records import RunFolder
 
 VERDICT_FILE = RunFolder.VERDICT
-STAGES = (*analysis.STAGES, "total")
+STAGES = (*catalogue.STAGES, catalogue.TOTAL)
 NOT_MEASURED = "-"
 INDEX_NAMES = ("section", "quantity")
 BANDWIDTH_COLUMNS = ("arm", "stage", "metric", "status", "rows", "vocab", "gb_per_s")
@@ -112,8 +112,9 @@ def _read_verdict(run: RunFacts) -> dict[str, Any] | None:
         run.lacks("verdict.json unreadable", str(exc))
         return None
     if verdict is None:
-        run.lacks("no verdict.json", "no verdict.json (notebook 04_verdict did not run or "
-                  "failed): no verdict, decisive cells, stage split or prompt-logprob figures")
+        run.lacks("no verdict.json", f"no verdict.json (notebook {catalogue.VERDICT_NOTEBOOK} "
+                  "did not run or failed): no verdict, decisive cells, stage split or "
+                  "prompt-logprob figures")
     elif "decisive" not in verdict:
         run.lacks("older verdict.json", "verdict.json is of an older format (no `decisive` "
                   "cells): no per-cell verdict or stage split")
@@ -124,7 +125,7 @@ def copy_bandwidth(staging: pd.DataFrame) -> tuple[tuple[int, int] | None, dict[
     """The largest copy cell ``(rows, vocab)`` of a staging table and, per arm (A/A twins left
     out), the median GB/s of its ok ``total`` timings there."""
     timed = analysis.ok_timings(staging)
-    timed = timed[~timed["arm"].str.endswith(schema.AA_SUFFIX) & timed["gb_per_s"].notna()]
+    timed = timed[~timed["arm"].str.endswith(catalogue.AA_SUFFIX) & timed["gb_per_s"].notna()]
     if timed.empty:
         return None, {}
     sizes = timed[["rows", "vocab"]].drop_duplicates().astype(int)
@@ -155,23 +156,24 @@ def read_older_table(run_dir: Path, name: str, needed: Sequence[str]) -> tuple[p
 
 
 def _read_staging(run: RunFacts) -> None:
-    """Fill the run's copy bandwidth from data/staging.parquet, or say why it cannot be."""
+    """Fill the run's copy bandwidth from the staging table, or say why it cannot be."""
+    notebook = catalogue.notebook_of(catalogue.STAGING)
     try:
-        staging = schema.read_table(run.path, "staging")
+        staging = schema.read_table(run.path, notebook.table)
     except FileNotFoundError:
-        run.lacks("no staging table", "no data/staging.parquet (notebook 01_d2h_staging did "
-                  "not run or failed): no copy bandwidth")
+        run.lacks("no staging table", f"no data/{notebook.table}.parquet (notebook "
+                  f"{notebook.name} did not run or failed): no copy bandwidth")
         return
     except SchemaError:
         try:
-            staging, note = read_older_table(run.path, "staging", BANDWIDTH_COLUMNS)
+            staging, note = read_older_table(run.path, notebook.table, BANDWIDTH_COLUMNS)
         except SchemaError as exc:
             run.lacks("staging table of another schema", f"{exc}: no copy bandwidth")
             return
         run.notes.append(f"{run.run_id}: {note}; its copy bandwidth is read all the same")
     run.copy_cell, run.copy_gbps = copy_bandwidth(staging)
     if not run.copy_gbps:
-        run.lacks("no copy timings", "data/staging.parquet has no ok copy timings")
+        run.lacks("no copy timings", f"data/{notebook.table}.parquet has no ok copy timings")
 
 
 def load_run(path: Path | str) -> RunFacts:
@@ -191,7 +193,7 @@ def load_run(path: Path | str) -> RunFacts:
         run.prompt = verdict.get("prompt_logprobs")
         if run.prompt is None:
             run.lacks("no prompt data", "no prompt-logprob figures in verdict.json (notebook "
-                      "03_prompt_logprobs did not run or failed)")
+                      f"{catalogue.notebook_of(catalogue.PROMPT).name} did not run or failed)")
     _read_staging(run)
     return run
 

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
-from stagelab import analysis
+from stagelab import analysis, catalogue
 
 sns.set_theme(style="whitegrid", context="notebook")
 DECISION_COLORS = {"PORT": "tab:green", "CLOSE": "tab:gray", "INCONCLUSIVE": "tab:orange",
@@ -109,7 +109,7 @@ def stage_bars(parts: pd.DataFrame) -> plt.Figure:
     for ax, (_, cell) in zip(axes.flat, cells.iterrows()):
         sub = parts[(parts["rows"] == cell["rows"]) & (parts["vocab"] == cell["vocab"])
                     & (parts["k"] == cell["k"])].set_index("arm")
-        (1e3 * sub[list(analysis.STAGES)]).plot.bar(stacked=True, ax=ax, legend=False, rot=60)
+        (1e3 * sub[list(catalogue.STAGES)]).plot.bar(stacked=True, ax=ax, legend=False, rot=60)
         ax.set(title=f"n={cell['rows']} V={cell['vocab']} K={cell['k']}", ylabel="ms (median)",
                xlabel="")
     for ax in list(axes.flat)[len(cells):]:
@@ -122,7 +122,7 @@ def stage_bars(parts: pd.DataFrame) -> plt.Figure:
     return fig
 
 
-def copy_share(parts: pd.DataFrame, arm: str = "seed_pageable",
+def copy_share(parts: pd.DataFrame, arm: str = catalogue.baseline(catalogue.STEP),
                ax: plt.Axes | None = None) -> plt.Axes:
     """The copy's share of the seed's step per cell, with the "dwarfed" line."""
     ax = _axes(ax, (7, 3.5))
@@ -182,7 +182,7 @@ def verdict_key(verdict: dict) -> plt.Axes:
         return verdict_forest(verdict["decisive"],
                               "Pinned grow-only vs the seed's fresh vector: the whole step")
     reuse = [{**lever, "decision": "measured"} for lever in verdict["step_levers"]
-             if lever["candidate"] == "seed_pageable_reused"
+             if lever["candidate"] == catalogue.REUSE_LEVER[catalogue.STEP]
              and lever.get("speedup") is not None]
     if reuse:
         return verdict_forest(reuse, "No decision here (pinned arm not measured). Measured "

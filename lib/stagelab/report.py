@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 from urllib.parse import unquote, urlsplit
 
-from stagelab import records
+from stagelab import catalogue, records, trust
 from stagelab.errors import UserError
 from stagelab.records import RunFolder
 
@@ -31,6 +31,7 @@ vertical-align:top} th{background:#f3f4f8}
 .ok{color:#176b2c;font-weight:600}.failed,.interrupted{color:#b3261e;font-weight:600}
 .running,.pending,.interactive{color:#8a6d00;font-weight:600}.missing{color:#b3261e;font-style:italic}
 .note{border-left:3px solid #8a6d00;padding-left:.6em}
+.untrusted{border:2px solid #b3261e;background:#fdecea;padding:.2em .8em;margin-bottom:.6em}
 .verdict{border:2px solid #445;border-radius:8px;padding:.8em 1.2em;background:#f8f9fc}
 .decision{font-size:1.3em;font-weight:700} .PORT{color:#176b2c}.CLOSE{color:#444}.INCONCLUSIVE{color:#8a6d00}
 img{max-width:100%;border:1px solid #eee;margin:.4em 0} .muted{color:#667} code{background:#f3f4f8;padding:0 .2em}
@@ -52,20 +53,33 @@ def _esc(value: Any) -> str:
     return html.escape("" if value is None else str(value))
 
 
-def _verdict_section(run_dir: Path) -> str:
+def _trust_banner(found: list[str]) -> str:
+    """The warning that heads the verdict box when the timings are not trustworthy."""
+    if not found:
+        return ""
+    items = "".join(f"<li>{_esc(reason)}</li>" for reason in found)
+    return ("<div class='untrusted' id='untrusted'><p><b>TIMINGS NOT TRUSTWORTHY</b>: run it "
+            f"again on a quiet machine before relying on these figures.</p><ul>{items}</ul></div>")
+
+
+def _verdict_section(run_dir: Path, manifest: Mapping[str, Any]) -> str:
     try:
         verdict = RunFolder(run_dir).read_verdict()
     except UserError as exc:
         return (f"<section class='verdict' id='verdict'><p class='decision INCONCLUSIVE'>Verdict "
                 f"unreadable</p><p>{_esc(exc)}</p></section>")
     if verdict is None:
-        return ("<section class='verdict' id='verdict'><p class='decision INCONCLUSIVE'>No verdict yet"
-                "</p><p>This run has no <code>verdict.json</code>: the verdict notebook did not run "
-                "or did not finish. Nothing below is a decision.</p></section>")
+        return ("<section class='verdict' id='verdict'>"
+                f"{_trust_banner(trust.reasons(run_dir, manifest, {}))}"
+                "<p class='decision INCONCLUSIVE'>No verdict yet</p><p>This run has no "
+                "<code>verdict.json</code>: the verdict notebook did not run or did not finish. "
+                "Nothing below is a decision.</p></section>")
     overall = verdict.get("overall", {})
     decision = _esc(overall.get("decision", "INCONCLUSIVE"))
-    parts = [f"<section class='verdict' id='verdict'><p class='decision {decision}'>"
-             f"Staging verdict: {decision}</p><p>{_esc(overall.get('summary', ''))}</p>"]
+    parts = [f"<section class='verdict' id='verdict'>"
+             f"{_trust_banner(trust.reasons(run_dir, manifest, verdict))}"
+             f"<p class='decision {decision}'>Staging verdict: {decision}</p>"
+             f"<p>{_esc(overall.get('summary', ''))}</p>"]
     parts.append(_decisive_table(verdict.get("decisive", [])))
     findings = verdict.get("findings", [])
     if findings:
@@ -91,9 +105,8 @@ def _decisive_table(cells: list[Mapping[str, Any]]) -> str:
     rows = []
     for c in cells:
         split = c.get("stages_ms") or {}
-        stages = (" + ".join(_fmt(split.get(s), ".2f") for s in
-                             ("device", "alloc", "copy", "host_gather", "free"))
-                  + f" = {_fmt(split.get('total'), '.2f')}") if split else "-"
+        stages = (" + ".join(_fmt(split.get(s), ".2f") for s in catalogue.STAGES)
+                  + f" = {_fmt(split.get(catalogue.TOTAL), '.2f')}") if split else "-"
         rows.append(
             f"<tr><td>n={c['rows']} V={c['vocab']} K={c.get('k')}</td>"
             f"<td class='{_esc(c['decision'])}'>{_esc(c['decision'])}</td>"
@@ -150,7 +163,7 @@ def write_index(run_dir: Path) -> Path:
         f"{' (uncommitted changes)' if git.get('dirty') else ''}</p>",
         f"<p class='note'>{_esc(manifest['note'])}</p>" if manifest.get("note") else "",
         f"<p class='failed'>{_esc(manifest['error'])}</p>" if manifest.get("error") else "",
-        _verdict_section(run_dir),
+        _verdict_section(run_dir, manifest),
         "<h2>Notebooks</h2>", _notebooks_table(run_dir, manifest.get("notebooks", [])),
         "<h2>Figures</h2>",
         "".join(f"<figure><img src='{_esc(f)}' alt='{_esc(f)}'><figcaption class='muted'>"
