@@ -485,7 +485,7 @@ def test_reference_evidence_is_listed_with_its_hardware(tmp_path):
     assert [line.split(":")[0] for line in skipped] == [
         "H200/.incoming-20270104T000000Z_full-x", "H200/20270105T000000Z_full",
         "H200/20270106T000000Z_full"]
-    assert "no kept.json" in skipped[1] and "'MAYBE'" in skipped[2]
+    assert "no kept.json (not kept" in skipped[1] and "'MAYBE'" in skipped[2]
     assert str(root / "H200" / "20270106T000000Z_full" / "verdict.json") in skipped[2]
     assert all(f"Not read as reference evidence: {line}." in result["findings"] for line in skipped)
     assert result["reference"][0]["overall"]["decision"] == "CLOSE"

@@ -395,7 +395,8 @@ def kept_folders(root: Path) -> tuple[list[RunFolder], list[str]]:
         elif folder.is_symlink() or folder.parent.is_symlink():
             skipped.append(f"{where}: a symbolic link, not evidence")
         elif not (folder / RunFolder.KEPT).is_file():
-            skipped.append(f"{where}: no {RunFolder.KEPT}, so not kept by `stagelab keep`")
+            skipped.append(f"{where}: no {RunFolder.KEPT} (not kept by `stagelab keep`, or kept "
+                           "before it labelled its runs), so not read as evidence")
         else:
             kept.append(RunFolder(folder))
     return kept, skipped

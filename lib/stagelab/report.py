@@ -80,7 +80,7 @@ def _verdict_section(run_dir: Path, manifest: Mapping[str, Any]) -> str:
              f"{_trust_banner(trust.reasons(run_dir, manifest, verdict))}"
              f"<p class='decision {decision}'>Staging verdict: {decision}</p>"
              f"<p>{_esc(overall.get('summary', ''))}</p>"]
-    parts.append(_decisive_table(verdict.get("decisive", [])))
+    parts.append(_decisive_table(verdict.get("decisive", []), overall.get("summary", "")))
     findings = verdict.get("findings", [])
     if findings:
         parts.append("<ul>" + "".join(f"<li>{_esc(f)}</li>" for f in findings) + "</ul>")
@@ -94,28 +94,64 @@ def _fmt(value: Any, spec: str = ".3f") -> str:
     return "-" if value is None else format(value, spec)
 
 
-def _decisive_table(cells: list[Mapping[str, Any]]) -> str:
-    """Per decisive cell: the step-level speedup with its CI, delta, the A/A check, and the seed
-    step's stage split."""
+NOT_MEASURED = "not measured"
+STAGE_SPLIT = (*catalogue.STAGES, "unattributed", catalogue.TOTAL)
+STAGE_WORDS = "log-softmax + zero-fill + copy + host top-K + free + unattributed = total"
+
+
+def _ratio(value: Any) -> str | None:
+    return None if value is None else f"{value:.3f}x"
+
+
+def _with_ci(cell: Mapping[str, Any], prefix: str = "") -> str | None:
+    """``1.234x [1.200, 1.260]``, or None where the speedup was not measured."""
+    speedup = cell.get(f"{prefix}speedup")
+    if speedup is None:
+        return None
+    return f"{speedup:.3f}x [{cell[f'{prefix}ci_low']:.3f}, {cell[f'{prefix}ci_high']:.3f}]"
+
+
+def _stage_sum(split: Mapping[str, Any]) -> str | None:
+    """The seed step's mean ms per part and the total they add up to."""
+    if not split:
+        return None
+    if "unattributed" not in split:  # a verdict written before the split used means
+        parts = " + ".join(f"{split[s]:.2f}" for s in catalogue.STAGES)
+        return (f"{parts}; total {split[catalogue.TOTAL]:.2f} (medians of an older verdict: "
+                "they need not add up)")
+    parts = " + ".join(f"{split[s]:.2f}" for s in STAGE_SPLIT[:-1])
+    return f"{parts} = {split[catalogue.TOTAL]:.2f}"
+
+
+def _decisive_table(cells: list[Mapping[str, Any]], said: str = "") -> str:
+    """Per decisive cell: the step-level speedup with its CI, the smallest speedup that counts,
+    the A/A check, and the seed step's stage split (means, adding up to the total). A column no
+    cell has a value for is left out; a reason every cell shares is said once, under the table,
+    or not at all where ``said`` (the summary above it) says it already."""
     if not cells:
         return ""
-    head = ("<table id='decisive'><tr><th>cell</th><th>decision</th><th>step speedup [95 % CI]"
-            "</th><th>delta (min speedup)</th><th>A/A twin [CI]</th><th>seed step, ms: "
-            "log-softmax + zero-fill + copy + host top-K + free</th><th>reason</th></tr>")
-    rows = []
-    for c in cells:
-        split = c.get("stages_ms") or {}
-        stages = (" + ".join(_fmt(split.get(s), ".2f") for s in catalogue.STAGES)
-                  + f" = {_fmt(split.get(catalogue.TOTAL), '.2f')}") if split else "-"
-        rows.append(
-            f"<tr><td>n={c['rows']} V={c['vocab']} K={c.get('k')}</td>"
-            f"<td class='{_esc(c['decision'])}'>{_esc(c['decision'])}</td>"
-            f"<td>{_fmt(c.get('speedup'))} [{_fmt(c.get('ci_low'))}, {_fmt(c.get('ci_high'))}]</td>"
-            f"<td>{_fmt(c.get('delta'), '.0%')} ({_fmt(c.get('min_speedup'))})</td>"
-            f"<td>{_fmt(c.get('twin_speedup'))} [{_fmt(c.get('twin_ci_low'))}, "
-            f"{_fmt(c.get('twin_ci_high'))}]</td><td>{_esc(stages)}</td>"
-            f"<td>{_esc(c.get('reason'))}</td></tr>")
-    return head + "".join(rows) + "</table>"
+    delta = cells[0].get("delta")
+    columns = {"decision": "decision", "speedup": "step speedup [95 % CI]",
+               "min_speedup": f"counts from (delta {_fmt(delta, '.0%')})",
+               "twin": "A/A twin [95 % CI]", "stages": f"seed step, mean ms: {STAGE_WORDS}",
+               "reason": "reason"}
+    rows = [{"decision": c["decision"], "speedup": _with_ci(c),
+             "min_speedup": _ratio(c.get("min_speedup")), "twin": _with_ci(c, "twin_"),
+             "stages": _stage_sum(c.get("stages_ms") or {}), "reason": c.get("reason")}
+            for c in cells]
+    reasons = {row["reason"] for row in rows}
+    shared = reasons.pop() if len(reasons) == 1 else None
+    shown = [key for key in columns if any(row[key] for row in rows)
+             and not (key == "reason" and shared)]
+    head = "<tr><th>cell</th>" + "".join(f"<th>{_esc(columns[k])}</th>" for k in shown) + "</tr>"
+    body = "".join(
+        f"<tr><td>n={c['rows']} V={c['vocab']} K={c.get('k')}</td>"
+        + "".join((f"<td class='{_esc(row[key])}'>" if key == "decision" else "<td>")
+                  + f"{_esc(row[key] or NOT_MEASURED)}</td>" for key in shown) + "</tr>"
+        for c, row in zip(cells, rows))
+    repeated = shared and shared.removeprefix(f"{NOT_MEASURED}: ") in said
+    note = f"<p class='muted'>Every cell: {_esc(shared)}</p>" if shared and not repeated else ""
+    return f"<table id='decisive'>{head}{body}</table>{note}"
 
 
 def _notebooks_table(run_dir: Path, notebooks: list[Mapping[str, Any]]) -> str:

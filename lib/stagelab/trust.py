@@ -72,10 +72,11 @@ def reasons(run_dir: Path, manifest: Mapping[str, Any] | None = None,
     return load_reasons(manifest) + harness_reasons(verdict)
 
 
-def unmeasured(manifest: Mapping[str, Any]) -> list[str]:
-    """The timing notebooks whose load was not recorded (older runs, run by hand, no /proc)."""
-    return [e["name"] for e in manifest.get("notebooks") or []
-            if e.get("name") in TIMING_NOTEBOOKS and (e.get("load") or {}).get("busy") is None]
+def load_known(manifest: Mapping[str, Any]) -> bool:
+    """Whether the machine's load was recorded for every timing notebook the run has (not for
+    older runs, runs by hand, or where /proc cannot be read)."""
+    timing = [e for e in manifest.get("notebooks") or [] if e.get("name") in TIMING_NOTEBOOKS]
+    return bool(timing) and all((e.get("load") or {}).get("busy") is not None for e in timing)
 
 
 def headline(found: list[str]) -> str:
