@@ -8,14 +8,12 @@ and optionally the ``staging`` and ``prompt_logprobs`` tables.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from stagelab import schema, verdict
+from stagelab import analysis, schema, verdict
 from stagelab.errors import SchemaError
 
 V = 152_064
@@ -298,14 +296,6 @@ def test_bad_parameters_raise_naming_the_parameter_before_reading(tmp_path, kwar
     assert not isinstance(raised.value, SchemaError)
 
 
-def test_importing_the_verdict_loads_no_torch():
-    code = "import sys, {}; print('torch' in sys.modules)"
-    out = [subprocess.run([sys.executable, "-c", code.format(module)], capture_output=True,
-                          text=True, check=True).stdout.strip()
-           for module in ("stagelab.verdict", "stagelab.step")]
-    assert out == ["False", "True"]  # the second: the check does see torch where it is loaded
-
-
 # ------------------------------------------------------------------------ a full run folder
 
 def staging_records(rounds: int = 20) -> list[dict]:
@@ -449,14 +439,13 @@ def test_no_finding_is_written_for_a_comparison_that_was_not_timed(tmp_path):
     assert not any("nan" in line for line in findings)
 
 
-def test_a_recommendation_file_in_the_run_wins_over_recomputing(tmp_path):
+def test_the_recommendation_has_one_source_the_table(tmp_path):
     run = write_full_run(tmp_path / "run")
-    stored = {"arm": "fused", "chunk": 1024, "reason": "chosen by the notebook"}
-    (run / verdict.RECOMMENDATION_FILE).write_text(json.dumps(stored))
+    stray = {"arm": "fused", "chunk": 1024, "reason": "written by an older notebook 03"}
+    (run / "prompt_chunk_recommendation.json").write_text(json.dumps(stray))
     result = build(run, [64])
-    assert result["prompt_logprobs"]["recommendation"] == stored
-    assert verdict.prompt_sentence(result) == (
-        "Recommended chunk: **1024** (fused): chosen by the notebook.")
+    expected = analysis.recommend_chunk(schema.read_table(run, "prompt_logprobs"))
+    assert result["prompt_logprobs"]["recommendation"] == expected and expected["chunk"] == 512
 
 
 def test_reference_evidence_is_listed_with_its_hardware(tmp_path):

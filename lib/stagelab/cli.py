@@ -121,13 +121,13 @@ def verdict_line(run_dir: Path, manifest: dict) -> str:
 
 
 def cmd_env(args: argparse.Namespace) -> int:
-    from stagelab import hardware
+    from stagelab import hardware, machine
 
     snap = hardware.snapshot(under_load=args.under_load)
     if args.json:
         print(json.dumps(snap, indent=2))
         return EXIT_OK
-    for section, key, value in hardware.flatten(snap):
+    for section, key, value in machine.flatten(snap):
         if key.endswith("_bytes") and isinstance(value, int):
             value = f"{value} ({value / 2**30:.1f} GiB)"
         print(f"{section:12} {key:34} {value}")

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 from urllib.parse import unquote, urlsplit
 
-from stagelab import catalogue, records, trust
+from stagelab import catalogue, machine, records, trust
 from stagelab.errors import UserError
 from stagelab.records import RunFolder
 
@@ -169,10 +169,8 @@ def _notebooks_table(run_dir: Path, notebooks: list[Mapping[str, Any]]) -> str:
 
 
 def _machine_table(hardware: Mapping[str, Any]) -> str:
-    from stagelab.hardware import flatten
-
     rows = "".join(f"<tr><td>{_esc(s)}</td><td>{_esc(k)}</td><td>{_esc(v)}</td></tr>"
-                   for s, k, v in flatten(hardware))
+                   for s, k, v in machine.flatten(hardware))
     return f"<table><tr><th>part</th><th>what</th><th>value</th></tr>{rows}</table>"
 
 

@@ -34,7 +34,6 @@ from stagelab.errors import UserError
 TABLES = catalogue.tables()
 BASELINE, CANDIDATE = catalogue.baseline(catalogue.STEP), catalogue.candidate(catalogue.STEP)
 REUSED = catalogue.REUSE_LEVER[catalogue.STEP]
-RECOMMENDATION_FILE = "prompt_chunk_recommendation.json"
 
 
 def load_tables(run_dir: Path) -> tuple[dict[str, pd.DataFrame], list[str]]:
@@ -207,12 +206,11 @@ def _copy_cells(staging: pd.DataFrame, seed: int) -> list[dict[str, Any]]:
     return out
 
 
-def _prompt_summary(run_dir: Path, prompt: pd.DataFrame | None) -> dict[str, Any] | None:
+def _prompt_summary(prompt: pd.DataFrame | None) -> dict[str, Any] | None:
+    """The recommended chunk (computed from the table, its one source) and the measured peaks."""
     if prompt is None:
         return None
-    path = run_dir / RECOMMENDATION_FILE
-    recommendation = (json.loads(path.read_text()) if path.exists()
-                      else analysis.recommend_chunk(prompt))
+    recommendation = analysis.recommend_chunk(prompt)
     peaks = prompt[prompt["metric"].isin(["peak_device_bytes", "peak_host_bytes"])
                    & (prompt["status"] == "ok")]
     return {"recommendation": recommendation,
@@ -381,7 +379,7 @@ def build_verdict(run_dir: Path | str, *, decisive_rows: list[int], decisive_voc
         "goals": goals,
         "clock_check": {"checked": sum(c["checked"] for c in clocks),
                         "disagree": sum(c["disagree"] for c in clocks)},
-        "prompt_logprobs": _prompt_summary(run_dir, tables.get("prompt_logprobs")),
+        "prompt_logprobs": _prompt_summary(tables.get("prompt_logprobs")),
         "calibration": calibrate_rule(decisive, calibration_trials, delta, seed),
         "missing": missing,
     }
@@ -422,8 +420,7 @@ def prompt_sentence(verdict: dict[str, Any]) -> str:
     prompt = verdict.get("prompt_logprobs")
     if not prompt:
         return "Notebook 03's data is missing from this run."
-    rec = prompt["recommendation"]
-    return f"Recommended chunk: **{rec.get('chunk')}** ({rec.get('arm')}): {rec.get('reason')}."
+    return analysis.recommendation_sentence(prompt["recommendation"])
 
 
 def reference_table(verdict: dict[str, Any]) -> pd.DataFrame:
