@@ -260,9 +260,9 @@ def test_measure_then_replay_equals_a_live_run_over_the_same_rows(tmp_path, smok
                      "04_verdict.include_reference=false", "--out", str(tmp_path)]) == 0
     (replayed,) = tmp_path.iterdir()
     manifest = json.loads((replayed / "manifest.json").read_text())
-    assert manifest["measured"]["host"] == measure.read_measured(smoke)["host"]
+    assert manifest["measured_on"]["host"] == measure.read_measured(smoke)["host"]
     assert manifest["hardware"] == json.loads((smoke / "hardware.json").read_text())
-    assert manifest["analysed"]["host"]
+    assert manifest["analysed_on"]["host"]
     assert "Measured on " in (replayed / "index.html").read_text()
 
     live = tmp_path / "live"  # the run a live notebook would have written over these rows
@@ -279,7 +279,7 @@ def test_measure_then_replay_equals_a_live_run_over_the_same_rows(tmp_path, smok
     got = json.loads((replayed / "verdict.json").read_text())
     for field in DECISION_FIELDS:
         assert json.loads(json.dumps(expected[field], default=str)) == got[field], field
-    assert got["measured"]["gaps"] == [] and expected["measured"] is None
+    assert got["measured_on"]["gaps"] == [] and expected["measured_on"] is None
 
 
 @pytest.mark.slow
@@ -291,7 +291,7 @@ def test_a_killed_measurement_replays_and_the_verdict_names_the_gaps(tmp_path, k
     assert [nb["name"] for nb in manifest["notebooks"]] == [
         "00_environment", "01_d2h_staging", "02_logprobs_step", "04_verdict"]
     got = json.loads((replayed / "verdict.json").read_text())
-    assert got["measured"]["status"] == "interrupted"
+    assert got["measured_on"]["status"] == "interrupted"
     assert any(g.startswith("02_logprobs_step: interrupted, 1 of 2 cells measured")
-               for g in got["measured"]["gaps"])
+               for g in got["measured_on"]["gaps"])
     assert any("03_prompt_logprobs: interrupted" in f for f in got["findings"])

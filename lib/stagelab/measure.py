@@ -39,7 +39,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from stagelab import estimate, paths, profiles, rundir
+from stagelab import estimate, paths, profiles, records, rundir
 from stagelab.errors import DeadlineReached, UserError
 from stagelab.schema import JsonLinesSink, read_json_lines
 
@@ -203,7 +203,7 @@ class Recorder:
         self.out, self.manifest = out, manifest
 
     def save(self) -> None:
-        rundir.write_json_atomic(self.out / MANIFEST, self.manifest)
+        records.write_json_atomic(self.out / MANIFEST, self.manifest)
 
     def experiment(self, notebook: str) -> dict[str, Any]:
         return next(e for e in self.manifest["experiments"] if e["notebook"] == notebook)
@@ -409,7 +409,7 @@ def take_snapshot(recorder: Recorder, request: Request) -> dict[str, Any]:
 
     under_load = bool(request.notebooks.get(SNAPSHOT_NOTEBOOK, {}).get("under_load"))
     snap = hardware.snapshot(under_load=under_load and device.cuda_present())
-    rundir.write_json_atomic(recorder.out / "hardware.json", snap)
+    records.write_json_atomic(recorder.out / "hardware.json", snap)
     gpu = snap.get("gpu") or {}
     recorder.manifest.update(device=device.device_label(device.default_device()),
                              gpu=gpu.get("name"), versions=versions(snap))
@@ -459,7 +459,7 @@ def measure(request: Request) -> int:
     try:
         _say(f"into {out}")
         take_snapshot(recorder, request)
-        rundir.write_json_atomic(out / "inventory.json", inventory())
+        records.write_json_atomic(out / "inventory.json", inventory())
         blocking = run_preflight(recorder, request)
         for reason in blocking:
             _say(f"preflight blocking: {reason}")

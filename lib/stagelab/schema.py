@@ -51,11 +51,11 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Protocol
 
 from stagelab.errors import SchemaError
+from stagelab.records import atomic_target
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -151,14 +151,8 @@ def write_table(frame: "pd.DataFrame", run_dir: Path | str, name: str) -> Path:
     path = table_path(run_dir, name)
     path.parent.mkdir(parents=True, exist_ok=True)
     frame = conform(frame)
-    handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{name}.", suffix=".tmp")
-    os.close(handle)
-    try:
-        frame.to_parquet(tmp, index=False)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    with atomic_target(path) as temporary:
+        frame.to_parquet(temporary, index=False)
     return path
 
 
