@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from stagelab import paths, rundir
-from stagelab.records import RunFolder, atomic_target
+from stagelab.records import RunFolder, atomic_target, read_json
 from stagelab.schema import TableSink, make_rows, write_table
 
 INTERACTIVE_PROFILE = "interactive"
@@ -60,7 +60,7 @@ class NotebookContext:
     def snapshot(self, measured: str | Path, under_load: bool = False) -> dict[str, Any]:
         """The machine the numbers come from: this one, or the measured folder's."""
         if measured:
-            return json.loads((Path(measured) / "hardware.json").read_text())
+            return read_json(Path(measured) / RunFolder.HARDWARE)
         from stagelab import hardware
 
         return hardware.snapshot(under_load=under_load)
