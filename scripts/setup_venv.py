@@ -151,8 +151,8 @@ def find_uv(venv: Path) -> Path | None:
         return Path(on_path)
     own = venv / "bin" / "uv"
     if not own.exists():
-        done = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--prefix",
-                               str(venv), "uv"])
+        done = subprocess.run([sys.executable, "-m", "pip", "install", "-qq",
+                               "--root-user-action=ignore", "--prefix", str(venv), "uv"])
         if done.returncode:
             print("uv could not be installed: installing with pip", flush=True)
             return None
