@@ -29,6 +29,9 @@ CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 CPU_TORCH = "torch==2.13.0"  # the build the suite is developed and tested with
 GPU_TORCH = "torch>=2.4"
 INDEX_TIMEOUT_S = 10.0
+# Prints e.g. "2.13.0+cpu, a CPU build": what torch says of itself.
+TORCH_BUILD_PROBE = ("import torch; c = torch.version.cuda; "
+                     "print(torch.__version__ + (f', a CUDA {c} build' if c else ', a CPU build'))")
 KERNEL_NAME, KERNEL_DISPLAY = "stagelab", "Python (stagelab)"
 
 
@@ -138,9 +141,7 @@ def installed_version(python: Path, distribution: str) -> str | None:
 
 def torch_build(python: Path) -> str:
     """What torch in the environment is, from torch itself: version and CPU or CUDA build."""
-    probe = ("import torch; c = torch.version.cuda; "
-             "print(torch.__version__ + (f', a CUDA {c} build' if c else ', a CPU build'))")
-    done = subprocess.run([str(python), "-c", probe], capture_output=True, text=True)
+    done = subprocess.run([str(python), "-c", TORCH_BUILD_PROBE], capture_output=True, text=True)
     return done.stdout.strip() if done.returncode == 0 else "torch does not import"
 
 
