@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from test_runner import dead_pid, fake_run
 
-from stagelab import cli, evidence, paths, rundir
+from stagelab import busy, cli, evidence, paths, rundir, trust
 from stagelab.errors import UserError
 
 GPU = {"gpu": {"name": "NVIDIA H200"}, "host": {"cpu_model": "Xeon"}}
@@ -18,9 +18,9 @@ GPU = {"gpu": {"name": "NVIDIA H200"}, "host": {"cpu_model": "Xeon"}}
 
 def good_run(root: Path, decision: str = "PORT", hardware: dict | None = None,
              status: str = "ok", verdict: bool = True, pid: int | None = None,
-             created: str = "2026-11-30T10:00:00+00:00") -> Path:
+             created: str = "2026-11-30T10:00:00+00:00", notebooks=("10_ok",)) -> Path:
     """A run folder with a manifest (given status and hardware), a verdict and a table."""
-    run_dir = fake_run(root, status=status, pid=pid)
+    run_dir = fake_run(root, status=status, pid=pid, notebooks=notebooks)
     manifest = rundir.read_manifest(run_dir)
     manifest.update(hardware=hardware or GPU, git={"commit": "abcdef1234567890", "dirty": False},
                     created_utc=created)
@@ -29,6 +29,27 @@ def good_run(root: Path, decision: str = "PORT", hardware: dict | None = None,
     (run_dir / "index.html").write_text("<html></html>")
     if verdict:
         (run_dir / "verdict.json").write_text(json.dumps({"overall": {"decision": decision}}))
+    return run_dir
+
+
+def busy_run(root: Path) -> Path:
+    """An ok run whose timing notebook ran while others took 1.6 of 2 cores (as recorded by the
+    runner's load watch)."""
+    run_dir = good_run(root, notebooks=("02_logprobs_step",))
+    manifest = rundir.read_manifest(run_dir)
+    manifest["notebooks"][0]["load"] = busy.assess(
+        busy.Reading(0.0, 100.0, 0.0, 50.0, 0.5, 2), busy.Reading(10.0, 126.0, 0.0, 60.0, 3.1, 2))
+    rundir.write_manifest(run_dir, manifest)
+    return run_dir
+
+
+def failed_aa_run(root: Path) -> Path:
+    """An ok run whose verdict's A/A twin saw the baseline differ from itself by 20 %."""
+    run_dir = good_run(root)
+    cell = {"rows": 64, "vocab": 152064, "k": 5, "twin_speedup": 1.2, "twin_ci_low": 1.15,
+            "twin_ci_high": 1.25}
+    (run_dir / "verdict.json").write_text(json.dumps(
+        {"overall": {"decision": "PORT"}, "parameters": {"delta": 0.02}, "decisive": [cell]}))
     return run_dir
 
 
@@ -66,6 +87,11 @@ def test_keep_copies_an_ok_run_once_and_indexes_it(tmp_path, reference):
     (lambda root: good_run(root, status="running", pid=dead_pid()),
      "its status is interrupted (10_ok interrupted), not ok"),
     (lambda root: good_run(root, verdict=False), "it has no verdict.json"),
+    # Before: a run measured on a loaded machine, 5-45x off a quiet one, was kept as evidence.
+    (lambda root: busy_run(root), "its timings are not trustworthy: 02_logprobs_step ran "
+                                  "on a busy machine: other processes took 1.60 of 2 cores on average"),
+    (lambda root: failed_aa_run(root), "its timings are not trustworthy: the A/A check at "
+                                       "step level, n=64, V=152064, K=5, saw identical arms differ"),
 ])
 def test_keep_refuses_bad_evidence_and_force_keeps_it_labelled(tmp_path, reference, capsys,
                                                                  make, why):
@@ -79,7 +105,11 @@ def test_keep_refuses_bad_evidence_and_force_keeps_it_labelled(tmp_path, referen
     assert row.forced
     kept = json.loads((reference / row.path / "kept.json").read_text())
     assert kept["forced"] is True and why in kept["refusal"]
-    assert "<b>forced</b>" in (reference / "index.html").read_text()
+    assert row.untrusted is ("trustworthy" in why)
+    assert kept["untrusted"] == trust.reasons(run_dir)
+    index = (reference / "index.html").read_text()
+    assert "<b>forced</b>" in index
+    assert ("<b>not trustworthy</b>" in index) is row.untrusted
 
 
 def test_a_missing_notebook_makes_a_run_unfit_to_keep(tmp_path, reference):

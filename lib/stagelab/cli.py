@@ -85,6 +85,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"run folder: {run_dir}", file=sys.stderr)
     manifest = execute.execute(plan, run_dir, command=["stagelab", *sys.argv[1:]])
     print(f"report: {run_dir / 'index.html'}")
+    print(verdict_line(run_dir, manifest))
     if manifest["status"] == "interrupted":
         print("run interrupted; what was produced is kept", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -94,6 +95,24 @@ def cmd_run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return EXIT_FAILED
     return EXIT_OK
+
+
+def verdict_line(run_dir: Path, manifest: dict) -> str:
+    """The run's last words: its verdict in one line (or why there is none), and a warning line
+    when its timings are not trustworthy."""
+    from stagelab import trust
+
+    try:
+        verdict = json.loads((run_dir / "verdict.json").read_text())
+    except FileNotFoundError:
+        verdict, line = {}, "verdict: none (the verdict notebook did not run or did not finish)"
+    except (OSError, ValueError) as exc:
+        verdict, line = {}, f"verdict: unreadable ({exc})"
+    else:
+        overall = verdict.get("overall") or {}
+        line = f"verdict: {overall.get('decision')} - {overall.get('summary', '')}".rstrip(" -")
+    warning = trust.headline(trust.reasons(run_dir, manifest, verdict))
+    return f"{line}\n{warning}" if warning else line
 
 
 def cmd_env(args: argparse.Namespace) -> int:
@@ -149,9 +168,10 @@ def cmd_keep(args: argparse.Namespace) -> int:
 
 
 def cmd_preflight(args: argparse.Namespace) -> int:
-    from stagelab import preflight
+    from stagelab import preflight, profiles
 
-    return preflight.preflight(args.profile, args.out)
+    parameters = profiles.profile_parameters(args.profile)  # an unknown profile stops here
+    return preflight.preflight(args.profile, parameters, args.out)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import IO, Any, Iterator
 
-from stagelab import hardware, paths, report, rundir
+from stagelab import busy, hardware, paths, report, rundir
 from stagelab.profiles import NotebookPlan, RunPlan
 from stagelab.rundir import ManifestRecorder, RecordError
 
@@ -232,13 +232,17 @@ def run_notebook_step(recorder: ManifestRecorder, index: int, plan: RunPlan,
     entry = recorder.start_notebook(index)
     _say(progress, f"{count} {notebook.name} ...")
     started = time.perf_counter()
-    status, error = execute_notebook(notebook, recorder.run_dir / entry["output"],
-                                     recorder.run_dir, plan)
+    with busy.LoadWatch() as watch:
+        status, error = execute_notebook(notebook, recorder.run_dir / entry["output"],
+                                         recorder.run_dir, plan)
+    entry["load"] = watch.summary
     export_html(recorder.run_dir, entry)
     recorder.finish_notebook(index, status, time.perf_counter() - started, error)
     write_index(recorder)
     _say(progress, f"{count} {notebook.name}: {status} ({entry['duration_s']} s)"
                    f"{' - ' + error if error else ''}")
+    if watch.summary.get("busy"):
+        _say(progress, f"{count} warning: the machine was busy: {'; '.join(watch.summary['why'])}")
 
 
 def execute(plan: RunPlan, run_dir: Path, command: list[str] | None = None,

@@ -83,15 +83,9 @@ COLUMN_DTYPES: dict[str, str] = {
 COLUMNS: tuple[str, ...] = tuple(COLUMN_DTYPES)
 # Columns renamed since evidence was first kept: read under their new names.
 LEGACY_COLUMNS: dict[str, str] = {"repeat": "round"}
-AA_SUFFIX = "~aa"
 STATUSES = ("ok", "unavailable", "skipped", "failed")
 _DEFAULTS: dict[str, Any] = {"stage": "total", "metric": "time", "model": "", "timer": "",
                              "status": "ok", "note": ""}
-
-
-def aa_name(arm: str) -> str:
-    """The name of an arm's A/A twin: the same arm again, measured as if it were another."""
-    return f"{arm}{AA_SUFFIX}"
 
 
 def make_rows(records: Iterable[Mapping[str, Any]], **common: Any) -> pd.DataFrame:

@@ -27,12 +27,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from stagelab import analysis, calibration, schema, stats
-from stagelab.schema import aa_name
+from stagelab import analysis, calibration, catalogue, schema, stats
+from stagelab.catalogue import aa_name
 
-TABLES = {"staging": "01_d2h_staging", "step": "02_logprobs_step",
-          "prompt_logprobs": "03_prompt_logprobs"}
-BASELINE, CANDIDATE, REUSED = "seed_pageable", "seed_pinned", "seed_pageable_reused"
+TABLES = catalogue.tables()
+BASELINE, CANDIDATE = catalogue.baseline(catalogue.STEP), catalogue.candidate(catalogue.STEP)
+REUSED = catalogue.REUSE_LEVER[catalogue.STEP]
 RECOMMENDATION_FILE = "prompt_chunk_recommendation.json"
 
 
@@ -116,13 +116,14 @@ def _failures(cell: pd.DataFrame, arms: tuple[str, ...]) -> str:
 
 
 def _stage_split(cell: pd.DataFrame) -> dict[str, float] | None:
-    """The seed step's median ms per stage (device, alloc, copy, host top-K, free) in one cell."""
+    """The seed step's mean ms per part (device, alloc, copy, host top-K, free, unattributed)
+    and in total, in one cell: the parts add up to the total."""
     parts = analysis.decomposition(cell)
     seed = parts[parts["arm"] == BASELINE]
     if seed.empty:
         return None
     row = seed.iloc[0]
-    return {stage: 1e3 * float(row[stage]) for stage in (*analysis.STAGES, "total")}
+    return {stage: 1e3 * float(row[stage]) for stage in (*analysis.SPLIT, catalogue.TOTAL)}
 
 
 def _slower_beyond_delta(cell: dict[str, Any]) -> bool:
@@ -195,9 +196,12 @@ def decisive_cells(rows: list[int], vocabs: list[int],
 def _copy_cells(staging: pd.DataFrame, seed: int) -> list[dict[str, Any]]:
     """Copy level (the mechanism): pinned grow-only and reused pageable against fresh pageable."""
     out = []
-    for candidate in ("pinned_grow_only", "pageable_reused", "pageable_fresh_empty"):
-        compared = analysis.compare(staging, "pageable_fresh", candidate, ["rows", "vocab"],
-                                    twin=True, seed=seed)
+    fresh = catalogue.baseline(catalogue.STAGING)
+    levers = (catalogue.candidate(catalogue.STAGING), catalogue.REUSE_LEVER[catalogue.STAGING],
+              catalogue.ZERO_FILL_LEVER)
+    for candidate in levers:
+        compared = analysis.compare(staging, fresh, candidate, ["rows", "vocab"], twin=True,
+                                    seed=seed)
         out += compared.to_dict("records")
     return out
 
@@ -238,11 +242,12 @@ def findings(verdict: dict[str, Any], tables: dict[str, pd.DataFrame]) -> list[s
         if split:
             out.append(
                 f"Seed's step at n={cell['rows']}, V={cell['vocab']}, K={cell['k']}: "
-                f"{split['total']:.2f} ms in all; stage medians: log-softmax "
+                f"{split['total']:.2f} ms on average, made of log-softmax "
                 f"{split['device']:.2f}, zero-filled vector {split['alloc']:.2f}, copy "
                 f"{split['copy']:.2f}, host top-K (C++) {split['host_gather']:.2f}, free "
-                f"{split['free']:.2f} ms (on a GPU the vector's zero-fill overlaps the "
-                "log-softmax, so the stages need not add up).")
+                f"{split['free']:.2f} and unattributed {split['unattributed']:.2f} ms (time "
+                "outside the timed stages; negative where stages overlap, as the vector's "
+                "zero-fill and the log-softmax do on a GPU).")
     step = tables.get("step")
     if step is not None:
         for lever in verdict["step_levers"]:
@@ -260,7 +265,7 @@ def findings(verdict: dict[str, Any], tables: dict[str, pd.DataFrame]) -> list[s
                        f"C++ {row['native_ms']:.2f} ms, numpy {row['numpy_ms']:.2f} ms "
                        f"({row['numpy_over_native']:.1f}x).")
     zero_fill = [c for c in verdict["copy_cells"]
-                 if c["candidate"] == "pageable_fresh_empty" and _measured(c.get("speedup"))]
+                 if c["candidate"] == catalogue.ZERO_FILL_LEVER and _measured(c.get("speedup"))]
     if zero_fill:
         big = max(zero_fill, key=lambda c: c["rows"] * c["vocab"])
         out.append(f"Zero-fill and free of a fresh {big['rows']} x {big['vocab']} fp32 buffer "
