@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from test_runner import dead_pid, fake_run
 
-from stagelab import busy, cli, evidence, paths, rundir, trust
+from stagelab import busy, cli, evidence, paths, rundir, schema, trust
 from stagelab.errors import UserError
 
 GPU = {"gpu": {"name": "NVIDIA H200"}, "host": {"cpu_model": "Xeon"}}
@@ -25,7 +25,10 @@ def good_run(root: Path, decision: str = "PORT", hardware: dict | None = None,
     manifest.update(hardware=hardware or GPU, git={"commit": "abcdef1234567890", "dirty": False},
                     created_utc=created)
     rundir.write_manifest(run_dir, manifest)
-    (run_dir / "data" / "staging.parquet").write_bytes(b"PAR1")
+    schema.write_table(schema.make_rows([{"experiment": "d2h_copy", "arm": "pageable_fresh",
+                                          "seconds": 0.5, "bytes": 10**9, "round": 0}],
+                                        run_id=run_dir.name, notebook="01_d2h_staging"),
+                       run_dir, "staging")
     (run_dir / "index.html").write_text("<html></html>")
     if verdict:
         (run_dir / "verdict.json").write_text(json.dumps({"overall": {"decision": decision}}))
@@ -46,7 +49,8 @@ def busy_run(root: Path) -> Path:
 def failed_aa_run(root: Path) -> Path:
     """An ok run whose verdict's A/A twin saw the baseline differ from itself by 20 %."""
     run_dir = good_run(root)
-    cell = {"rows": 64, "vocab": 152064, "k": 5, "twin_speedup": 1.2, "twin_ci_low": 1.15,
+    cell = {"rows": 64, "vocab": 152064, "k": 5, "decision": "PORT", "twin_speedup": 1.2,
+            "twin_ci_low": 1.15,
             "twin_ci_high": 1.25}
     (run_dir / "verdict.json").write_text(json.dumps(
         {"overall": {"decision": "PORT"}, "parameters": {"delta": 0.02}, "decisive": [cell]}))
@@ -164,3 +168,38 @@ def test_the_index_lists_every_kept_run_oldest_first(tmp_path, reference):
 def test_the_committed_reference_folder_is_indexed():
     rows = evidence.kept_runs(paths.REFERENCE_DIR)
     assert rows and all(r.verdict != "no verdict" for r in rows)
+
+
+def test_the_readme_results_are_the_ones_generated_from_the_kept_runs():
+    # Before: hand-written, quoting a run six commits old, going stale silently.
+    readme = (paths.REPO_ROOT / "README.md").read_text()
+    start = readme.index(evidence.RESULTS_START)
+    end = readme.index(evidence.RESULTS_END) + len(evidence.RESULTS_END)
+    assert readme[start:end] == evidence.results_markdown(paths.REFERENCE_DIR), (
+        "README's Results differ from the kept runs: `stagelab keep` writes them "
+        "(or call stagelab.evidence.write_results())")
+
+
+def test_keep_rewrites_the_results_between_their_markers_and_nothing_else(tmp_path):
+    repo = tmp_path / "repo"
+    root = repo / "data" / "reference"
+    root.mkdir(parents=True)
+    readme = repo / "README.md"
+    readme.write_text(f"# intro\n\n## Results\n\n{evidence.RESULTS_START}\nstale, by hand\n"
+                      f"{evidence.RESULTS_END}\n\n## After\nkept\n")
+    run_dir = good_run(tmp_path / "runs", decision="CLOSE")
+    (run_dir / "verdict.json").write_text(json.dumps({
+        "overall": {"decision": "CLOSE", "summary": "Any benefit is smaller than delta."},
+        "hardware": {"gpu": "NVIDIA H200", "torch": "2.5.1"},
+        "findings": ["Seed's step at n=64: 1.00 ms.", "Committed reference evidence (x): y."]}))
+    evidence.keep_evidence(run_dir, root=root)
+    text = readme.read_text()
+    assert text.startswith("# intro\n\n## Results\n\n") and text.endswith("\n\n## After\nkept\n")
+    assert "stale, by hand" not in text
+    assert f"### NVIDIA H200: run `{run_dir.name}`" in text
+    assert "**Verdict: CLOSE.** Any benefit is smaller than delta." in text
+    assert "- Seed's step at n=64: 1.00 ms." in text and "Committed reference" not in text
+    assert "No kept run was made on a GPU" not in text
+    section = text[text.index(evidence.RESULTS_START):text.index(evidence.RESULTS_END)
+                   + len(evidence.RESULTS_END)]
+    assert section == evidence.results_markdown(root)

@@ -259,6 +259,35 @@ def copy_comparisons(frame: pd.DataFrame, baseline: str = catalogue.baseline(cat
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
 
 
+def copy_finding(frame: pd.DataFrame, compared: pd.DataFrame) -> str:
+    """Notebook 01's finding in words: at the largest copy measured, each arm against the seed's
+    fresh buffer (paired speedup with its CI, ms saved per copy), the A/A twin, and whether the
+    proposal itself could be measured here."""
+    empty = nothing_measured(frame, "the staging sweep")
+    if empty:
+        return f"**{empty}**"
+    measured = compared.dropna(subset=["speedup"]) if "speedup" in compared else compared.iloc[:0]
+    if measured.empty:
+        return ("**Finding:** no arm was timed beside the seed's fresh buffer in a shared round, "
+                "so nothing can be compared; see the arms timed above.")
+    sizes = measured["rows"] * measured["vocab"]
+    cell = measured[sizes == sizes.max()]
+    first = cell.iloc[0]
+    arms = "; ".join(f"`{r.candidate}` {r.speedup:.2f}x (CI {r.ci_low:.2f}-{r.ci_high:.2f}, "
+                     f"{r.saved_ms:.2f} ms saved per copy)" for r in cell.itertuples())
+    twin = (f" The A/A twin reads {first['twin_speedup']:.3f}x (CI {first['twin_ci_low']:.3f}-"
+            f"{first['twin_ci_high']:.3f}): the harness's own noise."
+            if pd.notna(first.get("twin_speedup")) else " No A/A twin was timed.")
+    proposal = catalogue.candidate(catalogue.STAGING)
+    missing = ("" if proposal in set(cell["candidate"])
+               else f" The proposal `{proposal}` was not measured: "
+                    f"{not_measured_reason(frame, proposal)}.")
+    return (f"**Finding at the largest copy measured (n={first['rows']}, V={first['vocab']}):** "
+            f"against the seed's fresh zero-filled buffer (its time over the arm's; above 1 the "
+            f"arm is faster): {arms}.{twin}{missing} This is the copy alone: whether it matters "
+            "for the engine is decided on the whole step (notebook 02, decided in 04).")
+
+
 def holdings(frame: pd.DataFrame) -> pd.DataFrame:
     """Pinned bytes held and allocations made per arm and cell."""
     held = frame[frame["metric"].isin(["pinned_bytes_held", "allocations"])]
@@ -321,6 +350,12 @@ def recommend_chunk(frame: pd.DataFrame, arm: str = catalogue.PROMPT_RECOMMENDED
             "unchunked_rows": rows, "tolerance": tolerance,
             "reason": f"smallest chunk within {tolerance:.0%} of the best median time "
                       f"({1e3 * best:.1f} ms at chunk {int(medians.idxmin())}){unchunked}"}
+
+
+def recommendation_sentence(recommendation: dict[str, Any]) -> str:
+    """A :func:`recommend_chunk` result in one sentence, as notebook 03 and the verdict say it."""
+    rec = recommendation
+    return f"Recommended chunk: **{rec.get('chunk')}** ({rec.get('arm')}): {rec.get('reason')}."
 
 
 def prompt_peaks(frame: pd.DataFrame) -> pd.DataFrame:
