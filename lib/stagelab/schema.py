@@ -16,7 +16,9 @@ metric     str     ``time`` for timings; otherwise what ``bytes``/``value`` hold
                    bytes: ``peak_host_bytes``, ``peak_device_bytes``, ``predicted_peak_bytes``,
                    ``pinned_bytes_held``; value: ``allocations``, ``pcie_tx_bytes_per_s``,
                    ``max_abs_error``, ``rank_mismatches``, ``id_mismatches``,
-                   ``bitwise_equal`` (1 or 0)
+                   ``bitwise_equal`` (1 or 0), ``order_seed`` (the seed of a cell's balanced
+                   arm order), ``rounds`` (rounds a cell ran; the note says why it stopped),
+                   ``forward_ms`` (device work queued before each step, ms)
 device     str     where the source lived: ``cpu`` or ``cuda:0 <name>``
 model      str     model whose shape was used, empty when sizes were given as numbers
 rows       int     rows per step (``n``) or scored prompt positions (``T - 1``)
@@ -28,6 +30,7 @@ overlap    bool    whether the copy overlapped compute (prompt logprobs), else m
 dtype      str     element type of the tensor that was moved or scored
 round      int     the round (interleaved arms of one round share it: samples pair by it);
                    warm-up rounds are not recorded
+position   int     the sample's place in its round (0 = first), from the balanced order
 seconds    float   the primary timer's reading (CUDA events on a GPU, else ``perf_counter``)
 host_seconds float host-clock reading of the same round, to cross-check events; else missing
 clock_agrees bool  whether the host clock agreed with the CUDA events on this round (within
@@ -70,6 +73,7 @@ COLUMN_DTYPES: dict[str, str] = {
     "overlap": "boolean",
     "dtype": "string",
     "round": "Int64",
+    "position": "Int64",
     "seconds": "float64",
     "host_seconds": "float64",
     "clock_agrees": "boolean",
