@@ -99,9 +99,9 @@ def test_paired_ci_covers_the_true_speedup_at_its_confidence():
     def coverage(confidence):
         covered = 0
         for seed in range(200):
-            baseline, candidate, _ = calibration.simulate_rounds(
-                1.0, 30, sigma=0.08, drift_sigma=0.05, outlier_rate=0.02, outlier_scale=3.0,
-                seed=seed)
+            baseline, candidate, _ = calibration.simulate(
+                calibration.Noise("", 0.08, ar1=0.05, outlier_rate=0.02, outlier_scale=3.0),
+                1.0, 30, 1, seed)[0]
             _, low, high = stats.paired_speedup(baseline, candidate, confidence=confidence,
                                                 n_resamples=1000, seed=seed)
             covered += low <= 1.0 <= high
@@ -150,6 +150,7 @@ def test_min_speedup_for_bad_input(delta, part, step, message):
     (AROUND_1_10, 1.05, stats.PORT, "speedup 1.100x (95% CI [1.09"),
     (AROUND_1_10, 1.20, stats.CLOSE, "lies below the minimum 1.200x"),
     (AROUND_1_10 / 1.37, 1.02, stats.CLOSE, "lies below the minimum 1.020x"),  # a slowdown
+    (AROUND_1_10, 1.1035, stats.CLOSE, "upper bound at one-sided 5%"),  # just above the estimate
     (AROUND_1_10, 1.10, stats.INCONCLUSIVE, "straddles the minimum 1.100x"),
 ])
 def test_decide_follows_the_rule(ratios, min_speedup, expected, words):
@@ -287,8 +288,8 @@ def test_decide_family_bad_input_names_the_parameter(cells, message):
 
 
 def test_decide_is_deterministic_for_a_seed():
-    baseline, candidate, twin = calibration.simulate_rounds(
-        1.03, 30, sigma=0.05, drift_sigma=0.05, outlier_rate=0.02, outlier_scale=3.0, seed=5)
+    baseline, candidate, twin = calibration.simulate(calibration.Noise("", 0.05), 1.03, 30, 1,
+                                                     5)[0]
     first = stats.decide(baseline, candidate, min_speedup=1.02, twin=twin, seed=7)
     assert stats.decide(baseline, candidate, min_speedup=1.02, twin=twin, seed=7) == first
     assert first.to_dict()["n_rounds"] == 30 and set(first.to_dict()) >= {
