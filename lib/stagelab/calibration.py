@@ -36,6 +36,9 @@ import pandas as pd
 from stagelab import design, stats
 
 FamilyRule = Callable[..., stats.FamilyDecision]
+REQUIREMENTS = ("PORT in at most 5 % of runs at a true 1.00 and at the bar, per cell and for the "
+                "family; where the CI reaches delta/2, family CLOSE in at least 80 % at 1.00 "
+                "and PORT in at least 90 % at 3 delta")
 ARMS = ("baseline", "candidate", "twin")
 AR1_CORRELATION = 0.98
 

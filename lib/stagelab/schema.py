@@ -28,6 +28,8 @@ k          int     top-K logprobs requested, else missing
 chunk      int     prompt-logprob chunk rows, else missing (unchunked: equal to ``rows``)
 overlap    bool    whether the copy overlapped compute (prompt logprobs), else missing
 dtype      str     element type of the tensor that was moved or scored
+log_softmax str    where the seed arms ran the log-softmax: ``device`` or ``host`` (the step),
+                   else missing
 round      int     the round (interleaved arms of one round share it: samples pair by it);
                    warm-up rounds are not recorded
 position   int     the sample's place in its round (0 = first), from the balanced order
@@ -72,6 +74,7 @@ COLUMN_DTYPES: dict[str, str] = {
     "chunk": "Int64",
     "overlap": "boolean",
     "dtype": "string",
+    "log_softmax": "string",
     "round": "Int64",
     "position": "Int64",
     "seconds": "float64",
@@ -87,6 +90,8 @@ COLUMN_DTYPES: dict[str, str] = {
 COLUMNS: tuple[str, ...] = tuple(COLUMN_DTYPES)
 # Columns renamed since evidence was first kept: read under their new names.
 LEGACY_COLUMNS: dict[str, str] = {"repeat": "round"}
+# Columns added since evidence was first kept: missing in older tables, read as missing values.
+ADDED_COLUMNS: tuple[str, ...] = ("position", "log_softmax")
 AA_SUFFIX = "~aa"
 STATUSES = ("ok", "unavailable", "skipped", "failed")
 _DEFAULTS: dict[str, Any] = {"stage": "total", "metric": "time", "model": "", "timer": "",
@@ -179,6 +184,9 @@ def read_table(run_dir: Path | str, name: str) -> pd.DataFrame:
         raise FileNotFoundError(f"{path}: no such table in this run")
     try:
         frame = pd.read_parquet(path).rename(columns=LEGACY_COLUMNS)
+        for column in ADDED_COLUMNS:
+            if column not in frame.columns:
+                frame[column] = pd.NA
     except Exception as exc:  # pyarrow raises several types for a damaged file
         raise SchemaError(f"{path}: cannot be read as a parquet table ({exc})") from exc
     try:
