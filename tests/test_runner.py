@@ -341,6 +341,28 @@ def test_a_disk_that_stays_full_gives_one_line_and_no_temp_litter(quick_tiny, mo
     assert not [p for p in run_dir.iterdir() if p.name.endswith(".tmp")]
 
 
+def test_run_ends_with_the_verdict_line_and_says_when_timings_are_not_trustworthy(
+        quick_tiny, monkeypatch, capsys):
+    # Before: the terminal never printed the verdict, nor that the machine was busy.
+    def verdict_notebook(notebook, output, run_dir, plan):
+        (Path(run_dir) / "verdict.json").write_text(json.dumps({
+            "overall": {"decision": "CLOSE", "summary": "any benefit is smaller than delta."},
+            "parameters": {"delta": 0.02}, "decisive": [
+                {"rows": 64, "vocab": 1000, "k": 5, "decision": "CLOSE", "twin_speedup": 1.3,
+                 "twin_ci_low": 1.2,
+                 "twin_ci_high": 1.4}]}))
+        return _fake_notebook(notebook, output, run_dir, plan)
+
+    monkeypatch.setattr(execute, "execute_notebook", verdict_notebook)
+    assert cli.main(["run", "--profile", "okonly", "--out", str(quick_tiny["root"])]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[-2] == "verdict: CLOSE - any benefit is smaller than delta."
+    assert out[-1].startswith("TIMINGS NOT TRUSTWORTHY: the A/A check at step level, n=64")
+    (run_dir,) = quick_tiny["root"].iterdir()
+    load = rundir.read_manifest(run_dir)["notebooks"][0]["load"]
+    assert load["busy"] in (True, False) and load["seconds"] >= 0  # the load was recorded
+
+
 def test_atomic_write_keeps_the_old_file_whole_when_a_write_fails(tmp_path, monkeypatch):
     target = rundir.write_json_atomic(tmp_path / "manifest.json", {"status": "ok"})
     monkeypatch.setattr(rundir.os, "fdopen", FullDisk(lambda text: True))
@@ -415,3 +437,22 @@ def test_report_command_rebuilds_html(tiny_suite, capsys):
     assert cli.main(["runs", "--root", str(tiny_suite["root"])]) == 0
     line = capsys.readouterr().out.strip().splitlines()[-1]
     assert run_dir.name in line and "okonly" in line and line.endswith("ok")
+
+
+def test_the_verdict_by_hand_reads_the_newest_run_with_data_and_names_it(tmp_path):
+    # Before: run by hand, notebook 04 decided on a fresh, empty folder.
+    runs = tmp_path / "runs"
+    with pytest.raises(FileNotFoundError, match="no run folder under .* holds data"):
+        context.reading_context("04_verdict", "", root=runs)
+    for name, data in (("20261130T100000Z_vm_quick", True), ("20261130T110000Z_vm_quick", True),
+                       ("20261130T120000Z_vm_interactive", False)):
+        (runs / name / "data").mkdir(parents=True)
+        if data:
+            (runs / name / "data" / "step.parquet").write_bytes(b"PAR1")
+    ctx = context.reading_context("04_verdict", "", root=runs)
+    assert ctx.data_dir == runs / "20261130T110000Z_vm_quick"
+    assert ctx.run_dir != ctx.data_dir and ctx.run_dir.parent == runs
+    assert rundir.read_manifest(ctx.run_dir)["status"] == rundir.INTERACTIVE
+    assert "`20261130T110000Z_vm_quick`, the newest run folder with data" in ctx.reading()
+    given = context.reading_context("04_verdict", str(runs / "20261130T100000Z_vm_quick"))
+    assert given.data_dir == given.run_dir == runs / "20261130T100000Z_vm_quick"
