@@ -36,10 +36,11 @@ import sys
 import tarfile
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from stagelab import fleet_node, paths, rundir
 from stagelab.errors import UserError
@@ -82,7 +83,7 @@ class Target:
     def label(self) -> str:
         """A folder-safe name: host, accelerator type and the node id's first 8 hex digits."""
         text = f"{self.host}_{self.accelerator_type or 'no-accelerator'}_{self.node_id[:8]}"
-        return re.sub(r"[^A-Za-z0-9.-]", "-", text)
+        return re.sub(r"[^A-Za-z0-9._-]", "-", text)
 
 
 def accelerator_of(resources: dict[str, float]) -> str | None:
@@ -335,14 +336,14 @@ def node_alive(node_id: str) -> bool:
     return any(n["NodeID"] == node_id and n.get("Alive") for n in ray.nodes())
 
 
-def _task_options(target: Target, runtime_env: dict[str, Any]) -> dict[str, Any]:
+def _task_options(target: Target) -> dict[str, Any]:
     """Pinned to its node, holding all its GPUs (or all of the custom resource), no Ray retry
     (the driver applies its own policy)."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     options: dict[str, Any] = {
         "num_returns": "streaming", "num_cpus": 1, "num_gpus": target.gpus, "max_retries": 0,
-        "runtime_env": runtime_env, "name": f"stagelab-measure-{target.label}",
+        "name": f"stagelab-measure-{target.label}",
         "scheduling_strategy": NodeAffinitySchedulingStrategy(target.node_id, soft=False)}
     if target.resource is not None:
         options["resources"] = {target.resource: target.resource_amount}
@@ -386,7 +387,8 @@ def _receive(record: NodeRecord, item: dict[str, Any], node_dir: Path, plan: Fle
 
 def dispatch(plan: FleetPlan, targets: Sequence[Target], fleet_dir: Path,
              progress: Progress = print_progress) -> list[NodeRecord]:
-    """Measure on every target at once; every record ends with a status. Needs ``ray.init``."""
+    """Measure on every target at once; every record ends with a status. Runs inside
+    :func:`session`."""
     import ray
     from ray import cloudpickle
 
@@ -394,23 +396,21 @@ def dispatch(plan: FleetPlan, targets: Sequence[Target], fleet_dir: Path,
     task = ray.remote(fleet_node.measure_on_node)
     records = [NodeRecord(t) for t in targets]
     running: dict[Any, NodeRecord] = {}
-    with tempfile.TemporaryDirectory(prefix="stagelab-fleet-checkout-") as scratch:
-        runtime_env = {"working_dir": str(stage_checkout(Path(scratch) / "checkout"))}
 
-        def submit(record: NodeRecord) -> None:
-            record.attempts += 1
-            record._dispatched, record._started = time.monotonic(), None
-            options = _task_options(record.target, runtime_env)
-            running[task.options(**options).remote(plan.argv, plan.timeout_s,
-                                                   plan.extra_env)] = record
+    def submit(record: NodeRecord) -> None:
+        record.attempts += 1
+        record._dispatched, record._started = time.monotonic(), None
+        gen = task.options(**_task_options(record.target)).remote(plan.argv, plan.timeout_s,
+                                                                 plan.extra_env)
+        running[gen] = record
 
-        for record in records:
-            submit(record)
-        while running:
-            ready, _ = ray.wait(list(running), num_returns=1, timeout=POLL_S)
-            for gen in ready:
-                _advance(gen, running, fleet_dir, plan, progress, submit)
-            _cancel_overdue(running, plan, progress)
+    for record in records:
+        submit(record)
+    while running:
+        ready, _ = ray.wait(list(running), num_returns=1, timeout=POLL_S)
+        for gen in ready:
+            _advance(gen, running, fleet_dir, plan, progress, submit)
+        _cancel_overdue(running, plan, progress)
     return records
 
 
@@ -612,22 +612,29 @@ def new_fleet_dir(root: Path, profile: str) -> Path:
 
 # ------------------------------------------------------------------------------ the command
 
-def connect(address: str) -> float:
-    """``ray.init`` on an existing cluster (never starting one); seconds taken. UserError when
-    nothing answers there."""
+@contextmanager
+def session(address: str) -> Iterator[float]:
+    """Connected to an existing cluster (never starting one) with the staged checkout as the
+    job's working folder (Ray uploads it once; every task runs in it); yields the seconds that
+    took and disconnects in every case. UserError when nothing answers at ``address``."""
     import logging
 
     import ray
 
     check_address(address)
-    began = time.monotonic()
-    try:
-        ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False,
-                 configure_logging=True)
-    except (ConnectionError, RuntimeError, ValueError) as exc:
-        raise UserError(f"--address {address}: cannot connect to a Ray cluster "
-                        f"({one_line(exc)})") from exc
-    return time.monotonic() - began
+    with tempfile.TemporaryDirectory(prefix="stagelab-fleet-checkout-") as scratch:
+        checkout = stage_checkout(Path(scratch) / "checkout")
+        began = time.monotonic()
+        try:
+            ray.init(address=address, runtime_env={"working_dir": str(checkout)},
+                     logging_level=logging.ERROR, log_to_driver=False)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            raise UserError(f"--address {address}: cannot connect to a Ray cluster "
+                            f"({one_line(exc)})") from exc
+        try:
+            yield time.monotonic() - began
+        finally:
+            ray.shutdown()
 
 
 def run_fleet(address: str, plan: FleetPlan, out: Path, accelerator_types: Sequence[str] = (),
@@ -638,8 +645,7 @@ def run_fleet(address: str, plan: FleetPlan, out: Path, accelerator_types: Seque
     require_ray()
     import ray
 
-    connect_s = connect(address)
-    try:
+    with session(address) as connect_s:
         targets = select_targets(ray.nodes(), accelerator_types, resource)
         if not targets:
             raise UserError(f"no alive node {describe_selection(accelerator_types, resource)} "
@@ -648,8 +654,6 @@ def run_fleet(address: str, plan: FleetPlan, out: Path, accelerator_types: Seque
         print(f"fleet folder: {fleet_dir} ({len(targets)} nodes)", file=sys.stderr)
         began = time.monotonic()
         records = dispatch(plan, targets, fleet_dir, progress)
-    finally:
-        ray.shutdown()
     for record in records:
         analyse(record, plan, fleet_dir / NODES_DIR / record.target.label, progress)
     header = {"folder": str(fleet_dir), "profile": plan.profile, "address": address,
