@@ -29,7 +29,7 @@ ifdef OFFLINE_WHEELS
 else
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -c 'import torch' 2>/dev/null || $(PY) -m pip install -q '$(TORCH_SPEC)'
-	$(PY) -m pip install -q -e '.[lab,test]'
+	$(PY) -m pip install -q -e '.[lab,test,fleet]'
 	$(PY) -m ipykernel install --sys-prefix --name stagelab --display-name 'Python (stagelab)' >/dev/null
 endif
 	touch $@
