@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from test_runner import dead_pid, fake_run
 
-from stagelab import cli, evidence, paths, rundir
+from stagelab import busy, cli, evidence, paths, rundir, schema, trust
 from stagelab.errors import UserError
 
 GPU = {"gpu": {"name": "NVIDIA H200"}, "host": {"cpu_model": "Xeon"}}
@@ -18,17 +18,42 @@ GPU = {"gpu": {"name": "NVIDIA H200"}, "host": {"cpu_model": "Xeon"}}
 
 def good_run(root: Path, decision: str = "PORT", hardware: dict | None = None,
              status: str = "ok", verdict: bool = True, pid: int | None = None,
-             created: str = "2026-11-30T10:00:00+00:00") -> Path:
+             created: str = "2026-11-30T10:00:00+00:00", notebooks=("10_ok",)) -> Path:
     """A run folder with a manifest (given status and hardware), a verdict and a table."""
-    run_dir = fake_run(root, status=status, pid=pid)
+    run_dir = fake_run(root, status=status, pid=pid, notebooks=notebooks)
     manifest = rundir.read_manifest(run_dir)
     manifest.update(hardware=hardware or GPU, git={"commit": "abcdef1234567890", "dirty": False},
                     created_utc=created)
     rundir.write_manifest(run_dir, manifest)
-    (run_dir / "data" / "staging.parquet").write_bytes(b"PAR1")
+    schema.write_table(schema.make_rows([{"experiment": "d2h_copy", "arm": "pageable_fresh",
+                                          "seconds": 0.5, "bytes": 10**9, "round": 0}],
+                                        run_id=run_dir.name, notebook="01_d2h_staging"),
+                       run_dir, "staging")
     (run_dir / "index.html").write_text("<html></html>")
     if verdict:
         (run_dir / "verdict.json").write_text(json.dumps({"overall": {"decision": decision}}))
+    return run_dir
+
+
+def busy_run(root: Path) -> Path:
+    """An ok run whose timing notebook ran while others took 1.6 of 2 cores (as recorded by the
+    runner's load watch)."""
+    run_dir = good_run(root, notebooks=("02_logprobs_step",))
+    manifest = rundir.read_manifest(run_dir)
+    manifest["notebooks"][0]["load"] = busy.assess(
+        busy.Reading(0.0, 100.0, 0.0, 50.0, 0.5, 2), busy.Reading(10.0, 126.0, 0.0, 60.0, 3.1, 2))
+    rundir.write_manifest(run_dir, manifest)
+    return run_dir
+
+
+def failed_aa_run(root: Path) -> Path:
+    """An ok run whose verdict's A/A twin saw the baseline differ from itself by 20 %."""
+    run_dir = good_run(root)
+    cell = {"rows": 64, "vocab": 152064, "k": 5, "decision": "PORT", "twin_speedup": 1.2,
+            "twin_ci_low": 1.15,
+            "twin_ci_high": 1.25}
+    (run_dir / "verdict.json").write_text(json.dumps(
+        {"overall": {"decision": "PORT"}, "parameters": {"delta": 0.02}, "decisive": [cell]}))
     return run_dir
 
 
@@ -66,6 +91,11 @@ def test_keep_copies_an_ok_run_once_and_indexes_it(tmp_path, reference):
     (lambda root: good_run(root, status="running", pid=dead_pid()),
      "its status is interrupted (10_ok interrupted), not ok"),
     (lambda root: good_run(root, verdict=False), "it has no verdict.json"),
+    # Before: a run measured on a loaded machine, 5-45x off a quiet one, was kept as evidence.
+    (lambda root: busy_run(root), "its timings are not trustworthy: 02_logprobs_step ran "
+                                  "on a busy machine: other processes took 1.60 of 2 cores on average"),
+    (lambda root: failed_aa_run(root), "its timings are not trustworthy: the A/A check at "
+                                       "step level, n=64, V=152064, K=5, saw identical arms differ"),
 ])
 def test_keep_refuses_bad_evidence_and_force_keeps_it_labelled(tmp_path, reference, capsys,
                                                                  make, why):
@@ -79,7 +109,11 @@ def test_keep_refuses_bad_evidence_and_force_keeps_it_labelled(tmp_path, referen
     assert row.forced
     kept = json.loads((reference / row.path / "kept.json").read_text())
     assert kept["forced"] is True and why in kept["refusal"]
-    assert "<b>forced</b>" in (reference / "index.html").read_text()
+    assert row.untrusted is ("trustworthy" in why)
+    assert kept["untrusted"] == trust.reasons(run_dir)
+    index = (reference / "index.html").read_text()
+    assert "<b>forced</b>" in index
+    assert ("<b>not trustworthy</b>" in index) is row.untrusted
 
 
 def test_a_missing_notebook_makes_a_run_unfit_to_keep(tmp_path, reference):
@@ -134,3 +168,38 @@ def test_the_index_lists_every_kept_run_oldest_first(tmp_path, reference):
 def test_the_committed_reference_folder_is_indexed():
     rows = evidence.kept_runs(paths.REFERENCE_DIR)
     assert rows and all(r.verdict != "no verdict" for r in rows)
+
+
+def test_the_readme_results_are_the_ones_generated_from_the_kept_runs():
+    # Before: hand-written, quoting a run six commits old, going stale silently.
+    readme = (paths.REPO_ROOT / "README.md").read_text()
+    start = readme.index(evidence.RESULTS_START)
+    end = readme.index(evidence.RESULTS_END) + len(evidence.RESULTS_END)
+    assert readme[start:end] == evidence.results_markdown(paths.REFERENCE_DIR), (
+        "README's Results differ from the kept runs: `stagelab keep` writes them "
+        "(or call stagelab.evidence.write_results())")
+
+
+def test_keep_rewrites_the_results_between_their_markers_and_nothing_else(tmp_path):
+    repo = tmp_path / "repo"
+    root = repo / "data" / "reference"
+    root.mkdir(parents=True)
+    readme = repo / "README.md"
+    readme.write_text(f"# intro\n\n## Results\n\n{evidence.RESULTS_START}\nstale, by hand\n"
+                      f"{evidence.RESULTS_END}\n\n## After\nkept\n")
+    run_dir = good_run(tmp_path / "runs", decision="CLOSE")
+    (run_dir / "verdict.json").write_text(json.dumps({
+        "overall": {"decision": "CLOSE", "summary": "Any benefit is smaller than delta."},
+        "hardware": {"gpu": "NVIDIA H200", "torch": "2.5.1"},
+        "findings": ["Seed's step at n=64: 1.00 ms.", "Committed reference evidence (x): y."]}))
+    evidence.keep_evidence(run_dir, root=root)
+    text = readme.read_text()
+    assert text.startswith("# intro\n\n## Results\n\n") and text.endswith("\n\n## After\nkept\n")
+    assert "stale, by hand" not in text
+    assert f"### NVIDIA H200: run `{run_dir.name}`" in text
+    assert "**Verdict: CLOSE.** Any benefit is smaller than delta." in text
+    assert "- Seed's step at n=64: 1.00 ms." in text and "Committed reference" not in text
+    assert "No kept run was made on a GPU" not in text
+    section = text[text.index(evidence.RESULTS_START):text.index(evidence.RESULTS_END)
+                   + len(evidence.RESULTS_END)]
+    assert section == evidence.results_markdown(root)

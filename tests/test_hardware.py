@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from stagelab import device, hardware
+from stagelab import device, hardware, machine
 
 
 def test_snapshot_without_a_gpu_has_the_host_and_says_what_is_missing():
@@ -30,10 +30,16 @@ def test_numa_node_of_an_unknown_bus_is_none():
 
 
 def test_flatten_lists_every_section():
-    rows = hardware.flatten({"host": {"a": 1}, "torch": {"b": 2}, "gpu": None, "nvml": None,
+    rows = machine.flatten({"host": {"a": 1}, "torch": {"b": 2}, "gpu": None, "nvml": None,
                              "unavailable": ["GPU: none"]})
     assert ("host", "a", 1) in rows and ("gpu", "(unavailable)", "see below") in rows
     assert ("unavailable", "1", "GPU: none") in rows
+
+
+def test_unavailable_text_lists_what_could_not_be_read():
+    assert machine.unavailable_text({"unavailable": ["GPU: none", "NVML: no"]}) == (
+        "- GPU: none\n- NVML: no")
+    assert machine.unavailable_text({"unavailable": []}).startswith("Everything was read")
 
 
 def test_device_label_on_cpu():

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from stagelab import cli, params, profiles
+from stagelab import catalogue, cli, params, profiles
 from stagelab.errors import UserError
 
 BAD = [
@@ -87,14 +87,12 @@ def test_every_shipped_profile_passes_the_checks():
         assert profiles.plan_run(name).notebooks
 
 
-def test_arm_names_come_from_the_registries(monkeypatch):
-    from stagelab import staging, step
-
-    monkeypatch.setitem(staging.ARMS, "brand_new_arm", staging.ARMS["pageable_fresh"])
-    monkeypatch.setattr(step, "STEP_ARMS", (*step.STEP_ARMS, "renamed_step_arm"))
+def test_arm_names_come_from_the_catalogue(monkeypatch):
+    new_arm = catalogue.Arm("brand_new_arm", catalogue.STAGING, catalogue.LEVER, "a test arm")
+    monkeypatch.setattr(catalogue, "ARMS", (*catalogue.ARMS, new_arm))
     params.validate("01_d2h_staging", {"arms": ["brand_new_arm"], "aa_arm": "brand_new_arm"})
-    params.validate("02_logprobs_step", {"arms": ["renamed_step_arm"]})
-    monkeypatch.setattr(step, "STEP_ARMS", ("only_this",))
+    only = catalogue.Arm("only_this", catalogue.STEP, catalogue.BASELINE, "the one step arm")
+    monkeypatch.setattr(catalogue, "ARMS", (only,))
     with pytest.raises(UserError, match="unknown step arm 'fused'; valid: only_this"):
         params.validate("02_logprobs_step", {"arms": ["fused"]})
 

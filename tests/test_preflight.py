@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from stagelab import cli, memory, preflight, prompt_logprobs
+from stagelab import cli, memory, preflight, profiles, prompt_logprobs
 from stagelab.preflight import GO, INFO, NO_GO, UNAVAILABLE, Check
 
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU outcome needs no CUDA")
@@ -64,7 +64,7 @@ def test_an_out_path_that_cannot_be_made_is_refused_before_any_check(tmp_path):
 
 
 def test_profile_parameters_are_the_notebook_defaults_then_the_profile():
-    params = preflight.profile_parameters("quick")
+    params = profiles.profile_parameters("quick")
     assert params["03_prompt_logprobs"]["tokens"] == 1025  # the profile's
     assert params["03_prompt_logprobs"]["k"] == 5  # the notebook's default
     assert params["01_d2h_staging"]["sources"] == 3
@@ -131,7 +131,7 @@ def test_native_status_is_read_or_its_absence_said(monkeypatch):
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
 def test_gpu_preflight_runs_every_check(tmp_path: Path):
-    status = preflight.preflight("quick", tmp_path)
+    status = preflight.preflight("quick", profiles.profile_parameters("quick"), tmp_path)
     saved = json.loads((tmp_path / "preflight.json").read_text())
     names = [c["name"] for c in saved["checks"]]
     assert {"sync:logprobs_from_logits", "sync:gather_logprobs(compute_logprobs)",

@@ -75,34 +75,8 @@ def test_notebook_code_holds_calls_not_logic(path):
             assert not found, f"{path.name}: {found} in a code cell:\n{cell.source}"
 
 
-def _stagelab_imports(path) -> set[str]:
-    """The stagelab modules one module imports, wherever in the file."""
-    names = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("stagelab"):
-            parts = node.module.split(".")
-            if len(parts) > 1:
-                names.add(parts[1])
-            else:
-                names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.Import):
-            names.update(a.name.split(".")[1] for a in node.names
-                         if a.name.startswith("stagelab."))
-    return names
-
-
-def test_the_package_has_no_import_cycle():
-    package = paths.REPO_ROOT / "lib" / "stagelab"
-    modules = {p.stem for p in package.glob("*.py")} - {"__init__", "__main__"}
-    graph = {m: _stagelab_imports(package / f"{m}.py") & modules - {m} for m in modules}
-    done: set[str] = set()
-
-    def visit(module: str, path: tuple[str, ...]) -> None:
-        assert module not in path, f"import cycle: {' -> '.join((*path, module))}"
-        if module not in done:
-            for imported in graph[module]:
-                visit(imported, (*path, module))
-            done.add(module)
-
-    for module in sorted(modules):
-        visit(module, ())
+def test_notebook_02_opens_with_the_decisive_comparison_in_at_most_150_words():
+    nb = nbformat.read(str(paths.NOTEBOOKS_DIR / "02_logprobs_step.ipynb"), as_version=4)
+    title, first, *_ = nb.cells[0].source.split("\n\n")
+    assert len(nb.cells[0].source.replace("#", "").split()) <= 150
+    assert first.startswith("**The decisive comparison:**") and "`seed_pinned`" in first

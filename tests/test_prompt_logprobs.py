@@ -182,19 +182,6 @@ def test_predicted_peak_follows_the_documented_model():
         pl.predicted_peak_bytes(3, 3, None, f32, "other")
 
 
-def test_memory_no_longer_imports_logprobs():
-    """predicted_peak_bytes lives beside the algorithm it models: memory is a lower floor."""
-    import ast
-    from pathlib import Path
-
-    tree = ast.parse(Path(memory.__file__).read_text())
-    imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
-    imported |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
-                 for alias in node.names}
-    assert not any("logprobs" in (name or "") for name in imported)
-    assert not hasattr(memory, "predicted_peak_bytes")
-
-
 def test_measured_peaks_separate_chunked_fused_from_unchunked_logsoftmax():
     config = dict(tokens=257, vocab=32768, hidden=16, dtype="float32", k=5, overlap=True)
     small = memory.measure_peak("stagelab.prompt_logprobs:memory_probe",

@@ -341,6 +341,28 @@ def test_a_disk_that_stays_full_gives_one_line_and_no_temp_litter(quick_tiny, mo
     assert not [p for p in run_dir.iterdir() if p.name.endswith(".tmp")]
 
 
+def test_run_ends_with_the_verdict_line_and_says_when_timings_are_not_trustworthy(
+        quick_tiny, monkeypatch, capsys):
+    # Before: the terminal never printed the verdict, nor that the machine was busy.
+    def verdict_notebook(notebook, output, run_dir, plan):
+        (Path(run_dir) / "verdict.json").write_text(json.dumps({
+            "overall": {"decision": "CLOSE", "summary": "any benefit is smaller than delta."},
+            "parameters": {"delta": 0.02}, "decisive": [
+                {"rows": 64, "vocab": 1000, "k": 5, "decision": "CLOSE", "twin_speedup": 1.3,
+                 "twin_ci_low": 1.2,
+                 "twin_ci_high": 1.4}]}))
+        return _fake_notebook(notebook, output, run_dir, plan)
+
+    monkeypatch.setattr(execute, "execute_notebook", verdict_notebook)
+    assert cli.main(["run", "--profile", "okonly", "--out", str(quick_tiny["root"])]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[-2] == "verdict: CLOSE - any benefit is smaller than delta."
+    assert out[-1].startswith("TIMINGS NOT TRUSTWORTHY: the A/A check at step level, n=64")
+    (run_dir,) = quick_tiny["root"].iterdir()
+    load = rundir.read_manifest(run_dir)["notebooks"][0]["load"]
+    assert load["busy"] in (True, False) and load["seconds"] >= 0  # the load was recorded
+
+
 def test_atomic_write_keeps_the_old_file_whole_when_a_write_fails(tmp_path, monkeypatch):
     target = rundir.write_json_atomic(tmp_path / "manifest.json", {"status": "ok"})
     monkeypatch.setattr(rundir.os, "fdopen", FullDisk(lambda text: True))

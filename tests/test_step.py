@@ -8,7 +8,7 @@ import torch
 
 from reference import assert_matches_reference
 from stagelab import logprobs as lp
-from stagelab import native, schema, shapes, staging, step
+from stagelab import catalogue, native, schema, shapes, staging, step
 from stagelab.errors import NativeUnavailable
 from stagelab.testing import SyncCounter
 from test_staging import RecordingAllocator
@@ -45,7 +45,7 @@ def test_every_arm_agrees_with_float64_and_reports_its_stages(arm):
         result, stages = pipeline.run(logits, 5, tokens, tokens)
         assert_matches_reference(result, logits, 5, tokens, atol=5e-5,
                                  exact_ranks=arm == "fused")
-    expected = set(step.STAGES) if arm.startswith("seed") else {"device", "copy"}
+    expected = set(catalogue.arm(catalogue.STEP, arm).stages)
     assert set(stages) == expected and all(v >= 0 for v in stages.values())
 
 

@@ -14,10 +14,11 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from stagelab import stats
-from stagelab.schema import aa_name
+from stagelab import catalogue, stats
+from stagelab.catalogue import STAGES, TOTAL, aa_name
 
-STAGES = ("device", "alloc", "copy", "host_gather", "free")
+UNATTRIBUTED = "unattributed"  # what no timed stage accounts for
+SPLIT = (*STAGES, UNATTRIBUTED)  # the parts of a step that add up to its total
 DWARFED_SHARE = 0.10  # the copy counts as dwarfed below this share of the seed's step
 MET, NOT_MET, NOT_MEASURED = "met", "not met", "not measured"
 GOAL_COLUMNS = ("goal", "target", "measured", "status", "note")
@@ -100,19 +101,30 @@ def compare(frame: pd.DataFrame, baseline: str, candidate: str, by: Sequence[str
 
 
 def decomposition(frame: pd.DataFrame, by: Sequence[str] = ("rows", "vocab", "k")) -> pd.DataFrame:
-    """Median seconds per stage and in total, per arm and cell, with each stage's share."""
+    """Mean seconds per stage and in total, per arm and cell, with each part's share of the total.
+
+    Means, because the median of each stage does not add up to the median of the total; here the
+    parts add up to the total exactly: what no timed stage accounts for (untimed work between
+    stages, or, negative, stages that overlap on a GPU) is its own part, ``unattributed``. Each
+    call counts where its total was timed; a stage an arm has no row for counts as 0.
+    """
     timed = ok_timings(frame, stage=None)
     if timed.empty:
-        return pd.DataFrame(columns=[*by, "arm", *STAGES, "total"])
-    med = timed.pivot_table(index=[*by, "arm"], columns="stage", values="seconds",
-                            aggfunc="median", observed=True)
-    med = med.reindex(columns=[*STAGES, "total"]).fillna(0.0).reset_index()
-    for stage in STAGES:
-        med[f"{stage}_share"] = med[stage] / med["total"]
-    return pd.DataFrame(med)
+        return pd.DataFrame(columns=[*by, "arm", *SPLIT, TOTAL])
+    per_call = timed.pivot_table(index=[*by, "arm", "round"], columns="stage", values="seconds",
+                                 aggfunc="mean", observed=True)
+    per_call = per_call.reindex(columns=[*STAGES, TOTAL])
+    per_call = per_call[per_call[TOTAL].notna()].fillna(0.0)
+    per_call[UNATTRIBUTED] = per_call[TOTAL] - per_call[list(STAGES)].sum(axis=1)
+    means = per_call.groupby(level=[*by, "arm"], observed=True)[[*SPLIT, TOTAL]].mean()
+    means = means.reset_index()
+    for stage in SPLIT:
+        means[f"{stage}_share"] = means[stage] / means[TOTAL]
+    return pd.DataFrame(means)
 
 
-def copy_dwarfed(frame: pd.DataFrame, arm: str = "seed_pageable") -> list[str]:
+def copy_dwarfed(frame: pd.DataFrame,
+                 arm: str = catalogue.baseline(catalogue.STEP)) -> list[str]:
     """Plain sentences, one per cell, answering "is the copy dwarfed?" for the seed's step."""
     parts = decomposition(frame)
     sentences = []
@@ -123,17 +135,18 @@ def copy_dwarfed(frame: pd.DataFrame, arm: str = "seed_pageable") -> list[str]:
             f"{1e3 * row['copy']:.2f} ms of a {1e3 * row['total']:.2f} ms step "
             f"({row['copy_share']:.0%}); zero-fill {1e3 * row['alloc']:.2f} ms, host top-K "
             f"{1e3 * row['host_gather']:.2f} ms ({row['host_gather_share']:.0%}), free "
-            f"{1e3 * row['free']:.2f} ms, device work {1e3 * row['device']:.2f} ms. "
-            f"The copy is {verdict} (under {DWARFED_SHARE:.0%} counts as dwarfed).")
+            f"{1e3 * row['free']:.2f} ms, device work {1e3 * row['device']:.2f} ms, "
+            f"unattributed {1e3 * row['unattributed']:.2f} ms (means; the parts add up to the "
+            f"step). The copy is {verdict} (under {DWARFED_SHARE:.0%} counts as dwarfed).")
     return sentences or [f"The seed's step ({arm}) was not timed in this run: "
                          + not_measured_reason(frame, arm) + "."]
 
 
-def lever_savings(frame: pd.DataFrame, baseline: str = "seed_pageable",
+def lever_savings(frame: pd.DataFrame, baseline: str = catalogue.baseline(catalogue.STEP),
                   seed: int = 0) -> pd.DataFrame:
     """Per cell and lever: paired speedup of the whole step over the seed's arm, its CI, ms saved."""
     measured = set(ok_timings(frame)["arm"])
-    levers = sorted(a for a in measured if a != baseline and not a.endswith("~aa"))
+    levers = sorted(a for a in measured if a != baseline and not catalogue.is_twin(a))
     parts = [compare(frame, baseline, arm, ["rows", "vocab", "k"], seed=seed) for arm in levers]
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
 
@@ -147,9 +160,9 @@ def stage_medians(frame: pd.DataFrame, arm: str, stage: str) -> pd.DataFrame:
 
 def host_gather_backends(frame: pd.DataFrame) -> pd.DataFrame:
     """The host top-K stage, native (the seed's C++) against numpy, per cell, in ms."""
-    native = stage_medians(frame, "seed_pageable", "host_gather").rename(
+    native = stage_medians(frame, catalogue.baseline(catalogue.STEP), "host_gather").rename(
         columns={"seconds": "native_ms"})
-    numpy_ = stage_medians(frame, "seed_pageable_numpy", "host_gather").rename(
+    numpy_ = stage_medians(frame, catalogue.NUMPY_TOP_K, "host_gather").rename(
         columns={"seconds": "numpy_ms"})
     both = native.merge(numpy_, on=["rows", "vocab", "k"])
     both[["native_ms", "numpy_ms"]] *= 1e3
@@ -236,17 +249,43 @@ def spread(frame: pd.DataFrame, by: Sequence[str] = ("rows", "vocab", "arm"),
     return out.assign(noisy=out["iqr_over_median"] >= noisy_at)
 
 
-COPY_CANDIDATES = ("pinned_grow_only", "pageable_reused", "to_cpu_non_blocking", "pinned_fresh",
-                   "raw_ceiling", "pageable_fresh_empty")
-
-
-def copy_comparisons(frame: pd.DataFrame, baseline: str = "pageable_fresh",
+def copy_comparisons(frame: pd.DataFrame, baseline: str = catalogue.baseline(catalogue.STAGING),
                      seed: int = 0) -> pd.DataFrame:
     """Every measured staging arm against the seed's fresh buffer, per cell, with the A/A twin."""
     measured = set(ok_timings(frame)["arm"])
     parts = [compare(frame, baseline, c, ["rows", "vocab"], twin=True, seed=seed)
-             for c in COPY_CANDIDATES if c in measured and baseline in measured]
+             for c in catalogue.arm_names(catalogue.STAGING)
+             if c != baseline and c in measured and baseline in measured]
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+
+
+def copy_finding(frame: pd.DataFrame, compared: pd.DataFrame) -> str:
+    """Notebook 01's finding in words: at the largest copy measured, each arm against the seed's
+    fresh buffer (paired speedup with its CI, ms saved per copy), the A/A twin, and whether the
+    proposal itself could be measured here."""
+    empty = nothing_measured(frame, "the staging sweep")
+    if empty:
+        return f"**{empty}**"
+    measured = compared.dropna(subset=["speedup"]) if "speedup" in compared else compared.iloc[:0]
+    if measured.empty:
+        return ("**Finding:** no arm was timed beside the seed's fresh buffer in a shared round, "
+                "so nothing can be compared; see the arms timed above.")
+    sizes = measured["rows"] * measured["vocab"]
+    cell = measured[sizes == sizes.max()]
+    first = cell.iloc[0]
+    arms = "; ".join(f"`{r.candidate}` {r.speedup:.2f}x (CI {r.ci_low:.2f}-{r.ci_high:.2f}, "
+                     f"{r.saved_ms:.2f} ms saved per copy)" for r in cell.itertuples())
+    twin = (f" The A/A twin reads {first['twin_speedup']:.3f}x (CI {first['twin_ci_low']:.3f}-"
+            f"{first['twin_ci_high']:.3f}): the harness's own noise."
+            if pd.notna(first.get("twin_speedup")) else " No A/A twin was timed.")
+    proposal = catalogue.candidate(catalogue.STAGING)
+    missing = ("" if proposal in set(cell["candidate"])
+               else f" The proposal `{proposal}` was not measured: "
+                    f"{not_measured_reason(frame, proposal)}.")
+    return (f"**Finding at the largest copy measured (n={first['rows']}, V={first['vocab']}):** "
+            f"against the seed's fresh zero-filled buffer (its time over the arm's; above 1 the "
+            f"arm is faster): {arms}.{twin}{missing} This is the copy alone: whether it matters "
+            "for the engine is decided on the whole step (notebook 02, decided in 04).")
 
 
 def holdings(frame: pd.DataFrame) -> pd.DataFrame:
@@ -284,7 +323,7 @@ def prompt_time_relative(frame: pd.DataFrame) -> pd.DataFrame:
 def overlap_effect(frame: pd.DataFrame) -> pd.DataFrame:
     """Per method and chunk: median seconds with and without overlap, and ms overlap saves."""
     timed = ok_timings(frame)
-    timed = timed.assign(method=timed["arm"].str.split("+").str[0])
+    timed = timed.assign(method=timed["arm"].str.removesuffix(catalogue.OVERLAP_SUFFIX))
     table = timed.pivot_table(index=["method", "chunk"], columns="overlap", values="seconds",
                               aggfunc="median", observed=True)
     table = table.rename(columns={True: "overlap_s", False: "plain_s"}).reset_index()
@@ -293,7 +332,7 @@ def overlap_effect(frame: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
-def recommend_chunk(frame: pd.DataFrame, arm: str = "fused+overlap",
+def recommend_chunk(frame: pd.DataFrame, arm: str = catalogue.PROMPT_RECOMMENDED_ARM,
                     tolerance: float = 0.05) -> dict[str, Any]:
     """The smallest chunk whose median time is within ``tolerance`` of the best configuration's
     of that arm (unchunked included); with the times behind the choice."""
@@ -311,6 +350,12 @@ def recommend_chunk(frame: pd.DataFrame, arm: str = "fused+overlap",
             "unchunked_rows": rows, "tolerance": tolerance,
             "reason": f"smallest chunk within {tolerance:.0%} of the best median time "
                       f"({1e3 * best:.1f} ms at chunk {int(medians.idxmin())}){unchunked}"}
+
+
+def recommendation_sentence(recommendation: dict[str, Any]) -> str:
+    """A :func:`recommend_chunk` result in one sentence, as notebook 03 and the verdict say it."""
+    rec = recommendation
+    return f"Recommended chunk: **{rec.get('chunk')}** ({rec.get('arm')}): {rec.get('reason')}."
 
 
 def prompt_peaks(frame: pd.DataFrame) -> pd.DataFrame:
@@ -335,32 +380,35 @@ def staging_goals(frame: pd.DataFrame, snap: dict, big_bytes: int = 64 * 10**6) 
     """Copy-level goals: pinned grow-only >= 95 % of the raw pinned ceiling; the raw ceiling >= 85 %
     of the NVML link for copies of 64 MB and more (else the likely cause); the A/A harness check;
     the reuse lever with its CI at the largest cell."""
+    pinned = catalogue.candidate(catalogue.STAGING)
+    ceiling = catalogue.only_with_role(catalogue.STAGING, catalogue.CEILING)
+    fresh, reused = catalogue.baseline(catalogue.STAGING), catalogue.REUSE_LEVER[catalogue.STAGING]
     timed = ok_timings(frame)
     medians = timed.groupby(["arm", "bytes"], observed=True)["gb_per_s"].median().unstack("arm")
     gpu = bool(snap.get("gpu"))
     goals = []
     name = "pinned grow-only vs raw pinned ceiling"
-    if gpu and {"pinned_grow_only", "raw_ceiling"} <= set(medians.columns):
-        share = (medians["pinned_grow_only"] / medians["raw_ceiling"]).dropna()
+    if gpu and {pinned, ceiling} <= set(medians.columns):
+        share = (medians[pinned] / medians[ceiling]).dropna()
         goals.append(goal(name, ">= 95 % in every cell",
                           f"{share.min():.1%} (worst cell) to {share.max():.1%}",
                           bool(share.min() >= 0.95)))
     else:
         goals.append(goal(name, ">= 95 % in every cell", "-", None,
                           "no CUDA device: pinned memory does not exist here" if not gpu
-                          else not_measured_reason(frame, "pinned_grow_only")))
+                          else not_measured_reason(frame, pinned)))
     link = (snap.get("nvml") or {}).get("pcie_max_gbps_per_direction")
-    big = medians[medians.index >= big_bytes] if "raw_ceiling" in medians else medians.iloc[:0]
+    big = medians[medians.index >= big_bytes] if ceiling in medians else medians.iloc[:0]
     name = "raw ceiling vs NVML link (copies >= 64 MB)"
     if link and gpu and not big.empty:
-        share = float(big["raw_ceiling"].median() / link)
+        share = float(big[ceiling].median() / link)
         goals.append(goal(name, ">= 85 %", f"{share:.1%} of {link} GB/s", share >= 0.85,
                           "" if share >= 0.85 else likely_link_cause(snap)))
     else:
         goals.append(goal(name, ">= 85 %", "-", None,
                           "no GPU link to compare with (the raw ceiling here is a host-to-host "
                           "copy)" if not gpu else "no copy of 64 MB or more, or NVML unread"))
-    aa = compare(frame, "pageable_fresh", "pageable_reused", ["rows", "vocab"], twin=True)
+    aa = compare(frame, fresh, reused, ["rows", "vocab"], twin=True)
     goals.append(harness_goal(aa))
     name, target = "reuse lever: reused vs fresh pageable", "CI above 1 at the largest cell"
     measured = aa.dropna(subset=["speedup"]) if "speedup" in aa else aa.iloc[:0]
@@ -374,7 +422,7 @@ def staging_goals(frame: pd.DataFrame, snap: dict, big_bytes: int = 64 * 10**6) 
                           bool(big_cell["ci_low"] > 1)))
     else:
         goals.append(goal(name, target, "-", None,
-                          "pageable_fresh and pageable_reused not both timed"))
+                          f"{fresh} and {reused} not both timed"))
     return goals
 
 
@@ -416,9 +464,10 @@ def fused_goal(frame: pd.DataFrame, target_rows: int = 64, target_vocab: int = 1
     """The fused arm's goal (>= 10x the seed's step at n=64, V~152k, K=5), at the nearest cell."""
     name, target = "fused step vs the seed's step", f">= {factor:.0f}x at n=64, V~152k, K=5"
     savings = lever_savings(frame)
-    if savings.empty or "fused" not in set(savings["candidate"]) or "speedup" not in savings:
+    if savings.empty or catalogue.FUSED not in set(savings["candidate"]) or (
+            "speedup" not in savings):
         return goal(name, target, "-", None, "the fused and seed arms were not both timed")
-    fused = savings[(savings["candidate"] == "fused") & savings["speedup"].notna()].copy()
+    fused = savings[(savings["candidate"] == catalogue.FUSED) & savings["speedup"].notna()].copy()
     if fused.empty:
         return goal(name, target, "-", None, "the fused and seed arms share no timed round")
     fused["distance"] = (abs(fused["rows"] - target_rows) / target_rows
@@ -435,13 +484,13 @@ def prompt_goals(frame: pd.DataFrame) -> list[dict]:
     """Prompt-logprob goals: the fused path's peak extra memory within 1.15 x one chunk of logits,
     and chunked time within 1.05 x unchunked for chunks >= 512."""
     goals = []
-    itemsize = {"float32": 4, "float16": 2, "bfloat16": 2}
     peaks = frame[frame["metric"].isin(["peak_device_bytes", "peak_host_bytes"])
-                  & frame["arm"].str.startswith("fused") & (frame["status"] == "ok")]
+                  & (frame["arm"].str.removesuffix(catalogue.OVERLAP_SUFFIX) == catalogue.FUSED)
+                  & (frame["status"] == "ok")]
     on_gpu = bool((peaks["metric"] == "peak_device_bytes").any())
     peaks = peaks[peaks["metric"] == ("peak_device_bytes" if on_gpu else "peak_host_bytes")]
     for _, row in peaks.sort_values(["chunk", "arm"]).iterrows():
-        ratio = row["bytes"] / (row["chunk"] * row["vocab"] * itemsize[row["dtype"]])
+        ratio = row["bytes"] / (row["chunk"] * row["vocab"] * catalogue.DTYPE_BYTES[row["dtype"]])
         goals.append(goal(f"fused peak extra memory, chunk {row['chunk']} ({row['arm']})",
                           "<= 1.15 x C x V x dtype bytes",
                           f"{ratio:.2f} x ({row['bytes'] / 2**20:.1f} MiB, "

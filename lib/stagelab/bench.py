@@ -18,9 +18,7 @@ from typing import Callable, Mapping
 
 import torch
 
-from stagelab.schema import aa_name
-
-__all__ = ["ArmCall", "Timer", "aa_name", "interleaved", "pick", "rotating"]
+__all__ = ["ArmCall", "Timer", "interleaved", "pick", "rotating"]
 
 ArmCall = Callable[[int], "Mapping[str, float] | object"]
 # The host clock also counts the launch and the final synchronize: it may exceed the events by this

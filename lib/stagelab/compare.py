@@ -4,8 +4,10 @@ against an H200, an H100 against an H200, before against after a change).
 Each run (a run folder or a kept run under ``data/reference/``) gives one column: its hardware,
 the overall verdict, the verdict per decisive cell with its CI, the seed step's stage split, the
 copy bandwidth at its largest copy cell against the PCIe link, and the prompt-logprob peaks with
-the recommended chunk. Where a quantity was measured at the same cell in a run and in the first
-run given, their ratio is shown (run over first run). A run that lacks something (no verdict, a
+the recommended chunk. The verdicts come first, with whether each run's timings can be trusted
+(:mod:`stagelab.trust`: a busy machine, a failed A/A check). Where a quantity was measured at the
+same cell in a run and in the first run given, their ratio (run over first run) stands beside the
+run's figure; every figure has three significant digits, its unit in the row's name. A run that lacks something (no verdict, a
 verdict of an older format, no tables) is named in a one-line note and its column says what is
 missing; the others are still compared. Torch-free: it reads the run's files only.
 """
@@ -13,7 +15,7 @@ missing; the others are still compared. Torch-free: it reads the run's files onl
 from __future__ import annotations
 
 import html
-import json
+import math
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -21,17 +23,18 @@ from typing import Any, Callable, Sequence
 
 import pandas as pd
 
-from stagelab import analysis, paths, rundir, schema
+from stagelab import analysis, catalogue, paths, records, rundir, schema, trust
 from stagelab.errors import SchemaError, UserError
+from stagelab.records import RunFolder
 
-VERDICT_FILE = "verdict.json"
-HARDWARE_FILE = "hardware.json"
-STAGES = (*analysis.STAGES, "total")
+VERDICT_FILE = RunFolder.VERDICT
+STAGES = (*analysis.SPLIT, catalogue.TOTAL)
 NOT_MEASURED = "-"
 INDEX_NAMES = ("section", "quantity")
 BANDWIDTH_COLUMNS = ("arm", "stage", "metric", "status", "rows", "vocab", "gb_per_s")
-SECTIONS = ("run", "hardware", "verdict", "decisive cells", "seed step, ms", "copy bandwidth",
-            "prompt logprobs")
+SECTIONS = ("verdict", "decisive cells", "run", "hardware", "seed step, ms", "copy bandwidth",
+            "prompt logprobs")  # the verdicts first
+SIGNIFICANT = 3  # every measured figure is shown to this many significant digits
 
 
 @dataclass
@@ -47,6 +50,7 @@ class RunFacts:
     copy_cell: tuple[int, int] | None = None
     copy_gbps: dict[str, float] = field(default_factory=dict)
     prompt: dict[str, Any] | None = None
+    timings: str | None = None  # whether its timings are trustworthy, in a few words
     missing: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -85,19 +89,6 @@ def is_run_folder(path: Path) -> bool:
                                  for name in (rundir.MANIFEST, VERDICT_FILE))
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
-    """A JSON file's object; None when the file is absent. A damaged file names itself."""
-    try:
-        payload = json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{path.name} cannot be read ({exc})") from exc
-    if not isinstance(payload, dict):
-        raise ValueError(f"{path.name} is not a JSON object")
-    return payload
-
-
 def _hardware(run: RunFacts, verdict: dict[str, Any] | None) -> dict[str, Any]:
     """The run's hardware: the manifest's snapshot, else hardware.json, else the verdict's."""
     try:
@@ -107,8 +98,8 @@ def _hardware(run: RunFacts, verdict: dict[str, Any] | None) -> dict[str, Any]:
         snapshot = None
     if not snapshot:
         try:
-            snapshot = _read_json(run.path / HARDWARE_FILE)
-        except ValueError as exc:
+            snapshot = RunFolder(run.path).read_hardware()
+        except UserError as exc:
             run.notes.append(f"{run.run_id}: {exc}")
     if snapshot:
         return analysis.hardware_summary(snapshot)
@@ -121,13 +112,14 @@ def _hardware(run: RunFacts, verdict: dict[str, Any] | None) -> dict[str, Any]:
 def _read_verdict(run: RunFacts) -> dict[str, Any] | None:
     """The run's verdict.json; notes when it is absent, unreadable or of an older format."""
     try:
-        verdict = _read_json(run.path / VERDICT_FILE)
-    except ValueError as exc:
+        verdict = RunFolder(run.path).read_verdict()
+    except UserError as exc:
         run.lacks("verdict.json unreadable", str(exc))
         return None
     if verdict is None:
-        run.lacks("no verdict.json", "no verdict.json (notebook 04_verdict did not run or "
-                  "failed): no verdict, decisive cells, stage split or prompt-logprob figures")
+        run.lacks("no verdict.json", f"no verdict.json (notebook {catalogue.VERDICT_NOTEBOOK} "
+                  "did not run or failed): no verdict, decisive cells, stage split or "
+                  "prompt-logprob figures")
     elif "decisive" not in verdict:
         run.lacks("older verdict.json", "verdict.json is of an older format (no `decisive` "
                   "cells): no per-cell verdict or stage split")
@@ -138,7 +130,7 @@ def copy_bandwidth(staging: pd.DataFrame) -> tuple[tuple[int, int] | None, dict[
     """The largest copy cell ``(rows, vocab)`` of a staging table and, per arm (A/A twins left
     out), the median GB/s of its ok ``total`` timings there."""
     timed = analysis.ok_timings(staging)
-    timed = timed[~timed["arm"].str.endswith(schema.AA_SUFFIX) & timed["gb_per_s"].notna()]
+    timed = timed[~timed["arm"].str.endswith(catalogue.AA_SUFFIX) & timed["gb_per_s"].notna()]
     if timed.empty:
         return None, {}
     sizes = timed[["rows", "vocab"]].drop_duplicates().astype(int)
@@ -169,23 +161,24 @@ def read_older_table(run_dir: Path, name: str, needed: Sequence[str]) -> tuple[p
 
 
 def _read_staging(run: RunFacts) -> None:
-    """Fill the run's copy bandwidth from data/staging.parquet, or say why it cannot be."""
+    """Fill the run's copy bandwidth from the staging table, or say why it cannot be."""
+    notebook = catalogue.notebook_of(catalogue.STAGING)
     try:
-        staging = schema.read_table(run.path, "staging")
+        staging = schema.read_table(run.path, notebook.table)
     except FileNotFoundError:
-        run.lacks("no staging table", "no data/staging.parquet (notebook 01_d2h_staging did "
-                  "not run or failed): no copy bandwidth")
+        run.lacks("no staging table", f"no data/{notebook.table}.parquet (notebook "
+                  f"{notebook.name} did not run or failed): no copy bandwidth")
         return
     except SchemaError:
         try:
-            staging, note = read_older_table(run.path, "staging", BANDWIDTH_COLUMNS)
+            staging, note = read_older_table(run.path, notebook.table, BANDWIDTH_COLUMNS)
         except SchemaError as exc:
             run.lacks("staging table of another schema", f"{exc}: no copy bandwidth")
             return
         run.notes.append(f"{run.run_id}: {note}; its copy bandwidth is read all the same")
     run.copy_cell, run.copy_gbps = copy_bandwidth(staging)
     if not run.copy_gbps:
-        run.lacks("no copy timings", "data/staging.parquet has no ok copy timings")
+        run.lacks("no copy timings", f"data/{notebook.table}.parquet has no ok copy timings")
 
 
 def load_run(path: Path | str) -> RunFacts:
@@ -205,9 +198,25 @@ def load_run(path: Path | str) -> RunFacts:
         run.prompt = verdict.get("prompt_logprobs")
         if run.prompt is None:
             run.lacks("no prompt data", "no prompt-logprob figures in verdict.json (notebook "
-                      "03_prompt_logprobs did not run or failed)")
+                      f"{catalogue.notebook_of(catalogue.PROMPT).name} did not run or failed)")
     _read_staging(run)
+    run.timings = _timings(run, verdict)
     return run
+
+
+def _timings(run: RunFacts, verdict: dict[str, Any] | None) -> str:
+    """Whether the run's timings can be trusted (:mod:`stagelab.trust`); a note when not."""
+    try:
+        manifest = rundir.read_manifest(run.path)
+    except UserError:
+        manifest = {}
+    found = trust.reasons(run.path, manifest, verdict or {})
+    if found:
+        run.notes.append(f"{run.run_id}: timings not trustworthy: {'; '.join(found)}")
+        return "NOT TRUSTWORTHY: " + "; ".join(found)
+    if not trust.load_known(manifest):
+        return "A/A passed; load not recorded"
+    return "yes (quiet, A/A passed)"
 
 
 # ------------------------------------------------------------------------- the table of runs
@@ -245,6 +254,7 @@ def _run_rows(run: RunFacts, detail: bool) -> dict[tuple[str, str], Any]:
         ("hardware", "CPU"): hw.get("cpu"),
         ("hardware", "torch"): hw.get("torch"),
         ("verdict", "overall"): run.overall,
+        ("verdict", "timings"): run.timings,
     }
     for cell in run.decisive:
         name = _cell_name(cell)
@@ -342,34 +352,56 @@ def compare(run_dirs: Sequence[Path | str]) -> Comparison:
 
 # ------------------------------------------------------------------------------- rendering
 
+def significant(value: float, digits: int = SIGNIFICANT) -> str:
+    """A number to ``digits`` significant digits in plain notation: 2562, 16.4, 1.66, 0.0258."""
+    if value == 0 or not math.isfinite(value):
+        return f"{value:g}"
+    decimals = max(0, digits - 1 - math.floor(math.log10(abs(value))))
+    return f"{round(value, decimals):.{decimals}f}"
+
+
 def format_value(value: Any) -> str:
-    """A table cell as text: numbers to four significant digits, missing as ``-``."""
+    """A table cell as text: numbers to three significant digits, missing as ``-``."""
     if value is None or (isinstance(value, float) and pd.isna(value)):
         return NOT_MEASURED
     if isinstance(value, bool) or isinstance(value, int):
         return str(value)
     if isinstance(value, float):
-        return f"{value:.4g}"
+        return significant(value)
     return str(value)
 
 
 def format_ratio(value: float) -> str:
-    """A ratio as text, e.g. ``2.5x``; ``-`` where it was not measured in both runs."""
-    return NOT_MEASURED if pd.isna(value) else f"{value:.3g}x"
+    """A ratio as text to three significant digits, e.g. ``2.50x``; empty where it was not
+    measured in both runs."""
+    return "" if pd.isna(value) else f"{significant(value)}x"
 
 
 def _shown(frame: pd.DataFrame, formatter: Callable[[Any], str]) -> pd.DataFrame:
     return frame.map(formatter)
 
 
+def beside(comparison: Comparison, detail: bool = False) -> pd.DataFrame:
+    """The runs as text, each later run's column followed by its ratio to the first run."""
+    table = comparison.detail if detail else comparison.table
+    shown = _shown(table, format_value)
+    first = shown.columns[0]
+    columns = {first: shown[first]}
+    for label in shown.columns[1:]:
+        ratio = f"{label} / {first}"
+        columns[label] = shown[label]
+        columns[ratio] = comparison.ratios[ratio].reindex(shown.index).map(format_ratio)
+    return pd.DataFrame(columns, index=shown.index)
+
+
+NO_RATIO = "No quantity was measured as a number in the first run and another."
+
+
 def render_text(comparison: Comparison) -> str:
-    """The terminal table (one column per run) and the ratios to the first run."""
-    text = _shown(comparison.table, format_value).to_string()
-    if comparison.ratios.empty:
-        return text + "\n\nNo quantity was measured as a number in the first run and another."
-    ratio_text = _shown(comparison.ratios, format_ratio).to_string()
-    first = comparison.table.columns[0]
-    return f"{text}\n\nRatios to {first} (same cell in both runs):\n{ratio_text}"
+    """The terminal table: the verdicts first, one column per run, each later run with its ratio
+    to the first beside it."""
+    text = beside(comparison).to_string()
+    return text + (f"\n\n{NO_RATIO}" if comparison.ratios.empty else "")
 
 
 STYLE = """
@@ -387,20 +419,18 @@ def render_html(comparison: Comparison) -> str:
     notes = "".join(f"<li>{html.escape(note)}</li>" for note in comparison.notes)
     runs = "".join(f"<li>{html.escape(label)}: {html.escape(str(run.path))}</li>"
                    for label, run in zip(comparison.table.columns, comparison.runs))
-    table = _shown(comparison.detail, format_value).to_html(escape=True, na_rep=NOT_MEASURED)
-    if comparison.ratios.empty:
-        ratio_part = "<p>No quantity was measured as a number in the first run and another.</p>"
-    else:
-        ratio_part = _shown(comparison.ratios, format_ratio).to_html(escape=True)
+    table = beside(comparison, detail=True).to_html(escape=True, na_rep=NOT_MEASURED)
     first = html.escape(str(comparison.table.columns[0]))
+    ratio_note = (f"<p>{NO_RATIO}</p>" if comparison.ratios.empty else
+                  f"<p>Beside each later run: its ratio to {first} (same cell in both runs). "
+                  f"Figures to {SIGNIFICANT} significant digits; units in each row's name.</p>")
     made = datetime.now(timezone.utc).isoformat(timespec="seconds")
     return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<title>stagelab compare</title><style>{STYLE}</style></head><body>\n"
+            f"<title>stagelab compare</title>{records.generator_tag(COMMAND)}"
+            f"<style>{STYLE}</style></head><body>\n"
             f"<h1>stagelab compare</h1>\n<p>Made {made}. Runs:</p><ul>{runs}</ul>\n"
             + (f"<h2>What some runs lack</h2><ul class=\"notes\">{notes}</ul>\n" if notes else "")
-            + f"<h2>Side by side</h2>\n{table}\n"
-            f"<h2>Ratios to {first} (same cell in both runs)</h2>\n{ratio_part}\n"
-            "</body></html>\n")
+            + f"<h2>Side by side</h2>\n{ratio_note}\n{table}\n</body></html>\n")
 
 
 def default_out() -> Path:
@@ -409,12 +439,23 @@ def default_out() -> Path:
     return paths.RUNS_DIR / f"compare_{stamp}.html"
 
 
-def write_html(comparison: Comparison, out: Path | str | None = None) -> Path:
-    """Write the page (atomically) to ``out`` or :func:`default_out`; UserError naming ``--out``
-    when its folder cannot be made."""
-    out = Path(out) if out is not None else default_out()
+COMMAND = "stagelab compare"
+
+
+def claim_out(out: Path | str | None = None, force: bool = False) -> Path:
+    """``out`` (or :func:`default_out`) if the page may be written there: a new file, an
+    earlier compare page, or with ``force`` any file but a run's record; UserError otherwise."""
+    return records.claim_output(Path(out) if out is not None else default_out(), COMMAND, force)
+
+
+def write_html(comparison: Comparison, out: Path | str | None = None,
+               force: bool = False) -> Path:
+    """Write the page (atomically) to ``out`` or :func:`default_out`, which must not be a file
+    it did not make (see :func:`claim_out`); UserError naming ``--out`` when its folder cannot
+    be made."""
+    out = claim_out(out, force)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        return rundir.write_text_atomic(out, render_html(comparison))
+        return records.write_text_atomic(out, render_html(comparison))
     except OSError as exc:
         raise UserError(f"--out {out}: cannot write the page ({exc.strerror or exc})") from exc

@@ -179,26 +179,6 @@ def snapshot(under_load: bool = False, device_index: int = 0) -> dict[str, Any]:
     return snap
 
 
-def flatten(snap: dict[str, Any]) -> list[tuple[str, str, Any]]:
-    """(section, key, value) triples of a snapshot, for tables and the ``stagelab env`` printout."""
-    rows = []
-    for section in ("host", "torch", "gpu", "nvml"):
-        part = snap.get(section)
-        if part is None:
-            rows.append((section, "(unavailable)", "see below"))
-            continue
-        rows.extend((section, key, value) for key, value in part.items())
-    rows.extend(("unavailable", str(i + 1), reason) for i, reason in enumerate(snap["unavailable"]))
-    return rows
-
-
-def unavailable_text(snap: dict[str, Any]) -> str:
-    """What the snapshot could not read, as a Markdown list, or a sentence saying all was read."""
-    if not snap["unavailable"]:
-        return "Everything was read: GPU, NVML and host."
-    return "\n".join(f"- {reason}" for reason in snap["unavailable"])
-
-
 class PcieSampler:
     """Samples NVML's PCIe TX/RX throughput (KB/s over a 20 ms window) in a thread while a loop runs.
 

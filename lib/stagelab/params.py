@@ -5,9 +5,8 @@ things in different notebooks (``arms``). Each raises ``ValueError`` with what i
 would be right; :func:`validate` turns that into a one-line :class:`~stagelab.errors.UserError`
 naming ``notebook.parameter``, before any run folder exists.
 
-Arm names, methods and dtypes are read from the registries that define them
-(``stagelab.staging.ARMS``, ``stagelab.step.STEP_ARMS``, ``stagelab.prompt_logprobs.METHODS``,
-``stagelab.shapes.DTYPES``), imported only when a value is checked, since they import torch.
+Arm names, methods and dtypes are read from :mod:`stagelab.catalogue`, which names them once and
+loads no torch: the plan of a run never stands on the measuring code.
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
-from stagelab import paths
+from stagelab import catalogue, paths
 from stagelab.errors import UserError
 
 Validator = Callable[[Any, Mapping[str, Any]], None]
@@ -147,27 +146,12 @@ def model_or_vocab(value: Any, _: Mapping[str, Any] | None = None) -> None:
 
 def dtype_name(value: Any, _: Mapping[str, Any] | None = None) -> None:
     """A floating dtype the suite supports, by name."""
-    from stagelab.shapes import DTYPES
-
-    _one_of(value, DTYPES, "dtype")
+    _one_of(value, catalogue.DTYPE_BYTES, "dtype")
 
 
-def _staging_arms() -> Iterable[str]:
-    from stagelab.staging import ARMS
-
-    return ARMS
-
-
-def _step_arms() -> Iterable[str]:
-    from stagelab.step import STEP_ARMS
-
-    return STEP_ARMS
-
-
-def _prompt_methods() -> Iterable[str]:
-    from stagelab.prompt_logprobs import METHODS
-
-    return METHODS
+def _arms_of(experiment: str) -> Callable[[], Iterable[str]]:
+    """The catalogue's arm names of one experiment, read when a value is checked."""
+    return lambda: catalogue.arm_names(experiment)
 
 
 def _aa_arm_in_arms(registry: Callable[[], Iterable[str]], what: str) -> Validator:
@@ -220,11 +204,11 @@ VALIDATORS: dict[str, Validator] = {
 }
 
 NOTEBOOK_VALIDATORS: dict[tuple[str, str], Validator] = {
-    ("01_d2h_staging", "arms"): _subset(_staging_arms, "arm"),
-    ("01_d2h_staging", "aa_arm"): _aa_arm_in_arms(_staging_arms, "arm"),
-    ("02_logprobs_step", "arms"): _subset(_step_arms, "step arm"),
-    ("02_logprobs_step", "aa_arm"): _aa_arm_in_arms(_step_arms, "step arm"),
-    ("03_prompt_logprobs", "methods"): _subset(_prompt_methods, "method"),
+    ("01_d2h_staging", "arms"): _subset(_arms_of(catalogue.STAGING), "arm"),
+    ("01_d2h_staging", "aa_arm"): _aa_arm_in_arms(_arms_of(catalogue.STAGING), "arm"),
+    ("02_logprobs_step", "arms"): _subset(_arms_of(catalogue.STEP), "step arm"),
+    ("02_logprobs_step", "aa_arm"): _aa_arm_in_arms(_arms_of(catalogue.STEP), "step arm"),
+    ("03_prompt_logprobs", "methods"): _subset(_arms_of(catalogue.PROMPT), "method"),
 }
 
 

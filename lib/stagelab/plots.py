@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
-from stagelab import analysis
+from stagelab import analysis, catalogue
 
 sns.set_theme(style="whitegrid", context="notebook")
 DECISION_COLORS = {"PORT": "tab:green", "CLOSE": "tab:gray", "INCONCLUSIVE": "tab:orange",
@@ -98,31 +98,53 @@ def pcie(frame: pd.DataFrame, ax: plt.Axes | None = None) -> plt.Axes:
     return ax
 
 
+CLIP_OVER_BASELINE = 1.6  # a bar taller than this many times the seed's step is cut and labelled
+
+
 def stage_bars(parts: pd.DataFrame) -> plt.Figure:
-    """Median ms per stage, stacked, per arm; one panel per ``n × V × K`` cell."""
+    """Mean ms per part of the step (the parts add up to the total), stacked, per arm; one panel
+    per ``n × V × K`` cell. A bar far taller than the seed's step (the fused arm on a CPU) is cut
+    at the top of the panel and labelled with its total, so it cannot squash the seed's bars."""
     cells = parts[["rows", "vocab", "k"]].drop_duplicates().reset_index(drop=True)
     cols = max(1, min(4, len(cells)))
     lines = max(1, -(-len(cells) // cols))
-    fig, axes = plt.subplots(lines, cols, figsize=(4.2 * cols, 3.4 * lines), squeeze=False)
+    fig, axes = plt.subplots(lines, cols, figsize=(4.2 * cols, 3.6 * lines), squeeze=False)
     if cells.empty:
         nothing(axes[0][0], "No step was timed in this run")
     for ax, (_, cell) in zip(axes.flat, cells.iterrows()):
         sub = parts[(parts["rows"] == cell["rows"]) & (parts["vocab"] == cell["vocab"])
                     & (parts["k"] == cell["k"])].set_index("arm")
-        (1e3 * sub[list(analysis.STAGES)]).plot.bar(stacked=True, ax=ax, legend=False, rot=60)
-        ax.set(title=f"n={cell['rows']} V={cell['vocab']} K={cell['k']}", ylabel="ms (median)",
+        (1e3 * sub[list(analysis.SPLIT)]).plot.bar(stacked=True, ax=ax, legend=False, rot=60)
+        ax.set(title=f"n={cell['rows']} V={cell['vocab']} K={cell['k']}", ylabel="ms (mean)",
                xlabel="")
+        _clip_tall_bars(ax, 1e3 * sub[catalogue.TOTAL])
     for ax in list(axes.flat)[len(cells):]:
         ax.axis("off")
     fig.tight_layout()
     if not cells.empty:  # one legend above the panels, never over a bar
         handles, labels = axes.flat[0].get_legend_handles_labels()
-        fig.legend(handles, labels, title="stage", loc="lower center", ncol=len(labels),
-                   bbox_to_anchor=(0.5, 1.0))
+        fig.legend(handles, labels, title="part of the step", loc="lower center",
+                   ncol=len(labels), bbox_to_anchor=(0.5, 1.0))
     return fig
 
 
-def copy_share(parts: pd.DataFrame, arm: str = "seed_pageable",
+def _clip_tall_bars(ax: plt.Axes, totals_ms: pd.Series) -> None:
+    """Cut the panel at ``CLIP_OVER_BASELINE`` times the seed's step; label each bar cut off
+    with its total in ms (↑: it goes on above)."""
+    baseline = catalogue.baseline(catalogue.STEP)
+    if baseline not in totals_ms.index:
+        return
+    top = CLIP_OVER_BASELINE * float(totals_ms[baseline])
+    if float(totals_ms.max()) <= top:
+        return
+    ax.set_ylim(top=top)
+    for x, total in enumerate(totals_ms):
+        if total > top:
+            ax.text(x, 0.97 * top, f"↑{total:.3g}", ha="center", va="top", fontsize=7,
+                    bbox={"facecolor": "white", "edgecolor": "none", "pad": 1})
+
+
+def copy_share(parts: pd.DataFrame, arm: str = catalogue.baseline(catalogue.STEP),
                ax: plt.Axes | None = None) -> plt.Axes:
     """The copy's share of the seed's step per cell, with the "dwarfed" line."""
     ax = _axes(ax, (7, 3.5))
@@ -182,7 +204,7 @@ def verdict_key(verdict: dict) -> plt.Axes:
         return verdict_forest(verdict["decisive"],
                               "Pinned grow-only vs the seed's fresh vector: the whole step")
     reuse = [{**lever, "decision": "measured"} for lever in verdict["step_levers"]
-             if lever["candidate"] == "seed_pageable_reused"
+             if lever["candidate"] == catalogue.REUSE_LEVER[catalogue.STEP]
              and lever.get("speedup") is not None]
     if reuse:
         return verdict_forest(reuse, "No decision here (pinned arm not measured). Measured "
@@ -191,28 +213,33 @@ def verdict_key(verdict: dict) -> plt.Axes:
 
 
 def verdict_forest(cells: list[dict], title: str, ax: plt.Axes | None = None) -> plt.Axes:
-    """Each decisive cell's paired speedup with its CI, the A/A twin's CI (grey band) and the
-    smallest effect of interest (black tick), coloured by decision: the verdict's key plot."""
+    """Each cell's paired speedup with its CI, coloured by decision (a decision's name beside
+    it), the A/A twin's CI (grey band) and the smallest speedup that counts (black tick) where a
+    cell has them: the verdict's key plot. The caption names only what is drawn."""
     shown = [c for c in cells if c.get("speedup") is not None]
     ax = _axes(ax, (8, 0.5 * len(shown) + 1.6))
     if not shown:
         reasons = sorted({c.get("reason", "") for c in cells}) or ["no decisive cell"]
         return nothing(ax, "Not decided here:\n" + "\n".join(
             textwrap.fill(r, 90) for r in reasons[:3]))
+    caption = ["speedup of the whole step, 95 % CI", "dotted: 1 (no change)"]
     for y, cell in enumerate(shown):
         color = DECISION_COLORS[cell["decision"]]
         if cell.get("twin_ci_low") is not None:
             ax.fill_betweenx([y - 0.35, y + 0.35], cell["twin_ci_low"], cell["twin_ci_high"],
                              color="0.85", lw=0)
+            caption.append("grey band: the A/A twin's CI")
         ax.errorbar(cell["speedup"], y, xerr=[[cell["speedup"] - cell["ci_low"]],
                                               [cell["ci_high"] - cell["speedup"]]],
                     fmt="o", color=color, capsize=4)
         if cell.get("min_speedup"):
             ax.plot([cell["min_speedup"]] * 2, [y - 0.3, y + 0.3], color="k", lw=1.5)
-        ax.text(cell["ci_high"], y + 0.18, f"  {cell['decision']}", color=color, fontsize=8)
+            caption.append("black tick: the smallest speedup that counts, 1/(1-delta)")
+        if cell["decision"] != "measured":
+            ax.text(cell["ci_high"], y + 0.18, f"  {cell['decision']}", color=color, fontsize=8)
     ax.axvline(1.0, color="k", lw=0.8, ls=":")
     ax.set_yticks(range(len(shown)), [f"n={c['rows']} V={c['vocab']} K={c.get('k', '-')}"
                                       for c in shown])
-    ax.set_xlabel("speedup of the whole step (95 % CI); grey: A/A twin's CI; bar: 1/(1-delta)")
+    ax.set_xlabel("; ".join(dict.fromkeys(caption)))
     ax.set_title(title)
     return ax

@@ -24,7 +24,7 @@ from typing import Any, Callable
 import torch
 
 import stagelab.device
-from stagelab import paths
+from stagelab import catalogue, paths
 from stagelab.errors import UserError
 
 GO, NO_GO, INFO, UNAVAILABLE = "go", "no-go", "info", "unavailable"
@@ -58,36 +58,21 @@ class CellNeed:
 
 # ------------------------------------------------------------------------- profile's largest cell
 
-def profile_parameters(profile: str) -> dict[str, dict[str, Any]]:
-    """Each notebook of ``profile`` with its parameters: the notebook's defaults, then the
-    profile's values. UserError, naming the valid profiles, for an unknown one."""
-    from stagelab.profiles import load_profiles, notebook_parameters
-
-    profiles = load_profiles()
-    if profile not in profiles:
-        raise UserError(f"unknown profile {profile!r}; valid: {', '.join(profiles)}")
-    merged = {}
-    for name, given in (profiles[profile].get("notebooks") or {}).items():
-        notebook = paths.NOTEBOOKS_DIR / f"{name}.ipynb"
-        defaults = notebook_parameters(notebook) if notebook.exists() else {}
-        merged[name] = {**defaults, **(given or {})}
-    return merged
-
-
 def notebook_cells(notebook: str, p: dict[str, Any], device: str) -> list[Any]:
     """The sweep cells a notebook would measure with parameters ``p`` (none for a notebook that
     does not allocate by size): the same cells, with the same memory needs, the run will check."""
     from stagelab import prompt_logprobs, shapes, staging, step
 
-    if notebook == "01_d2h_staging":
+    experiment = catalogue.NOTEBOOKS[notebook].experiment if notebook in catalogue.NOTEBOOKS else ""
+    if experiment == catalogue.STAGING:
         return staging.cells(shapes.resolve_vocabs(p["models"]), p["rows"],
                              shapes.torch_dtype(p["dtype"]), p["arms"], aa_arm=p["aa_arm"],
                              sources=p["sources"], device=device)
-    if notebook == "02_logprobs_step":
+    if experiment == catalogue.STEP:
         return step.cells(shapes.resolve_vocabs(p["models"]), p["rows"], p["ks"],
                           shapes.torch_dtype(p["logits_dtype"], "logits_dtype"), p["arms"],
                           aa_arm=p["aa_arm"], sources=p["sources"], device=device)
-    if notebook == "03_prompt_logprobs":
+    if experiment == catalogue.PROMPT:
         shape = shapes.override(shapes.resolve_vocabs([p["model"]], "model")[0], p["vocab"],
                                 p["hidden"])
         return [prompt_logprobs.prompt_cell(p["tokens"], shape, shape.hidden, p["chunks"],
@@ -297,8 +282,8 @@ def _guarded(name: str, check: Callable[[], Check | list[Check]], blocking: bool
 
 
 def run_checks(parameters: dict[str, dict[str, Any]]) -> list[Check]:
-    """Every check, in table order; ``parameters`` sizes the memory check (see
-    :func:`profile_parameters`)."""
+    """Every check, in table order; ``parameters`` (each notebook's effective parameters, see
+    :func:`stagelab.profiles.profile_parameters`) size the memory check."""
     checks = _guarded("cuda", check_cuda, blocking=True)
     on_gpu = checks[0].status == GO
     gpu_checks = [("pinned_copy", check_pinned, True),
@@ -367,10 +352,12 @@ def write_report(path: Path, profile: str, checks: list[Check], elapsed_s: float
     return path
 
 
-def preflight(profile: str, out: Path | None = None) -> int:
-    """Run every check, print the table and the decision, write preflight.json; 0 go, 3 no-go."""
+def preflight(profile: str, parameters: dict[str, dict[str, Any]],
+              out: Path | None = None) -> int:
+    """Run every check against a profile's plan (each notebook's effective parameters, see
+    :func:`stagelab.profiles.profile_parameters`), print the table and the decision, write
+    preflight.json; 0 go, 3 no-go."""
     started = time.perf_counter()
-    parameters = profile_parameters(profile)  # an unknown profile stops here, nothing written
     path = resolve_out(out)
     checks = run_checks(parameters)
     write_report(path, profile, checks, time.perf_counter() - started)

@@ -63,6 +63,20 @@ def notebook_parameters(path: Path) -> dict[str, Any]:
     return {name: _literal(info["default"]) for name, info in declared.items()}
 
 
+def profile_parameters(profile: str) -> dict[str, dict[str, Any]]:
+    """Each notebook of ``profile`` with its effective parameters: the notebook's defaults, then
+    the profile's values. UserError, naming the valid profiles, for an unknown one."""
+    profiles = load_profiles()
+    if profile not in profiles:
+        raise UserError(f"unknown profile {profile!r}; valid: {', '.join(profiles)}")
+    merged = {}
+    for name, given in (profiles[profile].get("notebooks") or {}).items():
+        notebook = paths.NOTEBOOKS_DIR / f"{name}.ipynb"
+        defaults = notebook_parameters(notebook) if notebook.exists() else {}
+        merged[name] = {**defaults, **(given or {})}
+    return merged
+
+
 def _literal(source: str) -> Any:
     try:
         return ast.literal_eval(source)

@@ -18,13 +18,13 @@ from typing import Callable, Protocol
 
 import torch
 
-from stagelab import memory, sweep
+from stagelab import catalogue, memory, sweep
 from stagelab import logprobs as lp
 from stagelab.device import default_device, device_label
 from stagelab.schema import TableSink
 from stagelab.shapes import ModelShape, torch_dtype
 
-METHODS = ("fused", "logsoftmax")
+METHODS = catalogue.arm_names(catalogue.PROMPT)
 LmHead = "torch.Tensor | Callable[[torch.Tensor], torch.Tensor]"
 
 
@@ -313,11 +313,6 @@ def memory_probe(tokens: int, vocab: int, hidden: int, chunk: int | None, dtype:
                                    overlap=overlap)
 
 
-def arm_name(method: str, overlap: bool) -> str:
-    """The ``arm`` of a configuration's rows: the method, ``+overlap`` where the copy overlaps."""
-    return f"{method}+overlap" if overlap else method
-
-
 def agreement_records(result: lp.LogprobsTensors, reference: lp.LogprobsTensors) -> list[dict]:
     """How far a chunked result is from the unchunked one of the same method."""
     same_ids = result.logprob_token_ids == reference.logprob_token_ids
@@ -358,7 +353,7 @@ def configurations(rows: int, chunks: list[int], methods: list[str],
     """Every ``(method, chunk, overlap)`` to run, by a key naming it; the unchunked reference of
     each method first, and a chunk of ``rows`` or more counted as unchunked."""
     chunked = [c for c in dict.fromkeys(chunks) if c < rows]
-    return {f"{arm_name(m, o)}@{c}": (m, c, o) for m in methods for c in [rows, *chunked]
+    return {f"{catalogue.prompt_arm(m, o)}@{c}": (m, c, o) for m in methods for c in [rows, *chunked]
             for o in dict.fromkeys(overlaps)}
 
 
@@ -431,7 +426,7 @@ def measure(tokens: int, shape: ModelShape, hidden: int, chunks: list[int], dtyp
 
     def annotate(record: dict) -> dict:
         method, chunk, overlap = configs[record["arm"]]
-        return {**record, "arm": arm_name(method, overlap), "chunk": chunk, "overlap": overlap}
+        return {**record, "arm": catalogue.prompt_arm(method, overlap), "chunk": chunk, "overlap": overlap}
 
     return sweep.run([cell], prepare, rounds=rounds, warmup=warmup, seed=seed, device=device,
                      sink=sink, label="prompt logprobs", progress=progress)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import base64
 import html
-import json
 import mimetypes
 import re
 from html.parser import HTMLParser
@@ -16,9 +15,11 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 from urllib.parse import unquote, urlsplit
 
+from stagelab import catalogue, machine, records, trust
 from stagelab.errors import UserError
+from stagelab.records import RunFolder
 
-VERDICT_FILE = "verdict.json"
+VERDICT_FILE = RunFolder.VERDICT
 VERDICT_FIGURE = "figures/04_verdict_key.png"
 
 _STYLE = """
@@ -30,6 +31,7 @@ vertical-align:top} th{background:#f3f4f8}
 .ok{color:#176b2c;font-weight:600}.failed,.interrupted{color:#b3261e;font-weight:600}
 .running,.pending,.interactive{color:#8a6d00;font-weight:600}.missing{color:#b3261e;font-style:italic}
 .note{border-left:3px solid #8a6d00;padding-left:.6em}
+.untrusted{border:2px solid #b3261e;background:#fdecea;padding:.2em .8em;margin-bottom:.6em}
 .verdict{border:2px solid #445;border-radius:8px;padding:.8em 1.2em;background:#f8f9fc}
 .decision{font-size:1.3em;font-weight:700} .PORT{color:#176b2c}.CLOSE{color:#444}.INCONCLUSIVE{color:#8a6d00}
 img{max-width:100%;border:1px solid #eee;margin:.4em 0} .muted{color:#667} code{background:#f3f4f8;padding:0 .2em}
@@ -44,30 +46,41 @@ def export_html(notebook_path: Path, html_path: Path) -> Path:
     exporter = HTMLExporter(exclude_input=True, exclude_input_prompt=True,
                             exclude_output_prompt=True)
     body, _ = exporter.from_notebook_node(nbformat.read(str(notebook_path), as_version=4))
-    Path(html_path).write_text(body, encoding="utf-8")
-    return Path(html_path)
+    return records.write_text_atomic(Path(html_path), body)
 
 
 def _esc(value: Any) -> str:
     return html.escape("" if value is None else str(value))
 
 
-def _verdict_section(run_dir: Path) -> str:
-    path = run_dir / VERDICT_FILE
-    if not path.exists():
-        return ("<section class='verdict' id='verdict'><p class='decision INCONCLUSIVE'>No verdict yet"
-                "</p><p>This run has no <code>verdict.json</code>: the verdict notebook did not run "
-                "or did not finish. Nothing below is a decision.</p></section>")
+def _trust_banner(found: list[str]) -> str:
+    """The warning that heads the verdict box when the timings are not trustworthy."""
+    if not found:
+        return ""
+    items = "".join(f"<li>{_esc(reason)}</li>" for reason in found)
+    return ("<div class='untrusted' id='untrusted'><p><b>TIMINGS NOT TRUSTWORTHY</b>: run it "
+            f"again on a quiet machine before relying on these figures.</p><ul>{items}</ul></div>")
+
+
+def _verdict_section(run_dir: Path, manifest: Mapping[str, Any]) -> str:
     try:
-        verdict = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+        verdict = RunFolder(run_dir).read_verdict()
+    except UserError as exc:
         return (f"<section class='verdict' id='verdict'><p class='decision INCONCLUSIVE'>Verdict "
-                f"unreadable</p><p>{_esc(path)}: {_esc(exc)}</p></section>")
+                f"unreadable</p><p>{_esc(exc)}</p></section>")
+    if verdict is None:
+        return ("<section class='verdict' id='verdict'>"
+                f"{_trust_banner(trust.reasons(run_dir, manifest, {}))}"
+                "<p class='decision INCONCLUSIVE'>No verdict yet</p><p>This run has no "
+                "<code>verdict.json</code>: the verdict notebook did not run or did not finish. "
+                "Nothing below is a decision.</p></section>")
     overall = verdict.get("overall", {})
     decision = _esc(overall.get("decision", "INCONCLUSIVE"))
-    parts = [f"<section class='verdict' id='verdict'><p class='decision {decision}'>"
-             f"Staging verdict: {decision}</p><p>{_esc(overall.get('summary', ''))}</p>"]
-    parts.append(_decisive_table(verdict.get("decisive", [])))
+    parts = [f"<section class='verdict' id='verdict'>"
+             f"{_trust_banner(trust.reasons(run_dir, manifest, verdict))}"
+             f"<p class='decision {decision}'>Staging verdict: {decision}</p>"
+             f"<p>{_esc(overall.get('summary', ''))}</p>"]
+    parts.append(_decisive_table(verdict.get("decisive", []), overall.get("summary", "")))
     findings = verdict.get("findings", [])
     if findings:
         parts.append("<ul>" + "".join(f"<li>{_esc(f)}</li>" for f in findings) + "</ul>")
@@ -81,29 +94,64 @@ def _fmt(value: Any, spec: str = ".3f") -> str:
     return "-" if value is None else format(value, spec)
 
 
-def _decisive_table(cells: list[Mapping[str, Any]]) -> str:
-    """Per decisive cell: the step-level speedup with its CI, delta, the A/A check, and the seed
-    step's stage split."""
+NOT_MEASURED = "not measured"
+STAGE_SPLIT = (*catalogue.STAGES, "unattributed", catalogue.TOTAL)
+STAGE_WORDS = "log-softmax + zero-fill + copy + host top-K + free + unattributed = total"
+
+
+def _ratio(value: Any) -> str | None:
+    return None if value is None else f"{value:.3f}x"
+
+
+def _with_ci(cell: Mapping[str, Any], prefix: str = "") -> str | None:
+    """``1.234x [1.200, 1.260]``, or None where the speedup was not measured."""
+    speedup = cell.get(f"{prefix}speedup")
+    if speedup is None:
+        return None
+    return f"{speedup:.3f}x [{cell[f'{prefix}ci_low']:.3f}, {cell[f'{prefix}ci_high']:.3f}]"
+
+
+def _stage_sum(split: Mapping[str, Any]) -> str | None:
+    """The seed step's mean ms per part and the total they add up to."""
+    if not split:
+        return None
+    if "unattributed" not in split:  # a verdict written before the split used means
+        parts = " + ".join(f"{split[s]:.2f}" for s in catalogue.STAGES)
+        return (f"{parts}; total {split[catalogue.TOTAL]:.2f} (medians of an older verdict: "
+                "they need not add up)")
+    parts = " + ".join(f"{split[s]:.2f}" for s in STAGE_SPLIT[:-1])
+    return f"{parts} = {split[catalogue.TOTAL]:.2f}"
+
+
+def _decisive_table(cells: list[Mapping[str, Any]], said: str = "") -> str:
+    """Per decisive cell: the step-level speedup with its CI, the smallest speedup that counts,
+    the A/A check, and the seed step's stage split (means, adding up to the total). A column no
+    cell has a value for is left out; a reason every cell shares is said once, under the table,
+    or not at all where ``said`` (the summary above it) says it already."""
     if not cells:
         return ""
-    head = ("<table id='decisive'><tr><th>cell</th><th>decision</th><th>step speedup [95 % CI]"
-            "</th><th>delta (min speedup)</th><th>A/A twin [CI]</th><th>seed step, ms: "
-            "log-softmax + zero-fill + copy + host top-K + free</th><th>reason</th></tr>")
-    rows = []
-    for c in cells:
-        split = c.get("stages_ms") or {}
-        stages = (" + ".join(_fmt(split.get(s), ".2f") for s in
-                             ("device", "alloc", "copy", "host_gather", "free"))
-                  + f" = {_fmt(split.get('total'), '.2f')}") if split else "-"
-        rows.append(
-            f"<tr><td>n={c['rows']} V={c['vocab']} K={c.get('k')}</td>"
-            f"<td class='{_esc(c['decision'])}'>{_esc(c['decision'])}</td>"
-            f"<td>{_fmt(c.get('speedup'))} [{_fmt(c.get('ci_low'))}, {_fmt(c.get('ci_high'))}]</td>"
-            f"<td>{_fmt(c.get('delta'), '.0%')} ({_fmt(c.get('min_speedup'))})</td>"
-            f"<td>{_fmt(c.get('twin_speedup'))} [{_fmt(c.get('twin_ci_low'))}, "
-            f"{_fmt(c.get('twin_ci_high'))}]</td><td>{_esc(stages)}</td>"
-            f"<td>{_esc(c.get('reason'))}</td></tr>")
-    return head + "".join(rows) + "</table>"
+    delta = cells[0].get("delta")
+    columns = {"decision": "decision", "speedup": "step speedup [95 % CI]",
+               "min_speedup": f"counts from (delta {_fmt(delta, '.0%')})",
+               "twin": "A/A twin [95 % CI]", "stages": f"seed step, mean ms: {STAGE_WORDS}",
+               "reason": "reason"}
+    rows = [{"decision": c["decision"], "speedup": _with_ci(c),
+             "min_speedup": _ratio(c.get("min_speedup")), "twin": _with_ci(c, "twin_"),
+             "stages": _stage_sum(c.get("stages_ms") or {}), "reason": c.get("reason")}
+            for c in cells]
+    reasons = {row["reason"] for row in rows}
+    shared = reasons.pop() if len(reasons) == 1 else None
+    shown = [key for key in columns if any(row[key] for row in rows)
+             and not (key == "reason" and shared)]
+    head = "<tr><th>cell</th>" + "".join(f"<th>{_esc(columns[k])}</th>" for k in shown) + "</tr>"
+    body = "".join(
+        f"<tr><td>n={c['rows']} V={c['vocab']} K={c.get('k')}</td>"
+        + "".join((f"<td class='{_esc(row[key])}'>" if key == "decision" else "<td>")
+                  + f"{_esc(row[key] or NOT_MEASURED)}</td>" for key in shown) + "</tr>"
+        for c, row in zip(cells, rows))
+    repeated = shared and shared.removeprefix(f"{NOT_MEASURED}: ") in said
+    note = f"<p class='muted'>Every cell: {_esc(shared)}</p>" if shared and not repeated else ""
+    return f"<table id='decisive'>{head}{body}</table>{note}"
 
 
 def _notebooks_table(run_dir: Path, notebooks: list[Mapping[str, Any]]) -> str:
@@ -121,10 +169,8 @@ def _notebooks_table(run_dir: Path, notebooks: list[Mapping[str, Any]]) -> str:
 
 
 def _machine_table(hardware: Mapping[str, Any]) -> str:
-    from stagelab.hardware import flatten
-
     rows = "".join(f"<tr><td>{_esc(s)}</td><td>{_esc(k)}</td><td>{_esc(v)}</td></tr>"
-                   for s, k, v in flatten(hardware))
+                   for s, k, v in machine.flatten(hardware))
     return f"<table><tr><th>part</th><th>what</th><th>value</th></tr>{rows}</table>"
 
 
@@ -151,7 +197,7 @@ def write_index(run_dir: Path) -> Path:
         f"{' (uncommitted changes)' if git.get('dirty') else ''}</p>",
         f"<p class='note'>{_esc(manifest['note'])}</p>" if manifest.get("note") else "",
         f"<p class='failed'>{_esc(manifest['error'])}</p>" if manifest.get("error") else "",
-        _verdict_section(run_dir),
+        _verdict_section(run_dir, manifest),
         "<h2>Notebooks</h2>", _notebooks_table(run_dir, manifest.get("notebooks", [])),
         "<h2>Figures</h2>",
         "".join(f"<figure><img src='{_esc(f)}' alt='{_esc(f)}'><figcaption class='muted'>"
@@ -341,28 +387,43 @@ def _notebook_section(run_dir: Path, entry: Mapping[str, Any]) -> str:
             f"{body}</section>")
 
 
-def write_single_file(run_dir: Path, out: Path | None = None) -> Path:
-    """Write one self-contained HTML file of a run: the landing page followed by every executed
-    notebook, figures inlined as data: URIs, nothing fetched from elsewhere, so that it can be
-    attached to a review and read offline. Default: ``<run_dir>/<run id>_report.html``."""
-    run_dir = Path(run_dir)
-    if not (run_dir / "manifest.json").is_file():
-        raise UserError(f"{run_dir}: no manifest.json; is it a run folder?")
-    manifest = json.loads((run_dir / "manifest.json").read_text())
-    out = Path(out or run_dir / f"{manifest.get('run_id') or run_dir.name}{SINGLE_FILE_SUFFIX}")
+SINGLE_FILE_COMMAND = "stagelab report --single-file"
+
+
+def single_file_out(run_dir: Path, out: Path | None = None, force: bool = False) -> Path:
+    """Where the single file goes, checked before anything is written: ``out`` (a new file, an
+    earlier single-file report, or with ``force`` anything but a run's record) or
+    ``<run_dir>/<run folder name>_report.html``. UserError naming ``--out`` otherwise."""
+    out = Path(out) if out is not None else Path(run_dir) / f"{Path(run_dir).name}{SINGLE_FILE_SUFFIX}"
     if not out.parent.is_dir():
         raise UserError(f"--out {out}: the folder {out.parent} does not exist")
-    notebooks = [nb for nb in manifest.get("notebooks", []) if (run_dir / nb["output"]).is_file()]
+    return records.claim_output(out, SINGLE_FILE_COMMAND, force)
+
+
+def write_single_file(run_dir: Path, out: Path | None = None, force: bool = False) -> Path:
+    """Write one self-contained HTML file of a run: the landing page followed by every executed
+    notebook, figures inlined as data: URIs, nothing fetched from elsewhere, so that it can be
+    attached to a review and read offline. Default: ``<run_dir>/<run folder name>_report.html``;
+    an existing ``out`` is replaced only as :func:`single_file_out` allows."""
+    from stagelab import rundir
+
+    run_dir = Path(run_dir)
+    if not RunFolder(run_dir).manifest_path.is_file():
+        raise UserError(f"{run_dir}: no manifest.json; is it a run folder?")
+    manifest = rundir.read_manifest(run_dir)
+    out = single_file_out(run_dir, out, force)
+    notebooks = [nb for nb in manifest["notebooks"]
+                 if nb.get("output") and (run_dir / nb["output"]).is_file()]
     anchors = {nb[key]: f"#notebook-{nb['name']}" for nb in notebooks
                for key in ("html", "output") if nb.get(key)}
     landing = write_index(run_dir).read_text(encoding="utf-8")
     head, _, rest = landing.partition("</head>")
     body, _, tail = rest.rpartition("</body>")
     sections = "".join(_notebook_section(run_dir, nb) for nb in notebooks)
-    page = _inline(f"{head}<style>{_NOTEBOOK_STYLE}</style></head>{body}<h2>Notebooks in full</h2>"
-                   f"{sections}</body>{tail}", run_dir, anchors)
+    page = _inline(f"{head}{records.generator_tag(SINGLE_FILE_COMMAND)}<style>{_NOTEBOOK_STYLE}"
+                   f"</style></head>{body}<h2>Notebooks in full</h2>{sections}</body>{tail}",
+                   run_dir, anchors)
     leftover = external_references(page)
     if leftover:
         raise RuntimeError(f"the single-file report would still load {leftover[:5]}")
-    out.write_text(page, encoding="utf-8")
-    return out
+    return records.write_text_atomic(out, page)

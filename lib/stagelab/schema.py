@@ -44,14 +44,13 @@ note       str     why a row is unavailable, skipped or failed, or other plain-w
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 import pandas as pd
 
 from stagelab.errors import SchemaError
+from stagelab.records import atomic_target
 
 COLUMN_DTYPES: dict[str, str] = {
     "run_id": "string",
@@ -83,15 +82,9 @@ COLUMN_DTYPES: dict[str, str] = {
 COLUMNS: tuple[str, ...] = tuple(COLUMN_DTYPES)
 # Columns renamed since evidence was first kept: read under their new names.
 LEGACY_COLUMNS: dict[str, str] = {"repeat": "round"}
-AA_SUFFIX = "~aa"
 STATUSES = ("ok", "unavailable", "skipped", "failed")
 _DEFAULTS: dict[str, Any] = {"stage": "total", "metric": "time", "model": "", "timer": "",
                              "status": "ok", "note": ""}
-
-
-def aa_name(arm: str) -> str:
-    """The name of an arm's A/A twin: the same arm again, measured as if it were another."""
-    return f"{arm}{AA_SUFFIX}"
 
 
 def make_rows(records: Iterable[Mapping[str, Any]], **common: Any) -> pd.DataFrame:
@@ -138,14 +131,8 @@ def write_table(frame: pd.DataFrame, run_dir: Path | str, name: str) -> Path:
     path = table_path(run_dir, name)
     path.parent.mkdir(parents=True, exist_ok=True)
     frame = conform(frame)
-    handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{name}.", suffix=".tmp")
-    os.close(handle)
-    try:
-        frame.to_parquet(tmp, index=False)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    with atomic_target(path) as temporary:
+        frame.to_parquet(temporary, index=False)
     return path
 
 

@@ -14,7 +14,7 @@ from typing import Iterable
 import pandas as pd
 import torch
 
-from stagelab import paths
+from stagelab import catalogue, paths
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ def positive_ints(values: Iterable[int], parameter: str) -> list[int]:
     return values
 
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+DTYPES = {name: getattr(torch, name) for name in catalogue.DTYPE_BYTES}
 
 
 def torch_dtype(name: str, parameter: str = "dtype") -> torch.dtype:

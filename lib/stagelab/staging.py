@@ -19,11 +19,12 @@ from typing import Callable
 import torch
 
 import stagelab.device
-from stagelab import bench, sweep
+from stagelab import bench, catalogue, sweep
 from stagelab.device import (PinnedMemoryUnavailable, cuda_present, default_device, device_label,
                              pinned_allocator, require_cuda)
 from stagelab.hardware import PcieSampler
-from stagelab.schema import TableSink, aa_name
+from stagelab.catalogue import aa_name
+from stagelab.schema import TableSink
 from stagelab.shapes import ModelShape, positive_ints
 
 __all__ = ["ARMS", "PageableFresh", "PageableFreshEmpty", "PageableReused", "PinnedFresh",
@@ -256,10 +257,20 @@ class RawCeiling(StagingArm):
         return out
 
 
-ARMS: dict[str, Callable[..., StagingArm]] = {
-    cls.name: cls for cls in (PageableFresh, PageableFreshEmpty, PageableReused, PinnedGrowOnly,
-                              PinnedFresh, ToCpuNonBlocking, RawCeiling)
-}
+def arm_classes() -> dict[str, type[StagingArm]]:
+    """Every concrete arm class by its name (those that set ``name`` themselves)."""
+    found, todo = {}, [StagingArm]
+    while todo:
+        cls = todo.pop()
+        todo.extend(cls.__subclasses__())
+        if "name" in vars(cls) and cls is not StagingArm:
+            found[cls.name] = cls
+    return found
+
+
+# The catalogue names the arms and their order; an entry without a class fails here, at import.
+ARMS: dict[str, type[StagingArm]] = {name: arm_classes()[name]
+                                      for name in catalogue.arm_names(catalogue.STAGING)}
 
 
 def make_arm(name: str, capacity_bytes: int = 0) -> StagingArm:
@@ -310,7 +321,7 @@ def check_arms(arms: list[str], aa_arm: str) -> None:
 
 
 def cells(shapes: list[ModelShape], rows: list[int], dtype: torch.dtype, arms: list[str], *,
-          aa_arm: str = PageableFresh.name, sources: int = 3,
+          aa_arm: str = catalogue.baseline(catalogue.STAGING), sources: int = 3,
           device: str | None = None) -> list[sweep.Cell]:
     """The sweep's cells, one per ``rows x vocab``, with the memory each needs (the preflight
     checks the largest against free memory)."""
@@ -336,9 +347,9 @@ def cells(shapes: list[ModelShape], rows: list[int], dtype: torch.dtype, arms: l
 
 
 def measure(shapes: list[ModelShape], rows: list[int], dtype: torch.dtype, arms: list[str], *,
-            rounds: int, warmup: int = 2, aa_arm: str = PageableFresh.name, sources: int = 3,
-            seed: int = 0, device: str | None = None, sink: TableSink | None = None,
-            progress: bool = True) -> list[dict]:
+            rounds: int, warmup: int = 2, aa_arm: str = catalogue.baseline(catalogue.STAGING),
+            sources: int = 3, seed: int = 0, device: str | None = None,
+            sink: TableSink | None = None, progress: bool = True) -> list[dict]:
     """Time each arm's ``stage()`` over every ``rows x vocab`` cell, interleaved, with an A/A twin
     of ``aa_arm``; schema records out (written per cell into ``sink``). See :mod:`stagelab.sweep`
     for skipped, unavailable and failed rows."""

@@ -28,18 +28,16 @@ from typing import Callable, Iterator
 import torch
 
 import stagelab.device
-from stagelab import bench, native, staging, sweep
+from stagelab import bench, catalogue, native, staging, sweep
 from stagelab import logprobs as lp
 from stagelab.device import PinnedMemoryUnavailable, default_device, device_label
 from stagelab.errors import NativeUnavailable
-from stagelab.schema import TableSink, aa_name
+from stagelab.catalogue import aa_name
+from stagelab.schema import TableSink
 from stagelab.shapes import ModelShape, positive_ints
 
-STEP_ARMS = ("seed_pageable", "seed_pinned", "seed_pageable_reused", "seed_pageable_numpy",
-             "device_gather", "fused")
-SEED_ARMS = STEP_ARMS[:4]
-STAGES = ("device", "alloc", "copy", "host_gather", "free")
-BASELINE = "seed_pageable"
+STEP_ARMS = catalogue.arm_names(catalogue.STEP)
+BASELINE = catalogue.baseline(catalogue.STEP)
 
 
 class StageClock:
@@ -158,7 +156,7 @@ class DeviceStep:
             host_token_ids: torch.Tensor) -> tuple[lp.LogprobsTensors, dict[str, float]]:
         clock = StageClock(logits.device)
         with clock.device_stage("device"):
-            if self.name == "fused":
+            if self.name == catalogue.FUSED:
                 on_device = lp.logprobs_from_logits(logits, num_logprobs, token_ids,
                                                     validate=False)
             else:
@@ -171,21 +169,30 @@ class DeviceStep:
         return result, clock.seconds()
 
 
+def _native_scratch(arm: Callable[[], staging.StagingArm]) -> Scratch:
+    """A grow-only scratch for an arm whose host top-K is the seed's C++ (checked first, so that
+    a machine without a compiler says so before any pinned memory is taken)."""
+    native.require()
+    return Scratch(arm())
+
+
+# How each step arm of the catalogue is built; the catalogue says what each one is.
+BUILDERS: dict[str, Callable[[str], SeedStep | DeviceStep]] = {
+    "seed_pageable": lambda name: SeedStep(name, FreshVector(), "native"),
+    "seed_pinned": lambda name: SeedStep(name, _native_scratch(staging.PinnedGrowOnly), "native"),
+    "seed_pageable_reused": lambda name: SeedStep(name, _native_scratch(staging.PageableReused),
+                                                  "native"),
+    "seed_pageable_numpy": lambda name: SeedStep(name, FreshZeros(), "numpy"),
+    "device_gather": DeviceStep,
+    "fused": DeviceStep,
+}
+
+
 def make_pipeline(name: str) -> SeedStep | DeviceStep:
     """An arm by name; raises PinnedMemoryUnavailable or NativeUnavailable where it cannot exist."""
-    if name == "seed_pageable":
-        return SeedStep(name, FreshVector(), "native")
-    if name == "seed_pinned":
-        native.require()
-        return SeedStep(name, Scratch(staging.PinnedGrowOnly()), "native")
-    if name == "seed_pageable_reused":
-        native.require()
-        return SeedStep(name, Scratch(staging.PageableReused()), "native")
-    if name == "seed_pageable_numpy":
-        return SeedStep(name, FreshZeros(), "numpy")
-    if name in ("device_gather", "fused"):
-        return DeviceStep(name)
-    raise ValueError(f"arms: unknown step arm {name!r}; valid: {', '.join(STEP_ARMS)}")
+    if name not in STEP_ARMS:
+        raise ValueError(f"arms: unknown step arm {name!r}; valid: {', '.join(STEP_ARMS)}")
+    return BUILDERS[name](name)
 
 
 def build_pipelines(names: list[str]) -> tuple[dict[str, SeedStep | DeviceStep], dict[str, str]]:
@@ -212,7 +219,7 @@ def check_arms(arms: list[str], aa_arm: str | None) -> None:
 
 def copied_bytes(arm: str, n: int, vocab: int, k: int) -> int:
     """Bytes an arm moves from device to host per step."""
-    if arm.removesuffix("~aa") in SEED_ARMS:
+    if catalogue.arm(catalogue.STEP, arm).stages_whole_logprobs:
         return n * vocab * 4
     return n * (k + 1) * 8 + n * 4
 
@@ -306,7 +313,7 @@ def measure(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dty
 def agreement(pipelines: dict[str, SeedStep | DeviceStep], logits: torch.Tensor, k: int,
               tokens: torch.Tensor, host_tokens: torch.Tensor) -> list[dict]:
     """Each arm's largest logprob difference from the fused arm's, and its rank mismatches."""
-    reference, _ = DeviceStep("fused").run(logits, k, tokens, host_tokens)
+    reference, _ = DeviceStep(catalogue.FUSED).run(logits, k, tokens, host_tokens)
     rows = []
     for name, pipeline in pipelines.items():
         result, _ = pipeline.run(logits, k, tokens, host_tokens)

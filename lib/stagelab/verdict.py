@@ -27,13 +27,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from stagelab import analysis, calibration, schema, stats
-from stagelab.schema import aa_name
+from stagelab import analysis, calibration, catalogue, records, schema, stats
+from stagelab.catalogue import aa_name
+from stagelab.errors import UserError
 
-TABLES = {"staging": "01_d2h_staging", "step": "02_logprobs_step",
-          "prompt_logprobs": "03_prompt_logprobs"}
-BASELINE, CANDIDATE, REUSED = "seed_pageable", "seed_pinned", "seed_pageable_reused"
-RECOMMENDATION_FILE = "prompt_chunk_recommendation.json"
+TABLES = catalogue.tables()
+BASELINE, CANDIDATE = catalogue.baseline(catalogue.STEP), catalogue.candidate(catalogue.STEP)
+REUSED = catalogue.REUSE_LEVER[catalogue.STEP]
 
 
 def load_tables(run_dir: Path) -> tuple[dict[str, pd.DataFrame], list[str]]:
@@ -116,13 +116,14 @@ def _failures(cell: pd.DataFrame, arms: tuple[str, ...]) -> str:
 
 
 def _stage_split(cell: pd.DataFrame) -> dict[str, float] | None:
-    """The seed step's median ms per stage (device, alloc, copy, host top-K, free) in one cell."""
+    """The seed step's mean ms per part (device, alloc, copy, host top-K, free, unattributed)
+    and in total, in one cell: the parts add up to the total."""
     parts = analysis.decomposition(cell)
     seed = parts[parts["arm"] == BASELINE]
     if seed.empty:
         return None
     row = seed.iloc[0]
-    return {stage: 1e3 * float(row[stage]) for stage in (*analysis.STAGES, "total")}
+    return {stage: 1e3 * float(row[stage]) for stage in (*analysis.SPLIT, catalogue.TOTAL)}
 
 
 def _slower_beyond_delta(cell: dict[str, Any]) -> bool:
@@ -195,19 +196,21 @@ def decisive_cells(rows: list[int], vocabs: list[int],
 def _copy_cells(staging: pd.DataFrame, seed: int) -> list[dict[str, Any]]:
     """Copy level (the mechanism): pinned grow-only and reused pageable against fresh pageable."""
     out = []
-    for candidate in ("pinned_grow_only", "pageable_reused", "pageable_fresh_empty"):
-        compared = analysis.compare(staging, "pageable_fresh", candidate, ["rows", "vocab"],
-                                    twin=True, seed=seed)
+    fresh = catalogue.baseline(catalogue.STAGING)
+    levers = (catalogue.candidate(catalogue.STAGING), catalogue.REUSE_LEVER[catalogue.STAGING],
+              catalogue.ZERO_FILL_LEVER)
+    for candidate in levers:
+        compared = analysis.compare(staging, fresh, candidate, ["rows", "vocab"], twin=True,
+                                    seed=seed)
         out += compared.to_dict("records")
     return out
 
 
-def _prompt_summary(run_dir: Path, prompt: pd.DataFrame | None) -> dict[str, Any] | None:
+def _prompt_summary(prompt: pd.DataFrame | None) -> dict[str, Any] | None:
+    """The recommended chunk (computed from the table, its one source) and the measured peaks."""
     if prompt is None:
         return None
-    path = run_dir / RECOMMENDATION_FILE
-    recommendation = (json.loads(path.read_text()) if path.exists()
-                      else analysis.recommend_chunk(prompt))
+    recommendation = analysis.recommend_chunk(prompt)
     peaks = prompt[prompt["metric"].isin(["peak_device_bytes", "peak_host_bytes"])
                    & (prompt["status"] == "ok")]
     return {"recommendation": recommendation,
@@ -216,18 +219,28 @@ def _prompt_summary(run_dir: Path, prompt: pd.DataFrame | None) -> dict[str, Any
                       if not pd.isna(r["bytes"])]}
 
 
-def reference_verdicts(reference_root: Path) -> list[dict[str, Any]]:
-    """Verdicts committed as evidence under ``data/reference/<gpu>/<run id>/``, labelled."""
+def reference_verdicts(reference_root: Path) -> tuple[list[dict[str, Any]], list[str]]:
+    """Verdicts kept as evidence under ``data/reference/<machine>/<run id>/`` (labelled), and a
+    sentence naming each folder or file that was not read as evidence, and why: hidden folders
+    (a keep that was stopped), folders without ``kept.json``, records of the wrong shape."""
+    root = Path(reference_root)
+    folders, skipped = records.kept_folders(root)
     found = []
-    for path in sorted(Path(reference_root).glob("*/*/verdict.json")):
-        data = json.loads(path.read_text())
-        kept = path.parent / "kept.json"
-        label = json.loads(kept.read_text()) if kept.exists() else {}
-        found.append({"path": str(path.relative_to(reference_root)),
-                      "hardware": data.get("hardware"), "overall": data.get("overall"),
-                      "run_id": data.get("run_id"), "forced": bool(label.get("forced")),
+    for folder in folders:
+        where = folder.path.relative_to(root).as_posix()
+        try:
+            data, label = folder.read_verdict(), folder.read_kept() or {}
+        except UserError as exc:
+            skipped.append(f"{where}: {exc}")
+            continue
+        if data is None:
+            skipped.append(f"{where}: no {records.RunFolder.VERDICT}")
+            continue
+        found.append({"path": f"{where}/{records.RunFolder.VERDICT}",
+                      "hardware": data.get("hardware"), "overall": data["overall"],
+                      "run_id": folder.name, "forced": bool(label.get("forced")),
                       "status": label.get("status")})
-    return found
+    return found, skipped
 
 
 def findings(verdict: dict[str, Any], tables: dict[str, pd.DataFrame]) -> list[str]:
@@ -238,11 +251,12 @@ def findings(verdict: dict[str, Any], tables: dict[str, pd.DataFrame]) -> list[s
         if split:
             out.append(
                 f"Seed's step at n={cell['rows']}, V={cell['vocab']}, K={cell['k']}: "
-                f"{split['total']:.2f} ms in all; stage medians: log-softmax "
+                f"{split['total']:.2f} ms on average, made of log-softmax "
                 f"{split['device']:.2f}, zero-filled vector {split['alloc']:.2f}, copy "
                 f"{split['copy']:.2f}, host top-K (C++) {split['host_gather']:.2f}, free "
-                f"{split['free']:.2f} ms (on a GPU the vector's zero-fill overlaps the "
-                "log-softmax, so the stages need not add up).")
+                f"{split['free']:.2f} and unattributed {split['unattributed']:.2f} ms (time "
+                "outside the timed stages; negative where stages overlap, as the vector's "
+                "zero-fill and the log-softmax do on a GPU).")
     step = tables.get("step")
     if step is not None:
         for lever in verdict["step_levers"]:
@@ -260,7 +274,7 @@ def findings(verdict: dict[str, Any], tables: dict[str, pd.DataFrame]) -> list[s
                        f"C++ {row['native_ms']:.2f} ms, numpy {row['numpy_ms']:.2f} ms "
                        f"({row['numpy_over_native']:.1f}x).")
     zero_fill = [c for c in verdict["copy_cells"]
-                 if c["candidate"] == "pageable_fresh_empty" and _measured(c.get("speedup"))]
+                 if c["candidate"] == catalogue.ZERO_FILL_LEVER and _measured(c.get("speedup"))]
     if zero_fill:
         big = max(zero_fill, key=lambda c: c["rows"] * c["vocab"])
         out.append(f"Zero-fill and free of a fresh {big['rows']} x {big['vocab']} fp32 buffer "
@@ -277,6 +291,7 @@ def findings(verdict: dict[str, Any], tables: dict[str, pd.DataFrame]) -> list[s
         out.append(f"Prompt logprobs: chunk {rec['chunk']} recommended for {rec['arm']} "
                    f"({rec['reason']}).")
     out.extend(verdict["missing"])
+    out.extend(f"Not read as reference evidence: {why}." for why in verdict["reference_skipped"])
     for ref in verdict["reference"]:
         hardware = ref.get("hardware") or {}
         machine = hardware.get("gpu") or f"CPU only, {hardware.get('cpu') or 'unknown CPU'}"
@@ -340,9 +355,9 @@ def build_verdict(run_dir: Path | str, *, decisive_rows: list[int], decisive_voc
                             **kwargs) for n, v, k in named]
     step_levers = [] if step is None else analysis.lever_savings(step, seed=seed).to_dict(
         "records")
-    manifest_path = run_dir / "manifest.json"
-    hardware = json.loads(manifest_path.read_text()).get("hardware", {}) if (
-        manifest_path.exists()) else {}
+    folder = records.RunFolder(run_dir)
+    hardware = ((folder.read_manifest().get("hardware") or {})
+                if folder.manifest_path.exists() else {})
     goals = []
     if staging is not None:
         goals += analysis.staging_goals(staging, hardware)
@@ -364,11 +379,12 @@ def build_verdict(run_dir: Path | str, *, decisive_rows: list[int], decisive_voc
         "goals": goals,
         "clock_check": {"checked": sum(c["checked"] for c in clocks),
                         "disagree": sum(c["disagree"] for c in clocks)},
-        "prompt_logprobs": _prompt_summary(run_dir, tables.get("prompt_logprobs")),
+        "prompt_logprobs": _prompt_summary(tables.get("prompt_logprobs")),
         "calibration": calibrate_rule(decisive, calibration_trials, delta, seed),
         "missing": missing,
-        "reference": reference_verdicts(reference_root) if reference_root else [],
     }
+    verdict["reference"], verdict["reference_skipped"] = (
+        reference_verdicts(reference_root) if reference_root else ([], []))
     verdict = _plain(verdict)
     verdict["findings"] = findings(verdict, tables)
     return verdict
@@ -404,8 +420,7 @@ def prompt_sentence(verdict: dict[str, Any]) -> str:
     prompt = verdict.get("prompt_logprobs")
     if not prompt:
         return "Notebook 03's data is missing from this run."
-    rec = prompt["recommendation"]
-    return f"Recommended chunk: **{rec.get('chunk')}** ({rec.get('arm')}): {rec.get('reason')}."
+    return analysis.recommendation_sentence(prompt["recommendation"])
 
 
 def reference_table(verdict: dict[str, Any]) -> pd.DataFrame:

@@ -1,0 +1,225 @@
+"""The suite's vocabulary, named once: every arm with its role, the notebooks with their experiment
+and table, the stages of a step, and the roles that decide.
+
+Standard library only (the ground floor): the run plan, the preflight, the analysis, the verdict,
+the comparison and the report read names from here without loading the measuring code. The
+measuring modules build their registries from it too, so adding an arm is its class (or builder)
+plus one :class:`Arm` entry below; ``tests/test_catalogue.py`` fails when either is missing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# ---------------------------------------------------------------------------------- roles
+
+BASELINE = "baseline"  # what the engine does today
+CANDIDATE = "candidate"  # the proposed change
+AA_TWIN = "A/A twin"  # the baseline timed again as if it were another arm: the harness check
+LEVER = "lever"  # one part of the change, or an alternative, measured apart; never decides
+CEILING = "ceiling"  # no strategy at all: the best this machine does
+ROLES = (BASELINE, CANDIDATE, AA_TWIN, LEVER, CEILING)
+DECISIVE_ROLES = (BASELINE, CANDIDATE, AA_TWIN)  # the arms the verdict decides from
+
+AA_SUFFIX = "~aa"
+
+
+def aa_name(arm: str) -> str:
+    """The name of an arm's A/A twin: the same arm timed again as if it were another."""
+    return f"{arm}{AA_SUFFIX}"
+
+
+def is_twin(arm: str) -> bool:
+    """Whether an arm name is an A/A twin's."""
+    return arm.endswith(AA_SUFFIX)
+
+
+# ------------------------------------------------------------------------------- experiments
+
+STAGING, STEP, PROMPT = "staging", "step", "prompt_logprobs"
+DECISIVE_EXPERIMENT = STEP  # the seed's own step decides; the copy level explains the mechanism
+
+# The stages of a step, in the order a step runs them; every timing also has a whole-call row.
+STAGES = ("device", "alloc", "copy", "host_gather", "free")
+TOTAL = "total"
+SEED_STAGES = STAGES  # the seed's step: the whole [n, V] fp32 logprobs staged on the host
+DEVICE_STAGES = ("device", "copy")  # top-K on the device: only [n, K+1] results are copied
+
+# Element types the suite measures, by name, with their size in bytes.
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One measured variant: its name, experiment and role, what it models, whether it needs a
+    CUDA device to exist, and the stages it times (empty: only the whole call)."""
+
+    name: str
+    experiment: str
+    role: str
+    models: str
+    needs_cuda: bool = False
+    stages: tuple[str, ...] = ()
+
+    @property
+    def stages_whole_logprobs(self) -> bool:
+        """Whether it copies the whole ``[n, V]`` fp32 logprobs to the host (the seed's way)."""
+        return "host_gather" in self.stages
+
+
+ARMS = (
+    # copy level (notebook 01): the mechanism, one staging strategy per arm
+    Arm("pageable_fresh", STAGING, BASELINE,
+        "the seed's per-step std::vector: a new zero-filled pageable buffer, freed in the call"),
+    Arm("pageable_fresh_empty", STAGING, LEVER,
+        "a new uninitialised pageable buffer (torch.empty): zero-fill's cost by difference"),
+    Arm("pageable_reused", STAGING, LEVER,
+        "one grow-only pageable buffer: the reuse lever alone"),
+    Arm("pinned_grow_only", STAGING, CANDIDATE,
+        "one grow-only pinned scratch: reuse and pinning (the proposal)", needs_cuda=True),
+    Arm("pinned_fresh", STAGING, LEVER,
+        "fresh memory pinned every copy (cudaHostRegister): what pinning itself costs",
+        needs_cuda=True),
+    Arm("to_cpu_non_blocking", STAGING, LEVER,
+        "torch's caching pinned allocator with an event wait (vLLM, SGLang)", needs_cuda=True),
+    Arm("raw_ceiling", STAGING, CEILING,
+        "copy_ into one preallocated buffer, pinned where CUDA exists: the reference ceiling"),
+    # the whole step (notebook 02): the decision
+    Arm("seed_pageable", STEP, BASELINE,
+        "the seed's step: fp32 log-softmax, a fresh value-initialised std::vector, C++ host "
+        "top-K, the vector freed", stages=SEED_STAGES),
+    Arm("seed_pinned", STEP, CANDIDATE,
+        "the seed's step staged through the pinned grow-only scratch", needs_cuda=True,
+        stages=SEED_STAGES),
+    Arm("seed_pageable_reused", STEP, LEVER,
+        "the seed's step staged through a grow-only pageable buffer: the reuse lever alone",
+        stages=SEED_STAGES),
+    Arm("seed_pageable_numpy", STEP, LEVER,
+        "the seed's step with a fresh zero-filled buffer and numpy's host top-K",
+        stages=SEED_STAGES),
+    Arm("device_gather", STEP, LEVER,
+        "log-softmax then top-K on the device (vLLM V1); only [n, K+1] is copied",
+        stages=DEVICE_STAGES),
+    Arm("fused", STEP, LEVER,
+        "top-K and ranks on raw logits with a per-row logsumexp; only [n, K+1] is copied",
+        stages=DEVICE_STAGES),
+    # prompt logprobs (notebook 03): methods, each timed with and without overlap
+    Arm("fused", PROMPT, CANDIDATE,
+        "top-K and ranks on raw logits, only the selected logprobs formed, in row blocks"),
+    Arm("logsoftmax", PROMPT, BASELINE, "a fp32 log-softmax per chunk (vLLM V1)"),
+)
+
+# What the levers are, by the arm that pulls each alone (for goals and findings).
+REUSE_LEVER = {STAGING: "pageable_reused", STEP: "seed_pageable_reused"}
+ZERO_FILL_LEVER = "pageable_fresh_empty"  # against the baseline: what zero-fill and free cost
+NUMPY_TOP_K = "seed_pageable_numpy"  # the baseline's step with numpy's host top-K
+FUSED = "fused"  # the fused device path (step) and method (prompt logprobs)
+OVERLAP_SUFFIX = "+overlap"  # a prompt-logprob method whose copies overlap the next chunk
+
+
+def prompt_arm(method: str, overlap: bool) -> str:
+    """The ``arm`` of a prompt-logprob configuration: its method, ``+overlap`` where it overlaps."""
+    return f"{method}{OVERLAP_SUFFIX}" if overlap else method
+
+
+def prompt_method(arm: str) -> str:
+    """The method of a prompt-logprob arm."""
+    return arm.removesuffix(OVERLAP_SUFFIX)
+
+
+PROMPT_RECOMMENDED_ARM = prompt_arm(FUSED, overlap=True)  # the configuration whose chunk is chosen
+
+
+def arms(experiment: str) -> tuple[Arm, ...]:
+    """The arms of one experiment, in catalogue order."""
+    found = tuple(a for a in ARMS if a.experiment == experiment)
+    if not found:
+        raise ValueError(f"unknown experiment {experiment!r}; valid: "
+                         f"{', '.join(n.experiment for n in NOTEBOOKS.values() if n.experiment)}")
+    return found
+
+
+def arm_names(experiment: str) -> tuple[str, ...]:
+    """The arm names of one experiment, in catalogue order."""
+    return tuple(a.name for a in arms(experiment))
+
+
+def arm(experiment: str, name: str) -> Arm:
+    """One arm's entry (an A/A twin's name gives its arm's entry)."""
+    name = name.removesuffix(AA_SUFFIX)
+    for entry in arms(experiment):
+        if entry.name == name:
+            return entry
+    raise ValueError(f"unknown {experiment} arm {name!r}; valid: "
+                     f"{', '.join(arm_names(experiment))}")
+
+
+def with_role(experiment: str, role: str) -> tuple[str, ...]:
+    """The arm names of one experiment that have ``role``."""
+    if role not in ROLES:
+        raise ValueError(f"unknown role {role!r}; valid: {', '.join(ROLES)}")
+    return tuple(a.name for a in arms(experiment) if a.role == role)
+
+
+def only_with_role(experiment: str, role: str) -> str:
+    """The one arm of an experiment with a role that only one arm has."""
+    found = with_role(experiment, role)
+    if len(found) != 1:
+        raise ValueError(f"{experiment} has {len(found)} arms with role {role!r}, not one")
+    return found[0]
+
+
+def baseline(experiment: str) -> str:
+    """What the engine does today, in one experiment."""
+    return only_with_role(experiment, BASELINE)
+
+
+def candidate(experiment: str) -> str:
+    """The proposed change, in one experiment."""
+    return only_with_role(experiment, CANDIDATE)
+
+
+# --------------------------------------------------------------------------------- notebooks
+
+@dataclass(frozen=True)
+class Notebook:
+    """A notebook of the suite: the question it answers, its experiment and the table it
+    writes under ``data/`` (empty where it measures nothing by arm)."""
+
+    name: str
+    question: str
+    experiment: str = ""
+    table: str = ""
+
+
+NOTEBOOKS = {nb.name: nb for nb in (
+    Notebook("00_environment",
+             "which machine, GPU, driver and PCIe link the numbers came from"),
+    Notebook("01_d2h_staging",
+             "the mechanism, at the copy alone: reuse and pinning measured apart",
+             STAGING, "staging"),
+    Notebook("02_logprobs_step",
+             "the decisive A/B: the seed's whole step with a fresh vector vs the pinned scratch",
+             STEP, "step"),
+    Notebook("03_prompt_logprobs",
+             "chunked prompt logprobs: memory-bounded, exact, and the chunk to use",
+             PROMPT, "prompt_logprobs"),
+    Notebook("04_verdict",
+             "PORT, CLOSE or INCONCLUSIVE per decisive cell and overall"),
+)}
+
+
+ENVIRONMENT_NOTEBOOK, VERDICT_NOTEBOOK = "00_environment", "04_verdict"
+
+
+def notebook_of(experiment: str) -> Notebook:
+    """The notebook that measures an experiment."""
+    for notebook in NOTEBOOKS.values():
+        if notebook.experiment == experiment:
+            return notebook
+    raise ValueError(f"no notebook measures experiment {experiment!r}")
+
+
+def tables() -> dict[str, str]:
+    """Each table under ``data/`` and the notebook that writes it."""
+    return {nb.table: nb.name for nb in NOTEBOOKS.values() if nb.table}

@@ -1,0 +1,87 @@
+"""Can this run's timings be trusted? Two witnesses, read from the run folder's record alone.
+
+* The machine's load while each timing notebook ran (``load`` in the manifest's notebook entries,
+  recorded by the runner through :mod:`stagelab.busy`): other processes taking cores, or a
+  hypervisor stealing time.
+* The A/A harness checks in ``verdict.json``: a baseline timed against itself whose paired CI
+  lies wholly beyond 1 +- delta means the harness saw a difference between identical arms.
+
+Either one makes the timings untrustworthy; the report's first screen, the verdict box,
+``compare``, the terminal and ``keep`` all say so from :func:`reasons`. Torch-free.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Mapping
+
+# The notebooks whose timings the verdict, the findings and compare use.
+TIMING_NOTEBOOKS = ("01_d2h_staging", "02_logprobs_step", "03_prompt_logprobs")
+DEFAULT_DELTA = 0.02
+
+
+def load_reasons(manifest: Mapping[str, Any]) -> list[str]:
+    """One sentence per timing notebook that ran on a busy machine."""
+    out = []
+    for entry in manifest.get("notebooks") or []:
+        load = entry.get("load") or {}
+        if entry.get("name") in TIMING_NOTEBOOKS and load.get("busy"):
+            out.append(f"{entry['name']} ran on a busy machine: {'; '.join(load['why'])}")
+    return out
+
+
+def _cell(cell: Mapping[str, Any]) -> str:
+    k = f", K={cell['k']}" if cell.get("k") is not None else ""
+    return f"n={cell.get('rows')}, V={cell.get('vocab')}{k}"
+
+
+def harness_reasons(verdict: Mapping[str, Any]) -> list[str]:
+    """One sentence per A/A twin whose CI lies wholly outside 1 +- delta (the verdict's delta)."""
+    delta = (verdict.get("parameters") or {}).get("delta") or DEFAULT_DELTA
+    out = []
+    for kind, cells in (("step", verdict.get("decisive") or []),
+                        ("copy", verdict.get("copy_cells") or [])):
+        seen = set()
+        for cell in cells:
+            low, high = cell.get("twin_ci_low"), cell.get("twin_ci_high")
+            if low is None or high is None or _cell(cell) in seen:
+                continue
+            seen.add(_cell(cell))
+            if low > 1 + delta or high < 1 - delta:
+                out.append(f"the A/A check at {kind} level, {_cell(cell)}, saw identical arms "
+                           f"differ: {cell['twin_speedup']:.3f}x [{low:.3f}, {high:.3f}], "
+                           f"beyond 1 +- {delta:.0%}")
+    return out
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        payload = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return payload if isinstance(payload, dict) else {}
+
+
+def reasons(run_dir: Path, manifest: Mapping[str, Any] | None = None,
+            verdict: Mapping[str, Any] | None = None) -> list[str]:
+    """Why the run's timings are not trustworthy; empty when neither witness objects."""
+    run_dir = Path(run_dir)
+    manifest = manifest if manifest is not None else _read(run_dir / "manifest.json")
+    verdict = verdict if verdict is not None else _read(run_dir / "verdict.json")
+    return load_reasons(manifest) + harness_reasons(verdict)
+
+
+def load_known(manifest: Mapping[str, Any]) -> bool:
+    """Whether the machine's load was recorded for every timing notebook the run has (not for
+    older runs, runs by hand, or where /proc cannot be read)."""
+    timing = [e for e in manifest.get("notebooks") or [] if e.get("name") in TIMING_NOTEBOOKS]
+    return bool(timing) and all((e.get("load") or {}).get("busy") is not None for e in timing)
+
+
+def headline(found: list[str]) -> str:
+    """The one warning line for the terminal and the first screen ('' when trustworthy)."""
+    if not found:
+        return ""
+    return ("TIMINGS NOT TRUSTWORTHY: " + "; ".join(found)
+            + ". Run it again on a quiet machine before relying on these figures.")

@@ -1,0 +1,134 @@
+"""The busy-machine flag: the load sampler on injected readings and on a real CPU burner, and what
+the run's record, the report and the terminal say about it."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from stagelab import busy, report, rundir, trust
+
+
+def reading(wall: float, busy_s: float, own: float, load: float = 0.5,
+            steal: float | None = 0.0, cpus: int = 2) -> busy.Reading:
+    return busy.Reading(wall_s=wall, busy_cpu_s=busy_s, steal_cpu_s=steal, own_cpu_s=own,
+                        load1=load, cpus=cpus)
+
+
+def test_a_quiet_machine_is_not_busy():
+    summary = busy.assess(reading(0, 100, 50), reading(10, 112, 61), loads=[1.2, 0.9])
+    assert summary == {"seconds": 10, "cpus": 2, "load_avg_max": 1.2, "others_cpu_s": 1.0,
+                       "others_cores": 0.1, "steal_share": 0.0, "busy": False, "why": []}
+
+
+def test_other_processes_taking_cores_make_it_busy():
+    summary = busy.assess(reading(0, 100, 50), reading(10, 126, 60, load=3.1))
+    assert summary["others_cpu_s"] == 16 and summary["others_cores"] == 1.6
+    assert summary["busy"] is True and summary["load_avg_max"] == 3.1
+    assert summary["why"] == ["other processes took 1.60 of 2 cores on average (limit 0.5)"]
+
+
+def test_stolen_time_makes_it_busy_and_is_unknown_where_not_reported():
+    stolen = busy.assess(reading(0, 100, 50, steal=5.0), reading(10, 110, 60, steal=7.0))
+    assert stolen["steal_share"] == 0.1 and stolen["busy"] is True
+    assert stolen["why"] == ["the hypervisor stole 10% of the CPU time (limit 5%)"]
+    unknown = busy.assess(reading(0, 100, 50, steal=None), reading(10, 110, 60, steal=None))
+    assert unknown["steal_share"] is None and unknown["busy"] is False
+
+
+def test_the_watch_samples_the_load_average_between_its_readings():
+    script = iter([reading(0, 100, 50, load=0.4), *[reading(1, 100, 50, load=4.0)] * 50])
+    readings = [reading(0, 100, 50, load=0.4)]
+
+    def read() -> busy.Reading:
+        readings.append(next(script))
+        return readings[-1]
+
+    with busy.LoadWatch(read=read, every_s=0.01) as watch:
+        time.sleep(0.1)
+    assert watch.summary["load_avg_max"] == 4.0 and watch.summary["busy"] is False
+
+
+def test_the_watch_says_unknown_where_the_load_cannot_be_read():
+    def unreadable() -> busy.Reading:
+        raise FileNotFoundError(2, "No such file or directory", "/proc/stat")
+
+    with busy.LoadWatch(read=unreadable) as watch:
+        pass
+    assert watch.summary["busy"] is None and "cannot be read" in watch.summary["unavailable"]
+
+
+def _burn(seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+
+
+@pytest.mark.skipif(not Path("/proc/stat").exists(), reason="needs Linux's /proc")
+def test_cpu_burnt_outside_the_watched_tree_counts_as_others():
+    """Watched from a sleeping process's tree, a burner elsewhere is 'other processes'; watched
+    from this process's own tree (it is our child), it is not."""
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        outside = busy.LoadWatch(read=lambda: busy.read_machine(sleeper.pid), every_s=0.2)
+        inside = busy.LoadWatch(every_s=0.2)
+        burner = multiprocessing.get_context("fork").Process(target=_burn, args=(1.5,))
+        with outside, inside:
+            burner.start()
+            burner.join(30)
+            burnt = busy.tree_cpu_seconds(os.getpid())  # includes the reaped burner
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert burner.exitcode == 0
+    own_share = inside.summary["others_cpu_s"]
+    assert outside.summary["others_cpu_s"] >= 0.5 * 1.0  # at least half a second of the burn
+    assert outside.summary["others_cpu_s"] > own_share
+    assert burnt > 0.5
+
+
+# ---------------------------------------------------------------------- what the run says
+
+def busy_manifest(run_dir: Path, notebook: str = "02_logprobs_step") -> dict:
+    manifest = rundir.new_manifest(run_dir, "quick", ["stagelab"], [
+        rundir.notebook_entry(notebook, status=rundir.OK)], hardware=None, status=rundir.OK)
+    manifest["notebooks"][0]["load"] = busy.assess(reading(0, 100, 50), reading(10, 126, 60))
+    (run_dir / f"{notebook}.ipynb").write_text("{}")
+    rundir.write_manifest(run_dir, manifest)
+    return manifest
+
+
+def test_trust_names_busy_timing_notebooks_and_failed_aa_checks(tmp_path):
+    manifest = busy_manifest(tmp_path)
+    verdict = {"parameters": {"delta": 0.02}, "decisive": [
+        {"rows": 64, "vocab": 1000, "k": 5, "twin_speedup": 0.9, "twin_ci_low": 0.85,
+         "twin_ci_high": 0.95},
+        {"rows": 16, "vocab": 1000, "k": 5, "twin_speedup": 1.0, "twin_ci_low": 0.97,
+         "twin_ci_high": 1.04}],
+        "copy_cells": [{"rows": 1, "vocab": 1000, "twin_speedup": 0.95, "twin_ci_low": 0.75,
+                        "twin_ci_high": 1.3}]}
+    assert trust.reasons(tmp_path, manifest, verdict) == [
+        "02_logprobs_step ran on a busy machine: other processes took 1.60 of 2 cores on average "
+        "(limit 0.5)",
+        "the A/A check at step level, n=64, V=1000, K=5, saw identical arms differ: 0.900x "
+        "[0.850, 0.950], beyond 1 +- 2%"]
+    manifest["notebooks"][0]["name"] = "00_environment"  # no timings there: not a reason
+    assert trust.reasons(tmp_path, manifest, {}) == []
+
+
+def test_the_report_first_screen_says_the_timings_are_not_trustworthy(tmp_path):
+    busy_manifest(tmp_path)
+    (tmp_path / "verdict.json").write_text(json.dumps({"overall": {
+        "decision": "PORT", "summary": "pinned saves"}, "decisive": []}))
+    page = report.write_index(tmp_path).read_text()
+    verdict_box = page[page.index("<section class='verdict'"):page.index("</section>")]
+    assert "TIMINGS NOT TRUSTWORTHY" in verdict_box
+    assert "02_logprobs_step ran on a busy machine" in verdict_box
+    assert verdict_box.index("TIMINGS NOT TRUSTWORTHY") < verdict_box.index("PORT")

@@ -1,0 +1,116 @@
+"""The catalogue names every arm once: each arm class or builder has an entry, each entry an arm,
+and what the entries say (roles, stages, CUDA, notebooks) agrees with the code that measures."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from stagelab import catalogue, params, paths, prompt_logprobs, shapes, staging, step
+from stagelab.errors import NativeUnavailable, PinnedMemoryUnavailable
+
+
+def test_every_staging_arm_class_has_an_entry_and_every_entry_a_class():
+    assert set(staging.arm_classes()) == set(catalogue.arm_names(catalogue.STAGING))
+    assert tuple(staging.ARMS) == catalogue.arm_names(catalogue.STAGING)
+
+
+def test_every_step_builder_has_an_entry_and_every_entry_a_builder():
+    assert set(step.BUILDERS) == set(catalogue.arm_names(catalogue.STEP))
+    assert step.STEP_ARMS == catalogue.arm_names(catalogue.STEP)
+
+
+def test_prompt_methods_are_the_catalogues():
+    assert prompt_logprobs.METHODS == catalogue.arm_names(catalogue.PROMPT)
+
+
+@pytest.mark.parametrize("experiment", [catalogue.STAGING, catalogue.STEP, catalogue.PROMPT])
+def test_each_experiment_has_one_baseline_and_one_candidate(experiment):
+    assert catalogue.baseline(experiment) != catalogue.candidate(experiment)
+    names = catalogue.arm_names(experiment)
+    assert len(set(names)) == len(names)
+
+
+def test_every_entry_is_well_formed():
+    for arm in catalogue.ARMS:
+        assert arm.role in catalogue.ROLES and arm.role != catalogue.AA_TWIN  # twins are derived
+        assert arm.models and arm.experiment in {nb.experiment for nb in
+                                                 catalogue.NOTEBOOKS.values()}
+        assert set(arm.stages) <= set(catalogue.STAGES)
+        assert not catalogue.is_twin(arm.name)
+
+
+CUDA = torch.cuda.is_available()
+
+
+@pytest.mark.parametrize("name", catalogue.arm_names(catalogue.STAGING))
+def test_a_staging_arm_needs_cuda_exactly_where_the_catalogue_says(name):
+    if catalogue.arm(catalogue.STAGING, name).needs_cuda and not CUDA:
+        with pytest.raises(PinnedMemoryUnavailable):
+            staging.make_arm(name, 64)
+    else:
+        assert staging.make_arm(name, 64).name == name
+
+
+@pytest.mark.parametrize("name", catalogue.arm_names(catalogue.STEP))
+def test_a_step_arm_needs_cuda_exactly_where_the_catalogue_says(name):
+    needs_cuda = catalogue.arm(catalogue.STEP, name).needs_cuda
+    try:
+        built = step.make_pipeline(name)
+    except PinnedMemoryUnavailable:
+        assert needs_cuda and not CUDA
+    except NativeUnavailable:
+        pytest.skip("the native path cannot be built here")
+    else:
+        assert built.name == name and (CUDA or not needs_cuda)
+
+
+def test_twin_names_resolve_to_their_arm():
+    twin = catalogue.aa_name("seed_pageable")
+    assert twin == "seed_pageable~aa" and catalogue.is_twin(twin)
+    assert catalogue.arm(catalogue.STEP, twin).name == "seed_pageable"
+
+
+def test_unknown_names_are_refused_naming_the_choices():
+    with pytest.raises(ValueError, match="unknown step arm 'nope'; valid: seed_pageable, "):
+        catalogue.arm(catalogue.STEP, "nope")
+    with pytest.raises(ValueError, match="unknown experiment 'nope'"):
+        catalogue.arms("nope")
+    with pytest.raises(ValueError, match="unknown role 'nope'"):
+        catalogue.with_role(catalogue.STEP, "nope")
+
+
+def test_the_decisive_arms_are_the_steps_baseline_candidate_and_twin():
+    assert catalogue.DECISIVE_EXPERIMENT == catalogue.STEP
+    assert (catalogue.baseline(catalogue.STEP), catalogue.candidate(catalogue.STEP)) == (
+        "seed_pageable", "seed_pinned")
+    assert catalogue.DECISIVE_ROLES == (catalogue.BASELINE, catalogue.CANDIDATE,
+                                        catalogue.AA_TWIN)
+
+
+def test_the_named_levers_are_arms_of_their_experiment():
+    for experiment, name in catalogue.REUSE_LEVER.items():
+        assert catalogue.arm(experiment, name).role == catalogue.LEVER
+    assert catalogue.arm(catalogue.STAGING, catalogue.ZERO_FILL_LEVER).role == catalogue.LEVER
+    assert catalogue.arm(catalogue.STEP, catalogue.NUMPY_TOP_K).role == catalogue.LEVER
+    assert catalogue.prompt_method(catalogue.PROMPT_RECOMMENDED_ARM) == catalogue.FUSED
+
+
+def test_the_notebooks_are_the_catalogues_and_each_table_has_one_writer():
+    assert set(catalogue.NOTEBOOKS) == {p.stem for p in paths.NOTEBOOKS_DIR.glob("*.ipynb")}
+    assert catalogue.tables() == {"staging": "01_d2h_staging", "step": "02_logprobs_step",
+                                  "prompt_logprobs": "03_prompt_logprobs"}
+    for experiment in (catalogue.STAGING, catalogue.STEP, catalogue.PROMPT):
+        assert catalogue.notebook_of(experiment).experiment == experiment
+
+
+def test_arm_parameters_are_checked_against_the_catalogue():
+    for notebook in ("01_d2h_staging", "02_logprobs_step"):
+        experiment = catalogue.NOTEBOOKS[notebook].experiment
+        arms = list(catalogue.arm_names(experiment))
+        params.validate(notebook, {"arms": arms, "aa_arm": catalogue.baseline(experiment)})
+
+
+def test_dtype_names_and_sizes_agree_with_torch():
+    for name, size in catalogue.DTYPE_BYTES.items():
+        assert shapes.DTYPES[name].itemsize == size
