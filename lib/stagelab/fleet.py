@@ -42,7 +42,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
-from stagelab import fleet_node, paths, rundir
+from stagelab import fleet_node, paths, records, rundir
 from stagelab.errors import UserError
 
 FLEET_FILE, PAGE, COMPARE_PAGE = "fleet.json", "index.html", "compare.html"
@@ -545,23 +545,34 @@ def write_pages(fleet_dir: Path, records: Sequence[NodeRecord], header: dict[str
 
     analysed = [r for r in records if r.run_dir]
     side_by_side = ""
-    if analysed:
-        try:
-            comparison = compare.compare([r.run_dir for r in analysed])
-        except UserError as exc:
-            side_by_side = f"<p>No comparison: {html.escape(str(exc))}</p>"
-        else:
-            labels = [r.target.label for r in analysed]
-            comparison.table.columns = labels
-            comparison.detail.columns = labels
-            compare.write_html(comparison, fleet_dir / COMPARE_PAGE)
-            side_by_side = (comparison.detail.map(compare.format_value)
-                            .to_html(escape=True, na_rep=compare.NOT_MEASURED)
-                            + f'<p>With ratios to the first node: <a href="{COMPARE_PAGE}">'
-                            f"{COMPARE_PAGE}</a>.</p>")
+    try:
+        comparison = labelled_comparison(analysed)
+    except UserError as exc:
+        side_by_side = f"<p>No comparison: {html.escape(str(exc))}</p>"
+    else:
+        compare.write_html(comparison, fleet_dir / COMPARE_PAGE)
+        side_by_side = (compare.beside(comparison, detail=True)
+                        .to_html(escape=True, na_rep=compare.NOT_MEASURED)
+                        + f"<p>Beside each later node: its ratio to the first. Also as "
+                        f'<a href="{COMPARE_PAGE}">{COMPARE_PAGE}</a>.</p>')
     page = fleet_dir / PAGE
-    rundir.write_text_atomic(page, render_page(records, header, side_by_side))
+    records.write_text_atomic(page, render_page(records, header, side_by_side))
     return page
+
+
+def labelled_comparison(analysed: Sequence[NodeRecord]) -> Any:
+    """:func:`stagelab.compare.compare` of the analysed nodes' run folders, each column named by
+    its node; UserError when none has anything to compare."""
+    from stagelab import compare
+
+    runs = [compare.load_run(record.run_dir) for record in analysed]
+    for run, record in zip(runs, analysed):
+        run.run_id = record.target.label
+    if not any(run.usable for run in runs):
+        raise UserError("no analysed node has anything to compare")
+    table = compare.side_by_side(runs)
+    return compare.Comparison(runs=runs, table=table, detail=compare.side_by_side(runs, True),
+                              ratios=compare.ratios(table))
 
 
 def _cell(value: Any) -> str:
@@ -659,7 +670,7 @@ def run_fleet(address: str, plan: FleetPlan, out: Path, accelerator_types: Seque
     header = {"folder": str(fleet_dir), "profile": plan.profile, "address": address,
               "nodes": len(records), "made": rundir.now_utc(),
               "connect s": round(connect_s, 3), "retry policy": RETRY_POLICY}
-    rundir.write_json_atomic(fleet_dir / FLEET_FILE, {
+    records.write_json_atomic(fleet_dir / FLEET_FILE, {
         "format": "stagelab-fleet", "version": 1, "created_utc": header["made"],
         "address": address, "profile": plan.profile, "params": plan.params,
         "timeout_s": plan.timeout_s, "selection": describe_selection(accelerator_types, resource),
