@@ -44,7 +44,9 @@ browser:
 	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; } \
 	  || echo 'warning: chromium could not be installed; the browser test will say so'
 
+# The linter first (ruff, configured in pyproject.toml), then the tests.
 test: setup browser
+	$(PY) -m ruff check
 	$(PY) -m pytest
 
 lab: setup

@@ -23,7 +23,7 @@ import shutil
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -46,7 +46,7 @@ class Stop(Exception):
 
 def stamp(phase: str, text: str) -> None:
     """One progress line with a UTC timestamp and the phase's number."""
-    now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     number = f"{PHASES.index(phase) + 1}/{len(PHASES)}" if phase in PHASES else "-"
     print(f"[{now}] gpu-evidence {number} {phase}: {text}", flush=True)
 

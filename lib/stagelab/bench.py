@@ -12,9 +12,10 @@ arms go on.
 
 from __future__ import annotations
 
+import functools
 import random
 import time
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 
@@ -86,7 +87,7 @@ def interleaved(arms: Mapping[str, ArmCall], *, rounds: int, warmup: int = 2, se
         shuffler.shuffle(order)
         for name in list(order):
             try:
-                seconds, host, result = timer.time(lambda: arms[name](round_index))
+                seconds, host, result = timer.time(functools.partial(arms[name], round_index))
             except Exception as exc:  # one arm's failure must not cost the others their data
                 order.remove(name)
                 records.append({"arm": name, "status": "failed", "note": first_line(exc),

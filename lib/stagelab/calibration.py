@@ -19,8 +19,8 @@ over 30 rounds just under delta/2 for the default delta of 2 %: the requirement 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import pandas as pd

@@ -21,8 +21,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any, Iterator
+from typing import IO, Any
 
 from stagelab import busy, hardware, paths, report, rundir
 from stagelab.profiles import NotebookPlan, RunPlan

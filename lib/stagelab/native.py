@@ -205,7 +205,7 @@ class SeedVector:
         self._tensor = None
         self._vector.delete()
 
-    def __enter__(self) -> "SeedVector":
+    def __enter__(self) -> SeedVector:
         return self
 
     def __exit__(self, *exc: object) -> None:

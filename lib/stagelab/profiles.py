@@ -8,9 +8,10 @@ each notebook's ``parameters`` cell) and values (:mod:`stagelab.params`).
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import yaml
 

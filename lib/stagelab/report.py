@@ -11,9 +11,10 @@ import html
 import json
 import mimetypes
 import re
+from collections.abc import Callable, Mapping
 from html.parser import HTMLParser
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from stagelab import catalogue, machine, trust
