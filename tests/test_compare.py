@@ -52,7 +52,8 @@ def make_run(root: Path, name: str, *, gpu: str | None = None, link: float | Non
     hardware = {"host": {"cpu_model": f"CPU {HOSTILE}"}, "torch": {"torch": "2.5.1"},
                 "gpu": {"name": gpu} if gpu else None,
                 "nvml": {"pcie_max_gbps_per_direction": link} if link else None}
-    (run / "manifest.json").write_text(json.dumps({"run_id": name, "hardware": hardware}))
+    (run / "manifest.json").write_text(json.dumps({"run_id": name, "status": "ok", "notebooks": [],
+                                                   "hardware": hardware}))
     prompt = {"recommendation": {"chunk": 512, "arm": "fused+overlap", "reason": "smallest"},
               "peaks": [{"arm": "fused", "chunk": 512, "metric": "peak_device_bytes",
                          "bytes": int(copy_seconds * 8) * 2**20}]}

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from stagelab import busy, cli, evidence, paths, rundir, trust
+from stagelab import busy, cli, evidence, paths, rundir, schema, trust
 from stagelab.errors import UserError
 from test_runner import dead_pid, fake_run
 
@@ -25,7 +25,10 @@ def good_run(root: Path, decision: str = "PORT", hardware: dict | None = None,
     manifest.update(hardware=hardware or GPU, git={"commit": "abcdef1234567890", "dirty": False},
                     created_utc=created)
     rundir.write_manifest(run_dir, manifest)
-    (run_dir / "data" / "staging.parquet").write_bytes(b"PAR1")
+    schema.write_table(schema.make_rows([{"experiment": "d2h_copy", "arm": "pageable_fresh",
+                                          "seconds": 0.5, "bytes": 10**9, "round": 0}],
+                                        run_id=run_dir.name, notebook="01_d2h_staging"),
+                       run_dir, "staging")
     (run_dir / "index.html").write_text("<html></html>")
     if verdict:
         (run_dir / "verdict.json").write_text(json.dumps({"overall": {"decision": decision}}))
@@ -46,7 +49,8 @@ def busy_run(root: Path) -> Path:
 def failed_aa_run(root: Path) -> Path:
     """An ok run whose verdict's A/A twin saw the baseline differ from itself by 20 %."""
     run_dir = good_run(root)
-    cell = {"rows": 64, "vocab": 152064, "k": 5, "twin_speedup": 1.2, "twin_ci_low": 1.15,
+    cell = {"rows": 64, "vocab": 152064, "k": 5, "decision": "PORT", "twin_speedup": 1.2,
+            "twin_ci_low": 1.15,
             "twin_ci_high": 1.25}
     (run_dir / "verdict.json").write_text(json.dumps(
         {"overall": {"decision": "PORT"}, "parameters": {"delta": 0.02}, "decisive": [cell]}))

@@ -193,3 +193,74 @@ def test_concurrent_first_builds_all_load_a_whole_library(tmp_path):
     results = [json.loads(run.communicate()[0]) for run in runs]
     assert all(status[0] for status, _ in results) and all(z == [0.0] * 4 for _, z in results)
     assert len(list(tmp_path.glob("*.so"))) == 1 and not list(tmp_path.glob("*.tmp*"))
+
+
+# ------------------------------------------------------------- a cached library is checked first
+
+def _cached_library(cache: Path) -> Path:
+    assert status_in_new_process({"STAGELAB_CACHE": str(cache)})[0]
+    [library] = cache.glob("*.so")
+    return library
+
+
+def _restamp(library: Path) -> None:
+    """Stamp a damaged library as if it had been built so: only the probe load can catch it."""
+    import hashlib
+    library.with_suffix(".json").write_text(json.dumps({
+        "size": library.stat().st_size, "sha256": hashlib.sha256(library.read_bytes()).hexdigest()}))
+
+
+def test_a_truncated_library_is_caught_by_the_probe_and_rebuilt(tmp_path):
+    # Before: a truncated .so killed the process with SIGBUS (preflight exited 135, silently).
+    library = _cached_library(tmp_path)
+    whole = library.read_bytes()
+    library.write_bytes(whole[:len(whole) // 2])
+    assert "size" in native.verified(library)
+    _restamp(library)
+    assert native.probe(library) is not None  # the child process died or refused, not this one
+    available, where = status_in_new_process({"STAGELAB_CACHE": str(tmp_path)})
+    assert available and Path(where) == library and library.read_bytes() == whole
+    assert native.verified(library) is None
+
+
+def test_a_garbage_library_is_rebuilt_not_trusted_for_good(tmp_path):
+    # Before: a garbage .so disabled the native path for good.
+    library = _cached_library(tmp_path)
+    library.write_bytes(b"\x7fELF garbage" * 100)
+    _restamp(library)
+    assert "does not load" in native.verified(library)
+    available, where = status_in_new_process({"STAGELAB_CACHE": str(tmp_path)})
+    assert available and Path(where) == library and native.verified(library) is None
+
+
+def test_an_empty_successful_build_is_never_cached(tmp_path):
+    # Before: a compiler that exits 0 without writing a library had its 0-byte file cached.
+    compiler = tmp_path / "lazy-cxx"
+    compiler.write_text("#!/bin/sh\nexit 0\n")
+    compiler.chmod(0o755)
+    cache = tmp_path / "cache"
+    available, reason = status_in_new_process({"CXX": str(compiler), "STAGELAB_CACHE": str(cache)})
+    assert not available and reason.endswith("gave an unusable library: it is empty")
+    assert not list(cache.iterdir())
+
+
+def test_an_unwritable_cache_falls_back_to_the_next_folder(tmp_path, monkeypatch):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("a cache path that is a file")
+    second = tmp_path / "second"
+    monkeypatch.setattr(native, "cache_dirs", lambda: [blocker / "cache", second])
+    library = native.build(native.find_compiler())
+    assert library.parent == second and native.verified(library) is None
+    monkeypatch.setattr(native, "cache_dirs", lambda: [blocker / "one", blocker / "two"])
+    with pytest.raises(NativeUnavailable, match="no cache folder can take the native build: "
+                       rf"{blocker / 'one'} \(.+\); {blocker / 'two'} \(.+\)"):
+        native.build(native.find_compiler())
+
+
+def test_the_default_cache_folders_end_in_the_repository_and_the_temp_dir(monkeypatch, tmp_path):
+    monkeypatch.setenv("STAGELAB_CACHE", str(tmp_path))
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    monkeypatch.setattr(native.tempfile, "tempdir", None)
+    assert native.cache_dirs() == [tmp_path, LIB.parent / ".cache" / "stagelab",
+                                   tmp_path / "tmp" / f"stagelab-{os.getuid()}"]

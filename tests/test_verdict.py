@@ -456,10 +456,27 @@ def test_reference_evidence_is_listed_with_its_hardware(tmp_path):
         (root / gpu / run_id / "verdict.json").write_text(json.dumps({
             "run_id": run_id, "overall": {"decision": decision, "summary": f"s {gpu}"},
             "hardware": {"gpu": "NVIDIA H200"} if gpu == "H200" else {"cpu": "Xeon"}}))
+        (root / gpu / run_id / "kept.json").write_text(json.dumps({
+            "kept_utc": "2027-01-03T00:00:00+00:00", "forced": False, "status": "ok"}))
     (root / "H200" / "notes.txt").write_text("not a verdict")
+    # Not evidence, each named: a keep stopped mid-copy, a folder never kept, a damaged verdict.
+    for name, text in ((".incoming-20270104T000000Z_full-x", '{"overall": {"decision": "PORT"}}'),
+                       ("20270105T000000Z_full", '{"overall": {"decision": "PORT"}}'),
+                       ("20270106T000000Z_full", '{"overall": {"decision": "MAYBE"}}')):
+        (root / "H200" / name).mkdir()
+        (root / "H200" / name / "verdict.json").write_text(text)
+    (root / "H200" / "20270106T000000Z_full" / "kept.json").write_text(
+        (root / "H200" / "20270101T000000Z_full" / "kept.json").read_text())
     result = build(write_step(tmp_path / "run", step_cell(64, 1.5)), [64], reference_root=root)
     assert [r["path"] for r in result["reference"]] == [
         "H200/20270101T000000Z_full/verdict.json", "cpu/20270102T000000Z_quick/verdict.json"]
+    skipped = result["reference_skipped"]
+    assert [line.split(":")[0] for line in skipped] == [
+        "H200/.incoming-20270104T000000Z_full-x", "H200/20270105T000000Z_full",
+        "H200/20270106T000000Z_full"]
+    assert "no kept.json (not kept" in skipped[1] and "'MAYBE'" in skipped[2]
+    assert str(root / "H200" / "20270106T000000Z_full" / "verdict.json") in skipped[2]
+    assert all(f"Not read as reference evidence: {line}." in result["findings"] for line in skipped)
     assert result["reference"][0]["overall"]["decision"] == "CLOSE"
     assert ("Committed reference evidence (NVIDIA H200; not this run): run 20270101T000000Z_full "
             "decided CLOSE.") in result["findings"]

@@ -4,6 +4,7 @@ keep a run as reference evidence."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -11,8 +12,9 @@ from pathlib import Path
 from stagelab import paths
 from stagelab.errors import UserError
 
-# 0 every notebook ok; 1 a notebook failed (or the record could not be written); 2 a bad request,
-# refused before anything was created; 130 interrupted (Ctrl-C or SIGTERM), what was made is kept.
+# 0 every notebook ok; 1 a notebook failed, nothing was measured (every cell skipped), or the
+# record could not be written; 2 a bad request, refused before anything was created; 130
+# interrupted (Ctrl-C, SIGTERM or SIGHUP), what was made is kept.
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
@@ -37,7 +39,10 @@ def _parser() -> argparse.ArgumentParser:
     rep.add_argument("--single-file", action="store_true",
                      help="also write one self-contained HTML file that opens offline")
     rep.add_argument("--out", type=Path, help="where the single file goes "
-                     "(default <run_dir>/<run id>_report.html)")
+                     "(default <run_dir>/<run id>_report.html); an existing file is replaced "
+                     "only if it is an earlier single-file report")
+    rep.add_argument("--force", action="store_true",
+                     help="let --out replace an existing file (never a run's record files)")
     runs = sub.add_parser("runs", help="list run folders")
     runs.add_argument("--root", type=Path, default=paths.RUNS_DIR)
     keep = sub.add_parser("keep", help="copy an ok run's evidence under data/reference/ to commit "
@@ -61,7 +66,10 @@ def _parser() -> argparse.ArgumentParser:
     cmp.add_argument("runs", type=Path, nargs="+", metavar="RUN",
                      help="run folders (papermill_runs/<id>/) or kept runs (data/reference/...)")
     cmp.add_argument("--out", type=Path, default=None,
-                     help="the HTML page (default papermill_runs/compare_<UTC time>.html)")
+                     help="the HTML page (default papermill_runs/compare_<UTC time>.html); an "
+                          "existing file is replaced only if it is an earlier compare page")
+    cmp.add_argument("--force", action="store_true",
+                     help="let --out replace an existing file (never a run's record files)")
     return parser
 
 
@@ -69,36 +77,45 @@ def cmd_run(args: argparse.Namespace) -> int:
     from stagelab import execute, profiles, rundir
 
     plan = profiles.plan_run(args.profile, args.only, profiles.parse_overrides(args.param))
-    run_dir = rundir.new_run_dir(args.out, args.profile)
-    print(f"run folder: {run_dir}", file=sys.stderr)
-    manifest = execute.execute(plan, run_dir, command=["stagelab", *sys.argv[1:]])
-    print(f"report: {run_dir / 'index.html'}")
-    print(verdict_line(run_dir, manifest))
-    if manifest["status"] == "interrupted":
-        print("run interrupted; what was produced is kept", file=sys.stderr)
+    run_dir, manifest = execute.run(plan, args.out, command=["stagelab", *sys.argv[1:]])
+    _say(f"report: {run_dir / 'index.html'}", sys.stdout)
+    _say(verdict_line(run_dir, manifest), sys.stdout)
+    if manifest["status"] == rundir.INTERRUPTED:
+        _say("run interrupted; what was produced is kept")
         return EXIT_INTERRUPTED
-    failed = [nb["name"] for nb in manifest["notebooks"] if nb["status"] != "ok"]
+    failed = [nb["name"] for nb in manifest["notebooks"] if nb["status"] != rundir.OK]
     if failed:
-        print(f"run failed: {', '.join(failed)} (see the manifest and their notebooks)",
-              file=sys.stderr)
+        _say(f"run failed: {', '.join(failed)} (see the manifest and their notebooks)")
+        return EXIT_FAILED
+    if manifest["status"] == rundir.UNMEASURED:
+        _say(f"run {rundir.nothing_measured(manifest)}: every cell was skipped or unavailable "
+             "here (see the notebooks for why)")
         return EXIT_FAILED
     return EXIT_OK
+
+
+def _say(text: str, stream=None) -> None:
+    """Print a line; a terminal closed under the run (SIGHUP) is not an error."""
+    with contextlib.suppress(OSError):
+        print(text, file=stream or sys.stderr, flush=True)
 
 
 def verdict_line(run_dir: Path, manifest: dict) -> str:
     """The run's last words: its verdict in one line (or why there is none), and a warning line
     when its timings are not trustworthy."""
     from stagelab import trust
+    from stagelab.records import RunFolder
 
     try:
-        verdict = json.loads((run_dir / "verdict.json").read_text())
-    except FileNotFoundError:
-        verdict, line = {}, "verdict: none (the verdict notebook did not run or did not finish)"
-    except (OSError, ValueError) as exc:
+        verdict = RunFolder(run_dir).read_verdict()
+    except UserError as exc:
         verdict, line = {}, f"verdict: unreadable ({exc})"
     else:
-        overall = verdict.get("overall") or {}
-        line = f"verdict: {overall.get('decision')} - {overall.get('summary', '')}".rstrip(" -")
+        if verdict is None:
+            verdict, line = {}, "verdict: none (the verdict notebook did not run or did not finish)"
+        else:
+            overall = verdict["overall"]
+            line = f"verdict: {overall['decision']} - {overall.get('summary', '')}".rstrip(" -")
     warning = trust.headline(trust.reasons(run_dir, manifest, verdict))
     return f"{line}\n{warning}" if warning else line
 
@@ -122,13 +139,15 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     if args.out and not args.single_file:
         raise UserError("--out names the single file: add --single-file")
+    if args.single_file:  # refuse a bad --out before anything is written
+        report.single_file_out(args.run_dir, args.out, args.force)
     index = execute.rebuild_report(args.run_dir)
     note = rundir.read_manifest(args.run_dir).get("note")
     if note:
         print(f"note: the manifest was {note}", file=sys.stderr)
     print(index)
     if args.single_file:
-        print(report.write_single_file(args.run_dir, args.out))
+        print(report.write_single_file(args.run_dir, args.out, args.force))
     return EXIT_OK
 
 
@@ -142,7 +161,8 @@ def cmd_runs(args: argparse.Namespace) -> int:
         details = "".join(f"  {status}: {', '.join(names)}" for status in rundir.NOT_DELIVERED
                           if (names := run.not_delivered(status)))
         print(f"{run.run_id:48} {run.profile or '':11} {run.created_utc or '':26}"
-              f" {run.device or '':24} {run.status}{details}")
+              f" {run.device or '':24} {run.status}{details}"
+              f"{'  (' + run.problem + ')' if run.problem else ''}")
     return EXIT_OK
 
 
@@ -165,11 +185,12 @@ def cmd_preflight(args: argparse.Namespace) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     from stagelab import compare
 
+    out = compare.claim_out(args.out, args.force)  # refused before any run is read
     comparison = compare.compare(args.runs)
     for note in comparison.notes:
         print(f"note: {note}", file=sys.stderr)
     print(compare.render_text(comparison))
-    print(f"page: {compare.write_html(comparison, args.out)}")
+    print(f"page: {compare.write_html(comparison, out, args.force)}")
     return EXIT_OK
 
 

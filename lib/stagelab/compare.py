@@ -16,7 +16,6 @@ run's files only.
 from __future__ import annotations
 
 import html
-import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -26,11 +25,11 @@ from typing import Any
 
 import pandas as pd
 
-from stagelab import analysis, catalogue, paths, rundir, schema, trust
+from stagelab import analysis, catalogue, paths, records, rundir, schema, trust
 from stagelab.errors import SchemaError, UserError
+from stagelab.records import RunFolder
 
-VERDICT_FILE = "verdict.json"
-HARDWARE_FILE = "hardware.json"
+VERDICT_FILE = RunFolder.VERDICT
 STAGES = (*analysis.SPLIT, catalogue.TOTAL)
 NOT_MEASURED = "-"
 INDEX_NAMES = ("section", "quantity")
@@ -92,19 +91,6 @@ def is_run_folder(path: Path) -> bool:
                                  for name in (rundir.MANIFEST, VERDICT_FILE))
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
-    """A JSON file's object; None when the file is absent. A damaged file names itself."""
-    try:
-        payload = json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{path.name} cannot be read ({exc})") from exc
-    if not isinstance(payload, dict):
-        raise ValueError(f"{path.name} is not a JSON object")
-    return payload
-
-
 def _hardware(run: RunFacts, verdict: dict[str, Any] | None) -> dict[str, Any]:
     """The run's hardware: the manifest's snapshot, else hardware.json, else the verdict's."""
     try:
@@ -114,8 +100,8 @@ def _hardware(run: RunFacts, verdict: dict[str, Any] | None) -> dict[str, Any]:
         snapshot = None
     if not snapshot:
         try:
-            snapshot = _read_json(run.path / HARDWARE_FILE)
-        except ValueError as exc:
+            snapshot = RunFolder(run.path).read_hardware()
+        except UserError as exc:
             run.notes.append(f"{run.run_id}: {exc}")
     if snapshot:
         return analysis.hardware_summary(snapshot)
@@ -128,8 +114,8 @@ def _hardware(run: RunFacts, verdict: dict[str, Any] | None) -> dict[str, Any]:
 def _read_verdict(run: RunFacts) -> dict[str, Any] | None:
     """The run's verdict.json; notes when it is absent, unreadable or of an older format."""
     try:
-        verdict = _read_json(run.path / VERDICT_FILE)
-    except ValueError as exc:
+        verdict = RunFolder(run.path).read_verdict()
+    except UserError as exc:
         run.lacks("verdict.json unreadable", str(exc))
         return None
     if verdict is None:
@@ -442,7 +428,8 @@ def render_html(comparison: Comparison) -> str:
                   f"Figures to {SIGNIFICANT} significant digits; units in each row's name.</p>")
     made = datetime.now(UTC).isoformat(timespec="seconds")
     return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<title>stagelab compare</title><style>{STYLE}</style></head><body>\n"
+            f"<title>stagelab compare</title>{records.generator_tag(COMMAND)}"
+            f"<style>{STYLE}</style></head><body>\n"
             f"<h1>stagelab compare</h1>\n<p>Made {made}. Runs:</p><ul>{runs}</ul>\n"
             + (f"<h2>What some runs lack</h2><ul class=\"notes\">{notes}</ul>\n" if notes else "")
             + f"<h2>Side by side</h2>\n{ratio_note}\n{table}\n</body></html>\n")
@@ -454,12 +441,23 @@ def default_out() -> Path:
     return paths.RUNS_DIR / f"compare_{stamp}.html"
 
 
-def write_html(comparison: Comparison, out: Path | str | None = None) -> Path:
-    """Write the page (atomically) to ``out`` or :func:`default_out`; UserError naming ``--out``
-    when its folder cannot be made."""
-    out = Path(out) if out is not None else default_out()
+COMMAND = "stagelab compare"
+
+
+def claim_out(out: Path | str | None = None, force: bool = False) -> Path:
+    """``out`` (or :func:`default_out`) if the page may be written there: a new file, an
+    earlier compare page, or with ``force`` any file but a run's record; UserError otherwise."""
+    return records.claim_output(Path(out) if out is not None else default_out(), COMMAND, force)
+
+
+def write_html(comparison: Comparison, out: Path | str | None = None,
+               force: bool = False) -> Path:
+    """Write the page (atomically) to ``out`` or :func:`default_out`, which must not be a file
+    it did not make (see :func:`claim_out`); UserError naming ``--out`` when its folder cannot
+    be made."""
+    out = claim_out(out, force)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        return rundir.write_text_atomic(out, render_html(comparison))
+        return records.write_text_atomic(out, render_html(comparison))
     except OSError as exc:
         raise UserError(f"--out {out}: cannot write the page ({exc.strerror or exc})") from exc

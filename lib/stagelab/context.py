@@ -8,13 +8,13 @@ kept apart from profile runs.
 
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from stagelab import paths, rundir
+from stagelab.records import RunFolder, atomic_target
 from stagelab.schema import TableSink
 
 INTERACTIVE_PROFILE = "interactive"
@@ -37,16 +37,16 @@ class NotebookContext:
         return TableSink(self.run_dir, name, run_id=self.run_id, notebook=self.notebook)
 
     def save_figure(self, figure: Any, name: str) -> Path:
-        """Save a matplotlib figure as ``figures/<notebook>_<name>.png``."""
-        path = self.run_dir / "figures" / f"{self.notebook}_{name}.png"
+        """Save a matplotlib figure as ``figures/<notebook>_<name>.png``, atomically."""
+        path = RunFolder(self.run_dir).figure_path(self.notebook, name)
         path.parent.mkdir(parents=True, exist_ok=True)
-        figure.savefig(path, dpi=110, bbox_inches="tight")
+        with atomic_target(path) as temporary:
+            figure.savefig(temporary, dpi=110, bbox_inches="tight", format="png")
         return path
 
     def write_json(self, payload: Any, name: str) -> Path:
         """Write a JSON document at the run folder's top level (e.g. ``verdict.json``)."""
-        return rundir.write_text_atomic(
-            self.run_dir / name, json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n")
+        return RunFolder(self.run_dir).write_json(name, payload)
 
 
 def interactive_run_dir(notebook: str, root: Path | None = None) -> Path:

@@ -11,6 +11,11 @@ class UserError(Exception):
     """A mistake in what the user asked for: reported in one line, without a traceback."""
 
 
+class BadRecord(UserError):
+    """A record (manifest, verdict, kept label) cannot be read or has the wrong shape; the
+    message is one line naming the file."""
+
+
 class SchemaError(ValueError):
     """A table does not follow the tidy schema."""
 

@@ -21,12 +21,14 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
 from stagelab import busy, hardware, paths, report, rundir
+from stagelab.errors import UserError
 from stagelab.profiles import NotebookPlan, RunPlan
+from stagelab.records import RunFolder
 from stagelab.rundir import ManifestRecorder, RecordError
 
 KERNEL_NAME = "stagelab"
@@ -114,17 +116,49 @@ def kernel_sockets() -> Iterator[Path]:
 
 # ---------------------------------------------------------------------------------- the steps
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
 def _raise_interrupt(signum: int, _frame: Any) -> None:
     raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
 
 
 @contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+def stop_signals_as_interrupt() -> Iterator[None]:
+    """SIGTERM and SIGHUP (a closed terminal) stop a run as Ctrl-C does: KeyboardInterrupt."""
+    previous = {signum: signal.signal(signum, _raise_interrupt)
+                for signum in (signal.SIGTERM, signal.SIGHUP)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+class DeferredStops:
+    """While the record is being made or closed, a stop signal (a second Ctrl-C, SIGTERM,
+    SIGHUP) is noted instead of abandoning it; ``raise_after`` raises KeyboardInterrupt for
+    it once the block is done. Python runs signal handlers in the main thread only, so this
+    holds whichever thread the signal reached."""
+
+    def __init__(self, raise_after: bool) -> None:
+        self.raise_after = raise_after
+        self.pending: list[int] = []
+        self._previous: dict[int, Any] = {}
+
+    def _note(self, signum: int, _frame: Any) -> None:
+        self.pending.append(signum)
+        _say(True, "stagelab: finishing the run's record first")
+
+    def __enter__(self) -> DeferredStops:
+        self._previous = {signum: signal.signal(signum, self._note) for signum in STOP_SIGNALS}
+        return self
+
+    def __exit__(self, exc_type: Any, *_: Any) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        if self.pending and self.raise_after and exc_type is None:
+            raise KeyboardInterrupt(f"signal {signal.Signals(self.pending[0]).name}")
 
 
 def error_summary(exc: BaseException) -> str:
@@ -189,21 +223,26 @@ def execute_notebook(notebook: NotebookPlan, output: Path, run_dir: Path,
             while worker.is_alive():
                 worker.join(0.2)
         except KeyboardInterrupt:
-            kill_kernels(started)
-            worker.join(30)
+            with DeferredStops(raise_after=False):  # papermill saves what the notebook made
+                kill_kernels(started)
+                worker.join(30)
             raise
     return outcome[0] if outcome else (rundir.FAILED, "papermill stopped without a result")
 
 
 def export_html(run_dir: Path, entry: dict[str, Any]) -> None:
-    """Export one executed notebook's HTML; an export failure is recorded, never fatal."""
-    notebook = Path(run_dir) / entry["output"] if entry.get("output") else None
-    if notebook is None or not notebook.exists():
+    """Export one executed notebook's HTML beside it (its name from the notebook file, never
+    from the record); an export failure is recorded, never fatal."""
+    folder = RunFolder(run_dir)
+    notebook = folder.path / entry["output"] if entry.get("output") else None
+    if notebook is None or not notebook.is_file() or notebook.is_symlink():
         entry["html"] = None
         return
-    entry["html"] = f"{entry['name']}.html"
+    html = folder.html_for(notebook)
+    entry["html"] = html.name
+    entry.pop("html_error", None)
     try:
-        report.export_html(notebook, Path(run_dir) / entry["html"])
+        report.export_html(notebook, html)
     except Exception as exc:
         entry["html"] = None
         entry["html_error"] = error_summary(exc)
@@ -222,7 +261,8 @@ def write_index(recorder: ManifestRecorder) -> None:
 
 def _say(enabled: bool, text: str) -> None:
     if enabled:
-        print(text, file=sys.stderr, flush=True)
+        with contextlib.suppress(OSError):  # a terminal closed under the run (SIGHUP)
+            print(text, file=sys.stderr, flush=True)
 
 
 def run_notebook_step(recorder: ManifestRecorder, index: int, plan: RunPlan,
@@ -246,49 +286,118 @@ def run_notebook_step(recorder: ManifestRecorder, index: int, plan: RunPlan,
         _say(progress, f"{count} warning: the machine was busy: {'; '.join(watch.summary['why'])}")
 
 
-def execute(plan: RunPlan, run_dir: Path, command: list[str] | None = None,
-            progress: bool = True) -> dict[str, Any]:
-    """Run the plan's notebooks in order into ``run_dir``; return the final manifest.
-
-    Raises :class:`~stagelab.rundir.RecordError` when the record itself cannot be written (the
-    manifest then says ``failed`` with the cause, if it can still be written at all).
-    """
-    ensure_kernel()
-    run_dir = Path(run_dir)
+def _record(run_dir: Path, plan: RunPlan, command: list[str] | None) -> ManifestRecorder:
+    """The record of a run that starts now (its hardware is filled in once the run is going)."""
     recorder = ManifestRecorder(run_dir, rundir.new_manifest(
         run_dir, plan.profile, command if command is not None else list(sys.argv),
-        [rundir.notebook_entry(nb.name, nb.parameters) for nb in plan.notebooks],
-        hardware.snapshot()))
+        [rundir.notebook_entry(nb.name, nb.parameters) for nb in plan.notebooks], None))
     recorder.manifest.update(cell_timeout_s=plan.cell_timeout_s,
                              start_timeout_s=plan.start_timeout_s)
-    with _sigterm_as_interrupt():
-        try:
-            recorder.save()
-            write_index(recorder)
-            for index in range(len(plan.notebooks)):
-                run_notebook_step(recorder, index, plan, progress)
-        except RecordError:
-            with contextlib.suppress(OSError):  # show the failure in the index, if there is room
-                report.write_index(run_dir)
-            raise
-        except KeyboardInterrupt as exc:
-            recorder.interrupt(str(exc) or "Ctrl-C")
-            for entry in recorder.manifest["notebooks"]:
-                if entry["status"] == rundir.INTERRUPTED:
-                    export_html(run_dir, entry)
+    return recorder
+
+
+def _run(recorder: ManifestRecorder, plan: RunPlan, progress: bool) -> dict[str, Any]:
+    """The steps of a run whose record is saved; every way out closes the record."""
+    run_dir = recorder.run_dir
+    try:
+        ensure_kernel()
+        recorder.manifest["hardware"] = hardware.snapshot()
+        recorder.save()
+        write_index(recorder)
+        for index in range(len(plan.notebooks)):
+            run_notebook_step(recorder, index, plan, progress)
+    except RecordError:
+        with contextlib.suppress(OSError):  # show the failure in the index, if there is room
+            report.write_index(run_dir)
+        raise
+    except KeyboardInterrupt as exc:
+        return _close_interrupted(recorder, str(exc) or "Ctrl-C")
+    except Exception as exc:  # the runner itself broke: say so in the record, then go on up
+        recorder.record_failure(f"the runner stopped: {error_summary(exc)}")
+        raise
+    with DeferredStops(raise_after=False):  # the run is done: a late Ctrl-C changes nothing
         recorder.finish()
         write_index(recorder)
     return recorder.manifest
 
 
+def _close_interrupted(recorder: ManifestRecorder, reason: str) -> dict[str, Any]:
+    """Record an interrupted run; a second Ctrl-C (or SIGTERM, SIGHUP) does not abandon it."""
+    with DeferredStops(raise_after=False):
+        recorder.interrupt(reason)
+        for entry in recorder.manifest["notebooks"]:
+            if entry["status"] == rundir.INTERRUPTED:
+                export_html(recorder.run_dir, entry)
+        recorder.finish()
+        write_index(recorder)
+    return recorder.manifest
+
+
+def _start(plan: RunPlan, make_folder: Callable[[], Path], command: list[str] | None,
+           progress: bool) -> tuple[Path, dict[str, Any]]:
+    """Make the folder, take its lock and save the first manifest with stop signals deferred
+    (an interrupt then still leaves a listed, ``interrupted`` run), then run."""
+    with stop_signals_as_interrupt():
+        with DeferredStops(raise_after=False) as deferred:
+            run_dir = make_folder()
+            lock = RunFolder(run_dir).hold_lock()
+            try:
+                recorder = _record(run_dir, plan, command)
+                recorder.save()
+            except BaseException:
+                lock.close()
+                raise
+        with contextlib.closing(lock):
+            _say(progress, f"run folder: {run_dir}")
+            if deferred.pending:
+                reason = f"signal {signal.Signals(deferred.pending[0]).name}"
+                return run_dir, _close_interrupted(recorder, reason)
+            return run_dir, _run(recorder, plan, progress)
+
+
+def execute(plan: RunPlan, run_dir: Path, command: list[str] | None = None,
+            progress: bool = True) -> dict[str, Any]:
+    """Run the plan's notebooks in order into an existing, empty ``run_dir``; return the final
+    manifest.
+
+    The run holds the folder's lock until it ends, so ``stagelab report`` never rewrites a live
+    run's record. SIGTERM and SIGHUP stop it as Ctrl-C does. Raises
+    :class:`~stagelab.rundir.RecordError` when the record itself cannot be written (the
+    manifest then says ``failed`` with the cause, if it can still be written at all).
+    """
+    return _start(plan, lambda: Path(run_dir), command, progress)[1]
+
+
+def run(plan: RunPlan, root: Path, command: list[str] | None = None,
+        progress: bool = True) -> tuple[Path, dict[str, Any]]:
+    """Create a run folder under ``root`` (see :func:`stagelab.rundir.new_run_dir`) and run the
+    plan into it (see :func:`execute`); return the folder and its final manifest."""
+    return _start(plan, lambda: rundir.new_run_dir(root, plan.profile), command, progress)
+
+
 def rebuild_report(run_dir: Path) -> Path:
     """Re-export every executed notebook of a run folder, record the HTML, rewrite the index.
 
-    A missing or corrupt manifest is first rebuilt from the folder's notebooks, with a note.
+    Refused (UserError) while the run is live: its runner holds the folder's lock and owns its
+    record. Under the lock, the manifest is read afresh and only the HTML fields change, so a
+    run's final state is never rolled back. A missing or unreadable manifest is first rebuilt
+    from the folder's papermill-executed notebooks, with a note.
     """
-    run_dir = Path(run_dir)
-    manifest = rundir.load_or_rebuild_manifest(run_dir)
-    for entry in manifest.get("notebooks", []):
-        export_html(run_dir, entry)
-    rundir.write_manifest(run_dir, manifest)
-    return report.write_index(run_dir)
+    folder = RunFolder(run_dir)
+    if not folder.path.is_dir():
+        raise UserError(f"{folder.path}: no such folder")
+    if not folder.manifest_path.exists():  # no runner ever held this folder: nothing to lock
+        return _rewrite_report(folder)
+    with folder.locked():
+        return _rewrite_report(folder)
+
+
+def _rewrite_report(folder: RunFolder) -> Path:
+    manifest = rundir.load_or_rebuild_manifest(folder.path)
+    if manifest["status"] == rundir.RUNNING and rundir.process_alive(manifest):
+        raise UserError(f"{folder.path}: the run is still running (pid {manifest.get('pid')} "
+                        f"on {manifest.get('host')}); its runner writes its report")
+    for entry in manifest["notebooks"]:
+        export_html(folder.path, entry)
+    rundir.write_manifest(folder.path, manifest)
+    return report.write_index(folder.path)

@@ -4,29 +4,37 @@ Why plain ``ctypes`` and not ``torch.utils.cpp_extension``: the source uses no t
 one compiler call builds it in about a second with the machine's C++ compiler, and that works on
 the GPU node's host compiler too; ``cpp_extension`` would take about a minute and needs ninja.
 
-The build is cached between runs in ``$STAGELAB_CACHE`` (default ``~/.cache/stagelab``), keyed by a
-hash of the source, the compiler's identity and the flags, beside a ``.log`` that records the
-command and the compiler's identity. It is built atomically (compiled to a temporary name, then
-renamed), so concurrent runs never load half a file. Compiler: ``$CXX``, else ``c++``, ``g++``,
-``clang++``. Where none exists or the build fails, :func:`status` says so with the compiler's
-first error line: there is no stand-in.
+The build is cached between runs in ``$STAGELAB_CACHE`` (default ``~/.cache/stagelab``; where that
+cannot be written, ``.cache/stagelab`` in the repository, then the temp dir), keyed by a hash of
+the source, the compiler's identity and the flags, beside a ``.log`` that records the command and
+the compiler's identity and a ``.json`` stamp of its size and SHA-256. It is built atomically
+(compiled to a temporary name, probe-loaded in a child process, stamped, then renamed), so
+concurrent runs never load half a file and a failed or empty build is never cached. A cached
+build is loaded only once its size, hash and a probe load in a child process agree (a truncated
+file would otherwise kill the process with SIGBUS); otherwise it is built again. Compiler:
+``$CXX``, else ``c++``, ``g++``, ``clang++``. Where none exists or the build fails,
+:func:`status` says so with the compiler's first error line: there is no stand-in.
 """
 
 from __future__ import annotations
 
 import ctypes
 import hashlib
+import json
 import operator
 import os
 import shlex
 import shutil
+import signal
 import subprocess
+import sys
 import tempfile
 from functools import cache
 from pathlib import Path
 
 import torch
 
+from stagelab import paths, records
 from stagelab.errors import NativeUnavailable
 
 SOURCE = Path(__file__).with_name("csrc") / "seed_host.cpp"
@@ -34,11 +42,16 @@ SOURCE = Path(__file__).with_name("csrc") / "seed_host.cpp"
 FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC")
 COMPILERS = ("c++", "g++", "clang++")
 BUILD_TIMEOUT_S = 300
+PROBE_TIMEOUT_S = 60
 
 
-def cache_dir() -> Path:
-    """Where builds are kept: ``$STAGELAB_CACHE``, default ``~/.cache/stagelab``."""
-    return Path(os.environ.get("STAGELAB_CACHE") or Path.home() / ".cache" / "stagelab")
+def cache_dirs() -> list[Path]:
+    """Where builds may be kept, in order: ``$STAGELAB_CACHE`` (default ``~/.cache/stagelab``),
+    then ``.cache/stagelab`` in the repository, then ``stagelab-<uid>`` in the temp dir; the
+    first that holds a verified build, or can take a new one, is used."""
+    first = Path(os.environ.get("STAGELAB_CACHE") or Path.home() / ".cache" / "stagelab")
+    return [first, paths.REPO_ROOT / ".cache" / "stagelab",
+            Path(tempfile.gettempdir()) / f"stagelab-{os.getuid()}"]
 
 
 def find_compiler() -> list[str]:
@@ -72,34 +85,102 @@ def _first_line(text: str) -> str:
     return next((line.strip() for line in text.splitlines() if line.strip()), "no output")
 
 
-def build(compiler: list[str]) -> Path:
-    """The cached shared library for this source, compiler and flags; built here if missing.
-    Raises NativeUnavailable with the compiler's first error line where the build fails."""
-    source = SOURCE.read_bytes()
-    identity = compiler_identity(compiler)
-    key = hashlib.sha256(b"\0".join([source, identity.encode(), " ".join(FLAGS).encode()]))
-    folder = cache_dir()
-    target = folder / f"seed_host-{key.hexdigest()[:16]}.so"
-    if target.exists():
-        return target
-    folder.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=target.stem + ".", suffix=".tmp.so", dir=folder)
+def _digest(path: Path) -> str:
+    with open(path, "rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+def _stamp_path(library: Path) -> Path:
+    """The build's stamp beside it: size and SHA-256 recorded when it was built."""
+    return library.with_suffix(".json")
+
+
+def probe(library: Path) -> str | None:
+    """Load ``library`` in a child process (a truncated file kills that process with SIGBUS,
+    not this one); None when it loads and has the seed's symbols, else why not."""
+    code = ("import ctypes, sys; lib = ctypes.CDLL(sys.argv[1]); "
+            "lib.sl_vector_new; lib.sl_vector_free; lib.sl_gather_logprobs")
+    try:
+        done = subprocess.run([sys.executable, "-c", code, str(library)], capture_output=True,
+                              text=True, timeout=PROBE_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"the probe load failed ({exc})"
+    if done.returncode < 0:
+        return f"loading it killed the probe process ({signal.Signals(-done.returncode).name})"
+    if done.returncode:
+        lines = done.stderr.strip().splitlines()
+        return f"it does not load ({lines[-1] if lines else f'exit {done.returncode}'})"
+    return None
+
+
+def verified(library: Path) -> str | None:
+    """None when a cached library matches the size and hash stamped at its build and loads in
+    a probe process; else why it may not be trusted."""
+    try:
+        stamp = json.loads(_stamp_path(library).read_text())
+        size = library.stat().st_size
+    except (OSError, ValueError) as exc:
+        return f"no readable build stamp ({exc})"
+    if not isinstance(stamp, dict) or stamp.get("size") != size:
+        return f"its size ({size} bytes) is not the one stamped at its build"
+    if stamp.get("sha256") != _digest(library):
+        return "its SHA-256 is not the one stamped at its build"
+    return probe(library)
+
+
+def _compile(compiler: list[str], identity: str, target: Path) -> Path:
+    """Build into a temporary file beside ``target``, check it (non-empty, loads in a probe
+    process), stamp its size and hash, then rename it into place. A failed build leaves nothing
+    behind. OSError when the folder cannot be written; NativeUnavailable when the build fails."""
+    handle, temporary = tempfile.mkstemp(prefix=target.stem + ".", suffix=".tmp.so",
+                                         dir=target.parent)
     os.close(handle)
     command = [*compiler, *FLAGS, "-o", temporary, str(SOURCE)]
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        os.unlink(temporary)
-        raise NativeUnavailable(f"building {SOURCE.name} failed: {exc}") from None
-    if done.returncode != 0:
-        os.unlink(temporary)
-        raise NativeUnavailable(f"building {SOURCE.name} failed: "
-                                f"{_first_line(done.stderr or done.stdout)}")
-    target.with_suffix(".log").write_text(
-        f"command: {shlex.join(command)}\nflags: {' '.join(FLAGS)}\ncompiler: {identity}\n"
-        f"output:\n{done.stdout}{done.stderr}")
-    os.replace(temporary, target)
+        try:
+            done = subprocess.run(command, capture_output=True, text=True,
+                                  timeout=BUILD_TIMEOUT_S)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise NativeUnavailable(f"building {SOURCE.name} failed: {exc}") from None
+        if done.returncode != 0:
+            raise NativeUnavailable(f"building {SOURCE.name} failed: "
+                                    f"{_first_line(done.stderr or done.stdout)}")
+        built = Path(temporary)
+        why = "it is empty" if built.stat().st_size == 0 else probe(built)
+        if why:
+            raise NativeUnavailable(f"building {SOURCE.name} gave an unusable library: {why}")
+        os.chmod(built, 0o755 & ~records.umask())
+        records.write_text_atomic(target.with_suffix(".log"),
+            f"command: {shlex.join(command)}\nflags: {' '.join(FLAGS)}\ncompiler: {identity}\n"
+            f"output:\n{done.stdout}{done.stderr}")
+        records.write_json_atomic(_stamp_path(target), {"size": built.stat().st_size,
+                                                        "sha256": _digest(built)})
+        os.replace(built, target)
+    finally:
+        Path(temporary).unlink(missing_ok=True)
     return target
+
+
+def build(compiler: list[str]) -> Path:
+    """The cached shared library for this source, compiler and flags: a cached build is used
+    only once verified (:func:`verified`), else it is built again, in the first cache folder
+    that can take it (:func:`cache_dirs`). Raises NativeUnavailable with the compiler's first
+    error line where the build fails, or naming each folder where none can be written."""
+    source = SOURCE.read_bytes()
+    identity = compiler_identity(compiler)
+    key = hashlib.sha256(b"\0".join([source, identity.encode(), " ".join(FLAGS).encode()]))
+    name = f"seed_host-{key.hexdigest()[:16]}.so"
+    unusable = []
+    for folder in cache_dirs():
+        target = folder / name
+        if target.is_file() and verified(target) is None:
+            return target
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            return _compile(compiler, identity, target)
+        except OSError as exc:
+            unusable.append(f"{folder} ({exc.strerror or exc})")
+    raise NativeUnavailable(f"no cache folder can take the native build: {'; '.join(unusable)}")
 
 
 def _declare(library: ctypes.CDLL) -> ctypes.CDLL:

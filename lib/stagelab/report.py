@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import base64
 import html
-import json
 import mimetypes
 import re
 from collections.abc import Callable, Mapping
@@ -17,10 +16,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from stagelab import catalogue, machine, trust
+from stagelab import catalogue, machine, records, trust
 from stagelab.errors import UserError
+from stagelab.records import RunFolder
 
-VERDICT_FILE = "verdict.json"
+VERDICT_FILE = RunFolder.VERDICT
 VERDICT_FIGURE = "figures/04_verdict_key.png"
 
 _STYLE = """
@@ -47,8 +47,7 @@ def export_html(notebook_path: Path, html_path: Path) -> Path:
     exporter = HTMLExporter(exclude_input=True, exclude_input_prompt=True,
                             exclude_output_prompt=True)
     body, _ = exporter.from_notebook_node(nbformat.read(str(notebook_path), as_version=4))
-    Path(html_path).write_text(body, encoding="utf-8")
-    return Path(html_path)
+    return records.write_text_atomic(Path(html_path), body)
 
 
 def _esc(value: Any) -> str:
@@ -65,18 +64,17 @@ def _trust_banner(found: list[str]) -> str:
 
 
 def _verdict_section(run_dir: Path, manifest: Mapping[str, Any]) -> str:
-    path = run_dir / VERDICT_FILE
-    if not path.exists():
+    try:
+        verdict = RunFolder(run_dir).read_verdict()
+    except UserError as exc:
+        return (f"<section class='verdict' id='verdict'><p class='decision INCONCLUSIVE'>Verdict "
+                f"unreadable</p><p>{_esc(exc)}</p></section>")
+    if verdict is None:
         return ("<section class='verdict' id='verdict'>"
                 f"{_trust_banner(trust.reasons(run_dir, manifest, {}))}"
                 "<p class='decision INCONCLUSIVE'>No verdict yet</p><p>This run has no "
                 "<code>verdict.json</code>: the verdict notebook did not run or did not finish. "
                 "Nothing below is a decision.</p></section>")
-    try:
-        verdict = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        return (f"<section class='verdict' id='verdict'><p class='decision INCONCLUSIVE'>Verdict "
-                f"unreadable</p><p>{_esc(path)}: {_esc(exc)}</p></section>")
     overall = verdict.get("overall", {})
     decision = _esc(overall.get("decision", "INCONCLUSIVE"))
     parts = [f"<section class='verdict' id='verdict'>"
@@ -390,28 +388,43 @@ def _notebook_section(run_dir: Path, entry: Mapping[str, Any]) -> str:
             f"{body}</section>")
 
 
-def write_single_file(run_dir: Path, out: Path | None = None) -> Path:
-    """Write one self-contained HTML file of a run: the landing page followed by every executed
-    notebook, figures inlined as data: URIs, nothing fetched from elsewhere, so that it can be
-    attached to a review and read offline. Default: ``<run_dir>/<run id>_report.html``."""
-    run_dir = Path(run_dir)
-    if not (run_dir / "manifest.json").is_file():
-        raise UserError(f"{run_dir}: no manifest.json; is it a run folder?")
-    manifest = json.loads((run_dir / "manifest.json").read_text())
-    out = Path(out or run_dir / f"{manifest.get('run_id') or run_dir.name}{SINGLE_FILE_SUFFIX}")
+SINGLE_FILE_COMMAND = "stagelab report --single-file"
+
+
+def single_file_out(run_dir: Path, out: Path | None = None, force: bool = False) -> Path:
+    """Where the single file goes, checked before anything is written: ``out`` (a new file, an
+    earlier single-file report, or with ``force`` anything but a run's record) or
+    ``<run_dir>/<run folder name>_report.html``. UserError naming ``--out`` otherwise."""
+    out = Path(out) if out is not None else Path(run_dir) / f"{Path(run_dir).name}{SINGLE_FILE_SUFFIX}"
     if not out.parent.is_dir():
         raise UserError(f"--out {out}: the folder {out.parent} does not exist")
-    notebooks = [nb for nb in manifest.get("notebooks", []) if (run_dir / nb["output"]).is_file()]
+    return records.claim_output(out, SINGLE_FILE_COMMAND, force)
+
+
+def write_single_file(run_dir: Path, out: Path | None = None, force: bool = False) -> Path:
+    """Write one self-contained HTML file of a run: the landing page followed by every executed
+    notebook, figures inlined as data: URIs, nothing fetched from elsewhere, so that it can be
+    attached to a review and read offline. Default: ``<run_dir>/<run folder name>_report.html``;
+    an existing ``out`` is replaced only as :func:`single_file_out` allows."""
+    from stagelab import rundir
+
+    run_dir = Path(run_dir)
+    if not RunFolder(run_dir).manifest_path.is_file():
+        raise UserError(f"{run_dir}: no manifest.json; is it a run folder?")
+    manifest = rundir.read_manifest(run_dir)
+    out = single_file_out(run_dir, out, force)
+    notebooks = [nb for nb in manifest["notebooks"]
+                 if nb.get("output") and (run_dir / nb["output"]).is_file()]
     anchors = {nb[key]: f"#notebook-{nb['name']}" for nb in notebooks
                for key in ("html", "output") if nb.get(key)}
     landing = write_index(run_dir).read_text(encoding="utf-8")
     head, _, rest = landing.partition("</head>")
     body, _, tail = rest.rpartition("</body>")
     sections = "".join(_notebook_section(run_dir, nb) for nb in notebooks)
-    page = _inline(f"{head}<style>{_NOTEBOOK_STYLE}</style></head>{body}<h2>Notebooks in full</h2>"
-                   f"{sections}</body>{tail}", run_dir, anchors)
+    page = _inline(f"{head}{records.generator_tag(SINGLE_FILE_COMMAND)}<style>{_NOTEBOOK_STYLE}"
+                   f"</style></head>{body}<h2>Notebooks in full</h2>{sections}</body>{tail}",
+                   run_dir, anchors)
     leftover = external_references(page)
     if leftover:
         raise RuntimeError(f"the single-file report would still load {leftover[:5]}")
-    out.write_text(page, encoding="utf-8")
-    return out
+    return records.write_text_atomic(out, page)

@@ -13,11 +13,9 @@ file is gone from the folder is ``missing``. Listing and the report both read it
 from __future__ import annotations
 
 import copy
-import json
 import os
 import socket
 import subprocess
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -27,8 +25,11 @@ from typing import Any
 
 from stagelab import paths
 from stagelab.errors import UserError
+from stagelab.records import RunFolder, UnreadableJSON, write_json_atomic, write_text_atomic
 
-MANIFEST = "manifest.json"
+__all__ = ["RunFolder", "write_json_atomic", "write_text_atomic"]  # kept here for callers
+
+MANIFEST = RunFolder.MANIFEST
 CORRUPT_SUFFIX = ".corrupt"
 
 # Statuses of a run and of each of its notebooks, in one place.
@@ -39,6 +40,8 @@ RUNNING = "running"
 PENDING = "pending"
 MISSING = "missing"
 INTERACTIVE = "interactive"  # run by hand in JupyterLab: the runner cannot know how it ended
+UNREADABLE = "unreadable manifest"  # listed by `stagelab runs`, with the reason
+UNMEASURED = "unmeasured"  # every notebook ran, but no table holds an ok row (all skipped)
 # Notebook statuses that mean "this notebook did not deliver", as listed by ``stagelab runs``.
 NOT_DELIVERED = (FAILED, INTERRUPTED, MISSING)
 
@@ -54,31 +57,6 @@ class RecordError(RuntimeError):
 def now_utc() -> str:
     """The time now, UTC, to the second, ISO 8601."""
     return datetime.now(UTC).isoformat(timespec="seconds")
-
-
-# ------------------------------------------------------------------------------ atomic writes
-
-def write_text_atomic(path: Path, text: str) -> Path:
-    """Write ``text`` to ``path`` through a temporary file in the same folder, then rename.
-
-    On any error the temporary file is removed and the error propagates: the old file, if any,
-    stays whole.
-    """
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
-
-def write_json_atomic(path: Path, payload: Any) -> Path:
-    """Write a JSON document atomically (see :func:`write_text_atomic`)."""
-    return write_text_atomic(path, json.dumps(payload, indent=2, default=str) + "\n")
 
 
 # -------------------------------------------------------------------------------- run folders
@@ -215,13 +193,40 @@ class ManifestRecorder:
         self.manifest["status"] = INTERRUPTED
 
     def finish(self) -> dict[str, Any]:
-        """Close the record: ``failed`` if any notebook did not deliver, else ``ok``."""
+        """Close the record: ``failed`` if any notebook did not deliver, ``unmeasured`` if
+        the tables hold rows but none ok, else ``ok``. Rows per status go in ``measured``."""
+        self.manifest["measured"] = measured_counts(self.run_dir)
         if self.manifest["status"] == RUNNING:
             statuses = {e["status"] for e in self.manifest["notebooks"]}
-            self.manifest["status"] = FAILED if statuses & set(NOT_DELIVERED) else OK
+            measured = self.manifest["measured"]
+            self.manifest["status"] = (FAILED if statuses & set(NOT_DELIVERED) else
+                                       UNMEASURED if measured and not measured.get(OK) else OK)
         self.manifest["finished_utc"] = now_utc()
         self.save()
         return self.manifest
+
+
+def measured_counts(run_dir: Path) -> dict[str, int]:
+    """Rows of the run's tables per status (``{}`` when it has no table); a table that cannot
+    be read counts as ``unreadable``."""
+    import pyarrow.parquet as pq
+
+    counts: dict[str, int] = {}
+    for table in RunFolder(run_dir).tables():
+        try:
+            statuses = pq.read_table(table, columns=["status"]).column("status").to_pylist()
+        except Exception:  # pyarrow raises several types for a damaged file
+            statuses = ["unreadable"]
+        for status in statuses:
+            counts[str(status)] = counts.get(str(status), 0) + 1
+    return counts
+
+
+def nothing_measured(manifest: Mapping[str, Any]) -> str:
+    """The status line of a run that measured nothing, e.g. ``nothing measured (12 skipped)``."""
+    counts = manifest.get("measured") or {}
+    detail = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+    return f"nothing measured ({detail or 'no rows'})"
 
 
 def _os_reason(exc: OSError) -> str:
@@ -231,20 +236,22 @@ def _os_reason(exc: OSError) -> str:
 # ----------------------------------------------------------------------------------- reading
 
 def read_manifest(run_dir: Path) -> dict[str, Any]:
-    """A run folder's manifest; UserError naming the file when it is missing or corrupt."""
-    path = Path(run_dir) / MANIFEST
+    """A run folder's manifest, shape-checked; UserError naming the file when it is missing,
+    corrupt or of the wrong shape."""
+    folder = RunFolder(run_dir)
     try:
-        return json.loads(path.read_text())
+        return folder.read_manifest()
     except FileNotFoundError as exc:
-        raise UserError(f"{path}: no manifest; is {run_dir} a run folder?") from exc
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UserError(f"{path}: cannot be read ({exc}); `stagelab report {run_dir}` rebuilds "
-                        "it from the folder's notebooks") from exc
+        raise UserError(f"{folder.manifest_path}: no manifest; is {run_dir} a run folder?") \
+            from exc
+    except UnreadableJSON as exc:
+        raise UserError(f"{exc}; `stagelab report {run_dir}` rebuilds it from the folder's "
+                        "notebooks") from exc
 
 
 def write_manifest(run_dir: Path, manifest: Mapping[str, Any]) -> Path:
     """Write a manifest atomically."""
-    return write_json_atomic(Path(run_dir) / MANIFEST, manifest)
+    return RunFolder(run_dir).write_manifest(dict(manifest))
 
 
 def process_alive(manifest: Mapping[str, Any]) -> bool:
@@ -290,12 +297,18 @@ def effective_manifest(run_dir: Path, manifest: Mapping[str, Any] | None = None)
 
 # ----------------------------------------------------------------------- rebuilding a manifest
 
-def _notebook_outcome(path: Path) -> tuple[str, dict[str, Any], float | None, str | None]:
-    """Status, parameters, duration and error of an executed notebook, from papermill's metadata."""
+def _notebook_outcome(path: Path) -> tuple[str, dict[str, Any], float | None, str | None] | None:
+    """Status, parameters, duration and error of a notebook papermill executed, from its
+    metadata; None for a notebook papermill never ran (or one that cannot be read)."""
     import nbformat
 
-    nb = nbformat.read(str(path), as_version=4)
-    meta = nb.metadata.get("papermill", {})
+    try:
+        nb = nbformat.read(str(path), as_version=4)
+    except Exception:  # nbformat raises several types for a damaged file
+        return None
+    meta = nb.metadata.get("papermill")
+    if not isinstance(meta, dict):
+        return None
     params = {k: v for k, v in (meta.get("parameters") or {}).items() if k != "run_dir"}
     if meta.get("exception"):
         errors = [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
@@ -312,23 +325,22 @@ def rebuild_manifest(run_dir: Path, reason: str) -> dict[str, Any]:
     The unreadable file is kept beside it as ``manifest.json.corrupt``.
     """
     run_dir = Path(run_dir)
-    notebooks = sorted(run_dir.glob("*.ipynb"))
-    if not notebooks:
-        raise UserError(f"{run_dir}: no readable manifest (it {reason}) and no executed notebook "
-                        "to rebuild it from; is it a run folder?")
+    outcomes = {path: _notebook_outcome(path) for path in RunFolder(run_dir).notebooks()}
+    executed = {path: outcome for path, outcome in outcomes.items() if outcome is not None}
+    if not executed:
+        raise UserError(f"{run_dir}: no readable manifest (it {reason}) and no notebook executed "
+                        "by papermill to rebuild it from; is it a run folder?")
     entries = []
-    for path in notebooks:
-        status, params, duration, error = _notebook_outcome(path)
+    for path, (status, params, duration, error) in executed.items():
         entry = notebook_entry(path.stem, params, status)
         entry.update(duration_s=duration, error=error)
         entries.append(entry)
     if (run_dir / MANIFEST).exists():
         os.replace(run_dir / MANIFEST, run_dir / (MANIFEST + CORRUPT_SUFFIX))
     profile = run_dir.name.rsplit("_", 1)[-1].split("-")[0] if "_" in run_dir.name else None
-    hardware_file = run_dir / "hardware.json"
     try:
-        hardware = json.loads(hardware_file.read_text()) if hardware_file.exists() else None
-    except (OSError, json.JSONDecodeError):
+        hardware = RunFolder(run_dir).read_hardware()
+    except UserError:
         hardware = None
     statuses = {e["status"] for e in entries}
     manifest = {
@@ -345,14 +357,14 @@ def rebuild_manifest(run_dir: Path, reason: str) -> dict[str, Any]:
 
 
 def load_or_rebuild_manifest(run_dir: Path) -> dict[str, Any]:
-    """The manifest, rebuilt from the notebooks (with a note) when it is missing or corrupt."""
-    path = Path(run_dir) / MANIFEST
+    """The manifest, rebuilt from the notebooks (with a note) when it is missing or not JSON;
+    a manifest of the wrong shape is refused in one line (BadRecord), never rewritten."""
     try:
-        return json.loads(path.read_text())
+        return RunFolder(run_dir).read_manifest()
     except FileNotFoundError:
         return rebuild_manifest(run_dir, "was missing")
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        return rebuild_manifest(run_dir, f"could not be read ({exc})")
+    except UnreadableJSON as exc:
+        return rebuild_manifest(run_dir, f"could not be read ({exc.__cause__})")
 
 
 # ----------------------------------------------------------------------------------- listing
@@ -367,6 +379,7 @@ class RunSummary:
     created_utc: str | None = None
     device: str | None = None
     notebooks: tuple[tuple[str, str], ...] = ()
+    problem: str | None = None  # why the manifest is unreadable, in one line
 
     def not_delivered(self, status: str) -> list[str]:
         """The notebooks with this status."""
@@ -378,16 +391,17 @@ def summarize(run_dir: Path) -> RunSummary:
     run_dir = Path(run_dir)
     try:
         manifest = effective_manifest(run_dir)
-    except UserError:
-        return RunSummary(run_dir.name, "unreadable manifest")
+    except UserError as exc:
+        return RunSummary(run_dir.name, UNREADABLE, problem=str(exc))
     gpu = (manifest.get("hardware") or {}).get("gpu")
     return RunSummary(
-        run_id=manifest.get("run_id") or run_dir.name, status=manifest["status"],
+        run_id=run_dir.name, status=manifest["status"],
         profile=manifest.get("profile"), created_utc=manifest.get("created_utc"),
-        device=gpu["name"] if gpu else "cpu",
+        device=(gpu.get("name") or "unnamed GPU") if gpu else "cpu",
         notebooks=tuple((e["name"], e["status"]) for e in manifest.get("notebooks", [])))
 
 
 def list_runs(root: Path = paths.RUNS_DIR) -> list[RunSummary]:
-    """One summary per run folder under ``root``, oldest first."""
-    return [summarize(path.parent) for path in sorted(Path(root).glob(f"*/{MANIFEST}"))]
+    """One summary per run folder under ``root`` (dot-folders left out), oldest first."""
+    return [summarize(path.parent) for path in sorted(Path(root).glob(f"*/{MANIFEST}"))
+            if not path.parent.name.startswith(".")]

@@ -44,8 +44,6 @@ note       str     why a row is unavailable, skipped or failed, or other plain-w
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -53,6 +51,7 @@ from typing import Any
 import pandas as pd
 
 from stagelab.errors import SchemaError
+from stagelab.records import atomic_target
 
 COLUMN_DTYPES: dict[str, str] = {
     "run_id": "string",
@@ -133,14 +132,8 @@ def write_table(frame: pd.DataFrame, run_dir: Path | str, name: str) -> Path:
     path = table_path(run_dir, name)
     path.parent.mkdir(parents=True, exist_ok=True)
     frame = conform(frame)
-    handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{name}.", suffix=".tmp")
-    os.close(handle)
-    try:
-        frame.to_parquet(tmp, index=False)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    with atomic_target(path) as temporary:
+        frame.to_parquet(temporary, index=False)
     return path
 
 

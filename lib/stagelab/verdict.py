@@ -20,15 +20,15 @@ folder gives the same file. Torch-free.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from stagelab import analysis, calibration, catalogue, schema, stats
+from stagelab import analysis, calibration, catalogue, records, schema, stats
 from stagelab.catalogue import aa_name
+from stagelab.errors import UserError
 
 TABLES = catalogue.tables()
 BASELINE, CANDIDATE = catalogue.baseline(catalogue.STEP), catalogue.candidate(catalogue.STEP)
@@ -218,18 +218,28 @@ def _prompt_summary(prompt: pd.DataFrame | None) -> dict[str, Any] | None:
                       if not pd.isna(r["bytes"])]}
 
 
-def reference_verdicts(reference_root: Path) -> list[dict[str, Any]]:
-    """Verdicts committed as evidence under ``data/reference/<gpu>/<run id>/``, labelled."""
+def reference_verdicts(reference_root: Path) -> tuple[list[dict[str, Any]], list[str]]:
+    """Verdicts kept as evidence under ``data/reference/<machine>/<run id>/`` (labelled), and a
+    sentence naming each folder or file that was not read as evidence, and why: hidden folders
+    (a keep that was stopped), folders without ``kept.json``, records of the wrong shape."""
+    root = Path(reference_root)
+    folders, skipped = records.kept_folders(root)
     found = []
-    for path in sorted(Path(reference_root).glob("*/*/verdict.json")):
-        data = json.loads(path.read_text())
-        kept = path.parent / "kept.json"
-        label = json.loads(kept.read_text()) if kept.exists() else {}
-        found.append({"path": str(path.relative_to(reference_root)),
-                      "hardware": data.get("hardware"), "overall": data.get("overall"),
-                      "run_id": data.get("run_id"), "forced": bool(label.get("forced")),
+    for folder in folders:
+        where = folder.path.relative_to(root).as_posix()
+        try:
+            data, label = folder.read_verdict(), folder.read_kept() or {}
+        except UserError as exc:
+            skipped.append(f"{where}: {exc}")
+            continue
+        if data is None:
+            skipped.append(f"{where}: no {records.RunFolder.VERDICT}")
+            continue
+        found.append({"path": f"{where}/{records.RunFolder.VERDICT}",
+                      "hardware": data.get("hardware"), "overall": data["overall"],
+                      "run_id": folder.name, "forced": bool(label.get("forced")),
                       "status": label.get("status")})
-    return found
+    return found, skipped
 
 
 def findings(verdict: dict[str, Any], tables: dict[str, pd.DataFrame]) -> list[str]:
@@ -280,6 +290,7 @@ def findings(verdict: dict[str, Any], tables: dict[str, pd.DataFrame]) -> list[s
         out.append(f"Prompt logprobs: chunk {rec['chunk']} recommended for {rec['arm']} "
                    f"({rec['reason']}).")
     out.extend(verdict["missing"])
+    out.extend(f"Not read as reference evidence: {why}." for why in verdict["reference_skipped"])
     for ref in verdict["reference"]:
         hardware = ref.get("hardware") or {}
         machine = hardware.get("gpu") or f"CPU only, {hardware.get('cpu') or 'unknown CPU'}"
@@ -343,9 +354,9 @@ def build_verdict(run_dir: Path | str, *, decisive_rows: list[int], decisive_voc
                             **kwargs) for n, v, k in named]
     step_levers = [] if step is None else analysis.lever_savings(step, seed=seed).to_dict(
         "records")
-    manifest_path = run_dir / "manifest.json"
-    hardware = json.loads(manifest_path.read_text()).get("hardware", {}) if (
-        manifest_path.exists()) else {}
+    folder = records.RunFolder(run_dir)
+    hardware = ((folder.read_manifest().get("hardware") or {})
+                if folder.manifest_path.exists() else {})
     goals = []
     if staging is not None:
         goals += analysis.staging_goals(staging, hardware)
@@ -370,8 +381,9 @@ def build_verdict(run_dir: Path | str, *, decisive_rows: list[int], decisive_voc
         "prompt_logprobs": _prompt_summary(tables.get("prompt_logprobs")),
         "calibration": calibrate_rule(decisive, calibration_trials, delta, seed),
         "missing": missing,
-        "reference": reference_verdicts(reference_root) if reference_root else [],
     }
+    verdict["reference"], verdict["reference_skipped"] = (
+        reference_verdicts(reference_root) if reference_root else ([], []))
     verdict = _plain(verdict)
     verdict["findings"] = findings(verdict, tables)
     return verdict
