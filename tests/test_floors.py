@@ -27,7 +27,7 @@ FLOORS: dict[str, tuple[str, ...]] = {
     # torch-free analysis of tidy tables: comparisons, the decision, the verdict
     "analyse": ("stats", "calibration", "analysis", "trust", "verdict"),
     # torch-free presentation of a run: figures, pages, kept evidence
-    "present": ("machine", "plots", "report", "compare", "evidence"),
+    "present": ("machine", "tables", "plots", "report", "compare", "evidence"),
     # the run: its plan and checks, notebooks' context, the runner and the command line
     "run": ("params", "profiles", "context", "execute", "cli", "__main__"),
 }

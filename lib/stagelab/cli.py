@@ -18,11 +18,23 @@ from stagelab.errors import UserError
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
+def profile_names() -> str:
+    """The profiles of the profiles file, read through its loader, for the help texts."""
+    try:
+        from stagelab import profiles
+
+        return ", ".join(profiles.load_profiles())
+    except (ImportError, UserError) as exc:
+        return f"none readable ({exc})"
+
+
 def _parser() -> argparse.ArgumentParser:
+    names = profile_names()
     parser = argparse.ArgumentParser(prog="stagelab", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="execute a profile's notebooks into a new run folder")
-    run.add_argument("--profile", default="quick", help="a profile of profiles.yaml (quick, full)")
+    run.add_argument("--profile", default="quick",
+                     help=f"a profile of {paths.PROFILES_FILE.name}: {names}")
     run.add_argument("--only", nargs="+", default=[], metavar="NOTEBOOK",
                      help="run only these notebooks of the profile")
     run.add_argument("--param", action="append", default=[], metavar="NOTEBOOK.KEY=VALUE",
@@ -57,7 +69,7 @@ def _parser() -> argparse.ArgumentParser:
         "and hidden syncs of the device paths; print a table and write preflight.json. "
         "Exit status: 0 go, 3 no-go (the blocking reasons are printed), 2 a bad request.")
     pre.add_argument("--profile", default="quick",
-                     help="the profile whose largest cell must fit in free memory")
+                     help=f"the profile whose largest cell must fit in free memory: {names}")
     pre.add_argument("--out", type=Path, default=None,
                      help="preflight.json's path, or a folder for it "
                           "(default papermill_runs/preflight.json)")
