@@ -81,22 +81,27 @@ def hardware_summary(snapshot: dict[str, Any] | None) -> dict[str, Any]:
 def compare(frame: pd.DataFrame, baseline: str, candidate: str, by: Sequence[str], *,
             stage: str = "total", twin: bool = False, confidence: float = 0.95,
             seed: int = 0) -> pd.DataFrame:
-    """Per cell of ``by``: the candidate's paired speedup over the baseline with its CI, the ms it
-    saves per call, and, with ``twin``, the A/A speedup of the baseline over its twin."""
+    """Per cell of ``by``: the candidate's paired speedup over the baseline (ratio of mean times)
+    with its CI, the ms it saves per call on average, and, with ``twin``, the A/A speedup of the
+    baseline over its twin. A cell whose timings are not positive and finite gets no speedup and
+    a ``note`` saying why."""
     out = []
     for key, part in cells(frame, by):
         base, cand = paired_rounds(part, baseline, candidate, stage=stage)
         row: dict[str, Any] = {**key, "baseline": baseline, "candidate": candidate,
                                "n_rounds": len(base)}
-        if len(base) >= 2:
-            row["speedup"], row["ci_low"], row["ci_high"] = stats.paired_speedup(
-                base, cand, confidence=confidence, seed=seed)
-            row["saved_ms"] = 1e3 * float(np.median(base) - np.median(cand))
-        if twin:
-            a, b = paired_rounds(part, baseline, aa_name(baseline), stage=stage)
-            if len(a) >= 2:
-                row["twin_speedup"], row["twin_ci_low"], row["twin_ci_high"] = (
-                    stats.paired_speedup(a, b, confidence=confidence, seed=seed))
+        try:
+            if len(base) >= 2:
+                row["speedup"], row["ci_low"], row["ci_high"] = stats.paired_speedup(
+                    base, cand, confidence=confidence, seed=seed)
+                row["saved_ms"] = 1e3 * float(np.mean(base) - np.mean(cand))
+            if twin:
+                a, b = paired_rounds(part, baseline, aa_name(baseline), stage=stage)
+                if len(a) >= 2:
+                    row["twin_speedup"], row["twin_ci_low"], row["twin_ci_high"] = (
+                        stats.paired_speedup(a, b, confidence=confidence, seed=seed))
+        except stats.BadTimings as exc:
+            row["note"] = f"bad timings: {exc}"
         out.append(row)
     return pd.DataFrame(out)
 
