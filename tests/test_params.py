@@ -43,6 +43,13 @@ BAD = [
     ("04_verdict.decisive_rows=[]", "04_verdict.decisive_rows: [] is empty"),
     ("02_logprobs_step.arms=[fused]", "02_logprobs_step.aa_arm: 'seed_pageable' must be in arms"),
     ("01_d2h_staging.run_dir=/tmp/elsewhere", "01_d2h_staging.run_dir is set by the runner"),
+    # Before: a duplicate size was measured twice, a top-K above V failed inside the run.
+    ("01_d2h_staging.rows=[16, 64, 16]", "01_d2h_staging.rows: [16, 64, 16] names 16 twice"),
+    ("02_logprobs_step.ks=[0, 5, 5]", "02_logprobs_step.ks: [0, 5, 5] names 5 twice"),
+    ("02_logprobs_step.ks=[5, 200000]", "02_logprobs_step.ks: top-K 200000 exceeds the "
+                                        "vocabulary of Qwen2.5-7B (152064); K can be at most V"),
+    ("03_prompt_logprobs.vocab=100", "03_prompt_logprobs.k: top-K 5 exceeds the vocabulary of 100"),
+    ("04_verdict.decisive_ks=[300000]", "04_verdict.decisive_ks: top-K 300000 exceeds"),
 ]
 
 

@@ -93,9 +93,13 @@ def _items(value: Any) -> list[Any]:
 
 def _each(check: Callable[[Any], None]) -> Validator:
     def validator(value: Any, _: Mapping[str, Any] | None = None) -> None:
-        for item in _items(value):
+        items = _items(value)
+        for item in items:
             check(item)
-    validator.__doc__ = f"A non-empty list, each item checked by {check.__name__}."
+        twice = next((item for i, item in enumerate(items) if item in items[:i]), None)
+        if twice is not None:
+            raise ValueError(f"{items!r} names {twice!r} twice (a cell would be measured twice)")
+    validator.__doc__ = f"A non-empty list, each item checked by {check.__name__}, each once."
     return validator
 
 
@@ -128,10 +132,15 @@ def _subset(registry: Callable[[], Iterable[str]], what: str) -> Validator:
 
 
 @lru_cache(maxsize=4)
+def model_vocabs(path: Path = paths.MODEL_SHAPES_FILE) -> dict[str, int]:
+    """The vocabulary size of each model of ``data/model_shapes.csv``."""
+    with open(path, newline="") as handle:
+        return {row["model"]: int(row["vocab"]) for row in csv.DictReader(handle)}
+
+
 def known_models(path: Path = paths.MODEL_SHAPES_FILE) -> tuple[str, ...]:
     """The model names of ``data/model_shapes.csv``."""
-    with open(path, newline="") as handle:
-        return tuple(row["model"] for row in csv.DictReader(handle))
+    return tuple(model_vocabs(path))
 
 
 def model_or_vocab(value: Any, _: Mapping[str, Any] | None = None) -> None:
@@ -232,3 +241,34 @@ def validate(notebook: str, values: Mapping[str, Any], chosen: Iterable[str] = (
             check(value, values)
         except ValueError as exc:
             raise UserError(f"{notebook}.{name}: {exc}") from None
+    check_top_k(notebook, values)
+
+
+# Each top-K parameter and the parameters that give its vocabularies (the first that is set).
+TOP_K_VOCABS = {"ks": ("models",), "decisive_ks": ("decisive_models",), "k": ("vocab", "model")}
+
+
+def _vocab(item: Any) -> int | None:
+    if isinstance(item, bool):
+        return None
+    return item if isinstance(item, int) else model_vocabs().get(item)
+
+
+def check_top_k(notebook: str, values: Mapping[str, Any]) -> None:
+    """Refuse a top-K above the smallest vocabulary it is asked of (each value already checked
+    alone): UserError ``notebook.parameter: ...``."""
+    for k_name, vocab_names in TOP_K_VOCABS.items():
+        ks = values.get(k_name)
+        given = next((values[n] for n in vocab_names if values.get(n)), None)
+        if ks is None or given is None:
+            continue
+        items = given if isinstance(given, (list, tuple)) else [given]
+        sized = [(item, vocab) for item in items if (vocab := _vocab(item))]
+        largest = max(ks) if isinstance(ks, (list, tuple)) else ks
+        if not sized or not isinstance(largest, int):
+            continue
+        item, vocab = min(sized, key=lambda pair: pair[1])
+        if largest > vocab:
+            of = f"{item} ({vocab})" if item != vocab else str(vocab)
+            raise UserError(f"{notebook}.{k_name}: top-K {largest} exceeds the vocabulary of "
+                            f"{of}; K can be at most V")
