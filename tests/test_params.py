@@ -48,7 +48,7 @@ BAD = [
     ("02_logprobs_step.ks=[0, 5, 5]", "02_logprobs_step.ks: [0, 5, 5] names 5 twice"),
     ("02_logprobs_step.ks=[5, 200000]", "02_logprobs_step.ks: top-K 200000 exceeds the "
                                         "vocabulary of Qwen2.5-7B (152064); K can be at most V"),
-    ("03_prompt_logprobs.vocab=100", "03_prompt_logprobs.k: top-K 5 exceeds the vocabulary of 100"),
+    ("03_prompt_logprobs.vocab=4", "03_prompt_logprobs.k: top-K 5 exceeds the vocabulary of 4"),
     ("04_verdict.decisive_ks=[300000]", "04_verdict.decisive_ks: top-K 300000 exceeds"),
 ]
 
