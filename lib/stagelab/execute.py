@@ -1,8 +1,9 @@
 """Executing a run: each notebook through papermill, in a kernel of its own, under time limits.
 
 The steps are named and the state lives in one :class:`~stagelab.rundir.ManifestRecorder`:
-start the record, then for each notebook start it, execute it, export its HTML, record how it
-ended; finally close the record. A failing notebook is recorded ``failed`` (its partial output
+start the record, then for each notebook start it, execute it while watching the machine's load
+(:mod:`stagelab.busy`, recorded as the entry's ``load``), export its HTML, record how it ended;
+finally close the record. A failing notebook is recorded ``failed`` (its partial output
 kept) and the next one still runs; Ctrl-C or SIGTERM records ``interrupted`` and stops.
 
 Every kernel talks over IPC sockets in a private temporary folder that is removed afterwards, so

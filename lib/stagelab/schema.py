@@ -16,7 +16,9 @@ metric     str     ``time`` for timings; otherwise what ``bytes``/``value`` hold
                    bytes: ``peak_host_bytes``, ``peak_device_bytes``, ``predicted_peak_bytes``,
                    ``pinned_bytes_held``; value: ``allocations``, ``pcie_tx_bytes_per_s``,
                    ``max_abs_error``, ``rank_mismatches``, ``id_mismatches``,
-                   ``bitwise_equal`` (1 or 0)
+                   ``bitwise_equal`` (1 or 0), ``order_seed`` (the seed of a cell's balanced
+                   arm order), ``rounds`` (rounds a cell ran; the note says why it stopped),
+                   ``forward_ms`` (device work queued before each step, ms)
 device     str     where the source lived: ``cpu`` or ``cuda:0 <name>``
 model      str     model whose shape was used, empty when sizes were given as numbers
 rows       int     rows per step (``n``) or scored prompt positions (``T - 1``)
@@ -26,8 +28,11 @@ k          int     top-K logprobs requested, else missing
 chunk      int     prompt-logprob chunk rows, else missing (unchunked: equal to ``rows``)
 overlap    bool    whether the copy overlapped compute (prompt logprobs), else missing
 dtype      str     element type of the tensor that was moved or scored
+log_softmax str    where the seed arms ran the log-softmax: ``device`` or ``host`` (the step),
+                   else missing
 round      int     the round (interleaved arms of one round share it: samples pair by it);
                    warm-up rounds are not recorded
+position   int     the sample's place in its round (0 = first), from the balanced order
 seconds    float   the primary timer's reading (CUDA events on a GPU, else ``perf_counter``)
 host_seconds float host-clock reading of the same round, to cross-check events; else missing
 clock_agrees bool  whether the host clock agreed with the CUDA events on this round (within
@@ -68,7 +73,9 @@ COLUMN_DTYPES: dict[str, str] = {
     "chunk": "Int64",
     "overlap": "boolean",
     "dtype": "string",
+    "log_softmax": "string",
     "round": "Int64",
+    "position": "Int64",
     "seconds": "float64",
     "host_seconds": "float64",
     "clock_agrees": "boolean",
@@ -82,6 +89,8 @@ COLUMN_DTYPES: dict[str, str] = {
 COLUMNS: tuple[str, ...] = tuple(COLUMN_DTYPES)
 # Columns renamed since evidence was first kept: read under their new names.
 LEGACY_COLUMNS: dict[str, str] = {"repeat": "round"}
+# Columns added since evidence was first kept: missing in older tables, read as missing values.
+ADDED_COLUMNS: tuple[str, ...] = ("position", "log_softmax")
 STATUSES = ("ok", "unavailable", "skipped", "failed")
 _DEFAULTS: dict[str, Any] = {"stage": "total", "metric": "time", "model": "", "timer": "",
                              "status": "ok", "note": ""}
@@ -162,6 +171,9 @@ def read_table(run_dir: Path | str, name: str) -> pd.DataFrame:
         raise FileNotFoundError(f"{path}: no such table in this run")
     try:
         frame = pd.read_parquet(path).rename(columns=LEGACY_COLUMNS)
+        for column in ADDED_COLUMNS:
+            if column not in frame.columns:
+                frame[column] = pd.NA
     except Exception as exc:  # pyarrow raises several types for a damaged file
         raise SchemaError(f"{path}: cannot be read as a parquet table ({exc})") from exc
     try:

@@ -28,7 +28,7 @@ from typing import Callable, ContextManager, Iterable
 import torch
 from tqdm.auto import tqdm
 
-from stagelab import bench, memory
+from stagelab import bench, design, memory
 from stagelab.paths import HEADLESS_ENV
 from stagelab.errors import InsufficientMemory
 from stagelab.schema import TableSink
@@ -71,9 +71,30 @@ def check_memory(cell: Cell, device: str) -> None:
                           f"{cell.label} on {device}")
 
 
+def memory_plan(cell: Cell, device: str) -> str:
+    """Before a cell runs, in Markdown: the memory it needs at its largest, what is free, and
+    whether it fits or will be refused (recorded ``skipped``, nothing large allocated)."""
+    on_gpu = torch.device(device).type == "cuda"
+    needed = cell.device_bytes if on_gpu else cell.host_bytes
+    free = memory.free_device_bytes(device) if on_gpu else memory.free_host_bytes()
+    where = device if on_gpu else "the host"
+    try:
+        check_memory(cell, device)
+    except InsufficientMemory as exc:
+        return (f"**Refused before it starts: {exc}.** Nothing large is allocated and the cell "
+                "is recorded skipped; lower the sizes in the parameters to measure it here.")
+    if free is None:
+        return (f"Memory: {cell.label} needs about {needed / 2**30:.1f} GiB on {where} at its "
+                "largest; free memory cannot be read here, so it is not checked.")
+    return (f"Memory: {cell.label} needs about {needed / 2**30:.1f} GiB on {where} at its "
+            f"largest; {free / 2**30:.1f} GiB is free, so it fits.")
+
+
 def measure_cell(cell: Cell, prepare: Callable[[Cell], CellPlan], *, rounds: int, warmup: int,
-                 seed: int, device: str) -> list[dict]:
-    """Every record of one cell: timings, or the rows that say why there are none."""
+                 seed: int, device: str, run: str = "",
+                 precision: bench.Precision | None = None) -> list[dict]:
+    """Every record of one cell: timings, or the rows that say why there are none. The arms'
+    order is balanced and seeded per run and cell (:func:`stagelab.design.order_seed`)."""
     if cell.invalid:
         return rows_for_arms(cell, cell.arms, "skipped", cell.invalid)
     try:
@@ -88,8 +109,9 @@ def measure_cell(cell: Cell, prepare: Callable[[Cell], CellPlan], *, rounds: int
         record["note"] = reason
     if plan.calls:
         with plan.monitor or contextlib.nullcontext():
-            timings = bench.interleaved(plan.calls, rounds=rounds, warmup=warmup, seed=seed,
-                                        device=device)
+            timings = bench.interleaved(
+                plan.calls, rounds=rounds, warmup=warmup, device=device, precision=precision,
+                seed=design.order_seed(f"{run}:{seed}", cell.label))
         annotate = plan.annotate or (lambda record: record)
         records += [annotate({**cell.sizes, **timing}) for timing in timings]
     if plan.after is not None:
@@ -110,18 +132,22 @@ def guarded(name: str, check: Callable[..., list[dict]], *args: object) -> list[
 
 def run(cells: list[Cell], prepare: Callable[[Cell], CellPlan], *, rounds: int,
         warmup: int = 2, seed: int = 0, device: str, sink: TableSink | None = None,
-        label: str = "sweep", progress: bool = True) -> list[dict]:
-    """Measure every cell in order; write the table after each one when a sink is given."""
+        label: str = "sweep", progress: bool = True,
+        precision: bench.Precision | None = None) -> list[dict]:
+    """Measure every cell in order; write the table after each one when a sink is given. The
+    sink's run id seeds each cell's arm order, with ``seed``; ``precision`` adds rounds until
+    precise (:class:`stagelab.bench.Precision`)."""
     if rounds <= 0:
         raise ValueError(f"rounds must be positive, got {rounds}")
     if warmup < 0:
         raise ValueError(f"warmup must be >= 0, got {warmup}")
     headless = bool(os.environ.get(HEADLESS_ENV))
+    run = str(getattr(sink, "common", {}).get("run_id", ""))
     records: list[dict] = []
     with tqdm(total=len(cells), desc=label, disable=not progress or headless) as bar:
         for index, cell in enumerate(cells, 1):
             found = measure_cell(cell, prepare, rounds=rounds, warmup=warmup, seed=seed,
-                                 device=device)
+                                 device=device, run=run, precision=precision)
             records += found
             if sink is not None:
                 sink.append(found)

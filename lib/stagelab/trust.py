@@ -85,3 +85,12 @@ def headline(found: list[str]) -> str:
         return ""
     return ("TIMINGS NOT TRUSTWORTHY: " + "; ".join(found)
             + ". Run it again on a quiet machine before relying on these figures.")
+
+
+def warning_markdown(run_dir: Path, verdict: Mapping[str, Any]) -> str:
+    """The warning for a notebook's verdict box, in Markdown ('' when trustworthy)."""
+    found = reasons(run_dir, verdict=verdict)
+    if not found:
+        return ""
+    return ("**TIMINGS NOT TRUSTWORTHY**: run it again on a quiet machine before relying on "
+            "these figures.\n\n" + "\n".join(f"- {reason}" for reason in found))
