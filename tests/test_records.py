@@ -10,21 +10,20 @@ import shutil
 import signal
 import stat
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import jsonschema
 import pytest
-from conftest import tiny_cli, write_notebook
-from test_compare import make_run
-from test_evidence import good_run
-from test_runner import _start_sleepy, fake_run, run_tiny
 
+from conftest import tiny_cli, write_notebook
 from stagelab import cli, evidence, execute, paths, profiles, records, report, rundir, schema
 from stagelab import verdict as verdict_module
 from stagelab.errors import BadRecord, UserError
 from stagelab.records import RunFolder
+from test_compare import make_run
+from test_evidence import good_run
+from test_runner import _start_sleepy, fake_run
 
 KEPT_CPU_RUN = paths.REFERENCE_DIR / "cpu" / "20261130T141659Z_vm_quick"
 

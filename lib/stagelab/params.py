@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import csv
 import math
+from collections.abc import Callable, Iterable, Mapping
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 from stagelab import catalogue, paths
 from stagelab.errors import UserError
