@@ -14,7 +14,8 @@ double-buffer code runs with an engine that copies at once.
 
 from __future__ import annotations
 
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 import torch
 
