@@ -1,32 +1,117 @@
-"""Interleaved timing (the statistics are tested in test_stats.py)."""
+"""Interleaved timing in a balanced order, and rounds until precise (the statistics are tested in
+test_stats.py)."""
 
 from __future__ import annotations
 
+import itertools
+from collections import Counter
+
 import pytest
 
-from stagelab import bench
+from stagelab import bench, design
 
 
-def test_interleaved_discards_warmup_and_shuffles_each_round():
+def _timings(records):
+    return [r for r in records if r.get("stage") == "total"]
+
+
+def test_interleaved_discards_warmup_and_changes_the_order_between_rounds():
     calls: list[tuple[str, int]] = []
     arms = {name: (lambda r, name=name: calls.append((name, r))) for name in "abcd"}
     records = bench.interleaved(arms, rounds=5, warmup=2, seed=3)
-    assert len(calls) == 4 * 7 and len(records) == 4 * 5
-    assert sorted({r["round"] for r in records}) == [0, 1, 2, 3, 4]
+    assert len(calls) == 4 * 7 and len(_timings(records)) == 4 * 5
+    assert sorted({r["round"] for r in _timings(records)}) == [0, 1, 2, 3, 4]
     orders = {tuple(name for name, r in calls if r == i) for i in range(7)}
     assert len(orders) > 1, "the order must change between rounds"
     again: list[tuple[str, int]] = []
     bench.interleaved({n: (lambda r, n=n: again.append((n, r))) for n in "abcd"}, rounds=5,
                       warmup=2, seed=3)
     assert again == calls  # the same seed gives the same order
+    seeds = [r for r in records if r.get("metric") == "order_seed"]
+    assert len(seeds) == 1 and seeds[0]["value"] == 3.0
+
+
+@pytest.mark.parametrize("arms, rounds", [(2, 7), (3, 30), (4, 9), (7, 30), (7, 31)])
+def test_every_arm_takes_every_position_equally_often_within_one(arms, rounds):
+    names = [f"arm{i}" for i in range(arms)]
+    records = bench.interleaved({n: (lambda r: None) for n in names}, rounds=rounds, warmup=1,
+                                seed=11)
+    counts = Counter((r["arm"], r["position"]) for r in _timings(records))
+    for position in range(arms):
+        at = [counts[(name, position)] for name in names]
+        assert max(at) - min(at) <= 1, (position, at)
+    for round_index in range(rounds):  # each round: every arm once, positions 0..arms-1
+        positions = sorted(r["position"] for r in _timings(records) if r["round"] == round_index)
+        assert positions == list(range(arms))
+
+
+def test_a_fixed_shuffle_is_not_balanced_negative_control():
+    import random
+
+    shuffler, first = random.Random(0), Counter()
+    for _ in range(30):  # the old order: one shuffle sequence, seed 0, in every cell and run
+        order = list("abc")
+        shuffler.shuffle(order)
+        first[order[0]] += 1
+    assert max(first.values()) - min(first.values()) > 1
+
+
+def test_the_order_seed_differs_per_run_and_cell_and_is_stable():
+    seeds = {design.order_seed(run, cell) for run, cell in
+             itertools.product(["run1", "run2"], ["n=16", "n=64"])}
+    assert len(seeds) == 4 and design.order_seed("run1", "n=16") == design.order_seed("run1",
+                                                                                       "n=16")
 
 
 def test_interleaved_records_stages_an_arm_reports():
     records = bench.interleaved({"x": lambda r: {"copy": 0.5, "gather": 0.25}}, rounds=2,
                                 warmup=0)
-    assert sorted((r["stage"], r["round"]) for r in records) == [
+    timed = [r for r in records if "stage" in r]
+    assert sorted((r["stage"], r["round"]) for r in timed) == [
         ("copy", 0), ("copy", 1), ("gather", 0), ("gather", 1), ("total", 0), ("total", 1)]
-    assert {r["seconds"] for r in records if r["stage"] == "copy"} == {0.5}
+    assert {r["seconds"] for r in timed if r["stage"] == "copy"} == {0.5}
+
+
+def test_a_failing_arm_drops_out_and_the_others_keep_contiguous_positions():
+    def broken(r):
+        raise RuntimeError("no")
+
+    records = bench.interleaved({"a": lambda r: None, "b": broken, "c": lambda r: None},
+                                rounds=4, warmup=0, seed=1)
+    failed = [r for r in records if r.get("status") == "failed"]
+    assert [r["arm"] for r in failed] == ["b"]
+    for round_index in range(1, 4):
+        positions = sorted(r["position"] for r in _timings(records) if r["round"] == round_index)
+        assert positions == [0, 1]
+
+
+def test_rounds_until_precise_stops_on_precision(monkeypatch):
+    noise = itertools.cycle([1.0, 1.1, 0.9, 1.05, 0.95])
+    monkeypatch.setattr(bench.Timer, "time", lambda self, call: (next(noise), None, call()))
+    precision = bench.Precision("a", "b", half_width=0.05, max_rounds=500, every=5)
+    records = bench.interleaved({"a": lambda r: None, "b": lambda r: None}, rounds=10,
+                                warmup=0, precision=precision)
+    stop = [r for r in records if r.get("metric") == "rounds"]
+    assert len(stop) == 1 and stop[0]["note"].startswith("precise")
+    done = int(stop[0]["value"])
+    assert 10 < done < 500 and (done - 10) % 5 == 0
+    assert len(_timings(records)) == 2 * done
+    pairs = bench._paired_totals(records, "a", "b")
+    assert design.speedup_half_width(*pairs) <= 0.05
+    shorter = bench._paired_totals(records[: -2 * 5 * 1 - 1], "a", "b")
+    assert design.speedup_half_width(*shorter) > 0.05  # it stopped at the first precise check
+
+
+@pytest.mark.parametrize("cap, seconds, reason", [(20, 1e9, "round cap: 20 rounds"),
+                                                  (10_000, 1e-9, "time cap")])
+def test_rounds_until_precise_stops_at_a_cap_and_says_so(monkeypatch, cap, seconds, reason):
+    noise = itertools.cycle([1.0, 2.0, 0.5])
+    monkeypatch.setattr(bench.Timer, "time", lambda self, call: (next(noise), None, call()))
+    precision = bench.Precision("a", "b", half_width=1e-6, max_rounds=cap, max_seconds=seconds)
+    records = bench.interleaved({"a": lambda r: None, "b": lambda r: None}, rounds=10,
+                                warmup=0, precision=precision)
+    stop = [r for r in records if r.get("metric") == "rounds"]
+    assert len(stop) == 1 and stop[0]["note"].startswith(reason)
 
 
 @pytest.mark.parametrize("kwargs, message", [({"rounds": 0}, "rounds must be positive"),
@@ -34,3 +119,9 @@ def test_interleaved_records_stages_an_arm_reports():
 def test_interleaved_bad_parameters(kwargs, message):
     with pytest.raises(ValueError, match=message):
         bench.interleaved({"a": lambda r: None}, **{"rounds": 1, **kwargs})
+
+
+def test_precision_cap_below_rounds_is_refused():
+    with pytest.raises(ValueError, match=r"max_rounds \(5\) must be at least rounds \(10\)"):
+        bench.interleaved({"a": lambda r: None}, rounds=10,
+                          precision=bench.Precision("a", "a", 0.01, max_rounds=5))

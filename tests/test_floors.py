@@ -23,16 +23,17 @@ PACKAGE = paths.REPO_ROOT / "lib" / "stagelab"
 
 FLOORS: dict[str, tuple[str, ...]] = {
     # names, files and the row schema: the standard library only
-    "ground": ("errors", "paths", "catalogue", "records", "schema", "rundir"),
+    "ground": ("errors", "paths", "catalogue", "records", "schema", "rundir", "design"),
     # torch: the measuring code, importable with torch and the standard library alone
     "measure": ("device", "shapes", "bench", "memory", "native", "logprobs", "hardware", "sweep",
                 "staging", "step", "prompt_logprobs", "testing", "busy", "preflight", "estimate"),
     # torch-free analysis of tidy tables: comparisons, the decision, the verdict
     "analyse": ("stats", "calibration", "analysis", "trust", "verdict"),
     # torch-free presentation of a run: figures, pages, kept evidence
-    "present": ("machine", "plots", "report", "compare", "evidence"),
+    "present": ("machine", "tables", "plots", "report", "compare", "evidence"),
     # the run: its plan and checks, notebooks' context, the runner and the command line
-    "run": ("params", "profiles", "measure", "replay", "context", "execute", "cli", "__main__"),
+    "run": ("params", "profiles", "measure", "replay", "context", "execute", "fleet_node", "fleet",
+            "cli", "__main__"),
 }
 ORDER = tuple(FLOORS)
 TORCH_FREE = ("analyse", "present")

@@ -44,6 +44,19 @@ BAD = [
     ("04_verdict.decisive_rows=[]", "04_verdict.decisive_rows: [] is empty"),
     ("02_logprobs_step.arms=[fused]", "02_logprobs_step.aa_arm: 'seed_pageable' must be in arms"),
     ("01_d2h_staging.run_dir=/tmp/elsewhere", "01_d2h_staging.run_dir is set by the runner"),
+    # Before: passed the checks, then failed notebooks 02 and 04 (one cell measured twice).
+    ("02_logprobs_step.rows=[16, 16]", "02_logprobs_step.rows: [16, 16] names the same rows twice"),
+    ("04_verdict.decisive_rows=[64, 64]", "04_verdict.decisive_rows: [64, 64] names the same rows"),
+    ("02_logprobs_step.models=[Qwen2.5-7B, Qwen2.5-7B]", "names the same vocabulary twice"),
+    ("04_verdict.decisive_models=[Qwen2.5-7B, 152064]",
+     "names the same vocabulary twice ('Qwen2.5-7B' and 152064)"),
+    ("02_logprobs_step.ks=[5, 5]", "02_logprobs_step.ks: [5, 5] names the same K twice"),
+    ("03_prompt_logprobs.chunks=[128, 128]", "names the same chunk twice"),
+    # Before: a top-K above the vocabulary passed the checks, then failed inside the run.
+    ("02_logprobs_step.ks=[5, 200000]", "02_logprobs_step.ks: top-K 200000 exceeds the "
+                                        "vocabulary of Qwen2.5-7B (152064); K can be at most V"),
+    ("03_prompt_logprobs.vocab=4", "03_prompt_logprobs.k: top-K 5 exceeds the vocabulary of 4"),
+    ("04_verdict.decisive_ks=[300000]", "04_verdict.decisive_ks: top-K 300000 exceeds"),
 ]
 
 

@@ -13,11 +13,13 @@ import yaml
 from stagelab import execute, paths, profiles
 
 NOTEBOOKS = sorted(paths.NOTEBOOKS_DIR.glob("*.ipynb"))
-CONDA_NAMES = {"torch": "pytorch"}
+CONDA_NAMES = {"torch": "pytorch", "ray[default]": "ray-default"}
 
 
 def _split(requirement: str) -> tuple[str, str]:
-    name, spec = re.match(r"^\s*([A-Za-z0-9_.\-]+)\s*(.*)$", requirement).groups()
+    # a name with its extras, e.g. ray[default], then the version
+    pattern = r"^\s*([A-Za-z0-9_.\-]+(?:\[[^\]]*\])?)\s*(.*)$"
+    name, spec = re.match(pattern, requirement).groups()
     return name.lower(), spec.replace(" ", "")
 
 
@@ -71,6 +73,32 @@ def test_notebook_code_holds_calls_not_logic(path):
             found = [type(node).__name__ for node in ast.walk(ast.parse(cell.source))
                      if isinstance(node, LOGIC)]
             assert not found, f"{path.name}: {found} in a code cell:\n{cell.source}"
+
+
+def _shown_without_raw_output(node: ast.expr) -> bool:
+    """Whether an expression a cell shows is one a reader can take in: a table through
+    ``tables.show``, a styled table (``.style...``), Markdown, or a call that shows nothing."""
+    if not isinstance(node, ast.Call):
+        return False
+    name = ast.unparse(node.func)
+    if name == "display":
+        return all(_shown_without_raw_output(arg) for arg in node.args)
+    return (name in ("tables.show", "Markdown", "ctx.save_figure")
+            or ".style." in f"{name}." or name.startswith("plt."))
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebooks_show_tables_with_units_and_no_bare_reprs(path):
+    """Before: raw pandas frames and bare PosixPath(...) lines in every exported notebook."""
+    nb = nbformat.read(str(path), as_version=4)
+    for cell in nb.cells:
+        if cell.cell_type != "code" or "parameters" in cell.metadata.get("tags", []):
+            continue
+        body = ast.parse(cell.source).body
+        shown = [stmt.value for stmt in body if isinstance(stmt, ast.Expr)
+                 and (stmt is body[-1] or ast.unparse(stmt.value).startswith("display("))]
+        raw = [ast.unparse(node) for node in shown if not _shown_without_raw_output(node)]
+        assert not raw, f"{path.name}: shown raw: {raw}"
 
 
 def test_notebook_02_opens_with_the_decisive_comparison_in_at_most_150_words():

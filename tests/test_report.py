@@ -6,9 +6,8 @@ from __future__ import annotations
 import json
 import re
 
-from test_runner import fake_run
-
 from stagelab import report
+from test_runner import fake_run
 
 UNAVAILABLE = "not measured: seed_pinned unavailable: pinned host memory needs a CUDA device"
 
@@ -91,3 +90,59 @@ def test_a_tall_arm_is_cut_and_labelled_so_the_seed_bars_stay_readable():
     ax = plots.stage_bars(parts).axes[0]
     assert ax.get_ylim()[1] == plots.CLIP_OVER_BASELINE * 6.0
     assert [t.get_text() for t in ax.texts] == ["↑60"]
+
+
+def test_tables_show_units_three_significant_digits_and_a_speedup_with_its_ci():
+    import pandas as pd
+
+    from stagelab import tables
+
+    frame = pd.DataFrame([{"rows": 64, "vocab": 152064, "arm": "fused", "seconds": 0.016432,
+                           "speedup": 1.4761, "ci_low": 1.399, "ci_high": 1.4903,
+                           "saved_ms": 19.281, "peak_host_bytes": 17.5 * 2**20,
+                           "copy_share": 0.0912}]).set_index(["rows", "vocab"])
+    shown = tables.readable(frame)
+    assert list(shown.columns) == ["n (rows)", "V (vocabulary)", "arm", "seconds (ms)",
+                                   "speedup [95 % CI]", "saved (ms)", "peak host (MiB)",
+                                   "copy share (%)"]
+    assert shown.iloc[0].tolist() == ["64", "152064", "fused", "16.4", "1.476x [1.399, 1.490]",
+                                      "19.3", "17.5", "9.1 %"]
+    html = tables.show(frame).to_html()
+    assert "<table" in html and "speedup [95 % CI]" in html
+
+
+def test_holdings_put_counts_and_bytes_in_their_own_named_columns():
+    import pandas as pd
+
+    from stagelab import analysis, schema
+
+    # Before: bytes under "allocations", and one column per arm and metric, off the page.
+    records = []
+    for arm, pinned, count, capacity in (("pinned_grow_only", 2**20, 1, 2**20),
+                                         ("pageable_fresh", 0, 23, 2**20)):
+        records += [dict(arm=arm, metric="pinned_bytes_held", bytes=pinned, rows=1, vocab=8),
+                    dict(arm=arm, metric="allocations", value=float(count), bytes=capacity,
+                         rows=1, vocab=8)]
+    table = analysis.holdings(schema.make_rows(records))
+    assert list(table.columns) == ["rows", "vocab", "arm", "allocations", "pinned_held_bytes",
+                                   "buffer_capacity_bytes"]
+    assert table[["arm", "allocations", "pinned_held_bytes"]].values.tolist() == [
+        ["pageable_fresh", 23.0, 0], ["pinned_grow_only", 1.0, 2**20]]
+    assert isinstance(table, pd.DataFrame)
+
+
+def test_tables_fit_the_page_a_stage_split_reads_as_a_sum_and_empty_columns_go():
+    import pandas as pd
+
+    from stagelab import tables
+
+    # Before: eighteen columns in notebook 04's decisive table, several of them all "NaN".
+    split = {"device_ms": 1.5, "alloc_ms": 0.6, "copy_ms": 0.6, "host_gather_ms": 2.2,
+             "free_ms": 0.01, "unattributed_ms": 0.59, "total_ms": 5.5}
+    frame = pd.DataFrame([{"rows": 16, "vocab": 1000, "k": 5, "decision": "INCONCLUSIVE",
+                           "speedup": None, "ci_low": None, "ci_high": None, "step_ms": 5.4,
+                           **split}])
+    shown = tables.readable(frame)
+    assert list(shown.columns) == ["n (rows)", "V (vocabulary)", "K", "decision",
+                                   "seed step, median (ms)", tables.SPLIT_WORDS]
+    assert shown.iloc[0, -1] == "1.50 + 0.60 + 0.60 + 2.20 + 0.01 + 0.59 = 5.50"

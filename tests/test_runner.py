@@ -14,8 +14,8 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from conftest import tiny_cli, write_notebook
 
+from conftest import tiny_cli, write_notebook
 from stagelab import cli, context, execute, paths, profiles, report, rundir, schema
 from stagelab.errors import UserError
 
@@ -437,3 +437,27 @@ def test_report_command_rebuilds_html(tiny_suite, capsys):
     assert cli.main(["runs", "--root", str(tiny_suite["root"])]) == 0
     line = capsys.readouterr().out.strip().splitlines()[-1]
     assert run_dir.name in line and "okonly" in line and line.endswith("ok")
+
+
+def test_the_verdict_by_hand_reads_the_newest_run_with_data_and_names_it(tmp_path):
+    # Before: run by hand, notebook 04 decided on a fresh, empty folder.
+    runs = tmp_path / "runs"
+    with pytest.raises(FileNotFoundError, match="no run folder under .* holds data"):
+        context.reading_context("04_verdict", "", root=runs)
+    for name, data in (("20261130T100000Z_vm_quick", True), ("20261130T110000Z_vm_quick", True),
+                       ("20261130T120000Z_vm_interactive", False)):
+        (runs / name / "data").mkdir(parents=True)
+        if data:
+            (runs / name / "data" / "step.parquet").write_bytes(b"PAR1")
+    ctx = context.reading_context("04_verdict", "", root=runs)
+    assert ctx.data_dir == runs / "20261130T110000Z_vm_quick"
+    (runs / "20261130T090000Z_vm_interactive" / "data").mkdir(parents=True)  # by hand, notebook 02
+    (runs / "20261130T090000Z_vm_interactive" / "data" / "decisive.parquet").write_bytes(b"")
+    preferred = context.reading_context("04_verdict", "", root=runs, prefer="decisive")
+    assert preferred.data_dir == runs / "20261130T090000Z_vm_interactive"
+    assert ctx.run_dir != ctx.data_dir and ctx.run_dir.parent == runs
+    assert rundir.read_manifest(ctx.run_dir)["status"] == rundir.INTERACTIVE
+    assert "`20261130T110000Z_vm_quick`, the newest run folder under `runs/` with the data" in (
+        ctx.reading())
+    given = context.reading_context("04_verdict", str(runs / "20261130T100000Z_vm_quick"))
+    assert given.data_dir == given.run_dir == runs / "20261130T100000Z_vm_quick"

@@ -74,14 +74,14 @@ def build(run: Path, rows: list[int], **kwargs) -> dict:
                                  **kwargs)
 
 
-def medians_ms(records: list[dict], arm: str, stage: str) -> float:
-    return 1e3 * float(np.median([r["seconds"] for r in records
-                                  if r["arm"] == arm and r.get("stage") == stage]))
-
-
 def means_ms(records: list[dict], arm: str, stage: str) -> float:
     return 1e3 * float(np.mean([r["seconds"] for r in records
                                 if r["arm"] == arm and r.get("stage") == stage]))
+
+
+def medians_ms(records: list[dict], arm: str, stage: str) -> float:
+    return 1e3 * float(np.median([r["seconds"] for r in records
+                                  if r["arm"] == arm and r.get("stage") == stage]))
 
 
 # --------------------------------------------------------------------------- decisions
@@ -98,8 +98,8 @@ def test_a_clear_step_level_gain_ports_with_its_evidence(tmp_path):
     assert cell["ci_low"] > MIN_SPEEDUP and cell["ci_low"] <= cell["speedup"] <= cell["ci_high"]
     assert cell["min_speedup"] == pytest.approx(MIN_SPEEDUP, rel=1e-12)
     assert cell["n_rounds"] == 30 and cell["delta"] == 0.02
-    step_ms = medians_ms(records, "seed_pageable", "total")
-    pinned_ms = medians_ms(records, "seed_pinned", "total")
+    step_ms = means_ms(records, "seed_pageable", "total")  # the engine pays the mean
+    pinned_ms = means_ms(records, "seed_pinned", "total")
     assert cell["step_ms"] == pytest.approx(step_ms, rel=1e-12)
     assert cell["saved_ms"] == pytest.approx(step_ms - pinned_ms, rel=1e-12)
     assert cell["saved_ms"] == pytest.approx(step_ms / 3, rel=0.01)  # 1 - 1/1.5 of the step
@@ -522,3 +522,55 @@ def test_the_prompt_sentence(full_verdict):
     assert verdict.prompt_sentence({"prompt_logprobs": None}) == (
         "Notebook 03's data is missing from this run.")
 
+
+
+# --------------------------------------------------------------- bad timings and the context
+
+@pytest.mark.parametrize("arm, stage, value", [("seed_pinned", "total", float("nan")),
+                                               ("seed_pageable", "total", 0.0),
+                                               ("seed_pageable~aa", "copy", -1.0)])
+def test_a_bad_timing_makes_its_cell_inconclusive_never_a_crash(tmp_path, arm, stage, value):
+    records = step_cell(64, 1.5) + step_cell(256, 1.5, seed=1)
+    target = next(r for r in records if r["arm"] == arm and r["stage"] == stage
+                  and r["rows"] == 64 and r["round"] == 3)
+    target["seconds"] = value
+    result = build(write_step(tmp_path / "run", records), [64, 256])
+    bad, good = result["decisive"]
+    if stage == "total":
+        assert bad["decision"] == "INCONCLUSIVE" and bad["reason"].startswith("bad timings: ")
+        assert "round 3 holds" in bad["reason"]
+    assert good["decision"] == "PORT"
+    assert result["overall"]["decision"] in ("PORT", "INCONCLUSIVE")
+    json.dumps(result, allow_nan=False)
+
+
+def test_the_verdict_states_its_context(tmp_path):
+    result = build(write_step(tmp_path / "run", step_cell(64, 1.5)), [64])
+    context = result["context"]
+    assert context["forward_ms"] == [0.0] and context["log_softmax"] == "device"
+    assert context["delta_of"].startswith("the decode step")
+    assert context["min_speedup"] == pytest.approx(MIN_SPEEDUP)
+    assert context["logprobs_only_min_speedup"] == pytest.approx([MIN_SPEEDUP] * 2)
+    assert "forward_ms = 0" in context["words"] and "Holm" in context["family"]
+    assert result["other_log_softmax"]["measured"] is False
+
+
+def test_forward_ms_moves_the_logprobs_only_bar_and_the_other_log_softmax_is_decided(tmp_path):
+    device = step_cell(64, 1.5)
+    host = [{**r, "log_softmax": "host"} for r in step_cell(64, 1.0, seed=5)]
+    forward = [dict(experiment="step", arm="forward", metric="forward_ms", value=10.0, rows=64,
+                    vocab=V, k=5, log_softmax=where) for where in ("device", "host")]
+    result = build(write_step(tmp_path / "run", device + host + forward), [64])
+    (cell,) = result["decisive"]
+    assert cell["forward_ms"] == 10.0 and cell["log_softmax"] == "device"
+    step_ms = means_ms(device, "seed_pageable", "total")
+    logprobs_ms = step_ms - 10.0
+    assert cell["logprobs_step_ms"] == pytest.approx(logprobs_ms)
+    assert cell["logprobs_only_min_speedup"] == pytest.approx(
+        step_ms / (step_ms - 0.02 * logprobs_ms))
+    assert cell["decision"] == "PORT"
+    other = result["other_log_softmax"]
+    assert other["measured"] and other["decision"] == "CLOSE" and other["changes_answer"]
+    on_host = build(write_step(tmp_path / "host", device + host + forward), [64],
+                    log_softmax="host")
+    assert on_host["overall"]["decision"] == "CLOSE"

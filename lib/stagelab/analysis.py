@@ -9,7 +9,8 @@ the paired bootstrap of :mod:`stagelab.stats` cancels it. Every goal is one row 
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -80,22 +81,27 @@ def hardware_summary(snapshot: dict[str, Any] | None) -> dict[str, Any]:
 def compare(frame: pd.DataFrame, baseline: str, candidate: str, by: Sequence[str], *,
             stage: str = "total", twin: bool = False, confidence: float = 0.95,
             seed: int = 0) -> pd.DataFrame:
-    """Per cell of ``by``: the candidate's paired speedup over the baseline with its CI, the ms it
-    saves per call, and, with ``twin``, the A/A speedup of the baseline over its twin."""
+    """Per cell of ``by``: the candidate's paired speedup over the baseline (ratio of mean times)
+    with its CI, the ms it saves per call on average, and, with ``twin``, the A/A speedup of the
+    baseline over its twin. A cell whose timings are not positive and finite gets no speedup and
+    a ``note`` saying why."""
     out = []
     for key, part in cells(frame, by):
         base, cand = paired_rounds(part, baseline, candidate, stage=stage)
         row: dict[str, Any] = {**key, "baseline": baseline, "candidate": candidate,
                                "n_rounds": len(base)}
-        if len(base) >= 2:
-            row["speedup"], row["ci_low"], row["ci_high"] = stats.paired_speedup(
-                base, cand, confidence=confidence, seed=seed)
-            row["saved_ms"] = 1e3 * float(np.median(base) - np.median(cand))
-        if twin:
-            a, b = paired_rounds(part, baseline, aa_name(baseline), stage=stage)
-            if len(a) >= 2:
-                row["twin_speedup"], row["twin_ci_low"], row["twin_ci_high"] = (
-                    stats.paired_speedup(a, b, confidence=confidence, seed=seed))
+        try:
+            if len(base) >= 2:
+                row["speedup"], row["ci_low"], row["ci_high"] = stats.paired_speedup(
+                    base, cand, confidence=confidence, seed=seed)
+                row["saved_ms"] = 1e3 * float(np.mean(base) - np.mean(cand))
+            if twin:
+                a, b = paired_rounds(part, baseline, aa_name(baseline), stage=stage)
+                if len(a) >= 2:
+                    row["twin_speedup"], row["twin_ci_low"], row["twin_ci_high"] = (
+                        stats.paired_speedup(a, b, confidence=confidence, seed=seed))
+        except stats.BadTimings as exc:
+            row["note"] = f"bad timings: {exc}"
         out.append(row)
     return pd.DataFrame(out)
 
@@ -289,21 +295,29 @@ def copy_finding(frame: pd.DataFrame, compared: pd.DataFrame) -> str:
 
 
 def holdings(frame: pd.DataFrame) -> pd.DataFrame:
-    """Pinned bytes held and allocations made per arm and cell."""
+    """Per cell and arm: the host allocations it made over the cell (a count), the pinned bytes
+    it holds and its host buffer's capacity in bytes, one column each."""
     held = frame[frame["metric"].isin(["pinned_bytes_held", "allocations"])]
     if held.empty:
-        return pd.DataFrame()
-    return held.pivot_table(index=["rows", "vocab"], columns=["arm", "metric"],
-                            values=["bytes", "value"], aggfunc="first", observed=True)
+        return pd.DataFrame(columns=["rows", "vocab", "arm", "allocations", "pinned_held_bytes",
+                                     "buffer_capacity_bytes"])
+    keys = ["rows", "vocab", "arm"]
+    pinned = held[held["metric"] == "pinned_bytes_held"].set_index(keys)["bytes"]
+    counted = held[held["metric"] == "allocations"].set_index(keys)
+    table = pd.DataFrame({"allocations": counted["value"], "pinned_held_bytes": pinned,
+                          "buffer_capacity_bytes": counted["bytes"]})
+    return table.reset_index().sort_values(keys, ignore_index=True)
 
 
 def checks_table(frame: pd.DataFrame, metrics: Sequence[str], index: Sequence[str]) -> pd.DataFrame:
-    """The agreement checks (``max_abs_error``, mismatches...) per arm and cell, one column each."""
+    """The agreement checks (``max_abs_error``, mismatches...) per cell and arm, one column per
+    check: long rather than wide, so that it fits the page whatever the number of arms."""
     checks = frame[frame["metric"].isin(list(metrics)) & (frame["status"] == "ok")]
     if checks.empty:
         return pd.DataFrame()
-    return checks.pivot_table(index=list(index), columns=["metric", "arm"], values="value",
-                              aggfunc="max", observed=True)
+    table = checks.pivot_table(index=[*index, "arm"], columns="metric", values="value",
+                               aggfunc="max", observed=True)
+    return table.reindex(columns=[m for m in metrics if m in table.columns]).reset_index()
 
 
 # ------------------------------------------------------------------------- prompt logprobs

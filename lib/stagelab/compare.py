@@ -7,23 +7,24 @@ copy bandwidth at its largest copy cell against the PCIe link, and the prompt-lo
 the recommended chunk. The verdicts come first, with whether each run's timings can be trusted
 (:mod:`stagelab.trust`: a busy machine, a failed A/A check). Where a quantity was measured at the
 same cell in a run and in the first run given, their ratio (run over first run) stands beside the
-run's figure; every figure has three significant digits, its unit in the row's name. A run that lacks something (no verdict, a
-verdict of an older format, no tables) is named in a one-line note and its column says what is
-missing; the others are still compared. Torch-free: it reads the run's files only.
+run's figure; every figure has three significant digits, its unit in the row's name. A run that
+lacks something (no verdict, a verdict of an older format, no tables) is named in a one-line note
+and its column says what is missing; the others are still compared. Torch-free: it reads the
+run's files only.
 """
 
 from __future__ import annotations
 
 import html
-import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import pandas as pd
 
-from stagelab import analysis, catalogue, paths, records, rundir, schema, trust
+from stagelab import analysis, catalogue, paths, records, rundir, schema, tables, trust
 from stagelab.errors import SchemaError, UserError
 from stagelab.records import RunFolder
 
@@ -34,7 +35,6 @@ INDEX_NAMES = ("section", "quantity")
 BANDWIDTH_COLUMNS = ("arm", "stage", "metric", "status", "rows", "vocab", "gb_per_s")
 SECTIONS = ("verdict", "decisive cells", "run", "hardware", "seed step, ms", "copy bandwidth",
             "prompt logprobs")  # the verdicts first
-SIGNIFICANT = 3  # every measured figure is shown to this many significant digits
 
 
 @dataclass
@@ -214,9 +214,10 @@ def _timings(run: RunFacts, verdict: dict[str, Any] | None) -> str:
     if found:
         run.notes.append(f"{run.run_id}: timings not trustworthy: {'; '.join(found)}")
         return "NOT TRUSTWORTHY: " + "; ".join(found)
-    if not trust.load_known(manifest):
-        return "A/A passed; load not recorded"
-    return "yes (quiet, A/A passed)"
+    load = "quiet" if trust.load_known(manifest) else "load not recorded"
+    harness = "A/A passed" if trust.harness_checked(verdict or {}) else "A/A not checked"
+    return f"yes ({load}, {harness})" if load == "quiet" and harness == "A/A passed" else (
+        f"{harness}; {load}")
 
 
 # ------------------------------------------------------------------------- the table of runs
@@ -352,14 +353,6 @@ def compare(run_dirs: Sequence[Path | str]) -> Comparison:
 
 # ------------------------------------------------------------------------------- rendering
 
-def significant(value: float, digits: int = SIGNIFICANT) -> str:
-    """A number to ``digits`` significant digits in plain notation: 2562, 16.4, 1.66, 0.0258."""
-    if value == 0 or not math.isfinite(value):
-        return f"{value:g}"
-    decimals = max(0, digits - 1 - math.floor(math.log10(abs(value))))
-    return f"{round(value, decimals):.{decimals}f}"
-
-
 def format_value(value: Any) -> str:
     """A table cell as text: numbers to three significant digits, missing as ``-``."""
     if value is None or (isinstance(value, float) and pd.isna(value)):
@@ -367,14 +360,14 @@ def format_value(value: Any) -> str:
     if isinstance(value, bool) or isinstance(value, int):
         return str(value)
     if isinstance(value, float):
-        return significant(value)
+        return tables.significant(value)
     return str(value)
 
 
 def format_ratio(value: float) -> str:
     """A ratio as text to three significant digits, e.g. ``2.50x``; empty where it was not
     measured in both runs."""
-    return "" if pd.isna(value) else f"{significant(value)}x"
+    return "" if pd.isna(value) else f"{tables.significant(value)}x"
 
 
 def _shown(frame: pd.DataFrame, formatter: Callable[[Any], str]) -> pd.DataFrame:
@@ -423,8 +416,9 @@ def render_html(comparison: Comparison) -> str:
     first = html.escape(str(comparison.table.columns[0]))
     ratio_note = (f"<p>{NO_RATIO}</p>" if comparison.ratios.empty else
                   f"<p>Beside each later run: its ratio to {first} (same cell in both runs). "
-                  f"Figures to {SIGNIFICANT} significant digits; units in each row's name.</p>")
-    made = datetime.now(timezone.utc).isoformat(timespec="seconds")
+                  f"Figures to {tables.SIGNIFICANT} significant digits; units in each row's "
+                  "name.</p>")
+    made = datetime.now(UTC).isoformat(timespec="seconds")
     return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>stagelab compare</title>{records.generator_tag(COMMAND)}"
             f"<style>{STYLE}</style></head><body>\n"
@@ -435,7 +429,7 @@ def render_html(comparison: Comparison) -> str:
 
 def default_out() -> Path:
     """Where the page goes without ``--out``: ``papermill_runs/compare_<UTC time>.html``."""
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     return paths.RUNS_DIR / f"compare_{stamp}.html"
 
 

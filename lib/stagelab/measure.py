@@ -34,10 +34,11 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from stagelab import estimate, paths, profiles, records, rundir
 from stagelab.errors import DeadlineReached, UserError

@@ -12,9 +12,11 @@ loads no torch: the plan of a run never stands on the measuring code.
 from __future__ import annotations
 
 import csv
+import math
+from collections.abc import Callable, Iterable, Mapping
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 from stagelab import catalogue, paths
 from stagelab.errors import UserError
@@ -64,14 +66,6 @@ def _items(value: Any) -> list[Any]:
     return list(value)
 
 
-def _each(check: Callable[[Any], None]) -> Validator:
-    def validator(value: Any, _: Mapping[str, Any] | None = None) -> None:
-        for item in _items(value):
-            check(item)
-    validator.__doc__ = f"A non-empty list, each item checked by {check.__name__}."
-    return validator
-
-
 def _between(low: float, high: float, closed_low: bool) -> Validator:
     def validator(value: Any, _: Mapping[str, Any] | None = None) -> None:
         ok_low = value >= low if closed_low else value > low
@@ -101,10 +95,79 @@ def _subset(registry: Callable[[], Iterable[str]], what: str) -> Validator:
 
 
 @lru_cache(maxsize=4)
-def known_models(path: Path = paths.MODEL_SHAPES_FILE) -> tuple[str, ...]:
-    """The model names of ``data/model_shapes.csv``."""
+def model_vocabs(path: Path = paths.MODEL_SHAPES_FILE) -> dict[str, int]:
+    """The vocabulary size of each model of ``data/model_shapes.csv``."""
     with open(path, newline="") as handle:
-        return tuple(row["model"] for row in csv.DictReader(handle))
+        return {row["model"]: int(row["vocab"]) for row in csv.DictReader(handle)}
+
+
+def known_models() -> tuple[str, ...]:
+    """The model names of ``data/model_shapes.csv``."""
+    return tuple(model_vocabs())
+
+
+def _once(values: list[Any], what: str, key: Callable[[Any], Any] = lambda v: v) -> None:
+    """Refuse a list that names one value (or, through ``key``, one size) twice: a duplicate
+    cell would be measured twice under one name and break the pairing by round."""
+    seen: dict[Any, Any] = {}
+    for value in values:
+        if key(value) in seen:
+            same = "" if seen[key(value)] == value else f" ({seen[key(value)]!r} and {value!r})"
+            raise ValueError(f"{values!r} names the same {what} twice{same}; give each once")
+        seen[key(value)] = value
+
+
+def _vocab_of(value: Any) -> Any:
+    return model_vocabs().get(value, value)
+
+
+def _each_once(check: Callable[[Any], None], what: str,
+               key: Callable[[Any], Any] = lambda v: v) -> Validator:
+    def validator(value: Any, _: Mapping[str, Any] | None = None) -> None:
+        items = _items(value)
+        for item in items:
+            check(item)
+        _once(items, what, key)
+    validator.__doc__ = f"A non-empty list, each item checked by {check.__name__}, each {what} once."
+    return validator
+
+
+def forward_ms(value: Any, _: Mapping[str, Any] | None = None) -> None:
+    """Device work queued before each step, in ms: a number >= 0, or null for the default (the
+    model's weight bytes over the GPU's memory bandwidth; 0 on a CPU)."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+            math.isfinite(value) and value >= 0):
+        raise ValueError(f"{value!r} is not a number of milliseconds >= 0 (or null for the "
+                         f"default){number_hint(value)}")
+
+
+def log_softmax_places(value: Any, _: Mapping[str, Any] | None = None) -> None:
+    """Where the seed arms run the log-softmax: a non-empty list of ``device``/``host``, each once."""
+    items = _items(value)
+    for item in items:
+        _one_of(item, ("device", "host"), "log_softmax place")
+    _once(items, "place")
+
+
+def log_softmax_place(value: Any, _: Mapping[str, Any] | None = None) -> None:
+    """The assumption the verdict decides under: ``device`` or ``host``."""
+    _one_of(value, ("device", "host"), "log_softmax place")
+
+
+def max_rounds(value: Any, values: Mapping[str, Any]) -> None:
+    """The cap of rounds until precise: an integer, at least ``rounds``."""
+    _int(value, 1, "a positive integer")
+    rounds = values.get("rounds")
+    if isinstance(rounds, int) and value < rounds:
+        raise ValueError(f"{value} is below rounds ({rounds}): the cap must be at least rounds")
+
+
+def positive_seconds(value: Any, _: Mapping[str, Any] | None = None) -> None:
+    """A positive number of seconds."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{value!r} is not a positive number of seconds{number_hint(value)}")
 
 
 def model_or_vocab(value: Any, _: Mapping[str, Any] | None = None) -> None:
@@ -152,11 +215,14 @@ def prompt_tokens(value: Any, _: Mapping[str, Any] | None = None) -> None:
 # ----------------------------------------------------------------------------- the registries
 
 VALIDATORS: dict[str, Validator] = {
-    "models": _each(model_or_vocab),
+    "models": _each_once(model_or_vocab, "vocabulary", _vocab_of),
     "model": model_or_vocab,
-    "rows": _each(positive_int),
-    "chunks": _each(positive_int),
-    "ks": _each(non_negative_int),
+    "rows": _each_once(positive_int, "rows"),
+    "chunks": _each_once(positive_int, "chunk"),
+    "ks": _each_once(non_negative_int, "K"),
+    "forward_ms": forward_ms,
+    "max_rounds": max_rounds,
+    "max_seconds": positive_seconds,
     "rounds": positive_int,
     "warmup": non_negative_int,
     "sources": positive_int,
@@ -170,9 +236,9 @@ VALIDATORS: dict[str, Validator] = {
     "min_samples": positive_int,
     "delta": _between(0.0, 1.0, closed_low=False),
     "confidence": _between(0.0, 1.0, closed_low=False),
-    "decisive_rows": _each(positive_int),
-    "decisive_models": _each(model_or_vocab),
-    "decisive_ks": _each(non_negative_int),
+    "decisive_rows": _each_once(positive_int, "rows"),
+    "decisive_models": _each_once(model_or_vocab, "vocabulary", _vocab_of),
+    "decisive_ks": _each_once(non_negative_int, "K"),
     "calibration_trials": positive_int,
 }
 
@@ -181,6 +247,8 @@ NOTEBOOK_VALIDATORS: dict[tuple[str, str], Validator] = {
     ("01_d2h_staging", "aa_arm"): _aa_arm_in_arms(_arms_of(catalogue.STAGING), "arm"),
     ("02_logprobs_step", "arms"): _subset(_arms_of(catalogue.STEP), "step arm"),
     ("02_logprobs_step", "aa_arm"): _aa_arm_in_arms(_arms_of(catalogue.STEP), "step arm"),
+    ("02_logprobs_step", "log_softmax"): log_softmax_places,
+    ("04_verdict", "log_softmax"): log_softmax_place,
     ("03_prompt_logprobs", "methods"): _subset(_arms_of(catalogue.PROMPT), "method"),
 }
 
@@ -205,3 +273,34 @@ def validate(notebook: str, values: Mapping[str, Any], chosen: Iterable[str] = (
             check(value, values)
         except ValueError as exc:
             raise UserError(f"{notebook}.{name}: {exc}") from None
+    check_top_k(notebook, values)
+
+
+# Each top-K parameter and the parameters that give its vocabularies (the first that is set).
+TOP_K_VOCABS = {"ks": ("models",), "decisive_ks": ("decisive_models",), "k": ("vocab", "model")}
+
+
+def _vocab(item: Any) -> int | None:
+    if isinstance(item, bool):
+        return None
+    return item if isinstance(item, int) else model_vocabs().get(item)
+
+
+def check_top_k(notebook: str, values: Mapping[str, Any]) -> None:
+    """Refuse a top-K above the smallest vocabulary it is asked of (each value already checked
+    alone): UserError ``notebook.parameter: ...``."""
+    for k_name, vocab_names in TOP_K_VOCABS.items():
+        ks = values.get(k_name)
+        given = next((values[n] for n in vocab_names if values.get(n)), None)
+        if ks is None or given is None:
+            continue
+        items = given if isinstance(given, (list, tuple)) else [given]
+        sized = [(item, vocab) for item in items if (vocab := _vocab(item))]
+        largest = max(ks) if isinstance(ks, (list, tuple)) else ks
+        if not sized or not isinstance(largest, int):
+            continue
+        item, vocab = min(sized, key=lambda pair: pair[1])
+        if largest > vocab:
+            of = f"{item} ({vocab})" if item != vocab else str(vocab)
+            raise UserError(f"{notebook}.{k_name}: top-K {largest} exceeds the vocabulary of "
+                            f"{of}; K can be at most V")

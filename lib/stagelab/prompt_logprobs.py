@@ -14,7 +14,8 @@ double-buffer code runs with an engine that copies at once.
 
 from __future__ import annotations
 
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 import torch
 
@@ -379,6 +380,16 @@ def prompt_cell(tokens: int, shape: ModelShape, hidden: int, chunks: list[int],
         device_bytes=0 if on_cpu else inputs_bytes + peak)
 
 
+def memory_plan(tokens: int, shape: ModelShape, hidden: int, chunks: list[int],
+                dtype: torch.dtype, k: int, methods: list[str], overlaps: list[bool], *,
+                device: str | None = None) -> str:
+    """What :func:`measure` with these arguments needs in memory at its largest configuration,
+    against what is free now, in Markdown: said before the notebook's cell allocates anything."""
+    device = device or default_device()
+    cell = prompt_cell(tokens, shape, hidden, chunks, dtype, k, methods, overlaps, device=device)
+    return sweep.memory_plan(cell, device)
+
+
 def measure(tokens: int, shape: ModelShape, hidden: int, chunks: list[int], dtype: torch.dtype,
             k: int, methods: list[str], overlaps: list[bool], *, rounds: int, warmup: int = 1,
             seed: int = 0, measure_memory: bool = True, device: str | None = None,
@@ -425,6 +436,8 @@ def measure(tokens: int, shape: ModelShape, hidden: int, chunks: list[int], dtyp
                               annotate=annotate, after=after)
 
     def annotate(record: dict) -> dict:
+        if record["arm"] not in configs:  # a record of the sweep itself (the order's seed)
+            return record
         method, chunk, overlap = configs[record["arm"]]
         return {**record, "arm": catalogue.prompt_arm(method, overlap), "chunk": chunk, "overlap": overlap}
 

@@ -10,8 +10,9 @@ cell) is left out of the run, and the verdict names it with every other gap.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from stagelab import measure, profiles
 from stagelab.errors import UserError

@@ -16,11 +16,12 @@ import copy
 import os
 import socket
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from stagelab import paths
 from stagelab.errors import UserError

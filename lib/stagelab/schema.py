@@ -6,7 +6,8 @@ same rows as JSON lines (:class:`JsonLinesSink`), with the standard library alon
 imported only by the frame functions (:func:`make_rows`, :func:`conform`, :func:`write_table`,
 :func:`read_table`, :class:`TableSink`), never by the measuring floor.
 
-One row is one observation: one round of one arm of one experiment at one size, or one non-timing measurement (a peak, an error).
+One row is one observation: one round of one arm of one experiment at one size, or one
+non-timing measurement (a peak, an error).
 
 ========== ======= ============================================================================
 column     type    meaning
@@ -20,7 +21,9 @@ metric     str     ``time`` for timings; otherwise what ``bytes``/``value`` hold
                    bytes: ``peak_host_bytes``, ``peak_device_bytes``, ``predicted_peak_bytes``,
                    ``pinned_bytes_held``; value: ``allocations``, ``pcie_tx_bytes_per_s``,
                    ``max_abs_error``, ``rank_mismatches``, ``id_mismatches``,
-                   ``bitwise_equal`` (1 or 0)
+                   ``bitwise_equal`` (1 or 0), ``order_seed`` (the seed of a cell's balanced
+                   arm order), ``rounds`` (rounds a cell ran; the note says why it stopped),
+                   ``forward_ms`` (device work queued before each step, ms)
 device     str     where the source lived: ``cpu`` or ``cuda:0 <name>``
 model      str     model whose shape was used, empty when sizes were given as numbers
 rows       int     rows per step (``n``) or scored prompt positions (``T - 1``)
@@ -30,8 +33,11 @@ k          int     top-K logprobs requested, else missing
 chunk      int     prompt-logprob chunk rows, else missing (unchunked: equal to ``rows``)
 overlap    bool    whether the copy overlapped compute (prompt logprobs), else missing
 dtype      str     element type of the tensor that was moved or scored
+log_softmax str    where the seed arms ran the log-softmax: ``device`` or ``host`` (the step),
+                   else missing
 round      int     the round (interleaved arms of one round share it: samples pair by it);
                    warm-up rounds are not recorded
+position   int     the sample's place in its round (0 = first), from the balanced order
 seconds    float   the primary timer's reading (CUDA events on a GPU, else ``perf_counter``)
 host_seconds float host-clock reading of the same round, to cross-check events; else missing
 clock_agrees bool  whether the host clock agreed with the CUDA events on this round (within
@@ -51,8 +57,9 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from stagelab.errors import SchemaError
 from stagelab.records import atomic_target
@@ -76,7 +83,9 @@ COLUMN_DTYPES: dict[str, str] = {
     "chunk": "Int64",
     "overlap": "boolean",
     "dtype": "string",
+    "log_softmax": "string",
     "round": "Int64",
+    "position": "Int64",
     "seconds": "float64",
     "host_seconds": "float64",
     "clock_agrees": "boolean",
@@ -90,6 +99,8 @@ COLUMN_DTYPES: dict[str, str] = {
 COLUMNS: tuple[str, ...] = tuple(COLUMN_DTYPES)
 # Columns renamed since evidence was first kept: read under their new names.
 LEGACY_COLUMNS: dict[str, str] = {"repeat": "round"}
+# Columns added since evidence was first kept: missing in older tables, read as missing values.
+ADDED_COLUMNS: tuple[str, ...] = ("position", "log_softmax")
 STATUSES = ("ok", "unavailable", "skipped", "failed")
 _DEFAULTS: dict[str, Any] = {"stage": "total", "metric": "time", "model": "", "timer": "",
                              "status": "ok", "note": ""}
@@ -118,14 +129,14 @@ def _missing(value: Any) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))
 
 
-def make_rows(records: Iterable[Mapping[str, Any]], **common: Any) -> "pd.DataFrame":
+def make_rows(records: Iterable[Mapping[str, Any]], **common: Any) -> pd.DataFrame:
     """Build a schema-conforming frame from dict records (see :func:`normalise_rows`)."""
     import pandas as pd
 
     return conform(pd.DataFrame(normalise_rows(records, **common), columns=list(COLUMNS)))
 
 
-def conform(frame: "pd.DataFrame") -> "pd.DataFrame":
+def conform(frame: pd.DataFrame) -> pd.DataFrame:
     """Check a frame has exactly the schema's columns and valid statuses; cast to the schema types."""
     missing = [c for c in COLUMNS if c not in frame.columns]
     extra = [c for c in frame.columns if c not in COLUMN_DTYPES]
@@ -143,7 +154,7 @@ def table_path(run_dir: Path | str, name: str) -> Path:
     return Path(run_dir) / "data" / f"{name}.parquet"
 
 
-def write_table(frame: "pd.DataFrame", run_dir: Path | str, name: str) -> Path:
+def write_table(frame: pd.DataFrame, run_dir: Path | str, name: str) -> Path:
     """Validate ``frame`` against the schema and write it as ``data/<name>.parquet`` in the run,
     atomically: a reader (or a kill) never sees half a file."""
     if not name or not name.replace("_", "").isalnum():
@@ -217,12 +228,12 @@ class TableSink:
         self.records.extend(records)
         return write_table(self.frame(), self.run_dir, self.name)
 
-    def frame(self) -> "pd.DataFrame":
+    def frame(self) -> pd.DataFrame:
         """Every record so far as a schema frame."""
         return make_rows(self.records, **self.common)
 
 
-def read_table(run_dir: Path | str, name: str) -> "pd.DataFrame":
+def read_table(run_dir: Path | str, name: str) -> pd.DataFrame:
     """Read a run's table; a missing file raises FileNotFoundError, a corrupt one names the file."""
     import pandas as pd
 
@@ -231,6 +242,9 @@ def read_table(run_dir: Path | str, name: str) -> "pd.DataFrame":
         raise FileNotFoundError(f"{path}: no such table in this run")
     try:
         frame = pd.read_parquet(path).rename(columns=LEGACY_COLUMNS)
+        for column in ADDED_COLUMNS:
+            if column not in frame.columns:
+                frame[column] = pd.NA
     except Exception as exc:  # pyarrow raises several types for a damaged file
         raise SchemaError(f"{path}: cannot be read as a parquet table ({exc})") from exc
     try:

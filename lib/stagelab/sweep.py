@@ -27,15 +27,18 @@ import gc
 import os
 import sys
 import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any, Callable, ContextManager, Iterable, Iterator, Protocol
+from typing import Any, Protocol
 
 import torch
 
-from stagelab import bench, memory
+from stagelab import bench, design, memory
 from stagelab.errors import DeadlineReached, InsufficientMemory
 from stagelab.paths import HEADLESS_ENV
 from stagelab.schema import RowSink
+
 
 @dataclass
 class Cell:
@@ -57,7 +60,7 @@ class CellPlan:
 
     calls: dict[str, bench.ArmCall]
     unavailable: dict[str, str] = field(default_factory=dict)
-    monitor: ContextManager | None = None
+    monitor: AbstractContextManager | None = None
     after: Callable[[], list[dict]] | None = None
     annotate: Callable[[dict], dict] | None = None  # adds per-arm fields to a timing record
 
@@ -75,9 +78,30 @@ def check_memory(cell: Cell, device: str) -> None:
                           f"{cell.label} on {device}")
 
 
+def memory_plan(cell: Cell, device: str) -> str:
+    """Before a cell runs, in Markdown: the memory it needs at its largest, what is free, and
+    whether it fits or will be refused (recorded ``skipped``, nothing large allocated)."""
+    on_gpu = torch.device(device).type == "cuda"
+    needed = cell.device_bytes if on_gpu else cell.host_bytes
+    free = memory.free_device_bytes(device) if on_gpu else memory.free_host_bytes()
+    where = device if on_gpu else "the host"
+    try:
+        check_memory(cell, device)
+    except InsufficientMemory as exc:
+        return (f"**Refused before it starts: {exc}.** Nothing large is allocated and the cell "
+                "is recorded skipped; lower the sizes in the parameters to measure it here.")
+    if free is None:
+        return (f"Memory: {cell.label} needs about {needed / 2**30:.1f} GiB on {where} at its "
+                "largest; free memory cannot be read here, so it is not checked.")
+    return (f"Memory: {cell.label} needs about {needed / 2**30:.1f} GiB on {where} at its "
+            f"largest; {free / 2**30:.1f} GiB is free, so it fits.")
+
+
 def measure_cell(cell: Cell, prepare: Callable[[Cell], CellPlan], *, rounds: int, warmup: int,
-                 seed: int, device: str) -> list[dict]:
-    """Every record of one cell: timings, or the rows that say why there are none."""
+                 seed: int, device: str, run: str = "",
+                 precision: bench.Precision | None = None) -> list[dict]:
+    """Every record of one cell: timings, or the rows that say why there are none. The arms'
+    order is balanced and seeded per run and cell (:func:`stagelab.design.order_seed`)."""
     if cell.invalid:
         return rows_for_arms(cell, cell.arms, "skipped", cell.invalid)
     try:
@@ -92,8 +116,9 @@ def measure_cell(cell: Cell, prepare: Callable[[Cell], CellPlan], *, rounds: int
         record["note"] = reason
     if plan.calls:
         with plan.monitor or contextlib.nullcontext():
-            timings = bench.interleaved(plan.calls, rounds=rounds, warmup=warmup, seed=seed,
-                                        device=device)
+            timings = bench.interleaved(
+                plan.calls, rounds=rounds, warmup=warmup, device=device, precision=precision,
+                seed=design.order_seed(f"{run}:{seed}", cell.label))
         annotate = plan.annotate or (lambda record: record)
         records += [annotate({**cell.sizes, **timing}) for timing in timings]
     if plan.after is not None:
@@ -148,8 +173,11 @@ def _progress_bar(total: int, label: str, shown: bool) -> Any:
 
 def run(cells: list[Cell], prepare: Callable[[Cell], CellPlan], *, rounds: int,
         warmup: int = 2, seed: int = 0, device: str, sink: RowSink | None = None,
-        label: str = "sweep", progress: bool = True) -> list[dict]:
-    """Measure every cell in order; hand each one's records to the sink when one is given.
+        label: str = "sweep", progress: bool = True,
+        precision: bench.Precision | None = None) -> list[dict]:
+    """Measure every cell in order; hand each one's records to the sink when one is given. The
+    sink's run id seeds each cell's arm order, with ``seed``; ``precision`` adds rounds until
+    precise (:class:`stagelab.bench.Precision`).
 
     Raises :class:`~stagelab.errors.DeadlineReached` when the watcher refuses a cell: the cells
     before it are in the sink.
@@ -160,6 +188,7 @@ def run(cells: list[Cell], prepare: Callable[[Cell], CellPlan], *, rounds: int,
         raise ValueError(f"warmup must be >= 0, got {warmup}")
     watcher = _WATCHER.get()
     bar = _progress_bar(len(cells), label, progress and not os.environ.get(HEADLESS_ENV))
+    run = str(getattr(sink, "common", {}).get("run_id", ""))
     records: list[dict] = []
     try:
         for index, cell in enumerate(cells, 1):
@@ -167,7 +196,7 @@ def run(cells: list[Cell], prepare: Callable[[Cell], CellPlan], *, rounds: int,
                 raise DeadlineReached(f"{label}: stopped before cell {cell.label}")
             started = time.perf_counter()
             found = measure_cell(cell, prepare, rounds=rounds, warmup=warmup, seed=seed,
-                                 device=device)
+                                 device=device, run=run, precision=precision)
             records += found
             if sink is not None:
                 sink.append(found)

@@ -13,11 +13,14 @@ Either one makes the timings untrustworthy; the report's first screen, the verdi
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
-# The notebooks whose timings the verdict, the findings and compare use.
-TIMING_NOTEBOOKS = ("01_d2h_staging", "02_logprobs_step", "03_prompt_logprobs")
+from stagelab import catalogue
+
+# The notebooks whose timings the verdict, the findings and compare use: those writing a table.
+TIMING_NOTEBOOKS = tuple(catalogue.tables().values())
 DEFAULT_DELTA = 0.02
 
 
@@ -72,6 +75,12 @@ def reasons(run_dir: Path, manifest: Mapping[str, Any] | None = None,
     return load_reasons(manifest) + harness_reasons(verdict)
 
 
+def harness_checked(verdict: Mapping[str, Any]) -> bool:
+    """Whether the verdict holds any A/A twin's CI (none in an older verdict, or without one)."""
+    cells = [*(verdict.get("decisive") or []), *(verdict.get("copy_cells") or [])]
+    return any(cell.get("twin_ci_low") is not None for cell in cells)
+
+
 def load_known(manifest: Mapping[str, Any]) -> bool:
     """Whether the machine's load was recorded for every timing notebook the run has (not for
     older runs, runs by hand, or where /proc cannot be read)."""
@@ -85,3 +94,12 @@ def headline(found: list[str]) -> str:
         return ""
     return ("TIMINGS NOT TRUSTWORTHY: " + "; ".join(found)
             + ". Run it again on a quiet machine before relying on these figures.")
+
+
+def warning_markdown(run_dir: Path, verdict: Mapping[str, Any]) -> str:
+    """The warning for a notebook's verdict box, in Markdown ('' when trustworthy)."""
+    found = reasons(run_dir, verdict=verdict)
+    if not found:
+        return ""
+    return ("**TIMINGS NOT TRUSTWORTHY**: run it again on a quiet machine before relying on "
+            "these figures.\n\n" + "\n".join(f"- {reason}" for reason in found))

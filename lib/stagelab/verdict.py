@@ -20,7 +20,6 @@ folder gives the same file. Torch-free.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -71,41 +70,80 @@ def _measured(value: Any) -> bool:
     return _num(value) is not None
 
 
-def decide_cell(step: pd.DataFrame, rows: int, vocab: int, k: int, candidate: str, *,
-                delta: float, min_samples: int, confidence: float, seed: int) -> dict[str, Any]:
-    """The decision for one ``(n, V, K)`` cell of the step table, with its evidence and the seed
-    step's stage split, as a JSON-ready dict."""
+def _context(cell: pd.DataFrame) -> dict[str, Any]:
+    """The step's context in one cell: the device work queued before each step (``forward_ms``,
+    0 when not recorded) and where the seed arms ran the log-softmax."""
+    forward = cell[(cell["metric"] == "forward_ms") & (cell["status"] == "ok")]["value"].dropna()
+    where = cell["log_softmax"].dropna().unique() if "log_softmax" in cell else []
+    return {"forward_ms": float(forward.iloc[0]) if len(forward) else 0.0,
+            "log_softmax": str(where[0]) if len(where) else "device"}
+
+
+def _mean_ms(values: np.ndarray) -> float | None:
+    """Mean milliseconds of the positive, finite values; None when there are none."""
+    good = values[np.isfinite(values) & (values > 0)]
+    return 1e3 * float(good.mean()) if len(good) else None
+
+
+def cell_evidence(step: pd.DataFrame, rows: int, vocab: int, k: int, candidate: str, *,
+                  delta: float) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """One ``(n, V, K)`` cell of the step table: what the verdict says about it before deciding
+    (sizes, context, the bars, the stage split), and the rule's input (None with the reason in
+    the first dict when it cannot be decided: not measured, or no A/A twin).
+
+    delta is a share of the **decode step**, the forward pass and the logprobs step together,
+    which is what each timed call measures when ``forward_ms`` of device work is queued before
+    it: the bar is ``1 / (1 - delta)`` on the measured step. Beside it, the logprobs-only bar:
+    the speedup of the measured step that saves delta of the logprobs step alone."""
     cell = step[(step["rows"] == rows) & (step["vocab"] == vocab) & (step["k"] == k)]
     out: dict[str, Any] = {"rows": rows, "vocab": vocab, "k": k, "candidate": candidate,
-                           "delta": delta}
+                           "delta": delta, **_context(cell)}
     step_rounds = analysis.by_round(cell, BASELINE)
     out["baseline_rounds"] = len(step_rounds)
-    if len(step_rounds):
-        out["step_ms"] = 1e3 * float(np.median(step_rounds))
-    if len(step_rounds) == 0:
-        decision = stats.Decision(stats.INCONCLUSIVE, "not measured: "
-                                  + analysis.not_measured_reason(cell, BASELINE))
-    elif analysis.by_round(cell, candidate).empty:
-        decision = stats.Decision(stats.INCONCLUSIVE, "not measured: "
-                                  + analysis.not_measured_reason(cell, candidate))
-    elif analysis.by_round(cell, aa_name(BASELINE)).empty:
-        decision = stats.Decision(stats.INCONCLUSIVE, "the A/A check is missing: "
-                                  + analysis.not_measured_reason(cell, aa_name(BASELINE)))
-    else:
-        step_seconds = out["step_ms"] / 1e3
-        threshold = stats.min_speedup_for(delta, part_seconds=step_seconds,
-                                          step_seconds=step_seconds)
-        base, cand, twin = analysis.paired_rounds(cell, BASELINE, candidate, aa_name(BASELINE))
-        decision = stats.decide(base, cand, min_speedup=threshold, twin=twin,
-                                min_samples=min_samples, confidence=confidence, seed=seed)
-    failures = _failures(cell, (BASELINE, candidate, aa_name(BASELINE)))
-    if failures:
-        decision.reason += f" (note: {failures})"
-    out.update(decision.to_dict())
-    out["saved_ms"] = None if out.get("saved_seconds") is None else 1e3 * out["saved_seconds"]
-    out.pop("saved_seconds", None)
+    out["min_speedup"] = 1 / (1 - delta)
+    decode_ms = _mean_ms(step_rounds.to_numpy(dtype=float))
+    out["step_ms"] = decode_ms
+    if decode_ms is not None:
+        logprobs_ms = max(decode_ms - out["forward_ms"], 0.0)
+        out["logprobs_step_ms"] = logprobs_ms
+        out["logprobs_only_min_speedup"] = (
+            decode_ms / (decode_ms - delta * logprobs_ms) if logprobs_ms else None)
     out["stages_ms"] = _stage_split(cell)
-    return out
+    failures = _failures(cell, (BASELINE, candidate, aa_name(BASELINE)))
+    out["failures"] = failures
+    for arm, words in ((BASELINE, "not measured: "), (candidate, "not measured: "),
+                       (aa_name(BASELINE), "the A/A check is missing: ")):
+        if analysis.by_round(cell, arm).empty:
+            out["reason"] = words + analysis.not_measured_reason(cell, arm)
+            return out, None
+    base, cand, twin = analysis.paired_rounds(cell, BASELINE, candidate, aa_name(BASELINE))
+    return out, {"baseline": base, "candidate": cand, "twin": twin,
+                 "min_speedup": out["min_speedup"]}
+
+
+def decide_cells(step: pd.DataFrame, named: list[tuple[int, int, int]], candidate: str, *,
+                 delta: float, min_samples: int, confidence: float,
+                 seed: int) -> tuple[list[dict[str, Any]], stats.FamilyDecision | None]:
+    """Every named decisive cell with its decision, and the family's decision over the measured
+    ones (:func:`stagelab.stats.decide_family`; None when no cell was measured)."""
+    evidence = [cell_evidence(step, n, v, k, candidate, delta=delta) for n, v, k in named]
+    measured = [inputs for _, inputs in evidence if inputs is not None]
+    family = (stats.decide_family(measured, min_samples=min_samples, confidence=confidence,
+                                  seed=seed) if measured else None)
+    decided = iter(family.cells if family else [])
+    cells = []
+    for out, inputs in evidence:
+        decision = (next(decided) if inputs is not None else
+                    stats.Decision(stats.INCONCLUSIVE, out.pop("reason"),
+                                   min_speedup=out["min_speedup"]))
+        if out["failures"]:
+            decision.reason += f" (note: {out['failures']})"
+        cell = {**out, **decision.to_dict()}
+        cell["saved_ms"] = None if cell["saved_seconds"] is None else 1e3 * cell["saved_seconds"]
+        for key in ("saved_seconds", "failures"):
+            cell.pop(key)
+        cells.append(cell)
+    return cells, family
 
 
 def _failures(cell: pd.DataFrame, arms: tuple[str, ...]) -> str:
@@ -304,13 +342,15 @@ def findings(verdict: dict[str, Any], tables: dict[str, pd.DataFrame]) -> list[s
 
 def calibrate_rule(decisive: list[dict[str, Any]], trials: int, delta: float,
                    seed: int) -> list[dict[str, Any]]:
-    """The rule's simulated error rates at the rounds this run's decisive cells have; none where
-    no trials were asked for or no decisive cell has two rounds."""
+    """The rule's simulated error rates at the rounds this run's decisive cells have (the fewest)
+    and for a family of as many cells, under every noise model at fixed rounds (rounds until
+    precise are calibrated in the README's table); none where no trials were asked for or no
+    decisive cell has two rounds."""
     rounds = [c["baseline_rounds"] for c in decisive if c["baseline_rounds"] >= 2]
     if not trials or not rounds:
         return []
-    return calibration.calibrate(trials=trials, rounds=min(rounds), delta=delta,
-                                 seed=seed).assign(rounds=min(rounds)).to_dict("records")
+    return calibration.calibrate(trials=trials, rounds=min(rounds), delta=delta, seed=seed,
+                                 cells=len(decisive), adaptive=[False]).to_dict("records")
 
 
 def calibration_table(verdict: dict[str, Any]) -> pd.DataFrame:
@@ -336,23 +376,85 @@ def check_parameters(delta: float, min_samples: int, confidence: float, decisive
             raise ValueError(f"{name} is empty: name the cells that decide")
 
 
+def context_summary(decisive: list[dict[str, Any]], delta: float, log_softmax: str,
+                    family: stats.FamilyDecision | None) -> dict[str, Any]:
+    """What every verdict states beside its decision: the device work queued before each step,
+    what delta is a share of (with the logprobs-only bar beside it), where the log-softmax ran,
+    and how the family of cells was combined."""
+    forwards = sorted({c["forward_ms"] for c in decisive})
+    bars = [c.get("logprobs_only_min_speedup") for c in decisive
+            if c.get("logprobs_only_min_speedup") is not None]
+    return {"forward_ms": forwards,
+            "delta": delta,
+            "delta_of": "the decode step: forward pass + logprobs step (each timed call queues "
+                        "forward_ms of device work before the step)",
+            "min_speedup": 1 / (1 - delta),
+            "logprobs_only_min_speedup": [min(bars), max(bars)] if bars else None,
+            "log_softmax": log_softmax,
+            "family": stats.FAMILY_METHOD,
+            "family_reason": family.reason if family else "no decisive cell was measured",
+            "words": context_words(forwards, delta, log_softmax)}
+
+
+def context_words(forwards: list[float], delta: float, log_softmax: str) -> str:
+    """The context in one sentence, stated next to every verdict."""
+    forward = ("no device work before the step (forward_ms = 0: a CPU run, or the upper bound "
+               "of the saving)" if forwards == [0.0] else
+               f"forward_ms = {', '.join(f'{f:g}' for f in forwards)} ms of device work queued "
+               "before each step")
+    return (f"Context: {forward}; delta = {delta:.0%} of the decode step (forward + logprobs "
+            f"step); the log-softmax runs on the {log_softmax}.")
+
+
+def where_log_softmax(step: pd.DataFrame, log_softmax: str) -> pd.DataFrame:
+    """The step rows measured with the log-softmax on the device or on the host (rows that do not
+    say, from tables kept before the choice existed, ran it on the device)."""
+    where = step["log_softmax"].fillna("device")
+    return step[where == log_softmax]
+
+
+def _other_assumption(step: pd.DataFrame, named: list[tuple[int, int, int]], assumed: str,
+                      decided: str, **kwargs: Any) -> dict[str, Any]:
+    """Whether the other place of the log-softmax, where this run measured it, would change the
+    answer."""
+    other = "host" if assumed == "device" else "device"
+    rows = where_log_softmax(step, other)
+    if analysis.ok_timings(rows).empty:
+        return {"log_softmax": other, "measured": False, "decision": None,
+                "changes_answer": None, "note": f"the log-softmax on the {other} was not "
+                                                "measured in this run (the full profile does)"}
+    cells, _ = decide_cells(rows, named, CANDIDATE, **kwargs)
+    answer = overall(cells)["decision"]
+    return {"log_softmax": other, "measured": True, "decision": answer,
+            "changes_answer": answer != decided,
+            "note": f"with the log-softmax on the {other} the family decides {answer}"}
+
+
 def build_verdict(run_dir: Path | str, *, decisive_rows: list[int], decisive_vocabs: list[int],
                   decisive_ks: list[int], delta: float = 0.02, min_samples: int = 10,
                   confidence: float = 0.95, seed: int = 0, reference_root: Path | None = None,
-                  calibration_trials: int = 0) -> dict[str, Any]:
+                  calibration_trials: int = 0, log_softmax: str = "device") -> dict[str, Any]:
     """The verdict of a run folder as a JSON-ready dict (deterministic for the same folder).
 
-    With ``calibration_trials``, the rule's error rates are simulated at this run's own number of
-    rounds (the fewest the baseline has in a decisive cell) and its delta."""
+    The decisive cells are decided as one family (:func:`stagelab.stats.decide_family`) under
+    the assumption ``log_softmax`` (where the seed's log-softmax runs: ``device`` or ``host``);
+    where the run also measured the other place, the verdict says whether it would change the
+    answer. With ``calibration_trials``, the rule's error rates are simulated at this run's own
+    number of rounds (the fewest the baseline has in a decisive cell) and its delta."""
+    if log_softmax not in ("device", "host"):
+        raise ValueError(f"log_softmax must be 'device' or 'host', got {log_softmax!r}")
     check_parameters(delta, min_samples, confidence, decisive_rows, decisive_vocabs, decisive_ks)
     run_dir = Path(run_dir)
     tables, missing = load_tables(run_dir)
     staging, step = tables.get("staging"), tables.get("step")
     kwargs = dict(delta=delta, min_samples=min_samples, confidence=confidence, seed=seed)
     named = decisive_cells(decisive_rows, decisive_vocabs, decisive_ks)
-    empty_step = schema.make_rows([])
-    decisive = [decide_cell(step if step is not None else empty_step, n, v, k, CANDIDATE,
-                            **kwargs) for n, v, k in named]
+    step_all = step if step is not None else schema.make_rows([])
+    if step is not None:  # every step figure below is of the assumed log-softmax's rows
+        step = tables["step"] = where_log_softmax(step, log_softmax)
+    decisive, family = decide_cells(where_log_softmax(step_all, log_softmax), named, CANDIDATE,
+                                    **kwargs)
+    decided = overall(decisive)
     step_levers = [] if step is None else analysis.lever_savings(step, seed=seed).to_dict(
         "records")
     folder = records.RunFolder(run_dir)
@@ -371,8 +473,12 @@ def build_verdict(run_dir: Path | str, *, decisive_rows: list[int], decisive_voc
         "run_id": run_dir.name,
         "hardware": analysis.hardware_summary(hardware),
         "parameters": {**kwargs, "decisive_rows": decisive_rows,
-                       "decisive_vocabs": decisive_vocabs, "decisive_ks": decisive_ks},
-        "overall": overall(decisive),
+                       "decisive_vocabs": decisive_vocabs, "decisive_ks": decisive_ks,
+                       "log_softmax": log_softmax},
+        "overall": decided,
+        "context": context_summary(decisive, delta, log_softmax, family),
+        "other_log_softmax": _other_assumption(step_all, named, log_softmax,
+                                               decided["decision"], **kwargs),
         "decisive": decisive,
         "step_levers": step_levers,
         "copy_cells": [] if staging is None else _copy_cells(staging, seed),
@@ -381,6 +487,7 @@ def build_verdict(run_dir: Path | str, *, decisive_rows: list[int], decisive_voc
                         "disagree": sum(c["disagree"] for c in clocks)},
         "prompt_logprobs": _prompt_summary(tables.get("prompt_logprobs")),
         "calibration": calibrate_rule(decisive, calibration_trials, delta, seed),
+        "calibration_requirements": calibration.REQUIREMENTS,
         "missing": missing,
         "measured_on": measured_origin(manifest),
     }

@@ -1,0 +1,143 @@
+"""Tables as a reader sees them: columns named in words with their units, figures to three
+significant digits, a speedup and its CI in one cell, no index, no column left empty. Notebooks display every frame
+through :func:`show` (an HTML table in the exported report), never a raw frame.
+
+A column is recognised by its name, the same names the analysis floor gives (``seconds``,
+``*_ms``, ``*_bytes``, ``speedup`` with ``ci_low``/``ci_high``...); one it does not know is shown
+as it is.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import pandas as pd
+
+SIGNIFICANT = 3
+MIB = 2**20
+# Columns renamed only: what they are, in words.
+WORDS = {"rows": "n (rows)", "vocab": "V (vocabulary)", "k": "K", "chunk": "chunk C (rows)",
+         "n_rounds": "rounds", "baseline_rounds": "rounds", "n": "samples", "rounds": "rounds",
+         "trials": "trials", "allocations": "host allocations (count)",
+         "rank_mismatches": "ranks that differ (count)",
+         "id_mismatches": "ids that differ (count)", "bitwise_equal": "bitwise equal (1 yes)"}
+TEXT = {"noisy": "noisy (IQR ≥ 10 % of median)", "met": "met"}
+# Columns that say which cell and arm a row is about come first.
+LEADING = ("rows", "vocab", "k", "chunk", "arm", "method", "baseline", "candidate", "decision",
+           "scenario", "goal")
+SECONDS = ("seconds", "median", "q1", "q3", "iqr", "median_seconds", "best_seconds")
+RATIOS = ("min_speedup", "numpy_over_native", "relative", "true_speedup")
+PERCENTS = ("iqr_over_median", "port_rate", "close_rate", "inconclusive_rate", "delta")
+
+
+def significant(value: float, digits: int = SIGNIFICANT) -> str:
+    """A number to ``digits`` significant digits in plain notation: 2562, 16.4, 1.66, 0.0258."""
+    if value == 0 or not math.isfinite(value):
+        return f"{value:g}"
+    decimals = max(0, digits - 1 - math.floor(math.log10(abs(value))))
+    return f"{round(value, decimals):.{decimals}f}"
+
+
+def _number(fmt: Callable[[float], str]) -> Callable[[Any], str]:
+    """A formatter that leaves missing values as an empty cell and text as it is."""
+    def shown(value: Any) -> str:
+        if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)):
+            return ""
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return str(value)
+        return fmt(float(value))
+    return shown
+
+
+def _with_ci(frame: pd.DataFrame, prefix: str) -> pd.DataFrame:
+    """``<prefix>speedup``, ``<prefix>ci_low`` and ``<prefix>ci_high`` as one text column."""
+    names = [f"{prefix}speedup", f"{prefix}ci_low", f"{prefix}ci_high"]
+    if not set(names) <= set(frame.columns):
+        return frame
+    text = [("" if pd.isna(s) else f"{s:.3f}x [{lo:.3f}, {hi:.3f}]")
+            for s, lo, hi in zip(*(frame[n] for n in names))]
+    at = min(list(frame.columns).index(n) for n in names)
+    frame = frame.drop(columns=names)
+    frame.insert(at, f"{prefix}speedup_ci", text)
+    return frame
+
+
+SPLIT_MS = ("device_ms", "alloc_ms", "copy_ms", "host_gather_ms", "free_ms", "unattributed_ms")
+SPLIT_WORDS = ("seed step, mean ms: log-softmax + zero-fill + copy + host top-K + free + "
+               "unattributed = total")
+
+
+def _with_split(frame: pd.DataFrame) -> pd.DataFrame:
+    """A step's parts and total (``*_ms``, as the verdict's decisive table has them) as one
+    column that reads as a sum, so that the table fits the page."""
+    names = [*SPLIT_MS, "total_ms"]
+    if not set(names) <= set(frame.columns):
+        return frame
+    text = [("" if pd.isna(row[-1]) else
+             " + ".join(f"{v:.2f}" for v in row[:-1]) + f" = {row[-1]:.2f}")
+            for row in frame[names].itertuples(index=False)]
+    return frame.drop(columns=names).assign(**{"stage_split": text})
+
+
+def _column(name: str) -> tuple[str, Callable[[Any], str]]:
+    """The shown name of a column and its formatter, from its name."""
+    plain = _number(significant)
+    if name in WORDS:
+        return WORDS[name], _number(lambda v: f"{v:.0f}")
+    if name in TEXT:
+        return TEXT[name], str
+    if name == "stage_split":
+        return SPLIT_WORDS, str
+    if name == "step_ms":  # the verdict's threshold is a share of the median step
+        return "seed step, median (ms)", plain
+    if name.endswith("speedup_ci"):
+        twin = "A/A twin" if name.startswith("twin_") else "speedup"
+        return f"{twin} [95 % CI]", str
+    if name in SECONDS or name.endswith("_s"):
+        label = name.removesuffix("_seconds").removesuffix("_s").replace("_", " ")
+        return f"{label} (ms)", _number(lambda v: significant(1e3 * v))
+    if name.endswith("_ms"):
+        return f"{name.removesuffix('_ms').replace('_', ' ')} (ms)", plain
+    if name == "bytes" or name.endswith("_bytes"):
+        label = name.removesuffix("_bytes").replace("_", " ") or "size"
+        return f"{label} (MiB)", _number(lambda v: significant(v / MIB))
+    if name == "gb_per_s":
+        return "GB/s", plain
+    if name in RATIOS:
+        return f"{name.replace('_', ' ')} (x)", _number(lambda v: f"{significant(v)}x")
+    if name in PERCENTS or name.endswith("_share"):
+        return f"{name.replace('_', ' ')} (%)", _number(lambda v: f"{100 * v:.1f} %")
+    return name.replace("_", " "), plain
+
+
+def readable(frame: pd.DataFrame) -> pd.DataFrame:
+    """The frame as text: a flat header, speedups with their CIs, units in the column names."""
+    frame = frame.copy()
+    if not isinstance(frame.index, pd.RangeIndex):
+        frame = frame.reset_index()
+    if isinstance(frame.columns, pd.MultiIndex):
+        frame.columns = [" · ".join(str(part) for part in col if str(part)) for col in
+                         frame.columns]
+    leading = [c for c in LEADING if c in frame.columns]
+    frame = frame[leading + [c for c in frame.columns if c not in leading]]
+    for prefix in ("", "twin_"):
+        frame = _with_ci(frame, prefix)
+    frame = _with_split(frame)
+    shown = {}
+    for name in frame.columns:
+        label, fmt = _column(str(name))
+        while label in shown:
+            label += " "
+        shown[label] = frame[name].map(fmt)
+    table = pd.DataFrame(shown)
+    if table.empty:
+        return table
+    return table.loc[:, (table != "").any()]  # a column with nothing in it is left out
+
+
+def show(frame: pd.DataFrame, caption: str | None = None) -> Any:
+    """A frame as an HTML table (a pandas Styler, without its index) a reader can take in."""
+    styler = readable(frame).style.hide(axis="index")
+    return styler.set_caption(caption) if caption else styler

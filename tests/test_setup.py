@@ -1,0 +1,297 @@
+"""The set-up and the README's commands: torch that fits the machine (with PyTorch's CPU index
+reachable or not), the lean install of a fresh clone, ``make lab`` as root, and every command the
+README gives, as written."""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import importlib.util
+import json
+import os
+import re
+import shlex
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from stagelab import cli, paths, profiles
+
+SCRIPTS = paths.REPO_ROOT / "scripts"
+README = (paths.REPO_ROOT / "README.md").read_text()
+VENV_BIN = Path(sys.executable).parent
+
+
+def _load_script(name: str):
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+setup_venv = _load_script("setup_venv")
+bench = _load_script("bench_fresh_clone")
+
+
+def _closed_port() -> int:
+    """A loopback port nothing listens on (bound, then released)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def cpu_index(tmp_path):
+    """A wheel index on loopback that answers for torch, as PyTorch's CPU index does."""
+    (tmp_path / "whl" / "cpu" / "torch").mkdir(parents=True)
+    (tmp_path / "whl" / "cpu" / "torch" / "index.html").write_text("<html></html>")
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    handler.log_message = lambda *args: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/whl/cpu"
+    server.shutdown()
+    server.server_close()
+
+
+def test_without_a_gpu_torch_is_the_cpu_build_from_the_cpu_index(cpu_index):
+    assert setup_venv.index_reachable(cpu_index)
+    choice = setup_venv.choose_torch(gpu=False, cpu_index=cpu_index, find_links=("/wheels",))
+    assert (choice.requirement, choice.index_url) == ("torch==2.13.0", cpu_index)
+    assert choice.find_links == ("/wheels",)
+    assert f"the CPU build from {cpu_index}" in choice.reason
+
+
+def test_an_unreachable_cpu_index_falls_back_to_pypi_at_once():
+    unreachable = f"http://127.0.0.1:{_closed_port()}/whl/cpu"
+    started = time.monotonic()
+    assert not setup_venv.index_reachable(unreachable)
+    assert time.monotonic() - started < setup_venv.INDEX_TIMEOUT_S  # refused, not timed out
+    choice = setup_venv.choose_torch(gpu=False, cpu_index=unreachable)
+    assert (choice.requirement, choice.index_url) == ("torch==2.13.0", None)
+    assert f"{unreachable} cannot be reached: PyPI's default build" in choice.reason
+
+
+def test_with_a_gpu_torch_is_pypis_default_build_and_no_index_is_asked():
+    asked = []
+    choice = setup_venv.choose_torch(gpu=True, cpu_index="unused", reachable=asked.append,
+                                     find_links=("/wheels",))
+    assert (choice.requirement, choice.index_url, choice.find_links) == ("torch>=2.4", None, ())
+    assert asked == []
+
+
+def test_pips_local_wheel_folders_are_passed_on_only_when_they_exist(tmp_path, monkeypatch):
+    (tmp_path / "wheels").mkdir()
+    monkeypatch.setenv("PIP_FIND_LINKS", f"{tmp_path / 'wheels'} {tmp_path / 'missing'}")
+    base_python = Path(sys.base_prefix, "bin", "python3")  # the set-up's, with pip; not .venv's
+    folders = setup_venv.local_wheel_folders(str(base_python))
+    assert str(tmp_path / "wheels") in folders
+    assert str(tmp_path / "missing") not in folders
+
+
+def _recorder(path: Path) -> Path:
+    """An executable that appends its arguments, one call a line, to ``path``.calls."""
+    path.write_text(f"#!/bin/sh\necho \"$@\" >> '{path}.calls'\n")
+    path.chmod(0o755)
+    return path
+
+
+def test_uv_installs_into_the_environment_from_the_chosen_index(tmp_path):
+    uv = _recorder(tmp_path / "uv")
+    installer = setup_venv.Installer(tmp_path / "venv" / "bin" / "python", uv)
+    installer.install(["torch==2.13.0"], "https://cpu.example/whl", ("/wheels",))
+    assert Path(f"{uv}.calls").read_text().split() == [
+        "pip", "install", "--quiet", "--python", str(tmp_path / "venv" / "bin" / "python"),
+        "--index-url", "https://cpu.example/whl", "--find-links", "/wheels", "torch==2.13.0"]
+
+
+def test_without_uv_pip_of_the_environment_installs(tmp_path):
+    python = _recorder(tmp_path / "python")
+    installer = setup_venv.Installer(python, None)
+    installer.install(["--editable", "/repo[lab]"])
+    assert installer.name == "pip"
+    assert Path(f"{python}.calls").read_text().split() == [
+        "-m", "pip", "install", "--quiet", "--editable", "/repo[lab]"]
+
+
+def test_a_failed_install_stops_the_set_up_naming_the_command(tmp_path):
+    failing = tmp_path / "uv"
+    failing.write_text("#!/bin/sh\nexit 3\n")
+    failing.chmod(0o755)
+    with pytest.raises(SystemExit, match=r"set-up failed \(3\): .*uv pip install"):
+        setup_venv.Installer(tmp_path / "python", failing).install(["numpy"])
+
+
+def test_the_benchmark_splits_set_up_from_the_run():
+    output = ("+ uv pip install ...\nset-up: what a headless run needs installed with uv in 17 s\n"
+              "  set-up: the extras lab installed with uv in 4 s  \nreport: x/index.html\n")
+    assert bench.setup_seconds(output) == 21
+    assert bench.setup_seconds("report: x/index.html\n") == 0
+
+
+def _make(*args: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["make", "-C", str(paths.REPO_ROOT), *args], capture_output=True,
+                          text=True, env={**os.environ, **env}, timeout=600)
+
+
+def test_make_run_installs_no_extra_and_lab_and_test_add_theirs(tmp_path):
+    venv = tmp_path / "venv"
+    dry = {target: _make("-n", target, f"VENV={venv}").stdout for target in ("run", "lab", "test")}
+    assert "--extra" not in dry["run"] and "stagelab run --profile quick" in dry["run"]
+    assert "--extra lab" in dry["lab"] and "--extra test" not in dry["lab"]
+    assert "--extra lab" in dry["test"] and "--extra test" in dry["test"]
+
+
+@pytest.mark.slow
+def test_make_lab_as_root_starts_and_answers(tmp_path):
+    """`make lab` as the README gives it (as root in CI: --allow-root), on loopback, then shut
+    down through Jupyter's own API."""
+    if importlib.util.find_spec("jupyterlab") is None:
+        if os.environ.get("CI"):
+            pytest.fail("jupyterlab is missing: `make test` installs the lab extra")
+        pytest.skip("jupyterlab is not installed (make lab and make test install it)")
+    port, token = _closed_port(), os.urandom(16).hex()
+    venv = Path(sys.prefix)
+    stamps = [f"--old-file={venv}/.installed", f"--old-file={venv}/.extra-lab"]  # installed
+    lab_args = (f"LAB_ARGS=--no-browser --ServerApp.ip=127.0.0.1 --ServerApp.port={port} "
+                f"--ServerApp.port_retries=0 --IdentityProvider.token={token}")
+    env = dict(os.environ, JUPYTER_CONFIG_DIR=str(tmp_path / "config"),
+               JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"))
+    command = ["make", "-C", str(paths.REPO_ROOT), *stamps, "lab", f"VENV={venv}", lab_args]
+    shown = subprocess.run([*command[:-2], "-n", *command[-2:]], capture_output=True, text=True)
+    assert ("--allow-root" in shown.stdout) == (os.geteuid() == 0), shown.stdout
+    log = tmp_path / "lab.log"
+    with log.open("w") as out:
+        lab = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT,
+                               start_new_session=True)
+    headers = {"Authorization": f"token {token}"}
+    try:
+        status = _wait_for_json(f"http://127.0.0.1:{port}/api/status", headers, lab, log)
+        assert "started" in status
+        urllib.request.urlopen(urllib.request.Request(
+            f"http://127.0.0.1:{port}/api/shutdown", method="POST", headers=headers)).close()
+        assert lab.wait(timeout=60) == 0, log.read_text()[-3000:]
+    finally:
+        if lab.poll() is None:
+            os.killpg(lab.pid, 15)
+            lab.wait(timeout=30)
+
+
+def _wait_for_json(url: str, headers: dict, process: subprocess.Popen, log: Path,
+                   timeout_s: float = 180) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            pytest.fail(f"make lab exited with {process.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url, headers=headers),
+                                        timeout=5) as response:
+                return json.load(response)
+        except OSError:
+            time.sleep(0.5)
+    pytest.fail(f"make lab did not answer within {timeout_s} s:\n{log.read_text()[-3000:]}")
+
+
+@pytest.mark.slow
+def test_a_fresh_clone_sets_up_lean_with_the_cpu_index_unreachable(tmp_path):
+    """`make setup` in a fresh clone (of the committed HEAD), PyTorch's CPU index pointed at a
+    closed port: PyPI's default torch is taken, its build is said and true, and only what a
+    headless run needs is installed, with the `stagelab` command listing every profile."""
+    repo = tmp_path / "stagelab"
+    bench.clone(paths.REPO_ROOT, repo)
+    unreachable = f"http://127.0.0.1:{_closed_port()}/whl/cpu"
+    done = subprocess.run(["make", "-C", str(repo), "setup"], capture_output=True, text=True,
+                          env=dict(os.environ, TORCH_CPU_INDEX=unreachable), timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert f"{unreachable} cannot be reached: PyPI's default build" in done.stdout
+    python = repo / ".venv" / "bin" / "python"
+    truth = subprocess.run([str(python), "-c", setup_venv.TORCH_BUILD_PROBE], capture_output=True,
+                           text=True, check=True).stdout.strip()
+    assert f"torch {truth}\n" in done.stdout
+    installed = subprocess.run([str(python), "-c", "import importlib.util as u; print("
+                                "[m for m in ('jupyterlab', 'pytest', 'playwright') if "
+                                "u.find_spec(m)])"], capture_output=True, text=True, check=True)
+    assert installed.stdout.strip() == "[]"
+    helped = subprocess.run([str(repo / ".venv" / "bin" / "stagelab"), "run", "--help"],
+                            capture_output=True, text=True, check=True).stdout
+    profiles_file = repo / paths.PROFILES_FILE.relative_to(paths.REPO_ROOT)
+    assert all(name in helped for name in profiles.load_profiles(profiles_file))
+
+
+# The README's commands, as written.
+
+def _readme_commands() -> list[str]:
+    """Every shell command the README gives: code-block lines and code spans that start with
+    `make` or `stagelab` (comments dropped)."""
+    blocks = re.findall(r"```sh\n(.*?)```", README, re.S)
+    lines = [line.split("#")[0].strip() for block in blocks for line in block.splitlines()
+             if line.startswith(("make ", "stagelab "))]
+    spans = re.findall(r"`((?:make [a-z]|stagelab [a-z])[^`]*)`", README)
+    return [c for c in dict.fromkeys([*lines, *spans]) if c]
+
+
+def _stagelab_commands() -> list[list[str]]:
+    return [shlex.split(re.sub(r"[\[\]]", " ", c))[1:] for c in _readme_commands()
+            if c.startswith("stagelab ")]
+
+
+def test_the_readme_activates_the_environment_before_its_first_stagelab_command():
+    activation = README.index(". .venv/bin/activate")
+    first = min(README.index(f"`stagelab {words[0]}") for words in _stagelab_commands())
+    assert activation < first
+    assert (VENV_BIN / "activate").exists() and (VENV_BIN / "stagelab").exists()
+
+
+def test_every_stagelab_command_of_the_readme_exists_with_its_options_and_profiles():
+    subparsers = next(a for a in cli._parser()._actions if a.dest == "command").choices
+    commands = _stagelab_commands()
+    assert {words[0] for words in commands} == set(cli.COMMANDS)  # all of them, documented
+    for words in commands:
+        options = set(subparsers[words[0]]._option_string_actions)
+        given = [w.split("=")[0] for w in words if w.startswith("--")]
+        assert set(given) <= options, (words, options)
+        for flag, value in zip(words, words[1:]):
+            if flag == "--profile":
+                assert value in profiles.load_profiles(), words
+
+
+def test_every_stagelab_command_of_the_readme_is_exercised_by_a_test():
+    sources = "".join(p.read_text() for p in (paths.REPO_ROOT / "tests").glob("test_*.py"))
+    for name in {words[0] for words in _stagelab_commands()}:
+        called = rf"(main\(\[|\[\"stagelab\",)\s*\"{name}\""  # cli.main or the command
+        assert re.search(called, sources), f"no test calls `stagelab {name}`"
+
+
+# Where each make target of the README is exercised.
+MAKE_TARGETS = {"run": "scripts/bench_fresh_clone.py", "test": ".ci/run",
+                "lab": "test_make_lab_as_root_starts_and_answers",
+                "setup": "test_a_fresh_clone_sets_up_lean_with_the_cpu_index_unreachable"}
+
+
+def test_every_make_target_of_the_readme_exists_and_is_exercised():
+    targets = {c.split()[1] for c in _readme_commands() if c.startswith("make ")}
+    assert targets and targets <= set(MAKE_TARGETS), targets - set(MAKE_TARGETS)
+    here = Path(__file__).read_text()
+    for target in targets:
+        assert _make("-n", target, "VENV=/nonexistent").returncode == 0, target
+        where = MAKE_TARGETS[target]
+        assert (paths.REPO_ROOT / where).exists() or f"def {where}(" in here, where
+
+
+def test_the_installed_stagelab_command_runs_as_the_readme_says():
+    """With the environment activated (its bin/ first on PATH), `stagelab` is the command."""
+    env = dict(os.environ, PATH=f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}")
+    helped = subprocess.run(["stagelab", "run", "--help"], capture_output=True, text=True,
+                            env=env, check=True).stdout
+    assert f"{paths.PROFILES_FILE.name}: {', '.join(profiles.load_profiles())}" in " ".join(
+        helped.split())
+    snapshot = subprocess.run(["stagelab", "env", "--json"], capture_output=True, text=True,
+                              env=env, check=True).stdout
+    assert json.loads(snapshot)
