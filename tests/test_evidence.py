@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from conftest import dead_pid, fake_run
 from stagelab import busy, cli, evidence, paths, rundir, schema, trust
 from stagelab.errors import UserError
-from test_runner import dead_pid, fake_run
 
 GPU = {"gpu": {"name": "NVIDIA H200"}, "host": {"cpu_model": "Xeon"}}
 

@@ -8,14 +8,13 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import nbformat
 import pytest
 
-from conftest import tiny_cli, write_notebook
+from conftest import dead_pid, fake_run, tiny_cli, write_notebook
 from stagelab import cli, context, execute, paths, profiles, report, rundir, schema
 from stagelab.errors import UserError
 
@@ -33,26 +32,6 @@ def tiny_paths(tiny_suite, monkeypatch):
     monkeypatch.setattr(paths, "PROFILES_FILE", tiny_suite["profiles"])
     monkeypatch.setattr(paths, "NOTEBOOKS_DIR", tiny_suite["notebooks"])
     return tiny_suite
-
-
-def fake_run(root: Path, status: str = "ok", notebooks=("10_ok",), pid: int | None = None,
-             write_outputs: bool = True) -> Path:
-    """A run folder made by hand: a manifest, and the notebooks it names."""
-    run_dir = rundir.new_run_dir(root, "quick")
-    entries = [rundir.notebook_entry(name, status=status) for name in notebooks]
-    manifest = rundir.new_manifest(run_dir, "quick", ["test"], entries, None, status=status)
-    manifest["pid"] = pid if pid is not None else os.getpid()
-    rundir.write_manifest(run_dir, manifest)
-    if write_outputs:
-        for name in notebooks:
-            write_notebook(run_dir / f"{name}.ipynb", 'run_dir = ""', "print(1)")
-    return run_dir
-
-
-def dead_pid() -> int:
-    proc = subprocess.Popen([sys.executable, "-c", "pass"])
-    proc.wait()
-    return proc.pid
 
 
 # ------------------------------------------------------------------------- whole runs (slow)
@@ -260,6 +239,17 @@ def test_an_interactive_folder_gets_a_manifest_and_is_listed(tmp_path, monkeypat
     line = capsys.readouterr().out.strip()
     assert line.startswith(ctx.run_dir.name) and line.endswith("interactive")
     assert "interactive" in report.write_index(ctx.run_dir).read_text()
+
+
+def test_every_notebook_context_sets_the_suites_plot_theme(tmp_path):
+    import matplotlib
+    import seaborn as sns
+
+    sns.set_theme(style="dark")  # what a previous notebook or a user might have left
+    assert matplotlib.rcParams["axes.grid"] is False
+    context.notebook_context("10_ok", tmp_path)
+    assert matplotlib.rcParams["axes.grid"] is True
+    assert matplotlib.rcParams["axes.facecolor"] == "white"
 
 
 def test_a_given_run_dir_must_exist(tmp_path):

@@ -17,8 +17,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from stagelab import catalogue
+
 # The notebooks whose timings the verdict, the findings and compare use.
-TIMING_NOTEBOOKS = ("01_d2h_staging", "02_logprobs_step", "03_prompt_logprobs")
+TIMING_NOTEBOOKS = catalogue.measuring_notebooks()
 DEFAULT_DELTA = 0.02
 
 
