@@ -7,14 +7,12 @@ import errno
 import json
 import os
 import signal
-import subprocess
-import time
 from pathlib import Path
 
 import nbformat
 import pytest
 
-from conftest import dead_pid, fake_run, tiny_cli, write_notebook
+from conftest import dead_pid, fake_run, start_sleepy, write_notebook
 from stagelab import cli, context, execute, paths, profiles, report, rundir, schema
 from stagelab.errors import UserError
 
@@ -100,23 +98,10 @@ def test_the_kernel_gets_a_private_socket_folder(tmp_path):
     assert not folder.exists()  # removed afterwards, whatever it held
 
 
-def _start_sleepy(suite: dict[str, Path], env: dict[str, str] | None = None) -> tuple[subprocess.Popen, Path]:
-    proc = subprocess.Popen(tiny_cli(suite, "run", "--profile", "sleepy", "--out", str(suite["root"])),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    deadline = time.time() + 90
-    while time.time() < deadline:  # wait until the sleeping cell runs
-        marker = next(suite["root"].glob("*/sleeping"), None) if suite["root"].exists() else None
-        if marker:
-            return proc, marker.parent
-        time.sleep(0.2)
-    proc.kill()
-    raise AssertionError(f"the sleeping notebook never started: {proc.communicate()}")
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_marks_the_run_interrupted_quietly_and_keeps_what_was_written(tiny_suite, signum):
-    proc, run_dir = _start_sleepy(tiny_suite)
+    proc, run_dir = start_sleepy(tiny_suite)
     proc.send_signal(signum)
     _, err = proc.communicate(timeout=90)
     assert proc.returncode == cli.EXIT_INTERRUPTED, err
@@ -145,7 +130,7 @@ def _kill_orphaned_kernels(marker: Path) -> None:
 def test_a_killed_run_leaves_no_socket_where_another_run_looks(tiny_suite, tmp_path):
     private_tmp = tmp_path / "tmp"
     private_tmp.mkdir()
-    proc, run_dir = _start_sleepy(tiny_suite, env={**os.environ, "TMPDIR": str(private_tmp)})
+    proc, run_dir = start_sleepy(tiny_suite, env={**os.environ, "TMPDIR": str(private_tmp)})
     # While the kernel runs, its sockets are in a private temporary folder (which also shows the
     # searches below would find socket files if there were any).
     assert list(private_tmp.glob("stagelab-kernel-*/kernel-ipc-*"))
