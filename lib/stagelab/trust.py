@@ -75,6 +75,12 @@ def reasons(run_dir: Path, manifest: Mapping[str, Any] | None = None,
     return load_reasons(manifest) + harness_reasons(verdict)
 
 
+def harness_checked(verdict: Mapping[str, Any]) -> bool:
+    """Whether the verdict holds any A/A twin's CI (none in an older verdict, or without one)."""
+    cells = [*(verdict.get("decisive") or []), *(verdict.get("copy_cells") or [])]
+    return any(cell.get("twin_ci_low") is not None for cell in cells)
+
+
 def load_known(manifest: Mapping[str, Any]) -> bool:
     """Whether the machine's load was recorded for every timing notebook the run has (not for
     older runs, runs by hand, or where /proc cannot be read)."""
