@@ -242,3 +242,12 @@ def test_a_run_with_untrustworthy_timings_is_flagged_in_its_column_and_a_note(cp
     timings = compare.compare([a, b]).table.loc[("verdict", "timings")]
     assert timings["B_h200"].startswith("NOT TRUSTWORTHY: the A/A check at step level")
     assert timings["A_cpu"] == "A/A passed; load not recorded"
+    bare = make_run(tmp_path, "C_bare", verdict="none")
+    assert compare.compare([a, bare]).table.loc[("verdict", "timings"), "C_bare"] == (
+        "A/A not checked; load not recorded")
+    quiet = {"busy": False, "why": []}
+    manifest = json.loads((a / "manifest.json").read_text())
+    manifest["notebooks"] = [{"name": "02_logprobs_step", "status": "ok", "load": quiet}]
+    (a / "manifest.json").write_text(json.dumps(manifest))
+    assert compare.compare([a]).table.loc[("verdict", "timings"), "A_cpu"] == (
+        "yes (quiet, A/A passed)")

@@ -184,6 +184,14 @@ def test_keep_refuses_a_symlink_even_forced(tmp_path, reference, capsys):
     assert not reference.exists() or not list(reference.rglob("*.json"))
 
 
+def _ran_ok(run_dir: Path, *notebooks: str) -> None:
+    """Record these notebooks as run ok (their files written), whatever tables exist."""
+    for name in notebooks:
+        write_notebook(run_dir / f"{name}.ipynb", 'run_dir = ""', "print(1)")
+    rundir.write_manifest(run_dir, {**rundir.read_manifest(run_dir), "notebooks": [
+        rundir.notebook_entry(name, status="ok") for name in notebooks]})
+
+
 @pytest.mark.parametrize("damage, message", [
     (lambda run: (run / "data" / "staging.parquet").write_bytes(b"PAR1 garbage"),
      "staging.parquet: cannot be read as a parquet table"),
@@ -191,6 +199,8 @@ def test_keep_refuses_a_symlink_even_forced(tmp_path, reference, capsys):
      "verdict.json: not a valid verdict record: overall.decision is 3"),
     (lambda run: (run / "verdict.json").write_text('["PORT"]'),
      "verdict.json: not a valid verdict record: the document is list, not object"),
+    (lambda run: _ran_ok(run, "01_d2h_staging", "02_logprobs_step"),
+     "data/step.parquet is missing, although 02_logprobs_step is recorded ok"),
 ])
 def test_keep_refuses_damaged_evidence_even_forced(tmp_path, reference, capsys, damage, message):
     # Before: missing or garbage tables and wrong-typed verdicts were kept as ok evidence.

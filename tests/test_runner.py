@@ -451,8 +451,13 @@ def test_the_verdict_by_hand_reads_the_newest_run_with_data_and_names_it(tmp_pat
             (runs / name / "data" / "step.parquet").write_bytes(b"PAR1")
     ctx = context.reading_context("04_verdict", "", root=runs)
     assert ctx.data_dir == runs / "20261130T110000Z_vm_quick"
+    (runs / "20261130T090000Z_vm_interactive" / "data").mkdir(parents=True)  # by hand, notebook 02
+    (runs / "20261130T090000Z_vm_interactive" / "data" / "decisive.parquet").write_bytes(b"")
+    preferred = context.reading_context("04_verdict", "", root=runs, prefer="decisive")
+    assert preferred.data_dir == runs / "20261130T090000Z_vm_interactive"
     assert ctx.run_dir != ctx.data_dir and ctx.run_dir.parent == runs
     assert rundir.read_manifest(ctx.run_dir)["status"] == rundir.INTERACTIVE
-    assert "`20261130T110000Z_vm_quick`, the newest run folder with data" in ctx.reading()
+    assert "`20261130T110000Z_vm_quick`, the newest run folder under `runs/` with the data" in (
+        ctx.reading())
     given = context.reading_context("04_verdict", str(runs / "20261130T100000Z_vm_quick"))
     assert given.data_dir == given.run_dir == runs / "20261130T100000Z_vm_quick"
