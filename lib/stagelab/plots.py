@@ -88,7 +88,7 @@ def saved_ms(compared: pd.DataFrame, ax: plt.Axes | None = None,
         return nothing(ax, "Nothing to compare: no pair of arms was timed")
     shown = compared.assign(cell=_cell_label(compared))
     sns.barplot(data=shown, x="cell", y="saved_ms", hue="candidate", ax=ax)
-    ax.set(xlabel="n × V", ylabel="ms saved per call (median)", title=title)
+    ax.set(xlabel="n × V, K", ylabel="ms saved per call (median)", title=title)
     ax.tick_params(axis="x", rotation=45)
     return ax
 
