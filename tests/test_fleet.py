@@ -335,6 +335,7 @@ def test_a_crashed_worker_is_retried_once_and_only_once(connected, tmp_path):
                             progress=lambda *_: None)
     assert (lost.status, lost.attempts) == (fleet.FAILED, 2)
     assert lost.error.startswith("WorkerCrashedError")
+    assert "; retried: WorkerCrashedError" in lost.error
 
 
 def test_no_matching_node_is_a_bad_request(cluster, capsys, tmp_path):
