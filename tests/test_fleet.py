@@ -8,6 +8,7 @@ import io
 import ipaddress
 import json
 import os
+import signal
 import sys
 import tarfile
 from pathlib import Path
@@ -304,6 +305,7 @@ def test_a_node_past_its_timeout_is_stopped_and_keeps_what_it_sent(connected, tm
                               progress=lambda *_: None)
     assert record.status == fleet.TIMED_OUT
     assert "timeout" in record.error
+    assert record.exit_code == -signal.SIGTERM  # stopped by SIGTERM, not killed
     assert (Path(record.measured_dir) / "started.json").is_file()
 
 
