@@ -23,8 +23,8 @@ from pathlib import Path
 import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook, new_output
-from test_suite_end_to_end import TINY
 
+from conftest import TINY
 from stagelab import execute, paths
 
 CHROMIUM = shutil.which("chromium")

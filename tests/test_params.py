@@ -51,6 +51,11 @@ BAD = [
      "names the same vocabulary twice ('Qwen2.5-7B' and 152064)"),
     ("02_logprobs_step.ks=[5, 5]", "02_logprobs_step.ks: [5, 5] names the same K twice"),
     ("03_prompt_logprobs.chunks=[128, 128]", "names the same chunk twice"),
+    # Before: a top-K above the vocabulary passed the checks, then failed inside the run.
+    ("02_logprobs_step.ks=[5, 200000]", "02_logprobs_step.ks: top-K 200000 exceeds the "
+                                        "vocabulary of Qwen2.5-7B (152064); K can be at most V"),
+    ("03_prompt_logprobs.vocab=4", "03_prompt_logprobs.k: top-K 5 exceeds the vocabulary of 4"),
+    ("04_verdict.decisive_ks=[300000]", "04_verdict.decisive_ks: top-K 300000 exceeds"),
 ]
 
 

@@ -6,8 +6,7 @@ from __future__ import annotations
 import json
 import re
 
-from test_runner import fake_run
-
+from conftest import fake_run
 from stagelab import report
 
 UNAVAILABLE = "not measured: seed_pinned unavailable: pinned host memory needs a CUDA device"

@@ -22,8 +22,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, Any, Callable, Iterator
+from typing import IO, Any
 
 from stagelab import busy, hardware, paths, report, rundir
 from stagelab.errors import UserError
@@ -150,7 +151,7 @@ class DeferredStops:
         self.pending.append(signum)
         _say(True, "stagelab: finishing the run's record first")
 
-    def __enter__(self) -> "DeferredStops":
+    def __enter__(self) -> DeferredStops:
         self._previous = {signum: signal.signal(signum, self._note) for signum in STOP_SIGNALS}
         return self
 

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import csv
 import math
+from collections.abc import Callable, Iterable, Mapping
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 from stagelab import catalogue, paths
 from stagelab.errors import UserError
@@ -267,14 +268,16 @@ VALIDATORS: dict[str, Validator] = {
     "calibration_trials": positive_int,
 }
 
+_STAGING, _STEP, _PROMPT = (catalogue.notebook_of(experiment).name for experiment in
+                            (catalogue.STAGING, catalogue.STEP, catalogue.PROMPT))
 NOTEBOOK_VALIDATORS: dict[tuple[str, str], Validator] = {
-    ("01_d2h_staging", "arms"): _subset(_arms_of(catalogue.STAGING), "arm"),
-    ("01_d2h_staging", "aa_arm"): _aa_arm_in_arms(_arms_of(catalogue.STAGING), "arm"),
-    ("02_logprobs_step", "arms"): _subset(_arms_of(catalogue.STEP), "step arm"),
-    ("02_logprobs_step", "aa_arm"): _aa_arm_in_arms(_arms_of(catalogue.STEP), "step arm"),
-    ("02_logprobs_step", "log_softmax"): log_softmax_places,
-    ("04_verdict", "log_softmax"): log_softmax_place,
-    ("03_prompt_logprobs", "methods"): _subset(_arms_of(catalogue.PROMPT), "method"),
+    (_STAGING, "arms"): _subset(_arms_of(catalogue.STAGING), "arm"),
+    (_STAGING, "aa_arm"): _aa_arm_in_arms(_arms_of(catalogue.STAGING), "arm"),
+    (_STEP, "arms"): _subset(_arms_of(catalogue.STEP), "step arm"),
+    (_STEP, "aa_arm"): _aa_arm_in_arms(_arms_of(catalogue.STEP), "step arm"),
+    (_STEP, "log_softmax"): log_softmax_places,
+    (catalogue.VERDICT_NOTEBOOK, "log_softmax"): log_softmax_place,
+    (_PROMPT, "methods"): _subset(_arms_of(catalogue.PROMPT), "method"),
 }
 
 
@@ -298,3 +301,34 @@ def validate(notebook: str, values: Mapping[str, Any], chosen: Iterable[str] = (
             check(value, values)
         except ValueError as exc:
             raise UserError(f"{notebook}.{name}: {exc}") from None
+    check_top_k(notebook, values)
+
+
+# Each top-K parameter and the parameters that give its vocabularies (the first that is set).
+TOP_K_VOCABS = {"ks": ("models",), "decisive_ks": ("decisive_models",), "k": ("vocab", "model")}
+
+
+def _vocab(item: Any) -> int | None:
+    if isinstance(item, bool):
+        return None
+    return item if isinstance(item, int) else model_vocabs().get(item)
+
+
+def check_top_k(notebook: str, values: Mapping[str, Any]) -> None:
+    """Refuse a top-K above the smallest vocabulary it is asked of (each value already checked
+    alone): UserError ``notebook.parameter: ...``."""
+    for k_name, vocab_names in TOP_K_VOCABS.items():
+        ks = values.get(k_name)
+        given = next((values[n] for n in vocab_names if values.get(n)), None)
+        if ks is None or given is None:
+            continue
+        items = given if isinstance(given, (list, tuple)) else [given]
+        sized = [(item, vocab) for item in items if (vocab := _vocab(item))]
+        largest = max(ks) if isinstance(ks, (list, tuple)) else ks
+        if not sized or not isinstance(largest, int):
+            continue
+        item, vocab = min(sized, key=lambda pair: pair[1])
+        if largest > vocab:
+            of = f"{item} ({vocab})" if item != vocab else str(vocab)
+            raise UserError(f"{notebook}.{k_name}: top-K {largest} exceeds the vocabulary of "
+                            f"{of}; K can be at most V")

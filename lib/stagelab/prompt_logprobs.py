@@ -14,7 +14,8 @@ double-buffer code runs with an engine that copies at once.
 
 from __future__ import annotations
 
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 import torch
 
@@ -435,6 +436,8 @@ def measure(tokens: int, shape: ModelShape, hidden: int, chunks: list[int], dtyp
                               annotate=annotate, after=after)
 
     def annotate(record: dict) -> dict:
+        if record["arm"] not in configs:  # a record of the sweep itself (the order's seed)
+            return record
         method, chunk, overlap = configs[record["arm"]]
         return {**record, "arm": catalogue.prompt_arm(method, overlap), "chunk": chunk, "overlap": overlap}
 

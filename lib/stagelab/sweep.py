@@ -22,16 +22,18 @@ import contextlib
 import gc
 import os
 import sys
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Callable, ContextManager, Iterable
 
 import torch
 from tqdm.auto import tqdm
 
 from stagelab import bench, design, memory
-from stagelab.paths import HEADLESS_ENV
 from stagelab.errors import InsufficientMemory
+from stagelab.paths import HEADLESS_ENV
 from stagelab.schema import TableSink
+
 
 @dataclass
 class Cell:
@@ -53,7 +55,7 @@ class CellPlan:
 
     calls: dict[str, bench.ArmCall]
     unavailable: dict[str, str] = field(default_factory=dict)
-    monitor: ContextManager | None = None
+    monitor: AbstractContextManager | None = None
     after: Callable[[], list[dict]] | None = None
     annotate: Callable[[dict], dict] | None = None  # adds per-arm fields to a timing record
 
