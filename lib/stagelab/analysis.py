@@ -84,6 +84,8 @@ def compare(frame: pd.DataFrame, baseline: str, candidate: str, by: Sequence[str
     with its CI, the ms it saves per call on average, and, with ``twin``, the A/A speedup of the
     baseline over its twin. A cell whose timings are not positive and finite gets no speedup and
     a ``note`` saying why."""
+    if "log_softmax" in frame and frame["log_softmax"].nunique() > 1:
+        by = [*by, "log_softmax"]  # the two places of the log-softmax are two cells
     out = []
     for key, part in cells(frame, by):
         base, cand = paired_rounds(part, baseline, candidate, stage=stage)
@@ -103,6 +105,26 @@ def compare(frame: pd.DataFrame, baseline: str, candidate: str, by: Sequence[str
             row["note"] = f"bad timings: {exc}"
         out.append(row)
     return pd.DataFrame(out)
+
+
+def step_context(frame: pd.DataFrame, delta: float) -> str:
+    """The step's context in Markdown, stated next to its results: the device work queued before
+    each step, what delta is a share of, where the log-softmax ran, how many rounds each cell ran
+    and why it stopped."""
+    forward = frame[(frame["metric"] == "forward_ms") & (frame["status"] == "ok")]
+    values = sorted(set(forward["value"].dropna()))
+    how = "; ".join(sorted(set(forward["note"].dropna())))
+    places = sorted(set(frame["log_softmax"].dropna()))
+    lines = [f"**Context.** Device work queued before each step: forward_ms = "
+             f"{', '.join(f'{v:.2f}' for v in values) or 'not recorded'} ({how or '-'}). "
+             f"delta = {delta:.0%} of the decode step (forward + logprobs step), so each timed "
+             f"step is a decode step; with forward_ms = 0 the saving is its upper bound. "
+             f"The log-softmax runs on the {' and on the '.join(places) or 'device'}."]
+    stops = frame[frame["metric"] == "rounds"]
+    for row in stops.itertuples():
+        lines.append(f"- n={row.rows}, V={row.vocab}, K={row.k}: {int(row.value)} rounds "
+                     f"({row.note})")
+    return "\n".join(lines)
 
 
 def decomposition(frame: pd.DataFrame, by: Sequence[str] = ("rows", "vocab", "k")) -> pd.DataFrame:
