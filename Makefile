@@ -33,8 +33,11 @@ browser:
 	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; } \
 	  || echo 'warning: chromium could not be installed; the browser test will say so'
 
-# The Lab extra too: tests/test_lab_browser.py runs every notebook in JupyterLab.
-test: $(VENV)/.extra-lab $(VENV)/.extra-test browser
+# The Lab extra too: tests/test_lab_browser.py runs every notebook in JupyterLab; and the fleet
+# extra (Ray): tests/test_fleet.py runs a Ray cluster on this machine's loopback address. The
+# linter (ruff, configured in pyproject.toml) runs first.
+test: $(VENV)/.extra-lab $(VENV)/.extra-test $(VENV)/.extra-fleet browser
+	$(PY) -m ruff check
 	$(PY) -m pytest
 
 lab: $(VENV)/.extra-lab

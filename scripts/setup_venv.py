@@ -188,7 +188,7 @@ def ensure_torch(installer: Installer, cpu_index: str) -> None:
 
 def set_up(venv: Path, extras: list[str], cpu_index: str = CPU_INDEX) -> Installer:
     """Create or complete the environment: torch, then stagelab with ``extras`` (none: what a
-    headless run needs) and, for the base, the Jupyter kernel that runs the notebooks."""
+    headless run needs) and, with the lab extra, the Jupyter kernel that runs the notebooks."""
     started = time.monotonic()
     venv = venv.absolute()
     python = create_venv(venv)
@@ -199,7 +199,7 @@ def set_up(venv: Path, extras: list[str], cpu_index: str = CPU_INDEX) -> Install
     ensure_torch(installer, cpu_index)
     target = f"{REPO}[{','.join(extras)}]" if extras else str(REPO)
     installer.install(["--editable", target])
-    if not extras:
+    if "lab" in extras:  # `stagelab run` installs the kernel itself; JupyterLab needs it first
         run([str(python), "-m", "ipykernel", "install", "--sys-prefix", "--name", KERNEL_NAME,
              "--display-name", KERNEL_DISPLAY], installer.log)
     what = f"the extras {', '.join(extras)}" if extras else "what a headless run needs"

@@ -12,8 +12,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import tiny_cli
 
+from conftest import tiny_cli
 from stagelab import paths, rundir
 
 pytestmark = pytest.mark.slow

@@ -8,10 +8,10 @@ import shutil
 from pathlib import Path
 
 import pytest
-from test_runner import dead_pid, fake_run
 
 from stagelab import busy, cli, evidence, paths, rundir, schema, trust
 from stagelab.errors import UserError
+from test_runner import dead_pid, fake_run
 
 GPU = {"gpu": {"name": "NVIDIA H200"}, "host": {"cpu_model": "Xeon"}}
 
@@ -39,6 +39,8 @@ def busy_run(root: Path) -> Path:
     """An ok run whose timing notebook ran while others took 1.6 of 2 cores (as recorded by the
     runner's load watch)."""
     run_dir = good_run(root, notebooks=("02_logprobs_step",))
+    schema.write_table(schema.make_rows([{"experiment": "logprobs_step", "arm": "seed_pageable",
+                                          "seconds": 0.01, "round": 0}]), run_dir, "step")
     manifest = rundir.read_manifest(run_dir)
     manifest["notebooks"][0]["load"] = busy.assess(
         busy.Reading(0.0, 100.0, 0.0, 50.0, 0.5, 2), busy.Reading(10.0, 126.0, 0.0, 60.0, 3.1, 2))

@@ -29,7 +29,7 @@ FLOORS: dict[str, tuple[str, ...]] = {
     # torch-free presentation of a run: figures, pages, kept evidence
     "present": ("machine", "tables", "plots", "report", "compare", "evidence"),
     # the run: its plan and checks, notebooks' context, the runner and the command line
-    "run": ("params", "profiles", "context", "execute", "cli", "__main__"),
+    "run": ("params", "profiles", "context", "execute", "fleet_node", "fleet", "cli", "__main__"),
 }
 ORDER = tuple(FLOORS)
 TORCH_FREE = ("analyse", "present")

@@ -54,7 +54,7 @@ def test_free_is_idempotent_and_the_tensor_is_gone_after_it():
     vector.free()
     vector.free()
     with pytest.raises(RuntimeError, match="after free"):
-        vector.tensor
+        _ = vector.tensor
     assert native.seed_vector(0).tensor.numel() == 0
 
 

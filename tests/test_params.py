@@ -58,6 +58,11 @@ BAD = [
     ("02_logprobs_step.max_rounds=5", "02_logprobs_step.max_rounds: 5 is below rounds (12)"),
     ("02_logprobs_step.max_seconds=0", "02_logprobs_step.max_seconds: 0 is not a positive"),
     ("04_verdict.log_softmax=gpu", "04_verdict.log_softmax: unknown log_softmax place 'gpu'"),
+    # Before: a top-K above the vocabulary passed the checks, then failed inside the run.
+    ("02_logprobs_step.ks=[5, 200000]", "02_logprobs_step.ks: top-K 200000 exceeds the "
+                                        "vocabulary of Qwen2.5-7B (152064); K can be at most V"),
+    ("03_prompt_logprobs.vocab=4", "03_prompt_logprobs.k: top-K 5 exceeds the vocabulary of 4"),
+    ("04_verdict.decisive_ks=[300000]", "04_verdict.decisive_ks: top-K 300000 exceeds"),
 ]
 
 

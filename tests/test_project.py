@@ -13,11 +13,13 @@ import yaml
 from stagelab import execute, paths, profiles
 
 NOTEBOOKS = sorted(paths.NOTEBOOKS_DIR.glob("*.ipynb"))
-CONDA_NAMES = {"torch": "pytorch"}
+CONDA_NAMES = {"torch": "pytorch", "ray[default]": "ray-default"}
 
 
 def _split(requirement: str) -> tuple[str, str]:
-    name, spec = re.match(r"^\s*([A-Za-z0-9_.\-]+)\s*(.*)$", requirement).groups()
+    # a name with its extras, e.g. ray[default], then the version
+    pattern = r"^\s*([A-Za-z0-9_.\-]+(?:\[[^\]]*\])?)\s*(.*)$"
+    name, spec = re.match(pattern, requirement).groups()
     return name.lower(), spec.replace(" ", "")
 
 

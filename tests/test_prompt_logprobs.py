@@ -170,7 +170,10 @@ def test_a_configuration_that_cannot_fit_is_refused_before_allocating(monkeypatc
 
 def test_predicted_peak_follows_the_documented_model():
     f32, bf16 = torch.float32, torch.bfloat16
-    results = lambda rows, chunk, k: ((k + 1) * 8 + 4) * (chunk + rows + 2 * chunk) + rows
+
+    def results(rows: int, chunk: int, k: int) -> int:
+        return ((k + 1) * 8 + 4) * (chunk + rows + 2 * chunk) + rows
+
     assert pl.predicted_peak_bytes(101, 1000, None, f32, "logsoftmax", 2) == (
         100 * 1000 * (4 + 4 + 9) + results(100, 100, 2))
     assert pl.predicted_peak_bytes(101, 1000, 50, bf16, "logsoftmax", 0) == (

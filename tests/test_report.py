@@ -6,9 +6,8 @@ from __future__ import annotations
 import json
 import re
 
-from test_runner import fake_run
-
 from stagelab import report
+from test_runner import fake_run
 
 UNAVAILABLE = "not measured: seed_pinned unavailable: pinned host memory needs a CUDA device"
 
@@ -130,3 +129,20 @@ def test_holdings_put_counts_and_bytes_in_their_own_named_columns():
     assert table[["arm", "allocations", "pinned_held_bytes"]].values.tolist() == [
         ["pageable_fresh", 23.0, 0], ["pinned_grow_only", 1.0, 2**20]]
     assert isinstance(table, pd.DataFrame)
+
+
+def test_tables_fit_the_page_a_stage_split_reads_as_a_sum_and_empty_columns_go():
+    import pandas as pd
+
+    from stagelab import tables
+
+    # Before: eighteen columns in notebook 04's decisive table, several of them all "NaN".
+    split = {"device_ms": 1.5, "alloc_ms": 0.6, "copy_ms": 0.6, "host_gather_ms": 2.2,
+             "free_ms": 0.01, "unattributed_ms": 0.59, "total_ms": 5.5}
+    frame = pd.DataFrame([{"rows": 16, "vocab": 1000, "k": 5, "decision": "INCONCLUSIVE",
+                           "speedup": None, "ci_low": None, "ci_high": None, "step_ms": 5.4,
+                           **split}])
+    shown = tables.readable(frame)
+    assert list(shown.columns) == ["n (rows)", "V (vocabulary)", "K", "decision",
+                                   "seed step, median (ms)", tables.SPLIT_WORDS]
+    assert shown.iloc[0, -1] == "1.50 + 0.60 + 0.60 + 2.20 + 0.01 + 0.59 = 5.50"

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from conftest import tiny_cli, write_notebook
 
+from conftest import tiny_cli, write_notebook
 from stagelab import cli, context, execute, paths, profiles, report, rundir, schema
 from stagelab.errors import UserError
 

@@ -90,7 +90,8 @@ def test_with_a_gpu_torch_is_pypis_default_build_and_no_index_is_asked():
 def test_pips_local_wheel_folders_are_passed_on_only_when_they_exist(tmp_path, monkeypatch):
     (tmp_path / "wheels").mkdir()
     monkeypatch.setenv("PIP_FIND_LINKS", f"{tmp_path / 'wheels'} {tmp_path / 'missing'}")
-    folders = setup_venv.local_wheel_folders()
+    base_python = Path(sys.base_prefix, "bin", "python3")  # the set-up's, with pip; not .venv's
+    folders = setup_venv.local_wheel_folders(str(base_python))
     assert str(tmp_path / "wheels") in folders
     assert str(tmp_path / "missing") not in folders
 

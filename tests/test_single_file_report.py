@@ -11,9 +11,9 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from conftest import write_notebook
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
+from conftest import write_notebook
 from stagelab import cli, execute, profiles, report, rundir
 from stagelab.errors import UserError
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from reference import assert_matches_reference
-from stagelab import logprobs as lp
 from stagelab import catalogue, native, schema, shapes, staging, step
+from stagelab import logprobs as lp
 from stagelab.errors import NativeUnavailable
 from stagelab.testing import SyncCounter
 from test_staging import RecordingAllocator

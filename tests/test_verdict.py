@@ -84,11 +84,6 @@ def medians_ms(records: list[dict], arm: str, stage: str) -> float:
                                   if r["arm"] == arm and r.get("stage") == stage]))
 
 
-def means_ms(records: list[dict], arm: str, stage: str) -> float:
-    return 1e3 * float(np.mean([r["seconds"] for r in records
-                                if r["arm"] == arm and r.get("stage") == stage]))
-
-
 # --------------------------------------------------------------------------- decisions
 
 def test_a_clear_step_level_gain_ports_with_its_evidence(tmp_path):

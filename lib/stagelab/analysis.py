@@ -9,7 +9,8 @@ the paired bootstrap of :mod:`stagelab.stats` cancels it. Every goal is one row 
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd

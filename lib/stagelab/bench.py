@@ -17,10 +17,11 @@ arms go on.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Mapping
 
 import torch
 
@@ -154,7 +155,7 @@ def interleaved(arms: Mapping[str, ArmCall], *, rounds: int, warmup: int = 2, se
                  if name in alive]
         for position, name in enumerate(order):
             try:
-                seconds, host, result = timer.time(lambda: arms[name](index))
+                seconds, host, result = timer.time(functools.partial(arms[name], index))
             except Exception as exc:  # one arm's failure must not cost the others their data
                 alive.discard(name)
                 records.append({"arm": name, "status": "failed", "note": first_line(exc),

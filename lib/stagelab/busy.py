@@ -16,9 +16,10 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 PROC = Path("/proc")
 # Busy when other processes took at least this many cores on average while a notebook ran ...
@@ -132,7 +133,7 @@ class LoadWatch:
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
-    def __enter__(self) -> "LoadWatch":
+    def __enter__(self) -> LoadWatch:
         try:
             self._start = self.read()
         except (OSError, ValueError, IndexError) as exc:

@@ -26,9 +26,9 @@ A row that misses its requirement is shown, not hidden: that is where the rule f
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
-from typing import Callable, Sequence
 
 import numpy as np
 import pandas as pd

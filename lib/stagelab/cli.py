@@ -82,6 +82,30 @@ def _parser() -> argparse.ArgumentParser:
                           "existing file is replaced only if it is an earlier compare page")
     cmp.add_argument("--force", action="store_true",
                      help="let --out replace an existing file (never a run's record files)")
+    fleet = sub.add_parser(
+        "fleet", help="measure a profile on every GPU node of a Ray cluster and compare them",
+        description="Run `stagelab measure` once on each chosen node of an existing Ray cluster "
+        "(all in parallel, never two on one node; the checkout travels through Ray's runtime "
+        "environment, the node's own Python and torch measure), bring each measured folder back "
+        "through Ray, analyse it with `run --from`, and write a fleet folder: fleet.json and a "
+        "page with the verdict per platform. Needs the fleet extra: pip install -e '.[fleet]'.",
+        epilog="Exit status: 0 every node ok, 1 some node failed, timed out or was unavailable, "
+        "2 a bad request (no Ray, no cluster at the address, no matching node, a bad profile).")
+    fleet.add_argument("--address", required=True,
+                       help="the Ray cluster: HOST:PORT of its head (as `ray start --head` "
+                            "prints), or auto")
+    fleet.add_argument("--profile", default="gate", help="the profile every node measures")
+    fleet.add_argument("--param", action="append", default=[], metavar="NOTEBOOK.KEY=VALUE",
+                       help="override a notebook parameter on every node (repeatable)")
+    fleet.add_argument("--out", type=Path, default=paths.RUNS_DIR,
+                       help="where the fleet folder is created (default papermill_runs/)")
+    fleet.add_argument("--timeout-s", type=float, default=1800.0, metavar="S",
+                       help="per node, from its start: it stops and sends what it measured "
+                            "(timed out); cancelled if nothing comes back soon after")
+    fleet.add_argument("--accelerator-type", action="append", default=[], metavar="TYPE",
+                       help="only nodes of Ray's accelerator_type TYPE, e.g. H100 (repeatable)")
+    fleet.add_argument("--resource", default=None, metavar="NAME",
+                       help="only nodes holding the custom resource NAME (for tests)")
     return parser
 
 
@@ -206,8 +230,20 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_fleet(args: argparse.Namespace) -> int:
+    from stagelab import fleet
+
+    fleet.require_ray()
+    plan = fleet.check_request(args.profile, args.param, args.timeout_s)
+    code, folder = fleet.run_fleet(args.address, plan, args.out, args.accelerator_type,
+                                   args.resource)
+    print(fleet.summary_line(code, folder))
+    return code
+
+
 COMMANDS = {"run": cmd_run, "env": cmd_env, "report": cmd_report, "runs": cmd_runs,
-            "keep": cmd_keep, "preflight": cmd_preflight, "compare": cmd_compare}
+            "keep": cmd_keep, "preflight": cmd_preflight, "compare": cmd_compare,
+            "fleet": cmd_fleet}
 
 
 def main(argv: list[str] | None = None) -> int:

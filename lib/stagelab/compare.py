@@ -9,16 +9,18 @@ the recommended chunk. The verdicts come first, with whether each run's timings 
 same cell in a run and in the first run given, their ratio (run over first run) stands beside the
 run's figure; every figure has three significant digits, its unit in the row's name. A run that
 lacks something (no verdict, a verdict of an older format, no tables) is named in a one-line note
-and its column says what is missing; the others are still compared. Torch-free: it reads the run's files only.
+and its column says what is missing; the others are still compared. Torch-free: it reads the
+run's files only.
 """
 
 from __future__ import annotations
 
 import html
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import pandas as pd
 
@@ -413,8 +415,9 @@ def render_html(comparison: Comparison) -> str:
     first = html.escape(str(comparison.table.columns[0]))
     ratio_note = (f"<p>{NO_RATIO}</p>" if comparison.ratios.empty else
                   f"<p>Beside each later run: its ratio to {first} (same cell in both runs). "
-                  f"Figures to {tables.SIGNIFICANT} significant digits; units in each row's name.</p>")
-    made = datetime.now(timezone.utc).isoformat(timespec="seconds")
+                  f"Figures to {tables.SIGNIFICANT} significant digits; units in each row's "
+                  "name.</p>")
+    made = datetime.now(UTC).isoformat(timespec="seconds")
     return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>stagelab compare</title>{records.generator_tag(COMMAND)}"
             f"<style>{STYLE}</style></head><body>\n"
@@ -425,7 +428,7 @@ def render_html(comparison: Comparison) -> str:
 
 def default_out() -> Path:
     """Where the page goes without ``--out``: ``papermill_runs/compare_<UTC time>.html``."""
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     return paths.RUNS_DIR / f"compare_{stamp}.html"
 
 

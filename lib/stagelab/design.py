@@ -21,8 +21,8 @@ from __future__ import annotations
 import hashlib
 import math
 import random
+from collections.abc import Sequence
 from statistics import NormalDist
-from typing import Sequence
 
 PRECISE, ROUND_CAP, TIME_CAP, FIXED = "precise", "round cap", "time cap", "fixed rounds"
 

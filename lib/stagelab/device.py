@@ -7,8 +7,8 @@ another stagelab module but :mod:`stagelab.errors`.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stagelab import calibration, paths, records, rundir, schema, trust
+from stagelab import calibration, catalogue, paths, records, rundir, schema, trust
 from stagelab.errors import SchemaError, UserError
 from stagelab.records import RunFolder
 
@@ -73,10 +73,16 @@ def evidence_files(run_dir: Path) -> list[Path]:
     return found
 
 
-def check_evidence(run_dir: Path) -> None:
-    """Every table follows the schema and the verdict has its documented shape; UserError
-    naming the first file that does not."""
+def check_evidence(run_dir: Path, manifest: dict[str, Any]) -> None:
+    """Every table is there (each notebook recorded ok wrote its table) and follows the schema,
+    and the verdict has its documented shape; UserError naming the first file that does not."""
     folder = RunFolder(run_dir)
+    written = {table: name for name, table in catalogue.tables().items()}
+    for entry in manifest["notebooks"]:
+        table = written.get(entry["name"])
+        if entry["status"] == rundir.OK and table and not folder.table_path(table).is_file():
+            raise UserError(f"{folder.path}: not kept: {folder.table_path(table)} is missing, "
+                            f"although {entry['name']} is recorded ok")
     try:
         folder.read_verdict()
         for table in folder.tables():
@@ -98,7 +104,7 @@ def keep_evidence(run_dir: Path, root: Path | None = None, force: bool = False) 
     root = Path(root or paths.REFERENCE_DIR)
     manifest = rundir.effective_manifest(run_dir)
     files = evidence_files(run_dir)
-    check_evidence(run_dir)
+    check_evidence(run_dir, manifest)
     why = refusal(run_dir, manifest)
     if why and not force:
         raise UserError(f"{run_dir}: not kept: {why}; only ok runs with a verdict and "

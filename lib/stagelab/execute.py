@@ -1,8 +1,9 @@
 """Executing a run: each notebook through papermill, in a kernel of its own, under time limits.
 
 The steps are named and the state lives in one :class:`~stagelab.rundir.ManifestRecorder`:
-start the record, then for each notebook start it, execute it, export its HTML, record how it
-ended; finally close the record. A failing notebook is recorded ``failed`` (its partial output
+start the record, then for each notebook start it, execute it while watching the machine's load
+(:mod:`stagelab.busy`, recorded as the entry's ``load``), export its HTML, record how it ended;
+finally close the record. A failing notebook is recorded ``failed`` (its partial output
 kept) and the next one still runs; Ctrl-C or SIGTERM records ``interrupted`` and stops.
 
 Every kernel talks over IPC sockets in a private temporary folder that is removed afterwards, so
@@ -21,8 +22,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, Any, Callable, Iterator
+from typing import IO, Any
 
 from stagelab import busy, hardware, paths, report, rundir
 from stagelab.errors import UserError
@@ -149,7 +151,7 @@ class DeferredStops:
         self.pending.append(signum)
         _say(True, "stagelab: finishing the run's record first")
 
-    def __enter__(self) -> "DeferredStops":
+    def __enter__(self) -> DeferredStops:
         self._previous = {signum: signal.signal(signum, self._note) for signum in STOP_SIGNALS}
         return self
 

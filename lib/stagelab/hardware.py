@@ -194,7 +194,7 @@ class PcieSampler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def __enter__(self) -> "PcieSampler":
+    def __enter__(self) -> PcieSampler:
         try:
             import pynvml
 

@@ -54,7 +54,7 @@ class LogprobsTensors:
 
     @classmethod
     def empty(cls, num_positions: int, num_logprobs: int, device: torch.device | str = "cpu",
-              pinned: bool = False) -> "LogprobsTensors":
+              pinned: bool = False) -> LogprobsTensors:
         """Uninitialized tensors for ``num_positions`` rows of ``num_logprobs`` top-K each."""
         if num_positions < 0 or num_logprobs < 0:
             raise ValueError(f"num_positions ({num_positions}) and num_logprobs "
@@ -69,24 +69,24 @@ class LogprobsTensors:
 
     @classmethod
     def empty_host(cls, num_positions: int, num_logprobs: int,
-                   pinned: bool = False) -> "LogprobsTensors":
+                   pinned: bool = False) -> LogprobsTensors:
         """Host tensors, pinned on request (raises PinnedMemoryUnavailable without CUDA)."""
         return cls.empty(num_positions, num_logprobs, "cpu", pinned)
 
     def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return self.logprob_token_ids, self.logprobs, self.selected_token_ranks
 
-    def rows(self, start: int, end: int) -> "LogprobsTensors":
+    def rows(self, start: int, end: int) -> LogprobsTensors:
         """A view of rows ``start:end``."""
         return LogprobsTensors(*(t[start:end] for t in self.tensors()))
 
-    def copy_(self, other: "LogprobsTensors", non_blocking: bool = False) -> "LogprobsTensors":
+    def copy_(self, other: LogprobsTensors, non_blocking: bool = False) -> LogprobsTensors:
         """Copy ``other`` into these tensors (any devices), returning self."""
         for dst, src in zip(self.tensors(), other.tensors()):
             dst.copy_(src, non_blocking=non_blocking)
         return self
 
-    def to_host(self) -> "LogprobsTensors":
+    def to_host(self) -> LogprobsTensors:
         """A fresh host copy (synchronous)."""
         return LogprobsTensors(*(t.to("cpu") for t in self.tensors()))
 

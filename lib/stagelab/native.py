@@ -11,9 +11,9 @@ the compiler's identity and a ``.json`` stamp of its size and SHA-256. It is bui
 (compiled to a temporary name, probe-loaded in a child process, stamped, then renamed), so
 concurrent runs never load half a file and a failed or empty build is never cached. A cached
 build is loaded only once its size, hash and a probe load in a child process agree (a truncated
-file would otherwise kill the process with SIGBUS); otherwise it is built again. Compiler: ``$CXX``, else ``c++``, ``g++``,
-``clang++``. Where none exists or the build fails, :func:`status` says so with the compiler's
-first error line: there is no stand-in.
+file would otherwise kill the process with SIGBUS); otherwise it is built again. Compiler:
+``$CXX``, else ``c++``, ``g++``, ``clang++``. Where none exists or the build fails,
+:func:`status` says so with the compiler's first error line: there is no stand-in.
 """
 
 from __future__ import annotations
@@ -286,7 +286,7 @@ class SeedVector:
         self._tensor = None
         self._vector.delete()
 
-    def __enter__(self) -> "SeedVector":
+    def __enter__(self) -> SeedVector:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import csv
 import math
+from collections.abc import Callable, Iterable, Mapping
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 from stagelab import catalogue, paths
 from stagelab.errors import UserError
@@ -298,3 +299,34 @@ def validate(notebook: str, values: Mapping[str, Any], chosen: Iterable[str] = (
             check(value, values)
         except ValueError as exc:
             raise UserError(f"{notebook}.{name}: {exc}") from None
+    check_top_k(notebook, values)
+
+
+# Each top-K parameter and the parameters that give its vocabularies (the first that is set).
+TOP_K_VOCABS = {"ks": ("models",), "decisive_ks": ("decisive_models",), "k": ("vocab", "model")}
+
+
+def _vocab(item: Any) -> int | None:
+    if isinstance(item, bool):
+        return None
+    return item if isinstance(item, int) else model_vocabs().get(item)
+
+
+def check_top_k(notebook: str, values: Mapping[str, Any]) -> None:
+    """Refuse a top-K above the smallest vocabulary it is asked of (each value already checked
+    alone): UserError ``notebook.parameter: ...``."""
+    for k_name, vocab_names in TOP_K_VOCABS.items():
+        ks = values.get(k_name)
+        given = next((values[n] for n in vocab_names if values.get(n)), None)
+        if ks is None or given is None:
+            continue
+        items = given if isinstance(given, (list, tuple)) else [given]
+        sized = [(item, vocab) for item in items if (vocab := _vocab(item))]
+        largest = max(ks) if isinstance(ks, (list, tuple)) else ks
+        if not sized or not isinstance(largest, int):
+            continue
+        item, vocab = min(sized, key=lambda pair: pair[1])
+        if largest > vocab:
+            of = f"{item} ({vocab})" if item != vocab else str(vocab)
+            raise UserError(f"{notebook}.{k_name}: top-K {largest} exceeds the vocabulary of "
+                            f"{of}; K can be at most V")

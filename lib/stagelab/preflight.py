@@ -16,10 +16,11 @@ import socket
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -337,7 +338,7 @@ def write_report(path: Path, profile: str, checks: list[Check], elapsed_s: float
     """Write ``preflight.json`` atomically: decision, blocking reasons and every check."""
     blocking = blocking_reasons(checks)
     payload = {
-        "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "created_utc": datetime.now(UTC).isoformat(timespec="seconds"),
         "host": socket.gethostname(),
         "profile": profile,
         "decision": NO_GO if blocking else GO,

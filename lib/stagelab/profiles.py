@@ -8,9 +8,11 @@ each notebook's ``parameters`` cell) and values (:mod:`stagelab.params`).
 from __future__ import annotations
 
 import ast
+import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import yaml
 
@@ -133,11 +135,30 @@ def check_parameters(notebook: str, given: Mapping[str, Any], declared: Mapping[
 
 
 def _timeout(entry: Mapping[str, Any], key: str, default: int, profile: str) -> int:
+    """A time limit in whole seconds; a fraction rounds up (papermill reads 0 as no limit)."""
     value = entry.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+    if (isinstance(value, bool) or not isinstance(value, (int, float))
+            or not math.isfinite(value) or value <= 0):
         raise UserError(f"profile {profile!r}: {key}={value!r} must be a positive number of "
                         f"seconds{params.number_hint(value)}")
-    return int(value)
+    return math.ceil(value)
+
+
+def _profile_entry(profiles: Mapping[str, Any], profile: str) -> dict[str, dict]:
+    """A profile's notebooks and their parameters; UserError in one line for a wrong shape."""
+    entry = profiles[profile] or {}
+    if not isinstance(entry, Mapping):
+        raise UserError(f"profile {profile!r} is {params.describe_type(entry)}; it must map "
+                        "'notebooks' (and its description and timeouts)")
+    notebooks = entry.get("notebooks") or {}
+    if not isinstance(notebooks, Mapping):
+        raise UserError(f"profile {profile!r}: 'notebooks' is {params.describe_type(notebooks)}; "
+                        "it must map each notebook's name to its parameters")
+    for name, given in notebooks.items():
+        if given is not None and not isinstance(given, Mapping):
+            raise UserError(f"profile {profile!r}: the parameters of {name} are "
+                            f"{params.describe_type(given)}; they must map names to values")
+    return notebooks
 
 
 def plan_run(profile: str, only: Iterable[str] = (),
@@ -149,8 +170,8 @@ def plan_run(profile: str, only: Iterable[str] = (),
     profiles = load_profiles(profiles_path)
     if profile not in profiles:
         raise UserError(f"unknown profile {profile!r}; valid: {', '.join(profiles)}")
+    notebooks = _profile_entry(profiles, profile)
     entry = profiles[profile] or {}
-    notebooks: dict[str, dict] = entry.get("notebooks") or {}
     only = list(only)
     for name in [*only, *overrides]:
         if name not in notebooks:

@@ -14,7 +14,8 @@ double-buffer code runs with an engine that copies at once.
 
 from __future__ import annotations
 
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 import torch
 
@@ -377,6 +378,16 @@ def prompt_cell(tokens: int, shape: ModelShape, hidden: int, chunks: list[int],
         arms=list(configs), label=f"T={tokens} V={shape.vocab} H={hidden}",
         host_bytes=inputs_bytes + peak if on_cpu else 0,
         device_bytes=0 if on_cpu else inputs_bytes + peak)
+
+
+def memory_plan(tokens: int, shape: ModelShape, hidden: int, chunks: list[int],
+                dtype: torch.dtype, k: int, methods: list[str], overlaps: list[bool], *,
+                device: str | None = None) -> str:
+    """What :func:`measure` with these arguments needs in memory at its largest configuration,
+    against what is free now, in Markdown: said before the notebook's cell allocates anything."""
+    device = device or default_device()
+    cell = prompt_cell(tokens, shape, hidden, chunks, dtype, k, methods, overlaps, device=device)
+    return sweep.memory_plan(cell, device)
 
 
 def measure(tokens: int, shape: ModelShape, hidden: int, chunks: list[int], dtype: torch.dtype,

@@ -24,9 +24,10 @@ import json
 import os
 import re
 import tempfile
+from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
-from typing import IO, Any, Iterator
+from typing import IO, Any
 
 from stagelab.errors import BadRecord, UserError
 
@@ -368,7 +369,8 @@ class RunFolder:
         except BlockingIOError:
             handle.close()
             raise UserError(f"{self.path}: another stagelab process is writing this run "
-                            "(it is still running, or being reported); try again when it ends")
+                            "(it is still running, or being reported); try again when it "
+                            "ends") from None
         return handle
 
     @contextlib.contextmanager

@@ -10,9 +10,10 @@ import base64
 import html
 import mimetypes
 import re
+from collections.abc import Callable, Mapping
 from html.parser import HTMLParser
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from stagelab import catalogue, machine, records, trust

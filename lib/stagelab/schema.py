@@ -49,8 +49,9 @@ note       str     why a row is unavailable, skipped or failed, or other plain-w
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import pandas as pd
 

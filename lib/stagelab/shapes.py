@@ -6,10 +6,10 @@ vocabulary size; :func:`resolve_vocabs` turns such a list into ``(model, vocab, 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Iterable
 
 import pandas as pd
 import torch

@@ -14,16 +14,22 @@ results pass ``copy=True``.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
 import stagelab.device
 from stagelab import bench, catalogue, sweep
-from stagelab.device import (PinnedMemoryUnavailable, cuda_present, default_device, device_label,
-                             pinned_allocator, require_cuda)
-from stagelab.hardware import PcieSampler
 from stagelab.catalogue import aa_name
+from stagelab.device import (
+    PinnedMemoryUnavailable,
+    cuda_present,
+    default_device,
+    device_label,
+    pinned_allocator,
+    require_cuda,
+)
+from stagelab.hardware import PcieSampler
 from stagelab.schema import TableSink
 from stagelab.shapes import ModelShape, positive_ints
 

@@ -14,9 +14,10 @@ neighbour's load). The statistics keep that pairing.
   for why not BCa). It is seeded: the same data gives the same answer.
 * **The rule** is equivalence testing against a smallest effect of interest: ``min_speedup`` is the
   speedup that saves a fraction delta of the step (:func:`min_speedup_for`). CLOSE when the upper
-  bound at one-sided ``1 - confidence`` lies below it; PORT when the CI's lower bound, at the level the family's multiplicity control
-  asks (:func:`decide_family`), lies above it and above the A/A twin's CI; INCONCLUSIVE
-  otherwise. An A/A twin (the baseline measured again as another arm) checks the harness.
+  bound at one-sided ``1 - confidence`` lies below it; PORT when the CI's lower bound, at the
+  level the family's multiplicity control asks (:func:`decide_family`), lies above it and above
+  the A/A twin's CI; INCONCLUSIVE otherwise. An A/A twin (the baseline measured again as another
+  arm) checks the harness.
 * **A family of cells** gets one decision: Holm's step-down across its cells for PORT (the
   family-wise rate of a false PORT stays at the one-sided level (1 - confidence)/2 when every
   cell sits at the bar), intersection-union for CLOSE (every cell must close; no correction is
@@ -28,14 +29,14 @@ neighbour's load). The statistics keep that pairing.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
 from scipy import stats as sps
-
 
 PORT, CLOSE, INCONCLUSIVE = "PORT", "CLOSE", "INCONCLUSIVE"
 N_RESAMPLES = 2000

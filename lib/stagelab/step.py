@@ -1,16 +1,11 @@
 """A whole logprobs step, device logits in, host :class:`LogprobsTensors` out, as named arms.
 
 The decisive experiment is the seed engine's own step, the same code with two stagings:
-
-| arm | device work | copy to host | host work |
-|---|---|---|---|
-| ``seed_pageable`` | fp32 log-softmax ``[n, V]`` | into a fresh value-initialised ``std::vector`` | native top-K, then the vector is freed |
-| ``seed_pageable~aa`` | the same arm again, as if it were another (A/A) | | |
-| ``seed_pinned`` | the same | into the pinned grow-only scratch | native top-K |
-| ``seed_pageable_reused`` | the same | into a grow-only pageable buffer (the reuse lever alone) | native top-K |
-| ``seed_pageable_numpy`` | the same | into a fresh zero-filled buffer | numpy top-K (the first version of this suite) |
-| ``device_gather`` | log-softmax, then top-K (vLLM V1) | ``[n, K+1]`` results | none |
-| ``fused`` | top-K and ranks on raw logits + logsumexp | ``[n, K+1]`` results | none |
+``seed_pageable`` (a fresh value-initialised ``std::vector`` per step) against ``seed_pinned``
+(the pinned grow-only scratch), with an A/A twin of the baseline. Every arm, its role and what it
+models are named in :mod:`stagelab.catalogue`; :data:`BUILDERS` builds each one as a
+:class:`SeedStep` (fp32 log-softmax, the whole ``[n, V]`` copied into its destination, the host
+top-K, the free) or a :class:`DeviceStep` (top-K on the device; only ``[n, K+1]`` is copied).
 
 Each seed arm makes the engine's one wait (``b.Copy`` then ``b.Synchronize``) after its copy; each
 device arm one wait to hand its results to the host; nothing else in a timed call waits on the
@@ -25,16 +20,16 @@ import contextlib
 import itertools
 import math
 import time
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 
 import stagelab.device
 from stagelab import bench, catalogue, native, staging, sweep
 from stagelab import logprobs as lp
+from stagelab.catalogue import aa_name
 from stagelab.device import PinnedMemoryUnavailable, default_device, device_label
 from stagelab.errors import NativeUnavailable
-from stagelab.catalogue import aa_name
 from stagelab.schema import TableSink
 from stagelab.shapes import ModelShape, positive_ints
 

@@ -22,16 +22,18 @@ import contextlib
 import gc
 import os
 import sys
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Callable, ContextManager, Iterable
 
 import torch
 from tqdm.auto import tqdm
 
 from stagelab import bench, design, memory
-from stagelab.paths import HEADLESS_ENV
 from stagelab.errors import InsufficientMemory
+from stagelab.paths import HEADLESS_ENV
 from stagelab.schema import TableSink
+
 
 @dataclass
 class Cell:
@@ -53,7 +55,7 @@ class CellPlan:
 
     calls: dict[str, bench.ArmCall]
     unavailable: dict[str, str] = field(default_factory=dict)
-    monitor: ContextManager | None = None
+    monitor: AbstractContextManager | None = None
     after: Callable[[], list[dict]] | None = None
     annotate: Callable[[dict], dict] | None = None  # adds per-arm fields to a timing record
 
@@ -69,6 +71,25 @@ def check_memory(cell: Cell, device: str) -> None:
     if torch.device(device).type == "cuda":
         memory.check_fits(cell.device_bytes, memory.free_device_bytes(device),
                           f"{cell.label} on {device}")
+
+
+def memory_plan(cell: Cell, device: str) -> str:
+    """Before a cell runs, in Markdown: the memory it needs at its largest, what is free, and
+    whether it fits or will be refused (recorded ``skipped``, nothing large allocated)."""
+    on_gpu = torch.device(device).type == "cuda"
+    needed = cell.device_bytes if on_gpu else cell.host_bytes
+    free = memory.free_device_bytes(device) if on_gpu else memory.free_host_bytes()
+    where = device if on_gpu else "the host"
+    try:
+        check_memory(cell, device)
+    except InsufficientMemory as exc:
+        return (f"**Refused before it starts: {exc}.** Nothing large is allocated and the cell "
+                "is recorded skipped; lower the sizes in the parameters to measure it here.")
+    if free is None:
+        return (f"Memory: {cell.label} needs about {needed / 2**30:.1f} GiB on {where} at its "
+                "largest; free memory cannot be read here, so it is not checked.")
+    return (f"Memory: {cell.label} needs about {needed / 2**30:.1f} GiB on {where} at its "
+            f"largest; {free / 2**30:.1f} GiB is free, so it fits.")
 
 
 def measure_cell(cell: Cell, prepare: Callable[[Cell], CellPlan], *, rounds: int, warmup: int,

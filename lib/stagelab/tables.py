@@ -1,5 +1,5 @@
 """Tables as a reader sees them: columns named in words with their units, figures to three
-significant digits, a speedup and its CI in one cell, no index. Notebooks display every frame
+significant digits, a speedup and its CI in one cell, no index, no column left empty. Notebooks display every frame
 through :func:`show` (an HTML table in the exported report), never a raw frame.
 
 A column is recognised by its name, the same names the analysis floor gives (``seconds``,
@@ -10,7 +10,8 @@ as it is.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pandas as pd
 
@@ -63,6 +64,23 @@ def _with_ci(frame: pd.DataFrame, prefix: str) -> pd.DataFrame:
     return frame
 
 
+SPLIT_MS = ("device_ms", "alloc_ms", "copy_ms", "host_gather_ms", "free_ms", "unattributed_ms")
+SPLIT_WORDS = ("seed step, mean ms: log-softmax + zero-fill + copy + host top-K + free + "
+               "unattributed = total")
+
+
+def _with_split(frame: pd.DataFrame) -> pd.DataFrame:
+    """A step's parts and total (``*_ms``, as the verdict's decisive table has them) as one
+    column that reads as a sum, so that the table fits the page."""
+    names = [*SPLIT_MS, "total_ms"]
+    if not set(names) <= set(frame.columns):
+        return frame
+    text = [("" if pd.isna(row[-1]) else
+             " + ".join(f"{v:.2f}" for v in row[:-1]) + f" = {row[-1]:.2f}")
+            for row in frame[names].itertuples(index=False)]
+    return frame.drop(columns=names).assign(**{"stage_split": text})
+
+
 def _column(name: str) -> tuple[str, Callable[[Any], str]]:
     """The shown name of a column and its formatter, from its name."""
     plain = _number(significant)
@@ -70,6 +88,10 @@ def _column(name: str) -> tuple[str, Callable[[Any], str]]:
         return WORDS[name], _number(lambda v: f"{v:.0f}")
     if name in TEXT:
         return TEXT[name], str
+    if name == "stage_split":
+        return SPLIT_WORDS, str
+    if name == "step_ms":  # the verdict's threshold is a share of the median step
+        return "seed step, median (ms)", plain
     if name.endswith("speedup_ci"):
         twin = "A/A twin" if name.startswith("twin_") else "speedup"
         return f"{twin} [95 % CI]", str
@@ -102,13 +124,17 @@ def readable(frame: pd.DataFrame) -> pd.DataFrame:
     frame = frame[leading + [c for c in frame.columns if c not in leading]]
     for prefix in ("", "twin_"):
         frame = _with_ci(frame, prefix)
+    frame = _with_split(frame)
     shown = {}
     for name in frame.columns:
         label, fmt = _column(str(name))
         while label in shown:
             label += " "
         shown[label] = frame[name].map(fmt)
-    return pd.DataFrame(shown)
+    table = pd.DataFrame(shown)
+    if table.empty:
+        return table
+    return table.loc[:, (table != "").any()]  # a column with nothing in it is left out
 
 
 def show(frame: pd.DataFrame, caption: str | None = None) -> Any:

@@ -92,7 +92,7 @@ class SyncCounter(TorchDispatchMode):
             self.ops.append(str(func.overloadpacket.__name__))
         return func(*args, **kwargs)
 
-    def __enter__(self) -> "SyncCounter":
+    def __enter__(self) -> SyncCounter:
         self._wrap(device, "synchronize", self._count_explicit)
         self._wrap(torch.Tensor, "tolist", self._count_tolist)
         return super().__enter__()

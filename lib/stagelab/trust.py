@@ -13,8 +13,9 @@ Either one makes the timings untrustworthy; the report's first screen, the verdi
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 # The notebooks whose timings the verdict, the findings and compare use.
 TIMING_NOTEBOOKS = ("01_d2h_staging", "02_logprobs_step", "03_prompt_logprobs")

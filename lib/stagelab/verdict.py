@@ -20,7 +20,6 @@ folder gives the same file. Torch-free.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
