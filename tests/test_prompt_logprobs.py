@@ -244,3 +244,16 @@ def test_bad_ids_are_named_before_the_chunk_loop(monkeypatch):
     with pytest.raises(ValueError, match=rf"prompt_token_ids out of range \[0, {V}\): rows "
                                          rf"\[5, 9\] hold \[{V + 1}, {V + 1}\]"):
         pl.prompt_logprobs(hidden, weight, ids, 2, 8)
+
+
+def test_a_tiny_sweep_measures_every_configuration_and_says_its_memory_first():
+    from stagelab.shapes import ModelShape
+
+    shape = ModelShape("tiny", 64, 8)
+    plan = pl.memory_plan(17, shape, 8, [4], torch.float32, 2, ["fused"], [False], device="cpu")
+    assert plan.startswith("Memory: T=17 V=64 H=8 needs about") and "so it fits" in plan
+    records = pl.measure(17, shape, 8, [4], torch.float32, 2, ["fused"], [False], rounds=2,
+                         warmup=0, measure_memory=False, device="cpu", progress=False)
+    timed = {(r["arm"], r["chunk"]) for r in records
+             if r.get("metric", "time") == "time" and r.get("status", "ok") == "ok"}
+    assert timed == {("fused", 16), ("fused", 4)}  # unchunked (T - 1 rows) and chunk 4

@@ -6,23 +6,15 @@ from __future__ import annotations
 import pytest
 import torch
 
+from conftest import RecordingAllocator, make_logits, make_tokens
 from reference import assert_matches_reference
 from stagelab import catalogue, native, schema, shapes, staging, step
 from stagelab import logprobs as lp
 from stagelab.errors import NativeUnavailable
 from stagelab.testing import SyncCounter
-from test_staging import RecordingAllocator
 
 CUDA = torch.cuda.is_available()
 NATIVE_OK, NATIVE_WHY = native.status()
-
-
-def make_logits(n: int, vocab: int, dtype=torch.bfloat16, seed: int = 0) -> torch.Tensor:
-    return (3 * torch.randn(n, vocab, generator=torch.Generator().manual_seed(seed))).to(dtype)
-
-
-def make_tokens(n: int, vocab: int, seed: int = 1) -> torch.Tensor:
-    return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed))
 
 
 def pipelines() -> dict[str, step.SeedStep | step.DeviceStep]:
@@ -39,7 +31,7 @@ def pipelines() -> dict[str, step.SeedStep | step.DeviceStep]:
 @pytest.mark.parametrize("arm", ["seed_pageable", "seed_pinned", "seed_pageable_reused",
                                  "seed_pageable_numpy", "device_gather", "fused"])
 def test_every_arm_agrees_with_float64_and_reports_its_stages(arm):
-    logits, tokens = make_logits(6, 2003), make_tokens(6, 2003)
+    logits, tokens = make_logits(6, 2003, torch.bfloat16), make_tokens(6, 2003)
     pipeline = pipelines()[arm]
     for _ in range(2):  # a reused scratch gives the same answer the second time
         result, stages = pipeline.run(logits, 5, tokens, tokens)
@@ -55,7 +47,8 @@ def test_the_pinned_seed_arm_copies_into_its_allocators_buffer_and_only_grows():
     scratch = step.Scratch(staging.PinnedGrowOnly(allocator=allocator))
     pipeline = step.SeedStep("seed_pinned", scratch, "native")
     for n in (4, 2, 8, 8):
-        pipeline.run(make_logits(n, 1000), 3, make_tokens(n, 1000), make_tokens(n, 1000))
+        tokens = make_tokens(n, 1000)
+        pipeline.run(make_logits(n, 1000, torch.bfloat16), 3, tokens, tokens)
         host, _release = scratch.acquire(torch.Size([n, 1000]))
         assert allocator.owns(host)
     assert [b.numel() for b in allocator.buffers] == [16000, 32000]
@@ -185,7 +178,7 @@ def test_each_arm_makes_exactly_the_wait_its_design_names(arm):
     """Seed arms wait once after their copy (the engine's Synchronize), device arms once to hand
     their results over; no hidden wait (a read of a device value) anywhere in a timed call."""
     pipeline = pipelines()[arm]
-    logits, tokens = make_logits(8, 3001), make_tokens(8, 3001)
+    logits, tokens = make_logits(8, 3001, torch.bfloat16), make_tokens(8, 3001)
     pipeline.run(logits, 5, tokens, tokens)  # first call: builds, grows its scratch
     with SyncCounter() as counter:
         pipeline.run(logits, 5, tokens, tokens)
@@ -193,7 +186,7 @@ def test_each_arm_makes_exactly_the_wait_its_design_names(arm):
 
 
 def test_the_wait_counter_sees_a_validating_call_negative_control():
-    logits, tokens = make_logits(8, 3001), make_tokens(8, 3001)
+    logits, tokens = make_logits(8, 3001, torch.bfloat16), make_tokens(8, 3001)
     with SyncCounter() as counter:
         lp.logprobs_from_logits(logits, 5, tokens)  # validate=True reads its device flag once
     assert counter.hidden == 1

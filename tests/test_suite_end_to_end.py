@@ -9,18 +9,11 @@ import shutil
 
 import pytest
 
+from conftest import TINY
 from stagelab import execute, paths, profiles, rundir, verdict
 
 pytestmark = pytest.mark.slow
 
-TINY = {
-    "01_d2h_staging": {"models": [1000, 4096], "rows": [2], "rounds": 4, "warmup": 1},
-    "02_logprobs_step": {"models": [1000], "rows": [2], "ks": [0, 2], "rounds": 3},
-    "03_prompt_logprobs": {"tokens": 97, "vocab": 1000, "hidden": 8, "chunks": [16, 64],
-                           "rounds": 2, "dtype": "float32"},
-    "04_verdict": {"min_samples": 3, "decisive_rows": [2], "decisive_models": [1000],
-                   "decisive_ks": [2], "calibration_trials": 20},
-}
 # Valid requests that measure nothing, or only part: each notebook must end with a clear sentence.
 NOTHING = {
     "01_d2h_staging": {"models": ["Gemma-3-4B"], "rows": [100000], "rounds": 2},

@@ -220,6 +220,11 @@ def notebook_of(experiment: str) -> Notebook:
     raise ValueError(f"no notebook measures experiment {experiment!r}")
 
 
+def measuring_notebooks() -> tuple[str, ...]:
+    """The notebooks that time arms (each writes one table), in order."""
+    return tuple(nb.name for nb in NOTEBOOKS.values() if nb.experiment)
+
+
 def tables() -> dict[str, str]:
     """Each table under ``data/`` and the notebook that writes it."""
     return {nb.table: nb.name for nb in NOTEBOOKS.values() if nb.table}

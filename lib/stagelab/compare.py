@@ -214,9 +214,10 @@ def _timings(run: RunFacts, verdict: dict[str, Any] | None) -> str:
     if found:
         run.notes.append(f"{run.run_id}: timings not trustworthy: {'; '.join(found)}")
         return "NOT TRUSTWORTHY: " + "; ".join(found)
-    if not trust.load_known(manifest):
-        return "A/A passed; load not recorded"
-    return "yes (quiet, A/A passed)"
+    load = "quiet" if trust.load_known(manifest) else "load not recorded"
+    harness = "A/A passed" if trust.harness_checked(verdict or {}) else "A/A not checked"
+    return f"yes ({load}, {harness})" if load == "quiet" and harness == "A/A passed" else (
+        f"{harness}; {load}")
 
 
 # ------------------------------------------------------------------------- the table of runs

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stagelab import paths, rundir
+from stagelab import paths, plots, rundir
 from stagelab.records import RunFolder, atomic_target
 from stagelab.schema import TableSink
 
@@ -44,8 +44,8 @@ class NotebookContext:
         if self.source_dir is None:
             return f"Reading the data of run `{self.run_id}`."
         return (f"Run by hand: reading the data of run `{self.source_dir.name}`, the newest run "
-                f"folder with data under `{self.source_dir.parent.name}/` (set `run_dir` to read "
-                f"another); results go to `{self.run_id}`.")
+                f"folder under `{self.source_dir.parent.name}/` with the data this notebook needs "
+                f"(set `run_dir` to read another); results go to `{self.run_id}`.")
 
     def table_sink(self, name: str) -> TableSink:
         """A table of this run (``data/<name>.parquet``, see :mod:`stagelab.schema`) that a sweep
@@ -80,7 +80,9 @@ def interactive_run_dir(notebook: str, root: Path | None = None) -> Path:
 
 
 def notebook_context(notebook: str, run_dir: str | Path | None) -> NotebookContext:
-    """The context of a notebook run by the runner, or, interactively, of a fresh folder."""
+    """The context of a notebook run by the runner, or, interactively, of a fresh folder; the
+    suite's plot theme is set here, once for every notebook."""
+    plots.use_theme()
     if run_dir:
         path = Path(run_dir)
         if not path.is_dir():
@@ -89,24 +91,26 @@ def notebook_context(notebook: str, run_dir: str | Path | None) -> NotebookConte
     return NotebookContext(notebook, interactive_run_dir(notebook))
 
 
-def newest_run_with_data(root: Path | None = None) -> Path:
+def newest_run_with_data(root: Path | None = None, prefer: str | None = None) -> Path:
     """The newest run folder under ``root`` (default ``papermill_runs/``) holding a table
-    (``data/*.parquet``); folder names start with their UTC time. FileNotFoundError, saying what
-    to do, where there is none."""
+    (``data/*.parquet``), the newest holding table ``prefer`` where one does (by hand, each
+    notebook writes a folder of its own); folder names start with their UTC time.
+    FileNotFoundError, saying what to do, where there is none."""
     root = Path(root or paths.RUNS_DIR)
     with_data = {table.parent.parent for table in root.glob("*/data/*.parquet")}
     if not with_data:
         raise FileNotFoundError(f"no run folder under {root} holds data (data/*.parquet): run "
                                 "`stagelab run` or notebooks 01-03 first, or set run_dir")
-    return max(with_data, key=lambda folder: folder.name)
+    preferred = {folder for folder in with_data if (folder / "data" / f"{prefer}.parquet").exists()}
+    return max(preferred or with_data, key=lambda folder: folder.name)
 
 
-def reading_context(notebook: str, run_dir: str | Path | None,
-                    root: Path | None = None) -> NotebookContext:
+def reading_context(notebook: str, run_dir: str | Path | None, root: Path | None = None,
+                    prefer: str | None = None) -> NotebookContext:
     """The context of a notebook that reads a run's data: the given run folder (the runner's);
-    by hand, the newest run folder with data under ``root``, with a fresh interactive folder for
-    what the notebook writes."""
+    by hand, the newest run folder with data under ``root`` (with table ``prefer`` where one has
+    it), and a fresh interactive folder for what the notebook writes."""
     if run_dir:
         return notebook_context(notebook, run_dir)
-    source = newest_run_with_data(root)
+    source = newest_run_with_data(root, prefer)
     return NotebookContext(notebook, interactive_run_dir(notebook, root), source)

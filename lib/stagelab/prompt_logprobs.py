@@ -436,6 +436,8 @@ def measure(tokens: int, shape: ModelShape, hidden: int, chunks: list[int], dtyp
                               annotate=annotate, after=after)
 
     def annotate(record: dict) -> dict:
+        if record["arm"] not in configs:  # a record of the sweep itself (the order's seed)
+            return record
         method, chunk, overlap = configs[record["arm"]]
         return {**record, "arm": catalogue.prompt_arm(method, overlap), "chunk": chunk, "overlap": overlap}
 

@@ -17,8 +17,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from stagelab import catalogue
+
 # The notebooks whose timings the verdict, the findings and compare use.
-TIMING_NOTEBOOKS = ("01_d2h_staging", "02_logprobs_step", "03_prompt_logprobs")
+TIMING_NOTEBOOKS = catalogue.measuring_notebooks()
 DEFAULT_DELTA = 0.02
 
 
@@ -71,6 +73,12 @@ def reasons(run_dir: Path, manifest: Mapping[str, Any] | None = None,
     manifest = manifest if manifest is not None else _read(run_dir / "manifest.json")
     verdict = verdict if verdict is not None else _read(run_dir / "verdict.json")
     return load_reasons(manifest) + harness_reasons(verdict)
+
+
+def harness_checked(verdict: Mapping[str, Any]) -> bool:
+    """Whether the verdict holds any A/A twin's CI (none in an older verdict, or without one)."""
+    cells = [*(verdict.get("decisive") or []), *(verdict.get("copy_cells") or [])]
+    return any(cell.get("twin_ci_low") is not None for cell in cells)
 
 
 def load_known(manifest: Mapping[str, Any]) -> bool:
