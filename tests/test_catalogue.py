@@ -86,6 +86,7 @@ def test_the_decisive_arms_are_the_steps_baseline_candidate_and_twin():
         "seed_pageable", "seed_pinned")
     assert catalogue.DECISIVE_ROLES == (catalogue.BASELINE, catalogue.CANDIDATE,
                                         catalogue.AA_TWIN)
+    assert catalogue.decisive_arms() == ("seed_pageable", "seed_pinned", "seed_pageable~aa")
 
 
 def test_the_named_levers_are_arms_of_their_experiment():

@@ -27,11 +27,10 @@ import numpy as np
 import pandas as pd
 
 from stagelab import analysis, calibration, catalogue, records, schema, stats
-from stagelab.catalogue import aa_name
 from stagelab.errors import UserError
 
 TABLES = catalogue.tables()
-BASELINE, CANDIDATE = catalogue.baseline(catalogue.STEP), catalogue.candidate(catalogue.STEP)
+BASELINE, CANDIDATE, TWIN = catalogue.decisive_arms()
 REUSED = catalogue.REUSE_LEVER[catalogue.STEP]
 
 
@@ -109,14 +108,14 @@ def cell_evidence(step: pd.DataFrame, rows: int, vocab: int, k: int, candidate: 
         out["logprobs_only_min_speedup"] = (
             decode_ms / (decode_ms - delta * logprobs_ms) if logprobs_ms else None)
     out["stages_ms"] = _stage_split(cell)
-    failures = _failures(cell, (BASELINE, candidate, aa_name(BASELINE)))
+    failures = _failures(cell, (BASELINE, candidate, TWIN))
     out["failures"] = failures
     for arm, words in ((BASELINE, "not measured: "), (candidate, "not measured: "),
-                       (aa_name(BASELINE), "the A/A check is missing: ")):
+                       (TWIN, "the A/A check is missing: ")):
         if analysis.by_round(cell, arm).empty:
             out["reason"] = words + analysis.not_measured_reason(cell, arm)
             return out, None
-    base, cand, twin = analysis.paired_rounds(cell, BASELINE, candidate, aa_name(BASELINE))
+    base, cand, twin = analysis.paired_rounds(cell, BASELINE, candidate, TWIN)
     return out, {"baseline": base, "candidate": cand, "twin": twin,
                  "min_speedup": out["min_speedup"]}
 
