@@ -330,7 +330,7 @@ def cells(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dtype
         logits_bytes, fp32_bytes = n * shape.vocab * itemsize, n * shape.vocab * 4
         device_bytes = sources * logits_bytes + 3 * fp32_bytes
         out.append(sweep.Cell(
-            sizes=dict(experiment="step", device=device_label(device), model=shape.model,
+            sizes=dict(experiment=catalogue.STEP, device=device_label(device), model=shape.model,
                        rows=n, vocab=shape.vocab, k=k, log_softmax=where,
                        dtype=str(logits_dtype).removeprefix("torch.")),
             arms=every_arm, label=f"n={n} V={shape.vocab} K={k} log-softmax on {where}",
