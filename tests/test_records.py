@@ -136,12 +136,11 @@ def test_a_traversal_manifest_writes_nothing_outside_its_folder(tmp_path, capsys
     manifest["notebooks"][0][field] = value
     manifest["run_id"] = "../../../run"
     (run_dir / "manifest.json").write_text(json.dumps(manifest))
-    files = lambda: sorted(p for p in tmp_path.rglob("*") if p.name != RunFolder.LOCK)  # noqa: E731
-    before = files()
+    before = sorted(tmp_path.rglob("*"))
     assert cli.main(["report", str(run_dir), "--single-file"]) == cli.EXIT_USAGE
     err = capsys.readouterr().err.strip()
     assert "is not a plain" in err or "not a valid manifest" in err
-    assert files() == before
+    assert sorted(tmp_path.rglob("*")) == before
     assert rundir.summarize(run_dir).status == rundir.UNREADABLE
 
 

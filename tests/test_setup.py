@@ -127,6 +127,22 @@ def test_a_failed_install_stops_the_set_up_naming_the_command(tmp_path):
         setup_venv.Installer(tmp_path / "python", failing).install(["numpy"])
 
 
+def test_uv_on_path_is_taken_before_installing_one(tmp_path, monkeypatch):
+    (tmp_path / "bin").mkdir()
+    uv = _recorder(tmp_path / "bin" / "uv")
+    monkeypatch.setenv("PATH", f"{uv.parent}{os.pathsep}{os.environ['PATH']}")
+    assert setup_venv.find_uv(tmp_path / "venv") == uv
+    assert not (tmp_path / "venv").exists()  # nothing installed
+
+
+def test_an_environment_with_torch_keeps_it(capsys):
+    nothing = setup_venv.Installer(Path(sys.executable), uv=Path("/nonexistent/uv"))
+    setup_venv.ensure_torch(nothing, cpu_index="http://127.0.0.1:9/unused")
+    import torch
+
+    assert capsys.readouterr().out == f"torch {torch.__version__}: already installed\n"
+
+
 def test_the_benchmark_splits_set_up_from_the_run():
     output = ("+ uv pip install ...\nset-up: what a headless run needs installed with uv in 17 s\n"
               "  set-up: the extras lab installed with uv in 4 s  \nreport: x/index.html\n")

@@ -9,7 +9,8 @@ column     type    meaning
 ========== ======= ============================================================================
 run_id     str     the run folder's name
 notebook   str     the notebook that measured it, e.g. ``01_d2h_staging``
-experiment str     what was measured, e.g. ``d2h_copy``, ``step``, ``prompt_memory``
+experiment str     what was measured: the catalogue's experiment (``staging``, ``step``,
+                   ``prompt_logprobs``); tables kept before it say ``d2h_copy`` for staging
 arm        str     the variant under test, e.g. ``pageable_fresh``; A/A twins end in ``~aa``
 stage      str     part of a pipeline (``copy``, ``host_gather``...) or ``total``
 metric     str     ``time`` for timings; otherwise what ``bytes``/``value`` hold:
