@@ -21,7 +21,7 @@ from stagelab.errors import UserError
 from stagelab.records import RunFolder
 
 VERDICT_FILE = RunFolder.VERDICT
-VERDICT_FIGURE = "figures/04_verdict_key.png"
+VERDICT_FIGURE = f"figures/{catalogue.VERDICT_NOTEBOOK}_key.png"  # notebook 04's key plot
 
 _STYLE = """
 body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;max-width:1100px;margin:2em auto;
