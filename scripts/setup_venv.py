@@ -21,7 +21,8 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -51,7 +52,6 @@ class Installer:
 
     python: Path
     uv: Path | None
-    log: list[str] = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -68,14 +68,12 @@ class Installer:
             command += ["--index-url", index_url]
         for folder in find_links:
             command += ["--find-links", folder]
-        run([*command, *requirements], self.log)
+        run([*command, *requirements])
 
 
-def run(command: list[str], log: list[str] | None = None) -> None:
+def run(command: list[str]) -> None:
     """Run a command, echoed as a shell line; a failure stops the set-up with its exit code."""
     line = shlex.join(command)
-    if log is not None:
-        log.append(line)
     print(f"+ {line}", flush=True)
     result = subprocess.run(command)
     if result.returncode:
@@ -116,7 +114,8 @@ def local_wheel_folders(python: str = sys.executable) -> tuple[str, ...]:
     return tuple(dict.fromkeys(folders))
 
 
-def choose_torch(gpu: bool, cpu_index: str, reachable=index_reachable,
+def choose_torch(gpu: bool, cpu_index: str,
+                 reachable: Callable[[str], bool] = index_reachable,
                  find_links: tuple[str, ...] = ()) -> TorchChoice:
     """The torch requirement for this machine (see the module's docstring)."""
     if gpu:
@@ -180,13 +179,14 @@ def ensure_torch(installer: Installer, cpu_index: str) -> None:
     if present:
         print(f"torch {present}: already installed", flush=True)
         return
-    choice = choose_torch(has_nvidia_gpu(), cpu_index, find_links=local_wheel_folders())
+    gpu = has_nvidia_gpu()
+    choice = choose_torch(gpu, cpu_index, find_links=() if gpu else local_wheel_folders())
     print(f"torch: {choice.reason}", flush=True)
     installer.install([choice.requirement], choice.index_url, choice.find_links)
     print(f"torch {torch_build(installer.python)}", flush=True)
 
 
-def set_up(venv: Path, extras: list[str], cpu_index: str = CPU_INDEX) -> Installer:
+def set_up(venv: Path, extras: list[str], cpu_index: str = CPU_INDEX) -> None:
     """Create or complete the environment: torch, then stagelab with ``extras`` (none: what a
     headless run needs) and, with the lab extra, the Jupyter kernel that runs the notebooks."""
     started = time.monotonic()
@@ -201,11 +201,10 @@ def set_up(venv: Path, extras: list[str], cpu_index: str = CPU_INDEX) -> Install
     installer.install(["--editable", target])
     if "lab" in extras:  # `stagelab run` installs the kernel itself; JupyterLab needs it first
         run([str(python), "-m", "ipykernel", "install", "--sys-prefix", "--name", KERNEL_NAME,
-             "--display-name", KERNEL_DISPLAY], installer.log)
+             "--display-name", KERNEL_DISPLAY])
     what = f"the extras {', '.join(extras)}" if extras else "what a headless run needs"
     print(f"set-up: {what} installed with {installer.name} in {time.monotonic() - started:.0f} s",
           flush=True)
-    return installer
 
 
 def main(argv: list[str] | None = None) -> int:

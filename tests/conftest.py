@@ -1,14 +1,22 @@
-"""Shared fixtures: tiny notebooks and profiles that exercise the runner in seconds."""
+"""Shared fixtures and helpers: tiny notebooks and profiles that exercise the runner in seconds,
+hand-made run folders, a recording allocator, seeded logits; test modules import from here, never
+from one another."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import nbformat
 import pytest
+import torch
 from nbformat.v4 import new_code_cell, new_notebook
+
+from stagelab import rundir, schema
 
 
 def write_notebook(path: Path, parameters: str, body: str) -> Path:
@@ -56,3 +64,156 @@ def tiny_cli(suite: dict[str, Path], *args: str) -> list[str]:
               f"paths.NOTEBOOKS_DIR = Path({str(suite['notebooks'])!r})\n"
               f"sys.exit(cli.main({list(args)!r}))\n")
     return [sys.executable, "-c", script]
+
+
+# ------------------------------------------------------- shared by several test modules
+
+# The real notebooks at tiny sizes: a whole quick run in a minute on a CPU.
+TINY = {
+    "01_d2h_staging": {"models": [1000, 4096], "rows": [2], "rounds": 4, "warmup": 1},
+    "02_logprobs_step": {"models": [1000], "rows": [2], "ks": [0, 2], "rounds": 3},
+    "03_prompt_logprobs": {"tokens": 97, "vocab": 1000, "hidden": 8, "chunks": [16, 64],
+                           "rounds": 2, "dtype": "float32"},
+    "04_verdict": {"min_samples": 3, "decisive_rows": [2], "decisive_models": [1000],
+                   "decisive_ks": [2], "calibration_trials": 20},
+}
+
+
+def fake_run(root: Path, status: str = "ok", notebooks=("10_ok",), pid: int | None = None,
+             write_outputs: bool = True) -> Path:
+    """A run folder made by hand: a manifest, and the notebooks it names."""
+    run_dir = rundir.new_run_dir(root, "quick")
+    entries = [rundir.notebook_entry(name, status=status) for name in notebooks]
+    manifest = rundir.new_manifest(run_dir, "quick", ["test"], entries, None, status=status)
+    manifest["pid"] = pid if pid is not None else os.getpid()
+    rundir.write_manifest(run_dir, manifest)
+    if write_outputs:
+        for name in notebooks:
+            write_notebook(run_dir / f"{name}.ipynb", 'run_dir = ""', "print(1)")
+    return run_dir
+
+
+def dead_pid() -> int:
+    """The id of a process that has already ended."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+class RecordingAllocator:
+    """Hands out host uint8 buffers and remembers each, as torch's pinned allocator would."""
+
+    def __init__(self) -> None:
+        self.buffers: list[torch.Tensor] = []
+
+    def __call__(self, nbytes: int) -> torch.Tensor:
+        self.buffers.append(torch.empty(nbytes, dtype=torch.uint8))
+        return self.buffers[-1]
+
+    def owns(self, tensor: torch.Tensor) -> bool:
+        last = self.buffers[-1]
+        start, end = last.data_ptr(), last.data_ptr() + last.numel()
+        size = tensor.numel() * tensor.element_size()
+        return start <= tensor.data_ptr() and tensor.data_ptr() + size <= end
+
+
+def make_logits(n: int, vocab: int, dtype=torch.float32, seed: int = 0) -> torch.Tensor:
+    return (3 * torch.randn(n, vocab, generator=torch.Generator().manual_seed(seed))).to(dtype)
+
+
+def make_tokens(n: int, vocab: int, seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed))
+
+
+def start_sleepy(suite: dict[str, Path],
+                 env: dict[str, str] | None = None) -> tuple[subprocess.Popen, Path]:
+    """The sleepy profile started in a fresh interpreter, once its sleeping cell runs."""
+    command = tiny_cli(suite, "run", "--profile", "sleepy", "--out", str(suite["root"]))
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.time() + 90
+    while time.time() < deadline:  # wait until the sleeping cell runs
+        marker = next(suite["root"].glob("*/sleeping"), None) if suite["root"].exists() else None
+        if marker:
+            return proc, marker.parent
+        time.sleep(0.2)
+    proc.kill()
+    raise AssertionError(f"the sleeping notebook never started: {proc.communicate()}")
+
+
+GPU = {"gpu": {"name": "NVIDIA H200"}, "host": {"cpu_model": "Xeon"}}
+
+
+def good_run(root: Path, decision: str = "PORT", hardware: dict | None = None,
+             status: str = "ok", verdict: bool = True, pid: int | None = None,
+             created: str = "2026-11-30T10:00:00+00:00", notebooks=("10_ok",)) -> Path:
+    """A run folder with a manifest (given status and hardware), a verdict and a table."""
+    run_dir = fake_run(root, status=status, pid=pid, notebooks=notebooks)
+    manifest = rundir.read_manifest(run_dir)
+    manifest.update(hardware=hardware or GPU, git={"commit": "abcdef1234567890", "dirty": False},
+                    created_utc=created)
+    rundir.write_manifest(run_dir, manifest)
+    schema.write_table(schema.make_rows([{"experiment": "d2h_copy", "arm": "pageable_fresh",
+                                          "seconds": 0.5, "bytes": 10**9, "round": 0}],
+                                        run_id=run_dir.name, notebook="01_d2h_staging"),
+                       run_dir, "staging")
+    (run_dir / "index.html").write_text("<html></html>")
+    if verdict:
+        (run_dir / "verdict.json").write_text(json.dumps({"overall": {"decision": decision}}))
+    return run_dir
+
+
+# Text a page must escape, in the synthetic runs of `stagelab compare`'s tests.
+HOSTILE = "<script>alert('x')</script> & co"
+
+
+def copy_records(copy_seconds: float) -> list[dict]:
+    """Three rounds at the largest cell (1 GB per copy), a smaller cell that must not be used, an
+    A/A twin that must be left out and a failed row that must be ignored."""
+    recs = []
+    for r in range(3):
+        recs.append(dict(experiment="d2h_copy", arm="pinned_grow_only", rows=64, vocab=152064,
+                         round=r, seconds=copy_seconds * (1 + 0.1 * (r - 1)), bytes=10**9))
+        recs.append(dict(experiment="d2h_copy", arm="pinned_grow_only~aa", rows=64,
+                         vocab=152064, round=r, seconds=copy_seconds / 10, bytes=10**9))
+        recs.append(dict(experiment="d2h_copy", arm="pinned_grow_only", rows=16, vocab=152064,
+                         round=r, seconds=copy_seconds / 100, bytes=10**9))
+    recs.append(dict(experiment="d2h_copy", arm="pinned_grow_only", rows=64, vocab=152064,
+                     round=9, seconds=1e-6, bytes=10**9, status="failed", note="boom"))
+    return recs
+
+
+def _decisive_cell(total_ms: float) -> dict:
+    return {"rows": 64, "vocab": 152064, "k": 5, "decision": "PORT", "speedup": 1.5,
+            "ci_low": 1.4, "ci_high": 1.6, "min_speedup": 1.02, "twin_speedup": 1.0,
+            "twin_ci_low": 0.99, "twin_ci_high": 1.01, "saved_ms": 1.0,
+            "step_ms": total_ms, "reason": HOSTILE,
+            "stages_ms": {"device": total_ms - 4.0, "alloc": 1.0, "copy": 2.0,
+                          "host_gather": 0.75, "free": 0.25, "total": total_ms}}
+
+
+def make_run(root: Path, name: str, *, gpu: str | None = None, link: float | None = None,
+             total_ms: float = 10.0, copy_seconds: float = 0.5, verdict: str = "current",
+             staging: bool = True) -> Path:
+    """A synthetic run folder: manifest (hardware), verdict.json (current, older or none) and
+    data/staging.parquet."""
+    run = root / name
+    run.mkdir(parents=True)
+    hardware = {"host": {"cpu_model": f"CPU {HOSTILE}"}, "torch": {"torch": "2.5.1"},
+                "gpu": {"name": gpu} if gpu else None,
+                "nvml": {"pcie_max_gbps_per_direction": link} if link else None}
+    (run / "manifest.json").write_text(json.dumps({"run_id": name, "status": "ok", "notebooks": [],
+                                                   "hardware": hardware}))
+    prompt = {"recommendation": {"chunk": 512, "arm": "fused+overlap", "reason": "smallest"},
+              "peaks": [{"arm": "fused", "chunk": 512, "metric": "peak_device_bytes",
+                         "bytes": int(copy_seconds * 8) * 2**20}]}
+    if verdict == "current":
+        (run / "verdict.json").write_text(json.dumps({
+            "overall": {"decision": "PORT"}, "decisive": [_decisive_cell(total_ms)],
+            "prompt_logprobs": prompt}))
+    elif verdict == "older":
+        (run / "verdict.json").write_text(json.dumps({"overall": {"decision": "CLOSE"},
+                                                      "cells": [], "prompt_logprobs": None}))
+    if staging:
+        schema.write_table(schema.make_rows(copy_records(copy_seconds), run_id=name,
+                                            notebook="01_d2h_staging"), run, "staging")
+    return run

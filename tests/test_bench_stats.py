@@ -88,7 +88,7 @@ def test_a_failing_arm_drops_out_and_the_others_keep_contiguous_positions():
 def test_rounds_until_precise_stops_on_precision(monkeypatch):
     noise = itertools.cycle([1.0, 1.1, 0.9, 1.05, 0.95])
     monkeypatch.setattr(bench.Timer, "time", lambda self, call: (next(noise), None, call()))
-    precision = bench.Precision("a", "b", half_width=0.05, max_rounds=500, every=5)
+    precision = bench.Precision("a", ("b",), half_width=0.05, max_rounds=500, every=5)
     records = bench.interleaved({"a": lambda r: None, "b": lambda r: None}, rounds=10,
                                 warmup=0, precision=precision)
     stop = [r for r in records if r.get("metric") == "rounds"]
@@ -107,7 +107,7 @@ def test_rounds_until_precise_stops_on_precision(monkeypatch):
 def test_rounds_until_precise_stops_at_a_cap_and_says_so(monkeypatch, cap, seconds, reason):
     noise = itertools.cycle([1.0, 2.0, 0.5])
     monkeypatch.setattr(bench.Timer, "time", lambda self, call: (next(noise), None, call()))
-    precision = bench.Precision("a", "b", half_width=1e-6, max_rounds=cap, max_seconds=seconds)
+    precision = bench.Precision("a", ("b",), half_width=1e-6, max_rounds=cap, max_seconds=seconds)
     records = bench.interleaved({"a": lambda r: None, "b": lambda r: None}, rounds=10,
                                 warmup=0, precision=precision)
     stop = [r for r in records if r.get("metric") == "rounds"]
@@ -124,4 +124,4 @@ def test_interleaved_bad_parameters(kwargs, message):
 def test_precision_cap_below_rounds_is_refused():
     with pytest.raises(ValueError, match=r"max_rounds \(5\) must be at least rounds \(10\)"):
         bench.interleaved({"a": lambda r: None}, rounds=10,
-                          precision=bench.Precision("a", "a", 0.01, max_rounds=5))
+                          precision=bench.Precision("a", ("a",), 0.01, max_rounds=5))

@@ -132,3 +132,5 @@ def test_the_report_first_screen_says_the_timings_are_not_trustworthy(tmp_path):
     assert "TIMINGS NOT TRUSTWORTHY" in verdict_box
     assert "02_logprobs_step ran on a busy machine" in verdict_box
     assert verdict_box.index("TIMINGS NOT TRUSTWORTHY") < verdict_box.index("PORT")
+    assert "<td class='failed'>busy: others took 1.60 of 2 cores, load average up to 0.5</td>" in (
+        page)  # the notebook's row says it too

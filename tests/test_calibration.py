@@ -134,3 +134,15 @@ def test_calibrate_has_one_row_per_setting_and_is_deterministic():
 def test_calibrate_bad_input_names_the_parameter(kwargs, message):
     with pytest.raises(ValueError, match=message):
         calibration.calibrate(**{"trials": 2, **kwargs})
+
+
+def test_the_summary_names_the_worst_false_port_and_the_rows_short_of_their_requirement():
+    table = calibration.calibrate(trials=3, noises=calibration.NOISES[:1], adaptive=[False],
+                                  cells=2)
+    table.loc[1, ["met", "family_port"]] = [False, 0.5]  # a row short of its requirement
+    sentence = calibration.summary(table.to_dict("records"))
+    assert sentence.startswith("Calibration of the rule at 30 rounds, 3 simulated families of "
+                               "2 cells per row, 3 rows (noise model x truth): false PORT at "
+                               "most 50.0% for the family")
+    assert "short of a requirement: lognormal 2 %, at the bar, 30 rounds (family PORT 50%" in (
+        sentence)

@@ -86,6 +86,7 @@ def test_the_decisive_arms_are_the_steps_baseline_candidate_and_twin():
         "seed_pageable", "seed_pinned")
     assert catalogue.DECISIVE_ROLES == (catalogue.BASELINE, catalogue.CANDIDATE,
                                         catalogue.AA_TWIN)
+    assert catalogue.decisive_arms() == ("seed_pageable", "seed_pinned", "seed_pageable~aa")
 
 
 def test_the_named_levers_are_arms_of_their_experiment():
@@ -114,3 +115,13 @@ def test_arm_parameters_are_checked_against_the_catalogue():
 def test_dtype_names_and_sizes_agree_with_torch():
     for name, size in catalogue.DTYPE_BYTES.items():
         assert shapes.DTYPES[name].itemsize == size
+
+
+def test_rows_name_their_experiment_as_the_catalogue_does():
+    shape = shapes.ModelShape("", 1000, 8)
+    staging_cell, = staging.cells([shape], [2], torch.float32, ["pageable_fresh"], device="cpu")
+    step_cell, = step.cells([shape], [2], [1], torch.float32, ["fused"], aa_arm=None, device="cpu")
+    prompt_cell = prompt_logprobs.prompt_cell(9, shape, 8, [4], torch.float32, 1, ["fused"],
+                                              [False], device="cpu")
+    assert [c.sizes["experiment"] for c in (staging_cell, step_cell, prompt_cell)] == [
+        catalogue.STAGING, catalogue.STEP, catalogue.PROMPT]

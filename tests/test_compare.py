@@ -9,65 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from conftest import copy_records, make_run
 from stagelab import cli, compare, paths, schema
 
 CELL = "n=64 V=152064 K=5"
 TOTAL = ("seed step, ms", f"{CELL} total")
 PINNED_GBPS = ("copy bandwidth", "n=64 V=152064 pinned_grow_only GB/s")
-HOSTILE = "<script>alert('x')</script> & co"
 
-
-def staging_records(copy_seconds: float) -> list[dict]:
-    """Three rounds at the largest cell (1 GB per copy), a smaller cell that must not be used, an
-    A/A twin that must be left out and a failed row that must be ignored."""
-    recs = []
-    for r in range(3):
-        recs.append(dict(experiment="d2h_copy", arm="pinned_grow_only", rows=64, vocab=152064,
-                         round=r, seconds=copy_seconds * (1 + 0.1 * (r - 1)), bytes=10**9))
-        recs.append(dict(experiment="d2h_copy", arm="pinned_grow_only~aa", rows=64,
-                         vocab=152064, round=r, seconds=copy_seconds / 10, bytes=10**9))
-        recs.append(dict(experiment="d2h_copy", arm="pinned_grow_only", rows=16, vocab=152064,
-                         round=r, seconds=copy_seconds / 100, bytes=10**9))
-    recs.append(dict(experiment="d2h_copy", arm="pinned_grow_only", rows=64, vocab=152064,
-                     round=9, seconds=1e-6, bytes=10**9, status="failed", note="boom"))
-    return recs
-
-
-def decisive_cell(total_ms: float) -> dict:
-    return {"rows": 64, "vocab": 152064, "k": 5, "decision": "PORT", "speedup": 1.5,
-            "ci_low": 1.4, "ci_high": 1.6, "min_speedup": 1.02, "twin_speedup": 1.0,
-            "twin_ci_low": 0.99, "twin_ci_high": 1.01, "saved_ms": 1.0,
-            "step_ms": total_ms, "reason": HOSTILE,
-            "stages_ms": {"device": total_ms - 4.0, "alloc": 1.0, "copy": 2.0,
-                          "host_gather": 0.75, "free": 0.25, "total": total_ms}}
-
-
-def make_run(root: Path, name: str, *, gpu: str | None = None, link: float | None = None,
-             total_ms: float = 10.0, copy_seconds: float = 0.5, verdict: str = "current",
-             staging: bool = True) -> Path:
-    """A synthetic run folder: manifest (hardware), verdict.json (current, older or none) and
-    data/staging.parquet."""
-    run = root / name
-    run.mkdir(parents=True)
-    hardware = {"host": {"cpu_model": f"CPU {HOSTILE}"}, "torch": {"torch": "2.5.1"},
-                "gpu": {"name": gpu} if gpu else None,
-                "nvml": {"pcie_max_gbps_per_direction": link} if link else None}
-    (run / "manifest.json").write_text(json.dumps({"run_id": name, "status": "ok", "notebooks": [],
-                                                   "hardware": hardware}))
-    prompt = {"recommendation": {"chunk": 512, "arm": "fused+overlap", "reason": "smallest"},
-              "peaks": [{"arm": "fused", "chunk": 512, "metric": "peak_device_bytes",
-                         "bytes": int(copy_seconds * 8) * 2**20}]}
-    if verdict == "current":
-        (run / "verdict.json").write_text(json.dumps({
-            "overall": {"decision": "PORT"}, "decisive": [decisive_cell(total_ms)],
-            "prompt_logprobs": prompt}))
-    elif verdict == "older":
-        (run / "verdict.json").write_text(json.dumps({"overall": {"decision": "CLOSE"},
-                                                      "cells": [], "prompt_logprobs": None}))
-    if staging:
-        schema.write_table(schema.make_rows(staging_records(copy_seconds), run_id=name,
-                                            notebook="01_d2h_staging"), run, "staging")
-    return run
 
 
 @pytest.fixture
@@ -192,7 +140,7 @@ def test_without_out_the_page_goes_under_the_runs_folder_and_is_named(cpu_and_h2
 def test_a_staging_table_of_an_older_schema_still_gives_its_bandwidth(cpu_and_h200, tmp_path,
                                                                       capsys):
     a, _ = cpu_and_h200
-    frame = schema.make_rows(staging_records(0.5), run_id="K", notebook="01_d2h_staging")
+    frame = schema.make_rows(copy_records(0.5), run_id="K", notebook="01_d2h_staging")
     older = make_run(tmp_path, "K_older", verdict="none", staging=False)
     (older / "data").mkdir()
     frame.drop(columns=["clock_agrees"]).to_parquet(schema.table_path(older, "staging"))

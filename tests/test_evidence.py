@@ -9,30 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from conftest import dead_pid, good_run
 from stagelab import busy, cli, evidence, paths, rundir, schema, trust
 from stagelab.errors import UserError
-from test_runner import dead_pid, fake_run
-
-GPU = {"gpu": {"name": "NVIDIA H200"}, "host": {"cpu_model": "Xeon"}}
-
-
-def good_run(root: Path, decision: str = "PORT", hardware: dict | None = None,
-             status: str = "ok", verdict: bool = True, pid: int | None = None,
-             created: str = "2026-11-30T10:00:00+00:00", notebooks=("10_ok",)) -> Path:
-    """A run folder with a manifest (given status and hardware), a verdict and a table."""
-    run_dir = fake_run(root, status=status, pid=pid, notebooks=notebooks)
-    manifest = rundir.read_manifest(run_dir)
-    manifest.update(hardware=hardware or GPU, git={"commit": "abcdef1234567890", "dirty": False},
-                    created_utc=created)
-    rundir.write_manifest(run_dir, manifest)
-    schema.write_table(schema.make_rows([{"experiment": "d2h_copy", "arm": "pageable_fresh",
-                                          "seconds": 0.5, "bytes": 10**9, "round": 0}],
-                                        run_id=run_dir.name, notebook="01_d2h_staging"),
-                       run_dir, "staging")
-    (run_dir / "index.html").write_text("<html></html>")
-    if verdict:
-        (run_dir / "verdict.json").write_text(json.dumps({"overall": {"decision": decision}}))
-    return run_dir
 
 
 def busy_run(root: Path) -> Path:

@@ -8,6 +8,7 @@ import io
 import ipaddress
 import json
 import os
+import signal
 import sys
 import tarfile
 from pathlib import Path
@@ -304,6 +305,7 @@ def test_a_node_past_its_timeout_is_stopped_and_keeps_what_it_sent(connected, tm
                               progress=lambda *_: None)
     assert record.status == fleet.TIMED_OUT
     assert "timeout" in record.error
+    assert record.exit_code == -signal.SIGTERM  # stopped by SIGTERM, not killed
     assert (Path(record.measured_dir) / "started.json").is_file()
 
 
@@ -335,6 +337,7 @@ def test_a_crashed_worker_is_retried_once_and_only_once(connected, tmp_path):
                             progress=lambda *_: None)
     assert (lost.status, lost.attempts) == (fleet.FAILED, 2)
     assert lost.error.startswith("WorkerCrashedError")
+    assert "; retried: WorkerCrashedError" in lost.error
 
 
 def test_no_matching_node_is_a_bad_request(cluster, capsys, tmp_path):

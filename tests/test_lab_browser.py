@@ -24,8 +24,8 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook, new_output
 
+from conftest import TINY
 from stagelab import execute, paths
-from test_suite_end_to_end import TINY
 
 CHROMIUM = shutil.which("chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",

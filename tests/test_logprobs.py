@@ -5,17 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from conftest import make_logits, make_tokens
 from reference import assert_matches_reference
 from stagelab import logprobs as lp
 from stagelab import staging
-
-
-def make_logits(n: int, vocab: int, dtype=torch.float32, seed: int = 0) -> torch.Tensor:
-    return (3 * torch.randn(n, vocab, generator=torch.Generator().manual_seed(seed))).to(dtype)
-
-
-def make_tokens(n: int, vocab: int, seed: int = 1) -> torch.Tensor:
-    return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed))
 
 
 def vllm_path(logits, k, tokens):

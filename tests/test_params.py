@@ -52,6 +52,13 @@ BAD = [
      "names the same vocabulary twice ('Qwen2.5-7B' and 152064)"),
     ("02_logprobs_step.ks=[5, 5]", "02_logprobs_step.ks: [5, 5] names the same K twice"),
     ("03_prompt_logprobs.chunks=[128, 128]", "names the same chunk twice"),
+    ("02_logprobs_step.forward_ms=-1", "02_logprobs_step.forward_ms: -1 is not a number of "
+                                       "milliseconds >= 0"),
+    ("02_logprobs_step.log_softmax=[gpu]", "02_logprobs_step.log_softmax: unknown log_softmax"),
+    ("02_logprobs_step.log_softmax=[host, host]", "names the same place twice"),
+    ("02_logprobs_step.max_rounds=5", "02_logprobs_step.max_rounds: 5 is below rounds (12)"),
+    ("02_logprobs_step.max_seconds=0", "02_logprobs_step.max_seconds: 0 is not a positive"),
+    ("04_verdict.log_softmax=gpu", "04_verdict.log_softmax: unknown log_softmax place 'gpu'"),
     # Before: a top-K above the vocabulary passed the checks, then failed inside the run.
     ("02_logprobs_step.ks=[5, 200000]", "02_logprobs_step.ks: top-K 200000 exceeds the "
                                         "vocabulary of Qwen2.5-7B (152064); K can be at most V"),

@@ -106,3 +106,13 @@ def test_notebook_02_opens_with_the_decisive_comparison_in_at_most_150_words():
     title, first, *_ = nb.cells[0].source.split("\n\n")
     assert len(nb.cells[0].source.replace("#", "").split()) <= 150
     assert first.startswith("**The decisive comparison:**") and "`seed_pinned`" in first
+
+
+def test_test_modules_share_helpers_through_conftest_not_one_another():
+    tests = sorted((paths.REPO_ROOT / "tests").glob("test_*.py"))
+    for path in tests:
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([node.module or ""] if isinstance(node, ast.ImportFrom)
+                     else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            assert not any(n.startswith("test_") for n in names), (
+                f"{path.name} imports {names}: move what it shares into tests/conftest.py")

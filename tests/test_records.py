@@ -16,14 +16,11 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from conftest import tiny_cli, write_notebook
+from conftest import fake_run, good_run, make_run, start_sleepy, tiny_cli, write_notebook
 from stagelab import cli, evidence, execute, paths, profiles, records, report, rundir, schema
 from stagelab import verdict as verdict_module
 from stagelab.errors import BadRecord, UserError
 from stagelab.records import RunFolder
-from test_compare import make_run
-from test_evidence import good_run
-from test_runner import _start_sleepy, fake_run
 
 KEPT_CPU_RUN = paths.REFERENCE_DIR / "cpu" / "20261130T141659Z_vm_quick"
 
@@ -139,12 +136,11 @@ def test_a_traversal_manifest_writes_nothing_outside_its_folder(tmp_path, capsys
     manifest["notebooks"][0][field] = value
     manifest["run_id"] = "../../../run"
     (run_dir / "manifest.json").write_text(json.dumps(manifest))
-    files = lambda: sorted(p for p in tmp_path.rglob("*") if p.name != RunFolder.LOCK)  # noqa: E731
-    before = files()
+    before = sorted(tmp_path.rglob("*"))
     assert cli.main(["report", str(run_dir), "--single-file"]) == cli.EXIT_USAGE
     err = capsys.readouterr().err.strip()
     assert "is not a plain" in err or "not a valid manifest" in err
-    assert files() == before
+    assert sorted(tmp_path.rglob("*")) == before
     assert rundir.summarize(run_dir).status == rundir.UNREADABLE
 
 
@@ -303,7 +299,7 @@ def test_report_refuses_a_live_run_and_never_rolls_its_status_back(tmp_path, cap
 @pytest.mark.slow
 def test_report_during_a_real_run_leaves_the_runs_final_state(tiny_suite):
     # Before: `report` during a run overwrote the run's final save: `running` after exit 0.
-    proc, run_dir = _start_sleepy(tiny_suite)
+    proc, run_dir = start_sleepy(tiny_suite)
     report_cmd = tiny_cli(tiny_suite, "report", str(run_dir), "--single-file")
     during = subprocess.run(report_cmd, capture_output=True, text=True, timeout=120)
     assert during.returncode == cli.EXIT_USAGE, during.stderr
@@ -325,7 +321,7 @@ def test_sighup_ends_the_record_like_sigterm_and_removes_the_socket_folder(tiny_
     # Before: a closed terminal left the run `running`, no HTML and its socket folder behind.
     private_tmp = tmp_path / "tmp"
     private_tmp.mkdir()
-    proc, run_dir = _start_sleepy(tiny_suite, env={**os.environ, "TMPDIR": str(private_tmp)})
+    proc, run_dir = start_sleepy(tiny_suite, env={**os.environ, "TMPDIR": str(private_tmp)})
     assert list(private_tmp.glob("stagelab-kernel-*"))
     proc.send_signal(signal.SIGHUP)
     _, err = proc.communicate(timeout=90)
@@ -341,7 +337,7 @@ def test_a_second_ctrl_c_does_not_abandon_the_record(tiny_suite, tmp_path):
     # Before: a second Ctrl-C during the cleanup left the run `running`, without HTML.
     private_tmp = tmp_path / "tmp"
     private_tmp.mkdir()
-    proc, run_dir = _start_sleepy(tiny_suite, env={**os.environ, "TMPDIR": str(private_tmp)})
+    proc, run_dir = start_sleepy(tiny_suite, env={**os.environ, "TMPDIR": str(private_tmp)})
     proc.send_signal(signal.SIGINT)
     time.sleep(0.3)
     proc.send_signal(signal.SIGINT)

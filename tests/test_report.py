@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 import re
 
+from conftest import fake_run
 from stagelab import report
-from test_runner import fake_run
 
 UNAVAILABLE = "not measured: seed_pinned unavailable: pinned host memory needs a CUDA device"
 

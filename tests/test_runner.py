@@ -7,15 +7,12 @@ import errno
 import json
 import os
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import nbformat
 import pytest
 
-from conftest import tiny_cli, write_notebook
+from conftest import dead_pid, fake_run, start_sleepy, write_notebook
 from stagelab import cli, context, execute, paths, profiles, report, rundir, schema
 from stagelab.errors import UserError
 
@@ -33,26 +30,6 @@ def tiny_paths(tiny_suite, monkeypatch):
     monkeypatch.setattr(paths, "PROFILES_FILE", tiny_suite["profiles"])
     monkeypatch.setattr(paths, "NOTEBOOKS_DIR", tiny_suite["notebooks"])
     return tiny_suite
-
-
-def fake_run(root: Path, status: str = "ok", notebooks=("10_ok",), pid: int | None = None,
-             write_outputs: bool = True) -> Path:
-    """A run folder made by hand: a manifest, and the notebooks it names."""
-    run_dir = rundir.new_run_dir(root, "quick")
-    entries = [rundir.notebook_entry(name, status=status) for name in notebooks]
-    manifest = rundir.new_manifest(run_dir, "quick", ["test"], entries, None, status=status)
-    manifest["pid"] = pid if pid is not None else os.getpid()
-    rundir.write_manifest(run_dir, manifest)
-    if write_outputs:
-        for name in notebooks:
-            write_notebook(run_dir / f"{name}.ipynb", 'run_dir = ""', "print(1)")
-    return run_dir
-
-
-def dead_pid() -> int:
-    proc = subprocess.Popen([sys.executable, "-c", "pass"])
-    proc.wait()
-    return proc.pid
 
 
 # ------------------------------------------------------------------------- whole runs (slow)
@@ -121,23 +98,10 @@ def test_the_kernel_gets_a_private_socket_folder(tmp_path):
     assert not folder.exists()  # removed afterwards, whatever it held
 
 
-def _start_sleepy(suite: dict[str, Path], env: dict[str, str] | None = None) -> tuple[subprocess.Popen, Path]:
-    proc = subprocess.Popen(tiny_cli(suite, "run", "--profile", "sleepy", "--out", str(suite["root"])),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    deadline = time.time() + 90
-    while time.time() < deadline:  # wait until the sleeping cell runs
-        marker = next(suite["root"].glob("*/sleeping"), None) if suite["root"].exists() else None
-        if marker:
-            return proc, marker.parent
-        time.sleep(0.2)
-    proc.kill()
-    raise AssertionError(f"the sleeping notebook never started: {proc.communicate()}")
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_marks_the_run_interrupted_quietly_and_keeps_what_was_written(tiny_suite, signum):
-    proc, run_dir = _start_sleepy(tiny_suite)
+    proc, run_dir = start_sleepy(tiny_suite)
     proc.send_signal(signum)
     _, err = proc.communicate(timeout=90)
     assert proc.returncode == cli.EXIT_INTERRUPTED, err
@@ -166,7 +130,7 @@ def _kill_orphaned_kernels(marker: Path) -> None:
 def test_a_killed_run_leaves_no_socket_where_another_run_looks(tiny_suite, tmp_path):
     private_tmp = tmp_path / "tmp"
     private_tmp.mkdir()
-    proc, run_dir = _start_sleepy(tiny_suite, env={**os.environ, "TMPDIR": str(private_tmp)})
+    proc, run_dir = start_sleepy(tiny_suite, env={**os.environ, "TMPDIR": str(private_tmp)})
     # While the kernel runs, its sockets are in a private temporary folder (which also shows the
     # searches below would find socket files if there were any).
     assert list(private_tmp.glob("stagelab-kernel-*/kernel-ipc-*"))
@@ -260,6 +224,17 @@ def test_an_interactive_folder_gets_a_manifest_and_is_listed(tmp_path, monkeypat
     line = capsys.readouterr().out.strip()
     assert line.startswith(ctx.run_dir.name) and line.endswith("interactive")
     assert "interactive" in report.write_index(ctx.run_dir).read_text()
+
+
+def test_every_notebook_context_sets_the_suites_plot_theme(tmp_path):
+    import matplotlib
+    import seaborn as sns
+
+    sns.set_theme(style="dark")  # what a previous notebook or a user might have left
+    assert matplotlib.rcParams["axes.grid"] is False
+    context.notebook_context("10_ok", tmp_path)
+    assert matplotlib.rcParams["axes.grid"] is True
+    assert matplotlib.rcParams["axes.facecolor"] == "white"
 
 
 def test_a_given_run_dir_must_exist(tmp_path):

@@ -5,26 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from conftest import RecordingAllocator
 from stagelab import memory, schema, shapes, staging
 
 CUDA = torch.cuda.is_available()
-
-
-class RecordingAllocator:
-    """Hands out host uint8 buffers and remembers each, as torch's pinned allocator would."""
-
-    def __init__(self) -> None:
-        self.buffers: list[torch.Tensor] = []
-
-    def __call__(self, nbytes: int) -> torch.Tensor:
-        self.buffers.append(torch.empty(nbytes, dtype=torch.uint8))
-        return self.buffers[-1]
-
-    def owns(self, tensor: torch.Tensor) -> bool:
-        last = self.buffers[-1]
-        start, end = last.data_ptr(), last.data_ptr() + last.numel()
-        size = tensor.numel() * tensor.element_size()
-        return start <= tensor.data_ptr() and tensor.data_ptr() + size <= end
 
 
 def source(n: int, vocab: int, dtype=torch.float32, seed: int = 0) -> torch.Tensor:

@@ -6,23 +6,15 @@ from __future__ import annotations
 import pytest
 import torch
 
+from conftest import RecordingAllocator, make_logits, make_tokens
 from reference import assert_matches_reference
 from stagelab import catalogue, native, schema, shapes, staging, step
 from stagelab import logprobs as lp
 from stagelab.errors import NativeUnavailable
 from stagelab.testing import SyncCounter
-from test_staging import RecordingAllocator
 
 CUDA = torch.cuda.is_available()
 NATIVE_OK, NATIVE_WHY = native.status()
-
-
-def make_logits(n: int, vocab: int, dtype=torch.bfloat16, seed: int = 0) -> torch.Tensor:
-    return (3 * torch.randn(n, vocab, generator=torch.Generator().manual_seed(seed))).to(dtype)
-
-
-def make_tokens(n: int, vocab: int, seed: int = 1) -> torch.Tensor:
-    return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed))
 
 
 def pipelines() -> dict[str, step.SeedStep | step.DeviceStep]:
@@ -39,7 +31,7 @@ def pipelines() -> dict[str, step.SeedStep | step.DeviceStep]:
 @pytest.mark.parametrize("arm", ["seed_pageable", "seed_pinned", "seed_pageable_reused",
                                  "seed_pageable_numpy", "device_gather", "fused"])
 def test_every_arm_agrees_with_float64_and_reports_its_stages(arm):
-    logits, tokens = make_logits(6, 2003), make_tokens(6, 2003)
+    logits, tokens = make_logits(6, 2003, torch.bfloat16), make_tokens(6, 2003)
     pipeline = pipelines()[arm]
     for _ in range(2):  # a reused scratch gives the same answer the second time
         result, stages = pipeline.run(logits, 5, tokens, tokens)
@@ -55,7 +47,8 @@ def test_the_pinned_seed_arm_copies_into_its_allocators_buffer_and_only_grows():
     scratch = step.Scratch(staging.PinnedGrowOnly(allocator=allocator))
     pipeline = step.SeedStep("seed_pinned", scratch, "native")
     for n in (4, 2, 8, 8):
-        pipeline.run(make_logits(n, 1000), 3, make_tokens(n, 1000), make_tokens(n, 1000))
+        tokens = make_tokens(n, 1000)
+        pipeline.run(make_logits(n, 1000, torch.bfloat16), 3, tokens, tokens)
         host, _release = scratch.acquire(torch.Size([n, 1000]))
         assert allocator.owns(host)
     assert [b.numel() for b in allocator.buffers] == [16000, 32000]
@@ -96,6 +89,63 @@ def test_measure_times_each_arm_with_a_twin_and_records_what_cannot_run():
     assert (errors < 5e-5).all() and errors["fused"] == 0.0
 
 
+def test_a_real_run_records_each_samples_position_and_the_order_is_balanced():
+    arms = ["seed_pageable_numpy", "device_gather", "fused"]
+    frame = schema.make_rows(step.measure(shapes.resolve_vocabs([1000]), [3, 5], [2],
+                                          torch.float32, arms, aa_arm="seed_pageable_numpy",
+                                          rounds=9, warmup=1, progress=False),
+                             run_id="run-a")
+    totals = frame[(frame.metric == "time") & (frame.stage == "total") & (frame.status == "ok")]
+    assert totals["position"].notna().all()
+    for _, cell in totals.groupby("rows"):
+        counts = cell.groupby(["arm", "position"]).size().unstack(fill_value=0)
+        assert counts.shape == (4, 4)  # four arms (the twin too), four positions
+        assert (counts.max() - counts.min()).max() <= 1, counts  # equally often, within one
+        assert all(sorted(r) == [0, 1, 2, 3] for r in cell.groupby("round")["position"].apply(list))
+    seeds = frame[frame.metric == "order_seed"]["value"]
+    assert len(seeds) == 2 and seeds.nunique() == 2  # seeded per cell
+    forward = frame[frame.metric == "forward_ms"]
+    assert list(forward["value"]) == [0.0, 0.0] and forward["note"].str.contains("CPU").all()
+    assert set(frame["log_softmax"].dropna()) == {"device"}
+
+
+def test_the_log_softmax_on_the_host_gives_the_same_answer_and_its_own_stage():
+    frame = schema.make_rows(step.measure(
+        shapes.resolve_vocabs([1000]), [3], [2], torch.float32, ["seed_pageable_numpy", "fused"],
+        aa_arm=None, rounds=2, warmup=0, progress=False, log_softmax=["device", "host"]))
+    errors = frame[frame.metric == "max_abs_error"]
+    assert set(errors["log_softmax"]) == {"device", "host"} and (errors["value"] < 5e-5).all()
+    stages = frame[(frame.arm == "seed_pageable_numpy") & (frame.status == "ok")]
+    assert "host_softmax" in set(stages[stages.log_softmax == "host"]["stage"])
+    assert "host_softmax" not in set(stages[stages.log_softmax == "device"]["stage"])
+
+
+def test_rounds_until_precise_in_a_real_run_stop_and_say_why():
+    frame = schema.make_rows(step.measure(
+        shapes.resolve_vocabs([1000]), [3], [2], torch.float32, ["seed_pageable_numpy", "fused"],
+        aa_arm="seed_pageable_numpy", rounds=5, warmup=1, progress=False, max_rounds=15,
+        delta=1e-6))
+    stop = frame[frame.metric == "rounds"]
+    assert list(stop["value"]) == [15.0] and stop["note"].iloc[0].startswith("round cap")
+    assert frame[(frame.metric == "time") & (frame.stage == "total")]["round"].max() == 14
+
+
+def test_forward_ms_on_a_cpu_is_refused_and_the_default_follows_the_formula(monkeypatch):
+    with pytest.raises(ValueError, match="forward_ms=2 needs a CUDA device"):
+        step.measure(shapes.resolve_vocabs([10]), [1], [0], torch.float32, ["fused"],
+                     aa_arm=None, rounds=1, progress=False, forward_ms=2, device="cpu")
+    (qwen,) = shapes.resolve_vocabs(["Qwen2.5-7B"])
+    assert step.default_forward_ms(qwen, "cpu")[0] == 0.0
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+    ms, how = step.default_forward_ms(qwen, "cuda:0")
+    assert ms == pytest.approx(qwen.params_b * 1e9 * 2 / 4800e9 * 1e3)  # 3.17 ms
+    assert "7.61e9 params x 2 B / 4800 GB/s (NVIDIA H200)" in how
+    assert step.default_forward_ms(shapes.resolve_vocabs([1000])[0], "cuda:0")[0] == 0.0
+    assert step.memory_bandwidth_gbps("NVIDIA H100 PCIe") == 2000.0
+    assert step.memory_bandwidth_gbps("NVIDIA H100 80GB HBM3") == 3350.0
+    assert step.memory_bandwidth_gbps("a GPU nobody knows") is None
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"ks": [-1]}, "ks: "), ({"ks": []}, "ks: "), ({"rows": [0]}, "rows: 0 is not a positive"),
     ({"arms": ["nope"]}, "unknown step arm 'nope'"), ({"arms": []}, "arms is empty"),
@@ -128,7 +178,7 @@ def test_each_arm_makes_exactly_the_wait_its_design_names(arm):
     """Seed arms wait once after their copy (the engine's Synchronize), device arms once to hand
     their results over; no hidden wait (a read of a device value) anywhere in a timed call."""
     pipeline = pipelines()[arm]
-    logits, tokens = make_logits(8, 3001), make_tokens(8, 3001)
+    logits, tokens = make_logits(8, 3001, torch.bfloat16), make_tokens(8, 3001)
     pipeline.run(logits, 5, tokens, tokens)  # first call: builds, grows its scratch
     with SyncCounter() as counter:
         pipeline.run(logits, 5, tokens, tokens)
@@ -136,7 +186,18 @@ def test_each_arm_makes_exactly_the_wait_its_design_names(arm):
 
 
 def test_the_wait_counter_sees_a_validating_call_negative_control():
-    logits, tokens = make_logits(8, 3001), make_tokens(8, 3001)
+    logits, tokens = make_logits(8, 3001, torch.bfloat16), make_tokens(8, 3001)
     with SyncCounter() as counter:
         lp.logprobs_from_logits(logits, 5, tokens)  # validate=True reads its device flag once
     assert counter.hidden == 1
+
+
+@pytest.mark.skipif(not CUDA, reason="the busy kernel needs a CUDA device")
+def test_forward_load_queues_about_forward_ms_of_device_work():
+    load = step.ForwardLoad(5.0, "cuda")
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    load.queue()
+    end.record()
+    end.synchronize()
+    assert 4.0 < start.elapsed_time(end) < 6.5

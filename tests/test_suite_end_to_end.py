@@ -9,22 +9,16 @@ import shutil
 
 import pytest
 
-from stagelab import execute, paths, profiles, rundir, verdict
+from conftest import TINY
+from stagelab import execute, paths, profiles, records, rundir, verdict
+from stagelab.records import RunFolder
 
 pytestmark = pytest.mark.slow
 
-TINY = {
-    "01_d2h_staging": {"models": [1000, 4096], "rows": [2], "rounds": 4, "warmup": 1},
-    "02_logprobs_step": {"models": [1000], "rows": [2], "ks": [0, 2], "rounds": 3},
-    "03_prompt_logprobs": {"tokens": 97, "vocab": 1000, "hidden": 8, "chunks": [16, 64],
-                           "rounds": 2, "dtype": "float32"},
-    "04_verdict": {"min_samples": 3, "decisive_rows": [2], "decisive_models": [1000],
-                   "decisive_ks": [2], "calibration_trials": 20},
-}
 # Valid requests that measure nothing, or only part: each notebook must end with a clear sentence.
 NOTHING = {
     "01_d2h_staging": {"models": ["Gemma-3-4B"], "rows": [100000], "rounds": 2},
-    "02_logprobs_step": {"models": ["GPT-2"], "rows": [2], "ks": [60000], "rounds": 2},
+    "02_logprobs_step": {"models": ["Gemma-3-4B"], "rows": [100000], "ks": [5], "rounds": 2},
 }
 SUBSET = {"01_d2h_staging": {"models": [1000], "rows": [2], "rounds": 3,
                              "arms": ["pageable_fresh", "raw_ceiling"]}}
@@ -64,6 +58,9 @@ def test_cpu_verdict_is_inconclusive_and_says_why(tiny_run):
                                     reference_root=paths.REFERENCE_DIR,
                                     calibration_trials=20)
     assert json.dumps(rebuilt, sort_keys=True) == json.dumps(saved, sort_keys=True)
+    # notebook 04's verdict.json follows its documented schema, every field documented
+    assert RunFolder(run_dir).read_verdict() == saved
+    assert set(saved) <= set(records.schema("verdict")["properties"])
 
 
 @pytest.mark.parametrize("overrides, sentence", [
@@ -75,6 +72,7 @@ def test_a_valid_request_that_measures_little_ends_with_a_clear_sentence(tmp_pat
     run_dir = rundir.new_run_dir(tmp_path, "quick")
     manifest = execute.execute(plan, run_dir, progress=False)
     assert {nb["status"] for nb in manifest["notebooks"]} == {"ok"}, manifest["notebooks"]
+    assert manifest["status"] == ("unmeasured" if overrides is NOTHING else "ok")
     for name in overrides:
         text = (run_dir / f"{name}.ipynb").read_text()
         assert sentence in text and "Traceback" not in text

@@ -85,6 +85,8 @@ def compare(frame: pd.DataFrame, baseline: str, candidate: str, by: Sequence[str
     with its CI, the ms it saves per call on average, and, with ``twin``, the A/A speedup of the
     baseline over its twin. A cell whose timings are not positive and finite gets no speedup and
     a ``note`` saying why."""
+    if "log_softmax" in frame and frame["log_softmax"].nunique() > 1:
+        by = [*by, "log_softmax"]  # the two places of the log-softmax are two cells
     out = []
     for key, part in cells(frame, by):
         base, cand = paired_rounds(part, baseline, candidate, stage=stage)
@@ -104,6 +106,26 @@ def compare(frame: pd.DataFrame, baseline: str, candidate: str, by: Sequence[str
             row["note"] = f"bad timings: {exc}"
         out.append(row)
     return pd.DataFrame(out)
+
+
+def step_context(frame: pd.DataFrame, delta: float) -> str:
+    """The step's context in Markdown, stated next to its results: the device work queued before
+    each step, what delta is a share of, where the log-softmax ran, how many rounds each cell ran
+    and why it stopped."""
+    forward = frame[(frame["metric"] == "forward_ms") & (frame["status"] == "ok")]
+    values = sorted(set(forward["value"].dropna()))
+    how = "; ".join(sorted(set(forward["note"].dropna())))
+    places = sorted(set(frame["log_softmax"].dropna()))
+    lines = [f"**Context.** Device work queued before each step: forward_ms = "
+             f"{', '.join(f'{v:.2f}' for v in values) or 'not recorded'} ({how or '-'}). "
+             f"delta = {delta:.0%} of the decode step (forward + logprobs step), so each timed "
+             f"step is a decode step; with forward_ms = 0 the saving is its upper bound. "
+             f"The log-softmax runs on the {' and on the '.join(places) or 'device'}."]
+    stops = frame[frame["metric"] == "rounds"]
+    for row in stops.itertuples():
+        lines.append(f"- n={row.rows}, V={row.vocab}, K={row.k}: {int(row.value)} rounds "
+                     f"({row.note})")
+    return "\n".join(lines)
 
 
 def decomposition(frame: pd.DataFrame, by: Sequence[str] = ("rows", "vocab", "k")) -> pd.DataFrame:
@@ -129,21 +151,86 @@ def decomposition(frame: pd.DataFrame, by: Sequence[str] = ("rows", "vocab", "k"
     return pd.DataFrame(means)
 
 
+def _ci_or_none(part: np.ndarray, whole: np.ndarray, confidence: float,
+                seed: int) -> tuple[float, float | None, float | None]:
+    """``mean(part) / mean(whole)`` over paired rounds with its bootstrap CI over rounds (None
+    with fewer than two rounds or a whole that is not positive)."""
+    point = float(part.mean() / whole.mean())
+    if len(part) < 2 or not (np.isfinite(whole).all() and (whole > 0).all()):
+        return point, None, None
+    ratio = stats.RatioOfMeans(part.astype(float), whole.astype(float), seed=seed)
+    return (point, *ratio.interval(confidence))
+
+
+def stage_shares(frame: pd.DataFrame, arm: str = catalogue.baseline(catalogue.STEP), *,
+                 confidence: float = 0.95, seed: int = 0) -> pd.DataFrame:
+    """Per cell of the seed's step, with CIs over rounds: the copy's share of the step, the share
+    of alloc + copy + free (what pinned grow-only staging removes or shrinks: the vector's
+    zero-fill and its free go, the copy gets faster), and the zero-fill of the native vector in
+    ms (the ``alloc`` stage: the value-initialised ``std::vector`` itself, not a stand-in)."""
+    timed = ok_timings(frame, stage=None)
+    timed = timed[timed["arm"] == arm]
+    out = []
+    for key, part in cells(timed, ["rows", "vocab", "k"]):
+        per_round = part.pivot_table(index="round", columns="stage", values="seconds",
+                                     aggfunc="mean", observed=True)
+        per_round = per_round.reindex(columns=[*STAGES, TOTAL]).dropna(subset=[TOTAL]).fillna(0.0)
+        if per_round.empty:
+            continue
+        total = per_round[TOTAL].to_numpy(dtype=float)
+        copy = per_round["copy"].to_numpy(dtype=float)
+        removed = per_round[["alloc", "copy", "free"]].sum(axis=1).to_numpy(dtype=float)
+        alloc = per_round["alloc"].to_numpy(dtype=float)
+        row = {**key, "rounds": len(total)}
+        for name, (num, den) in {"copy_share": (copy, total), "pinning_share": (removed, total),
+                                 "zero_fill_s": (alloc, np.ones_like(alloc))}.items():
+            row[name], row[f"{name}_low"], row[f"{name}_high"] = _ci_or_none(
+                num, den, confidence, seed)
+        out.append(row)
+    return pd.DataFrame(out)
+
+
+def share_words(row: Any, name: str) -> str:
+    """``30% (CI 28-32%)``, or the share alone where there is no CI."""
+    low, high = row[f"{name}_low"], row[f"{name}_high"]
+    if low is None or pd.isna(low):
+        return f"{row[name]:.1%} (one round: no CI)"
+    return f"{row[name]:.1%} (CI {low:.1%}-{high:.1%})"
+
+
+def _dwarfed_words(row: Any) -> str:
+    """Dwarfed only when the whole CI of the copy's share lies under the threshold."""
+    low, high = row["copy_share_low"], row["copy_share_high"]
+    if low is None or pd.isna(low):
+        low = high = row["copy_share"]
+    if high < DWARFED_SHARE:
+        return "dwarfed"
+    if low >= DWARFED_SHARE:
+        return "not dwarfed"
+    return "undecided: its CI straddles the threshold"
+
+
 def copy_dwarfed(frame: pd.DataFrame,
                  arm: str = catalogue.baseline(catalogue.STEP)) -> list[str]:
-    """Plain sentences, one per cell, answering "is the copy dwarfed?" for the seed's step."""
+    """Plain sentences, one per cell, answering "is the copy dwarfed?" for the seed's step, on
+    the CI of the copy's share (a share printed as 10 % may be 10.03 % or 9.9 %), beside the
+    share pinning removes or shrinks (alloc + copy + free)."""
     parts = decomposition(frame)
+    shares = stage_shares(frame, arm)
     sentences = []
     for _, row in parts[parts["arm"] == arm].iterrows():
-        verdict = "dwarfed" if row["copy_share"] < DWARFED_SHARE else "not dwarfed"
+        share = shares[(shares["rows"] == row["rows"]) & (shares["vocab"] == row["vocab"])
+                       & (shares["k"] == row["k"])].iloc[0]
         sentences.append(
             f"n={row['rows']}, V={row['vocab']}, K={row['k']}: the copy took "
             f"{1e3 * row['copy']:.2f} ms of a {1e3 * row['total']:.2f} ms step "
-            f"({row['copy_share']:.0%}); zero-fill {1e3 * row['alloc']:.2f} ms, host top-K "
-            f"{1e3 * row['host_gather']:.2f} ms ({row['host_gather_share']:.0%}), free "
-            f"{1e3 * row['free']:.2f} ms, device work {1e3 * row['device']:.2f} ms, "
+            f"({share_words(share, 'copy_share')}); zero-fill {1e3 * row['alloc']:.2f} ms, "
+            f"host top-K {1e3 * row['host_gather']:.2f} ms ({row['host_gather_share']:.0%}), "
+            f"free {1e3 * row['free']:.2f} ms, device work {1e3 * row['device']:.2f} ms, "
             f"unattributed {1e3 * row['unattributed']:.2f} ms (means; the parts add up to the "
-            f"step). The copy is {verdict} (under {DWARFED_SHARE:.0%} counts as dwarfed).")
+            f"step). The copy is {_dwarfed_words(share)} (under {DWARFED_SHARE:.0%} counts as "
+            f"dwarfed); alloc + copy + free, which pinning removes or shrinks, are "
+            f"{share_words(share, 'pinning_share')} of the step.")
     return sentences or [f"The seed's step ({arm}) was not timed in this run: "
                          + not_measured_reason(frame, arm) + "."]
 
@@ -347,23 +434,44 @@ def overlap_effect(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def recommend_chunk(frame: pd.DataFrame, arm: str = catalogue.PROMPT_RECOMMENDED_ARM,
-                    tolerance: float = 0.05) -> dict[str, Any]:
-    """The smallest chunk whose median time is within ``tolerance`` of the best configuration's
-    of that arm (unchunked included); with the times behind the choice."""
+                    tolerance: float = 0.05, confidence: float = 0.95,
+                    seed: int = 0) -> dict[str, Any]:
+    """The smallest chunk not shown to be more than ``tolerance`` slower than the fastest
+    configuration of that arm (unchunked included), with the times behind the choice.
+
+    Each chunk's mean time is compared with the fastest's over paired rounds, with a bootstrap CI;
+    a chunk qualifies unless the whole CI lies above ``1 + tolerance``. Among those, the smallest
+    wins, because a chunk's peak memory grows with its size (chunk x vocabulary). Deciding on CIs
+    keeps the choice stable: point estimates on overlapping ranges flipped it between runs."""
     timed = ok_timings(frame)
     timed = timed[timed["arm"] == arm]
     if timed.empty:
         return {"arm": arm, "chunk": None, "reason": f"{arm} was not timed in this run"}
-    medians = timed.groupby("chunk")["seconds"].median().sort_index()
-    best = float(medians.min())
-    chunk = int(medians[medians <= (1 + tolerance) * best].index.min())
+    per_round = timed.pivot_table(index="round", columns="chunk", values="seconds",
+                                  aggfunc="mean", observed=True)
+    means = per_round.mean().sort_index()
+    best_chunk = int(means.idxmin())
+    ratios = {}
+    for chunk in means.index:
+        paired = per_round[[chunk, best_chunk]].dropna().to_numpy(dtype=float)
+        try:
+            ratios[int(chunk)] = stats.paired_speedup(paired[:, 0], paired[:, 1],
+                                                      confidence=confidence, seed=seed)
+        except ValueError:  # fewer than two shared rounds, or bad timings: the point alone
+            point = float(means[chunk] / means[best_chunk])
+            ratios[int(chunk)] = (point, point, point)
+    chunk = min(c for c, (_, low, _) in ratios.items() if low <= 1 + tolerance)
+    ratio, low, high = ratios[chunk]
     rows = int(timed["rows"].iloc[0])
     unchunked = " (the whole prompt: chunking bought no time here)" if chunk >= rows else ""
-    return {"arm": arm, "chunk": chunk, "median_seconds": float(medians[chunk]),
-            "best_seconds": best, "best_chunk": int(medians.idxmin()),
+    return {"arm": arm, "chunk": chunk, "mean_seconds": float(means[chunk]),
+            "best_seconds": float(means[best_chunk]), "best_chunk": best_chunk,
+            "ratio_to_best": ratio, "ratio_ci_low": low, "ratio_ci_high": high,
             "unchunked_rows": rows, "tolerance": tolerance,
-            "reason": f"smallest chunk within {tolerance:.0%} of the best median time "
-                      f"({1e3 * best:.1f} ms at chunk {int(medians.idxmin())}){unchunked}"}
+            "reason": f"smallest chunk not shown to be more than {tolerance:.0%} slower than the "
+                      f"fastest ({1e3 * float(means[best_chunk]):.1f} ms at chunk {best_chunk}): "
+                      f"{ratio:.3f}x of it (CI {low:.3f}-{high:.3f}); a smaller chunk holds less "
+                      f"memory{unchunked}"}
 
 
 def recommendation_sentence(recommendation: dict[str, Any]) -> str:

@@ -76,12 +76,13 @@ class Timer:
 @dataclass(frozen=True)
 class Precision:
     """Rounds until precise: after the first ``rounds``, add rounds until the paired speedup of
-    ``candidate`` over ``baseline`` has a CI half-width of at most ``half_width`` (checked every
-    ``every`` rounds, :func:`stagelab.design.speedup_half_width`), or ``max_rounds`` rounds or
-    ``max_seconds`` of timing are reached. It never looks at the effect itself."""
+    the first of ``candidates`` that was timed over ``baseline`` has a CI half-width of at most
+    ``half_width`` (checked every ``every`` rounds, :func:`stagelab.design.speedup_half_width`),
+    or ``max_rounds`` rounds or ``max_seconds`` of timing are reached. It never looks at the
+    effect itself."""
 
     baseline: str
-    candidate: str
+    candidates: tuple[str, ...]
     half_width: float
     max_rounds: int
     max_seconds: float = math.inf
@@ -95,7 +96,8 @@ class Precision:
 
     def reason(self, records: list[dict], done: int, elapsed: float) -> str | None:
         """Why to stop after ``done`` rounds, or None to go on."""
-        pairs = _paired_totals(records, self.baseline, self.candidate)
+        pairs = next((found for name in self.candidates
+                      if (found := _paired_totals(records, self.baseline, name))), None)
         width = design.speedup_half_width(*pairs, self.confidence) if pairs else math.inf
         if width <= self.half_width:
             return f"{design.PRECISE}: CI half-width {width:.4f} <= {self.half_width:.4f}"

@@ -259,3 +259,22 @@ def calibrate(trials: int = 200, rounds: int = 30, delta: float = 0.02, seed: in
                                  seed=row_seed, rule=rule, min_samples=min_samples,
                                  confidence=confidence))
     return pd.DataFrame(rows)
+
+
+def summary(rows: Sequence[dict]) -> str:
+    """A calibration table in one sentence: the worst false PORT at 1.00 and at the bar (family
+    and single cell), CLOSE at 1.00 under 2 % noise, and the rows that miss their requirement."""
+    table = pd.DataFrame(list(rows))
+    null = table[table["truth"].isin(["1.00", "at the bar"])]
+    quiet = table[(table["noise"] == NOISES[0].name) & (table["truth"] == "1.00")]
+    short = table[table["met"].eq(False)]
+    missed = "; ".join(f"{r.noise}, {r.truth}, {r.rounds} rounds (family PORT "
+                       f"{r.family_port:.0%}, CLOSE {r.family_close:.0%}; cell PORT "
+                       f"{r.cell_port:.0%})" for r in short.itertuples())
+    first = table.iloc[0]
+    return (f"Calibration of the rule at {first['rounds']} rounds, {first['trials']} simulated "
+            f"families of {first['cells']} cells per row, {len(table)} rows (noise model x "
+            f"truth): false PORT at most {null['family_port'].max():.1%} for the family and "
+            f"{null['cell_port'].max():.1%} for one cell; family CLOSE at a true 1.00 under "
+            f"{NOISES[0].name} noise {quiet['family_close'].max():.0%}; short of a requirement: "
+            f"{missed or 'none'}.")

@@ -169,6 +169,15 @@ def only_with_role(experiment: str, role: str) -> str:
     return found[0]
 
 
+def decisive_arms() -> tuple[str, str, str]:
+    """The arms the verdict decides from, by :data:`DECISIVE_ROLES`: the decisive experiment's
+    baseline, its candidate and the baseline's A/A twin."""
+    base = only_with_role(DECISIVE_EXPERIMENT, BASELINE)
+    by_role = {BASELINE: base, CANDIDATE: only_with_role(DECISIVE_EXPERIMENT, CANDIDATE),
+               AA_TWIN: aa_name(base)}
+    return tuple(by_role[role] for role in DECISIVE_ROLES)
+
+
 def baseline(experiment: str) -> str:
     """What the engine does today, in one experiment."""
     return only_with_role(experiment, BASELINE)
@@ -218,6 +227,11 @@ def notebook_of(experiment: str) -> Notebook:
         if notebook.experiment == experiment:
             return notebook
     raise ValueError(f"no notebook measures experiment {experiment!r}")
+
+
+def measuring_notebooks() -> tuple[str, ...]:
+    """The notebooks that time arms (each writes one table), in order."""
+    return tuple(nb.name for nb in NOTEBOOKS.values() if nb.experiment)
 
 
 def tables() -> dict[str, str]:

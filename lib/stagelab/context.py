@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stagelab import paths, rundir
+from stagelab import paths, plots, rundir
 from stagelab.records import RunFolder, atomic_target, read_json
 from stagelab.schema import TableSink, make_rows, write_table
 
@@ -110,7 +110,9 @@ def interactive_run_dir(notebook: str, root: Path | None = None) -> Path:
 
 
 def notebook_context(notebook: str, run_dir: str | Path | None) -> NotebookContext:
-    """The context of a notebook run by the runner, or, interactively, of a fresh folder."""
+    """The context of a notebook run by the runner, or, interactively, of a fresh folder; the
+    suite's plot theme is set here, once for every notebook."""
+    plots.use_theme()
     if run_dir:
         path = Path(run_dir)
         if not path.is_dir():

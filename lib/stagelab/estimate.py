@@ -11,7 +11,10 @@ measuring floor imports it.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+import math
 from dataclasses import dataclass
+
+from stagelab import catalogue
 from typing import Any
 
 SEED_STEP_ARMS = ("seed_pageable", "seed_pinned", "seed_pageable_reused", "seed_pageable_numpy")
@@ -32,6 +35,7 @@ class Basis:
     input_s_per_element: float  # making a random input tensor
     memory_probe_s: float  # one memory probe: a fresh process importing torch
     cell_overhead_s: float  # preparing a cell's arms, its checks, collecting garbage
+    device_memory_bytes_per_s: float  # a decode forward reads the weights once (0: no device)
 
 
 # Measured on this suite's 2-core CPU VM (2026-11-30, quiet; see the README's results): the
@@ -42,20 +46,27 @@ class Basis:
 # here (its host is likely faster), pinned D2H at ~50 GB/s (published H100/H200 figures),
 # device passes at ~3 TB/s of HBM read once, and pageable D2H no faster than ~5 GB/s. A memory
 # probe (a fresh process importing torch) and a cell's preparation are this VM's typical times.
+# The decode forward queued before each step reads the model's bf16 weights at H200's 4.8 TB/s.
 BASIS: dict[str, Basis] = {
     "cpu": Basis(fresh_bytes_per_s=1.5e9, reused_bytes_per_s=5e9, pinned_bytes_per_s=0.0,
                  native_topk_s_per_element=1.9e-9, numpy_topk_s_per_element=2.8e-9,
                  device_pass_s_per_element=2.4e-9, matmul_flops_per_s=5e10,
                  call_overhead_s=50e-6, input_s_per_element=10e-9, memory_probe_s=3.0,
-                 cell_overhead_s=0.2),
+                 cell_overhead_s=0.2, device_memory_bytes_per_s=0.0),
     "cuda": Basis(fresh_bytes_per_s=1.5e9, reused_bytes_per_s=5e9, pinned_bytes_per_s=50e9,
                   native_topk_s_per_element=1.9e-9, numpy_topk_s_per_element=2.8e-9,
                   device_pass_s_per_element=4 / 3e12, matmul_flops_per_s=2e14,
                   call_overhead_s=100e-6, input_s_per_element=1e-11, memory_probe_s=5.0,
-                  cell_overhead_s=0.5),
+                  cell_overhead_s=0.5, device_memory_bytes_per_s=4.8e12),
 }
 # Calls per cell besides the rounds: the step's agreement pass and its sync-debug pass.
 STEP_EXTRA_CALLS = 2
+
+
+def default_forward_s(params_b: float, kind: str) -> float:
+    """One decode forward of a model of ``params_b`` billion bf16 parameters (0 on a CPU)."""
+    rate = BASIS[kind].device_memory_bytes_per_s
+    return params_b * 1e9 * 2 / rate if rate else 0.0
 
 
 def device_kind(device: str) -> str:
@@ -99,26 +110,32 @@ def _prompt_call_s(sizes: Mapping[str, Any], basis: Basis) -> float:
 
 
 def cell_seconds(sizes: Mapping[str, Any], arms: Sequence[str], *, rounds: int, warmup: int,
-                 kind: str, sources: int = 2, memory_probes: int = 0) -> float:
+                 kind: str, sources: int = 2, memory_probes: int = 0, forward_s: float = 0.0,
+                 max_rounds: int | None = None, max_seconds: float = math.inf) -> float:
     """Predicted seconds of one sweep cell on a machine of ``kind`` (``cpu`` or ``cuda``).
 
     ``sizes`` are the cell's schema fields (``experiment``, ``rows``, ``vocab``, ``bytes``...),
     ``arms`` every arm it times (twins included), ``memory_probes`` the fresh processes it
-    starts to measure peaks.
+    starts to measure peaks, ``forward_s`` the device work queued before each step call. With
+    ``max_rounds`` (rounds until precise) the timing is the most it may take: up to
+    ``max_rounds`` rounds, stopped at ``max_seconds`` once ``rounds`` are done.
     """
     basis = BASIS[kind]
     experiment, n, vocab = sizes["experiment"], sizes["rows"], sizes["vocab"]
-    calls = warmup + rounds
-    if experiment == "d2h_copy":
+    extra = 0
+    if experiment == catalogue.STAGING:
         per_round = sum(_staging_call_s(arm, sizes["bytes"], basis) for arm in arms)
-    elif experiment == "step":
-        per_round = sum(_step_call_s(arm, n, vocab, basis) for arm in arms)
-        calls += STEP_EXTRA_CALLS
-    elif experiment == "prompt_logprobs":
+    elif experiment == catalogue.STEP:
+        per_round = sum(_step_call_s(arm, n, vocab, basis) + forward_s for arm in arms)
+        extra = STEP_EXTRA_CALLS
+    elif experiment == catalogue.PROMPT:
         per_round = len(arms) * _prompt_call_s(sizes, basis)
-        calls += 2  # the reference and the checked call of each configuration
+        extra = 2  # the reference and the checked call of each configuration
     else:
         raise ValueError(f"no prediction for experiment {experiment!r}")
+    timing = rounds * per_round
+    if max_rounds is not None and max_rounds > rounds:
+        timing = min(max_rounds * per_round, max(timing, max_seconds))
     setup = sources * n * vocab * basis.input_s_per_element
-    return (calls * per_round + setup + memory_probes * basis.memory_probe_s
+    return ((warmup + extra) * per_round + timing + setup + memory_probes * basis.memory_probe_s
             + basis.cell_overhead_s)

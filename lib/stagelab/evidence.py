@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stagelab import catalogue, paths, records, rundir, schema, trust
+from stagelab import calibration, catalogue, paths, records, rundir, schema, trust
 from stagelab.errors import SchemaError, UserError
 from stagelab.records import RunFolder
 
@@ -265,9 +265,12 @@ def _run_results(root: Path, row: KeptRun) -> list[str]:
 
 
 def _calibration(rows: list[dict[str, Any]]) -> list[str]:
-    """The rule's simulated error rates at the run's rounds, in one sentence (none if absent)."""
+    """The rule's simulated error rates at the run's rounds, in one sentence (none if absent);
+    verdicts written before the noise models existed have one row per scenario."""
     if not rows:
         return []
+    if "noise" in rows[0]:
+        return [calibration.summary(rows)]
     parts = "; ".join(f"{r['scenario']} (true {r['true_speedup']:.2f}): PORT {r['port_rate']:.0%}"
                       f", CLOSE {r['close_rate']:.0%} ({r['requirement']}: "
                       f"{'met' if r['met'] else 'NOT met'})" for r in rows)

@@ -433,10 +433,14 @@ def _advance(gen: Any, running: dict[Any, NodeRecord], fleet_dir: Path, plan: Fl
     except ray.exceptions.RayError as exc:
         del running[gen]
         if should_retry(exc, record.attempts, node_alive(record.target.node_id)):
-            progress(record, f"retrying once after a system failure: {one_line(exc)}")
+            record.error = one_line(exc)
+            progress(record, f"retrying once after a system failure: {record.error}")
             submit(record)
             return
-        record.status, record.error = FAILED, one_line(exc)
+        # after a retry, both failures are told: the first is usually the cause
+        record.status = FAILED
+        record.error = one_line(exc) if record.error is None else (
+            f"{record.error}; retried: {one_line(exc)}")
         record.finished_utc = rundir.now_utc()
         progress(record, f"{FAILED}: {record.error}")
         return

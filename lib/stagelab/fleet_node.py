@@ -29,7 +29,7 @@ from typing import Any
 STARTED, DONE = "started", "done"
 LOG_TAIL_LINES = 12
 PROBE_TIMEOUT_S = 300
-# After the node's limit: SIGINT (measure keeps what it measured), then SIGKILL this much later.
+# Past the node's limit: SIGTERM (measure keeps what it measured), SIGKILL this much later.
 KILL_AFTER_S = 15.0
 # What the node's Python must import, and what it tells about the node's GPUs.
 PROBE = ("import json, torch; cuda = torch.cuda.is_available(); "
@@ -39,9 +39,12 @@ PROBE = ("import json, torch; cuda = torch.cuda.is_available(); "
 PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:
-    """In the child: be killed when the Ray worker dies (a lost node, a cancelled task), so that
-    no measurement goes on unowned."""
+def _in_child() -> None:
+    """In the measuring process: the default SIGINT and SIGTERM (a Ray worker ignores SIGINT,
+    and an ignored signal stays ignored across exec), and be killed when the Ray worker dies (a
+    lost node, a cancelled task), so that no measurement goes on unowned."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:
         ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):  # not Linux: Ray's own process-group cleanup remains
@@ -76,15 +79,16 @@ def probe_torch(env: dict[str, str], cwd: Path) -> tuple[dict[str, Any] | None, 
 
 def run_limited(argv: list[str], env: dict[str, str], cwd: Path, log: Path,
                 limit_s: float) -> tuple[int, bool]:
-    """Run ``argv`` with its output in ``log``; past ``limit_s`` interrupt it (SIGINT, then
-    SIGKILL). Returns the exit status and whether it was stopped."""
+    """Run ``argv`` with its output in ``log``; past ``limit_s`` stop it (SIGTERM, which
+    ``stagelab measure`` takes as an interruption that keeps what it measured; SIGKILL
+    :data:`KILL_AFTER_S` later). Returns the exit status and whether it was stopped."""
     with open(log, "wb") as sink:
         proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=sink, stderr=subprocess.STDOUT,
-                                preexec_fn=_die_with_parent)
+                                preexec_fn=_in_child)
         try:
             return proc.wait(timeout=limit_s), False
         except subprocess.TimeoutExpired:
-            proc.send_signal(signal.SIGINT)
+            proc.terminate()
         try:
             return proc.wait(timeout=KILL_AFTER_S), True
         except subprocess.TimeoutExpired:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import shutil
@@ -163,14 +164,33 @@ def cell_predictor(notebook: str, parameters: Mapping[str, Any],
     probes_per_arm = 0.0
     if notebook == "03_prompt_logprobs" and parameters.get("measure_memory"):
         probes_per_arm = 1 / max(1, len(set(parameters.get("overlaps") or [True])))
+    precise = notebook == "02_logprobs_step" and parameters.get("max_rounds", 0) > parameters[
+        "rounds"]
 
     def predict(cell: Any, rounds: int, warmup: int) -> float:
         if cell.invalid:
             return 0.0
-        return estimate.cell_seconds(cell.sizes, cell.arms, rounds=rounds, warmup=warmup,
-                                     kind=kind, sources=parameters.get("sources", 1),
-                                     memory_probes=round(probes_per_arm * len(cell.arms)))
+        return estimate.cell_seconds(
+            cell.sizes, cell.arms, rounds=rounds, warmup=warmup, kind=kind,
+            sources=parameters.get("sources", 1),
+            memory_probes=round(probes_per_arm * len(cell.arms)),
+            forward_s=_forward_s(notebook, parameters, cell, kind),
+            max_rounds=parameters["max_rounds"] if precise else None,
+            max_seconds=parameters.get("max_seconds", math.inf))
     return predict
+
+
+def _forward_s(notebook: str, parameters: Mapping[str, Any], cell: Any, kind: str) -> float:
+    """The device work queued before each timed step: the notebook's ``forward_ms``, or its
+    default (the model's weights read once at the basis's memory bandwidth)."""
+    if notebook != "02_logprobs_step":
+        return 0.0
+    if parameters.get("forward_ms") is not None:
+        return parameters["forward_ms"] / 1e3
+    from stagelab import shapes
+
+    row = shapes.model_shapes().get(cell.sizes.get("model") or "")
+    return estimate.default_forward_s(float(row["params_b"]) if row else 0.0, kind)
 
 
 def predict_profile(notebooks: Mapping[str, Mapping[str, Any]],
@@ -187,11 +207,11 @@ def predict_profile(notebooks: Mapping[str, Mapping[str, Any]],
 
 def format_estimate(rows: list[tuple[str, str, float]], kind: str) -> str:
     """The ``--estimate`` table: each cell, each notebook's sum, and the total."""
-    lines = [f"{'notebook':20} {'cell':28} {'predicted_s':>11}"]
-    lines += [f"{name:20} {label:28} {seconds:11.1f}" for name, label, seconds in rows]
+    lines = [f"{'notebook':20} {'cell':44} {'predicted_s':>11}"]
+    lines += [f"{name:20} {label:44} {seconds:11.1f}" for name, label, seconds in rows]
     total = sum(seconds for _, _, seconds in rows)
-    lines.append(f"{'before the first cell':49} {FIXED_S[kind]:11.1f}")
-    lines.append(f"{'total on ' + kind:49} {total + FIXED_S[kind]:11.1f}")
+    lines.append(f"{'before the first cell':65} {FIXED_S[kind]:11.1f}")
+    lines.append(f"{'total on ' + kind:65} {total + FIXED_S[kind]:11.1f}")
     return "\n".join(lines)
 
 
@@ -338,7 +358,9 @@ def run_experiment(notebook: str, p: Mapping[str, Any], sink: JsonLinesSink) -> 
         step.measure(shapes.resolve_vocabs(p["models"]), p["rows"], p["ks"],
                      shapes.torch_dtype(p["logits_dtype"], "logits_dtype"), p["arms"],
                      rounds=p["rounds"], warmup=p["warmup"], aa_arm=p["aa_arm"],
-                     sources=p["sources"], seed=p["seed"], sink=sink)
+                     sources=p["sources"], seed=p["seed"], sink=sink,
+                     log_softmax=p["log_softmax"], forward_ms=p["forward_ms"], delta=p["delta"],
+                     max_rounds=p["max_rounds"], max_seconds=p["max_seconds"])
     elif notebook == "03_prompt_logprobs":
         shape = shapes.override(shapes.resolve_vocabs([p["model"]], "model")[0],
                                 vocab=p["vocab"], hidden=p["hidden"])

@@ -242,14 +242,16 @@ VALIDATORS: dict[str, Validator] = {
     "calibration_trials": positive_int,
 }
 
+_STAGING, _STEP, _PROMPT = (catalogue.notebook_of(experiment).name for experiment in
+                            (catalogue.STAGING, catalogue.STEP, catalogue.PROMPT))
 NOTEBOOK_VALIDATORS: dict[tuple[str, str], Validator] = {
-    ("01_d2h_staging", "arms"): _subset(_arms_of(catalogue.STAGING), "arm"),
-    ("01_d2h_staging", "aa_arm"): _aa_arm_in_arms(_arms_of(catalogue.STAGING), "arm"),
-    ("02_logprobs_step", "arms"): _subset(_arms_of(catalogue.STEP), "step arm"),
-    ("02_logprobs_step", "aa_arm"): _aa_arm_in_arms(_arms_of(catalogue.STEP), "step arm"),
-    ("02_logprobs_step", "log_softmax"): log_softmax_places,
-    ("04_verdict", "log_softmax"): log_softmax_place,
-    ("03_prompt_logprobs", "methods"): _subset(_arms_of(catalogue.PROMPT), "method"),
+    (_STAGING, "arms"): _subset(_arms_of(catalogue.STAGING), "arm"),
+    (_STAGING, "aa_arm"): _aa_arm_in_arms(_arms_of(catalogue.STAGING), "arm"),
+    (_STEP, "arms"): _subset(_arms_of(catalogue.STEP), "step arm"),
+    (_STEP, "aa_arm"): _aa_arm_in_arms(_arms_of(catalogue.STEP), "step arm"),
+    (_STEP, "log_softmax"): log_softmax_places,
+    (catalogue.VERDICT_NOTEBOOK, "log_softmax"): log_softmax_place,
+    (_PROMPT, "methods"): _subset(_arms_of(catalogue.PROMPT), "method"),
 }
 
 

@@ -1,5 +1,6 @@
 """The suite's seaborn figures, one function per figure, each safe on empty data (it then says
-what is missing on the axes instead of raising), and the suite's plot theme (set on import)."""
+what is missing on the axes instead of raising), and the suite's one plot theme (:func:`use_theme`,
+set by every notebook's context, never on import)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,16 @@ import seaborn as sns
 
 from stagelab import analysis, catalogue
 
-sns.set_theme(style="whitegrid", context="notebook")
 DECISION_COLORS = {"PORT": "tab:green", "CLOSE": "tab:gray", "INCONCLUSIVE": "tab:orange",
                    "measured": "tab:blue"}  # "measured": shown for context, not a decision
+
+
+THEME = {"style": "whitegrid", "context": "notebook"}
+
+
+def use_theme() -> None:
+    """Set the suite's plot theme (seaborn's white grid at notebook scale) for what follows."""
+    sns.set_theme(**THEME)
 
 
 def _axes(ax: plt.Axes | None, size: tuple[float, float]) -> plt.Axes:
@@ -80,7 +88,7 @@ def saved_ms(compared: pd.DataFrame, ax: plt.Axes | None = None,
         return nothing(ax, "Nothing to compare: no pair of arms was timed")
     shown = compared.assign(cell=_cell_label(compared))
     sns.barplot(data=shown, x="cell", y="saved_ms", hue="candidate", ax=ax)
-    ax.set(xlabel="n × V", ylabel="ms saved per call (median)", title=title)
+    ax.set(xlabel="n × V, K", ylabel="ms saved per call (median)", title=title)
     ax.tick_params(axis="x", rotation=45)
     return ax
 

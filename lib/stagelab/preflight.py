@@ -267,7 +267,7 @@ def device_path_calls(rows: int = 16, vocab: int = 32768, k: int = 5, tokens: in
         "gather_logprobs(compute_logprobs)": lambda: lp.gather_logprobs(
             lp.compute_logprobs(logits), k, ids),
         "prompt_logprobs": lambda: prompt_logprobs(states, weight, prompt, k, chunk,
-                                                   method="fused", overlap=True),
+                                                   method=catalogue.FUSED, overlap=True),
     }
 
 

@@ -372,7 +372,7 @@ def prompt_cell(tokens: int, shape: ModelShape, hidden: int, chunks: list[int],
                                     method=m, num_logprobs=k) for m, c, _ in configs.values())
     on_cpu = torch.device(device).type == "cpu"
     return sweep.Cell(
-        sizes=dict(experiment="prompt_logprobs", device=device_label(device), model=shape.model,
+        sizes=dict(experiment=catalogue.PROMPT, device=device_label(device), model=shape.model,
                    rows=tokens - 1, vocab=shape.vocab, hidden=hidden, k=k,
                    dtype=str(dtype).removeprefix("torch.")),
         arms=list(configs), label=f"T={tokens} V={shape.vocab} H={hidden}",

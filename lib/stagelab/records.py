@@ -27,7 +27,7 @@ import tempfile
 from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from stagelab.errors import BadRecord, UserError
 
@@ -237,7 +237,6 @@ class RunFolder:
     KEPT = "kept.json"
     PREFLIGHT = "preflight.json"
     INDEX = "index.html"
-    LOCK = ".stagelab.lock"  # held by the runner while the run runs (released when it dies)
     RECORDS = (MANIFEST, VERDICT, HARDWARE, KEPT, PREFLIGHT, INDEX)
 
     def __init__(self, path: Path | str) -> None:
@@ -355,32 +354,44 @@ class RunFolder:
         return write_json_atomic(self.path / name, payload, sort_keys=True)
 
     # the runner's lock
-    def hold_lock(self) -> IO[str]:
-        """Take the run's lock for as long as the returned file stays open (the runner keeps
-        it for the whole run; the system releases it when the process dies). UserError when
-        another process holds it."""
+    def hold_lock(self) -> FolderLock:
+        """Take the run's lock (on the folder itself: no file is added) for as long as the
+        returned lock stays open; the runner keeps it for the whole run and the system releases
+        it when the process dies. UserError when another process holds it."""
         try:
-            handle = open(self.path / self.LOCK, "a")
+            fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
         except OSError as exc:
             raise UserError(f"{self.path}: cannot take the run's lock ({exc.strerror or exc})") \
                 from exc
         try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            handle.close()
+            os.close(fd)
             raise UserError(f"{self.path}: another stagelab process is writing this run "
-                            "(it is still running, or being reported); try again when it "
-                            "ends") from None
-        return handle
+                            "(it is still running, or being reported); try again when it ends"
+                            ) from None
+        return FolderLock(fd)
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
         """The lock for the length of a block (see :meth:`hold_lock`)."""
-        handle = self.hold_lock()
+        lock = self.hold_lock()
         try:
             yield
         finally:
-            handle.close()
+            lock.close()
+
+
+class FolderLock:
+    """A held folder lock; :meth:`close` releases it (closing is idempotent)."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd: int | None = fd
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 # ------------------------------------------------------------------------------ kept runs

@@ -21,7 +21,7 @@ from stagelab.errors import UserError
 from stagelab.records import RunFolder
 
 VERDICT_FILE = RunFolder.VERDICT
-VERDICT_FIGURE = "figures/04_verdict_key.png"
+VERDICT_FIGURE = f"figures/{catalogue.VERDICT_NOTEBOOK}_key.png"  # notebook 04's key plot
 
 _STYLE = """
 body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;max-width:1100px;margin:2em auto;
@@ -155,6 +155,15 @@ def _decisive_table(cells: list[Mapping[str, Any]], said: str = "") -> str:
     return f"<table id='decisive'>{head}{body}</table>{note}"
 
 
+def _load_cell(load: Mapping[str, Any] | None) -> str:
+    """The machine's load while a notebook ran, as a table cell (busy in red)."""
+    if not load or load.get("busy") is None:
+        return "<td class='muted'>not recorded</td>"
+    text = (f"{'busy' if load['busy'] else 'quiet'}: others took {load['others_cores']:.2f} of "
+            f"{load['cpus']} cores, load average up to {load['load_avg_max']:.1f}")
+    return f"<td class='{'failed' if load['busy'] else 'ok'}'>{_esc(text)}</td>"
+
+
 def _notebooks_table(run_dir: Path, notebooks: list[Mapping[str, Any]]) -> str:
     rows = []
     for nb in notebooks:
@@ -164,9 +173,10 @@ def _notebooks_table(run_dir: Path, notebooks: list[Mapping[str, Any]]) -> str:
                    if nb.get("output") and (run_dir / nb["output"]).exists() else "")
         rows.append(f"<tr><td>{_esc(nb['name'])}</td><td class='{_esc(nb['status'])}'>"
                     f"{_esc(nb['status'])}</td><td>{_esc(nb.get('duration_s'))}</td>"
+                    f"{_load_cell(nb.get('load'))}"
                     f"<td>{html_link} {nb_link}</td><td>{_esc(nb.get('error') or '')}</td></tr>")
-    return ("<table><tr><th>notebook</th><th>status</th><th>seconds</th><th>open</th>"
-            "<th>error</th></tr>" + "".join(rows) + "</table>")
+    return ("<table><tr><th>notebook</th><th>status</th><th>seconds</th><th>machine load</th>"
+            "<th>open</th><th>error</th></tr>" + "".join(rows) + "</table>")
 
 
 def _machine_table(hardware: Mapping[str, Any]) -> str:
@@ -207,8 +217,9 @@ def write_index(run_dir: Path) -> Path:
     manifest = rundir.effective_manifest(run_dir)
     status = manifest.get("status", "unknown")
     git = manifest.get("git") or {}
-    figures = sorted(p.relative_to(run_dir).as_posix() for p in (run_dir / "figures").glob("*.png"))
-    tables = sorted(p.relative_to(run_dir).as_posix() for p in (run_dir / "data").glob("*.parquet"))
+    folder = RunFolder(run_dir)
+    figures = [p.relative_to(run_dir).as_posix() for p in folder.figures()]
+    tables = [p.relative_to(run_dir).as_posix() for p in folder.tables()]
     body = [
         f"<h1>stagelab run {_esc(manifest.get('run_id'))}</h1>",
         f"<p>Profile <b>{_esc(manifest.get('profile'))}</b> · status "

@@ -14,7 +14,8 @@ column     type    meaning
 ========== ======= ============================================================================
 run_id     str     the run folder's name
 notebook   str     the notebook that measured it, e.g. ``01_d2h_staging``
-experiment str     what was measured, e.g. ``d2h_copy``, ``step``, ``prompt_memory``
+experiment str     what was measured: the catalogue's experiment (``staging``, ``step``,
+                   ``prompt_logprobs``); tables kept before it say ``d2h_copy`` for staging
 arm        str     the variant under test, e.g. ``pageable_fresh``; A/A twins end in ``~aa``
 stage      str     part of a pipeline (``copy``, ``host_gather``...) or ``total``
 metric     str     ``time`` for timings; otherwise what ``bytes``/``value`` hold:
@@ -62,7 +63,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from stagelab.errors import SchemaError
-from stagelab.records import atomic_target
+from stagelab.records import RunFolder, atomic_target
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -150,8 +151,8 @@ def conform(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def table_path(run_dir: Path | str, name: str) -> Path:
-    """Where the table ``name`` of a run folder lives."""
-    return Path(run_dir) / "data" / f"{name}.parquet"
+    """Where the table ``name`` of a run folder lives (see :class:`stagelab.records.RunFolder`)."""
+    return RunFolder(run_dir).table_path(name)
 
 
 def write_table(frame: pd.DataFrame, run_dir: Path | str, name: str) -> Path:

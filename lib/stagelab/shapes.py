@@ -19,11 +19,14 @@ from stagelab import catalogue, paths
 
 @dataclass(frozen=True)
 class ModelShape:
-    """A model's name ('' when given as a number), vocabulary size and hidden size (0 if unknown)."""
+    """A model's name ('' when given as a number), vocabulary size and hidden size (0 if unknown),
+    and its parameters in billions (0 if unknown; from the model card of the same repository),
+    which set the default decode forward's time (:func:`stagelab.step.default_forward_ms`)."""
 
     model: str
     vocab: int
     hidden: int
+    params_b: float = 0.0
 
 
 @lru_cache(maxsize=4)
@@ -50,7 +53,8 @@ def resolve_vocabs(items: Iterable[str | int], parameter: str = "models") -> lis
             shapes.append(ModelShape("", item, 0))
         elif isinstance(item, str) and item in table:
             row = table[item]
-            shapes.append(ModelShape(item, int(row["vocab"]), int(row["hidden"])))
+            shapes.append(ModelShape(item, int(row["vocab"]), int(row["hidden"]),
+                                     float(row["params_b"])))
         else:
             raise ValueError(f"{parameter}: unknown model {item!r}; known: "
                              f"{', '.join(table)} (or give a vocabulary size as a number)")

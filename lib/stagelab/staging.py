@@ -343,7 +343,7 @@ def cells(shapes: list[ModelShape], rows: list[int], dtype: torch.dtype, arms: l
         for n in rows:
             nbytes = n * shape.vocab * itemsize
             out.append(sweep.Cell(
-                sizes=dict(experiment="d2h_copy", device=device_label(device), model=shape.model,
+                sizes=dict(experiment=catalogue.STAGING, device=device_label(device), model=shape.model,
                            rows=n, vocab=shape.vocab, dtype=str(dtype).removeprefix("torch."),
                            bytes=nbytes),
                 arms=every_arm, label=f"n={n} V={shape.vocab}",

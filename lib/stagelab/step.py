@@ -17,6 +17,8 @@ around host work (on a CPU, the host clock for all).
 from __future__ import annotations
 
 import contextlib
+import itertools
+import math
 import time
 from collections.abc import Callable, Iterator
 
@@ -33,6 +35,14 @@ from stagelab.shapes import ModelShape, positive_ints
 
 STEP_ARMS = catalogue.arm_names(catalogue.STEP)
 BASELINE = catalogue.baseline(catalogue.STEP)
+CANDIDATE = "seed_pinned"
+LOG_SOFTMAX = ("device", "host")  # where the seed arms run the log-softmax
+# Peak memory bandwidth, GB/s, of GPUs by a fragment of their name (NVIDIA's datasheets): the
+# default decode forward reads every weight once, so it takes weight bytes / bandwidth.
+MEMORY_BANDWIDTH_GBPS = (("H200", 4800.0), ("H100 NVL", 3900.0), ("H100 PCIe", 2000.0),
+                         ("H100", 3350.0), ("A100 80GB PCIe", 1935.0), ("A100-SXM4-80GB", 2039.0),
+                         ("A100", 1555.0), ("L40S", 864.0), ("L4", 300.0), ("A10", 600.0))
+WEIGHT_BYTES_PER_PARAM = 2  # bf16 weights
 
 
 class StageClock:
@@ -103,11 +113,17 @@ def _nothing() -> None:
 
 
 class SeedStep:
-    """The seed engine's step with a given destination and host gather backend."""
+    """The seed engine's step with a given destination and host gather backend; the log-softmax
+    runs on the device (then the logprobs are copied) or on the host (the fp32 logits are copied,
+    as the seed's copy from ``logits.data`` does, and normalised in place there: stage
+    ``host_softmax``)."""
 
     def __init__(self, name: str, destination: FreshVector | FreshZeros | Scratch,
-                 backend: str) -> None:
+                 backend: str, log_softmax: str = "device") -> None:
+        if log_softmax not in LOG_SOFTMAX:
+            raise ValueError(f"log_softmax must be one of {LOG_SOFTMAX}, got {log_softmax!r}")
         self.name, self.destination, self.backend = name, destination, backend
+        self.log_softmax = log_softmax
 
     def run(self, logits: torch.Tensor, num_logprobs: int, token_ids: torch.Tensor,
             host_token_ids: torch.Tensor) -> tuple[lp.LogprobsTensors, dict[str, float]]:
@@ -115,12 +131,18 @@ class SeedStep:
         the engine's host loop reads them. Inputs are validated once per cell by the caller."""
         clock = StageClock(logits.device)
         with clock.device_stage("device"):
-            logprobs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
+            if self.log_softmax == "device":
+                staged = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
+            else:
+                staged = logits.float()
         with clock.host_stage("alloc"):
-            host, release = self.destination.acquire(logprobs.shape)
+            host, release = self.destination.acquire(staged.shape)
         with clock.device_stage("copy"):
-            host.copy_(logprobs, non_blocking=True)
+            host.copy_(staged, non_blocking=True)
         stagelab.device.synchronize(logits.device)  # the engine's b.Synchronize(q): its one wait
+        if self.log_softmax == "host":
+            with clock.host_stage("host_softmax"):
+                host.sub_(torch.logsumexp(host, dim=-1, keepdim=True))
         with clock.host_stage("host_gather"):
             result = lp.gather_logprobs_host(host, num_logprobs, host_token_ids,
                                              backend=self.backend, validate=False)
@@ -164,6 +186,68 @@ class DeviceStep:
         return result, clock.seconds()
 
 
+def memory_bandwidth_gbps(gpu_name: str) -> float | None:
+    """The datasheet peak memory bandwidth of a GPU by its name; None when unknown."""
+    for fragment, gbps in MEMORY_BANDWIDTH_GBPS:
+        if fragment in gpu_name:
+            return gbps
+    return None
+
+
+def default_forward_ms(shape: ModelShape, device: str) -> tuple[float, str]:
+    """The device work of one decode forward of ``shape``'s model, ms, and how it was reached.
+
+    ``forward_ms = params x 2 bytes (bf16) / the GPU's peak memory bandwidth``: a decode step
+    reads every weight once and is bound by memory bandwidth. 0 on a CPU (there is no device work
+    to overlap), and 0 where the parameters or the GPU's bandwidth are unknown (then set
+    ``forward_ms`` by hand)."""
+    if torch.device(device).type != "cuda":
+        return 0.0, "0 on a CPU: no device work runs beside the host's"
+    name = torch.cuda.get_device_name(torch.device(device))
+    bandwidth = memory_bandwidth_gbps(name)
+    if not shape.params_b or bandwidth is None:
+        missing = "the model's parameters" if not shape.params_b else f"{name}'s bandwidth"
+        return 0.0, f"0: {missing} unknown; set forward_ms by hand"
+    weight_bytes = shape.params_b * 1e9 * WEIGHT_BYTES_PER_PARAM
+    ms = 1e3 * weight_bytes / (bandwidth * 1e9)
+    return ms, (f"{shape.params_b:g}e9 params x {WEIGHT_BYTES_PER_PARAM} B / {bandwidth:g} GB/s "
+                f"({name}) = {ms:.2f} ms")
+
+
+class ForwardLoad:
+    """``forward_ms`` of device work queued before each step, as the decode forward is in the
+    engine, so that the host's allocation overlaps it: on CUDA a busy kernel
+    (``torch.cuda._sleep``) whose cycles per ms are calibrated once against CUDA events; nothing
+    when ``forward_ms`` is 0. A positive ``forward_ms`` on a CPU is refused: there is no device
+    to queue it on."""
+
+    def __init__(self, forward_ms: float, device: str) -> None:
+        if not (isinstance(forward_ms, (int, float)) and forward_ms >= 0):
+            raise ValueError(f"forward_ms must be a number >= 0, got {forward_ms!r}")
+        if forward_ms and torch.device(device).type != "cuda":
+            raise ValueError(f"forward_ms={forward_ms} needs a CUDA device; on a CPU the step "
+                             "has no device work to overlap (give 0)")
+        self.forward_ms = float(forward_ms)
+        self.cycles = round(forward_ms * _cycles_per_ms(device)) if forward_ms else 0
+
+    def queue(self) -> None:
+        """Queue the work on the current stream; returns at once."""
+        if self.cycles:
+            torch.cuda._sleep(self.cycles)
+
+
+def _cycles_per_ms(device: str, probe_cycles: int = 10_000_000) -> float:
+    """How many ``torch.cuda._sleep`` cycles take a millisecond on this GPU (its clock)."""
+    with torch.cuda.device(torch.device(device)):
+        torch.cuda._sleep(probe_cycles)  # warm up
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda._sleep(probe_cycles)
+        end.record()
+        end.synchronize()
+        return probe_cycles / start.elapsed_time(end)
+
+
 def _native_scratch(arm: Callable[[], staging.StagingArm]) -> Scratch:
     """A grow-only scratch for an arm whose host top-K is the seed's C++ (checked first, so that
     a machine without a compiler says so before any pinned memory is taken)."""
@@ -171,37 +255,40 @@ def _native_scratch(arm: Callable[[], staging.StagingArm]) -> Scratch:
     return Scratch(arm())
 
 
-def _numpy_step(name: str) -> SeedStep:
+def _numpy_step(name: str, where: str) -> SeedStep:
     """The seed's step with the numpy host top-K (unavailable where numpy is not installed)."""
     lp.require_numpy()
-    return SeedStep(name, FreshZeros(), "numpy")
+    return SeedStep(name, FreshZeros(), "numpy", where)
 
 
-# How each step arm of the catalogue is built; the catalogue says what each one is.
-BUILDERS: dict[str, Callable[[str], SeedStep | DeviceStep]] = {
-    "seed_pageable": lambda name: SeedStep(name, FreshVector(), "native"),
-    "seed_pinned": lambda name: SeedStep(name, _native_scratch(staging.PinnedGrowOnly), "native"),
-    "seed_pageable_reused": lambda name: SeedStep(name, _native_scratch(staging.PageableReused),
-                                                  "native"),
-    "seed_pageable_numpy": lambda name: _numpy_step(name),
-    "device_gather": DeviceStep,
-    "fused": DeviceStep,
+# How each step arm of the catalogue is built (with where its log-softmax runs); the catalogue
+# says what each one is.
+BUILDERS: dict[str, Callable[[str, str], SeedStep | DeviceStep]] = {
+    "seed_pageable": lambda name, where: SeedStep(name, FreshVector(), "native", where),
+    "seed_pinned": lambda name, where: SeedStep(name, _native_scratch(staging.PinnedGrowOnly),
+                                                "native", where),
+    "seed_pageable_reused": lambda name, where: SeedStep(
+        name, _native_scratch(staging.PageableReused), "native", where),
+    "seed_pageable_numpy": _numpy_step,
+    "device_gather": lambda name, where: DeviceStep(name),
+    "fused": lambda name, where: DeviceStep(name),
 }
 
 
-def make_pipeline(name: str) -> SeedStep | DeviceStep:
+def make_pipeline(name: str, log_softmax: str = "device") -> SeedStep | DeviceStep:
     """An arm by name; raises PinnedMemoryUnavailable or NativeUnavailable where it cannot exist."""
     if name not in STEP_ARMS:
         raise ValueError(f"arms: unknown step arm {name!r}; valid: {', '.join(STEP_ARMS)}")
-    return BUILDERS[name](name)
+    return BUILDERS[name](name, log_softmax)
 
 
-def build_pipelines(names: list[str]) -> tuple[dict[str, SeedStep | DeviceStep], dict[str, str]]:
+def build_pipelines(names: list[str], log_softmax: str = "device"
+                    ) -> tuple[dict[str, SeedStep | DeviceStep], dict[str, str]]:
     """The named arms that can run here, and the reason for each that cannot."""
     built, unavailable = {}, {}
     for name in names:
         try:
-            built[name] = make_pipeline(name)
+            built[name] = make_pipeline(name, log_softmax)
         except (PinnedMemoryUnavailable, NativeUnavailable, ExtraUnavailable) as exc:
             unavailable[name] = str(exc)
     return built, unavailable
@@ -227,9 +314,14 @@ def copied_bytes(arm: str, n: int, vocab: int, k: int) -> int:
 
 def cells(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dtype: torch.dtype,
           arms: list[str], *, aa_arm: str | None = BASELINE, sources: int = 2,
-          device: str | None = None) -> list[sweep.Cell]:
-    """The sweep's cells, one per ``(n, V, K)``, with the memory each needs; a K beyond the
-    vocabulary is a cell recorded as skipped, with the reason."""
+          device: str | None = None,
+          log_softmax: tuple[str, ...] | list[str] = ("device",)) -> list[sweep.Cell]:
+    """The sweep's cells, one per ``(n, V, K)`` and place of the log-softmax, with the memory
+    each needs; a K beyond the vocabulary is a cell recorded as skipped, with the reason."""
+    if not log_softmax or any(where not in LOG_SOFTMAX for where in log_softmax) or len(
+            set(log_softmax)) != len(log_softmax):
+        raise ValueError(f"log_softmax: {list(log_softmax)!r} must name each of {LOG_SOFTMAX} "
+                         "at most once, at least one")
     positive_ints(rows, "rows")
     positive_ints([sources], "sources")
     if not ks or any(isinstance(k, bool) or not isinstance(k, int) or k < 0 for k in ks):
@@ -240,29 +332,47 @@ def cells(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dtype
     every_arm = [*arms, *([aa_name(aa_arm)] if aa_arm else [])]
     on_cpu = torch.device(device).type == "cpu"
     out = []
-    for shape in shapes:
-        for n in rows:
-            for k in ks:
-                logits_bytes, fp32_bytes = n * shape.vocab * itemsize, n * shape.vocab * 4
-                device_bytes = sources * logits_bytes + 3 * fp32_bytes
-                out.append(sweep.Cell(
-                    sizes=dict(experiment="step", device=device_label(device), model=shape.model,
-                               rows=n, vocab=shape.vocab, k=k,
-                               dtype=str(logits_dtype).removeprefix("torch.")),
-                    arms=every_arm, label=f"n={n} V={shape.vocab} K={k}",
-                    host_bytes=3 * fp32_bytes + (device_bytes if on_cpu else 0),
-                    device_bytes=0 if on_cpu else device_bytes,
-                    invalid="" if k <= shape.vocab else
-                    f"K={k} exceeds the vocabulary V={shape.vocab}: no top-K to take"))
+    for shape, n, k, where in itertools.product(shapes, rows, ks, log_softmax):
+        logits_bytes, fp32_bytes = n * shape.vocab * itemsize, n * shape.vocab * 4
+        device_bytes = sources * logits_bytes + 3 * fp32_bytes
+        out.append(sweep.Cell(
+            sizes=dict(experiment=catalogue.STEP, device=device_label(device), model=shape.model,
+                       rows=n, vocab=shape.vocab, k=k, log_softmax=where,
+                       dtype=str(logits_dtype).removeprefix("torch.")),
+            arms=every_arm, label=f"n={n} V={shape.vocab} K={k} log-softmax on {where}",
+            host_bytes=3 * fp32_bytes + (device_bytes if on_cpu else 0),
+            device_bytes=0 if on_cpu else device_bytes,
+            invalid="" if k <= shape.vocab else
+            f"K={k} exceeds the vocabulary V={shape.vocab}: no top-K to take"))
     return out
+
+
+def precision_for(arms: list[str], aa_arm: str | None, *, delta: float, max_rounds: int,
+                  max_seconds: float) -> bench.Precision:
+    """Rounds until precise for the decisive comparison: ``seed_pinned`` against the seed's
+    step, or where it cannot run (no GPU) the A/A twin, to a CI half-width of delta/2."""
+    candidates = tuple(a for a in (CANDIDATE, aa_name(aa_arm) if aa_arm else None)
+                       if a and a.removesuffix("~aa") in arms)
+    return bench.Precision(BASELINE, candidates or (CANDIDATE,), half_width=delta / 2,
+                           max_rounds=max_rounds, max_seconds=max_seconds)
 
 
 def measure(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dtype: torch.dtype,
             arms: list[str], *, rounds: int, warmup: int = 2, aa_arm: str | None = BASELINE,
             sources: int = 2, seed: int = 0, device: str | None = None,
-            sink: RowSink | None = None, progress: bool = True) -> list[dict]:
-    """Time every arm's whole step per ``(n, V, K)`` cell, interleaved, with an A/A twin of
-    ``aa_arm``; schema records out (written per cell into ``sink``).
+            sink: RowSink | None = None, progress: bool = True,
+            log_softmax: tuple[str, ...] | list[str] = ("device",),
+            forward_ms: float | None = None, delta: float = 0.02, max_rounds: int | None = None,
+            max_seconds: float = math.inf) -> list[dict]:
+    """Time every arm's whole step per ``(n, V, K)`` cell and place of the log-softmax,
+    interleaved in a balanced order, with an A/A twin of ``aa_arm``; schema records out (written
+    per cell into ``sink``).
+
+    ``forward_ms`` of device work is queued before each timed step (None: the cell's model's
+    :func:`default_forward_ms`), so that each timed call is a decode step; it is recorded per
+    cell (metric ``forward_ms``, the formula in the note). With ``max_rounds`` above ``rounds``,
+    rounds are added until the decisive comparison's CI half-width is at most ``delta / 2`` or a
+    cap (``max_rounds``, ``max_seconds`` per cell) is reached (:func:`precision_for`).
 
     Also records, per arm and cell, the largest difference of its logprobs from the fused arm's
     and how many ranks differ (``max_abs_error``, ``rank_mismatches``), so that a speed
@@ -270,14 +380,23 @@ def measure(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dty
     """
     device = device or default_device()
     todo = cells(shapes, rows, ks, logits_dtype, arms, aa_arm=aa_arm, sources=sources,
-                 device=device)
+                 device=device, log_softmax=log_softmax)
+    if forward_ms is not None:
+        ForwardLoad(forward_ms, device)  # refuses a bad value before anything is measured
+    shape_of = {(shape.model, shape.vocab): shape for shape in shapes}
     generator = torch.Generator(device=device).manual_seed(seed)
 
     def prepare(cell: sweep.Cell) -> sweep.CellPlan:
         n, vocab, k = cell.sizes["rows"], cell.sizes["vocab"], cell.sizes["k"]
-        built, unavailable = build_pipelines(arms)
+        where = cell.sizes["log_softmax"]
+        if forward_ms is None:
+            ms, how = default_forward_ms(shape_of[(cell.sizes["model"], vocab)], device)
+        else:
+            ms, how = forward_ms, "given"
+        forward = ForwardLoad(ms, device)
+        built, unavailable = build_pipelines(arms, where)
         if aa_arm in built:
-            built[aa_name(aa_arm)] = make_pipeline(aa_arm)
+            built[aa_name(aa_arm)] = make_pipeline(aa_arm, where)
         elif aa_arm:
             unavailable[aa_name(aa_arm)] = unavailable[aa_arm]
         logits = bench.rotating(lambda i: (3 * torch.randn(
@@ -290,6 +409,7 @@ def measure(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dty
             lp.check_token_ids(ids, n, vocab)
 
         def call(pipeline: SeedStep | DeviceStep, r: int) -> dict[str, float]:
+            forward.queue()  # the decode forward the step follows in the engine
             return pipeline.run(bench.pick(logits, r), k, bench.pick(tokens, r),
                                 bench.pick(host_tokens, r))[1]
 
@@ -300,15 +420,20 @@ def measure(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dty
 
         def after() -> list[dict]:
             inputs = (built, logits[0], k, tokens[0], host_tokens[0])
-            return [*sweep.guarded("agreement", agreement, *inputs),
+            return [{"arm": "forward", "metric": "forward_ms", "value": forward.forward_ms,
+                     "note": how},
+                    *sweep.guarded("agreement", agreement, *inputs),
                     *sweep.guarded("sync_debug", sync_debug, *inputs)]
 
         return sweep.CellPlan(
             calls={name: (lambda r, p=p: call(p, r)) for name, p in built.items()},
             unavailable=unavailable, annotate=annotate, after=after)
 
+    precision = (precision_for(arms, aa_arm, delta=delta, max_rounds=max_rounds,
+                               max_seconds=max_seconds)
+                 if max_rounds is not None and max_rounds > rounds else None)
     return sweep.run(todo, prepare, rounds=rounds, warmup=warmup, seed=seed, device=device,
-                     sink=sink, label="step", progress=progress)
+                     sink=sink, label="step", progress=progress, precision=precision)
 
 
 def agreement(pipelines: dict[str, SeedStep | DeviceStep], logits: torch.Tensor, k: int,

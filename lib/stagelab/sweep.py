@@ -120,7 +120,8 @@ def measure_cell(cell: Cell, prepare: Callable[[Cell], CellPlan], *, rounds: int
                 plan.calls, rounds=rounds, warmup=warmup, device=device, precision=precision,
                 seed=design.order_seed(f"{run}:{seed}", cell.label))
         annotate = plan.annotate or (lambda record: record)
-        records += [annotate({**cell.sizes, **timing}) for timing in timings]
+        records += [annotate({**cell.sizes, **timing}) if timing["arm"] in plan.calls
+                    else {**cell.sizes, **timing} for timing in timings]  # not the order's row
     if plan.after is not None:
         try:
             records += [{**cell.sizes, **extra} for extra in plan.after()]

@@ -19,8 +19,8 @@ from typing import Any
 
 from stagelab import catalogue
 
-# The notebooks whose timings the verdict, the findings and compare use: those writing a table.
-TIMING_NOTEBOOKS = tuple(catalogue.tables().values())
+# The notebooks whose timings the verdict, the findings and compare use.
+TIMING_NOTEBOOKS = catalogue.measuring_notebooks()
 DEFAULT_DELTA = 0.02
 
 

@@ -27,11 +27,10 @@ import numpy as np
 import pandas as pd
 
 from stagelab import analysis, calibration, catalogue, records, schema, stats
-from stagelab.catalogue import aa_name
 from stagelab.errors import UserError
 
 TABLES = catalogue.tables()
-BASELINE, CANDIDATE = catalogue.baseline(catalogue.STEP), catalogue.candidate(catalogue.STEP)
+BASELINE, CANDIDATE, TWIN = catalogue.decisive_arms()
 REUSED = catalogue.REUSE_LEVER[catalogue.STEP]
 
 
@@ -109,14 +108,14 @@ def cell_evidence(step: pd.DataFrame, rows: int, vocab: int, k: int, candidate: 
         out["logprobs_only_min_speedup"] = (
             decode_ms / (decode_ms - delta * logprobs_ms) if logprobs_ms else None)
     out["stages_ms"] = _stage_split(cell)
-    failures = _failures(cell, (BASELINE, candidate, aa_name(BASELINE)))
+    failures = _failures(cell, (BASELINE, candidate, TWIN))
     out["failures"] = failures
     for arm, words in ((BASELINE, "not measured: "), (candidate, "not measured: "),
-                       (aa_name(BASELINE), "the A/A check is missing: ")):
+                       (TWIN, "the A/A check is missing: ")):
         if analysis.by_round(cell, arm).empty:
             out["reason"] = words + analysis.not_measured_reason(cell, arm)
             return out, None
-    base, cand, twin = analysis.paired_rounds(cell, BASELINE, candidate, aa_name(BASELINE))
+    base, cand, twin = analysis.paired_rounds(cell, BASELINE, candidate, TWIN)
     return out, {"baseline": base, "candidate": cand, "twin": twin,
                  "min_speedup": out["min_speedup"]}
 
@@ -311,14 +310,7 @@ def findings(verdict: dict[str, Any], tables: dict[str, pd.DataFrame]) -> list[s
             out.append(f"Host top-K at n={row['rows']}, V={row['vocab']}, K={row['k']}: native "
                        f"C++ {row['native_ms']:.2f} ms, numpy {row['numpy_ms']:.2f} ms "
                        f"({row['numpy_over_native']:.1f}x).")
-    zero_fill = [c for c in verdict["copy_cells"]
-                 if c["candidate"] == catalogue.ZERO_FILL_LEVER and _measured(c.get("speedup"))]
-    if zero_fill:
-        big = max(zero_fill, key=lambda c: c["rows"] * c["vocab"])
-        out.append(f"Zero-fill and free of a fresh {big['rows']} x {big['vocab']} fp32 buffer "
-                   f"(the seed's value-initialised vector) cost {big['saved_ms']:.2f} ms per "
-                   f"copy: it takes {big['speedup']:.2f}x the time of an uninitialised one "
-                   f"(CI [{big['ci_low']:.2f}, {big['ci_high']:.2f}]).")
+    out.extend(_zero_fill_findings(verdict, step))
     clocks = verdict["clock_check"]
     if clocks["checked"]:
         out.append(f"Host clock vs CUDA events: {clocks['disagree']} of {clocks['checked']} "
@@ -338,6 +330,36 @@ def findings(verdict: dict[str, Any], tables: dict[str, pd.DataFrame]) -> list[s
         out.append(f"Committed reference evidence ({machine}; not this run{forced}): run "
                    f"{ref['run_id']} decided {(ref.get('overall') or {}).get('decision')}.")
     return out
+
+
+def _zero_fill_findings(verdict: dict[str, Any], step: pd.DataFrame | None) -> list[str]:
+    """The zero-fill cost from the seed's native vector (the step's ``alloc`` stage) and the
+    shares of the step, each with its CI, at the largest cell measured; where the native step was
+    not timed, the copy-level stand-in (a zero-filled torch buffer), labelled as such."""
+    shares = analysis.stage_shares(step) if step is not None else pd.DataFrame()
+    if not shares.empty:
+        big = shares.assign(size=shares["rows"] * shares["vocab"]).sort_values("size").iloc[-1]
+        if big["zero_fill_s_low"] is None or pd.isna(big["zero_fill_s_low"]):
+            cost = f"{1e3 * big['zero_fill_s']:.2f} ms per step (one round: no CI)"
+        else:
+            cost = (f"{1e3 * big['zero_fill_s']:.2f} ms per step (CI "
+                    f"{1e3 * big['zero_fill_s_low']:.2f}-{1e3 * big['zero_fill_s_high']:.2f})")
+        return [f"Zero-fill of the seed's fresh native vector (a value-initialised "
+                f"std::vector, the step's alloc stage) at n={int(big['rows'])}, "
+                f"V={int(big['vocab'])}, K={int(big['k'])}: {cost}. The copy is "
+                f"{analysis.share_words(big, 'copy_share')} of the seed's step; alloc + copy + "
+                f"free, which pinning removes or shrinks, "
+                f"{analysis.share_words(big, 'pinning_share')}."]
+    zero_fill = [c for c in verdict["copy_cells"]
+                 if c["candidate"] == catalogue.ZERO_FILL_LEVER and _measured(c.get("speedup"))]
+    if not zero_fill:
+        return []
+    big = max(zero_fill, key=lambda c: c["rows"] * c["vocab"])
+    return [f"Zero-fill and free of a fresh {big['rows']} x {big['vocab']} fp32 buffer at the "
+            f"copy level (a zero-filled torch buffer standing in for the seed's vector, whose "
+            f"step was not timed) cost {big['saved_ms']:.2f} ms per copy: it takes "
+            f"{big['speedup']:.2f}x the time of an uninitialised one (CI [{big['ci_low']:.2f}, "
+            f"{big['ci_high']:.2f}])."]
 
 
 def calibrate_rule(decisive: list[dict[str, Any]], trials: int, delta: float,
@@ -514,8 +536,9 @@ def measured_origin(manifest: dict[str, Any]) -> dict[str, Any] | None:
 # ------------------------------------------------------------------------- tables to show
 
 DECISIVE_COLUMNS = ["rows", "vocab", "k", "decision", "speedup", "ci_low", "ci_high",
-                    "min_speedup", "twin_speedup", "twin_ci_low", "twin_ci_high", "saved_ms",
-                    "step_ms", "n_rounds", "reason"]
+                    "min_speedup", "logprobs_only_min_speedup", "median_speedup", "port_bound",
+                    "twin_speedup", "twin_ci_low", "twin_ci_high", "saved_ms", "step_ms",
+                    "forward_ms", "log_softmax", "n_rounds", "reason", "note"]
 
 
 def decisive_table(verdict: dict[str, Any]) -> pd.DataFrame:
