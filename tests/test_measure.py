@@ -154,13 +154,14 @@ def test_deadline_stops_at_a_cell_boundary_and_keeps_what_was_measured(tmp_path,
     step, prompt = manifest["experiments"]
     assert manifest["status"] == step["status"] == prompt["status"] == "deadline"
     assert [(c["cell"], c["status"]) for c in step["cells"]] == [
-        ("n=2 V=4096 K=5", "ok"), ("n=3 V=4096 K=5", "deadline")]
+        ("n=2 V=4096 K=5 log-softmax on device", "ok"),
+        ("n=3 V=4096 K=5 log-softmax on device", "deadline")]
     assert step["cells"][1]["measured_s"] is None and step["cells"][1]["predicted_s"] == 1e6
     assert {r["rows"] for r in rows_of(out, "step")} == {2}
     assert prompt["cells"] == [] and rows_of(out, "prompt_logprobs") == []
     assert measure.gaps(manifest) == [
         "02_logprobs_step: deadline, 1 of 3 cells measured (step: stopped before cell "
-        "n=3 V=4096 K=5)",
+        "n=3 V=4096 K=5 log-softmax on device)",
         "03_prompt_logprobs: deadline (not started: the deadline came first)"]
 
 
@@ -186,7 +187,8 @@ def killed(tmp_path_factory) -> Path:
         [sys.executable, "-m", "stagelab", "measure", "--profile", "smoke", "--force", "--out",
          str(out),
          "--param", "02_logprobs_step.models=[Qwen2.5-7B]",
-         "--param", "02_logprobs_step.rows=[2, 64]", "--param", "02_logprobs_step.rounds=50"],
+         "--param", "02_logprobs_step.rows=[2, 64]", "--param", "02_logprobs_step.rounds=50",
+         "--param", "02_logprobs_step.max_rounds=50"],
         cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 300
@@ -230,7 +232,7 @@ def test_run_from_refuses_what_is_not_a_measurement(tmp_path, smoke, capsys):
         err = capsys.readouterr().err.strip()
         assert code == 2 and message in err and len(err.splitlines()) == 1, err
     code = cli.main(["run", "--profile", "smoke", "--from", str(smoke), "--param",
-                     "02_logprobs_step.rounds=5", "--out", str(tmp_path / "runs")])
+                     "02_logprobs_step.rounds=2", "--out", str(tmp_path / "runs")])
     assert code == 2 and "measured with their own parameters" in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()
     with pytest.raises(UserError, match="is set by the runner"):

@@ -10,12 +10,12 @@ measuring floor imports it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from stagelab import catalogue
-from typing import Any
 
 SEED_STEP_ARMS = ("seed_pageable", "seed_pinned", "seed_pageable_reused", "seed_pageable_numpy")
 
