@@ -346,8 +346,9 @@ def _zero_fill_findings(verdict: dict[str, Any], step: pd.DataFrame | None) -> l
                     f"{1e3 * big['zero_fill_s_low']:.2f}-{1e3 * big['zero_fill_s_high']:.2f})")
         return [f"Zero-fill of the seed's fresh native vector (a value-initialised "
                 f"std::vector, the step's alloc stage) at n={int(big['rows'])}, "
-                f"V={int(big['vocab'])}, K={int(big['k'])}: {cost}. The copy is {analysis._share_words(big, 'copy_share')} "
-                f"of the seed's step; alloc + copy + free, which pinning removes or shrinks, "
+                f"V={int(big['vocab'])}, K={int(big['k'])}: {cost}. The copy is "
+                f"{analysis._share_words(big, 'copy_share')} of the seed's step; alloc + copy + "
+                f"free, which pinning removes or shrinks, "
                 f"{analysis._share_words(big, 'pinning_share')}."]
     zero_fill = [c for c in verdict["copy_cells"]
                  if c["candidate"] == catalogue.ZERO_FILL_LEVER and _measured(c.get("speedup"))]
