@@ -97,7 +97,7 @@ def test_a_real_run_records_each_samples_position_and_the_order_is_balanced():
                              run_id="run-a")
     totals = frame[(frame.metric == "time") & (frame.stage == "total") & (frame.status == "ok")]
     assert totals["position"].notna().all()
-    for _rows, cell in totals.groupby("rows"):
+    for _, cell in totals.groupby("rows"):
         counts = cell.groupby(["arm", "position"]).size().unstack(fill_value=0)
         assert counts.shape == (4, 4)  # four arms (the twin too), four positions
         assert (counts.max() - counts.min()).max() <= 1, counts  # equally often, within one

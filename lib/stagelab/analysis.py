@@ -190,7 +190,7 @@ def stage_shares(frame: pd.DataFrame, arm: str = catalogue.baseline(catalogue.ST
     return pd.DataFrame(out)
 
 
-def _share_words(row: Any, name: str) -> str:
+def share_words(row: Any, name: str) -> str:
     """``30% (CI 28-32%)``, or the share alone where there is no CI."""
     low, high = row[f"{name}_low"], row[f"{name}_high"]
     if low is None or pd.isna(low):
@@ -224,13 +224,13 @@ def copy_dwarfed(frame: pd.DataFrame,
         sentences.append(
             f"n={row['rows']}, V={row['vocab']}, K={row['k']}: the copy took "
             f"{1e3 * row['copy']:.2f} ms of a {1e3 * row['total']:.2f} ms step "
-            f"({_share_words(share, 'copy_share')}); zero-fill {1e3 * row['alloc']:.2f} ms, "
+            f"({share_words(share, 'copy_share')}); zero-fill {1e3 * row['alloc']:.2f} ms, "
             f"host top-K {1e3 * row['host_gather']:.2f} ms ({row['host_gather_share']:.0%}), "
             f"free {1e3 * row['free']:.2f} ms, device work {1e3 * row['device']:.2f} ms, "
             f"unattributed {1e3 * row['unattributed']:.2f} ms (means; the parts add up to the "
             f"step). The copy is {_dwarfed_words(share)} (under {DWARFED_SHARE:.0%} counts as "
             f"dwarfed); alloc + copy + free, which pinning removes or shrinks, are "
-            f"{_share_words(share, 'pinning_share')} of the step.")
+            f"{share_words(share, 'pinning_share')} of the step.")
     return sentences or [f"The seed's step ({arm}) was not timed in this run: "
                          + not_measured_reason(frame, arm) + "."]
 

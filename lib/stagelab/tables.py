@@ -137,7 +137,6 @@ def readable(frame: pd.DataFrame) -> pd.DataFrame:
     return table.loc[:, (table != "").any()]  # a column with nothing in it is left out
 
 
-def show(frame: pd.DataFrame, caption: str | None = None) -> Any:
+def show(frame: pd.DataFrame) -> Any:
     """A frame as an HTML table (a pandas Styler, without its index) a reader can take in."""
-    styler = readable(frame).style.hide(axis="index")
-    return styler.set_caption(caption) if caption else styler
+    return readable(frame).style.hide(axis="index")

@@ -347,9 +347,9 @@ def _zero_fill_findings(verdict: dict[str, Any], step: pd.DataFrame | None) -> l
         return [f"Zero-fill of the seed's fresh native vector (a value-initialised "
                 f"std::vector, the step's alloc stage) at n={int(big['rows'])}, "
                 f"V={int(big['vocab'])}, K={int(big['k'])}: {cost}. The copy is "
-                f"{analysis._share_words(big, 'copy_share')} of the seed's step; alloc + copy + "
+                f"{analysis.share_words(big, 'copy_share')} of the seed's step; alloc + copy + "
                 f"free, which pinning removes or shrinks, "
-                f"{analysis._share_words(big, 'pinning_share')}."]
+                f"{analysis.share_words(big, 'pinning_share')}."]
     zero_fill = [c for c in verdict["copy_cells"]
                  if c["candidate"] == catalogue.ZERO_FILL_LEVER and _measured(c.get("speedup"))]
     if not zero_fill:
@@ -522,8 +522,9 @@ def build_verdict(run_dir: Path | str, *, decisive_rows: list[int], decisive_voc
 # ------------------------------------------------------------------------- tables to show
 
 DECISIVE_COLUMNS = ["rows", "vocab", "k", "decision", "speedup", "ci_low", "ci_high",
-                    "min_speedup", "twin_speedup", "twin_ci_low", "twin_ci_high", "saved_ms",
-                    "step_ms", "n_rounds", "reason"]
+                    "min_speedup", "logprobs_only_min_speedup", "median_speedup", "port_bound",
+                    "twin_speedup", "twin_ci_low", "twin_ci_high", "saved_ms", "step_ms",
+                    "forward_ms", "log_softmax", "n_rounds", "reason", "note"]
 
 
 def decisive_table(verdict: dict[str, Any]) -> pd.DataFrame:
