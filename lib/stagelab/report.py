@@ -197,8 +197,9 @@ def write_index(run_dir: Path) -> Path:
     manifest = rundir.effective_manifest(run_dir)
     status = manifest.get("status", "unknown")
     git = manifest.get("git") or {}
-    figures = sorted(p.relative_to(run_dir).as_posix() for p in (run_dir / "figures").glob("*.png"))
-    tables = sorted(p.relative_to(run_dir).as_posix() for p in (run_dir / "data").glob("*.parquet"))
+    folder = RunFolder(run_dir)
+    figures = [p.relative_to(run_dir).as_posix() for p in folder.figures()]
+    tables = [p.relative_to(run_dir).as_posix() for p in folder.tables()]
     body = [
         f"<h1>stagelab run {_esc(manifest.get('run_id'))}</h1>",
         f"<p>Profile <b>{_esc(manifest.get('profile'))}</b> · status "
