@@ -2,20 +2,24 @@
 
 The decisive experiment is the seed's own step, same code, two stagings (``stagelab.step``):
 ``seed_pageable`` (a fresh value-initialised ``std::vector`` per step) against ``seed_pinned`` (the
-pinned grow-only scratch), interleaved per round with an A/A twin of the baseline. Per decisive
-cell (named by the profile: rows x models x K), :func:`stagelab.stats.decide` tests equivalence
-against a smallest effect of interest: a saving of ``delta`` (default 2 %) of the seed's measured
-step, i.e. a step speedup of ``1 / (1 - delta)``:
+pinned grow-only scratch), interleaved per round in a balanced order with an A/A twin of the
+baseline, each timed step following ``forward_ms`` of device work (the decode forward). The
+decisive cells (named by the profile: rows x models x K) are one family, decided by
+:func:`stagelab.stats.decide_family` against a smallest effect of interest: a saving of ``delta``
+(default 2 %) of the decode step (forward + logprobs step), i.e. a step speedup of
+``1 / (1 - delta)`` on the ratio of mean step times:
 
-* PORT: the paired speedup's CI lies above that, and above the A/A twin's CI;
-* CLOSE: the CI lies below it (any benefit is too small to be worth a change; slower counts too);
-* INCONCLUSIVE otherwise, with the reason (not measured, too few rounds, straddles, or the A/A
-  twin shows the harness seeing a difference between identical arms).
+* PORT: a cell's lower bound at Holm's level lies above that and above its A/A twin's CI, and no
+  cell is slower beyond delta;
+* CLOSE: every cell's upper bound (one-sided 5 %) lies below it (any benefit is too small to be
+  worth a change; slower counts too);
+* INCONCLUSIVE otherwise, with each cell's reason (not measured, too few rounds, bad timings,
+  straddles, or the A/A twin shows the harness seeing a difference between identical arms).
 
-Overall: PORT when at least one decisive cell is PORT and none is slower beyond delta; CLOSE when
-every decisive cell is CLOSE; INCONCLUSIVE otherwise. Other cells are reported, never decide.
-Copy-level cells (notebook 01) explain the mechanism and never decide. Deterministic: the same
-folder gives the same file. Torch-free.
+The verdict states its context (``forward_ms``, what delta is a share of with the logprobs-only
+bar beside it, where the log-softmax runs, and whether the other place would change the answer).
+Other cells are reported, never decide. Copy-level cells (notebook 01) explain the mechanism and
+never decide. Deterministic: the same folder gives the same file. Torch-free.
 """
 
 from __future__ import annotations
