@@ -432,19 +432,12 @@ def context_words(forwards: list[float], delta: float, log_softmax: str) -> str:
             f"step); the log-softmax runs on the {log_softmax}.")
 
 
-def where_log_softmax(step: pd.DataFrame, log_softmax: str) -> pd.DataFrame:
-    """The step rows measured with the log-softmax on the device or on the host (rows that do not
-    say, from tables kept before the choice existed, ran it on the device)."""
-    where = step["log_softmax"].fillna("device")
-    return step[where == log_softmax]
-
-
 def _other_assumption(step: pd.DataFrame, named: list[tuple[int, int, int]], assumed: str,
                       decided: str, **kwargs: Any) -> dict[str, Any]:
     """Whether the other place of the log-softmax, where this run measured it, would change the
     answer."""
     other = "host" if assumed == "device" else "device"
-    rows = where_log_softmax(step, other)
+    rows = analysis.where_log_softmax(step, other)
     if analysis.ok_timings(rows).empty:
         return {"log_softmax": other, "measured": False, "decision": None,
                 "changes_answer": None, "note": f"the log-softmax on the {other} was not "
@@ -477,9 +470,9 @@ def build_verdict(run_dir: Path | str, *, decisive_rows: list[int], decisive_voc
     named = decisive_cells(decisive_rows, decisive_vocabs, decisive_ks)
     step_all = step if step is not None else schema.make_rows([])
     if step is not None:  # every step figure below is of the assumed log-softmax's rows
-        step = tables["step"] = where_log_softmax(step, log_softmax)
-    decisive, family = decide_cells(where_log_softmax(step_all, log_softmax), named, CANDIDATE,
-                                    **kwargs)
+        step = tables["step"] = analysis.where_log_softmax(step, log_softmax)
+    decisive, family = decide_cells(analysis.where_log_softmax(step_all, log_softmax), named,
+                                    CANDIDATE, **kwargs)
     decided = overall(decisive)
     step_levers = [] if step is None else analysis.lever_savings(step, seed=seed).to_dict(
         "records")
