@@ -10,7 +10,8 @@ import shutil
 import pytest
 
 from conftest import TINY
-from stagelab import execute, paths, profiles, rundir, verdict
+from stagelab import execute, paths, profiles, records, rundir, verdict
+from stagelab.records import RunFolder
 
 pytestmark = pytest.mark.slow
 
@@ -57,6 +58,9 @@ def test_cpu_verdict_is_inconclusive_and_says_why(tiny_run):
                                     reference_root=paths.REFERENCE_DIR,
                                     calibration_trials=20)
     assert json.dumps(rebuilt, sort_keys=True) == json.dumps(saved, sort_keys=True)
+    # notebook 04's verdict.json follows its documented schema, every field documented
+    assert RunFolder(run_dir).read_verdict() == saved
+    assert set(saved) <= set(records.schema("verdict")["properties"])
 
 
 @pytest.mark.parametrize("overrides, sentence", [

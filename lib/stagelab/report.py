@@ -54,10 +54,13 @@ def _esc(value: Any) -> str:
     return html.escape("" if value is None else str(value))
 
 
-def _trust_banner(found: list[str]) -> str:
-    """The warning that heads the verdict box when the timings are not trustworthy."""
+def _trust_banner(found: list[str], manifest: Mapping[str, Any]) -> str:
+    """The warning that heads the verdict box when the timings are not trustworthy, or a quiet
+    note where the machine's load was not recorded (an older run, one run by hand)."""
     if not found:
-        return ""
+        return ("" if trust.load_known(manifest) else
+                "<p class='muted' id='load-unknown'>The machine's load was not recorded for this "
+                "run's timing notebooks: whether it was busy is not known.</p>")
     items = "".join(f"<li>{_esc(reason)}</li>" for reason in found)
     return ("<div class='untrusted' id='untrusted'><p><b>TIMINGS NOT TRUSTWORTHY</b>: run it "
             f"again on a quiet machine before relying on these figures.</p><ul>{items}</ul></div>")
@@ -71,14 +74,14 @@ def _verdict_section(run_dir: Path, manifest: Mapping[str, Any]) -> str:
                 f"unreadable</p><p>{_esc(exc)}</p></section>")
     if verdict is None:
         return ("<section class='verdict' id='verdict'>"
-                f"{_trust_banner(trust.reasons(run_dir, manifest, {}))}"
+                f"{_trust_banner(trust.reasons(run_dir, manifest, {}), manifest)}"
                 "<p class='decision INCONCLUSIVE'>No verdict yet</p><p>This run has no "
                 "<code>verdict.json</code>: the verdict notebook did not run or did not finish. "
                 "Nothing below is a decision.</p></section>")
     overall = verdict.get("overall", {})
     decision = _esc(overall.get("decision", "INCONCLUSIVE"))
     parts = [f"<section class='verdict' id='verdict'>"
-             f"{_trust_banner(trust.reasons(run_dir, manifest, verdict))}"
+             f"{_trust_banner(trust.reasons(run_dir, manifest, verdict), manifest)}"
              f"<p class='decision {decision}'>Staging verdict: {decision}</p>"
              f"<p>{_esc(overall.get('summary', ''))}</p>"]
     context = (verdict.get("context") or {}).get("words")  # absent in verdicts of older runs
@@ -200,8 +203,9 @@ def write_index(run_dir: Path) -> Path:
     manifest = rundir.effective_manifest(run_dir)
     status = manifest.get("status", "unknown")
     git = manifest.get("git") or {}
-    figures = sorted(p.relative_to(run_dir).as_posix() for p in (run_dir / "figures").glob("*.png"))
-    tables = sorted(p.relative_to(run_dir).as_posix() for p in (run_dir / "data").glob("*.parquet"))
+    folder = RunFolder(run_dir)
+    figures = [p.relative_to(run_dir).as_posix() for p in folder.figures()]
+    tables = [p.relative_to(run_dir).as_posix() for p in folder.tables()]
     body = [
         f"<h1>stagelab run {_esc(manifest.get('run_id'))}</h1>",
         f"<p>Profile <b>{_esc(manifest.get('profile'))}</b> · status "

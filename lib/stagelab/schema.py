@@ -57,7 +57,7 @@ from typing import Any
 import pandas as pd
 
 from stagelab.errors import SchemaError
-from stagelab.records import atomic_target
+from stagelab.records import RunFolder, atomic_target
 
 COLUMN_DTYPES: dict[str, str] = {
     "run_id": "string",
@@ -130,8 +130,8 @@ def conform(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def table_path(run_dir: Path | str, name: str) -> Path:
-    """Where the table ``name`` of a run folder lives."""
-    return Path(run_dir) / "data" / f"{name}.parquet"
+    """Where the table ``name`` of a run folder lives (see :class:`stagelab.records.RunFolder`)."""
+    return RunFolder(run_dir).table_path(name)
 
 
 def write_table(frame: pd.DataFrame, run_dir: Path | str, name: str) -> Path:
