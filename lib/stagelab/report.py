@@ -84,6 +84,9 @@ def _verdict_section(run_dir: Path, manifest: Mapping[str, Any]) -> str:
              f"{_trust_banner(trust.reasons(run_dir, manifest, verdict), manifest)}"
              f"<p class='decision {decision}'>Staging verdict: {decision}</p>"
              f"<p>{_esc(overall.get('summary', ''))}</p>"]
+    context = (verdict.get("context") or {}).get("words")  # absent in verdicts of older runs
+    if context:
+        parts.append(f"<p class='context'>{_esc(context)}</p>")
     parts.append(_decisive_table(verdict.get("decisive", []), overall.get("summary", "")))
     findings = verdict.get("findings", [])
     if findings:
