@@ -94,7 +94,8 @@ def test_the_named_levers_are_arms_of_their_experiment():
         assert catalogue.arm(experiment, name).role == catalogue.LEVER
     assert catalogue.arm(catalogue.STAGING, catalogue.ZERO_FILL_LEVER).role == catalogue.LEVER
     assert catalogue.arm(catalogue.STEP, catalogue.NUMPY_TOP_K).role == catalogue.LEVER
-    assert catalogue.prompt_method(catalogue.PROMPT_RECOMMENDED_ARM) == catalogue.FUSED
+    assert catalogue.PROMPT_RECOMMENDED_ARM == "fused+overlap"
+    assert catalogue.prompt_arm("logsoftmax", overlap=False) == "logsoftmax"
 
 
 def test_the_notebooks_are_the_catalogues_and_each_table_has_one_writer():
