@@ -84,6 +84,9 @@ def _verdict_section(run_dir: Path, manifest: Mapping[str, Any]) -> str:
              f"{_trust_banner(trust.reasons(run_dir, manifest, verdict), manifest)}"
              f"<p class='decision {decision}'>Staging verdict: {decision}</p>"
              f"<p>{_esc(overall.get('summary', ''))}</p>"]
+    context = (verdict.get("context") or {}).get("words")  # absent in verdicts of older runs
+    if context:
+        parts.append(f"<p class='context'>{_esc(context)}</p>")
     parts.append(_decisive_table(verdict.get("decisive", []), overall.get("summary", "")))
     findings = verdict.get("findings", [])
     if findings:
@@ -427,8 +430,9 @@ def write_single_file(run_dir: Path, out: Path | None = None, force: bool = Fals
         raise UserError(f"{run_dir}: no manifest.json; is it a run folder?")
     manifest = rundir.read_manifest(run_dir)
     out = single_file_out(run_dir, out, force)
+    found = set(RunFolder(run_dir).notebooks())  # regular files only: a link is not the run's
     notebooks = [nb for nb in manifest["notebooks"]
-                 if nb.get("output") and (run_dir / nb["output"]).is_file()]
+                 if nb.get("output") and run_dir / nb["output"] in found]
     anchors = {nb[key]: f"#notebook-{nb['name']}" for nb in notebooks
                for key in ("html", "output") if nb.get(key)}
     landing = write_index(run_dir).read_text(encoding="utf-8")
