@@ -478,3 +478,21 @@ def test_sync_warnings_are_summed_up_per_arm_and_absent_without_cuda():
     unavailable = schema.make_rows([dict(arm="sync_debug", metric="sync_warnings",
                                          status="unavailable", note="needs CUDA")])
     assert analysis.sync_warnings(unavailable) is None
+
+
+def test_the_two_places_of_the_log_softmax_are_told_apart():
+    device = timed("seed_pageable", [2e-3, 2e-3], rows=64, vocab=V, k=5, log_softmax="device")
+    host = timed("seed_pageable", [3e-3, 3e-3], rows=64, vocab=V, k=5, log_softmax="host")
+    older = timed("seed_pageable", [1e-3], rows=16, vocab=V, k=5)  # kept before the choice
+    frame = rows(*device, *host, *older)
+    assert len(analysis.where_log_softmax(frame, "device")) == 3  # the older row ran on device
+    assert len(analysis.where_log_softmax(frame, "host")) == 2
+    places = analysis.log_softmax_places(frame).iloc[0]
+    assert (places["device_ms"], places["host_ms"]) == pytest.approx((2.0, 3.0))
+    assert places["host_over_device"] == pytest.approx(1.5)
+    assert analysis.log_softmax_places(rows(*device)).empty
+    both = rows(*device, *host, *timed("seed_pinned", [1e-3, 1e-3], rows=64, vocab=V, k=5,
+                                        log_softmax="device"),
+                *timed("seed_pinned", [1e-3, 1e-3], rows=64, vocab=V, k=5, log_softmax="host"))
+    compared = analysis.compare(both, "seed_pageable", "seed_pinned", ["rows", "vocab", "k"])
+    assert sorted(compared["speedup"]) == pytest.approx([2.0, 3.0])  # one row per place

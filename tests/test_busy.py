@@ -134,3 +134,16 @@ def test_the_report_first_screen_says_the_timings_are_not_trustworthy(tmp_path):
     assert verdict_box.index("TIMINGS NOT TRUSTWORTHY") < verdict_box.index("PORT")
     assert "<td class='failed'>busy: others took 1.60 of 2 cores, load average up to 0.5</td>" in (
         page)  # the notebook's row says it too
+
+
+def test_the_report_says_when_the_load_was_not_recorded(tmp_path):
+    manifest = busy_manifest(tmp_path)
+    manifest["notebooks"][0].pop("load")
+    rundir.write_manifest(tmp_path, manifest)
+    page = report.write_index(tmp_path).read_text()
+    assert "TIMINGS NOT TRUSTWORTHY" not in page
+    assert "load was not recorded for this run's timing notebooks" in page
+    manifest["notebooks"][0]["load"] = busy.assess(reading(0, 100, 50), reading(10, 101, 59))
+    rundir.write_manifest(tmp_path, manifest)
+    page = report.write_index(tmp_path).read_text()
+    assert "load was not recorded" not in page and "TIMINGS NOT TRUSTWORTHY" not in page

@@ -146,3 +146,19 @@ def test_tables_fit_the_page_a_stage_split_reads_as_a_sum_and_empty_columns_go()
     assert list(shown.columns) == ["n (rows)", "V (vocabulary)", "K", "decision",
                                    "seed step, median (ms)", tables.SPLIT_WORDS]
     assert shown.iloc[0, -1] == "1.50 + 0.60 + 0.60 + 2.20 + 0.01 + 0.59 = 5.50"
+
+
+def test_the_verdict_states_its_context_in_the_report_and_older_verdicts_lack_it(tmp_path):
+    run_dir = fake_run(tmp_path / "runs")
+    words = ("Context: no device work before the step (forward_ms = 0: a CPU run, or the upper "
+             "bound of the saving); delta = 2% of the decode step (forward + logprobs step); the "
+             "log-softmax runs on the device.")
+    (run_dir / "verdict.json").write_text(json.dumps(
+        {"overall": {"decision": "INCONCLUSIVE", "summary": "Undecided."},
+         "decisive": [decisive_cell(16)], "context": {"words": words}}))
+    assert f"<p class='context'>{words}</p>" in report.write_index(run_dir).read_text()
+    older = fake_run(tmp_path / "older")
+    (older / "verdict.json").write_text(json.dumps(
+        {"overall": {"decision": "INCONCLUSIVE", "summary": "Undecided."},
+         "decisive": [decisive_cell(16)]}))
+    assert "class='context'" not in report.write_index(older).read_text()

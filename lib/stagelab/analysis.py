@@ -108,6 +108,27 @@ def compare(frame: pd.DataFrame, baseline: str, candidate: str, by: Sequence[str
     return pd.DataFrame(out)
 
 
+def where_log_softmax(frame: pd.DataFrame, place: str) -> pd.DataFrame:
+    """The step rows measured with the log-softmax on ``place`` (``device`` or ``host``); rows
+    that do not say (tables kept before the choice existed) ran it on the device."""
+    return frame[frame["log_softmax"].fillna("device") == place]
+
+
+def log_softmax_places(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per cell and seed arm, the mean step with the log-softmax on the device and on the host
+    and their ratio; empty when the run measured one place only."""
+    timed = ok_timings(frame)
+    timed = timed[timed["log_softmax"].notna()]
+    if timed["log_softmax"].nunique() < 2:
+        return pd.DataFrame(columns=["rows", "vocab", "k", "arm", "device_ms", "host_ms",
+                                     "host_over_device"])
+    means = timed.pivot_table(index=["rows", "vocab", "k", "arm"], columns="log_softmax",
+                              values="seconds", aggfunc="mean", observed=True) * 1e3
+    means = means.rename(columns={"device": "device_ms", "host": "host_ms"}).reset_index()
+    means["host_over_device"] = means["host_ms"] / means["device_ms"]
+    return pd.DataFrame(means)
+
+
 def step_context(frame: pd.DataFrame, delta: float) -> str:
     """The step's context in Markdown, stated next to its results: the device work queued before
     each step, what delta is a share of, where the log-softmax ran, how many rounds each cell ran

@@ -54,10 +54,13 @@ def _esc(value: Any) -> str:
     return html.escape("" if value is None else str(value))
 
 
-def _trust_banner(found: list[str]) -> str:
-    """The warning that heads the verdict box when the timings are not trustworthy."""
+def _trust_banner(found: list[str], manifest: Mapping[str, Any]) -> str:
+    """The warning that heads the verdict box when the timings are not trustworthy, or a quiet
+    note where the machine's load was not recorded (an older run, one run by hand)."""
     if not found:
-        return ""
+        return ("" if trust.load_known(manifest) else
+                "<p class='muted' id='load-unknown'>The machine's load was not recorded for this "
+                "run's timing notebooks: whether it was busy is not known.</p>")
     items = "".join(f"<li>{_esc(reason)}</li>" for reason in found)
     return ("<div class='untrusted' id='untrusted'><p><b>TIMINGS NOT TRUSTWORTHY</b>: run it "
             f"again on a quiet machine before relying on these figures.</p><ul>{items}</ul></div>")
@@ -71,16 +74,19 @@ def _verdict_section(run_dir: Path, manifest: Mapping[str, Any]) -> str:
                 f"unreadable</p><p>{_esc(exc)}</p></section>")
     if verdict is None:
         return ("<section class='verdict' id='verdict'>"
-                f"{_trust_banner(trust.reasons(run_dir, manifest, {}))}"
+                f"{_trust_banner(trust.reasons(run_dir, manifest, {}), manifest)}"
                 "<p class='decision INCONCLUSIVE'>No verdict yet</p><p>This run has no "
                 "<code>verdict.json</code>: the verdict notebook did not run or did not finish. "
                 "Nothing below is a decision.</p></section>")
     overall = verdict.get("overall", {})
     decision = _esc(overall.get("decision", "INCONCLUSIVE"))
     parts = [f"<section class='verdict' id='verdict'>"
-             f"{_trust_banner(trust.reasons(run_dir, manifest, verdict))}"
+             f"{_trust_banner(trust.reasons(run_dir, manifest, verdict), manifest)}"
              f"<p class='decision {decision}'>Staging verdict: {decision}</p>"
              f"<p>{_esc(overall.get('summary', ''))}</p>"]
+    context = (verdict.get("context") or {}).get("words")  # absent in verdicts of older runs
+    if context:
+        parts.append(f"<p class='context'>{_esc(context)}</p>")
     parts.append(_decisive_table(verdict.get("decisive", []), overall.get("summary", "")))
     findings = verdict.get("findings", [])
     if findings:
@@ -445,8 +451,9 @@ def write_single_file(run_dir: Path, out: Path | None = None, force: bool = Fals
         raise UserError(f"{run_dir}: no manifest.json; is it a run folder?")
     manifest = rundir.read_manifest(run_dir)
     out = single_file_out(run_dir, out, force)
+    found = set(RunFolder(run_dir).notebooks())  # regular files only: a link is not the run's
     notebooks = [nb for nb in manifest["notebooks"]
-                 if nb.get("output") and (run_dir / nb["output"]).is_file()]
+                 if nb.get("output") and run_dir / nb["output"] in found]
     anchors = {nb[key]: f"#notebook-{nb['name']}" for nb in notebooks
                for key in ("html", "output") if nb.get(key)}
     landing = write_index(run_dir).read_text(encoding="utf-8")

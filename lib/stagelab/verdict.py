@@ -2,20 +2,24 @@
 
 The decisive experiment is the seed's own step, same code, two stagings (``stagelab.step``):
 ``seed_pageable`` (a fresh value-initialised ``std::vector`` per step) against ``seed_pinned`` (the
-pinned grow-only scratch), interleaved per round with an A/A twin of the baseline. Per decisive
-cell (named by the profile: rows x models x K), :func:`stagelab.stats.decide` tests equivalence
-against a smallest effect of interest: a saving of ``delta`` (default 2 %) of the seed's measured
-step, i.e. a step speedup of ``1 / (1 - delta)``:
+pinned grow-only scratch), interleaved per round in a balanced order with an A/A twin of the
+baseline, each timed step following ``forward_ms`` of device work (the decode forward). The
+decisive cells (named by the profile: rows x models x K) are one family, decided by
+:func:`stagelab.stats.decide_family` against a smallest effect of interest: a saving of ``delta``
+(default 2 %) of the decode step (forward + logprobs step), i.e. a step speedup of
+``1 / (1 - delta)`` on the ratio of mean step times:
 
-* PORT: the paired speedup's CI lies above that, and above the A/A twin's CI;
-* CLOSE: the CI lies below it (any benefit is too small to be worth a change; slower counts too);
-* INCONCLUSIVE otherwise, with the reason (not measured, too few rounds, straddles, or the A/A
-  twin shows the harness seeing a difference between identical arms).
+* PORT: a cell's lower bound at Holm's level lies above that and above its A/A twin's CI, and no
+  cell is slower beyond delta;
+* CLOSE: every cell's upper bound (one-sided 5 %) lies below it (any benefit is too small to be
+  worth a change; slower counts too);
+* INCONCLUSIVE otherwise, with each cell's reason (not measured, too few rounds, bad timings,
+  straddles, or the A/A twin shows the harness seeing a difference between identical arms).
 
-Overall: PORT when at least one decisive cell is PORT and none is slower beyond delta; CLOSE when
-every decisive cell is CLOSE; INCONCLUSIVE otherwise. Other cells are reported, never decide.
-Copy-level cells (notebook 01) explain the mechanism and never decide. Deterministic: the same
-folder gives the same file. Torch-free.
+The verdict states its context (``forward_ms``, what delta is a share of with the logprobs-only
+bar beside it, where the log-softmax runs, and whether the other place would change the answer).
+Other cells are reported, never decide. Copy-level cells (notebook 01) explain the mechanism and
+never decide. Deterministic: the same folder gives the same file. Torch-free.
 """
 
 from __future__ import annotations
@@ -428,19 +432,12 @@ def context_words(forwards: list[float], delta: float, log_softmax: str) -> str:
             f"step); the log-softmax runs on the {log_softmax}.")
 
 
-def where_log_softmax(step: pd.DataFrame, log_softmax: str) -> pd.DataFrame:
-    """The step rows measured with the log-softmax on the device or on the host (rows that do not
-    say, from tables kept before the choice existed, ran it on the device)."""
-    where = step["log_softmax"].fillna("device")
-    return step[where == log_softmax]
-
-
 def _other_assumption(step: pd.DataFrame, named: list[tuple[int, int, int]], assumed: str,
                       decided: str, **kwargs: Any) -> dict[str, Any]:
     """Whether the other place of the log-softmax, where this run measured it, would change the
     answer."""
     other = "host" if assumed == "device" else "device"
-    rows = where_log_softmax(step, other)
+    rows = analysis.where_log_softmax(step, other)
     if analysis.ok_timings(rows).empty:
         return {"log_softmax": other, "measured": False, "decision": None,
                 "changes_answer": None, "note": f"the log-softmax on the {other} was not "
@@ -473,9 +470,9 @@ def build_verdict(run_dir: Path | str, *, decisive_rows: list[int], decisive_voc
     named = decisive_cells(decisive_rows, decisive_vocabs, decisive_ks)
     step_all = step if step is not None else schema.make_rows([])
     if step is not None:  # every step figure below is of the assumed log-softmax's rows
-        step = tables["step"] = where_log_softmax(step, log_softmax)
-    decisive, family = decide_cells(where_log_softmax(step_all, log_softmax), named, CANDIDATE,
-                                    **kwargs)
+        step = tables["step"] = analysis.where_log_softmax(step, log_softmax)
+    decisive, family = decide_cells(analysis.where_log_softmax(step_all, log_softmax), named,
+                                    CANDIDATE, **kwargs)
     decided = overall(decisive)
     step_levers = [] if step is None else analysis.lever_savings(step, seed=seed).to_dict(
         "records")
