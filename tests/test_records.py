@@ -144,6 +144,18 @@ def test_a_traversal_manifest_writes_nothing_outside_its_folder(tmp_path, capsys
     assert rundir.summarize(run_dir).status == rundir.UNREADABLE
 
 
+def test_a_linked_notebook_is_never_exported_or_embedded(tmp_path):
+    outside = write_notebook(tmp_path / "outside.ipynb", 'run_dir = ""', "print('not this run')")
+    run_dir = fake_run(tmp_path / "runs", notebooks=("10_ok", "20_link"))
+    (run_dir / "20_link.ipynb").unlink()
+    (run_dir / "20_link.ipynb").symlink_to(outside)
+    entry = {"name": "20_link", "output": "20_link.ipynb", "html": None}
+    execute.export_html(run_dir, entry)
+    assert entry["html"] is None and not (run_dir / "20_link.html").exists()
+    page = report.write_single_file(run_dir).read_text()
+    assert "notebook-10_ok" in page and "not this run" not in page
+
+
 def test_html_names_come_from_the_notebook_files_found(tmp_path):
     run_dir = fake_run(tmp_path)
     entry = {"name": "10_ok", "output": "10_ok.ipynb", "html": "somewhere-else.html"}

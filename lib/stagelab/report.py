@@ -430,8 +430,9 @@ def write_single_file(run_dir: Path, out: Path | None = None, force: bool = Fals
         raise UserError(f"{run_dir}: no manifest.json; is it a run folder?")
     manifest = rundir.read_manifest(run_dir)
     out = single_file_out(run_dir, out, force)
+    found = set(RunFolder(run_dir).notebooks())  # regular files only: a link is not the run's
     notebooks = [nb for nb in manifest["notebooks"]
-                 if nb.get("output") and (run_dir / nb["output"]).is_file()]
+                 if nb.get("output") and run_dir / nb["output"] in found]
     anchors = {nb[key]: f"#notebook-{nb['name']}" for nb in notebooks
                for key in ("html", "output") if nb.get(key)}
     landing = write_index(run_dir).read_text(encoding="utf-8")
