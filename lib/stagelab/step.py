@@ -339,8 +339,7 @@ def cells(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dtype
             sizes=dict(experiment=catalogue.STEP, device=device_label(device), model=shape.model,
                        rows=n, vocab=shape.vocab, k=k, log_softmax=where,
                        dtype=str(logits_dtype).removeprefix("torch.")),
-            arms=every_arm, label=f"n={n} V={shape.vocab} K={k}"
-            + ("" if where == "device" else " log-softmax on host"),
+            arms=every_arm, label=f"n={n} V={shape.vocab} K={k} log-softmax on {where}",
             host_bytes=3 * fp32_bytes + (device_bytes if on_cpu else 0),
             device_bytes=0 if on_cpu else device_bytes,
             invalid="" if k <= shape.vocab else
