@@ -167,10 +167,14 @@ def create_venv(venv: Path) -> Path:
     return python
 
 
-def ensure_pip(python: Path) -> None:
-    """pip in the environment, for installing without uv."""
-    if installed_version(python, "pip") is None:
-        run([str(python), "-m", "ensurepip", "--default-pip"])
+def ensure_pip(installer: Installer) -> None:
+    """pip in the environment: to install without uv, and for a user's own `pip install`."""
+    if installed_version(installer.python, "pip") is not None:
+        return
+    if installer.uv:
+        installer.install(["pip"])
+    else:
+        run([str(installer.python), "-m", "ensurepip", "--default-pip"])
 
 
 def ensure_torch(installer: Installer, cpu_index: str) -> None:
@@ -193,9 +197,8 @@ def set_up(venv: Path, extras: list[str], cpu_index: str = CPU_INDEX) -> None:
     venv = venv.absolute()
     python = create_venv(venv)
     uv = find_uv(venv)
-    if uv is None:
-        ensure_pip(python)
     installer = Installer(python, uv)
+    ensure_pip(installer)  # for `pip install` in the activated environment too
     ensure_torch(installer, cpu_index)
     target = f"{REPO}[{','.join(extras)}]" if extras else str(REPO)
     installer.install(["--editable", target])

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from stagelab import catalogue, params, paths, prompt_logprobs, shapes, staging, step
-from stagelab.errors import NativeUnavailable, PinnedMemoryUnavailable
+from stagelab.errors import NativeUnavailable, PinnedMemoryUnavailable, UserError
 
 
 def test_every_staging_arm_class_has_an_entry_and_every_entry_a_class():
@@ -94,7 +94,8 @@ def test_the_named_levers_are_arms_of_their_experiment():
         assert catalogue.arm(experiment, name).role == catalogue.LEVER
     assert catalogue.arm(catalogue.STAGING, catalogue.ZERO_FILL_LEVER).role == catalogue.LEVER
     assert catalogue.arm(catalogue.STEP, catalogue.NUMPY_TOP_K).role == catalogue.LEVER
-    assert catalogue.prompt_method(catalogue.PROMPT_RECOMMENDED_ARM) == catalogue.FUSED
+    assert catalogue.PROMPT_RECOMMENDED_ARM == "fused+overlap"
+    assert catalogue.prompt_arm("logsoftmax", overlap=False) == "logsoftmax"
 
 
 def test_the_notebooks_are_the_catalogues_and_each_table_has_one_writer():
@@ -125,3 +126,14 @@ def test_rows_name_their_experiment_as_the_catalogue_does():
                                               [False], device="cpu")
     assert [c.sizes["experiment"] for c in (staging_cell, step_cell, prompt_cell)] == [
         catalogue.STAGING, catalogue.STEP, catalogue.PROMPT]
+
+
+def test_without_a_list_of_arms_every_arm_of_the_catalogue_is_timed():
+    shape = shapes.ModelShape("", 1000, 8)
+    staging_cell, = staging.cells([shape], [2], torch.float32, None, device="cpu")
+    step_cell, = step.cells([shape], [2], [1], torch.float32, None, device="cpu")
+    assert staging_cell.arms == [*catalogue.arm_names(catalogue.STAGING), "pageable_fresh~aa"]
+    assert step_cell.arms == [*catalogue.arm_names(catalogue.STEP), "seed_pageable~aa"]
+    params.validate("01_d2h_staging", {"arms": None, "aa_arm": "raw_ceiling"})
+    with pytest.raises(UserError, match="01_d2h_staging.aa_arm: unknown arm 'nope'"):
+        params.validate("01_d2h_staging", {"arms": None, "aa_arm": "nope"})

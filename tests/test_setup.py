@@ -244,7 +244,7 @@ def test_a_fresh_clone_sets_up_lean_with_the_cpu_index_unreachable(tmp_path):
 def _readme_commands() -> list[str]:
     """Every shell command the README gives: code-block lines and code spans that start with
     `make` or `stagelab` (comments dropped)."""
-    blocks = re.findall(r"```sh\n(.*?)```", README, re.S)
+    blocks = [b.replace("\\\n", " ") for b in re.findall(r"```sh\n(.*?)```", README, re.S)]
     lines = [line.split("#")[0].strip() for block in blocks for line in block.splitlines()
              if line.startswith(("make ", "stagelab "))]
     spans = re.findall(r"`((?:make [a-z]|stagelab [a-z])[^`]*)`", README)

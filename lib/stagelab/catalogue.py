@@ -122,11 +122,6 @@ def prompt_arm(method: str, overlap: bool) -> str:
     return f"{method}{OVERLAP_SUFFIX}" if overlap else method
 
 
-def prompt_method(arm: str) -> str:
-    """The method of a prompt-logprob arm."""
-    return arm.removesuffix(OVERLAP_SUFFIX)
-
-
 PROMPT_RECOMMENDED_ARM = prompt_arm(FUSED, overlap=True)  # the configuration whose chunk is chosen
 
 
@@ -218,7 +213,7 @@ NOTEBOOKS = {nb.name: nb for nb in (
 )}
 
 
-ENVIRONMENT_NOTEBOOK, VERDICT_NOTEBOOK = "00_environment", "04_verdict"
+VERDICT_NOTEBOOK = "04_verdict"
 
 
 def notebook_of(experiment: str) -> Notebook:

@@ -219,10 +219,12 @@ def _arms_of(experiment: str) -> Callable[[], Iterable[str]]:
 def _aa_arm_in_arms(registry: Callable[[], Iterable[str]], what: str) -> Validator:
     def validator(value: Any, values: Mapping[str, Any]) -> None:
         _one_of(value, registry(), what)
-        if value not in (values.get("arms") or []):
+        arms = values.get("arms")
+        if value not in (registry() if arms is None else arms):  # None: every arm
             raise ValueError(f"{value!r} must be in arms (it is timed twice, as its own A/A "
-                             f"twin); arms are {values.get('arms')!r}")
-    validator.__doc__ = f"The A/A arm is a known {what} and among ``arms``: it is timed twice."
+                             f"twin); arms are {arms!r}")
+    validator.__doc__ = (f"The A/A arm is a known {what} and among ``arms`` (None: every arm): "
+                         "it is timed twice.")
     return validator
 
 

@@ -315,6 +315,11 @@ def _stage_and_release(arm: StagingArm, src: torch.Tensor) -> None:
     arm.stage(src)
 
 
+def chosen_arms(arms: list[str] | None) -> list[str]:
+    """The arms to time: those named, or (None) every staging arm of the catalogue."""
+    return list(ARMS) if arms is None else list(arms)
+
+
 def check_arms(arms: list[str], aa_arm: str) -> None:
     """Known arm names, and the A/A arm among them."""
     if not arms:
@@ -326,13 +331,14 @@ def check_arms(arms: list[str], aa_arm: str) -> None:
         raise ValueError(f"aa_arm {aa_arm!r} must be one of arms {arms}")
 
 
-def cells(shapes: list[ModelShape], rows: list[int], dtype: torch.dtype, arms: list[str], *,
+def cells(shapes: list[ModelShape], rows: list[int], dtype: torch.dtype, arms: list[str] | None, *,
           aa_arm: str = catalogue.baseline(catalogue.STAGING), sources: int = 3,
           device: str | None = None) -> list[sweep.Cell]:
     """The sweep's cells, one per ``rows x vocab``, with the memory each needs (the preflight
     checks the largest against free memory)."""
     positive_ints(rows, "rows")
     positive_ints([sources], "sources")
+    arms = chosen_arms(arms)
     check_arms(arms, aa_arm)
     device = device or default_device()
     itemsize = torch.empty((), dtype=dtype).element_size()
@@ -352,14 +358,14 @@ def cells(shapes: list[ModelShape], rows: list[int], dtype: torch.dtype, arms: l
     return out
 
 
-def measure(shapes: list[ModelShape], rows: list[int], dtype: torch.dtype, arms: list[str], *,
+def measure(shapes: list[ModelShape], rows: list[int], dtype: torch.dtype, arms: list[str] | None, *,
             rounds: int, warmup: int = 2, aa_arm: str = catalogue.baseline(catalogue.STAGING),
             sources: int = 3, seed: int = 0, device: str | None = None,
             sink: TableSink | None = None, progress: bool = True) -> list[dict]:
     """Time each arm's ``stage()`` over every ``rows x vocab`` cell, interleaved, with an A/A twin
     of ``aa_arm``; schema records out (written per cell into ``sink``). See :mod:`stagelab.sweep`
-    for skipped, unavailable and failed rows."""
-    device = device or default_device()
+    for skipped, unavailable and failed rows. ``arms=None`` times every arm of the catalogue."""
+    device, arms = device or default_device(), chosen_arms(arms)
     todo = cells(shapes, rows, dtype, arms, aa_arm=aa_arm, sources=sources, device=device)
     generator = torch.Generator(device=device).manual_seed(seed)
 

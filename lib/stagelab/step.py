@@ -288,6 +288,11 @@ def build_pipelines(names: list[str], log_softmax: str = "device"
     return built, unavailable
 
 
+def chosen_arms(arms: list[str] | None) -> list[str]:
+    """The arms to time: those named, or (None) every step arm of the catalogue."""
+    return list(STEP_ARMS) if arms is None else list(arms)
+
+
 def check_arms(arms: list[str], aa_arm: str | None) -> None:
     """Known arm names, and the A/A arm among them."""
     if not arms:
@@ -307,7 +312,7 @@ def copied_bytes(arm: str, n: int, vocab: int, k: int) -> int:
 
 
 def cells(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dtype: torch.dtype,
-          arms: list[str], *, aa_arm: str | None = BASELINE, sources: int = 2,
+          arms: list[str] | None, *, aa_arm: str | None = BASELINE, sources: int = 2,
           device: str | None = None,
           log_softmax: tuple[str, ...] | list[str] = ("device",)) -> list[sweep.Cell]:
     """The sweep's cells, one per ``(n, V, K)`` and place of the log-softmax, with the memory
@@ -320,6 +325,7 @@ def cells(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dtype
     positive_ints([sources], "sources")
     if not ks or any(isinstance(k, bool) or not isinstance(k, int) or k < 0 for k in ks):
         raise ValueError(f"ks: {ks!r} must be a non-empty list of integers >= 0")
+    arms = chosen_arms(arms)
     check_arms(arms, aa_arm)
     device = device or default_device()
     itemsize = torch.empty((), dtype=logits_dtype).element_size()
@@ -352,7 +358,8 @@ def precision_for(arms: list[str], aa_arm: str | None, *, delta: float, max_roun
 
 
 def measure(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dtype: torch.dtype,
-            arms: list[str], *, rounds: int, warmup: int = 2, aa_arm: str | None = BASELINE,
+            arms: list[str] | None, *, rounds: int, warmup: int = 2,
+            aa_arm: str | None = BASELINE,
             sources: int = 2, seed: int = 0, device: str | None = None,
             sink: TableSink | None = None, progress: bool = True,
             log_softmax: tuple[str, ...] | list[str] = ("device",),
@@ -370,9 +377,10 @@ def measure(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dty
 
     Also records, per arm and cell, the largest difference of its logprobs from the fused arm's
     and how many ranks differ (``max_abs_error``, ``rank_mismatches``), so that a speed
-    comparison is never one between different answers.
+    comparison is never one between different answers. ``arms=None`` times every arm of the
+    catalogue.
     """
-    device = device or default_device()
+    device, arms = device or default_device(), chosen_arms(arms)
     todo = cells(shapes, rows, ks, logits_dtype, arms, aa_arm=aa_arm, sources=sources,
                  device=device, log_softmax=log_softmax)
     if forward_ms is not None:
