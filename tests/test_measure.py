@@ -153,16 +153,15 @@ def test_deadline_stops_at_a_cell_boundary_and_keeps_what_was_measured(tmp_path,
     manifest = measure.read_measured(out)
     step, prompt = manifest["experiments"]
     assert manifest["status"] == step["status"] == prompt["status"] == "deadline"
-    assert [(c["cell"], c["status"]) for c in step["cells"]] == [
-        ("n=2 V=4096 K=5 log-softmax on device", "ok"),
-        ("n=3 V=4096 K=5 log-softmax on device", "deadline")]
+    assert [(c["cell"].split()[0], c["status"]) for c in step["cells"]] == [
+        ("n=2", "ok"), ("n=3", "deadline")]
     assert step["cells"][1]["measured_s"] is None and step["cells"][1]["predicted_s"] == 1e6
     assert {r["rows"] for r in rows_of(out, "step")} == {2}
     assert prompt["cells"] == [] and rows_of(out, "prompt_logprobs") == []
-    assert measure.gaps(manifest) == [
-        "02_logprobs_step: deadline, 1 of 3 cells measured (step: stopped before cell "
-        "n=3 V=4096 K=5 log-softmax on device)",
-        "03_prompt_logprobs: deadline (not started: the deadline came first)"]
+    step_gap, prompt_gap = measure.gaps(manifest)
+    assert step_gap.startswith("02_logprobs_step: deadline, 1 of 3 cells measured (step: stopped "
+                               "before cell n=3 V=4096 K=5")
+    assert prompt_gap == "03_prompt_logprobs: deadline (not started: the deadline came first)"
 
 
 @no_cuda
