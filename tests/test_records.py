@@ -306,6 +306,9 @@ def test_report_refuses_a_live_run_and_never_rolls_its_status_back(tmp_path, cap
         assert cli.main(["report", str(run_dir)]) == cli.EXIT_USAGE
         assert "another stagelab process is writing this run" in capsys.readouterr().err
     assert (run_dir / "manifest.json").read_bytes() == before
+    brought_back = fake_run(tmp_path, status="running")  # from a GPU node, where it died
+    rundir.write_manifest(brought_back, {**rundir.read_manifest(brought_back), "host": "gpu-node"})
+    assert cli.main(["report", str(brought_back)]) == cli.EXIT_OK
 
 
 @pytest.mark.slow

@@ -18,6 +18,7 @@ import contextlib
 import os
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import threading
@@ -395,7 +396,8 @@ def rebuild_report(run_dir: Path) -> Path:
 
 def _rewrite_report(folder: RunFolder) -> Path:
     manifest = rundir.load_or_rebuild_manifest(folder.path)
-    if manifest["status"] == rundir.RUNNING and rundir.process_alive(manifest):
+    if (manifest["status"] == rundir.RUNNING and manifest.get("host") == socket.gethostname()
+            and rundir.process_alive(manifest)):  # from another host, the lock decides
         raise UserError(f"{folder.path}: the run is still running (pid {manifest.get('pid')} "
                         f"on {manifest.get('host')}); its runner writes its report")
     for entry in manifest["notebooks"]:
