@@ -84,7 +84,7 @@ def test_the_largest_cells_are_the_sweeps_own_on_the_cpu():
          "03_prompt_logprobs": PROMPT}, device="cpu")
     cell = 8 * 4096 * 4  # on a CPU the sources live on the host too: 3 arms + 1 + 3 sources
     assert (staging.cell, staging.device_bytes, staging.host_bytes) == ("n=8 V=4096", 0, 7 * cell)
-    assert (step.cell, step.device_bytes) == ("n=4 V=1000 K=5", 0)
+    assert (step.cell, step.device_bytes) == ("n=4 V=1000 K=5 log-softmax on device", 0)
     assert step.host_bytes == 3 * 4 * 1000 * 4 + 4 * 1000 * (2 * 2 + 12)
     peak = prompt_logprobs.predicted_peak_bytes(tokens=97, vocab=1000, chunk=96,
                                                 dtype=torch.float32, method="logsoftmax",
