@@ -47,15 +47,13 @@ def tiny_suite(tmp_path: Path) -> dict[str, Path]:
                    "import pathlib, time\nprint('sleeping', flush=True)\n"
                    "pathlib.Path(run_dir, 'sleeping').touch()  # tells a test the cell runs\n"
                    "time.sleep(seconds)")
-    profiles = tmp_path / "profiles.yaml"
-    profiles.write_text(
-        "profiles:\n"
-        "  tiny:\n    description: test\n    notebooks:\n"
-        "      10_ok: {rounds: 3}\n      20_fails: {}\n"
-        "  okonly:\n    description: test\n    notebooks:\n      10_ok: {}\n"
-        "  sleepy:\n    description: test\n    notebooks:\n      30_sleeps: {}\n      10_ok: {}\n"
-        "  hangs:\n    description: test\n    cell_timeout_s: 3\n    notebooks:\n"
-        "      30_sleeps: {}\n      10_ok: {}\n")
+    profiles = tmp_path / "profiles.json"
+    profiles.write_text(json.dumps({"profiles": {
+        "tiny": {"description": "test", "notebooks": {"10_ok": {"rounds": 3}, "20_fails": {}}},
+        "okonly": {"description": "test", "notebooks": {"10_ok": {}}},
+        "sleepy": {"description": "test", "notebooks": {"30_sleeps": {}, "10_ok": {}}},
+        "hangs": {"description": "test", "cell_timeout_s": 3,
+                  "notebooks": {"30_sleeps": {}, "10_ok": {}}}}}))
     return {"notebooks": nb_dir, "profiles": profiles, "root": tmp_path / "runs"}
 
 

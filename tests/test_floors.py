@@ -3,7 +3,10 @@
 A module imports only from its own floor or below (anywhere in its file, lazy imports included),
 with no import cycle; the analyse and present floors never import the measuring floor, so the
 verdict, the report and ``stagelab compare`` never load torch; torch is imported on the measuring
-floor only. A module without a floor fails: a new module is placed here.
+floor only; the ground and measuring floors, and ``stagelab measure``, load no pandas, YAML
+or papermill, so that a node measures with torch and the standard library alone (the frame
+functions of ``schema`` import pandas lazily, never called there). A module without a floor
+fails: a new module is placed here.
 """
 
 from __future__ import annotations
@@ -23,13 +26,14 @@ FLOORS: dict[str, tuple[str, ...]] = {
     "ground": ("errors", "paths", "catalogue", "records", "schema", "rundir", "design"),
     # torch: the measuring code, importable with torch and the standard library alone
     "measure": ("device", "shapes", "bench", "memory", "native", "logprobs", "hardware", "sweep",
-                "staging", "step", "prompt_logprobs", "testing", "busy", "preflight"),
+                "staging", "step", "prompt_logprobs", "testing", "busy", "preflight", "estimate"),
     # torch-free analysis of tidy tables: comparisons, the decision, the verdict
     "analyse": ("stats", "calibration", "analysis", "trust", "verdict"),
     # torch-free presentation of a run: figures, pages, kept evidence
     "present": ("machine", "tables", "plots", "report", "compare", "evidence"),
     # the run: its plan and checks, notebooks' context, the runner and the command line
-    "run": ("params", "profiles", "context", "execute", "fleet_node", "fleet", "cli", "__main__"),
+    "run": ("params", "profiles", "measure", "replay", "context", "execute", "fleet_node", "fleet",
+            "cli", "__main__"),
 }
 ORDER = tuple(FLOORS)
 TORCH_FREE = ("analyse", "present")
@@ -113,3 +117,10 @@ def test_the_torch_free_floors_load_no_torch_in_a_fresh_interpreter():
     modules = [m for floor in TORCH_FREE for m in FLOORS[floor]] + ["catalogue", "params", "profiles"]
     # pandas is watched too: it is loaded, which shows the check sees what an import pulls in
     assert _loaded_after_importing(modules, ("torch", "pandas")) == ["pandas"]
+
+
+def test_the_measuring_floor_loads_no_notebook_stack_in_a_fresh_interpreter():
+    modules = [m for floor in ("ground", "measure") for m in FLOORS[floor]] + ["measure", "cli"]
+    # not tqdm: torch itself loads it where it is installed (tests/test_measure.py refuses it)
+    watched = ("pandas", "yaml", "papermill", "nbformat", "scipy", "matplotlib", "torch")
+    assert _loaded_after_importing(modules, watched) == ["torch"]

@@ -1,6 +1,7 @@
 """The hardware snapshot works without a GPU and says what it could not read."""
 
 import json
+import os
 
 import pytest
 import torch
@@ -44,3 +45,29 @@ def test_unavailable_text_lists_what_could_not_be_read():
 
 def test_device_label_on_cpu():
     assert device.device_label("cpu") == "cpu"
+
+
+def _no_nvml(*_args, **_kwargs):
+    raise ImportError("No module named 'pynvml'")
+
+
+def test_without_nvml_the_link_is_read_through_nvidia_smi(tmp_path, monkeypatch):
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text("#!/bin/sh\necho '550.54.15, 5, 16, 00000000:FF:1F.7, 1, 16'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(hardware, "nvml_info", _no_nvml)
+    info, reasons = hardware.driver_facts(0, under_load=False)
+    assert info["driver"] == "550.54.15" and info["source"] == "nvidia-smi"
+    assert (info["pcie_max_gbps_per_direction"], info["pcie_current_gbps_per_direction"]) == (
+        63.01, 4.0)
+    assert reasons == ["NVML: the nvidia-ml-py package is not installed; read through "
+                       "nvidia-smi instead (idle link)"]
+
+
+def test_without_nvml_and_nvidia_smi_both_reasons_are_given(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi there
+    monkeypatch.setattr(hardware, "nvml_info", _no_nvml)
+    info, reasons = hardware.driver_facts(0, under_load=False)
+    assert info is None and len(reasons) == 1
+    assert reasons[0].startswith("NVML: the nvidia-ml-py package is not installed; nvidia-smi: ")

@@ -18,11 +18,12 @@ BAD = [
     # Before: "arms is empty".
     ("03_prompt_logprobs.overlaps=[]", "03_prompt_logprobs.overlaps: [] is empty"),
     # Before: "is a str".
-    ("01_d2h_staging.rounds=1e9", "YAML reads 1e9 as text: write 1000000000 or 1.0e+9"),
-    ("01_d2h_staging.rows=[1e3]", "01_d2h_staging.rows: '1e3' is not a positive integer; YAML "
-                                  "reads 1e3 as text: write 1000 or 1.0e+3"),
-    ("01_d2h_staging.rounds=1.0e9", "YAML reads 1.0e9 as text: write 1000000000 or 1.0e+9"),
-    ("01_d2h_staging.rounds=1.0e+9", "for a whole number write 1000000000"),
+    ("01_d2h_staging.rounds=1e9", "01_d2h_staging.rounds=1000000000.0 is a float, expected int "
+                                  "(default 30); for a whole number write 1000000000"),
+    ("01_d2h_staging.rows=[1e3]", "01_d2h_staging.rows: 1000.0 is not a positive integer; for a "
+                                  "whole number write 1000"),
+    ("01_d2h_staging.rounds=\"20\"", "01_d2h_staging.rounds='20' is a str, expected int"),
+    ("01_d2h_staging.models=[Qwen2.5-7B, {]", "01_d2h_staging.models=[Qwen2.5-7B, {]': not valid JSON"),
     ("01_d2h_staging.arms=[pageable_fresh, nope]", "01_d2h_staging.arms: unknown arm 'nope'"),
     ("01_d2h_staging.arms=[pinned_grow_only, raw_ceiling]",
      "01_d2h_staging.aa_arm: 'pageable_fresh' must be in arms"),
@@ -72,7 +73,6 @@ def test_a_bad_value_is_a_bad_request(tmp_path, capsys, param, message):
     err = capsys.readouterr().err.strip()
     assert code == cli.EXIT_USAGE, err
     assert message in err and len(err.splitlines()) == 1 and "Traceback" not in err
-    assert " a str" not in err
     assert not (tmp_path / "runs").exists()  # refused before any run folder exists
 
 
@@ -124,12 +124,17 @@ def test_a_computed_default_is_left_to_the_notebook():
 
 
 @pytest.mark.parametrize("value, hint", [
-    ("1e9", "; YAML reads 1e9 as text: write 1000000000 or 1.0e+9"),
-    ("2.5e3", "; YAML reads 2.5e3 as text: write 2500 or 2.5e+3"),
-    ("1e-3", "; YAML reads 1e-3 as text: write 1.0e-3"),
-    ("1.0e9", "; YAML reads 1.0e9 as text: write 1000000000 or 1.0e+9"),
-    (1e9, "; for a whole number write 1000000000"),
-    ("many", ""), (3, ""), (0.5, ""),
+    (1e9, "; for a whole number write 1000000000"), (1000.0, "; for a whole number write 1000"),
+    ("1e9", ""), ("many", ""), (3, ""), (0.5, ""),
 ])
 def test_number_hints(value, hint):
     assert params.number_hint(value) == hint
+
+
+@pytest.mark.parametrize("text, value", [
+    ("20", 20), ("1e3", 1000.0), ("[16, 64]", [16, 64]), ("true", True), ("null", None),
+    ('"1e9"', "1e9"), ("Qwen2.5-7B", "Qwen2.5-7B"), ("[Qwen2.5-7B, 4096]", ["Qwen2.5-7B", 4096]),
+    ("[]", []), ("[ ]", []), ("[yes-please]", ["yes-please"]),
+])
+def test_param_values_are_json_with_bare_words_as_text(text, value):
+    assert profiles.parse_value(text) == value

@@ -114,18 +114,17 @@ def test_a_check_that_raises_is_recorded_not_fatal():
     assert preflight.blocking_reasons(checks) == ["b: why"]
 
 
-def test_native_status_is_read_or_its_absence_said(monkeypatch):
-    monkeypatch.delattr("stagelab.native", raising=False)
-    monkeypatch.setitem(sys.modules, "stagelab.native", None)  # import fails
-    missing = preflight.check_native()
-    assert missing.status == UNAVAILABLE and missing.detail.startswith("native module missing")
+def test_native_status_is_read_and_blocks_only_a_profile_with_the_step(monkeypatch):
     fake = types.SimpleNamespace(status=lambda: (False, "no C++ compiler (g++ not found)"))
     monkeypatch.setitem(sys.modules, "stagelab.native", fake)
     monkeypatch.setattr("stagelab.native", fake, raising=False)
     failed = preflight.check_native()
     assert failed.status == UNAVAILABLE and failed.detail.startswith("no C++ compiler")
+    blocked = preflight.check_native(decisive=True)
+    assert blocked.status == NO_GO and "step A/B's decisive arms" in blocked.detail
+    assert "no C++ compiler" in preflight.blocking_reasons([blocked])[0]
     fake.status = lambda: (True, "built with g++ 12")
-    assert preflight.check_native().status == GO
+    assert preflight.check_native(decisive=True).status == GO
 
 
 @pytest.mark.cuda

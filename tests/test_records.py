@@ -306,6 +306,9 @@ def test_report_refuses_a_live_run_and_never_rolls_its_status_back(tmp_path, cap
         assert cli.main(["report", str(run_dir)]) == cli.EXIT_USAGE
         assert "another stagelab process is writing this run" in capsys.readouterr().err
     assert (run_dir / "manifest.json").read_bytes() == before
+    brought_back = fake_run(tmp_path, status="running")  # from a GPU node, where it died
+    rundir.write_manifest(brought_back, {**rundir.read_manifest(brought_back), "host": "gpu-node"})
+    assert cli.main(["report", str(brought_back)]) == cli.EXIT_OK
 
 
 @pytest.mark.slow
@@ -403,20 +406,20 @@ def test_a_run_that_measured_nothing_says_so_and_exits_1(tiny_suite, monkeypatch
 
 def test_a_sub_second_timeout_rounds_up_and_never_means_no_limit(tiny_suite):
     # Before: 0.5 s became 0, which papermill reads as no timeout (a cell ran 10 minutes).
-    quick = tiny_suite["profiles"].parent / "quick.yaml"
-    quick.write_text("profiles:\n  p:\n    cell_timeout_s: 0.5\n    notebooks:\n      10_ok: {}\n")
+    quick = tiny_suite["profiles"].parent / "quick.json"
+    quick.write_text('{"profiles": {"p": {"cell_timeout_s": 0.5, "notebooks": {"10_ok": {}}}}}')
     plan = profiles.plan_run("p", profiles_path=quick, notebooks_dir=tiny_suite["notebooks"])
     assert plan.cell_timeout_s == 1
 
 
 @pytest.mark.parametrize("body, message", [
-    ("  p: [10_ok]\n", "profile 'p' is a list; it must map 'notebooks'"),
-    ("  p:\n    notebooks: [10_ok]\n", "profile 'p': 'notebooks' is a list"),
-    ("  p:\n    notebooks:\n      10_ok: 3\n", "profile 'p': the parameters of 10_ok are an int"),
+    ('{"p": ["10_ok"]}', "profile 'p' is a list; it must map 'notebooks'"),
+    ('{"p": {"notebooks": ["10_ok"]}}', "profile 'p': 'notebooks' is a list"),
+    ('{"p": {"notebooks": {"10_ok": 3}}}', "profile 'p': the parameters of 10_ok are an int"),
 ])
 def test_a_badly_shaped_profile_is_one_line(tiny_suite, body, message):
-    bad = tiny_suite["profiles"].parent / "bad.yaml"
-    bad.write_text("profiles:\n" + body)
+    bad = tiny_suite["profiles"].parent / "bad.json"
+    bad.write_text('{"profiles": ' + body + "}")
     with pytest.raises(UserError, match=message.replace("(", r"\(")):
         profiles.plan_run("p", profiles_path=bad, notebooks_dir=tiny_suite["notebooks"])
 

@@ -369,8 +369,8 @@ def test_two_runs_never_share_a_folder(tmp_path):
      "--param for 10_ok, which --only leaves out"),
     # Before: "is a str".
     (["--profile", "tiny", "--param", "10_ok.rounds=1e9"],
-     "10_ok.rounds='1e9' is text, not a number, expected int (default 2); YAML reads 1e9 as "
-     "text: write 1000000000 or 1.0e+9"),
+     "10_ok.rounds=1000000000.0 is a float, expected int (default 2); for a whole number write "
+     "1000000000"),
     (["--profile", "tiny", "--param", "10_ok.rounds=null"], "10_ok.rounds is null (None)"),
     # Before: exit 1 and a failed folder.
     (["--profile", "tiny", "--param", "10_ok.rounds=0"], "10_ok.rounds: 0 is not a positive integer"),
@@ -387,8 +387,8 @@ def test_a_profile_sets_its_timeouts_and_bad_ones_are_refused(tiny_suite):
     plan = profiles.plan_run("hangs", profiles_path=tiny_suite["profiles"],
                              notebooks_dir=tiny_suite["notebooks"])
     assert (plan.cell_timeout_s, plan.start_timeout_s) == (3, profiles.DEFAULT_START_TIMEOUT_S)
-    bad = tiny_suite["profiles"].parent / "bad.yaml"
-    bad.write_text("profiles:\n  p:\n    cell_timeout_s: 0\n    notebooks:\n      10_ok: {}\n")
+    bad = tiny_suite["profiles"].parent / "bad.json"
+    bad.write_text('{"profiles": {"p": {"cell_timeout_s": 0, "notebooks": {"10_ok": {}}}}}')
     with pytest.raises(UserError, match="cell_timeout_s=0 must be a positive number"):
         profiles.plan_run("p", profiles_path=bad, notebooks_dir=tiny_suite["notebooks"])
 

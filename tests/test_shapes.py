@@ -13,7 +13,9 @@ def test_names_and_numbers_resolve():
 
 def test_every_shape_has_a_source():
     table = shapes.model_shapes()
-    assert table["source"].str.startswith("https://").all() and (table["vocab"] > 0).all()
+    assert len(table) >= 10 and "Qwen2.5-7B" in table
+    assert all(row["source"].startswith("https://") and int(row["vocab"]) > 0
+               for row in table.values())
 
 
 @pytest.mark.parametrize("items, message", [([], "models is empty"), (["GPT-5"], "unknown model 'GPT-5'"),

@@ -112,9 +112,9 @@ def executed_run(tmp_path_factory):
     write_notebook(base / "notebooks" / "10_plot.ipynb", 'run_dir = ""', PLOT_BODY)
     write_notebook(base / "notebooks" / "20_fails.ipynb", 'run_dir = ""',
                    "print('partial output')\nraise RuntimeError('deliberate failure')")
-    (base / "profiles.yaml").write_text("profiles:\n  tiny:\n    description: test\n"
-                                        "    notebooks:\n      10_plot: {}\n      20_fails: {}\n")
-    plan = profiles.plan_run("tiny", profiles_path=base / "profiles.yaml",
+    (base / "profiles.json").write_text('{"profiles": {"tiny": {"description": "test", '
+                                        '"notebooks": {"10_plot": {}, "20_fails": {}}}}}')
+    plan = profiles.plan_run("tiny", profiles_path=base / "profiles.json",
                              notebooks_dir=base / "notebooks")
     run_dir = rundir.new_run_dir(base / "runs", "tiny")
     execute.execute(plan, run_dir, command=["test"], progress=False)

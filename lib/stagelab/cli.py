@@ -38,9 +38,15 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--only", nargs="+", default=[], metavar="NOTEBOOK",
                      help="run only these notebooks of the profile")
     run.add_argument("--param", action="append", default=[], metavar="NOTEBOOK.KEY=VALUE",
-                     help="override a notebook parameter; VALUE is YAML (repeatable)")
+                     help="override a notebook parameter; VALUE is JSON, bare words are text (repeatable)")
     run.add_argument("--out", type=Path, default=paths.RUNS_DIR,
                      help="folder in which the run folder is created (default papermill_runs/)")
+    run.add_argument("--from", dest="from_dir", type=Path, default=None, metavar="DIR",
+                     help="analyse the rows of a folder made by `stagelab measure` instead of "
+                          "measuring (the measuring notebooks read them)")
+    sub.add_parser("measure", add_help=False,
+                   help="measure a profile with torch alone into one folder, to analyse with "
+                        "`run --from` (see `stagelab measure --help`)")
     env = sub.add_parser("env", help="print the hardware snapshot")
     env.add_argument("--json", action="store_true", help="print JSON instead of a table")
     env.add_argument("--under-load", action="store_true",
@@ -113,7 +119,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     from stagelab import execute, profiles, rundir
 
     plan = profiles.plan_run(args.profile, args.only, profiles.parse_overrides(args.param))
-    run_dir, manifest = execute.run(plan, args.out, command=["stagelab", *sys.argv[1:]])
+    origin = None
+    if args.from_dir is not None:
+        from stagelab import replay
+
+        origin = replay.replay_plan(plan, args.from_dir, args.param)
+    run_dir, manifest = execute.run(plan, args.out, command=["stagelab", *sys.argv[1:]],
+                                   measured=origin)
     _say(f"report: {run_dir / 'index.html'}", sys.stdout)
     _say(verdict_line(run_dir, manifest), sys.stdout)
     if manifest["status"] == rundir.INTERRUPTED:
@@ -248,7 +260,13 @@ COMMANDS = {"run": cmd_run, "env": cmd_env, "report": cmd_report, "runs": cmd_ru
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; user errors print one line and exit 2, never a traceback; a record that
-    cannot be written (a full disk) prints one line and exits 1."""
+    cannot be written (a full disk) prints one line and exits 1. ``measure`` has its own
+    parser and imports nothing but torch and the standard library."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["measure"]:
+        from stagelab import measure
+
+        return measure.main(argv[1:])
     from stagelab.rundir import RecordError
 
     args = _parser().parse_args(argv)

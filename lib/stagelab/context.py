@@ -1,6 +1,9 @@
-"""Inside a notebook: where its tables, figures and JSON go.
+"""Inside a notebook: where its tables, figures and JSON go, and whether it measures or reads.
 
-Run by the runner, a notebook gets its run folder as ``run_dir``. Run by hand in JupyterLab,
+Run by the runner, a notebook gets its run folder as ``run_dir``; run by ``stagelab run --from``
+a measuring notebook also gets ``measured``, a folder made by ``stagelab measure``, and reads its
+rows and hardware snapshot instead of measuring (:meth:`NotebookContext.sweep_frame`,
+:meth:`NotebookContext.snapshot`); every other cell runs unchanged. Run by hand in JupyterLab,
 ``run_dir`` is empty: a folder ``<time>_<host>_interactive`` is made under ``papermill_runs/``
 with a manifest of status ``interactive``, so that ``stagelab runs`` lists it and its results are
 kept apart from profile runs. A notebook that reads a run's data (the verdict) reads, by hand,
@@ -11,13 +14,14 @@ folder: it never decides on an empty one.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from stagelab import paths, plots, rundir
-from stagelab.records import RunFolder, atomic_target
-from stagelab.schema import TableSink
+from stagelab.records import RunFolder, atomic_target, read_json
+from stagelab.schema import TableSink, make_rows, write_table
 
 INTERACTIVE_PROFILE = "interactive"
 
@@ -51,6 +55,32 @@ class NotebookContext:
         """A table of this run (``data/<name>.parquet``, see :mod:`stagelab.schema`) that a sweep
         rewrites after every cell, each row labelled with this run and notebook."""
         return TableSink(self.run_dir, name, run_id=self.run_id, notebook=self.notebook)
+
+    def sweep_frame(self, table: str, measured: str | Path, measure: Callable[..., object],
+                    *args: Any, **kwargs: Any) -> Any:
+        """This notebook's sweep as a schema frame, written to ``data/<table>.parquet``:
+        measured here by ``measure(*args, sink=..., **kwargs)`` (rewritten after every cell),
+        or, where ``measured`` names a measured folder, its rows of ``table`` read back."""
+        if not measured:
+            sink = self.table_sink(table)
+            measure(*args, sink=sink, **kwargs)
+            return sink.frame()
+        from stagelab import measure as measuring
+
+        owned = ("run_id", "notebook")
+        rows = [{key: value for key, value in row.items() if key not in owned}
+                for row in measuring.measured_rows(measured, table)]
+        frame = make_rows(rows, run_id=self.run_id, notebook=self.notebook)
+        write_table(frame, self.run_dir, table)
+        return frame
+
+    def snapshot(self, measured: str | Path, under_load: bool = False) -> dict[str, Any]:
+        """The machine the numbers come from: this one, or the measured folder's."""
+        if measured:
+            return read_json(Path(measured) / RunFolder.HARDWARE)
+        from stagelab import hardware
+
+        return hardware.snapshot(under_load=under_load)
 
     def save_figure(self, figure: Any, name: str) -> None:
         """Save a matplotlib figure as ``figures/<notebook>_<name>.png``, atomically. Returns

@@ -30,3 +30,12 @@ class PinnedMemoryUnavailable(RuntimeError):
 
 class NativeUnavailable(RuntimeError):
     """The seed's native host path (C++) could not be built or loaded here; the reason says why."""
+
+
+class DeadlineReached(RuntimeError):
+    """A sweep stopped at a cell boundary: the next cell would have passed the deadline."""
+
+
+class ExtraUnavailable(RuntimeError):
+    """An optional package (numpy, nvidia-ml-py) is not importable here: what needs it is
+    recorded unavailable, with this reason."""

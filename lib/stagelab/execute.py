@@ -18,6 +18,7 @@ import contextlib
 import os
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import threading
@@ -297,12 +298,19 @@ def _record(run_dir: Path, plan: RunPlan, command: list[str] | None) -> Manifest
     return recorder
 
 
-def _run(recorder: ManifestRecorder, plan: RunPlan, progress: bool) -> dict[str, Any]:
+def _run(recorder: ManifestRecorder, plan: RunPlan, progress: bool,
+         measured: dict[str, Any] | None) -> dict[str, Any]:
     """The steps of a run whose record is saved; every way out closes the record."""
     run_dir = recorder.run_dir
     try:
         ensure_kernel()
-        recorder.manifest["hardware"] = hardware.snapshot()
+        here = hardware.snapshot()
+        recorder.manifest["hardware"] = measured["hardware"] if measured else here
+        if measured:
+            recorder.manifest.update(
+                measured_on={key: value for key, value in measured.items() if key != "hardware"},
+                analysed_on={"host": here["host"]["hostname"], "created_utc": rundir.now_utc(),
+                             "hardware": here})
         recorder.save()
         write_index(recorder)
         for index in range(len(plan.notebooks)):
@@ -335,7 +343,7 @@ def _close_interrupted(recorder: ManifestRecorder, reason: str) -> dict[str, Any
 
 
 def _start(plan: RunPlan, make_folder: Callable[[], Path], command: list[str] | None,
-           progress: bool) -> tuple[Path, dict[str, Any]]:
+           progress: bool, measured: dict[str, Any] | None = None) -> tuple[Path, dict[str, Any]]:
     """Make the folder, take its lock and save the first manifest with stop signals deferred
     (an interrupt then still leaves a listed, ``interrupted`` run), then run."""
     with stop_signals_as_interrupt():
@@ -353,7 +361,7 @@ def _start(plan: RunPlan, make_folder: Callable[[], Path], command: list[str] | 
             if deferred.pending:
                 reason = f"signal {signal.Signals(deferred.pending[0]).name}"
                 return run_dir, _close_interrupted(recorder, reason)
-            return run_dir, _run(recorder, plan, progress)
+            return run_dir, _run(recorder, plan, progress, measured)
 
 
 def execute(plan: RunPlan, run_dir: Path, command: list[str] | None = None,
@@ -370,10 +378,15 @@ def execute(plan: RunPlan, run_dir: Path, command: list[str] | None = None,
 
 
 def run(plan: RunPlan, root: Path, command: list[str] | None = None,
-        progress: bool = True) -> tuple[Path, dict[str, Any]]:
+        progress: bool = True, measured: dict[str, Any] | None = None) -> tuple[Path, dict[str, Any]]:
     """Create a run folder under ``root`` (see :func:`stagelab.rundir.new_run_dir`) and run the
-    plan into it (see :func:`execute`); return the folder and its final manifest."""
-    return _start(plan, lambda: rundir.new_run_dir(root, plan.profile), command, progress)
+    plan into it (see :func:`execute`); return the folder and its final manifest.
+
+    ``measured`` (``stagelab run --from``, :func:`stagelab.replay.replay_plan`) says where the
+    rows were measured: the manifest's ``hardware`` is then the measuring machine's, beside
+    ``measured_on`` and ``analysed_on`` (this machine)."""
+    return _start(plan, lambda: rundir.new_run_dir(root, plan.profile), command, progress,
+                  measured)
 
 
 def rebuild_report(run_dir: Path) -> Path:
@@ -395,7 +408,8 @@ def rebuild_report(run_dir: Path) -> Path:
 
 def _rewrite_report(folder: RunFolder) -> Path:
     manifest = rundir.load_or_rebuild_manifest(folder.path)
-    if manifest["status"] == rundir.RUNNING and rundir.process_alive(manifest):
+    if (manifest["status"] == rundir.RUNNING and manifest.get("host") == socket.gethostname()
+            and rundir.process_alive(manifest)):  # from another host, the lock decides
         raise UserError(f"{folder.path}: the run is still running (pid {manifest.get('pid')} "
                         f"on {manifest.get('host')}); its runner writes its report")
     for entry in manifest["notebooks"]:

@@ -1,7 +1,8 @@
 """A snapshot of the machine the numbers came from: host, torch and CUDA, GPU, and its PCIe link.
 
-With no GPU, no CUDA build or no NVML library the snapshot still returns the host part and lists
-in ``unavailable`` what could not be read, in plain words.
+The driver and link facts come from NVML (nvidia-ml-py) where it is importable, else from
+``nvidia-smi``. With no GPU, no CUDA build, no NVML and no ``nvidia-smi`` the snapshot still
+returns the host part and lists in ``unavailable`` what could not be read, in plain words.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import os
 import platform
 import socket
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -147,6 +149,63 @@ def nvml_info(index: int = 0, under_load: bool = False) -> dict[str, Any]:
     return info
 
 
+# nvidia-smi's names for the facts nvml_info reads, in nvml_info's order.
+SMI_FIELDS = {"driver": "driver_version", "pcie_max_generation": "pcie.link.gen.max",
+              "pcie_max_width": "pcie.link.width.max", "pci_bus_id": "pci.bus_id",
+              "pcie_current_generation": "pcie.link.gen.current",
+              "pcie_current_width": "pcie.link.width.current"}
+
+
+def _smi_id(cuda_index: int) -> str:
+    """The GPU for ``nvidia-smi --id``: its UUID where torch can tell it (nvidia-smi, like NVML,
+    ignores ``CUDA_VISIBLE_DEVICES``), else the index."""
+    if torch.cuda.is_available():
+        try:
+            uuid = str(torch.cuda.get_device_properties(cuda_index).uuid)
+            return uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"
+        except Exception:
+            pass
+    return str(cuda_index)
+
+
+def nvidia_smi_info(index: int = 0) -> dict[str, Any]:
+    """The facts of :func:`nvml_info` (idle link) read through ``nvidia-smi``, for a node without
+    nvidia-ml-py. Raises OSError or RuntimeError, with the reason, where it cannot be read."""
+    query = ",".join(SMI_FIELDS.values())
+    done = subprocess.run(["nvidia-smi", f"--id={_smi_id(index)}", f"--query-gpu={query}",
+                           "--format=csv,noheader,nounits"], capture_output=True, text=True,
+                          timeout=30)
+    if done.returncode != 0:
+        raise RuntimeError(f"nvidia-smi exited {done.returncode}: "
+                           f"{(done.stdout + done.stderr).strip()[:200]}")
+    values = [v.strip() for v in done.stdout.strip().splitlines()[0].split(",")]
+    info: dict[str, Any] = {key: int(v) if v.isdigit() else v
+                            for key, v in zip(SMI_FIELDS, values)}
+    info["pcie_read_under_load"] = False
+    info["source"] = "nvidia-smi"
+    info["pcie_max_gbps_per_direction"] = link_bandwidth_gbps(
+        info["pcie_max_generation"], info["pcie_max_width"])
+    info["pcie_current_gbps_per_direction"] = link_bandwidth_gbps(
+        info["pcie_current_generation"], info["pcie_current_width"])
+    info["numa_node"] = gpu_numa_node(str(info["pci_bus_id"]))
+    return info
+
+
+def driver_facts(index: int, under_load: bool) -> tuple[dict[str, Any] | None, list[str]]:
+    """Driver and link facts from NVML, else ``nvidia-smi``; and why each could not say."""
+    try:
+        return nvml_info(index, under_load=under_load), []
+    except ImportError:
+        nvml = "NVML: the nvidia-ml-py package is not installed"
+    except Exception as exc:  # pynvml raises NVMLError subclasses, e.g. library not found
+        nvml = f"NVML: {type(exc).__name__}: {exc}"
+    try:
+        return nvidia_smi_info(index), [f"{nvml}; read through nvidia-smi instead (idle link)"]
+    except (OSError, RuntimeError, subprocess.SubprocessError, IndexError) as exc:
+        return None, [f"{nvml}; nvidia-smi: {type(exc).__name__}: {exc} (driver, PCIe link and "
+                      "NUMA node are not known)"]
+
+
 def gpu_numa_node(pci_bus_id: str) -> int | None:
     """The NUMA node the GPU hangs off, from sysfs; None where the kernel does not say."""
     domain_bus = pci_bus_id.lower()
@@ -169,13 +228,8 @@ def snapshot(under_load: bool = False, device_index: int = 0) -> dict[str, Any]:
         snap["unavailable"].append("GPU: this torch is a CPU build (no CUDA support compiled in)")
     else:
         snap["unavailable"].append("GPU: torch has CUDA support but sees no CUDA device")
-    try:
-        snap["nvml"] = nvml_info(device_index, under_load=under_load and snap["gpu"] is not None)
-    except ImportError:
-        snap["unavailable"].append("NVML: the nvidia-ml-py package is not installed")
-    except Exception as exc:  # pynvml raises NVMLError subclasses, e.g. library not found
-        snap["unavailable"].append(f"NVML: {type(exc).__name__}: {exc} (driver, PCIe link and "
-                                   "NUMA node are not known)")
+    snap["nvml"], reasons = driver_facts(device_index, under_load and snap["gpu"] is not None)
+    snap["unavailable"] += reasons
     return snap
 
 

@@ -26,14 +26,17 @@ one build).
 
 from __future__ import annotations
 
+import functools
 import operator
+import sys
 from dataclasses import dataclass
+from typing import Any
 
-import numpy as np
 import torch
 
 from stagelab import native
 from stagelab.device import require_cuda
+from stagelab.errors import ExtraUnavailable
 
 # The fused path's temporaries per block element: the rank's bool comparison and the int64 its
 # sum casts to (1 + 8 bytes, measured on CPU), which outweighs logsumexp's fp32 upcast and exp.
@@ -125,7 +128,8 @@ def check_scores(scores: torch.Tensor, name: str = "logits") -> tuple[int, int]:
 
 def as_int(value: object, name: str) -> int:
     """``value`` as a Python int: ints and numpy integers, never bools or floats."""
-    if isinstance(value, (bool, np.bool_)):
+    numpy = sys.modules.get("numpy")  # a numpy bool exists only where numpy was imported
+    if isinstance(value, bool) or (numpy is not None and isinstance(value, numpy.bool_)):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
     try:
         return operator.index(value)
@@ -319,27 +323,65 @@ def gather_logprobs_host(logprobs: torch.Tensor, num_logprobs: int, token_ids: t
                              f"backend, got {logprobs.dtype}"
                              f"{'' if logprobs.is_contiguous() else ', not contiguous'}")
         native.require()
-    values = logprobs.numpy() if logprobs.dtype == torch.float32 else (
-        logprobs.float().numpy())
     targets = token_ids.to("cpu", torch.int64).contiguous()
-    # checked in numpy: host data needs no wait, and the SyncCounter sees none
-    bad_ids = (targets.numpy() < 0) | (targets.numpy() >= vocab)
-    if bad_ids.any():
-        raise_bad_token_ids(torch.from_numpy(bad_ids), targets, vocab)
-    if validate:
-        nan = np.isnan(values.max(axis=1))
-        if nan.any():
-            raise_bad_rows(torch.from_numpy(nan), "logprobs contain NaN")
+    np = numpy_or_none()
+    if np is None:
+        _check_host_torch(logprobs, targets, vocab, backend, validate)
+    else:
+        _check_host_numpy(np, logprobs, targets, vocab, validate)
     out = LogprobsTensors.empty_host(rows, num_logprobs)
     if backend == "native":
         native.gather_logprobs(logprobs, targets, num_logprobs, *out.tensors())
     else:
-        _gather_numpy(values, num_logprobs, targets.numpy(), *(t.numpy() for t in out.tensors()))
+        values = logprobs.numpy() if logprobs.dtype == torch.float32 else logprobs.float().numpy()
+        _gather_numpy(np, values, num_logprobs, targets.numpy(),
+                      *(t.numpy() for t in out.tensors()))
     return out
 
 
-def _gather_numpy(values: np.ndarray, k: int, targets: np.ndarray, ids: np.ndarray,
-                  out: np.ndarray, ranks: np.ndarray) -> None:
+@functools.cache
+def numpy_or_none() -> Any:
+    """numpy where it is importable; None on a node with torch alone (asked once)."""
+    try:
+        import numpy
+    except ImportError:
+        return None
+    return numpy
+
+
+def require_numpy() -> None:
+    """Raise :class:`ExtraUnavailable` where numpy is not importable (its arm is unavailable)."""
+    if numpy_or_none() is None:
+        raise ExtraUnavailable("numpy is not installed here: the numpy host top-K cannot run")
+
+
+def _check_host_numpy(np: Any, logprobs: torch.Tensor, targets: torch.Tensor, vocab: int,
+                      validate: bool) -> None:
+    """Ids in range and, with ``validate``, no NaN row: checked in numpy, so the SyncCounter sees
+    no wait (host data needs none)."""
+    ids = targets.numpy()
+    bad_ids = (ids < 0) | (ids >= vocab)
+    if bad_ids.any():
+        raise_bad_token_ids(torch.from_numpy(bad_ids), targets, vocab)
+    if validate:
+        values = logprobs.numpy() if logprobs.dtype == torch.float32 else logprobs.float().numpy()
+        nan = np.isnan(values.max(axis=1))
+        if nan.any():
+            raise_bad_rows(torch.from_numpy(nan), "logprobs contain NaN")
+
+
+def _check_host_torch(logprobs: torch.Tensor, targets: torch.Tensor, vocab: int, backend: str,
+                      validate: bool) -> None:
+    """The same checks in torch, where numpy is missing (the host data needs no wait either)."""
+    if backend == "numpy":
+        require_numpy()
+    raise_bad_token_ids(out_of_range(targets, vocab), targets, vocab)
+    if validate:
+        raise_bad_rows(torch.isnan(logprobs.float().amax(dim=1)), "logprobs contain NaN")
+
+
+def _gather_numpy(np: Any, values: Any, k: int, targets: Any, ids: Any, out: Any,
+                  ranks: Any) -> None:
     vocab = values.shape[1]
     for i in range(values.shape[0]):
         row = values[i]

@@ -26,42 +26,16 @@ Validator = Callable[[Any, Mapping[str, Any]], None]
 
 # ----------------------------------------------------------------------------- words for values
 
-def _yaml_number_text(value: Any) -> bool:
-    """A string that reads as a number: YAML's ``1e9`` (no dot) is a string, not a float."""
-    if not isinstance(value, str):
-        return False
-    try:
-        return math.isfinite(float(value))
-    except ValueError:
-        return False
-
-
 def describe_type(value: Any) -> str:
-    """The kind of a value in words, e.g. ``'text, not a number'`` for YAML's ``1e9``."""
+    """The kind of a value in words, e.g. ``'a str'``."""
     if value is None:
         return "null (None)"
-    if _yaml_number_text(value):
-        return "text, not a number"
     article = "an" if type(value).__name__[0] in "aeiou" else "a"
     return f"{article} {type(value).__name__}"
 
 
 def number_hint(value: Any) -> str:
-    """How to write a number YAML would misread, or an integral float as an int; else ''.
-
-    YAML 1.1 (PyYAML) reads a float with an exponent only with a dot and a signed exponent:
-    ``1e9`` and ``1.0e9`` are text, ``1.0e+9`` is a number.
-    """
-    if _yaml_number_text(value):
-        number = float(value)
-        whole = f"{int(number)} or " if number.is_integer() else ""
-        mantissa, _, exponent = value.lower().partition("e")
-        if exponent:
-            sign = "" if exponent[0] in "+-" else "+"
-            written = f"{mantissa if '.' in mantissa else mantissa + '.0'}e{sign}{exponent}"
-        else:
-            written = value
-        return f"; YAML reads {value} as text: write {whole}{written}"
+    """How to write an integral float as an int (``1e9`` is a float in JSON); else ''."""
     if isinstance(value, float) and value.is_integer() and abs(value) < 2**63:
         return f"; for a whole number write {int(value)}"
     return ""

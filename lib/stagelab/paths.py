@@ -9,7 +9,7 @@ NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
 DATA_DIR = REPO_ROOT / "data"
 REFERENCE_DIR = DATA_DIR / "reference"
 RUNS_DIR = REPO_ROOT / "papermill_runs"
-PROFILES_FILE = REPO_ROOT / "profiles.yaml"
+PROFILES_FILE = REPO_ROOT / "profiles.json"
 MODEL_SHAPES_FILE = DATA_DIR / "model_shapes.csv"
 # Set by the runner for the kernels it starts: progress as one line per finished cell, no bars.
 HEADLESS_ENV = "STAGELAB_HEADLESS"

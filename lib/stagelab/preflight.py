@@ -18,7 +18,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from stagelab.errors import UserError
 GO, NO_GO, INFO, UNAVAILABLE = "go", "no-go", "info", "unavailable"
 EXIT_GO, EXIT_NO_GO = 0, 3
 PROBE_BYTES = 64 << 20  # copies long enough (milliseconds) for both clocks to resolve them
+STEP_NOTEBOOK = "02_logprobs_step"  # the step A/B: its decisive arms need the native build
 MEMORY_MARGIN = 0.9  # the share of free memory a cell may use (as memory.check_fits)
 CPU_STILL_RUNS = ("what can still run here: the CPU arms of every notebook (pageable staging, the "
                   "whole step, prompt logprobs) and the verdict, which stays INCONCLUSIVE for "
@@ -217,25 +218,33 @@ def check_memory(needs: list[CellNeed], on_gpu: bool) -> Check:
                   **{f"free_{side}_bytes": free for side, _, _, free in sides}})
 
 
-def check_native() -> Check:
-    """The seed's native C++ host path builds here (else its arms are recorded unavailable)."""
-    try:
-        from stagelab import native
-    except ImportError as exc:
-        return Check("native", UNAVAILABLE, "native module missing: the native arms will be "
-                     "recorded unavailable", {"reason": f"native module missing ({exc})"})
+def check_native(decisive: bool = False) -> Check:
+    """The seed's native C++ host path builds here. Without it its arms are recorded
+    unavailable; where the profile holds the step A/B (``decisive``) that is a no-go, since the
+    decisive arms (the seed's step, fresh vector against pinned scratch) need it."""
+    from stagelab import native
+
     ok, reason = native.status()
-    return Check("native", GO if ok else UNAVAILABLE,
-                 reason if ok else f"{reason}: the native arms will be recorded unavailable",
+    if ok:
+        return Check("native", GO, reason, {"ok": ok, "reason": reason})
+    if decisive:
+        return Check("native", NO_GO, f"{reason}: the step A/B's decisive arms (seed_pageable, "
+                     "seed_pinned) need the native build, so this profile cannot decide here",
+                     {"ok": ok, "reason": reason})
+    return Check("native", UNAVAILABLE, f"{reason}: the native arms will be recorded unavailable",
                  {"ok": ok, "reason": reason})
 
 
 def check_cpu_features() -> Check:
-    """numpy's SIMD extensions and torch's CPU capability (host-side arms depend on them)."""
-    import numpy as np
-
-    simd = np.show_config(mode="dicts").get("SIMD Extensions", {})
+    """torch's CPU capability and, where numpy is importable, its SIMD extensions (host-side
+    arms depend on them)."""
     capability = torch.backends.cpu.get_cpu_capability()
+    try:
+        import numpy as np
+    except ImportError:
+        return Check("cpu_features", INFO, f"torch {capability}; numpy is not installed",
+                     {"torch_cpu_capability": capability, "numpy": None})
+    simd = np.show_config(mode="dicts").get("SIMD Extensions", {})
     return Check("cpu_features", INFO,
                  f"torch {capability}; numpy baseline {', '.join(simd.get('baseline', []))}, "
                  f"found {', '.join(simd.get('found', []))}",
@@ -296,7 +305,8 @@ def run_checks(parameters: dict[str, dict[str, Any]]) -> list[Check]:
     checks += _guarded("nvml", check_nvml, blocking=False)
     checks += _guarded("memory", lambda: check_memory(largest_cells(parameters), on_gpu),
                        blocking=False)
-    checks += _guarded("native", check_native, blocking=False)
+    decisive = STEP_NOTEBOOK in parameters
+    checks += _guarded("native", lambda: check_native(decisive), blocking=decisive)
     checks += _guarded("cpu_features", check_cpu_features, blocking=False)
     checks += (_guarded("sync_debug", check_sync_debug, blocking=False) if on_gpu else [
         Check("sync_debug", UNAVAILABLE, "torch.cuda.set_sync_debug_mode needs a CUDA device; "
@@ -338,7 +348,7 @@ def write_report(path: Path, profile: str, checks: list[Check], elapsed_s: float
     """Write ``preflight.json`` atomically: decision, blocking reasons and every check."""
     blocking = blocking_reasons(checks)
     payload = {
-        "created_utc": datetime.now(UTC).isoformat(timespec="seconds"),
+        "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "host": socket.gethostname(),
         "profile": profile,
         "decision": NO_GO if blocking else GO,

@@ -8,20 +8,20 @@ each notebook's ``parameters`` cell) and values (:mod:`stagelab.params`).
 from __future__ import annotations
 
 import ast
+import json
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from stagelab import params, paths
 from stagelab.errors import UserError
 
-# Parameters the runner injects into every notebook; a notebook must declare them, a user may not.
-INJECTED = ("run_dir",)
-# Generous defaults: the full profile's longest cell must fit (profiles.yaml may set its own).
+# Parameters the runner injects: every notebook declares run_dir, a measuring notebook measured
+# (set by ``stagelab run --from``); a user may set neither.
+INJECTED = ("run_dir", "measured")
+# Generous defaults: the full profile's longest cell must fit (the profiles file may set its own).
 DEFAULT_CELL_TIMEOUT_S = 1800
 DEFAULT_START_TIMEOUT_S = 120
 
@@ -46,23 +46,40 @@ class RunPlan:
 
 
 def load_profiles(path: Path | None = None) -> dict[str, Any]:
-    """The profiles file: ``{profile: {"description": str, "notebooks": {name: {param: value}}}}``."""
+    """The profiles file (JSON, see the README):
+    ``{profile: {"description": str, "notebooks": {name: {param: value}}}}``."""
     path = path or paths.PROFILES_FILE
     try:
-        profiles = yaml.safe_load(Path(path).read_text())["profiles"]
-    except (OSError, KeyError, TypeError, yaml.YAMLError) as exc:
+        document = json.loads(Path(path).read_text())
+        profiles = document["profiles"]
+    except (OSError, KeyError, TypeError, ValueError) as exc:
         raise UserError(f"profiles file {path} cannot be read: {exc}") from exc
+    if not isinstance(profiles, dict):
+        raise UserError(f"profiles file {path}: 'profiles' must map names to profiles")
     return profiles
 
 
 def notebook_parameters(path: Path) -> dict[str, Any]:
-    """The defaults of a notebook's ``parameters`` cell, as Python values."""
-    import papermill
-
-    declared = papermill.inspect_notebook(str(path))
-    if not declared:
-        raise UserError(f"notebook {path.name} has no cell tagged 'parameters'")
-    return {name: _literal(info["default"]) for name, info in declared.items()}
+    """The defaults of a notebook's ``parameters`` cell, as Python values (a default that is not
+    a literal reads as None). Read with the standard library: the measuring floor needs it."""
+    try:
+        cells = json.loads(Path(path).read_text())["cells"]
+    except (OSError, KeyError, TypeError, ValueError) as exc:
+        raise UserError(f"notebook {path} cannot be read: {exc}") from exc
+    tagged = [cell for cell in cells if cell.get("cell_type") == "code"
+              and "parameters" in cell.get("metadata", {}).get("tags", [])]
+    if not tagged:
+        raise UserError(f"notebook {Path(path).name} has no cell tagged 'parameters'")
+    source = tagged[0]["source"]
+    tree = ast.parse(source if isinstance(source, str) else "".join(source))
+    declared = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(
+                node.targets[0], ast.Name):
+            declared[node.targets[0].id] = _literal(node.value)
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value:
+            declared[node.target.id] = _literal(node.value)
+    return declared
 
 
 def profile_parameters(profile: str) -> dict[str, dict[str, Any]]:
@@ -79,15 +96,32 @@ def profile_parameters(profile: str) -> dict[str, dict[str, Any]]:
     return merged
 
 
-def _literal(source: str) -> Any:
+def _literal(node: ast.expr) -> Any:
     try:
-        return ast.literal_eval(source)
-    except (ValueError, SyntaxError):
+        return ast.literal_eval(node)
+    except ValueError:
         return None  # a computed default: any type is accepted
 
 
+def parse_value(text: str) -> Any:
+    """A ``--param`` value: JSON (``20``, ``[16, 64]``, ``true``, ``"text"``, ``null``), where a
+    bare word, alone or as an item of ``[a, b]``, is text (``models=[Qwen2.5-7B, 4096]``)."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        pass
+    inner = text.strip()
+    if inner.startswith("[") and inner.endswith("]"):
+        items = [item.strip() for item in inner[1:-1].split(",")]
+        return [] if items == [""] else [parse_value(item) for item in items]
+    if any(mark in inner for mark in '[]{}",'):
+        raise ValueError("not valid JSON (quote text that holds brackets, braces, quotes or "
+                         "commas)")
+    return inner
+
+
 def parse_overrides(items: Iterable[str]) -> dict[str, dict[str, Any]]:
-    """``NOTEBOOK.KEY=VALUE`` strings to ``{notebook: {key: value}}``; values are read as YAML."""
+    """``NOTEBOOK.KEY=VALUE`` strings to ``{notebook: {key: value}}`` (see :func:`parse_value`)."""
     overrides: dict[str, dict[str, Any]] = {}
     for item in items:
         target, sep, text = item.partition("=")
@@ -96,9 +130,9 @@ def parse_overrides(items: Iterable[str]) -> dict[str, dict[str, Any]]:
             raise UserError(f"--param {item!r}: expected NOTEBOOK.KEY=VALUE, "
                             "e.g. 01_d2h_staging.rounds=20")
         try:
-            value = yaml.safe_load(text) if text else ""
-        except yaml.YAMLError as exc:
-            raise UserError(f"--param {item!r}: value is not valid YAML ({exc})") from exc
+            value = parse_value(text) if text else ""
+        except ValueError as exc:
+            raise UserError(f"--param {item!r}: {exc}") from exc
         overrides.setdefault(notebook, {})[key] = value
     return overrides
 
@@ -119,8 +153,8 @@ def check_parameters(notebook: str, given: Mapping[str, Any], declared: Mapping[
     for key, value in given.items():
         where = f"{source}: {notebook}.{key}"
         if key in INJECTED:
-            raise UserError(f"{where} is set by the runner (each run gets its own folder); "
-                            "remove it")
+            raise UserError(f"{where} is set by the runner (each run gets its own folder; "
+                            "`stagelab run --from` names the measured one); remove it")
         if key not in declared:
             raise UserError(f"{source}: unknown parameter {notebook}.{key}; valid: "
                             f"{', '.join(k for k in declared if k not in INJECTED)}")

@@ -22,7 +22,7 @@ import torch
 from stagelab import catalogue, memory, sweep
 from stagelab import logprobs as lp
 from stagelab.device import default_device, device_label
-from stagelab.schema import TableSink
+from stagelab.schema import RowSink
 from stagelab.shapes import ModelShape, torch_dtype
 
 METHODS = catalogue.arm_names(catalogue.PROMPT)
@@ -393,7 +393,7 @@ def memory_plan(tokens: int, shape: ModelShape, hidden: int, chunks: list[int],
 def measure(tokens: int, shape: ModelShape, hidden: int, chunks: list[int], dtype: torch.dtype,
             k: int, methods: list[str], overlaps: list[bool], *, rounds: int, warmup: int = 1,
             seed: int = 0, measure_memory: bool = True, device: str | None = None,
-            sink: TableSink | None = None, progress: bool = True) -> list[dict]:
+            sink: RowSink | None = None, progress: bool = True) -> list[dict]:
     """Time, measure and check every ``(method, chunk, overlap)`` configuration of one prompt.
 
     The configurations are the arms of one sweep cell, interleaved. The unchunked configuration of

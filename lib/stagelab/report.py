@@ -191,6 +191,26 @@ def _machine_table(hardware: Mapping[str, Any]) -> str:
     return f"<table><tr><th>part</th><th>what</th><th>value</th></tr>{rows}</table>"
 
 
+def origin_text(manifest: Mapping[str, Any]) -> str:
+    """Where a run's numbers were measured and where they were analysed, in one sentence; ''
+    for a live run (measured where it ran)."""
+    measured = manifest.get("measured_on")
+    if not measured:
+        return ""
+    analysed = manifest.get("analysed_on") or {}
+    gaps = measured.get("gaps") or []
+    return (f"Measured on {measured.get('host')} ({measured.get('gpu') or measured.get('device')})"
+            f" at {measured.get('created_utc')} by `stagelab measure` (status "
+            f"{measured.get('status')}{', preflight forced' if measured.get('forced') else ''});"
+            f" analysed on {analysed.get('host')} at {analysed.get('created_utc')}."
+            + (f" Missing: {'; '.join(gaps)}." if gaps else ""))
+
+
+def _origin_paragraph(manifest: Mapping[str, Any]) -> str:
+    text = origin_text(manifest)
+    return f"<p class='note'>{_esc(text)}</p>" if text else ""
+
+
 def write_index(run_dir: Path) -> Path:
     """(Re)write ``index.html`` of a run folder from its manifest, verdict and files.
 
@@ -215,6 +235,7 @@ def write_index(run_dir: Path) -> Path:
         f"{' (uncommitted changes)' if git.get('dirty') else ''}</p>",
         f"<p class='note'>{_esc(manifest['note'])}</p>" if manifest.get("note") else "",
         f"<p class='failed'>{_esc(manifest['error'])}</p>" if manifest.get("error") else "",
+        _origin_paragraph(manifest),
         _verdict_section(run_dir, manifest),
         "<h2>Notebooks</h2>", _notebooks_table(run_dir, manifest.get("notebooks", [])),
         "<h2>Figures</h2>",

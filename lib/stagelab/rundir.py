@@ -18,7 +18,7 @@ import socket
 import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -56,7 +56,7 @@ class RecordError(RuntimeError):
 
 def now_utc() -> str:
     """The time now, UTC, to the second, ISO 8601."""
-    return datetime.now(UTC).isoformat(timespec="seconds")
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 # -------------------------------------------------------------------------------- run folders
@@ -74,7 +74,7 @@ def new_run_dir(root: Path, profile: str) -> Path:
         raise UserError(f"--out {root}: cannot create the folder ({exc.strerror})") from exc
     if not os.access(root, os.W_OK | os.X_OK):
         raise UserError(f"--out {root}: the folder is not writable")
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     base = f"{stamp}_{_slug(socket.gethostname())}_{profile}"
     for attempt in range(1, 1000):
         candidate = root / (base if attempt == 1 else f"{base}-{attempt}")

@@ -1,8 +1,13 @@
-"""The one tidy-data schema that every measurement row carries, and the helper that writes tables.
+"""The one tidy-data schema that every measurement row carries, and the helpers that write tables.
 
 Every notebook turns its measurements into rows of this schema and writes them with
-:func:`write_table` into ``<run folder>/data/<name>.parquet``. One row is one observation: one
-round of one arm of one experiment at one size, or one non-timing measurement (a peak, an error).
+:func:`write_table` into ``<run folder>/data/<name>.parquet``; ``stagelab measure`` appends the
+same rows as JSON lines (:class:`JsonLinesSink`), with the standard library alone. pandas is
+imported only by the frame functions (:func:`make_rows`, :func:`conform`, :func:`write_table`,
+:func:`read_table`, :class:`TableSink`), never by the measuring floor.
+
+One row is one observation: one round of one arm of one experiment at one size, or one
+non-timing measurement (a peak, an error).
 
 ========== ======= ============================================================================
 column     type    meaning
@@ -50,14 +55,18 @@ note       str     why a row is unavailable, skipped or failed, or other plain-w
 
 from __future__ import annotations
 
+import json
+import math
+import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any, Protocol
 
 from stagelab.errors import SchemaError
 from stagelab.records import RunFolder, atomic_target
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 COLUMN_DTYPES: dict[str, str] = {
     "run_id": "string",
@@ -98,22 +107,34 @@ _DEFAULTS: dict[str, Any] = {"stage": "total", "metric": "time", "model": "", "t
                              "status": "ok", "note": ""}
 
 
-def make_rows(records: Iterable[Mapping[str, Any]], **common: Any) -> pd.DataFrame:
-    """Build a schema-conforming frame from dict records; ``common`` fills every row.
+def normalise_rows(records: Iterable[Mapping[str, Any]], **common: Any) -> list[dict[str, Any]]:
+    """Schema rows as plain dicts, every column present: ``common`` fills every row, missing
+    columns get their default or None, ``gb_per_s`` is derived where a timing moved bytes.
 
-    Unknown keys are an error (a typo must not become a silently dropped column); missing columns
-    get their default or a missing value; ``gb_per_s`` is derived where a timing moved bytes.
+    Unknown keys are an error (a typo must not become a silently dropped column).
     """
     rows = [{**_DEFAULTS, **common, **record} for record in records]
     unknown = sorted({key for row in rows for key in row} - set(COLUMNS))
     if unknown:
         raise SchemaError(f"unknown column(s) {unknown}; the schema's columns are {list(COLUMNS)}")
-    frame = conform(pd.DataFrame(rows, columns=list(COLUMNS)))
-    derivable = frame["gb_per_s"].isna() & (frame["metric"] == "time") & (frame["seconds"] > 0)
-    frame.loc[derivable, "gb_per_s"] = (
-        frame.loc[derivable, "bytes"].astype("float64") / frame.loc[derivable, "seconds"] / 1e9
-    )
-    return frame
+    rows = [{column: row.get(column) for column in COLUMNS} for row in rows]
+    for row in rows:
+        seconds, moved = row["seconds"], row["bytes"]
+        if (_missing(row["gb_per_s"]) and row["metric"] == "time" and not _missing(seconds)
+                and seconds > 0 and not _missing(moved)):
+            row["gb_per_s"] = float(moved) / seconds / 1e9
+    return rows
+
+
+def _missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def make_rows(records: Iterable[Mapping[str, Any]], **common: Any) -> pd.DataFrame:
+    """Build a schema-conforming frame from dict records (see :func:`normalise_rows`)."""
+    import pandas as pd
+
+    return conform(pd.DataFrame(normalise_rows(records, **common), columns=list(COLUMNS)))
 
 
 def conform(frame: pd.DataFrame) -> pd.DataFrame:
@@ -147,6 +168,53 @@ def write_table(frame: pd.DataFrame, run_dir: Path | str, name: str) -> Path:
     return path
 
 
+class RowSink(Protocol):
+    """Where a sweep puts each finished cell's records."""
+
+    def append(self, records: Iterable[Mapping[str, Any]]) -> Path:
+        """Take one cell's records and make them durable."""
+
+
+class JsonLinesSink:
+    """Appends each cell's rows, complete schema rows, to a JSON-lines file and flushes them to
+    disk, with the standard library alone: a killed process leaves every finished cell
+    readable (:func:`read_json_lines`). ``common`` fills every row (``run_id``, ``notebook``)."""
+
+    def __init__(self, path: Path | str, **common: Any) -> None:
+        self.path, self.common = Path(path), common
+        self.rows: list[dict[str, Any]] = []
+
+    def append(self, records: Iterable[Mapping[str, Any]]) -> Path:
+        """Add one cell's rows at the end of the file."""
+        rows = normalise_rows(records, **self.common)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "a", encoding="utf-8") as handle:
+            handle.writelines(json.dumps(row) + "\n" for row in rows)
+            handle.flush()
+            os.fsync(handle.fileno())
+        self.rows += rows
+        return self.path
+
+
+def read_json_lines(path: Path | str) -> list[dict[str, Any]]:
+    """The rows of a JSON-lines table; a last line cut short by a kill is left out, any other
+    damaged line names the file and line."""
+    path = Path(path)
+    lines = path.read_text(encoding="utf-8").split("\n")
+    rows = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as exc:
+            if number == len(lines):  # no newline after it: the write was cut short
+                break
+            raise SchemaError(f"{path}:{number}: not a JSON row ({exc})") from exc
+        rows.append({LEGACY_COLUMNS.get(key, key): value for key, value in row.items()})
+    return rows
+
+
 class TableSink:
     """Collects a sweep's records and rewrites its table after every cell, so that a notebook that
     is interrupted or killed leaves every finished cell on disk. ``common`` fills every row
@@ -168,6 +236,8 @@ class TableSink:
 
 def read_table(run_dir: Path | str, name: str) -> pd.DataFrame:
     """Read a run's table; a missing file raises FileNotFoundError, a corrupt one names the file."""
+    import pandas as pd
+
     path = table_path(run_dir, name)
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such table in this run")

@@ -6,12 +6,12 @@ vocabulary size; :func:`resolve_vocabs` turns such a list into ``(model, vocab, 
 
 from __future__ import annotations
 
+import csv
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-import pandas as pd
 import torch
 
 from stagelab import catalogue, paths
@@ -30,9 +30,11 @@ class ModelShape:
 
 
 @lru_cache(maxsize=4)
-def model_shapes(path: Path = paths.MODEL_SHAPES_FILE) -> pd.DataFrame:
-    """The table of real model shapes, with its source column."""
-    return pd.read_csv(path)
+def model_shapes(path: Path = paths.MODEL_SHAPES_FILE) -> dict[str, dict[str, str]]:
+    """The table of real model shapes by model name, each row with its source column (read with
+    the standard library: the measuring floor needs it)."""
+    with open(path, newline="", encoding="utf-8") as handle:
+        return {row["model"]: row for row in csv.DictReader(handle)}
 
 
 def resolve_vocabs(items: Iterable[str | int], parameter: str = "models") -> list[ModelShape]:
@@ -40,7 +42,7 @@ def resolve_vocabs(items: Iterable[str | int], parameter: str = "models") -> lis
     items = list(items)
     if not items:
         raise ValueError(f"{parameter} is empty: give model names or vocabulary sizes")
-    table = model_shapes().set_index("model")
+    table = model_shapes()
     shapes = []
     for item in items:
         if isinstance(item, bool):
@@ -49,13 +51,13 @@ def resolve_vocabs(items: Iterable[str | int], parameter: str = "models") -> lis
             if item <= 0:
                 raise ValueError(f"{parameter}: vocabulary size {item} must be positive")
             shapes.append(ModelShape("", item, 0))
-        elif isinstance(item, str) and item in table.index:
-            row = table.loc[item]
+        elif isinstance(item, str) and item in table:
+            row = table[item]
             shapes.append(ModelShape(item, int(row["vocab"]), int(row["hidden"]),
                                      float(row["params_b"])))
         else:
             raise ValueError(f"{parameter}: unknown model {item!r}; known: "
-                             f"{', '.join(table.index)} (or give a vocabulary size as a number)")
+                             f"{', '.join(table)} (or give a vocabulary size as a number)")
     return shapes
 
 

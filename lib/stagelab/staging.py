@@ -30,7 +30,7 @@ from stagelab.device import (
     require_cuda,
 )
 from stagelab.hardware import PcieSampler
-from stagelab.schema import TableSink
+from stagelab.schema import RowSink
 from stagelab.shapes import ModelShape, positive_ints
 
 __all__ = ["ARMS", "PageableFresh", "PageableFreshEmpty", "PageableReused", "PinnedFresh",
@@ -361,7 +361,7 @@ def cells(shapes: list[ModelShape], rows: list[int], dtype: torch.dtype, arms: l
 def measure(shapes: list[ModelShape], rows: list[int], dtype: torch.dtype, arms: list[str] | None, *,
             rounds: int, warmup: int = 2, aa_arm: str = catalogue.baseline(catalogue.STAGING),
             sources: int = 3, seed: int = 0, device: str | None = None,
-            sink: TableSink | None = None, progress: bool = True) -> list[dict]:
+            sink: RowSink | None = None, progress: bool = True) -> list[dict]:
     """Time each arm's ``stage()`` over every ``rows x vocab`` cell, interleaved, with an A/A twin
     of ``aa_arm``; schema records out (written per cell into ``sink``). See :mod:`stagelab.sweep`
     for skipped, unavailable and failed rows. ``arms=None`` times every arm of the catalogue."""

@@ -29,8 +29,8 @@ from stagelab import bench, catalogue, native, staging, sweep
 from stagelab import logprobs as lp
 from stagelab.catalogue import aa_name
 from stagelab.device import PinnedMemoryUnavailable, default_device, device_label
-from stagelab.errors import NativeUnavailable
-from stagelab.schema import TableSink
+from stagelab.errors import ExtraUnavailable, NativeUnavailable
+from stagelab.schema import RowSink
 from stagelab.shapes import ModelShape, positive_ints
 
 STEP_ARMS = catalogue.arm_names(catalogue.STEP)
@@ -255,6 +255,12 @@ def _native_scratch(arm: Callable[[], staging.StagingArm]) -> Scratch:
     return Scratch(arm())
 
 
+def _numpy_step(name: str, where: str) -> SeedStep:
+    """The seed's step with the numpy host top-K (unavailable where numpy is not installed)."""
+    lp.require_numpy()
+    return SeedStep(name, FreshZeros(), "numpy", where)
+
+
 # How each step arm of the catalogue is built (with where its log-softmax runs); the catalogue
 # says what each one is.
 BUILDERS: dict[str, Callable[[str, str], SeedStep | DeviceStep]] = {
@@ -263,7 +269,7 @@ BUILDERS: dict[str, Callable[[str, str], SeedStep | DeviceStep]] = {
                                                 "native", where),
     "seed_pageable_reused": lambda name, where: SeedStep(
         name, _native_scratch(staging.PageableReused), "native", where),
-    "seed_pageable_numpy": lambda name, where: SeedStep(name, FreshZeros(), "numpy", where),
+    "seed_pageable_numpy": _numpy_step,
     "device_gather": lambda name, where: DeviceStep(name),
     "fused": lambda name, where: DeviceStep(name),
 }
@@ -283,7 +289,7 @@ def build_pipelines(names: list[str], log_softmax: str = "device"
     for name in names:
         try:
             built[name] = make_pipeline(name, log_softmax)
-        except (PinnedMemoryUnavailable, NativeUnavailable) as exc:
+        except (PinnedMemoryUnavailable, NativeUnavailable, ExtraUnavailable) as exc:
             unavailable[name] = str(exc)
     return built, unavailable
 
@@ -361,7 +367,7 @@ def measure(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dty
             arms: list[str] | None, *, rounds: int, warmup: int = 2,
             aa_arm: str | None = BASELINE,
             sources: int = 2, seed: int = 0, device: str | None = None,
-            sink: TableSink | None = None, progress: bool = True,
+            sink: RowSink | None = None, progress: bool = True,
             log_softmax: tuple[str, ...] | list[str] = ("device",),
             forward_ms: float | None = None, delta: float = 0.02, max_rounds: int | None = None,
             max_seconds: float = math.inf) -> list[dict]:

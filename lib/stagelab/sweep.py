@@ -10,29 +10,34 @@ all of them:
 * the arms are timed interleaved (:func:`stagelab.bench.interleaved`); an arm that raises is
   recorded ``failed`` and the others go on; a cell whose preparation raises is recorded ``failed``
   for all its arms and the sweep goes on;
-* after every cell the table so far is written (a :class:`stagelab.schema.TableSink`), so an
-  interrupted or killed notebook leaves every finished cell on disk;
-* progress: a bar in JupyterLab; in headless runs (the runner sets ``STAGELAB_HEADLESS``) one line
-  per finished cell, never a flood.
+* after every cell its records go to a sink (:class:`stagelab.schema.TableSink` in a notebook,
+  :class:`stagelab.schema.JsonLinesSink` under ``stagelab measure``), so an interrupted or killed
+  run leaves every finished cell on disk;
+* a watcher (:func:`watching`, set by ``stagelab measure``) is asked before each cell whether it
+  may start (a deadline) and told how long each took;
+* progress: a bar in JupyterLab where tqdm is importable; in headless runs (the runner sets
+  ``STAGELAB_HEADLESS``) or without tqdm, one line per finished cell, never a flood.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import gc
 import os
 import sys
-from collections.abc import Callable, Iterable
+import time
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import torch
-from tqdm.auto import tqdm
 
 from stagelab import bench, design, memory
-from stagelab.errors import InsufficientMemory
+from stagelab.errors import DeadlineReached, InsufficientMemory
 from stagelab.paths import HEADLESS_ENV
-from stagelab.schema import TableSink
+from stagelab.schema import RowSink
 
 
 @dataclass
@@ -133,32 +138,80 @@ def guarded(name: str, check: Callable[..., list[dict]], *args: object) -> list[
         return [{"arm": name, "status": "failed", "note": bench.first_line(exc)}]
 
 
+class Watcher(Protocol):
+    """Asked before each cell whether it may start, told after each how long it took."""
+
+    def admit(self, label: str, cell: Cell, rounds: int, warmup: int) -> bool:
+        """False stops the sweep before ``cell`` (e.g. it would pass a deadline)."""
+
+    def finished(self, label: str, cell: Cell, seconds: float, records: list[dict]) -> None:
+        """Record a measured cell."""
+
+
+_WATCHER: contextvars.ContextVar[Watcher | None] = contextvars.ContextVar("watcher", default=None)
+
+
+@contextlib.contextmanager
+def watching(watcher: Watcher) -> Iterator[Watcher]:
+    """Every sweep run inside asks ``watcher`` before each cell and reports to it after."""
+    token = _WATCHER.set(watcher)
+    try:
+        yield watcher
+    finally:
+        _WATCHER.reset(token)
+
+
+def _progress_bar(total: int, label: str, shown: bool) -> Any:
+    """tqdm's bar where tqdm is importable and a bar is wanted, else None."""
+    if not shown:
+        return None
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, desc=label)
+
+
 def run(cells: list[Cell], prepare: Callable[[Cell], CellPlan], *, rounds: int,
-        warmup: int = 2, seed: int = 0, device: str, sink: TableSink | None = None,
+        warmup: int = 2, seed: int = 0, device: str, sink: RowSink | None = None,
         label: str = "sweep", progress: bool = True,
         precision: bench.Precision | None = None) -> list[dict]:
-    """Measure every cell in order; write the table after each one when a sink is given. The
+    """Measure every cell in order; hand each one's records to the sink when one is given. The
     sink's run id seeds each cell's arm order, with ``seed``; ``precision`` adds rounds until
-    precise (:class:`stagelab.bench.Precision`)."""
+    precise (:class:`stagelab.bench.Precision`).
+
+    Raises :class:`~stagelab.errors.DeadlineReached` when the watcher refuses a cell: the cells
+    before it are in the sink.
+    """
     if rounds <= 0:
         raise ValueError(f"rounds must be positive, got {rounds}")
     if warmup < 0:
         raise ValueError(f"warmup must be >= 0, got {warmup}")
-    headless = bool(os.environ.get(HEADLESS_ENV))
+    watcher = _WATCHER.get()
+    bar = _progress_bar(len(cells), label, progress and not os.environ.get(HEADLESS_ENV))
     run = str(getattr(sink, "common", {}).get("run_id", ""))
     records: list[dict] = []
-    with tqdm(total=len(cells), desc=label, disable=not progress or headless) as bar:
+    try:
         for index, cell in enumerate(cells, 1):
+            if watcher is not None and not watcher.admit(label, cell, rounds, warmup):
+                raise DeadlineReached(f"{label}: stopped before cell {cell.label}")
+            started = time.perf_counter()
             found = measure_cell(cell, prepare, rounds=rounds, warmup=warmup, seed=seed,
                                  device=device, run=run, precision=precision)
             records += found
             if sink is not None:
                 sink.append(found)
             gc.collect()
-            bar.update()
-            if progress and headless:
+            if watcher is not None:
+                watcher.finished(label, cell, time.perf_counter() - started, found)
+            if bar is not None:
+                bar.update()
+            elif progress:
                 print(f"{label}: cell {index}/{len(cells)} {cell.label}: {outcome(found)}",
                       file=sys.stderr, flush=True)
+    finally:
+        if bar is not None:
+            bar.close()
     return records
 
 

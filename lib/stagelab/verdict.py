@@ -477,8 +477,8 @@ def build_verdict(run_dir: Path | str, *, decisive_rows: list[int], decisive_voc
     step_levers = [] if step is None else analysis.lever_savings(step, seed=seed).to_dict(
         "records")
     folder = records.RunFolder(run_dir)
-    hardware = ((folder.read_manifest().get("hardware") or {})
-                if folder.manifest_path.exists() else {})
+    manifest = folder.read_manifest() if folder.manifest_path.exists() else {}
+    hardware = manifest.get("hardware") or {}
     goals = []
     if staging is not None:
         goals += analysis.staging_goals(staging, hardware)
@@ -508,12 +508,26 @@ def build_verdict(run_dir: Path | str, *, decisive_rows: list[int], decisive_voc
         "calibration": calibrate_rule(decisive, calibration_trials, delta, seed),
         "calibration_requirements": calibration.REQUIREMENTS,
         "missing": missing,
+        "measured_on": measured_origin(manifest),
     }
     verdict["reference"], verdict["reference_skipped"] = (
         reference_verdicts(reference_root) if reference_root else ([], []))
     verdict = _plain(verdict)
     verdict["findings"] = findings(verdict, tables)
+    if verdict["measured_on"] and verdict["measured_on"]["gaps"]:
+        verdict["findings"].append("The measurement is partial, so cells may be missing: "
+                                   + "; ".join(verdict["measured_on"]["gaps"]) + ".")
     return verdict
+
+
+def measured_origin(manifest: dict[str, Any]) -> dict[str, Any] | None:
+    """Where a replayed run (``stagelab run --from``) was measured and what its measurement
+    lacks; None for a run measured where it ran."""
+    measured = manifest.get("measured_on")
+    if not measured:
+        return None
+    return {key: measured.get(key) for key in ("host", "gpu", "device", "created_utc", "status",
+                                               "forced", "gaps")}
 
 
 # ------------------------------------------------------------------------- tables to show

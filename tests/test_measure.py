@@ -1,0 +1,300 @@
+"""`stagelab measure` on a node with torch alone, and `stagelab run --from` back here: the
+measuring floor imports nothing else, a killed or deadline-stopped measurement keeps its
+finished cells, and a replayed run equals a live one over the same rows."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from stagelab import cli, estimate, measure, paths, profiles, schema, verdict
+from stagelab.errors import UserError
+
+REPO = paths.REPO_ROOT
+BLOCKED = ("numpy", "pandas", "scipy", "pyarrow", "matplotlib", "seaborn", "yaml", "tqdm",
+           "papermill", "nbformat", "nbconvert", "jupyter_client", "ipykernel", "pynvml")
+# Runs `python -m stagelab ARGS` with an import system that refuses the notebook stack, and
+# says which refused modules were asked for.
+BLOCKING_RUNNER = """
+import runpy, sys
+BLOCKED = set(sys.argv[1].split(","))
+class Refuse:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in BLOCKED:
+            raise ModuleNotFoundError(f"No module named {name!r} (refused: torch alone)")
+        return None
+sys.meta_path.insert(0, Refuse())
+sys.argv = ["stagelab", *sys.argv[2:]]
+runpy.run_module("stagelab", run_name="__main__", alter_sys=True)
+"""
+no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU outcome needs no CUDA")
+
+
+def torch_alone(*args: str, **kwargs) -> subprocess.CompletedProcess:
+    """``python -m stagelab ARGS`` from the checkout, the notebook stack refused."""
+    env = {**os.environ, "PYTHONPATH": str(REPO / "lib")}
+    return subprocess.run([sys.executable, "-c", BLOCKING_RUNNER, ",".join(BLOCKED), *args],
+                          capture_output=True, text=True, cwd=REPO, env=env, timeout=600,
+                          **kwargs)
+
+
+def rows_of(folder: Path, table: str) -> list[dict]:
+    return measure.measured_rows(folder, table)
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory) -> Path:
+    """The smoke profile measured with torch alone (forced past the CPU's no-go)."""
+    out = tmp_path_factory.mktemp("node") / "evidence"
+    done = torch_alone("measure", "--profile", "smoke", "--out", str(out), "--force")
+    assert done.returncode == measure.EXIT_OK, done.stderr[-3000:]
+    return out
+
+
+def test_help_works_with_torch_alone():
+    done = torch_alone("measure", "--help")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "--deadline-s" in done.stdout and "Exit status" in done.stdout
+
+
+def test_the_smoke_profile_is_measured_with_torch_alone(smoke):
+    manifest = measure.read_measured(smoke)
+    assert (manifest["format"], manifest["version"], manifest["status"]) == (
+        measure.FORMAT, measure.VERSION, "ok")
+    assert manifest["forced"] is True and manifest["versions"]["torch"] == torch.__version__
+    assert [e["notebook"] for e in manifest["experiments"]] == list(measure.MEASURING)
+    for name in ("hardware.json", "preflight.json", "inventory.json"):
+        assert json.loads((smoke / name).read_text())
+    inventory = json.loads((smoke / "inventory.json").read_text())
+    assert any(d["name"] == "torch" for d in inventory["distributions"])
+    for entry in manifest["experiments"][1:]:
+        assert entry["status"] == "ok" and entry["cells"]
+        assert len(entry["cells"]) == entry["cells_planned"]
+        assert all(c["predicted_s"] > 0 and c["measured_s"] > 0 for c in entry["cells"])
+    step = rows_of(smoke, "step")
+    numpy_arm = {r["status"] for r in step if r["arm"] == "seed_pageable_numpy"}
+    assert numpy_arm == {"unavailable"}
+    assert "numpy is not installed" in next(r["note"] for r in step
+                                            if r["arm"] == "seed_pageable_numpy")
+    for table in ("staging", "step", "prompt_logprobs"):
+        for row in rows_of(smoke, table):
+            if row["status"] != "ok" and row["arm"] != "seed_pageable_numpy":
+                # what a CPU cannot have: pinned memory, NVML, the sync debug mode
+                assert row["status"] == "unavailable", row
+                assert "CUDA" in row["note"] or "NVML" in row["note"], row
+    timed = {r["arm"] for r in step if r["status"] == "ok" and r["stage"] == "total"}
+    assert {"seed_pageable", "seed_pageable~aa", "seed_pageable_reused", "device_gather",
+            "fused"} <= timed
+
+
+def test_bad_requests_are_one_line_and_create_nothing(tmp_path, capsys):
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "x").write_text("")
+    new = ["--out", str(tmp_path / "new")]
+    cases = [
+        (["--profile", "nope", *new], "unknown profile 'nope'"),
+        (["--profile", "smoke", "--param", "02_logprobs_step.rows=[0]", *new],
+         "02_logprobs_step.rows: 0 is not a positive integer"),
+        (["--profile", "smoke", "--only", "04_verdict", *new], "has no measuring notebook"),
+        (["--profile", "smoke", "--deadline-s", "0", *new], "--deadline-s 0.0: give a positive"),
+        (["--profile", "smoke", "--out", str(taken)], "exists and is not an empty folder"),
+        (["--profile", "smoke"], "--out is required"),
+    ]
+    for args, message in cases:
+        assert measure.main(args) == measure.EXIT_USAGE, args
+        err = capsys.readouterr().err.strip()
+        assert message in err and len(err.splitlines()) == 1, (args, err)
+    assert not (tmp_path / "new").exists() and [p.name for p in taken.iterdir()] == ["x"]
+
+
+def test_the_gate_estimate_stays_within_the_lease_budget(capsys):
+    assert measure.main(["--profile", "gate", "--estimate", "cuda"]) == 0
+    total = capsys.readouterr().out.strip().splitlines()[-1]
+    assert total.startswith("total on cuda") and float(total.split()[-1]) <= 180
+
+
+def test_a_cell_prediction_follows_its_basis():
+    sizes = dict(experiment="step", rows=256, vocab=262208)
+    seed = estimate.cell_seconds(sizes, ["seed_pageable"], rounds=1, warmup=0, kind="cuda",
+                                 sources=0)
+    basis = estimate.BASIS["cuda"]
+    elements = 256 * 262208
+    expected = (elements * basis.device_pass_s_per_element + 4 * elements
+                / basis.fresh_bytes_per_s + elements * basis.native_topk_s_per_element
+                + basis.call_overhead_s)
+    # one round and the two extra calls (agreement, sync debug), plus the cell's preparation
+    assert seed == pytest.approx(3 * expected + basis.cell_overhead_s)
+    assert 4 * elements / basis.fresh_bytes_per_s == pytest.approx(0.179, abs=1e-3)  # the issue's
+    with pytest.raises(ValueError, match="no prediction for experiment 'nope'"):
+        estimate.cell_seconds(dict(experiment="nope", rows=1, vocab=1), [], rounds=1, warmup=0,
+                              kind="cpu")
+
+
+def test_deadline_stops_at_a_cell_boundary_and_keeps_what_was_measured(tmp_path, monkeypatch):
+    def predictor(notebook, parameters, kind):  # the second cell would pass any deadline
+        return lambda cell, rounds, warmup: 0.0 if cell.sizes["rows"] == 2 else 1e6
+
+    monkeypatch.setattr(measure, "cell_predictor", predictor)
+    out = tmp_path / "m"
+    code = measure.main(["--profile", "smoke", "--only", "02_logprobs_step", "03_prompt_logprobs",
+                         "--param", "02_logprobs_step.rows=[2, 3, 4]", "--param",
+                         "02_logprobs_step.arms=[seed_pageable, fused]", "--out", str(out),
+                         "--deadline-s", "3600", "--force"])
+    assert code == measure.EXIT_PARTIAL
+    manifest = measure.read_measured(out)
+    step, prompt = manifest["experiments"]
+    assert manifest["status"] == step["status"] == prompt["status"] == "deadline"
+    assert [(c["cell"].split()[0], c["status"]) for c in step["cells"]] == [
+        ("n=2", "ok"), ("n=3", "deadline")]
+    assert step["cells"][1]["measured_s"] is None and step["cells"][1]["predicted_s"] == 1e6
+    assert {r["rows"] for r in rows_of(out, "step")} == {2}
+    assert prompt["cells"] == [] and rows_of(out, "prompt_logprobs") == []
+    step_gap, prompt_gap = measure.gaps(manifest)
+    assert step_gap.startswith("02_logprobs_step: deadline, 1 of 3 cells measured (step: stopped "
+                               "before cell n=3 V=4096 K=5")
+    assert prompt_gap == "03_prompt_logprobs: deadline (not started: the deadline came first)"
+
+
+@no_cuda
+def test_a_no_go_preflight_stops_before_measuring(tmp_path, capsys):
+    out = tmp_path / "m"
+    assert measure.main(["--profile", "smoke", "--only", "01_d2h_staging", "--out",
+                         str(out)]) == measure.EXIT_NO_GO
+    manifest = json.loads((out / measure.MANIFEST).read_text())
+    assert manifest["status"] == "no-go" and manifest["preflight"]["blocking"]
+    assert json.loads((out / "preflight.json").read_text())["decision"] == "no-go"
+    assert rows_of(out, "staging") == [] and not (out / "rows" / "staging.jsonl").exists()
+    assert "preflight no-go" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def killed(tmp_path_factory) -> Path:
+    """A measurement killed (SIGKILL) in the middle of the step's second cell."""
+    out = tmp_path_factory.mktemp("killed") / "evidence"
+    rows = out / "rows" / "step.jsonl"
+    env = {**os.environ, "PYTHONPATH": str(REPO / "lib")}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "stagelab", "measure", "--profile", "smoke", "--force", "--out",
+         str(out),
+         "--param", "02_logprobs_step.models=[Qwen2.5-7B]",
+         "--param", "02_logprobs_step.rows=[2, 64]", "--param", "02_logprobs_step.rounds=50",
+         "--param", "02_logprobs_step.max_rounds=50"],
+        cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 300
+        while not (rows.exists() and rows.read_text().endswith("\n")):
+            assert process.poll() is None and time.monotonic() < deadline, "no first cell"
+            time.sleep(0.1)
+        time.sleep(1.0)  # inside the second cell (50 rounds of a 39 MB step: many seconds)
+        assert process.poll() is None, "the second cell ended before the kill"
+        os.kill(process.pid, signal.SIGKILL)
+    finally:
+        process.wait(30)
+    return out
+
+
+def test_a_killed_measurement_keeps_its_finished_cells(killed):
+    manifest = measure.read_measured(killed)
+    staging, step, prompt = (manifest["experiments"][i] for i in (1, 2, 3))
+    assert manifest["status"] == "interrupted"
+    assert staging["status"] == "ok" and len(staging["cells"]) == 2
+    assert step["status"] == prompt["status"] == "interrupted"
+    assert [c["status"] for c in step["cells"]] == ["ok"]
+    rows = rows_of(killed, "step")
+    assert {r["rows"] for r in rows} == {2} and len(schema.make_rows(rows)) == len(rows)
+    assert prompt["cells"] == []
+
+
+# --------------------------------------------------------------------------------- run --from
+
+def test_run_from_refuses_what_is_not_a_measurement(tmp_path, smoke, capsys):
+    lacking = tmp_path / "lacking"
+    lacking.mkdir()
+    manifest = json.loads((smoke / measure.MANIFEST).read_text())
+    manifest["experiments"] = [e for e in manifest["experiments"]
+                               if e["notebook"] != "03_prompt_logprobs"]
+    (lacking / measure.MANIFEST).write_text(json.dumps(manifest))
+    cases = [(tmp_path, "not a measured folder (no measured.json"),
+             (lacking, "lacks 03_prompt_logprobs, which profile 'smoke' needs")]
+    for folder, message in cases:
+        code = cli.main(["run", "--profile", "smoke", "--from", str(folder), "--out",
+                         str(tmp_path / "runs")])
+        err = capsys.readouterr().err.strip()
+        assert code == 2 and message in err and len(err.splitlines()) == 1, err
+    code = cli.main(["run", "--profile", "smoke", "--from", str(smoke), "--param",
+                     "02_logprobs_step.rounds=2", "--out", str(tmp_path / "runs")])
+    assert code == 2 and "measured with their own parameters" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
+    with pytest.raises(UserError, match="is set by the runner"):
+        profiles.plan_run("smoke", overrides={"01_d2h_staging": {"measured": str(smoke)}})
+
+
+DECISION_FIELDS = ("overall", "decisive", "step_levers", "copy_cells", "goals", "clock_check",
+                   "missing", "calibration")
+
+
+def live_verdict(run_dir: Path, parameters: dict) -> dict:
+    """The verdict notebook 04 computes, over a run folder."""
+    from stagelab import shapes
+
+    return verdict.build_verdict(
+        run_dir, decisive_rows=parameters["decisive_rows"],
+        decisive_vocabs=shapes.vocabs(parameters["decisive_models"], "decisive_models"),
+        decisive_ks=parameters["decisive_ks"], delta=parameters["delta"],
+        min_samples=parameters["min_samples"], confidence=parameters["confidence"],
+        seed=parameters["seed"], reference_root=None,
+        calibration_trials=parameters["calibration_trials"])
+
+
+@pytest.mark.slow
+def test_measure_then_replay_equals_a_live_run_over_the_same_rows(tmp_path, smoke):
+    assert cli.main(["run", "--profile", "smoke", "--from", str(smoke), "--param",
+                     "04_verdict.include_reference=false", "--out", str(tmp_path)]) == 0
+    (replayed,) = tmp_path.iterdir()
+    manifest = json.loads((replayed / "manifest.json").read_text())
+    assert manifest["measured_on"]["host"] == measure.read_measured(smoke)["host"]
+    assert manifest["hardware"] == json.loads((smoke / "hardware.json").read_text())
+    assert manifest["analysed_on"]["host"]
+    assert "Measured on " in (replayed / "index.html").read_text()
+
+    live = tmp_path / "live"  # the run a live notebook would have written over these rows
+    for notebook, table in measure.TABLES.items():
+        rows = [{k: v for k, v in r.items() if k not in ("run_id", "notebook")}
+                for r in rows_of(smoke, table)]
+        frame = schema.make_rows(rows, run_id=replayed.name, notebook=notebook)
+        schema.write_table(frame, live, table)
+        assert schema.read_table(replayed, table).equals(frame), table
+    live_manifest = {key: value for key, value in manifest.items()
+                     if key not in ("measured_on", "analysed_on")}
+    (live / "manifest.json").write_text(json.dumps({**live_manifest, "run_id": live.name}))
+    parameters = {**profiles.notebook_parameters(paths.NOTEBOOKS_DIR / "04_verdict.ipynb"),
+                  **profiles.load_profiles()["smoke"]["notebooks"]["04_verdict"]}
+    expected = live_verdict(live, parameters)
+    got = json.loads((replayed / "verdict.json").read_text())
+    for field in DECISION_FIELDS:
+        assert json.loads(json.dumps(expected[field], default=str)) == got[field], field
+    assert got["measured_on"]["gaps"] == [] and expected["measured_on"] is None
+
+
+@pytest.mark.slow
+def test_a_killed_measurement_replays_and_the_verdict_names_the_gaps(tmp_path, killed):
+    code = cli.main(["run", "--profile", "smoke", "--from", str(killed), "--out", str(tmp_path)])
+    assert code == 0
+    (replayed,) = tmp_path.iterdir()
+    manifest = json.loads((replayed / "manifest.json").read_text())
+    assert [nb["name"] for nb in manifest["notebooks"]] == [
+        "00_environment", "01_d2h_staging", "02_logprobs_step", "04_verdict"]
+    got = json.loads((replayed / "verdict.json").read_text())
+    assert got["measured_on"]["status"] == "interrupted"
+    assert any(g.startswith("02_logprobs_step: interrupted, 1 of 2 cells measured")
+               for g in got["measured_on"]["gaps"])
+    assert any("03_prompt_logprobs: interrupted" in f for f in got["findings"])
