@@ -84,10 +84,12 @@ def test_a_module_imports_nothing_above_its_floor(module):
 
 
 @pytest.mark.parametrize("module", sorted(FLOOR_OF))
-def test_torch_only_on_the_measuring_floor(module):
+def test_torch_only_on_the_measuring_floor_which_never_imports_pandas(module):
     _, theirs = _imports(module)
     if FLOOR_OF[module] != "measure":
         assert "torch" not in theirs, f"{module} ({FLOOR_OF[module]}) imports torch"
+    else:  # not even lazily (schema's frame functions, on the ground floor, may)
+        assert "pandas" not in theirs, f"{module} (measure) imports pandas"
 
 
 def test_the_package_has_no_import_cycle():
