@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conftest import RecordingAllocator
-from stagelab import memory, schema, shapes, staging
+from stagelab import memory, native, schema, shapes, staging
 
 CUDA = torch.cuda.is_available()
 
@@ -179,3 +179,18 @@ def test_the_fresh_arm_zero_fills_like_a_value_initialised_vector(monkeypatch):
     out = staging.PageableFresh().stage(source(3, 10))
     assert made == [(torch.Size([3, 10]),)] and out.shape == (3, 10)
     assert staging.PageableFreshEmpty._make is torch.empty
+
+
+def test_the_copy_level_baseline_fills_through_the_native_vector(monkeypatch):
+    """The seed's fresh buffer is its value-initialised std::vector (one thread), not torch's
+    multi-threaded zeros, which stays as a labelled arm of its own."""
+    assert staging.PageableFresh._make is staging.seed_vector_like
+    assert staging.PageableFreshZeros._make is torch.zeros
+    fresh = staging.seed_vector_like(torch.Size([3, 5]), torch.bfloat16)
+    assert fresh.shape == (3, 5) and fresh.dtype == torch.bfloat16 and not fresh.any()
+    src = torch.randn(4, 7).to(torch.bfloat16)
+    assert torch.equal(staging.make_arm("pageable_fresh").stage(src, copy=True), src)
+    monkeypatch.setattr(native, "status", lambda: (False, "no C++ compiler: test"))
+    built, unavailable = staging.build_arms(["pageable_fresh", "pageable_fresh_zeros"], 0)
+    assert list(built) == ["pageable_fresh_zeros"]
+    assert unavailable == {"pageable_fresh": "no C++ compiler: test"}

@@ -70,7 +70,11 @@ class Arm:
 ARMS = (
     # copy level (notebook 01): the mechanism, one staging strategy per arm
     Arm("pageable_fresh", STAGING, BASELINE,
-        "the seed's per-step std::vector: a new zero-filled pageable buffer, freed in the call"),
+        "the seed's per-step std::vector (native, value-initialised on one thread): a new "
+        "zero-filled pageable buffer, freed in the call"),
+    Arm("pageable_fresh_zeros", STAGING, LEVER,
+        "a new zero-filled pageable buffer through torch.zeros (filled on several threads): the "
+        "first copy-level baseline, too cheap on a many-core host; labelled, never the baseline"),
     Arm("pageable_fresh_empty", STAGING, LEVER,
         "a new uninitialised pageable buffer (torch.empty): zero-fill's cost by difference"),
     Arm("pageable_reused", STAGING, LEVER,

@@ -19,7 +19,7 @@ from collections.abc import Callable
 import torch
 
 import stagelab.device
-from stagelab import bench, catalogue, sweep
+from stagelab import bench, catalogue, native, sweep
 from stagelab.catalogue import aa_name
 from stagelab.device import (
     PinnedMemoryUnavailable,
@@ -29,13 +29,15 @@ from stagelab.device import (
     pinned_allocator,
     require_cuda,
 )
+from stagelab.errors import NativeUnavailable
 from stagelab.hardware import PcieSampler
 from stagelab.schema import RowSink
 from stagelab.shapes import ModelShape, positive_ints
 
-__all__ = ["ARMS", "PageableFresh", "PageableFreshEmpty", "PageableReused", "PinnedFresh",
-           "PinnedGrowOnly", "PinnedMemoryUnavailable", "RawCeiling", "StagingArm",
-           "ToCpuNonBlocking", "check_source", "make_arm", "pinned_allocator", "measure"]
+__all__ = ["ARMS", "PageableFresh", "PageableFreshEmpty", "PageableFreshZeros", "PageableReused",
+           "PinnedFresh", "PinnedGrowOnly", "PinnedMemoryUnavailable", "RawCeiling", "StagingArm",
+           "ToCpuNonBlocking", "check_source", "make_arm", "pinned_allocator", "measure",
+           "seed_vector_like"]
 
 Allocator = Callable[[int], torch.Tensor]
 
@@ -95,14 +97,11 @@ class StagingArm:
                 f"capacity_bytes={self.capacity_bytes})")
 
 
-class PageableFresh(StagingArm):
-    """A new pageable buffer every call, value-initialised like the seed's per-step
-    ``std::vector<float>(n)``: every page is zero-filled (and faulted in) before the copy. The
-    sweep drops it inside the timed call, so its free is timed too, as at the end of the seed's
-    step."""
+class _FreshPerCall(StagingArm):
+    """A new pageable buffer every call, made by ``_make(shape, dtype=...)``. The sweep drops it
+    inside the timed call, so its free is timed too, as at the end of the seed's step."""
 
-    name = "pageable_fresh"
-    _make = staticmethod(torch.zeros)
+    _make = staticmethod(torch.empty)
 
     def _stage(self, src: torch.Tensor) -> torch.Tensor:
         out = self._make(src.shape, dtype=src.dtype)
@@ -113,7 +112,37 @@ class PageableFresh(StagingArm):
         return out
 
 
-class PageableFreshEmpty(PageableFresh):
+def seed_vector_like(shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
+    """A fresh value-initialised ``std::vector<float>`` (:func:`stagelab.native.seed_vector`)
+    covering ``shape`` of ``dtype``, viewed as such; the vector is freed when the view goes."""
+    nbytes = shape.numel() * torch.empty((), dtype=dtype).element_size()
+    vector = native.seed_vector(-(-nbytes // 4))
+    return vector.tensor.view(torch.uint8)[:nbytes].view(dtype).view(shape)
+
+
+class PageableFresh(_FreshPerCall):
+    """The seed's per-step ``std::vector<float>(n)``, through the native library: a new
+    pageable buffer value-initialised on one thread (every page zero-filled and faulted in)
+    before the copy, destroyed at the end of the call. Needs the native build."""
+
+    name = "pageable_fresh"
+    _make = staticmethod(seed_vector_like)
+
+    def __init__(self) -> None:
+        native.require()
+        super().__init__()
+
+
+class PageableFreshZeros(_FreshPerCall):
+    """A new zero-filled pageable buffer through ``torch.zeros``: this suite's first copy-level
+    baseline, kept labelled. torch fills on several threads where the engine's vector fills on
+    one, so on a many-core host it makes a fresh buffer look cheaper than the seed's."""
+
+    name = "pageable_fresh_zeros"
+    _make = staticmethod(torch.zeros)
+
+
+class PageableFreshEmpty(_FreshPerCall):
     """A new uninitialised pageable buffer every call (``torch.empty``): what the first version of
     this suite timed; beside :class:`PageableFresh` it shows what zero-fill costs."""
 
@@ -305,7 +334,7 @@ def build_arms(names: list[str], capacity_bytes: int) -> tuple[dict[str, Staging
     for name in names:
         try:
             built[name] = make_arm(name, capacity_bytes)
-        except PinnedMemoryUnavailable as exc:
+        except (PinnedMemoryUnavailable, NativeUnavailable) as exc:
             unavailable[name] = str(exc)
     return built, unavailable
 
