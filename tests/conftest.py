@@ -52,7 +52,7 @@ def tiny_suite(tmp_path: Path) -> dict[str, Path]:
         "tiny": {"description": "test", "notebooks": {"10_ok": {"rounds": 3}, "20_fails": {}}},
         "okonly": {"description": "test", "notebooks": {"10_ok": {}}},
         "sleepy": {"description": "test", "notebooks": {"30_sleeps": {}, "10_ok": {}}},
-        "hangs": {"description": "test", "cell_timeout_s": 3,
+        "hangs": {"description": "test", "cell_timeout_s": 10,
                   "notebooks": {"30_sleeps": {}, "10_ok": {}}}}}))
     return {"notebooks": nb_dir, "profiles": profiles, "root": tmp_path / "runs"}
 

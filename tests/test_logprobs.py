@@ -73,8 +73,20 @@ def test_duplicated_values_rank_against_the_target(path):
 
 def test_fused_works_across_many_blocks():
     logits, tokens = make_logits(300, 40_000), make_tokens(300, 40_000)
-    assert lp.block_rows(300, 4) < 300
-    assert_matches_reference(lp.logprobs_from_logits(logits, 4, tokens), logits, 4, tokens)
+    budget = lp.bounded_budget(300, 40_000, 4)
+    assert lp.block_rows(300, 40_000, 4, budget) == 13  # 10 % of 4-byte logits, 9-byte temps
+    assert_matches_reference(lp.logprobs_from_logits(logits, 4, tokens, budget_bytes=budget),
+                             logits, 4, tokens)
+
+
+@pytest.mark.parametrize("rows, vocab, itemsize, blocks", [
+    (64, 262_208, 2, 64),  # a decode batch in bf16 fits the budget: one block, not 64
+    (256, 262_208, 2, 113),  # 256 MiB of 9-byte temporaries at V = 262k: 113 rows
+    (16_384, 152_064, 2, 364),  # a huge batch: 10 % of its logits (16384 x 2 / 90 rows)
+    (1, 10**9, 4, 1),  # at least one row, whatever the budget
+])
+def test_fused_blocks_are_sized_from_a_memory_budget(rows, vocab, itemsize, blocks):
+    assert lp.block_rows(rows, vocab, itemsize) == blocks
 
 
 def test_empty_host_tensors():

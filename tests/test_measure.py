@@ -95,6 +95,13 @@ def test_the_smoke_profile_is_measured_with_torch_alone(smoke):
             "fused"} <= timed
 
 
+def test_the_stagelab_command_refuses_a_bad_measure_request_in_one_line(tmp_path, capsys):
+    assert cli.main(["measure", "--profile", "nope", "--out", str(tmp_path / "m")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "stagelab: error: unknown profile 'nope'; valid: smoke, quick, gate, full"
+    assert not (tmp_path / "m").exists()
+
+
 def test_bad_requests_are_one_line_and_create_nothing(tmp_path, capsys):
     taken = tmp_path / "taken"
     taken.mkdir()
@@ -117,7 +124,7 @@ def test_bad_requests_are_one_line_and_create_nothing(tmp_path, capsys):
 
 
 def test_the_gate_estimate_stays_within_the_lease_budget(capsys):
-    assert measure.main(["--profile", "gate", "--estimate", "cuda"]) == 0
+    assert cli.main(["measure", "--profile", "gate", "--estimate", "cuda"]) == 0
     total = capsys.readouterr().out.strip().splitlines()[-1]
     assert total.startswith("total on cuda") and float(total.split()[-1]) <= 180
 

@@ -178,7 +178,8 @@ def test_predicted_peak_follows_the_documented_model():
         100 * 1000 * (4 + 4 + 9) + results(100, 100, 2))
     assert pl.predicted_peak_bytes(101, 1000, 50, bf16, "logsoftmax", 0) == (
         50 * 1000 * (2 + 4 + 9) + results(100, 50, 0))
-    blocks = lp.block_rows(100, 2)
+    blocks = lp.block_rows(100, 1000, 2, lp.bounded_budget(100, 1000, 2))
+    assert blocks == 2  # 10 % of 100 x 1000 bf16 logits holds 2 rows of 9-byte temporaries
     assert pl.predicted_peak_bytes(101, 1000, None, bf16, "fused", 0) == (
         100 * 1000 * 2 + blocks * 1000 * 9 + results(100, 100, 0))
     with pytest.raises(ValueError, match="method must be"):

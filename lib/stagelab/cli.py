@@ -9,7 +9,7 @@ import json
 import sys
 from pathlib import Path
 
-from stagelab import paths
+from stagelab import measure, paths
 from stagelab.errors import UserError
 
 # 0 every notebook ok; 1 a notebook failed, nothing was measured (every cell skipped), or the
@@ -44,9 +44,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--from", dest="from_dir", type=Path, default=None, metavar="DIR",
                      help="analyse the rows of a folder made by `stagelab measure` instead of "
                           "measuring (the measuring notebooks read them)")
-    sub.add_parser("measure", add_help=False,
-                   help="measure a profile with torch alone into one folder, to analyse with "
-                        "`run --from` (see `stagelab measure --help`)")
+    measure.add_arguments(sub.add_parser(
+        "measure", help="measure a profile with torch alone into one folder, to analyse with "
+        "`run --from`", description=measure.DESCRIPTION, epilog=measure.EPILOG))
     env = sub.add_parser("env", help="print the hardware snapshot")
     env.add_argument("--json", action="store_true", help="print JSON instead of a table")
     env.add_argument("--under-load", action="store_true",
@@ -253,20 +253,20 @@ def cmd_fleet(args: argparse.Namespace) -> int:
     return code
 
 
-COMMANDS = {"run": cmd_run, "env": cmd_env, "report": cmd_report, "runs": cmd_runs,
+def cmd_measure(args: argparse.Namespace) -> int:
+    request = measure.checked_request(args, ["stagelab", *sys.argv[1:]])
+    return measure.EXIT_OK if request is None else measure.measure(request)
+
+
+COMMANDS = {"run": cmd_run, "measure": cmd_measure, "env": cmd_env, "report": cmd_report, "runs": cmd_runs,
             "keep": cmd_keep, "preflight": cmd_preflight, "compare": cmd_compare,
             "fleet": cmd_fleet}
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; user errors print one line and exit 2, never a traceback; a record that
-    cannot be written (a full disk) prints one line and exits 1. ``measure`` has its own
-    parser and imports nothing but torch and the standard library."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["measure"]:
-        from stagelab import measure
-
-        return measure.main(argv[1:])
+    cannot be written (a full disk) prints one line and exits 1. ``measure`` imports nothing
+    but torch and the standard library."""
     from stagelab.rundir import RecordError
 
     args = _parser().parse_args(argv)

@@ -41,7 +41,10 @@ from stagelab.errors import ExtraUnavailable
 # The fused path's temporaries per block element: the rank's bool comparison and the int64 its
 # sum casts to (1 + 8 bytes, measured on CPU), which outweighs logsumexp's fp32 upcast and exp.
 BLOCK_TEMP_BYTES = 9
-# Blocks are sized so that those temporaries stay within this fraction of the logits' bytes.
+# A block's temporaries may take this many bytes, or this fraction of a larger batch's logits:
+# a decode batch that fits is one block (one launch per operation, not one per row, which left
+# the fused arm launch-bound on a GPU at n <= 64 in bf16), and a huge batch stays bounded.
+BLOCK_BUDGET_BYTES = 256 << 20
 BLOCK_EXTRA_FRACTION = 0.10
 HOST_BACKENDS = ("numpy", "native")
 
@@ -255,36 +258,53 @@ def gather_unchecked(logprobs: torch.Tensor, num_logprobs: int,
                            ranks.to(torch.int32))
 
 
-def block_rows(rows: int, itemsize: int) -> int:
-    """Rows per block of the fused path: temporaries within 10 % of the logits' bytes."""
-    return max(1, min(rows, int(BLOCK_EXTRA_FRACTION * rows * itemsize / BLOCK_TEMP_BYTES)))
+def block_budget(rows: int, vocab: int, itemsize: int) -> float:
+    """The default budget of a block's temporaries: :data:`BLOCK_BUDGET_BYTES`, or
+    :data:`BLOCK_EXTRA_FRACTION` of the logits' bytes where that is more."""
+    return max(BLOCK_BUDGET_BYTES, bounded_budget(rows, vocab, itemsize))
+
+
+def bounded_budget(rows: int, vocab: int, itemsize: int) -> float:
+    """A budget of :data:`BLOCK_EXTRA_FRACTION` of the logits' bytes: the fused path's
+    temporaries stay within that share (prompt logprobs' memory bound)."""
+    return BLOCK_EXTRA_FRACTION * rows * vocab * itemsize
+
+
+def block_rows(rows: int, vocab: int, itemsize: int, budget_bytes: float | None = None) -> int:
+    """Rows per block of the fused path: the most whose temporaries (:data:`BLOCK_TEMP_BYTES`
+    per element) fit ``budget_bytes`` (default :func:`block_budget`), at least one."""
+    if budget_bytes is None:
+        budget_bytes = block_budget(rows, vocab, itemsize)
+    return max(1, min(rows, int(budget_bytes // (vocab * BLOCK_TEMP_BYTES))))
 
 
 def logprobs_from_logits(logits: torch.Tensor, num_logprobs: int, token_ids: torch.Tensor, *,
-                         validate: bool = True) -> LogprobsTensors:
+                         validate: bool = True,
+                         budget_bytes: float | None = None) -> LogprobsTensors:
     """The fused path: the same result as ``gather_logprobs(compute_logprobs(logits), ...)``
     without a fp32 ``[N, V]`` tensor; logprobs are ``logit - logsumexp`` formed in fp32.
 
     Bad ids and rows whose logsumexp is not finite (NaN, +inf, or only -inf) are flagged on
-    the device and read once at the end: one host wait per call, none with ``validate=False``."""
+    the device and read once at the end: one host wait per call, none with ``validate=False``.
+    Rows are processed in blocks whose temporaries fit ``budget_bytes`` (:func:`block_rows`)."""
     _, vocab, num_logprobs = check_call(logits, num_logprobs, token_ids)
     targets, bad_ids = device_targets(token_ids, logits.device, vocab, validate)
-    out, lse = fused_unchecked(logits, num_logprobs, targets)
+    out, lse = fused_unchecked(logits, num_logprobs, targets, budget_bytes)
     if validate:
         raise_flagged(bad_ids, token_ids, vocab, ~torch.isfinite(lse),
                       "logits contain NaN, +inf, or only -inf")
     return out
 
 
-def fused_unchecked(logits: torch.Tensor, num_logprobs: int,
-                    targets: torch.Tensor) -> tuple[LogprobsTensors, torch.Tensor]:
+def fused_unchecked(logits: torch.Tensor, num_logprobs: int, targets: torch.Tensor,
+                    budget_bytes: float | None = None) -> tuple[LogprobsTensors, torch.Tensor]:
     """:func:`logprobs_from_logits` on int64 ``targets`` on the logits' device, all in range;
     returns the result and each row's logsumexp (not finite: a bad row)."""
     rows = logits.shape[0]
     device = logits.device
     out = LogprobsTensors.empty(rows, num_logprobs, device)
     lse = torch.empty(rows, dtype=torch.float32, device=device)
-    step = block_rows(rows, logits.element_size())
+    step = block_rows(rows, logits.shape[1], logits.element_size(), budget_bytes)
     for start in range(0, rows, step):
         block = logits[start:start + step]
         target = block.gather(1, targets[start:start + step, None])

@@ -77,14 +77,16 @@ class Request:
     command: list[str] = field(default_factory=list)
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="stagelab measure", description="Measure a profile's experiments with torch alone "
-        "into one folder (measured.json, hardware.json, preflight.json, inventory.json, "
-        "rows/*.jsonl); analyse it elsewhere with `stagelab run --profile P --from DIR`.",
-        epilog="Exit status: 0 everything measured, 1 partial (a failed cell or experiment, or "
-        "stopped at the deadline), 2 a bad request, 3 preflight no-go without --force, "
-        "130 interrupted.")
+DESCRIPTION = ("Measure a profile's experiments with torch alone into one folder (measured.json, "
+               "hardware.json, preflight.json, inventory.json, rows/*.jsonl); analyse it "
+               "elsewhere with `stagelab run --profile P --from DIR`.")
+EPILOG = ("Exit status: 0 everything measured, 1 partial (a failed cell or experiment, or stopped "
+          "at the deadline), 2 a bad request, 3 preflight no-go without --force, 130 "
+          "interrupted.")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The options of ``stagelab measure`` (here and in the ``stagelab`` command's parser)."""
     parser.add_argument("--profile", default="smoke",
                         help="a profile of profiles.json (smoke, quick, gate, full)")
     parser.add_argument("--only", nargs="+", default=[], metavar="NOTEBOOK",
@@ -101,6 +103,11 @@ def _parser() -> argparse.ArgumentParser:
                         help="print each cell's predicted seconds on a cpu or cuda machine and "
                              "the total; measures and creates nothing")
     return parser
+
+
+def _parser() -> argparse.ArgumentParser:
+    return add_arguments(argparse.ArgumentParser(prog="stagelab measure",
+                                                 description=DESCRIPTION, epilog=EPILOG))
 
 
 def resolve(profile: str, only: list[str], overrides: list[str]) -> tuple[
@@ -136,9 +143,8 @@ def check_out(out: Path | None) -> Path:
     return out
 
 
-def parse_request(argv: list[str]) -> Request | None:
-    """The checked request, or None after ``--estimate`` printed its table."""
-    args = _parser().parse_args(argv)
+def checked_request(args: argparse.Namespace, command: list[str]) -> Request | None:
+    """The checked request of parsed options, or None after ``--estimate`` printed its table."""
     measuring, every = resolve(args.profile, args.only, args.param)
     if args.estimate:
         print(format_estimate(predict_profile(measuring, args.estimate), args.estimate))
@@ -146,7 +152,7 @@ def parse_request(argv: list[str]) -> Request | None:
     if args.deadline_s is not None and not args.deadline_s > 0:
         raise UserError(f"--deadline-s {args.deadline_s}: give a positive number of seconds")
     return Request(args.profile, measuring, every, check_out(args.out), args.deadline_s,
-                   args.force, ["stagelab", "measure", *argv])
+                   args.force, command)
 
 
 # ------------------------------------------------------------------------------ predictions
@@ -514,7 +520,7 @@ def main(argv: list[str] | None = None) -> int:
     """``stagelab measure ARGS``; returns the exit status (a bad request: one line, 2)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        request = parse_request(argv)
+        request = checked_request(_parser().parse_args(argv), ["stagelab", "measure", *argv])
         return EXIT_OK if request is None else measure(request)
     except SystemExit as exc:  # argparse: --help (0) or a malformed command line (2)
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE

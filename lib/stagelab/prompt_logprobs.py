@@ -242,8 +242,12 @@ def _project(hidden_rows: torch.Tensor, lm_head: LmHead) -> torch.Tensor:
 
 def _fused_chunk(logits: torch.Tensor, num_logprobs: int, targets: torch.Tensor,
                  bad_rows: torch.Tensor, validate: bool) -> lp.LogprobsTensors:
-    """One chunk of the fused path; flags its bad rows into ``bad_rows`` (no host wait)."""
-    result, lse = lp.fused_unchecked(logits, num_logprobs, targets)
+    """One chunk of the fused path, its temporaries within a share of the chunk's logits
+    (:func:`stagelab.logprobs.bounded_budget`); flags its bad rows into ``bad_rows`` (no host
+    wait)."""
+    rows, vocab = logits.shape
+    result, lse = lp.fused_unchecked(logits, num_logprobs, targets,
+                                     lp.bounded_budget(rows, vocab, logits.element_size()))
     if validate:
         torch.logical_not(torch.isfinite(lse), out=bad_rows)
     return result
@@ -268,8 +272,8 @@ def predicted_peak_bytes(tokens: int, vocab: int, chunk: int | None, dtype: torc
     * ``logsoftmax``: the fp32 log-softmax (4 bytes per element), then at the larger of two
       moments either the fp32 upcast of half-precision logits (4) or the rank's comparison, a
       bool (1) whose sum casts it to int64 (8): ``C x V x (4 + max(upcast, 9))``;
-    * ``fused``: the same temporaries for one block of :func:`stagelab.logprobs.block_rows` rows:
-      ``B x V x max(4 + upcast, 9)``.
+    * ``fused``: the same temporaries for one block of :func:`stagelab.logprobs.block_rows` rows
+      within :func:`stagelab.logprobs.bounded_budget` of the chunk: ``B x V x max(4 + upcast, 9)``.
 
     Plus the results: the chunk's device results, the host output ``(T-1) x (K+1)`` and two host
     slots; and the bad-row flags, one bool per row.
@@ -281,8 +285,8 @@ def predicted_peak_bytes(tokens: int, vocab: int, chunk: int | None, dtype: torc
     if method == "logsoftmax":
         working = chunk * vocab * (4 + max(upcast, lp.BLOCK_TEMP_BYTES))
     elif method == "fused":
-        working = (lp.block_rows(chunk, itemsize) * vocab
-                   * max(4 + upcast, lp.BLOCK_TEMP_BYTES))
+        block = lp.block_rows(chunk, vocab, itemsize, lp.bounded_budget(chunk, vocab, itemsize))
+        working = block * vocab * max(4 + upcast, lp.BLOCK_TEMP_BYTES)
     else:
         raise ValueError(f"method must be 'fused' or 'logsoftmax', got {method!r}")
     result_row = (num_logprobs + 1) * 8 + 4
