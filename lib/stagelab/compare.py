@@ -210,10 +210,11 @@ def _timings(run: RunFacts, verdict: dict[str, Any] | None) -> str:
         manifest = rundir.read_manifest(run.path)
     except UserError:
         manifest = {}
-    found = trust.reasons(run.path, manifest, verdict or {})
-    if found:
-        run.notes.append(f"{run.run_id}: timings not trustworthy: {'; '.join(found)}")
-        return "NOT TRUSTWORTHY: " + "; ".join(found)
+    busy, harness = trust.load_reasons(manifest), trust.harness_reasons(verdict or {})
+    if busy or harness:
+        run.notes.append(f"{run.run_id}: timings not trustworthy: {'; '.join(busy + harness)}")
+        causes = ["busy machine"] * bool(busy) + ["A/A check failed"] * bool(harness)
+        return f"NOT TRUSTWORTHY ({', '.join(causes)}; see the note)"
     load = "quiet" if trust.load_known(manifest) else "load not recorded"
     harness = "A/A passed" if trust.harness_checked(verdict or {}) else "A/A not checked"
     return f"yes ({load}, {harness})" if load == "quiet" and harness == "A/A passed" else (
@@ -423,7 +424,8 @@ def render_html(comparison: Comparison) -> str:
             f"<title>stagelab compare</title>{records.generator_tag(COMMAND)}"
             f"<style>{STYLE}</style></head><body>\n"
             f"<h1>stagelab compare</h1>\n<p>Made {made}. Runs:</p><ul>{runs}</ul>\n"
-            + (f"<h2>What some runs lack</h2><ul class=\"notes\">{notes}</ul>\n" if notes else "")
+            + (f"<h2>Notes on the runs (what some lack, timings not to trust)</h2>"
+               f"<ul class=\"notes\">{notes}</ul>\n" if notes else "")
             + f"<h2>Side by side</h2>\n{ratio_note}\n{table}\n</body></html>\n")
 
 
