@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -243,6 +244,22 @@ def test_run_from_refuses_what_is_not_a_measurement(tmp_path, smoke, capsys):
     assert not (tmp_path / "runs").exists()
     with pytest.raises(UserError, match="is set by the runner"):
         profiles.plan_run("smoke", overrides={"01_d2h_staging": {"measured": str(smoke)}})
+
+
+def test_a_replay_is_kept_under_the_measuring_machine(tmp_path, smoke):
+    from stagelab import evidence, replay
+
+    node = tmp_path / "from_a_node"
+    shutil.copytree(smoke, node)
+    snap = json.loads((node / "hardware.json").read_text())
+    (node / "hardware.json").write_text(json.dumps({**snap, "gpu": {"name": "NVIDIA H200"}}))
+    plan = profiles.plan_run("smoke")
+    origin = replay.replay_plan(plan, node, [])
+    assert evidence.machine_slug({"hardware": origin["hardware"]}) == "NVIDIA-H200"
+    assert origin["host"] == measure.read_measured(smoke)["host"] and origin["gaps"] == []
+    measured = {nb.name: nb.parameters.get("measured") for nb in plan.notebooks}
+    assert measured == {**dict.fromkeys(measure.MEASURING, str(node.resolve())),
+                        "04_verdict": None}
 
 
 DECISION_FIELDS = ("overall", "decisive", "step_levers", "copy_cells", "goals", "clock_check",

@@ -136,8 +136,7 @@ def check_out(out: Path | None) -> Path:
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UserError(f"--out {out}: exists and is not an empty folder; measurements are "
                         "never mixed: name a new folder")
-    parent = out.parent if out.parent != Path("") else Path(".")
-    existing = next((p for p in [parent, *parent.parents] if p.exists()), Path("/"))
+    existing = next((p for p in [out.parent, *out.parent.parents] if p.exists()), Path("/"))
     if not os.access(existing, os.W_OK | os.X_OK):
         raise UserError(f"--out {out}: {existing} is not writable")
     return out
