@@ -184,16 +184,14 @@ def test_a_no_go_preflight_stops_before_measuring(tmp_path, capsys):
     assert "preflight no-go" in capsys.readouterr().err
 
 
-@pytest.fixture(scope="module")
-def killed(tmp_path_factory) -> Path:
-    """A measurement killed (SIGKILL) in the middle of the step's second cell."""
-    out = tmp_path_factory.mktemp("killed") / "evidence"
+def stop_in_the_second_step_cell(out: Path, signum: int) -> int:
+    """Run a measurement whose step has a long second cell, send ``signum`` inside that cell,
+    and return the exit status."""
     rows = out / "rows" / "step.jsonl"
     env = {**os.environ, "PYTHONPATH": str(REPO / "lib")}
     process = subprocess.Popen(
         [sys.executable, "-m", "stagelab", "measure", "--profile", "smoke", "--force", "--out",
-         str(out),
-         "--param", "02_logprobs_step.models=[Qwen2.5-7B]",
+         str(out), "--param", "02_logprobs_step.models=[Qwen2.5-7B]",
          "--param", "02_logprobs_step.rows=[2, 64]", "--param", "02_logprobs_step.rounds=50",
          "--param", "02_logprobs_step.max_rounds=50"],
         cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -203,11 +201,29 @@ def killed(tmp_path_factory) -> Path:
             assert process.poll() is None and time.monotonic() < deadline, "no first cell"
             time.sleep(0.1)
         time.sleep(1.0)  # inside the second cell (50 rounds of a 39 MB step: many seconds)
-        assert process.poll() is None, "the second cell ended before the kill"
-        os.kill(process.pid, signal.SIGKILL)
+        assert process.poll() is None, "the second cell ended before the signal"
+        os.kill(process.pid, signum)
     finally:
-        process.wait(30)
+        process.wait(60)
+    return process.returncode
+
+
+@pytest.fixture(scope="module")
+def killed(tmp_path_factory) -> Path:
+    """A measurement killed (SIGKILL) in the middle of the step's second cell."""
+    out = tmp_path_factory.mktemp("killed") / "evidence"
+    assert stop_in_the_second_step_cell(out, signal.SIGKILL) == -signal.SIGKILL
     return out
+
+
+def test_sigterm_is_an_interruption_recorded_with_exit_130(tmp_path):
+    out = tmp_path / "evidence"
+    assert stop_in_the_second_step_cell(out, signal.SIGTERM) == measure.EXIT_INTERRUPTED
+    manifest = json.loads((out / measure.MANIFEST).read_text())  # written by the process itself
+    statuses = [e["status"] for e in manifest["experiments"]]
+    assert manifest["status"] == "interrupted" and statuses == [
+        "ok", "ok", "interrupted", "interrupted"]
+    assert {r["rows"] for r in rows_of(out, "step")} == {2}
 
 
 def test_a_killed_measurement_keeps_its_finished_cells(killed):
