@@ -338,3 +338,41 @@ def test_a_killed_measurement_replays_and_the_verdict_names_the_gaps(tmp_path, k
     assert any(g.startswith("02_logprobs_step: interrupted, 1 of 2 cells measured")
                for g in got["measured_on"]["gaps"])
     assert any("03_prompt_logprobs: interrupted" in f for f in got["findings"])
+
+
+# ------------------------------------------------------------------ what a replay may claim
+
+def replay_manifest(run_dir: Path, measured_status: str, gaps: list[str],
+                    status: str = "running") -> dict:
+    """A finished replay's manifest with notebooks 00 and 04 only (what a no-go replays to)."""
+    from stagelab import rundir
+
+    notebooks = [rundir.notebook_entry(name, status="ok")
+                 for name in ("00_environment", "04_verdict")]
+    manifest = rundir.new_manifest(run_dir, "smoke", ["stagelab"], notebooks, {}, status)
+    manifest["measured_on"] = {"status": measured_status, "gaps": gaps}
+    return manifest
+
+
+def test_a_replay_that_measured_nothing_is_unmeasured(tmp_path):
+    from stagelab import rundir
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    recorder = rundir.ManifestRecorder(run_dir, replay_manifest(run_dir, "no-go", []))
+    assert recorder.finish()["status"] == rundir.UNMEASURED
+    live = rundir.new_manifest(run_dir, "smoke", ["stagelab"], [
+        rundir.notebook_entry("00_environment", status="ok")], {})
+    assert rundir.ManifestRecorder(run_dir, live).finish()["status"] == rundir.OK
+
+
+def test_keep_refuses_a_replay_of_a_partial_measurement_unless_forced(tmp_path):
+    from stagelab import evidence
+
+    for status, gaps in (("deadline", ["02_logprobs_step: deadline, 1 of 3 cells measured"]),
+                         ("interrupted", ["03_prompt_logprobs: interrupted"]),
+                         ("ok", ["01_d2h_staging: failed"])):
+        why = evidence.refusal(tmp_path, replay_manifest(tmp_path, status, gaps, "ok"))
+        assert why.startswith(f"it replays a measurement whose status is {status}") and \
+            gaps[0] in why
+    assert evidence.replay_gaps(replay_manifest(tmp_path, "ok", [], "ok")) is None

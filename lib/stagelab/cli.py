@@ -128,6 +128,10 @@ def cmd_run(args: argparse.Namespace) -> int:
                                    measured=origin)
     _say(f"report: {run_dir / 'index.html'}", sys.stdout)
     _say(verdict_line(run_dir, manifest), sys.stdout)
+    if origin is not None and (origin["status"] != measure.OK or origin["gaps"]):
+        _say(f"the measurement replayed is {origin['status']}, not ok: "
+             f"{'; '.join(origin['gaps']) or 'see its measured.json'}; keep refuses this run "
+             "without --force")
     if manifest["status"] == rundir.INTERRUPTED:
         _say("run interrupted; what was produced is kept")
         return EXIT_INTERRUPTED

@@ -41,12 +41,28 @@ def refusal(run_dir: Path, manifest: dict[str, Any]) -> str | None:
                       if e.get("status") != rundir.OK]
         detail = f" ({', '.join(unfinished)})" if unfinished else ""
         return f"its status is {status}{detail}, not ok"
+    partial = replay_gaps(manifest)
+    if partial:
+        return partial
     if not RunFolder(run_dir).verdict_path.exists():
         return f"it has no {VERDICT} (the verdict notebook did not run or did not finish)"
     untrusted = trust.reasons(run_dir, manifest)
     if untrusted:
         return "its timings are not trustworthy: " + "; ".join(untrusted)
     return None
+
+
+def replay_gaps(manifest: dict[str, Any]) -> str | None:
+    """Why a replay (``run --from``) is not whole evidence: the measurement it analyses was
+    not ``ok`` (no-go, stopped at the deadline, killed, a failed cell); ``None`` otherwise."""
+    measured_on = manifest.get("measured_on")
+    if not measured_on:
+        return None
+    status, gaps = measured_on.get("status"), measured_on.get("gaps") or []
+    if status == rundir.OK and not gaps:
+        return None
+    detail = f" ({'; '.join(gaps)})" if gaps else ""
+    return f"it replays a measurement whose status is {status}{detail}, not ok"
 
 
 def machine_slug(manifest: dict[str, Any]) -> str:

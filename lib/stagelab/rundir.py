@@ -194,13 +194,16 @@ class ManifestRecorder:
 
     def finish(self) -> dict[str, Any]:
         """Close the record: ``failed`` if any notebook did not deliver, ``unmeasured`` if
-        the tables hold rows but none ok, else ``ok``. Rows per status go in ``measured``."""
+        the tables hold rows but none ok (or a replay, ``measured_on``, holds no ok row at
+        all), else ``ok``. Rows per status go in ``measured``."""
         self.manifest["measured"] = measured_counts(self.run_dir)
         if self.manifest["status"] == RUNNING:
             statuses = {e["status"] for e in self.manifest["notebooks"]}
             measured = self.manifest["measured"]
-            self.manifest["status"] = (FAILED if statuses & set(NOT_DELIVERED) else
-                                       UNMEASURED if measured and not measured.get(OK) else OK)
+            replayed = bool(self.manifest.get("measured_on"))
+            self.manifest["status"] = (
+                FAILED if statuses & set(NOT_DELIVERED) else
+                UNMEASURED if (measured or replayed) and not measured.get(OK) else OK)
         self.manifest["finished_utc"] = now_utc()
         self.save()
         return self.manifest
