@@ -11,6 +11,7 @@ import os
 import signal
 import sys
 import tarfile
+import threading
 from pathlib import Path
 
 import pytest
@@ -134,7 +135,7 @@ def test_the_page_says_whether_the_answer_differs_between_platforms():
 
 def test_the_shipped_checkout_holds_what_measure_reads(tmp_path):
     staged = fleet.stage_checkout(tmp_path / "checkout")
-    assert (staged / "lib" / "stagelab" / "cli.py").is_file()
+    assert (staged / "lib" / "stagelab" / "measure.py").is_file()
     assert (staged / "lib" / "stagelab" / "csrc").is_dir()
     assert not list(staged.rglob("__pycache__"))
     for source in fleet.shipped_paths()[1:]:
@@ -368,3 +369,39 @@ def test_the_fleet_folder_lists_every_node_with_its_status_and_times(cluster, tm
     assert line == f"fleet: 2 nodes: 2 failed (exit 1); page: {folder / fleet.PAGE}"
     progress = capsys.readouterr().err
     assert progress.count("started on") == 2 and progress.count(": analysed in") == 2
+
+
+@pytest.mark.slow
+def test_smoke_on_two_nodes_with_one_lost_mid_measure(cluster, tmp_path):
+    """The done-when test: one node analysed with a verdict, the lost node failed, both listed.
+    The first node to start is removed 15 s later, while it measures."""
+    removed: list[str] = []
+    timers: list[threading.Timer] = []
+
+    def remove(record: fleet.NodeRecord) -> None:
+        node = next(n for n in cluster.worker_nodes if n.node_id == record.target.node_id)
+        cluster.remove_node(node, allow_graceful=False)
+
+    def progress(record: fleet.NodeRecord, event: str) -> None:
+        fleet.print_progress(record, event)
+        if event.startswith("started") and not removed:
+            removed.append(record.target.label)
+            timers.append(threading.Timer(15.0, remove, args=(record,)))
+            timers[0].start()
+
+    plan = fleet.check_request("smoke", [], 600)
+    code, folder = fleet.run_fleet(cluster.address, plan, tmp_path, resource=RESOURCE,
+                                   progress=progress)
+    for timer in timers:
+        timer.join()
+    assert code == 1 and removed
+    nodes = {n["label"]: n for n in json.loads((folder / fleet.FLEET_FILE).read_text())["nodes"]}
+    assert len(nodes) == 2
+    lost = nodes.pop(removed[0])
+    [kept] = nodes.values()
+    assert lost["status"] == fleet.FAILED and lost["error"]
+    assert kept["status"] == fleet.OK and kept["verdict"]
+    assert (Path(kept["run_dir"]) / "verdict.json").is_file()
+    page = (folder / fleet.PAGE).read_text()
+    assert removed[0] in page and kept["label"] in page
+    assert (folder / fleet.COMPARE_PAGE).is_file()

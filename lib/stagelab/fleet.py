@@ -247,11 +247,11 @@ def measure_argv(profile: str, params: Sequence[str], timeout_s: float) -> list[
 def check_request(profile: str, params: Sequence[str], timeout_s: float) -> FleetPlan:
     """The plan, or UserError for a request every node would refuse (checked here, before any
     node is asked)."""
-    from stagelab import profiles
+    from stagelab import measure
 
     if not timeout_s > 0:
         raise UserError(f"--timeout-s {timeout_s}: give a positive number of seconds")
-    profiles.plan_run(profile, [], profiles.parse_overrides(params))
+    measure.resolve(profile, [], list(params))
     return FleetPlan(profile, list(params), timeout_s, measure_argv(profile, params, timeout_s))
 
 
