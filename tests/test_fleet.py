@@ -148,7 +148,7 @@ def test_fleet_documents_itself(capsys):
     assert exc.value.code == 0
     text = capsys.readouterr().out
     for option in ("--address", "--profile", "--param", "--out", "--timeout-s",
-                   "--accelerator-type", "--resource", "Exit status"):
+                   "--accelerator-type", "--resource", "--force", "Exit status"):
         assert option in text
 
 
@@ -389,7 +389,7 @@ def test_smoke_on_two_nodes_with_one_lost_mid_measure(cluster, tmp_path):
             timers.append(threading.Timer(15.0, remove, args=(record,)))
             timers[0].start()
 
-    plan = fleet.check_request("smoke", [], 600)
+    plan = fleet.check_request("smoke", [], 600, force=True)  # CPU nodes: the preflight is no-go
     code, folder = fleet.run_fleet(cluster.address, plan, tmp_path, resource=RESOURCE,
                                    progress=progress)
     for timer in timers:
