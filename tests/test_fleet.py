@@ -183,6 +183,14 @@ def test_no_cluster_at_the_address_is_a_bad_request(capsys, tmp_path):
     assert not list(tmp_path.iterdir())
 
 
+def test_a_loopback_address_keeps_ray_on_loopback(monkeypatch):
+    monkeypatch.delenv(fleet.LOOPBACK_ENV, raising=False)
+    fleet.keep_loopback("head.example:6379")
+    assert fleet.LOOPBACK_ENV not in os.environ
+    fleet.keep_loopback("127.0.0.1:6379")
+    assert os.environ[fleet.LOOPBACK_ENV] == "0"
+
+
 def test_the_retry_policy_is_once_for_a_system_failure_on_a_live_node():
     exceptions = pytest.importorskip("ray.exceptions")
     crashed = exceptions.WorkerCrashedError()

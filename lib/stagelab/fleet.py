@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import html
 import importlib.util
+import ipaddress
 import json
 import os
 import re
@@ -63,6 +64,8 @@ RETURN_MARGIN_S = 60.0
 POLL_S = 0.5
 CONNECT_CHECK_S = 5.0
 ACCELERATOR_PREFIX = "accelerator_type:"
+# Ray's switch for a cluster on one machine (read when Ray is imported): addresses stay loopback.
+LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 ANALYSIS_TIMEOUT_S = 3600
 Progress = Callable[["NodeRecord", str], None]
 
@@ -264,13 +267,34 @@ def require_ray() -> None:
         raise UserError("the fleet needs Ray, which is not installed: pip install -e '.[fleet]'")
 
 
+def host_and_port(address: str) -> tuple[str, int] | None:
+    """The host and port of a ``HOST:PORT`` (or ``ray://HOST:PORT``) address; None for ``auto``."""
+    match = re.fullmatch(r"(?:ray://)?\[?([^\]]+?)\]?:(\d+)", address)
+    return (match.group(1), int(match.group(2))) if match else None
+
+
+def keep_loopback(address: str) -> None:
+    """Ray swaps a loopback address for the machine's network address, where a cluster bound to
+    loopback is not found, unless told that the cluster is this one machine's; told here, before
+    Ray is imported, for a loopback ``address`` only."""
+    found = host_and_port(address)
+    if found is None:
+        return
+    try:
+        loopback = found[0] == "localhost" or ipaddress.ip_address(found[0]).is_loopback
+    except ValueError:  # a host name
+        return
+    if loopback:
+        os.environ.setdefault(LOOPBACK_ENV, "0")
+
+
 def check_address(address: str) -> None:
     """For a ``host:port`` address, UserError in seconds when nothing listens there (Ray itself
     would retry for much longer)."""
-    match = re.fullmatch(r"(?:ray://)?\[?([^\]]+?)\]?:(\d+)", address)
-    if not match:
+    found = host_and_port(address)
+    if found is None:
         return
-    host, port = match.group(1), int(match.group(2))
+    host, port = found
     try:
         with socket.create_connection((host, port), timeout=CONNECT_CHECK_S):
             pass
@@ -640,6 +664,7 @@ def session(address: str) -> Iterator[float]:
     took and disconnects in every case. UserError when nothing answers at ``address``."""
     import logging
 
+    keep_loopback(address)
     import ray
 
     check_address(address)
