@@ -11,6 +11,7 @@ import os
 import signal
 import sys
 import tarfile
+import threading
 from pathlib import Path
 
 import pytest
@@ -134,7 +135,7 @@ def test_the_page_says_whether_the_answer_differs_between_platforms():
 
 def test_the_shipped_checkout_holds_what_measure_reads(tmp_path):
     staged = fleet.stage_checkout(tmp_path / "checkout")
-    assert (staged / "lib" / "stagelab" / "cli.py").is_file()
+    assert (staged / "lib" / "stagelab" / "measure.py").is_file()
     assert (staged / "lib" / "stagelab" / "csrc").is_dir()
     assert not list(staged.rglob("__pycache__"))
     for source in fleet.shipped_paths()[1:]:
@@ -147,7 +148,7 @@ def test_fleet_documents_itself(capsys):
     assert exc.value.code == 0
     text = capsys.readouterr().out
     for option in ("--address", "--profile", "--param", "--out", "--timeout-s",
-                   "--accelerator-type", "--resource", "Exit status"):
+                   "--accelerator-type", "--resource", "--force", "Exit status"):
         assert option in text
 
 
@@ -180,6 +181,14 @@ def test_no_cluster_at_the_address_is_a_bad_request(capsys, tmp_path):
                      "--out", str(tmp_path)]) == 2
     assert "no Ray cluster answers" in _one_line_error(capsys)
     assert not list(tmp_path.iterdir())
+
+
+def test_a_loopback_address_keeps_ray_on_loopback(monkeypatch):
+    monkeypatch.delenv(fleet.LOOPBACK_ENV, raising=False)
+    fleet.keep_loopback("head.example:6379")
+    assert fleet.LOOPBACK_ENV not in os.environ
+    fleet.keep_loopback("127.0.0.1:6379")
+    assert os.environ[fleet.LOOPBACK_ENV] == "0"
 
 
 def test_the_retry_policy_is_once_for_a_system_failure_on_a_live_node():
@@ -368,3 +377,39 @@ def test_the_fleet_folder_lists_every_node_with_its_status_and_times(cluster, tm
     assert line == f"fleet: 2 nodes: 2 failed (exit 1); page: {folder / fleet.PAGE}"
     progress = capsys.readouterr().err
     assert progress.count("started on") == 2 and progress.count(": analysed in") == 2
+
+
+@pytest.mark.slow
+def test_smoke_on_two_nodes_with_one_lost_mid_measure(cluster, tmp_path):
+    """The done-when test: one node analysed with a verdict, the lost node failed, both listed.
+    The first node to start is removed 15 s later, while it measures."""
+    removed: list[str] = []
+    timers: list[threading.Timer] = []
+
+    def remove(record: fleet.NodeRecord) -> None:
+        node = next(n for n in cluster.worker_nodes if n.node_id == record.target.node_id)
+        cluster.remove_node(node, allow_graceful=False)
+
+    def progress(record: fleet.NodeRecord, event: str) -> None:
+        fleet.print_progress(record, event)
+        if event.startswith("started") and not removed:
+            removed.append(record.target.label)
+            timers.append(threading.Timer(15.0, remove, args=(record,)))
+            timers[0].start()
+
+    plan = fleet.check_request("smoke", [], 600, force=True)  # CPU nodes: the preflight is no-go
+    code, folder = fleet.run_fleet(cluster.address, plan, tmp_path, resource=RESOURCE,
+                                   progress=progress)
+    for timer in timers:
+        timer.join()
+    assert code == 1 and removed
+    nodes = {n["label"]: n for n in json.loads((folder / fleet.FLEET_FILE).read_text())["nodes"]}
+    assert len(nodes) == 2
+    lost = nodes.pop(removed[0])
+    [kept] = nodes.values()
+    assert lost["status"] == fleet.FAILED and lost["error"]
+    assert kept["status"] == fleet.OK and kept["verdict"]
+    assert (Path(kept["run_dir"]) / "verdict.json").is_file()
+    page = (folder / fleet.PAGE).read_text()
+    assert removed[0] in page and kept["label"] in page
+    assert (folder / fleet.COMPARE_PAGE).is_file()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import subprocess
 import sys
 import textwrap
@@ -104,12 +105,15 @@ def test_a_sweep_killed_mid_way_leaves_its_finished_cells_on_disk(tmp_path):
     assert not list(tmp_path.glob("data/.*.tmp")), "no half-written file is left behind"
 
 
-def test_headless_progress_is_one_line_per_cell(monkeypatch, capsys):
+def test_headless_progress_is_one_line_per_cell_on_the_process_stderr(monkeypatch, capfd):
     monkeypatch.setenv(paths.HEADLESS_ENV, "1")
+    notebook_output = io.StringIO()  # what a kernel shows in the notebook (and its export)
+    monkeypatch.setattr(sys, "stderr", notebook_output)
     sweep.run(cells(3), lambda cell: plan({"a": lambda r: None}), rounds=2, warmup=0,
               device="cpu", label="demo")
-    err = capsys.readouterr().err.strip().splitlines()
+    err = capfd.readouterr().err.strip().splitlines()
     assert err == [f"demo: cell {i + 1}/3 cell {i}: 1 ok" for i in range(3)]
+    assert notebook_output.getvalue() == ""
 
 
 @pytest.mark.parametrize("event, host, agree", [(0.010, 0.0102, True), (0.010, 0.0125, False),

@@ -112,6 +112,9 @@ def _parser() -> argparse.ArgumentParser:
                        help="only nodes of Ray's accelerator_type TYPE, e.g. H100 (repeatable)")
     fleet.add_argument("--resource", default=None, metavar="NAME",
                        help="only nodes holding the custom resource NAME (for tests)")
+    fleet.add_argument("--force", action="store_true",
+                       help="measure even where a node's preflight says no-go (recorded; "
+                            "without it such a node is unavailable)")
     return parser
 
 
@@ -250,7 +253,7 @@ def cmd_fleet(args: argparse.Namespace) -> int:
     from stagelab import fleet
 
     fleet.require_ray()
-    plan = fleet.check_request(args.profile, args.param, args.timeout_s)
+    plan = fleet.check_request(args.profile, args.param, args.timeout_s, args.force)
     code, folder = fleet.run_fleet(args.address, plan, args.out, args.accelerator_type,
                                    args.resource)
     print(fleet.summary_line(code, folder))

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import html
 import importlib.util
+import ipaddress
 import json
 import os
 import re
@@ -63,6 +64,8 @@ RETURN_MARGIN_S = 60.0
 POLL_S = 0.5
 CONNECT_CHECK_S = 5.0
 ACCELERATOR_PREFIX = "accelerator_type:"
+# Ray's switch for a cluster on one machine (read when Ray is imported): addresses stay loopback.
+LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 ANALYSIS_TIMEOUT_S = 3600
 Progress = Callable[["NodeRecord", str], None]
 
@@ -153,7 +156,6 @@ class NodeRecord:
     seconds: dict[str, float] = field(default_factory=dict)
     _dispatched: float = 0.0
     _started: float | None = None
-    _probe_s: float = 0.0
 
     def row(self) -> dict[str, Any]:
         """The JSON row (private timing fields left out)."""
@@ -235,24 +237,28 @@ class FleetPlan:
     extra_env: dict[str, str] = field(default_factory=dict)
 
 
-def measure_argv(profile: str, params: Sequence[str], timeout_s: float) -> list[str]:
+def measure_argv(profile: str, params: Sequence[str], timeout_s: float,
+                 force: bool = False) -> list[str]:
     """The node's ``stagelab measure`` command line (without ``--out``); its deadline is the
-    fleet's timeout, so a node stops itself and sends what it measured."""
+    fleet's timeout, so a node stops itself and sends what it measured. ``force`` measures past a
+    no-go preflight (measure records it)."""
     argv = ["-m", "stagelab", "measure", "--profile", profile, "--deadline-s", f"{timeout_s:g}"]
     for param in params:
         argv += ["--param", param]
-    return argv
+    return argv + (["--force"] if force else [])
 
 
-def check_request(profile: str, params: Sequence[str], timeout_s: float) -> FleetPlan:
+def check_request(profile: str, params: Sequence[str], timeout_s: float,
+                  force: bool = False) -> FleetPlan:
     """The plan, or UserError for a request every node would refuse (checked here, before any
     node is asked)."""
-    from stagelab import profiles
+    from stagelab import measure
 
     if not timeout_s > 0:
         raise UserError(f"--timeout-s {timeout_s}: give a positive number of seconds")
-    profiles.plan_run(profile, [], profiles.parse_overrides(params))
-    return FleetPlan(profile, list(params), timeout_s, measure_argv(profile, params, timeout_s))
+    measure.resolve(profile, [], list(params))
+    return FleetPlan(profile, list(params), timeout_s,
+                     measure_argv(profile, params, timeout_s, force))
 
 
 def require_ray() -> None:
@@ -261,13 +267,34 @@ def require_ray() -> None:
         raise UserError("the fleet needs Ray, which is not installed: pip install -e '.[fleet]'")
 
 
+def host_and_port(address: str) -> tuple[str, int] | None:
+    """The host and port of a ``HOST:PORT`` (or ``ray://HOST:PORT``) address; None for ``auto``."""
+    match = re.fullmatch(r"(?:ray://)?\[?([^\]]+?)\]?:(\d+)", address)
+    return (match.group(1), int(match.group(2))) if match else None
+
+
+def keep_loopback(address: str) -> None:
+    """Ray swaps a loopback address for the machine's network address, where a cluster bound to
+    loopback is not found, unless told that the cluster is this one machine's; told here, before
+    Ray is imported, for a loopback ``address`` only."""
+    found = host_and_port(address)
+    if found is None:
+        return
+    try:
+        loopback = found[0] == "localhost" or ipaddress.ip_address(found[0]).is_loopback
+    except ValueError:  # a host name
+        return
+    if loopback:
+        os.environ.setdefault(LOOPBACK_ENV, "0")
+
+
 def check_address(address: str) -> None:
     """For a ``host:port`` address, UserError in seconds when nothing listens there (Ray itself
     would retry for much longer)."""
-    match = re.fullmatch(r"(?:ray://)?\[?([^\]]+?)\]?:(\d+)", address)
-    if not match:
+    found = host_and_port(address)
+    if found is None:
         return
-    host, port = match.group(1), int(match.group(2))
+    host, port = found
     try:
         with socket.create_connection((host, port), timeout=CONNECT_CHECK_S):
             pass
@@ -352,10 +379,11 @@ def _task_options(target: Target) -> dict[str, Any]:
     return options
 
 
-def _receive(record: NodeRecord, item: dict[str, Any], node_dir: Path, plan: FleetPlan,
-             progress: Progress) -> None:
-    """Record a node's ``done`` item: its status, its folder unpacked under ``node_dir``."""
-    now = time.monotonic()
+def _receive(record: NodeRecord, item: dict[str, Any], get_s: float, node_dir: Path,
+             plan: FleetPlan, progress: Progress) -> None:
+    """Record a node's ``done`` item (fetched in ``get_s``): its status, its folder unpacked
+    under ``node_dir``, the seconds its return took (packing on the node, fetching, unpacking)."""
+    received = time.monotonic()
     record.finished_utc = rundir.now_utc()
     record.log_tail = item.get("log_tail") or item.get("unavailable")
     probe = item.get("probe") or {}
@@ -363,8 +391,7 @@ def _receive(record: NodeRecord, item: dict[str, Any], node_dir: Path, plan: Fle
     record.gpu = ", ".join(probe.get("gpus") or []) or None
     record.exit_code = item.get("exit_code")
     measure_s = float(item.get("measure_s") or 0.0)
-    record._probe_s = float(item.get("probe_s") or 0.0)
-    record.seconds["probe"] = round(record._probe_s, 3)
+    record.seconds["probe"] = round(float(item.get("probe_s") or 0.0), 3)
     record.seconds["measure"] = round(measure_s, 3)
     manifest_status = None
     archive = item.get("archive")
@@ -378,10 +405,8 @@ def _receive(record: NodeRecord, item: dict[str, Any], node_dir: Path, plan: Fle
             record.status, record.error = FAILED, f"the node's archive cannot be read: {exc}"
     if record.status is None:
         record.status, record.error = classify(item, manifest_status, plan.timeout_s)
-    if record._started is not None:
-        record.seconds["return"] = round(
-            time.monotonic() - record._started - record._probe_s - measure_s, 3)
-    record.seconds["on_node"] = round(now - (record._started or now), 3)
+    record.seconds["return"] = round(float(item.get("pack_s") or 0.0) + get_s
+                                     + time.monotonic() - received, 3)
     progress(record, f"{record.status}" + (f": {record.error}" if record.error else
                                            f" (measured in {measure_s:.1f} s, "
                                            f"{record.archive_bytes or 0} bytes back)"))
@@ -422,6 +447,7 @@ def _advance(gen: Any, running: dict[Any, NodeRecord], fleet_dir: Path, plan: Fl
     import ray
 
     record = running[gen]
+    began = time.monotonic()
     try:
         item = ray.get(next(gen))
     except StopIteration:
@@ -451,7 +477,8 @@ def _advance(gen: Any, running: dict[Any, NodeRecord], fleet_dir: Path, plan: Fl
         progress(record, f"started on {item['host']} (attempt {record.attempts})")
         return
     del running[gen]
-    _receive(record, item, fleet_dir / NODES_DIR / record.target.label, plan, progress)
+    _receive(record, item, time.monotonic() - began, fleet_dir / NODES_DIR / record.target.label,
+             plan, progress)
 
 
 def _cancel_overdue(running: dict[Any, NodeRecord], plan: FleetPlan, progress: Progress) -> None:
@@ -479,8 +506,9 @@ def _cancel_overdue(running: dict[Any, NodeRecord], plan: FleetPlan, progress: P
 
 def analyse(record: NodeRecord, plan: FleetPlan, node_dir: Path, progress: Progress) -> None:
     """``stagelab run --from`` on a node's measured folder, into ``node_dir``; a failed analysis
-    turns an ok node into ``failed``. The run's overall verdict is read back."""
-    if record.measured_dir is None:
+    turns an ok node into ``failed``. The run's overall verdict is read back. An unavailable
+    node measured nothing: it is not analysed."""
+    if record.measured_dir is None or record.status == UNAVAILABLE:
         return
     argv = [sys.executable, "-m", "stagelab", "run", "--profile", plan.profile,
             "--from", record.measured_dir, "--out", str(node_dir)]
@@ -636,6 +664,7 @@ def session(address: str) -> Iterator[float]:
     took and disconnects in every case. UserError when nothing answers at ``address``."""
     import logging
 
+    keep_loopback(address)
     import ray
 
     check_address(address)

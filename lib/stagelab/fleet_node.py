@@ -128,4 +128,5 @@ def measure_on_node(argv: list[str], limit_s: float,
         archive = pack(out) if out.is_dir() else None
         yield {"event": DONE, "exit_code": code, "stopped": stopped, "probe": probe,
                "probe_s": probe_s, "measure_s": measure_s,
+               "pack_s": time.monotonic() - began - measure_s,
                "log_tail": tail(log.read_text(errors="replace")), "archive": archive}

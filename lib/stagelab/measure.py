@@ -465,7 +465,7 @@ def _raise_interrupt(signum: int, _frame: Any) -> None:
 
 
 def overall_status(manifest: Mapping[str, Any]) -> str:
-    """``ok`` when every experiment is, else the first of deadline, failed."""
+    """``ok`` when every experiment is, else the first of interrupted, deadline, failed found."""
     statuses = {e["status"] for e in manifest["experiments"]}
     for status in (INTERRUPTED, DEADLINE, FAILED):
         if status in statuses:

@@ -207,8 +207,10 @@ def run(cells: list[Cell], prepare: Callable[[Cell], CellPlan], *, rounds: int,
             if bar is not None:
                 bar.update()
             elif progress:
+                # the process's own stderr: the terminal under `stagelab measure`, kernel.log
+                # under the runner, never a box in the exported notebook
                 print(f"{label}: cell {index}/{len(cells)} {cell.label}: {outcome(found)}",
-                      file=sys.stderr, flush=True)
+                      file=sys.__stderr__, flush=True)
     finally:
         if bar is not None:
             bar.close()
