@@ -376,3 +376,23 @@ def test_keep_refuses_a_replay_of_a_partial_measurement_unless_forced(tmp_path):
         assert why.startswith(f"it replays a measurement whose status is {status}") and \
             gaps[0] in why
     assert evidence.replay_gaps(replay_manifest(tmp_path, "ok", [], "ok")) is None
+
+
+def test_run_from_refuses_a_folder_whose_rows_are_lost_or_cut(tmp_path, smoke):
+    from stagelab import replay
+
+    lost = tmp_path / "norows"
+    lost.mkdir()
+    for path in smoke.glob("*.json"):
+        shutil.copy(path, lost)
+    with pytest.raises(UserError, match=r"rows/staging.jsonl is missing, although "
+                                        r"01_d2h_staging recorded \d+ measured cells"):
+        replay.replay_plan(profiles.plan_run("smoke"), lost, [])
+    cut = tmp_path / "cut"
+    shutil.copytree(smoke, cut)
+    step = cut / "rows" / "step.jsonl"
+    lines = step.read_text().splitlines(keepends=True)
+    step.write_text("".join(lines[:-1]))
+    with pytest.raises(UserError, match=f"rows/step.jsonl holds {len(lines) - 1} rows, fewer "
+                                        f"than the {len(lines)} that 02_logprobs_step"):
+        replay.replay_plan(profiles.plan_run("smoke"), cut, [])

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from stagelab import estimate, paths, profiles, records, rundir
-from stagelab.errors import DeadlineReached, UserError
+from stagelab.errors import DeadlineReached, SchemaError, UserError
 from stagelab.schema import JsonLinesSink, read_json_lines
 
 MANIFEST = "measured.json"
@@ -346,7 +346,7 @@ class CellClock:
         self.entry["cells"].append({
             "cell": cell.label, "status": FAILED if failed else OK,
             "predicted_s": round(self.predicted, 3), "measured_s": round(seconds, 3),
-            "outcome": sweep.outcome(records)})
+            "rows": len(records), "outcome": sweep.outcome(records)})
         self.recorder.save()
 
 
@@ -565,6 +565,26 @@ def measured_rows(folder: Path | str, table: str) -> list[dict[str, Any]]:
     """The rows of one measured table (empty where the experiment measured no cell)."""
     path = Path(folder) / ROWS_DIR / f"{table}.jsonl"
     return read_json_lines(path) if path.exists() else []
+
+
+def check_rows(folder: Path | str, entry: Mapping[str, Any]) -> None:
+    """UserError when an experiment's rows file holds fewer rows than its cells recorded (a
+    lost or truncated ``rows/``): a replay would otherwise analyse empty tables as whole."""
+    cells = [c for c in entry["cells"] if c["status"] in (OK, FAILED)]
+    if entry["table"] is None or not cells:
+        return
+    path = Path(folder) / entry["rows"]
+    if not path.is_file():
+        raise UserError(f"--from {folder}: {entry['rows']} is missing, although "
+                        f"{entry['notebook']} recorded {len(cells)} measured cells")
+    expected = sum(c.get("rows", 1) for c in cells)
+    try:
+        found = len(read_json_lines(path))
+    except (OSError, SchemaError) as exc:
+        raise UserError(f"--from {folder}: {entry['rows']} cannot be read ({exc})") from exc
+    if found < expected:
+        raise UserError(f"--from {folder}: {entry['rows']} holds {found} rows, fewer than the "
+                        f"{expected} that {entry['notebook']}'s cells recorded")
 
 
 def gaps(manifest: Mapping[str, Any]) -> list[str]:

@@ -32,7 +32,7 @@ def replay_plan(plan: RunPlan, folder: Path, params: Iterable[str]) -> dict[str,
     manifest = measure.read_measured(folder)
     by_notebook = {entry["notebook"]: entry for entry in manifest["experiments"]}
     overridden = set(profiles.parse_overrides(params))
-    kept = []
+    kept, replayed = [], []
     for notebook in plan.notebooks:
         if notebook.name not in measure.MEASURING:
             kept.append(notebook)
@@ -48,9 +48,12 @@ def replay_plan(plan: RunPlan, folder: Path, params: Iterable[str]) -> dict[str,
         if notebook.name in overridden:
             raise UserError(f"--param for {notebook.name}: its rows were measured with their own "
                             "parameters (see measured.json); measure again to change them")
+        replayed.append(entry)
         if _measured_anything(entry):
             notebook.parameters = {**entry["parameters"], "measured": str(folder)}
             kept.append(notebook)
+    for entry in replayed:  # once every experiment the profile needs is known to be there
+        measure.check_rows(folder, entry)
     plan.notebooks = kept
     try:
         hardware = json.loads((folder / "hardware.json").read_text())
