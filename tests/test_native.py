@@ -264,3 +264,15 @@ def test_the_default_cache_folders_end_in_the_repository_and_the_temp_dir(monkey
     monkeypatch.setattr(native.tempfile, "tempdir", None)
     assert native.cache_dirs() == [tmp_path, LIB.parent / ".cache" / "stagelab",
                                    tmp_path / "tmp" / f"stagelab-{os.getuid()}"]
+
+
+def test_the_build_stamp_digest_needs_no_python_3_11(tmp_path, monkeypatch):
+    import hashlib
+
+    from stagelab import native
+
+    library = tmp_path / "lib.so"
+    library.write_bytes(b"x" * (3 << 20) + b"tail")
+    expected = hashlib.sha256(library.read_bytes()).hexdigest()
+    monkeypatch.delattr(hashlib, "file_digest", raising=False)  # as on Python 3.10
+    assert native._digest(library) == expected

@@ -86,8 +86,13 @@ def _first_line(text: str) -> str:
 
 
 def _digest(path: Path) -> str:
+    """The file's SHA-256, read in chunks (``hashlib.file_digest`` is Python 3.11+; the
+    measuring floor runs on 3.10)."""
+    digest = hashlib.sha256()
     with open(path, "rb") as handle:
-        return hashlib.file_digest(handle, "sha256").hexdigest()
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def _stamp_path(library: Path) -> Path:
