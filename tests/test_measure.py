@@ -396,3 +396,43 @@ def test_run_from_refuses_a_folder_whose_rows_are_lost_or_cut(tmp_path, smoke):
     with pytest.raises(UserError, match=f"rows/step.jsonl holds {len(lines) - 1} rows, fewer "
                                         f"than the {len(lines)} that 02_logprobs_step"):
         replay.replay_plan(profiles.plan_run("smoke"), cut, [])
+
+
+def test_the_node_records_its_load_per_experiment(smoke):
+    for entry in measure.read_measured(smoke)["experiments"][1:]:
+        assert set(entry["load"]) >= {"busy", "why"}, entry["notebook"]
+    origin = measure.origin(smoke, measure.read_measured(smoke))
+    assert set(origin["loads"]) == set(measure.TABLES)
+
+
+def test_a_replay_judges_trust_by_the_node_s_load_not_the_analysing_host_s(tmp_path,
+                                                                          monkeypatch):
+    from stagelab import busy, execute, rundir, trust
+
+    class BusyHere:  # the analysing host is loaded while it replays
+        summary = {"busy": True, "why": ["the analysing host was busy"]}
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return None
+
+    monkeypatch.setattr(busy, "LoadWatch", BusyHere)
+    monkeypatch.setattr(execute, "execute_notebook", lambda *args: ("ok", None))
+    monkeypatch.setattr(execute, "export_html", lambda *args: None)
+    monkeypatch.setattr(execute, "write_index", lambda *args: None)
+    plan = profiles.plan_run("smoke", ["01_d2h_staging", "02_logprobs_step"])
+    plan.notebooks[0].parameters["measured"] = plan.notebooks[1].parameters["measured"] = "m"
+    node = {"01_d2h_staging": {"busy": True, "why": ["the node was busy"]}}
+    manifest = rundir.new_manifest(tmp_path, "smoke", ["stagelab"], [
+        rundir.notebook_entry(nb.name, nb.parameters) for nb in plan.notebooks], {})
+    manifest["measured_on"] = {"status": "ok", "gaps": [], "loads": node}
+    recorder = rundir.ManifestRecorder(tmp_path, manifest)
+    for index in range(2):
+        execute.run_notebook_step(recorder, index, plan, progress=False)
+    staging, step = manifest["notebooks"]
+    assert staging["load"] == node["01_d2h_staging"] and step["load"]["busy"] is None
+    assert staging["analysis_load"]["why"] == ["the analysing host was busy"]
+    assert trust.load_reasons(manifest) == [
+        "01_d2h_staging ran on a busy machine: the node was busy"]

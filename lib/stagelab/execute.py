@@ -279,13 +279,23 @@ def run_notebook_step(recorder: ManifestRecorder, index: int, plan: RunPlan,
         status, error = execute_notebook(notebook, recorder.run_dir / entry["output"],
                                          recorder.run_dir, plan)
     entry["load"] = watch.summary
+    measured_on = recorder.manifest.get("measured_on")
+    if measured_on and "measured" in notebook.parameters:  # a replay: trust the node's load
+        entry.update(analysis_load=watch.summary, load=measured_load(measured_on, notebook.name))
     export_html(recorder.run_dir, entry)
     recorder.finish_notebook(index, status, time.perf_counter() - started, error)
     write_index(recorder)
     _say(progress, f"{count} {notebook.name}: {status} ({entry['duration_s']} s)"
                    f"{' - ' + error if error else ''}")
-    if watch.summary.get("busy"):
-        _say(progress, f"{count} warning: the machine was busy: {'; '.join(watch.summary['why'])}")
+    if entry["load"].get("busy"):
+        _say(progress, f"{count} warning: the machine was busy: {'; '.join(entry['load']['why'])}")
+
+
+def measured_load(measured_on: dict[str, Any], notebook: str) -> dict[str, Any]:
+    """The load the measuring node recorded while it measured ``notebook`` (what a replay's
+    trust rests on; the analysing host's load says nothing of those timings)."""
+    return ((measured_on.get("loads") or {}).get(notebook)
+            or busy.unknown("the measurement did not record the node's load"))
 
 
 def _record(run_dir: Path, plan: RunPlan, command: list[str] | None) -> ManifestRecorder:

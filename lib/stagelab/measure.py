@@ -41,7 +41,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from stagelab import estimate, paths, profiles, records, rundir
+from stagelab import busy, estimate, paths, profiles, records, rundir
 from stagelab.errors import DeadlineReached, SchemaError, UserError
 from stagelab.schema import JsonLinesSink, read_json_lines
 
@@ -407,26 +407,27 @@ def measure_tables(recorder: Recorder, request: Request, device: str,
         sink = JsonLinesSink(recorder.out / entry["rows"], run_id=recorder.out.name,
                              notebook=notebook)
         started = time.perf_counter()
-        try:
-            with sweep.watching(CellClock(recorder, entry, predict, deadline)):
-                run_experiment(notebook, parameters, sink)
-            failed = any(c["status"] == FAILED for c in entry["cells"])
-            entry["status"] = FAILED if failed else OK
-            if failed:
-                entry["error"] = "a cell has failed rows (see its outcome)"
-        except DeadlineReached as exc:
-            entry.update(status=DEADLINE, error=str(exc))
-            stopped = True
-        except KeyboardInterrupt:
-            entry.update(status=INTERRUPTED, error="interrupted",
-                         measured_s=round(time.perf_counter() - started, 2))
-            raise
-        except Exception as exc:  # one broken experiment must not cost the others
-            from stagelab.bench import first_line
+        with busy.LoadWatch() as watch:  # the node's own load: replays judge trust from it
+            try:
+                with sweep.watching(CellClock(recorder, entry, predict, deadline)):
+                    run_experiment(notebook, parameters, sink)
+                failed = any(c["status"] == FAILED for c in entry["cells"])
+                entry["status"] = FAILED if failed else OK
+                if failed:
+                    entry["error"] = "a cell has failed rows (see its outcome)"
+            except DeadlineReached as exc:
+                entry.update(status=DEADLINE, error=str(exc))
+                stopped = True
+            except KeyboardInterrupt:
+                entry.update(status=INTERRUPTED, error="interrupted",
+                             measured_s=round(time.perf_counter() - started, 2))
+                raise
+            except Exception as exc:  # one broken experiment must not cost the others
+                from stagelab.bench import first_line
 
-            entry.update(status=FAILED, error=first_line(exc))
+                entry.update(status=FAILED, error=first_line(exc))
         entry.update(measured_s=round(time.perf_counter() - started, 2),
-                     finished_utc=rundir.now_utc())
+                     finished_utc=rundir.now_utc(), load=watch.summary)
         recorder.save()
         _say(f"{notebook}: {entry['status']} after {entry['measured_s']} s")
 
@@ -608,4 +609,5 @@ def origin(folder: Path | str, manifest: Mapping[str, Any]) -> dict[str, Any]:
             "device": manifest.get("device"), "created_utc": manifest.get("created_utc"),
             "profile": manifest.get("profile"), "status": manifest.get("status"),
             "forced": manifest.get("forced"), "git": manifest.get("git"),
-            "versions": manifest.get("versions"), "gaps": gaps(manifest)}
+            "versions": manifest.get("versions"), "gaps": gaps(manifest),
+            "loads": {e["notebook"]: e["load"] for e in manifest["experiments"] if e.get("load")}}
