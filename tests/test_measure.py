@@ -436,3 +436,21 @@ def test_a_replay_judges_trust_by_the_node_s_load_not_the_analysing_host_s(tmp_p
     assert staging["analysis_load"]["why"] == ["the analysing host was busy"]
     assert trust.load_reasons(manifest) == [
         "01_d2h_staging ran on a busy machine: the node was busy"]
+
+
+def test_no_torch_or_an_old_torch_is_one_line_before_anything_is_made(tmp_path, monkeypatch,
+                                                                     capsys):
+    env = {**os.environ, "PYTHONPATH": str(REPO / "lib")}
+    for extra in ([], ["--estimate", "cuda"]):
+        out = tmp_path / f"m{len(extra)}"
+        done = subprocess.run([sys.executable, "-c", BLOCKING_RUNNER, ",".join(BLOCKED + ("torch",)),
+                               "measure", "--profile", "smoke", "--out", str(out), *extra],
+                              capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
+        err = done.stderr.strip()
+        assert done.returncode == measure.EXIT_USAGE and len(err.splitlines()) == 1, err
+        assert "torch cannot be imported" in err and ">= 2.4" in err and not out.exists()
+    monkeypatch.setattr(torch, "__version__", "2.3.1+cu121")
+    out = tmp_path / "old"
+    assert measure.main(["--profile", "smoke", "--out", str(out)]) == measure.EXIT_USAGE
+    assert "torch 2.3.1+cu121: stagelab measure needs torch >= 2.4" in capsys.readouterr().err
+    assert not out.exists()

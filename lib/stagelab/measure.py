@@ -29,6 +29,7 @@ import json
 import math
 import os
 import platform
+import re
 import shutil
 import signal
 import socket
@@ -58,6 +59,7 @@ TABLES = {"01_d2h_staging": "staging", "02_logprobs_step": "step",
 MEASURING = (SNAPSHOT_NOTEBOOK, *TABLES)
 # Before the first cell: imports, the native build on a fresh node, the preflight's probes.
 FIXED_S = {"cpu": 15.0, "cuda": 20.0}
+MIN_TORCH = (2, 4)
 COMPILERS = ("c++", "g++", "clang++", "gcc", "cc", "nvcc")
 
 
@@ -142,8 +144,24 @@ def check_out(out: Path | None) -> Path:
     return out
 
 
+def check_torch() -> None:
+    """UserError, in one line, when torch cannot be imported or is older than the floor needs;
+    checked before anything is created."""
+    try:
+        import torch
+    except Exception as exc:  # absent, or a broken install that fails while importing
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise UserError(f"torch cannot be imported ({reason}); stagelab measure needs torch "
+                        f">= {'.'.join(map(str, MIN_TORCH))}") from exc
+    found = tuple(int(part) for part in re.findall(r"\d+", torch.__version__)[:2])
+    if found < MIN_TORCH:
+        raise UserError(f"torch {torch.__version__}: stagelab measure needs torch >= "
+                        f"{'.'.join(map(str, MIN_TORCH))}")
+
+
 def checked_request(args: argparse.Namespace, command: list[str]) -> Request | None:
     """The checked request of parsed options, or None after ``--estimate`` printed its table."""
+    check_torch()
     measuring, every = resolve(args.profile, args.only, args.param)
     if args.estimate:
         print(format_estimate(predict_profile(measuring, args.estimate), args.estimate))
