@@ -18,6 +18,11 @@ __all__ = ["PinnedMemoryUnavailable", "cuda_present", "default_device", "device_
            "pinned_allocator", "require_cuda", "sync_warnings", "synchronize"]
 
 
+def torch_version() -> str:
+    """The version of the torch this process imported (e.g. ``2.13.0+cpu``)."""
+    return torch.__version__
+
+
 def cuda_present() -> bool:
     """Whether pinned memory and CUDA copies can be used on this machine."""
     return torch.cuda.is_available()

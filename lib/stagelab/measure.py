@@ -148,14 +148,14 @@ def check_torch() -> None:
     """UserError, in one line, when torch cannot be imported or is older than the floor needs;
     checked before anything is created."""
     try:
-        import torch
-    except Exception as exc:  # absent, or a broken install that fails while importing
+        from stagelab.device import torch_version  # the measuring floor: torch itself
+    except Exception as exc:  # torch absent, or a broken install that fails while importing
         reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise UserError(f"torch cannot be imported ({reason}); stagelab measure needs torch "
                         f">= {'.'.join(map(str, MIN_TORCH))}") from exc
-    found = tuple(int(part) for part in re.findall(r"\d+", torch.__version__)[:2])
-    if found < MIN_TORCH:
-        raise UserError(f"torch {torch.__version__}: stagelab measure needs torch >= "
+    version = torch_version()
+    if tuple(int(part) for part in re.findall(r"\d+", version)[:2]) < MIN_TORCH:
+        raise UserError(f"torch {version}: stagelab measure needs torch >= "
                         f"{'.'.join(map(str, MIN_TORCH))}")
 
 
