@@ -454,3 +454,13 @@ def test_no_torch_or_an_old_torch_is_one_line_before_anything_is_made(tmp_path, 
     assert measure.main(["--profile", "smoke", "--out", str(out)]) == measure.EXIT_USAGE
     assert "torch 2.3.1+cu121: stagelab measure needs torch >= 2.4" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_an_out_that_cannot_be_made_is_one_line_exit_2(tmp_path, monkeypatch, capsys):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    monkeypatch.setattr(measure.os, "access", lambda *args: True)  # as root, or a read-only mount
+    out = blocker / "sub"
+    assert measure.main(["--profile", "smoke", "--out", str(out), "--force"]) == measure.EXIT_USAGE
+    err = capsys.readouterr().err.strip()
+    assert err == f"stagelab measure: error: --out {out}: cannot be created (Not a directory)"

@@ -498,8 +498,11 @@ def measure(request: Request) -> int:
     deadline = started + request.deadline_s if request.deadline_s else None
     os.environ[paths.HEADLESS_ENV] = "1"  # progress as one plain line per cell, never bars
     out = request.out
-    out.mkdir(parents=True, exist_ok=True)
-    (out / ROWS_DIR).mkdir()
+    try:  # os.access can say yes where mkdir fails (root, a read-only mount, /proc, /sys)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / ROWS_DIR).mkdir()
+    except OSError as exc:
+        raise UserError(f"--out {out}: cannot be created ({exc.strerror or exc})") from exc
     recorder = Recorder(out, new_manifest(request, out))
     recorder.save()
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
