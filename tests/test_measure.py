@@ -464,3 +464,12 @@ def test_an_out_that_cannot_be_made_is_one_line_exit_2(tmp_path, monkeypatch, ca
     assert measure.main(["--profile", "smoke", "--out", str(out), "--force"]) == measure.EXIT_USAGE
     err = capsys.readouterr().err.strip()
     assert err == f"stagelab measure: error: --out {out}: cannot be created (Not a directory)"
+
+
+def test_run_from_refuses_a_folder_measured_with_another_profile(tmp_path, smoke, capsys):
+    code = cli.main(["run", "--profile", "gate", "--from", str(smoke), "--out",
+                     str(tmp_path / "runs")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert "measured with profile 'smoke', not 'gate'; replay it with --profile smoke" in err
+    assert not (tmp_path / "runs").exists()

@@ -30,6 +30,10 @@ def replay_plan(plan: RunPlan, folder: Path, params: Iterable[str]) -> dict[str,
     origin for the run's manifest, its ``hardware`` included. UserError for a bad request."""
     folder = Path(folder).resolve()
     manifest = measure.read_measured(folder)
+    if manifest.get("profile") != plan.profile:
+        raise UserError(f"--from {folder}: measured with profile {manifest.get('profile')!r}, "
+                        f"not {plan.profile!r}; replay it with --profile "
+                        f"{manifest.get('profile')}")
     by_notebook = {entry["notebook"]: entry for entry in manifest["experiments"]}
     overridden = set(profiles.parse_overrides(params))
     kept, replayed = [], []
