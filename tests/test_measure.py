@@ -473,3 +473,19 @@ def test_run_from_refuses_a_folder_measured_with_another_profile(tmp_path, smoke
     assert code == 2 and len(err.splitlines()) == 1, err
     assert "measured with profile 'smoke', not 'gate'; replay it with --profile smoke" in err
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_measurement_that_passes_its_deadline_exits_1_and_says_by_how_much(tmp_path,
+                                                                            monkeypatch):
+    def slow_tables(recorder, request, device, deadline):  # a cell far longer than predicted
+        for entry in recorder.manifest["experiments"]:
+            entry["status"] = "ok"
+        time.sleep(max(0.0, deadline - time.monotonic()) + 0.05)
+
+    monkeypatch.setattr(measure, "measure_tables", slow_tables)
+    out = tmp_path / "m"
+    code = measure.main(["--profile", "smoke", "--only", "03_prompt_logprobs", "--out", str(out),
+                         "--deadline-s", "0.5", "--force"])
+    manifest = measure.read_measured(out)
+    assert code == measure.EXIT_PARTIAL and manifest["status"] == "ok"
+    assert manifest["deadline_passed_by_s"] > 0

@@ -18,8 +18,9 @@ Back where the notebook stack lives, ``stagelab run --profile P --from DIR`` ana
 ``PYTHONPATH=lib python3 -m stagelab measure --profile gate --out DIR``.
 
 Exit status: 0 everything measured; 1 partial (a failed cell or experiment, or stopped at the
-deadline); 2 a bad request (one line, nothing created); 3 preflight no-go without --force;
-130 interrupted (what was measured is kept).
+deadline) or the deadline passed (``deadline_passed_by_s``: a cell ran longer than predicted);
+2 a bad request (one line, nothing created); 3 preflight no-go without --force; 130 interrupted
+(what was measured is kept).
 """
 
 from __future__ import annotations
@@ -83,8 +84,8 @@ DESCRIPTION = ("Measure a profile's experiments with torch alone into one folder
                "hardware.json, preflight.json, inventory.json, rows/*.jsonl); analyse it "
                "elsewhere with `stagelab run --profile P --from DIR`.")
 EPILOG = ("Exit status: 0 everything measured, 1 partial (a failed cell or experiment, or stopped "
-          "at the deadline), 2 a bad request, 3 preflight no-go without --force, 130 "
-          "interrupted.")
+          "at the deadline) or the deadline passed, 2 a bad request, 3 preflight no-go without "
+          "--force, 130 interrupted.")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -530,11 +531,16 @@ def measure(request: Request) -> int:
         status = INTERRUPTED
     finally:
         signal.signal(signal.SIGTERM, previous)
+    ended = time.monotonic()
+    overrun = round(ended - deadline, 2) if deadline is not None and ended > deadline else None
     recorder.manifest.update(status=status, finished_utc=rundir.now_utc(),
-                             elapsed_s=round(time.monotonic() - started, 2))
+                             elapsed_s=round(ended - started, 2), deadline_passed_by_s=overrun)
     recorder.save()
     _say(f"{status} after {recorder.manifest['elapsed_s']} s: {out}")
-    return {OK: EXIT_OK, INTERRUPTED: EXIT_INTERRUPTED}.get(status, EXIT_PARTIAL)
+    if overrun is not None:  # a cell ran longer than predicted: the lease's bound was not kept
+        _say(f"the deadline was passed by {overrun} s (exit 1); the cells are kept")
+    exit_status = {OK: EXIT_OK, INTERRUPTED: EXIT_INTERRUPTED}.get(status, EXIT_PARTIAL)
+    return EXIT_PARTIAL if overrun is not None and exit_status == EXIT_OK else exit_status
 
 
 def main(argv: list[str] | None = None) -> int:
