@@ -305,6 +305,9 @@ def test_measure_then_replay_equals_a_live_run_over_the_same_rows(tmp_path, smok
     assert manifest["hardware"] == json.loads((smoke / "hardware.json").read_text())
     assert manifest["analysed_on"]["host"]
     assert "Measured on " in (replayed / "index.html").read_text()
+    record = replayed / manifest["measured_on"]["record"]
+    assert (record / measure.MANIFEST).read_bytes() == (smoke / measure.MANIFEST).read_bytes()
+    assert manifest["measured_on"]["preflight"]["decision"] in ("go", "no-go")
 
     live = tmp_path / "live"  # the run a live notebook would have written over these rows
     for notebook, table in measure.TABLES.items():
@@ -489,3 +492,17 @@ def test_a_measurement_that_passes_its_deadline_exits_1_and_says_by_how_much(tmp
     manifest = measure.read_measured(out)
     assert code == measure.EXIT_PARTIAL and manifest["status"] == "ok"
     assert manifest["deadline_passed_by_s"] > 0
+
+
+def test_a_replay_carries_the_node_s_record_into_its_kept_evidence(tmp_path, smoke):
+    from stagelab import evidence
+
+    run_dir = tmp_path / "run"
+    measure.copy_record(smoke, run_dir / measure.RECORD_COPY)
+    kept = {str(p.relative_to(run_dir)) for p in evidence.evidence_files(run_dir)}
+    assert kept == {f"measured/{name}" for name in measure.RECORD_FILES} | {
+        f"measured/rows/{table}.jsonl" for table in measure.TABLES.values()}
+    assert (run_dir / "measured/rows/step.jsonl").read_bytes() == (
+        smoke / "rows/step.jsonl").read_bytes()
+    origin = measure.origin(smoke, measure.read_measured(smoke))
+    assert origin["record"] == "measured" and origin["preflight"]["decision"] in ("go", "no-go")

@@ -29,7 +29,9 @@ VERDICT = RunFolder.VERDICT
 KEPT = RunFolder.KEPT
 INDEX = RunFolder.INDEX
 INCOMING = ".incoming-"  # a keep's staging folder, beside its destination
-EVIDENCE_PATTERNS = ("*.json", "*.html", "*.ipynb", "data/*.parquet", "figures/*.png")
+# measured/: a replay's copy of the node's own record (manifest, preflight, inventory, rows).
+EVIDENCE_PATTERNS = ("*.json", "*.html", "*.ipynb", "data/*.parquet", "figures/*.png",
+                     "measured/*.json", "measured/rows/*.jsonl")
 
 
 def refusal(run_dir: Path, manifest: dict[str, Any]) -> str | None:

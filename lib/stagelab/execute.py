@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from stagelab import busy, hardware, paths, report, rundir
+from stagelab import busy, hardware, measure, paths, report, rundir
 from stagelab.errors import UserError
 from stagelab.profiles import NotebookPlan, RunPlan
 from stagelab.records import RunFolder
@@ -317,6 +317,7 @@ def _run(recorder: ManifestRecorder, plan: RunPlan, progress: bool,
         here = hardware.snapshot()
         recorder.manifest["hardware"] = measured["hardware"] if measured else here
         if measured:
+            measure.copy_record(measured["folder"], run_dir / measure.RECORD_COPY)
             recorder.manifest.update(
                 measured_on={key: value for key, value in measured.items() if key != "hardware"},
                 analysed_on={"host": here["host"]["hostname"], "created_utc": rundir.now_utc(),

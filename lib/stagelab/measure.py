@@ -629,9 +629,27 @@ def gaps(manifest: Mapping[str, Any]) -> list[str]:
     return found
 
 
+RECORD_FILES = (MANIFEST, "hardware.json", "preflight.json", "inventory.json")
+RECORD_COPY = "measured"  # the node's record inside a replayed run folder
+
+
+def copy_record(folder: Path | str, dest: Path) -> None:
+    """Copy a measured folder's record (manifest, hardware, preflight, inventory, rows) into
+    ``dest``, so a replayed run, and its kept copy, carry what the node wrote."""
+    folder, dest = Path(folder), Path(dest)
+    (dest / ROWS_DIR).mkdir(parents=True)
+    for name in RECORD_FILES:
+        if (folder / name).is_file():
+            shutil.copyfile(folder / name, dest / name)
+    for rows in sorted((folder / ROWS_DIR).glob("*.jsonl")):
+        shutil.copyfile(rows, dest / ROWS_DIR / rows.name)
+
+
 def origin(folder: Path | str, manifest: Mapping[str, Any]) -> dict[str, Any]:
-    """Where and when a measurement was made, for the run's manifest and report."""
-    return {"folder": str(Path(folder).resolve()), "measured_id": manifest.get("measured_id"),
+    """Where and when a measurement was made, for the run's manifest and report; ``record`` is
+    its copy inside the run folder, ``folder`` where it was read from on the analysing host."""
+    return {"folder": str(Path(folder).resolve()), "record": RECORD_COPY,
+            "measured_id": manifest.get("measured_id"), "preflight": manifest.get("preflight"),
             "host": manifest.get("host"), "gpu": manifest.get("gpu"),
             "device": manifest.get("device"), "created_utc": manifest.get("created_utc"),
             "profile": manifest.get("profile"), "status": manifest.get("status"),
