@@ -506,3 +506,25 @@ def test_a_replay_carries_the_node_s_record_into_its_kept_evidence(tmp_path, smo
         smoke / "rows/step.jsonl").read_bytes()
     origin = measure.origin(smoke, measure.read_measured(smoke))
     assert origin["record"] == "measured" and origin["preflight"]["decision"] in ("go", "no-go")
+
+
+def test_one_measurement_is_kept_once_however_often_it_is_replayed(tmp_path, smoke):
+    from stagelab import evidence, records, rundir
+
+    measured_id = measure.read_measured(smoke)["measured_id"]
+    assert measured_id.startswith(f"{smoke.name}-") and len(measured_id) > len(smoke.name) + 8
+
+    def replayed_run(folder: Path) -> Path:
+        folder.mkdir(parents=True)
+        manifest = rundir.new_manifest(folder, "smoke", ["stagelab"], [], {}, "ok")
+        manifest["measured_on"] = {"status": "ok", "gaps": [], "measured_id": measured_id}
+        records.write_json_atomic(folder / "manifest.json", manifest)
+        return folder
+
+    root = tmp_path / "reference"
+    kept = replayed_run(root / "cpu" / "first")
+    records.write_json_atomic(kept / "kept.json", {"forced": False})
+    assert evidence.kept_replay_of(root, measured_id) == kept
+    assert evidence.kept_replay_of(root, "another") is None
+    with pytest.raises(UserError, match="its measurement is kept already, as .*first"):
+        evidence.keep_evidence(replayed_run(tmp_path / "second"), root, force=True)

@@ -128,6 +128,10 @@ def keep_evidence(run_dir: Path, root: Path | None = None, force: bool = False) 
         raise UserError(f"{run_dir}: not kept: {why}; only ok runs with a verdict and "
                         "trustworthy timings are evidence (--force keeps it anyway, labelled "
                         "forced)")
+    twin = kept_replay_of(root, (manifest.get("measured_on") or {}).get("measured_id"))
+    if twin is not None:
+        raise UserError(f"{run_dir}: not kept: its measurement is kept already, as {twin}; one "
+                        "measurement is one piece of evidence, however often it is replayed")
     name = records.plain_name(run_dir.resolve().name, "run folder name", run_dir)
     dest = root / machine_slug(manifest) / name
     if dest.exists():
@@ -179,6 +183,20 @@ class KeptRun:
     verdict: str
     forced: bool
     untrusted: bool = False  # kept although its timings were not trustworthy (busy, A/A)
+
+
+def kept_replay_of(root: Path, measured_id: str | None) -> Path | None:
+    """The kept run under ``root`` that replays the measurement ``measured_id``, if any."""
+    if not measured_id:
+        return None
+    for folder in records.kept_folders(root)[0]:
+        try:
+            measured_on = folder.read_manifest().get("measured_on") or {}
+        except (UserError, FileNotFoundError):
+            continue
+        if measured_on.get("measured_id") == measured_id:
+            return folder.path
+    return None
 
 
 def kept_runs(root: Path | None = None) -> list[KeptRun]:

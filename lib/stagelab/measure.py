@@ -37,6 +37,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -278,7 +279,7 @@ def new_manifest(request: Request, out: Path) -> dict[str, Any]:
             "file": None if table else "hardware.json", "error": None,
             "cells_planned": None, "predicted_s": None, "measured_s": None, "cells": []})
     return {
-        "format": FORMAT, "version": VERSION, "measured_id": out.name,
+        "format": FORMAT, "version": VERSION, "measured_id": f"{out.name}-{uuid.uuid4().hex[:12]}",
         "profile": request.profile, "command": request.command, "status": RUNNING,
         "created_utc": rundir.now_utc(), "finished_utc": None, "host": socket.gethostname(),
         "pid": os.getpid(), "device": None, "gpu": None, "versions": None,
