@@ -114,6 +114,8 @@ def test_bad_requests_are_one_line_and_create_nothing(tmp_path, capsys):
          "02_logprobs_step.rows: 0 is not a positive integer"),
         (["--profile", "smoke", "--only", "04_verdict", *new], "has no measuring notebook"),
         (["--profile", "smoke", "--deadline-s", "0", *new], "--deadline-s 0.0: give a positive"),
+        (["--profile", "smoke", "--deadline-s", "inf", *new], "--deadline-s inf: give a positive, "
+                                                               "finite"),
         (["--profile", "smoke", "--out", str(taken)], "exists and is not an empty folder"),
         (["--profile", "smoke"], "--out is required"),
     ]
@@ -216,9 +218,10 @@ def killed(tmp_path_factory) -> Path:
     return out
 
 
-def test_sigterm_is_an_interruption_recorded_with_exit_130(tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_is_an_interruption_recorded_with_exit_130(tmp_path, signum):
     out = tmp_path / "evidence"
-    assert stop_in_the_second_step_cell(out, signal.SIGTERM) == measure.EXIT_INTERRUPTED
+    assert stop_in_the_second_step_cell(out, signum) == measure.EXIT_INTERRUPTED
     manifest = json.loads((out / measure.MANIFEST).read_text())  # written by the process itself
     statuses = [e["status"] for e in manifest["experiments"]]
     assert manifest["status"] == "interrupted" and statuses == [
@@ -528,3 +531,13 @@ def test_one_measurement_is_kept_once_however_often_it_is_replayed(tmp_path, smo
     assert evidence.kept_replay_of(root, "another") is None
     with pytest.raises(UserError, match="its measurement is kept already, as .*first"):
         evidence.keep_evidence(replayed_run(tmp_path / "second"), root, force=True)
+
+
+def test_a_manifest_without_its_experiments_is_refused_in_one_line(tmp_path, smoke):
+    broken = tmp_path / "broken"
+    shutil.copytree(smoke, broken)
+    manifest = json.loads((broken / measure.MANIFEST).read_text())
+    del manifest["experiments"]
+    (broken / measure.MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(UserError, match="measured.json has no readable list of experiments"):
+        measure.read_measured(broken)

@@ -62,6 +62,10 @@ MEASURING = (SNAPSHOT_NOTEBOOK, *TABLES)
 # Before the first cell: imports, the native build on a fresh node, the preflight's probes.
 FIXED_S = {"cpu": 15.0, "cuda": 20.0}
 MIN_TORCH = (2, 4)
+# Stop as Ctrl-C does (the manifest says interrupted, finished cells kept): a lease's end, a
+# closed terminal.
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP")
+                     if hasattr(signal, name))
 COMPILERS = ("c++", "g++", "clang++", "gcc", "cc", "nvcc")
 
 
@@ -168,8 +172,9 @@ def checked_request(args: argparse.Namespace, command: list[str]) -> Request | N
     if args.estimate:
         print(format_estimate(predict_profile(measuring, args.estimate), args.estimate))
         return None
-    if args.deadline_s is not None and not args.deadline_s > 0:
-        raise UserError(f"--deadline-s {args.deadline_s}: give a positive number of seconds")
+    if args.deadline_s is not None and not 0 < args.deadline_s < math.inf:
+        raise UserError(f"--deadline-s {args.deadline_s}: give a positive, finite number of "
+                        "seconds")
     return Request(args.profile, measuring, every, check_out(args.out), args.deadline_s,
                    args.force, command)
 
@@ -507,7 +512,7 @@ def measure(request: Request) -> int:
         raise UserError(f"--out {out}: cannot be created ({exc.strerror or exc})") from exc
     recorder = Recorder(out, new_manifest(request, out))
     recorder.save()
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    previous = {signum: signal.signal(signum, _raise_interrupt) for signum in STOP_SIGNALS}
     try:
         _say(f"into {out}")
         take_snapshot(recorder, request)
@@ -531,7 +536,8 @@ def measure(request: Request) -> int:
                 entry.update(status=INTERRUPTED, error=f"interrupted ({exc or 'Ctrl-C'})")
         status = INTERRUPTED
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
     ended = time.monotonic()
     overrun = round(ended - deadline, 2) if deadline is not None and ended > deadline else None
     recorder.manifest.update(status=status, finished_utc=rundir.now_utc(),
@@ -582,6 +588,11 @@ def read_measured(folder: Path | str) -> dict[str, Any]:
     if manifest.get("version") != VERSION:
         raise UserError(f"--from {folder}: measurement format version "
                         f"{manifest.get('version')!r}, this stagelab reads {VERSION}")
+    experiments = manifest.get("experiments")
+    if not isinstance(experiments, list) or not all(
+            isinstance(e, dict) and {"notebook", "table", "status", "cells"} <= set(e)
+            for e in experiments):
+        raise UserError(f"--from {folder}: {MANIFEST} has no readable list of experiments")
     if manifest.get("status") == RUNNING:
         manifest["status"] = INTERRUPTED
         for entry in manifest["experiments"]:
