@@ -257,9 +257,10 @@ def test_run_from_refuses_what_is_not_a_measurement(tmp_path, smoke, capsys):
                          str(tmp_path / "runs")])
         err = capsys.readouterr().err.strip()
         assert code == 2 and message in err and len(err.splitlines()) == 1, err
-    code = cli.main(["run", "--profile", "smoke", "--from", str(smoke), "--param",
-                     "02_logprobs_step.rounds=2", "--out", str(tmp_path / "runs")])
-    assert code == 2 and "measured with their own parameters" in capsys.readouterr().err
+    for rounds in (2, 5):  # 5 passes the smoke profile's max_rounds: still this refusal
+        code = cli.main(["run", "--profile", "smoke", "--from", str(smoke), "--param",
+                         f"02_logprobs_step.rounds={rounds}", "--out", str(tmp_path / "runs")])
+        assert code == 2 and "measured with their own parameters" in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()
     with pytest.raises(UserError, match="is set by the runner"):
         profiles.plan_run("smoke", overrides={"01_d2h_staging": {"measured": str(smoke)}})

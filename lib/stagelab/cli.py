@@ -121,6 +121,10 @@ def _parser() -> argparse.ArgumentParser:
 def cmd_run(args: argparse.Namespace) -> int:
     from stagelab import execute, profiles, rundir
 
+    if args.from_dir is not None:
+        from stagelab import replay
+
+        replay.check_overrides(args.param)
     plan = profiles.plan_run(args.profile, args.only, profiles.parse_overrides(args.param))
     origin = None
     if args.from_dir is not None:

@@ -25,6 +25,15 @@ def _measured_anything(entry: dict[str, Any]) -> bool:
     return any(cell["status"] in (measure.OK, measure.FAILED) for cell in entry["cells"])
 
 
+def check_overrides(params: Iterable[str]) -> None:
+    """UserError for a ``--param`` of a measuring notebook: its rows were measured with their
+    own parameters (checked before the profile's own checks, which would name another cause)."""
+    for name in profiles.parse_overrides(params):
+        if name in measure.MEASURING:
+            raise UserError(f"--param for {name}: its rows were measured with their own "
+                            "parameters (see measured.json); measure again to change them")
+
+
 def replay_plan(plan: RunPlan, folder: Path, params: Iterable[str]) -> dict[str, Any]:
     """Point ``plan``'s measuring notebooks at ``folder`` (in place); return the measurement's
     origin for the run's manifest, its ``hardware`` included. UserError for a bad request."""
@@ -35,7 +44,7 @@ def replay_plan(plan: RunPlan, folder: Path, params: Iterable[str]) -> dict[str,
                         f"not {plan.profile!r}; replay it with --profile "
                         f"{manifest.get('profile')}")
     by_notebook = {entry["notebook"]: entry for entry in manifest["experiments"]}
-    overridden = set(profiles.parse_overrides(params))
+    check_overrides(params)
     kept, replayed = [], []
     for notebook in plan.notebooks:
         if notebook.name not in measure.MEASURING:
@@ -49,9 +58,6 @@ def replay_plan(plan: RunPlan, folder: Path, params: Iterable[str]) -> dict[str,
                             f"{plan.profile!r} needs (it holds "
                             f"{', '.join(by_notebook) or 'nothing'}); measure it, or leave it "
                             "out with --only")
-        if notebook.name in overridden:
-            raise UserError(f"--param for {notebook.name}: its rows were measured with their own "
-                            "parameters (see measured.json); measure again to change them")
         replayed.append(entry)
         if _measured_anything(entry):
             notebook.parameters = {**entry["parameters"], "measured": str(folder)}
