@@ -40,7 +40,6 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -640,19 +639,7 @@ def render_page(records: Sequence[NodeRecord], header: dict[str, Any], side_by_s
 
 def new_fleet_dir(root: Path, profile: str) -> Path:
     """Create ``<root>/<UTC time>_fleet_<profile>[-N]`` exclusively."""
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UserError(f"--out {root}: cannot create the folder ({exc.strerror})") from exc
-    base = f"{datetime.now(UTC):%Y%m%dT%H%M%SZ}_fleet_{profile}"
-    for n in range(1, 1000):
-        candidate = root / (base if n == 1 else f"{base}-{n}")
-        try:
-            candidate.mkdir()
-        except FileExistsError:
-            continue
-        return candidate
-    raise UserError(f"--out {root}: too many fleet folders named {base}")
+    return rundir.new_stamped_dir(root, f"fleet_{profile}", "fleet folder")
 
 
 # ------------------------------------------------------------------------------ the command

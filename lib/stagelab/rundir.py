@@ -65,8 +65,9 @@ def _slug(text: str) -> str:
     return "".join(c if c.isalnum() or c in "-." else "-" for c in text)
 
 
-def new_run_dir(root: Path, profile: str) -> Path:
-    """Create ``<root>/<UTC time>_<host>_<profile>[-N]`` exclusively; never reuse a folder."""
+def new_stamped_dir(root: Path, name: str, what: str = "run folder") -> Path:
+    """Create ``<root>/<UTC time>_<name>[-N]`` exclusively (never reuse a folder); a bad
+    ``--out`` is a one-line UserError."""
     root = Path(root)
     try:
         root.mkdir(parents=True, exist_ok=True)
@@ -74,8 +75,7 @@ def new_run_dir(root: Path, profile: str) -> Path:
         raise UserError(f"--out {root}: cannot create the folder ({exc.strerror})") from exc
     if not os.access(root, os.W_OK | os.X_OK):
         raise UserError(f"--out {root}: the folder is not writable")
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    base = f"{stamp}_{_slug(socket.gethostname())}_{profile}"
+    base = f"{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}_{name}"
     for attempt in range(1, 1000):
         candidate = root / (base if attempt == 1 else f"{base}-{attempt}")
         try:
@@ -83,11 +83,17 @@ def new_run_dir(root: Path, profile: str) -> Path:
         except FileExistsError:
             continue
         except OSError as exc:
-            raise UserError(f"--out {root}: cannot create a run folder ({exc.strerror})") from exc
-        for sub in ("data", "figures"):
-            (candidate / sub).mkdir()
+            raise UserError(f"--out {root}: cannot create a {what} ({exc.strerror})") from exc
         return candidate
-    raise UserError(f"--out {root}: too many run folders named {base}")
+    raise UserError(f"--out {root}: too many {what}s named {base}")
+
+
+def new_run_dir(root: Path, profile: str) -> Path:
+    """Create ``<root>/<UTC time>_<host>_<profile>[-N]`` with its data and figures folders."""
+    candidate = new_stamped_dir(root, f"{_slug(socket.gethostname())}_{profile}")
+    for sub in ("data", "figures"):
+        (candidate / sub).mkdir()
+    return candidate
 
 
 def package_versions() -> dict[str, str | None]:
