@@ -71,6 +71,8 @@ def test_the_smoke_profile_is_measured_with_torch_alone(smoke):
     assert (manifest["format"], manifest["version"], manifest["status"]) == (
         measure.FORMAT, measure.VERSION, "ok")
     assert manifest["forced"] is True and manifest["versions"]["torch"] == torch.__version__
+    # installed here, refused by the import hook: not importable, so no version is claimed
+    assert manifest["versions"]["numpy"] is None and manifest["versions"]["nvidia-ml-py"] is None
     assert [e["notebook"] for e in manifest["experiments"]] == list(measure.MEASURING)
     for name in ("hardware.json", "preflight.json", "inventory.json"):
         assert json.loads((smoke / name).read_text())

@@ -26,6 +26,7 @@ deadline) or the deadline passed (``deadline_passed_by_s``: a cell ran longer th
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import os
@@ -263,10 +264,10 @@ class Recorder:
 def versions(snap: Mapping[str, Any]) -> dict[str, Any]:
     """Python, torch, CUDA, driver, and the optional extras' versions."""
     found = {}
-    for name in ("numpy", "nvidia-ml-py"):
-        try:
-            found[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
+    for name, module in (("numpy", "numpy"), ("nvidia-ml-py", "pynvml")):
+        try:  # installed is not enough: None where this Python cannot import it
+            found[name] = metadata.version(name) if importlib.util.find_spec(module) else None
+        except (metadata.PackageNotFoundError, ImportError, ValueError):
             found[name] = None
     return {"python": platform.python_version(), "torch": snap["torch"]["torch"],
             "cuda": snap["torch"]["cuda_build"],
