@@ -39,6 +39,19 @@ def test_notebook_is_committed_without_outputs_and_has_parameters(path):
     assert nb.metadata.kernelspec.name == execute.KERNEL_NAME
 
 
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_papermill_reads_every_parameter_the_suite_reads(path, capsys):
+    # Before: a help comment holding "name: text" made papermill skip `delta` with a warning in
+    # every run; papermill and the suite's own reader must see the same parameters.
+    from papermill.translators import PythonTranslator
+
+    cell = next(c for c in nbformat.read(str(path), as_version=4).cells
+                if "parameters" in c.metadata.get("tags", []))
+    seen = [parameter.name for parameter in PythonTranslator.inspect(cell)]
+    assert seen == list(profiles.notebook_parameters(path))
+    assert "Unable to parse" not in capsys.readouterr().out
+
+
 def test_every_profile_names_existing_notebooks_with_valid_parameters():
     for profile in profiles.load_profiles():
         plan = profiles.plan_run(profile)
