@@ -272,19 +272,23 @@ def host_and_port(address: str) -> tuple[str, int] | None:
     return (match.group(1), int(match.group(2))) if match else None
 
 
-def keep_loopback(address: str) -> None:
-    """Ray swaps a loopback address for the machine's network address, where a cluster bound to
-    loopback is not found, unless told that the cluster is this one machine's; told here, before
-    Ray is imported, for a loopback ``address`` only."""
+def keep_loopback(address: str) -> dict[str, str]:
+    """For a loopback ``address``, the ``ray.init`` options that keep the driver on loopback.
+
+    Ray swaps a loopback address for the machine's network address, where a cluster bound to
+    loopback is not found, unless told (before Ray is imported) that the cluster is this one
+    machine's, and given the driver's own node address. Empty for any other address."""
     found = host_and_port(address)
     if found is None:
-        return
+        return {}
     try:
         loopback = found[0] == "localhost" or ipaddress.ip_address(found[0]).is_loopback
     except ValueError:  # a host name
-        return
-    if loopback:
-        os.environ.setdefault(LOOPBACK_ENV, "0")
+        return {}
+    if not loopback:
+        return {}
+    os.environ.setdefault(LOOPBACK_ENV, "0")
+    return {"_node_ip_address": "127.0.0.1" if found[0] == "localhost" else found[0]}
 
 
 def check_address(address: str) -> None:
@@ -651,7 +655,7 @@ def session(address: str) -> Iterator[float]:
     took and disconnects in every case. UserError when nothing answers at ``address``."""
     import logging
 
-    keep_loopback(address)
+    loopback = keep_loopback(address)
     import ray
 
     check_address(address)
@@ -660,7 +664,7 @@ def session(address: str) -> Iterator[float]:
         began = time.monotonic()
         try:
             ray.init(address=address, runtime_env={"working_dir": str(checkout)},
-                     logging_level=logging.ERROR, log_to_driver=False)
+                     logging_level=logging.ERROR, log_to_driver=False, **loopback)
         except (ConnectionError, RuntimeError, ValueError) as exc:
             raise UserError(f"--address {address}: cannot connect to a Ray cluster "
                             f"({one_line(exc)})") from exc
@@ -676,9 +680,9 @@ def run_fleet(address: str, plan: FleetPlan, out: Path, accelerator_types: Seque
     status (0 every node ok, 1 some not) and the folder. UserError (exit 2) for no Ray, no
     cluster at ``address`` or no matching node, before any node is asked."""
     require_ray()
-    import ray
+    with session(address) as connect_s:  # imports Ray, after telling it about loopback
+        import ray
 
-    with session(address) as connect_s:
         targets = select_targets(ray.nodes(), accelerator_types, resource)
         if not targets:
             raise UserError(f"no alive node {describe_selection(accelerator_types, resource)} "
