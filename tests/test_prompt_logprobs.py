@@ -261,3 +261,18 @@ def test_a_tiny_sweep_measures_every_configuration_and_says_its_memory_first():
     timed = {(r["arm"], r["chunk"]) for r in records
              if r.get("metric", "time") == "time" and r.get("status", "ok") == "ok"}
     assert timed == {("fused", 16), ("fused", 4)}  # unchunked (T - 1 rows) and chunk 4
+
+
+def test_exactness_is_checked_on_the_timed_results_without_running_them_again(monkeypatch):
+    from stagelab.shapes import ModelShape
+
+    calls = []
+    real = pl.prompt_logprobs
+    monkeypatch.setattr(pl, "prompt_logprobs", lambda *a, **kw: calls.append(a[4]) or real(*a, **kw))
+    records = pl.measure(17, ModelShape("tiny", 64, 8), 8, [4], torch.float32, 2, ["fused"],
+                         [True], rounds=2, warmup=1, measure_memory=False, device="cpu",
+                         progress=False)
+    # two configurations x three timed calls, and the reference (unchunked, no overlap) once
+    assert sorted(calls, key=str) == sorted([16] * 3 + [4] * 3 + [16], key=str)
+    checks = {(r["arm"], r["chunk"]): r["value"] for r in records if r.get("metric") == "bitwise_equal"}
+    assert checks == {("fused+overlap", 16): 1.0, ("fused+overlap", 4): 1.0}
