@@ -143,6 +143,25 @@ def test_an_environment_with_torch_keeps_it(capsys):
     assert capsys.readouterr().out == f"torch {torch.__version__}: already installed\n"
 
 
+def test_the_bytecode_of_what_a_run_imports_is_written_though_the_environment_says_not(
+        tmp_path, monkeypatch, capsys):
+    (tmp_path / "warm_me.py").write_text("VALUE = 1\n")
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.setattr(setup_venv, "RUN_IMPORTS", ("warm_me", "no_such_module_anywhere"))
+    setup_venv.compile_bytecode(Path(sys.executable), [])
+    assert Path(importlib.util.cache_from_source(str(tmp_path / "warm_me.py"))).is_file()
+    said = capsys.readouterr().out
+    assert "bytecode: no_such_module_anywhere not imported (ModuleNotFoundError" in said
+    assert re.search(r"^bytecode: written for what a run imports \(\d+ modules\) in \d+ s$",
+                     said, re.M)
+
+
+def test_bytecode_that_cannot_be_written_does_not_stop_the_set_up(tmp_path, capsys):
+    setup_venv.compile_bytecode(tmp_path / "no-python", ["fleet"])
+    assert capsys.readouterr().out.startswith("bytecode: not written (")
+
+
 def test_the_benchmark_splits_set_up_from_the_run():
     output = ("+ uv pip install ...\nset-up: what a headless run needs installed with uv in 17 s\n"
               "  set-up: the extras lab installed with uv in 4 s  \nreport: x/index.html\n")
@@ -222,9 +241,13 @@ def test_a_fresh_clone_sets_up_lean_with_the_cpu_index_unreachable(tmp_path):
     bench.clone(paths.REPO_ROOT, repo)
     unreachable = f"http://127.0.0.1:{_closed_port()}/whl/cpu"
     done = subprocess.run(["make", "-C", str(repo), "setup"], capture_output=True, text=True,
-                          env=dict(os.environ, TORCH_CPU_INDEX=unreachable), timeout=900)
+                          env=dict(os.environ, TORCH_CPU_INDEX=unreachable,
+                                   PYTHONDONTWRITEBYTECODE="1"), timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert f"{unreachable} cannot be reached: PyPI's default build" in done.stdout
+    assert "bytecode: written for what a run imports" in done.stdout
+    assert list((repo / "lib" / "stagelab" / "__pycache__").glob("cli.*.pyc"))
+    assert list((repo / ".venv").glob("lib/python3*/site-packages/torch/__pycache__/__init__.*.pyc"))
     python = repo / ".venv" / "bin" / "python"
     truth = subprocess.run([str(python), "-c", setup_venv.TORCH_BUILD_PROBE], capture_output=True,
                            text=True, check=True).stdout.strip()
