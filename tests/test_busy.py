@@ -123,6 +123,26 @@ def test_trust_names_busy_timing_notebooks_and_failed_aa_checks(tmp_path):
     assert trust.reasons(tmp_path, manifest, {}) == []
 
 
+def test_the_harness_block_decides_over_each_cells_own_ci(tmp_path):
+    """A run's twins are one family: the verdict's ``harness`` block (Bonferroni) says which
+    differ; a cell's own 95 % CI beyond 1 +- delta alone is no longer a reason."""
+    lone = {"rows": 16, "vocab": 32768, "twin_speedup": 1.219, "twin_ci_low": 1.022,
+            "twin_ci_high": 1.45}
+    verdict = {"parameters": {"delta": 0.02}, "copy_cells": [lone], "harness": {
+        "delta": 0.02, "confidence": 1 - 0.05 / 2, "checks": [
+            {**lone, "level": "copy", "twin_ci_low": 0.97, "twin_ci_high": 1.6,
+             "differs": False},
+            {"level": "step", "rows": 64, "vocab": 1000, "k": 5, "twin_speedup": 0.9,
+             "twin_ci_low": 0.84, "twin_ci_high": 0.96, "differs": True}]}}
+    assert trust.harness_reasons(verdict) == [
+        "the A/A check at step level, n=64, V=1000, K=5, saw identical arms differ: 0.900x "
+        "[0.840, 0.960] (97.5% CI, Bonferroni over 2 A/A checks), beyond 1 +- 2%"]
+    assert trust.harness_checked(verdict)
+    assert trust.harness_reasons({**verdict, "harness": {**verdict["harness"], "checks": []}}) == []
+    del verdict["harness"]  # a verdict written before the block: each cell's own CI
+    assert trust.harness_reasons(verdict)[0].startswith("the A/A check at copy level, n=16")
+
+
 def test_the_report_first_screen_says_the_timings_are_not_trustworthy(tmp_path):
     busy_manifest(tmp_path)
     (tmp_path / "verdict.json").write_text(json.dumps({"overall": {

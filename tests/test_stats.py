@@ -291,3 +291,54 @@ def test_summarize_gives_robust_statistics():
     out = stats.summarize(frame, ["arm"]).set_index("arm")
     assert out.loc["a", "median"] == 2.5 and out.loc["a", "iqr"] == 1.5
     assert out.loc["b", "iqr_over_median"] == 0 and out.loc["b", "n"] == 4
+
+
+def _false_alarm_and_power(confidence_per_twin: float | None, noise, *, twins: int = 8,
+                           rounds: int = 12, trials: int = 150, twin_bias: float = 0.0):
+    """Share of simulated runs with any twin flagged: per-twin CIs at ``confidence_per_twin``,
+    or (None) :func:`stats.twin_checks` over the run's twins."""
+    from dataclasses import replace
+
+    times = calibration.simulate(replace(noise, twin_bias=twin_bias), 1.0, rounds,
+                                 trials * twins, seed=7)
+    flagged = 0
+    for trial in range(trials):
+        pairs = [(times[trial * twins + c, 0], times[trial * twins + c, 2]) for c in range(twins)]
+        if confidence_per_twin is None:
+            _, checks = stats.twin_checks(pairs, delta=0.02, seed=trial)
+            flagged += any(check["differs"] for check in checks)
+        else:
+            intervals = [stats.paired_speedup(b, t, confidence=confidence_per_twin,
+                                              seed=trial)[1:] for b, t in pairs]
+            flagged += any(low > 1.02 or high < 0.98 for low, high in intervals)
+    return flagged / trials
+
+
+@pytest.mark.parametrize("noise", [calibration.Noise("bimodal 20 % at 3x", slow_share=0.2,
+                                                     slow_factor=3.0),
+                                   calibration.Noise("lognormal 40 %", 0.4)],
+                         ids=lambda noise: noise.name)
+def test_the_harness_check_keeps_a_quiet_runs_false_alarms_near_five_percent(noise):
+    """Identical twins in eight cells of noisy copies at the quick profile's 12 rounds (what a
+    2-core machine shows for small copies): one 95 % CI per twin calls about a third of quiet
+    runs untrustworthy; the family check stays near 5 %."""
+    assert _false_alarm_and_power(0.95, noise) > 0.2
+    assert _false_alarm_and_power(None, noise) <= 0.10
+
+
+def test_the_harness_check_still_sees_a_twin_that_differs():
+    quiet = calibration.Noise("lognormal 2 %", 0.02)
+    assert _false_alarm_and_power(None, quiet, twin_bias=0.10) >= 0.95
+
+
+def test_twin_checks_name_bad_pairs_and_bad_parameters():
+    level, checks = stats.twin_checks([([1.0, 1.0, 1.0], [1.0, 1.0, 1.0]), ([1.0], [1.0]),
+                                       ([1.0, float("nan")], [1.0, 1.0])], delta=0.02)
+    assert level == pytest.approx(1 - 0.05 / 3)
+    assert checks[0]["differs"] is False and checks[0]["twin_speedup"] == 1.0
+    assert [c["differs"] for c in checks[1:]] == [None, None]
+    assert "at least 2 rounds" in checks[1]["note"] and checks[2]["note"]
+    with pytest.raises(ValueError, match="delta"):
+        stats.twin_checks([], delta=0)
+    with pytest.raises(ValueError, match="confidence"):
+        stats.twin_checks([], delta=0.02, confidence=1.0)

@@ -211,6 +211,24 @@ def test_an_aa_twin_that_differs_from_its_baseline_is_inconclusive(tmp_path):
     assert result["overall"]["decision"] == "INCONCLUSIVE"
 
 
+def test_the_harness_check_holds_every_twin_of_the_run_as_one_bonferroni_family(full_verdict):
+    harness = full_verdict["harness"]
+    checks = [(c["level"], c["rows"], c.get("k")) for c in harness["checks"]]
+    assert checks == [("step", 64, 5), ("step", 256, 5), ("copy", 64, None), ("copy", 256, None)]
+    assert harness["confidence"] == pytest.approx(1 - 0.05 / 4)
+    assert harness["family_confidence"] == 0.95 and harness["delta"] == 0.02
+    assert not any(c["differs"] for c in harness["checks"])  # identical twins, low noise
+    step64 = full_verdict["decisive"][0]  # the same pair, at the family's wider level
+    assert harness["checks"][0]["twin_speedup"] == pytest.approx(step64["twin_speedup"])
+    assert harness["checks"][0]["twin_ci_low"] < step64["twin_ci_low"]
+
+
+def test_a_twin_slower_than_its_baseline_is_flagged_by_the_harness_check(tmp_path):
+    result = build(write_step(tmp_path / "run", step_cell(64, 1.5, twin_factor=1.10)), [64])
+    (check,) = result["harness"]["checks"]
+    assert check["differs"] is True and check["twin_ci_high"] < 0.98
+
+
 def test_a_decisive_cell_without_its_aa_twin_is_inconclusive(tmp_path):
     records = [r for r in step_cell(64, 1.5) if r["arm"] != "seed_pageable~aa"]
     records.append({"experiment": "step", "arm": "seed_pageable~aa", "rows": 64, "vocab": V,

@@ -22,6 +22,9 @@ neighbour's load). The statistics keep that pairing.
   family-wise rate of a false PORT stays at the one-sided level (1 - confidence)/2 when every
   cell sits at the bar), intersection-union for CLOSE (every cell must close; no correction is
   needed since all must hold). :mod:`stagelab.calibration` measures the error rates by simulation.
+* **The harness check** (:func:`twin_checks`) asks of every A/A twin of a run, as one family,
+  whether identical arms differ by more than delta; Bonferroni keeps a quiet machine's false
+  alarms near ``1 - confidence`` for the whole run rather than for each twin.
 * **Bad timings never crash the decision**: a non-finite, zero or negative time makes its cell
   INCONCLUSIVE with the reason.
 """
@@ -149,6 +152,38 @@ def paired_speedup(baseline: Sequence[float], candidate: Sequence[float], *,
         raise ValueError(f"n_resamples must be positive, got {n_resamples}")
     ratio = RatioOfMeans(b, c, n_resamples=n_resamples, seed=seed)
     return (ratio.point, *ratio.interval(confidence))
+
+
+TWIN_METHOD = "Bonferroni across the run's A/A twins"
+
+
+def twin_checks(pairs: Sequence[tuple[Sequence[float], Sequence[float]]], *, delta: float,
+                confidence: float = 0.95, seed: int = 0) -> tuple[float, list[dict[str, Any]]]:
+    """The A/A harness check of a family of twins: each ``(baseline, twin)`` pair's speedup and
+    CI at the Bonferroni level ``1 - (1 - confidence) / m`` (m pairs), and whether the CI lies
+    wholly outside ``1 +- delta`` (``differs``). Returns (that level, one dict per pair).
+
+    Why the family: a run holds a twin per cell, and a 95 % CI per twin misses its truth in 5 %
+    of cells, so eight cells of noisy copies would raise a false alarm in about a third of quiet
+    runs (simulated in the tests); corrected, the run's false alarms stay near 1 - confidence.
+    A pair with bad timings or fewer than 2 rounds gets ``differs`` None and a ``note``."""
+    if not 0 < delta < 1:
+        raise ValueError(f"delta must lie in (0, 1), got {delta!r}")
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must lie in (0, 1), got {confidence!r}")
+    level = 1 - (1 - confidence) / max(len(pairs), 1)
+    out = []
+    for baseline, twin in pairs:
+        try:
+            speedup, low, high = paired_speedup(baseline, twin, confidence=level, seed=seed)
+        except ValueError as exc:  # BadTimings too
+            out.append({"n_rounds": len(baseline), "twin_speedup": None, "twin_ci_low": None,
+                        "twin_ci_high": None, "differs": None, "note": str(exc)})
+            continue
+        out.append({"n_rounds": len(baseline), "twin_speedup": speedup, "twin_ci_low": low,
+                    "twin_ci_high": high, "differs": bool(low > 1 + delta or high < 1 - delta),
+                    "note": ""})
+    return level, out
 
 
 def median_of_ratios(baseline: Sequence[float], candidate: Sequence[float]) -> float:

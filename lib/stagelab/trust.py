@@ -4,7 +4,9 @@
   recorded by the runner through :mod:`stagelab.busy`): other processes taking cores, or a
   hypervisor stealing time.
 * The A/A harness checks in ``verdict.json``: a baseline timed against itself whose paired CI
-  lies wholly beyond 1 +- delta means the harness saw a difference between identical arms.
+  lies wholly beyond 1 +- delta means the harness saw a difference between identical arms. The
+  twins of a run are checked as one family (``harness``, Bonferroni), so that a quiet machine
+  is not called busy in a third of its runs by chance.
 
 Either one makes the timings untrustworthy; the report's first screen, the verdict box,
 ``compare``, the terminal and ``keep`` all say so from :func:`reasons`. Torch-free.
@@ -40,7 +42,22 @@ def _cell(cell: Mapping[str, Any]) -> str:
 
 
 def harness_reasons(verdict: Mapping[str, Any]) -> list[str]:
-    """One sentence per A/A twin whose CI lies wholly outside 1 +- delta (the verdict's delta)."""
+    """One sentence per A/A twin whose CI lies wholly outside 1 +- delta: from the verdict's
+    ``harness`` block (every twin as one family, Bonferroni), or, in a verdict written before it,
+    from each cell's own 95 % CI."""
+    harness = verdict.get("harness")
+    if harness is None:
+        return _per_cell_harness_reasons(verdict)
+    delta, level = harness["delta"], harness["confidence"]
+    checks = harness.get("checks") or []
+    return [f"the A/A check at {check['level']} level, {_cell(check)}, saw identical arms "
+            f"differ: {check['twin_speedup']:.3f}x [{check['twin_ci_low']:.3f}, "
+            f"{check['twin_ci_high']:.3f}] ({level:.1%} CI, Bonferroni over {len(checks)} "
+            f"A/A checks), beyond 1 +- {delta:.0%}"
+            for check in checks if check.get("differs")]
+
+
+def _per_cell_harness_reasons(verdict: Mapping[str, Any]) -> list[str]:
     delta = (verdict.get("parameters") or {}).get("delta") or DEFAULT_DELTA
     out = []
     for kind, cells in (("step", verdict.get("decisive") or []),
@@ -76,7 +93,10 @@ def reasons(run_dir: Path, manifest: Mapping[str, Any] | None = None,
 
 
 def harness_checked(verdict: Mapping[str, Any]) -> bool:
-    """Whether the verdict holds any A/A twin's CI (none in an older verdict, or without one)."""
+    """Whether the verdict holds any A/A twin's check (none in an older verdict, or without a
+    twin)."""
+    if verdict.get("harness") is not None:
+        return any(check.get("differs") is not None for check in verdict["harness"]["checks"])
     cells = [*(verdict.get("decisive") or []), *(verdict.get("copy_cells") or [])]
     return any(cell.get("twin_ci_low") is not None for cell in cells)
 

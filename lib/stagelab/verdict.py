@@ -19,7 +19,8 @@ decisive cells (named by the profile: rows x models x K) are one family, decided
 The verdict states its context (``forward_ms``, what delta is a share of with the logprobs-only
 bar beside it, where the log-softmax runs, and whether the other place would change the answer).
 Other cells are reported, never decide. Copy-level cells (notebook 01) explain the mechanism and
-never decide. Deterministic: the same folder gives the same file. Torch-free.
+never decide. The ``harness`` block checks every A/A twin of the run as one family (Bonferroni):
+whether identical arms differ beyond delta. Deterministic: the same folder gives the same file. Torch-free.
 """
 
 from __future__ import annotations
@@ -245,6 +246,31 @@ def _copy_cells(staging: pd.DataFrame, seed: int) -> list[dict[str, Any]]:
                                     seed=seed)
         out += compared.to_dict("records")
     return out
+
+
+def harness_check(staging: pd.DataFrame | None, step: pd.DataFrame | None,
+                  named: list[tuple[int, int, int]], *, delta: float, confidence: float,
+                  seed: int) -> dict[str, Any]:
+    """The run's A/A harness check, every twin as one family (:func:`stagelab.stats.twin_checks`):
+    the seed's step against its twin in each decisive cell, and the fresh pageable copy against
+    its twin in each copy cell. :mod:`stagelab.trust` reads it."""
+    labelled: list[tuple[dict[str, Any], list[np.ndarray]]] = []
+    if step is not None:
+        for n, v, k in named:
+            cell = step[(step["rows"] == n) & (step["vocab"] == v) & (step["k"] == k)]
+            labelled.append(({"level": "step", "rows": n, "vocab": v, "k": k},
+                             analysis.paired_rounds(cell, BASELINE, TWIN)))
+    if staging is not None:
+        fresh = catalogue.baseline(catalogue.STAGING)
+        for key, part in analysis.cells(staging, ["rows", "vocab"]):
+            labelled.append(({"level": "copy", **key},
+                             analysis.paired_rounds(part, fresh, catalogue.aa_name(fresh))))
+    measured = [(label, pair) for label, pair in labelled if len(pair[0])]
+    level, checks = stats.twin_checks([tuple(pair) for _, pair in measured], delta=delta,
+                                      confidence=confidence, seed=seed)
+    return {"method": stats.TWIN_METHOD, "confidence": level, "family_confidence": confidence,
+            "delta": delta, "checks": [{**label, **check}
+                                       for (label, _), check in zip(measured, checks)]}
 
 
 def _prompt_summary(prompt: pd.DataFrame | None) -> dict[str, Any] | None:
@@ -501,6 +527,8 @@ def build_verdict(run_dir: Path | str, *, decisive_rows: list[int], decisive_voc
         "decisive": decisive,
         "step_levers": step_levers,
         "copy_cells": [] if staging is None else _copy_cells(staging, seed),
+        "harness": harness_check(staging, step, named, delta=delta, confidence=confidence,
+                                 seed=seed),
         "goals": goals,
         "clock_check": {"checked": sum(c["checked"] for c in clocks),
                         "disagree": sum(c["disagree"] for c in clocks)},
