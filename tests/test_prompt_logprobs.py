@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -188,10 +190,9 @@ def test_predicted_peak_follows_the_documented_model():
 
 def test_measured_peaks_separate_chunked_fused_from_unchunked_logsoftmax():
     config = dict(tokens=257, vocab=32768, hidden=16, dtype="float32", k=5, overlap=True)
-    small = memory.measure_peak("stagelab.prompt_logprobs:memory_probe",
-                                {**config, "chunk": 32, "method": "fused"})
-    large = memory.measure_peak("stagelab.prompt_logprobs:memory_probe",
-                                {**config, "chunk": None, "method": "logsoftmax"})
+    small, large = memory.measure_peaks("stagelab.prompt_logprobs:memory_probe", [
+        {**config, "chunk": 32, "method": "fused"},
+        {**config, "chunk": None, "method": "logsoftmax"}], parallel=2)
     assert small["hwm_reset"] and large["hwm_reset"]
     assert small["device_extra_bytes"] is None or torch.cuda.is_available()
     logits = 256 * 32768 * 4
@@ -276,3 +277,28 @@ def test_exactness_is_checked_on_the_timed_results_without_running_them_again(mo
     assert sorted(calls, key=str) == sorted([16] * 3 + [4] * 3 + [16], key=str)
     checks = {(r["arm"], r["chunk"]): r["value"] for r in records if r.get("metric") == "bitwise_equal"}
     assert checks == {("fused+overlap", 16): 1.0, ("fused+overlap", 4): 1.0}
+
+
+def test_memory_probes_run_side_by_side_only_as_cores_and_memory_allow(monkeypatch):
+    monkeypatch.setattr(pl.os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(pl.memory, "free_host_bytes", lambda: 10 * 2**30)
+    assert pl.probe_parallelism("cpu", 2**20, 6) == 2  # two cores
+    assert pl.probe_parallelism("cpu", 2**20, 1) == 1
+    assert pl.probe_parallelism("cpu", 8 * 2**30, 6) == 1  # one probe's need is most of memory
+    assert pl.probe_parallelism("cuda:0", 2**20, 6) == 1  # probes would share the device
+    monkeypatch.setattr(pl.memory, "free_host_bytes", lambda: None)  # unknown: the cores bound
+    assert pl.probe_parallelism("cpu", 2**20, 6) == 2
+
+
+def test_probes_side_by_side_keep_their_order_and_wait_passively(monkeypatch):
+    seen = []
+    monkeypatch.setattr(memory, "_run_probe", lambda target, config, timeout, env: seen.append(
+        env.get("OMP_WAIT_POLICY")) or {"chunk": config["chunk"]})
+    configs = [{"chunk": c} for c in (8, 16, 32, None)]
+    assert memory.measure_peaks("m:f", configs, 2) == configs
+    assert seen == ["PASSIVE"] * 4
+    seen.clear()
+    assert memory.measure_peaks("m:f", configs[:1]) == configs[:1]
+    assert seen == [os.environ.get("OMP_WAIT_POLICY")]  # one at a time: the caller's own
+    with pytest.raises(ValueError, match="parallel"):
+        memory.measure_peaks("m:f", configs, 0)

@@ -14,6 +14,7 @@ double-buffer code runs with an engine that copies at once.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Protocol
 
@@ -405,7 +406,8 @@ def measure(tokens: int, shape: ModelShape, hidden: int, chunks: list[int], dtyp
     runs once. Exactness is checked on each configuration's result from its last timed round.
     Memory is measured in a fresh process per ``(method, chunk)`` for the first of ``overlaps``
     (see :mod:`stagelab.memory`): a process costs seconds, and overlap changes only two small host
-    slots.
+    slots. The probes run after the timing, so they never load a timed call; on a CPU side by
+    side where cores and free memory allow (:func:`probe_parallelism`).
     """
     device = device or default_device()
     cell = prompt_cell(tokens, shape, hidden, chunks, dtype, k, methods, overlaps, device=device)
@@ -429,17 +431,20 @@ def measure(tokens: int, shape: ModelShape, hidden: int, chunks: list[int], dtyp
 
         def after() -> list[dict]:
             references = {m: result((m, rows, False)) for m in methods}
-            records = []
+            records, probed = [], []
             for key, (method, chunk, overlap) in configs.items():
                 found = agreement_records(result((method, chunk, overlap)), references[method])
                 found.append({"metric": "predicted_peak_bytes", "bytes": predicted_peak_bytes(
                     tokens=tokens, vocab=shape.vocab, chunk=chunk, dtype=dtype, method=method,
                     num_logprobs=k)})
+                records += [annotate({"arm": key, **record}) for record in found]
                 if measure_memory and overlap == overlaps[0]:
-                    found += _memory_records(dict(
-                        tokens=tokens, vocab=shape.vocab, hidden=hidden, chunk=chunk,
-                        dtype=str(dtype).removeprefix("torch."), method=method, k=k,
-                        overlap=overlap, seed=seed, device=device))
+                    probed.append(key)
+            probes = [dict(tokens=tokens, vocab=shape.vocab, hidden=hidden, chunk=configs[key][1],
+                           dtype=str(dtype).removeprefix("torch."), method=configs[key][0], k=k,
+                           overlap=configs[key][2], seed=seed, device=device) for key in probed]
+            parallel = probe_parallelism(device, cell.host_bytes, len(probes))
+            for key, found in zip(probed, _memory_records(probes, parallel)):
                 records += [annotate({"arm": key, **record}) for record in found]
             return records
 
@@ -456,8 +461,29 @@ def measure(tokens: int, shape: ModelShape, hidden: int, chunks: list[int], dtyp
                      sink=sink, label="prompt logprobs", progress=progress)
 
 
-def _memory_records(config: dict) -> list[dict]:
-    peak = memory.measure_peak("stagelab.prompt_logprobs:memory_probe", config)
+# A probe process's own footprint beside the cell's inputs and peak: the interpreter and torch.
+PROBE_PROCESS_BYTES = 512 * 2**20
+
+
+def probe_parallelism(device: str, cell_host_bytes: int, probes: int) -> int:
+    """How many memory probes may run side by side: on a CPU, one per usable core and no more
+    than fit in free host memory (each holds the cell's inputs and peak plus its own process);
+    on a GPU one, since the probes would share the device."""
+    if probes < 2 or torch.device(device).type != "cpu":
+        return 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    free = memory.free_host_bytes()
+    fitting = probes if free is None else int(0.9 * free) // (cell_host_bytes + PROBE_PROCESS_BYTES)
+    return max(1, min(probes, cores or 1, fitting))
+
+
+def _memory_records(configs: list[dict], parallel: int) -> list[list[dict]]:
+    """Each configuration's memory records, from probe processes ``parallel`` at a time."""
+    peaks = memory.measure_peaks("stagelab.prompt_logprobs:memory_probe", configs, parallel)
+    return [_peak_records(peak) for peak in peaks]
+
+
+def _peak_records(peak: dict) -> list[dict]:
     note = "" if peak["hwm_reset"] else "VmHWM could not be reset: includes set-up"
     rows = [{"metric": "peak_host_bytes", "bytes": peak["host_extra_bytes"], "note": note},
             {"metric": "pinned_bytes_held", "bytes": peak["pinned_host_bytes"]}]
