@@ -163,9 +163,16 @@ def installed_version(python: Path, distribution: str) -> str | None:
     return out or None
 
 
+def bytecode_writing_env() -> dict[str, str]:
+    """This environment with bytecode writing on (see the module's docstring)."""
+    return {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+
+
 def torch_build(python: Path) -> str:
-    """What torch in the environment is, from torch itself: version and CPU or CUDA build."""
-    done = subprocess.run([str(python), "-c", TORCH_BUILD_PROBE], capture_output=True, text=True)
+    """What torch in the environment is, from torch itself: version and CPU or CUDA build (its
+    import writes torch's bytecode on the way)."""
+    done = subprocess.run([str(python), "-c", TORCH_BUILD_PROBE], capture_output=True, text=True,
+                          env=bytecode_writing_env())
     return done.stdout.strip() if done.returncode == 0 else "torch does not import"
 
 
@@ -220,10 +227,9 @@ def compile_bytecode(python: Path, extras: list[str]) -> None:
     ``python``, whatever ``PYTHONDONTWRITEBYTECODE`` says; print how many modules and how long."""
     started = time.monotonic()
     modules = [*RUN_IMPORTS] if not extras else [m for e in extras for m in EXTRA_IMPORTS.get(e, ())]
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     try:
         done = subprocess.run([str(python), "-c", BYTECODE_WARMUP, *modules],
-                              capture_output=True, text=True, env=env)
+                              capture_output=True, text=True, env=bytecode_writing_env())
     except OSError as exc:
         print(f"bytecode: not written ({exc})", flush=True)
         return
