@@ -156,3 +156,24 @@ def test_the_memory_plan_gives_the_estimate_and_refuses_before_anything_starts(m
     assert "recorded skipped" in refused
     monkeypatch.setattr(memory, "free_host_bytes", lambda: None)
     assert "cannot be read here" in sweep.memory_plan(cell, "cpu")
+
+
+def test_the_watcher_is_called_between_the_rounds_of_every_cell():
+    class Counting:
+        def __init__(self) -> None:
+            self.rounds = 0
+
+        def admit(self, *args) -> bool:
+            return True
+
+        def finished(self, *args) -> None:
+            pass
+
+        def after_round(self) -> None:
+            self.rounds += 1
+
+    cells = [sweep.Cell(sizes={"rows": n}, arms=["a"], label=f"n={n}") for n in (1, 2)]
+    with sweep.watching(Counting()) as watcher:
+        sweep.run(cells, lambda cell: sweep.CellPlan(calls={"a": lambda r: None}), rounds=3,
+                  warmup=1, device="cpu", progress=False)
+    assert watcher.rounds == 2 * (1 + 3)

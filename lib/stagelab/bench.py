@@ -123,10 +123,11 @@ def _paired_totals(records: list[dict], baseline: str,
 
 
 def interleaved(arms: Mapping[str, ArmCall], *, rounds: int, warmup: int = 2, seed: int = 0,
-                device: torch.device | str | None = None,
-                precision: Precision | None = None) -> list[dict]:
+                device: torch.device | str | None = None, precision: Precision | None = None,
+                after_round: Callable[[], None] | None = None) -> list[dict]:
     """Run every arm ``warmup + rounds`` times in a balanced order (more rounds with a
-    ``precision``); return timing records.
+    ``precision``); return timing records. ``after_round`` is called between rounds (``stagelab
+    measure`` raises there a stop request that a finalizer swallowed).
 
     ``arms[name](round_index)`` performs one round (the index lets it rotate its sources). Each
     record has ``arm``, ``stage``, ``round``, ``position``, ``seconds``, ``host_seconds`` and
@@ -164,6 +165,8 @@ def interleaved(arms: Mapping[str, ArmCall], *, rounds: int, warmup: int = 2, se
             if measured >= 0:
                 records += _round_records(name, measured, position, seconds, host, result,
                                           timer.name)
+        if after_round is not None:
+            after_round()
         done = measured + 1
         if done < rounds or precision is None:
             continue

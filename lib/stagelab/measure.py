@@ -351,6 +351,7 @@ class CellClock:
         return sum(c["measured_s"] for c in done) / predicted if predicted else 1.0
 
     def admit(self, label: str, cell: Any, rounds: int, warmup: int) -> bool:
+        raise_if_stopped()
         self.predicted = self.predict(cell, rounds, warmup)
         if self.deadline is None:
             return True
@@ -364,6 +365,9 @@ class CellClock:
                                           f"{left:.1f} s left before the deadline"})
         self.recorder.save()
         return False
+
+    def after_round(self) -> None:
+        raise_if_stopped()
 
     def finished(self, label: str, cell: Any, seconds: float, records: list[dict]) -> None:
         from stagelab import sweep
@@ -487,8 +491,21 @@ def run_preflight(recorder: Recorder, request: Request) -> list[str]:
     return blocking
 
 
+_stops: list[int] = []  # the stop signals this measurement received, in order
+
+
 def _raise_interrupt(signum: int, _frame: Any) -> None:
+    """Stop where the signal lands, and remember it: Python prints and swallows an exception
+    raised inside a finalizer (``__del__``, such as the native vector's at the end of a step), so
+    :func:`raise_if_stopped` raises it again between rounds and before each cell."""
+    _stops.append(signum)
     raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+
+def raise_if_stopped() -> None:
+    """Raise KeyboardInterrupt when a stop signal has been received (even one swallowed)."""
+    if _stops:
+        raise KeyboardInterrupt(f"signal {signal.Signals(_stops[0]).name}")
 
 
 def overall_status(manifest: Mapping[str, Any]) -> str:
@@ -513,6 +530,7 @@ def measure(request: Request) -> int:
         raise UserError(f"--out {out}: cannot be created ({exc.strerror or exc})") from exc
     recorder = Recorder(out, new_manifest(request, out))
     recorder.save()
+    _stops.clear()
     previous = {signum: signal.signal(signum, _raise_interrupt) for signum in STOP_SIGNALS}
     try:
         _say(f"into {out}")
@@ -530,6 +548,7 @@ def measure(request: Request) -> int:
         from stagelab.device import default_device
 
         measure_tables(recorder, request, default_device(), deadline)
+        raise_if_stopped()  # a stop swallowed in the last round: the record says interrupted
         status = overall_status(recorder.manifest)
     except KeyboardInterrupt as exc:
         for entry in recorder.manifest["experiments"]:

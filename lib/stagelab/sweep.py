@@ -14,7 +14,7 @@ all of them:
   :class:`stagelab.schema.JsonLinesSink` under ``stagelab measure``), so an interrupted or killed
   run leaves every finished cell on disk;
 * a watcher (:func:`watching`, set by ``stagelab measure``) is asked before each cell whether it
-  may start (a deadline) and told how long each took;
+  may start (a deadline), called between rounds, and told how long each cell took;
 * progress: a bar in JupyterLab where tqdm is importable; in headless runs (the runner sets
   ``STAGELAB_HEADLESS``) or without tqdm, one line per finished cell, never a flood.
 """
@@ -99,7 +99,8 @@ def memory_plan(cell: Cell, device: str) -> str:
 
 def measure_cell(cell: Cell, prepare: Callable[[Cell], CellPlan], *, rounds: int, warmup: int,
                  seed: int, device: str, run: str = "",
-                 precision: bench.Precision | None = None) -> list[dict]:
+                 precision: bench.Precision | None = None,
+                 after_round: Callable[[], None] | None = None) -> list[dict]:
     """Every record of one cell: timings, or the rows that say why there are none. The arms'
     order is balanced and seeded per run and cell (:func:`stagelab.design.order_seed`)."""
     if cell.invalid:
@@ -118,7 +119,7 @@ def measure_cell(cell: Cell, prepare: Callable[[Cell], CellPlan], *, rounds: int
         with plan.monitor or contextlib.nullcontext():
             timings = bench.interleaved(
                 plan.calls, rounds=rounds, warmup=warmup, device=device, precision=precision,
-                seed=design.order_seed(f"{run}:{seed}", cell.label))
+                seed=design.order_seed(f"{run}:{seed}", cell.label), after_round=after_round)
         annotate = plan.annotate or (lambda record: record)
         records += [annotate({**cell.sizes, **timing}) if timing["arm"] in plan.calls
                     else {**cell.sizes, **timing} for timing in timings]  # not the order's row
@@ -146,6 +147,9 @@ class Watcher(Protocol):
 
     def finished(self, label: str, cell: Cell, seconds: float, records: list[dict]) -> None:
         """Record a measured cell."""
+
+    def after_round(self) -> None:
+        """Called between the timing rounds of a cell (may raise to stop)."""
 
 
 _WATCHER: contextvars.ContextVar[Watcher | None] = contextvars.ContextVar("watcher", default=None)
@@ -197,7 +201,8 @@ def run(cells: list[Cell], prepare: Callable[[Cell], CellPlan], *, rounds: int,
                 raise DeadlineReached(f"{label}: stopped before cell {cell.label}")
             started = time.perf_counter()
             found = measure_cell(cell, prepare, rounds=rounds, warmup=warmup, seed=seed,
-                                 device=device, run=run, precision=precision)
+                                 device=device, run=run, precision=precision,
+                                 after_round=watcher.after_round if watcher else None)
             records += found
             if sink is not None:
                 sink.append(found)
