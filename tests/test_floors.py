@@ -23,7 +23,7 @@ PACKAGE = paths.REPO_ROOT / "lib" / "stagelab"
 
 FLOORS: dict[str, tuple[str, ...]] = {
     # names, files and the row schema: the standard library only
-    "ground": ("errors", "paths", "catalogue", "records", "schema", "rundir", "design"),
+    "ground": ("errors", "paths", "catalogue", "records", "schema", "rundir", "design", "stops"),
     # torch: the measuring code, importable with torch and the standard library alone
     "measure": ("device", "shapes", "bench", "memory", "native", "logprobs", "hardware", "sweep",
                 "staging", "step", "prompt_logprobs", "testing", "busy", "preflight", "estimate"),

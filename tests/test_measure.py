@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from stagelab import bench as bench_module
-from stagelab import cli, estimate, measure, paths, profiles, schema, verdict
+from stagelab import cli, estimate, measure, paths, profiles, schema, stops, verdict
 from stagelab.errors import UserError
 
 REPO = paths.REPO_ROOT
@@ -237,12 +237,12 @@ class _StoppedInAFinalizer:
     vector's ``__del__`` runs: Python prints the KeyboardInterrupt and goes on."""
 
     def __del__(self) -> None:
-        measure._raise_interrupt(signal.SIGTERM, None)
+        stops._raise(signal.SIGTERM, None)
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the swallowing
 def test_a_stop_swallowed_by_a_finalizer_is_raised_again_after_its_round(monkeypatch):
-    monkeypatch.setattr(measure, "_stops", [])
+    monkeypatch.setattr(stops, "_received", [])
     calls = []
 
     def arm(round_index: int) -> None:
@@ -252,7 +252,7 @@ def test_a_stop_swallowed_by_a_finalizer_is_raised_again_after_its_round(monkeyp
 
     with pytest.raises(KeyboardInterrupt, match="SIGTERM"):
         bench_module.interleaved({"a": arm}, rounds=5, warmup=0,
-                                 after_round=measure.raise_if_stopped)
+                                 after_round=stops.raise_if_received)
     assert calls == [0, 1]  # the round it landed in ends, then the stop
     clock = measure.CellClock(None, {}, lambda *_: 0.0, None)
     with pytest.raises(KeyboardInterrupt):  # and before any later cell

@@ -13,7 +13,7 @@ import nbformat
 import pytest
 
 from conftest import dead_pid, fake_run, start_sleepy, write_notebook
-from stagelab import cli, context, execute, paths, profiles, report, rundir, schema
+from stagelab import cli, context, execute, paths, profiles, report, rundir, schema, stops
 from stagelab.errors import UserError
 
 
@@ -437,3 +437,29 @@ def test_the_verdict_by_hand_reads_the_newest_run_with_data_and_names_it(tmp_pat
         ctx.reading())
     given = context.reading_context("04_verdict", str(runs / "20261130T100000Z_vm_quick"))
     assert given.data_dir == given.run_dir == runs / "20261130T100000Z_vm_quick"
+
+
+class _StoppedInAFinalizer:
+    """SIGTERM landing inside a finalizer: Python prints the KeyboardInterrupt and goes on."""
+
+    def __del__(self) -> None:
+        stops._raise(signal.SIGTERM, None)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the swallowing
+def test_a_stop_a_finalizer_swallowed_ends_the_run_before_the_next_notebook(quick_tiny,
+                                                                             monkeypatch):
+    ran = []
+
+    def swallowing(notebook, output, run_dir, plan):
+        ran.append(notebook.name)
+        _StoppedInAFinalizer()  # dropped at once: its __del__ raises, and is swallowed
+        return _fake_notebook(notebook, output, run_dir, plan)
+
+    monkeypatch.setattr(execute, "execute_notebook", swallowing)
+    code = cli.main(["run", "--profile", "sleepy", "--out", str(quick_tiny["root"])])
+    assert code == cli.EXIT_INTERRUPTED and ran == ["30_sleeps"]
+    (run_dir,) = quick_tiny["root"].iterdir()
+    manifest = rundir.read_manifest(run_dir)
+    assert manifest["status"] == "interrupted" and "SIGTERM" in manifest["error"]
+    assert [nb["status"] for nb in manifest["notebooks"]] == ["ok", "pending"]

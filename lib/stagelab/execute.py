@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from stagelab import busy, hardware, measure, paths, report, rundir
+from stagelab import busy, hardware, measure, paths, report, rundir, stops
 from stagelab.errors import UserError
 from stagelab.profiles import NotebookPlan, RunPlan
 from stagelab.records import RunFolder
@@ -119,22 +119,6 @@ def kernel_sockets() -> Iterator[Path]:
 # ---------------------------------------------------------------------------------- the steps
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-
-def _raise_interrupt(signum: int, _frame: Any) -> None:
-    raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
-
-
-@contextlib.contextmanager
-def stop_signals_as_interrupt() -> Iterator[None]:
-    """SIGTERM and SIGHUP (a closed terminal) stop a run as Ctrl-C does: KeyboardInterrupt."""
-    previous = {signum: signal.signal(signum, _raise_interrupt)
-                for signum in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
 
 
 class DeferredStops:
@@ -325,7 +309,9 @@ def _run(recorder: ManifestRecorder, plan: RunPlan, progress: bool,
         recorder.save()
         write_index(recorder)
         for index in range(len(plan.notebooks)):
+            stops.raise_if_received()  # a stop a finalizer swallowed ends the run here
             run_notebook_step(recorder, index, plan, progress)
+        stops.raise_if_received()
     except RecordError:
         with contextlib.suppress(OSError):  # show the failure in the index, if there is room
             report.write_index(run_dir)
@@ -357,7 +343,7 @@ def _start(plan: RunPlan, make_folder: Callable[[], Path], command: list[str] | 
            progress: bool, measured: dict[str, Any] | None = None) -> tuple[Path, dict[str, Any]]:
     """Make the folder, take its lock and save the first manifest with stop signals deferred
     (an interrupt then still leaves a listed, ``interrupted`` run), then run."""
-    with stop_signals_as_interrupt():
+    with stops.as_interrupt((signal.SIGTERM, signal.SIGHUP)):  # a closed terminal, as Ctrl-C
         with DeferredStops(raise_after=False) as deferred:
             run_dir = make_folder()
             lock = RunFolder(run_dir).hold_lock()

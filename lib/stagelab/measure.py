@@ -45,7 +45,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from stagelab import busy, estimate, paths, profiles, records, rundir
+from stagelab import busy, estimate, paths, profiles, records, rundir, stops
 from stagelab.errors import DeadlineReached, SchemaError, UserError
 from stagelab.schema import JsonLinesSink, read_json_lines
 
@@ -351,7 +351,7 @@ class CellClock:
         return sum(c["measured_s"] for c in done) / predicted if predicted else 1.0
 
     def admit(self, label: str, cell: Any, rounds: int, warmup: int) -> bool:
-        raise_if_stopped()
+        stops.raise_if_received()
         self.predicted = self.predict(cell, rounds, warmup)
         if self.deadline is None:
             return True
@@ -367,7 +367,7 @@ class CellClock:
         return False
 
     def after_round(self) -> None:
-        raise_if_stopped()
+        stops.raise_if_received()
 
     def finished(self, label: str, cell: Any, seconds: float, records: list[dict]) -> None:
         from stagelab import sweep
@@ -491,23 +491,6 @@ def run_preflight(recorder: Recorder, request: Request) -> list[str]:
     return blocking
 
 
-_stops: list[int] = []  # the stop signals this measurement received, in order
-
-
-def _raise_interrupt(signum: int, _frame: Any) -> None:
-    """Stop where the signal lands, and remember it: Python prints and swallows an exception
-    raised inside a finalizer (``__del__``, such as the native vector's at the end of a step), so
-    :func:`raise_if_stopped` raises it again between rounds and before each cell."""
-    _stops.append(signum)
-    raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
-
-
-def raise_if_stopped() -> None:
-    """Raise KeyboardInterrupt when a stop signal has been received (even one swallowed)."""
-    if _stops:
-        raise KeyboardInterrupt(f"signal {signal.Signals(_stops[0]).name}")
-
-
 def overall_status(manifest: Mapping[str, Any]) -> str:
     """``ok`` when every experiment is, else the first of interrupted, deadline, failed found."""
     statuses = {e["status"] for e in manifest["experiments"]}
@@ -530,34 +513,30 @@ def measure(request: Request) -> int:
         raise UserError(f"--out {out}: cannot be created ({exc.strerror or exc})") from exc
     recorder = Recorder(out, new_manifest(request, out))
     recorder.save()
-    _stops.clear()
-    previous = {signum: signal.signal(signum, _raise_interrupt) for signum in STOP_SIGNALS}
-    try:
-        _say(f"into {out}")
-        take_snapshot(recorder, request)
-        records.write_json_atomic(out / "inventory.json", inventory())
-        blocking = run_preflight(recorder, request)
-        for reason in blocking:
-            _say(f"preflight blocking: {reason}")
-        if blocking and not request.force:
-            recorder.manifest.update(status=NO_GO, finished_utc=rundir.now_utc())
+    with stops.as_interrupt(STOP_SIGNALS):
+        try:
+            _say(f"into {out}")
+            take_snapshot(recorder, request)
+            records.write_json_atomic(out / "inventory.json", inventory())
+            blocking = run_preflight(recorder, request)
+            for reason in blocking:
+                _say(f"preflight blocking: {reason}")
+            if blocking and not request.force:
+                recorder.manifest.update(status=NO_GO, finished_utc=rundir.now_utc())
+                recorder.save()
+                _say("preflight no-go: nothing measured (exit 3); --force measures anyway")
+                return EXIT_NO_GO
             recorder.save()
-            _say("preflight no-go: nothing measured (exit 3); --force measures anyway")
-            return EXIT_NO_GO
-        recorder.save()
-        from stagelab.device import default_device
+            from stagelab.device import default_device
 
-        measure_tables(recorder, request, default_device(), deadline)
-        raise_if_stopped()  # a stop swallowed in the last round: the record says interrupted
-        status = overall_status(recorder.manifest)
-    except KeyboardInterrupt as exc:
-        for entry in recorder.manifest["experiments"]:
-            if entry["status"] in (RUNNING, PENDING):
-                entry.update(status=INTERRUPTED, error=f"interrupted ({exc or 'Ctrl-C'})")
-        status = INTERRUPTED
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+            measure_tables(recorder, request, default_device(), deadline)
+            stops.raise_if_received()  # one swallowed in the last round: recorded interrupted
+            status = overall_status(recorder.manifest)
+        except KeyboardInterrupt as exc:
+            for entry in recorder.manifest["experiments"]:
+                if entry["status"] in (RUNNING, PENDING):
+                    entry.update(status=INTERRUPTED, error=f"interrupted ({exc or 'Ctrl-C'})")
+            status = INTERRUPTED
     ended = time.monotonic()
     overrun = round(ended - deadline, 2) if deadline is not None and ended > deadline else None
     recorder.manifest.update(status=status, finished_utc=rundir.now_utc(),

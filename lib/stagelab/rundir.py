@@ -192,11 +192,13 @@ class ManifestRecorder:
         self.save()
 
     def interrupt(self, reason: str) -> None:
-        """The run was stopped: the running notebook and the run become ``interrupted``."""
+        """The run was stopped: the running notebook and the run become ``interrupted``, the
+        run's ``error`` saying why (also when it stopped between notebooks)."""
         for entry in self.manifest["notebooks"]:
             if entry["status"] == RUNNING:
                 entry.update(status=INTERRUPTED, error=f"interrupted ({reason})")
         self.manifest["status"] = INTERRUPTED
+        self.manifest.setdefault("error", f"interrupted ({reason})")
 
     def finish(self) -> dict[str, Any]:
         """Close the record: ``failed`` if any notebook did not deliver, ``unmeasured`` if
