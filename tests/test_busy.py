@@ -133,7 +133,8 @@ def test_the_harness_block_decides_over_each_cells_own_ci(tmp_path):
             {**lone, "level": "copy", "twin_ci_low": 0.97, "twin_ci_high": 1.6,
              "differs": False},
             {"level": "step", "rows": 64, "vocab": 1000, "k": 5, "twin_speedup": 0.9,
-             "twin_ci_low": 0.84, "twin_ci_high": 0.96, "differs": True}]}}
+             "twin_ci_low": 0.84, "twin_ci_high": 0.96, "differs": True},
+            {"level": "step", "rows": 16, "vocab": 1000, "k": 5, "differs": None}]}}
     assert trust.harness_reasons(verdict) == [
         "the A/A check at step level, n=64, V=1000, K=5, saw identical arms differ: 0.900x "
         "[0.840, 0.960] (97.5% CI, Bonferroni over 2 A/A checks), beyond 1 +- 2%"]

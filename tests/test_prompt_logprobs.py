@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import signal
+import time
 
 import pytest
 import torch
@@ -290,15 +292,73 @@ def test_memory_probes_run_side_by_side_only_as_cores_and_memory_allow(monkeypat
     assert pl.probe_parallelism("cpu", 2**20, 6) == 2
 
 
+class _FakeProbe:
+    """Stands in for a probe process: finishes at once with its configuration as its figures."""
+
+    envs: list = []
+
+    def __init__(self, target, config, env, timeout):
+        self.config = config
+        _FakeProbe.envs.append(env.get("OMP_WAIT_POLICY"))
+
+    def finished(self):
+        return True
+
+    def result(self):
+        return self.config
+
+
 def test_probes_side_by_side_keep_their_order_and_wait_passively(monkeypatch):
-    seen = []
-    monkeypatch.setattr(memory, "_run_probe", lambda target, config, timeout, env: seen.append(
-        env.get("OMP_WAIT_POLICY")) or {"chunk": config["chunk"]})
+    monkeypatch.setattr(memory, "_Probe", _FakeProbe)
+    monkeypatch.setattr(_FakeProbe, "envs", [])
     configs = [{"chunk": c} for c in (8, 16, 32, None)]
     assert memory.measure_peaks("m:f", configs, 2) == configs
-    assert seen == ["PASSIVE"] * 4
-    seen.clear()
+    assert _FakeProbe.envs == ["PASSIVE"] * 4
+    _FakeProbe.envs.clear()
     assert memory.measure_peaks("m:f", configs[:1]) == configs[:1]
-    assert seen == [os.environ.get("OMP_WAIT_POLICY")]  # one at a time: the caller's own
+    assert _FakeProbe.envs == [os.environ.get("OMP_WAIT_POLICY")]  # one at a time: the caller's
     with pytest.raises(ValueError, match="parallel"):
         memory.measure_peaks("m:f", configs, 0)
+
+
+@pytest.fixture
+def sleepy_target(tmp_path, monkeypatch):
+    """A probe target whose set-up sleeps: ``sleepy_probe:build`` (found through PYTHONPATH)."""
+    (tmp_path / "sleepy_probe.py").write_text(
+        "import time\n\ndef build(seconds):\n    time.sleep(seconds)\n    return lambda: None\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        [str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    started = []
+    real = memory._Probe
+
+    def recording(*args):
+        started.append(real(*args))
+        return started[-1]
+
+    monkeypatch.setattr(memory, "_Probe", recording)
+    return started
+
+
+def test_a_stop_kills_the_running_probes_at_once(sleepy_target):
+    """Ctrl-C or SIGTERM while probes run: they are killed, not waited for."""
+    def interrupt(*_):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, 1.0)
+    began = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            memory.measure_peaks("sleepy_probe:build", [{"seconds": 60}] * 3, parallel=2)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert time.monotonic() - began < 30
+    assert len(sleepy_target) == 2 and all(p.process.returncode is not None for p in sleepy_target)
+
+
+def test_a_probe_past_its_time_is_named_and_killed(sleepy_target):
+    with pytest.raises(TimeoutError, match="memory probe sleepy_probe:build .* ran past its time"):
+        memory.measure_peaks("sleepy_probe:build", [{"seconds": 60}], timeout=0.5)
+    (probe,) = sleepy_target
+    assert probe.process.returncode is not None

@@ -223,6 +223,15 @@ def test_the_harness_check_holds_every_twin_of_the_run_as_one_bonferroni_family(
     assert harness["checks"][0]["twin_ci_low"] < step64["twin_ci_low"]
 
 
+def test_a_cell_without_its_twin_is_listed_unchecked_and_not_counted(tmp_path):
+    records = [r for r in step_cell(64, 1.5) if r["arm"] != "seed_pageable~aa"]
+    harness = build(write_step(tmp_path / "run", records + step_cell(16, 1.5, seed=2)),
+                    [16, 64])["harness"]
+    assert [(c["rows"], c["differs"]) for c in harness["checks"]] == [(16, False), (64, None)]
+    assert harness["checks"][1]["note"] == "no round timed both the baseline and its twin"
+    assert harness["confidence"] == pytest.approx(0.95)  # m = 1: the unchecked cell is not counted
+
+
 def test_a_twin_slower_than_its_baseline_is_flagged_by_the_harness_check(tmp_path):
     result = build(write_step(tmp_path / "run", step_cell(64, 1.5, twin_factor=1.10)), [64])
     (check,) = result["harness"]["checks"]
@@ -381,7 +390,7 @@ def test_every_goal_row_has_the_one_shape(full_verdict):
     goals = full_verdict["goals"]
     assert [g["goal"] for g in goals] == [
         "pinned grow-only vs raw pinned ceiling", "raw ceiling vs NVML link (copies >= 64 MB)",
-        "A/A harness check (baseline vs its twin)", "reuse lever: reused vs fresh pageable",
+        "A/A harness precision (baseline vs its twin)", "reuse lever: reused vs fresh pageable",
         "fused step vs the seed's step",
         "fused peak extra memory, chunk 512 (fused+overlap)",
         "fused peak extra memory, chunk 1024 (fused+overlap)",

@@ -208,6 +208,7 @@ def execute_notebook(notebook: NotebookPlan, output: Path, run_dir: Path,
         try:
             while worker.is_alive():
                 worker.join(0.2)
+                stops.raise_if_received()  # one a finalizer swallowed stops it too
         except KeyboardInterrupt:
             with DeferredStops(raise_after=False):  # papermill saves what the notebook made
                 kill_kernels(started)
@@ -343,7 +344,7 @@ def _start(plan: RunPlan, make_folder: Callable[[], Path], command: list[str] | 
            progress: bool, measured: dict[str, Any] | None = None) -> tuple[Path, dict[str, Any]]:
     """Make the folder, take its lock and save the first manifest with stop signals deferred
     (an interrupt then still leaves a listed, ``interrupted`` run), then run."""
-    with stops.as_interrupt((signal.SIGTERM, signal.SIGHUP)):  # a closed terminal, as Ctrl-C
+    with stops.as_interrupt(STOP_SIGNALS):  # a closed terminal (SIGHUP) as Ctrl-C
         with DeferredStops(raise_after=False) as deferred:
             run_dir = make_folder()
             lock = RunFolder(run_dir).hold_lock()

@@ -65,7 +65,7 @@ FIXED_S = {"cpu": 15.0, "cuda": 20.0}
 MIN_TORCH = (2, 4)
 # Stop as Ctrl-C does (the manifest says interrupted, finished cells kept): a lease's end, a
 # closed terminal.
-STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP")
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP")
                      if hasattr(signal, name))
 COMPILERS = ("c++", "g++", "clang++", "gcc", "cc", "nvcc")
 

@@ -15,8 +15,9 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
+import time
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -94,6 +95,9 @@ def _release_freed_memory() -> None:
         pass  # not glibc: large blocks are unmapped on free anyway
 
 
+PROBE_POLL_S = 0.02  # how often running probes are looked at
+
+
 def measure_peak(target: str, config: dict, timeout: float = 900) -> dict:
     """Peak memory of one configuration, measured in a fresh Python process.
 
@@ -104,16 +108,7 @@ def measure_peak(target: str, config: dict, timeout: float = 900) -> dict:
     over the baseline, whether the kernel's high-water mark could be reset), device bytes (extra
     peak of torch's allocator, None on CPU) and pinned host bytes held afterwards.
     """
-    return _run_probe(target, config, timeout, os.environ)
-
-
-def _run_probe(target: str, config: dict, timeout: float, env: Mapping[str, str]) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "stagelab.memory", target, json.dumps(config)],
-                          capture_output=True, text=True, timeout=timeout, env=env)
-    if proc.returncode != 0:
-        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise RuntimeError(f"memory probe {target} {config} failed: {tail}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return measure_peaks(target, [config], 1, timeout)[0]
 
 
 def measure_peaks(target: str, configs: list[dict], parallel: int = 1,
@@ -122,12 +117,70 @@ def measure_peaks(target: str, configs: list[dict], parallel: int = 1,
     time. A probe's figure is its own process's peak, so probes side by side do not change one
     another's (the caller bounds ``parallel`` by the cores and by what fits in memory at once).
     Side by side, their OpenMP threads wait passively (``OMP_WAIT_POLICY``): spinning threads of
-    two processes on two cores took four times as long as one probe after another."""
+    two processes on two cores took four times as long as one probe after another. The probes
+    are watched from this thread, so a stop (Ctrl-C, SIGTERM) or a failure kills those running
+    at once."""
     if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
         raise ValueError(f"parallel must be a positive integer, got {parallel!r}")
     env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE") if parallel > 1 else os.environ
-    with ThreadPoolExecutor(max_workers=parallel) as pool:
-        return list(pool.map(lambda config: _run_probe(target, config, timeout, env), configs))
+    results: list[dict] = [{} for _ in configs]
+    waiting = list(enumerate(configs))
+    running: list[tuple[int, _Probe]] = []
+    try:
+        while waiting or running:
+            while waiting and len(running) < parallel:
+                index, config = waiting.pop(0)
+                running.append((index, _Probe(target, config, env, timeout)))
+            done = [(index, probe) for index, probe in running if probe.finished()]
+            for index, probe in done:
+                running.remove((index, probe))
+                results[index] = probe.result()
+            if not done:
+                time.sleep(PROBE_POLL_S)
+    finally:
+        for _, probe in running:
+            probe.kill()
+    return results
+
+
+class _Probe:
+    """One probe process, its output in temporary files (no pipe to fill up)."""
+
+    def __init__(self, target: str, config: dict, env: Mapping[str, str],
+                 timeout: float) -> None:
+        self.what = f"memory probe {target} {config}"
+        self.deadline = time.monotonic() + timeout
+        self.out, self.err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "stagelab.memory", target, json.dumps(config)],
+            stdout=self.out, stderr=self.err, text=True, env=env)
+
+    def finished(self) -> bool:
+        """Whether the process has ended; TimeoutError once it has run past its time."""
+        if self.process.poll() is not None:
+            return True
+        if time.monotonic() > self.deadline:
+            raise TimeoutError(f"{self.what} ran past its time")
+        return False
+
+    def result(self) -> dict:
+        """The probe's figures; RuntimeError naming it, with its last error line, if it failed."""
+        try:
+            self.out.seek(0)
+            self.err.seek(0)
+            if self.process.returncode != 0:
+                tail = (self.err.read().strip().splitlines() or ["no output"])[-1]
+                raise RuntimeError(f"{self.what} failed: {tail}")
+            return json.loads(self.out.read().strip().splitlines()[-1])
+        finally:
+            self.out.close()
+            self.err.close()
+
+    def kill(self) -> None:
+        self.process.kill()
+        self.process.wait()
+        self.out.close()
+        self.err.close()
 
 
 def _probe(target: str, config: dict) -> dict:

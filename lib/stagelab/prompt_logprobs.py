@@ -421,6 +421,7 @@ def measure(tokens: int, shape: ModelShape, hidden: int, chunks: list[int], dtyp
 
         def run(config: tuple[str, int, bool]) -> lp.LogprobsTensors:
             method, chunk, overlap = config
+            last.pop(config, None)  # freed before the call, as when nothing was kept
             last[config] = prompt_logprobs(hidden_states, weight, ids, k, chunk, method=method,
                                            overlap=overlap, validate=False)
             return last[config]

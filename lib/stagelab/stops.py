@@ -1,12 +1,12 @@
 """Stop signals as a KeyboardInterrupt that cannot be lost.
 
-``stagelab measure`` and ``stagelab run`` stop on SIGTERM and SIGHUP as on Ctrl-C: the handler
+``stagelab measure`` and ``stagelab run`` stop on Ctrl-C, SIGTERM and SIGHUP alike: the handler
 raises KeyboardInterrupt in the main thread, wherever it is. Where that is inside a finalizer
 (a ``__del__``, such as the native vector's at the end of every step, or a weakref callback),
 Python prints the exception and goes on, and the stop would be lost: a measurement that was told
 to stop ended ``ok``. So each signal is also remembered, and :func:`raise_if_received` raises it
-again at the next safe point (between timing rounds, before a cell or a notebook). Standard
-library only.
+again at the next safe point (between timing rounds, before a cell, while a notebook runs and
+before the next). Standard library only.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import signal
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-_received: list[int] = []  # the stop signals received since the last as_interrupt began
+_received: list[int] = []  # the stop signals received inside the current as_interrupt block
 
 
 def _raise(signum: int, _frame: Any) -> None:
@@ -35,6 +35,7 @@ def as_interrupt(signals: Iterable[int]) -> Iterator[None]:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+        _received.clear()
 
 
 def raise_if_received() -> None:

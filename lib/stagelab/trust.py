@@ -49,12 +49,12 @@ def harness_reasons(verdict: Mapping[str, Any]) -> list[str]:
     if harness is None:
         return _per_cell_harness_reasons(verdict)
     delta, level = harness["delta"], harness["confidence"]
-    checks = harness.get("checks") or []
+    checked = [check for check in harness.get("checks") or [] if check.get("differs") is not None]
     return [f"the A/A check at {check['level']} level, {_cell(check)}, saw identical arms "
             f"differ: {check['twin_speedup']:.3f}x [{check['twin_ci_low']:.3f}, "
-            f"{check['twin_ci_high']:.3f}] ({level:.1%} CI, Bonferroni over {len(checks)} "
+            f"{check['twin_ci_high']:.3f}] ({level:.1%} CI, Bonferroni over {len(checked)} "
             f"A/A checks), beyond 1 +- {delta:.0%}"
-            for check in checks if check.get("differs")]
+            for check in checked if check["differs"]]
 
 
 def _per_cell_harness_reasons(verdict: Mapping[str, Any]) -> list[str]:

@@ -20,7 +20,8 @@ The verdict states its context (``forward_ms``, what delta is a share of with th
 bar beside it, where the log-softmax runs, and whether the other place would change the answer).
 Other cells are reported, never decide. Copy-level cells (notebook 01) explain the mechanism and
 never decide. The ``harness`` block checks every A/A twin of the run as one family (Bonferroni):
-whether identical arms differ beyond delta. Deterministic: the same folder gives the same file. Torch-free.
+whether identical arms differ beyond delta. Deterministic: the same folder gives the same file.
+Torch-free.
 """
 
 from __future__ import annotations
@@ -265,12 +266,14 @@ def harness_check(staging: pd.DataFrame | None, step: pd.DataFrame | None,
         for key, part in analysis.cells(staging, ["rows", "vocab"]):
             labelled.append(({"level": "copy", **key},
                              analysis.paired_rounds(part, fresh, catalogue.aa_name(fresh))))
-    measured = [(label, pair) for label, pair in labelled if len(pair[0])]
-    level, checks = stats.twin_checks([tuple(pair) for _, pair in measured], delta=delta,
-                                      confidence=confidence, seed=seed)
+    level, checks = stats.twin_checks([tuple(pair) for _, pair in labelled if len(pair[0])],
+                                      delta=delta, confidence=confidence, seed=seed)
+    found = iter(checks)  # a cell without twin rounds is listed, unchecked, and not counted in m
+    unchecked = {"n_rounds": 0, "twin_speedup": None, "twin_ci_low": None, "twin_ci_high": None,
+                 "differs": None, "note": "no round timed both the baseline and its twin"}
     return {"method": stats.TWIN_METHOD, "confidence": level, "family_confidence": confidence,
-            "delta": delta, "checks": [{**label, **check}
-                                       for (label, _), check in zip(measured, checks)]}
+            "delta": delta, "checks": [{**label, **(next(found) if len(pair[0]) else unchecked)}
+                                       for label, pair in labelled]}
 
 
 def _prompt_summary(prompt: pd.DataFrame | None) -> dict[str, Any] | None:
