@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -16,7 +17,7 @@ import pytest
 import torch
 from nbformat.v4 import new_code_cell, new_notebook
 
-from stagelab import rundir, schema
+from stagelab import rundir, schema, stops
 
 
 def write_notebook(path: Path, parameters: str, body: str) -> Path:
@@ -217,3 +218,12 @@ def make_run(root: Path, name: str, *, gpu: str | None = None, link: float | Non
         schema.write_table(schema.make_rows(copy_records(copy_seconds), run_id=name,
                                             notebook="01_d2h_staging"), run, "staging")
     return run
+
+
+class StoppedInAFinalizer:
+    """A stop signal landing inside a finalizer, as it can at the end of a step when the native
+    vector's ``__del__`` runs: dropped at once, it raises KeyboardInterrupt in ``__del__``, which
+    Python prints and swallows (tests that use it filter pytest's unraisable-exception warning)."""
+
+    def __del__(self) -> None:
+        stops._raise(signal.SIGTERM, None)

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import StoppedInAFinalizer
 from stagelab import bench as bench_module
 from stagelab import cli, estimate, measure, paths, profiles, schema, stops, verdict
 from stagelab.errors import UserError
@@ -232,14 +233,6 @@ def test_sigterm_is_an_interruption_recorded_with_exit_130(tmp_path, signum):
     assert {r["rows"] for r in rows_of(out, "step")} == {2}
 
 
-class _StoppedInAFinalizer:
-    """A stop signal landing inside a finalizer, as it can at the end of a step when the native
-    vector's ``__del__`` runs: Python prints the KeyboardInterrupt and goes on."""
-
-    def __del__(self) -> None:
-        stops._raise(signal.SIGTERM, None)
-
-
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the swallowing
 def test_a_stop_swallowed_by_a_finalizer_is_raised_again_after_its_round(monkeypatch):
     monkeypatch.setattr(stops, "_received", [])
@@ -248,7 +241,7 @@ def test_a_stop_swallowed_by_a_finalizer_is_raised_again_after_its_round(monkeyp
     def arm(round_index: int) -> None:
         calls.append(round_index)
         if round_index == 1:
-            _StoppedInAFinalizer()  # dropped at once: its __del__ raises, and is swallowed
+            StoppedInAFinalizer()  # dropped at once: its __del__ raises, and is swallowed
 
     with pytest.raises(KeyboardInterrupt, match="SIGTERM"):
         bench_module.interleaved({"a": arm}, rounds=5, warmup=0,

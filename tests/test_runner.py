@@ -12,8 +12,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from conftest import dead_pid, fake_run, start_sleepy, write_notebook
-from stagelab import cli, context, execute, paths, profiles, report, rundir, schema, stops
+from conftest import StoppedInAFinalizer, dead_pid, fake_run, start_sleepy, write_notebook
+from stagelab import cli, context, execute, paths, profiles, report, rundir, schema
 from stagelab.errors import UserError
 
 
@@ -439,13 +439,6 @@ def test_the_verdict_by_hand_reads_the_newest_run_with_data_and_names_it(tmp_pat
     assert given.data_dir == given.run_dir == runs / "20261130T100000Z_vm_quick"
 
 
-class _StoppedInAFinalizer:
-    """SIGTERM landing inside a finalizer: Python prints the KeyboardInterrupt and goes on."""
-
-    def __del__(self) -> None:
-        stops._raise(signal.SIGTERM, None)
-
-
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the swallowing
 def test_a_stop_a_finalizer_swallowed_ends_the_run_before_the_next_notebook(quick_tiny,
                                                                              monkeypatch):
@@ -453,7 +446,7 @@ def test_a_stop_a_finalizer_swallowed_ends_the_run_before_the_next_notebook(quic
 
     def swallowing(notebook, output, run_dir, plan):
         ran.append(notebook.name)
-        _StoppedInAFinalizer()  # dropped at once: its __del__ raises, and is swallowed
+        StoppedInAFinalizer()  # dropped at once: its __del__ raises, and is swallowed
         return _fake_notebook(notebook, output, run_dir, plan)
 
     monkeypatch.setattr(execute, "execute_notebook", swallowing)
