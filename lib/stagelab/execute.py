@@ -118,8 +118,6 @@ def kernel_sockets() -> Iterator[Path]:
 
 # ---------------------------------------------------------------------------------- the steps
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
 
 class DeferredStops:
     """While the record is being made or closed, a stop signal (a second Ctrl-C, SIGTERM,
@@ -137,7 +135,7 @@ class DeferredStops:
         _say(True, "stagelab: finishing the run's record first")
 
     def __enter__(self) -> DeferredStops:
-        self._previous = {signum: signal.signal(signum, self._note) for signum in STOP_SIGNALS}
+        self._previous = {signum: signal.signal(signum, self._note) for signum in stops.SIGNALS}
         return self
 
     def __exit__(self, exc_type: Any, *_: Any) -> None:
@@ -344,7 +342,7 @@ def _start(plan: RunPlan, make_folder: Callable[[], Path], command: list[str] | 
            progress: bool, measured: dict[str, Any] | None = None) -> tuple[Path, dict[str, Any]]:
     """Make the folder, take its lock and save the first manifest with stop signals deferred
     (an interrupt then still leaves a listed, ``interrupted`` run), then run."""
-    with stops.as_interrupt(STOP_SIGNALS):  # a closed terminal (SIGHUP) as Ctrl-C
+    with stops.as_interrupt(stops.SIGNALS):
         with DeferredStops(raise_after=False) as deferred:
             run_dir = make_folder()
             lock = RunFolder(run_dir).hold_lock()

@@ -33,7 +33,6 @@ import os
 import platform
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -63,10 +62,6 @@ MEASURING = (SNAPSHOT_NOTEBOOK, *TABLES)
 # Before the first cell: imports, the native build on a fresh node, the preflight's probes.
 FIXED_S = {"cpu": 15.0, "cuda": 20.0}
 MIN_TORCH = (2, 4)
-# Stop as Ctrl-C does (the manifest says interrupted, finished cells kept): a lease's end, a
-# closed terminal.
-STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP")
-                     if hasattr(signal, name))
 COMPILERS = ("c++", "g++", "clang++", "gcc", "cc", "nvcc")
 
 
@@ -513,7 +508,7 @@ def measure(request: Request) -> int:
         raise UserError(f"--out {out}: cannot be created ({exc.strerror or exc})") from exc
     recorder = Recorder(out, new_manifest(request, out))
     recorder.save()
-    with stops.as_interrupt(STOP_SIGNALS):
+    with stops.as_interrupt(stops.SIGNALS):  # the manifest says interrupted, cells kept
         try:
             _say(f"into {out}")
             take_snapshot(recorder, request)

@@ -151,9 +151,14 @@ class _Probe:
         self.what = f"memory probe {target} {config}"
         self.deadline = time.monotonic() + timeout
         self.out, self.err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "stagelab.memory", target, json.dumps(config)],
-            stdout=self.out, stderr=self.err, text=True, env=env)
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "stagelab.memory", target, json.dumps(config)],
+                stdout=self.out, stderr=self.err, text=True, env=env)
+        except BaseException:
+            self.out.close()
+            self.err.close()
+            raise
 
     def finished(self) -> bool:
         """Whether the process has ended; TimeoutError once it has run past its time."""

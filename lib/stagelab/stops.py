@@ -16,6 +16,9 @@ import signal
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+# Ctrl-C, a lease's end, a closed terminal: each stops a run as Ctrl-C does.
+SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP")
+                if hasattr(signal, name))
 _received: list[int] = []  # the stop signals received inside the current as_interrupt block
 
 
