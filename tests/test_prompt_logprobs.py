@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 
 import pytest
 import torch
@@ -346,19 +345,18 @@ def test_a_stop_kills_the_running_probes_at_once(sleepy_target):
 
     previous = signal.signal(signal.SIGALRM, interrupt)
     signal.setitimer(signal.ITIMER_REAL, 1.0)
-    began = time.monotonic()
     try:
         with pytest.raises(KeyboardInterrupt):
             memory.measure_peaks("sleepy_probe:build", [{"seconds": 60}] * 3, parallel=2)
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
-    assert time.monotonic() - began < 30
-    assert len(sleepy_target) == 2 and all(p.process.returncode is not None for p in sleepy_target)
+    # both running probes were killed, not waited for (they sleep 60 s before measuring)
+    assert [p.process.returncode for p in sleepy_target] == [-signal.SIGKILL] * 2
 
 
 def test_a_probe_past_its_time_is_named_and_killed(sleepy_target):
     with pytest.raises(TimeoutError, match="memory probe sleepy_probe:build .* ran past its time"):
         memory.measure_peaks("sleepy_probe:build", [{"seconds": 60}], timeout=0.5)
     (probe,) = sleepy_target
-    assert probe.process.returncode is not None
+    assert probe.process.returncode == -signal.SIGKILL
