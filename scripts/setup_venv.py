@@ -50,7 +50,7 @@ EXTRA_IMPORTS = {"lab": ("jupyterlab",), "test": ("pytest", "playwright.sync_api
 BYTECODE_WARMUP = """
 import importlib, pkgutil, sys
 import stagelab
-names = [m.name for m in pkgutil.iter_modules(stagelab.__path__, "stagelab.")
+names = [m.name for m in pkgutil.walk_packages(stagelab.__path__, "stagelab.")
          if m.name != "stagelab.__main__"] + sys.argv[1:]
 for name in names:
     try:

@@ -17,7 +17,7 @@ import pytest
 import torch
 from nbformat.v4 import new_code_cell, new_notebook
 
-from stagelab import rundir, schema, stops
+from stagelab.core import rundir, schema, stops
 
 
 def write_notebook(path: Path, parameters: str, body: str) -> Path:
@@ -36,7 +36,7 @@ def tiny_suite(tmp_path: Path) -> dict[str, Path]:
     nb_dir = tmp_path / "notebooks"
     nb_dir.mkdir()
     write_notebook(nb_dir / "10_ok.ipynb", 'run_dir = ""\nrounds = 2\nlabel = "x"',
-                   "from stagelab import context\n"
+                   "from stagelab.run import context\n"
                    "ctx = context.notebook_context('10_ok', run_dir)\n"
                    "ctx.table_sink('ok_table').append(\n"
                    "    {'seconds': 0.5, 'bytes': 10**9, 'round': r, 'experiment': 'e', 'arm': label}\n"
@@ -60,7 +60,7 @@ def tiny_suite(tmp_path: Path) -> dict[str, Path]:
 
 def tiny_cli(suite: dict[str, Path], *args: str) -> list[str]:
     """A command line running ``stagelab ARGS`` in a fresh interpreter on the tiny suite."""
-    script = ("import sys\nfrom pathlib import Path\nfrom stagelab import cli, paths\n"
+    script = ("import sys\nfrom pathlib import Path\nfrom stagelab import cli\nfrom stagelab.core import paths\n"
               f"paths.PROFILES_FILE = Path({str(suite['profiles'])!r})\n"
               f"paths.NOTEBOOKS_DIR = Path({str(suite['notebooks'])!r})\n"
               f"sys.exit(cli.main({list(args)!r}))\n")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from stagelab.logprobs import LogprobsTensors
+from stagelab.measure.logprobs import LogprobsTensors
 
 
 def reference_logprobs(logits: torch.Tensor) -> torch.Tensor:

@@ -6,7 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from stagelab import analysis, schema
+from stagelab.analyse import analysis
+from stagelab.core import schema
 
 
 def _timings_frame(arms: dict[str, list[float]], rounds: list[int], **cell) -> pd.DataFrame:

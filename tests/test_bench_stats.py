@@ -8,7 +8,8 @@ from collections import Counter
 
 import pytest
 
-from stagelab import bench, design
+from stagelab.core import design
+from stagelab.measure import bench
 
 
 def _timings(records):

@@ -13,7 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from stagelab import busy, report, rundir, trust
+from stagelab.analyse import trust
+from stagelab.core import rundir
+from stagelab.measure import busy
+from stagelab.present import report
 
 
 def reading(wall: float, busy_s: float, own: float, load: float = 0.5,

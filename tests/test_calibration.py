@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from stagelab import calibration, design, stats
+from stagelab.analyse import calibration, stats
+from stagelab.core import design
 
 DELTA = 0.02
 BAR = 1 / (1 - DELTA)

@@ -6,8 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from stagelab import catalogue, params, paths, prompt_logprobs, shapes, staging, step
-from stagelab.errors import NativeUnavailable, PinnedMemoryUnavailable, UserError
+from stagelab.core import catalogue, paths
+from stagelab.core.errors import NativeUnavailable, PinnedMemoryUnavailable, UserError
+from stagelab.measure import prompt_logprobs, shapes, staging, step
+from stagelab.run import params
 
 
 def test_every_staging_arm_class_has_an_entry_and_every_entry_a_class():

@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 from conftest import copy_records, make_run
-from stagelab import cli, compare, paths, schema
+from stagelab import cli
+from stagelab.core import paths, schema
+from stagelab.present import compare
 
 CELL = "n=64 V=152064 K=5"
 TOTAL = ("seed step, ms", f"{CELL} total")

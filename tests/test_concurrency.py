@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import tiny_cli
-from stagelab import paths, rundir
+from stagelab.core import paths, rundir
 
 pytestmark = pytest.mark.slow
 

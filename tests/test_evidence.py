@@ -10,8 +10,12 @@ from pathlib import Path
 import pytest
 
 from conftest import dead_pid, good_run
-from stagelab import busy, cli, evidence, paths, rundir, schema, trust
-from stagelab.errors import UserError
+from stagelab import cli
+from stagelab.analyse import trust
+from stagelab.core import paths, rundir, schema
+from stagelab.core.errors import UserError
+from stagelab.measure import busy
+from stagelab.present import evidence
 
 
 def busy_run(root: Path) -> Path:
@@ -158,7 +162,7 @@ def test_the_readme_results_are_the_ones_generated_from_the_kept_runs():
     end = readme.index(evidence.RESULTS_END) + len(evidence.RESULTS_END)
     assert readme[start:end] == evidence.results_markdown(paths.REFERENCE_DIR), (
         "README's Results differ from the kept runs: `stagelab keep` writes them "
-        "(or call stagelab.evidence.write_results())")
+        "(or call stagelab.present.evidence.write_results())")
 
 
 def test_keep_rewrites_the_results_between_their_markers_and_nothing_else(tmp_path):

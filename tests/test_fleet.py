@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from stagelab import cli, fleet, fleet_node
+from stagelab import cli
+from stagelab.run import fleet, fleet_node
 
 # Ray reads this when it is imported: nodes then take the loopback address, never another.
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
@@ -136,8 +137,8 @@ def test_the_page_says_whether_the_answer_differs_between_platforms():
 
 def test_the_shipped_checkout_holds_what_measure_reads(tmp_path):
     staged = fleet.stage_checkout(tmp_path / "checkout")
-    assert (staged / "lib" / "stagelab" / "measure.py").is_file()
-    assert (staged / "lib" / "stagelab" / "csrc").is_dir()
+    assert (staged / "lib" / "stagelab" / "run" / "measure_command.py").is_file()
+    assert (staged / "lib" / "stagelab" / "measure" / "csrc").is_dir()
     assert not list(staged.rglob("__pycache__"))
     for source in fleet.shipped_paths()[1:]:
         assert (staged / source.relative_to(fleet.paths.REPO_ROOT)).exists()

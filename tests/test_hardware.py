@@ -6,7 +6,8 @@ import os
 import pytest
 import torch
 
-from stagelab import device, hardware, machine
+from stagelab.measure import device, hardware
+from stagelab.present import machine
 
 
 def test_snapshot_without_a_gpu_has_the_host_and_says_what_is_missing():

@@ -25,7 +25,8 @@ import pytest
 from nbformat.v4 import new_code_cell, new_notebook, new_output
 
 from conftest import TINY
-from stagelab import execute, paths
+from stagelab.core import paths
+from stagelab.run import execute
 
 CHROMIUM = shutil.which("chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",

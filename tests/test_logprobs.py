@@ -7,8 +7,8 @@ import torch
 
 from conftest import make_logits, make_tokens
 from reference import assert_matches_reference
-from stagelab import logprobs as lp
-from stagelab import staging
+from stagelab.measure import logprobs as lp
+from stagelab.measure import staging
 
 
 def vllm_path(logits, k, tokens):

@@ -17,9 +17,13 @@ import pytest
 import torch
 
 from conftest import StoppedInAFinalizer
-from stagelab import bench as bench_module
-from stagelab import cli, estimate, measure, paths, profiles, schema, stops, verdict
-from stagelab.errors import UserError
+from stagelab import cli
+from stagelab.analyse import verdict
+from stagelab.core import paths, schema, stops
+from stagelab.core.errors import UserError
+from stagelab.measure import bench as bench_module
+from stagelab.measure import estimate
+from stagelab.run import measure_command, profiles
 
 REPO = paths.REPO_ROOT
 BLOCKED = ("numpy", "pandas", "scipy", "pyarrow", "matplotlib", "seaborn", "yaml", "tqdm",
@@ -50,7 +54,7 @@ def torch_alone(*args: str, **kwargs) -> subprocess.CompletedProcess:
 
 
 def rows_of(folder: Path, table: str) -> list[dict]:
-    return measure.measured_rows(folder, table)
+    return measure_command.measured_rows(folder, table)
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +62,7 @@ def smoke(tmp_path_factory) -> Path:
     """The smoke profile measured with torch alone (forced past the CPU's no-go)."""
     out = tmp_path_factory.mktemp("node") / "evidence"
     done = torch_alone("measure", "--profile", "smoke", "--out", str(out), "--force")
-    assert done.returncode == measure.EXIT_OK, done.stderr[-3000:]
+    assert done.returncode == measure_command.EXIT_OK, done.stderr[-3000:]
     return out
 
 
@@ -69,13 +73,13 @@ def test_help_works_with_torch_alone():
 
 
 def test_the_smoke_profile_is_measured_with_torch_alone(smoke):
-    manifest = measure.read_measured(smoke)
+    manifest = measure_command.read_measured(smoke)
     assert (manifest["format"], manifest["version"], manifest["status"]) == (
-        measure.FORMAT, measure.VERSION, "ok")
+        measure_command.FORMAT, measure_command.VERSION, "ok")
     assert manifest["forced"] is True and manifest["versions"]["torch"] == torch.__version__
     # installed here, refused by the import hook: not importable, so no version is claimed
     assert manifest["versions"]["numpy"] is None and manifest["versions"]["nvidia-ml-py"] is None
-    assert [e["notebook"] for e in manifest["experiments"]] == list(measure.MEASURING)
+    assert [e["notebook"] for e in manifest["experiments"]] == list(measure_command.MEASURING)
     for name in ("hardware.json", "preflight.json", "inventory.json"):
         assert json.loads((smoke / name).read_text())
     inventory = json.loads((smoke / "inventory.json").read_text())
@@ -124,7 +128,7 @@ def test_bad_requests_are_one_line_and_create_nothing(tmp_path, capsys):
         (["--profile", "smoke"], "--out is required"),
     ]
     for args, message in cases:
-        assert measure.main(args) == measure.EXIT_USAGE, args
+        assert measure_command.main(args) == measure_command.EXIT_USAGE, args
         err = capsys.readouterr().err.strip()
         assert message in err and len(err.splitlines()) == 1, (args, err)
     assert not (tmp_path / "new").exists() and [p.name for p in taken.iterdir()] == ["x"]
@@ -157,14 +161,14 @@ def test_deadline_stops_at_a_cell_boundary_and_keeps_what_was_measured(tmp_path,
     def predictor(notebook, parameters, kind):  # the second cell would pass any deadline
         return lambda cell, rounds, warmup: 0.0 if cell.sizes["rows"] == 2 else 1e6
 
-    monkeypatch.setattr(measure, "cell_predictor", predictor)
+    monkeypatch.setattr(measure_command, "cell_predictor", predictor)
     out = tmp_path / "m"
-    code = measure.main(["--profile", "smoke", "--only", "02_logprobs_step", "03_prompt_logprobs",
+    code = measure_command.main(["--profile", "smoke", "--only", "02_logprobs_step", "03_prompt_logprobs",
                          "--param", "02_logprobs_step.rows=[2, 3, 4]", "--param",
                          "02_logprobs_step.arms=[seed_pageable, fused]", "--out", str(out),
                          "--deadline-s", "3600", "--force"])
-    assert code == measure.EXIT_PARTIAL
-    manifest = measure.read_measured(out)
+    assert code == measure_command.EXIT_PARTIAL
+    manifest = measure_command.read_measured(out)
     step, prompt = manifest["experiments"]
     assert manifest["status"] == step["status"] == prompt["status"] == "deadline"
     assert [(c["cell"].split()[0], c["status"]) for c in step["cells"]] == [
@@ -172,7 +176,7 @@ def test_deadline_stops_at_a_cell_boundary_and_keeps_what_was_measured(tmp_path,
     assert step["cells"][1]["measured_s"] is None and step["cells"][1]["predicted_s"] == 1e6
     assert {r["rows"] for r in rows_of(out, "step")} == {2}
     assert prompt["cells"] == [] and rows_of(out, "prompt_logprobs") == []
-    step_gap, prompt_gap = measure.gaps(manifest)
+    step_gap, prompt_gap = measure_command.gaps(manifest)
     assert step_gap.startswith("02_logprobs_step: deadline, 1 of 3 cells measured (step: stopped "
                                "before cell n=3 V=4096 K=5")
     assert prompt_gap == "03_prompt_logprobs: deadline (not started: the deadline came first)"
@@ -181,9 +185,9 @@ def test_deadline_stops_at_a_cell_boundary_and_keeps_what_was_measured(tmp_path,
 @no_cuda
 def test_a_no_go_preflight_stops_before_measuring(tmp_path, capsys):
     out = tmp_path / "m"
-    assert measure.main(["--profile", "smoke", "--only", "01_d2h_staging", "--out",
-                         str(out)]) == measure.EXIT_NO_GO
-    manifest = json.loads((out / measure.MANIFEST).read_text())
+    assert measure_command.main(["--profile", "smoke", "--only", "01_d2h_staging", "--out",
+                         str(out)]) == measure_command.EXIT_NO_GO
+    manifest = json.loads((out / measure_command.MANIFEST).read_text())
     assert manifest["status"] == "no-go" and manifest["preflight"]["blocking"]
     assert json.loads((out / "preflight.json").read_text())["decision"] == "no-go"
     assert rows_of(out, "staging") == [] and not (out / "rows" / "staging.jsonl").exists()
@@ -225,8 +229,8 @@ def killed(tmp_path_factory) -> Path:
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
 def test_sigterm_is_an_interruption_recorded_with_exit_130(tmp_path, signum):
     out = tmp_path / "evidence"
-    assert stop_in_the_second_step_cell(out, signum) == measure.EXIT_INTERRUPTED
-    manifest = json.loads((out / measure.MANIFEST).read_text())  # written by the process itself
+    assert stop_in_the_second_step_cell(out, signum) == measure_command.EXIT_INTERRUPTED
+    manifest = json.loads((out / measure_command.MANIFEST).read_text())  # written by the process itself
     statuses = [e["status"] for e in manifest["experiments"]]
     assert manifest["status"] == "interrupted" and statuses == [
         "ok", "ok", "interrupted", "interrupted"]
@@ -247,13 +251,13 @@ def test_a_stop_swallowed_by_a_finalizer_is_raised_again_after_its_round(monkeyp
         bench_module.interleaved({"a": arm}, rounds=5, warmup=0,
                                  after_round=stops.raise_if_received)
     assert calls == [0, 1]  # the round it landed in ends, then the stop
-    clock = measure.CellClock(None, {}, lambda *_: 0.0, None)
+    clock = measure_command.CellClock(None, {}, lambda *_: 0.0, None)
     with pytest.raises(KeyboardInterrupt):  # and before any later cell
         clock.admit("step", None, 1, 0)
 
 
 def test_a_killed_measurement_keeps_its_finished_cells(killed):
-    manifest = measure.read_measured(killed)
+    manifest = measure_command.read_measured(killed)
     staging, step, prompt = (manifest["experiments"][i] for i in (1, 2, 3))
     assert manifest["status"] == "interrupted"
     assert staging["status"] == "ok" and len(staging["cells"]) == 2
@@ -269,10 +273,10 @@ def test_a_killed_measurement_keeps_its_finished_cells(killed):
 def test_run_from_refuses_what_is_not_a_measurement(tmp_path, smoke, capsys):
     lacking = tmp_path / "lacking"
     lacking.mkdir()
-    manifest = json.loads((smoke / measure.MANIFEST).read_text())
+    manifest = json.loads((smoke / measure_command.MANIFEST).read_text())
     manifest["experiments"] = [e for e in manifest["experiments"]
                                if e["notebook"] != "03_prompt_logprobs"]
-    (lacking / measure.MANIFEST).write_text(json.dumps(manifest))
+    (lacking / measure_command.MANIFEST).write_text(json.dumps(manifest))
     cases = [(tmp_path, "not a measured folder (no measured.json"),
              (lacking, "lacks 03_prompt_logprobs, which profile 'smoke' needs")]
     for folder, message in cases:
@@ -290,7 +294,8 @@ def test_run_from_refuses_what_is_not_a_measurement(tmp_path, smoke, capsys):
 
 
 def test_a_replay_is_kept_under_the_measuring_machine(tmp_path, smoke):
-    from stagelab import evidence, replay
+    from stagelab.present import evidence
+    from stagelab.run import replay
 
     node = tmp_path / "from_a_node"
     shutil.copytree(smoke, node)
@@ -299,9 +304,9 @@ def test_a_replay_is_kept_under_the_measuring_machine(tmp_path, smoke):
     plan = profiles.plan_run("smoke")
     origin = replay.replay_plan(plan, node, [])
     assert evidence.machine_slug({"hardware": origin["hardware"]}) == "NVIDIA-H200"
-    assert origin["host"] == measure.read_measured(smoke)["host"] and origin["gaps"] == []
+    assert origin["host"] == measure_command.read_measured(smoke)["host"] and origin["gaps"] == []
     measured = {nb.name: nb.parameters.get("measured") for nb in plan.notebooks}
-    assert measured == {**dict.fromkeys(measure.MEASURING, str(node.resolve())),
+    assert measured == {**dict.fromkeys(measure_command.MEASURING, str(node.resolve())),
                         "04_verdict": None}
 
 
@@ -311,7 +316,7 @@ DECISION_FIELDS = ("overall", "decisive", "step_levers", "copy_cells", "goals", 
 
 def live_verdict(run_dir: Path, parameters: dict) -> dict:
     """The verdict notebook 04 computes, over a run folder."""
-    from stagelab import shapes
+    from stagelab.measure import shapes
 
     return verdict.build_verdict(
         run_dir, decisive_rows=parameters["decisive_rows"],
@@ -328,16 +333,16 @@ def test_measure_then_replay_equals_a_live_run_over_the_same_rows(tmp_path, smok
                      "04_verdict.include_reference=false", "--out", str(tmp_path)]) == 0
     (replayed,) = tmp_path.iterdir()
     manifest = json.loads((replayed / "manifest.json").read_text())
-    assert manifest["measured_on"]["host"] == measure.read_measured(smoke)["host"]
+    assert manifest["measured_on"]["host"] == measure_command.read_measured(smoke)["host"]
     assert manifest["hardware"] == json.loads((smoke / "hardware.json").read_text())
     assert manifest["analysed_on"]["host"]
     assert "Measured on " in (replayed / "index.html").read_text()
     record = replayed / manifest["measured_on"]["record"]
-    assert (record / measure.MANIFEST).read_bytes() == (smoke / measure.MANIFEST).read_bytes()
+    assert (record / measure_command.MANIFEST).read_bytes() == (smoke / measure_command.MANIFEST).read_bytes()
     assert manifest["measured_on"]["preflight"]["decision"] in ("go", "no-go")
 
     live = tmp_path / "live"  # the run a live notebook would have written over these rows
-    for notebook, table in measure.TABLES.items():
+    for notebook, table in measure_command.TABLES.items():
         rows = [{k: v for k, v in r.items() if k not in ("run_id", "notebook")}
                 for r in rows_of(smoke, table)]
         frame = schema.make_rows(rows, run_id=replayed.name, notebook=notebook)
@@ -375,7 +380,7 @@ def test_a_killed_measurement_replays_and_the_verdict_names_the_gaps(tmp_path, k
 def replay_manifest(run_dir: Path, measured_status: str, gaps: list[str],
                     status: str = "running") -> dict:
     """A finished replay's manifest with notebooks 00 and 04 only (what a no-go replays to)."""
-    from stagelab import rundir
+    from stagelab.core import rundir
 
     notebooks = [rundir.notebook_entry(name, status="ok")
                  for name in ("00_environment", "04_verdict")]
@@ -385,7 +390,7 @@ def replay_manifest(run_dir: Path, measured_status: str, gaps: list[str],
 
 
 def test_a_replay_that_measured_nothing_is_unmeasured(tmp_path):
-    from stagelab import rundir
+    from stagelab.core import rundir
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -397,7 +402,7 @@ def test_a_replay_that_measured_nothing_is_unmeasured(tmp_path):
 
 
 def test_keep_refuses_a_replay_of_a_partial_measurement_unless_forced(tmp_path):
-    from stagelab import evidence
+    from stagelab.present import evidence
 
     for status, gaps in (("deadline", ["02_logprobs_step: deadline, 1 of 3 cells measured"]),
                          ("interrupted", ["03_prompt_logprobs: interrupted"]),
@@ -409,7 +414,7 @@ def test_keep_refuses_a_replay_of_a_partial_measurement_unless_forced(tmp_path):
 
 
 def test_run_from_refuses_a_folder_whose_rows_are_lost_or_cut(tmp_path, smoke):
-    from stagelab import replay
+    from stagelab.run import replay
 
     lost = tmp_path / "norows"
     lost.mkdir()
@@ -429,15 +434,18 @@ def test_run_from_refuses_a_folder_whose_rows_are_lost_or_cut(tmp_path, smoke):
 
 
 def test_the_node_records_its_load_per_experiment(smoke):
-    for entry in measure.read_measured(smoke)["experiments"][1:]:
+    for entry in measure_command.read_measured(smoke)["experiments"][1:]:
         assert set(entry["load"]) >= {"busy", "why"}, entry["notebook"]
-    origin = measure.origin(smoke, measure.read_measured(smoke))
-    assert set(origin["loads"]) == set(measure.TABLES)
+    origin = measure_command.origin(smoke, measure_command.read_measured(smoke))
+    assert set(origin["loads"]) == set(measure_command.TABLES)
 
 
 def test_a_replay_judges_trust_by_the_node_s_load_not_the_analysing_host_s(tmp_path,
                                                                           monkeypatch):
-    from stagelab import busy, execute, rundir, trust
+    from stagelab.analyse import trust
+    from stagelab.core import rundir
+    from stagelab.measure import busy
+    from stagelab.run import execute
 
     class BusyHere:  # the analysing host is loaded while it replays
         summary = {"busy": True, "why": ["the analysing host was busy"]}
@@ -477,11 +485,11 @@ def test_no_torch_or_an_old_torch_is_one_line_before_anything_is_made(tmp_path, 
                                "measure", "--profile", "smoke", "--out", str(out), *extra],
                               capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
         err = done.stderr.strip()
-        assert done.returncode == measure.EXIT_USAGE and len(err.splitlines()) == 1, err
+        assert done.returncode == measure_command.EXIT_USAGE and len(err.splitlines()) == 1, err
         assert "torch cannot be imported" in err and ">= 2.4" in err and not out.exists()
     monkeypatch.setattr(torch, "__version__", "2.3.1+cu121")
     out = tmp_path / "old"
-    assert measure.main(["--profile", "smoke", "--out", str(out)]) == measure.EXIT_USAGE
+    assert measure_command.main(["--profile", "smoke", "--out", str(out)]) == measure_command.EXIT_USAGE
     assert "torch 2.3.1+cu121: stagelab measure needs torch >= 2.4" in capsys.readouterr().err
     assert not out.exists()
 
@@ -489,9 +497,9 @@ def test_no_torch_or_an_old_torch_is_one_line_before_anything_is_made(tmp_path, 
 def test_an_out_that_cannot_be_made_is_one_line_exit_2(tmp_path, monkeypatch, capsys):
     blocker = tmp_path / "a_file"
     blocker.write_text("")
-    monkeypatch.setattr(measure.os, "access", lambda *args: True)  # as root, or a read-only mount
+    monkeypatch.setattr(measure_command.os, "access", lambda *args: True)  # as root, or a read-only mount
     out = blocker / "sub"
-    assert measure.main(["--profile", "smoke", "--out", str(out), "--force"]) == measure.EXIT_USAGE
+    assert measure_command.main(["--profile", "smoke", "--out", str(out), "--force"]) == measure_command.EXIT_USAGE
     err = capsys.readouterr().err.strip()
     assert err == f"stagelab measure: error: --out {out}: cannot be created (Not a directory)"
 
@@ -512,33 +520,34 @@ def test_a_measurement_that_passes_its_deadline_exits_1_and_says_by_how_much(tmp
             entry["status"] = "ok"
         time.sleep(max(0.0, deadline - time.monotonic()) + 0.05)
 
-    monkeypatch.setattr(measure, "measure_tables", slow_tables)
+    monkeypatch.setattr(measure_command, "measure_tables", slow_tables)
     out = tmp_path / "m"
-    code = measure.main(["--profile", "smoke", "--only", "03_prompt_logprobs", "--out", str(out),
+    code = measure_command.main(["--profile", "smoke", "--only", "03_prompt_logprobs", "--out", str(out),
                          "--deadline-s", "0.5", "--force"])
-    manifest = measure.read_measured(out)
-    assert code == measure.EXIT_PARTIAL and manifest["status"] == "ok"
+    manifest = measure_command.read_measured(out)
+    assert code == measure_command.EXIT_PARTIAL and manifest["status"] == "ok"
     assert manifest["deadline_passed_by_s"] > 0
 
 
 def test_a_replay_carries_the_node_s_record_into_its_kept_evidence(tmp_path, smoke):
-    from stagelab import evidence
+    from stagelab.present import evidence
 
     run_dir = tmp_path / "run"
-    measure.copy_record(smoke, run_dir / measure.RECORD_COPY)
+    measure_command.copy_record(smoke, run_dir / measure_command.RECORD_COPY)
     kept = {str(p.relative_to(run_dir)) for p in evidence.evidence_files(run_dir)}
-    assert kept == {f"measured/{name}" for name in measure.RECORD_FILES} | {
-        f"measured/rows/{table}.jsonl" for table in measure.TABLES.values()}
+    assert kept == {f"measured/{name}" for name in measure_command.RECORD_FILES} | {
+        f"measured/rows/{table}.jsonl" for table in measure_command.TABLES.values()}
     assert (run_dir / "measured/rows/step.jsonl").read_bytes() == (
         smoke / "rows/step.jsonl").read_bytes()
-    origin = measure.origin(smoke, measure.read_measured(smoke))
+    origin = measure_command.origin(smoke, measure_command.read_measured(smoke))
     assert origin["record"] == "measured" and origin["preflight"]["decision"] in ("go", "no-go")
 
 
 def test_one_measurement_is_kept_once_however_often_it_is_replayed(tmp_path, smoke):
-    from stagelab import evidence, records, rundir
+    from stagelab.core import records, rundir
+    from stagelab.present import evidence
 
-    measured_id = measure.read_measured(smoke)["measured_id"]
+    measured_id = measure_command.read_measured(smoke)["measured_id"]
     assert measured_id.startswith(f"{smoke.name}-") and len(measured_id) > len(smoke.name) + 8
 
     def replayed_run(folder: Path) -> Path:
@@ -560,8 +569,8 @@ def test_one_measurement_is_kept_once_however_often_it_is_replayed(tmp_path, smo
 def test_a_manifest_without_its_experiments_is_refused_in_one_line(tmp_path, smoke):
     broken = tmp_path / "broken"
     shutil.copytree(smoke, broken)
-    manifest = json.loads((broken / measure.MANIFEST).read_text())
+    manifest = json.loads((broken / measure_command.MANIFEST).read_text())
     del manifest["experiments"]
-    (broken / measure.MANIFEST).write_text(json.dumps(manifest))
+    (broken / measure_command.MANIFEST).write_text(json.dumps(manifest))
     with pytest.raises(UserError, match="measured.json has no readable list of experiments"):
-        measure.read_measured(broken)
+        measure_command.read_measured(broken)

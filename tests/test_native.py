@@ -14,16 +14,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from stagelab import logprobs as lp
-from stagelab import native
-from stagelab.errors import NativeUnavailable
+from stagelab.core.errors import NativeUnavailable
+from stagelab.measure import logprobs as lp
+from stagelab.measure import native
 
-LIB = Path(native.__file__).parents[1]
+LIB = Path(native.__file__).parents[2]
 
 
 def status_in_new_process(env: dict[str, str]) -> tuple[bool, str]:
     """``native.status()`` in a fresh interpreter (the in-process result is cached)."""
-    code = "import json; from stagelab import native; print(json.dumps(native.status()))"
+    code = "import json; from stagelab.measure import native; print(json.dumps(native.status()))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                           env={**os.environ, "PYTHONPATH": str(LIB), **env})
     return tuple(json.loads(done.stdout))
@@ -185,7 +185,7 @@ def test_the_build_is_cached_between_processes(tmp_path):
 
 
 def test_concurrent_first_builds_all_load_a_whole_library(tmp_path):
-    code = ("import json; from stagelab import native; "
+    code = ("import json; from stagelab.measure import native; "
             "print(json.dumps([native.status(), native.seed_vector(4).tensor.tolist()]))")
     env = {**os.environ, "PYTHONPATH": str(LIB), "STAGELAB_CACHE": str(tmp_path)}
     runs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
@@ -269,7 +269,7 @@ def test_the_default_cache_folders_end_in_the_repository_and_the_temp_dir(monkey
 def test_the_build_stamp_digest_needs_no_python_3_11(tmp_path, monkeypatch):
     import hashlib
 
-    from stagelab import native
+    from stagelab.measure import native
 
     library = tmp_path / "lib.so"
     library.write_bytes(b"x" * (3 << 20) + b"tail")

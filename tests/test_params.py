@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from stagelab import catalogue, cli, params, profiles
-from stagelab.errors import UserError
+from stagelab import cli
+from stagelab.core import catalogue
+from stagelab.core.errors import UserError
+from stagelab.run import params, profiles
 
 BAD = [
     # Before: exit 1 and a failed run folder.

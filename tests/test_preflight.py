@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from stagelab import cli, memory, preflight, profiles, prompt_logprobs
-from stagelab.preflight import GO, INFO, NO_GO, UNAVAILABLE, Check
+from stagelab import cli
+from stagelab.measure import memory, preflight, prompt_logprobs
+from stagelab.measure.preflight import GO, INFO, NO_GO, UNAVAILABLE, Check
+from stagelab.run import profiles
 
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU outcome needs no CUDA")
 
@@ -116,8 +118,8 @@ def test_a_check_that_raises_is_recorded_not_fatal():
 
 def test_native_status_is_read_and_blocks_only_a_profile_with_the_step(monkeypatch):
     fake = types.SimpleNamespace(status=lambda: (False, "no C++ compiler (g++ not found)"))
-    monkeypatch.setitem(sys.modules, "stagelab.native", fake)
-    monkeypatch.setattr("stagelab.native", fake, raising=False)
+    monkeypatch.setitem(sys.modules, "stagelab.measure.native", fake)
+    monkeypatch.setattr("stagelab.measure.native", fake, raising=False)
     failed = preflight.check_native()
     assert failed.status == UNAVAILABLE and failed.detail.startswith("no C++ compiler")
     blocked = preflight.check_native(decisive=True)

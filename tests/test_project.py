@@ -10,7 +10,8 @@ import nbformat
 import pytest
 import yaml
 
-from stagelab import execute, paths, profiles
+from stagelab.core import paths
+from stagelab.run import execute, profiles
 
 NOTEBOOKS = sorted(paths.NOTEBOOKS_DIR.glob("*.ipynb"))
 CONDA_NAMES = {"torch": "pytorch", "ray[default]": "ray-default"}

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from reference import assert_matches_reference
-from stagelab import logprobs as lp
-from stagelab import memory
-from stagelab import prompt_logprobs as pl
+from stagelab.measure import logprobs as lp
+from stagelab.measure import memory
+from stagelab.measure import prompt_logprobs as pl
 
 T, H, V = 41, 8, 257
 
@@ -191,7 +191,7 @@ def test_predicted_peak_follows_the_documented_model():
 
 def test_measured_peaks_separate_chunked_fused_from_unchunked_logsoftmax():
     config = dict(tokens=257, vocab=32768, hidden=16, dtype="float32", k=5, overlap=True)
-    small, large = memory.measure_peaks("stagelab.prompt_logprobs:memory_probe", [
+    small, large = memory.measure_peaks("stagelab.measure.prompt_logprobs:memory_probe", [
         {**config, "chunk": 32, "method": "fused"},
         {**config, "chunk": None, "method": "logsoftmax"}], parallel=2)
     assert small["hwm_reset"] and large["hwm_reset"]
@@ -253,7 +253,7 @@ def test_bad_ids_are_named_before_the_chunk_loop(monkeypatch):
 
 
 def test_a_tiny_sweep_measures_every_configuration_and_says_its_memory_first():
-    from stagelab.shapes import ModelShape
+    from stagelab.measure.shapes import ModelShape
 
     shape = ModelShape("tiny", 64, 8)
     plan = pl.memory_plan(17, shape, 8, [4], torch.float32, 2, ["fused"], [False], device="cpu")
@@ -266,7 +266,7 @@ def test_a_tiny_sweep_measures_every_configuration_and_says_its_memory_first():
 
 
 def test_exactness_is_checked_on_the_timed_results_without_running_them_again(monkeypatch):
-    from stagelab.shapes import ModelShape
+    from stagelab.measure.shapes import ModelShape
 
     calls = []
     real = pl.prompt_logprobs

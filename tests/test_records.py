@@ -17,10 +17,13 @@ import jsonschema
 import pytest
 
 from conftest import fake_run, good_run, make_run, start_sleepy, tiny_cli, write_notebook
-from stagelab import cli, evidence, execute, paths, profiles, records, report, rundir, schema
-from stagelab import verdict as verdict_module
-from stagelab.errors import BadRecord, UserError
-from stagelab.records import RunFolder
+from stagelab import cli
+from stagelab.analyse import verdict as verdict_module
+from stagelab.core import paths, records, rundir, schema
+from stagelab.core.errors import BadRecord, UserError
+from stagelab.core.records import RunFolder
+from stagelab.present import evidence, report
+from stagelab.run import execute, profiles
 
 KEPT_CPU_RUN = paths.REFERENCE_DIR / "cpu" / "20261130T141659Z_vm_quick"
 

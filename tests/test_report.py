@@ -7,7 +7,7 @@ import json
 import re
 
 from conftest import fake_run
-from stagelab import report
+from stagelab.present import report
 
 UNAVAILABLE = "not measured: seed_pinned unavailable: pinned host memory needs a CUDA device"
 
@@ -60,7 +60,7 @@ def test_measured_cells_show_their_figures_and_unmeasured_ones_say_so(tmp_path):
 def test_the_key_plot_labels_decisions_only_and_captions_what_it_draws():
     import matplotlib
     matplotlib.use("Agg")
-    from stagelab import plots
+    from stagelab.present import plots
 
     # Before: two stray "measured" labels and a caption for a grey twin CI that was not drawn.
     reuse = [{"rows": n, "vocab": 152064, "k": 5, "decision": "measured", "speedup": s,
@@ -80,7 +80,8 @@ def test_a_tall_arm_is_cut_and_labelled_so_the_seed_bars_stay_readable():
     matplotlib.use("Agg")
     import pandas as pd
 
-    from stagelab import analysis, plots
+    from stagelab.analyse import analysis
+    from stagelab.present import plots
 
     base = {"rows": 16, "vocab": 1000, "k": 5}
     parts = pd.DataFrame([
@@ -95,7 +96,7 @@ def test_a_tall_arm_is_cut_and_labelled_so_the_seed_bars_stay_readable():
 def test_tables_show_units_three_significant_digits_and_a_speedup_with_its_ci():
     import pandas as pd
 
-    from stagelab import tables
+    from stagelab.present import tables
 
     frame = pd.DataFrame([{"rows": 64, "vocab": 152064, "arm": "fused", "seconds": 0.016432,
                            "speedup": 1.4761, "ci_low": 1.399, "ci_high": 1.4903,
@@ -114,7 +115,8 @@ def test_tables_show_units_three_significant_digits_and_a_speedup_with_its_ci():
 def test_holdings_put_counts_and_bytes_in_their_own_named_columns():
     import pandas as pd
 
-    from stagelab import analysis, schema
+    from stagelab.analyse import analysis
+    from stagelab.core import schema
 
     # Before: bytes under "allocations", and one column per arm and metric, off the page.
     records = []
@@ -134,7 +136,7 @@ def test_holdings_put_counts_and_bytes_in_their_own_named_columns():
 def test_tables_fit_the_page_a_stage_split_reads_as_a_sum_and_empty_columns_go():
     import pandas as pd
 
-    from stagelab import tables
+    from stagelab.present import tables
 
     # Before: eighteen columns in notebook 04's decisive table, several of them all "NaN".
     split = {"device_ms": 1.5, "alloc_ms": 0.6, "copy_ms": 0.6, "host_gather_ms": 2.2,

@@ -13,8 +13,11 @@ import nbformat
 import pytest
 
 from conftest import StoppedInAFinalizer, dead_pid, fake_run, start_sleepy, write_notebook
-from stagelab import cli, context, execute, paths, profiles, report, rundir, schema
-from stagelab.errors import UserError
+from stagelab import cli
+from stagelab.core import paths, rundir, schema
+from stagelab.core.errors import UserError
+from stagelab.present import report
+from stagelab.run import context, execute, profiles
 
 
 def run_tiny(suite: dict[str, Path], profile: str, **overrides):

@@ -3,7 +3,7 @@
 import pandas as pd
 import pytest
 
-from stagelab import schema
+from stagelab.core import schema
 
 
 def test_make_rows_fills_defaults_and_derives_rates():

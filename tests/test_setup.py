@@ -21,7 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from stagelab import cli, paths, profiles
+from stagelab import cli
+from stagelab.core import paths
+from stagelab.run import profiles
 
 SCRIPTS = paths.REPO_ROOT / "scripts"
 README = (paths.REPO_ROOT / "README.md").read_text()

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from stagelab import shapes
+from stagelab.measure import shapes
 
 
 def test_names_and_numbers_resolve():

@@ -14,14 +14,17 @@ import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
 from conftest import write_notebook
-from stagelab import cli, execute, profiles, report, rundir
-from stagelab.errors import UserError
+from stagelab import cli
+from stagelab.core import rundir
+from stagelab.core.errors import UserError
+from stagelab.present import report
+from stagelab.run import execute, profiles
 
 CHROMIUM = shutil.which("chromium")
 # A 1x1 PNG: the smallest figure a run folder can hold.
 PIXEL = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9Q"
                          "DwADhQGAWjR9awAAAABJRU5ErkJggg==")
-PLOT_BODY = ("import matplotlib.pyplot as plt\nimport pandas as pd\nfrom stagelab import context\n"
+PLOT_BODY = ("import matplotlib.pyplot as plt\nimport pandas as pd\nfrom stagelab.run import context\n"
              "ctx = context.notebook_context('10_plot', run_dir)\n"
              "fig, ax = plt.subplots(figsize=(4, 3))\nax.plot([1, 3, 2])\n"
              "ctx.save_figure(fig, 'line')\nplt.show()\n"

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from conftest import RecordingAllocator
-from stagelab import memory, native, schema, shapes, staging
+from stagelab.core import schema
+from stagelab.measure import memory, native, shapes, staging
 
 CUDA = torch.cuda.is_available()
 

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from scipy import stats as sps
 
-from stagelab import calibration, stats
+from stagelab.analyse import calibration, stats
 
 ONES = np.ones(12)
 AROUND_1_10 = np.linspace(1.09, 1.11, 12)  # per-round ratios: median 1.10, all within 1 %

@@ -8,10 +8,11 @@ import torch
 
 from conftest import RecordingAllocator, make_logits, make_tokens
 from reference import assert_matches_reference
-from stagelab import catalogue, native, schema, shapes, staging, step
-from stagelab import logprobs as lp
-from stagelab.errors import NativeUnavailable
-from stagelab.testing import SyncCounter
+from stagelab.core import catalogue, schema
+from stagelab.core.errors import NativeUnavailable
+from stagelab.measure import logprobs as lp
+from stagelab.measure import native, shapes, staging, step
+from stagelab.measure.testing import SyncCounter
 
 CUDA = torch.cuda.is_available()
 NATIVE_OK, NATIVE_WHY = native.status()

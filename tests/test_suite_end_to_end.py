@@ -10,8 +10,10 @@ import shutil
 import pytest
 
 from conftest import TINY
-from stagelab import execute, paths, profiles, records, rundir, verdict
-from stagelab.records import RunFolder
+from stagelab.analyse import verdict
+from stagelab.core import paths, records, rundir
+from stagelab.core.records import RunFolder
+from stagelab.run import execute, profiles
 
 pytestmark = pytest.mark.slow
 

@@ -10,8 +10,9 @@ import time
 
 import pytest
 
-from stagelab import bench, hardware, paths, schema, sweep
-from stagelab.errors import InsufficientMemory
+from stagelab.core import paths, schema
+from stagelab.core.errors import InsufficientMemory
+from stagelab.measure import bench, hardware, sweep
 
 
 def cells(count: int, arms=("a", "b")) -> list[sweep.Cell]:
@@ -82,7 +83,8 @@ def test_the_table_is_written_after_every_cell(tmp_path):
 def test_a_sweep_killed_mid_way_leaves_its_finished_cells_on_disk(tmp_path):
     script = textwrap.dedent(f"""
         import time
-        from stagelab import schema, sweep
+        from stagelab.core import schema
+        from stagelab.measure import sweep
         cells = [sweep.Cell(sizes={{"experiment": "e", "rows": i + 1}}, arms=["a"], label=str(i))
                  for i in range(3)]
         def prepare(cell):
@@ -142,7 +144,7 @@ def test_a_pcie_sampler_that_fails_records_itself_unavailable(monkeypatch):
 
 def test_the_memory_plan_gives_the_estimate_and_refuses_before_anything_starts(monkeypatch):
     # Before: notebook 03's defaults needed 18.5 GiB and nothing said so before the cell started.
-    from stagelab import memory
+    from stagelab.measure import memory
 
     cell = sweep.Cell(sizes={}, arms=["a"], label="T=8193 V=152064", host_bytes=18 * 2**30)
     monkeypatch.setattr(memory, "free_host_bytes", lambda: 32 * 2**30)

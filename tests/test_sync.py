@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from stagelab import device
-from stagelab import logprobs as lp
-from stagelab import prompt_logprobs as pl
-from stagelab.testing import SyncCounter
+from stagelab.measure import device
+from stagelab.measure import logprobs as lp
+from stagelab.measure import prompt_logprobs as pl
+from stagelab.measure.testing import SyncCounter
 
 T, V, H = 513, 1000, 16  # 512 scored rows: chunk 512 is one chunk, chunk 16 is 32 chunks
 

@@ -13,8 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stagelab import analysis, schema, verdict
-from stagelab.errors import SchemaError
+from stagelab.analyse import analysis, verdict
+from stagelab.core import schema
+from stagelab.core.errors import SchemaError
 
 V = 152_064
 STAGE_MS = {"device": 2.0, "alloc": 4.0, "copy": 6.0, "host_gather": 7.0, "free": 1.0}  # 20 ms

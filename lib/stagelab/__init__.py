@@ -1,16 +1,14 @@
 """stagelab: measured evidence on how logprobs should travel from GPU to host.
 
-Three floors over a ground floor, each importing only from below:
+The package is built in floors, one folder each, every module importing only from its own floor
+or below (``tests/test_floors.py`` enforces it):
 
-* ground: ``errors`` (the suite's exceptions), ``paths``, ``schema`` (the one tidy row),
-  ``device`` (CUDA presence, pinned memory, device labels);
-* measure: ``staging``, ``logprobs``, ``native`` (the seed's C++ host path), ``step``,
-  ``prompt_logprobs``, ``memory``, ``hardware``, ``bench`` and ``sweep`` (one interleaved,
-  fault-isolated sweep for every experiment), ``preflight``;
-* analyse (torch-free): ``stats``, ``calibration``, ``analysis``, ``verdict``;
-* present and run: ``plots``, ``report``, ``compare``, ``profiles`` and ``params`` (the plan),
-  ``rundir`` (run folders and manifests), ``execute`` (papermill), ``context`` (inside a
-  notebook), ``evidence`` (kept runs), ``cli``.
+* ``core``: names, files, the tidy row, run folders (standard library only);
+* ``measure``: arms, timing loops and probes (torch and the standard library only);
+* ``analyse``: statistics, the decision rule, the verdict (no torch);
+* ``present``: tables, figures, reports, kept evidence (no torch);
+* ``run``: the plan, ``stagelab measure``, the replay, the notebooks' context, the runner, the
+  fleet; ``cli`` sits above them all.
 """
 
 __version__ = "0.1.0"

@@ -9,8 +9,9 @@ import json
 import sys
 from pathlib import Path
 
-from stagelab import measure, paths
-from stagelab.errors import UserError
+from stagelab.core import paths
+from stagelab.core.errors import UserError
+from stagelab.run import measure_command
 
 # 0 every notebook ok; 1 a notebook failed, nothing was measured (every cell skipped), or the
 # record could not be written; 2 a bad request, refused before anything was created; 130
@@ -21,7 +22,7 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 def profile_names() -> str:
     """The profiles of the profiles file, read through its loader, for the help texts."""
     try:
-        from stagelab import profiles
+        from stagelab.run import profiles
 
         return ", ".join(profiles.load_profiles())
     except (ImportError, UserError) as exc:
@@ -44,9 +45,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--from", dest="from_dir", type=Path, default=None, metavar="DIR",
                      help="analyse the rows of a folder made by `stagelab measure` instead of "
                           "measuring (the measuring notebooks read them)")
-    measure.add_arguments(sub.add_parser(
+    measure_command.add_arguments(sub.add_parser(
         "measure", help="measure a profile with torch alone into one folder, to analyse with "
-        "`run --from`", description=measure.DESCRIPTION, epilog=measure.EPILOG))
+        "`run --from`", description=measure_command.DESCRIPTION, epilog=measure_command.EPILOG))
     env = sub.add_parser("env", help="print the hardware snapshot")
     env.add_argument("--json", action="store_true", help="print JSON instead of a table")
     env.add_argument("--under-load", action="store_true",
@@ -119,23 +120,24 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from stagelab import execute, profiles, rundir
+    from stagelab.core import rundir
+    from stagelab.run import execute, profiles
 
     if args.from_dir is not None:
-        from stagelab import replay
+        from stagelab.run import replay
 
         replay.check_overrides(args.param)
     plan = profiles.plan_run(args.profile, args.only, profiles.parse_overrides(args.param))
     origin = None
     if args.from_dir is not None:
-        from stagelab import replay
+        from stagelab.run import replay
 
         origin = replay.replay_plan(plan, args.from_dir, args.param)
     run_dir, manifest = execute.run(plan, args.out, command=["stagelab", *sys.argv[1:]],
                                    measured=origin)
     _say(f"report: {run_dir / 'index.html'}", sys.stdout)
     _say(verdict_line(run_dir, manifest), sys.stdout)
-    if origin is not None and (origin["status"] != measure.OK or origin["gaps"]):
+    if origin is not None and (origin["status"] != measure_command.OK or origin["gaps"]):
         _say(f"the measurement replayed is {origin['status']}, not ok: "
              f"{'; '.join(origin['gaps']) or 'see its measured.json'}; keep refuses this run "
              "without --force")
@@ -162,8 +164,8 @@ def _say(text: str, stream=None) -> None:
 def verdict_line(run_dir: Path, manifest: dict) -> str:
     """The run's last words: its verdict in one line (or why there is none), and a warning line
     when its timings are not trustworthy."""
-    from stagelab import trust
-    from stagelab.records import RunFolder
+    from stagelab.analyse import trust
+    from stagelab.core.records import RunFolder
 
     try:
         verdict = RunFolder(run_dir).read_verdict()
@@ -180,7 +182,8 @@ def verdict_line(run_dir: Path, manifest: dict) -> str:
 
 
 def cmd_env(args: argparse.Namespace) -> int:
-    from stagelab import hardware, machine
+    from stagelab.measure import hardware
+    from stagelab.present import machine
 
     snap = hardware.snapshot(under_load=args.under_load)
     if args.json:
@@ -194,7 +197,9 @@ def cmd_env(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from stagelab import execute, report, rundir
+    from stagelab.core import rundir
+    from stagelab.present import report
+    from stagelab.run import execute
 
     if args.out and not args.single_file:
         raise UserError("--out names the single file: add --single-file")
@@ -211,7 +216,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
-    from stagelab import rundir
+    from stagelab.core import rundir
 
     listed = rundir.list_runs(args.root)
     if not listed:
@@ -226,7 +231,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 
 def cmd_keep(args: argparse.Namespace) -> int:
-    from stagelab import evidence
+    from stagelab.present import evidence
 
     dest = evidence.keep_evidence(args.run_dir, force=args.force)
     print(dest)
@@ -235,14 +240,15 @@ def cmd_keep(args: argparse.Namespace) -> int:
 
 
 def cmd_preflight(args: argparse.Namespace) -> int:
-    from stagelab import preflight, profiles
+    from stagelab.measure import preflight
+    from stagelab.run import profiles
 
     parameters = profiles.profile_parameters(args.profile)  # an unknown profile stops here
     return preflight.preflight(args.profile, parameters, args.out)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from stagelab import compare
+    from stagelab.present import compare
 
     out = compare.claim_out(args.out, args.force)  # refused before any run is read
     comparison = compare.compare(args.runs)
@@ -254,7 +260,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_fleet(args: argparse.Namespace) -> int:
-    from stagelab import fleet
+    from stagelab.run import fleet
 
     fleet.require_ray()
     plan = fleet.check_request(args.profile, args.param, args.timeout_s, args.force)
@@ -265,8 +271,8 @@ def cmd_fleet(args: argparse.Namespace) -> int:
 
 
 def cmd_measure(args: argparse.Namespace) -> int:
-    request = measure.checked_request(args, ["stagelab", *sys.argv[1:]])
-    return measure.EXIT_OK if request is None else measure.measure(request)
+    request = measure_command.checked_request(args, ["stagelab", *sys.argv[1:]])
+    return measure_command.EXIT_OK if request is None else measure_command.measure(request)
 
 
 COMMANDS = {"run": cmd_run, "measure": cmd_measure, "env": cmd_env, "report": cmd_report, "runs": cmd_runs,
@@ -278,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point; user errors print one line and exit 2, never a traceback; a record that
     cannot be written (a full disk) prints one line and exits 1. ``measure`` imports nothing
     but torch and the standard library."""
-    from stagelab.rundir import RecordError
+    from stagelab.core.rundir import RecordError
 
     args = _parser().parse_args(argv)
     try:

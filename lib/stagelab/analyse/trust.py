@@ -1,0 +1,125 @@
+"""Can this run's timings be trusted? Two witnesses, read from the run folder's record alone.
+
+* The machine's load while each timing notebook ran (``load`` in the manifest's notebook entries,
+  recorded by the runner through :mod:`stagelab.measure.busy`): other processes taking cores, or a
+  hypervisor stealing time.
+* The A/A harness checks in ``verdict.json``: a baseline timed against itself whose paired CI
+  lies wholly beyond 1 +- delta means the harness saw a difference between identical arms. The
+  twins of a run are checked as one family (``harness``, Bonferroni), so that a quiet machine
+  is not called busy in a third of its runs by chance.
+
+Either one makes the timings untrustworthy; the report's first screen, the verdict box,
+``compare``, the terminal and ``keep`` all say so from :func:`reasons`. Torch-free.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from stagelab.core import catalogue
+
+# The notebooks whose timings the verdict, the findings and compare use.
+TIMING_NOTEBOOKS = catalogue.measuring_notebooks()
+DEFAULT_DELTA = 0.02
+
+
+def load_reasons(manifest: Mapping[str, Any]) -> list[str]:
+    """One sentence per timing notebook that ran on a busy machine."""
+    out = []
+    for entry in manifest.get("notebooks") or []:
+        load = entry.get("load") or {}
+        if entry.get("name") in TIMING_NOTEBOOKS and load.get("busy"):
+            out.append(f"{entry['name']} ran on a busy machine: {'; '.join(load['why'])}")
+    return out
+
+
+def _cell(cell: Mapping[str, Any]) -> str:
+    k = f", K={cell['k']}" if cell.get("k") is not None else ""
+    return f"n={cell.get('rows')}, V={cell.get('vocab')}{k}"
+
+
+def harness_reasons(verdict: Mapping[str, Any]) -> list[str]:
+    """One sentence per A/A twin whose CI lies wholly outside 1 +- delta: from the verdict's
+    ``harness`` block (every twin as one family, Bonferroni), or, in a verdict written before it,
+    from each cell's own 95 % CI."""
+    harness = verdict.get("harness")
+    if harness is None:
+        return _per_cell_harness_reasons(verdict)
+    delta, level = harness["delta"], harness["confidence"]
+    checked = [check for check in harness.get("checks") or [] if check.get("differs") is not None]
+    return [f"the A/A check at {check['level']} level, {_cell(check)}, saw identical arms "
+            f"differ: {check['twin_speedup']:.3f}x [{check['twin_ci_low']:.3f}, "
+            f"{check['twin_ci_high']:.3f}] ({level:.1%} CI, Bonferroni over {len(checked)} "
+            f"A/A checks), beyond 1 +- {delta:.0%}"
+            for check in checked if check["differs"]]
+
+
+def _per_cell_harness_reasons(verdict: Mapping[str, Any]) -> list[str]:
+    delta = (verdict.get("parameters") or {}).get("delta") or DEFAULT_DELTA
+    out = []
+    for kind, cells in (("step", verdict.get("decisive") or []),
+                        ("copy", verdict.get("copy_cells") or [])):
+        seen = set()
+        for cell in cells:
+            low, high = cell.get("twin_ci_low"), cell.get("twin_ci_high")
+            if low is None or high is None or _cell(cell) in seen:
+                continue
+            seen.add(_cell(cell))
+            if low > 1 + delta or high < 1 - delta:
+                out.append(f"the A/A check at {kind} level, {_cell(cell)}, saw identical arms "
+                           f"differ: {cell['twin_speedup']:.3f}x [{low:.3f}, {high:.3f}], "
+                           f"beyond 1 +- {delta:.0%}")
+    return out
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        payload = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return payload if isinstance(payload, dict) else {}
+
+
+def reasons(run_dir: Path, manifest: Mapping[str, Any] | None = None,
+            verdict: Mapping[str, Any] | None = None) -> list[str]:
+    """Why the run's timings are not trustworthy; empty when neither witness objects."""
+    run_dir = Path(run_dir)
+    manifest = manifest if manifest is not None else _read(run_dir / "manifest.json")
+    verdict = verdict if verdict is not None else _read(run_dir / "verdict.json")
+    return load_reasons(manifest) + harness_reasons(verdict)
+
+
+def harness_checked(verdict: Mapping[str, Any]) -> bool:
+    """Whether the verdict holds any A/A twin's check (none in an older verdict, or without a
+    twin)."""
+    if verdict.get("harness") is not None:
+        return any(check.get("differs") is not None for check in verdict["harness"]["checks"])
+    cells = [*(verdict.get("decisive") or []), *(verdict.get("copy_cells") or [])]
+    return any(cell.get("twin_ci_low") is not None for cell in cells)
+
+
+def load_known(manifest: Mapping[str, Any]) -> bool:
+    """Whether the machine's load was recorded for every timing notebook the run has (not for
+    older runs, runs by hand, or where /proc cannot be read)."""
+    timing = [e for e in manifest.get("notebooks") or [] if e.get("name") in TIMING_NOTEBOOKS]
+    return bool(timing) and all((e.get("load") or {}).get("busy") is not None for e in timing)
+
+
+def headline(found: list[str]) -> str:
+    """The one warning line for the terminal and the first screen ('' when trustworthy)."""
+    if not found:
+        return ""
+    return ("TIMINGS NOT TRUSTWORTHY: " + "; ".join(found)
+            + ". Run it again on a quiet machine before relying on these figures.")
+
+
+def warning_markdown(run_dir: Path, verdict: Mapping[str, Any]) -> str:
+    """The warning for a notebook's verdict box, in Markdown ('' when trustworthy)."""
+    found = reasons(run_dir, verdict=verdict)
+    if not found:
+        return ""
+    return ("**TIMINGS NOT TRUSTWORTHY**: run it again on a quiet machine before relying on "
+            "these figures.\n\n" + "\n".join(f"- {reason}" for reason in found))

@@ -1,0 +1,96 @@
+"""The timing experiment's design, shared by the measuring floor and the calibration: the order of
+arms in each round and the rule that says when a cell has enough rounds. Standard library only.
+
+* **Balanced order** (:func:`balanced_orders`): across a cell's rounds every arm takes every
+  position in the round equally often, within one, at every prefix of the rounds (so a cell cut
+  short stays balanced). The orders are the rows of a Williams design (a Latin square in which,
+  for an even number of arms, each arm also follows every other equally often; for an odd number
+  the square and its mirror), with the arms' labels and the rows within each square shuffled by
+  a seed. The seed is drawn per run and per cell (:func:`order_seed`): a position effect (the
+  first arm of a round paying for a cold cache, say) then averages out over the rounds instead of
+  becoming a fixed bias that no rerun removes.
+* **Rounds until precise** (:func:`speedup_half_width`): the half-width of the paired speedup's
+  CI, ``mean(baseline) / mean(candidate)``, by the delta method (the normal approximation of the
+  ratio of means over paired rounds). A sweep adds rounds until it is at most delta/2, or a cap on
+  rounds or seconds is reached. It stops on precision, never on the effect, so the decision's
+  error rates hold; :mod:`stagelab.analyse.calibration` measures them with this very rule.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+from collections.abc import Sequence
+from statistics import NormalDist
+
+PRECISE, ROUND_CAP, TIME_CAP, FIXED = "precise", "round cap", "time cap", "fixed rounds"
+
+
+def williams_rows(arms: int) -> list[list[int]]:
+    """The rows of a Williams design for ``arms`` arms, as arm indices: ``arms`` rows (one Latin
+    square) for an even count, ``2 * arms`` (the square, then its mirror) for an odd one."""
+    if arms < 1:
+        raise ValueError(f"arms must be positive, got {arms}")
+    first, low, high = [0], 1, arms - 1
+    while len(first) < arms:
+        first.append(low)
+        low += 1
+        if len(first) < arms:
+            first.append(high)
+            high -= 1
+    square = [[(value + shift) % arms for value in first] for shift in range(arms)]
+    return square if arms % 2 == 0 else square + [row[::-1] for row in square]
+
+
+def balanced_orders(arms: Sequence[str], rounds: int, seed: int) -> list[list[str]]:
+    """The order of ``arms`` in each of ``rounds`` rounds: Williams rows, arms relabelled and rows
+    shuffled within each square by ``seed``, one square after another. Every arm takes every
+    position ``rounds / len(arms)`` times, within one, after any number of rounds."""
+    if rounds < 0:
+        raise ValueError(f"rounds must be >= 0, got {rounds}")
+    names = list(arms)
+    if not names:
+        return [[] for _ in range(rounds)]
+    shuffler = random.Random(seed)
+    shuffler.shuffle(names)
+    rows = williams_rows(len(names))
+    squares = [rows[i:i + len(names)] for i in range(0, len(rows), len(names))]
+    orders: list[list[str]] = []
+    while len(orders) < rounds:
+        for square in squares:
+            block = list(square)
+            shuffler.shuffle(block)
+            orders += [[names[i] for i in row] for row in block]
+    return orders[:rounds]
+
+
+def order_seed(run: str | int, cell: str) -> int:
+    """A seed for one cell of one run: the same run and cell give the same order, another run or
+    cell another one."""
+    digest = hashlib.sha256(f"{run}\x00{cell}".encode()).digest()
+    return int.from_bytes(digest[:6], "big")
+
+
+def speedup_half_width(baseline: Sequence[float], candidate: Sequence[float],
+                       confidence: float = 0.95) -> float:
+    """Half-width of the ``confidence`` CI of ``mean(baseline) / mean(candidate)`` over paired
+    rounds, by the delta method: with ``r`` the ratio and ``d[i] = baseline[i] - r *
+    candidate[i]``, the ratio's standard error is ``stdev(d) / (sqrt(n) * mean(candidate))``.
+    Infinite with fewer than 3 rounds or a non-positive mean."""
+    n = len(baseline)
+    if n != len(candidate):
+        raise ValueError(f"baseline has {n} rounds, candidate {len(candidate)}: they must pair")
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must lie in (0, 1), got {confidence}")
+    if n < 3:
+        return math.inf
+    mean_b, mean_c = math.fsum(baseline) / n, math.fsum(candidate) / n
+    if not (mean_c > 0 and math.isfinite(mean_b) and math.isfinite(mean_c)):
+        return math.inf
+    ratio = mean_b / mean_c
+    residuals = [b - ratio * c for b, c in zip(baseline, candidate)]
+    mean_r = math.fsum(residuals) / n
+    variance = math.fsum((x - mean_r) ** 2 for x in residuals) / (n - 1)
+    z = NormalDist().inv_cdf(0.5 + confidence / 2)
+    return z * math.sqrt(variance / n) / mean_c

@@ -1,0 +1,15 @@
+"""Where the repository's inputs live; the package is installed editable from ``lib/``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
+DATA_DIR = REPO_ROOT / "data"
+REFERENCE_DIR = DATA_DIR / "reference"
+RUNS_DIR = REPO_ROOT / "papermill_runs"
+PROFILES_FILE = REPO_ROOT / "profiles.json"
+MODEL_SHAPES_FILE = DATA_DIR / "model_shapes.csv"
+# Set by the runner for the kernels it starts: progress as one line per finished cell, no bars.
+HEADLESS_ENV = "STAGELAB_HEADLESS"

@@ -1,0 +1,254 @@
+"""The one tidy-data schema that every measurement row carries, and the helpers that write tables.
+
+Every notebook turns its measurements into rows of this schema and writes them with
+:func:`write_table` into ``<run folder>/data/<name>.parquet``; ``stagelab measure`` appends the
+same rows as JSON lines (:class:`JsonLinesSink`), with the standard library alone. pandas is
+imported only by the frame functions (:func:`make_rows`, :func:`conform`, :func:`write_table`,
+:func:`read_table`, :class:`TableSink`), never by the measuring floor.
+
+One row is one observation: one round of one arm of one experiment at one size, or one
+non-timing measurement (a peak, an error).
+
+========== ======= ============================================================================
+column     type    meaning
+========== ======= ============================================================================
+run_id     str     the run folder's name
+notebook   str     the notebook that measured it, e.g. ``01_d2h_staging``
+experiment str     what was measured: the catalogue's experiment (``staging``, ``step``,
+                   ``prompt_logprobs``); tables kept before it say ``d2h_copy`` for staging
+arm        str     the variant under test, e.g. ``pageable_fresh``; A/A twins end in ``~aa``
+stage      str     part of a pipeline (``copy``, ``host_gather``...) or ``total``
+metric     str     ``time`` for timings; otherwise what ``bytes``/``value`` hold:
+                   bytes: ``peak_host_bytes``, ``peak_device_bytes``, ``predicted_peak_bytes``,
+                   ``pinned_bytes_held``; value: ``allocations``, ``pcie_tx_bytes_per_s``,
+                   ``max_abs_error``, ``rank_mismatches``, ``id_mismatches``,
+                   ``bitwise_equal`` (1 or 0), ``order_seed`` (the seed of a cell's balanced
+                   arm order), ``rounds`` (rounds a cell ran; the note says why it stopped),
+                   ``forward_ms`` (device work queued before each step, ms)
+device     str     where the source lived: ``cpu`` or ``cuda:0 <name>``
+model      str     model whose shape was used, empty when sizes were given as numbers
+rows       int     rows per step (``n``) or scored prompt positions (``T - 1``)
+vocab      int     vocabulary size ``V``
+hidden     int     hidden size ``H`` (prompt logprobs), else missing
+k          int     top-K logprobs requested, else missing
+chunk      int     prompt-logprob chunk rows, else missing (unchunked: equal to ``rows``)
+overlap    bool    whether the copy overlapped compute (prompt logprobs), else missing
+dtype      str     element type of the tensor that was moved or scored
+log_softmax str    where the seed arms ran the log-softmax: ``device`` or ``host`` (the step),
+                   else missing
+round      int     the round (interleaved arms of one round share it: samples pair by it);
+                   warm-up rounds are not recorded
+position   int     the sample's place in its round (0 = first), from the balanced order
+seconds    float   the primary timer's reading (CUDA events on a GPU, else ``perf_counter``)
+host_seconds float host-clock reading of the same round, to cross-check events; else missing
+clock_agrees bool  whether the host clock agreed with the CUDA events on this round (within
+                   ``stagelab.measure.bench.clocks_agree``); missing where only one clock ran
+bytes      int     bytes moved (timings) or the measured quantity in bytes
+value      float   a dimensionless measurement (errors, counts), else missing
+gb_per_s   float   derived: ``bytes / seconds / 1e9`` for timings that move bytes
+timer      str     ``cuda_event``, ``perf_counter`` or empty
+status     str     ``ok``, ``unavailable`` (could not be measured here), ``skipped`` (would not
+                   fit, or not a valid cell) or ``failed`` (the arm or cell raised)
+note       str     why a row is unavailable, skipped or failed, or other plain-words context
+========== ======= ============================================================================
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from stagelab.core.errors import SchemaError
+from stagelab.core.records import RunFolder, atomic_target
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+COLUMN_DTYPES: dict[str, str] = {
+    "run_id": "string",
+    "notebook": "string",
+    "experiment": "string",
+    "arm": "string",
+    "stage": "string",
+    "metric": "string",
+    "device": "string",
+    "model": "string",
+    "rows": "Int64",
+    "vocab": "Int64",
+    "hidden": "Int64",
+    "k": "Int64",
+    "chunk": "Int64",
+    "overlap": "boolean",
+    "dtype": "string",
+    "log_softmax": "string",
+    "round": "Int64",
+    "position": "Int64",
+    "seconds": "float64",
+    "host_seconds": "float64",
+    "clock_agrees": "boolean",
+    "bytes": "Int64",
+    "value": "float64",
+    "gb_per_s": "float64",
+    "timer": "string",
+    "status": "string",
+    "note": "string",
+}
+COLUMNS: tuple[str, ...] = tuple(COLUMN_DTYPES)
+# Columns renamed since evidence was first kept: read under their new names.
+LEGACY_COLUMNS: dict[str, str] = {"repeat": "round"}
+# Columns added since evidence was first kept: missing in older tables, read as missing values.
+ADDED_COLUMNS: tuple[str, ...] = ("position", "log_softmax")
+STATUSES = ("ok", "unavailable", "skipped", "failed")
+_DEFAULTS: dict[str, Any] = {"stage": "total", "metric": "time", "model": "", "timer": "",
+                             "status": "ok", "note": ""}
+
+
+def normalise_rows(records: Iterable[Mapping[str, Any]], **common: Any) -> list[dict[str, Any]]:
+    """Schema rows as plain dicts, every column present: ``common`` fills every row, missing
+    columns get their default or None, ``gb_per_s`` is derived where a timing moved bytes.
+
+    Unknown keys are an error (a typo must not become a silently dropped column).
+    """
+    rows = [{**_DEFAULTS, **common, **record} for record in records]
+    unknown = sorted({key for row in rows for key in row} - set(COLUMNS))
+    if unknown:
+        raise SchemaError(f"unknown column(s) {unknown}; the schema's columns are {list(COLUMNS)}")
+    rows = [{column: row.get(column) for column in COLUMNS} for row in rows]
+    for row in rows:
+        seconds, moved = row["seconds"], row["bytes"]
+        if (_missing(row["gb_per_s"]) and row["metric"] == "time" and not _missing(seconds)
+                and seconds > 0 and not _missing(moved)):
+            row["gb_per_s"] = float(moved) / seconds / 1e9
+    return rows
+
+
+def _missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def make_rows(records: Iterable[Mapping[str, Any]], **common: Any) -> pd.DataFrame:
+    """Build a schema-conforming frame from dict records (see :func:`normalise_rows`)."""
+    import pandas as pd
+
+    return conform(pd.DataFrame(normalise_rows(records, **common), columns=list(COLUMNS)))
+
+
+def conform(frame: pd.DataFrame) -> pd.DataFrame:
+    """Check a frame has exactly the schema's columns and valid statuses; cast to the schema types."""
+    missing = [c for c in COLUMNS if c not in frame.columns]
+    extra = [c for c in frame.columns if c not in COLUMN_DTYPES]
+    if missing or extra:
+        raise SchemaError(f"table does not follow the schema: missing {missing}, extra {extra}")
+    frame = frame[list(COLUMNS)].astype(COLUMN_DTYPES)
+    bad = sorted(set(frame["status"].dropna()) - set(STATUSES))
+    if bad:
+        raise SchemaError(f"unknown status value(s) {bad}; valid: {list(STATUSES)}")
+    return frame
+
+
+def table_path(run_dir: Path | str, name: str) -> Path:
+    """Where the table ``name`` of a run folder lives (see :class:`stagelab.core.records.RunFolder`)."""
+    return RunFolder(run_dir).table_path(name)
+
+
+def write_table(frame: pd.DataFrame, run_dir: Path | str, name: str) -> Path:
+    """Validate ``frame`` against the schema and write it as ``data/<name>.parquet`` in the run,
+    atomically: a reader (or a kill) never sees half a file."""
+    if not name or not name.replace("_", "").isalnum():
+        raise ValueError(f"table name {name!r} must be letters, digits and underscores")
+    path = table_path(run_dir, name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    frame = conform(frame)
+    with atomic_target(path) as temporary:
+        frame.to_parquet(temporary, index=False)
+    return path
+
+
+class RowSink(Protocol):
+    """Where a sweep puts each finished cell's records."""
+
+    def append(self, records: Iterable[Mapping[str, Any]]) -> Path:
+        """Take one cell's records and make them durable."""
+
+
+class JsonLinesSink:
+    """Appends each cell's rows, complete schema rows, to a JSON-lines file and flushes them to
+    disk, with the standard library alone: a killed process leaves every finished cell
+    readable (:func:`read_json_lines`). ``common`` fills every row (``run_id``, ``notebook``)."""
+
+    def __init__(self, path: Path | str, **common: Any) -> None:
+        self.path, self.common = Path(path), common
+        self.rows: list[dict[str, Any]] = []
+
+    def append(self, records: Iterable[Mapping[str, Any]]) -> Path:
+        """Add one cell's rows at the end of the file."""
+        rows = normalise_rows(records, **self.common)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "a", encoding="utf-8") as handle:
+            handle.writelines(json.dumps(row) + "\n" for row in rows)
+            handle.flush()
+            os.fsync(handle.fileno())
+        self.rows += rows
+        return self.path
+
+
+def read_json_lines(path: Path | str) -> list[dict[str, Any]]:
+    """The rows of a JSON-lines table; a last line cut short by a kill is left out, any other
+    damaged line names the file and line."""
+    path = Path(path)
+    lines = path.read_text(encoding="utf-8").split("\n")
+    rows = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as exc:
+            if number == len(lines):  # no newline after it: the write was cut short
+                break
+            raise SchemaError(f"{path}:{number}: not a JSON row ({exc})") from exc
+        rows.append({LEGACY_COLUMNS.get(key, key): value for key, value in row.items()})
+    return rows
+
+
+class TableSink:
+    """Collects a sweep's records and rewrites its table after every cell, so that a notebook that
+    is interrupted or killed leaves every finished cell on disk. ``common`` fills every row
+    (``run_id``, ``notebook``)."""
+
+    def __init__(self, run_dir: Path | str, name: str, **common: Any) -> None:
+        self.run_dir, self.name, self.common = Path(run_dir), name, common
+        self.records: list[dict] = []
+
+    def append(self, records: Iterable[Mapping[str, Any]]) -> Path:
+        """Add one cell's records and write the whole table so far."""
+        self.records.extend(records)
+        return write_table(self.frame(), self.run_dir, self.name)
+
+    def frame(self) -> pd.DataFrame:
+        """Every record so far as a schema frame."""
+        return make_rows(self.records, **self.common)
+
+
+def read_table(run_dir: Path | str, name: str) -> pd.DataFrame:
+    """Read a run's table; a missing file raises FileNotFoundError, a corrupt one names the file."""
+    import pandas as pd
+
+    path = table_path(run_dir, name)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such table in this run")
+    try:
+        frame = pd.read_parquet(path).rename(columns=LEGACY_COLUMNS)
+        for column in ADDED_COLUMNS:
+            if column not in frame.columns:
+                frame[column] = pd.NA
+    except Exception as exc:  # pyarrow raises several types for a damaged file
+        raise SchemaError(f"{path}: cannot be read as a parquet table ({exc})") from exc
+    try:
+        return conform(frame)
+    except SchemaError as exc:
+        raise SchemaError(f"{path}: {exc}") from exc

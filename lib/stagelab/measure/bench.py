@@ -1,0 +1,203 @@
+"""Interleaved timing of several arms in a balanced order, with warm-up, rounds and an A/A twin.
+
+Each round runs every arm once, so slow drift (thermal, page cache, a neighbour's load) falls on
+all arms of a round alike; the round index is recorded as ``round``, so the arms' samples pair by
+round. The order is balanced (:func:`stagelab.core.design.balanced_orders`): every arm takes every
+position equally often (within one), from a seed the caller draws per run and cell, recorded as a
+record of metric ``order_seed``; each sample's place in its round is recorded as ``position``.
+With a :class:`Precision`, rounds are added after the first ``rounds`` until the decisive
+comparison's CI is narrow enough or a cap is reached, and why it stopped is recorded (metric
+``rounds``). On a GPU each call is timed with CUDA
+events and cross-checked with the host clock after a synchronize (``clock_agrees``); on CPU with
+``time.perf_counter``. Warm-up rounds are run and discarded. An arm may return ``{stage: seconds}``
+to report its parts; the whole call is always recorded as stage ``total``. An arm that raises is
+recorded once as ``failed`` with the error's first line and dropped from later rounds; the other
+arms go on.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import torch
+
+from stagelab.core import design
+
+__all__ = ["ArmCall", "Precision", "Timer", "interleaved", "pick", "rotating"]
+
+ArmCall = Callable[[int], "Mapping[str, float] | object"]
+# The host clock also counts the launch and the final synchronize: it may exceed the events by this
+# much, plus this fraction of the event time, and still agree.
+CLOCK_SLACK_S, CLOCK_SLACK_FRACTION = 0.5e-3, 0.10
+
+
+def clocks_agree(event_seconds: float, host_seconds: float) -> bool:
+    """Whether a host-clock reading agrees with the CUDA events of the same call."""
+    slack = CLOCK_SLACK_S + CLOCK_SLACK_FRACTION * event_seconds
+    return abs(host_seconds - event_seconds) <= slack
+
+
+def first_line(exc: BaseException) -> str:
+    """``Type: first line of the message``: what a failed row's note says."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}".strip()
+
+
+class Timer:
+    """Times one call: CUDA events plus the host clock on a GPU, ``perf_counter`` elsewhere."""
+
+    def __init__(self, device: torch.device | str | None = None) -> None:
+        device = torch.device(device or "cpu")
+        self.cuda = device.type == "cuda"
+        self.name = "cuda_event" if self.cuda else "perf_counter"
+
+    def time(self, call: Callable[[], object]) -> tuple[float, float | None, object]:
+        """Run ``call`` once; return (seconds, host seconds or None, what the call returned)."""
+        if not self.cuda:
+            start = time.perf_counter()
+            result = call()
+            return time.perf_counter() - start, None, result
+        torch.cuda.synchronize()
+        start_event, end_event = torch.cuda.Event(enable_timing=True), torch.cuda.Event(
+            enable_timing=True)
+        host_start = time.perf_counter()
+        start_event.record()
+        result = call()
+        end_event.record()
+        torch.cuda.synchronize()
+        host = time.perf_counter() - host_start
+        return start_event.elapsed_time(end_event) / 1e3, host, result
+
+
+@dataclass(frozen=True)
+class Precision:
+    """Rounds until precise: after the first ``rounds``, add rounds until the paired speedup of
+    the first of ``candidates`` that was timed over ``baseline`` has a CI half-width of at most
+    ``half_width`` (checked every ``every`` rounds, :func:`stagelab.core.design.speedup_half_width`),
+    or ``max_rounds`` rounds or ``max_seconds`` of timing are reached. It never looks at the
+    effect itself."""
+
+    baseline: str
+    candidates: tuple[str, ...]
+    half_width: float
+    max_rounds: int
+    max_seconds: float = math.inf
+    confidence: float = 0.95
+    every: int = 5
+
+    def __post_init__(self) -> None:
+        if not (self.half_width > 0 and self.max_seconds > 0 and self.every >= 1):
+            raise ValueError(f"precision: half_width, max_seconds and every must be positive, "
+                             f"got {self.half_width}, {self.max_seconds}, {self.every}")
+
+    def reason(self, records: list[dict], done: int, elapsed: float) -> str | None:
+        """Why to stop after ``done`` rounds, or None to go on."""
+        pairs = next((found for name in self.candidates
+                      if (found := _paired_totals(records, self.baseline, name))), None)
+        width = design.speedup_half_width(*pairs, self.confidence) if pairs else math.inf
+        if width <= self.half_width:
+            return f"{design.PRECISE}: CI half-width {width:.4f} <= {self.half_width:.4f}"
+        shown = "not measurable" if math.isinf(width) else f"{width:.4f}"
+        if done >= self.max_rounds:
+            return f"{design.ROUND_CAP}: {done} rounds, CI half-width {shown}"
+        if elapsed >= self.max_seconds:
+            return f"{design.TIME_CAP}: {elapsed:.1f} s >= {self.max_seconds:g} s, CI half-width {shown}"
+        return None
+
+
+def _paired_totals(records: list[dict], baseline: str,
+                   candidate: str) -> tuple[list[float], list[float]] | None:
+    """The two arms' total seconds over the rounds both have, in round order."""
+    totals: dict[str, dict[int, float]] = {baseline: {}, candidate: {}}
+    for record in records:
+        if record.get("stage") == "total" and record.get("arm") in totals:
+            totals[record["arm"]][record["round"]] = record["seconds"]
+    shared = sorted(set(totals[baseline]) & set(totals[candidate]))
+    if not shared:
+        return None
+    return [totals[baseline][r] for r in shared], [totals[candidate][r] for r in shared]
+
+
+def interleaved(arms: Mapping[str, ArmCall], *, rounds: int, warmup: int = 2, seed: int = 0,
+                device: torch.device | str | None = None, precision: Precision | None = None,
+                after_round: Callable[[], None] | None = None) -> list[dict]:
+    """Run every arm ``warmup + rounds`` times in a balanced order (more rounds with a
+    ``precision``); return timing records. ``after_round`` is called between rounds (``stagelab
+    measure`` raises there a stop request that a finalizer swallowed).
+
+    ``arms[name](round_index)`` performs one round (the index lets it rotate its sources). Each
+    record has ``arm``, ``stage``, ``round``, ``position``, ``seconds``, ``host_seconds`` and
+    ``timer``, ready for :func:`stagelab.core.schema.make_rows`; one more records the order's seed, and
+    with a ``precision`` one the rounds done and why they stopped.
+    """
+    if rounds <= 0:
+        raise ValueError(f"rounds must be positive, got {rounds}")
+    if warmup < 0:
+        raise ValueError(f"warmup must be >= 0, got {warmup}")
+    if not arms:
+        raise ValueError("arms is empty: nothing to time")
+    cap = rounds if precision is None else precision.max_rounds
+    if cap < rounds:
+        raise ValueError(f"precision.max_rounds ({cap}) must be at least rounds ({rounds})")
+    timer = Timer(device)
+    orders = design.balanced_orders(list(arms), cap, seed)
+    alive = set(arms)
+    records: list[dict] = [{"arm": "order", "metric": "order_seed", "value": float(seed),
+                            "note": f"balanced order (Williams rows) of {len(arms)} arms, "
+                                    f"seed {seed}"}]
+    started = time.perf_counter()
+    for index in range(warmup + cap):
+        measured = index - warmup
+        order = [name for name in orders[measured if measured >= 0 else index % cap]
+                 if name in alive]
+        for position, name in enumerate(order):
+            try:
+                seconds, host, result = timer.time(functools.partial(arms[name], index))
+            except Exception as exc:  # one arm's failure must not cost the others their data
+                alive.discard(name)
+                records.append({"arm": name, "status": "failed", "note": first_line(exc),
+                                "round": max(measured, 0)})
+                continue
+            if measured >= 0:
+                records += _round_records(name, measured, position, seconds, host, result,
+                                          timer.name)
+        if after_round is not None:
+            after_round()
+        done = measured + 1
+        if done < rounds or precision is None:
+            continue
+        if (done - rounds) % precision.every == 0 or done == cap:
+            reason = precision.reason(records, done, time.perf_counter() - started)
+            if reason:
+                records.append({"arm": "rounds", "metric": "rounds", "value": float(done),
+                                "note": reason})
+                break
+    return records
+
+
+def _round_records(name: str, round_index: int, position: int, seconds: float,
+                   host: float | None, result: object, timer: str) -> list[dict]:
+    """The ``total`` record of one timed call, and one per stage the arm reported."""
+    records = [{"arm": name, "stage": "total", "round": round_index, "position": position,
+                "seconds": seconds, "host_seconds": host, "timer": timer,
+                "clock_agrees": None if host is None else clocks_agree(seconds, host)}]
+    if isinstance(result, Mapping):
+        records += [{"arm": name, "stage": stage, "round": round_index, "position": position,
+                     "seconds": float(value), "timer": timer} for stage, value in result.items()]
+    return records
+
+
+def rotating(make: Callable[[int], torch.Tensor], count: int) -> list[torch.Tensor]:
+    """``count`` distinct sources, so that consecutive rounds never reread a cached one."""
+    if count <= 0:
+        raise ValueError(f"count must be positive, got {count}")
+    return [make(i) for i in range(count)]
+
+
+def pick(sources: list[torch.Tensor], round_index: int) -> torch.Tensor:
+    """The source to use in a round."""
+    return sources[round_index % len(sources)]

@@ -1,0 +1,141 @@
+"""Predicted seconds per sweep cell, from a stated basis: how ``stagelab measure`` keeps a
+deadline, and how a profile's measuring time is estimated before a lease (``--estimate``).
+
+Every cell is predicted as ``(warm-up + rounds + extra calls) x one round + set-up``, a round
+being one call of each arm. The per-call costs are a few rates, stated once in :data:`BASIS`
+with where each comes from; the measured folder records each cell's prediction beside its
+measured time, so the first lease on a machine calibrates them. Standard library only: the
+measuring floor imports it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from stagelab.core import catalogue
+
+SEED_STEP_ARMS = ("seed_pageable", "seed_pinned", "seed_pageable_reused", "seed_pageable_numpy")
+
+
+@dataclass(frozen=True)
+class Basis:
+    """Per-call rates of one kind of machine (seconds, or bytes per second)."""
+
+    fresh_bytes_per_s: float  # a fresh value-initialised host buffer: fill, copy into, free
+    reused_bytes_per_s: float  # a copy into a reused pageable host buffer
+    pinned_bytes_per_s: float  # a copy into pinned host memory (0: no pinned memory here)
+    native_topk_s_per_element: float  # the seed's C++ host top-K, per element of [n, V]
+    numpy_topk_s_per_element: float  # the numpy host top-K, per element of [n, V]
+    device_pass_s_per_element: float  # one pass over [n, V] on the device (log-softmax, top-K)
+    matmul_flops_per_s: float  # the prompt's projection onto the vocabulary
+    call_overhead_s: float  # launch, bookkeeping, the one synchronize
+    input_s_per_element: float  # making a random input tensor
+    memory_probe_s: float  # one memory probe: a fresh process importing torch
+    cell_overhead_s: float  # preparing a cell's arms, its checks, collecting garbage
+    device_memory_bytes_per_s: float  # a decode forward reads the weights once (0: no device)
+
+
+# Measured on this suite's 2-core CPU VM (2026-11-30, quiet; see the README's results): the
+# native top-K 0.22 ms per row at V = 152k and 0.49 ms at V = 262k (1.9 ns per element taken,
+# the larger), numpy 0.39 and 0.74 ms (2.8 ns); a fresh zero-filled vector copied into and freed
+# 1.5 GB/s; a copy into a reused buffer 3.5x faster (about 5 GB/s); the fp32 log-softmax 23.5 ms
+# at 64 x 152k (2.4 ns per element). On a GPU node the host-side rates are taken as measured
+# here (its host is likely faster), pinned D2H at ~50 GB/s (published H100/H200 figures),
+# device passes at ~3 TB/s of HBM read once, and pageable D2H no faster than ~5 GB/s. A memory
+# probe (a fresh process importing torch) and a cell's preparation are this VM's typical times.
+# The decode forward queued before each step reads the model's bf16 weights at H200's 4.8 TB/s.
+BASIS: dict[str, Basis] = {
+    "cpu": Basis(fresh_bytes_per_s=1.5e9, reused_bytes_per_s=5e9, pinned_bytes_per_s=0.0,
+                 native_topk_s_per_element=1.9e-9, numpy_topk_s_per_element=2.8e-9,
+                 device_pass_s_per_element=2.4e-9, matmul_flops_per_s=5e10,
+                 call_overhead_s=50e-6, input_s_per_element=10e-9, memory_probe_s=3.0,
+                 cell_overhead_s=0.2, device_memory_bytes_per_s=0.0),
+    "cuda": Basis(fresh_bytes_per_s=1.5e9, reused_bytes_per_s=5e9, pinned_bytes_per_s=50e9,
+                  native_topk_s_per_element=1.9e-9, numpy_topk_s_per_element=2.8e-9,
+                  device_pass_s_per_element=4 / 3e12, matmul_flops_per_s=2e14,
+                  call_overhead_s=100e-6, input_s_per_element=1e-11, memory_probe_s=5.0,
+                  cell_overhead_s=0.5, device_memory_bytes_per_s=4.8e12),
+}
+# Calls per cell besides the rounds: the step's agreement pass and its sync-debug pass.
+STEP_EXTRA_CALLS = 2
+
+
+def default_forward_s(params_b: float, kind: str) -> float:
+    """One decode forward of a model of ``params_b`` billion bf16 parameters (0 on a CPU)."""
+    rate = BASIS[kind].device_memory_bytes_per_s
+    return params_b * 1e9 * 2 / rate if rate else 0.0
+
+
+def device_kind(device: str) -> str:
+    """``cuda`` for a CUDA device label or name, else ``cpu``."""
+    return "cuda" if str(device).startswith("cuda") else "cpu"
+
+
+def _staging_call_s(arm: str, nbytes: int, basis: Basis) -> float:
+    name = arm.removesuffix("~aa")
+    pinned_rate = basis.pinned_bytes_per_s
+    if name in ("pinned_grow_only", "raw_ceiling"):
+        seconds = nbytes / pinned_rate if pinned_rate else nbytes / basis.reused_bytes_per_s
+    elif name == "pageable_reused":
+        seconds = nbytes / basis.reused_bytes_per_s
+    else:  # a fresh buffer per call: pageable, torch.empty, pinned per call, .to("cpu")
+        seconds = nbytes / basis.fresh_bytes_per_s
+    return seconds + basis.call_overhead_s
+
+
+def _step_call_s(arm: str, n: int, vocab: int, basis: Basis) -> float:
+    name, elements = arm.removesuffix("~aa"), n * vocab
+    device_pass = elements * basis.device_pass_s_per_element
+    if name not in SEED_STEP_ARMS:  # the top-K on the device: two passes, a tiny copy
+        return 2 * device_pass + basis.call_overhead_s
+    nbytes = 4 * elements
+    if name == "seed_pinned" and basis.pinned_bytes_per_s:
+        copy = nbytes / basis.pinned_bytes_per_s
+    elif name in ("seed_pinned", "seed_pageable_reused"):
+        copy = nbytes / basis.reused_bytes_per_s
+    else:
+        copy = nbytes / basis.fresh_bytes_per_s
+    per_element = (basis.numpy_topk_s_per_element if name == "seed_pageable_numpy"
+                   else basis.native_topk_s_per_element)
+    return device_pass + copy + elements * per_element + basis.call_overhead_s
+
+
+def _prompt_call_s(sizes: Mapping[str, Any], basis: Basis) -> float:
+    rows, vocab, hidden = sizes["rows"], sizes["vocab"], sizes.get("hidden") or 0
+    matmul = 2 * rows * vocab * hidden / basis.matmul_flops_per_s
+    return matmul + 2 * rows * vocab * basis.device_pass_s_per_element + basis.call_overhead_s
+
+
+def cell_seconds(sizes: Mapping[str, Any], arms: Sequence[str], *, rounds: int, warmup: int,
+                 kind: str, sources: int = 2, memory_probes: int = 0, forward_s: float = 0.0,
+                 max_rounds: int | None = None, max_seconds: float = math.inf) -> float:
+    """Predicted seconds of one sweep cell on a machine of ``kind`` (``cpu`` or ``cuda``).
+
+    ``sizes`` are the cell's schema fields (``experiment``, ``rows``, ``vocab``, ``bytes``...),
+    ``arms`` every arm it times (twins included), ``memory_probes`` the fresh processes it
+    starts to measure peaks, ``forward_s`` the device work queued before each step call. With
+    ``max_rounds`` (rounds until precise) the timing is the most it may take: up to
+    ``max_rounds`` rounds, stopped at ``max_seconds`` once ``rounds`` are done.
+    """
+    basis = BASIS[kind]
+    experiment, n, vocab = sizes["experiment"], sizes["rows"], sizes["vocab"]
+    extra = 0
+    if experiment == catalogue.STAGING:
+        per_round = sum(_staging_call_s(arm, sizes["bytes"], basis) for arm in arms)
+    elif experiment == catalogue.STEP:
+        per_round = sum(_step_call_s(arm, n, vocab, basis) + forward_s for arm in arms)
+        extra = STEP_EXTRA_CALLS
+    elif experiment == catalogue.PROMPT:
+        per_round = len(arms) * _prompt_call_s(sizes, basis)
+        extra = 2  # the reference and the checked call of each configuration
+    else:
+        raise ValueError(f"no prediction for experiment {experiment!r}")
+    timing = rounds * per_round
+    if max_rounds is not None and max_rounds > rounds:
+        timing = min(max_rounds * per_round, max(timing, max_seconds))
+    setup = sources * n * vocab * basis.input_s_per_element
+    return ((warmup + extra) * per_round + timing + setup + memory_probes * basis.memory_probe_s
+            + basis.cell_overhead_s)

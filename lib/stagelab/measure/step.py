@@ -1,0 +1,478 @@
+"""A whole logprobs step, device logits in, host :class:`LogprobsTensors` out, as named arms.
+
+The decisive experiment is the seed engine's own step, the same code with two stagings:
+``seed_pageable`` (a fresh value-initialised ``std::vector`` per step) against ``seed_pinned``
+(the pinned grow-only scratch), with an A/A twin of the baseline. Every arm, its role and what it
+models are named in :mod:`stagelab.core.catalogue`; :data:`BUILDERS` builds each one as a
+:class:`SeedStep` (fp32 log-softmax, the whole ``[n, V]`` copied into its destination, the host
+top-K, the free) or a :class:`DeviceStep` (top-K on the device; only ``[n, K+1]`` is copied).
+
+Each seed arm makes the engine's one wait (``b.Copy`` then ``b.Synchronize``) after its copy; each
+device arm one wait to hand its results to the host; nothing else in a timed call waits on the
+device. Stages (``device``, ``alloc``, ``copy``, ``host_gather``, ``free``) are timed without
+extra waits: CUDA events around device work, read after the step's own wait, and the host clock
+around host work (on a CPU, the host clock for all).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import math
+import time
+from collections.abc import Callable, Iterator
+
+import torch
+
+import stagelab.measure.device
+from stagelab.core import catalogue
+from stagelab.core.catalogue import aa_name
+from stagelab.core.errors import ExtraUnavailable, NativeUnavailable
+from stagelab.core.schema import RowSink
+from stagelab.measure import bench, native, staging, sweep
+from stagelab.measure import logprobs as lp
+from stagelab.measure.device import PinnedMemoryUnavailable, default_device, device_label
+from stagelab.measure.shapes import ModelShape, positive_ints
+
+STEP_ARMS = catalogue.arm_names(catalogue.STEP)
+BASELINE = catalogue.baseline(catalogue.STEP)
+CANDIDATE = "seed_pinned"
+LOG_SOFTMAX = ("device", "host")  # where the seed arms run the log-softmax
+# Peak memory bandwidth, GB/s, of GPUs by a fragment of their name (NVIDIA's datasheets): the
+# default decode forward reads every weight once, so it takes weight bytes / bandwidth.
+MEMORY_BANDWIDTH_GBPS = (("H200", 4800.0), ("H100 NVL", 3900.0), ("H100 PCIe", 2000.0),
+                         ("H100", 3350.0), ("A100 80GB PCIe", 1935.0), ("A100-SXM4-80GB", 2039.0),
+                         ("A100", 1555.0), ("L40S", 864.0), ("L4", 300.0), ("A10", 600.0))
+WEIGHT_BYTES_PER_PARAM = 2  # bf16 weights
+
+
+class StageClock:
+    """Stage times with no host wait of its own: CUDA events around device work (read only after
+    the step's own wait), the host clock around host work."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.host: dict[str, float] = {}
+        self.events: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = []
+
+    @contextlib.contextmanager
+    def host_stage(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        yield
+        self.host[name] = time.perf_counter() - start
+
+    @contextlib.contextmanager
+    def device_stage(self, name: str) -> Iterator[None]:
+        if not self.cuda:
+            with self.host_stage(name):
+                yield
+            return
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        yield
+        end.record()
+        self.events.append((name, start, end))
+
+    def seconds(self) -> dict[str, float]:
+        """Every stage's seconds; call after the step's wait, when the events are complete."""
+        return {**self.host, **{name: a.elapsed_time(b) / 1e3 for name, a, b in self.events}}
+
+
+class FreshVector:
+    """The seed's destination: a value-initialised ``std::vector<float>`` per step, freed by its
+    destructor at the end of the step (native)."""
+
+    def __init__(self) -> None:
+        native.require()
+
+    def acquire(self, shape: torch.Size) -> tuple[torch.Tensor, Callable[[], None]]:
+        vector = native.seed_vector(shape.numel())
+        return vector.tensor.view(shape), vector.free
+
+
+class FreshZeros:
+    """A zero-filled pageable tensor per step, dropped at the end of the step (no compiler needed)."""
+
+    def acquire(self, shape: torch.Size) -> tuple[torch.Tensor, Callable[[], None]]:
+        held = [torch.zeros(shape, dtype=torch.float32)]
+        return held[0], held.clear
+
+
+class Scratch:
+    """A grow-only scratch (pinned or pageable) reused by every step; nothing to free."""
+
+    def __init__(self, arm: staging.StagingArm) -> None:
+        self.arm = arm
+
+    def acquire(self, shape: torch.Size) -> tuple[torch.Tensor, Callable[[], None]]:
+        buffer = self.arm.ensure(shape.numel() * 4)
+        return buffer[: shape.numel() * 4].view(torch.float32).view(shape), _nothing
+
+
+def _nothing() -> None:
+    return None
+
+
+class SeedStep:
+    """The seed engine's step with a given destination and host gather backend; the log-softmax
+    runs on the device (then the logprobs are copied) or on the host (the fp32 logits are copied,
+    as the seed's copy from ``logits.data`` does, and normalised in place there: stage
+    ``host_softmax``)."""
+
+    def __init__(self, name: str, destination: FreshVector | FreshZeros | Scratch,
+                 backend: str, log_softmax: str = "device") -> None:
+        if log_softmax not in LOG_SOFTMAX:
+            raise ValueError(f"log_softmax must be one of {LOG_SOFTMAX}, got {log_softmax!r}")
+        self.name, self.destination, self.backend = name, destination, backend
+        self.log_softmax = log_softmax
+
+    def run(self, logits: torch.Tensor, num_logprobs: int, token_ids: torch.Tensor,
+            host_token_ids: torch.Tensor) -> tuple[lp.LogprobsTensors, dict[str, float]]:
+        """``(host results, stage seconds)``; ``host_token_ids`` are the targets on the host, as
+        the engine's host loop reads them. Inputs are validated once per cell by the caller."""
+        clock = StageClock(logits.device)
+        with clock.device_stage("device"):
+            if self.log_softmax == "device":
+                staged = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
+            else:
+                staged = logits.float()
+        with clock.host_stage("alloc"):
+            host, release = self.destination.acquire(staged.shape)
+        with clock.device_stage("copy"):
+            host.copy_(staged, non_blocking=True)
+        stagelab.measure.device.synchronize(logits.device)  # the engine's b.Synchronize(q): its one wait
+        if self.log_softmax == "host":
+            with clock.host_stage("host_softmax"):
+                host.sub_(torch.logsumexp(host, dim=-1, keepdim=True))
+        with clock.host_stage("host_gather"):
+            result = lp.gather_logprobs_host(host, num_logprobs, host_token_ids,
+                                             backend=self.backend, validate=False)
+        with clock.host_stage("free"):
+            del host
+            release()
+        return result, clock.seconds()
+
+
+class DeviceStep:
+    """Top-K on the device (vLLM V1's gather, or the fused path); only ``[n, K+1]`` is copied,
+    into host tensors pinned on a GPU (an async copy into pageable memory would block the host)
+    and reused while the shape stays."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.host: lp.LogprobsTensors | None = None
+
+    def destination(self, rows: int, num_logprobs: int, device: torch.device) -> lp.LogprobsTensors:
+        """The host results, allocated again only when the shape changes."""
+        shape = (rows, num_logprobs + 1)
+        if self.host is None or tuple(self.host.logprobs.shape) != shape:
+            self.host = lp.LogprobsTensors.empty_host(rows, num_logprobs,
+                                                      pinned=device.type == "cuda")
+        return self.host
+
+    def run(self, logits: torch.Tensor, num_logprobs: int, token_ids: torch.Tensor,
+            host_token_ids: torch.Tensor) -> tuple[lp.LogprobsTensors, dict[str, float]]:
+        clock = StageClock(logits.device)
+        with clock.device_stage("device"):
+            if self.name == catalogue.FUSED:
+                on_device = lp.logprobs_from_logits(logits, num_logprobs, token_ids,
+                                                    validate=False)
+            else:
+                on_device = lp.gather_logprobs(lp.compute_logprobs(logits), num_logprobs,
+                                               token_ids, validate=False)
+        result = self.destination(logits.shape[0], num_logprobs, logits.device)
+        with clock.device_stage("copy"):
+            result.copy_(on_device, non_blocking=True)
+        stagelab.measure.device.synchronize(logits.device)  # hands the results over: its one wait
+        return result, clock.seconds()
+
+
+def memory_bandwidth_gbps(gpu_name: str) -> float | None:
+    """The datasheet peak memory bandwidth of a GPU by its name; None when unknown."""
+    for fragment, gbps in MEMORY_BANDWIDTH_GBPS:
+        if fragment in gpu_name:
+            return gbps
+    return None
+
+
+def default_forward_ms(shape: ModelShape, device: str) -> tuple[float, str]:
+    """The device work of one decode forward of ``shape``'s model, ms, and how it was reached.
+
+    ``forward_ms = params x 2 bytes (bf16) / the GPU's peak memory bandwidth``: a decode step
+    reads every weight once and is bound by memory bandwidth. 0 on a CPU (there is no device work
+    to overlap), and 0 where the parameters or the GPU's bandwidth are unknown (then set
+    ``forward_ms`` by hand)."""
+    if torch.device(device).type != "cuda":
+        return 0.0, "0 on a CPU: no device work runs beside the host's"
+    name = torch.cuda.get_device_name(torch.device(device))
+    bandwidth = memory_bandwidth_gbps(name)
+    if not shape.params_b or bandwidth is None:
+        missing = "the model's parameters" if not shape.params_b else f"{name}'s bandwidth"
+        return 0.0, f"0: {missing} unknown; set forward_ms by hand"
+    weight_bytes = shape.params_b * 1e9 * WEIGHT_BYTES_PER_PARAM
+    ms = 1e3 * weight_bytes / (bandwidth * 1e9)
+    return ms, (f"{shape.params_b:g}e9 params x {WEIGHT_BYTES_PER_PARAM} B / {bandwidth:g} GB/s "
+                f"({name}) = {ms:.2f} ms")
+
+
+class ForwardLoad:
+    """``forward_ms`` of device work queued before each step, as the decode forward is in the
+    engine, so that the host's allocation overlaps it: on CUDA a busy kernel
+    (``torch.cuda._sleep``) whose cycles per ms are calibrated once against CUDA events; nothing
+    when ``forward_ms`` is 0. A positive ``forward_ms`` on a CPU is refused: there is no device
+    to queue it on."""
+
+    def __init__(self, forward_ms: float, device: str) -> None:
+        if not (isinstance(forward_ms, (int, float)) and forward_ms >= 0):
+            raise ValueError(f"forward_ms must be a number >= 0, got {forward_ms!r}")
+        if forward_ms and torch.device(device).type != "cuda":
+            raise ValueError(f"forward_ms={forward_ms} needs a CUDA device; on a CPU the step "
+                             "has no device work to overlap (give 0)")
+        self.forward_ms = float(forward_ms)
+        self.cycles = round(forward_ms * _cycles_per_ms(device)) if forward_ms else 0
+
+    def queue(self) -> None:
+        """Queue the work on the current stream; returns at once."""
+        if self.cycles:
+            torch.cuda._sleep(self.cycles)
+
+
+def _cycles_per_ms(device: str, probe_cycles: int = 10_000_000) -> float:
+    """How many ``torch.cuda._sleep`` cycles take a millisecond on this GPU (its clock)."""
+    with torch.cuda.device(torch.device(device)):
+        torch.cuda._sleep(probe_cycles)  # warm up
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda._sleep(probe_cycles)
+        end.record()
+        end.synchronize()
+        return probe_cycles / start.elapsed_time(end)
+
+
+def _native_scratch(arm: Callable[[], staging.StagingArm]) -> Scratch:
+    """A grow-only scratch for an arm whose host top-K is the seed's C++ (checked first, so that
+    a machine without a compiler says so before any pinned memory is taken)."""
+    native.require()
+    return Scratch(arm())
+
+
+def _numpy_step(name: str, where: str) -> SeedStep:
+    """The seed's step with the numpy host top-K (unavailable where numpy is not installed)."""
+    lp.require_numpy()
+    return SeedStep(name, FreshZeros(), "numpy", where)
+
+
+# How each step arm of the catalogue is built (with where its log-softmax runs); the catalogue
+# says what each one is.
+BUILDERS: dict[str, Callable[[str, str], SeedStep | DeviceStep]] = {
+    "seed_pageable": lambda name, where: SeedStep(name, FreshVector(), "native", where),
+    "seed_pinned": lambda name, where: SeedStep(name, _native_scratch(staging.PinnedGrowOnly),
+                                                "native", where),
+    "seed_pageable_reused": lambda name, where: SeedStep(
+        name, _native_scratch(staging.PageableReused), "native", where),
+    "seed_pageable_numpy": _numpy_step,
+    "device_gather": lambda name, where: DeviceStep(name),
+    "fused": lambda name, where: DeviceStep(name),
+}
+
+
+def make_pipeline(name: str, log_softmax: str = "device") -> SeedStep | DeviceStep:
+    """An arm by name; raises PinnedMemoryUnavailable or NativeUnavailable where it cannot exist."""
+    if name not in STEP_ARMS:
+        raise ValueError(f"arms: unknown step arm {name!r}; valid: {', '.join(STEP_ARMS)}")
+    return BUILDERS[name](name, log_softmax)
+
+
+def build_pipelines(names: list[str], log_softmax: str = "device"
+                    ) -> tuple[dict[str, SeedStep | DeviceStep], dict[str, str]]:
+    """The named arms that can run here, and the reason for each that cannot."""
+    built, unavailable = {}, {}
+    for name in names:
+        try:
+            built[name] = make_pipeline(name, log_softmax)
+        except (PinnedMemoryUnavailable, NativeUnavailable, ExtraUnavailable) as exc:
+            unavailable[name] = str(exc)
+    return built, unavailable
+
+
+def chosen_arms(arms: list[str] | None) -> list[str]:
+    """The arms to time: those named, or (None) every step arm of the catalogue."""
+    return list(STEP_ARMS) if arms is None else list(arms)
+
+
+def check_arms(arms: list[str], aa_arm: str | None) -> None:
+    """Known arm names, and the A/A arm among them."""
+    if not arms:
+        raise ValueError("arms is empty: name at least one step arm")
+    for name in arms:
+        if name not in STEP_ARMS:
+            raise ValueError(f"arms: unknown step arm {name!r}; valid: {', '.join(STEP_ARMS)}")
+    if aa_arm is not None and aa_arm not in arms:
+        raise ValueError(f"aa_arm {aa_arm!r} must be one of arms {arms}")
+
+
+def copied_bytes(arm: str, n: int, vocab: int, k: int) -> int:
+    """Bytes an arm moves from device to host per step."""
+    if catalogue.arm(catalogue.STEP, arm).stages_whole_logprobs:
+        return n * vocab * 4
+    return n * (k + 1) * 8 + n * 4
+
+
+def cells(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dtype: torch.dtype,
+          arms: list[str] | None, *, aa_arm: str | None = BASELINE, sources: int = 2,
+          device: str | None = None,
+          log_softmax: tuple[str, ...] | list[str] = ("device",)) -> list[sweep.Cell]:
+    """The sweep's cells, one per ``(n, V, K)`` and place of the log-softmax, with the memory
+    each needs; a K beyond the vocabulary is a cell recorded as skipped, with the reason."""
+    if not log_softmax or any(where not in LOG_SOFTMAX for where in log_softmax) or len(
+            set(log_softmax)) != len(log_softmax):
+        raise ValueError(f"log_softmax: {list(log_softmax)!r} must name each of {LOG_SOFTMAX} "
+                         "at most once, at least one")
+    positive_ints(rows, "rows")
+    positive_ints([sources], "sources")
+    if not ks or any(isinstance(k, bool) or not isinstance(k, int) or k < 0 for k in ks):
+        raise ValueError(f"ks: {ks!r} must be a non-empty list of integers >= 0")
+    arms = chosen_arms(arms)
+    check_arms(arms, aa_arm)
+    device = device or default_device()
+    itemsize = torch.empty((), dtype=logits_dtype).element_size()
+    every_arm = [*arms, *([aa_name(aa_arm)] if aa_arm else [])]
+    on_cpu = torch.device(device).type == "cpu"
+    out = []
+    for shape, n, k, where in itertools.product(shapes, rows, ks, log_softmax):
+        logits_bytes, fp32_bytes = n * shape.vocab * itemsize, n * shape.vocab * 4
+        device_bytes = sources * logits_bytes + 3 * fp32_bytes
+        out.append(sweep.Cell(
+            sizes=dict(experiment=catalogue.STEP, device=device_label(device), model=shape.model,
+                       rows=n, vocab=shape.vocab, k=k, log_softmax=where,
+                       dtype=str(logits_dtype).removeprefix("torch.")),
+            arms=every_arm, label=f"n={n} V={shape.vocab} K={k} log-softmax on {where}",
+            host_bytes=3 * fp32_bytes + (device_bytes if on_cpu else 0),
+            device_bytes=0 if on_cpu else device_bytes,
+            invalid="" if k <= shape.vocab else
+            f"K={k} exceeds the vocabulary V={shape.vocab}: no top-K to take"))
+    return out
+
+
+def precision_for(arms: list[str], aa_arm: str | None, *, delta: float, max_rounds: int,
+                  max_seconds: float) -> bench.Precision:
+    """Rounds until precise for the decisive comparison: ``seed_pinned`` against the seed's
+    step, or where it cannot run (no GPU) the A/A twin, to a CI half-width of delta/2."""
+    candidates = tuple(a for a in (CANDIDATE, aa_name(aa_arm) if aa_arm else None)
+                       if a and a.removesuffix("~aa") in arms)
+    return bench.Precision(BASELINE, candidates or (CANDIDATE,), half_width=delta / 2,
+                           max_rounds=max_rounds, max_seconds=max_seconds)
+
+
+def measure(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dtype: torch.dtype,
+            arms: list[str] | None, *, rounds: int, warmup: int = 2,
+            aa_arm: str | None = BASELINE,
+            sources: int = 2, seed: int = 0, device: str | None = None,
+            sink: RowSink | None = None, progress: bool = True,
+            log_softmax: tuple[str, ...] | list[str] = ("device",),
+            forward_ms: float | None = None, delta: float = 0.02, max_rounds: int | None = None,
+            max_seconds: float = math.inf) -> list[dict]:
+    """Time every arm's whole step per ``(n, V, K)`` cell and place of the log-softmax,
+    interleaved in a balanced order, with an A/A twin of ``aa_arm``; schema records out (written
+    per cell into ``sink``).
+
+    ``forward_ms`` of device work is queued before each timed step (None: the cell's model's
+    :func:`default_forward_ms`), so that each timed call is a decode step; it is recorded per
+    cell (metric ``forward_ms``, the formula in the note). With ``max_rounds`` above ``rounds``,
+    rounds are added until the decisive comparison's CI half-width is at most ``delta / 2`` or a
+    cap (``max_rounds``, ``max_seconds`` per cell) is reached (:func:`precision_for`).
+
+    Also records, per arm and cell, the largest difference of its logprobs from the fused arm's
+    and how many ranks differ (``max_abs_error``, ``rank_mismatches``), so that a speed
+    comparison is never one between different answers. ``arms=None`` times every arm of the
+    catalogue.
+    """
+    device, arms = device or default_device(), chosen_arms(arms)
+    todo = cells(shapes, rows, ks, logits_dtype, arms, aa_arm=aa_arm, sources=sources,
+                 device=device, log_softmax=log_softmax)
+    if forward_ms is not None:
+        ForwardLoad(forward_ms, device)  # refuses a bad value before anything is measured
+    shape_of = {(shape.model, shape.vocab): shape for shape in shapes}
+    generator = torch.Generator(device=device).manual_seed(seed)
+
+    def prepare(cell: sweep.Cell) -> sweep.CellPlan:
+        n, vocab, k = cell.sizes["rows"], cell.sizes["vocab"], cell.sizes["k"]
+        where = cell.sizes["log_softmax"]
+        if forward_ms is None:
+            ms, how = default_forward_ms(shape_of[(cell.sizes["model"], vocab)], device)
+        else:
+            ms, how = forward_ms, "given"
+        forward = ForwardLoad(ms, device)
+        built, unavailable = build_pipelines(arms, where)
+        if aa_arm in built:
+            built[aa_name(aa_arm)] = make_pipeline(aa_arm, where)
+        elif aa_arm:
+            unavailable[aa_name(aa_arm)] = unavailable[aa_arm]
+        logits = bench.rotating(lambda i: (3 * torch.randn(
+            n, vocab, device=device, generator=generator)).to(logits_dtype), sources)
+        tokens = bench.rotating(lambda i: torch.randint(0, vocab, (n,), device=device,
+                                                        generator=generator), sources)
+        host_tokens = [t.cpu() for t in tokens]
+        for scores, ids in zip(logits, tokens):  # validated once here, never inside a timed call
+            lp.check_call(scores, k, ids)
+            lp.check_token_ids(ids, n, vocab)
+
+        def call(pipeline: SeedStep | DeviceStep, r: int) -> dict[str, float]:
+            forward.queue()  # the decode forward the step follows in the engine
+            return pipeline.run(bench.pick(logits, r), k, bench.pick(tokens, r),
+                                bench.pick(host_tokens, r))[1]
+
+        def annotate(record: dict) -> dict:
+            if record.get("stage") == "copy":
+                record["bytes"] = copied_bytes(record["arm"], n, vocab, k)
+            return record
+
+        def after() -> list[dict]:
+            inputs = (built, logits[0], k, tokens[0], host_tokens[0])
+            return [{"arm": "forward", "metric": "forward_ms", "value": forward.forward_ms,
+                     "note": how},
+                    *sweep.guarded("agreement", agreement, *inputs),
+                    *sweep.guarded("sync_debug", sync_debug, *inputs)]
+
+        return sweep.CellPlan(
+            calls={name: (lambda r, p=p: call(p, r)) for name, p in built.items()},
+            unavailable=unavailable, annotate=annotate, after=after)
+
+    precision = (precision_for(arms, aa_arm, delta=delta, max_rounds=max_rounds,
+                               max_seconds=max_seconds)
+                 if max_rounds is not None and max_rounds > rounds else None)
+    return sweep.run(todo, prepare, rounds=rounds, warmup=warmup, seed=seed, device=device,
+                     sink=sink, label="step", progress=progress, precision=precision)
+
+
+def agreement(pipelines: dict[str, SeedStep | DeviceStep], logits: torch.Tensor, k: int,
+              tokens: torch.Tensor, host_tokens: torch.Tensor) -> list[dict]:
+    """Each arm's largest logprob difference from the fused arm's, and its rank mismatches."""
+    reference, _ = DeviceStep(catalogue.FUSED).run(logits, k, tokens, host_tokens)
+    rows = []
+    for name, pipeline in pipelines.items():
+        result, _ = pipeline.run(logits, k, tokens, host_tokens)
+        error = float((result.logprobs - reference.logprobs).abs().max())
+        mismatches = int((result.selected_token_ranks != reference.selected_token_ranks).sum())
+        rows += [{"arm": name, "metric": "max_abs_error", "value": error},
+                 {"arm": name, "metric": "rank_mismatches", "value": float(mismatches)}]
+    return rows
+
+
+def sync_debug(pipelines: dict[str, SeedStep | DeviceStep], logits: torch.Tensor, k: int,
+               tokens: torch.Tensor, host_tokens: torch.Tensor) -> list[dict]:
+    """On CUDA, one call of each arm under ``set_sync_debug_mode("warn")``: how many
+    synchronizing operations torch flags (metric ``sync_warnings``; the first texts in the note).
+    The designed waits are the seed arms' copy into pageable memory and each arm's one
+    synchronize; anything more is a hidden wait."""
+    if logits.device.type != "cuda":
+        return [{"arm": "sync_debug", "metric": "sync_warnings", "status": "unavailable",
+                 "note": "torch's sync debug mode needs a CUDA device"}]
+    bare = len(stagelab.measure.device.sync_warnings(lambda: stagelab.measure.device.synchronize(logits.device)))
+    rows = []
+    for name, pipeline in pipelines.items():
+        found = stagelab.measure.device.sync_warnings(
+            lambda p=pipeline: p.run(logits, k, tokens, host_tokens))
+        rows.append({"arm": name, "metric": "sync_warnings", "value": float(len(found)),
+                     "note": f"a bare synchronize gives {bare}; " + " | ".join(found[:3])})
+    return rows

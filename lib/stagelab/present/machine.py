@@ -1,0 +1,30 @@
+"""The machine a run came from, in rows and words: a hardware snapshot
+(:func:`stagelab.measure.hardware.snapshot`, also kept in every manifest) as the report, ``stagelab env``
+and notebook 00 show it. Standard library only, so that showing a snapshot never loads torch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+SECTIONS = ("host", "torch", "gpu", "nvml")
+
+
+def flatten(snap: dict[str, Any]) -> list[tuple[str, str, Any]]:
+    """(section, key, value) triples of a snapshot, for tables and the ``stagelab env`` printout."""
+    rows = []
+    for section in SECTIONS:
+        part = snap.get(section)
+        if part is None:
+            rows.append((section, "(unavailable)", "see below"))
+            continue
+        rows.extend((section, key, value) for key, value in part.items())
+    rows.extend(("unavailable", str(i + 1), reason)
+                for i, reason in enumerate(snap.get("unavailable") or []))
+    return rows
+
+
+def unavailable_text(snap: dict[str, Any]) -> str:
+    """What the snapshot could not read, as a Markdown list, or a sentence saying all was read."""
+    if not snap.get("unavailable"):
+        return "Everything was read: GPU, NVML and host."
+    return "\n".join(f"- {reason}" for reason in snap["unavailable"])

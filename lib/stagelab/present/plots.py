@@ -1,0 +1,254 @@
+"""The suite's seaborn figures, one function per figure, each safe on empty data (it then says
+what is missing on the axes instead of raising), and the suite's one plot theme (:func:`use_theme`,
+set by every notebook's context, never on import)."""
+
+from __future__ import annotations
+
+import textwrap
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import seaborn as sns
+
+from stagelab.analyse import analysis
+from stagelab.core import catalogue
+
+DECISION_COLORS = {"PORT": "tab:green", "CLOSE": "tab:gray", "INCONCLUSIVE": "tab:orange",
+                   "measured": "tab:blue"}  # "measured": shown for context, not a decision
+
+
+THEME = {"style": "whitegrid", "context": "notebook"}
+
+
+def use_theme() -> None:
+    """Set the suite's plot theme (seaborn's white grid at notebook scale) for what follows."""
+    sns.set_theme(**THEME)
+
+
+def _axes(ax: plt.Axes | None, size: tuple[float, float]) -> plt.Axes:
+    return ax if ax is not None else plt.subplots(figsize=size)[1]
+
+
+def nothing(ax: plt.Axes, text: str) -> plt.Axes:
+    """An empty panel that says why it is empty."""
+    ax.axis("off")
+    ax.text(0.5, 0.5, text, ha="center", va="center", wrap=True)
+    return ax
+
+
+def _cell_label(frame: pd.DataFrame) -> pd.Series:
+    label = frame["rows"].astype(str) + "×" + frame["vocab"].astype(str)
+    return label + (" K" + frame["k"].astype(str) if "k" in frame else "")
+
+
+def bandwidth(frame: pd.DataFrame, link_gbps: float | None = None,
+              ax: plt.Axes | None = None) -> plt.Axes:
+    """Median GB/s per arm against bytes per copy (band: interquartile range), the link dashed."""
+    ax = _axes(ax, (8, 4.5))
+    timed = analysis.ok_timings(frame)
+    if timed.empty:
+        return nothing(ax, "No copy was timed in this run")
+    sns.lineplot(data=timed, x="bytes", y="gb_per_s", hue="arm", estimator="median",
+                 errorbar=("pi", 50), marker="o", ax=ax)
+    ax.set_xscale("log")
+    ax.set(xlabel="bytes per copy", ylabel="GB/s (median)", title="Staging bandwidth by arm")
+    if link_gbps:
+        ax.axhline(link_gbps, ls="--", color="k", lw=1, label=f"PCIe link {link_gbps} GB/s")
+        ax.legend()
+    return ax
+
+
+def speedup_heatmaps(compared: pd.DataFrame) -> plt.Figure:
+    """One rows x vocab heat map per candidate of speedups, each cell annotated with its CI."""
+    candidates = list(dict.fromkeys(compared["candidate"])) if "speedup" in compared else []
+    fig, axes = plt.subplots(1, max(len(candidates), 1), squeeze=False,
+                             figsize=(7 * max(len(candidates), 1), 3.8))
+    if not candidates:
+        nothing(axes[0][0], "No pair of arms was timed in the same rounds")
+    for ax, candidate in zip(axes[0], candidates):
+        part = compared[compared["candidate"] == candidate]
+        grid = part.pivot(index="rows", columns="vocab", values="speedup")
+        notes = part.assign(text=[
+            f"{s:.2f}x\n[{lo:.2f}, {hi:.2f}]" if np.isfinite(s) else "n/a"
+            for s, lo, hi in zip(part["speedup"], part["ci_low"], part["ci_high"])
+        ]).pivot(index="rows", columns="vocab", values="text")
+        sns.heatmap(grid, annot=notes, fmt="", cmap="RdYlGn", center=1.0, ax=ax,
+                    cbar_kws={"label": "speedup (x)"}, annot_kws={"fontsize": 8})
+        ax.set(title=f"{candidate} vs {part['baseline'].iloc[0]}", xlabel="vocabulary size V",
+               ylabel="rows per step n")
+    fig.tight_layout()
+    return fig
+
+
+def saved_ms(compared: pd.DataFrame, ax: plt.Axes | None = None,
+             title: str = "Saving over the baseline") -> plt.Axes:
+    """Milliseconds each candidate saves per call (median difference), per cell."""
+    ax = _axes(ax, (8, 4))
+    if "saved_ms" not in compared or compared["saved_ms"].isna().all():
+        return nothing(ax, "Nothing to compare: no pair of arms was timed")
+    shown = compared.assign(cell=_cell_label(compared))
+    sns.barplot(data=shown, x="cell", y="saved_ms", hue="candidate", ax=ax)
+    ax.set(xlabel="n × V, K", ylabel="ms saved per call (median)", title=title)
+    ax.tick_params(axis="x", rotation=45)
+    return ax
+
+
+def pcie(frame: pd.DataFrame, ax: plt.Axes | None = None) -> plt.Axes:
+    """NVML's link throughput sampled during the copy loops, per copy size."""
+    ax = _axes(ax, (8, 3.5))
+    rows = frame[(frame["metric"] == "pcie_tx_bytes_per_s") & (frame["status"] == "ok")]
+    if rows.empty:
+        notes = frame.loc[frame["metric"] == "pcie_tx_bytes_per_s", "note"]
+        return nothing(ax, "PCIe throughput not measured: "
+                       + (notes.iloc[0] if len(notes) else "no sampler ran"))
+    sns.boxplot(data=rows.assign(gb_per_s=rows["value"] / 1e9), x="bytes", y="gb_per_s", ax=ax)
+    ax.set(xlabel="bytes per copy", ylabel="NVML TX GB/s", title="Link throughput during the loop")
+    return ax
+
+
+CLIP_OVER_BASELINE = 1.6  # a bar taller than this many times the seed's step is cut and labelled
+
+
+def stage_bars(parts: pd.DataFrame) -> plt.Figure:
+    """Mean ms per part of the step (the parts add up to the total), stacked, per arm; one panel
+    per ``n × V × K`` cell. A bar far taller than the seed's step (the fused arm on a CPU) is cut
+    at the top of the panel and labelled with its total, so it cannot squash the seed's bars."""
+    cells = parts[["rows", "vocab", "k"]].drop_duplicates().reset_index(drop=True)
+    cols = max(1, min(4, len(cells)))
+    lines = max(1, -(-len(cells) // cols))
+    fig, axes = plt.subplots(lines, cols, figsize=(4.2 * cols, 3.6 * lines), squeeze=False)
+    if cells.empty:
+        nothing(axes[0][0], "No step was timed in this run")
+    for ax, (_, cell) in zip(axes.flat, cells.iterrows()):
+        sub = parts[(parts["rows"] == cell["rows"]) & (parts["vocab"] == cell["vocab"])
+                    & (parts["k"] == cell["k"])].set_index("arm")
+        (1e3 * sub[list(analysis.SPLIT)]).plot.bar(stacked=True, ax=ax, legend=False, rot=60)
+        ax.set(title=f"n={cell['rows']} V={cell['vocab']} K={cell['k']}", ylabel="ms (mean)",
+               xlabel="")
+        _clip_tall_bars(ax, 1e3 * sub[catalogue.TOTAL])
+    for ax in list(axes.flat)[len(cells):]:
+        ax.axis("off")
+    fig.tight_layout()
+    if not cells.empty:  # one legend above the panels, never over a bar
+        handles, labels = axes.flat[0].get_legend_handles_labels()
+        fig.legend(handles, labels, title="part of the step", loc="lower center",
+                   ncol=len(labels), bbox_to_anchor=(0.5, 1.0))
+    return fig
+
+
+def _clip_tall_bars(ax: plt.Axes, totals_ms: pd.Series) -> None:
+    """Cut the panel at ``CLIP_OVER_BASELINE`` times the seed's step; label each bar cut off
+    with its total in ms (↑: it goes on above)."""
+    baseline = catalogue.baseline(catalogue.STEP)
+    if baseline not in totals_ms.index:
+        return
+    top = CLIP_OVER_BASELINE * float(totals_ms[baseline])
+    if float(totals_ms.max()) <= top:
+        return
+    ax.set_ylim(top=top)
+    for x, total in enumerate(totals_ms):
+        if total > top:
+            ax.text(x, 0.97 * top, f"↑{total:.3g}", ha="center", va="top", fontsize=7,
+                    bbox={"facecolor": "white", "edgecolor": "none", "pad": 1})
+
+
+def copy_share(parts: pd.DataFrame, arm: str = catalogue.baseline(catalogue.STEP),
+               ax: plt.Axes | None = None) -> plt.Axes:
+    """The copy's share of the seed's step per cell, with the "dwarfed" line."""
+    ax = _axes(ax, (7, 3.5))
+    seed = parts[parts["arm"] == arm]
+    if seed.empty:
+        return nothing(ax, f"{arm} was not timed in this run")
+    sns.barplot(data=seed.assign(cell=_cell_label(seed)), x="cell", y="copy_share", ax=ax,
+                color="tab:blue")
+    ax.axhline(analysis.DWARFED_SHARE, ls="--", color="k", lw=1)
+    ax.set(ylabel="copy share of the seed's step", xlabel="n × V, K",
+           title="The copy's share of the seed's step")
+    ax.tick_params(axis="x", rotation=45)
+    return ax
+
+
+def prompt_memory(frame: pd.DataFrame, ax: plt.Axes | None = None) -> plt.Axes:
+    """Measured peak working memory (solid) and the model's prediction (dashed) per chunk."""
+    ax = _axes(ax, (8, 4.5))
+    mem = frame[frame["metric"].isin(["peak_device_bytes", "peak_host_bytes",
+                                      "predicted_peak_bytes"]) & (frame["status"] == "ok")]
+    if not mem["metric"].isin(["peak_device_bytes", "peak_host_bytes"]).any():
+        return nothing(ax, "Peak memory was not measured in this run")
+    shown = mem.assign(MiB=mem["bytes"].astype(float) / 2**20,
+                       kind=mem["metric"].str.replace("_bytes", ""))
+    shown = shown[~shown["arm"].str.endswith("+overlap") | (shown["metric"] != "predicted_peak_bytes")]
+    sns.lineplot(data=shown, x="chunk", y="MiB", hue="arm", style="kind", markers=True, ax=ax)
+    ax.set(xscale="log", yscale="log", xlabel="chunk rows C", ylabel="peak extra memory (MiB)",
+           title="Peak working memory: measured and model")
+    return ax
+
+
+def prompt_time(frame: pd.DataFrame) -> plt.Figure:
+    """Time per prompt against chunk size, and relative to the same arm unchunked."""
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.2))
+    timed = analysis.ok_timings(frame)
+    if timed.empty:
+        nothing(axes[0], "No prompt configuration was timed")
+        nothing(axes[1], "")
+        return fig
+    sns.lineplot(data=timed, x="chunk", y="seconds", hue="arm", estimator="median",
+                 errorbar=("pi", 50), marker="o", ax=axes[0])
+    axes[0].set(xscale="log", xlabel="chunk rows C", ylabel="seconds (median)",
+                title="Time per prompt")
+    sns.lineplot(data=analysis.prompt_time_relative(frame), x="chunk", y="relative", hue="arm",
+                 marker="o", ax=axes[1])
+    axes[1].axhline(1.05, ls="--", color="k", lw=1)
+    axes[1].set(xscale="log", xlabel="chunk rows C", ylabel="time / unchunked",
+                title="Relative to unchunked (dashed: 1.05)")
+    return fig
+
+
+def verdict_key(verdict: dict) -> plt.Axes:
+    """The verdict's key plot: the decisive cells where the candidate was measured; otherwise,
+    labelled as no decision, the reuse lever at step level (what a machine without pinned memory
+    can measure)."""
+    if any(c.get("speedup") is not None for c in verdict["decisive"]):
+        return verdict_forest(verdict["decisive"],
+                              "Pinned grow-only vs the seed's fresh vector: the whole step")
+    reuse = [{**lever, "decision": "measured"} for lever in verdict["step_levers"]
+             if lever["candidate"] == catalogue.REUSE_LEVER[catalogue.STEP]
+             and lever.get("speedup") is not None]
+    if reuse:
+        return verdict_forest(reuse, "No decision here (pinned arm not measured). Measured "
+                                     "instead: the reuse lever, grow-only pageable vs fresh vector")
+    return verdict_forest(verdict["decisive"], "No decision here")
+
+
+def verdict_forest(cells: list[dict], title: str, ax: plt.Axes | None = None) -> plt.Axes:
+    """Each cell's paired speedup with its CI, coloured by decision (a decision's name beside
+    it), the A/A twin's CI (grey band) and the smallest speedup that counts (black tick) where a
+    cell has them: the verdict's key plot. The caption names only what is drawn."""
+    shown = [c for c in cells if c.get("speedup") is not None]
+    ax = _axes(ax, (8, 0.5 * len(shown) + 1.6))
+    if not shown:
+        reasons = sorted({c.get("reason", "") for c in cells}) or ["no decisive cell"]
+        return nothing(ax, "Not decided here:\n" + "\n".join(
+            textwrap.fill(r, 90) for r in reasons[:3]))
+    caption = ["speedup of the whole step, 95 % CI", "dotted: 1 (no change)"]
+    for y, cell in enumerate(shown):
+        color = DECISION_COLORS[cell["decision"]]
+        if cell.get("twin_ci_low") is not None:
+            ax.fill_betweenx([y - 0.35, y + 0.35], cell["twin_ci_low"], cell["twin_ci_high"],
+                             color="0.85", lw=0)
+            caption.append("grey band: the A/A twin's CI")
+        ax.errorbar(cell["speedup"], y, xerr=[[cell["speedup"] - cell["ci_low"]],
+                                              [cell["ci_high"] - cell["speedup"]]],
+                    fmt="o", color=color, capsize=4)
+        if cell.get("min_speedup"):
+            ax.plot([cell["min_speedup"]] * 2, [y - 0.3, y + 0.3], color="k", lw=1.5)
+            caption.append("black tick: the smallest speedup that counts, 1/(1-delta)")
+        if cell["decision"] != "measured":
+            ax.text(cell["ci_high"], y + 0.18, f"  {cell['decision']}", color=color, fontsize=8)
+    ax.axvline(1.0, color="k", lw=0.8, ls=":")
+    ax.set_yticks(range(len(shown)), [f"n={c['rows']} V={c['vocab']} K={c.get('k', '-')}"
+                                      for c in shown])
+    ax.set_xlabel("; ".join(dict.fromkeys(caption)))
+    ax.set_title(title)
+    return ax

@@ -1,0 +1,147 @@
+"""Inside a notebook: where its tables, figures and JSON go, and whether it measures or reads.
+
+Run by the runner, a notebook gets its run folder as ``run_dir``; run by ``stagelab run --from``
+a measuring notebook also gets ``measured``, a folder made by ``stagelab measure``, and reads its
+rows and hardware snapshot instead of measuring (:meth:`NotebookContext.sweep_frame`,
+:meth:`NotebookContext.snapshot`); every other cell runs unchanged. Run by hand in JupyterLab,
+``run_dir`` is empty: a folder ``<time>_<host>_interactive`` is made under ``papermill_runs/``
+with a manifest of status ``interactive``, so that ``stagelab runs`` lists it and its results are
+kept apart from profile runs. A notebook that reads a run's data (the verdict) reads, by hand,
+the newest run folder that holds data, names it, and writes its own results into the fresh
+folder: it never decides on an empty one.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from stagelab.core import paths, rundir
+from stagelab.core.records import RunFolder, atomic_target, read_json
+from stagelab.core.schema import TableSink, make_rows, write_table
+from stagelab.present import plots
+
+INTERACTIVE_PROFILE = "interactive"
+
+
+@dataclass
+class NotebookContext:
+    """What a notebook needs to write into its run folder: tables through the schema, figures."""
+
+    notebook: str
+    run_dir: Path
+    source_dir: Path | None = None  # the run whose data it reads, where that is another folder
+
+    @property
+    def run_id(self) -> str:
+        return self.run_dir.name
+
+    @property
+    def data_dir(self) -> Path:
+        """The run folder whose tables this notebook reads."""
+        return self.source_dir or self.run_dir
+
+    def reading(self) -> str:
+        """Which run's data this notebook reads, in one Markdown sentence."""
+        if self.source_dir is None:
+            return f"Reading the data of run `{self.run_id}`."
+        return (f"Run by hand: reading the data of run `{self.source_dir.name}`, the newest run "
+                f"folder under `{self.source_dir.parent.name}/` with the data this notebook needs "
+                f"(set `run_dir` to read another); results go to `{self.run_id}`.")
+
+    def table_sink(self, name: str) -> TableSink:
+        """A table of this run (``data/<name>.parquet``, see :mod:`stagelab.core.schema`) that a sweep
+        rewrites after every cell, each row labelled with this run and notebook."""
+        return TableSink(self.run_dir, name, run_id=self.run_id, notebook=self.notebook)
+
+    def sweep_frame(self, table: str, measured: str | Path, measure: Callable[..., object],
+                    *args: Any, **kwargs: Any) -> Any:
+        """This notebook's sweep as a schema frame, written to ``data/<table>.parquet``:
+        measured here by ``measure(*args, sink=..., **kwargs)`` (rewritten after every cell),
+        or, where ``measured`` names a measured folder, its rows of ``table`` read back."""
+        if not measured:
+            sink = self.table_sink(table)
+            measure(*args, sink=sink, **kwargs)
+            return sink.frame()
+        from stagelab.run import measure_command as measuring
+
+        owned = ("run_id", "notebook")
+        rows = [{key: value for key, value in row.items() if key not in owned}
+                for row in measuring.measured_rows(measured, table)]
+        frame = make_rows(rows, run_id=self.run_id, notebook=self.notebook)
+        write_table(frame, self.run_dir, table)
+        return frame
+
+    def snapshot(self, measured: str | Path, under_load: bool = False) -> dict[str, Any]:
+        """The machine the numbers come from: this one, or the measured folder's."""
+        if measured:
+            return read_json(Path(measured) / RunFolder.HARDWARE)
+        from stagelab.measure import hardware
+
+        return hardware.snapshot(under_load=under_load)
+
+    def save_figure(self, figure: Any, name: str) -> None:
+        """Save a matplotlib figure as ``figures/<notebook>_<name>.png``, atomically. Returns
+        nothing, so that a notebook cell ending with it shows the figure and no path."""
+        path = RunFolder(self.run_dir).figure_path(self.notebook, name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_target(path) as temporary:
+            figure.savefig(temporary, dpi=110, bbox_inches="tight", format="png")
+
+    def write_json(self, payload: Any, name: str) -> None:
+        """Write a JSON document at the run folder's top level (e.g. ``verdict.json``); returns
+        nothing, so that a notebook cell ending with it shows no path."""
+        RunFolder(self.run_dir).write_json(name, payload)
+
+
+def interactive_run_dir(notebook: str, root: Path | None = None) -> Path:
+    """A fresh interactive run folder with its manifest (status ``interactive``)."""
+    from stagelab.measure import hardware
+
+    run_dir = rundir.new_run_dir(Path(root or paths.RUNS_DIR), INTERACTIVE_PROFILE)
+    entry = rundir.notebook_entry(notebook, status=rundir.INTERACTIVE)
+    entry.update(output=None, html=None)  # the notebook itself stays where JupyterLab has it
+    manifest = rundir.new_manifest(run_dir, INTERACTIVE_PROFILE, list(sys.argv), [entry],
+                                   hardware.snapshot(), status=rundir.INTERACTIVE)
+    rundir.write_manifest(run_dir, manifest)
+    return run_dir
+
+
+def notebook_context(notebook: str, run_dir: str | Path | None) -> NotebookContext:
+    """The context of a notebook run by the runner, or, interactively, of a fresh folder; the
+    suite's plot theme is set here, once for every notebook."""
+    plots.use_theme()
+    if run_dir:
+        path = Path(run_dir)
+        if not path.is_dir():
+            raise FileNotFoundError(f"run_dir {path} does not exist")
+        return NotebookContext(notebook, path)
+    return NotebookContext(notebook, interactive_run_dir(notebook))
+
+
+def newest_run_with_data(root: Path | None = None, prefer: str | None = None) -> Path:
+    """The newest run folder under ``root`` (default ``papermill_runs/``) holding a table
+    (``data/*.parquet``), the newest holding table ``prefer`` where one does (by hand, each
+    notebook writes a folder of its own); folder names start with their UTC time.
+    FileNotFoundError, saying what to do, where there is none."""
+    root = Path(root or paths.RUNS_DIR)
+    with_data = {table.parent.parent for table in root.glob("*/data/*.parquet")}
+    if not with_data:
+        raise FileNotFoundError(f"no run folder under {root} holds data (data/*.parquet): run "
+                                "`stagelab run` or notebooks 01-03 first, or set run_dir")
+    preferred = {folder for folder in with_data if (folder / "data" / f"{prefer}.parquet").exists()}
+    return max(preferred or with_data, key=lambda folder: folder.name)
+
+
+def reading_context(notebook: str, run_dir: str | Path | None, root: Path | None = None,
+                    prefer: str | None = None) -> NotebookContext:
+    """The context of a notebook that reads a run's data: the given run folder (the runner's);
+    by hand, the newest run folder with data under ``root`` (with table ``prefer`` where one has
+    it), and a fresh interactive folder for what the notebook writes."""
+    if run_dir:
+        return notebook_context(notebook, run_dir)
+    source = newest_run_with_data(root, prefer)
+    return NotebookContext(notebook, interactive_run_dir(notebook, root), source)

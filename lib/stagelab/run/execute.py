@@ -1,0 +1,417 @@
+"""Executing a run: each notebook through papermill, in a kernel of its own, under time limits.
+
+The steps are named and the state lives in one :class:`~stagelab.core.rundir.ManifestRecorder`:
+start the record, then for each notebook start it, execute it while watching the machine's load
+(:mod:`stagelab.measure.busy`, recorded as the entry's ``load``), export its HTML, record how it ended;
+finally close the record. A failing notebook is recorded ``failed`` (its partial output
+kept) and the next one still runs; Ctrl-C or SIGTERM records ``interrupted`` and stops.
+
+Every kernel talks over IPC sockets in a private temporary folder that is removed afterwards, so
+concurrent runs never share a socket and nothing is written next to the notebooks. The kernel's
+own stdout/stderr (teardown noise such as ZMQ tracebacks on Ctrl-C) goes to ``kernel.log`` in
+the run folder, not to the terminal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import IO, Any
+
+from stagelab.core import paths, rundir, stops
+from stagelab.core.errors import UserError
+from stagelab.core.records import RunFolder
+from stagelab.core.rundir import ManifestRecorder, RecordError
+from stagelab.measure import busy, hardware
+from stagelab.present import report
+from stagelab.run import measure_command
+from stagelab.run.profiles import NotebookPlan, RunPlan
+
+KERNEL_NAME = "stagelab"
+KERNEL_LOG = "kernel.log"
+
+
+# ------------------------------------------------------------------------------------ kernels
+
+def ensure_kernel() -> None:
+    """Make the ``stagelab`` kernel run this very interpreter, ahead of any other of that name."""
+    from ipykernel.kernelspec import install
+    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+
+    prefix_path = str(Path(sys.prefix) / "share" / "jupyter")
+    if os.environ.get("JUPYTER_PATH", "").split(os.pathsep)[0] != prefix_path:
+        os.environ["JUPYTER_PATH"] = os.pathsep.join(
+            p for p in (prefix_path, os.environ.get("JUPYTER_PATH")) if p)
+    try:
+        spec = KernelSpecManager().get_kernel_spec(KERNEL_NAME)
+        if spec.argv and spec.argv[0] == sys.executable:
+            return
+    except NoSuchKernel:
+        pass
+    install(kernel_name=KERNEL_NAME, display_name="Python (stagelab)", prefix=sys.prefix)
+
+
+def private_kernel_manager(socket_dir: Path, log: IO[str] | None = None,
+                           started: list | None = None) -> type:
+    """A kernel manager class whose kernel's IPC sockets and connection file live in
+    ``socket_dir``, and whose process output goes to ``log`` rather than the terminal.
+    Each manager that launches a kernel is appended to ``started``, so it can be stopped.
+
+    IPC rather than loopback TCP: private to this user, and no port can collide.
+    """
+    from jupyter_client.manager import AsyncKernelManager
+    from traitlets import default
+
+    class PrivateKernelManager(AsyncKernelManager):
+        @default("transport")
+        def _default_transport(self) -> str:
+            return "ipc"
+
+        @default("ip")
+        def _default_private_ip(self) -> str:
+            return str(Path(socket_dir) / "kernel-ipc")
+
+        @default("connection_file")
+        def _default_private_connection_file(self) -> str:
+            return str(Path(socket_dir) / "kernel.json")
+
+        async def _async_launch_kernel(self, kernel_cmd: list[str], **kw: Any) -> None:
+            if log is not None:
+                kw.setdefault("stdout", log)
+                kw.setdefault("stderr", log)
+            if started is not None:
+                started.append(self)
+            await super()._async_launch_kernel(kernel_cmd, **kw)
+
+    return PrivateKernelManager
+
+
+def kill_kernels(managers: list) -> None:
+    """Kill the kernels these managers launched (each in a process group of its own)."""
+    for manager in managers:
+        process = getattr(manager.provisioner, "process", None)
+        if process is None or process.poll() is not None:
+            continue
+        with contextlib.suppress(OSError):
+            os.killpg(process.pid, signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def kernel_sockets() -> Iterator[Path]:
+    """A private folder for one kernel's sockets, removed afterwards whatever happens.
+
+    Under the system's temporary folder: a Unix socket path must stay under ~100 bytes, which a
+    run folder deep in a checkout may not.
+    """
+    folder = Path(tempfile.mkdtemp(prefix="stagelab-kernel-"))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------- the steps
+
+
+class DeferredStops:
+    """While the record is being made or closed, a stop signal (a second Ctrl-C, SIGTERM,
+    SIGHUP) is noted instead of abandoning it; ``raise_after`` raises KeyboardInterrupt for
+    it once the block is done. Python runs signal handlers in the main thread only, so this
+    holds whichever thread the signal reached."""
+
+    def __init__(self, raise_after: bool) -> None:
+        self.raise_after = raise_after
+        self.pending: list[int] = []
+        self._previous: dict[int, Any] = {}
+
+    def _note(self, signum: int, _frame: Any) -> None:
+        self.pending.append(signum)
+        _say(True, "stagelab: finishing the run's record first")
+
+    def __enter__(self) -> DeferredStops:
+        self._previous = {signum: signal.signal(signum, self._note) for signum in stops.SIGNALS}
+        return self
+
+    def __exit__(self, exc_type: Any, *_: Any) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        if self.pending and self.raise_after and exc_type is None:
+            raise KeyboardInterrupt(f"signal {signal.Signals(self.pending[0]).name}")
+
+
+def error_summary(exc: BaseException) -> str:
+    """``Name: first line`` of an exception (papermill's carry the notebook's ename/evalue)."""
+    name = getattr(exc, "ename", None) or type(exc).__name__
+    value = getattr(exc, "evalue", None) or str(exc)
+    lines = str(value).strip().splitlines()
+    return f"{name}: {lines[0] if lines else ''}".strip()
+
+
+def _last_started_cell(notebook_path: Path) -> int | None:
+    """Index, in the executed notebook, of the last cell papermill started."""
+    import nbformat
+
+    try:
+        nb = nbformat.read(str(notebook_path), as_version=4)
+    except (OSError, ValueError):
+        return None
+    started = [i for i, cell in enumerate(nb.cells)
+               if cell.get("metadata", {}).get("papermill", {}).get("start_time")]
+    return started[-1] if started else None
+
+
+def _papermill(notebook: NotebookPlan, output: Path, run_dir: Path, plan: RunPlan,
+               kernel_manager: type) -> tuple[str, str | None]:
+    import papermill
+
+    os.environ[paths.HEADLESS_ENV] = "1"  # the kernel's sweeps print a line per cell, no bars
+    try:
+        papermill.execute_notebook(
+            str(notebook.path), str(output),
+            parameters={**notebook.parameters, "run_dir": str(Path(run_dir).resolve())},
+            kernel_name=KERNEL_NAME, cwd=str(notebook.path.parent), progress_bar=False,
+            request_save_on_cell_execute=True, kernel_manager_class=kernel_manager,
+            start_timeout=plan.start_timeout_s, execution_timeout=plan.cell_timeout_s)
+    except TimeoutError:
+        cell = _last_started_cell(output)
+        return rundir.FAILED, (f"timed out after {plan.cell_timeout_s} s in cell "
+                               f"{cell if cell is not None else '?'}")
+    except Exception as exc:  # papermill or the kernel failed: record it, keep going
+        return rundir.FAILED, error_summary(exc)
+    return rundir.OK, None
+
+
+def execute_notebook(notebook: NotebookPlan, output: Path, run_dir: Path,
+                     plan: RunPlan) -> tuple[str, str | None]:
+    """Execute one notebook into ``output``; return its status and, if it failed, why.
+
+    papermill works in a thread of its own, so that Ctrl-C and SIGTERM reach this (main) thread
+    at once: the kernel is then killed, papermill saves what the notebook produced, and
+    KeyboardInterrupt goes on up.
+    """
+    with kernel_sockets() as sockets, open(Path(run_dir) / KERNEL_LOG, "a") as log:
+        started: list = []
+        outcome: list[tuple[str, str | None]] = []
+        manager = private_kernel_manager(sockets, log, started)
+        worker = threading.Thread(
+            target=lambda: outcome.append(_papermill(notebook, output, run_dir, plan, manager)),
+            name=f"papermill {notebook.name}", daemon=True)
+        worker.start()
+        try:
+            while worker.is_alive():
+                worker.join(0.2)
+                stops.raise_if_received()  # one a finalizer swallowed stops it too
+        except KeyboardInterrupt:
+            with DeferredStops(raise_after=False):  # papermill saves what the notebook made
+                kill_kernels(started)
+                worker.join(30)
+            raise
+    return outcome[0] if outcome else (rundir.FAILED, "papermill stopped without a result")
+
+
+def export_html(run_dir: Path, entry: dict[str, Any]) -> None:
+    """Export one executed notebook's HTML beside it (its name from the notebook file, never
+    from the record); an export failure is recorded, never fatal."""
+    folder = RunFolder(run_dir)
+    notebook = folder.path / entry["output"] if entry.get("output") else None
+    if notebook is None or not notebook.is_file() or notebook.is_symlink():
+        entry["html"] = None
+        return
+    html = folder.html_for(notebook)
+    entry["html"] = html.name
+    entry.pop("html_error", None)
+    try:
+        report.export_html(notebook, html)
+    except Exception as exc:
+        entry["html"] = None
+        entry["html_error"] = error_summary(exc)
+
+
+def write_index(recorder: ManifestRecorder) -> None:
+    """Rewrite the run's ``index.html``; if that fails the run is recorded ``failed``."""
+    try:
+        report.write_index(recorder.run_dir)
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        recorder.record_failure(f"the run's index could not be written: {reason}")
+        raise RecordError(f"{recorder.run_dir / 'index.html'}: cannot be written ({reason}); "
+                          "the run stopped") from exc
+
+
+def _say(enabled: bool, text: str) -> None:
+    if enabled:
+        with contextlib.suppress(OSError):  # a terminal closed under the run (SIGHUP)
+            print(text, file=sys.stderr, flush=True)
+
+
+def run_notebook_step(recorder: ManifestRecorder, index: int, plan: RunPlan,
+                      progress: bool) -> None:
+    """One notebook: start its record, execute it, export its HTML, record how it ended."""
+    notebook = plan.notebooks[index]
+    count = f"[{index + 1}/{len(plan.notebooks)}]"
+    entry = recorder.start_notebook(index)
+    _say(progress, f"{count} {notebook.name} ...")
+    started = time.perf_counter()
+    with busy.LoadWatch() as watch:
+        status, error = execute_notebook(notebook, recorder.run_dir / entry["output"],
+                                         recorder.run_dir, plan)
+    entry["load"] = watch.summary
+    measured_on = recorder.manifest.get("measured_on")
+    if measured_on and "measured" in notebook.parameters:  # a replay: trust the node's load
+        entry.update(analysis_load=watch.summary, load=measured_load(measured_on, notebook.name))
+    export_html(recorder.run_dir, entry)
+    recorder.finish_notebook(index, status, time.perf_counter() - started, error)
+    write_index(recorder)
+    _say(progress, f"{count} {notebook.name}: {status} ({entry['duration_s']} s)"
+                   f"{' - ' + error if error else ''}")
+    if entry["load"].get("busy"):
+        _say(progress, f"{count} warning: the machine was busy: {'; '.join(entry['load']['why'])}")
+
+
+def measured_load(measured_on: dict[str, Any], notebook: str) -> dict[str, Any]:
+    """The load the measuring node recorded while it measured ``notebook`` (what a replay's
+    trust rests on; the analysing host's load says nothing of those timings)."""
+    return ((measured_on.get("loads") or {}).get(notebook)
+            or busy.unknown("the measurement did not record the node's load"))
+
+
+def _record(run_dir: Path, plan: RunPlan, command: list[str] | None) -> ManifestRecorder:
+    """The record of a run that starts now (its hardware is filled in once the run is going)."""
+    recorder = ManifestRecorder(run_dir, rundir.new_manifest(
+        run_dir, plan.profile, command if command is not None else list(sys.argv),
+        [rundir.notebook_entry(nb.name, nb.parameters) for nb in plan.notebooks], None))
+    recorder.manifest.update(cell_timeout_s=plan.cell_timeout_s,
+                             start_timeout_s=plan.start_timeout_s)
+    return recorder
+
+
+def _run(recorder: ManifestRecorder, plan: RunPlan, progress: bool,
+         measured: dict[str, Any] | None) -> dict[str, Any]:
+    """The steps of a run whose record is saved; every way out closes the record."""
+    run_dir = recorder.run_dir
+    try:
+        ensure_kernel()
+        here = hardware.snapshot()
+        recorder.manifest["hardware"] = measured["hardware"] if measured else here
+        if measured:
+            measure_command.copy_record(measured["folder"], run_dir / measure_command.RECORD_COPY)
+            recorder.manifest.update(
+                measured_on={key: value for key, value in measured.items() if key != "hardware"},
+                analysed_on={"host": here["host"]["hostname"], "created_utc": rundir.now_utc(),
+                             "hardware": here})
+        recorder.save()
+        write_index(recorder)
+        for index in range(len(plan.notebooks)):
+            stops.raise_if_received()  # a stop a finalizer swallowed ends the run here
+            run_notebook_step(recorder, index, plan, progress)
+        stops.raise_if_received()
+    except RecordError:
+        with contextlib.suppress(OSError):  # show the failure in the index, if there is room
+            report.write_index(run_dir)
+        raise
+    except KeyboardInterrupt as exc:
+        return _close_interrupted(recorder, str(exc) or "Ctrl-C")
+    except Exception as exc:  # the runner itself broke: say so in the record, then go on up
+        recorder.record_failure(f"the runner stopped: {error_summary(exc)}")
+        raise
+    with DeferredStops(raise_after=False):  # the run is done: a late Ctrl-C changes nothing
+        recorder.finish()
+        write_index(recorder)
+    return recorder.manifest
+
+
+def _close_interrupted(recorder: ManifestRecorder, reason: str) -> dict[str, Any]:
+    """Record an interrupted run; a second Ctrl-C (or SIGTERM, SIGHUP) does not abandon it."""
+    with DeferredStops(raise_after=False):
+        recorder.interrupt(reason)
+        for entry in recorder.manifest["notebooks"]:
+            if entry["status"] == rundir.INTERRUPTED:
+                export_html(recorder.run_dir, entry)
+        recorder.finish()
+        write_index(recorder)
+    return recorder.manifest
+
+
+def _start(plan: RunPlan, make_folder: Callable[[], Path], command: list[str] | None,
+           progress: bool, measured: dict[str, Any] | None = None) -> tuple[Path, dict[str, Any]]:
+    """Make the folder, take its lock and save the first manifest with stop signals deferred
+    (an interrupt then still leaves a listed, ``interrupted`` run), then run."""
+    with stops.as_interrupt(stops.SIGNALS):
+        with DeferredStops(raise_after=False) as deferred:
+            run_dir = make_folder()
+            lock = RunFolder(run_dir).hold_lock()
+            try:
+                recorder = _record(run_dir, plan, command)
+                recorder.save()
+            except BaseException:
+                lock.close()
+                raise
+        with contextlib.closing(lock):
+            _say(progress, f"run folder: {run_dir}")
+            if deferred.pending:
+                reason = f"signal {signal.Signals(deferred.pending[0]).name}"
+                return run_dir, _close_interrupted(recorder, reason)
+            return run_dir, _run(recorder, plan, progress, measured)
+
+
+def execute(plan: RunPlan, run_dir: Path, command: list[str] | None = None,
+            progress: bool = True) -> dict[str, Any]:
+    """Run the plan's notebooks in order into an existing, empty ``run_dir``; return the final
+    manifest.
+
+    The run holds the folder's lock until it ends, so ``stagelab report`` never rewrites a live
+    run's record. SIGTERM and SIGHUP stop it as Ctrl-C does. Raises
+    :class:`~stagelab.core.rundir.RecordError` when the record itself cannot be written (the
+    manifest then says ``failed`` with the cause, if it can still be written at all).
+    """
+    return _start(plan, lambda: Path(run_dir), command, progress)[1]
+
+
+def run(plan: RunPlan, root: Path, command: list[str] | None = None,
+        progress: bool = True, measured: dict[str, Any] | None = None) -> tuple[Path, dict[str, Any]]:
+    """Create a run folder under ``root`` (see :func:`stagelab.core.rundir.new_run_dir`) and run the
+    plan into it (see :func:`execute`); return the folder and its final manifest.
+
+    ``measured`` (``stagelab run --from``, :func:`stagelab.run.replay.replay_plan`) says where the
+    rows were measured: the manifest's ``hardware`` is then the measuring machine's, beside
+    ``measured_on`` and ``analysed_on`` (this machine)."""
+    return _start(plan, lambda: rundir.new_run_dir(root, plan.profile), command, progress,
+                  measured)
+
+
+def rebuild_report(run_dir: Path) -> Path:
+    """Re-export every executed notebook of a run folder, record the HTML, rewrite the index.
+
+    Refused (UserError) while the run is live: its runner holds the folder's lock and owns its
+    record. Under the lock, the manifest is read afresh and only the HTML fields change, so a
+    run's final state is never rolled back. A missing or unreadable manifest is first rebuilt
+    from the folder's papermill-executed notebooks, with a note.
+    """
+    folder = RunFolder(run_dir)
+    if not folder.path.is_dir():
+        raise UserError(f"{folder.path}: no such folder")
+    if not folder.manifest_path.exists():  # no runner ever held this folder: nothing to lock
+        return _rewrite_report(folder)
+    with folder.locked():
+        return _rewrite_report(folder)
+
+
+def _rewrite_report(folder: RunFolder) -> Path:
+    manifest = rundir.load_or_rebuild_manifest(folder.path)
+    if (manifest["status"] == rundir.RUNNING and manifest.get("host") == socket.gethostname()
+            and rundir.process_alive(manifest)):  # from another host, the lock decides
+        raise UserError(f"{folder.path}: the run is still running (pid {manifest.get('pid')} "
+                        f"on {manifest.get('host')}); its runner writes its report")
+    for entry in manifest["notebooks"]:
+        export_html(folder.path, entry)
+    rundir.write_manifest(folder.path, manifest)
+    return report.write_index(folder.path)

@@ -1,0 +1,666 @@
+"""``stagelab measure``: the timing loops of a profile on a node with Python and torch alone.
+
+A GPU node is lent for minutes, offline, with its own Python and torch and no notebook stack;
+only one output folder comes back. This command runs every measuring experiment of a profile
+there (the hardware snapshot, copy staging, the step A/B, prompt logprobs) through the very
+functions the notebooks call, with the same parameters and checks, and writes one folder::
+
+    measured.json      the manifest: profile, resolved parameters, commit, versions, times, and
+                       the status of each experiment and each cell (predicted_s, measured_s)
+    hardware.json      the snapshot notebook 00 shows
+    preflight.json     the preflight's checks (a no-go stops here, exit 3, unless --force)
+    inventory.json     installed distributions, compilers, ``nvidia-smi -q``
+    rows/<table>.jsonl the schema rows of each experiment, appended and flushed after every cell
+
+Back where the notebook stack lives, ``stagelab run --profile P --from DIR`` analyses it
+(:func:`read_measured`, :func:`measured_rows`). It imports torch and the standard library only
+(numpy and nvidia-ml-py where importable), so it runs from a plain checkout:
+``PYTHONPATH=lib python3 -m stagelab measure --profile gate --out DIR``.
+
+Exit status: 0 everything measured; 1 partial (a failed cell or experiment, or stopped at the
+deadline) or the deadline passed (``deadline_passed_by_s``: a cell ran longer than predicted);
+2 a bad request (one line, nothing created); 3 preflight no-go without --force; 130 interrupted
+(what was measured is kept).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import os
+import platform
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from stagelab.core import paths, records, rundir, stops
+from stagelab.core.errors import DeadlineReached, SchemaError, UserError
+from stagelab.core.schema import JsonLinesSink, read_json_lines
+from stagelab.measure import busy, estimate
+from stagelab.run import profiles
+
+MANIFEST = "measured.json"
+FORMAT, VERSION = "stagelab-measured", 1
+ROWS_DIR = "rows"
+EXIT_OK, EXIT_PARTIAL, EXIT_USAGE, EXIT_NO_GO, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+OK, FAILED, DEADLINE, INTERRUPTED, RUNNING, PENDING, NO_GO = (
+    "ok", "failed", "deadline", "interrupted", "running", "pending", "no-go")
+SNAPSHOT_NOTEBOOK = "00_environment"
+# The measuring notebooks with a table, and the table each writes.
+TABLES = {"01_d2h_staging": "staging", "02_logprobs_step": "step",
+          "03_prompt_logprobs": "prompt_logprobs"}
+MEASURING = (SNAPSHOT_NOTEBOOK, *TABLES)
+# Before the first cell: imports, the native build on a fresh node, the preflight's probes.
+FIXED_S = {"cpu": 15.0, "cuda": 20.0}
+MIN_TORCH = (2, 4)
+COMPILERS = ("c++", "g++", "clang++", "gcc", "cc", "nvcc")
+
+
+# ------------------------------------------------------------------------------- the request
+
+@dataclass
+class Request:
+    """A checked ``stagelab measure`` request: the measuring notebooks with their resolved
+    parameters (the notebook's defaults under the profile's values and ``--param``)."""
+
+    profile: str
+    notebooks: dict[str, dict[str, Any]]
+    all_parameters: dict[str, dict[str, Any]]
+    out: Path | None
+    deadline_s: float | None = None
+    force: bool = False
+    command: list[str] = field(default_factory=list)
+
+
+DESCRIPTION = ("Measure a profile's experiments with torch alone into one folder (measured.json, "
+               "hardware.json, preflight.json, inventory.json, rows/*.jsonl); analyse it "
+               "elsewhere with `stagelab run --profile P --from DIR`.")
+EPILOG = ("Exit status: 0 everything measured, 1 partial (a failed cell or experiment, or stopped "
+          "at the deadline) or the deadline passed, 2 a bad request, 3 preflight no-go without "
+          "--force, 130 interrupted.")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The options of ``stagelab measure`` (here and in the ``stagelab`` command's parser)."""
+    parser.add_argument("--profile", default="smoke",
+                        help="a profile of profiles.json (smoke, quick, gate, full)")
+    parser.add_argument("--only", nargs="+", default=[], metavar="NOTEBOOK",
+                        help="measure only these notebooks of the profile")
+    parser.add_argument("--param", action="append", default=[], metavar="NOTEBOOK.KEY=VALUE",
+                        help="override a notebook parameter; VALUE is JSON, bare words are text")
+    parser.add_argument("--out", type=Path, help="the folder to create (absent or empty)")
+    parser.add_argument("--deadline-s", type=float, default=None, metavar="S",
+                        help="stop at the first cell whose predicted end passes S seconds after "
+                             "the start; its status is `deadline`, everything measured is kept")
+    parser.add_argument("--force", action="store_true",
+                        help="measure even when the preflight says no-go (recorded)")
+    parser.add_argument("--estimate", choices=sorted(estimate.BASIS), default=None,
+                        help="print each cell's predicted seconds on a cpu or cuda machine and "
+                             "the total; measures and creates nothing")
+    return parser
+
+
+def _parser() -> argparse.ArgumentParser:
+    return add_arguments(argparse.ArgumentParser(prog="stagelab measure",
+                                                 description=DESCRIPTION, epilog=EPILOG))
+
+
+def resolve(profile: str, only: list[str], overrides: list[str]) -> tuple[
+        dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+    """The measuring notebooks' resolved parameters, and every notebook's (the preflight sizes
+    its memory check from them); UserError for anything the run would refuse."""
+    plan = profiles.plan_run(profile, only, profiles.parse_overrides(overrides))
+    every = {}
+    for notebook in plan.notebooks:
+        declared = profiles.notebook_parameters(notebook.path)
+        every[notebook.name] = {key: value for key, value in
+                                {**declared, **notebook.parameters}.items()
+                                if key not in profiles.INJECTED}
+    measuring = {name: values for name, values in every.items() if name in MEASURING}
+    if not measuring:
+        raise UserError(f"profile {profile!r}{' with --only' if only else ''} has no measuring "
+                        f"notebook; measuring notebooks: {', '.join(MEASURING)}")
+    return measuring, every
+
+
+def check_out(out: Path | None) -> Path:
+    """The folder to create: absent, or an empty folder. UserError before anything is made."""
+    if out is None:
+        raise UserError("--out is required: the folder the measurements go to")
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UserError(f"--out {out}: exists and is not an empty folder; measurements are "
+                        "never mixed: name a new folder")
+    existing = next((p for p in [out.parent, *out.parent.parents] if p.exists()), Path("/"))
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UserError(f"--out {out}: {existing} is not writable")
+    return out
+
+
+def check_torch() -> None:
+    """UserError, in one line, when torch cannot be imported or is older than the floor needs;
+    checked before anything is created."""
+    try:
+        from stagelab.measure.device import torch_version  # the measuring floor: torch itself
+    except Exception as exc:  # torch absent, or a broken install that fails while importing
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise UserError(f"torch cannot be imported ({reason}); stagelab measure needs torch "
+                        f">= {'.'.join(map(str, MIN_TORCH))}") from exc
+    version = torch_version()
+    if tuple(int(part) for part in re.findall(r"\d+", version)[:2]) < MIN_TORCH:
+        raise UserError(f"torch {version}: stagelab measure needs torch >= "
+                        f"{'.'.join(map(str, MIN_TORCH))}")
+
+
+def checked_request(args: argparse.Namespace, command: list[str]) -> Request | None:
+    """The checked request of parsed options, or None after ``--estimate`` printed its table."""
+    check_torch()
+    measuring, every = resolve(args.profile, args.only, args.param)
+    if args.estimate:
+        print(format_estimate(predict_profile(measuring, args.estimate), args.estimate))
+        return None
+    if args.deadline_s is not None and not 0 < args.deadline_s < math.inf:
+        raise UserError(f"--deadline-s {args.deadline_s}: give a positive, finite number of "
+                        "seconds")
+    return Request(args.profile, measuring, every, check_out(args.out), args.deadline_s,
+                   args.force, command)
+
+
+# ------------------------------------------------------------------------------ predictions
+
+def sweep_cells(notebook: str, parameters: Mapping[str, Any], device: str) -> list[Any]:
+    """The sweep cells a measuring notebook will measure (none for the snapshot)."""
+    from stagelab.measure import preflight
+
+    return preflight.notebook_cells(notebook, dict(parameters), device)
+
+
+def cell_predictor(notebook: str, parameters: Mapping[str, Any],
+                   kind: str) -> Callable[[Any, int, int], float]:
+    """``predict(cell, rounds, warmup)``: seconds by :func:`stagelab.measure.estimate.cell_seconds`."""
+    probes_per_arm = 0.0
+    if notebook == "03_prompt_logprobs" and parameters.get("measure_memory"):
+        probes_per_arm = 1 / max(1, len(set(parameters.get("overlaps") or [True])))
+    precise = notebook == "02_logprobs_step" and parameters.get("max_rounds", 0) > parameters[
+        "rounds"]
+
+    def predict(cell: Any, rounds: int, warmup: int) -> float:
+        if cell.invalid:
+            return 0.0
+        return estimate.cell_seconds(
+            cell.sizes, cell.arms, rounds=rounds, warmup=warmup, kind=kind,
+            sources=parameters.get("sources", 1),
+            memory_probes=round(probes_per_arm * len(cell.arms)),
+            forward_s=_forward_s(notebook, parameters, cell, kind),
+            max_rounds=parameters["max_rounds"] if precise else None,
+            max_seconds=parameters.get("max_seconds", math.inf))
+    return predict
+
+
+def _forward_s(notebook: str, parameters: Mapping[str, Any], cell: Any, kind: str) -> float:
+    """The device work queued before each timed step: the notebook's ``forward_ms``, or its
+    default (the model's weights read once at the basis's memory bandwidth)."""
+    if notebook != "02_logprobs_step":
+        return 0.0
+    if parameters.get("forward_ms") is not None:
+        return parameters["forward_ms"] / 1e3
+    from stagelab.measure import shapes
+
+    row = shapes.model_shapes().get(cell.sizes.get("model") or "")
+    return estimate.default_forward_s(float(row["params_b"]) if row else 0.0, kind)
+
+
+def predict_profile(notebooks: Mapping[str, Mapping[str, Any]],
+                    kind: str) -> list[tuple[str, str, float]]:
+    """``(notebook, cell, seconds)`` for every cell the notebooks would measure."""
+    rows = []
+    for name, parameters in notebooks.items():
+        predict = cell_predictor(name, parameters, kind)
+        for cell in sweep_cells(name, parameters, "cpu"):  # sizes only: any machine can tell
+            rows.append((name, cell.label, predict(cell, parameters["rounds"],
+                                                   parameters["warmup"])))
+    return rows
+
+
+def format_estimate(rows: list[tuple[str, str, float]], kind: str) -> str:
+    """The ``--estimate`` table: each cell, each notebook's sum, and the total."""
+    lines = [f"{'notebook':20} {'cell':44} {'predicted_s':>11}"]
+    lines += [f"{name:20} {label:44} {seconds:11.1f}" for name, label, seconds in rows]
+    total = sum(seconds for _, _, seconds in rows)
+    lines.append(f"{'before the first cell':65} {FIXED_S[kind]:11.1f}")
+    lines.append(f"{'total on ' + kind:65} {total + FIXED_S[kind]:11.1f}")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------- the record
+
+class Recorder:
+    """The one writer of ``measured.json``: every change is saved atomically at once."""
+
+    def __init__(self, out: Path, manifest: dict[str, Any]) -> None:
+        self.out, self.manifest = out, manifest
+
+    def save(self) -> None:
+        records.write_json_atomic(self.out / MANIFEST, self.manifest)
+
+    def experiment(self, notebook: str) -> dict[str, Any]:
+        return next(e for e in self.manifest["experiments"] if e["notebook"] == notebook)
+
+
+def versions(snap: Mapping[str, Any]) -> dict[str, Any]:
+    """Python, torch, CUDA, driver, and the optional extras' versions."""
+    found = {}
+    for name, module in (("numpy", "numpy"), ("nvidia-ml-py", "pynvml")):
+        try:  # installed is not enough: None where this Python cannot import it
+            found[name] = metadata.version(name) if importlib.util.find_spec(module) else None
+        except (metadata.PackageNotFoundError, ImportError, ValueError):
+            found[name] = None
+    return {"python": platform.python_version(), "torch": snap["torch"]["torch"],
+            "cuda": snap["torch"]["cuda_build"],
+            "driver": (snap.get("nvml") or {}).get("driver"), **found}
+
+
+def new_manifest(request: Request, out: Path) -> dict[str, Any]:
+    """The manifest of a measurement that starts now: every experiment pending."""
+    experiments = []
+    for name, parameters in request.notebooks.items():
+        table = TABLES.get(name)
+        experiments.append({
+            "notebook": name, "table": table, "parameters": parameters, "status": PENDING,
+            "rows": f"{ROWS_DIR}/{table}.jsonl" if table else None,
+            "file": None if table else "hardware.json", "error": None,
+            "cells_planned": None, "predicted_s": None, "measured_s": None, "cells": []})
+    return {
+        "format": FORMAT, "version": VERSION, "measured_id": f"{out.name}-{uuid.uuid4().hex[:12]}",
+        "profile": request.profile, "command": request.command, "status": RUNNING,
+        "created_utc": rundir.now_utc(), "finished_utc": None, "host": socket.gethostname(),
+        "pid": os.getpid(), "device": None, "gpu": None, "versions": None,
+        "git": rundir.git_state(), "deadline_s": request.deadline_s, "forced": request.force,
+        "preflight": None, "experiments": experiments,
+    }
+
+
+# ---------------------------------------------------------------------------- the inventory
+
+def _first_line(command: list[str]) -> str:
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return ((done.stdout or done.stderr).strip().splitlines() or [""])[0]
+
+
+def inventory() -> dict[str, Any]:
+    """What the node has: installed distributions, compilers, ``nvidia-smi -q``."""
+    distributions = sorted({(d.metadata["Name"] or "?", d.version)
+                            for d in metadata.distributions()}, key=lambda d: d[0].lower())
+    compilers = {name: {"path": shutil.which(name),
+                        "version": _first_line([name, "--version"])}
+                 for name in COMPILERS if shutil.which(name)}
+    if shutil.which("nvidia-smi"):
+        try:
+            done = subprocess.run(["nvidia-smi", "-q"], capture_output=True, text=True,
+                                  timeout=60)
+            smi = done.stdout if done.returncode == 0 else (
+                f"nvidia-smi -q exited {done.returncode}: {done.stderr.strip()[:500]}")
+        except (OSError, subprocess.SubprocessError) as exc:
+            smi = f"nvidia-smi -q failed: {type(exc).__name__}: {exc}"
+    else:
+        smi = "unavailable: nvidia-smi is not on PATH"
+    return {"python": sys.version, "executable": sys.executable, "platform": platform.platform(),
+            "distributions": [{"name": n, "version": v} for n, v in distributions],
+            "compilers": compilers, "nvidia_smi_q": smi,
+            "environment": {key: os.environ.get(key) for key in
+                            ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "CXX", "PYTHONPATH")}}
+
+
+# ------------------------------------------------------------------------------- measuring
+
+class CellClock:
+    """The sweep watcher of one experiment: predicts each cell, refuses one that would pass the
+    deadline, records predicted and measured seconds in the manifest after every cell.
+
+    Predictions are scaled by how the cells measured so far compared with theirs, so a machine
+    slower or faster than the basis is judged by what it did.
+    """
+
+    def __init__(self, recorder: Recorder, entry: dict[str, Any],
+                 predict: Callable[[Any, int, int], float], deadline: float | None) -> None:
+        self.recorder, self.entry, self.predict, self.deadline = (
+            recorder, entry, predict, deadline)
+        self.predicted = 0.0
+
+    def scale(self) -> float:
+        done = [c for e in self.recorder.manifest["experiments"] for c in e["cells"]
+                if c["status"] != DEADLINE and c["predicted_s"] > 0]
+        predicted = sum(c["predicted_s"] for c in done)
+        return sum(c["measured_s"] for c in done) / predicted if predicted else 1.0
+
+    def admit(self, label: str, cell: Any, rounds: int, warmup: int) -> bool:
+        stops.raise_if_received()
+        self.predicted = self.predict(cell, rounds, warmup)
+        if self.deadline is None:
+            return True
+        expected = self.predicted * self.scale()
+        if time.monotonic() + expected <= self.deadline:
+            return True
+        left = max(0.0, self.deadline - time.monotonic())
+        self.entry["cells"].append({
+            "cell": cell.label, "status": DEADLINE, "predicted_s": round(self.predicted, 3),
+            "measured_s": None, "outcome": f"not started: expected {expected:.1f} s, "
+                                          f"{left:.1f} s left before the deadline"})
+        self.recorder.save()
+        return False
+
+    def after_round(self) -> None:
+        stops.raise_if_received()
+
+    def finished(self, label: str, cell: Any, seconds: float, records: list[dict]) -> None:
+        from stagelab.measure import sweep
+
+        failed = any(r.get("status") == FAILED for r in records)
+        self.entry["cells"].append({
+            "cell": cell.label, "status": FAILED if failed else OK,
+            "predicted_s": round(self.predicted, 3), "measured_s": round(seconds, 3),
+            "rows": len(records), "outcome": sweep.outcome(records)})
+        self.recorder.save()
+
+
+def run_experiment(notebook: str, p: Mapping[str, Any], sink: JsonLinesSink) -> None:
+    """One measuring notebook's sweep, called exactly as the notebook calls it."""
+    from stagelab.measure import prompt_logprobs, shapes, staging, step
+
+    if notebook == "01_d2h_staging":
+        staging.measure(shapes.resolve_vocabs(p["models"]), p["rows"],
+                        shapes.torch_dtype(p["dtype"]), p["arms"], rounds=p["rounds"],
+                        warmup=p["warmup"], aa_arm=p["aa_arm"], sources=p["sources"],
+                        seed=p["seed"], sink=sink)
+    elif notebook == "02_logprobs_step":
+        step.measure(shapes.resolve_vocabs(p["models"]), p["rows"], p["ks"],
+                     shapes.torch_dtype(p["logits_dtype"], "logits_dtype"), p["arms"],
+                     rounds=p["rounds"], warmup=p["warmup"], aa_arm=p["aa_arm"],
+                     sources=p["sources"], seed=p["seed"], sink=sink,
+                     log_softmax=p["log_softmax"], forward_ms=p["forward_ms"], delta=p["delta"],
+                     max_rounds=p["max_rounds"], max_seconds=p["max_seconds"])
+    elif notebook == "03_prompt_logprobs":
+        shape = shapes.override(shapes.resolve_vocabs([p["model"]], "model")[0],
+                                vocab=p["vocab"], hidden=p["hidden"])
+        prompt_logprobs.measure(p["tokens"], shape, shape.hidden,
+                                shapes.positive_ints(p["chunks"], "chunks"),
+                                shapes.torch_dtype(p["dtype"]), p["k"], p["methods"],
+                                p["overlaps"], rounds=p["rounds"], warmup=p["warmup"],
+                                seed=p["seed"], measure_memory=p["measure_memory"], sink=sink)
+    else:
+        raise ValueError(f"{notebook} is not a measuring notebook with a table")
+
+
+def _say(text: str) -> None:
+    print(f"measure: {text}", file=sys.stderr, flush=True)
+
+
+def measure_tables(recorder: Recorder, request: Request, device: str,
+                   deadline: float | None) -> None:
+    """Every table experiment in order; a deadline stops them all, a failure only its own."""
+    from stagelab.measure import sweep
+
+    kind = estimate.device_kind(device)
+    stopped = False
+    for entry in recorder.manifest["experiments"]:
+        notebook = entry["notebook"]
+        if entry["table"] is None:
+            continue
+        if stopped:
+            entry.update(status=DEADLINE, error="not started: the deadline came first")
+            continue
+        parameters = request.notebooks[notebook]
+        predict = cell_predictor(notebook, parameters, kind)
+        cells = sweep_cells(notebook, parameters, device)
+        entry.update(status=RUNNING, started_utc=rundir.now_utc(), cells_planned=len(cells),
+                     predicted_s=round(sum(predict(c, parameters["rounds"],
+                                                   parameters["warmup"]) for c in cells), 1))
+        recorder.save()
+        _say(f"{notebook}: {len(cells)} cells, predicted {entry['predicted_s']} s")
+        sink = JsonLinesSink(recorder.out / entry["rows"], run_id=recorder.out.name,
+                             notebook=notebook)
+        started = time.perf_counter()
+        with busy.LoadWatch() as watch:  # the node's own load: replays judge trust from it
+            try:
+                with sweep.watching(CellClock(recorder, entry, predict, deadline)):
+                    run_experiment(notebook, parameters, sink)
+                failed = any(c["status"] == FAILED for c in entry["cells"])
+                entry["status"] = FAILED if failed else OK
+                if failed:
+                    entry["error"] = "a cell has failed rows (see its outcome)"
+            except DeadlineReached as exc:
+                entry.update(status=DEADLINE, error=str(exc))
+                stopped = True
+            except KeyboardInterrupt:
+                entry.update(status=INTERRUPTED, error="interrupted",
+                             measured_s=round(time.perf_counter() - started, 2))
+                raise
+            except Exception as exc:  # one broken experiment must not cost the others
+                from stagelab.measure.bench import first_line
+
+                entry.update(status=FAILED, error=first_line(exc))
+        entry.update(measured_s=round(time.perf_counter() - started, 2),
+                     finished_utc=rundir.now_utc(), load=watch.summary)
+        recorder.save()
+        _say(f"{notebook}: {entry['status']} after {entry['measured_s']} s")
+
+
+def take_snapshot(recorder: Recorder, request: Request) -> dict[str, Any]:
+    """The hardware snapshot (as notebook 00 takes it) into ``hardware.json``."""
+    from stagelab.measure import device, hardware
+
+    under_load = bool(request.notebooks.get(SNAPSHOT_NOTEBOOK, {}).get("under_load"))
+    snap = hardware.snapshot(under_load=under_load and device.cuda_present())
+    records.write_json_atomic(recorder.out / "hardware.json", snap)
+    gpu = snap.get("gpu") or {}
+    recorder.manifest.update(device=device.device_label(device.default_device()),
+                             gpu=gpu.get("name"), versions=versions(snap))
+    if SNAPSHOT_NOTEBOOK in request.notebooks:
+        recorder.experiment(SNAPSHOT_NOTEBOOK).update(status=OK)
+    return snap
+
+
+def run_preflight(recorder: Recorder, request: Request) -> list[str]:
+    """The preflight's checks into ``preflight.json``; the blocking reasons."""
+    from stagelab.measure import preflight
+
+    started = time.perf_counter()
+    checks = preflight.run_checks(request.all_parameters)
+    preflight.write_report(recorder.out / "preflight.json", request.profile, checks,
+                           time.perf_counter() - started)
+    blocking = preflight.blocking_reasons(checks)
+    recorder.manifest["preflight"] = {"decision": NO_GO if blocking else "go",
+                                      "blocking": blocking}
+    return blocking
+
+
+def overall_status(manifest: Mapping[str, Any]) -> str:
+    """``ok`` when every experiment is, else the first of interrupted, deadline, failed found."""
+    statuses = {e["status"] for e in manifest["experiments"]}
+    for status in (INTERRUPTED, DEADLINE, FAILED):
+        if status in statuses:
+            return status
+    return OK
+
+
+def measure(request: Request) -> int:
+    """Measure a checked request into ``request.out``; the exit status."""
+    started = time.monotonic()
+    deadline = started + request.deadline_s if request.deadline_s else None
+    os.environ[paths.HEADLESS_ENV] = "1"  # progress as one plain line per cell, never bars
+    out = request.out
+    try:  # os.access can say yes where mkdir fails (root, a read-only mount, /proc, /sys)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / ROWS_DIR).mkdir()
+    except OSError as exc:
+        raise UserError(f"--out {out}: cannot be created ({exc.strerror or exc})") from exc
+    recorder = Recorder(out, new_manifest(request, out))
+    recorder.save()
+    with stops.as_interrupt(stops.SIGNALS):  # the manifest says interrupted, cells kept
+        try:
+            _say(f"into {out}")
+            take_snapshot(recorder, request)
+            records.write_json_atomic(out / "inventory.json", inventory())
+            blocking = run_preflight(recorder, request)
+            for reason in blocking:
+                _say(f"preflight blocking: {reason}")
+            if blocking and not request.force:
+                recorder.manifest.update(status=NO_GO, finished_utc=rundir.now_utc())
+                recorder.save()
+                _say("preflight no-go: nothing measured (exit 3); --force measures anyway")
+                return EXIT_NO_GO
+            recorder.save()
+            from stagelab.measure.device import default_device
+
+            measure_tables(recorder, request, default_device(), deadline)
+            stops.raise_if_received()  # one swallowed in the last round: recorded interrupted
+            status = overall_status(recorder.manifest)
+        except KeyboardInterrupt as exc:
+            for entry in recorder.manifest["experiments"]:
+                if entry["status"] in (RUNNING, PENDING):
+                    entry.update(status=INTERRUPTED, error=f"interrupted ({exc or 'Ctrl-C'})")
+            status = INTERRUPTED
+    ended = time.monotonic()
+    overrun = round(ended - deadline, 2) if deadline is not None and ended > deadline else None
+    recorder.manifest.update(status=status, finished_utc=rundir.now_utc(),
+                             elapsed_s=round(ended - started, 2), deadline_passed_by_s=overrun)
+    recorder.save()
+    _say(f"{status} after {recorder.manifest['elapsed_s']} s: {out}")
+    if overrun is not None:  # a cell ran longer than predicted: the lease's bound was not kept
+        _say(f"the deadline was passed by {overrun} s (exit 1); the cells are kept")
+    exit_status = {OK: EXIT_OK, INTERRUPTED: EXIT_INTERRUPTED}.get(status, EXIT_PARTIAL)
+    return EXIT_PARTIAL if overrun is not None and exit_status == EXIT_OK else exit_status
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``stagelab measure ARGS``; returns the exit status (a bad request: one line, 2)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        request = checked_request(_parser().parse_args(argv), ["stagelab", "measure", *argv])
+        return EXIT_OK if request is None else measure(request)
+    except SystemExit as exc:  # argparse: --help (0) or a malformed command line (2)
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    except UserError as exc:
+        print(f"stagelab measure: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("stagelab measure: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+# ------------------------------------------------------------------------- reading it back
+
+def read_measured(folder: Path | str) -> dict[str, Any]:
+    """A measured folder's manifest; UserError, in one line, for anything else.
+
+    A manifest still saying ``running`` was written by a process that was killed (or that still
+    writes): its running experiment reads ``interrupted``.
+    """
+    folder = Path(folder)
+    path = folder / MANIFEST
+    if not path.is_file():
+        raise UserError(f"--from {folder}: not a measured folder (no {MANIFEST}; make one with "
+                        "`stagelab measure`)")
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise UserError(f"--from {folder}: {MANIFEST} cannot be read ({exc})") from exc
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise UserError(f"--from {folder}: {MANIFEST} is not a stagelab measurement")
+    if manifest.get("version") != VERSION:
+        raise UserError(f"--from {folder}: measurement format version "
+                        f"{manifest.get('version')!r}, this stagelab reads {VERSION}")
+    experiments = manifest.get("experiments")
+    if not isinstance(experiments, list) or not all(
+            isinstance(e, dict) and {"notebook", "table", "status", "cells"} <= set(e)
+            for e in experiments):
+        raise UserError(f"--from {folder}: {MANIFEST} has no readable list of experiments")
+    if manifest.get("status") == RUNNING:
+        manifest["status"] = INTERRUPTED
+        for entry in manifest["experiments"]:
+            if entry["status"] in (RUNNING, PENDING):
+                entry.update(status=INTERRUPTED, error="the measuring process was killed")
+    return manifest
+
+
+def measured_rows(folder: Path | str, table: str) -> list[dict[str, Any]]:
+    """The rows of one measured table (empty where the experiment measured no cell)."""
+    path = Path(folder) / ROWS_DIR / f"{table}.jsonl"
+    return read_json_lines(path) if path.exists() else []
+
+
+def check_rows(folder: Path | str, entry: Mapping[str, Any]) -> None:
+    """UserError when an experiment's rows file holds fewer rows than its cells recorded (a
+    lost or truncated ``rows/``): a replay would otherwise analyse empty tables as whole."""
+    cells = [c for c in entry["cells"] if c["status"] in (OK, FAILED)]
+    if entry["table"] is None or not cells:
+        return
+    path = Path(folder) / entry["rows"]
+    if not path.is_file():
+        raise UserError(f"--from {folder}: {entry['rows']} is missing, although "
+                        f"{entry['notebook']} recorded {len(cells)} measured cells")
+    expected = sum(c.get("rows", 1) for c in cells)
+    try:
+        found = len(read_json_lines(path))
+    except (OSError, SchemaError) as exc:
+        raise UserError(f"--from {folder}: {entry['rows']} cannot be read ({exc})") from exc
+    if found < expected:
+        raise UserError(f"--from {folder}: {entry['rows']} holds {found} rows, fewer than the "
+                        f"{expected} that {entry['notebook']}'s cells recorded")
+
+
+def gaps(manifest: Mapping[str, Any]) -> list[str]:
+    """What a measured folder lacks, in words: experiments not ``ok``, with their cells."""
+    found = []
+    for entry in manifest["experiments"]:
+        if entry["status"] == OK:
+            continue
+        done = sum(1 for c in entry["cells"] if c["status"] == OK)
+        planned = entry.get("cells_planned")
+        cells = f", {done} of {planned} cells measured" if planned is not None else ""
+        found.append(f"{entry['notebook']}: {entry['status']}{cells}"
+                     f"{' (' + entry['error'] + ')' if entry.get('error') else ''}")
+    return found
+
+
+RECORD_FILES = (MANIFEST, "hardware.json", "preflight.json", "inventory.json")
+RECORD_COPY = "measured"  # the node's record inside a replayed run folder
+
+
+def copy_record(folder: Path | str, dest: Path) -> None:
+    """Copy a measured folder's record (manifest, hardware, preflight, inventory, rows) into
+    ``dest``, so a replayed run, and its kept copy, carry what the node wrote."""
+    folder, dest = Path(folder), Path(dest)
+    (dest / ROWS_DIR).mkdir(parents=True)
+    for name in RECORD_FILES:
+        if (folder / name).is_file():
+            shutil.copyfile(folder / name, dest / name)
+    for rows in sorted((folder / ROWS_DIR).glob("*.jsonl")):
+        shutil.copyfile(rows, dest / ROWS_DIR / rows.name)
+
+
+def origin(folder: Path | str, manifest: Mapping[str, Any]) -> dict[str, Any]:
+    """Where and when a measurement was made, for the run's manifest and report; ``record`` is
+    its copy inside the run folder, ``folder`` where it was read from on the analysing host."""
+    return {"folder": str(Path(folder).resolve()), "record": RECORD_COPY,
+            "measured_id": manifest.get("measured_id"), "preflight": manifest.get("preflight"),
+            "host": manifest.get("host"), "gpu": manifest.get("gpu"),
+            "device": manifest.get("device"), "created_utc": manifest.get("created_utc"),
+            "profile": manifest.get("profile"), "status": manifest.get("status"),
+            "forced": manifest.get("forced"), "git": manifest.get("git"),
+            "versions": manifest.get("versions"), "gaps": gaps(manifest),
+            "loads": {e["notebook"]: e["load"] for e in manifest["experiments"] if e.get("load")}}
