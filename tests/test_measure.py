@@ -59,9 +59,9 @@ def rows_of(folder: Path, table: str) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory) -> Path:
-    """The smoke profile measured with torch alone (forced past the CPU's no-go)."""
+    """The smoke profile measured with torch alone (a rehearsal past the CPU's no-go)."""
     out = tmp_path_factory.mktemp("node") / "evidence"
-    done = torch_alone("measure", "--profile", "smoke", "--out", str(out), "--force")
+    done = torch_alone("measure", "--profile", "smoke", "--out", str(out), "--rehearse-on-cpu")
     assert done.returncode == measure_command.EXIT_OK, done.stderr[-3000:]
     return out
 
@@ -76,7 +76,8 @@ def test_the_smoke_profile_is_measured_with_torch_alone(smoke):
     manifest = measure_command.read_measured(smoke)
     assert (manifest["format"], manifest["version"], manifest["status"]) == (
         measure_command.FORMAT, measure_command.VERSION, "ok")
-    assert manifest["forced"] is True and manifest["versions"]["torch"] == torch.__version__
+    assert manifest["forced"] is False and manifest["rehearsal"] is True
+    assert manifest["versions"]["torch"] == torch.__version__
     # installed here, refused by the import hook: not importable, so no version is claimed
     assert manifest["versions"]["numpy"] is None and manifest["versions"]["nvidia-ml-py"] is None
     assert [e["notebook"] for e in manifest["experiments"]] == list(measure_command.MEASURING)
@@ -136,8 +137,21 @@ def test_bad_requests_are_one_line_and_create_nothing(tmp_path, capsys):
 
 def test_the_gate_estimate_stays_within_the_lease_budget(capsys):
     assert cli.main(["measure", "--profile", "gate", "--estimate", "cuda"]) == 0
-    total = capsys.readouterr().out.strip().splitlines()[-1]
-    assert total.startswith("total on cuda") and float(total.split()[-1]) <= 180
+    out = capsys.readouterr().out.strip().splitlines()
+    total = next(line for line in out if line.startswith("total on cuda"))
+    assert float(total.split()[-1]) <= 180
+    sizes = {line.split()[0]: int(line.split()[1]) for line in out if line.startswith("rows/")}
+    assert set(sizes) == {"rows/staging.jsonl.gz", "rows/step.jsonl.gz"}
+    assert all(0 < size <= measure_command.LEASE_MAX_FILE_BYTES for size in sizes.values())
+    assert out[-1] == "files at most: 6 of the 8 a lease returns"
+
+
+def test_the_estimate_predicts_bytes_per_file_and_the_full_step_rolls_over_once(capsys):
+    assert cli.main(["measure", "--profile", "full", "--estimate", "cuda"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    step = next(line for line in out if line.startswith("rows/step.jsonl.gz"))
+    assert step.endswith("(in 2 files: rolls over at 16777216 B)")
+    assert out[-1] == "files at most: 8 of the 8 a lease returns"
 
 
 def test_a_cell_prediction_follows_its_basis():
@@ -149,8 +163,10 @@ def test_a_cell_prediction_follows_its_basis():
     expected = (elements * basis.device_pass_s_per_element + 4 * elements
                 / basis.fresh_bytes_per_s + elements * basis.native_topk_s_per_element
                 + basis.call_overhead_s)
-    # one round and the two extra calls (agreement, sync debug), plus the cell's preparation
-    assert seed == pytest.approx(3 * expected + basis.cell_overhead_s)
+    fused = 2 * elements * basis.device_pass_s_per_element + basis.call_overhead_s
+    # one round, the after-phase (the fused reference, three calls of each arm: agreement and
+    # sync debug), plus the cell's preparation
+    assert seed == pytest.approx(expected + fused + 3 * expected + basis.cell_overhead_s)
     assert 4 * elements / basis.fresh_bytes_per_s == pytest.approx(0.179, abs=1e-3)  # the issue's
     with pytest.raises(ValueError, match="no prediction for experiment 'nope'"):
         estimate.cell_seconds(dict(experiment="nope", rows=1, vocab=1), [], rounds=1, warmup=0,
@@ -166,7 +182,7 @@ def test_deadline_stops_at_a_cell_boundary_and_keeps_what_was_measured(tmp_path,
     code = measure_command.main(["--profile", "smoke", "--only", "02_logprobs_step", "03_prompt_logprobs",
                          "--param", "02_logprobs_step.rows=[2, 3, 4]", "--param",
                          "02_logprobs_step.arms=[seed_pageable, fused]", "--out", str(out),
-                         "--deadline-s", "3600", "--force"])
+                         "--deadline-s", "3600", "--rehearse-on-cpu"])
     assert code == measure_command.EXIT_PARTIAL
     manifest = measure_command.read_measured(out)
     step, prompt = manifest["experiments"]
@@ -190,24 +206,25 @@ def test_a_no_go_preflight_stops_before_measuring(tmp_path, capsys):
     manifest = json.loads((out / measure_command.MANIFEST).read_text())
     assert manifest["status"] == "no-go" and manifest["preflight"]["blocking"]
     assert json.loads((out / "preflight.json").read_text())["decision"] == "no-go"
-    assert rows_of(out, "staging") == [] and not (out / "rows" / "staging.jsonl").exists()
+    assert rows_of(out, "staging") == [] and not (out / "rows" / "staging.jsonl.gz").exists()
     assert "preflight no-go" in capsys.readouterr().err
 
 
 def stop_in_the_second_step_cell(out: Path, signum: int) -> int:
     """Run a measurement whose step has a long second cell, send ``signum`` inside that cell,
     and return the exit status."""
-    rows = out / "rows" / "step.jsonl"
+    rows = out / "rows" / "step.jsonl.gz"
     env = {**os.environ, "PYTHONPATH": str(REPO / "lib")}
     process = subprocess.Popen(
-        [sys.executable, "-m", "stagelab", "measure", "--profile", "smoke", "--force", "--out",
+        [sys.executable, "-m", "stagelab", "measure", "--profile", "smoke", "--rehearse-on-cpu",
+         "--out",
          str(out), "--param", "02_logprobs_step.models=[Qwen2.5-7B]",
          "--param", "02_logprobs_step.rows=[2, 64]", "--param", "02_logprobs_step.rounds=50",
          "--param", "02_logprobs_step.max_rounds=50"],
         cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 300
-        while not (rows.exists() and rows.read_text().endswith("\n")):
+        while not rows_of(out, "step"):
             assert process.poll() is None and time.monotonic() < deadline, "no first cell"
             time.sleep(0.1)
         time.sleep(1.0)  # inside the second cell (50 rounds of a 39 MB step: many seconds)
@@ -420,15 +437,16 @@ def test_run_from_refuses_a_folder_whose_rows_are_lost_or_cut(tmp_path, smoke):
     lost.mkdir()
     for path in smoke.glob("*.json"):
         shutil.copy(path, lost)
-    with pytest.raises(UserError, match=r"rows/staging.jsonl is missing, although "
+    with pytest.raises(UserError, match=r"rows/staging.jsonl.gz is missing, although "
                                         r"01_d2h_staging recorded \d+ measured cells"):
         replay.replay_plan(profiles.plan_run("smoke"), lost, [])
     cut = tmp_path / "cut"
     shutil.copytree(smoke, cut)
-    step = cut / "rows" / "step.jsonl"
-    lines = step.read_text().splitlines(keepends=True)
-    step.write_text("".join(lines[:-1]))
-    with pytest.raises(UserError, match=f"rows/step.jsonl holds {len(lines) - 1} rows, fewer "
+    step = cut / "rows" / "step.jsonl.gz"
+    lines = rows_of(cut, "step")
+    step.unlink()
+    schema.GzipJsonLinesSink(step).append(lines[:-1])
+    with pytest.raises(UserError, match=f"rows/step.jsonl.gz holds {len(lines) - 1} rows, fewer "
                                         f"than the {len(lines)} that 02_logprobs_step"):
         replay.replay_plan(profiles.plan_run("smoke"), cut, [])
 
@@ -499,7 +517,8 @@ def test_an_out_that_cannot_be_made_is_one_line_exit_2(tmp_path, monkeypatch, ca
     blocker.write_text("")
     monkeypatch.setattr(measure_command.os, "access", lambda *args: True)  # as root, or a read-only mount
     out = blocker / "sub"
-    assert measure_command.main(["--profile", "smoke", "--out", str(out), "--force"]) == measure_command.EXIT_USAGE
+    assert measure_command.main(["--profile", "smoke", "--out", str(out),
+                                 "--rehearse-on-cpu"]) == measure_command.EXIT_USAGE
     err = capsys.readouterr().err.strip()
     assert err == f"stagelab measure: error: --out {out}: cannot be created (Not a directory)"
 
@@ -523,7 +542,7 @@ def test_a_measurement_that_passes_its_deadline_exits_1_and_says_by_how_much(tmp
     monkeypatch.setattr(measure_command, "measure_tables", slow_tables)
     out = tmp_path / "m"
     code = measure_command.main(["--profile", "smoke", "--only", "03_prompt_logprobs", "--out", str(out),
-                         "--deadline-s", "0.5", "--force"])
+                         "--deadline-s", "0.5", "--rehearse-on-cpu"])
     manifest = measure_command.read_measured(out)
     assert code == measure_command.EXIT_PARTIAL and manifest["status"] == "ok"
     assert manifest["deadline_passed_by_s"] > 0
@@ -536,9 +555,9 @@ def test_a_replay_carries_the_node_s_record_into_its_kept_evidence(tmp_path, smo
     measure_command.copy_record(smoke, run_dir / measure_command.RECORD_COPY)
     kept = {str(p.relative_to(run_dir)) for p in evidence.evidence_files(run_dir)}
     assert kept == {f"measured/{name}" for name in measure_command.RECORD_FILES} | {
-        f"measured/rows/{table}.jsonl" for table in measure_command.TABLES.values()}
-    assert (run_dir / "measured/rows/step.jsonl").read_bytes() == (
-        smoke / "rows/step.jsonl").read_bytes()
+        f"measured/rows/{table}.jsonl.gz" for table in measure_command.TABLES.values()}
+    assert (run_dir / "measured/rows/step.jsonl.gz").read_bytes() == (
+        smoke / "rows/step.jsonl.gz").read_bytes()
     origin = measure_command.origin(smoke, measure_command.read_measured(smoke))
     assert origin["record"] == "measured" and origin["preflight"]["decision"] in ("go", "no-go")
 

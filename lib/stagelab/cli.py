@@ -133,6 +133,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         from stagelab.run import replay
 
         origin = replay.replay_plan(plan, args.from_dir, args.param)
+        _say(replay.source_line(origin))
     run_dir, manifest = execute.run(plan, args.out, command=["stagelab", *sys.argv[1:]],
                                    measured=origin)
     _say(f"report: {run_dir / 'index.html'}", sys.stdout)

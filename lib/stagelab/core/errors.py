@@ -39,3 +39,7 @@ class DeadlineReached(RuntimeError):
 class ExtraUnavailable(RuntimeError):
     """An optional package (numpy, nvidia-ml-py) is not importable here: what needs it is
     recorded unavailable, with this reason."""
+
+
+class RowsFileFull(RuntimeError):
+    """A rows file would pass the size a lease returns; the cell was not written."""

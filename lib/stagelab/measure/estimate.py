@@ -59,8 +59,18 @@ BASIS: dict[str, Basis] = {
                   call_overhead_s=100e-6, input_s_per_element=1e-11, memory_probe_s=5.0,
                   cell_overhead_s=0.5, device_memory_bytes_per_s=4.8e12),
 }
-# Calls per cell besides the rounds: the step's agreement pass and its sync-debug pass.
-STEP_EXTRA_CALLS = 2
+# A step cell's after-phase, besides its rounds: the fused reference once, then three calls
+# of each arm (the agreement pass and the sync-debug pass, whose count runs each arm twice).
+STEP_AFTER_CALLS_PER_ARM = 3
+# Rows a cell writes per arm and round (one per timed stage) and per arm once (checks, memory),
+# an upper bound read from this suite's tables (2026-12-01: the step's seed arms time six
+# stages, staging and prompt arms one), and the bytes of one row: about 545 B as plain JSON on
+# a GPU; in a gzip member of a cell's rows 29 B measured on 16,800 step rows shaped as a GPU
+# writes them (random 17-digit timings; 2026-12-01), 35-40 B on this CPU's smaller cells: 40 B.
+ROWS_PER_ARM_ROUND = {catalogue.STAGING: 1, catalogue.STEP: 6, catalogue.PROMPT: 1}
+ROWS_PER_ARM_ONCE = 6
+ROWS_PER_CELL_ONCE = 4
+ROW_BYTES = {"plain": 600, "gzip": 40}
 
 
 def default_forward_s(params_b: float, kind: str) -> float:
@@ -122,12 +132,13 @@ def cell_seconds(sizes: Mapping[str, Any], arms: Sequence[str], *, rounds: int, 
     """
     basis = BASIS[kind]
     experiment, n, vocab = sizes["experiment"], sizes["rows"], sizes["vocab"]
-    extra = 0
+    extra, after_s = 0, 0.0
     if experiment == catalogue.STAGING:
         per_round = sum(_staging_call_s(arm, sizes["bytes"], basis) for arm in arms)
     elif experiment == catalogue.STEP:
         per_round = sum(_step_call_s(arm, n, vocab, basis) + forward_s for arm in arms)
-        extra = STEP_EXTRA_CALLS
+        after_s = (_step_call_s(catalogue.FUSED, n, vocab, basis)
+                   + STEP_AFTER_CALLS_PER_ARM * per_round)
     elif experiment == catalogue.PROMPT:
         per_round = len(arms) * _prompt_call_s(sizes, basis)
         extra = 2  # the reference and the checked call of each configuration
@@ -137,5 +148,12 @@ def cell_seconds(sizes: Mapping[str, Any], arms: Sequence[str], *, rounds: int, 
     if max_rounds is not None and max_rounds > rounds:
         timing = min(max_rounds * per_round, max(timing, max_seconds))
     setup = sources * n * vocab * basis.input_s_per_element
-    return ((warmup + extra) * per_round + timing + setup + memory_probes * basis.memory_probe_s
-            + basis.cell_overhead_s)
+    return ((warmup + extra) * per_round + after_s + timing + setup
+            + memory_probes * basis.memory_probe_s + basis.cell_overhead_s)
+
+
+def cell_rows(experiment: str, arms: Sequence[str], rounds: int) -> int:
+    """The most rows one cell of ``experiment`` writes when it runs ``rounds`` rounds (the
+    round cap, for rounds until precise): the size a rows file is predicted from."""
+    per_round = ROWS_PER_ARM_ROUND.get(experiment, 1)
+    return len(arms) * (rounds * per_round + ROWS_PER_ARM_ONCE) + ROWS_PER_CELL_ONCE

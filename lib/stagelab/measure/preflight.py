@@ -321,6 +321,17 @@ def blocking_reasons(checks: list[Check]) -> list[str]:
     return [f"{c.name}: {c.detail}" for c in checks if c.status == NO_GO]
 
 
+# The checks whose no-go makes every profile's decisive arms impossible: a pinned copy from a
+# CUDA device is what the staging question is about. Not passed by ``--force``.
+DECISIVE_CHECKS = ("cuda", "pinned")
+
+
+def decisive_reasons(checks: list[Check]) -> list[str]:
+    """``name: detail`` of every no-go check of :data:`DECISIVE_CHECKS`."""
+    return [f"{c.name}: {c.detail}" for c in checks
+            if c.status == NO_GO and c.name in DECISIVE_CHECKS]
+
+
 def format_table(checks: list[Check]) -> str:
     """The preflight table: check, status, detail."""
     width = max(len("check"), *(len(c.name) for c in checks))

@@ -32,7 +32,7 @@ INDEX = RunFolder.INDEX
 INCOMING = ".incoming-"  # a keep's staging folder, beside its destination
 # measured/: a replay's copy of the node's own record (manifest, preflight, inventory, rows).
 EVIDENCE_PATTERNS = ("*.json", "*.html", "*.ipynb", "data/*.parquet", "figures/*.png",
-                     "measured/*.json", "measured/rows/*.jsonl")
+                     "measured/*.json", "measured/rows/*.jsonl.gz", "measured/rows/*.jsonl")
 
 
 def refusal(run_dir: Path, manifest: dict[str, Any]) -> str | None:
@@ -44,7 +44,7 @@ def refusal(run_dir: Path, manifest: dict[str, Any]) -> str | None:
                       if e.get("status") != rundir.OK]
         detail = f" ({', '.join(unfinished)})" if unfinished else ""
         return f"its status is {status}{detail}, not ok"
-    partial = replay_gaps(manifest)
+    partial = replay_gaps(manifest) or replay_past_no_go(manifest)
     if partial:
         return partial
     if not RunFolder(run_dir).verdict_path.exists():
@@ -66,6 +66,19 @@ def replay_gaps(manifest: dict[str, Any]) -> str | None:
         return None
     detail = f" ({'; '.join(gaps)})" if gaps else ""
     return f"it replays a measurement whose status is {status}{detail}, not ok"
+
+
+def replay_past_no_go(manifest: dict[str, Any]) -> str | None:
+    """Why a replay is not evidence although whole: its measurement was a CPU rehearsal
+    (``--rehearse-on-cpu``) or was forced past a preflight no-go; ``None`` otherwise."""
+    measured_on = manifest.get("measured_on") or {}
+    blocking = (measured_on.get("preflight") or {}).get("blocking") or []
+    if measured_on.get("rehearsal"):
+        return ("it replays a rehearsal (--rehearse-on-cpu) on a machine whose preflight "
+                f"said no-go ({'; '.join(blocking) or 'see its preflight'})")
+    if measured_on.get("forced") and blocking:
+        return f"it replays a measurement forced past a preflight no-go ({'; '.join(blocking)})"
+    return None
 
 
 def machine_slug(manifest: dict[str, Any]) -> str:
@@ -315,9 +328,17 @@ def _calibration(rows: list[dict[str, Any]]) -> list[str]:
             f"{rows[0]['trials']} simulated trials per scenario: {parts}."]
 
 
+def preferred_run(kept: list[KeptRun]) -> KeptRun:
+    """The run the Results show for one machine (``kept`` oldest first): the newest kept
+    unforced with trustworthy timings, else the newest."""
+    clean = [row for row in kept if not (row.forced or row.untrusted)]
+    return (clean or kept)[-1]
+
+
 def results_markdown(root: Path | None = None) -> str:
     """The README's Results section, generated from the kept runs: per machine, the newest kept
-    run's verdict and findings in its own words, and the older runs kept for it."""
+    run that was not forced and whose timings are trustworthy (else the newest), its verdict
+    and findings in its own words, and the other runs kept for it."""
     root = Path(root or paths.REFERENCE_DIR)
     rows = kept_runs(root)
     lines = [RESULTS_START, "",
@@ -334,10 +355,13 @@ def results_markdown(root: Path | None = None) -> str:
     for row in rows:
         machines.setdefault(row.path.split("/")[0], []).append(row)
     for kept in machines.values():
-        lines += _run_results(root, kept[-1])
-        if len(kept) > 1:
-            older = ", ".join(f"`{Path(r.path).name}` ({r.verdict})" for r in kept[:-1])
-            lines += [f"Older runs kept for this machine: {older}.", ""]
+        shown = preferred_run(kept)
+        lines += _run_results(root, shown)
+        others = [r for r in kept if r is not shown]
+        if others:
+            listed = ", ".join(f"`{Path(r.path).name}` ({r.verdict}{_labels(r)})" for r in others)
+            which = "Older" if shown is kept[-1] else "Other"
+            lines += [f"{which} runs kept for this machine: {listed}.", ""]
     return "\n".join([*lines, RESULTS_END])
 
 

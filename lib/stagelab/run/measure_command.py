@@ -8,9 +8,12 @@ functions the notebooks call, with the same parameters and checks, and writes on
     measured.json      the manifest: profile, resolved parameters, commit, versions, times, and
                        the status of each experiment and each cell (predicted_s, measured_s)
     hardware.json      the snapshot notebook 00 shows
-    preflight.json     the preflight's checks (a no-go stops here, exit 3, unless --force)
+    preflight.json     the preflight's checks (a no-go stops here, exit 3, unless --force;
+                       no CUDA or no pinned copy stops here whatever the flags, unless
+                       --rehearse-on-cpu, recorded)
     inventory.json     installed distributions, compilers, ``nvidia-smi -q``
-    rows/<table>.jsonl the schema rows of each experiment, appended and flushed after every cell
+    rows/<table>.jsonl.gz  the schema rows of each experiment, one gzip member per cell,
+                       appended and flushed after every cell; never larger than a lease returns
 
 Back where the notebook stack lives, ``stagelab run --profile P --from DIR`` analyses it
 (:func:`read_measured`, :func:`measured_rows`). It imports torch and the standard library only
@@ -19,8 +22,9 @@ Back where the notebook stack lives, ``stagelab run --profile P --from DIR`` ana
 
 Exit status: 0 everything measured; 1 partial (a failed cell or experiment, or stopped at the
 deadline) or the deadline passed (``deadline_passed_by_s``: a cell ran longer than predicted);
-2 a bad request (one line, nothing created); 3 preflight no-go without --force; 130 interrupted
-(what was measured is kept).
+2 a bad request (one line, nothing created); 3 preflight no-go without --force, or a no-go that
+makes the profile's decisive arms impossible (no CUDA, no pinned copy) without
+--rehearse-on-cpu; 130 interrupted (what was measured is kept).
 """
 
 from __future__ import annotations
@@ -44,15 +48,19 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from stagelab.core import paths, records, rundir, stops
-from stagelab.core.errors import DeadlineReached, SchemaError, UserError
-from stagelab.core.schema import JsonLinesSink, read_json_lines
+from stagelab.core import paths, provenance, records, rundir, stops
+from stagelab.core.errors import DeadlineReached, RowsFileFull, SchemaError, UserError
+from stagelab.core.schema import GzipJsonLinesSink, part_path, read_json_lines
 from stagelab.measure import busy, estimate
 from stagelab.run import profiles
 
 MANIFEST = "measured.json"
 FORMAT, VERSION = "stagelab-measured", 1
 ROWS_DIR = "rows"
+ROWS_SUFFIX, PLAIN_ROWS_SUFFIX = ".jsonl.gz", ".jsonl"  # written; read as well (older folders)
+# What a lease returns of its output folder: at most 8 files, each at most 16 MiB, none more
+# than two folders below it (``--out`` is one, ``rows/`` the second).
+LEASE_MAX_FILES, LEASE_MAX_FILE_BYTES, LEASE_MAX_FOLDERS_BELOW_OUT = 8, 16 << 20, 1
 EXIT_OK, EXIT_PARTIAL, EXIT_USAGE, EXIT_NO_GO, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 OK, FAILED, DEADLINE, INTERRUPTED, RUNNING, PENDING, NO_GO = (
     "ok", "failed", "deadline", "interrupted", "running", "pending", "no-go")
@@ -81,14 +89,16 @@ class Request:
     deadline_s: float | None = None
     force: bool = False
     command: list[str] = field(default_factory=list)
+    rehearse: bool = False
 
 
 DESCRIPTION = ("Measure a profile's experiments with torch alone into one folder (measured.json, "
-               "hardware.json, preflight.json, inventory.json, rows/*.jsonl); analyse it "
+               "hardware.json, preflight.json, inventory.json, rows/*.jsonl.gz); analyse it "
                "elsewhere with `stagelab run --profile P --from DIR`.")
 EPILOG = ("Exit status: 0 everything measured, 1 partial (a failed cell or experiment, or stopped "
           "at the deadline) or the deadline passed, 2 a bad request, 3 preflight no-go without "
-          "--force, 130 interrupted.")
+          "--force (no CUDA or no pinned copy: without --rehearse-on-cpu, whatever the flags), "
+          "130 interrupted.")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -104,7 +114,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         help="stop at the first cell whose predicted end passes S seconds after "
                              "the start; its status is `deadline`, everything measured is kept")
     parser.add_argument("--force", action="store_true",
-                        help="measure even when the preflight says no-go (recorded)")
+                        help="measure even when the preflight says no-go (recorded); never past "
+                             "no CUDA or no pinned copy, which make the decisive arms impossible")
+    parser.add_argument("--rehearse-on-cpu", action="store_true",
+                        help="rehearse the lease where the decisive arms cannot run (no CUDA, "
+                             "no pinned copy): measure what can run, recorded as a rehearsal "
+                             "that `keep` refuses unless forced")
     parser.add_argument("--estimate", choices=sorted(estimate.BASIS), default=None,
                         help="print each cell's predicted seconds on a cpu or cuda machine and "
                              "the total; measures and creates nothing")
@@ -169,12 +184,13 @@ def checked_request(args: argparse.Namespace, command: list[str]) -> Request | N
     measuring, every = resolve(args.profile, args.only, args.param)
     if args.estimate:
         print(format_estimate(predict_profile(measuring, args.estimate), args.estimate))
+        print(format_file_sizes(predict_file_bytes(measuring)))
         return None
     if args.deadline_s is not None and not 0 < args.deadline_s < math.inf:
         raise UserError(f"--deadline-s {args.deadline_s}: give a positive, finite number of "
                         "seconds")
     return Request(args.profile, measuring, every, check_out(args.out), args.deadline_s,
-                   args.force, command)
+                   args.force, command, args.rehearse_on_cpu)
 
 
 # ------------------------------------------------------------------------------ predictions
@@ -243,6 +259,81 @@ def format_estimate(rows: list[tuple[str, str, float]], kind: str) -> str:
     return "\n".join(lines)
 
 
+def predict_file_bytes(notebooks: Mapping[str, Mapping[str, Any]]) -> dict[str, int]:
+    """The most bytes each rows file will hold (every cell at its round cap), compressed as
+    written: what ``--estimate`` prints beside the lease's 16 MiB per file."""
+    sizes = {}
+    for name, parameters in notebooks.items():
+        if name not in TABLES:
+            continue
+        precise = name == "02_logprobs_step" and parameters.get("max_rounds", 0) > parameters[
+            "rounds"]
+        rounds = parameters["max_rounds"] if precise else parameters["rounds"]
+        rows = sum(estimate.cell_rows(cell.sizes["experiment"], cell.arms, rounds)
+                   for cell in sweep_cells(name, parameters, "cpu") if not cell.invalid)
+        sizes[rows_file(TABLES[name])] = rows * estimate.ROW_BYTES["gzip"]
+    return sizes
+
+
+def format_file_sizes(sizes: Mapping[str, int]) -> str:
+    """The ``--estimate`` lines of predicted bytes per rows file, against the lease's limit."""
+    lines = [f"{'file':65} {'at most bytes':>13}"]
+    lines += [f"{path:65} {size:13d}{_files_needed(size)}" for path, size in sizes.items()]
+    files = len(RECORD_FILES) + sum(-(-size // LEASE_MAX_FILE_BYTES) or 1
+                                    for size in sizes.values())
+    lines.append(f"{'a lease returns per file at most':65} {LEASE_MAX_FILE_BYTES:13d}")
+    lines.append(f"files at most: {files} of the {LEASE_MAX_FILES} a lease returns"
+                 f"{'' if files <= LEASE_MAX_FILES else ': the last cells would stop'}")
+    return "\n".join(lines)
+
+
+def _files_needed(size: int) -> str:
+    files = -(-size // LEASE_MAX_FILE_BYTES)
+    return f"  (in {files} files: rolls over at {LEASE_MAX_FILE_BYTES} B)" if files > 1 else ""
+
+
+def rows_file(table: str) -> str:
+    """Where a table's rows are written, relative to the measured folder."""
+    return f"{ROWS_DIR}/{table}{ROWS_SUFFIX}"
+
+
+def spare_files(manifest: Mapping[str, Any]) -> int:
+    """How many files a measurement may add, beyond its record and one rows file per table,
+    and still be returned whole: what a rows file may roll over into."""
+    tables = sum(1 for e in manifest["experiments"] if e["table"])
+    return max(0, LEASE_MAX_FILES - len(RECORD_FILES) - tables)
+
+
+def file_budget(spare: int) -> Callable[[], bool]:
+    """``another()``: True (and one fewer left) while one of ``spare`` files is left."""
+    left = [spare]
+
+    def another() -> bool:
+        if left[0] <= 0:
+            return False
+        left[0] -= 1
+        return True
+    return another
+
+
+def return_problems(out: Path | str) -> list[str]:
+    """What a lease would not return of the measured folder ``out`` (more than 8 files, a file
+    over 16 MiB, a file too deep, a link), in words; empty when everything comes back."""
+    out = Path(out)
+    found = sorted(p for p in out.rglob("*") if not p.is_dir() or p.is_symlink())
+    problems = [f"{len(found)} files, more than the {LEASE_MAX_FILES} a lease returns"
+                ] if len(found) > LEASE_MAX_FILES else []
+    for path in found:
+        name = path.relative_to(out).as_posix()
+        if path.is_symlink() or not path.is_file():
+            problems.append(f"{name}: not a plain file")
+        elif path.stat().st_size > LEASE_MAX_FILE_BYTES:
+            problems.append(f"{name}: {path.stat().st_size} B, over {LEASE_MAX_FILE_BYTES} B")
+        if len(path.relative_to(out).parts) - 1 > LEASE_MAX_FOLDERS_BELOW_OUT:
+            problems.append(f"{name}: deeper than a lease returns")
+    return problems
+
+
 # ------------------------------------------------------------------------------- the record
 
 class Recorder:
@@ -278,7 +369,7 @@ def new_manifest(request: Request, out: Path) -> dict[str, Any]:
         table = TABLES.get(name)
         experiments.append({
             "notebook": name, "table": table, "parameters": parameters, "status": PENDING,
-            "rows": f"{ROWS_DIR}/{table}.jsonl" if table else None,
+            "rows": rows_file(table) if table else None,
             "file": None if table else "hardware.json", "error": None,
             "cells_planned": None, "predicted_s": None, "measured_s": None, "cells": []})
     return {
@@ -286,9 +377,20 @@ def new_manifest(request: Request, out: Path) -> dict[str, Any]:
         "profile": request.profile, "command": request.command, "status": RUNNING,
         "created_utc": rundir.now_utc(), "finished_utc": None, "host": socket.gethostname(),
         "pid": os.getpid(), "device": None, "gpu": None, "versions": None,
-        "git": rundir.git_state(), "deadline_s": request.deadline_s, "forced": request.force,
-        "preflight": None, "experiments": experiments,
+        "git": commit_state(), "source": provenance.source_record(),
+        "deadline_s": request.deadline_s, "forced": request.force,
+        "rehearsal": request.rehearse, "preflight": None, "experiments": experiments,
     }
+
+
+def commit_state() -> dict[str, Any]:
+    """The commit of the checkout (git), else the one named in ``STAGELAB_COMMIT`` (a lease
+    copies the tree without ``.git``; the source's tree id is recorded beside it)."""
+    state = rundir.git_state()
+    if state["commit"] is None and os.environ.get(provenance.COMMIT_ENV):
+        return {"commit": os.environ[provenance.COMMIT_ENV], "dirty": None,
+                "from": provenance.COMMIT_ENV}
+    return state
 
 
 # ---------------------------------------------------------------------------- the inventory
@@ -327,12 +429,24 @@ def inventory() -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------- measuring
 
+# A cell is admitted before the deadline only if the worse of its scaled prediction and this
+# multiple of its prediction fits: the last cells of a lease on a CPU VM overran their
+# predictions by 1.7-2.4x, more than the cells before them had (which is what the scale knows).
+DEADLINE_SAFETY = 2.5
+
+
+def admission_seconds(predicted: float, scale: float) -> float:
+    """The seconds a cell is expected to take when admitting it before a deadline."""
+    return max(predicted * scale, predicted * DEADLINE_SAFETY)
+
+
 class CellClock:
     """The sweep watcher of one experiment: predicts each cell, refuses one that would pass the
     deadline, records predicted and measured seconds in the manifest after every cell.
 
     Predictions are scaled by how the cells measured so far compared with theirs, so a machine
-    slower or faster than the basis is judged by what it did.
+    slower or faster than the basis is judged by what it did, and never taken below
+    :data:`DEADLINE_SAFETY` times the prediction (:func:`admission_seconds`).
     """
 
     def __init__(self, recorder: Recorder, entry: dict[str, Any],
@@ -352,7 +466,7 @@ class CellClock:
         self.predicted = self.predict(cell, rounds, warmup)
         if self.deadline is None:
             return True
-        expected = self.predicted * self.scale()
+        expected = admission_seconds(self.predicted, self.scale())
         if time.monotonic() + expected <= self.deadline:
             return True
         left = max(0.0, self.deadline - time.monotonic())
@@ -377,7 +491,7 @@ class CellClock:
         self.recorder.save()
 
 
-def run_experiment(notebook: str, p: Mapping[str, Any], sink: JsonLinesSink) -> None:
+def run_experiment(notebook: str, p: Mapping[str, Any], sink: GzipJsonLinesSink) -> None:
     """One measuring notebook's sweep, called exactly as the notebook calls it."""
     from stagelab.measure import prompt_logprobs, shapes, staging, step
 
@@ -416,6 +530,7 @@ def measure_tables(recorder: Recorder, request: Request, device: str,
 
     kind = estimate.device_kind(device)
     stopped = False
+    another_file = file_budget(spare_files(recorder.manifest))
     for entry in recorder.manifest["experiments"]:
         notebook = entry["notebook"]
         if entry["table"] is None:
@@ -431,8 +546,8 @@ def measure_tables(recorder: Recorder, request: Request, device: str,
                                                    parameters["warmup"]) for c in cells), 1))
         recorder.save()
         _say(f"{notebook}: {len(cells)} cells, predicted {entry['predicted_s']} s")
-        sink = JsonLinesSink(recorder.out / entry["rows"], run_id=recorder.out.name,
-                             notebook=notebook)
+        sink = GzipJsonLinesSink(recorder.out / entry["rows"], LEASE_MAX_FILE_BYTES,
+                                 another_file, run_id=recorder.out.name, notebook=notebook)
         started = time.perf_counter()
         with busy.LoadWatch() as watch:  # the node's own load: replays judge trust from it
             try:
@@ -445,6 +560,9 @@ def measure_tables(recorder: Recorder, request: Request, device: str,
             except DeadlineReached as exc:
                 entry.update(status=DEADLINE, error=str(exc))
                 stopped = True
+            except RowsFileFull as exc:  # its cells so far are whole; the lease returns them
+                entry.update(status=FAILED, error=f"stopped before a cell that would not come "
+                                                  f"back: {exc}")
             except KeyboardInterrupt:
                 entry.update(status=INTERRUPTED, error="interrupted",
                              measured_s=round(time.perf_counter() - started, 2))
@@ -474,8 +592,9 @@ def take_snapshot(recorder: Recorder, request: Request) -> dict[str, Any]:
     return snap
 
 
-def run_preflight(recorder: Recorder, request: Request) -> list[str]:
-    """The preflight's checks into ``preflight.json``; the blocking reasons."""
+def run_preflight(recorder: Recorder, request: Request) -> tuple[list[str], list[str]]:
+    """The preflight's checks into ``preflight.json``; the blocking reasons, and those of
+    them that make the profile's decisive arms impossible (no CUDA, no pinned copy)."""
     from stagelab.measure import preflight
 
     started = time.perf_counter()
@@ -483,9 +602,23 @@ def run_preflight(recorder: Recorder, request: Request) -> list[str]:
     preflight.write_report(recorder.out / "preflight.json", request.profile, checks,
                            time.perf_counter() - started)
     blocking = preflight.blocking_reasons(checks)
+    decisive = preflight.decisive_reasons(checks)
     recorder.manifest["preflight"] = {"decision": NO_GO if blocking else "go",
-                                      "blocking": blocking}
-    return blocking
+                                      "blocking": blocking, "decisive": decisive}
+    return blocking, decisive
+
+
+def refused_no_go(request: Request, blocking: list[str], decisive: list[str]) -> str | None:
+    """Why a no-go stops the measurement (None when it goes on): a decisive one unless
+    rehearsing on a CPU, whatever ``--force`` says; any other unless forced."""
+    if decisive and not request.rehearse:
+        return ("preflight no-go: the profile's decisive arms cannot run here (no CUDA or no "
+                "pinned copy): "
+                "nothing measured (exit 3), --force does not pass this; --rehearse-on-cpu "
+                "measures a rehearsal, recorded, never evidence")
+    if set(blocking) - set(decisive) and not request.force:
+        return "preflight no-go: nothing measured (exit 3); --force measures anyway"
+    return None
 
 
 def overall_status(manifest: Mapping[str, Any]) -> str:
@@ -515,13 +648,14 @@ def measure(request: Request) -> int:
             _say(f"into {out}")
             take_snapshot(recorder, request)
             records.write_json_atomic(out / "inventory.json", inventory())
-            blocking = run_preflight(recorder, request)
+            blocking, decisive = run_preflight(recorder, request)
             for reason in blocking:
                 _say(f"preflight blocking: {reason}")
-            if blocking and not request.force:
+            refused = refused_no_go(request, blocking, decisive)
+            if refused:
                 recorder.manifest.update(status=NO_GO, finished_utc=rundir.now_utc())
                 recorder.save()
-                _say("preflight no-go: nothing measured (exit 3); --force measures anyway")
+                _say(refused)
                 return EXIT_NO_GO
             recorder.save()
             from stagelab.measure.device import default_device
@@ -539,6 +673,8 @@ def measure(request: Request) -> int:
     recorder.manifest.update(status=status, finished_utc=rundir.now_utc(),
                              elapsed_s=round(ended - started, 2), deadline_passed_by_s=overrun)
     recorder.save()
+    for problem in return_problems(out):
+        _say(f"a lease would not return this: {problem}")
     _say(f"{status} after {recorder.manifest['elapsed_s']} s: {out}")
     if overrun is not None:  # a cell ran longer than predicted: the lease's bound was not kept
         _say(f"the deadline was passed by {overrun} s (exit 1); the cells are kept")
@@ -597,10 +733,22 @@ def read_measured(folder: Path | str) -> dict[str, Any]:
     return manifest
 
 
+def rows_paths(folder: Path | str, table: str) -> list[Path]:
+    """A measured table's rows files in order: the compressed file and those it rolled over
+    into, or the plain file older folders wrote; empty where there is none."""
+    first = Path(folder) / rows_file(table)
+    plain = Path(folder) / ROWS_DIR / f"{table}{PLAIN_ROWS_SUFFIX}"
+    if not first.exists():
+        return [plain] if plain.exists() else []
+    found = []
+    while (path := part_path(first, len(found) + 1)).exists():
+        found.append(path)
+    return found
+
+
 def measured_rows(folder: Path | str, table: str) -> list[dict[str, Any]]:
     """The rows of one measured table (empty where the experiment measured no cell)."""
-    path = Path(folder) / ROWS_DIR / f"{table}.jsonl"
-    return read_json_lines(path) if path.exists() else []
+    return [row for path in rows_paths(folder, table) for row in read_json_lines(path)]
 
 
 def check_rows(folder: Path | str, entry: Mapping[str, Any]) -> None:
@@ -609,13 +757,12 @@ def check_rows(folder: Path | str, entry: Mapping[str, Any]) -> None:
     cells = [c for c in entry["cells"] if c["status"] in (OK, FAILED)]
     if entry["table"] is None or not cells:
         return
-    path = Path(folder) / entry["rows"]
-    if not path.is_file():
+    if not rows_paths(folder, entry["table"]):
         raise UserError(f"--from {folder}: {entry['rows']} is missing, although "
                         f"{entry['notebook']} recorded {len(cells)} measured cells")
     expected = sum(c.get("rows", 1) for c in cells)
     try:
-        found = len(read_json_lines(path))
+        found = len(measured_rows(folder, entry["table"]))
     except (OSError, SchemaError) as exc:
         raise UserError(f"--from {folder}: {entry['rows']} cannot be read ({exc})") from exc
     if found < expected:
@@ -643,14 +790,29 @@ RECORD_COPY = "measured"  # the node's record inside a replayed run folder
 
 def copy_record(folder: Path | str, dest: Path) -> None:
     """Copy a measured folder's record (manifest, hardware, preflight, inventory, rows) into
-    ``dest``, so a replayed run, and its kept copy, carry what the node wrote."""
+    ``dest``, so a replayed run, and its kept copy, carry what the node wrote; rows stay
+    compressed, and plain rows of an older folder are compressed on the way (kept evidence
+    must fit what a lease carries)."""
     folder, dest = Path(folder), Path(dest)
     (dest / ROWS_DIR).mkdir(parents=True)
     for name in RECORD_FILES:
         if (folder / name).is_file():
             shutil.copyfile(folder / name, dest / name)
-    for rows in sorted((folder / ROWS_DIR).glob("*.jsonl")):
+    for rows in sorted((folder / ROWS_DIR).glob(f"*{ROWS_SUFFIX}")):
         shutil.copyfile(rows, dest / ROWS_DIR / rows.name)
+    for plain in sorted((folder / ROWS_DIR).glob(f"*{PLAIN_ROWS_SUFFIX}")):
+        table = plain.name.removesuffix(PLAIN_ROWS_SUFFIX)
+        if not (folder / rows_file(table)).exists():
+            GzipJsonLinesSink(dest / rows_file(table)).append(read_json_lines(plain))
+
+
+def matched_source(manifest: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The measurement's source record with ``matched_commit``: the commit here whose
+    ``lib/stagelab`` has the tree id the node recorded (None where none has it)."""
+    source = manifest.get("source")
+    if not isinstance(source, dict):
+        return None
+    return {**source, "matched_commit": provenance.matching_commit(source.get("tree"))}
 
 
 def origin(folder: Path | str, manifest: Mapping[str, Any]) -> dict[str, Any]:
@@ -661,6 +823,7 @@ def origin(folder: Path | str, manifest: Mapping[str, Any]) -> dict[str, Any]:
             "host": manifest.get("host"), "gpu": manifest.get("gpu"),
             "device": manifest.get("device"), "created_utc": manifest.get("created_utc"),
             "profile": manifest.get("profile"), "status": manifest.get("status"),
-            "forced": manifest.get("forced"), "git": manifest.get("git"),
+            "forced": manifest.get("forced"), "rehearsal": bool(manifest.get("rehearsal")),
+            "git": manifest.get("git"), "source": matched_source(manifest),
             "versions": manifest.get("versions"), "gaps": gaps(manifest),
             "loads": {e["notebook"]: e["load"] for e in manifest["experiments"] if e.get("load")}}

@@ -70,3 +70,16 @@ def replay_plan(plan: RunPlan, folder: Path, params: Iterable[str]) -> dict[str,
     except (OSError, ValueError) as exc:
         raise UserError(f"--from {folder}: hardware.json cannot be read ({exc})") from exc
     return {**measure_command.origin(folder, manifest), "hardware": hardware}
+
+
+def source_line(origin: dict[str, Any]) -> str:
+    """One line naming the commit the measured source matched here, or why none is named."""
+    source = origin.get("source") or {}
+    if source.get("matched_commit"):
+        return (f"the measured source (lib/stagelab tree {source['tree'][:12]}) is commit "
+                f"{source['matched_commit']}")
+    if not source.get("tree"):
+        return "the measurement recorded no source fingerprint (made before they were)"
+    claimed = source.get("commit_env") or (origin.get("git") or {}).get("commit")
+    return (f"the measured source (lib/stagelab tree {source['tree'][:12]}) matches no commit "
+            f"here{'; it names commit ' + claimed if claimed else ''}")
