@@ -213,7 +213,6 @@ def test_a_no_go_preflight_stops_before_measuring(tmp_path, capsys):
 def stop_in_the_second_step_cell(out: Path, signum: int) -> int:
     """Run a measurement whose step has a long second cell, send ``signum`` inside that cell,
     and return the exit status."""
-    rows = out / "rows" / "step.jsonl.gz"
     env = {**os.environ, "PYTHONPATH": str(REPO / "lib")}
     process = subprocess.Popen(
         [sys.executable, "-m", "stagelab", "measure", "--profile", "smoke", "--rehearse-on-cpu",

@@ -248,7 +248,7 @@ class GzipJsonLinesSink(JsonLinesSink):
             return part_path(self.path, self.parts)
         raise RowsFileFull(f"{current.name}: {rows} more rows ({member_bytes} B compressed) "
                            f"would pass {self.max_bytes} B ({size} B written) and no other "
-                           "file may be started")
+                           "file may take it")
 
 
 def gzip_members_text(data: bytes) -> tuple[str, bool]:

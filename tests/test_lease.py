@@ -1,0 +1,273 @@
+"""One short GPU lease that cannot be wasted (issue 28): the measured folder always comes back
+(compressed rows, no file over 16 MiB, at most 8 files, not too deep), a GPU is required
+whatever ``--force`` says, the source is named without git, and a rehearsal is never evidence."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from stagelab.core import paths, provenance, records, rundir, schema
+from stagelab.core.errors import RowsFileFull
+from stagelab.present import evidence
+from stagelab.run import measure_command, replay
+
+REPO = paths.REPO_ROOT
+no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU outcome needs no CUDA")
+has_git = pytest.mark.skipif(shutil.which("git") is None or not (REPO / ".git").exists(),
+                             reason="matching a tree id to a commit needs git and the history")
+
+
+def cell_rows(cell: int, count: int) -> list[dict]:
+    return [{"experiment": "step", "arm": "fused", "round": i, "seconds": 1e-3 * (i + 1),
+             "rows": cell, "vocab": 8} for i in range(count)]
+
+
+# ------------------------------------------------------------------------ compressed rows
+
+def test_a_cut_gzip_member_leaves_every_whole_cell_readable(tmp_path):
+    path = tmp_path / "step.jsonl.gz"
+    sink = schema.GzipJsonLinesSink(path, run_id="r", notebook="02_logprobs_step")
+    sink.append(cell_rows(1, 3))
+    sink.append(cell_rows(2, 4))
+    whole = path.stat().st_size
+    sink.append(cell_rows(3, 5))
+    data = path.read_bytes()
+    path.write_bytes(data[:whole + (len(data) - whole) // 2])  # killed inside the third write
+    rows = schema.read_json_lines(path)
+    assert [row["rows"] for row in rows] == [1] * 3 + [2] * 4
+    assert rows[0]["run_id"] == "r" and len(rows[0]) == len(schema.COLUMNS)
+
+
+def test_plain_and_compressed_rows_read_the_same(tmp_path):
+    plain = schema.JsonLinesSink(tmp_path / "a.jsonl", run_id="r")
+    packed = schema.GzipJsonLinesSink(tmp_path / "a.jsonl.gz", run_id="r")
+    for cell in (1, 2):
+        plain.append(cell_rows(cell, 3))
+        packed.append(cell_rows(cell, 3))
+    assert schema.read_json_lines(plain.path) == schema.read_json_lines(packed.path)
+    assert packed.path.stat().st_size < plain.path.stat().st_size
+
+
+def test_a_full_rows_file_rolls_over_once_allowed_and_otherwise_stops_untouched(tmp_path):
+    budget = measure_command.file_budget(1)
+    sink = schema.GzipJsonLinesSink(tmp_path / "step.jsonl.gz", 800, budget)
+    sink.append(cell_rows(1, 2))
+    first = sink.path.read_bytes()
+    sink.append(cell_rows(2, 40))  # too much for the first file: the spare file takes it
+    assert sink.path.read_bytes() == first
+    assert (tmp_path / "step.2.jsonl.gz").is_file() and sink.parts == 2
+    before = (tmp_path / "step.2.jsonl.gz").read_bytes()
+    with pytest.raises(RowsFileFull, match="would pass 800 B .* no other file may take it"):
+        sink.append(cell_rows(3, 200))  # and no spare left: refused, nothing written
+    assert (tmp_path / "step.2.jsonl.gz").read_bytes() == before
+    folder = tmp_path / "measured"
+    (folder / "rows").mkdir(parents=True)
+    for name in ("step.jsonl.gz", "step.2.jsonl.gz"):
+        shutil.copy(tmp_path / name, folder / "rows" / name)
+    assert [r["rows"] for r in measure_command.measured_rows(folder, "step")] == [1] * 2 + [2] * 40
+
+
+def full_profile_step_rows(cell, rounds: int, rng: random.Random) -> list[dict]:
+    """As many GPU-shaped rows as the estimate's upper bound for one step cell of ``full``."""
+    stages = ("total", "device", "copy", "alloc", "host_gather", "free")
+    count = measure_command.estimate.cell_rows("step", cell.arms, rounds)
+    rows = []
+    for i in range(count):
+        seconds = rng.lognormvariate(-6, 0.4)
+        rows.append({"experiment": "step", "arm": cell.arms[i % len(cell.arms)],
+                     "stage": stages[i % len(stages)], "device": "cuda:0 NVIDIA H200",
+                     "model": cell.sizes.get("model") or "", "rows": cell.sizes["rows"],
+                     "vocab": cell.sizes["vocab"], "k": cell.sizes.get("k"), "dtype": "float32",
+                     "log_softmax": cell.sizes.get("log_softmax"), "round": i // 42,
+                     "position": i % 7, "seconds": seconds,
+                     "host_seconds": seconds * (1 + rng.random() * 1e-3), "clock_agrees": True,
+                     "bytes": 4 * cell.sizes["rows"] * cell.sizes["vocab"],
+                     "timer": "cuda_event"})
+    return rows
+
+
+@pytest.mark.slow  # half a million rows compressed: about a minute
+def test_a_step_table_of_the_full_profile_s_size_comes_back_whole(tmp_path):
+    measuring, _ = measure_command.resolve("full", [], [])
+    manifest = {"experiments": [{"table": measure_command.TABLES.get(name)}
+                                for name in measuring]}
+    another = measure_command.file_budget(measure_command.spare_files(manifest))
+    out = tmp_path / "evidence"
+    (out / "rows").mkdir(parents=True)
+    for name in measure_command.RECORD_FILES:
+        (out / name).write_text("{}\n")
+    parameters = measuring["02_logprobs_step"]
+    sink = schema.GzipJsonLinesSink(out / measure_command.rows_file("step"),
+                                    measure_command.LEASE_MAX_FILE_BYTES, another,
+                                    run_id="evidence", notebook="02_logprobs_step")
+    rng, written = random.Random(0), 0
+    for cell in measure_command.sweep_cells("02_logprobs_step", parameters, "cpu"):
+        rows = full_profile_step_rows(cell, parameters["max_rounds"], rng)
+        sink.append(rows)
+        written += len(rows)
+    for table in ("staging", "prompt_logprobs"):
+        schema.GzipJsonLinesSink(out / measure_command.rows_file(table)).append(cell_rows(1, 9))
+    files = sorted(p for p in out.rglob("*") if p.is_file())
+    assert written > 400_000 and sink.parts == 2  # over 16 MiB compressed: one roll-over
+    assert len(files) == measure_command.LEASE_MAX_FILES
+    assert all(p.stat().st_size <= 16 << 20 for p in files)
+    assert all(len(p.relative_to(out).parts) <= 2 for p in files)
+    assert measure_command.return_problems(out) == []
+    assert len(measure_command.measured_rows(out, "step")) == written
+
+
+def test_return_problems_name_what_a_lease_would_not_return(tmp_path):
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    (tmp_path / "a" / "b" / "deep.json").write_text("{}")
+    with open(tmp_path / "big.bin", "wb") as handle:
+        handle.truncate((16 << 20) + 1)
+    for i in range(7):
+        (tmp_path / f"f{i}.json").write_text("{}")
+    problems = measure_command.return_problems(tmp_path)
+    assert problems == ["9 files, more than the 8 a lease returns",
+                        "a/b/deep.json: deeper than a lease returns",
+                        f"big.bin: {(16 << 20) + 1} B, over {16 << 20} B"]
+
+
+def test_a_table_at_the_size_limit_stops_with_a_status_and_keeps_its_cells(tmp_path,
+                                                                           monkeypatch):
+    monkeypatch.setattr(measure_command, "LEASE_MAX_FILE_BYTES", 1)  # any cell passes it
+    out = tmp_path / "m"
+    code = measure_command.main(["--profile", "smoke", "--only", "03_prompt_logprobs", "--out",
+                                 str(out), "--rehearse-on-cpu"])
+    manifest = measure_command.read_measured(out)
+    (prompt,) = manifest["experiments"]
+    assert code == measure_command.EXIT_PARTIAL and manifest["status"] == "failed"
+    assert prompt["status"] == "failed" and prompt["cells"] == []
+    assert prompt["error"].startswith("stopped before a cell that would not come back: "
+                                      "prompt_logprobs.jsonl.gz: ")
+    assert measure_command.measured_rows(out, "prompt_logprobs") == []
+
+
+def test_a_replay_keeps_rows_compressed_even_from_a_plain_folder(tmp_path):
+    folder = tmp_path / "old"
+    (folder / "rows").mkdir(parents=True)
+    schema.JsonLinesSink(folder / "rows" / "step.jsonl", run_id="r").append(cell_rows(1, 5))
+    dest = tmp_path / "run" / "measured"
+    measure_command.copy_record(folder, dest)
+    assert [p.name for p in (dest / "rows").iterdir()] == ["step.jsonl.gz"]
+    assert measure_command.measured_rows(dest, "step") == measure_command.measured_rows(
+        folder, "step")
+
+
+# ------------------------------------------------------------------------ a GPU is required
+
+@no_cuda
+def test_force_never_passes_no_cuda_exit_3_within_seconds(tmp_path):
+    out = tmp_path / "evidence"
+    env = {**os.environ, "PYTHONPATH": str(REPO / "lib")}
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "stagelab", "measure", "--profile", "gate",
+                           "--force", "--out", str(out)], capture_output=True, text=True,
+                          cwd=REPO, env=env, timeout=120)
+    elapsed = time.monotonic() - started
+    assert done.returncode == measure_command.EXIT_NO_GO, done.stderr[-2000:]
+    assert elapsed < 10  # the issue's bound: a forced CPU gate measured for 350-395 s before
+    manifest = measure_command.read_measured(out)
+    assert manifest["status"] == "no-go" and manifest["forced"] is True
+    assert manifest["preflight"]["decisive"][0].startswith("cuda: ")
+    assert all(e["cells"] == [] for e in manifest["experiments"])
+    assert "--force does not pass this; --rehearse-on-cpu" in done.stderr
+
+
+def replayed(measured_on: dict) -> dict:
+    manifest = rundir.new_manifest(Path("run"), "gate", ["stagelab"], [], {}, "ok")
+    return {**manifest, "measured_on": {"status": "ok", "gaps": [], **measured_on}}
+
+
+def test_keep_refuses_a_replay_of_a_rehearsal_or_a_forced_no_go():
+    no_go = {"decision": "no-go", "blocking": ["cuda: no CUDA device"]}
+    rehearsal = evidence.replay_past_no_go(replayed({"rehearsal": True, "preflight": no_go}))
+    assert rehearsal == ("it replays a rehearsal (--rehearse-on-cpu) on a machine whose "
+                         "preflight said no-go (cuda: no CUDA device)")
+    forced = evidence.replay_past_no_go(replayed({"forced": True, "preflight": no_go}))
+    assert forced == ("it replays a measurement forced past a preflight no-go (cuda: no CUDA "
+                      "device)")
+    go = {"decision": "go", "blocking": []}
+    assert evidence.replay_past_no_go(replayed({"forced": True, "preflight": go})) is None
+    assert evidence.refusal(Path("nowhere"), replayed({"rehearsal": True,
+                                                      "preflight": no_go})) == rehearsal
+
+
+def test_the_results_show_the_newest_unforced_trusted_run_per_machine():
+    def row(date: str, forced: bool = False, untrusted: bool = False) -> evidence.KeptRun:
+        return evidence.KeptRun(f"H200/{date}", "H200", date, "c", "gate", "PORT", forced,
+                                untrusted)
+
+    clean, forced, busy = row("1"), row("2", forced=True), row("3", untrusted=True)
+    assert evidence.preferred_run([clean, forced, busy]) is clean
+    assert evidence.preferred_run([forced, busy]) is busy  # none clean: the newest, labelled
+
+
+def test_deadline_admission_takes_the_worse_of_scaled_and_a_safety_multiple():
+    assert measure_command.admission_seconds(10.0, 1.0) == 10.0 * measure_command.DEADLINE_SAFETY
+    assert measure_command.admission_seconds(10.0, 4.0) == 40.0
+    recorder = measure_command.Recorder(Path("unused"), {"experiments": []})
+    recorder.save = lambda: None
+    entry = {"cells": []}
+    deadline = time.monotonic() + 20  # 10 s predicted fits once, not at 2.5x
+    clock = measure_command.CellClock(recorder, entry, lambda *_: 10.0, deadline)
+    cell = type("Cell", (), {"label": "n=1"})()
+    assert clock.admit("step", cell, 1, 0) is False
+    assert entry["cells"][0]["outcome"].startswith("not started: expected 25.0 s")
+
+
+# ------------------------------------------------------------------------ provenance
+
+@has_git
+def test_the_source_tree_id_is_git_s_and_matches_its_commit(tmp_path):
+    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", "HEAD", "lib/stagelab"],
+                             capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(tmp_path)], input=archive, check=True)
+    (tmp_path / "lib/stagelab/__pycache__").mkdir(exist_ok=True)
+    (tmp_path / "lib/stagelab/__pycache__/x.pyc").write_bytes(b"ignored, as git ignores it")
+    expected = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD:lib/stagelab"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+    tree = provenance.tree_id(tmp_path / "lib/stagelab")
+    assert tree == expected
+    assert provenance.matching_commit(tree) == head
+    assert provenance.matching_commit("0" * 40) is None
+    origin = {"source": {"tree": tree, "matched_commit": head}}
+    assert replay.source_line(origin) == (f"the measured source (lib/stagelab tree {tree[:12]}) "
+                                          f"is commit {head}")
+
+
+def test_a_commit_named_in_the_environment_is_honoured_without_git(monkeypatch):
+    monkeypatch.setattr(rundir, "git_state", lambda: {"commit": None, "dirty": None})
+    monkeypatch.setenv(provenance.COMMIT_ENV, "abc123")
+    assert measure_command.commit_state() == {"commit": "abc123", "dirty": None,
+                                              "from": provenance.COMMIT_ENV}
+    assert provenance.source_record()["commit_env"] == "abc123"
+    monkeypatch.delenv(provenance.COMMIT_ENV)
+    assert measure_command.commit_state() == {"commit": None, "dirty": None}
+    origin = {"source": {"tree": "f" * 40, "matched_commit": None, "commit_env": "abc123"}}
+    assert replay.source_line(origin).endswith("matches no commit here; it names commit abc123")
+
+
+def test_the_manifest_records_the_source_tree_of_this_checkout(tmp_path, monkeypatch):
+    monkeypatch.setenv(provenance.COMMIT_ENV, "given")
+    request = measure_command.Request("smoke", {}, {}, tmp_path, rehearse=True)
+    manifest = measure_command.new_manifest(request, tmp_path)
+    assert manifest["source"] == {"path": "lib/stagelab",
+                                  "tree": provenance.tree_id(REPO / "lib/stagelab"),
+                                  "commit_env": "given"}
+    assert manifest["rehearsal"] is True and manifest["forced"] is False
+    records.write_json_atomic(tmp_path / "m.json", manifest)
+    assert json.loads((tmp_path / "m.json").read_text())["source"]["tree"]
