@@ -499,3 +499,17 @@ def test_the_two_places_of_the_log_softmax_are_told_apart():
                 *timed("seed_pinned", [1e-3, 1e-3], rows=64, vocab=V, k=5, log_softmax="host"))
     compared = analysis.compare(both, "seed_pageable", "seed_pinned", ["rows", "vocab", "k"])
     assert sorted(compared["speedup"]) == pytest.approx([2.0, 3.0])  # one row per place
+
+
+def test_the_link_goal_sits_below_the_practical_pcie_ceiling_and_numa_minus_one_is_unknown():
+    nbytes = 100 * 10**6
+    frame = rows(*timed("raw_ceiling", [nbytes / 41e9] * 3, rows=256, vocab=V, bytes=nbytes))
+    snap = {"gpu": {"name": "H200"}, "nvml": {"pcie_max_gbps_per_direction": 50.0,
+                                              "numa_node": -1}}
+    link = analysis.staging_goals(frame, snap)[1]
+    assert link["target"] == ">= 80 % (practical ceiling about 87 %)"
+    assert (link["status"], link["measured"]) == ("met", "82.0% of 50.0 GB/s")  # 85 % failed it
+    slow = rows(*timed("raw_ceiling", [nbytes / 30e9] * 3, rows=256, vocab=V, bytes=nbytes))
+    note = analysis.staging_goals(slow, snap)[1]["note"]
+    assert "NUMA" not in note and note.startswith("the buffer size")
+    assert "NUMA node 1" in analysis.likely_link_cause({"nvml": {"numa_node": 1}})

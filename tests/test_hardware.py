@@ -36,6 +36,16 @@ def test_flatten_lists_every_section():
                              "unavailable": ["GPU: none"]})
     assert ("host", "a", 1) in rows and ("gpu", "(unavailable)", "see below") in rows
     assert ("unavailable", "1", "GPU: none") in rows
+    assert not any(section == "machine" for section, _, _ in rows)  # an older snapshot
+
+
+def test_flatten_shows_the_machine_s_nested_facts_under_dotted_keys():
+    rows = machine.flatten({"host": {}, "torch": {}, "gpu": None, "nvml": None, "machine": {
+        "runtime": {"kind": "vm", "evidence": ["DMI: QEMU", "flags"]},
+        "fresh_fill": {"stages": {"zero_fill": {"minor_faults": 65536}}}}})
+    assert ("machine", "runtime.kind", "vm") in rows
+    assert ("machine", "runtime.evidence", "DMI: QEMU; flags") in rows
+    assert ("machine", "fresh_fill.stages.zero_fill.minor_faults", 65536) in rows
 
 
 def test_unavailable_text_lists_what_could_not_be_read():
@@ -72,3 +82,67 @@ def test_without_nvml_and_nvidia_smi_both_reasons_are_given(tmp_path, monkeypatc
     info, reasons = hardware.driver_facts(0, under_load=False)
     assert info is None and len(reasons) == 1
     assert reasons[0].startswith("NVML: the nvidia-ml-py package is not installed; nvidia-smi: ")
+
+
+def fake_root(tmp_path, files: dict[str, str]):
+    for name, text in files.items():
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return tmp_path
+
+
+def test_the_runtime_says_vm_container_or_bare_metal_with_its_evidence(tmp_path):
+    bare = fake_root(tmp_path / "bare", {"proc/cpuinfo": "flags\t: fpu sse2 avx\n",
+                                         "proc/1/cgroup": "0::/init.scope\n"})
+    assert hardware.runtime_info(bare)["kind"] == "bare metal"
+    vm = fake_root(tmp_path / "vm", {"proc/cpuinfo": "flags\t: fpu hypervisor avx\n",
+                                     "sys/class/dmi/id/sys_vendor": "QEMU\n",
+                                     "sys/class/dmi/id/product_name": "Standard PC\n"})
+    info = hardware.runtime_info(vm)
+    assert info["kind"] == "vm" and info["evidence"] == [
+        "the CPU flags say hypervisor", "DMI: QEMU Standard PC"]
+    both = fake_root(tmp_path / "both", {"proc/cpuinfo": "flags\t: hypervisor\n",
+                                         "proc/1/cgroup": "0::/kubepods/pod1\n"})
+    assert hardware.runtime_info(both)["kind"] == "container in vm"
+    assert hardware.runtime_info(tmp_path / "nothing")["kind"] == "unknown"
+
+
+def test_thp_affinity_and_cgroup_limits_are_read_where_present(tmp_path):
+    root = fake_root(tmp_path, {
+        "sys/kernel/mm/transparent_hugepage/enabled": "always [madvise] never\n",
+        "sys/kernel/mm/transparent_hugepage/defrag": "[always] defer madvise never\n",
+        "proc/self/cgroup": "0::/job\n", "sys/fs/cgroup/job/cpu.max": "150000 100000\n",
+        "sys/fs/cgroup/job/memory.max": "8589934592\n"})
+    assert hardware.thp_info(root) == {"enabled": "madvise", "defrag": "always"}
+    assert hardware.cgroup_limits(root) == {"version": 2, "cpu_quota_cores": 1.5,
+                                            "memory_max_bytes": 8589934592}
+    (root / "sys/fs/cgroup/job/cpu.max").write_text("max 100000\n")
+    (root / "sys/fs/cgroup/job/memory.max").write_text("max\n")
+    assert hardware.cgroup_limits(root)["cpu_quota_cores"] is None
+    assert hardware.cgroup_limits(tmp_path / "none")["version"] is None
+    assert hardware.cpu_ranges([0, 1, 2, 3, 8, 10, 11]) == "0-3,8,10-11"
+
+
+def test_a_fresh_buffer_s_first_touch_faults_and_its_refill_does_not():
+    probe = hardware.fresh_fill_probe(64 << 20)
+    stages = probe["stages"]
+    assert list(stages) == ["allocate", "zero_fill", "refill", "free"]
+    pages = (64 << 20) // probe["page_bytes"]
+    # first touch maps every page (fewer faults where huge pages back it); the refill maps none
+    assert stages["zero_fill"]["minor_faults"] >= pages // 512
+    assert stages["refill"]["minor_faults"] < stages["zero_fill"]["minor_faults"]
+    assert probe["fill_gbps"] > 0 and probe["bare_metal_typical_gbps"] == 4.0
+
+
+def test_the_snapshot_holds_the_machine_under_the_numbers():
+    facts = hardware.snapshot()["machine"]
+    assert set(facts) == {"runtime", "thp", "affinity", "cgroup", "fresh_fill"}
+    assert facts["runtime"]["kernel"] and facts["fresh_fill"]["stages"]["zero_fill"]
+
+
+def test_a_numa_node_of_minus_one_is_unknown_not_another_node(monkeypatch):
+    monkeypatch.setattr(hardware, "_read_text", lambda path: "-1\n")
+    assert hardware.gpu_numa_node("0000:17:00.0") is None
+    monkeypatch.setattr(hardware, "_read_text", lambda path: "1\n")
+    assert hardware.gpu_numa_node("0000:17:00.0") == 1

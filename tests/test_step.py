@@ -202,3 +202,53 @@ def test_forward_load_queues_about_forward_ms_of_device_work():
     end.record()
     end.synchronize()
     assert 4.0 < start.elapsed_time(end) < 6.5
+    assert 4.0 < load.measured_ms() < 6.5 and len(load.events) == 1
+
+
+class FakeEvent:
+    """A CUDA event stand-in: each pair's elapsed time is the next of ``FakeEvent.times``."""
+
+    times: list[float] = []
+
+    def __init__(self, enable_timing: bool = False) -> None:
+        self.recorded = False
+
+    def record(self) -> None:
+        self.recorded = True
+
+    def synchronize(self) -> None:
+        pass
+
+    def elapsed_time(self, end: FakeEvent) -> float:
+        return FakeEvent.times.pop(0)
+
+
+def test_the_queued_forward_is_measured_between_its_own_events(monkeypatch):
+    slept = []
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "_sleep", slept.append)
+    load = object.__new__(step.ForwardLoad)
+    load.forward_ms, load.cycles, load.events = 2.0, 1000, []
+    load.queue()
+    load.queue()
+    FakeEvent.times = [2.5, 3.5]
+    nominal, measured = load.rows("given")
+    assert slept == [1000, 1000] and all(s.recorded and e.recorded for s, e in load.events)
+    assert nominal == {"arm": "forward", "metric": "forward_ms", "value": 2.0, "note": "given"}
+    assert measured == {"arm": "forward", "metric": "forward_ms_measured", "value": 3.0,
+                        "note": "mean of 2 calls between their own CUDA events; nominal 2 ms"}
+    idle = object.__new__(step.ForwardLoad)
+    idle.forward_ms, idle.cycles, idle.events = 0.0, 0, []
+    idle.queue()
+    assert idle.rows("cpu") == [{"arm": "forward", "metric": "forward_ms", "value": 0.0,
+                                 "note": "cpu"}]
+
+
+def test_the_clock_is_warmed_for_at_least_its_busy_time_before_calibrating(monkeypatch):
+    slept = []
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "_sleep", slept.append)
+    FakeEvent.times = [30.0] * 20
+    step.warm_clock(7, warm_ms=200.0)
+    assert slept == [7] * 7  # 7 x 30 ms >= 200 ms
+    assert step.sm_clock_rows("cpu") == []

@@ -614,3 +614,29 @@ def test_forward_ms_moves_the_logprobs_only_bar_and_the_other_log_softmax_is_dec
     on_host = build(write_step(tmp_path / "host", device + host + forward), [64],
                     log_softmax="host")
     assert on_host["overall"]["decision"] == "CLOSE"
+
+
+def test_the_context_says_when_the_fresh_buffer_filled_below_bare_metal():
+    snapshot = {"machine": {
+        "runtime": {"kind": "vm", "kernel": "6.1.0"}, "thp": {"enabled": "madvise"},
+        "affinity": "0-1", "cgroup": {"version": 2},
+        "fresh_fill": {"bytes": 256 << 20, "fill_gbps": 1.3, "bare_metal_typical_gbps": 4.0,
+                       "stages": {"allocate": {"minor_faults": 10},
+                                  "zero_fill": {"minor_faults": 65536}}}}}
+    machine = verdict.machine_context(snapshot)
+    assert machine["fill_below_bare_metal"] is True and machine["runtime"] == "vm"
+    assert machine["page_faults_per_stage"] == {"allocate": 10, "zero_fill": 65536}
+    assert machine["words"] == (
+        "A fresh 256 MiB buffer filled at 1.30 GB/s with 65536 minor page faults (vm, kernel "
+        "6.1.0, THP madvise), below the 4 GB/s typical of bare metal: the seed's zero-fill cost "
+        "here is likely inflated by the machine.")
+    snapshot["machine"]["fresh_fill"]["fill_gbps"] = 6.0
+    assert not verdict.machine_context(snapshot)["fill_below_bare_metal"]
+    assert verdict.machine_context(snapshot)["words"].endswith("THP madvise).")
+    assert verdict.machine_context({})["recorded"] is False
+    context = verdict.with_machine({"words": "Context: x."}, snapshot)
+    assert context["words"].startswith("Context: x. A fresh 256 MiB buffer")
+    context = verdict.with_machine({"words": "Context: x.", "forward_ms_measured": [3.2]},
+                                   snapshot)
+    assert context["words"].startswith("Context: x. The queued forward measured 3.2 ms per call "
+                                       "between its own CUDA events. A fresh")

@@ -520,10 +520,18 @@ def goal(name: str, target: str, measured: str, met: bool | None, note: str = ""
     return {"goal": name, "target": target, "measured": measured, "status": status, "note": note}
 
 
+# PCIe's practical ceiling: 256 B payloads under TLP and DLLP overhead leave about 87 % of the
+# link's rate (published Gen4/Gen5 D2H copies peak near 86-87 %); the goal sits below it.
+LINK_PRACTICAL_CEILING = 0.87
+LINK_GOAL_SHARE = 0.80
+LINK_TARGET = (f">= {LINK_GOAL_SHARE * 100:.0f} % (practical ceiling about "
+               f"{LINK_PRACTICAL_CEILING * 100:.0f} %)")
+
+
 def staging_goals(frame: pd.DataFrame, snap: dict, big_bytes: int = 64 * 10**6) -> list[dict]:
-    """Copy-level goals: pinned grow-only >= 95 % of the raw pinned ceiling; the raw ceiling >= 85 %
-    of the NVML link for copies of 64 MB and more (else the likely cause); the A/A harness's
-    precision; the reuse lever with its CI at the largest cell."""
+    """Copy-level goals: pinned grow-only >= 95 % of the raw pinned ceiling; the raw ceiling
+    >= :data:`LINK_GOAL_SHARE` of the NVML link for copies of 64 MB and more (else the likely
+    cause); the A/A harness's precision; the reuse lever with its CI at the largest cell."""
     pinned = catalogue.candidate(catalogue.STAGING)
     ceiling = catalogue.only_with_role(catalogue.STAGING, catalogue.CEILING)
     fresh, reused = catalogue.baseline(catalogue.STAGING), catalogue.REUSE_LEVER[catalogue.STAGING]
@@ -546,10 +554,11 @@ def staging_goals(frame: pd.DataFrame, snap: dict, big_bytes: int = 64 * 10**6) 
     name = "raw ceiling vs NVML link (copies >= 64 MB)"
     if link and gpu and not big.empty:
         share = float(big[ceiling].median() / link)
-        goals.append(goal(name, ">= 85 %", f"{share:.1%} of {link} GB/s", share >= 0.85,
-                          "" if share >= 0.85 else likely_link_cause(snap)))
+        met = share >= LINK_GOAL_SHARE
+        goals.append(goal(name, LINK_TARGET, f"{share:.1%} of {link} GB/s", met,
+                          "" if met else likely_link_cause(snap)))
     else:
-        goals.append(goal(name, ">= 85 %", "-", None,
+        goals.append(goal(name, LINK_TARGET, "-", None,
                           "no GPU link to compare with (the raw ceiling here is a host-to-host "
                           "copy)" if not gpu else "no copy of 64 MB or more, or NVML unread"))
     aa = compare(frame, fresh, reused, ["rows", "vocab"], twin=True)
@@ -600,7 +609,7 @@ def likely_link_cause(snap: dict) -> str:
                       f" x{nvml.get('pcie_current_width')} of Gen{nvml.get('pcie_max_generation')}"
                       f" x{nvml.get('pcie_max_width')}; read it under load to rule out idle "
                       "downtraining)")
-    if nvml.get("numa_node") is not None:
+    if nvml.get("numa_node") is not None and nvml["numa_node"] >= 0:  # -1: the kernel does not know
         causes.append(f"the GPU hangs off NUMA node {nvml['numa_node']}: a process or buffer on "
                       "another node crosses the socket link (numactl --cpunodebind/--membind)")
     causes.append("the buffer size: small copies pay fixed per-copy latency")

@@ -82,7 +82,16 @@ def _context(cell: pd.DataFrame) -> dict[str, Any]:
     forward = cell[(cell["metric"] == "forward_ms") & (cell["status"] == "ok")]["value"].dropna()
     where = cell["log_softmax"].dropna().unique() if "log_softmax" in cell else []
     return {"forward_ms": float(forward.iloc[0]) if len(forward) else 0.0,
+            "forward_ms_measured": _measured_forward(cell),
             "log_softmax": str(where[0]) if len(where) else "device"}
+
+
+def _measured_forward(cell: pd.DataFrame) -> float | None:
+    """The queued forward's measured ms per call in one cell (None where not measured: a CPU,
+    or a table written before it was)."""
+    rows = cell[(cell["metric"] == "forward_ms_measured") & (cell["status"] == "ok")]
+    values = rows["value"].dropna()
+    return float(values.mean()) if len(values) else None
 
 
 def _mean_ms(values: np.ndarray) -> float | None:
@@ -438,9 +447,12 @@ def context_summary(decisive: list[dict[str, Any]], delta: float, log_softmax: s
     what delta is a share of (with the logprobs-only bar beside it), where the log-softmax ran,
     and how the family of cells was combined."""
     forwards = sorted({c["forward_ms"] for c in decisive})
+    measured = sorted({round(c["forward_ms_measured"], 3) for c in decisive
+                       if c.get("forward_ms_measured") is not None})
     bars = [c.get("logprobs_only_min_speedup") for c in decisive
             if c.get("logprobs_only_min_speedup") is not None]
     return {"forward_ms": forwards,
+            "forward_ms_measured": measured,
             "delta": delta,
             "delta_of": "the decode step: forward pass + logprobs step (each timed call queues "
                         "forward_ms of device work before the step)",
@@ -450,6 +462,48 @@ def context_summary(decisive: list[dict[str, Any]], delta: float, log_softmax: s
             "family": stats.FAMILY_METHOD,
             "family_reason": family.reason if family else "no decisive cell was measured",
             "words": context_words(forwards, delta, log_softmax)}
+
+
+def with_machine(context: dict[str, Any], snapshot: dict[str, Any]) -> dict[str, Any]:
+    """The context with the machine under the numbers (:func:`machine_context`), its sentence
+    added to the context's words, and the measured forward beside the nominal."""
+    machine = machine_context(snapshot)
+    measured = context.get("forward_ms_measured") or []
+    forward = (f" The queued forward measured {', '.join(f'{m:g}' for m in measured)} ms per "
+               "call between its own CUDA events." if measured else "")
+    return {**context, "machine": machine,
+            "words": f"{context['words']}{forward} {machine['words']}"}
+
+
+def machine_context(snapshot: dict[str, Any]) -> dict[str, Any]:
+    """The runtime, kernel, THP, affinity and cgroup of the measuring machine, and how fast a
+    fresh buffer filled there against the rate typical of bare metal: the seed's cost is that
+    fill and its page faults, which memory virtualisation inflates."""
+    machine = (snapshot or {}).get("machine") or {}
+    if not machine:
+        return {"recorded": False, "words": "The runtime and the fresh buffer's fill rate were "
+                                            "not recorded (a snapshot taken before they were)."}
+    runtime, fill = machine.get("runtime") or {}, machine.get("fresh_fill") or {}
+    rate, typical = fill.get("fill_gbps"), fill.get("bare_metal_typical_gbps")
+    below = rate is not None and typical is not None and rate < typical
+    faults = (fill.get("stages") or {}).get("zero_fill", {}).get("minor_faults")
+    where = (f"{runtime.get('kind', 'unknown')}, kernel {runtime.get('kernel', 'unknown')}, "
+             f"THP {(machine.get('thp') or {}).get('enabled')}")
+    if rate is None:
+        words = f"The fresh buffer's fill rate was not measured ({where})."
+    else:
+        words = (f"A fresh {fill['bytes'] >> 20} MiB buffer filled at {rate:.2f} GB/s with "
+                 f"{faults} minor page faults ({where})")
+        words += (f", below the {typical:g} GB/s typical of bare metal: the seed's zero-fill "
+                  "cost here is likely inflated by the machine." if below else ".")
+    return {"recorded": True, "runtime": runtime.get("kind"), "kernel": runtime.get("kernel"),
+            "thp": machine.get("thp"), "affinity": machine.get("affinity"),
+            "cgroup": machine.get("cgroup"), "fresh_fill_gbps": rate,
+            "bare_metal_typical_gbps": typical, "fill_below_bare_metal": below,
+            "zero_fill_minor_faults": faults, "page_faults_per_stage": {
+                name: stage.get("minor_faults")
+                for name, stage in (fill.get("stages") or {}).items()},
+            "words": words}
 
 
 def context_words(forwards: list[float], delta: float, log_softmax: str) -> str:
@@ -525,7 +579,8 @@ def build_verdict(run_dir: Path | str, *, decisive_rows: list[int], decisive_voc
                        "decisive_vocabs": decisive_vocabs, "decisive_ks": decisive_ks,
                        "log_softmax": log_softmax},
         "overall": decided,
-        "context": context_summary(decisive, delta, log_softmax, family),
+        "context": with_machine(context_summary(decisive, delta, log_softmax, family),
+                                hardware),
         "other_log_softmax": _other_assumption(step_all, named, log_softmax,
                                                decided["decision"], **kwargs),
         "decisive": decisive,

@@ -24,7 +24,9 @@ metric     str     ``time`` for timings; otherwise what ``bytes``/``value`` hold
                    ``max_abs_error``, ``rank_mismatches``, ``id_mismatches``,
                    ``bitwise_equal`` (1 or 0), ``order_seed`` (the seed of a cell's balanced
                    arm order), ``rounds`` (rounds a cell ran; the note says why it stopped),
-                   ``forward_ms`` (device work queued before each step, ms)
+                   ``forward_ms`` (device work queued before each step, ms, nominal),
+                   ``forward_ms_measured`` (that work between its own CUDA events, mean ms
+                   per call), ``sm_clock_mhz`` (the GPU's SM clock after a cell)
 device     str     where the source lived: ``cpu`` or ``cuda:0 <name>``
 model      str     model whose shape was used, empty when sizes were given as numbers
 rows       int     rows per step (``n``) or scored prompt positions (``T - 1``)

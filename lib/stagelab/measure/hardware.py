@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import platform
+import resource
 import socket
 import subprocess
 import threading
@@ -212,7 +213,8 @@ def gpu_numa_node(pci_bus_id: str) -> int | None:
     if domain_bus.count(":") == 2 and len(domain_bus.split(":")[0]) == 8:
         domain_bus = domain_bus[4:]  # NVML pads the PCI domain to 8 hex digits, sysfs to 4
     text = _read_text(f"/sys/bus/pci/devices/{domain_bus}/numa_node").strip()
-    return int(text) if text.lstrip("-").isdigit() else None
+    node = int(text) if text.lstrip("-").isdigit() else None
+    return node if node is not None and node >= 0 else None  # -1: the kernel does not know
 
 
 def snapshot(under_load: bool = False, device_index: int = 0) -> dict[str, Any]:
@@ -230,7 +232,164 @@ def snapshot(under_load: bool = False, device_index: int = 0) -> dict[str, Any]:
         snap["unavailable"].append("GPU: torch has CUDA support but sees no CUDA device")
     snap["nvml"], reasons = driver_facts(device_index, under_load and snap["gpu"] is not None)
     snap["unavailable"] += reasons
+    snap["machine"] = machine_facts()
     return snap
+
+
+def sm_clock_mhz(index: int = 0) -> tuple[int | None, str]:
+    """The GPU's current SM clock (MHz) through NVML, and why not where it cannot be read."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception as exc:  # ImportError, or an NVMLError subclass
+        return None, f"NVML cannot be read here ({type(exc).__name__}: {exc})"
+    try:
+        return int(pynvml.nvmlDeviceGetClockInfo(nvml_handle(pynvml, index),
+                                                 pynvml.NVML_CLOCK_SM)), ""
+    except Exception as exc:
+        return None, f"NVML: {type(exc).__name__}: {exc}"
+    finally:
+        pynvml.nvmlShutdown()
+
+
+# ------------------------------------------------------------- the machine under the numbers
+
+# The seed's cost is a fresh vector's zero-fill and first-touch page faults, which memory
+# virtualisation inflates: a microVM filled one at 1.24-1.42 GB/s (issue 28); bare metal
+# typically fills 4-10 GB/s. Below this rate the verdict says so beside its decision.
+BARE_METAL_FILL_GBPS = 4.0
+FILL_PROBE_BYTES = 256 << 20  # about the seed's largest step buffer (256 x 262k fp32)
+HYPERVISORS = ("kvm", "qemu", "vmware", "virtualbox", "xen", "amazon ec2", "google",
+               "microsoft corporation", "firecracker", "cloud hypervisor", "openstack", "bochs")
+CONTAINER_MARKS = ("docker", "kubepods", "containerd", "lxc", "libpod", "crio")
+
+
+def _choice(text: str) -> str | None:
+    """The selected word of a sysfs choice line such as ``always [madvise] never``."""
+    start, end = text.find("["), text.find("]")
+    return text[start + 1:end] if 0 <= start < end else (text.strip() or None)
+
+
+def runtime_info(root: Path = Path("/")) -> dict[str, Any]:
+    """Bare metal, a VM, a container (or a container in a VM), the kernel, and the evidence for
+    it; ``kind`` is ``unknown`` where nothing can be read (not Linux)."""
+    evidence = []
+    flags = next((line for line in _read_text(str(root / "proc/cpuinfo")).splitlines()
+                  if line.startswith("flags")), "")
+    vendor = " ".join(_read_text(str(root / f"sys/class/dmi/id/{name}")).strip()
+                      for name in ("sys_vendor", "product_name")).strip()
+    if " hypervisor" in flags:
+        evidence.append("the CPU flags say hypervisor")
+    if any(name in vendor.lower() for name in HYPERVISORS):
+        evidence.append(f"DMI: {vendor}")
+    vm = bool(evidence)
+    cgroup = _read_text(str(root / "proc/1/cgroup"))
+    marks = [mark for mark in CONTAINER_MARKS if mark in cgroup]
+    if (root / ".dockerenv").exists() or (root / "run/.containerenv").exists():
+        marks.append("a container runtime's marker file")
+    evidence += [f"container: {mark}" for mark in marks]
+    if vm or marks:
+        kind = " in ".join(k for k, on in (("container", marks), ("vm", vm)) if on)
+    else:
+        kind = "bare metal" if flags else "unknown"
+    return {"kind": kind, "evidence": evidence, "kernel": platform.release(),
+            "kernel_version": platform.version()}
+
+
+def thp_info(root: Path = Path("/")) -> dict[str, Any]:
+    """Transparent huge pages: the ``enabled`` and ``defrag`` settings (None where unreadable)."""
+    base = root / "sys/kernel/mm/transparent_hugepage"
+    return {name: _choice(_read_text(str(base / name))) for name in ("enabled", "defrag")}
+
+
+def cpu_ranges(cpus: list[int]) -> str:
+    """``0-3,8`` for ``[0, 1, 2, 3, 8]``."""
+    spans: list[list[int]] = []
+    for cpu in sorted(cpus):
+        if spans and cpu == spans[-1][1] + 1:
+            spans[-1][1] = cpu
+        else:
+            spans.append([cpu, cpu])
+    return ",".join(f"{a}-{b}" if a != b else f"{a}" for a, b in spans)
+
+
+def cgroup_limits(root: Path = Path("/")) -> dict[str, Any]:
+    """This process's cgroup CPU quota (cores) and memory limit (bytes); None where there is
+    none or it cannot be read. cgroup v2 first, then v1."""
+    lines = _read_text(str(root / "proc/self/cgroup")).splitlines()
+    v2 = next((line.split("::", 1)[1] for line in lines if line.startswith("0::")), None)
+    limits: dict[str, Any] = {"version": None, "cpu_quota_cores": None, "memory_max_bytes": None}
+    if v2 is not None:
+        folder = root / "sys/fs/cgroup" / v2.lstrip("/")
+        quota = _read_text(str(folder / "cpu.max")).split()
+        memory = _read_text(str(folder / "memory.max")).strip()
+        limits["version"] = 2
+        if len(quota) == 2 and quota[0].isdigit():
+            limits["cpu_quota_cores"] = round(int(quota[0]) / int(quota[1]), 3)
+        limits["memory_max_bytes"] = int(memory) if memory.isdigit() else None
+        return limits
+    quota = _read_text(str(root / "sys/fs/cgroup/cpu/cpu.cfs_quota_us")).strip()
+    period = _read_text(str(root / "sys/fs/cgroup/cpu/cpu.cfs_period_us")).strip()
+    memory = _read_text(str(root / "sys/fs/cgroup/memory/memory.limit_in_bytes")).strip()
+    if quota or memory:
+        limits["version"] = 1
+    if quota.isdigit() and period.isdigit() and int(period):
+        limits["cpu_quota_cores"] = round(int(quota) / int(period), 3)
+    if memory.isdigit() and int(memory) < 1 << 62:  # v1 says "no limit" with a huge number
+        limits["memory_max_bytes"] = int(memory)
+    return limits
+
+
+def _minor_faults() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def fresh_fill_probe(nbytes: int = FILL_PROBE_BYTES) -> dict[str, Any]:
+    """A fresh host buffer as the seed makes one each step, stage by stage: allocate, the
+    zero-fill (first touch: the page faults), a second fill (the pages mapped), free; seconds
+    and minor page faults of each, and the fresh fill rate. Garbage collection is held off."""
+    import gc
+
+    elements = nbytes // 4
+    stages: dict[str, dict[str, float]] = {}
+
+    def timed(name: str, work: Any) -> Any:
+        faults, started = _minor_faults(), time.perf_counter()
+        result = work()
+        stages[name] = {"seconds": round(time.perf_counter() - started, 6),
+                        "minor_faults": _minor_faults() - faults}
+        return result
+
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        buffer = timed("allocate", lambda: torch.empty(elements, dtype=torch.float32))
+        timed("zero_fill", buffer.zero_)
+        timed("refill", buffer.zero_)
+        timed("free", lambda: buffer.set_())
+    finally:
+        if was_enabled:
+            gc.enable()
+    fill_s = stages["zero_fill"]["seconds"]
+    return {"bytes": nbytes, "stages": stages, "page_bytes": resource.getpagesize(),
+            "fill_gbps": round(nbytes / fill_s / 1e9, 3) if fill_s > 0 else None,
+            "refill_gbps": (round(nbytes / stages["refill"]["seconds"] / 1e9, 3)
+                            if stages["refill"]["seconds"] > 0 else None),
+            "bare_metal_typical_gbps": BARE_METAL_FILL_GBPS}
+
+
+def machine_facts() -> dict[str, Any]:
+    """What the host's numbers depend on: runtime and kernel, THP, the CPUs this process may
+    use, its cgroup limits, and a fresh buffer's fill rate and page faults per stage."""
+    affinity = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    try:
+        fill = fresh_fill_probe()
+    except (RuntimeError, MemoryError) as exc:
+        fill = {"unavailable": f"{type(exc).__name__}: {exc}"}
+    return {"runtime": runtime_info(), "thp": thp_info(),
+            "affinity": cpu_ranges(affinity) or None, "cgroup": cgroup_limits(),
+            "fresh_fill": fill}
 
 
 class PcieSampler:

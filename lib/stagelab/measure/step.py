@@ -21,6 +21,7 @@ import itertools
 import math
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 
@@ -218,9 +219,11 @@ def default_forward_ms(shape: ModelShape, device: str) -> tuple[float, str]:
 class ForwardLoad:
     """``forward_ms`` of device work queued before each step, as the decode forward is in the
     engine, so that the host's allocation overlaps it: on CUDA a busy kernel
-    (``torch.cuda._sleep``) whose cycles per ms are calibrated once against CUDA events; nothing
-    when ``forward_ms`` is 0. A positive ``forward_ms`` on a CPU is refused: there is no device
-    to queue it on."""
+    (``torch.cuda._sleep``) whose cycles per ms are calibrated once against CUDA events, after
+    the clock is warmed; nothing when ``forward_ms`` is 0. Each queued kernel sits between CUDA
+    events of its own, so :meth:`measured_ms` says what it really took (the SM clock sags
+    between steps). A positive ``forward_ms`` on a CPU is refused: there is no device to queue
+    it on."""
 
     def __init__(self, forward_ms: float, device: str) -> None:
         if not (isinstance(forward_ms, (int, float)) and forward_ms >= 0):
@@ -230,23 +233,81 @@ class ForwardLoad:
                              "has no device work to overlap (give 0)")
         self.forward_ms = float(forward_ms)
         self.cycles = round(forward_ms * _cycles_per_ms(device)) if forward_ms else 0
+        self.events: list[tuple[Any, Any]] = []
 
     def queue(self) -> None:
-        """Queue the work on the current stream; returns at once."""
+        """Queue the work, between its own CUDA events, on the current stream; returns at once."""
         if self.cycles:
+            start, end = (torch.cuda.Event(enable_timing=True),
+                          torch.cuda.Event(enable_timing=True))
+            start.record()
             torch.cuda._sleep(self.cycles)
+            end.record()
+            self.events.append((start, end))
+
+    def measured_ms(self) -> float | None:
+        """The queued work's mean measured ms per call (None when nothing was queued)."""
+        if not self.events:
+            return None
+        self.events[-1][1].synchronize()
+        times = [start.elapsed_time(end) for start, end in self.events]
+        return sum(times) / len(times)
+
+    def rows(self, how: str) -> list[dict]:
+        """The cell's forward rows: the nominal ms and, where work was queued, the measured."""
+        found = [{"arm": "forward", "metric": "forward_ms", "value": self.forward_ms,
+                  "note": how}]
+        measured = self.measured_ms()
+        if measured is not None:
+            found.append({"arm": "forward", "metric": "forward_ms_measured", "value": measured,
+                          "note": f"mean of {len(self.events)} calls between their own CUDA "
+                                  f"events; nominal {self.forward_ms:g} ms"})
+        return found
+
+
+# Busy device time before calibrating: an idle GPU's SM clock takes a while to ramp up, and a
+# calibration against a low clock queues too many cycles once it has.
+CLOCK_WARM_MS = 200.0
+
+
+def warm_clock(probe_cycles: int, warm_ms: float = CLOCK_WARM_MS) -> None:
+    """Keep the current device busy for at least ``warm_ms`` (at most 100 kernels)."""
+    busy = 0.0
+    for _ in range(100):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda._sleep(probe_cycles)
+        end.record()
+        end.synchronize()
+        busy += start.elapsed_time(end)
+        if busy >= warm_ms:
+            return
 
 
 def _cycles_per_ms(device: str, probe_cycles: int = 10_000_000) -> float:
-    """How many ``torch.cuda._sleep`` cycles take a millisecond on this GPU (its clock)."""
+    """How many ``torch.cuda._sleep`` cycles take a millisecond on this GPU (its clock, warmed)."""
     with torch.cuda.device(torch.device(device)):
-        torch.cuda._sleep(probe_cycles)  # warm up
+        warm_clock(probe_cycles)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         torch.cuda._sleep(probe_cycles)
         end.record()
         end.synchronize()
         return probe_cycles / start.elapsed_time(end)
+
+
+def sm_clock_rows(device: str) -> list[dict]:
+    """The GPU's SM clock at the end of a cell (metric ``sm_clock_mhz``), through NVML where it
+    is importable; no row on a CPU, an unavailable one where NVML cannot say."""
+    if torch.device(device).type != "cuda":
+        return []
+    from stagelab.measure import hardware
+
+    mhz, why = hardware.sm_clock_mhz(torch.device(device).index or 0)
+    if mhz is None:
+        return [{"arm": "sm_clock", "metric": "sm_clock_mhz", "status": "unavailable",
+                 "note": why}]
+    return [{"arm": "sm_clock", "metric": "sm_clock_mhz", "value": float(mhz)}]
 
 
 def _native_scratch(arm: Callable[[], staging.StagingArm]) -> Scratch:
@@ -429,8 +490,7 @@ def measure(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dty
 
         def after() -> list[dict]:
             inputs = (built, logits[0], k, tokens[0], host_tokens[0])
-            return [{"arm": "forward", "metric": "forward_ms", "value": forward.forward_ms,
-                     "note": how},
+            return [*forward.rows(how), *sm_clock_rows(device),
                     *sweep.guarded("agreement", agreement, *inputs),
                     *sweep.guarded("sync_debug", sync_debug, *inputs)]
 

@@ -6,18 +6,36 @@ from __future__ import annotations
 
 from typing import Any
 
-SECTIONS = ("host", "torch", "gpu", "nvml")
+SECTIONS = ("host", "torch", "gpu", "nvml", "machine")
+# Sections that snapshots taken before them lack: left out there, never "unavailable".
+ADDED_SECTIONS = ("machine",)
+
+
+def _leaves(part: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    """(dotted key, value) of a nested section, e.g. ``fresh_fill.stages.zero_fill.seconds``."""
+    found = []
+    for key, value in part.items():
+        if isinstance(value, dict) and value:
+            found += _leaves(value, f"{prefix}{key}.")
+        elif isinstance(value, list) and all(not isinstance(v, (dict, list)) for v in value):
+            found.append((f"{prefix}{key}", "; ".join(map(str, value))))
+        else:
+            found.append((f"{prefix}{key}", value))
+    return found
 
 
 def flatten(snap: dict[str, Any]) -> list[tuple[str, str, Any]]:
-    """(section, key, value) triples of a snapshot, for tables and the ``stagelab env`` printout."""
+    """(section, key, value) triples of a snapshot, for tables and the ``stagelab env`` printout;
+    nested facts (the ``machine`` section's) under dotted keys."""
     rows = []
     for section in SECTIONS:
         part = snap.get(section)
+        if part is None and section in ADDED_SECTIONS and section not in snap:
+            continue
         if part is None:
             rows.append((section, "(unavailable)", "see below"))
             continue
-        rows.extend((section, key, value) for key, value in part.items())
+        rows.extend((section, key, value) for key, value in _leaves(part))
     rows.extend(("unavailable", str(i + 1), reason)
                 for i, reason in enumerate(snap.get("unavailable") or []))
     return rows
