@@ -150,7 +150,8 @@ def test_fleet_documents_itself(capsys):
     assert exc.value.code == 0
     text = capsys.readouterr().out
     for option in ("--address", "--profile", "--param", "--out", "--timeout-s",
-                   "--accelerator-type", "--resource", "--force", "Exit status"):
+                   "--accelerator-type", "--resource", "--force", "--rehearse-on-cpu",
+                   "Exit status"):
         assert option in text
 
 
@@ -414,7 +415,7 @@ def test_smoke_on_two_nodes_with_one_lost_mid_measure(cluster, tmp_path):
             timers.append(threading.Timer(3.0, remove, args=(record,)))
             timers[0].start()
 
-    plan = fleet.check_request("smoke", [], 600, force=True)  # CPU nodes: the preflight is no-go
+    plan = fleet.check_request("smoke", [], 600, rehearse=True)  # CPU nodes: a rehearsal
     code, folder = fleet.run_fleet(cluster.address, plan, tmp_path, resource=RESOURCE,
                                    progress=progress)
     for timer in timers:

@@ -115,7 +115,10 @@ def _parser() -> argparse.ArgumentParser:
                        help="only nodes holding the custom resource NAME (for tests)")
     fleet.add_argument("--force", action="store_true",
                        help="measure even where a node's preflight says no-go (recorded; "
-                            "without it such a node is unavailable)")
+                            "without it such a node is unavailable); never past no CUDA")
+    fleet.add_argument("--rehearse-on-cpu", action="store_true",
+                       help="rehearse on nodes without CUDA or pinned memory (recorded; never "
+                            "evidence)")
     return parser
 
 
@@ -264,7 +267,8 @@ def cmd_fleet(args: argparse.Namespace) -> int:
     from stagelab.run import fleet
 
     fleet.require_ray()
-    plan = fleet.check_request(args.profile, args.param, args.timeout_s, args.force)
+    plan = fleet.check_request(args.profile, args.param, args.timeout_s, args.force,
+                               args.rehearse_on_cpu)
     code, folder = fleet.run_fleet(args.address, plan, args.out, args.accelerator_type,
                                    args.resource)
     print(fleet.summary_line(code, folder))

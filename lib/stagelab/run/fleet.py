@@ -238,18 +238,18 @@ class FleetPlan:
 
 
 def measure_argv(profile: str, params: Sequence[str], timeout_s: float,
-                 force: bool = False) -> list[str]:
+                 force: bool = False, rehearse: bool = False) -> list[str]:
     """The node's ``stagelab measure`` command line (without ``--out``); its deadline is the
     fleet's timeout, so a node stops itself and sends what it measured. ``force`` measures past a
-    no-go preflight (measure records it)."""
+    no-go preflight, ``rehearse`` past no CUDA or no pinned copy (measure records both)."""
     argv = ["-m", "stagelab", "measure", "--profile", profile, "--deadline-s", f"{timeout_s:g}"]
     for param in params:
         argv += ["--param", param]
-    return argv + (["--force"] if force else [])
+    return argv + (["--force"] if force else []) + (["--rehearse-on-cpu"] if rehearse else [])
 
 
 def check_request(profile: str, params: Sequence[str], timeout_s: float,
-                  force: bool = False) -> FleetPlan:
+                  force: bool = False, rehearse: bool = False) -> FleetPlan:
     """The plan, or UserError for a request every node would refuse (checked here, before any
     node is asked)."""
     from stagelab.run import measure_command
@@ -258,7 +258,7 @@ def check_request(profile: str, params: Sequence[str], timeout_s: float,
         raise UserError(f"--timeout-s {timeout_s}: give a positive number of seconds")
     measure_command.resolve(profile, [], list(params))
     return FleetPlan(profile, list(params), timeout_s,
-                     measure_argv(profile, params, timeout_s, force))
+                     measure_argv(profile, params, timeout_s, force, rehearse))
 
 
 def require_ray() -> None:
