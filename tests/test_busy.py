@@ -28,7 +28,30 @@ def reading(wall: float, busy_s: float, own: float, load: float = 0.5,
 def test_a_quiet_machine_is_not_busy():
     summary = busy.assess(reading(0, 100, 50), reading(10, 112, 61), loads=[1.2, 0.9])
     assert summary == {"seconds": 10, "cpus": 2, "load_avg_max": 1.2, "others_cpu_s": 1.0,
-                       "others_cores": 0.1, "steal_share": 0.0, "busy": False, "why": []}
+                       "others_cores": 0.1, "steal_share": 0.0, "busy": False, "why": [],
+                       "source": "the whole host (/proc/stat)"}
+
+
+STAT = ("cpu  400 0 200 900 0 0 0 40 0 0\n"
+        "cpu0 100 0 50 200 0 0 0 10 0 0\ncpu1 100 0 50 250 0 0 0 10 0 0\n"
+        "cpu2 100 0 50 200 0 0 0 10 0 0\ncpu3 100 0 50 250 0 0 0 10 0 0\nintr 5\n")
+
+
+def test_the_load_is_read_from_the_process_s_own_cores_where_it_has_fewer(tmp_path,
+                                                                           monkeypatch):
+    (tmp_path / "stat").write_text(STAT)
+    (tmp_path / "loadavg").write_text("0.5 0.4 0.3 1/100 7\n")
+    hz = busy._ticks_per_s()
+    assert busy.cpu_seconds(tmp_path) == (600 / hz, 40 / hz)
+    assert busy.cpu_seconds(tmp_path, frozenset({1, 3})) == (300 / hz, 20 / hz)
+    monkeypatch.setattr(busy.os, "sched_getaffinity", lambda pid: {1, 3})
+    assert busy.own_cpus(tmp_path) == frozenset({1, 3})
+    reading = busy.read_machine(os.getpid(), tmp_path)
+    assert (reading.cpus, reading.busy_cpu_s) == (2, 300 / hz)
+    assert reading.source == "this process's 2 cores (affinity; /proc/stat per core)"
+    monkeypatch.setattr(busy.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    assert busy.own_cpus(tmp_path) is None
+    assert busy.read_machine(os.getpid(), tmp_path).source == "the whole host (/proc/stat)"
 
 
 def test_other_processes_taking_cores_make_it_busy():

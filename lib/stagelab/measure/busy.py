@@ -40,22 +40,42 @@ class Reading:
     own_cpu_s: float
     load1: float
     cpus: int
+    source: str = "the whole host (/proc/stat)"
 
 
 def _ticks_per_s() -> int:
     return os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
-def cpu_seconds(proc: Path = PROC) -> tuple[float, float | None]:
-    """All cores' busy and stolen CPU seconds since boot, from the ``cpu`` line of /proc/stat.
-    Busy counts everything but idle, iowait and steal; steal is None where the kernel does not
-    report it (fewer than 8 fields)."""
-    fields = (proc / "stat").read_text().splitlines()[0].split()[1:]
-    ticks = [int(x) for x in fields]
-    user, nice, system, _idle, _iowait, irq, softirq = (ticks + [0] * 7)[:7]
-    steal = ticks[7] if len(ticks) > 7 else None
-    hz = _ticks_per_s()
-    return (user + nice + system + irq + softirq) / hz, (None if steal is None else steal / hz)
+def cpu_seconds(proc: Path = PROC, cpus: frozenset[int] | None = None) -> tuple[
+        float, float | None]:
+    """Busy and stolen CPU seconds since boot of all cores (the ``cpu`` line of /proc/stat), or
+    of the cores ``cpus`` (their ``cpuN`` lines). Busy counts everything but idle, iowait and
+    steal; steal is None where the kernel does not report it (fewer than 8 fields)."""
+    lines = (proc / "stat").read_text().splitlines()
+    if cpus is None:
+        chosen = [lines[0]]
+    else:
+        chosen = [line for line in lines if line.startswith("cpu") and line[3:4].isdigit()
+                  and int(line.split()[0][3:]) in cpus]
+    busy, steal, hz = 0, 0, _ticks_per_s()
+    for line in chosen:
+        ticks = [int(x) for x in line.split()[1:]]
+        user, nice, system, _idle, _iowait, irq, softirq = (ticks + [0] * 7)[:7]
+        busy += user + nice + system + irq + softirq
+        steal = None if steal is None or len(ticks) <= 7 else steal + ticks[7]
+    return busy / hz, (None if steal is None else steal / hz)
+
+
+def own_cpus(proc: Path = PROC) -> frozenset[int] | None:
+    """The cores this process may run on, where they are fewer than the host's (a container or
+    a job pinned by its affinity, or a cgroup cpuset); None where it may use them all."""
+    if not hasattr(os, "sched_getaffinity"):
+        return None
+    mine = frozenset(os.sched_getaffinity(0))
+    listed = [line.split()[0] for line in (proc / "stat").read_text().splitlines()
+              if line.startswith("cpu") and line[3:4].isdigit()]
+    return mine if mine and len(mine) < len(listed) else None
 
 
 def _stat_fields(stat_text: str) -> list[str]:
@@ -83,12 +103,17 @@ def tree_cpu_seconds(root_pid: int, proc: Path = PROC) -> float:
 
 
 def read_machine(root_pid: int | None = None, proc: Path = PROC) -> Reading:
-    """The machine now, seen from the process tree of ``root_pid`` (default: this process)."""
-    busy, steal = cpu_seconds(proc)
+    """The machine now, seen from the process tree of ``root_pid`` (default: this process):
+    the cores this process may use (its affinity) where they are fewer than the host's, else
+    the whole host; ``source`` says which."""
+    cpus = own_cpus(proc)
+    busy, steal = cpu_seconds(proc, cpus)
     load1 = float((proc / "loadavg").read_text().split()[0])
+    source = ("the whole host (/proc/stat)" if cpus is None else
+              f"this process's {len(cpus)} cores (affinity; /proc/stat per core)")
     return Reading(wall_s=time.monotonic(), busy_cpu_s=busy, steal_cpu_s=steal,
                    own_cpu_s=tree_cpu_seconds(root_pid or os.getpid(), proc), load1=load1,
-                   cpus=os.cpu_count() or 1)
+                   cpus=len(cpus) if cpus else os.cpu_count() or 1, source=source)
 
 
 def assess(start: Reading, end: Reading, loads: list[float] | None = None) -> dict[str, Any]:
@@ -111,7 +136,7 @@ def assess(start: Reading, end: Reading, loads: list[float] | None = None) -> di
             "load_avg_max": max([start.load1, end.load1, *(loads or [])]),
             "others_cpu_s": round(others, 2), "others_cores": round(others / seconds, 3),
             "steal_share": None if steal_share is None else round(steal_share, 4),
-            "busy": bool(why), "why": why}
+            "busy": bool(why), "why": why, "source": end.source}
 
 
 def unknown(reason: str) -> dict[str, Any]:
