@@ -48,6 +48,20 @@ def test_pinned_grow_only_stages_into_the_allocators_buffer_and_only_grows():
     assert arm.capacity_bytes == 32000 and arm.pinned_bytes_held == 32000 and arm.pinned
 
 
+def test_pinned_bytes_held_are_the_footprint_torch_s_allocator_holds():
+    from stagelab.measure import device
+
+    request = 4 * 256 * 262_208  # the step's largest fp32 block: 268.5 MB
+    assert device.pinned_footprint(request) == 512 << 20
+    assert [device.pinned_footprint(n) for n in (0, 1, 1 << 20, (1 << 20) + 1)] == [
+        0, 1, 1 << 20, 2 << 20]
+    arm = staging.PinnedGrowOnly(allocator=RecordingAllocator())
+    arm.stage(source(3, 1000))  # 12000 B
+    assert arm.pinned_bytes_held == 12000  # an injected allocator: what it handed out
+    arm.torch_allocator = True  # torch's: rounded up to a power of two per block
+    assert arm.pinned_bytes_held == 16384 and arm.capacity_bytes == 12000
+
+
 def test_pageable_arms_count_their_allocations():
     fresh, reused = staging.PageableFresh(), staging.PageableReused()
     for i in range(5):

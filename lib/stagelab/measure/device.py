@@ -42,6 +42,12 @@ def require_cuda(what: str) -> None:
             f"(torch {torch.__version__}, {build})")
 
 
+def pinned_footprint(nbytes: int) -> int:
+    """The page-locked bytes torch's caching host allocator holds for a request of ``nbytes``:
+    it rounds each block up to a power of two (512 MiB for 268 MB)."""
+    return 1 << (nbytes - 1).bit_length() if nbytes > 0 else 0
+
+
 def pinned_allocator(nbytes: int) -> torch.Tensor:
     """torch's pinned allocation of ``nbytes`` bytes (its caching host allocator)."""
     require_cuda("pinned_allocator")

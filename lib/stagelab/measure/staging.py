@@ -198,10 +198,19 @@ class PinnedGrowOnly(_GrowOnly):
     pinned = True
 
     def __init__(self, allocator: Allocator | None = None) -> None:
+        self.torch_allocator = allocator is None
         if allocator is None:
             require_cuda(self.name)
             allocator = pinned_allocator
         super().__init__(allocator)
+
+    @property
+    def pinned_bytes_held(self) -> int:
+        """Page-locked bytes held as torch's allocator holds them (a power of two per block),
+        or as an injected allocator handed them out."""
+        if self.torch_allocator:
+            return stagelab.measure.device.pinned_footprint(self.capacity_bytes)
+        return self.capacity_bytes
 
 
 class _PinnedPerCall(StagingArm):
