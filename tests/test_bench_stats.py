@@ -4,6 +4,7 @@ test_stats.py)."""
 from __future__ import annotations
 
 import itertools
+import time
 from collections import Counter
 
 import pytest
@@ -126,3 +127,29 @@ def test_precision_cap_below_rounds_is_refused():
     with pytest.raises(ValueError, match=r"max_rounds \(5\) must be at least rounds \(10\)"):
         bench.interleaved({"a": lambda r: None}, rounds=10,
                           precision=bench.Precision("a", ("a",), 0.01, max_rounds=5))
+
+
+def test_rounds_run_with_the_collector_frozen_and_the_load_sampler_quiet():
+    import gc
+
+    from stagelab.measure import busy
+
+    seen = []
+
+    def arm(round_index: int) -> None:
+        seen.append((gc.isenabled(), busy._PAUSED.is_set(), gc.get_freeze_count() > 0))
+
+    assert gc.isenabled()
+    bench.interleaved({"a": arm, "b": arm}, rounds=3, warmup=1)
+    assert seen and set(seen) == {(False, True, True)}
+    assert gc.isenabled() and not busy._PAUSED.is_set() and gc.get_freeze_count() == 0
+    readings = []
+    start = busy.Reading(0.0, 0.0, 0.0, 0.0, 0.5, 2)
+
+    def read() -> busy.Reading:
+        readings.append(1)
+        return start
+
+    with busy.sampling_paused(), busy.LoadWatch(read=read, every_s=0.01) as watch:
+        time.sleep(0.2)
+    assert watch._loads == [] and len(readings) == 2  # its start and end readings only

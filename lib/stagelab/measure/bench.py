@@ -17,15 +17,18 @@ arms go on.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import gc
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 import torch
 
 from stagelab.core import design
+from stagelab.measure import busy
 
 __all__ = ["ArmCall", "Precision", "Timer", "interleaved", "pick", "rotating"]
 
@@ -122,6 +125,24 @@ def _paired_totals(records: list[dict], baseline: str,
     return [totals[baseline][r] for r in shared], [totals[candidate][r] for r in shared]
 
 
+@contextlib.contextmanager
+def quiet_rounds() -> Iterator[None]:
+    """While rounds run: Python's garbage collected once, then frozen and disabled, and the
+    load sampler (:func:`stagelab.measure.busy.sampling_paused`) quiet, so neither runs inside
+    a timed call; all restored afterwards."""
+    gc.collect()
+    gc.freeze()
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        with busy.sampling_paused():
+            yield
+    finally:
+        if enabled:
+            gc.enable()
+        gc.unfreeze()
+
+
 def interleaved(arms: Mapping[str, ArmCall], *, rounds: int, warmup: int = 2, seed: int = 0,
                 device: torch.device | str | None = None, precision: Precision | None = None,
                 after_round: Callable[[], None] | None = None) -> list[dict]:
@@ -149,33 +170,34 @@ def interleaved(arms: Mapping[str, ArmCall], *, rounds: int, warmup: int = 2, se
     records: list[dict] = [{"arm": "order", "metric": "order_seed", "value": float(seed),
                             "note": f"balanced order (Williams rows) of {len(arms)} arms, "
                                     f"seed {seed}"}]
-    started = time.perf_counter()
-    for index in range(warmup + cap):
-        measured = index - warmup
-        order = [name for name in orders[measured if measured >= 0 else index % cap]
-                 if name in alive]
-        for position, name in enumerate(order):
-            try:
-                seconds, host, result = timer.time(functools.partial(arms[name], index))
-            except Exception as exc:  # one arm's failure must not cost the others their data
-                alive.discard(name)
-                records.append({"arm": name, "status": "failed", "note": first_line(exc),
-                                "round": max(measured, 0)})
+    with quiet_rounds():  # no collector pass or sampler wake-up inside a timed call
+        started = time.perf_counter()
+        for index in range(warmup + cap):
+            measured = index - warmup
+            order = [name for name in orders[measured if measured >= 0 else index % cap]
+                     if name in alive]
+            for position, name in enumerate(order):
+                try:
+                    seconds, host, result = timer.time(functools.partial(arms[name], index))
+                except Exception as exc:  # one arm's failure must not cost the others their data
+                    alive.discard(name)
+                    records.append({"arm": name, "status": "failed", "note": first_line(exc),
+                                    "round": max(measured, 0)})
+                    continue
+                if measured >= 0:
+                    records += _round_records(name, measured, position, seconds, host, result,
+                                              timer.name)
+            if after_round is not None:
+                after_round()
+            done = measured + 1
+            if done < rounds or precision is None:
                 continue
-            if measured >= 0:
-                records += _round_records(name, measured, position, seconds, host, result,
-                                          timer.name)
-        if after_round is not None:
-            after_round()
-        done = measured + 1
-        if done < rounds or precision is None:
-            continue
-        if (done - rounds) % precision.every == 0 or done == cap:
-            reason = precision.reason(records, done, time.perf_counter() - started)
-            if reason:
-                records.append({"arm": "rounds", "metric": "rounds", "value": float(done),
-                                "note": reason})
-                break
+            if (done - rounds) % precision.every == 0 or done == cap:
+                reason = precision.reason(records, done, time.perf_counter() - started)
+                if reason:
+                    records.append({"arm": "rounds", "metric": "rounds", "value": float(done),
+                                    "note": reason})
+                    break
     return records
 
 

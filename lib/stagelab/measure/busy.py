@@ -13,10 +13,11 @@ never a guess. Importable on the measuring floor (no third-party package).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -144,6 +145,22 @@ def unknown(reason: str) -> dict[str, Any]:
     return {"busy": None, "why": [], "unavailable": reason}
 
 
+_PAUSED = threading.Event()  # set while timed rounds run: the sampler skips its wake-ups
+
+
+@contextlib.contextmanager
+def sampling_paused() -> Iterator[None]:
+    """Hold every :class:`LoadWatch`'s periodic sampling while the block runs (timed rounds);
+    the readings at its start and end are unaffected."""
+    already = _PAUSED.is_set()
+    _PAUSED.set()
+    try:
+        yield
+    finally:
+        if not already:
+            _PAUSED.clear()
+
+
 @dataclass
 class LoadWatch:
     """Watch the machine while a block runs: a reading at the start and end, the 1-minute load
@@ -170,6 +187,8 @@ class LoadWatch:
 
     def _sample(self) -> None:
         while not self._stop.wait(self.every_s):
+            if _PAUSED.is_set():
+                continue
             try:
                 self._loads.append(self.read().load1)
             except (OSError, ValueError, IndexError):
