@@ -164,3 +164,16 @@ def test_the_verdict_states_its_context_in_the_report_and_older_verdicts_lack_it
         {"overall": {"decision": "INCONCLUSIVE", "summary": "Undecided."},
          "decisive": [decisive_cell(16)]}))
     assert "class='context'" not in report.write_index(older).read_text()
+
+
+def test_the_origin_names_a_rehearsal_and_the_commit_its_source_matched():
+    measured = {"host": "node", "gpu": None, "device": "cpu", "created_utc": "t", "status": "ok",
+                "forced": False, "rehearsal": True,
+                "source": {"tree": "ab" * 20, "matched_commit": "cd" * 20}}
+    text = report.origin_text({"measured_on": measured, "analysed_on": {"host": "here"}})
+    assert "(status ok, a CPU rehearsal);" in text
+    assert text.endswith(" Its source is commit cdcdcdcdcdcd.")
+    measured["source"] = {"tree": "ab" * 20, "matched_commit": None, "commit_env": "v1"}
+    assert report.source_sentence(measured["source"]) == (
+        " Its source (tree abababababab) matches no commit here (it names v1).")
+    assert report.source_sentence(None) == ""

@@ -203,9 +203,21 @@ def origin_text(manifest: Mapping[str, Any]) -> str:
     gaps = measured.get("gaps") or []
     return (f"Measured on {measured.get('host')} ({measured.get('gpu') or measured.get('device')})"
             f" at {measured.get('created_utc')} by `stagelab measure` (status "
-            f"{measured.get('status')}{', preflight forced' if measured.get('forced') else ''});"
+            f"{measured.get('status')}{', preflight forced' if measured.get('forced') else ''}"
+            f"{', a CPU rehearsal' if measured.get('rehearsal') else ''});"
             f" analysed on {analysed.get('host')} at {analysed.get('created_utc')}."
+            + source_sentence(measured.get("source"))
             + (f" Missing: {'; '.join(gaps)}." if gaps else ""))
+
+
+def source_sentence(source: Mapping[str, Any] | None) -> str:
+    """The measured source in words: the commit its tree id matched here, or that none did."""
+    if not source or not source.get("tree"):
+        return ""
+    if source.get("matched_commit"):
+        return f" Its source is commit {source['matched_commit'][:12]}."
+    named = f" (it names {source['commit_env']})" if source.get("commit_env") else ""
+    return f" Its source (tree {source['tree'][:12]}) matches no commit here{named}."
 
 
 def _origin_paragraph(manifest: Mapping[str, Any]) -> str:
