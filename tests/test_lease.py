@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shlex
 import shutil
 import subprocess
 import sys
@@ -16,10 +17,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from stagelab import cli
 from stagelab.core import paths, provenance, records, rundir, schema
-from stagelab.core.errors import RowsFileFull
+from stagelab.core.errors import RowsFileFull, UserError
 from stagelab.present import evidence
 from stagelab.run import measure_command, replay
+from test_measure import torch_alone
 
 REPO = paths.REPO_ROOT
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU outcome needs no CUDA")
@@ -271,3 +274,51 @@ def test_the_manifest_records_the_source_tree_of_this_checkout(tmp_path, monkeyp
     assert manifest["rehearsal"] is True and manifest["forced"] is False
     records.write_json_atomic(tmp_path / "m.json", manifest)
     assert json.loads((tmp_path / "m.json").read_text())["source"]["tree"]
+
+
+# ------------------------------------------------------------------------ one rehearsal
+
+def lease_command() -> list[str]:
+    """The lease's ``stagelab measure`` arguments, as docs/gpu-lease.md gives the command."""
+    text = (REPO / "docs" / "gpu-lease.md").read_text()
+    line = next(line for line in text.splitlines()
+                if line.startswith("PYTHONPATH=lib python3 -m stagelab measure"))
+    words = shlex.split(line)
+    return words[words.index("stagelab") + 1:]
+
+
+@pytest.mark.slow  # the gate measured on a CPU (about six minutes), replayed and kept
+@no_cuda
+def test_the_lease_command_rehearsed_on_a_cpu_comes_back_whole(tmp_path):
+    lease_out = tmp_path / "lease"
+    argv = [str(lease_out / "evidence") if word == "$OUT/evidence" else word
+            for word in lease_command()]
+    assert argv[:3] == ["measure", "--profile", "gate"] and "--force" in argv
+    done = torch_alone(*argv, "--rehearse-on-cpu")
+    assert done.returncode in (measure_command.EXIT_OK, measure_command.EXIT_PARTIAL), (
+        done.stderr[-3000:])
+    out = lease_out / "evidence"
+    manifest = measure_command.read_measured(out)
+    assert manifest["rehearsal"] is True and manifest["forced"] is True
+    assert manifest["preflight"]["decisive"] and manifest["source"]["tree"]
+    returned = [p for p in lease_out.rglob("*") if p.is_file()]
+    assert len(returned) <= 8 and measure_command.return_problems(out) == []
+    assert all(p.stat().st_size <= 16 << 20 and len(p.relative_to(lease_out).parts) <= 3
+               for p in returned)  # at most two folders below the lease's output folder
+    assert "a lease would not return" not in done.stderr
+    runs = tmp_path / "runs"
+    assert cli.main(["run", "--profile", "gate", "--from", str(out), "--out", str(runs)]) in (0, 1)
+    (run_dir,) = runs.iterdir()
+    repo = tmp_path / "repo"  # keep writes the README's Results: a copy of the repository
+    shutil.copytree(REPO / "data" / "reference", repo / "data" / "reference")
+    shutil.copy(REPO / "README.md", repo / "README.md")
+    root = repo / "data" / "reference"
+    with pytest.raises(UserError, match=r"it replays a rehearsal \(--rehearse-on-cpu\)"):
+        evidence.keep_evidence(run_dir, root)
+    dest = evidence.keep_evidence(run_dir, root, force=True)
+    kept = json.loads((dest / "kept.json").read_text())
+    assert kept["forced"] is True and "rehearsal" in kept["refusal"]
+    assert sorted(p.name for p in (dest / "measured" / "rows").iterdir()) == [
+        "staging.jsonl.gz", "step.jsonl.gz"]
+    assert f"`{run_dir.name}` (" in (repo / "README.md").read_text()  # listed, labelled
+    assert "kept with --force" in (repo / "README.md").read_text()
