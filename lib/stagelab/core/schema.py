@@ -224,7 +224,7 @@ class GzipJsonLinesSink(JsonLinesSink):
                  another_file: Callable[[], bool] | None = None, **common: Any) -> None:
         super().__init__(path, **common)
         self.max_bytes, self.another_file = max_bytes, another_file
-        self.parts = 1
+        self.parts, self.written = 1, 0  # rows are not kept in memory: a table may be large
 
     def append(self, records: Iterable[Mapping[str, Any]]) -> Path:
         """Add one cell's rows as one gzip member at the end of the current file."""
@@ -237,7 +237,7 @@ class GzipJsonLinesSink(JsonLinesSink):
             handle.write(member)
             handle.flush()
             os.fsync(handle.fileno())
-        self.rows += rows
+        self.written += len(rows)
         return target
 
     def _target(self, member_bytes: int, rows: int) -> Path:

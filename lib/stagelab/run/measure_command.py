@@ -202,14 +202,19 @@ def sweep_cells(notebook: str, parameters: Mapping[str, Any], device: str) -> li
     return preflight.notebook_cells(notebook, dict(parameters), device)
 
 
+def rounds_until_precise(notebook: str, parameters: Mapping[str, Any]) -> bool:
+    """Whether a notebook's cells add rounds until precise, up to ``max_rounds`` (the step)."""
+    return notebook == "02_logprobs_step" and parameters.get("max_rounds", 0) > parameters[
+        "rounds"]
+
+
 def cell_predictor(notebook: str, parameters: Mapping[str, Any],
                    kind: str) -> Callable[[Any, int, int], float]:
     """``predict(cell, rounds, warmup)``: seconds by :func:`stagelab.measure.estimate.cell_seconds`."""
     probes_per_arm = 0.0
     if notebook == "03_prompt_logprobs" and parameters.get("measure_memory"):
         probes_per_arm = 1 / max(1, len(set(parameters.get("overlaps") or [True])))
-    precise = notebook == "02_logprobs_step" and parameters.get("max_rounds", 0) > parameters[
-        "rounds"]
+    precise = rounds_until_precise(notebook, parameters)
 
     def predict(cell: Any, rounds: int, warmup: int) -> float:
         if cell.invalid:
@@ -266,8 +271,7 @@ def predict_file_bytes(notebooks: Mapping[str, Mapping[str, Any]]) -> dict[str, 
     for name, parameters in notebooks.items():
         if name not in TABLES:
             continue
-        precise = name == "02_logprobs_step" and parameters.get("max_rounds", 0) > parameters[
-            "rounds"]
+        precise = rounds_until_precise(name, parameters)
         rounds = parameters["max_rounds"] if precise else parameters["rounds"]
         rows = sum(estimate.cell_rows(cell.sizes["experiment"], cell.arms, rounds)
                    for cell in sweep_cells(name, parameters, "cpu") if not cell.invalid)
