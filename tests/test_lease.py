@@ -180,11 +180,15 @@ def test_force_never_passes_no_cuda_exit_3_within_seconds(tmp_path):
                           cwd=REPO, env=env, timeout=120)
     elapsed = time.monotonic() - started
     assert done.returncode == measure_command.EXIT_NO_GO, done.stderr[-2000:]
-    assert elapsed < 10  # the bound: a forced CPU gate measured for 350-395 s before
+    # before the first cell: 4.3 s on this machine when quiet; a forced CPU gate used to
+    # measure for 350-395 s. The bound is loose (a shared machine), the stop is exact:
+    assert elapsed < 60
     manifest = measure_command.read_measured(out)
     assert manifest["status"] == "no-go" and manifest["forced"] is True
     assert manifest["preflight"]["decisive"][0].startswith("cuda: ")
-    assert all(e["cells"] == [] for e in manifest["experiments"])
+    assert all(e["status"] == "pending" and e["cells"] == [] and "started_utc" not in e
+               for e in manifest["experiments"] if e["table"])
+    assert list((out / "rows").iterdir()) == []
     assert "--force does not pass this; --rehearse-on-cpu" in done.stderr
 
 
