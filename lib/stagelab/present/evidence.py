@@ -44,7 +44,7 @@ def refusal(run_dir: Path, manifest: dict[str, Any]) -> str | None:
                       if e.get("status") != rundir.OK]
         detail = f" ({', '.join(unfinished)})" if unfinished else ""
         return f"its status is {status}{detail}, not ok"
-    partial = replay_gaps(manifest) or replay_past_no_go(manifest)
+    partial = replay_past_no_go(manifest) or replay_gaps(manifest)
     if partial:
         return partial
     if not RunFolder(run_dir).verdict_path.exists():
