@@ -116,6 +116,12 @@ def _parser() -> argparse.ArgumentParser:
     fleet.add_argument("--force", action="store_true",
                        help="measure even where a node's preflight says no-go (recorded; "
                             "without it such a node is unavailable)")
+    from stagelab.run import predict_command
+
+    predict_command.add_arguments(sub.add_parser(
+        "predict", help="predict the verdict's answers per GPU platform from measured host "
+        "rates and published link figures (no GPU needed)",
+        description=predict_command.DESCRIPTION))
     return parser
 
 
@@ -270,6 +276,12 @@ def cmd_fleet(args: argparse.Namespace) -> int:
     return code
 
 
+def cmd_predict(args: argparse.Namespace) -> int:
+    from stagelab.run import predict_command
+
+    return predict_command.main(args)
+
+
 def cmd_measure(args: argparse.Namespace) -> int:
     request = measure_command.checked_request(args, ["stagelab", *sys.argv[1:]])
     return measure_command.EXIT_OK if request is None else measure_command.measure(request)
@@ -277,7 +289,7 @@ def cmd_measure(args: argparse.Namespace) -> int:
 
 COMMANDS = {"run": cmd_run, "measure": cmd_measure, "env": cmd_env, "report": cmd_report, "runs": cmd_runs,
             "keep": cmd_keep, "preflight": cmd_preflight, "compare": cmd_compare,
-            "fleet": cmd_fleet}
+            "fleet": cmd_fleet, "predict": cmd_predict}
 
 
 def main(argv: list[str] | None = None) -> int:

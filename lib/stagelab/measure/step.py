@@ -29,7 +29,7 @@ from stagelab.core import catalogue
 from stagelab.core.catalogue import aa_name
 from stagelab.core.errors import ExtraUnavailable, NativeUnavailable
 from stagelab.core.schema import RowSink
-from stagelab.measure import bench, native, staging, sweep
+from stagelab.measure import bench, hostrates, native, staging, sweep
 from stagelab.measure import logprobs as lp
 from stagelab.measure.device import PinnedMemoryUnavailable, default_device, device_label
 from stagelab.measure.shapes import ModelShape, positive_ints
@@ -382,7 +382,8 @@ def measure(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dty
     rounds are added until the decisive comparison's CI half-width is at most ``delta / 2`` or a
     cap (``max_rounds``, ``max_seconds`` per cell) is reached (:func:`precision_for`).
 
-    Also records, per arm and cell, the largest difference of its logprobs from the fused arm's
+    Also records, per cell, the host's own rates at its size (:mod:`stagelab.measure.hostrates`,
+    the cost model's inputs), and, per arm and cell, the largest difference of its logprobs from the fused arm's
     and how many ranks differ (``max_abs_error``, ``rank_mismatches``), so that a speed
     comparison is never one between different answers. ``arms=None`` times every arm of the
     catalogue.
@@ -432,7 +433,8 @@ def measure(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dty
             return [{"arm": "forward", "metric": "forward_ms", "value": forward.forward_ms,
                      "note": how},
                     *sweep.guarded("agreement", agreement, *inputs),
-                    *sweep.guarded("sync_debug", sync_debug, *inputs)]
+                    *sweep.guarded("sync_debug", sync_debug, *inputs),
+                    *sweep.guarded(hostrates.ARM, hostrates.measure_rates, n, vocab, k)]
 
         return sweep.CellPlan(
             calls={name: (lambda r, p=p: call(p, r)) for name, p in built.items()},
