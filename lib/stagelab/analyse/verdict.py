@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from stagelab.analyse import analysis, calibration, stats
+from stagelab.analyse import analysis, calibration, predict, stats
 from stagelab.core import catalogue, records, schema
 from stagelab.core.errors import UserError
 
@@ -544,8 +544,9 @@ def build_verdict(run_dir: Path | str, *, decisive_rows: list[int], decisive_voc
     }
     verdict["reference"], verdict["reference_skipped"] = (
         reference_verdicts(reference_root) if reference_root else ([], []))
+    verdict["prediction"] = predict.check_run(step, verdict["hardware"]["gpu"])
     verdict = _plain(verdict)
-    verdict["findings"] = findings(verdict, tables)
+    verdict["findings"] = findings(verdict, tables) + predict.check_words(verdict["prediction"])
     if verdict["measured_on"] and verdict["measured_on"]["gaps"]:
         verdict["findings"].append("The measurement is partial, so cells may be missing: "
                                    + "; ".join(verdict["measured_on"]["gaps"]) + ".")

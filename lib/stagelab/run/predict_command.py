@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,25 +22,7 @@ from stagelab.core import schema
 from stagelab.core.errors import UserError
 from stagelab.run import profiles
 
-DESCRIPTION = ("Predict, per GPU platform and decisive cell, each arm's step time (an interval "
-               "from the published and assumed ranges) and the three answers the verdict asks "
-               "(bundle, reuse alone, pinning alone): PORT, CLOSE or 'depends on X', with the "
-               "dominating term and the n x V where each platform crosses the bar. No GPU needed.")
 VERDICT_NOTEBOOK = "04_verdict"
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """The options of ``stagelab predict``."""
-    parser.add_argument("--platform", action="append", default=[], metavar="NAME",
-                        help="a platform of data/platforms.csv (repeatable; default: all)")
-    parser.add_argument("--profile", default="gate",
-                        help="the profile whose decisive cells are predicted (default gate)")
-    parser.add_argument("--rates", type=Path, default=None, metavar="DIR",
-                        help="take the host rates from a run, kept run or measured folder "
-                             "instead of measuring them here")
-    parser.add_argument("--delta", type=float, default=0.02,
-                        help="the bar: a saving of this share of the decode step (default 0.02)")
-    return parser
 
 
 def decisive_cells(profile: str) -> list[predict.Cell]:
@@ -175,3 +158,78 @@ def curves(platforms: list[predict.Platform], cells: list[predict.Cell],
               for p in platforms
               for (vocab, k), params in sorted({(c.vocab, c.k): c.params_b for c in cells}.items())]
     return pd.concat(frames, ignore_index=True)
+
+
+@dataclass
+class Study:
+    """What notebook 05 shows: where the host rates came from, each platform's answers per
+    cell, the crossings, the saving curves, and this run's own check."""
+
+    origin: str
+    answers: pd.DataFrame
+    arms: pd.DataFrame
+    crossings: pd.DataFrame
+    curves: pd.DataFrame
+    check: dict[str, Any]
+
+    def payload(self) -> dict[str, Any]:
+        """JSON-ready, for ``prediction.json``."""
+        return {"origin": self.origin, "answers": self.answers.to_dict("records"),
+                "arms": self.arms.to_dict("records"),
+                "crossings": self.crossings.to_dict("records"), "check": self.check}
+
+
+def cells_of(rows: list[int], models: list[str | int], ks: list[int]) -> list[predict.Cell]:
+    """Cells from rows x models (names of data/model_shapes.csv or vocabulary sizes) x K."""
+    shapes = model_table()
+    out = []
+    for model in models:
+        if isinstance(model, str) and model not in shapes:
+            raise UserError(f"decisive_models: unknown model {model!r}; known: "
+                            f"{', '.join(shapes)} (or a vocabulary size)")
+        vocab, params_b = shapes[model] if isinstance(model, str) else (int(model), 0.0)
+        out += [predict.Cell(n, vocab, k, params_b) for n in rows for k in ks]
+    return out
+
+
+def study(data_dir: Path | str | None, platforms: list[str], rows: list[int],
+          models: list[str | int], ks: list[int], delta: float,
+          rates_dir: str | Path = "") -> Study:
+    """Notebook 05's figures: the host rates of ``rates_dir``, else of the run ``data_dir``,
+    else measured here now; every chosen platform (all when none is named)."""
+    table = predict.load_platforms()
+    try:
+        chosen = ([predict.platform_named(n, table) for n in platforms] if platforms
+                  else list(table.values()))
+    except ValueError as exc:
+        raise UserError(str(exc)) from exc
+    cells = cells_of(rows, models, ks)
+    step = None
+    if data_dir:
+        try:
+            step = schema.read_table(data_dir, "step")
+        except FileNotFoundError:
+            step = None
+    if rates_dir:
+        rates, origin = rates_from_folder(Path(rates_dir))
+    elif step is not None and predict.host_rates(step).samples:
+        rates, origin = predict.host_rates(step), f"host rates recorded by run {Path(data_dir).name}"
+    else:
+        rates, origin = rates_measured_here(cells)
+    found = predictions(chosen, cells, rates, delta)
+    answers = pd.DataFrame([{"platform": e["platform"].name, "rows": c["rows"],
+                             "vocab": c["vocab"], "k": c["k"], **a}
+                            for e in found for c in e["cells"] for a in c["answers"]])
+    arms = pd.DataFrame([{"platform": e["platform"].name, "rows": c["rows"], "vocab": c["vocab"],
+                          "k": c["k"], "arm": arm, "mid_ms": a["mid_ms"], "low_ms": a["low_ms"],
+                          "high_ms": a["high_ms"]}
+                         for e in found for c in e["cells"] for arm, a in c["arms"].items()])
+    crossings = pd.DataFrame([c for e in found for c in e["crossings"]])
+    gpu = None
+    if data_dir and (Path(data_dir) / "manifest.json").is_file():
+        from stagelab.core.records import RunFolder
+
+        gpu = ((RunFolder(data_dir).read_manifest().get("hardware") or {}).get("gpu") or {}
+               ).get("name")
+    return Study(origin, answers, arms, crossings, curves(chosen, cells, rates, delta),
+                 predict.check_run(step, gpu))
