@@ -297,3 +297,26 @@ def pd_concat(frames):
     import pandas as pd
 
     return pd.concat(frames, ignore_index=True)
+
+
+def test_the_report_and_the_fleet_page_show_prediction_beside_measurement(tmp_path):
+    import json
+
+    from stagelab.present import report
+    from stagelab.run import fleet
+
+    check = predict.check_run(schema.make_rows(synthetic_step()), None)
+    shown = report.prediction_html(check)
+    assert "Predicted beside measured (this CPU" in shown
+    assert "<td>seed_pageable</td>" in shown and "measured_ms" in shown
+    assert report.prediction_html(None) == ""
+    run = tmp_path / "node-run"
+    run.mkdir()
+    (run / "verdict.json").write_text(json.dumps({"prediction": check}))
+    node = fleet.NodeRecord(fleet.Target("node-a", "a", "x", None, 1), status=fleet.OK,
+                            run_dir=str(run))
+    section = fleet.prediction_section([node, fleet.NodeRecord(
+        fleet.Target("node-b", "b", "x", None, 1), status=fleet.OK)])
+    assert "node-a</h3>" in section and "node-b" not in section  # node-b has no verdict
+    assert "lies outside the predicted" in section
+    assert fleet.prediction_section([]) == "<p>No analysed node has a prediction to check.</p>"

@@ -578,8 +578,10 @@ def check_run(step: pd.DataFrame | None, gpu_name: str | None) -> dict[str, Any]
         return {"platform": None, "cells": [],
                 "note": f"{gpu_name} has no row in data/platforms.csv: not checked"}
     params = model_params()
-    where = step["log_softmax"].dropna().unique() if "log_softmax" in step else []
-    log_softmax = str(where[0]) if len(where) else "device"
+    where = sorted(step["log_softmax"].dropna().unique()) if "log_softmax" in step else []
+    log_softmax = "device" if "device" in where or not where else str(where[0])
+    if len(where) > 1:  # both places measured: the device's cells are checked
+        step = step[step["log_softmax"].isna() | (step["log_softmax"] == log_softmax)]
     keys = step[step["metric"] == HOST_METRIC][["rows", "vocab", "k"]].drop_duplicates()
     cells = [check_cell(step, int(r.rows), int(r.vocab), int(r.k), platform=platform,
                         params_b=params.get(int(r.vocab), 0.0), log_softmax=log_softmax)

@@ -31,6 +31,7 @@ only (the measuring floor); terms that need the seed's C++ are ``unavailable`` w
 from __future__ import annotations
 
 import contextlib
+import itertools
 import time
 from collections.abc import Callable, Iterator
 
@@ -72,21 +73,32 @@ def _timed(call: Callable[[], object]) -> tuple[float, object]:
     return time.perf_counter() - start, result
 
 
-def _torch_terms(logits: torch.Tensor, repeats: int, warmup: int) -> dict[str, list[float]]:
+def _rotation(sources: list[torch.Tensor]) -> Callable[[], torch.Tensor]:
+    """The next source on each call, in turn (as the step's rounds rotate theirs, so that no
+    call finds its input in the cache the previous one left)."""
+    calls = itertools.count()
+    return lambda: sources[next(calls) % len(sources)]
+
+
+def _torch_terms(sources: list[torch.Tensor], repeats: int,
+                 warmup: int) -> dict[str, list[float]]:
     """The terms that need torch alone: the log-softmaxes, the warm fill, the reused copy."""
-    numel = logits.numel()
-    reused = torch.empty_like(logits)
+    numel = sources[0].numel()
+    reused = torch.empty_like(sources[0])
+    pick = _rotation(sources)
     reused.fill_(1.0)  # faulted in once, as a grow-only buffer is after its first step
 
     def softmaxes() -> dict[str, float]:
+        logits = pick()
         device_like, _ = _timed(lambda: torch.log_softmax(logits, dim=-1, dtype=torch.float32))
-        reused.copy_(logits)
+        reused.copy_(pick())
         host, _ = _timed(lambda: reused.sub_(torch.logsumexp(reused, dim=-1, keepdim=True)))
         return {"log_softmax": device_like, "host_softmax": host}
 
     def fills() -> dict[str, float]:
         with one_thread():
             fill, _ = _timed(lambda: reused.view(numel).zero_())
+        logits = pick()
         copy, _ = _timed(lambda: reused.copy_(logits))
         return {"warm_fill": fill, "copy_reused": copy}
 
@@ -94,12 +106,13 @@ def _torch_terms(logits: torch.Tensor, repeats: int, warmup: int) -> dict[str, l
             **_samples(fills, repeats, warmup)}
 
 
-def _native_terms(logits: torch.Tensor, k: int, targets: torch.Tensor, repeats: int,
+def _native_terms(sources: list[torch.Tensor], k: int, targets: torch.Tensor, repeats: int,
                   warmup: int) -> dict[str, list[float]]:
     """The seed's C++ terms in the step's order and with its allocations (a new log-softmax
     output, then a fresh vector, the copy into it, the top-K, the free), so that the allocator
     meets the regime it meets in the step; no forward, no wait, no other arm between them."""
-    rows, vocab = logits.shape
+    rows, vocab = sources[0].shape
+    pick = _rotation(sources)
     out = lp.LogprobsTensors.empty_host(rows, k)
 
     def use(vector: native.SeedVector, staged: torch.Tensor) -> tuple[float, float]:
@@ -109,6 +122,7 @@ def _native_terms(logits: torch.Tensor, k: int, targets: torch.Tensor, repeats: 
         return copied, top_k
 
     def cycle() -> dict[str, float]:
+        logits = pick()
         softmax, staged = _timed(lambda: torch.log_softmax(logits, dim=-1, dtype=torch.float32))
         made, vector = _timed(lambda: native.seed_vector(rows * vocab))
         copied, top_k = use(vector, staged)
@@ -120,17 +134,19 @@ def _native_terms(logits: torch.Tensor, k: int, targets: torch.Tensor, repeats: 
 
 
 def measure_rates(rows: int, vocab: int, k: int, *, repeats: int = 5, warmup: int = 1,
-                  seed: int = 0) -> list[dict]:
-    """Every term's seconds, one row per repeat, at ``[rows, vocab]`` fp32 with top-``k``, as schema rows
-    (arm ``host_rates``, metric ``host_rate``); the seed's C++ terms ``unavailable`` (with the
+                  seed: int = 0, sources: int = 2) -> list[dict]:
+    """Every term's seconds, one row per repeat, at ``[rows, vocab]`` fp32 with top-``k``, as
+    schema rows (arm ``host_rates``, metric ``host_rate``), each call reading the next of ``sources``
+    inputs in turn, as the step's rounds do; the seed's C++ terms ``unavailable`` (with the
     reason) where it cannot be built."""
-    for name, value in (("rows", rows), ("vocab", vocab), ("repeats", repeats)):
+    for name, value in (("rows", rows), ("vocab", vocab), ("repeats", repeats),
+                        ("sources", sources)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
     if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= vocab:
         raise ValueError(f"k must be an integer in [0, vocab={vocab}], got {k!r}")
     generator = torch.Generator().manual_seed(seed)
-    logits = 3 * torch.randn(rows, vocab, generator=generator)
+    logits = [3 * torch.randn(rows, vocab, generator=generator) for _ in range(sources)]
     targets = torch.randint(0, vocab, (rows,), generator=generator)
     nbytes = rows * vocab * 4
     seconds = _torch_terms(logits, repeats, warmup)

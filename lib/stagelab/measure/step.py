@@ -434,7 +434,8 @@ def measure(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dty
                      "note": how},
                     *sweep.guarded("agreement", agreement, *inputs),
                     *sweep.guarded("sync_debug", sync_debug, *inputs),
-                    *sweep.guarded(hostrates.ARM, hostrates.measure_rates, n, vocab, k)]
+                    *sweep.guarded(hostrates.ARM, lambda: hostrates.measure_rates(
+                        n, vocab, k, seed=seed, sources=sources))]
 
         return sweep.CellPlan(
             calls={name: (lambda r, p=p: call(p, r)) for name, p in built.items()},
