@@ -20,7 +20,9 @@ The verdict states its context (``forward_ms``, what delta is a share of with th
 bar beside it, where the log-softmax runs, and whether the other place would change the answer).
 Other cells are reported, never decide. Copy-level cells (notebook 01) explain the mechanism and
 never decide. The ``harness`` block checks every A/A twin of the run as one family (Bonferroni):
-whether identical arms differ beyond delta. Deterministic: the same folder gives the same file.
+whether identical arms differ beyond delta. The ``prediction`` block sets the cost model
+(:mod:`stagelab.analyse.predict`, fed this run's own host rates) beside what the run measured.
+Deterministic: the same folder gives the same file.
 Torch-free.
 """
 
