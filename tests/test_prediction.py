@@ -320,3 +320,21 @@ def test_the_report_and_the_fleet_page_show_prediction_beside_measurement(tmp_pa
     assert "node-a</h3>" in section and "node-b" not in section  # node-b has no verdict
     assert "lies outside the predicted" in section
     assert fleet.prediction_section([]) == "<p>No analysed node has a prediction to check.</p>"
+
+
+def test_a_gpu_run_is_checked_against_its_platform_with_the_stages_own_durations():
+    rows = synthetic_step(16, 100_000)
+    for row in rows:
+        row["device"] = "cuda:0 Test GPU"
+    rows.append({**{k: rows[0][k] for k in ("experiment", "rows", "vocab", "k", "dtype")},
+                 "arm": "forward", "metric": "forward_ms", "value": 4.0})
+    table = {"Test": platform()}
+    check = predict.check_run(schema.make_rows(rows), "Test GPU", table)
+    cell = check["cells"][0]
+    stages = {c["name"]: c for c in cell["stages"]}
+    assert check["platform"] == "Test" and stages["alloc"]["predicted_ms"] == pytest.approx(1.0)
+    assert stages["copy"]["predicted_ms"] == pytest.approx(6.4e6 / 20e9 * 1e3)
+    total = next(a for a in cell["arms"] if a["name"] == predict.BASELINE)
+    softmax = 16 * 100_000 * 6 / (4000e9 * 0.75) * 1e3
+    wait = 0.0125
+    assert total["predicted_ms"] == pytest.approx(4.0 + softmax + 0.32 + wait + 3.0 + 0.1)

@@ -350,13 +350,15 @@ class Model:
         return float(self.totals(arm, at_mid(self.knobs))[0]), float(every.min()), float(
             every.max())
 
-    def parts_mid(self, arm: str) -> dict[str, float]:
-        parts = arm_parts(arm, self.terms(at_mid(self.knobs)), self.concurrent,
+    def parts_mid(self, arm: str, raw: bool = False) -> dict[str, float]:
+        """An arm's parts at the knobs' best values; ``raw``: each stage's own duration, as
+        the step times it (the fresh vector's whole fill, even where it overlaps)."""
+        parts = arm_parts(arm, self.terms(at_mid(self.knobs)), self.concurrent and not raw,
                           self.cell.log_softmax)
         return {name: float(value[0]) for name, value in parts.items()}
 
-    def parts_range(self, arm: str) -> dict[str, tuple[float, float]]:
-        parts = arm_parts(arm, self.terms(corners(self.knobs)), self.concurrent,
+    def parts_range(self, arm: str, raw: bool = False) -> dict[str, tuple[float, float]]:
+        parts = arm_parts(arm, self.terms(corners(self.knobs)), self.concurrent and not raw,
                           self.cell.log_softmax)
         return {name: (float(np.min(v)), float(np.max(v))) for name, v in parts.items()}
 
@@ -517,11 +519,11 @@ def check_cell(step: pd.DataFrame, rows: int, vocab: int, k: int, *,
              gpu_model(platform, shape, rates, float(forward.iloc[0]) if len(forward) else None))
     stages, arms = [], []
     measured_base = _measured_stage_means(cell, BASELINE)
-    ranges = model.parts_range(BASELINE)
+    ranges, mids = model.parts_range(BASELINE, raw=True), model.parts_mid(BASELINE, raw=True)
     for stage, (low, high) in ranges.items():
         if stage in ("forward", "wait", "host_softmax") and stage not in measured_base:
             continue
-        mid = model.parts_mid(BASELINE)[stage]
+        mid = mids[stage]
         stages.append(_compared(stage, mid, low, high, measured_base.get(stage)))
     for arm in MODEL_ARMS:
         measured = _measured_stage_means(cell, arm).get(catalogue.TOTAL)
@@ -568,12 +570,13 @@ def model_params(path: Path | str = paths.MODEL_SHAPES_FILE) -> dict[int, float]
     return out
 
 
-def check_run(step: pd.DataFrame | None, gpu_name: str | None) -> dict[str, Any]:
+def check_run(step: pd.DataFrame | None, gpu_name: str | None,
+              platforms: Mapping[str, Platform] | None = None) -> dict[str, Any]:
     """Every measured step cell against the model: a GPU run against its platform's row (when
     the table has one), a CPU run against the host model; JSON-ready, for the verdict."""
     if step is None or step.empty:
         return {"platform": None, "cells": [], "note": "no step table: nothing to check"}
-    platform = platform_of_gpu(gpu_name)
+    platform = platform_of_gpu(gpu_name, platforms)
     if gpu_name and platform is None:
         return {"platform": None, "cells": [],
                 "note": f"{gpu_name} has no row in data/platforms.csv: not checked"}
