@@ -44,7 +44,7 @@ import pandas as pd
 
 from stagelab.core import catalogue, paths
 
-HOST_ARM, HOST_METRIC = "host_rates", "host_rate"  # the rows of stagelab.measure.hostrates
+HOST_METRIC = "host_rate"  # the rows of stagelab.measure.hostrates
 BASELINE, CANDIDATE = catalogue.baseline(catalogue.STEP), catalogue.candidate(catalogue.STEP)
 REUSED = catalogue.REUSE_LEVER[catalogue.STEP]
 DEVICE_TOP_K = "device_gather"
@@ -61,11 +61,6 @@ WAIT_MS = (0.005, 0.02)
 DEVICE_TOP_K_FIXED_MS = (0.02, 0.1)
 LOGITS_BYTES = 2  # bf16 logits on a GPU
 WEIGHT_BYTES_PER_PARAM = 2
-HOST_TERMS = ("log_softmax", "host_softmax", "fresh_vector", "warm_fill", "copy_fresh",
-              "copy_reused", "top_k", "free")
-# A measured stage of the seed's step, and the host term that predicts it on a CPU.
-CPU_STAGE_TERMS = {"device": "log_softmax", "alloc": "fresh_vector", "copy": "copy_fresh",
-                   "host_gather": "top_k", "free": "free"}
 
 
 # ------------------------------------------------------------------------------- platforms
@@ -153,12 +148,6 @@ def host_rates(frame: pd.DataFrame) -> HostRates:
         rates.samples.setdefault(int(nbytes), {})[str(term)] = [
             float(s) for s in part["seconds"].dropna()]
     return rates
-
-
-def host_rates_of_cell(frame: pd.DataFrame, rows: int, vocab: int, k: int) -> HostRates:
-    """One cell's host rates alone (what the check of that cell uses)."""
-    cell = frame[(frame["rows"] == rows) & (frame["vocab"] == vocab) & (frame["k"] == k)]
-    return host_rates(cell)
 
 
 # ---------------------------------------------------------------------------------- knobs
