@@ -338,3 +338,12 @@ def test_a_gpu_run_is_checked_against_its_platform_with_the_stages_own_durations
     softmax = 16 * 100_000 * 6 / (4000e9 * 0.75) * 1e3
     wait = 0.0125
     assert total["predicted_ms"] == pytest.approx(4.0 + softmax + 0.32 + wait + 3.0 + 0.1)
+
+
+def test_the_host_table_names_the_fresh_vectors_regime_at_each_size():
+    rates = predict.HostRates({1000: {"fresh_vector": [1e-4], "warm_fill": [1e-4]},
+                               9000: {"fresh_vector": [9e-3, 1e-2, 2e-2], "warm_fill": [1e-3]}})
+    table = predict.host_table(rates).set_index("bytes")
+    assert table.loc[1000, "regime"] == "pages found mapped"
+    assert table.loc[9000, "regime"] == "faulted afresh"
+    assert table.loc[9000, "faults_ms"] == pytest.approx(10.0 - 1.0)

@@ -150,6 +150,28 @@ def host_rates(frame: pd.DataFrame) -> HostRates:
     return rates
 
 
+FAULTED_OVER_WARM = 2.0  # a fresh vector this many times slower than a warm fill faulted afresh
+
+
+def host_table(rates: HostRates) -> pd.DataFrame:
+    """The host rates by size: each term's median and spread (ms), and the fresh vector's
+    regime: its page faults' share (``fresh_vector - warm_fill``), and whether its pages were
+    faulted in afresh (the allocator returned them to the OS) or found mapped."""
+    out = []
+    for nbytes in rates.sizes:
+        terms = rates.samples[nbytes]
+        row: dict[str, Any] = {"bytes": nbytes}
+        for term, seconds in sorted(terms.items()):
+            row[f"{term}_ms"] = 1e3 * float(np.median(seconds))
+        fresh, warm = row.get("fresh_vector_ms"), row.get("warm_fill_ms")
+        if fresh is not None and warm:
+            row["faults_ms"] = max(fresh - warm, 0.0)
+            row["regime"] = ("faulted afresh" if fresh > FAULTED_OVER_WARM * warm
+                             else "pages found mapped")
+        out.append(row)
+    return pd.DataFrame(out)
+
+
 # ---------------------------------------------------------------------------------- knobs
 
 @dataclass(frozen=True)

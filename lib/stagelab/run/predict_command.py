@@ -131,6 +131,18 @@ def format_platform(entry: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def regime_lines(rates: predict.HostRates) -> str:
+    """The fresh vector's regime at each measured size, one line each."""
+    lines = []
+    for row in predict.host_table(rates).to_dict("records"):
+        if "regime" in row:
+            lines.append(f"host: {row['bytes'] / 1e6:.1f} MB fresh vector "
+                         f"{row['fresh_vector_ms']:.3g} ms ({row['regime']}: faults "
+                         f"{row['faults_ms']:.3g} ms, warm fill {row['warm_fill_ms']:.3g} ms), "
+                         f"C++ top-K {row.get('top_k_ms', float('nan')):.3g} ms")
+    return "\n".join(lines)
+
+
 def main(args: argparse.Namespace) -> int:
     """``stagelab predict``: prints the predictions; 0, or 2 (UserError) for a bad request."""
     if not 0 < args.delta < 1:
@@ -145,6 +157,7 @@ def main(args: argparse.Namespace) -> int:
     rates, origin = (rates_from_folder(args.rates) if args.rates else rates_measured_here(cells))
     print(f"Predicted, not measured: {origin}; GPU terms from data/platforms.csv (published "
           "figures, and ranges where none is published); forward = bf16 weights / HBM.")
+    print(regime_lines(rates))
     for entry in predictions(chosen, cells, rates, args.delta):
         print(format_platform(entry))
     return 0
@@ -166,6 +179,7 @@ class Study:
     cell, the crossings, the saving curves, and this run's own check."""
 
     origin: str
+    host: pd.DataFrame
     answers: pd.DataFrame
     arms: pd.DataFrame
     crossings: pd.DataFrame
@@ -231,5 +245,5 @@ def study(data_dir: Path | str | None, platforms: list[str], rows: list[int],
 
         gpu = ((RunFolder(data_dir).read_manifest().get("hardware") or {}).get("gpu") or {}
                ).get("name")
-    return Study(origin, answers, arms, crossings, curves(chosen, cells, rates, delta),
+    return Study(origin, predict.host_table(rates), answers, arms, crossings, curves(chosen, cells, rates, delta),
                  predict.check_run(step, gpu))
