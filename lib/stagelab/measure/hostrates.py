@@ -80,26 +80,27 @@ def _rotation(sources: list[torch.Tensor]) -> Callable[[], torch.Tensor]:
     return lambda: sources[next(calls) % len(sources)]
 
 
-def _torch_terms(sources: list[torch.Tensor], repeats: int,
+def _torch_terms(logits: list[torch.Tensor], staged: list[torch.Tensor], repeats: int,
                  warmup: int) -> dict[str, list[float]]:
-    """The terms that need torch alone: the log-softmaxes, the warm fill, the reused copy."""
-    numel = sources[0].numel()
-    reused = torch.empty_like(sources[0])
-    pick = _rotation(sources)
+    """The terms that need torch alone: the log-softmax of the ``logits``, and on fp32
+    ``staged`` copies the host log-softmax, the warm fill and the reused copy."""
+    numel = staged[0].numel()
+    reused = torch.empty_like(staged[0])
+    next_logits, next_staged = _rotation(logits), _rotation(staged)
     reused.fill_(1.0)  # faulted in once, as a grow-only buffer is after its first step
 
     def softmaxes() -> dict[str, float]:
-        logits = pick()
-        device_like, _ = _timed(lambda: torch.log_softmax(logits, dim=-1, dtype=torch.float32))
-        reused.copy_(pick())
+        scores = next_logits()
+        device_like, _ = _timed(lambda: torch.log_softmax(scores, dim=-1, dtype=torch.float32))
+        reused.copy_(next_staged())
         host, _ = _timed(lambda: reused.sub_(torch.logsumexp(reused, dim=-1, keepdim=True)))
         return {"log_softmax": device_like, "host_softmax": host}
 
     def fills() -> dict[str, float]:
         with one_thread():
             fill, _ = _timed(lambda: reused.view(numel).zero_())
-        logits = pick()
-        copy, _ = _timed(lambda: reused.copy_(logits))
+        source = next_staged()
+        copy, _ = _timed(lambda: reused.copy_(source))
         return {"warm_fill": fill, "copy_reused": copy}
 
     return {**_samples(softmaxes, repeats, warmup),
@@ -134,10 +135,12 @@ def _native_terms(sources: list[torch.Tensor], k: int, targets: torch.Tensor, re
 
 
 def measure_rates(rows: int, vocab: int, k: int, *, repeats: int = 5, warmup: int = 1,
-                  seed: int = 0, sources: int = 2) -> list[dict]:
+                  seed: int = 0, sources: int = 2,
+                  logits_dtype: torch.dtype = torch.float32) -> list[dict]:
     """Every term's seconds, one row per repeat, at ``[rows, vocab]`` fp32 with top-``k``, as
     schema rows (arm ``host_rates``, metric ``host_rate``), each call reading the next of ``sources``
-    inputs in turn, as the step's rounds do; the seed's C++ terms ``unavailable`` (with the
+    inputs in turn, as the step's rounds do (logits of ``logits_dtype``, the step's, for the
+    log-softmax; fp32 for the rest, as the seed stages them); the seed's C++ terms ``unavailable`` (with the
     reason) where it cannot be built."""
     for name, value in (("rows", rows), ("vocab", vocab), ("repeats", repeats),
                         ("sources", sources)):
@@ -146,10 +149,12 @@ def measure_rates(rows: int, vocab: int, k: int, *, repeats: int = 5, warmup: in
     if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= vocab:
         raise ValueError(f"k must be an integer in [0, vocab={vocab}], got {k!r}")
     generator = torch.Generator().manual_seed(seed)
-    logits = [3 * torch.randn(rows, vocab, generator=generator) for _ in range(sources)]
+    logits = [(3 * torch.randn(rows, vocab, generator=generator)).to(logits_dtype)
+              for _ in range(sources)]
     targets = torch.randint(0, vocab, (rows,), generator=generator)
     nbytes = rows * vocab * 4
-    seconds = _torch_terms(logits, repeats, warmup)
+    staged = [torch.log_softmax(scores, dim=-1, dtype=torch.float32) for scores in logits]
+    seconds = _torch_terms(logits, staged, repeats, warmup)
     unavailable = ""
     try:
         native.require()

@@ -435,7 +435,7 @@ def measure(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dty
                     *sweep.guarded("agreement", agreement, *inputs),
                     *sweep.guarded("sync_debug", sync_debug, *inputs),
                     *sweep.guarded(hostrates.ARM, lambda: hostrates.measure_rates(
-                        n, vocab, k, seed=seed, sources=sources))]
+                        n, vocab, k, seed=seed, sources=sources, logits_dtype=logits_dtype))]
 
         return sweep.CellPlan(
             calls={name: (lambda r, p=p: call(p, r)) for name, p in built.items()},
