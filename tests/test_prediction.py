@@ -347,3 +347,30 @@ def test_the_host_table_names_the_fresh_vectors_regime_at_each_size():
     assert table.loc[1000, "regime"] == "pages found mapped"
     assert table.loc[9000, "regime"] == "faulted afresh"
     assert table.loc[9000, "faults_ms"] == pytest.approx(10.0 - 1.0)
+
+
+def test_a_sampler_between_rounds_spreads_its_calls_and_tops_up_to_its_repeats(monkeypatch):
+    sampler = hostrates.Sampler(2, 1000, 3, warmup=1)
+    calls = []
+    monkeypatch.setattr(sampler, "probes", [lambda: calls.append(1) or {"top_k": 1e-3}])
+    hook = sampler.every(rounds=12, repeats=3)  # a call every 3rd round, 1 warm-up + 3 kept
+    for _ in range(12):
+        hook()
+    assert len(calls) == 4 and sampler.kept == 3
+    rows = sampler.rows(5)  # topped up after the rounds
+    assert len(calls) == 6 and [r["round"] for r in rows if r["stage"] == "top_k"] == list(
+        range(5))
+    assert {r["status"] for r in rows if r["stage"] != "top_k"} == {"unavailable"}
+
+
+def test_the_sweep_runs_a_plans_between_rounds_work_after_every_round():
+    from stagelab.measure import sweep
+
+    seen = []
+    cell = sweep.Cell(sizes={"experiment": "step", "rows": 1, "vocab": 2}, arms=["a"], label="c")
+    plan = sweep.CellPlan(calls={"a": lambda r: seen.append(("a", r))},
+                          between_rounds=lambda: seen.append("between"))
+    sweep.measure_cell(cell, lambda c: plan, rounds=2, warmup=1, seed=0, device="cpu",
+                       after_round=lambda: seen.append("after"))
+    assert seen == [("a", 0), "between", "after", ("a", 1), "between", "after", ("a", 2),
+                    "between", "after"]

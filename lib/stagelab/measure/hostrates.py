@@ -24,7 +24,9 @@ free           the vector's destructor (large blocks go back to the OS)
 ============== ============================================================================
 
 Rows: arm ``host_rates``, ``stage`` the term, metric ``host_rate``, one row per repeat
-(``round``) with its ``seconds``, ``bytes`` the ``[n, V]`` fp32 bytes. Torch and the standard library
+(``round``) with its ``seconds``, ``bytes`` the ``[n, V]`` fp32 bytes. A step cell takes its
+repeats between its rounds (:class:`Sampler`), so that they share the rounds' conditions (a
+machine's load moves both alike); :func:`measure_rates` takes them in a row. Torch and the standard library
 only (the measuring floor); terms that need the seed's C++ are ``unavailable`` without a compiler.
 """
 
@@ -58,15 +60,6 @@ def one_thread() -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def _samples(call: Callable[[], dict[str, float]], repeats: int,
-             warmup: int) -> dict[str, list[float]]:
-    """Each named part's seconds over ``repeats`` calls, after ``warmup`` untimed ones."""
-    for _ in range(warmup):
-        call()
-    timed = [call() for _ in range(repeats)]
-    return {name: [t[name] for t in timed] for name in timed[0]}
-
-
 def _timed(call: Callable[[], object]) -> tuple[float, object]:
     start = time.perf_counter()
     result = call()
@@ -80,8 +73,10 @@ def _rotation(sources: list[torch.Tensor]) -> Callable[[], torch.Tensor]:
     return lambda: sources[next(calls) % len(sources)]
 
 
-def _torch_terms(logits: list[torch.Tensor], staged: list[torch.Tensor], repeats: int,
-                 warmup: int) -> dict[str, list[float]]:
+Probe = Callable[[], dict[str, float]]
+
+
+def _torch_probes(logits: list[torch.Tensor], staged: list[torch.Tensor]) -> list[Probe]:
     """The terms that need torch alone: the log-softmax of the ``logits``, and on fp32
     ``staged`` copies the host log-softmax, the warm fill and the reused copy."""
     numel = staged[0].numel()
@@ -103,17 +98,15 @@ def _torch_terms(logits: list[torch.Tensor], staged: list[torch.Tensor], repeats
         copy, _ = _timed(lambda: reused.copy_(source))
         return {"warm_fill": fill, "copy_reused": copy}
 
-    return {**_samples(softmaxes, repeats, warmup),
-            **_samples(fills, repeats, warmup)}
+    return [softmaxes, fills]
 
 
-def _native_terms(sources: list[torch.Tensor], k: int, targets: torch.Tensor, repeats: int,
-                  warmup: int) -> dict[str, list[float]]:
+def _native_probe(logits: list[torch.Tensor], k: int, targets: torch.Tensor) -> Probe:
     """The seed's C++ terms in the step's order and with its allocations (a new log-softmax
     output, then a fresh vector, the copy into it, the top-K, the free), so that the allocator
     meets the regime it meets in the step; no forward, no wait, no other arm between them."""
-    rows, vocab = sources[0].shape
-    pick = _rotation(sources)
+    rows, vocab = logits[0].shape
+    pick = _rotation(logits)
     out = lp.LogprobsTensors.empty_host(rows, k)
 
     def use(vector: native.SeedVector, staged: torch.Tensor) -> tuple[float, float]:
@@ -123,51 +116,101 @@ def _native_terms(sources: list[torch.Tensor], k: int, targets: torch.Tensor, re
         return copied, top_k
 
     def cycle() -> dict[str, float]:
-        logits = pick()
-        softmax, staged = _timed(lambda: torch.log_softmax(logits, dim=-1, dtype=torch.float32))
+        scores = pick()
+        softmax, staged = _timed(lambda: torch.log_softmax(scores, dim=-1, dtype=torch.float32))
         made, vector = _timed(lambda: native.seed_vector(rows * vocab))
         copied, top_k = use(vector, staged)
         freed, _ = _timed(vector.free)
         return {"log_softmax": softmax, "fresh_vector": made, "copy_fresh": copied,
                 "top_k": top_k, "free": freed}
 
-    return _samples(cycle, repeats, warmup)
+    return cycle
+
+
+def _check(rows: int, vocab: int, k: int, **positive: int) -> None:
+    for name, value in (("rows", rows), ("vocab", vocab), *positive.items()):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= vocab:
+        raise ValueError(f"k must be an integer in [0, vocab={vocab}], got {k!r}")
+
+
+class Sampler:
+    """The host rates of one ``[rows, vocab]`` cell, one call of every term at a time.
+
+    Its inputs are made once: ``sources`` logits of ``logits_dtype`` (the step's, for the
+    log-softmax), read in turn as the step's rounds read theirs, and fp32 copies for the rest,
+    as the seed stages them. The first ``warmup`` calls are not kept. The seed's C++ terms are
+    left out, with the reason, where it cannot be built.
+    """
+
+    def __init__(self, rows: int, vocab: int, k: int, *, seed: int = 0, sources: int = 2,
+                 logits_dtype: torch.dtype = torch.float32, warmup: int = 1) -> None:
+        _check(rows, vocab, k, sources=sources)
+        generator = torch.Generator().manual_seed(seed)
+        logits = [(3 * torch.randn(rows, vocab, generator=generator)).to(logits_dtype)
+                  for _ in range(sources)]
+        targets = torch.randint(0, vocab, (rows,), generator=generator)
+        staged = [torch.log_softmax(scores, dim=-1, dtype=torch.float32) for scores in logits]
+        self.nbytes, self.warmup, self.calls = rows * vocab * 4, warmup, 0
+        self.probes = _torch_probes(logits, staged)
+        self.unavailable = ""
+        try:
+            native.require()
+            self.probes.append(_native_probe(logits, k, targets))
+        except NativeUnavailable as exc:
+            self.unavailable = str(exc)
+        self.seconds: dict[str, list[float]] = {}
+
+    @property
+    def kept(self) -> int:
+        """Calls kept so far (past the warm-up)."""
+        return max(0, self.calls - self.warmup)
+
+    def sample(self) -> None:
+        """One call of every term (the C++ cycle's log-softmax is the one kept)."""
+        found: dict[str, float] = {}
+        for probe in self.probes:
+            found.update(probe())
+        if self.calls >= self.warmup:
+            for term, seconds in found.items():
+                self.seconds.setdefault(term, []).append(seconds)
+        self.calls += 1
+
+    def every(self, rounds: int, repeats: int) -> Callable[[], None]:
+        """A between-rounds hook: one call every few rounds, spread over the cell's first
+        ``rounds`` (warm-up included), until ``repeats`` are kept."""
+        stride = max(1, rounds // (repeats + self.warmup))
+        rounds_seen = itertools.count()
+
+        def hook() -> None:
+            if next(rounds_seen) % stride == 0 and self.kept < repeats:
+                self.sample()
+        return hook
+
+    def rows(self, repeats: int) -> list[dict]:
+        """Schema rows, one per kept call and term, after topping up to ``repeats`` calls."""
+        while self.kept < repeats:
+            self.sample()
+        out = []
+        for term in TERMS:
+            row = {"arm": ARM, "stage": term, "metric": METRIC, "bytes": self.nbytes,
+                   "timer": "perf_counter"}
+            if term not in self.seconds:
+                out.append({**row, "status": "unavailable", "note": self.unavailable})
+                continue
+            out += [{**row, "round": i, "seconds": value, "note": f"after {self.warmup} "
+                                                                  "warm-up"}
+                    for i, value in enumerate(self.seconds[term])]
+        return out
 
 
 def measure_rates(rows: int, vocab: int, k: int, *, repeats: int = 5, warmup: int = 1,
                   seed: int = 0, sources: int = 2,
                   logits_dtype: torch.dtype = torch.float32) -> list[dict]:
-    """Every term's seconds, one row per repeat, at ``[rows, vocab]`` fp32 with top-``k``, as
-    schema rows (arm ``host_rates``, metric ``host_rate``), each call reading the next of ``sources``
-    inputs in turn, as the step's rounds do (logits of ``logits_dtype``, the step's, for the
-    log-softmax; fp32 for the rest, as the seed stages them); the seed's C++ terms ``unavailable`` (with the
-    reason) where it cannot be built."""
-    for name, value in (("rows", rows), ("vocab", vocab), ("repeats", repeats),
-                        ("sources", sources)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= vocab:
-        raise ValueError(f"k must be an integer in [0, vocab={vocab}], got {k!r}")
-    generator = torch.Generator().manual_seed(seed)
-    logits = [(3 * torch.randn(rows, vocab, generator=generator)).to(logits_dtype)
-              for _ in range(sources)]
-    targets = torch.randint(0, vocab, (rows,), generator=generator)
-    nbytes = rows * vocab * 4
-    staged = [torch.log_softmax(scores, dim=-1, dtype=torch.float32) for scores in logits]
-    seconds = _torch_terms(logits, staged, repeats, warmup)
-    unavailable = ""
-    try:
-        native.require()
-        seconds.update(_native_terms(logits, k, targets, repeats, warmup))
-    except NativeUnavailable as exc:
-        unavailable = str(exc)
-    rows_out = []
-    for term in TERMS:
-        row = {"arm": ARM, "stage": term, "metric": METRIC, "bytes": nbytes,
-               "timer": "perf_counter"}
-        if term not in seconds:
-            rows_out.append({**row, "status": "unavailable", "note": unavailable})
-            continue
-        rows_out += [{**row, "round": i, "seconds": value, "note": f"after {warmup} warm-up"}
-                     for i, value in enumerate(seconds[term])]
-    return rows_out
+    """Every term's seconds at ``[rows, vocab]`` with top-``k``, ``repeats`` calls in a row
+    after ``warmup``, as schema rows (arm ``host_rates``, metric ``host_rate``): see
+    :class:`Sampler`."""
+    _check(rows, vocab, k, repeats=repeats)
+    return Sampler(rows, vocab, k, seed=seed, sources=sources, logits_dtype=logits_dtype,
+                   warmup=warmup).rows(repeats)

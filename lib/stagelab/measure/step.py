@@ -44,6 +44,7 @@ MEMORY_BANDWIDTH_GBPS = (("H200", 4800.0), ("H100 NVL", 3900.0), ("H100 PCIe", 2
                          ("H100", 3350.0), ("A100 80GB PCIe", 1935.0), ("A100-SXM4-80GB", 2039.0),
                          ("A100", 1555.0), ("L40S", 864.0), ("L4", 300.0), ("A10", 600.0))
 WEIGHT_BYTES_PER_PARAM = 2  # bf16 weights
+HOST_RATE_REPEATS = 5  # host-rate calls kept per cell, taken between its rounds
 
 
 class StageClock:
@@ -383,10 +384,10 @@ def measure(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dty
     cap (``max_rounds``, ``max_seconds`` per cell) is reached (:func:`precision_for`).
 
     Also records, per cell, the host's own rates at its size (:mod:`stagelab.measure.hostrates`,
-    the cost model's inputs), and, per arm and cell, the largest difference of its logprobs from the fused arm's
-    and how many ranks differ (``max_abs_error``, ``rank_mismatches``), so that a speed
-    comparison is never one between different answers. ``arms=None`` times every arm of the
-    catalogue.
+    the cost model's inputs), taken between its rounds, and, per arm and cell, the largest
+    difference of its logprobs from the fused arm's and how many ranks differ
+    (``max_abs_error``, ``rank_mismatches``), so that a speed comparison is never one between
+    different answers. ``arms=None`` times every arm of the catalogue.
     """
     device, arms = device or default_device(), chosen_arms(arms)
     todo = cells(shapes, rows, ks, logits_dtype, arms, aa_arm=aa_arm, sources=sources,
@@ -414,6 +415,8 @@ def measure(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dty
         tokens = bench.rotating(lambda i: torch.randint(0, vocab, (n,), device=device,
                                                         generator=generator), sources)
         host_tokens = [t.cpu() for t in tokens]
+        host_rates = hostrates.Sampler(n, vocab, k, seed=seed, sources=sources,
+                                       logits_dtype=logits_dtype)
         for scores, ids in zip(logits, tokens):  # validated once here, never inside a timed call
             lp.check_call(scores, k, ids)
             lp.check_token_ids(ids, n, vocab)
@@ -434,12 +437,12 @@ def measure(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dty
                      "note": how},
                     *sweep.guarded("agreement", agreement, *inputs),
                     *sweep.guarded("sync_debug", sync_debug, *inputs),
-                    *sweep.guarded(hostrates.ARM, lambda: hostrates.measure_rates(
-                        n, vocab, k, seed=seed, sources=sources, logits_dtype=logits_dtype))]
+                    *sweep.guarded(hostrates.ARM, host_rates.rows, HOST_RATE_REPEATS)]
 
         return sweep.CellPlan(
             calls={name: (lambda r, p=p: call(p, r)) for name, p in built.items()},
-            unavailable=unavailable, annotate=annotate, after=after)
+            unavailable=unavailable, annotate=annotate, after=after,
+            between_rounds=host_rates.every(warmup + rounds, HOST_RATE_REPEATS))
 
     precision = (precision_for(arms, aa_arm, delta=delta, max_rounds=max_rounds,
                                max_seconds=max_seconds)
