@@ -417,6 +417,7 @@ def answer(model: Model, question: str, delta: float) -> dict[str, Any]:
             "saving_ms": float((model.totals(base_arm, mid) - model.totals(cand_arm, mid))[0]),
             "saving_low_ms": float(saving.min()), "saving_high_ms": float(saving.max()),
             "bar_ms": float(delta * model.totals(base_arm, mid)[0]),
+            "bar_low_ms": float(delta * base.min()), "bar_high_ms": float(delta * base.max()),
             "speedup_low": float((base / cand).min()), "speedup_high": float((base / cand).max()),
             "dominant_term": dominant}
 

@@ -119,7 +119,8 @@ def format_platform(entry: Mapping[str, Any]) -> str:
             lines.append(
                 f"    {ans['question']:8} {ans['decision']:28} saving {ans['saving_ms']:.3g} ms "
                 f"{_ms(ans['saving_low_ms'], ans['saving_high_ms'])} vs bar "
-                f"{ans['bar_ms']:.3g} ms; dominating term: {ans['dominant_term']}")
+                f"{ans['bar_ms']:.3g} ms {_ms(ans['bar_low_ms'], ans['bar_high_ms'])}; "
+                f"dominating term: {ans['dominant_term']}")
         for note in cell["notes"]:
             lines.append(f"    note: {note}")
     for c in entry["crossings"]:
