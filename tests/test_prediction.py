@@ -374,3 +374,20 @@ def test_the_sweep_runs_a_plans_between_rounds_work_after_every_round():
                        after_round=lambda: seen.append("after"))
     assert seen == [("a", 0), "between", "after", ("a", 1), "between", "after", ("a", 2),
                     "between", "after"]
+
+
+def test_host_rates_that_fail_cost_the_step_cell_nothing_but_their_own_row(monkeypatch):
+    def broken(self) -> None:
+        raise MemoryError("no room for the host rates")
+
+    monkeypatch.setattr(hostrates.Sampler, "sample", broken)
+    measured = step.measure([shapes.ModelShape("", 1000, 0)], [2], [3], torch.float32,
+                            ["seed_pageable_reused"], rounds=2, warmup=1, aa_arm=None,
+                            progress=False)
+    frame = schema.make_rows(measured)
+    timed = frame[(frame["arm"] == "seed_pageable_reused") & (frame["stage"] == "total")
+                  & (frame["metric"] == "time")]
+    assert len(timed) == 2 and timed["status"].eq("ok").all()
+    failed = frame[frame["arm"] == "host_rates"]
+    assert failed["status"].tolist() == ["failed"]
+    assert "host rates failed between rounds: MemoryError" in failed["note"].iloc[0]

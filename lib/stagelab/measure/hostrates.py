@@ -161,6 +161,7 @@ class Sampler:
         except NativeUnavailable as exc:
             self.unavailable = str(exc)
         self.seconds: dict[str, list[float]] = {}
+        self.failed = ""  # why a call between rounds raised: no more are taken
 
     @property
     def kept(self) -> int:
@@ -184,12 +185,19 @@ class Sampler:
         rounds_seen = itertools.count()
 
         def hook() -> None:
-            if next(rounds_seen) % stride == 0 and self.kept < repeats:
+            if next(rounds_seen) % stride or self.kept >= repeats or self.failed:
+                return
+            try:
                 self.sample()
+            except Exception as exc:  # the host rates must never cost the rounds their timings
+                self.failed = f"{type(exc).__name__}: {exc}"
         return hook
 
     def rows(self, repeats: int) -> list[dict]:
-        """Schema rows, one per kept call and term, after topping up to ``repeats`` calls."""
+        """Schema rows, one per kept call and term, after topping up to ``repeats`` calls;
+        RuntimeError where a call between the rounds raised."""
+        if self.failed:
+            raise RuntimeError(f"host rates failed between rounds: {self.failed}")
         while self.kept < repeats:
             self.sample()
         out = []

@@ -415,8 +415,7 @@ def measure(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dty
         tokens = bench.rotating(lambda i: torch.randint(0, vocab, (n,), device=device,
                                                         generator=generator), sources)
         host_tokens = [t.cpu() for t in tokens]
-        host_rates = hostrates.Sampler(n, vocab, k, seed=seed, sources=sources,
-                                       logits_dtype=logits_dtype)
+        host_rates, no_rates = _host_sampler(n, vocab, k, seed, sources, logits_dtype)
         for scores, ids in zip(logits, tokens):  # validated once here, never inside a timed call
             lp.check_call(scores, k, ids)
             lp.check_token_ids(ids, n, vocab)
@@ -437,18 +436,31 @@ def measure(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dty
                      "note": how},
                     *sweep.guarded("agreement", agreement, *inputs),
                     *sweep.guarded("sync_debug", sync_debug, *inputs),
-                    *sweep.guarded(hostrates.ARM, host_rates.rows, HOST_RATE_REPEATS)]
+                    *(sweep.guarded(hostrates.ARM, host_rates.rows, HOST_RATE_REPEATS)
+                      if host_rates else no_rates)]
 
         return sweep.CellPlan(
             calls={name: (lambda r, p=p: call(p, r)) for name, p in built.items()},
             unavailable=unavailable, annotate=annotate, after=after,
-            between_rounds=host_rates.every(warmup + rounds, HOST_RATE_REPEATS))
+            between_rounds=host_rates.every(warmup + rounds, HOST_RATE_REPEATS)
+            if host_rates else None)
 
     precision = (precision_for(arms, aa_arm, delta=delta, max_rounds=max_rounds,
                                max_seconds=max_seconds)
                  if max_rounds is not None and max_rounds > rounds else None)
     return sweep.run(todo, prepare, rounds=rounds, warmup=warmup, seed=seed, device=device,
                      sink=sink, label="step", progress=progress, precision=precision)
+
+
+def _host_sampler(n: int, vocab: int, k: int, seed: int, sources: int,
+                  logits_dtype: torch.dtype) -> tuple[hostrates.Sampler | None, list[dict]]:
+    """A cell's host-rate sampler, or None and the row saying why it could not be made: the
+    host rates never cost a cell its timings."""
+    try:
+        return hostrates.Sampler(n, vocab, k, seed=seed, sources=sources,
+                                 logits_dtype=logits_dtype), []
+    except Exception as exc:
+        return None, [{"arm": hostrates.ARM, "status": "failed", "note": bench.first_line(exc)}]
 
 
 def agreement(pipelines: dict[str, SeedStep | DeviceStep], logits: torch.Tensor, k: int,
