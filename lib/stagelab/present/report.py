@@ -78,7 +78,7 @@ def _verdict_section(run_dir: Path, manifest: Mapping[str, Any]) -> str:
         return ("<section class='verdict' id='verdict'>"
                 f"{_trust_banner(trust.reasons(run_dir, manifest, {}), manifest)}"
                 "<p class='decision INCONCLUSIVE'>No verdict yet</p><p>This run has no "
-                "<code>verdict.json</code>: the verdict notebook did not run or did not finish. "
+                f"<code>{RunFolder.VERDICT}</code>: the verdict notebook did not run or did not finish. "
                 "Nothing below is a decision.</p></section>")
     overall = verdict.get("overall", {})
     decision = _esc(overall.get("decision", "INCONCLUSIVE"))
