@@ -226,7 +226,7 @@ class TableSink:
 
     def append(self, records: Iterable[Mapping[str, Any]]) -> Path:
         """Add one cell's records and write the whole table so far."""
-        self.records.extend(records)
+        self.records.extend(dict(record) for record in records)
         return write_table(self.frame(), self.run_dir, self.name)
 
     def frame(self) -> pd.DataFrame:
