@@ -70,9 +70,8 @@ EXIT_PARTIAL = outcomes.EXIT_FAILED
 __all__ = ["DEADLINE", "EXIT_INTERRUPTED", "EXIT_NO_GO", "EXIT_OK", "EXIT_USAGE", "FAILED",
            "INTERRUPTED", "NO_GO", "OK", "PENDING", "RUNNING"]  # kept here for callers
 SNAPSHOT_NOTEBOOK = catalogue.ENVIRONMENT_NOTEBOOK
-# The measuring notebooks with a table, and the table each writes.
-TABLES = {catalogue.notebook_of(experiment).name: catalogue.notebook_of(experiment).table
-          for experiment in catalogue.EXPERIMENTS}
+# The measuring notebooks with a table, and the table each writes (the replay reads these).
+TABLES = {e.notebook: e.table for e in experiments.EXPERIMENTS.values()}
 MEASURING = (SNAPSHOT_NOTEBOOK, *TABLES)
 # Before the first cell: imports, the native build on a fresh node, the preflight's probes.
 FIXED_S = {"cpu": 15.0, "cuda": 20.0}
