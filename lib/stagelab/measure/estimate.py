@@ -36,7 +36,7 @@ class Basis:
     device_memory_bytes_per_s: float  # a decode forward reads the weights once (0: no device)
 
 
-# Measured on this suite's 2-core CPU VM (2026-11-30, quiet; see the README's results): the
+# Measured on this suite's 2-core CPU VM (2026-11-30, quiet; see data/reference/README.md): the
 # native top-K 0.22 ms per row at V = 152k and 0.49 ms at V = 262k (1.9 ns per element taken,
 # the larger), numpy 0.39 and 0.74 ms (2.8 ns); a fresh zero-filled vector copied into and freed
 # 1.5 GB/s; a copy into a reused buffer 3.5x faster (about 5 GB/s); the fp32 log-softmax 23.5 ms

@@ -47,7 +47,7 @@ class RunPlan:
 
 
 def load_profiles(path: Path | None = None) -> dict[str, Any]:
-    """The profiles file (JSON, see the README):
+    """The profiles file (JSON, see docs/developing.md):
     ``{profile: {"description": str, "notebooks": {name: {param: value}}}}``."""
     path = path or paths.PROFILES_FILE
     try:
