@@ -163,3 +163,14 @@ def test_notebook_01_says_the_speedup_is_a_ratio_of_means_as_computed():
         if c.cell_type == "markdown")
     assert "median of per-round ratios" not in text and "median difference" not in text
     assert "ratio of mean copy times over paired rounds" in " ".join(text.split())
+
+
+def test_the_readme_stays_short_and_links_the_docs():
+    """The README says the question, its words, the commands; the rest lives in docs/."""
+    readme = (paths.REPO_ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 180
+    for doc in ("method", "decision-rule", "gpu-nodes-and-fleet", "gpu-lease", "developing",
+                "timings", "security", "reading-the-report", "prediction"):
+        assert f"(docs/{doc}.md" in readme, doc
+    image = re.search(r"!\[[^\]]+\]\((docs/img/[^)]+\.png)\)", readme)
+    assert image and (paths.REPO_ROOT / image.group(1)).is_file()
