@@ -222,9 +222,9 @@ def _timings(run: RunFacts, verdict: dict[str, Any] | None) -> str:
         causes = ["busy machine"] * bool(busy) + ["A/A check failed"] * bool(harness)
         return f"NOT TRUSTWORTHY ({', '.join(causes)}; see the note)"
     load = "quiet" if trust.load_known(manifest) else "load not recorded"
-    harness = "A/A passed" if trust.harness_checked(verdict or {}) else "A/A not checked"
-    return f"yes ({load}, {harness})" if load == "quiet" and harness == "A/A passed" else (
-        f"{harness}; {load}")
+    checked = "A/A passed" if trust.harness_checked(verdict or {}) else "A/A not checked"
+    return f"yes ({load}, {checked})" if load == "quiet" and checked == "A/A passed" else (
+        f"{checked}; {load}")
 
 
 # ------------------------------------------------------------------------- the table of runs

@@ -105,8 +105,8 @@ def check_evidence(run_dir: Path, manifest: dict[str, Any]) -> None:
                             f"although {entry['name']} is recorded ok")
     try:
         folder.read_verdict()
-        for table in folder.tables():
-            schema.read_table(folder.path, table.stem)
+        for table_file in folder.tables():
+            schema.read_table(folder.path, table_file.stem)
     except (UserError, SchemaError) as exc:
         raise UserError(f"{folder.path}: not kept: {exc}") from exc
 

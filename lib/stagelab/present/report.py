@@ -302,7 +302,7 @@ class _AttributeRewriter(HTMLParser):
     def _start(self, tag: str, attrs: list[tuple[str, str | None]], closing: str) -> None:
         new = [(k, v if v is None else self._rewrite(tag, k, v)) for k, v in attrs]
         if new == attrs:
-            self.parts.append(self.get_starttag_text())
+            self.parts.append(self.get_starttag_text() or "")
             return
         kept = "".join(f" {k}" if v is None else f' {k}="{html.escape(v)}"'
                        for k, v in new if v is not self.DROP)
