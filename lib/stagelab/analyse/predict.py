@@ -128,16 +128,20 @@ class HostRates:
 
     def term_ms(self, term: str, nbytes: int) -> tuple[float, float, float, bool] | None:
         """``(median, low, high, extrapolated)`` ms of a term at ``nbytes``: the repeats'
-        median, min and max, per byte, interpolated in log size between the measured sizes that have it (clamped
-        beyond them: ``extrapolated``); None where no size measured it."""
+        median, min and max, per byte, interpolated in log size between the measured sizes that
+        have it (clamped beyond them: ``extrapolated``); None where no size measured it."""
         known = [(size, s[term]) for size, s in sorted(self.samples.items()) if s.get(term)]
         if not known:
             return None
         sizes = np.log([size for size, _ in known])
         at = math.log(nbytes)
         outside = not sizes[0] - 1e-9 <= at <= sizes[-1] + 1e-9
-        return (*(float(np.interp(at, sizes, [1e3 * pick(v) / size for size, v in known]))
-                  * nbytes for pick in (np.median, min, max)), outside)
+
+        def at_size(pick: Callable[[list[float]], float]) -> float:
+            per_byte = [1e3 * float(pick(v)) / size for size, v in known]
+            return float(np.interp(at, sizes, per_byte)) * nbytes
+
+        return at_size(np.median), at_size(min), at_size(max), outside
 
 
 def host_rates(frame: pd.DataFrame) -> HostRates:
@@ -335,7 +339,10 @@ def arm_parts(arm: str, t: Mapping[str, np.ndarray], concurrent: bool,
 def arm_total(arm: str, t: Mapping[str, np.ndarray], concurrent: bool,
               log_softmax: str = "device") -> np.ndarray:
     """An arm's predicted step ms: the sum of its parts (:func:`arm_parts`)."""
-    return sum(arm_parts(arm, t, concurrent, log_softmax).values())
+    total = np.zeros(1)
+    for part in arm_parts(arm, t, concurrent, log_softmax).values():
+        total = total + part
+    return total
 
 
 # ------------------------------------------------------------------------------ a platform
