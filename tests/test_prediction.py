@@ -45,6 +45,11 @@ def test_every_platform_figure_has_a_source_or_says_range_not_published():
     assert predict.platform_of_gpu("NVIDIA H100 80GB HBM3", loaded).name == "H100 SXM"
     assert predict.platform_of_gpu("NVIDIA A100-SXM4-80GB", loaded).name == "A100 SXM"
     assert predict.platform_of_gpu("Tesla T4", loaded) is None
+    assert predict.platform_of_gpu("NVIDIA GH200 480GB", loaded).name == "GH200"
+    assert predict.platform_of_gpu("NVIDIA L40S", loaded).name == "L40S"
+    assert predict.platform_of_gpu("NVIDIA L4", loaded).name == "L4"
+    assert predict.platform_of_gpu("NVIDIA L40", loaded) is None  # no row: not the L4's
+    assert predict.platform_of_gpu("NVIDIA A100-PCIE-40GB", loaded).name == "A100 PCIe"
     with pytest.raises(ValueError, match="platform: unknown 'Z9'"):
         predict.platform_named("Z9", loaded)
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 import csv
 import itertools
 import math
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -81,7 +82,10 @@ class Platform:
     host_type: str
 
     def matches(self, gpu_name: str) -> bool:
-        return any(fragment and fragment in gpu_name for fragment in self.gpu_match)
+        """Whether a GPU's name holds one of the row's fragments as whole words (``L4`` is not
+        ``L40S``, ``H200`` not ``GH200``)."""
+        return any(fragment and re.search(rf"(?<![\w]){re.escape(fragment)}(?!\w)", gpu_name)
+                   for fragment in self.gpu_match)
 
 
 def load_platforms(path: Path | str = paths.PLATFORMS_FILE) -> dict[str, Platform]:
