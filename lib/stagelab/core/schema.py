@@ -26,7 +26,10 @@ metric     str     ``time`` for timings; otherwise what ``bytes``/``value`` hold
                    arm order), ``rounds`` (rounds a cell ran; the note says why it stopped),
                    ``forward_ms`` (device work queued before each step, ms, nominal),
                    ``forward_ms_measured`` (that work between its own CUDA events, mean ms
-                   per call), ``sm_clock_mhz`` (the GPU's SM clock after a cell)
+                   per call), ``sm_clock_mhz`` (the GPU's SM clock after a cell),
+                   ``host_rate`` (a host cost of the step timed alone at the cell's size:
+                   arm ``host_rates``, stage the term, one row per repeat; see
+                   ``stagelab.measure.hostrates``)
 device     str     where the source lived: ``cpu`` or ``cuda:0 <name>``
 model      str     model whose shape was used, empty when sizes were given as numbers
 rows       int     rows per step (``n``) or scored prompt positions (``T - 1``)
@@ -67,6 +70,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from stagelab.core.errors import RowsFileFull, SchemaError
+from stagelab.core.outcomes import FAILED, OK
 from stagelab.core.records import RunFolder, atomic_target
 
 if TYPE_CHECKING:
@@ -106,7 +110,7 @@ COLUMNS: tuple[str, ...] = tuple(COLUMN_DTYPES)
 LEGACY_COLUMNS: dict[str, str] = {"repeat": "round"}
 # Columns added since evidence was first kept: missing in older tables, read as missing values.
 ADDED_COLUMNS: tuple[str, ...] = ("position", "log_softmax")
-STATUSES = ("ok", "unavailable", "skipped", "failed")
+STATUSES = (OK, "unavailable", "skipped", FAILED)
 _DEFAULTS: dict[str, Any] = {"stage": "total", "metric": "time", "model": "", "timer": "",
                              "status": "ok", "note": ""}
 
@@ -307,7 +311,7 @@ class TableSink:
 
     def append(self, records: Iterable[Mapping[str, Any]]) -> Path:
         """Add one cell's records and write the whole table so far."""
-        self.records.extend(records)
+        self.records.extend(dict(record) for record in records)
         return write_table(self.frame(), self.run_dir, self.name)
 
     def frame(self) -> pd.DataFrame:

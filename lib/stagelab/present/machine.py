@@ -4,6 +4,7 @@ and notebook 00 show it. Standard library only, so that showing a snapshot never
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 SECTIONS = ("host", "torch", "gpu", "nvml", "machine")
@@ -11,9 +12,9 @@ SECTIONS = ("host", "torch", "gpu", "nvml", "machine")
 ADDED_SECTIONS = ("machine",)
 
 
-def _leaves(part: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+def _leaves(part: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
     """(dotted key, value) of a nested section, e.g. ``fresh_fill.stages.zero_fill.seconds``."""
-    found = []
+    found: list[tuple[str, Any]] = []
     for key, value in part.items():
         if isinstance(value, dict) and value:
             found += _leaves(value, f"{prefix}{key}.")
@@ -24,7 +25,7 @@ def _leaves(part: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
     return found
 
 
-def flatten(snap: dict[str, Any]) -> list[tuple[str, str, Any]]:
+def flatten(snap: Mapping[str, Any]) -> list[tuple[str, str, Any]]:
     """(section, key, value) triples of a snapshot, for tables and the ``stagelab env`` printout;
     nested facts (the ``machine`` section's) under dotted keys."""
     rows = []
