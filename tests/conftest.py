@@ -17,7 +17,7 @@ import pytest
 import torch
 from nbformat.v4 import new_code_cell, new_notebook
 
-from stagelab.core import rundir, schema, stops
+from stagelab.core import paths, rundir, schema, stops
 
 
 def write_notebook(path: Path, parameters: str, body: str) -> Path:
@@ -227,3 +227,31 @@ class StoppedInAFinalizer:
 
     def __del__(self) -> None:
         stops._raise(signal.SIGTERM, None)
+
+
+# ---------------------------------------------------------------- the measuring floor alone
+
+BLOCKED = ("numpy", "pandas", "scipy", "pyarrow", "matplotlib", "seaborn", "yaml", "tqdm",
+           "papermill", "nbformat", "nbconvert", "jupyter_client", "ipykernel", "pynvml")
+# Runs `python -m stagelab ARGS` with an import system that refuses the notebook stack, and
+# says which refused modules were asked for.
+BLOCKING_RUNNER = """
+import runpy, sys
+BLOCKED = set(sys.argv[1].split(","))
+class Refuse:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in BLOCKED:
+            raise ModuleNotFoundError(f"No module named {name!r} (refused: torch alone)")
+        return None
+sys.meta_path.insert(0, Refuse())
+sys.argv = ["stagelab", *sys.argv[2:]]
+runpy.run_module("stagelab", run_name="__main__", alter_sys=True)
+"""
+
+
+def torch_alone(*args: str, **kwargs) -> subprocess.CompletedProcess:
+    """``python -m stagelab ARGS`` from the checkout, the notebook stack refused."""
+    env = {**os.environ, "PYTHONPATH": str(paths.REPO_ROOT / "lib")}
+    return subprocess.run([sys.executable, "-c", BLOCKING_RUNNER, ",".join(BLOCKED), *args],
+                          capture_output=True, text=True, cwd=paths.REPO_ROOT, env=env,
+                          timeout=600, **kwargs)

@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import torch_alone
 from stagelab import cli
 from stagelab.core import paths, provenance, records, rundir, schema
 from stagelab.core.errors import RowsFileFull, UserError
 from stagelab.present import evidence
 from stagelab.run import measure_command, replay
-from test_measure import torch_alone
 
 REPO = paths.REPO_ROOT
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU outcome needs no CUDA")

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import StoppedInAFinalizer
+from conftest import BLOCKED, BLOCKING_RUNNER, StoppedInAFinalizer, torch_alone
 from stagelab import cli
 from stagelab.analyse import verdict
 from stagelab.core import paths, schema, stops
@@ -26,31 +26,7 @@ from stagelab.measure import estimate
 from stagelab.run import measure_command, profiles
 
 REPO = paths.REPO_ROOT
-BLOCKED = ("numpy", "pandas", "scipy", "pyarrow", "matplotlib", "seaborn", "yaml", "tqdm",
-           "papermill", "nbformat", "nbconvert", "jupyter_client", "ipykernel", "pynvml")
-# Runs `python -m stagelab ARGS` with an import system that refuses the notebook stack, and
-# says which refused modules were asked for.
-BLOCKING_RUNNER = """
-import runpy, sys
-BLOCKED = set(sys.argv[1].split(","))
-class Refuse:
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in BLOCKED:
-            raise ModuleNotFoundError(f"No module named {name!r} (refused: torch alone)")
-        return None
-sys.meta_path.insert(0, Refuse())
-sys.argv = ["stagelab", *sys.argv[2:]]
-runpy.run_module("stagelab", run_name="__main__", alter_sys=True)
-"""
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU outcome needs no CUDA")
-
-
-def torch_alone(*args: str, **kwargs) -> subprocess.CompletedProcess:
-    """``python -m stagelab ARGS`` from the checkout, the notebook stack refused."""
-    env = {**os.environ, "PYTHONPATH": str(REPO / "lib")}
-    return subprocess.run([sys.executable, "-c", BLOCKING_RUNNER, ",".join(BLOCKED), *args],
-                          capture_output=True, text=True, cwd=REPO, env=env, timeout=600,
-                          **kwargs)
 
 
 def rows_of(folder: Path, table: str) -> list[dict]:
