@@ -257,21 +257,22 @@ class GzipJsonLinesSink(JsonLinesSink):
                            "file may take it")
 
 
-def gzip_members_text(data: bytes) -> tuple[str, bool]:
-    """The text of every whole gzip member of ``data``, and whether a last member was cut
-    short (a kill while writing): the whole members are read, the cut one left out."""
-    text, rest = [], data
+def gzip_members_text(data: bytes) -> str:
+    """The text of every whole gzip member of ``data``; a last member cut short (a kill while
+    writing) is left out."""
+    text: list[str] = []
+    rest = data
     while rest:
         decoder = zlib.decompressobj(wbits=31)
         try:
             chunk = decoder.decompress(rest) + decoder.flush()
         except zlib.error:
-            return "".join(text), True
+            break
         if not decoder.eof:
-            return "".join(text), True
+            break
         text.append(chunk.decode("utf-8"))
         rest = decoder.unused_data
-    return "".join(text), False
+    return "".join(text)
 
 
 def read_json_lines(path: Path | str) -> list[dict[str, Any]]:
@@ -280,7 +281,7 @@ def read_json_lines(path: Path | str) -> list[dict[str, Any]]:
     and line."""
     path = Path(path)
     if path.name.endswith(".gz"):
-        text, _cut = gzip_members_text(path.read_bytes())
+        text = gzip_members_text(path.read_bytes())
         if text and not text.endswith("\n"):
             raise SchemaError(f"{path}: a gzip member does not end with a whole row")
     else:
