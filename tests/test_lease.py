@@ -81,21 +81,25 @@ def test_a_full_rows_file_rolls_over_once_allowed_and_otherwise_stops_untouched(
 
 
 def full_profile_step_rows(cell, rounds: int, rng: random.Random) -> list[dict]:
-    """As many GPU-shaped rows as the estimate's upper bound for one step cell of ``full``."""
-    stages = ("total", "device", "copy", "alloc", "host_gather", "free")
+    """As many rows as the estimate's upper bound for one step cell of ``full``, shaped as a GPU
+    writes them: every stage timed by CUDA events, the total also by the host clock, the copy
+    with its bytes (the entropy is in the 17-digit timings)."""
+    stages = ("total", "device", "alloc", "copy", "host_gather", "free")
     count = measure_command.estimate.cell_rows("step", cell.arms, rounds)
     rows = []
     for i in range(count):
-        seconds = rng.lognormvariate(-6, 0.4)
-        rows.append({"experiment": "step", "arm": cell.arms[i % len(cell.arms)],
-                     "stage": stages[i % len(stages)], "device": "cuda:0 NVIDIA H200",
-                     "model": cell.sizes.get("model") or "", "rows": cell.sizes["rows"],
-                     "vocab": cell.sizes["vocab"], "k": cell.sizes.get("k"), "dtype": "float32",
-                     "log_softmax": cell.sizes.get("log_softmax"), "round": i // 42,
-                     "position": i % 7, "seconds": seconds,
-                     "host_seconds": seconds * (1 + rng.random() * 1e-3), "clock_agrees": True,
-                     "bytes": 4 * cell.sizes["rows"] * cell.sizes["vocab"],
-                     "timer": "cuda_event"})
+        seconds, stage = rng.lognormvariate(-6, 0.4), stages[i % len(stages)]
+        row = {"experiment": "step", "arm": cell.arms[i % len(cell.arms)], "stage": stage,
+               "device": "cuda:0 NVIDIA H200", "model": cell.sizes.get("model") or "",
+               "rows": cell.sizes["rows"], "vocab": cell.sizes["vocab"],
+               "k": cell.sizes.get("k"), "dtype": "float32",
+               "log_softmax": cell.sizes.get("log_softmax"), "round": i // 42,
+               "position": i % 7, "seconds": seconds, "timer": "cuda_event"}
+        if stage == "total":
+            row.update(host_seconds=seconds * (1 + rng.random() * 1e-3), clock_agrees=True)
+        if stage == "copy":
+            row["bytes"] = 4 * cell.sizes["rows"] * cell.sizes["vocab"]
+        rows.append(row)
     return rows
 
 
