@@ -432,26 +432,28 @@ def checks_table(frame: pd.DataFrame, metrics: Sequence[str], index: Sequence[st
 # ------------------------------------------------------------------------- prompt logprobs
 
 def prompt_time_relative(frame: pd.DataFrame) -> pd.DataFrame:
-    """Median seconds per configuration and its ratio to the same arm's unchunked run."""
+    """Mean seconds per configuration and its ratio to the same arm's unchunked mean: means, the
+    statistic :func:`recommend_chunk` decides on, so that its table, figure and sentence agree."""
     timed = ok_timings(frame)
     if timed.empty:
-        return pd.DataFrame(columns=["arm", "chunk", "rows", "seconds", "relative"])
-    medians = timed.groupby(["arm", "chunk", "rows"], as_index=False, observed=True)[
-        "seconds"].median()
-    unchunked = medians[medians["chunk"] >= medians["rows"]].set_index("arm")["seconds"]
-    medians["relative"] = medians["seconds"] / medians["arm"].map(unchunked)
-    return medians
+        return pd.DataFrame(columns=["arm", "chunk", "rows", "mean_seconds", "relative"])
+    means = timed.groupby(["arm", "chunk", "rows"], as_index=False, observed=True)[
+        "seconds"].mean().rename(columns={"seconds": "mean_seconds"})
+    unchunked = means[means["chunk"] >= means["rows"]].set_index("arm")["mean_seconds"]
+    means["relative"] = means["mean_seconds"] / means["arm"].map(unchunked)
+    return means
 
 
 def overlap_effect(frame: pd.DataFrame) -> pd.DataFrame:
-    """Per method and chunk: median seconds with and without overlap, and ms overlap saves."""
+    """Per method and chunk: mean seconds with and without overlap, and the ms overlap saves on
+    average (means, as every prompt-logprob figure and the chunk recommendation use)."""
     timed = ok_timings(frame)
     timed = timed.assign(method=timed["arm"].str.removesuffix(catalogue.OVERLAP_SUFFIX))
     table = timed.pivot_table(index=["method", "chunk"], columns="overlap", values="seconds",
-                              aggfunc="median", observed=True)
-    table = table.rename(columns={True: "overlap_s", False: "plain_s"}).reset_index()
-    if {"overlap_s", "plain_s"} <= set(table.columns):
-        table["overlap_saves_ms"] = 1e3 * (table["plain_s"] - table["overlap_s"])
+                              aggfunc="mean", observed=True)
+    table = table.rename(columns={True: "overlap_mean_s", False: "plain_mean_s"}).reset_index()
+    if {"overlap_mean_s", "plain_mean_s"} <= set(table.columns):
+        table["overlap_saves_mean_ms"] = 1e3 * (table["plain_mean_s"] - table["overlap_mean_s"])
     return table
 
 
@@ -485,14 +487,15 @@ def recommend_chunk(frame: pd.DataFrame, arm: str = catalogue.PROMPT_RECOMMENDED
     chunk = min(c for c, (_, low, _) in ratios.items() if low <= 1 + tolerance)
     ratio, low, high = ratios[chunk]
     rows = int(timed["rows"].iloc[0])
+    best_ms = f"{1e3 * float(means[best_chunk]):#.3g}".rstrip(".")  # as tables show it
     unchunked = " (the whole prompt: chunking bought no time here)" if chunk >= rows else ""
     return {"arm": arm, "chunk": chunk, "mean_seconds": float(means[chunk]),
             "best_seconds": float(means[best_chunk]), "best_chunk": best_chunk,
             "ratio_to_best": ratio, "ratio_ci_low": low, "ratio_ci_high": high,
             "unchunked_rows": rows, "tolerance": tolerance,
             "reason": f"smallest chunk not shown to be more than {tolerance:.0%} slower than the "
-                      f"fastest ({1e3 * float(means[best_chunk]):.1f} ms at chunk {best_chunk}): "
-                      f"{ratio:.3f}x of it (CI {low:.3f}-{high:.3f}); a smaller chunk holds less "
+                      f"fastest ({best_ms} ms on average at chunk {best_chunk}): "
+                      f"{ratio:.3f}x of its mean (CI {low:.3f}-{high:.3f}); a smaller chunk holds less "
                       f"memory{unchunked}"}
 
 

@@ -189,7 +189,7 @@ def _notebooks_table(run_dir: Path, notebooks: list[Mapping[str, Any]]) -> str:
 
 def _machine_table(hardware: Mapping[str, Any]) -> str:
     rows = "".join(f"<tr><td>{_esc(s)}</td><td>{_esc(k)}</td><td>{_esc(v)}</td></tr>"
-                   for s, k, v in machine.flatten(hardware))
+                   for s, k, v in machine.readable_rows(hardware))
     return f"<table><tr><th>part</th><th>what</th><th>value</th></tr>{rows}</table>"
 
 
