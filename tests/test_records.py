@@ -25,7 +25,7 @@ from stagelab.core.records import RunFolder
 from stagelab.present import evidence, report
 from stagelab.run import execute, profiles
 
-KEPT_CPU_RUN = paths.REFERENCE_DIR / "cpu" / "20261130T141659Z_vm_quick"
+KEPT_CPU_RUN = paths.REFERENCE_DIR / "cpu-Intel-Xeon-Processor" / "20261130T141659Z_vm_quick"
 
 
 @pytest.fixture
