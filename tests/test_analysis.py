@@ -372,7 +372,7 @@ def test_staging_goals_without_a_gpu():
     assert goals[0]["note"] == "no CUDA device: pinned memory does not exist here"
     assert goals[1]["note"] == ("no GPU link to compare with (the raw ceiling here is a "
                                 "host-to-host copy)")
-    assert goals[2]["measured"] == f"worst cell n=64, V={V}: 1.000x [1.000, 1.000]"
+    assert goals[2]["measured"] == f"widest at n=64, V={V}: half-width 0.0% (CI 1.000-1.000)"
     assert goals[3] == analysis.goal(
         "reuse lever: reused vs fresh pageable", "CI above 1 at the largest cell",
         f"2.00x [2.00, 2.00], 11.67 ms per copy at n=64, V={V}", True)
@@ -402,8 +402,12 @@ def test_harness_goal_met_not_met_and_not_measured():
                                                twin_ci_high=1.07)])])
     out = analysis.harness_goal(far)
     assert out["status"] == "not met"
-    assert out["measured"] == f"worst cell n=256, V={V}: 1.050x [1.030, 1.070]"
-    assert out["note"].startswith("precision, not a difference")
+    assert out["measured"] == f"widest at n=256, V={V}: half-width 2.0% (CI 1.030-1.070)"
+    assert "1.05" not in out["measured"]  # the twin's ratio would read as a difference
+    assert "not a finding that identical arms differ" in out["note"]
+    wide = analysis.harness_goal(pd.DataFrame([dict(rows=8, vocab=V, twin_speedup=1.0,
+                                                    twin_ci_low=0.95, twin_ci_high=1.06)]))
+    assert wide["status"] == "not met"  # centred on 1 but too wide: imprecise, not different
     none = analysis.harness_goal(pd.DataFrame([dict(rows=64, vocab=V, speedup=2.0)]))
     assert (none["status"], none["note"]) == ("not measured", "no twin was timed")
 

@@ -391,7 +391,7 @@ def test_every_goal_row_has_the_one_shape(full_verdict):
     goals = full_verdict["goals"]
     assert [g["goal"] for g in goals] == [
         "pinned grow-only vs raw pinned ceiling", "raw ceiling vs NVML link (copies >= 64 MB)",
-        "A/A harness precision (baseline vs its twin)", "reuse lever: reused vs fresh pageable",
+        "A/A twin's CI precision (not the trust check)", "reuse lever: reused vs fresh pageable",
         "fused step vs the seed's step",
         "fused peak extra memory, chunk 512 (fused+overlap)",
         "fused peak extra memory, chunk 1024 (fused+overlap)",

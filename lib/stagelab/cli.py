@@ -177,8 +177,9 @@ def verdict_line(run_dir: Path, manifest: dict) -> str:
         else:
             overall = verdict["overall"]
             line = f"verdict: {overall['decision']} - {overall.get('summary', '')}".rstrip(" -")
-    warning = trust.headline(trust.reasons(run_dir, manifest, verdict))
-    return f"{line}\n{warning}" if warning else line
+    lines = [line, trust.scope_label(verdict),
+             trust.headline(trust.reasons(run_dir, manifest, verdict))]
+    return "\n".join(text for text in lines if text)
 
 
 def cmd_env(args: argparse.Namespace) -> int:

@@ -54,6 +54,10 @@ def refusal(run_dir: Path, manifest: dict[str, Any]) -> str | None:
     untrusted = trust.reasons(run_dir, manifest)
     if untrusted:
         return "its timings are not trustworthy: " + "; ".join(untrusted)
+    fewest = trust.too_few_rounds(RunFolder(run_dir).read_verdict() or {})
+    if fewest is not None:
+        return (f"{trust.NOT_JUDGED}: {fewest} rounds per cell (evidence needs "
+                f"{trust.MIN_TRUST_ROUNDS} or more)")
     return None
 
 

@@ -35,6 +35,7 @@ vertical-align:top} th{background:#f3f4f8}
 .running,.pending,.interactive{color:#8a6d00;font-weight:600}.missing{color:#b3261e;font-style:italic}
 .note{border-left:3px solid #8a6d00;padding-left:.6em}
 .untrusted{border:2px solid #b3261e;background:#fdecea;padding:.2em .8em;margin-bottom:.6em}
+.rehearsal{border:2px solid #667;background:#f1f2f6;padding:.2em .8em;margin-bottom:.6em}
 .verdict{border:2px solid #445;border-radius:8px;padding:.8em 1.2em;background:#f8f9fc}
 .decision{font-size:1.3em;font-weight:700} .PORT{color:#176b2c}.CLOSE{color:#444}.INCONCLUSIVE{color:#8a6d00}
 img{max-width:100%;border:1px solid #eee;margin:.4em 0} .muted{color:#667} code{background:#f3f4f8;padding:0 .2em}
@@ -54,6 +55,16 @@ def export_html(notebook_path: Path, html_path: Path) -> Path:
 
 def _esc(value: Any) -> str:
     return html.escape("" if value is None else str(value))
+
+
+def _scope_banner(verdict: Mapping[str, Any]) -> str:
+    """What a few-round run can judge (:func:`stagelab.analyse.trust.scope_label`): a neutral
+    label, not a warning, since nothing went wrong; '' for a run with rounds enough."""
+    label = trust.scope_label(verdict)
+    if not label:
+        return ""
+    head, _, rest = label.partition(":")
+    return f"<div class='rehearsal' id='not-judged'><p><b>{_esc(head)}</b>:{_esc(rest)}.</p></div>"
 
 
 def _trust_banner(found: list[str], manifest: Mapping[str, Any]) -> str:
@@ -83,6 +94,7 @@ def _verdict_section(run_dir: Path, manifest: Mapping[str, Any]) -> str:
     overall = verdict.get("overall", {})
     decision = _esc(overall.get("decision", "INCONCLUSIVE"))
     parts = [f"<section class='verdict' id='verdict'>"
+             f"{_scope_banner(verdict)}"
              f"{_trust_banner(trust.reasons(run_dir, manifest, verdict), manifest)}"
              f"<p class='decision {decision}'>Staging verdict: {decision}</p>"
              f"<p>{_esc(overall.get('summary', ''))}</p>"]
