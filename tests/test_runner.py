@@ -459,3 +459,31 @@ def test_a_stop_a_finalizer_swallowed_ends_the_run_before_the_next_notebook(quic
     manifest = rundir.read_manifest(run_dir)
     assert manifest["status"] == "interrupted" and "SIGTERM" in manifest["error"]
     assert [nb["status"] for nb in manifest["notebooks"]] == ["ok", "pending"]
+
+
+# ------------------------------------------------ a profile meant to decide, where it cannot
+
+def test_a_deciding_profile_is_refused_in_one_line_where_its_decisive_arms_cannot_run(
+        tmp_path, monkeypatch, capsys):
+    # Before: `run --profile gate` on a CPU ran 365 s after its own preflight said no-go.
+    from stagelab.measure import preflight
+
+    monkeypatch.setattr(preflight, "check_cuda", lambda: preflight.Check(
+        "cuda", preflight.NO_GO, "no CUDA device (a test)"))
+    started = []
+    monkeypatch.setattr(execute, "run", lambda plan, *a, **k: started.append(plan) or (
+        tmp_path, {"status": "ok", "notebooks": []}))
+    assert profiles.plan_run("gate").decides and not profiles.plan_run("quick").decides
+    code = cli.main(["run", "--profile", "gate", "--out", str(tmp_path / "runs")])
+    err = capsys.readouterr().err.strip()
+    assert code == cli.EXIT_USAGE and not started and not (tmp_path / "runs").exists()
+    assert len(err.splitlines()) == 1
+    assert err.startswith("stagelab: error: profile 'gate' decides, but its decisive arms cannot "
+                          "run here (cuda: no CUDA device (a test))")
+    assert "--rehearse-on-cpu" in err
+    # asked to rehearse, it runs; a profile that does not decide never asks the preflight
+    assert cli.main(["run", "--profile", "gate", "--rehearse-on-cpu", "--out",
+                     str(tmp_path / "runs")]) == 0
+    monkeypatch.setattr(preflight, "decisive_blockers", lambda *_: pytest.fail("asked"))
+    assert cli.main(["run", "--profile", "quick", "--out", str(tmp_path / "runs")]) == 0
+    assert [plan.profile for plan in started] == ["gate", "quick"]

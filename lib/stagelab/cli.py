@@ -45,6 +45,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--from", dest="from_dir", type=Path, default=None, metavar="DIR",
                      help="analyse the rows of a folder made by `stagelab measure` instead of "
                           "measuring (the measuring notebooks read them)")
+    run.add_argument("--rehearse-on-cpu", action="store_true",
+                     help="run a profile meant to decide (gate, full) even where the preflight "
+                          "says its decisive arms cannot run here: a rehearsal, deciding nothing")
     measure_command.add_arguments(sub.add_parser(
         "measure", help="measure a profile with torch alone into one folder, to analyse with "
         "`run --from`", description=measure_command.DESCRIPTION, epilog=measure_command.EPILOG))
@@ -128,6 +131,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         replay.check_overrides(args.param)
     plan = profiles.plan_run(args.profile, args.only, profiles.parse_overrides(args.param))
+    if plan.decides and args.from_dir is None and not args.rehearse_on_cpu:
+        refuse_undecidable(plan)
     origin = None
     if args.from_dir is not None:
         from stagelab.run import replay
@@ -153,6 +158,21 @@ def cmd_run(args: argparse.Namespace) -> int:
              "here (see the notebooks for why)")
         return EXIT_FAILED
     return EXIT_OK
+
+
+def refuse_undecidable(plan) -> None:
+    """UserError, before anything is created, where a profile meant to decide cannot: the
+    preflight says its decisive arms cannot run on this machine (no CUDA device, no native
+    build). Running it anyway would measure for minutes and decide nothing."""
+    from stagelab.measure import preflight
+    from stagelab.run import profiles
+
+    blockers = preflight.decisive_blockers(profiles.profile_parameters(plan.profile))
+    if blockers:
+        raise UserError(f"profile {plan.profile!r} decides, but its decisive arms cannot run "
+                        f"here ({blockers[0]}); measure it on a GPU node (`stagelab measure`, "
+                        "then `run --from`), or pass --rehearse-on-cpu to run it anyway, "
+                        "deciding nothing")
 
 
 def _say(text: str, stream=None) -> None:

@@ -44,6 +44,7 @@ class RunPlan:
     notebooks: list[NotebookPlan]
     cell_timeout_s: int = DEFAULT_CELL_TIMEOUT_S
     start_timeout_s: int = DEFAULT_START_TIMEOUT_S
+    decides: bool = False  # meant to decide: its decisive arms must be able to run here
 
 
 def load_profiles(path: Path | None = None) -> dict[str, Any]:
@@ -231,6 +232,9 @@ def plan_run(profile: str, only: Iterable[str] = (),
         chosen = {**(given or {}), **overrides.get(name, {})}
         params.validate(name, {**declared, **chosen}, chosen)
         plans.append(NotebookPlan(name, path, chosen))
+    decides = entry.get("decides", False)
+    if not isinstance(decides, bool):
+        raise UserError(f"profile {profile!r}: decides={decides!r} must be true or false")
     return RunPlan(profile, plans,
                    _timeout(entry, "cell_timeout_s", DEFAULT_CELL_TIMEOUT_S, profile),
-                   _timeout(entry, "start_timeout_s", DEFAULT_START_TIMEOUT_S, profile))
+                   _timeout(entry, "start_timeout_s", DEFAULT_START_TIMEOUT_S, profile), decides)
