@@ -225,7 +225,8 @@ def test_an_interactive_folder_gets_a_manifest_and_is_listed(tmp_path, monkeypat
     assert manifest["notebooks"][0]["name"] == "01_d2h_staging"
     assert manifest["hardware"]["host"]["logical_cores"] > 0
     assert cli.main(["runs", "--root", str(tmp_path)]) == 0
-    line = capsys.readouterr().out.strip()
+    header, line = capsys.readouterr().out.strip().splitlines()
+    assert header.startswith("run id") and header.endswith("status")
     assert line.startswith(ctx.run_dir.name) and line.endswith("interactive")
     assert "interactive" in report.write_index(ctx.run_dir).read_text()
 
@@ -373,8 +374,7 @@ def test_two_runs_never_share_a_folder(tmp_path):
      "--param for 10_ok, which --only leaves out"),
     # Before: "is a str".
     (["--profile", "tiny", "--param", "10_ok.rounds=1e9"],
-     "10_ok.rounds=1000000000.0 is a float, expected int (default 2); for a whole number write "
-     "1000000000"),
+     "10_ok.rounds=1000000000.0 is a float, expected int (default 2); write 1000000000"),
     (["--profile", "tiny", "--param", "10_ok.rounds=null"], "10_ok.rounds is null (None)"),
     # Before: exit 1 and a failed folder.
     (["--profile", "tiny", "--param", "10_ok.rounds=0"], "10_ok.rounds: 0 is not a positive integer"),

@@ -242,13 +242,18 @@ def cmd_runs(args: argparse.Namespace) -> int:
     listed = rundir.list_runs(args.root)
     if not listed:
         print(f"no run folders under {args.root}")
+        return EXIT_OK
+    print(RUNS_ROW.format("run id", "profile", "started (UTC)", "device", "status"))
     for run in listed:
         details = "".join(f"  {status}: {', '.join(names)}" for status in rundir.NOT_DELIVERED
                           if (names := run.not_delivered(status)))
-        print(f"{run.run_id:48} {run.profile or '':11} {run.created_utc or '':26}"
-              f" {run.device or '':24} {run.status}{details}"
-              f"{'  (' + run.problem + ')' if run.problem else ''}")
+        print(RUNS_ROW.format(run.run_id, run.profile or "", run.created_utc or "",
+                              run.device or "", run.status)
+              + f"{details}{'  (' + run.problem + ')' if run.problem else ''}")
     return EXIT_OK
+
+
+RUNS_ROW = "{:48} {:11} {:26} {:24} {}"  # `stagelab runs`: the header and each run, aligned
 
 
 def cmd_keep(args: argparse.Namespace) -> int:
