@@ -151,3 +151,38 @@ def test_the_machine_table_says_sizes_and_missing_values_in_words():
     assert ("host", "memory total", "2.0 GiB") in rows
     assert ("host", "cpu model", "not reported") in rows
     assert ("torch", "cuda available", "no") in rows
+
+
+# ------------------------------------------------------------------------- captions in words
+
+def test_every_figure_a_notebook_saves_has_a_caption_in_words():
+    import json
+
+    from stagelab.core import paths
+    from stagelab.present import report
+
+    saved = []
+    for notebook in sorted(paths.NOTEBOOKS_DIR.glob("*.ipynb")):
+        code = "".join("".join(c["source"]) for c in json.loads(notebook.read_text())["cells"]
+                       if c["cell_type"] == "code")
+        saved += [f"figures/{notebook.stem}_{name}.png"
+                  for name in re.findall(r'save_figure\([^"]*"(\w+)"\)', code)]
+    assert len(saved) >= 10
+    for figure in saved:
+        assert figure.removeprefix("figures/").removesuffix(".png") in report.FIGURE_CAPTIONS
+        caption = report.figure_caption(figure)
+        assert "figures/" not in caption and ".png" not in caption and "_" not in caption, caption
+    assert report.figure_caption("figures/01_d2h_staging_new_one.png") == (
+        "New one, from notebook 01_d2h_staging")
+
+
+def test_the_landing_page_captions_figures_in_words(tmp_path):
+    from stagelab.present import report
+
+    (tmp_path / "figures").mkdir()
+    (tmp_path / "figures" / "03_prompt_logprobs_time.png").write_bytes(b"png")
+    (tmp_path / "manifest.json").write_text('{"run_id": "r", "status": "ok", "notebooks": []}')
+    page = report.write_index(tmp_path).read_text()
+    caption = re.search(r"<figcaption class='muted'>(.*?)</figcaption>", page).group(1)
+    assert caption == report.FIGURE_CAPTIONS["03_prompt_logprobs_time"]
+    assert "figures/" not in caption

@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import signal
 from pathlib import Path
 
@@ -487,3 +488,33 @@ def test_a_deciding_profile_is_refused_in_one_line_where_its_decisive_arms_canno
     monkeypatch.setattr(preflight, "decisive_blockers", lambda *_: pytest.fail("asked"))
     assert cli.main(["run", "--profile", "quick", "--out", str(tmp_path / "runs")]) == 0
     assert [plan.profile for plan in started] == ["gate", "quick"]
+
+
+# --------------------------------------------------------- progress in the terminal, not the HTML
+
+def test_progress_lines_name_each_notebook_cell_and_sweep_cell_with_the_time(tmp_path, capsys):
+    output = write_notebook(tmp_path / "01.ipynb", 'run_dir = ""', "x = 1")
+    nb = nbformat.read(str(output), as_version=4)
+    nb.cells.append(nbformat.v4.new_markdown_cell("end"))
+    nbformat.write(nb, str(output))
+    log = tmp_path / execute.KERNEL_LOG
+    log.write_text("staging: cell 9/9 from an earlier notebook: 1 ok\n")
+    with execute.ProgressLines("[2/5] 01_d2h_staging:", output, log, True,
+                               interval_s=60) as lines:
+        nb.cells[1].metadata["papermill"] = {"start_time": "2026-12-01T00:00:00"}
+        nbformat.write(nb, str(output))
+        with log.open("a") as kernel:
+            kernel.write("staging: cell 1/2 n=1 V=4096: 6 ok, 4 unavailable\n"
+                         "zmq noise: a teardown traceback\nstaging: cell 2/2 n=8 V=40")
+        lines.poll()
+        with log.open("a") as kernel:
+            kernel.write("96: 6 ok\n")
+    err = capsys.readouterr().err.splitlines()
+    assert [re.sub(r" \(\d+ s\)$", "", line) for line in err] == [
+        "[2/5] 01_d2h_staging: cell 2/3",
+        "[2/5] 01_d2h_staging: staging: cell 1/2 n=1 V=4096: 6 ok, 4 unavailable",
+        "[2/5] 01_d2h_staging: staging: cell 2/2 n=8 V=4096: 6 ok"]
+    assert all(re.search(r" \(\d+ s\)$", line) for line in err)
+    with execute.ProgressLines("[1/1] x:", output, log, False):
+        log.write_text("staging: cell 1/1 n=1 V=4096: 6 ok\n")  # disabled: nothing said
+    assert capsys.readouterr().err == ""
