@@ -186,3 +186,16 @@ def test_the_landing_page_captions_figures_in_words(tmp_path):
     caption = re.search(r"<figcaption class='muted'>(.*?)</figcaption>", page).group(1)
     assert caption == report.FIGURE_CAPTIONS["03_prompt_logprobs_time"]
     assert "figures/" not in caption
+
+
+def test_the_speedup_figure_says_why_it_is_empty():
+    ax = plots.speedups(pd.DataFrame())
+    assert ax.texts[0].get_text() == "No pair of arms was timed in the same rounds"
+
+
+def test_a_whole_number_in_a_unit_column_is_still_converted():
+    # an int of bytes is MiB like any other (the counts rule is for columns of no known unit)
+    shown = tables.readable(pd.DataFrame({"peak_host_bytes": [np.int64(2**20 * 3)],
+                                          "seconds": [np.int64(2)], "samples": [np.int64(7)]}))
+    assert shown.iloc[0].tolist() == ["3.00", "2000", "7"]
+    assert list(shown.columns) == ["peak host (MiB)", "seconds (ms)", "samples"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 
 import pytest
@@ -146,7 +147,8 @@ def test_no_exported_page_makes_a_network_request(tiny_run, page_name):
     path = (report.write_single_file(run_dir) if page_name == "single-file"
             else run_dir / page_name)
     text = path.read_text()
-    assert "<script src" not in text and "cdn" not in text.lower()
+    assert "<script src" not in text
+    assert not re.search(r"""(?:src|href)\s*=\s*["']?(?:https?:)?//""", text)
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=[
             "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
@@ -160,6 +162,11 @@ def test_no_exported_page_makes_a_network_request(tiny_run, page_name):
         outside = [url for url in requested
                    if not (url.startswith("data:") or url.startswith(run_dir.as_uri()))]
         assert outside == [], outside
+        leaky = run_dir.parent / "leaky.html"  # the negative control: a CDN script is seen
+        leaky.write_text("<html><head><script src='https://cdn.example/require.js'></script>"
+                         "</head><body></body></html>")
+        page.goto(leaky.as_uri())
+        assert "https://cdn.example/require.js" in requested
         browser.close()
 
 

@@ -22,18 +22,21 @@ THEME = {"style": "whitegrid", "context": "notebook"}
 
 
 def _catalogue_arm_names() -> tuple[str, ...]:
-    """Every arm name a figure can show, in catalogue order: each arm of every experiment, and
-    each prompt-logprob method with and without overlap."""
-    names = [a.name for a in catalogue.ARMS]
-    names += [catalogue.prompt_arm(a.name, overlap=True)
-              for a in catalogue.arms(catalogue.PROMPT)]
-    return tuple(dict.fromkeys(names))
+    """Every arm name a figure can show: first the arms every reader looks for (each
+    experiment's baseline and candidate, the prompt-logprob methods with and without overlap,
+    the reuse levers), then the others in catalogue order."""
+    prompt = [catalogue.prompt_arm(a.name, overlap)
+              for overlap in (False, True) for a in catalogue.arms(catalogue.PROMPT)]
+    first = [catalogue.baseline(catalogue.STAGING), catalogue.candidate(catalogue.STAGING),
+             catalogue.baseline(catalogue.STEP), catalogue.candidate(catalogue.STEP), *prompt,
+             *catalogue.REUSE_LEVER.values()]
+    return tuple(dict.fromkeys([*first, *(a.name for a in catalogue.ARMS)]))
 
 
 # One colour per arm name, fixed by the catalogue's order, so that an arm keeps its colour in every
 # figure of every notebook and run, whatever other arms a figure shows (seaborn's default palette
 # colours by position among the arms drawn, which changes from panel to panel).
-# tab20's strong colours first, then its light ones: the first ten arms differ in hue.
+# tab20's strong colours first, then its light ones: the ten arms read most get strong hues.
 _TAB20 = sns.color_palette("tab20", 20).as_hex()
 ARM_COLORS = dict(zip(_catalogue_arm_names(), _TAB20[0::2] + _TAB20[1::2]))
 UNKNOWN_ARM_COLOR = "#000000"  # an arm the catalogue does not name (an older table)
@@ -98,11 +101,11 @@ def speedups(compared: pd.DataFrame, ax: plt.Axes | None = None,
     annotations, readable at a glance (above 1 the candidate is faster)."""
     measured = (compared.dropna(subset=["speedup"]) if "speedup" in compared
                 else compared.iloc[:0])
-    candidates = list(dict.fromkeys(measured["candidate"])) if not measured.empty else []
-    keys = measured[["rows", "vocab"]].drop_duplicates().sort_values(["vocab", "rows"])
-    ax = _axes(ax, (8, 0.45 * len(keys) * max(len(candidates), 1) + 1.8))
     if measured.empty:
-        return nothing(ax, "No pair of arms was timed in the same rounds")
+        return nothing(_axes(ax, (8, 3)), "No pair of arms was timed in the same rounds")
+    candidates = list(dict.fromkeys(measured["candidate"]))
+    keys = measured[["rows", "vocab"]].drop_duplicates().sort_values(["vocab", "rows"])
+    ax = _axes(ax, (8, 0.45 * len(keys) * len(candidates) + 1.8))
     labels = [f"n={r} V={v}" for r, v in keys.itertuples(index=False)]
     step = 0.8 / len(candidates)
     for i, candidate in enumerate(candidates):

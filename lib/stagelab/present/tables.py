@@ -58,13 +58,14 @@ def text(value: Any) -> str:
     return str(value).replace("`", "")
 
 
-def _number(fmt: Callable[[float], str]) -> Callable[[Any], str]:
-    """A formatter that leaves missing values as an empty cell, text and booleans to :func:`text`,
-    and shows a whole count (an integer type) without decimals."""
+def _number(fmt: Callable[[float], str], counts: bool = False) -> Callable[[Any], str]:
+    """A formatter that leaves missing values as an empty cell, text and booleans to :func:`text`;
+    with ``counts`` (a column of no known unit), a whole number of an integer type is shown
+    without decimals (2, not 2.00)."""
     def shown(value: Any) -> str:
         if _missing(value) or isinstance(value, (bool, np.bool_)):
             return text(value)
-        if isinstance(value, numbers.Integral):
+        if counts and isinstance(value, numbers.Integral):
             return f"{int(value)}"
         if not isinstance(value, numbers.Real):
             return text(value)
@@ -104,7 +105,7 @@ def _with_split(frame: pd.DataFrame) -> pd.DataFrame:
 
 def _column(name: str) -> tuple[str, Callable[[Any], str]]:
     """The shown name of a column and its formatter, from its name."""
-    plain = _number(significant)
+    plain = _number(significant, counts=True)
     if name in WORDS:
         return WORDS[name], _number(lambda v: f"{v:.0f}")
     if name in TEXT:
