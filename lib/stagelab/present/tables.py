@@ -114,8 +114,8 @@ def _column(name: str) -> tuple[str, Callable[[Any], str]]:
         return YES_NO[name], lambda v: text(v if _missing(v) else bool(v))
     if name == "stage_split":
         return SPLIT_WORDS, text
-    if name == "step_ms":  # the verdict's threshold is a share of the median step
-        return "seed step, median (ms)", plain
+    if name == "step_ms":  # the verdict's threshold is a share of the mean step
+        return "seed step, mean (ms)", plain
     if name.endswith("speedup_ci"):
         twin = "A/A twin" if name.startswith("twin_") else "speedup"
         return f"{twin} [95 % CI]", text
