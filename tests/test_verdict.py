@@ -80,10 +80,6 @@ def means_ms(records: list[dict], arm: str, stage: str) -> float:
                                 if r["arm"] == arm and r.get("stage") == stage]))
 
 
-def means_ms(records: list[dict], arm: str, stage: str) -> float:
-    return 1e3 * float(np.mean([r["seconds"] for r in records
-                                if r["arm"] == arm and r.get("stage") == stage]))
-
 
 # --------------------------------------------------------------------------- decisions
 
