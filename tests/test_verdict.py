@@ -80,7 +80,6 @@ def means_ms(records: list[dict], arm: str, stage: str) -> float:
                                 if r["arm"] == arm and r.get("stage") == stage]))
 
 
-
 # --------------------------------------------------------------------------- decisions
 
 def test_a_clear_step_level_gain_ports_with_its_evidence(tmp_path):
