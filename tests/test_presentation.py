@@ -199,3 +199,12 @@ def test_a_whole_number_in_a_unit_column_is_still_converted():
                                           "seconds": [np.int64(2)], "samples": [np.int64(7)]}))
     assert shown.iloc[0].tolist() == ["3.00", "2000", "7"]
     assert list(shown.columns) == ["peak host (MiB)", "seconds (ms)", "samples"]
+
+
+def test_the_key_plot_draws_a_lever_shown_for_context_in_its_arm_colour():
+    lever = {"rows": 64, "vocab": V, "k": 5, "candidate": "seed_pageable_reused",
+             "speedup": 1.4, "ci_low": 1.3, "ci_high": 1.5}
+    ax = plots.verdict_key({"decisive": [{"rows": 64, "vocab": V, "k": 5, "speedup": None,
+                                          "reason": "not measured"}], "step_levers": [lever]})
+    drawn = {to_hex(line.get_color()) for line in ax.get_lines() if len(line.get_xdata()) == 1}
+    assert drawn == {plots.arm_color("seed_pageable_reused")}

@@ -14,8 +14,8 @@ import seaborn as sns
 from stagelab.analyse import analysis
 from stagelab.core import catalogue
 
-DECISION_COLORS = {"PORT": "tab:green", "CLOSE": "tab:gray", "INCONCLUSIVE": "tab:orange",
-                   "measured": "tab:blue"}  # "measured": shown for context, not a decision
+DECISION_COLORS = {"PORT": "tab:green", "CLOSE": "tab:gray", "INCONCLUSIVE": "tab:orange"}
+MEASURED = "measured"  # a cell shown for context, not a decision: drawn in its arm's colour
 
 
 THEME = {"style": "whitegrid", "context": "notebook"}
@@ -264,7 +264,7 @@ def verdict_key(verdict: dict) -> plt.Axes:
     if any(c.get("speedup") is not None for c in verdict["decisive"]):
         return verdict_forest(verdict["decisive"],
                               "Pinned grow-only vs the seed's fresh vector: the whole step")
-    reuse = [{**lever, "decision": "measured"} for lever in verdict["step_levers"]
+    reuse = [{**lever, "decision": MEASURED} for lever in verdict["step_levers"]
              if lever["candidate"] == catalogue.REUSE_LEVER[catalogue.STEP]
              and lever.get("speedup") is not None]
     if reuse:
@@ -285,7 +285,8 @@ def verdict_forest(cells: list[dict], title: str, ax: plt.Axes | None = None) ->
             textwrap.fill(r, 90) for r in reasons[:3]))
     caption = ["speedup of the whole step, 95 % CI", "dotted: 1 (no change)"]
     for y, cell in enumerate(shown):
-        color = DECISION_COLORS[cell["decision"]]
+        color = (arm_color(cell.get("candidate", "")) if cell["decision"] == MEASURED
+                 else DECISION_COLORS[cell["decision"]])
         if cell.get("twin_ci_low") is not None:
             ax.fill_betweenx([y - 0.35, y + 0.35], cell["twin_ci_low"], cell["twin_ci_high"],
                              color="0.85", lw=0)
@@ -296,7 +297,7 @@ def verdict_forest(cells: list[dict], title: str, ax: plt.Axes | None = None) ->
         if cell.get("min_speedup"):
             ax.plot([cell["min_speedup"]] * 2, [y - 0.3, y + 0.3], color="k", lw=1.5)
             caption.append("black tick: the smallest speedup that counts, 1/(1-delta)")
-        if cell["decision"] != "measured":
+        if cell["decision"] != MEASURED:
             ax.text(cell["ci_high"], y + 0.18, f"  {cell['decision']}", color=color, fontsize=8)
     ax.axvline(1.0, color="k", lw=0.8, ls=":")
     ax.set_yticks(range(len(shown)), [f"n={c['rows']} V={c['vocab']} K={c.get('k', '-')}"
