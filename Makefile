@@ -12,7 +12,7 @@ PY := $(VENV)/bin/python
 # JupyterLab refuses to start as root without this flag (containers, CI).
 ALLOW_ROOT := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 
-.PHONY: help setup run test lab browser clean
+.PHONY: help setup run test check lab browser clean
 
 # `make help` lists every target with the words after its `##` (this list reads the Makefile itself).
 help: ## list the targets
@@ -40,9 +40,17 @@ browser: ## install Debian's chromium where missing (the browser tests need it)
 # The Lab extra too: tests/test_lab_browser.py runs every notebook in JupyterLab; and the fleet
 # extra (Ray): tests/test_fleet.py runs a Ray cluster on this machine's loopback address. The
 # linter (ruff, configured in pyproject.toml) runs first.
-test: $(VENV)/.extra-lab $(VENV)/.extra-test $(VENV)/.extra-fleet browser ## lint, then every test (about 9 minutes)
+test: $(VENV)/.extra-lab $(VENV)/.extra-test $(VENV)/.extra-fleet browser ## lint, types, then every test (about 9 minutes)
 	$(PY) -m ruff check
+	$(PY) -m mypy
 	$(PY) -m pytest
+
+# The fast lane, before every commit: lint, types, and the tests not marked slow (no notebook,
+# browser or Ray cluster); about a minute and a half on 2 cores (docs/developing.md).
+check: $(VENV)/.extra-test ## lint, types and the fast tests (about a minute and a half)
+	$(PY) -m ruff check
+	$(PY) -m mypy
+	$(PY) -m pytest -q -m "not slow" -p no:cacheprovider
 
 lab: $(VENV)/.extra-lab ## JupyterLab on notebooks/ with the project's kernel (LAB_ARGS passes options)
 	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $(ALLOW_ROOT) $(LAB_ARGS)

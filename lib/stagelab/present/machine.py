@@ -4,12 +4,13 @@ and notebook 00 show it. Standard library only, so that showing a snapshot never
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 SECTIONS = ("host", "torch", "gpu", "nvml")
 
 
-def flatten(snap: dict[str, Any]) -> list[tuple[str, str, Any]]:
+def flatten(snap: Mapping[str, Any]) -> list[tuple[str, str, Any]]:
     """(section, key, value) triples of a snapshot, for tables and the ``stagelab env`` printout."""
     rows = []
     for section in SECTIONS:
@@ -35,7 +36,7 @@ def value_words(key: str, value: Any) -> str:
     return str(value)
 
 
-def readable_rows(snap: dict[str, Any]) -> list[tuple[str, str, str]]:
+def readable_rows(snap: Mapping[str, Any]) -> list[tuple[str, str, str]]:
     """:func:`flatten`'s triples with each key in words and each value through
     :func:`value_words`, for the tables of notebook 00 and the report."""
     return [(section, key.replace("_bytes", "").replace("_", " "), value_words(key, value))

@@ -5,6 +5,7 @@ set by every notebook's context, never on import)."""
 from __future__ import annotations
 
 import textwrap
+from collections.abc import Iterable
 
 import matplotlib.colors as mcolors
 import matplotlib.pyplot as plt
@@ -46,12 +47,12 @@ def arm_color(arm: str) -> str:
     """The colour of one arm in every figure; an A/A twin is its arm's colour, lightened (it is
     the same arm timed again), and an arm the catalogue does not name is black."""
     if catalogue.is_twin(arm):
-        base = mcolors.to_rgb(arm_color(arm.removesuffix(catalogue.AA_SUFFIX)))
-        return mcolors.to_hex([0.5 + 0.5 * c for c in base])
+        red, green, blue = mcolors.to_rgb(arm_color(arm.removesuffix(catalogue.AA_SUFFIX)))
+        return mcolors.to_hex((0.5 + 0.5 * red, 0.5 + 0.5 * green, 0.5 + 0.5 * blue))
     return ARM_COLORS.get(arm, UNKNOWN_ARM_COLOR)
 
 
-def arm_palette(arms) -> dict[str, str]:
+def arm_palette(arms: Iterable[str]) -> dict[str, str]:
     """A seaborn ``palette`` for the arms a figure draws: each arm's own colour."""
     return {arm: arm_color(arm) for arm in dict.fromkeys(arms)}
 
