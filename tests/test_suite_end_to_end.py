@@ -39,10 +39,12 @@ def test_every_notebook_runs_and_writes_its_outputs(tiny_run):
     run_dir, manifest = tiny_run
     assert [(nb["name"], nb["status"]) for nb in manifest["notebooks"]] == [
         ("00_environment", "ok"), ("01_d2h_staging", "ok"), ("02_logprobs_step", "ok"),
-        ("03_prompt_logprobs", "ok"), ("04_verdict", "ok")], [nb["error"] for nb in manifest["notebooks"]]
+        ("03_prompt_logprobs", "ok"), ("04_verdict", "ok"), ("05_prediction", "ok")], [
+            nb["error"] for nb in manifest["notebooks"]]
     for name in ("staging", "step", "prompt_logprobs"):
         assert (run_dir / "data" / f"{name}.parquet").exists()
     assert (run_dir / "figures" / "04_verdict_key.png").exists()
+    assert (run_dir / "figures" / "05_prediction_prediction.png").exists()
     assert manifest["notebooks"][1]["parameters"]["rounds"] == 4
 
 
@@ -131,7 +133,7 @@ def test_progress_goes_to_the_terminal_per_cell_and_never_into_the_html(tmp_path
 
 @pytest.mark.parametrize("page_name", ["index.html", "00_environment.html", "01_d2h_staging.html",
                                        "02_logprobs_step.html", "03_prompt_logprobs.html",
-                                       "04_verdict.html", "single-file"])
+                                       "04_verdict.html", "05_prediction.html", "single-file"])
 def test_no_exported_page_makes_a_network_request(tiny_run, page_name):
     """Every page a run exports opens with the network cut off and asks for nothing outside the
     run folder (before: each notebook's HTML loaded require.js and MathJax from a CDN)."""
