@@ -271,3 +271,8 @@ def test_compare_does_not_judge_runs_that_are_not_trustworthy_or_too_short(tmp_p
     manifest["notebooks"][0]["load"] = {"busy": True, "why": ["others took 1.6 cores"]}
     (busy / "manifest.json").write_text(json.dumps(manifest))
     assert compare.compare([a, busy]).flags == []
+
+
+def test_compare_cells_read_as_the_report_s_tables_do():
+    assert [compare.format_value(v) for v in (None, True, False, 3, 2.0, "no `decisive` cells")] == [
+        "-", "yes", "no", "3", "2.00", "no decisive cells"]

@@ -438,14 +438,16 @@ def compare(run_dirs: Sequence[Path | str]) -> Comparison:
 # ------------------------------------------------------------------------------- rendering
 
 def format_value(value: Any) -> str:
-    """A table cell as text: numbers to three significant digits, missing as ``-``."""
+    """A table cell as text: numbers to three significant digits, missing as ``-``, anything
+    else as the report's tables show it (:func:`stagelab.present.tables.text`: yes or no, no
+    Markdown backticks)."""
     if value is None or (isinstance(value, float) and pd.isna(value)):
         return NOT_MEASURED
-    if isinstance(value, bool) or isinstance(value, int):
+    if isinstance(value, int) and not isinstance(value, bool):
         return str(value)
     if isinstance(value, float):
         return tables.significant(value)
-    return str(value)
+    return tables.text(value)
 
 
 def format_ratio(value: float) -> str:
