@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 import torch
 
 import stagelab.measure.device
-from stagelab.core import catalogue
+from stagelab.core import catalogue, forward
 from stagelab.core.catalogue import aa_name
 from stagelab.core.errors import ExtraUnavailable, NativeUnavailable
 from stagelab.core.schema import RowSink
@@ -40,10 +40,6 @@ CANDIDATE = "seed_pinned"
 LOG_SOFTMAX = ("device", "host")  # where the seed arms run the log-softmax
 # Peak memory bandwidth, GB/s, of GPUs by a fragment of their name (NVIDIA's datasheets): the
 # default decode forward reads every weight once, so it takes weight bytes / bandwidth.
-MEMORY_BANDWIDTH_GBPS = (("H200", 4800.0), ("H100 NVL", 3900.0), ("H100 PCIe", 2000.0),
-                         ("H100", 3350.0), ("A100 80GB PCIe", 1935.0), ("A100-SXM4-80GB", 2039.0),
-                         ("A100", 1555.0), ("L40S", 864.0), ("L4", 300.0), ("A10", 600.0))
-WEIGHT_BYTES_PER_PARAM = 2  # bf16 weights
 
 
 class StageClock:
@@ -187,32 +183,24 @@ class DeviceStep:
         return result, clock.seconds()
 
 
-def memory_bandwidth_gbps(gpu_name: str) -> float | None:
-    """The datasheet peak memory bandwidth of a GPU by its name; None when unknown."""
-    for fragment, gbps in MEMORY_BANDWIDTH_GBPS:
-        if fragment in gpu_name:
-            return gbps
-    return None
-
-
-def default_forward_ms(shape: ModelShape, device: str) -> tuple[float, str]:
-    """The device work of one decode forward of ``shape``'s model, ms, and how it was reached.
-
-    ``forward_ms = params x 2 bytes (bf16) / the GPU's peak memory bandwidth``: a decode step
-    reads every weight once and is bound by memory bandwidth. 0 on a CPU (there is no device work
-    to overlap), and 0 where the parameters or the GPU's bandwidth are unknown (then set
-    ``forward_ms`` by hand)."""
+def default_forward_ms(shape: ModelShape, device: str, rows: int,
+                       context: int = forward.DEFAULT_CONTEXT) -> tuple[float, str]:
+    """The device work of one decode forward of ``rows`` sequences of ``shape``'s model, ms, and
+    how it was reached: the active weights and every sequence's KV cache of ``context`` tokens
+    read at an achievable share of the GPU's peak bandwidth (:func:`stagelab.core.forward.forward_ms`).
+    0 on a CPU (there is no device work to overlap), and 0 where the model's dimensions or the
+    GPU's bandwidth are unknown (then set ``forward_ms`` by hand)."""
     if torch.device(device).type != "cuda":
         return 0.0, "0 on a CPU: no device work runs beside the host's"
     name = torch.cuda.get_device_name(torch.device(device))
-    bandwidth = memory_bandwidth_gbps(name)
-    if not shape.params_b or bandwidth is None:
-        missing = "the model's parameters" if not shape.params_b else f"{name}'s bandwidth"
+    bandwidth = forward.peak_bandwidth_gbps(name)
+    known = shape.model in forward.model_table()
+    if not known or bandwidth is None:
+        missing = "the model's dimensions" if not known else f"{name}'s bandwidth"
         return 0.0, f"0: {missing} unknown; set forward_ms by hand"
-    weight_bytes = shape.params_b * 1e9 * WEIGHT_BYTES_PER_PARAM
-    ms = 1e3 * weight_bytes / (bandwidth * 1e9)
-    return ms, (f"{shape.params_b:g}e9 params x {WEIGHT_BYTES_PER_PARAM} B / {bandwidth:g} GB/s "
-                f"({name}) = {ms:.2f} ms")
+    dims = forward.model_dims(shape.model)
+    return (forward.forward_ms(dims, rows, peak_gbps=bandwidth, context=context),
+            forward.forward_words(dims, rows, peak_gbps=bandwidth, gpu=name, context=context))
 
 
 class ForwardLoad:
@@ -399,7 +387,7 @@ def measure(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dty
         n, vocab, k = cell.sizes["rows"], cell.sizes["vocab"], cell.sizes["k"]
         where = cell.sizes["log_softmax"]
         if forward_ms is None:
-            ms, how = default_forward_ms(shape_of[(cell.sizes["model"], vocab)], device)
+            ms, how = default_forward_ms(shape_of[(cell.sizes["model"], vocab)], device, n)
         else:
             ms, how = forward_ms, "given"
         forward = ForwardLoad(ms, device)

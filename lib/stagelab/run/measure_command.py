@@ -210,15 +210,12 @@ def cell_predictor(notebook: str, parameters: Mapping[str, Any],
 
 def _forward_s(notebook: str, parameters: Mapping[str, Any], cell: Any, kind: str) -> float:
     """The device work queued before each timed step: the notebook's ``forward_ms``, or its
-    default (the model's weights read once at the basis's memory bandwidth)."""
+    default (the model's active weights and KV cache read once at the basis's bandwidth)."""
     if notebook != "02_logprobs_step":
         return 0.0
     if parameters.get("forward_ms") is not None:
         return parameters["forward_ms"] / 1e3
-    from stagelab.measure import shapes
-
-    row = shapes.model_shapes().get(cell.sizes.get("model") or "")
-    return estimate.default_forward_s(float(row["params_b"]) if row else 0.0, kind)
+    return estimate.default_forward_s(cell.sizes.get("model") or "", cell.sizes["rows"], kind)
 
 
 def predict_profile(notebooks: Mapping[str, Mapping[str, Any]],
