@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 import torch
 
 import stagelab.measure.device
-from stagelab.core import catalogue, forward
+from stagelab.core import catalogue, design, forward
 from stagelab.core.catalogue import aa_name
 from stagelab.core.errors import ExtraUnavailable, NativeUnavailable
 from stagelab.core.schema import RowSink
@@ -345,11 +345,13 @@ def cells(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dtype
 def precision_for(arms: list[str], aa_arm: str | None, *, delta: float, max_rounds: int,
                   max_seconds: float) -> bench.Precision:
     """Rounds until precise for the decisive comparison: ``seed_pinned`` against the seed's
-    step, or where it cannot run (no GPU) the A/A twin, to a CI half-width of delta/2."""
+    step, or where it cannot run (no GPU) the A/A twin, to a CI half-width of delta/2, never
+    stopping before the rounds a PORT needs (:data:`stagelab.core.design.TAIL_ROUNDS`, or the cap)."""
     candidates = tuple(a for a in (CANDIDATE, aa_name(aa_arm) if aa_arm else None)
                        if a and a.removesuffix("~aa") in arms)
     return bench.Precision(BASELINE, candidates or (CANDIDATE,), half_width=delta / 2,
-                           max_rounds=max_rounds, max_seconds=max_seconds)
+                           max_rounds=max_rounds, max_seconds=max_seconds,
+                           min_rounds=min(design.TAIL_ROUNDS, max_rounds))
 
 
 def measure(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dtype: torch.dtype,
