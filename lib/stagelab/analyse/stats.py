@@ -604,3 +604,40 @@ def decide(baseline: Sequence[float] | None, candidate: Sequence[float] | None, 
             "min_speedup": min_speedup}
     return decide_family([cell], min_samples=min_samples, confidence=confidence,
                          seed=seed, port_min_rounds=port_min_rounds).cells[0]
+
+
+PORT_PINNED = "port the pinned scratch"
+PORT_REUSED = "port a reused pageable buffer"
+CLOSE_CHANGE = "close"
+NOT_A_DECISION = "not a decision"
+SEQUENCE = ("a fixed sequence, each family at the full level and the next tested only when the "
+            "one before it answered: the bundle (pinned grow-only vs the fresh vector) first; "
+            "if it PORTs, pinning alone (pinned grow-only vs grow-only pageable); if pinning "
+            "CLOSEs, reuse alone (grow-only pageable vs the fresh vector). A fixed sequence "
+            "keeps the chance of any false answer at the level of one test, since a later test "
+            "can only err once every earlier one has been passed")
+
+
+def recommend(bundle: str, pinning: str | None, reuse: str | None) -> tuple[str, str]:
+    """The change to make from the three family answers, tested as a fixed sequence
+    (:data:`SEQUENCE`): port the pinned scratch, port a reused pageable buffer, close, or
+    INCONCLUSIVE; and why. ``None``: that question was not measured."""
+    if bundle == CLOSE:
+        return CLOSE_CHANGE, ("the bundle (reuse + pinning) saves less than delta of the step in "
+                              "every decisive cell, so neither part alone is worth a change")
+    if bundle != PORT:
+        return INCONCLUSIVE, "the bundle (reuse + pinning) is not resolved, so nothing follows"
+    if pinning == PORT:
+        return PORT_PINNED, ("the bundle ports, and pinning adds a saving above delta beyond a "
+                             "reused pageable buffer")
+    if pinning is None:
+        return INCONCLUSIVE, ("the bundle ports, but pinning alone was not measured (no grow-only "
+                              "pageable arm): whether a reused pageable buffer would do is open")
+    if pinning != CLOSE:
+        return INCONCLUSIVE, ("the bundle ports, but whether pinning adds more than delta beyond "
+                              "a reused pageable buffer is unresolved: more rounds are needed")
+    if reuse == PORT:
+        return PORT_REUSED, ("the bundle ports, pinning adds less than delta beyond reuse, and "
+                             "reuse alone saves more than delta")
+    return INCONCLUSIVE, ("the bundle ports and pinning adds less than delta, but reuse alone is "
+                          "not shown to save more than delta")
