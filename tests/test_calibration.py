@@ -207,3 +207,29 @@ def test_the_stall_rows_are_shown_in_both_directions():
 def test_met_is_judged_on_the_wilson_interval():
     assert calibration.wilson(0, 300)[1] < 0.0127 and calibration.wilson(29, 1000)[1] < 0.05
     assert calibration.wilson(9, 300)[1] > 0.05  # 3 % of 300: not yet shown under 5 %
+
+
+AT_BAR, SAVES_3_DELTA = 1 / (1 - DELTA), 1 / (1 - 3 * DELTA)
+
+
+@pytest.mark.parametrize("reuse, pinning, wrong, trials", [
+    (1.0, AT_BAR, "port the pinned scratch", 300),  # the bundle at the bar, all of it pinning's
+    (AT_BAR, 1.0, "port a reused pageable buffer", 300),  # the bundle at the bar: reuse's
+    # the bundle ports; pinning sits at the bar: near the level, so enough trials to show it
+    (SAVES_3_DELTA, AT_BAR, "port the pinned scratch", 1000),
+])
+def test_each_question_ports_falsely_at_most_5_percent_at_the_bar(reuse, pinning, wrong, trials):
+    rates = calibration.recommendation_rates(reuse, pinning, rounds=design.TAIL_ROUNDS,
+                                             trials=trials, cells=3, seed=4)
+    ports = sum(v for k, v in rates.items() if k.startswith("port"))
+    assert calibration.wilson(round(rates.get(wrong, 0.0) * trials), trials)[1] <= 0.05
+    assert calibration.wilson(round(ports * trials), trials)[1] <= 0.05 or reuse > AT_BAR
+
+
+def test_a_clear_split_is_recommended_as_such():
+    pinned = calibration.recommendation_rates(1.0, SAVES_3_DELTA, rounds=design.TAIL_ROUNDS,
+                                              trials=30, cells=3, seed=5)
+    assert pinned.get("port the pinned scratch", 0) >= 0.9
+    reused = calibration.recommendation_rates(SAVES_3_DELTA, 1.0, rounds=design.TAIL_ROUNDS,
+                                              trials=30, cells=3, seed=6)
+    assert reused.get("port a reused pageable buffer", 0) >= 0.9

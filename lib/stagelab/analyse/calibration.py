@@ -283,6 +283,32 @@ def family_port_rate(noise: Noise, speedups: Sequence[float], *, rounds: int, tr
             "family_port_high": high}
 
 
+def recommendation_rates(reuse: float, pinning: float, *, rounds: int, trials: int,
+                         cells: int = 6, delta: float = 0.02, sigma: float = 0.02,
+                         seed: int = 0) -> dict[str, float]:
+    """How often each change is recommended (:func:`stagelab.analyse.stats.recommend`) when reuse
+    alone has the true speedup ``reuse`` over the fresh vector and pinning ``pinning`` over the
+    reused buffer (the bundle: their product), every cell of a family alike, with lognormal
+    ``sigma`` noise per sample and an A/A twin of the fresh vector: the three questions decided
+    as families, in their fixed sequence, on the same simulated rounds."""
+    rng = np.random.default_rng(seed)
+    bar = 1.0 / (1.0 - delta)
+    level = np.array([1.0, 1.0 / reuse, 1.0 / (reuse * pinning), 1.0])  # fresh, reused, pinned, twin
+    times = level[None, None, :, None] * np.exp(sigma * rng.normal(size=(trials, cells, 4, rounds)))
+    pairs = {"bundle": (0, 2, 3), "reuse": (0, 1, 3), "pinning": (1, 2, None)}
+    counts: dict[str, int] = {}
+    for trial in times:
+        answers = {}
+        for question, (base, cand, twin) in pairs.items():
+            family = [{"baseline": cell[base], "candidate": cell[cand],
+                       "twin": None if twin is None else cell[twin], "min_speedup": bar}
+                      for cell in trial]
+            answers[question] = stats.decide_family(family).decision
+        change = stats.recommend(answers["bundle"], answers["pinning"], answers["reuse"])[0]
+        counts[change] = counts.get(change, 0) + 1
+    return {change: n / trials for change, n in counts.items()}
+
+
 def calibrate(trials: int = 200, rounds: int = 30, delta: float = 0.02, seed: int = 0, *,
               cells: int = 6, max_rounds: int = 400, noises: Sequence[Noise] = NOISES,
               truths: Sequence[str] = tuple(TRUTHS), adaptive: Sequence[bool] = (False, True),
