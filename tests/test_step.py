@@ -121,6 +121,21 @@ def test_the_log_softmax_on_the_host_gives_the_same_answer_and_its_own_stage():
     assert "host_softmax" not in set(stages[stages.log_softmax == "device"]["stage"])
 
 
+def test_every_row_records_the_seed_vectors_allocation_regime():
+    frame = schema.make_rows(step.measure(
+        shapes.resolve_vocabs([1000]), [3], [2], torch.float32, ["seed_pageable", "fused"],
+        aa_arm=None, rounds=2, warmup=0, progress=False,
+        seed_regimes=["malloc", "mapped fresh"]))
+    assert set(frame["regime"]) == {native.process_allocator(), "mapped fresh"}
+    timed = frame[(frame.arm == "seed_pageable") & (frame.stage == "total")
+                  & (frame.metric == "time")]
+    assert timed.groupby("regime")["round"].nunique().to_dict() == {
+        native.process_allocator(): 2, "mapped fresh": 2}
+    with pytest.raises(ValueError, match="seed_regimes: 'jemalloc' is not one of"):
+        step.cells(shapes.resolve_vocabs([1000]), [3], [2], torch.float32, ["fused"],
+                   aa_arm=None, device="cpu", seed_regimes=["jemalloc"])
+
+
 def test_rounds_until_precise_in_a_real_run_stop_and_say_why():
     frame = schema.make_rows(step.measure(
         shapes.resolve_vocabs([1000]), [3], [2], torch.float32, ["seed_pageable_numpy", "fused"],

@@ -670,3 +670,17 @@ def test_the_verdict_states_the_forward_the_overlap_and_the_allocator(tmp_path):
     assert context["forward"]["context_tokens"] == 2048
     assert context["overlap"].startswith("assumed: the forward is queued without a wait")
     assert context["allocator"]["regimes"] == [] and "not recorded" in context["allocator"]["note"]
+
+
+def test_the_verdict_says_whether_the_allocators_regime_changes_the_answer(tmp_path):
+    heap = [{**r, "regime": "glibc"} for r in step_cell(64, 1.01)]  # heap reused: too small
+    mapped = [{**r, "regime": "mapped fresh"} for r in step_cell(64, 1.5, seed=2)]
+    result = build(write_step(tmp_path / "run", heap + mapped), [64])
+    allocator = result["context"]["allocator"]
+    assert allocator["regimes"] == ["glibc", "mapped fresh"] and allocator["assumed"] == "glibc"
+    assert result["overall"]["decision"] == "CLOSE"  # decided under the process's malloc
+    (other,) = allocator["other"]
+    assert (other["regime"], other["decision"], other["changes_answer"]) == (
+        "mapped fresh", "PORT", True)
+    assert allocator["note"] == "the regime changes the answer"
+    assert "32 MiB" in allocator["threshold"]

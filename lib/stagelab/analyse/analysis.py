@@ -115,6 +115,29 @@ def where_log_softmax(frame: pd.DataFrame, place: str) -> pd.DataFrame:
     return frame[frame["log_softmax"].fillna("device") == place]
 
 
+MAPPED_FRESH = "mapped fresh"  # the seed vector's regime that never touches the process's heap
+
+
+def regimes(frame: pd.DataFrame) -> list[str]:
+    """The seed vector's allocation regimes the rows record, the process's malloc first."""
+    found = sorted({str(r) for r in frame["regime"].dropna()}) if "regime" in frame else []
+    return sorted(found, key=lambda regime: regime == MAPPED_FRESH)
+
+
+def where_regime(frame: pd.DataFrame, regime: str | None = None) -> pd.DataFrame:
+    """The rows measured under the seed vector's allocation ``regime`` (None: the first the rows
+    record, the process's malloc before ``mapped fresh``); rows that do not say (tables kept
+    before the choice existed) ran under the process's malloc and are kept."""
+    recorded = regimes(frame)
+    regime = regime or (recorded[0] if recorded else None)
+    if regime is None or "regime" not in frame:
+        return frame
+    keep = frame["regime"] == regime
+    if regime != MAPPED_FRESH:
+        keep |= frame["regime"].isna()
+    return frame[keep]
+
+
 def log_softmax_places(frame: pd.DataFrame) -> pd.DataFrame:
     """Per cell and seed arm, the mean step with the log-softmax on the device and on the host
     and their ratio; empty when the run measured one place only."""

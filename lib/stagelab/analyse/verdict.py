@@ -448,9 +448,14 @@ def _zero_fill_findings(verdict: dict[str, Any], step: pd.DataFrame | None) -> l
         else:
             cost = (f"{1e3 * big['zero_fill_s']:.2f} ms per step (CI "
                     f"{1e3 * big['zero_fill_s_low']:.2f}-{1e3 * big['zero_fill_s_high']:.2f})")
+        size = int(big["rows"]) * int(big["vocab"]) * 4
+        side = "above" if size > THRESHOLD_BYTES else "at or below"
         return [f"Zero-fill of the seed's fresh native vector (a value-initialised "
                 f"std::vector, the step's alloc stage) at n={int(big['rows'])}, "
-                f"V={int(big['vocab'])}, K={int(big['k'])}: {cost}. The copy is "
+                f"V={int(big['vocab'])}, K={int(big['k'])}: {cost}; the vector is "
+                f"{size / 2 ** 20:.1f} MiB, {side} glibc's largest mmap threshold (32 MiB): "
+                f"{GLIBC_THRESHOLD_WORDS}, so a jump in zero-fill cost between sizes may be that "
+                f"boundary. The copy is "
                 f"{analysis.share_words(big, 'copy_share')} of the seed's step; alloc + copy + "
                 f"free, which pinning removes or shrinks, "
                 f"{analysis.share_words(big, 'pinning_share')}."]
@@ -544,13 +549,36 @@ def forward_summary(step: pd.DataFrame) -> dict[str, Any]:
             "achievable_fraction": forward.ACHIEVABLE_FRACTION}
 
 
-def allocator_summary(step: pd.DataFrame) -> dict[str, Any]:
-    """The seed vector's allocation regime(s) this run's rows record (``regime`` in the note of
-    the seed arms' rows is not parsed: the column ``regime`` is read where present)."""
-    regimes = sorted({str(r) for r in step["regime"].dropna()}) if "regime" in step else []
-    return {"regimes": regimes,
-            "note": "" if regimes else "not recorded: the allocator's regime was not measured "
-                                       "as a parameter of this run (glibc's default assumed)"}
+GLIBC_THRESHOLD_WORDS = ("glibc maps a block above its mmap threshold fresh every step (zero "
+                         "pages faulted in, then unmapped); the threshold starts at 128 KiB and "
+                         "rises to each mapped block freed, up to 32 MiB on a 64-bit machine, so "
+                         "in a loop a vector up to 32 MiB reuses the heap and a larger one is "
+                         "mapped fresh every step")
+THRESHOLD_BYTES = 32 * 2 ** 20
+
+
+def allocator_summary(step: pd.DataFrame, named: list[tuple[int, int, int]], decided: str,
+                      **kwargs: Any) -> dict[str, Any]:
+    """The seed vector's allocation regimes this run recorded (the process's malloc assumed, as
+    the engine gets it), glibc's threshold in words, and whether the other regime, where it was
+    measured, changes the answer (the decisive family decided under it)."""
+    recorded = analysis.regimes(step)
+    out: dict[str, Any] = {"regimes": recorded, "assumed": recorded[0] if recorded else None,
+                           "threshold": GLIBC_THRESHOLD_WORDS, "other": []}
+    if not recorded:
+        out["note"] = ("not recorded: this run's rows predate the regime (glibc's malloc, "
+                       "assumed)")
+        return out
+    for regime in recorded[1:]:
+        cells, _ = decide_cells(analysis.where_regime(step, regime), named, CANDIDATE, **kwargs)
+        answer = overall(cells)["decision"]
+        out["other"].append({"regime": regime, "decision": answer,
+                             "changes_answer": answer != decided,
+                             "note": f"with the seed vector {regime} the family decides {answer}"})
+    out["note"] = ("the regime changes the answer" if any(o["changes_answer"] for o in out["other"])
+                   else "the regime does not change the answer" if out["other"] else
+                   f"one regime measured ({recorded[0]}); the full profile measures both")
+    return out
 
 
 def context_words(forwards: list[float], delta: float, log_softmax: str) -> str:
@@ -600,9 +628,11 @@ def build_verdict(run_dir: Path | str, *, decisive_rows: list[int], decisive_voc
     kwargs = dict(delta=delta, min_samples=min_samples, confidence=confidence, seed=seed)
     named = decisive_cells(decisive_rows, decisive_vocabs, decisive_ks)
     step_all = step if step is not None else schema.make_rows([])
-    if step is not None:  # every step figure below is of the assumed log-softmax's rows
-        step = tables["step"] = analysis.where_log_softmax(step, log_softmax)
-    assumed_rows = analysis.where_log_softmax(step_all, log_softmax)
+    if step is not None:  # every step figure below: the assumed log-softmax and regime's rows
+        step = tables["step"] = analysis.where_regime(analysis.where_log_softmax(step,
+                                                                                 log_softmax))
+    at_place = analysis.where_log_softmax(step_all, log_softmax)
+    assumed_rows = analysis.where_regime(at_place)
     decisive, family = decide_cells(assumed_rows, named, CANDIDATE, **kwargs)
     decided = overall(decisive)
     questions, recommendation = answer_questions(assumed_rows, named, bundle=decisive, **kwargs)
@@ -641,9 +671,10 @@ def build_verdict(run_dir: Path | str, *, decisive_rows: list[int], decisive_voc
         "context": {**context_summary(decisive, delta, log_softmax, family),
                     "forward": forward_summary(assumed_rows),
                     "overlap": OVERLAP,
-                    "allocator": allocator_summary(assumed_rows)},
-        "other_log_softmax": _other_assumption(step_all, named, log_softmax,
-                                               decided["decision"], **kwargs),
+                    "allocator": allocator_summary(at_place, named, decided["decision"],
+                                                   **kwargs)},
+        "other_log_softmax": _other_assumption(analysis.where_regime(step_all), named,
+                                               log_softmax, decided["decision"], **kwargs),
         "decisive": decisive,
         "step_levers": step_levers,
         "copy_cells": [] if staging is None else _copy_cells(staging, seed),

@@ -259,6 +259,13 @@ def process_allocator(maps: str | None = None) -> str:
     return "glibc"
 
 
+def regime_label(regime: str) -> str:
+    """What a row records of the regime: the process's malloc by name, or ``mapped fresh``."""
+    if regime not in REGIME_CODES:
+        raise ValueError(f"seed_regimes: {regime!r} is not one of {list(REGIME_CODES)}")
+    return process_allocator() if regime == MALLOC else MAPPED
+
+
 def regimes(maps: str | None = None) -> list[dict[str, object]]:
     """Every allocation regime of the seed's vector, with whether this process can take it and
     why not: the process's malloc (glibc with its dynamic threshold, or a preloaded jemalloc or

@@ -73,7 +73,8 @@ def notebook_cells(notebook: str, p: dict[str, Any], device: str) -> list[Any]:
     if experiment == catalogue.STEP:
         return step.cells(shapes.resolve_vocabs(p["models"]), p["rows"], p["ks"],
                           shapes.torch_dtype(p["logits_dtype"], "logits_dtype"), p["arms"],
-                          aa_arm=p["aa_arm"], sources=p["sources"], device=device)
+                          aa_arm=p["aa_arm"], sources=p["sources"], device=device,
+                          seed_regimes=p.get("seed_regimes", ["malloc"]))
     if experiment == catalogue.PROMPT:
         shape = shapes.override(shapes.resolve_vocabs([p["model"]], "model")[0], p["vocab"],
                                 p["hidden"])

@@ -76,13 +76,16 @@ class StageClock:
 
 class FreshVector:
     """The seed's destination: a value-initialised ``std::vector<float>`` per step, freed by its
-    destructor at the end of the step (native)."""
+    destructor at the end of the step (native), under an allocation ``regime``
+    (:data:`stagelab.measure.native.REGIME_CODES`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, regime: str = native.MALLOC) -> None:
         native.require()
+        native.regime_label(regime)  # refuses an unknown regime
+        self.regime = regime
 
     def acquire(self, shape: torch.Size) -> tuple[torch.Tensor, Callable[[], None]]:
-        vector = native.seed_vector(shape.numel())
+        vector = native.seed_vector(shape.numel(), self.regime)
         return vector.tensor.view(shape), vector.free
 
 
@@ -252,32 +255,35 @@ def _numpy_step(name: str, where: str) -> SeedStep:
 
 # How each step arm of the catalogue is built (with where its log-softmax runs); the catalogue
 # says what each one is.
-BUILDERS: dict[str, Callable[[str, str], SeedStep | DeviceStep]] = {
-    "seed_pageable": lambda name, where: SeedStep(name, FreshVector(), "native", where),
-    "seed_pinned": lambda name, where: SeedStep(name, _native_scratch(staging.PinnedGrowOnly),
-                                                "native", where),
-    "seed_pageable_reused": lambda name, where: SeedStep(
+BUILDERS: dict[str, Callable[[str, str, str], SeedStep | DeviceStep]] = {
+    "seed_pageable": lambda name, where, regime: SeedStep(name, FreshVector(regime), "native",
+                                                          where),
+    "seed_pinned": lambda name, where, regime: SeedStep(
+        name, _native_scratch(staging.PinnedGrowOnly), "native", where),
+    "seed_pageable_reused": lambda name, where, regime: SeedStep(
         name, _native_scratch(staging.PageableReused), "native", where),
-    "seed_pageable_numpy": _numpy_step,
-    "device_gather": lambda name, where: DeviceStep(name),
-    "fused": lambda name, where: DeviceStep(name),
+    "seed_pageable_numpy": lambda name, where, regime: _numpy_step(name, where),
+    "device_gather": lambda name, where, regime: DeviceStep(name),
+    "fused": lambda name, where, regime: DeviceStep(name),
 }
 
 
-def make_pipeline(name: str, log_softmax: str = "device") -> SeedStep | DeviceStep:
-    """An arm by name; raises PinnedMemoryUnavailable or NativeUnavailable where it cannot exist."""
+def make_pipeline(name: str, log_softmax: str = "device",
+                  regime: str = native.MALLOC) -> SeedStep | DeviceStep:
+    """An arm by name (``regime``: the seed vector's allocation, for the arm that allocates one);
+    raises PinnedMemoryUnavailable or NativeUnavailable where it cannot exist."""
     if name not in STEP_ARMS:
         raise ValueError(f"arms: unknown step arm {name!r}; valid: {', '.join(STEP_ARMS)}")
-    return BUILDERS[name](name, log_softmax)
+    return BUILDERS[name](name, log_softmax, regime)
 
 
-def build_pipelines(names: list[str], log_softmax: str = "device"
+def build_pipelines(names: list[str], log_softmax: str = "device", regime: str = native.MALLOC
                     ) -> tuple[dict[str, SeedStep | DeviceStep], dict[str, str]]:
     """The named arms that can run here, and the reason for each that cannot."""
     built, unavailable = {}, {}
     for name in names:
         try:
-            built[name] = make_pipeline(name, log_softmax)
+            built[name] = make_pipeline(name, log_softmax, regime)
         except (PinnedMemoryUnavailable, NativeUnavailable, ExtraUnavailable) as exc:
             unavailable[name] = str(exc)
     return built, unavailable
@@ -309,9 +315,15 @@ def copied_bytes(arm: str, n: int, vocab: int, k: int) -> int:
 def cells(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dtype: torch.dtype,
           arms: list[str] | None, *, aa_arm: str | None = BASELINE, sources: int = 2,
           device: str | None = None,
-          log_softmax: tuple[str, ...] | list[str] = ("device",)) -> list[sweep.Cell]:
-    """The sweep's cells, one per ``(n, V, K)`` and place of the log-softmax, with the memory
-    each needs; a K beyond the vocabulary is a cell recorded as skipped, with the reason."""
+          log_softmax: tuple[str, ...] | list[str] = ("device",),
+          seed_regimes: tuple[str, ...] | list[str] = (native.MALLOC,)) -> list[sweep.Cell]:
+    """The sweep's cells, one per ``(n, V, K)``, place of the log-softmax and allocation regime
+    of the seed's vector, with the memory each needs; a K beyond the vocabulary is a cell
+    recorded as skipped, with the reason."""
+    if not seed_regimes or len(set(seed_regimes)) != len(seed_regimes):
+        raise ValueError(f"seed_regimes: {list(seed_regimes)!r} must name each of "
+                         f"{list(native.REGIME_CODES)} at most once, at least one")
+    labels = {regime: native.regime_label(regime) for regime in seed_regimes}
     if not log_softmax or any(where not in LOG_SOFTMAX for where in log_softmax) or len(
             set(log_softmax)) != len(log_softmax):
         raise ValueError(f"log_softmax: {list(log_softmax)!r} must name each of {LOG_SOFTMAX} "
@@ -327,14 +339,17 @@ def cells(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dtype
     every_arm = [*arms, *([aa_name(aa_arm)] if aa_arm else [])]
     on_cpu = torch.device(device).type == "cpu"
     out = []
-    for shape, n, k, where in itertools.product(shapes, rows, ks, log_softmax):
+    for shape, n, k, where, regime in itertools.product(shapes, rows, ks, log_softmax,
+                                                        seed_regimes):
         logits_bytes, fp32_bytes = n * shape.vocab * itemsize, n * shape.vocab * 4
         device_bytes = sources * logits_bytes + 3 * fp32_bytes
         out.append(sweep.Cell(
             sizes=dict(experiment=catalogue.STEP, device=device_label(device), model=shape.model,
-                       rows=n, vocab=shape.vocab, k=k, log_softmax=where,
+                       rows=n, vocab=shape.vocab, k=k, log_softmax=where, regime=labels[regime],
                        dtype=str(logits_dtype).removeprefix("torch.")),
-            arms=every_arm, label=f"n={n} V={shape.vocab} K={k} log-softmax on {where}",
+            arms=every_arm, label=f"n={n} V={shape.vocab} K={k} log-softmax on {where}"
+                                  + (", seed vector mapped fresh" if regime == native.MAPPED
+                                     else ""),
             host_bytes=3 * fp32_bytes + (device_bytes if on_cpu else 0),
             device_bytes=0 if on_cpu else device_bytes,
             invalid="" if k <= shape.vocab else
@@ -361,10 +376,15 @@ def measure(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dty
             sink: RowSink | None = None, progress: bool = True,
             log_softmax: tuple[str, ...] | list[str] = ("device",),
             forward_ms: float | None = None, delta: float = 0.02, max_rounds: int | None = None,
-            max_seconds: float = math.inf) -> list[dict]:
+            max_seconds: float = math.inf,
+            seed_regimes: tuple[str, ...] | list[str] = (native.MALLOC,)) -> list[dict]:
     """Time every arm's whole step per ``(n, V, K)`` cell and place of the log-softmax,
     interleaved in a balanced order, with an A/A twin of ``aa_arm``; schema records out (written
     per cell into ``sink``).
+
+    ``seed_regimes``: the seed vector's allocation regimes, each its own cells (the process's
+    malloc, ``malloc``, as the engine gets it; ``mapped fresh``: every vector its own mapping),
+    recorded per row (column ``regime``).
 
     ``forward_ms`` of device work is queued before each timed step (None: the cell's model's
     :func:`default_forward_ms`), so that each timed call is a decode step; it is recorded per
@@ -379,7 +399,8 @@ def measure(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dty
     """
     device, arms = device or default_device(), chosen_arms(arms)
     todo = cells(shapes, rows, ks, logits_dtype, arms, aa_arm=aa_arm, sources=sources,
-                 device=device, log_softmax=log_softmax)
+                 device=device, log_softmax=log_softmax, seed_regimes=seed_regimes)
+    regime_of = {native.regime_label(regime): regime for regime in seed_regimes}
     if forward_ms is not None:
         ForwardLoad(forward_ms, device)  # refuses a bad value before anything is measured
     shape_of = {(shape.model, shape.vocab): shape for shape in shapes}
@@ -393,9 +414,10 @@ def measure(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dty
         else:
             ms, how = forward_ms, "given"
         forward = ForwardLoad(ms, device)
-        built, unavailable = build_pipelines(arms, where)
+        regime = regime_of[cell.sizes["regime"]]
+        built, unavailable = build_pipelines(arms, where, regime)
         if aa_arm in built:
-            built[aa_name(aa_arm)] = make_pipeline(aa_arm, where)
+            built[aa_name(aa_arm)] = make_pipeline(aa_arm, where, regime)
         elif aa_arm:
             unavailable[aa_name(aa_arm)] = unavailable[aa_arm]
         logits = bench.rotating(lambda i: (3 * torch.randn(

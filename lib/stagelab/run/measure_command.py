@@ -389,7 +389,8 @@ def run_experiment(notebook: str, p: Mapping[str, Any], sink: JsonLinesSink) -> 
                      rounds=p["rounds"], warmup=p["warmup"], aa_arm=p["aa_arm"],
                      sources=p["sources"], seed=p["seed"], sink=sink,
                      log_softmax=p["log_softmax"], forward_ms=p["forward_ms"], delta=p["delta"],
-                     max_rounds=p["max_rounds"], max_seconds=p["max_seconds"])
+                     max_rounds=p["max_rounds"], max_seconds=p["max_seconds"],
+                     seed_regimes=p.get("seed_regimes", ["malloc"]))
     elif notebook == "03_prompt_logprobs":
         shape = shapes.override(shapes.resolve_vocabs([p["model"]], "model")[0],
                                 vocab=p["vocab"], hidden=p["hidden"])
