@@ -166,7 +166,8 @@ def _failures(cell: pd.DataFrame, arms: tuple[str, ...]) -> str:
 
 
 def _stage_split(cell: pd.DataFrame) -> dict[str, float] | None:
-    """The seed step's mean ms per part (device, alloc, copy, host top-K, free, unattributed)
+    """The seed step's mean ms per part (forward, device, alloc, copy, host top-K, free,
+    unattributed)
     and in total, in one cell: the parts add up to the total."""
     parts = analysis.decomposition(cell)
     seed = parts[parts["arm"] == BASELINE]
@@ -392,7 +393,8 @@ def findings(verdict: dict[str, Any], tables: dict[str, pd.DataFrame]) -> list[s
         if split:
             out.append(
                 f"Seed's step at n={cell['rows']}, V={cell['vocab']}, K={cell['k']}: "
-                f"{split['total']:.2f} ms on average, made of log-softmax "
+                f"{split['total']:.2f} ms on average, made of the queued forward "
+                f"{split.get('forward', 0.0):.2f}, log-softmax "
                 f"{split['device']:.2f}, zero-filled vector {split['alloc']:.2f}, copy "
                 f"{split['copy']:.2f}, host top-K (C++) {split['host_gather']:.2f}, free "
                 f"{split['free']:.2f} and unattributed {split['unattributed']:.2f} ms (time "

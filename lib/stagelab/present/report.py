@@ -104,8 +104,9 @@ def _fmt(value: Any, spec: str = ".3f") -> str:
 
 
 NOT_MEASURED = "not measured"
-STAGE_SPLIT = (*catalogue.STAGES, "unattributed", catalogue.TOTAL)
-STAGE_WORDS = "log-softmax + zero-fill + copy + host top-K + free + unattributed = total"
+STAGE_SPLIT = ("forward", *catalogue.STAGES, "unattributed", catalogue.TOTAL)
+STAGE_WORDS = ("forward + log-softmax + zero-fill + copy + host top-K + free + unattributed = "
+               "total")
 
 
 def _ratio(value: Any) -> str | None:
@@ -128,7 +129,7 @@ def _stage_sum(split: Mapping[str, Any]) -> str | None:
         parts = " + ".join(f"{split[s]:.2f}" for s in catalogue.STAGES)
         return (f"{parts}; total {split[catalogue.TOTAL]:.2f} (medians of an older verdict: "
                 "they need not add up)")
-    parts = " + ".join(f"{split[s]:.2f}" for s in STAGE_SPLIT[:-1])
+    parts = " + ".join(f"{split.get(s, 0.0):.2f}" for s in STAGE_SPLIT[:-1])
     return f"{parts} = {split[catalogue.TOTAL]:.2f}"
 
 
