@@ -727,6 +727,19 @@ def decisive_table(verdict: dict[str, Any]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=None if rows else DECISIVE_COLUMNS)
 
 
+QUESTION_COLUMNS = ["question", "family", "rows", "vocab", "k", "decision", "speedup", "ci_low",
+                    "ci_high", "tail_speedup", "n_rounds"]
+
+
+def questions_table(verdict: dict[str, Any]) -> pd.DataFrame:
+    """The three questions (bundle, reuse alone, pinning alone) per decisive cell, each with its
+    family's answer and the cell's speedup, CI and p99 tail speedup."""
+    rows = [{"question": answer["words"], "family": answer["decision"] or "not measured",
+             **{key: cell.get(key) for key in QUESTION_COLUMNS[2:]}}
+            for answer in (verdict.get("questions") or {}).values() for cell in answer["cells"]]
+    return pd.DataFrame(rows, columns=QUESTION_COLUMNS)
+
+
 def levers_table(verdict: dict[str, Any]) -> pd.DataFrame:
     """Every step-level lever against the seed's step, per cell."""
     return pd.DataFrame(verdict["step_levers"])
