@@ -227,6 +227,7 @@ def killed(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
 def test_sigterm_is_an_interruption_recorded_with_exit_130(tmp_path, signum):
     out = tmp_path / "evidence"
@@ -257,6 +258,7 @@ def test_a_stop_swallowed_by_a_finalizer_is_raised_again_after_its_round(monkeyp
         clock.admit("step", None, 1, 0)
 
 
+@pytest.mark.slow
 def test_a_killed_measurement_keeps_its_finished_cells(killed):
     manifest = measure_command.read_measured(killed)
     staging, step, prompt = (manifest["experiments"][i] for i in (1, 2, 3))

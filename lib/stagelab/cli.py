@@ -9,14 +9,15 @@ import json
 import sys
 from pathlib import Path
 
-from stagelab.core import paths
+from stagelab.core import outcomes, paths
 from stagelab.core.errors import UserError
+from stagelab.core.outcomes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 from stagelab.run import measure_command
 
 # 0 every notebook ok; 1 a notebook failed, nothing was measured (every cell skipped), or the
 # record could not be written; 2 a bad request, refused before anything was created; 130
-# interrupted (Ctrl-C, SIGTERM or SIGHUP), what was made is kept.
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+# interrupted (Ctrl-C, SIGTERM or SIGHUP), what was made is kept (see stagelab.core.outcomes).
+EXIT_USAGE = outcomes.EXIT_USAGE
 
 
 def profile_names() -> str:
@@ -287,14 +288,5 @@ def main(argv: list[str] | None = None) -> int:
     from stagelab.core.rundir import RecordError
 
     args = _parser().parse_args(argv)
-    try:
-        return COMMANDS[args.command](args)
-    except UserError as exc:
-        print(f"stagelab: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except RecordError as exc:
-        print(f"stagelab: error: {exc}", file=sys.stderr)
-        return EXIT_FAILED
-    except KeyboardInterrupt:
-        print("stagelab: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    return outcomes.one_line_errors("stagelab", lambda: COMMANDS[args.command](args),
+                                    also=(RecordError,))

@@ -338,7 +338,7 @@ def harness_check(staging: pd.DataFrame | None, step: pd.DataFrame | None,
         for key, part in analysis.cells(staging, ["rows", "vocab"]):
             labelled.append(({"level": "copy", **key},
                              analysis.paired_rounds(part, fresh, catalogue.aa_name(fresh))))
-    level, checks = stats.twin_checks([tuple(pair) for _, pair in labelled if len(pair[0])],
+    level, checks = stats.twin_checks([(pair[0], pair[1]) for _, pair in labelled if len(pair[0])],
                                       delta=delta, confidence=confidence, seed=seed)
     found = iter(checks)  # a cell without twin rounds is listed, unchecked, and not counted in m
     unchecked = {"n_rounds": 0, "twin_speedup": None, "twin_ci_low": None, "twin_ci_high": None,
@@ -477,7 +477,7 @@ def calibrate_rule(decisive: list[dict[str, Any]], trials: int, delta: float,
                    seed: int) -> list[dict[str, Any]]:
     """The rule's simulated error rates at the rounds this run's decisive cells have (the fewest)
     and for a family of as many cells, under every noise model at fixed rounds (rounds until
-    precise are calibrated in the README's table); none where no trials were asked for or no
+    precise are calibrated in docs/method.md's table); none where no trials were asked for or no
     decisive cell has two rounds."""
     rounds = [c["baseline_rounds"] for c in decisive if c["baseline_rounds"] >= 2]
     if not trials or not rounds:
@@ -515,7 +515,7 @@ def context_summary(decisive: list[dict[str, Any]], delta: float, log_softmax: s
     what delta is a share of (with the logprobs-only bar beside it), where the log-softmax ran,
     and how the family of cells was combined."""
     forwards = sorted({c["forward_ms"] for c in decisive})
-    bars = [c.get("logprobs_only_min_speedup") for c in decisive
+    bars = [c["logprobs_only_min_speedup"] for c in decisive
             if c.get("logprobs_only_min_speedup") is not None]
     return {"forward_ms": forwards,
             "delta": delta,
@@ -627,7 +627,8 @@ def build_verdict(run_dir: Path | str, *, decisive_rows: list[int], decisive_voc
     run_dir = Path(run_dir)
     tables, missing = load_tables(run_dir)
     staging, step = tables.get("staging"), tables.get("step")
-    kwargs = dict(delta=delta, min_samples=min_samples, confidence=confidence, seed=seed)
+    kwargs: dict[str, Any] = dict(delta=delta, min_samples=min_samples, confidence=confidence,
+                                  seed=seed)
     named = decisive_cells(decisive_rows, decisive_vocabs, decisive_ks)
     step_all = step if step is not None else schema.make_rows([])
     if step is not None:  # every step figure below: the assumed log-softmax and regime's rows

@@ -66,6 +66,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from stagelab.core.errors import SchemaError
+from stagelab.core.outcomes import FAILED, OK
 from stagelab.core.records import RunFolder, atomic_target
 
 if TYPE_CHECKING:
@@ -106,7 +107,7 @@ COLUMNS: tuple[str, ...] = tuple(COLUMN_DTYPES)
 LEGACY_COLUMNS: dict[str, str] = {"repeat": "round"}
 # Columns added since evidence was first kept: missing in older tables, read as missing values.
 ADDED_COLUMNS: tuple[str, ...] = ("position", "log_softmax", "regime")
-STATUSES = ("ok", "unavailable", "skipped", "failed")
+STATUSES = (OK, "unavailable", "skipped", FAILED)
 _DEFAULTS: dict[str, Any] = {"stage": "total", "metric": "time", "model": "", "timer": "",
                              "status": "ok", "note": ""}
 
@@ -230,7 +231,7 @@ class TableSink:
 
     def append(self, records: Iterable[Mapping[str, Any]]) -> Path:
         """Add one cell's records and write the whole table so far."""
-        self.records.extend(records)
+        self.records.extend(dict(record) for record in records)
         return write_table(self.frame(), self.run_dir, self.name)
 
     def frame(self) -> pd.DataFrame:

@@ -36,7 +36,7 @@ from stagelab.measure.shapes import ModelShape, positive_ints
 
 STEP_ARMS = catalogue.arm_names(catalogue.STEP)
 BASELINE = catalogue.baseline(catalogue.STEP)
-CANDIDATE = "seed_pinned"
+CANDIDATE = catalogue.candidate(catalogue.STEP)
 LOG_SOFTMAX = ("device", "host")  # where the seed arms run the log-softmax
 # Peak memory bandwidth, GB/s, of GPUs by a fragment of their name (NVIDIA's datasheets): the
 # default decode forward reads every weight once, so it takes weight bytes / bandwidth.

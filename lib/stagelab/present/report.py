@@ -78,7 +78,7 @@ def _verdict_section(run_dir: Path, manifest: Mapping[str, Any]) -> str:
         return ("<section class='verdict' id='verdict'>"
                 f"{_trust_banner(trust.reasons(run_dir, manifest, {}), manifest)}"
                 "<p class='decision INCONCLUSIVE'>No verdict yet</p><p>This run has no "
-                "<code>verdict.json</code>: the verdict notebook did not run or did not finish. "
+                f"<code>{RunFolder.VERDICT}</code>: the verdict notebook did not run or did not finish. "
                 "Nothing below is a decision.</p></section>")
     overall = verdict.get("overall", {})
     decision = _esc(overall.get("decision", "INCONCLUSIVE"))
@@ -327,7 +327,7 @@ class _AttributeRewriter(HTMLParser):
     def _start(self, tag: str, attrs: list[tuple[str, str | None]], closing: str) -> None:
         new = [(k, v if v is None else self._rewrite(tag, k, v)) for k, v in attrs]
         if new == attrs:
-            self.parts.append(self.get_starttag_text())
+            self.parts.append(self.get_starttag_text() or "")
             return
         kept = "".join(f" {k}" if v is None else f' {k}="{html.escape(v)}"'
                        for k, v in new if v is not self.DROP)

@@ -43,18 +43,19 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stagelab.core import paths, rundir
+from stagelab.core import outcomes, paths, rundir
 from stagelab.core.errors import UserError
-from stagelab.core.records import write_json_atomic, write_text_atomic
+from stagelab.core.outcomes import EXIT_FAILED, EXIT_NO_GO, EXIT_OK, FAILED, OK
+from stagelab.core.records import RunFolder, write_json_atomic, write_text_atomic
 from stagelab.run import fleet_node
 
 FLEET_FILE, PAGE, COMPARE_PAGE = "fleet.json", "index.html", "compare.html"
 NODES_DIR, MEASURED_DIR = "nodes", "measured"
 MEASURED_MANIFEST = "measured.json"
-OK, FAILED, TIMED_OUT, UNAVAILABLE = "ok", "failed", "timed out", "unavailable"
+TIMED_OUT, UNAVAILABLE = "timed out", "unavailable"
 STATUSES = (OK, FAILED, TIMED_OUT, UNAVAILABLE)
-EXIT_OK, EXIT_SOME_FAILED, EXIT_USAGE = 0, 1, 2
-MEASURE_EXIT_NO_GO = 3
+EXIT_SOME_FAILED, EXIT_USAGE = EXIT_FAILED, outcomes.EXIT_USAGE
+MEASURE_EXIT_NO_GO = EXIT_NO_GO
 MAX_ATTEMPTS = 2
 RETRY_POLICY = ("a system failure (worker crashed, object lost, runtime environment not set up) "
                 "on a node still alive is retried once on that node; a dead node, a failed or "
@@ -540,7 +541,7 @@ def analyse(record: NodeRecord, plan: FleetPlan, node_dir: Path, progress: Progr
 
 def _overall_verdict(run_dir: Path) -> str | None:
     try:
-        verdict = json.loads((run_dir / "verdict.json").read_text())
+        verdict = json.loads(RunFolder(run_dir).verdict_path.read_text())
     except (OSError, ValueError):
         return None
     return (verdict.get("overall") or {}).get("decision") if isinstance(verdict, dict) else None

@@ -14,15 +14,17 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from stagelab.core import outcomes
 from stagelab.core.errors import UserError
+from stagelab.core.records import RunFolder
 from stagelab.run import measure_command, profiles
 from stagelab.run.profiles import RunPlan
 
 
 def _measured_anything(entry: dict[str, Any]) -> bool:
     if entry["table"] is None:
-        return entry["status"] == measure_command.OK
-    return any(cell["status"] in (measure_command.OK, measure_command.FAILED) for cell in entry["cells"])
+        return entry["status"] == outcomes.OK
+    return any(cell["status"] in (outcomes.OK, outcomes.FAILED) for cell in entry["cells"])
 
 
 def check_overrides(params: Iterable[str]) -> None:
@@ -52,7 +54,7 @@ def replay_plan(plan: RunPlan, folder: Path, params: Iterable[str]) -> dict[str,
             continue
         entry = by_notebook.get(notebook.name)
         if entry is None and notebook.name == measure_command.SNAPSHOT_NOTEBOOK:
-            entry = {"table": None, "status": measure_command.OK, "parameters": {}}  # hardware.json
+            entry = {"table": None, "status": outcomes.OK, "parameters": {}}  # hardware.json
         if entry is None:
             raise UserError(f"--from {folder}: lacks {notebook.name}, which profile "
                             f"{plan.profile!r} needs (it holds "
@@ -66,7 +68,7 @@ def replay_plan(plan: RunPlan, folder: Path, params: Iterable[str]) -> dict[str,
         measure_command.check_rows(folder, entry)
     plan.notebooks = kept
     try:
-        hardware = json.loads((folder / "hardware.json").read_text())
+        hardware = json.loads((folder / RunFolder.HARDWARE).read_text())
     except (OSError, ValueError) as exc:
-        raise UserError(f"--from {folder}: hardware.json cannot be read ({exc})") from exc
+        raise UserError(f"--from {folder}: {RunFolder.HARDWARE} cannot be read ({exc})") from exc
     return {**measure_command.origin(folder, manifest), "hardware": hardware}
