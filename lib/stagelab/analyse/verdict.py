@@ -20,7 +20,9 @@ The verdict states its context (``forward_ms``, what delta is a share of with th
 bar beside it, where the log-softmax runs, and whether the other place would change the answer).
 Other cells are reported, never decide. Copy-level cells (notebook 01) explain the mechanism and
 never decide. The ``harness`` block checks every A/A twin of the run as one family (Bonferroni):
-whether identical arms differ beyond delta. Deterministic: the same folder gives the same file.
+whether identical arms differ beyond delta. The ``prediction`` block sets the cost model
+(:mod:`stagelab.analyse.predict`, fed this run's own host rates) beside what the run measured.
+Deterministic: the same folder gives the same file.
 Torch-free.
 """
 
@@ -32,7 +34,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from stagelab.analyse import analysis, calibration, stats
+from stagelab.analyse import analysis, calibration, predict, stats
 from stagelab.core import catalogue, design, forward, records, schema
 from stagelab.core.errors import UserError
 
@@ -694,8 +696,10 @@ def build_verdict(run_dir: Path | str, *, decisive_rows: list[int], decisive_voc
     }
     verdict["reference"], verdict["reference_skipped"] = (
         reference_verdicts(reference_root) if reference_root else ([], []))
+    verdict["prediction"] = predict.check_run(step,
+                                              analysis.hardware_summary(hardware).get("gpu"))
     verdict = _plain(verdict)
-    verdict["findings"] = findings(verdict, tables)
+    verdict["findings"] = findings(verdict, tables) + predict.check_words(verdict["prediction"])
     if verdict["measured_on"] and verdict["measured_on"]["gaps"]:
         verdict["findings"].append("The measurement is partial, so cells may be missing: "
                                    + "; ".join(verdict["measured_on"]["gaps"]) + ".")

@@ -230,6 +230,9 @@ NOTEBOOKS = {nb.name: nb for nb in (
              PROMPT, "prompt_logprobs"),
     Notebook(VERDICT_NOTEBOOK,
              "PORT, CLOSE or INCONCLUSIVE per decisive cell and overall"),
+    Notebook("05_prediction",
+             "the predicted answers per GPU platform, before any lease, from this run's host "
+             "rates and published link figures"),
 )}
 
 

@@ -24,7 +24,10 @@ metric     str     ``time`` for timings; otherwise what ``bytes``/``value`` hold
                    ``max_abs_error``, ``rank_mismatches``, ``id_mismatches``,
                    ``bitwise_equal`` (1 or 0), ``order_seed`` (the seed of a cell's balanced
                    arm order), ``rounds`` (rounds a cell ran; the note says why it stopped),
-                   ``forward_ms`` (device work queued before each step, ms)
+                   ``forward_ms`` (device work queued before each step, ms),
+                   ``host_rate`` (a host cost of the step timed alone at the cell's size:
+                   arm ``host_rates``, stage the term, one row per repeat; see
+                   ``stagelab.measure.hostrates``)
 device     str     where the source lived: ``cpu`` or ``cuda:0 <name>``
 model      str     model whose shape was used, empty when sizes were given as numbers
 rows       int     rows per step (``n``) or scored prompt positions (``T - 1``)

@@ -61,6 +61,24 @@ BASIS: dict[str, Basis] = {
 STEP_EXTRA_CALLS = 2
 
 
+# Calls of the host-rate microbenchmark per step cell (stagelab.measure.hostrates: one warm-up
+# and five repeats, of its torch terms and of its C++ cycle alike).
+HOST_RATES_CALLS = 6
+
+
+def host_rates_s(n: int, vocab: int) -> float:
+    """The host-rate microbenchmark of one step cell, run on the host (the CPU basis): per call
+    four passes over ``[n, V]`` (two log-softmaxes and the host one), three copies into warm
+    memory (fill, reused copy, the copy into the fresh vector), a fresh vector and the C++
+    top-K."""
+    host, elements = BASIS["cpu"], n * vocab
+    per_call = (4 * elements * host.device_pass_s_per_element
+                + elements * host.native_topk_s_per_element
+                + 3 * 4 * elements / host.reused_bytes_per_s
+                + 4 * elements / host.fresh_bytes_per_s)
+    return HOST_RATES_CALLS * per_call
+
+
 def default_forward_s(model: str, rows: int, kind: str) -> float:
     """One decode forward of ``rows`` sequences of a model of ``data/model_shapes.csv``
     (:func:`stagelab.core.forward.forward_ms` at the basis's bandwidth); 0 on a CPU or for a model
@@ -121,12 +139,13 @@ def cell_seconds(sizes: Mapping[str, Any], arms: Sequence[str], *, rounds: int, 
     """
     basis = BASIS[kind]
     experiment, n, vocab = sizes["experiment"], sizes["rows"], sizes["vocab"]
-    extra = 0
+    extra, host_rates = 0, 0.0
     if experiment == catalogue.STAGING:
         per_round = sum(_staging_call_s(arm, sizes["bytes"], basis) for arm in arms)
     elif experiment == catalogue.STEP:
         per_round = sum(_step_call_s(arm, n, vocab, basis) + forward_s for arm in arms)
         extra = STEP_EXTRA_CALLS
+        host_rates = host_rates_s(n, vocab)
     elif experiment == catalogue.PROMPT:
         per_round = len(arms) * _prompt_call_s(sizes, basis)
         extra = 2  # the reference and the checked call of each configuration
@@ -137,4 +156,4 @@ def cell_seconds(sizes: Mapping[str, Any], arms: Sequence[str], *, rounds: int, 
         timing = min(max_rounds * per_round, max(timing, max_seconds))
     setup = sources * n * vocab * basis.input_s_per_element
     return ((warmup + extra) * per_round + timing + setup + memory_probes * basis.memory_probe_s
-            + basis.cell_overhead_s)
+            + host_rates + basis.cell_overhead_s)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from stagelab.analyse import trust
+from stagelab.analyse import predict, trust
 from stagelab.core import catalogue, records
 from stagelab.core.errors import UserError
 from stagelab.core.records import RunFolder
@@ -95,6 +95,7 @@ def _verdict_section(run_dir: Path, manifest: Mapping[str, Any]) -> str:
     if context:
         parts.append(f"<p class='context'>{_esc(context)}</p>")
     parts.append(_decisive_table(verdict.get("decisive", []), overall.get("summary", "")))
+    parts.append(prediction_html(verdict.get("prediction")))
     findings = verdict.get("findings", [])
     if findings:
         parts.append("<ul>" + "".join(f"<li>{_esc(f)}</li>" for f in findings) + "</ul>")
@@ -121,6 +122,19 @@ def _answer_cell(cell: Mapping[str, Any]) -> str:
     measured = _with_ci(cell)
     return (f"n={cell['rows']} V={cell['vocab']} K={cell['k']}: {cell['decision']}"
             + (f" {measured}" if measured else ""))
+
+
+def prediction_html(check: Mapping[str, Any] | None) -> str:
+    """The cost model beside this run's measurement (verdict.json's ``prediction``), as a
+    table, or nothing for a verdict written before it existed."""
+    if not check:
+        return ""
+    table = predict.check_table(check)
+    if table.empty:
+        return f"<p>Prediction: {_esc(check.get('note') or 'nothing to check')}</p>"
+    return (f"<h3>Predicted beside measured ({_esc(check.get('platform'))}; the model fed this "
+            "run's own host rates; error = predicted / measured - 1)</h3>"
+            + table.to_html(index=False, float_format=lambda v: f"{v:.3g}", na_rep="-"))
 
 
 def _fmt(value: Any, spec: str = ".3f") -> str:

@@ -640,7 +640,29 @@ def render_page(records: Sequence[NodeRecord], header: dict[str, Any], side_by_s
             f"<p><strong>{html.escape(answer_sentence(records))}</strong></p>\n<ul>{facts}</ul>\n"
             f"<h2>Nodes</h2>\n<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>\n"
             f"<h2>Verdict per platform, copy and step figures against each link</h2>\n"
-            f"{side_by_side or '<p>No node was analysed.</p>'}\n</body></html>\n")
+            f"{side_by_side or '<p>No node was analysed.</p>'}\n"
+            f"<h2>Predicted beside measured, per node</h2>\n{prediction_section(records)}\n"
+            "</body></html>\n")
+
+
+def prediction_section(records: Sequence[NodeRecord]) -> str:
+    """Each analysed node's check of the cost model against what it measured (its verdict's
+    ``prediction``), with the notes where they disagree beyond the interval."""
+    from stagelab.present import report
+
+    parts = []
+    for record in records:
+        try:
+            verdict = json.loads((Path(record.run_dir) / "verdict.json").read_text())
+        except (TypeError, OSError, ValueError):
+            continue
+        check = verdict.get("prediction") if isinstance(verdict, dict) else None
+        if check:
+            notes = [n for cell in check.get("cells") or [] for n in cell.get("notes") or []]
+            parts.append(f"<h3>{html.escape(record.target.label)}</h3>"
+                         + report.prediction_html(check)
+                         + "".join(f"<p>{html.escape(n)}</p>" for n in notes))
+    return "".join(parts) or "<p>No analysed node has a prediction to check.</p>"
 
 
 def new_fleet_dir(root: Path, profile: str) -> Path:
