@@ -290,7 +290,7 @@ def predicted_peak_bytes(tokens: int, vocab: int, chunk: int | None, dtype: torc
         block = lp.block_rows(chunk, vocab, itemsize, lp.bounded_budget(chunk, vocab, itemsize))
         working = block * vocab * max(4 + upcast, lp.BLOCK_TEMP_BYTES)
     else:
-        raise ValueError(f"method must be 'fused' or 'logsoftmax', got {method!r}")
+        raise ValueError(f"method must be {catalogue.FUSED!r} or 'logsoftmax', got {method!r}")
     result_row = (num_logprobs + 1) * 8 + 4
     flags = rows
     return (chunk * vocab * itemsize + working + result_row * (chunk + rows + 2 * chunk)
