@@ -29,6 +29,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from stagelab.core import untrusted
 from stagelab.core.errors import BadRecord, UserError
 
 SCHEMAS_DIR = Path(__file__).with_name("schemas")
@@ -170,15 +171,14 @@ def schema(name: str) -> dict[str, Any]:
 
 
 def read_json(path: Path) -> Any:
-    """A JSON file's content; BadRecord naming the file when it cannot be read or parsed.
+    """A JSON file's content; BadRecord naming the file when it cannot be read or parsed (read
+    as :func:`stagelab.core.untrusted.load_json` reads: no link, bounded size and depth).
     A missing file raises FileNotFoundError."""
     path = Path(path)
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise UnreadableJSON(f"{path}: cannot be read as JSON ({exc})") from exc
+        return untrusted.load_json(path)
+    except BadRecord as exc:  # a link, a FIFO, too large, too deep, not JSON: one line
+        raise UnreadableJSON(str(exc)) from exc
 
 
 def check_record(payload: Any, kind: str, source: Path | str) -> dict[str, Any]:

@@ -1,0 +1,257 @@
+"""A measured folder is a stranger's: each attack on `stagelab run --from` reproduced, and refused.
+
+Every test plants something in a copy of a real smoke measurement (made once, with torch,
+forced past the CPU's no-go) and shows what the replay does with it: no code from the folder
+runs, no file outside it is read, no claim in it is believed unchecked.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from stagelab import cli
+from stagelab.core import untrusted
+from stagelab.core.errors import BadRecord, UserError
+from stagelab.run import execute, measure_command, profiles, replay
+from stagelab.run.profiles import NotebookPlan
+
+CODE = "under_load = False\nimport os; open('PLANTED', 'w')\n_x"
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory) -> Path:
+    """The smoke profile measured here, as a node would."""
+    out = tmp_path_factory.mktemp("node") / "evidence"
+    assert measure_command.main(["--profile", "smoke", "--out", str(out), "--force"]) == 0
+    return out
+
+
+@pytest.fixture
+def node(tmp_path, measured) -> Path:
+    """A copy of the measurement to tamper with."""
+    copy = tmp_path / "node"
+    shutil.copytree(measured, copy)
+    return copy
+
+
+def edit_manifest(folder: Path, change) -> None:
+    path = folder / measure_command.MANIFEST
+    manifest = json.loads(path.read_text())
+    change(manifest)
+    path.write_text(json.dumps(manifest))
+
+
+def experiment(manifest: dict, notebook: str) -> dict:
+    return next(e for e in manifest["experiments"] if e["notebook"] == notebook)
+
+
+def edit_rows(folder: Path, table: str, change) -> None:
+    path = folder / "rows" / f"{table}.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    change(rows)
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+def replay_of(folder: Path):
+    return replay.replay_plan(profiles.plan_run("smoke"), folder, [])
+
+
+# ------------------------------------------------------------ nothing from a folder is code
+
+def test_a_parameter_name_from_the_folder_is_refused_and_never_runs(node, tmp_path,
+                                                                   monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    edit_manifest(node, lambda m: experiment(m, "00_environment")["parameters"].update(
+        {CODE: 1}))
+    with pytest.raises(UserError, match=r"unknown parameter 00_environment\.under_load = False"):
+        replay_of(node)
+    assert not (tmp_path / "PLANTED").exists()
+
+
+def test_a_value_of_the_wrong_type_is_refused(node):
+    edit_manifest(node, lambda m: experiment(m, "01_d2h_staging")["parameters"].update(
+        rounds="__import__('os').system('true')"))
+    with pytest.raises(UserError, match=r"01_d2h_staging\.rounds=.* is a str, expected int"):
+        replay_of(node)
+
+
+def test_a_text_value_with_code_in_it_reaches_the_notebook_as_data(node):
+    edit_manifest(node, lambda m: experiment(m, "01_d2h_staging")["parameters"].update(
+        aa_arm=f'pageable_fresh"\n{CODE}\n"'))
+    plan = profiles.plan_run("smoke")
+    replay.replay_plan(plan, node, [])
+    (staging,) = [nb for nb in plan.notebooks if nb.name == "01_d2h_staging"]
+    cell = __import__("papermill.translators").translators.translate_parameters(
+        "python3", "python", execute.injected_parameters(staging, node), "Parameters")
+    tree = ast.parse(cell)
+    assert all(isinstance(node_, ast.Assign) for node_ in tree.body)  # no import, no call
+    assigned = {n.targets[0].id: ast.literal_eval(n.value) for n in tree.body}
+    assert assigned["aa_arm"] == f'pageable_fresh"\n{CODE}\n"'
+    assert set(assigned) <= set(profiles.notebook_parameters(staging.path))
+
+
+def test_the_runner_refuses_a_parameter_name_that_is_not_an_identifier(tmp_path):
+    plan = NotebookPlan("01_d2h_staging", Path("nb.ipynb"), {CODE: 1})
+    with pytest.raises(UserError, match="is not a Python identifier"):
+        execute.injected_parameters(plan, tmp_path)
+
+
+# ---------------------------------------------- only the folder's own regular files are read
+
+@pytest.mark.parametrize("name", ["inventory.json", "preflight.json", "hardware.json",
+                                  "rows/step.jsonl"])
+def test_a_symlinked_record_file_is_refused_naming_it(node, tmp_path, name):
+    secret = tmp_path / "host_secret.json"
+    secret.write_text(json.dumps({"secret": "from the host"}))
+    (node / name).unlink()
+    (node / name).symlink_to(secret)
+    with pytest.raises(UserError, match=rf"{name}: is a symbolic link"):
+        replay_of(node)
+
+
+def test_a_symlinked_rows_folder_is_refused(node, tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    shutil.move(node / "rows", elsewhere)
+    (node / "rows").symlink_to(elsewhere)
+    with pytest.raises(UserError, match=r"rows: is a symbolic link, not a folder"):
+        replay_of(node)
+
+
+def test_run_from_refuses_a_symlink_with_exit_2_and_makes_no_run(node, tmp_path, capsys):
+    (node / "inventory.json").unlink()
+    (node / "inventory.json").symlink_to("/etc/passwd")
+    out = tmp_path / "runs"
+    code = cli.main(["run", "--profile", "smoke", "--from", str(node), "--out", str(out)])
+    assert code == 2 and not list(out.glob("*"))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "inventory.json: is a symbolic link" in err[0]
+
+
+def test_a_fifo_is_refused_at_once(node):
+    (node / "rows" / "staging.jsonl").unlink()
+    os.mkfifo(node / "rows" / "staging.jsonl")
+    with pytest.raises(UserError, match=r"staging.jsonl: is a FIFO"):
+        replay_of(node)
+
+
+def test_a_giant_sparse_file_is_refused_before_it_is_read(node):
+    with open(node / "inventory.json", "wb") as handle:
+        handle.truncate(untrusted.MAX_JSON_BYTES + 1)
+    with pytest.raises(UserError, match=r"inventory.json: \d+ bytes, more than"):
+        replay_of(node)
+
+
+def test_deeply_nested_json_is_one_line(node):
+    (node / measure_command.MANIFEST).write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(UserError, match="nests deeper than"):
+        measure_command.read_measured(node)
+
+
+def test_json_nested_past_the_bound_is_refused_by_the_reader(tmp_path):
+    path = tmp_path / "deep.json"
+    path.write_text(json.dumps(json.loads("[" * 40 + "]" * 40)))
+    with pytest.raises(BadRecord, match="nests deeper than 32 levels"):
+        untrusted.load_json(path)
+
+
+def test_a_lone_surrogate_is_refused(tmp_path):
+    path = tmp_path / "s.json"
+    path.write_text('{"host": "\\ud800"}')
+    with pytest.raises(BadRecord, match="lone surrogate"):
+        untrusted.load_json(path)
+
+
+@pytest.mark.parametrize(("where", "value", "message"), [
+    ("rows", "many", r"cells\[0\]\.rows 'many', not a count"),
+    ("status", {"x": 1}, r"cells\[0\] that is not a cell with a known status"),
+    ("cell", ["a"], r"cells\[0\]\.cell of type list"),
+])
+def test_a_malformed_cell_field_is_one_line(node, where, value, message):
+    edit_manifest(node, lambda m: experiment(m, "01_d2h_staging")["cells"][0].update(
+        {where: value}))
+    with pytest.raises(UserError, match=message):
+        measure_command.read_measured(node)
+
+
+def test_a_malformed_top_level_field_is_one_line(node):
+    edit_manifest(node, lambda m: m.update(gpu={"name": "x"}))
+    with pytest.raises(UserError, match="measured.json has gpu of type dict"):
+        measure_command.read_measured(node)
+
+
+def test_a_rows_path_field_is_never_followed(node):
+    """A manifest naming another rows file (one round of three) is not read by that name:
+    the known file is, and its count must match the cells."""
+    short = node / "rows" / "short.jsonl"
+    lines = (node / "rows" / "staging.jsonl").read_text().splitlines(keepends=True)
+    short.write_text("".join(lines[: len(lines) // 3]))
+    edit_manifest(node, lambda m: experiment(m, "01_d2h_staging").update(rows="rows/short.jsonl"))
+    assert len(measure_command.measured_rows(node, "staging")) == len(lines)
+    (node / "rows" / "staging.jsonl").write_text("".join(lines[: len(lines) // 3]))
+    with pytest.raises(UserError, match=r"rows/staging.jsonl holds \d+ rows, fewer than"):
+        replay_of(node)
+
+
+# ------------------------------------------------------ claims checked against the folder
+
+def test_fabricated_pinned_rows_from_a_node_without_cuda_are_refused(node):
+    def pin(rows):
+        for row in rows:
+            if row.get("arm") == "pageable_reused":
+                row["arm"] = "pinned_grow_only"
+    edit_rows(node, "staging", pin)
+    with pytest.raises(UserError, match=r"an ok 'pinned_grow_only' row .* no CUDA device"):
+        replay_of(node)
+
+
+def test_fabricated_cuda_rows_of_the_step_are_refused(node):
+    edit_rows(node, "step", lambda rows: [row.update(device="cuda:0 NVIDIA H200")
+                                          for row in rows if row.get("status") == "ok"])
+    with pytest.raises(UserError, match="no CUDA device"):
+        replay_of(node)
+
+
+def test_an_arm_no_catalogue_names_is_refused(node):
+    edit_rows(node, "staging", lambda rows: rows[0].update(arm="made_up"))
+    with pytest.raises(UserError, match="arm 'made_up' is not a staging arm of the catalogue"):
+        replay_of(node)
+
+
+def test_rows_no_cell_accounts_for_are_refused(node):
+    edit_rows(node, "step", lambda rows: rows.extend(rows[:5]))
+    with pytest.raises(UserError, match=r"rows/step.jsonl holds \d+ rows, more than"):
+        replay_of(node)
+
+
+@pytest.mark.parametrize("seconds", [0.0, -1e-3, "fast"])
+def test_a_timing_that_is_not_a_positive_number_is_refused(node, seconds):
+    def change(rows):
+        next(r for r in rows if r.get("metric") == "time" and r.get("status") == "ok").update(
+            seconds=seconds)
+    edit_rows(node, "staging", change)
+    with pytest.raises(UserError, match="not a positive finite number"):
+        replay_of(node)
+
+
+def test_a_copy_faster_than_the_recorded_link_is_refused(node):
+    snap = json.loads((node / "hardware.json").read_text())
+    snap.update(gpu={"name": "NVIDIA H200"}, nvml={"pcie_max_gbps_per_direction": 31.5})
+    (node / "hardware.json").write_text(json.dumps(snap))
+
+    def impossible(rows):
+        row = next(r for r in rows if r.get("metric") == "time" and r.get("status") == "ok")
+        row.update(device="cuda:0 NVIDIA H200", bytes=10**9, seconds=1e-3)  # 1000 GB/s
+    edit_rows(node, "staging", impossible)
+    with pytest.raises(UserError, match=r"1000.0 GB/s, faster than the 31.5 GB/s link"):
+        replay_of(node)
+
+
+def test_the_untouched_measurement_still_replays(node):
+    origin = replay_of(node)
+    assert origin["gaps"] == [] and origin["hardware"]["gpu"] is None
