@@ -255,3 +255,21 @@ def test_a_copy_faster_than_the_recorded_link_is_refused(node):
 def test_the_untouched_measurement_still_replays(node):
     origin = replay_of(node)
     assert origin["gaps"] == [] and origin["hardware"]["gpu"] is None
+
+
+# ------------------------------------------------------------- unknown load is not quiet
+
+def test_a_replay_whose_node_recorded_no_load_is_not_trusted(tmp_path):
+    from stagelab.analyse import trust
+    from stagelab.measure import busy
+
+    manifest = {"measured_on": {"loads": {}}, "notebooks": [
+        {"name": "02_logprobs_step", "load": execute.measured_load({"loads": {}},
+                                                                   "02_logprobs_step")},
+        {"name": "01_d2h_staging", "load": {"busy": False, "why": []}}]}
+    assert manifest["notebooks"][0]["load"] == busy.unknown(
+        "the measurement did not record the node's load")
+    found = trust.reasons(tmp_path, manifest, {})
+    assert found == ["02_logprobs_step: the load of the machine that timed it is unknown (the "
+                     "measurement did not record the node's load); trust needs a measured load"]
+    assert trust.headline(found).startswith("TIMINGS NOT TRUSTWORTHY")
