@@ -273,3 +273,78 @@ def test_a_replay_whose_node_recorded_no_load_is_not_trusted(tmp_path):
     assert found == ["02_logprobs_step: the load of the machine that timed it is unknown (the "
                      "measurement did not record the node's load); trust needs a measured load"]
     assert trust.headline(found).startswith("TIMINGS NOT TRUSTWORTHY")
+
+
+# ------------------------------------------------ --force never touches a run's records
+
+def run_with_records(root: Path) -> Path:
+    from conftest import make_run
+
+    run = make_run(root, "20261201T000000Z_node_smoke", gpu="NVIDIA H200", link=31.5)
+    (run / "figures").mkdir()
+    (run / "figures" / "01_d2h_staging_copy.png").write_bytes(b"\x89PNG figure")
+    (run / "measured" / "rows").mkdir(parents=True)
+    (run / "measured" / "measured.json").write_text('{"format": "stagelab-measured"}')
+    (run / "measured" / "rows" / "staging.jsonl").write_text('{"arm": "pageable_fresh"}\n')
+    return run
+
+
+def snapshot_of(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+RECORDS = ["manifest.json", "verdict.json", "data/staging.parquet",
+           "figures/01_d2h_staging_copy.png", "measured/measured.json",
+           "measured/rows/staging.jsonl"]
+
+
+@pytest.mark.parametrize("record", RECORDS)
+def test_compare_force_leaves_every_record_of_a_run_byte_identical(tmp_path, record, capsys):
+    run = run_with_records(tmp_path / "runs")
+    before = snapshot_of(run)
+    code = cli.main(["compare", str(run), "--out", str(run / record), "--force"])
+    assert code == 2 and snapshot_of(run) == before
+    assert "--out" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("record", RECORDS)
+def test_single_file_report_force_leaves_every_record_byte_identical(tmp_path, record):
+    from stagelab.present import report
+
+    run = run_with_records(tmp_path / "runs")
+    before = snapshot_of(run)
+    with pytest.raises(UserError, match="--out"):
+        report.single_file_out(run, run / record, force=True)
+    assert snapshot_of(run) == before
+
+
+def test_force_may_not_replace_an_unlisted_file_of_a_run_either(tmp_path):
+    from stagelab.core import records
+
+    run = run_with_records(tmp_path / "runs")
+    (run / "kernel.log").write_text("kernel output")
+    with pytest.raises(UserError, match="--force never replaces a file of a run"):
+        records.claim_output(run / "kernel.log", "stagelab compare", force=True)
+    outside = tmp_path / "mine.html"
+    outside.write_text("not a compare page")
+    assert records.claim_output(outside, "stagelab compare", force=True) == outside
+
+
+def test_preflight_out_refuses_a_runs_manifest_and_a_foreign_json_file(tmp_path):
+    from stagelab.measure import preflight
+
+    run = run_with_records(tmp_path / "runs")
+    before = snapshot_of(run)
+    with pytest.raises(UserError, match="lies in a run folder"):
+        preflight.resolve_out(run / "manifest.json")
+    with pytest.raises(UserError, match="lies in a run folder"):
+        preflight.resolve_out(run / "measured")
+    foreign = tmp_path / "settings.json"
+    foreign.write_text('{"mine": true}')
+    with pytest.raises(UserError, match="exists and is not an earlier preflight.json"):
+        preflight.resolve_out(foreign)
+    assert snapshot_of(run) == before and foreign.read_text() == '{"mine": true}'
+    earlier = tmp_path / "preflight.json"
+    preflight.write_report(earlier, "smoke", [], 0.1)
+    assert preflight.resolve_out(earlier.parent) == earlier
