@@ -348,3 +348,109 @@ def test_preflight_out_refuses_a_runs_manifest_and_a_foreign_json_file(tmp_path)
     earlier = tmp_path / "preflight.json"
     preflight.write_report(earlier, "smoke", [], 0.1)
     assert preflight.resolve_out(earlier.parent) == earlier
+
+
+# ------------------------------------- code planted in every string field: nothing runs
+
+HOSTILE = ("<script>alert('x')</script>[here](javascript:alert(1)) \"\n"
+           "__import__('os').system('touch PLANTED')")
+
+
+def plant(value, skip=()):
+    """``value`` with every string leaf (outside the keys in ``skip``) made hostile."""
+    if isinstance(value, dict):
+        return {k: (v if k in skip else plant(v, skip)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [plant(v, skip) for v in value]
+    return f"{value} {HOSTILE}" if isinstance(value, str) else value
+
+
+# Fields that name things this code looks up (a table, a notebook, a status, an arm...), which a
+# replay refuses when they are wrong (tests above); every other string is planted.
+NAMES = {"format", "notebook", "table", "status", "profile", "rows", "file", "parameters",
+         "arm", "experiment", "stage", "metric", "dtype", "timer", "device", "run_id",
+         "log_softmax", "decision", "name", "model", "git", "versions", "torch", "cuda_build",
+         "created_utc", "finished_utc", "started_utc"}
+
+
+@pytest.mark.slow
+def test_code_planted_in_every_string_field_never_runs_nor_reaches_a_page(node, tmp_path,
+                                                                          monkeypatch):
+    from stagelab.present import evidence
+
+    monkeypatch.chdir(tmp_path)
+    for name in ("measured.json", "hardware.json", "preflight.json", "inventory.json"):
+        path = node / name
+        path.write_text(json.dumps(plant(json.loads(path.read_text()), NAMES)))
+    for table in ("staging", "step", "prompt_logprobs"):
+        edit_rows(node, table, lambda rows: rows.__setitem__(
+            slice(None), [plant(row, NAMES) for row in rows]))
+    out = tmp_path / "runs"
+    code = cli.main(["run", "--profile", "smoke", "--from", str(node), "--param",
+                     "04_verdict.include_reference=false", "--out", str(out)])
+    (run,) = out.iterdir()
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert code == 0, [(nb["name"], nb["status"], nb.get("error")) for nb in manifest["notebooks"]]
+    assert json.dumps(HOSTILE)[1:-1] in json.dumps(manifest)  # the text is there, as data
+    assert not list(tmp_path.rglob("PLANTED")) and not (Path.cwd() / "PLANTED").exists()
+    pages = sorted(run.glob("*.html"))
+    assert len(pages) >= 6
+    for page in pages:
+        text = page.read_text()
+        assert "<script>alert('x')" not in text, page.name
+        assert 'href="javascript:' not in text and "href='javascript:" not in text, page.name
+    root = tmp_path / "reference"
+    kept = evidence.keep_evidence(run, root, force=True)
+    results = evidence.results_markdown(root)
+    assert kept.is_dir() and "alert" in results  # the planted text is shown, inert
+    assert "<script>" not in results and "](javascript:" not in results
+    assert all(not line.startswith("__import__") for line in results.splitlines())
+
+
+# ------------------------------------------- the native library only from this user's places
+
+def test_the_temp_fallback_cache_is_created_private(tmp_path, monkeypatch):
+    import stat
+
+    from stagelab.measure import native
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    fallback = tmp_path / "stagelab-fallback"
+    monkeypatch.setattr(native, "cache_dirs", lambda: [blocker / "cache", fallback])
+    library = native.build(native.find_compiler())
+    assert library.parent == fallback and stat.S_IMODE(fallback.stat().st_mode) == 0o700
+    assert native.verified(library) is None
+
+
+def test_a_planted_library_with_a_forged_stamp_in_a_foreign_fallback_is_never_loaded(
+        tmp_path, monkeypatch):
+    from stagelab.core.errors import NativeUnavailable
+    from stagelab.measure import native
+
+    fallback = tmp_path / "stagelab-fallback"
+    fallback.mkdir(mode=0o777)
+    fallback.chmod(0o777)
+    planted = fallback / "seed_host-planted.so"
+    planted.write_bytes(b"\x7fELF planted")
+    (fallback / "seed_host-planted.json").write_text(json.dumps(
+        {"size": planted.stat().st_size, "sha256": native._digest(planted)}))  # forged stamp
+    try:
+        os.chown(fallback, 4242, 4242)
+    except PermissionError:
+        pytest.skip("making a folder another user's needs root")
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    monkeypatch.setattr(native, "cache_dirs", lambda: [blocker / "cache", fallback])
+    with pytest.raises(NativeUnavailable, match="is owned by uid 4242, not this user"):
+        native.build(native.find_compiler())
+
+
+def test_a_library_others_can_write_is_not_trusted_even_with_its_stamp(tmp_path, monkeypatch):
+    from stagelab.measure import native
+
+    monkeypatch.setattr(native, "cache_dirs", lambda: [tmp_path / "cache"])
+    library = native.build(native.find_compiler())
+    assert native.verified(library) is None
+    library.chmod(0o777)
+    assert "open to other users" in native.verified(library)

@@ -25,6 +25,7 @@ from stagelab.analyse import calibration, trust
 from stagelab.core import catalogue, paths, records, rundir, schema
 from stagelab.core.errors import SchemaError, UserError
 from stagelab.core.records import RunFolder
+from stagelab.present import inert
 
 VERDICT = RunFolder.VERDICT
 KEPT = RunFolder.KEPT
@@ -289,15 +290,17 @@ def _run_results(root: Path, row: KeptRun) -> list[str]:
     verdict = _verdict_of(root, row)
     hardware = verdict.get("hardware") or {}
     overall = verdict.get("overall") or {}
-    machine = hardware.get("gpu") or f"CPU only ({hardware.get('cpu') or row.machine})"
-    lines = [f"### {machine}: run `{Path(row.path).name}`{_labels(row)}", "",
+    text, code = inert.markdown_text, inert.markdown_code  # a kept run's strings are data
+    machine = text(hardware.get("gpu") or f"CPU only ({hardware.get('cpu') or row.machine})")
+    lines = [f"### {machine}: run `{code(Path(row.path).name)}`{_labels(row)}", "",
              f"Kept in [`data/reference/{row.path}/`](data/reference/{row.path}/index.html); "
-             f"made {row.date[:10]} at commit `{row.commit}`, profile `{row.profile}`, torch "
-             f"{hardware.get('torch') or 'unknown'}.", "",
-             f"**Verdict: {row.verdict}.** {overall.get('summary', '')}".rstrip(), ""]
-    findings = [f for f in verdict.get("findings") or [] if not f.startswith(ABOUT_OTHER_RUNS)]
+             f"made {text(row.date[:10])} at commit `{code(row.commit)}`, profile "
+             f"`{code(row.profile)}`, torch {text(hardware.get('torch') or 'unknown')}.", "",
+             f"**Verdict: {text(row.verdict)}.** {text(overall.get('summary', ''))}".rstrip(), ""]
+    findings = [f for f in verdict.get("findings") or []
+                if not str(f).startswith(ABOUT_OTHER_RUNS)]
     findings += _calibration(verdict.get("calibration") or [])
-    lines += [f"- {finding}" for finding in findings]
+    lines += [f"- {text(finding)}" for finding in findings]
     return lines + ([""] if findings else [])
 
 
@@ -336,7 +339,8 @@ def results_markdown(root: Path | None = None) -> str:
     for kept in machines.values():
         lines += _run_results(root, kept[-1])
         if len(kept) > 1:
-            older = ", ".join(f"`{Path(r.path).name}` ({r.verdict})" for r in kept[:-1])
+            older = ", ".join(f"`{inert.markdown_code(Path(r.path).name)}` "
+                              f"({inert.markdown_text(r.verdict)})" for r in kept[:-1])
             lines += [f"Older runs kept for this machine: {older}.", ""]
     return "\n".join([*lines, RESULTS_END])
 

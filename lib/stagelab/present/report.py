@@ -20,7 +20,7 @@ from stagelab.analyse import trust
 from stagelab.core import catalogue, records
 from stagelab.core.errors import UserError
 from stagelab.core.records import RunFolder
-from stagelab.present import machine
+from stagelab.present import inert, machine
 
 VERDICT_FILE = RunFolder.VERDICT
 VERDICT_FIGURE = f"figures/{catalogue.VERDICT_NOTEBOOK}_key.png"  # notebook 04's key plot
@@ -48,7 +48,8 @@ def export_html(notebook_path: Path, html_path: Path) -> Path:
 
     exporter = HTMLExporter(exclude_input=True, exclude_input_prompt=True,
                             exclude_output_prompt=True)
-    body, _ = exporter.from_notebook_node(nbformat.read(str(notebook_path), as_version=4))
+    notebook = inert.inert_notebook(nbformat.read(str(notebook_path), as_version=4))
+    body, _ = exporter.from_notebook_node(notebook)  # records' text in it is data, not markup
     return records.write_text_atomic(Path(html_path), body)
 
 
