@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -403,8 +404,10 @@ def test_code_planted_in_every_string_field_never_runs_nor_reaches_a_page(node, 
     kept = evidence.keep_evidence(run, root, force=True)
     results = evidence.results_markdown(root)
     assert kept.is_dir() and "alert" in results  # the planted text is shown, inert
-    assert "<script>" not in results and "](javascript:" not in results
-    assert all(not line.startswith("__import__") for line in results.splitlines())
+    for line in results.splitlines():
+        prose = re.sub(r"`[^`]*`", "", line)  # a code span shows its text as it is
+        assert "<script" not in prose and not re.search(r"(?<!\\)\]\(javascript", prose), line
+        assert not line.startswith("__import__"), line
 
 
 # ------------------------------------------- the native library only from this user's places
@@ -454,3 +457,211 @@ def test_a_library_others_can_write_is_not_trusted_even_with_its_stamp(tmp_path,
     assert native.verified(library) is None
     library.chmod(0o777)
     assert "open to other users" in native.verified(library)
+
+
+# ------------------------------------------------------------------- one line, not a traceback
+
+@pytest.mark.parametrize("command", [["report", "{long}"], ["runs", "--root", "{long}"],
+                                     ["compare", "{long}"],
+                                     ["preflight", "--profile", "smoke", "--out", "{long}.json"]])
+def test_a_name_over_255_bytes_is_one_line_and_exit_2(tmp_path, command, capsys):
+    long = str(tmp_path / ("n" * 300))
+    assert cli.main([part.format(long=long) for part in command]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("stagelab: error:") and "Traceback" not in err[0]
+
+
+@pytest.mark.parametrize("pid", [10**30, -1, 0, "12", True])
+def test_a_huge_or_odd_pid_in_a_manifest_is_not_a_live_process(pid):
+    import socket
+
+    from stagelab.core import rundir
+
+    assert rundir.process_alive({"host": socket.gethostname(), "pid": pid}) is False
+
+
+def test_runs_lists_a_run_whose_manifest_nests_too_deep_in_one_line(tmp_path, capsys):
+    from conftest import fake_run
+
+    good = fake_run(tmp_path)
+    bad = tmp_path / "20261201T000000Z_x_smoke"
+    bad.mkdir()
+    (bad / "manifest.json").write_text("[" * 100_000 + "]" * 100_000)
+    assert cli.main(["runs", "--root", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert good.name in out and "Traceback" not in out
+
+
+def test_a_lone_surrogate_in_a_run_manifest_is_one_line(tmp_path, capsys):
+    from conftest import fake_run
+
+    run = fake_run(tmp_path)
+    text = (run / "manifest.json").read_text().replace('"profile": "', '"profile": "\\udc80', 1)
+    (run / "manifest.json").write_text(text)
+    code = cli.main(["report", str(run)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "lone surrogate" in err[0]
+
+
+# ------------------------------------------------------------- one keep per measurement
+
+def _keep_in_a_child(run: Path, root: Path, results) -> None:
+    from stagelab.present import evidence
+
+    try:
+        results.put(("kept", str(evidence.keep_evidence(run, root, force=True))))
+    except UserError as exc:
+        results.put(("refused", str(exc)))
+
+
+def test_two_concurrent_keeps_keep_one_measurement_once(tmp_path, monkeypatch):
+    import multiprocessing
+    import time
+
+    from conftest import good_run
+    from stagelab.core import rundir
+    from stagelab.present import evidence
+
+    runs = []
+    for created in ("2026-11-30T10:00:00+00:00", "2026-11-30T11:00:00+00:00"):
+        run = good_run(tmp_path / f"runs{len(runs)}", created=created)
+        manifest = rundir.read_manifest(run)
+        manifest["measured_on"] = {"measured_id": "node-abc", "status": "ok", "gaps": []}
+        rundir.write_manifest(run, manifest)
+        runs.append(run.rename(run.with_name(f"20261130T1{len(runs)}0000Z_vm_smoke")))
+    copy = evidence._copy_evidence
+    monkeypatch.setattr(evidence, "_copy_evidence",
+                        lambda *args: (time.sleep(0.5), copy(*args)))  # widen the race
+    root = tmp_path / "reference"
+    context = multiprocessing.get_context("fork")
+    results = context.Queue()
+    children = [context.Process(target=_keep_in_a_child, args=(run, root, results))
+                for run in runs]
+    for child in children:
+        child.start()
+    outcomes = sorted(results.get(timeout=60)[0] for _ in children)
+    for child in children:
+        child.join(30)
+    assert outcomes == ["kept", "refused"]
+    assert len(list(root.glob("*/*/kept.json"))) == 1
+
+
+@pytest.mark.parametrize("seconds", [1e-300, 1e300])
+def test_an_extreme_but_finite_timing_is_refused_before_the_verdict_sees_it(node, seconds):
+    def change(rows):
+        next(r for r in rows if r.get("metric") == "time" and r.get("status") == "ok").update(
+            seconds=seconds)
+    edit_rows(node, "step", change)
+    with pytest.raises(UserError, match="outside what a timer here can read"):
+        replay_of(node)
+
+
+# ------------------------------------------------------- fleet checks what nodes would refuse
+
+@pytest.mark.parametrize(("option", "message"), [
+    (["--timeout-s", "inf"], "--timeout-s inf: give a positive, finite number"),
+    (["--timeout-s", "nan"], "--timeout-s nan: give a positive, finite number"),
+    (["--param", "01_d2h_staging.seed=12345678901234567890"], "beyond 64 bits"),
+])
+def test_fleet_refuses_what_every_node_would_refuse_before_asking_one(option, message, capsys):
+    assert cli.main(["fleet", "--address", "127.0.0.1:1", "--profile", "quick", *option]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]
+
+
+def test_the_measure_refuses_a_20_digit_seed_as_the_fleet_does():
+    with pytest.raises(UserError, match="beyond 64 bits"):
+        measure_command.resolve("smoke", [], ["01_d2h_staging.seed=12345678901234567890"])
+
+
+def test_fleet_param_for_a_measured_notebook_is_left_to_the_node():
+    from stagelab.run import fleet
+
+    params = ["01_d2h_staging.rounds=5", "02_logprobs_step.seed=3",
+              "04_verdict.include_reference=false"]
+    assert fleet.analysis_params(params) == ["04_verdict.include_reference=false"]
+    plan = profiles.plan_run("smoke")
+    replay.check_overrides(fleet.analysis_params(params))  # what run --from accepts
+    assert plan.profile == "smoke"
+
+
+def _serve_once(answer: bytes | None):
+    """A loopback TCP server that accepts one connection and sends ``answer`` (or nothing)."""
+    import socket
+    import threading
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+
+    def serve():
+        connection, _ = server.accept()
+        with connection:
+            connection.recv(64)
+            if answer is not None:
+                connection.sendall(answer)
+            threading.Event().wait(8)
+    threading.Thread(target=serve, daemon=True).start()
+    return server
+
+
+@pytest.mark.parametrize("answer", [None, b"HTTP/1.1 400 Bad Request\r\n\r\n"])
+def test_a_port_that_is_not_ray_fails_within_seconds(answer):
+    import time
+
+    from stagelab.run import fleet
+
+    server = _serve_once(answer)
+    began = time.monotonic()
+    with pytest.raises(UserError, match="something listens there, but not a Ray cluster"):
+        fleet.check_address(f"127.0.0.1:{server.getsockname()[1]}")
+    assert time.monotonic() - began < fleet.CONNECT_CHECK_S + 2
+    server.close()
+
+
+def test_a_grpc_server_passes_the_address_check():
+    from stagelab.run import fleet
+
+    settings = bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])  # an HTTP/2 server's first frame
+    server = _serve_once(settings)
+    fleet.check_address(f"127.0.0.1:{server.getsockname()[1]}")
+    server.close()
+
+
+# ------------------------------------------------------------------- measure: nothing measured
+
+def test_measure_exits_1_when_every_cell_was_skipped(tmp_path, capsys):
+    out = tmp_path / "m"
+    code = measure_command.main(["--profile", "smoke", "--only", "01_d2h_staging", "--param",
+                                 '01_d2h_staging.arms=["pinned_grow_only"]', "--param",
+                                 "01_d2h_staging.aa_arm=pinned_grow_only", "--out", str(out),
+                                 "--force"])
+    manifest = json.loads((out / measure_command.MANIFEST).read_text())
+    assert code == 1 and manifest["status"] == "unmeasured"
+    assert manifest["measured"] and "ok" not in manifest["measured"]
+    assert "nothing measured" in capsys.readouterr().err
+
+
+def test_a_full_disk_ends_the_measurement_failed_not_running(tmp_path, monkeypatch, capsys):
+    import errno
+
+    from stagelab.core import records
+
+    real = records.write_json_atomic
+
+    def full_once(path, payload, sort_keys=False):
+        if Path(path).name == "inventory.json":  # the disk fills up after the snapshot
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return real(path, payload, sort_keys)
+    monkeypatch.setattr(records, "write_json_atomic", full_once)
+    out = tmp_path / "m"
+    code = measure_command.main(["--profile", "smoke", "--only", "01_d2h_staging", "--param",
+                                 '01_d2h_staging.arms=["pinned_grow_only"]', "--param",
+                                 "01_d2h_staging.aa_arm=pinned_grow_only", "--out", str(out),
+                                 "--force"])
+    manifest = json.loads((out / measure_command.MANIFEST).read_text())
+    assert code == 1 and manifest["status"] == "failed"
+    assert "No space left on device" in manifest["error"]
+    assert experiment(manifest, "01_d2h_staging")["status"] == "failed"
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "inventory.json: No space left on device" in err

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import json
 import sys
 from pathlib import Path
@@ -295,6 +296,12 @@ def main(argv: list[str] | None = None) -> int:
     except RecordError as exc:
         print(f"stagelab: error: {exc}", file=sys.stderr)
         return EXIT_FAILED
+    except OSError as exc:
+        if exc.errno != errno.ENAMETOOLONG:
+            raise
+        print(f"stagelab: error: {exc.filename}: {exc.strerror} (a name over 255 bytes, or a "
+              "path too long for this system)", file=sys.stderr)
+        return EXIT_USAGE
     except KeyboardInterrupt:
         print("stagelab: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

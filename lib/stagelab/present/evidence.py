@@ -12,11 +12,14 @@ the README's Results section (between its markers), never written by hand.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
 import html
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -130,38 +133,39 @@ def keep_evidence(run_dir: Path, root: Path | None = None, force: bool = False) 
         raise UserError(f"{run_dir}: not kept: {why}; only ok runs with a verdict and "
                         "trustworthy timings are evidence (--force keeps it anyway, labelled "
                         "forced)")
-    twin = kept_replay_of(root, (manifest.get("measured_on") or {}).get("measured_id"))
-    if twin is not None:
-        raise UserError(f"{run_dir}: not kept: its measurement is kept already, as {twin}; one "
-                        "measurement is one piece of evidence, however often it is replayed")
-    name = records.plain_name(run_dir.resolve().name, "run folder name", run_dir)
-    dest = root / machine_slug(manifest) / name
-    if dest.exists():
-        raise UserError(f"{dest} exists already: reference evidence is never overwritten")
-    staging = None
-    try:
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f"{INCOMING}{name}-", dir=dest.parent))
-        _copy_evidence(run_dir, files, staging)
-        records.write_json_atomic(staging / KEPT, {
-            "kept_utc": rundir.now_utc(), "forced": bool(why), "status": manifest["status"],
-            "refusal": why, "untrusted": trust.reasons(run_dir, manifest)})
-        os.chmod(staging, 0o777 & ~records.umask())
-        os.rename(staging, dest)
+    with keep_lock(root):  # one keep at a time decides whether a measurement is kept
+        twin = kept_replay_of(root, (manifest.get("measured_on") or {}).get("measured_id"))
+        if twin is not None:
+            raise UserError(f"{run_dir}: not kept: its measurement is kept already, as {twin}; one "
+                            "measurement is one piece of evidence, however often it is replayed")
+        name = records.plain_name(run_dir.resolve().name, "run folder name", run_dir)
+        dest = root / machine_slug(manifest) / name
+        if dest.exists():
+            raise UserError(f"{dest} exists already: reference evidence is never overwritten")
         staging = None
-        write_evidence_index(root)
-        write_results(root)
-    except OSError as exc:
-        if exc.errno in (errno.EEXIST, errno.ENOTEMPTY) and dest.exists():
-            raise UserError(f"{dest} exists already (kept meanwhile by another process): "
-                            "reference evidence is never overwritten") from exc
-        where = exc.filename or root
-        raise UserError(f"cannot keep {run_dir.name} under {root}: {where}: "
-                        f"{exc.strerror or exc}") from exc
-    finally:
-        if staging is not None:
-            shutil.rmtree(staging, ignore_errors=True)
-    return dest
+        try:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            staging = Path(tempfile.mkdtemp(prefix=f"{INCOMING}{name}-", dir=dest.parent))
+            _copy_evidence(run_dir, files, staging)
+            records.write_json_atomic(staging / KEPT, {
+                "kept_utc": rundir.now_utc(), "forced": bool(why), "status": manifest["status"],
+                "refusal": why, "untrusted": trust.reasons(run_dir, manifest)})
+            os.chmod(staging, 0o777 & ~records.umask())
+            os.rename(staging, dest)
+            staging = None
+            write_evidence_index(root)
+            write_results(root)
+        except OSError as exc:
+            if exc.errno in (errno.EEXIST, errno.ENOTEMPTY) and dest.exists():
+                raise UserError(f"{dest} exists already (kept meanwhile by another process): "
+                                "reference evidence is never overwritten") from exc
+            where = exc.filename or root
+            raise UserError(f"cannot keep {run_dir.name} under {root}: {where}: "
+                            f"{exc.strerror or exc}") from exc
+        finally:
+            if staging is not None:
+                shutil.rmtree(staging, ignore_errors=True)
+        return dest
 
 
 def _copy_evidence(run_dir: Path, files: list[Path], dest: Path) -> None:
@@ -185,6 +189,22 @@ class KeptRun:
     verdict: str
     forced: bool
     untrusted: bool = False  # kept although its timings were not trustworthy (busy, A/A)
+
+
+@contextlib.contextmanager
+def keep_lock(root: Path) -> Iterator[None]:
+    """Hold the kept evidence's lock (on the ``root`` folder itself: no file is added) for a
+    block: concurrent keeps wait for each other, so one measurement is kept once."""
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as exc:
+        raise UserError(f"cannot keep under {root}: {exc.strerror or exc}") from exc
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def kept_replay_of(root: Path, measured_id: str | None) -> Path | None:

@@ -4,8 +4,9 @@ catalogue's arms and the profile's, and physical bounds.
 
 A folder from another machine is evidence from a stranger: a pinned or CUDA row from a node
 whose snapshot and preflight both say it has no CUDA device, an arm no catalogue names, a
-timing that is not a positive finite number, or a device-to-host copy faster than the link the
-node recorded cannot have been measured, so the whole folder is refused (one line naming the
+timing that is not a positive finite number, one shorter than a nanosecond or longer than its
+whole experiment took, or a device-to-host copy faster than the link the node recorded cannot
+have been measured, so the whole folder is refused (one line naming the
 file and the first disagreement). Standard library only, as ``stagelab measure`` is.
 """
 
@@ -20,6 +21,8 @@ from stagelab.core import catalogue
 # A measured copy may beat the link's nominal rate by this much (rounding of the nominal rate,
 # timer granularity) and no more.
 LINK_MARGIN = 1.25
+MIN_SECONDS = 1e-9  # no timer here reads less than a nanosecond
+MAX_SECONDS = 86400.0  # no one timed step or copy takes a day (a lease is minutes)
 # Rows a sweep writes about itself rather than about an arm (the order's seed, the rounds a
 # cell ran, the forward pass, the sync debugger, NVML's link counter): never timings.
 BOOKKEEPING_ARMS = ("order", "rounds", "forward", "sync_debug", "nvml_pcie")
@@ -68,8 +71,9 @@ def _number(value: Any) -> bool:
 
 
 def row_problem(table: str, row: Mapping[str, Any], allowed: set[str] | None, cuda: bool,
-                link: float | None) -> str | None:
-    """Why one row cannot be believed, or None."""
+                link: float | None, longest: float = math.inf) -> str | None:
+    """Why one row cannot be believed, or None; ``longest`` is the seconds its whole
+    experiment took, which no one timing can pass."""
     name = row.get("arm")
     if not isinstance(name, str):
         return f"a row has no arm ({name!r})"
@@ -92,6 +96,9 @@ def row_problem(table: str, row: Mapping[str, Any], allowed: set[str] | None, cu
         value = row.get(key)
         if value is not None and not (_number(value) and 0 < value < math.inf):
             return f"a {name!r} timing has {key} {value!r}, not a positive finite number"
+        if value is not None and not MIN_SECONDS <= value <= longest:
+            return (f"a {name!r} timing has {key} {value!r}, outside what a timer here can read "
+                    f"({MIN_SECONDS:g} s) and the {longest:g} s its experiment took")
     if not _number(row.get("seconds")):
         return f"a {name!r} timing has no seconds"
     moved = row.get("bytes")
@@ -105,14 +112,17 @@ def row_problem(table: str, row: Mapping[str, Any], allowed: set[str] | None, cu
     return None
 
 
-def rows_problems(table: str, rows: Sequence[Mapping[str, Any]], parameters: Mapping[str, Any],
+def rows_problems(table: str, rows: Sequence[Mapping[str, Any]], entry: Mapping[str, Any],
                   hardware: Mapping[str, Any], preflight: Mapping[str, Any] | None) -> list[str]:
-    """Every distinct reason the rows of ``table`` disagree with the folder's other records."""
+    """Every distinct reason the rows of ``table`` disagree with the folder's other records
+    (``entry`` is the experiment's record in measured.json: its parameters and seconds)."""
     cuda, link = node_has_cuda(hardware, preflight), link_gb_per_s(hardware)
-    allowed = allowed_arms(table, parameters)
+    allowed = allowed_arms(table, entry.get("parameters") or {})
+    took = entry.get("measured_s")
+    longest = min(float(took), MAX_SECONDS) if _number(took) and took > 0 else MAX_SECONDS
     found: list[str] = []
     for row in rows:
-        problem = row_problem(table, row, allowed, cuda, link)
+        problem = row_problem(table, row, allowed, cuda, link, longest)
         if problem and problem not in found:
             found.append(problem)
     return found

@@ -18,7 +18,8 @@ Back where the notebook stack lives, ``stagelab run --profile P --from DIR`` ana
 ``PYTHONPATH=lib python3 -m stagelab measure --profile gate --out DIR``.
 
 Exit status: 0 everything measured; 1 partial (a failed cell or experiment, or stopped at the
-deadline) or the deadline passed (``deadline_passed_by_s``: a cell ran longer than predicted);
+deadline), nothing measured (every cell skipped or unavailable: ``unmeasured``) or the deadline
+passed (``deadline_passed_by_s``: a cell ran longer than predicted);
 2 a bad request (one line, nothing created); 3 preflight no-go without --force; 130 interrupted
 (what was measured is kept).
 """
@@ -55,6 +56,7 @@ ROWS_DIR = "rows"
 EXIT_OK, EXIT_PARTIAL, EXIT_USAGE, EXIT_NO_GO, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 OK, FAILED, DEADLINE, INTERRUPTED, RUNNING, PENDING, NO_GO = (
     "ok", "failed", "deadline", "interrupted", "running", "pending", "no-go")
+UNMEASURED = "unmeasured"  # every experiment ran, no table holds an ok row (all skipped)
 SNAPSHOT_NOTEBOOK = "00_environment"
 # The measuring notebooks with a table, and the table each writes.
 TABLES = {"01_d2h_staging": "staging", "02_logprobs_step": "step",
@@ -86,8 +88,8 @@ DESCRIPTION = ("Measure a profile's experiments with torch alone into one folder
                "hardware.json, preflight.json, inventory.json, rows/*.jsonl); analyse it "
                "elsewhere with `stagelab run --profile P --from DIR`.")
 EPILOG = ("Exit status: 0 everything measured, 1 partial (a failed cell or experiment, or stopped "
-          "at the deadline) or the deadline passed, 2 a bad request, 3 preflight no-go without "
-          "--force, 130 interrupted.")
+          "at the deadline), nothing measured or the deadline passed, 2 a bad request, 3 "
+          "preflight no-go without --force, 130 interrupted.")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -496,6 +498,46 @@ def overall_status(manifest: Mapping[str, Any]) -> str:
     return OK
 
 
+def row_counts(out: Path, manifest: Mapping[str, Any]) -> dict[str, int]:
+    """The measured rows per status, over every table the measurement wrote."""
+    counts: dict[str, int] = {}
+    for entry in manifest["experiments"]:
+        if entry["table"] is None:
+            continue
+        try:
+            rows = read_json_lines(rows_path(out, entry["table"]), root=out)
+        except FileNotFoundError:
+            continue
+        for row in rows:
+            counts[str(row.get("status"))] = counts.get(str(row.get("status")), 0) + 1
+    return counts
+
+
+def _unless_nothing_measured(recorder: Recorder, status: str) -> str:
+    """``status``, or ``unmeasured`` where every experiment ran and no table holds an ok row
+    (every cell skipped or unavailable): exit 1, as ``stagelab run`` does."""
+    tables = [e for e in recorder.manifest["experiments"] if e["table"] is not None]
+    counts = row_counts(recorder.out, recorder.manifest)
+    recorder.manifest["measured"] = counts
+    if status == OK and tables and not counts.get(OK):
+        detail = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "no rows"
+        _say(f"nothing measured ({detail}): every cell was skipped or unavailable here (exit 1)")
+        return UNMEASURED
+    return status
+
+
+def _record_failed(recorder: Recorder, exc: OSError) -> str:
+    """Mark what was running or pending ``failed`` with the write error; ``failed``."""
+    reason = f"the record could not be written: {exc.filename or recorder.out}: " \
+             f"{exc.strerror or exc}"
+    for entry in recorder.manifest["experiments"]:
+        if entry["status"] in (RUNNING, PENDING):
+            entry.update(status=FAILED, error=reason)
+    recorder.manifest["error"] = reason
+    _say(reason)
+    return FAILED
+
+
 def measure(request: Request) -> int:
     """Measure a checked request into ``request.out``; the exit status."""
     started = time.monotonic()
@@ -528,16 +570,24 @@ def measure(request: Request) -> int:
             measure_tables(recorder, request, default_device(), deadline)
             stops.raise_if_received()  # one swallowed in the last round: recorded interrupted
             status = overall_status(recorder.manifest)
+            status = _unless_nothing_measured(recorder, status)
         except KeyboardInterrupt as exc:
             for entry in recorder.manifest["experiments"]:
                 if entry["status"] in (RUNNING, PENDING):
                     entry.update(status=INTERRUPTED, error=f"interrupted ({exc or 'Ctrl-C'})")
             status = INTERRUPTED
+        except OSError as exc:  # the record itself could not be written (a full disk)
+            status = _record_failed(recorder, exc)
     ended = time.monotonic()
     overrun = round(ended - deadline, 2) if deadline is not None and ended > deadline else None
     recorder.manifest.update(status=status, finished_utc=rundir.now_utc(),
                              elapsed_s=round(ended - started, 2), deadline_passed_by_s=overrun)
-    recorder.save()
+    try:
+        recorder.save()
+    except OSError as exc:
+        _say(f"{status}, and the record could not be closed: {out / MANIFEST}: "
+             f"{exc.strerror or exc} (a replay reads it as interrupted; exit 1)")
+        return EXIT_INTERRUPTED if status == INTERRUPTED else EXIT_PARTIAL
     _say(f"{status} after {recorder.manifest['elapsed_s']} s: {out}")
     if overrun is not None:  # a cell ran longer than predicted: the lease's bound was not kept
         _say(f"the deadline was passed by {overrun} s (exit 1); the cells are kept")
@@ -597,7 +647,7 @@ def read_measured(folder: Path | str) -> dict[str, Any]:
     return manifest
 
 
-STATUSES = (OK, FAILED, DEADLINE, INTERRUPTED, RUNNING, PENDING, NO_GO)
+STATUSES = (OK, FAILED, DEADLINE, INTERRUPTED, RUNNING, PENDING, NO_GO, UNMEASURED)
 # Top-level fields a replay copies into its run's record, and the types each may have.
 TEXT_FIELDS = ("measured_id", "profile", "status", "created_utc", "finished_utc", "host",
                "device", "gpu")

@@ -114,8 +114,7 @@ def check_claims(folder: Path, entry: dict[str, Any], hardware: dict[str, Any],
     if entry["table"] is None:
         return
     rows = measure_command.measured_rows(folder, entry["table"])
-    found = claims.rows_problems(entry["table"], rows, entry.get("parameters") or {}, hardware,
-                                 preflight)
+    found = claims.rows_problems(entry["table"], rows, entry, hardware, preflight)
     if found:
         more = f" (and {len(found) - 1} more disagreements)" if len(found) > 1 else ""
         raise UserError(f"--from {folder}: {measure_command.rows_path(folder, entry['table']).name}"
