@@ -133,39 +133,45 @@ def keep_evidence(run_dir: Path, root: Path | None = None, force: bool = False) 
         raise UserError(f"{run_dir}: not kept: {why}; only ok runs with a verdict and "
                         "trustworthy timings are evidence (--force keeps it anyway, labelled "
                         "forced)")
-    with keep_lock(root):  # one keep at a time decides whether a measurement is kept
-        twin = kept_replay_of(root, (manifest.get("measured_on") or {}).get("measured_id"))
-        if twin is not None:
-            raise UserError(f"{run_dir}: not kept: its measurement is kept already, as {twin}; one "
-                            "measurement is one piece of evidence, however often it is replayed")
-        name = records.plain_name(run_dir.resolve().name, "run folder name", run_dir)
-        dest = root / machine_slug(manifest) / name
-        if dest.exists():
-            raise UserError(f"{dest} exists already: reference evidence is never overwritten")
-        staging = None
-        try:
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            staging = Path(tempfile.mkdtemp(prefix=f"{INCOMING}{name}-", dir=dest.parent))
-            _copy_evidence(run_dir, files, staging)
-            records.write_json_atomic(staging / KEPT, {
-                "kept_utc": rundir.now_utc(), "forced": bool(why), "status": manifest["status"],
-                "refusal": why, "untrusted": trust.reasons(run_dir, manifest)})
-            os.chmod(staging, 0o777 & ~records.umask())
+    measured_id = (manifest.get("measured_on") or {}).get("measured_id")
+    _refuse_a_kept_measurement(run_dir, root, measured_id)
+    name = records.plain_name(run_dir.resolve().name, "run folder name", run_dir)
+    dest = root / machine_slug(manifest) / name
+    if dest.exists():
+        raise UserError(f"{dest} exists already: reference evidence is never overwritten")
+    staging = None
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f"{INCOMING}{name}-", dir=dest.parent))
+        _copy_evidence(run_dir, files, staging)
+        records.write_json_atomic(staging / KEPT, {
+            "kept_utc": rundir.now_utc(), "forced": bool(why), "status": manifest["status"],
+            "refusal": why, "untrusted": trust.reasons(run_dir, manifest)})
+        os.chmod(staging, 0o777 & ~records.umask())
+        with keep_lock(root):  # one keep at a time decides whether a measurement is kept
+            _refuse_a_kept_measurement(run_dir, root, measured_id)
             os.rename(staging, dest)
             staging = None
             write_evidence_index(root)
             write_results(root)
-        except OSError as exc:
-            if exc.errno in (errno.EEXIST, errno.ENOTEMPTY) and dest.exists():
-                raise UserError(f"{dest} exists already (kept meanwhile by another process): "
-                                "reference evidence is never overwritten") from exc
-            where = exc.filename or root
-            raise UserError(f"cannot keep {run_dir.name} under {root}: {where}: "
-                            f"{exc.strerror or exc}") from exc
-        finally:
-            if staging is not None:
-                shutil.rmtree(staging, ignore_errors=True)
-        return dest
+    except OSError as exc:
+        if exc.errno in (errno.EEXIST, errno.ENOTEMPTY) and dest.exists():
+            raise UserError(f"{dest} exists already (kept meanwhile by another process): "
+                            "reference evidence is never overwritten") from exc
+        where = exc.filename or root
+        raise UserError(f"cannot keep {run_dir.name} under {root}: {where}: "
+                        f"{exc.strerror or exc}") from exc
+    finally:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+    return dest
+
+
+def _refuse_a_kept_measurement(run_dir: Path, root: Path, measured_id: str | None) -> None:
+    twin = kept_replay_of(root, measured_id)
+    if twin is not None:
+        raise UserError(f"{run_dir}: not kept: its measurement is kept already, as {twin}; one "
+                        "measurement is one piece of evidence, however often it is replayed")
 
 
 def _copy_evidence(run_dir: Path, files: list[Path], dest: Path) -> None:
