@@ -12,7 +12,7 @@ PY := $(VENV)/bin/python
 # JupyterLab refuses to start as root without this flag (containers, CI).
 ALLOW_ROOT := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 
-.PHONY: setup run test lab browser clean
+.PHONY: setup run test check lab browser clean
 
 $(VENV)/.installed: pyproject.toml scripts/setup_venv.py
 	$(SETUP)
@@ -38,7 +38,15 @@ browser:
 # linter (ruff, configured in pyproject.toml) runs first.
 test: $(VENV)/.extra-lab $(VENV)/.extra-test $(VENV)/.extra-fleet browser
 	$(PY) -m ruff check
+	$(PY) -m mypy
 	$(PY) -m pytest
+
+# The fast lane, before every commit: lint, types, and the tests not marked slow (no notebook,
+# browser or Ray cluster); about a minute and a half on 2 cores (docs/developing.md).
+check: $(VENV)/.extra-test
+	$(PY) -m ruff check
+	$(PY) -m mypy
+	$(PY) -m pytest -q -m "not slow" -p no:cacheprovider
 
 lab: $(VENV)/.extra-lab
 	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $(ALLOW_ROOT) $(LAB_ARGS)

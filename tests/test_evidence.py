@@ -155,36 +155,52 @@ def test_the_committed_reference_folder_is_indexed():
     assert rows and all(r.verdict != "no verdict" for r in rows)
 
 
-def test_the_readme_results_are_the_ones_generated_from_the_kept_runs():
+def test_the_kept_results_are_the_ones_generated_from_the_kept_runs():
     # Before: hand-written, quoting a run six commits old, going stale silently.
+    kept = evidence.results_file(paths.REFERENCE_DIR).read_text()
+    start = kept.index(evidence.RESULTS_START)
+    end = kept.index(evidence.RESULTS_END) + len(evidence.RESULTS_END)
+    assert kept[start:end] == evidence.results_markdown(paths.REFERENCE_DIR), (
+        "data/reference/README.md's Results differ from the kept runs: `stagelab keep` writes "
+        "them (or call stagelab.present.evidence.write_results())")
+
+
+def test_the_readme_links_the_kept_results():
     readme = (paths.REPO_ROOT / "README.md").read_text()
-    start = readme.index(evidence.RESULTS_START)
-    end = readme.index(evidence.RESULTS_END) + len(evidence.RESULTS_END)
-    assert readme[start:end] == evidence.results_markdown(paths.REFERENCE_DIR), (
-        "README's Results differ from the kept runs: `stagelab keep` writes them "
-        "(or call stagelab.present.evidence.write_results())")
+    assert "(data/reference/README.md)" in readme
+    assert evidence.RESULTS_START not in readme  # generated text lives beside the runs
 
 
 def test_keep_rewrites_the_results_between_their_markers_and_nothing_else(tmp_path):
-    repo = tmp_path / "repo"
-    root = repo / "data" / "reference"
+    root = tmp_path / "repo" / "data" / "reference"
     root.mkdir(parents=True)
-    readme = repo / "README.md"
-    readme.write_text(f"# intro\n\n## Results\n\n{evidence.RESULTS_START}\nstale, by hand\n"
-                      f"{evidence.RESULTS_END}\n\n## After\nkept\n")
+    results = evidence.results_file(root)
+    results.write_text(f"# intro\n\n## Results\n\n{evidence.RESULTS_START}\nstale, by hand\n"
+                       f"{evidence.RESULTS_END}\n\n## After\nkept\n")
     run_dir = good_run(tmp_path / "runs", decision="CLOSE")
     (run_dir / "verdict.json").write_text(json.dumps({
         "overall": {"decision": "CLOSE", "summary": "Any benefit is smaller than delta."},
         "hardware": {"gpu": "NVIDIA H200", "torch": "2.5.1"},
         "findings": ["Seed's step at n=64: 1.00 ms.", "Committed reference evidence (x): y."]}))
-    evidence.keep_evidence(run_dir, root=root)
-    text = readme.read_text()
+    dest = evidence.keep_evidence(run_dir, root=root)
+    text = results.read_text()
     assert text.startswith("# intro\n\n## Results\n\n") and text.endswith("\n\n## After\nkept\n")
     assert "stale, by hand" not in text
     assert f"### NVIDIA H200: run `{run_dir.name}`" in text
     assert "**Verdict: CLOSE.** Any benefit is smaller than delta." in text
     assert "- Seed's step at n=64: 1.00 ms." in text and "Committed reference" not in text
     assert "No kept run was made on a GPU" not in text
+    link = f"({dest.relative_to(root).as_posix()}/index.html)"
+    assert link in text and (root / link[1:-1]).parent == dest
     section = text[text.index(evidence.RESULTS_START):text.index(evidence.RESULTS_END)
                    + len(evidence.RESULTS_END)]
     assert section == evidence.results_markdown(root)
+
+
+def test_keep_adds_the_results_where_the_file_has_none(tmp_path):
+    root = tmp_path / "reference"
+    root.mkdir()
+    evidence.keep_evidence(good_run(tmp_path / "runs", decision="CLOSE"), root=root)
+    text = evidence.results_file(root).read_text()
+    assert text.startswith("# Reference evidence\n\n## Results\n\n" + evidence.RESULTS_START)
+    assert text.endswith(evidence.RESULTS_END + "\n")

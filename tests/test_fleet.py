@@ -278,6 +278,7 @@ def _targets() -> list[fleet.Target]:
     return fleet.select_targets(ray.nodes(), resource=RESOURCE)
 
 
+@pytest.mark.slow
 def test_the_cluster_listens_on_loopback_only(cluster):
     psutil = pytest.importorskip("psutil")
     nodes = [cluster.head_node, *cluster.worker_nodes]
@@ -293,6 +294,7 @@ def test_the_cluster_listens_on_loopback_only(cluster):
     assert all((getattr(a, "ipv4_mapped", None) or a).is_loopback for a in addresses), addresses
 
 
+@pytest.mark.slow
 def test_each_node_measures_once_in_parallel_from_the_shipped_checkout(connected, tmp_path):
     seen = []
     records = fleet.dispatch(_plan("ok"), _targets(), tmp_path,
@@ -313,6 +315,7 @@ def test_each_node_measures_once_in_parallel_from_the_shipped_checkout(connected
         assert {"dispatch", "probe", "measure", "return"} <= set(record.seconds)
 
 
+@pytest.mark.slow
 def test_a_node_past_its_timeout_is_stopped_and_keeps_what_it_sent(connected, tmp_path):
     [record] = fleet.dispatch(_plan("hang", timeout_s=3), _targets()[:1], tmp_path,
                               progress=lambda *_: None)
@@ -322,6 +325,7 @@ def test_a_node_past_its_timeout_is_stopped_and_keeps_what_it_sent(connected, tm
     assert (Path(record.measured_dir) / "started.json").is_file()
 
 
+@pytest.mark.slow
 def test_a_task_that_never_returns_is_cancelled(connected, tmp_path, monkeypatch):
     monkeypatch.setattr(fleet, "RETURN_MARGIN_S", -28.0)  # cancel 2 s after its start
     [record] = fleet.dispatch(_plan("hang", timeout_s=30), _targets()[:1], tmp_path,
@@ -330,6 +334,7 @@ def test_a_task_that_never_returns_is_cancelled(connected, tmp_path, monkeypatch
     assert record.error.startswith("cancelled") and record.measured_dir is None
 
 
+@pytest.mark.slow
 def test_a_node_without_torch_is_unavailable(connected, tmp_path):
     fake = tmp_path / "no_torch"
     fake.mkdir()
@@ -341,6 +346,7 @@ def test_a_node_without_torch_is_unavailable(connected, tmp_path):
     assert record.measured_dir is None and record.attempts == 1
 
 
+@pytest.mark.slow
 def test_a_crashed_worker_is_retried_once_and_only_once(connected, tmp_path):
     once, always = _targets()
     [retried] = fleet.dispatch(_plan(f"crash-once:{tmp_path / 'once'}"), [once], tmp_path,
@@ -353,6 +359,7 @@ def test_a_crashed_worker_is_retried_once_and_only_once(connected, tmp_path):
     assert "; retried: WorkerCrashedError" in lost.error
 
 
+@pytest.mark.slow
 def test_no_matching_node_is_a_bad_request(cluster, capsys, tmp_path):
     assert cli.main(["fleet", "--address", cluster.address, "--profile", "quick",
                      "--resource", "no_such_resource", "--out", str(tmp_path)]) == 2
@@ -360,6 +367,7 @@ def test_no_matching_node_is_a_bad_request(cluster, capsys, tmp_path):
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.slow
 def test_the_command_in_its_own_process_reaches_a_loopback_cluster(cluster, tmp_path):
     # Before: `stagelab fleet` as its own process imported Ray before telling it about loopback,
     # so Ray dialled the machine's network address for minutes and never found the cluster.
@@ -372,6 +380,7 @@ def test_the_command_in_its_own_process_reaches_a_loopback_cluster(cluster, tmp_
     assert "no alive node holding the resource 'no_such_resource'" in done.stderr
 
 
+@pytest.mark.slow
 def test_the_fleet_folder_lists_every_node_with_its_status_and_times(cluster, tmp_path, capsys):
     """run_fleet end to end with the stand-in: its folders are no measurement, so each node's
     analysis fails and says so; fleet.json, the page and the one summary line list both."""

@@ -149,8 +149,15 @@ def test_a_cell_prediction_follows_its_basis():
     expected = (elements * basis.device_pass_s_per_element + 4 * elements
                 / basis.fresh_bytes_per_s + elements * basis.native_topk_s_per_element
                 + basis.call_overhead_s)
-    # one round and the two extra calls (agreement, sync debug), plus the cell's preparation
-    assert seed == pytest.approx(3 * expected + basis.cell_overhead_s)
+    # one round and the two extra calls (agreement, sync debug), the cell's preparation, and
+    # the host-rate microbenchmark on the host (six calls at the CPU basis)
+    host = estimate.BASIS["cpu"]
+    host_rates = 6 * (4 * elements * host.device_pass_s_per_element
+                      + elements * host.native_topk_s_per_element
+                      + 12 * elements / host.reused_bytes_per_s
+                      + 4 * elements / host.fresh_bytes_per_s)
+    assert estimate.host_rates_s(256, 262208) == pytest.approx(host_rates)
+    assert seed == pytest.approx(3 * expected + basis.cell_overhead_s + host_rates)
     assert 4 * elements / basis.fresh_bytes_per_s == pytest.approx(0.179, abs=1e-3)  # the issue's
     with pytest.raises(ValueError, match="no prediction for experiment 'nope'"):
         estimate.cell_seconds(dict(experiment="nope", rows=1, vocab=1), [], rounds=1, warmup=0,
@@ -226,6 +233,7 @@ def killed(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
 def test_sigterm_is_an_interruption_recorded_with_exit_130(tmp_path, signum):
     out = tmp_path / "evidence"
@@ -256,6 +264,7 @@ def test_a_stop_swallowed_by_a_finalizer_is_raised_again_after_its_round(monkeyp
         clock.admit("step", None, 1, 0)
 
 
+@pytest.mark.slow
 def test_a_killed_measurement_keeps_its_finished_cells(killed):
     manifest = measure_command.read_measured(killed)
     staging, step, prompt = (manifest["experiments"][i] for i in (1, 2, 3))

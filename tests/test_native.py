@@ -184,6 +184,7 @@ def test_the_build_is_cached_between_processes(tmp_path):
     assert not list(tmp_path.glob("*.tmp*"))
 
 
+@pytest.mark.slow
 def test_concurrent_first_builds_all_load_a_whole_library(tmp_path):
     code = ("import json; from stagelab.measure import native; "
             "print(json.dumps([native.status(), native.seed_vector(4).tensor.tolist()]))")
@@ -210,6 +211,7 @@ def _restamp(library: Path) -> None:
         "size": library.stat().st_size, "sha256": hashlib.sha256(library.read_bytes()).hexdigest()}))
 
 
+@pytest.mark.slow
 def test_a_truncated_library_is_caught_by_the_probe_and_rebuilt(tmp_path):
     # Before: a truncated .so killed the process with SIGBUS (preflight exited 135, silently).
     library = _cached_library(tmp_path)
@@ -223,6 +225,7 @@ def test_a_truncated_library_is_caught_by_the_probe_and_rebuilt(tmp_path):
     assert native.verified(library) is None
 
 
+@pytest.mark.slow
 def test_a_garbage_library_is_rebuilt_not_trusted_for_good(tmp_path):
     # Before: a garbage .so disabled the native path for good.
     library = _cached_library(tmp_path)

@@ -130,3 +130,47 @@ def test_test_modules_share_helpers_through_conftest_not_one_another():
                      else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
             assert not any(n.startswith("test_") for n in names), (
                 f"{path.name} imports {names}: move what it shares into tests/conftest.py")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_every_heading_has_its_output_under_it(path):
+    """Before: notebook 02's "same answer" heading was followed by another heading, its table
+    shown two sections later."""
+    cells = nbformat.read(str(path), as_version=4).cells
+    for index, cell in enumerate(cells):
+        headed = cell.cell_type == "markdown" and any(
+            line.startswith("#") for line in cell.source.splitlines())
+        if headed:
+            following = cells[index + 1].cell_type if index + 1 < len(cells) else "nothing"
+            assert following == "code", (
+                f"{path.name} cell {index} ({cell.source.splitlines()[0]!r}) is followed by "
+                f"{following}, not the code that shows it")
+
+
+def test_notebook_02_shows_the_decisive_ab_before_the_decomposition():
+    nb = nbformat.read(str(paths.NOTEBOOKS_DIR / "02_logprobs_step.ipynb"), as_version=4)
+    headings = [c.source.splitlines()[0] for c in nb.cells if c.cell_type == "markdown"]
+    decisive = next(i for i, h in enumerate(headings) if h.startswith("## The decisive A/B"))
+    split = next(i for i, h in enumerate(headings) if h.startswith("## Where the step's time"))
+    assert decisive < split
+
+
+def test_notebook_01_says_the_speedup_is_a_ratio_of_means_as_computed():
+    """Before: the prose said "median of per-round ratios"; analysis.compare takes the ratio of
+    mean times over paired rounds (stats.paired_speedup)."""
+    text = " ".join(c.source for c in nbformat.read(
+        str(paths.NOTEBOOKS_DIR / "01_d2h_staging.ipynb"), as_version=4).cells
+        if c.cell_type == "markdown")
+    assert "median of per-round ratios" not in text and "median difference" not in text
+    assert "ratio of mean copy times over paired rounds" in " ".join(text.split())
+
+
+def test_the_readme_stays_short_and_links_the_docs():
+    """The README says the question, its words, the commands; the rest lives in docs/."""
+    readme = (paths.REPO_ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 180
+    for doc in ("method", "decision-rule", "gpu-nodes-and-fleet", "gpu-lease", "developing",
+                "timings", "security", "reading-the-report", "prediction"):
+        assert f"(docs/{doc}.md" in readme, doc
+    image = re.search(r"!\[[^\]]+\]\((docs/img/[^)]+\.png)\)", readme)
+    assert image and (paths.REPO_ROOT / image.group(1)).is_file()

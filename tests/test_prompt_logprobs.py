@@ -191,7 +191,7 @@ def test_predicted_peak_follows_the_documented_model():
 
 def test_measured_peaks_separate_chunked_fused_from_unchunked_logsoftmax():
     config = dict(tokens=257, vocab=32768, hidden=16, dtype="float32", k=5, overlap=True)
-    small, large = memory.measure_peaks("stagelab.measure.prompt_logprobs:memory_probe", [
+    small, large = memory.measure_peaks(pl.memory_probe, [
         {**config, "chunk": 32, "method": "fused"},
         {**config, "chunk": None, "method": "logsoftmax"}], parallel=2)
     assert small["hwm_reset"] and large["hwm_reset"]
@@ -360,3 +360,15 @@ def test_a_probe_past_its_time_is_named_and_killed(sleepy_target):
         memory.measure_peaks("sleepy_probe:build", [{"seconds": 60}], timeout=0.5)
     (probe,) = sleepy_target
     assert probe.process.returncode == -signal.SIGKILL
+
+
+def test_a_probe_target_is_built_from_the_function_object():
+    assert memory.probe_target(pl.memory_probe) == "stagelab.measure.prompt_logprobs:memory_probe"
+    assert memory.probe_target("m:f") == "m:f"
+
+    def nested(**config):
+        return lambda: None
+
+    for unimportable in (nested, lambda **config: None):
+        with pytest.raises(ValueError, match="top level of an importable module"):
+            memory.probe_target(unimportable)

@@ -312,7 +312,7 @@ def test_every_stagelab_command_of_the_readme_is_exercised_by_a_test():
 
 
 # Where each make target of the README is exercised.
-MAKE_TARGETS = {"run": "scripts/bench_fresh_clone.py", "test": ".ci/run",
+MAKE_TARGETS = {"run": "scripts/bench_fresh_clone.py", "test": ".ci/run", "check": ".ci/run",
                 "lab": "test_make_lab_as_root_starts_and_answers",
                 "setup": "test_a_fresh_clone_sets_up_lean_with_the_cpu_index_unreachable"}
 

@@ -38,10 +38,12 @@ def test_every_notebook_runs_and_writes_its_outputs(tiny_run):
     run_dir, manifest = tiny_run
     assert [(nb["name"], nb["status"]) for nb in manifest["notebooks"]] == [
         ("00_environment", "ok"), ("01_d2h_staging", "ok"), ("02_logprobs_step", "ok"),
-        ("03_prompt_logprobs", "ok"), ("04_verdict", "ok")], [nb["error"] for nb in manifest["notebooks"]]
+        ("03_prompt_logprobs", "ok"), ("04_verdict", "ok"), ("05_prediction", "ok")], [
+            nb["error"] for nb in manifest["notebooks"]]
     for name in ("staging", "step", "prompt_logprobs"):
         assert (run_dir / "data" / f"{name}.parquet").exists()
     assert (run_dir / "figures" / "04_verdict_key.png").exists()
+    assert (run_dir / "figures" / "05_prediction_prediction.png").exists()
     assert manifest["notebooks"][1]["parameters"]["rounds"] == 4
 
 

@@ -5,19 +5,19 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import errno
 import json
 import sys
 from pathlib import Path
 
-from stagelab.core import paths
+from stagelab.core import outcomes, paths
 from stagelab.core.errors import UserError
+from stagelab.core.outcomes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 from stagelab.run import measure_command
 
 # 0 every notebook ok; 1 a notebook failed, nothing was measured (every cell skipped), or the
 # record could not be written; 2 a bad request, refused before anything was created; 130
-# interrupted (Ctrl-C, SIGTERM or SIGHUP), what was made is kept.
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+# interrupted (Ctrl-C, SIGTERM or SIGHUP), what was made is kept (see stagelab.core.outcomes).
+EXIT_USAGE = outcomes.EXIT_USAGE
 
 
 def profile_names() -> str:
@@ -117,7 +117,33 @@ def _parser() -> argparse.ArgumentParser:
     fleet.add_argument("--force", action="store_true",
                        help="measure even where a node's preflight says no-go (recorded; "
                             "without it such a node is unavailable)")
+    add_predict_arguments(sub.add_parser(
+        "predict", help="predict the verdict's answers per GPU platform from measured host "
+        "rates and published link figures (no GPU needed)", description=PREDICT_DESCRIPTION))
     return parser
+
+
+PREDICT_DESCRIPTION = (
+    "Predict, per GPU platform and decisive cell, each arm's step time (an interval from the "
+    "published and assumed ranges of data/platforms.csv) and the three answers the verdict asks "
+    "(bundle, reuse alone, pinning alone): PORT, CLOSE or 'depends on X', with the dominating "
+    "term and the n x V where each platform crosses the bar. No GPU needed; without --rates the "
+    "host rates are measured here first (seconds). Predicted, never measured.")
+
+
+def add_predict_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``stagelab predict`` (here, so that building the parser loads no
+    pandas: ``stagelab measure`` runs with torch and the standard library alone)."""
+    parser.add_argument("--platform", action="append", default=[], metavar="NAME",
+                        help="a platform of data/platforms.csv, e.g. H200 (repeatable; "
+                             "default: every platform)")
+    parser.add_argument("--profile", default="gate",
+                        help="the profile whose decisive cells are predicted (default gate)")
+    parser.add_argument("--rates", type=Path, default=None, metavar="DIR",
+                        help="take the host rates from a run, kept run or measured folder "
+                             "instead of measuring them here")
+    parser.add_argument("--delta", type=float, default=0.02,
+                        help="the bar: a saving of this share of the decode step (default 0.02)")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -271,6 +297,12 @@ def cmd_fleet(args: argparse.Namespace) -> int:
     return code
 
 
+def cmd_predict(args: argparse.Namespace) -> int:
+    from stagelab.run import predict_command
+
+    return predict_command.main(args)
+
+
 def cmd_measure(args: argparse.Namespace) -> int:
     request = measure_command.checked_request(args, ["stagelab", *sys.argv[1:]])
     return measure_command.EXIT_OK if request is None else measure_command.measure(request)
@@ -278,7 +310,7 @@ def cmd_measure(args: argparse.Namespace) -> int:
 
 COMMANDS = {"run": cmd_run, "measure": cmd_measure, "env": cmd_env, "report": cmd_report, "runs": cmd_runs,
             "keep": cmd_keep, "preflight": cmd_preflight, "compare": cmd_compare,
-            "fleet": cmd_fleet}
+            "fleet": cmd_fleet, "predict": cmd_predict}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -288,20 +320,5 @@ def main(argv: list[str] | None = None) -> int:
     from stagelab.core.rundir import RecordError
 
     args = _parser().parse_args(argv)
-    try:
-        return COMMANDS[args.command](args)
-    except UserError as exc:
-        print(f"stagelab: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except RecordError as exc:
-        print(f"stagelab: error: {exc}", file=sys.stderr)
-        return EXIT_FAILED
-    except OSError as exc:
-        if exc.errno != errno.ENAMETOOLONG:
-            raise
-        print(f"stagelab: error: {exc.filename}: {exc.strerror} (a name over 255 bytes, or a "
-              "path too long for this system)", file=sys.stderr)
-        return EXIT_USAGE
-    except KeyboardInterrupt:
-        print("stagelab: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    return outcomes.one_line_errors("stagelab", lambda: COMMANDS[args.command](args),
+                                    also=(RecordError,))

@@ -195,7 +195,7 @@ def _row(setting: Setting, *, trials: int, cells: int, delta: float, seed: int,
         family_answers.append(rule(members, **kwargs).decision)
         alone = rule(members[:1], **kwargs).cells[0]
         cell_answers.append(alone.decision)
-        if alone.ci_low is not None:
+        if alone.ci_low is not None and alone.ci_high is not None:
             widths.append((alone.ci_high - alone.ci_low) / 2)
     family, cell = np.array(family_answers), np.array(cell_answers)
     half_width = float(np.median(widths)) if widths else math.nan

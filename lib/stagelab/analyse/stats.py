@@ -41,6 +41,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats as sps
 
+Samples = Sequence[float] | np.ndarray  # per-round seconds, paired by index
+
 PORT, CLOSE, INCONCLUSIVE = "PORT", "CLOSE", "INCONCLUSIVE"
 N_RESAMPLES = 2000
 FAMILY_METHOD = ("Holm step-down across cells for PORT, intersection-union (every cell closes) "
@@ -61,7 +63,7 @@ class BadTimings(ValueError):
     """Timings that are not positive and finite: the cell cannot be decided."""
 
 
-def _timings(values: Sequence[float], name: str) -> np.ndarray:
+def _timings(values: Samples, name: str) -> np.ndarray:
     """``values`` as a 1-D float array of positive, finite seconds; BadTimings (a ValueError)
     naming ``name`` and the first bad value otherwise."""
     array = np.asarray(values, dtype=float)
@@ -136,7 +138,7 @@ class RatioOfMeans:
         return self.bound(tail), self.bound(1 - tail)
 
 
-def paired_speedup(baseline: Sequence[float], candidate: Sequence[float], *,
+def paired_speedup(baseline: Samples, candidate: Samples, *,
                    confidence: float = 0.95, n_resamples: int = N_RESAMPLES,
                    seed: int = 0) -> tuple[float, float, float]:
     """(speedup, ci_low, ci_high) of baseline/candidate; baseline[i] and candidate[i] come from
@@ -157,7 +159,7 @@ def paired_speedup(baseline: Sequence[float], candidate: Sequence[float], *,
 TWIN_METHOD = "Bonferroni across the run's A/A twins"
 
 
-def twin_checks(pairs: Sequence[tuple[Sequence[float], Sequence[float]]], *, delta: float,
+def twin_checks(pairs: Sequence[tuple[Samples, Samples]], *, delta: float,
                 confidence: float = 0.95, seed: int = 0) -> tuple[float, list[dict[str, Any]]]:
     """The A/A harness check of a family of twins: each ``(baseline, twin)`` pair's speedup and
     CI at the Bonferroni level ``1 - (1 - confidence) / m`` (m pairs), and whether the CI lies
@@ -172,7 +174,7 @@ def twin_checks(pairs: Sequence[tuple[Sequence[float], Sequence[float]]], *, del
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must lie in (0, 1), got {confidence!r}")
     level = 1 - (1 - confidence) / max(len(pairs), 1)
-    out = []
+    out: list[dict[str, Any]] = []
     for baseline, twin in pairs:
         try:
             speedup, low, high = paired_speedup(baseline, twin, confidence=level, seed=seed)
@@ -186,7 +188,7 @@ def twin_checks(pairs: Sequence[tuple[Sequence[float], Sequence[float]]], *, del
     return level, out
 
 
-def median_of_ratios(baseline: Sequence[float], candidate: Sequence[float]) -> float:
+def median_of_ratios(baseline: Samples, candidate: Samples) -> float:
     """The median of per-round ratios ``baseline[i] / candidate[i]`` (reported beside the
     mean, never deciding)."""
     return float(np.median(np.asarray(baseline, float) / np.asarray(candidate, float)))
@@ -329,6 +331,7 @@ def _median_note(evidence: dict[str, Any]) -> str:
 def _clears_port(cell: _Cell, level: float) -> bool:
     """Whether the cell's lower bound at one-sided error ``level`` lies above its bar and above
     its twin's CI."""
+    assert cell.effect is not None  # a cell still to decide has its effect
     bound = cell.effect.bound(level)
     twin_high = cell.evidence.get("twin_ci_high")
     return bound > cell.bar and (twin_high is None or bound > twin_high)
@@ -418,6 +421,7 @@ def decide_family(cells: Sequence[Mapping[str, Any]], *, min_samples: int = 10,
         if cell.settled is not None:
             decisions.append(cell.settled)
             continue
+        assert cell.effect is not None  # a cell still to decide has its effect
         cell.evidence["port_level"] = levels[index]
         cell.evidence["port_bound"] = cell.effect.bound(levels[index])
         cell.evidence["close_bound"] = cell.effect.bound(confidence)

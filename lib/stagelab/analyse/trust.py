@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from stagelab.core import catalogue
+from stagelab.core.records import RunFolder
 
 # The notebooks whose timings the verdict, the findings and compare use.
 TIMING_NOTEBOOKS = catalogue.measuring_notebooks()
@@ -95,8 +96,9 @@ def reasons(run_dir: Path, manifest: Mapping[str, Any] | None = None,
             verdict: Mapping[str, Any] | None = None) -> list[str]:
     """Why the run's timings are not trustworthy; empty when neither witness objects."""
     run_dir = Path(run_dir)
-    manifest = manifest if manifest is not None else _read(run_dir / "manifest.json")
-    verdict = verdict if verdict is not None else _read(run_dir / "verdict.json")
+    folder = RunFolder(run_dir)
+    manifest = manifest if manifest is not None else _read(folder.manifest_path)
+    verdict = verdict if verdict is not None else _read(folder.verdict_path)
     return load_reasons(manifest) + harness_reasons(verdict)
 
 

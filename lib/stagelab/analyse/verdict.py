@@ -20,7 +20,9 @@ The verdict states its context (``forward_ms``, what delta is a share of with th
 bar beside it, where the log-softmax runs, and whether the other place would change the answer).
 Other cells are reported, never decide. Copy-level cells (notebook 01) explain the mechanism and
 never decide. The ``harness`` block checks every A/A twin of the run as one family (Bonferroni):
-whether identical arms differ beyond delta. Deterministic: the same folder gives the same file.
+whether identical arms differ beyond delta. The ``prediction`` block sets the cost model
+(:mod:`stagelab.analyse.predict`, fed this run's own host rates) beside what the run measured.
+Deterministic: the same folder gives the same file.
 Torch-free.
 """
 
@@ -32,7 +34,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from stagelab.analyse import analysis, calibration, stats
+from stagelab.analyse import analysis, calibration, predict, stats
 from stagelab.core import catalogue, records, schema
 from stagelab.core.errors import UserError
 
@@ -186,10 +188,10 @@ def overall(decisive: list[dict[str, Any]]) -> dict[str, str]:
     where = effect_location(decisive)
     if ported and not slower:
         best = max(ported, key=lambda c: c["saved_ms"] or 0)
-        unmeasured = [f"n={c['rows']} V={c['vocab']} K={c['k']}" for c in decisive
-                      if c.get("speedup") is None]
-        missing = (f" Not decided: {', '.join(unmeasured)} (see their reasons)."
-                   if unmeasured else "")
+        undecided = [f"n={c['rows']} V={c['vocab']} K={c['k']}" for c in decisive
+                     if c.get("speedup") is None]
+        missing = (f" Not decided: {', '.join(undecided)} (see their reasons)."
+                   if undecided else "")
         return {"decision": stats.PORT, "where": where, "summary": (
             f"Pinned grow-only staging saves more than delta of the seed's step in "
             f"{len(ported)} of {len(decisive)} decisive cells; the largest saving is "
@@ -267,7 +269,7 @@ def harness_check(staging: pd.DataFrame | None, step: pd.DataFrame | None,
         for key, part in analysis.cells(staging, ["rows", "vocab"]):
             labelled.append(({"level": "copy", **key},
                              analysis.paired_rounds(part, fresh, catalogue.aa_name(fresh))))
-    level, checks = stats.twin_checks([tuple(pair) for _, pair in labelled if len(pair[0])],
+    level, checks = stats.twin_checks([(pair[0], pair[1]) for _, pair in labelled if len(pair[0])],
                                       delta=delta, confidence=confidence, seed=seed)
     found = iter(checks)  # a cell without twin rounds is listed, unchecked, and not counted in m
     unchecked = {"n_rounds": 0, "twin_speedup": None, "twin_ci_low": None, "twin_ci_high": None,
@@ -400,7 +402,7 @@ def calibrate_rule(decisive: list[dict[str, Any]], trials: int, delta: float,
                    seed: int) -> list[dict[str, Any]]:
     """The rule's simulated error rates at the rounds this run's decisive cells have (the fewest)
     and for a family of as many cells, under every noise model at fixed rounds (rounds until
-    precise are calibrated in the README's table); none where no trials were asked for or no
+    precise are calibrated in docs/method.md's table); none where no trials were asked for or no
     decisive cell has two rounds."""
     rounds = [c["baseline_rounds"] for c in decisive if c["baseline_rounds"] >= 2]
     if not trials or not rounds:
@@ -438,7 +440,7 @@ def context_summary(decisive: list[dict[str, Any]], delta: float, log_softmax: s
     what delta is a share of (with the logprobs-only bar beside it), where the log-softmax ran,
     and how the family of cells was combined."""
     forwards = sorted({c["forward_ms"] for c in decisive})
-    bars = [c.get("logprobs_only_min_speedup") for c in decisive
+    bars = [c["logprobs_only_min_speedup"] for c in decisive
             if c.get("logprobs_only_min_speedup") is not None]
     return {"forward_ms": forwards,
             "delta": delta,
@@ -496,7 +498,8 @@ def build_verdict(run_dir: Path | str, *, decisive_rows: list[int], decisive_voc
     run_dir = Path(run_dir)
     tables, missing = load_tables(run_dir)
     staging, step = tables.get("staging"), tables.get("step")
-    kwargs = dict(delta=delta, min_samples=min_samples, confidence=confidence, seed=seed)
+    kwargs: dict[str, Any] = dict(delta=delta, min_samples=min_samples, confidence=confidence,
+                                  seed=seed)
     named = decisive_cells(decisive_rows, decisive_vocabs, decisive_ks)
     step_all = step if step is not None else schema.make_rows([])
     if step is not None:  # every step figure below is of the assumed log-softmax's rows
@@ -544,8 +547,10 @@ def build_verdict(run_dir: Path | str, *, decisive_rows: list[int], decisive_voc
     }
     verdict["reference"], verdict["reference_skipped"] = (
         reference_verdicts(reference_root) if reference_root else ([], []))
+    verdict["prediction"] = predict.check_run(step,
+                                              analysis.hardware_summary(hardware).get("gpu"))
     verdict = _plain(verdict)
-    verdict["findings"] = findings(verdict, tables)
+    verdict["findings"] = findings(verdict, tables) + predict.check_words(verdict["prediction"])
     if verdict["measured_on"] and verdict["measured_on"]["gaps"]:
         verdict["findings"].append("The measurement is partial, so cells may be missing: "
                                    + "; ".join(verdict["measured_on"]["gaps"]) + ".")

@@ -37,6 +37,7 @@ def is_twin(arm: str) -> bool:
 # ------------------------------------------------------------------------------- experiments
 
 STAGING, STEP, PROMPT = "staging", "step", "prompt_logprobs"
+EXPERIMENTS = (STAGING, STEP, PROMPT)  # in the order a run measures them
 DECISIVE_EXPERIMENT = STEP  # the seed's own step decides; the copy level explains the mechanism
 
 # The stages of a step, in the order a step runs them; every timing also has a whole-call row.
@@ -45,6 +46,11 @@ TOTAL = "total"
 SEED_STAGES = STAGES  # the seed's step: the whole [n, V] fp32 logprobs staged on the host
 DEVICE_STAGES = ("device", "copy")  # top-K on the device: only [n, K+1] results are copied
 
+# What an arm's host buffer is per call, for the estimate's copy rate (measure/estimate.py).
+FRESH, REUSED, PINNED = "fresh", "reused", "pinned"
+# Which host top-K a step arm runs after its copy ("" where the top-K runs on the device).
+NATIVE_TOP_K, NUMPY_TOP_K_BACKEND = "native", "numpy"
+
 # Element types the suite measures, by name, with their size in bytes.
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
@@ -52,7 +58,8 @@ DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 @dataclass(frozen=True)
 class Arm:
     """One measured variant: its name, experiment and role, what it models, whether it needs a
-    CUDA device to exist, and the stages it times (empty: only the whole call)."""
+    CUDA device to exist, the stages it times (empty: only the whole call), and what its cost
+    is made of: the host buffer it copies into per call and the host top-K it runs."""
 
     name: str
     experiment: str
@@ -60,6 +67,8 @@ class Arm:
     models: str
     needs_cuda: bool = False
     stages: tuple[str, ...] = ()
+    buffer: str = FRESH
+    host_top_k: str = ""
 
     @property
     def stages_whole_logprobs(self) -> bool:
@@ -78,29 +87,31 @@ ARMS = (
     Arm("pageable_fresh_empty", STAGING, LEVER,
         "a new uninitialised pageable buffer (torch.empty): zero-fill's cost by difference"),
     Arm("pageable_reused", STAGING, LEVER,
-        "one grow-only pageable buffer: the reuse lever alone"),
+        "one grow-only pageable buffer: the reuse lever alone", buffer=REUSED),
     Arm("pinned_grow_only", STAGING, CANDIDATE,
-        "one grow-only pinned scratch: reuse and pinning (the proposal)", needs_cuda=True),
+        "one grow-only pinned scratch: reuse and pinning (the proposal)", needs_cuda=True,
+        buffer=PINNED),
     Arm("pinned_fresh", STAGING, LEVER,
         "fresh memory pinned every copy (cudaHostRegister): what pinning itself costs",
         needs_cuda=True),
     Arm("to_cpu_non_blocking", STAGING, LEVER,
         "torch's caching pinned allocator with an event wait (vLLM, SGLang)", needs_cuda=True),
     Arm("raw_ceiling", STAGING, CEILING,
-        "copy_ into one preallocated buffer, pinned where CUDA exists: the reference ceiling"),
+        "copy_ into one preallocated buffer, pinned where CUDA exists: the reference ceiling",
+        buffer=PINNED),
     # the whole step (notebook 02): the decision
     Arm("seed_pageable", STEP, BASELINE,
         "the seed's step: fp32 log-softmax, a fresh value-initialised std::vector, C++ host "
-        "top-K, the vector freed", stages=SEED_STAGES),
+        "top-K, the vector freed", stages=SEED_STAGES, host_top_k=NATIVE_TOP_K),
     Arm("seed_pinned", STEP, CANDIDATE,
         "the seed's step staged through the pinned grow-only scratch", needs_cuda=True,
-        stages=SEED_STAGES),
+        stages=SEED_STAGES, buffer=PINNED, host_top_k=NATIVE_TOP_K),
     Arm("seed_pageable_reused", STEP, LEVER,
         "the seed's step staged through a grow-only pageable buffer: the reuse lever alone",
-        stages=SEED_STAGES),
+        stages=SEED_STAGES, buffer=REUSED, host_top_k=NATIVE_TOP_K),
     Arm("seed_pageable_numpy", STEP, LEVER,
         "the seed's step with a fresh zero-filled buffer and numpy's host top-K",
-        stages=SEED_STAGES),
+        stages=SEED_STAGES, host_top_k=NUMPY_TOP_K_BACKEND),
     Arm("device_gather", STEP, LEVER,
         "log-softmax then top-K on the device (vLLM V1); only [n, K+1] is copied",
         stages=DEVICE_STAGES),
@@ -116,6 +127,7 @@ ARMS = (
 # What the levers are, by the arm that pulls each alone (for goals and findings).
 REUSE_LEVER = {STAGING: "pageable_reused", STEP: "seed_pageable_reused"}
 ZERO_FILL_LEVER = "pageable_fresh_empty"  # against the baseline: what zero-fill and free cost
+PIN_PER_CALL = "pinned_fresh"  # pins fresh memory every copy: the one arm cudaHostRegister serves
 NUMPY_TOP_K = "seed_pageable_numpy"  # the baseline's step with numpy's host top-K
 FUSED = "fused"  # the fused device path (step) and method (prompt logprobs)
 OVERLAP_SUFFIX = "+overlap"  # a prompt-logprob method whose copies overlap the next chunk
@@ -174,7 +186,8 @@ def decisive_arms() -> tuple[str, str, str]:
     base = only_with_role(DECISIVE_EXPERIMENT, BASELINE)
     by_role = {BASELINE: base, CANDIDATE: only_with_role(DECISIVE_EXPERIMENT, CANDIDATE),
                AA_TWIN: aa_name(base)}
-    return tuple(by_role[role] for role in DECISIVE_ROLES)
+    first, second, third = (by_role[role] for role in DECISIVE_ROLES)
+    return first, second, third
 
 
 def baseline(experiment: str) -> str:
@@ -200,8 +213,11 @@ class Notebook:
     table: str = ""
 
 
+ENVIRONMENT_NOTEBOOK = "00_environment"  # the hardware snapshot: measures nothing by arm
+VERDICT_NOTEBOOK = "04_verdict"
+
 NOTEBOOKS = {nb.name: nb for nb in (
-    Notebook("00_environment",
+    Notebook(ENVIRONMENT_NOTEBOOK,
              "which machine, GPU, driver and PCIe link the numbers came from"),
     Notebook("01_d2h_staging",
              "the mechanism, at the copy alone: reuse and pinning measured apart",
@@ -212,12 +228,12 @@ NOTEBOOKS = {nb.name: nb for nb in (
     Notebook("03_prompt_logprobs",
              "chunked prompt logprobs: memory-bounded, exact, and the chunk to use",
              PROMPT, "prompt_logprobs"),
-    Notebook("04_verdict",
+    Notebook(VERDICT_NOTEBOOK,
              "PORT, CLOSE or INCONCLUSIVE per decisive cell and overall"),
+    Notebook("05_prediction",
+             "the predicted answers per GPU platform, before any lease, from this run's host "
+             "rates and published link figures"),
 )}
-
-
-VERDICT_NOTEBOOK = "04_verdict"
 
 
 def notebook_of(experiment: str) -> Notebook:
@@ -236,3 +252,8 @@ def measuring_notebooks() -> tuple[str, ...]:
 def tables() -> dict[str, str]:
     """Each table under ``data/`` and the notebook that writes it."""
     return {nb.table: nb.name for nb in NOTEBOOKS.values() if nb.table}
+
+
+def experiment_of(notebook: str) -> str:
+    """The experiment a notebook measures ("" where it measures nothing by arm, or is unknown)."""
+    return NOTEBOOKS[notebook].experiment if notebook in NOTEBOOKS else ""

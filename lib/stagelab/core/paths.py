@@ -11,5 +11,6 @@ REFERENCE_DIR = DATA_DIR / "reference"
 RUNS_DIR = REPO_ROOT / "papermill_runs"
 PROFILES_FILE = REPO_ROOT / "profiles.json"
 MODEL_SHAPES_FILE = DATA_DIR / "model_shapes.csv"
+PLATFORMS_FILE = DATA_DIR / "platforms.csv"  # GPU platforms: link and memory figures, sourced
 # Set by the runner for the kernels it starts: progress as one line per finished cell, no bars.
 HEADLESS_ENV = "STAGELAB_HEADLESS"

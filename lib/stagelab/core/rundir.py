@@ -25,19 +25,16 @@ from typing import Any
 
 from stagelab.core import paths
 from stagelab.core.errors import UserError
+from stagelab.core.outcomes import FAILED, INTERRUPTED, OK, PENDING, RUNNING
 from stagelab.core.records import RunFolder, UnreadableJSON, write_json_atomic, write_text_atomic
 
-__all__ = ["RunFolder", "write_json_atomic", "write_text_atomic"]  # kept here for callers
+__all__ = ["FAILED", "INTERRUPTED", "OK", "PENDING", "RUNNING",  # kept here for callers
+           "RunFolder", "write_json_atomic", "write_text_atomic"]
 
 MANIFEST = RunFolder.MANIFEST
 CORRUPT_SUFFIX = ".corrupt"
 
-# Statuses of a run and of each of its notebooks, in one place.
-OK = "ok"
-FAILED = "failed"
-INTERRUPTED = "interrupted"
-RUNNING = "running"
-PENDING = "pending"
+# Statuses of a run and of each of its notebooks besides those of stagelab.core.outcomes.
 MISSING = "missing"
 INTERACTIVE = "interactive"  # run by hand in JupyterLab: the runner cannot know how it ended
 UNREADABLE = "unreadable manifest"  # listed by `stagelab runs`, with the reason
@@ -98,7 +95,7 @@ def new_run_dir(root: Path, profile: str) -> Path:
 
 def package_versions() -> dict[str, str | None]:
     """Installed versions of the packages a result depends on."""
-    versions = {}
+    versions: dict[str, str | None] = {}
     for name in PACKAGES:
         try:
             versions[name] = metadata.version(name)

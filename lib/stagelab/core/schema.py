@@ -24,7 +24,10 @@ metric     str     ``time`` for timings; otherwise what ``bytes``/``value`` hold
                    ``max_abs_error``, ``rank_mismatches``, ``id_mismatches``,
                    ``bitwise_equal`` (1 or 0), ``order_seed`` (the seed of a cell's balanced
                    arm order), ``rounds`` (rounds a cell ran; the note says why it stopped),
-                   ``forward_ms`` (device work queued before each step, ms)
+                   ``forward_ms`` (device work queued before each step, ms),
+                   ``host_rate`` (a host cost of the step timed alone at the cell's size:
+                   arm ``host_rates``, stage the term, one row per repeat; see
+                   ``stagelab.measure.hostrates``)
 device     str     where the source lived: ``cpu`` or ``cuda:0 <name>``
 model      str     model whose shape was used, empty when sizes were given as numbers
 rows       int     rows per step (``n``) or scored prompt positions (``T - 1``)
@@ -64,6 +67,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from stagelab.core import untrusted
 from stagelab.core.errors import BadRecord, SchemaError
+from stagelab.core.outcomes import FAILED, OK
 from stagelab.core.records import RunFolder, atomic_target
 
 if TYPE_CHECKING:
@@ -103,7 +107,7 @@ COLUMNS: tuple[str, ...] = tuple(COLUMN_DTYPES)
 LEGACY_COLUMNS: dict[str, str] = {"repeat": "round"}
 # Columns added since evidence was first kept: missing in older tables, read as missing values.
 ADDED_COLUMNS: tuple[str, ...] = ("position", "log_softmax")
-STATUSES = ("ok", "unavailable", "skipped", "failed")
+STATUSES = (OK, "unavailable", "skipped", FAILED)
 _DEFAULTS: dict[str, Any] = {"stage": "total", "metric": "time", "model": "", "timer": "",
                              "status": "ok", "note": ""}
 
@@ -233,7 +237,7 @@ class TableSink:
 
     def append(self, records: Iterable[Mapping[str, Any]]) -> Path:
         """Add one cell's records and write the whole table so far."""
-        self.records.extend(records)
+        self.records.extend(dict(record) for record in records)
         return write_table(self.frame(), self.run_dir, self.name)
 
     def frame(self) -> pd.DataFrame:

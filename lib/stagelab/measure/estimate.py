@@ -17,8 +17,6 @@ from typing import Any
 
 from stagelab.core import catalogue
 
-SEED_STEP_ARMS = ("seed_pageable", "seed_pinned", "seed_pageable_reused", "seed_pageable_numpy")
-
 
 @dataclass(frozen=True)
 class Basis:
@@ -38,7 +36,7 @@ class Basis:
     device_memory_bytes_per_s: float  # a decode forward reads the weights once (0: no device)
 
 
-# Measured on this suite's 2-core CPU VM (2026-11-30, quiet; see the README's results): the
+# Measured on this suite's 2-core CPU VM (2026-11-30, quiet; see data/reference/README.md): the
 # native top-K 0.22 ms per row at V = 152k and 0.49 ms at V = 262k (1.9 ns per element taken,
 # the larger), numpy 0.39 and 0.74 ms (2.8 ns); a fresh zero-filled vector copied into and freed
 # 1.5 GB/s; a copy into a reused buffer 3.5x faster (about 5 GB/s); the fp32 log-softmax 23.5 ms
@@ -63,6 +61,24 @@ BASIS: dict[str, Basis] = {
 STEP_EXTRA_CALLS = 2
 
 
+# Calls of the host-rate microbenchmark per step cell (stagelab.measure.hostrates: one warm-up
+# and five repeats, of its torch terms and of its C++ cycle alike).
+HOST_RATES_CALLS = 6
+
+
+def host_rates_s(n: int, vocab: int) -> float:
+    """The host-rate microbenchmark of one step cell, run on the host (the CPU basis): per call
+    four passes over ``[n, V]`` (two log-softmaxes and the host one), three copies into warm
+    memory (fill, reused copy, the copy into the fresh vector), a fresh vector and the C++
+    top-K."""
+    host, elements = BASIS["cpu"], n * vocab
+    per_call = (4 * elements * host.device_pass_s_per_element
+                + elements * host.native_topk_s_per_element
+                + 3 * 4 * elements / host.reused_bytes_per_s
+                + 4 * elements / host.fresh_bytes_per_s)
+    return HOST_RATES_CALLS * per_call
+
+
 def default_forward_s(params_b: float, kind: str) -> float:
     """One decode forward of a model of ``params_b`` billion bf16 parameters (0 on a CPU)."""
     rate = BASIS[kind].device_memory_bytes_per_s
@@ -74,33 +90,30 @@ def device_kind(device: str) -> str:
     return "cuda" if str(device).startswith("cuda") else "cpu"
 
 
+def _copy_s(entry: catalogue.Arm, nbytes: int, basis: Basis) -> float:
+    """One copy of ``nbytes`` into the arm's host buffer: pinned (a reused pageable buffer's
+    rate where this kind of machine has no pinned memory), reused, or fresh per call."""
+    if entry.buffer == catalogue.PINNED and basis.pinned_bytes_per_s:
+        return nbytes / basis.pinned_bytes_per_s
+    if entry.buffer in (catalogue.PINNED, catalogue.REUSED):
+        return nbytes / basis.reused_bytes_per_s
+    return nbytes / basis.fresh_bytes_per_s
+
+
 def _staging_call_s(arm: str, nbytes: int, basis: Basis) -> float:
-    name = arm.removesuffix("~aa")
-    pinned_rate = basis.pinned_bytes_per_s
-    if name in ("pinned_grow_only", "raw_ceiling"):
-        seconds = nbytes / pinned_rate if pinned_rate else nbytes / basis.reused_bytes_per_s
-    elif name == "pageable_reused":
-        seconds = nbytes / basis.reused_bytes_per_s
-    else:  # a fresh buffer per call: pageable, torch.empty, pinned per call, .to("cpu")
-        seconds = nbytes / basis.fresh_bytes_per_s
-    return seconds + basis.call_overhead_s
+    return _copy_s(catalogue.arm(catalogue.STAGING, arm), nbytes, basis) + basis.call_overhead_s
 
 
 def _step_call_s(arm: str, n: int, vocab: int, basis: Basis) -> float:
-    name, elements = arm.removesuffix("~aa"), n * vocab
+    entry, elements = catalogue.arm(catalogue.STEP, arm), n * vocab
     device_pass = elements * basis.device_pass_s_per_element
-    if name not in SEED_STEP_ARMS:  # the top-K on the device: two passes, a tiny copy
+    if not entry.stages_whole_logprobs:  # the top-K on the device: two passes, a tiny copy
         return 2 * device_pass + basis.call_overhead_s
-    nbytes = 4 * elements
-    if name == "seed_pinned" and basis.pinned_bytes_per_s:
-        copy = nbytes / basis.pinned_bytes_per_s
-    elif name in ("seed_pinned", "seed_pageable_reused"):
-        copy = nbytes / basis.reused_bytes_per_s
-    else:
-        copy = nbytes / basis.fresh_bytes_per_s
-    per_element = (basis.numpy_topk_s_per_element if name == "seed_pageable_numpy"
+    per_element = (basis.numpy_topk_s_per_element
+                   if entry.host_top_k == catalogue.NUMPY_TOP_K_BACKEND
                    else basis.native_topk_s_per_element)
-    return device_pass + copy + elements * per_element + basis.call_overhead_s
+    return (device_pass + _copy_s(entry, 4 * elements, basis) + elements * per_element
+            + basis.call_overhead_s)
 
 
 def _prompt_call_s(sizes: Mapping[str, Any], basis: Basis) -> float:
@@ -122,12 +135,13 @@ def cell_seconds(sizes: Mapping[str, Any], arms: Sequence[str], *, rounds: int, 
     """
     basis = BASIS[kind]
     experiment, n, vocab = sizes["experiment"], sizes["rows"], sizes["vocab"]
-    extra = 0
+    extra, host_rates = 0, 0.0
     if experiment == catalogue.STAGING:
         per_round = sum(_staging_call_s(arm, sizes["bytes"], basis) for arm in arms)
     elif experiment == catalogue.STEP:
         per_round = sum(_step_call_s(arm, n, vocab, basis) + forward_s for arm in arms)
         extra = STEP_EXTRA_CALLS
+        host_rates = host_rates_s(n, vocab)
     elif experiment == catalogue.PROMPT:
         per_round = len(arms) * _prompt_call_s(sizes, basis)
         extra = 2  # the reference and the checked call of each configuration
@@ -138,4 +152,4 @@ def cell_seconds(sizes: Mapping[str, Any], arms: Sequence[str], *, rounds: int, 
         timing = min(max_rounds * per_round, max(timing, max_seconds))
     setup = sources * n * vocab * basis.input_s_per_element
     return ((warmup + extra) * per_round + timing + setup + memory_probes * basis.memory_probe_s
-            + basis.cell_overhead_s)
+            + host_rates + basis.cell_overhead_s)

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import torch
@@ -96,12 +96,28 @@ def _release_freed_memory() -> None:
 
 
 PROBE_POLL_S = 0.02  # how often running probes are looked at
+Target = Callable[..., Callable[[], object]] | str  # a probe's builder, or its "module:function"
 
 
-def measure_peak(target: str, config: dict, timeout: float = 900) -> dict:
+def probe_target(target: Target) -> str:
+    """The ``"module:function"`` a fresh process imports, built from the function object so that
+    a rename or a move is caught here, not in the probe process; a string is taken as given.
+    ValueError for a function a fresh process cannot import by name (a lambda, a nested one)."""
+    if isinstance(target, str):
+        return target
+    module, name = getattr(target, "__module__", None), getattr(target, "__qualname__", "")
+    if not module or module == "__main__" or not name.isidentifier() or getattr(
+            sys.modules.get(module), name, None) is not target:
+        raise ValueError(f"probe target {target!r}: a fresh process imports it by name, so it "
+                         "must be a function defined at the top level of an importable module")
+    return f"{module}:{name}"
+
+
+def measure_peak(target: Target, config: dict, timeout: float = 900) -> dict:
     """Peak memory of one configuration, measured in a fresh Python process.
 
-    ``target`` is ``"module:function"``; ``function(**config)`` builds the inputs and returns a
+    ``target`` is a top-level function (or its ``"module:function"``, see :func:`probe_target`);
+    ``function(**config)`` builds the inputs and returns a
     no-argument callable. It is called once to warm up (code pages, thread pools, lazy set-up),
     freed memory is handed back to the kernel (``malloc_trim``), the high-water mark is reset, and
     only the second call is measured. Returns host bytes (baseline, peak, extra
@@ -111,7 +127,7 @@ def measure_peak(target: str, config: dict, timeout: float = 900) -> dict:
     return measure_peaks(target, [config], 1, timeout)[0]
 
 
-def measure_peaks(target: str, configs: list[dict], parallel: int = 1,
+def measure_peaks(target: Target, configs: list[dict], parallel: int = 1,
                   timeout: float = 900) -> list[dict]:
     """:func:`measure_peak` of each configuration, in order, ``parallel`` probe processes at a
     time. A probe's figure is its own process's peak, so probes side by side do not change one
@@ -122,6 +138,7 @@ def measure_peaks(target: str, configs: list[dict], parallel: int = 1,
     at once."""
     if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
         raise ValueError(f"parallel must be a positive integer, got {parallel!r}")
+    target = probe_target(target)
     env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE") if parallel > 1 else os.environ
     results: list[dict] = [{} for _ in configs]
     waiting = list(enumerate(configs))

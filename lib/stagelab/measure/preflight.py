@@ -27,11 +27,12 @@ import torch
 import stagelab.measure.device
 from stagelab.core import catalogue, paths, records, untrusted
 from stagelab.core.errors import UserError
+from stagelab.core.outcomes import EXIT_NO_GO, GO, NO_GO
+from stagelab.core.outcomes import EXIT_OK as EXIT_GO
 
-GO, NO_GO, INFO, UNAVAILABLE = "go", "no-go", "info", "unavailable"
-EXIT_GO, EXIT_NO_GO = 0, 3
+INFO, UNAVAILABLE = "info", "unavailable"
 PROBE_BYTES = 64 << 20  # copies long enough (milliseconds) for both clocks to resolve them
-STEP_NOTEBOOK = "02_logprobs_step"  # the step A/B: its decisive arms need the native build
+STEP_NOTEBOOK = catalogue.notebook_of(catalogue.DECISIVE_EXPERIMENT).name  # needs the native build
 MEMORY_MARGIN = 0.9  # the share of free memory a cell may use (as memory.check_fits)
 CPU_STILL_RUNS = ("what can still run here: the CPU arms of every notebook (pageable staging, the "
                   "whole step, prompt logprobs) and the verdict, which stays INCONCLUSIVE for "
@@ -63,24 +64,9 @@ class CellNeed:
 def notebook_cells(notebook: str, p: dict[str, Any], device: str) -> list[Any]:
     """The sweep cells a notebook would measure with parameters ``p`` (none for a notebook that
     does not allocate by size): the same cells, with the same memory needs, the run will check."""
-    from stagelab.measure import prompt_logprobs, shapes, staging, step
+    from stagelab.measure import experiments
 
-    experiment = catalogue.NOTEBOOKS[notebook].experiment if notebook in catalogue.NOTEBOOKS else ""
-    if experiment == catalogue.STAGING:
-        return staging.cells(shapes.resolve_vocabs(p["models"]), p["rows"],
-                             shapes.torch_dtype(p["dtype"]), p["arms"], aa_arm=p["aa_arm"],
-                             sources=p["sources"], device=device)
-    if experiment == catalogue.STEP:
-        return step.cells(shapes.resolve_vocabs(p["models"]), p["rows"], p["ks"],
-                          shapes.torch_dtype(p["logits_dtype"], "logits_dtype"), p["arms"],
-                          aa_arm=p["aa_arm"], sources=p["sources"], device=device)
-    if experiment == catalogue.PROMPT:
-        shape = shapes.override(shapes.resolve_vocabs([p["model"]], "model")[0], p["vocab"],
-                                p["hidden"])
-        return [prompt_logprobs.prompt_cell(p["tokens"], shape, shape.hidden, p["chunks"],
-                                            shapes.torch_dtype(p["dtype"]), p["k"],
-                                            p["methods"], p["overlaps"], device=device)]
-    return []
+    return experiments.notebook_cells(notebook, p, device)
 
 
 def largest_cells(parameters: dict[str, dict[str, Any]],
@@ -133,8 +119,9 @@ def check_pinned() -> Check:
 
 def check_host_register() -> Check:
     """``cudaHostRegister`` then ``cudaHostUnregister`` of a fresh pageable buffer. Only the
-    ``pinned_fresh`` arm (the cost of pinning per step) needs it, so a failure does not block:
-    that arm is then recorded as failed, and the decision's arms still run."""
+    :data:`~stagelab.core.catalogue.PIN_PER_CALL` arm (the cost of pinning per step) needs it,
+    so a failure does not block: that arm is then recorded as failed, and the decision's arms
+    still run."""
     cudart = torch.cuda.cudart()
     buffer = torch.empty(PROBE_BYTES, dtype=torch.uint8)
     start = time.perf_counter()
@@ -145,8 +132,8 @@ def check_host_register() -> Check:
     return Check("host_register", GO if ok else UNAVAILABLE,
                  f"register {registered}, unregister {unregistered} (0 is success); "
                  f"registering {_gib(PROBE_BYTES)} took {register_s * 1e3:.1f} ms"
-                 + ("" if ok else "; the pinned_fresh arm will fail, the decision does not "
-                                  "need it"),
+                 + ("" if ok else f"; the {catalogue.PIN_PER_CALL} arm will fail, the decision "
+                                  "does not need it"),
                  {"register_status": registered, "unregister_status": unregistered,
                   "register_s": register_s})
 
@@ -228,8 +215,9 @@ def check_native(decisive: bool = False) -> Check:
     if ok:
         return Check("native", GO, reason, {"ok": ok, "reason": reason})
     if decisive:
-        return Check("native", NO_GO, f"{reason}: the step A/B's decisive arms (seed_pageable, "
-                     "seed_pinned) need the native build, so this profile cannot decide here",
+        return Check("native", NO_GO, f"{reason}: the step A/B's decisive arms "
+                     f"({', '.join(catalogue.decisive_arms()[:2])}) need the native build, so "
+                     "this profile cannot decide here",
                      {"ok": ok, "reason": reason})
     return Check("native", UNAVAILABLE, f"{reason}: the native arms will be recorded unavailable",
                  {"ok": ok, "reason": reason})

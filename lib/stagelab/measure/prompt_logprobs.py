@@ -481,7 +481,7 @@ def probe_parallelism(device: str, cell_host_bytes: int, probes: int) -> int:
 
 def _memory_records(configs: list[dict], parallel: int) -> list[list[dict]]:
     """Each configuration's memory records, from probe processes ``parallel`` at a time."""
-    peaks = memory.measure_peaks("stagelab.measure.prompt_logprobs:memory_probe", configs, parallel)
+    peaks = memory.measure_peaks(memory_probe, configs, parallel)
     return [_peak_records(peak) for peak in peaks]
 
 

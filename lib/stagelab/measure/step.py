@@ -29,14 +29,14 @@ from stagelab.core import catalogue
 from stagelab.core.catalogue import aa_name
 from stagelab.core.errors import ExtraUnavailable, NativeUnavailable
 from stagelab.core.schema import RowSink
-from stagelab.measure import bench, native, staging, sweep
+from stagelab.measure import bench, hostrates, native, staging, sweep
 from stagelab.measure import logprobs as lp
 from stagelab.measure.device import PinnedMemoryUnavailable, default_device, device_label
 from stagelab.measure.shapes import ModelShape, positive_ints
 
 STEP_ARMS = catalogue.arm_names(catalogue.STEP)
 BASELINE = catalogue.baseline(catalogue.STEP)
-CANDIDATE = "seed_pinned"
+CANDIDATE = catalogue.candidate(catalogue.STEP)
 LOG_SOFTMAX = ("device", "host")  # where the seed arms run the log-softmax
 # Peak memory bandwidth, GB/s, of GPUs by a fragment of their name (NVIDIA's datasheets): the
 # default decode forward reads every weight once, so it takes weight bytes / bandwidth.
@@ -44,6 +44,7 @@ MEMORY_BANDWIDTH_GBPS = (("H200", 4800.0), ("H100 NVL", 3900.0), ("H100 PCIe", 2
                          ("H100", 3350.0), ("A100 80GB PCIe", 1935.0), ("A100-SXM4-80GB", 2039.0),
                          ("A100", 1555.0), ("L40S", 864.0), ("L4", 300.0), ("A10", 600.0))
 WEIGHT_BYTES_PER_PARAM = 2  # bf16 weights
+HOST_RATE_REPEATS = 5  # host-rate calls kept per cell, taken between its rounds
 
 
 class StageClock:
@@ -382,10 +383,11 @@ def measure(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dty
     rounds are added until the decisive comparison's CI half-width is at most ``delta / 2`` or a
     cap (``max_rounds``, ``max_seconds`` per cell) is reached (:func:`precision_for`).
 
-    Also records, per arm and cell, the largest difference of its logprobs from the fused arm's
-    and how many ranks differ (``max_abs_error``, ``rank_mismatches``), so that a speed
-    comparison is never one between different answers. ``arms=None`` times every arm of the
-    catalogue.
+    Also records, per cell, the host's own rates at its size (:mod:`stagelab.measure.hostrates`,
+    the cost model's inputs), taken between its rounds, and, per arm and cell, the largest
+    difference of its logprobs from the fused arm's and how many ranks differ
+    (``max_abs_error``, ``rank_mismatches``), so that a speed comparison is never one between
+    different answers. ``arms=None`` times every arm of the catalogue.
     """
     device, arms = device or default_device(), chosen_arms(arms)
     todo = cells(shapes, rows, ks, logits_dtype, arms, aa_arm=aa_arm, sources=sources,
@@ -413,6 +415,7 @@ def measure(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dty
         tokens = bench.rotating(lambda i: torch.randint(0, vocab, (n,), device=device,
                                                         generator=generator), sources)
         host_tokens = [t.cpu() for t in tokens]
+        host_rates, no_rates = _host_sampler(n, vocab, k, seed, sources, logits_dtype)
         for scores, ids in zip(logits, tokens):  # validated once here, never inside a timed call
             lp.check_call(scores, k, ids)
             lp.check_token_ids(ids, n, vocab)
@@ -432,17 +435,32 @@ def measure(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dty
             return [{"arm": "forward", "metric": "forward_ms", "value": forward.forward_ms,
                      "note": how},
                     *sweep.guarded("agreement", agreement, *inputs),
-                    *sweep.guarded("sync_debug", sync_debug, *inputs)]
+                    *sweep.guarded("sync_debug", sync_debug, *inputs),
+                    *(sweep.guarded(hostrates.ARM, host_rates.rows, HOST_RATE_REPEATS)
+                      if host_rates else no_rates)]
 
         return sweep.CellPlan(
             calls={name: (lambda r, p=p: call(p, r)) for name, p in built.items()},
-            unavailable=unavailable, annotate=annotate, after=after)
+            unavailable=unavailable, annotate=annotate, after=after,
+            between_rounds=host_rates.every(warmup + rounds, HOST_RATE_REPEATS)
+            if host_rates else None)
 
     precision = (precision_for(arms, aa_arm, delta=delta, max_rounds=max_rounds,
                                max_seconds=max_seconds)
                  if max_rounds is not None and max_rounds > rounds else None)
     return sweep.run(todo, prepare, rounds=rounds, warmup=warmup, seed=seed, device=device,
                      sink=sink, label="step", progress=progress, precision=precision)
+
+
+def _host_sampler(n: int, vocab: int, k: int, seed: int, sources: int,
+                  logits_dtype: torch.dtype) -> tuple[hostrates.Sampler | None, list[dict]]:
+    """A cell's host-rate sampler, or None and the row saying why it could not be made: the
+    host rates never cost a cell its timings."""
+    try:
+        return hostrates.Sampler(n, vocab, k, seed=seed, sources=sources,
+                                 logits_dtype=logits_dtype), []
+    except Exception as exc:
+        return None, [{"arm": hostrates.ARM, "status": "failed", "note": bench.first_line(exc)}]
 
 
 def agreement(pipelines: dict[str, SeedStep | DeviceStep], logits: torch.Tensor, k: int,

@@ -64,6 +64,7 @@ class CellPlan:
     monitor: AbstractContextManager | None = None
     after: Callable[[], list[dict]] | None = None
     annotate: Callable[[dict], dict] | None = None  # adds per-arm fields to a timing record
+    between_rounds: Callable[[], None] | None = None  # untimed work between two rounds
 
 
 def rows_for_arms(cell: Cell, arms: Iterable[str], status: str, note: str) -> list[dict]:
@@ -120,7 +121,8 @@ def measure_cell(cell: Cell, prepare: Callable[[Cell], CellPlan], *, rounds: int
         with plan.monitor or contextlib.nullcontext():
             timings = bench.interleaved(
                 plan.calls, rounds=rounds, warmup=warmup, device=device, precision=precision,
-                seed=design.order_seed(f"{run}:{seed}", cell.label), after_round=after_round)
+                seed=design.order_seed(f"{run}:{seed}", cell.label),
+                after_round=_both(plan.between_rounds, after_round))
         annotate = plan.annotate or (lambda record: record)
         records += [annotate({**cell.sizes, **timing}) if timing["arm"] in plan.calls
                     else {**cell.sizes, **timing} for timing in timings]  # not the order's row
@@ -130,6 +132,18 @@ def measure_cell(cell: Cell, prepare: Callable[[Cell], CellPlan], *, rounds: int
         except Exception as exc:
             records += rows_for_arms(cell, ["checks"], "failed", bench.first_line(exc))
     return records
+
+
+def _both(first: Callable[[], None] | None,
+          then: Callable[[], None] | None) -> Callable[[], None] | None:
+    """One between-rounds hook calling ``first`` then ``then`` (either may be None)."""
+    if first is None or then is None:
+        return first or then
+
+    def hook() -> None:
+        first()
+        then()
+    return hook
 
 
 def guarded(name: str, check: Callable[..., list[dict]], *args: object) -> list[dict]:

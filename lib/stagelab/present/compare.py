@@ -107,7 +107,8 @@ def _hardware(run: RunFacts, verdict: dict[str, Any] | None) -> dict[str, Any]:
         return analysis.hardware_summary(snapshot)
     if verdict and verdict.get("hardware"):
         return {key: verdict["hardware"].get(key) for key in ("gpu", "link_gbps", "cpu", "torch")}
-    run.lacks("hardware", "no hardware snapshot (manifest.json, hardware.json or verdict.json)")
+    run.lacks("hardware", f"no hardware snapshot ({RunFolder.MANIFEST}, {RunFolder.HARDWARE} or "
+              f"{RunFolder.VERDICT})")
     return {}
 
 
@@ -116,14 +117,16 @@ def _read_verdict(run: RunFacts) -> dict[str, Any] | None:
     try:
         verdict = RunFolder(run.path).read_verdict()
     except UserError as exc:
-        run.lacks("verdict.json unreadable", str(exc))
+        run.lacks(f"{RunFolder.VERDICT} unreadable", str(exc))
         return None
     if verdict is None:
-        run.lacks("no verdict.json", f"no verdict.json (notebook {catalogue.VERDICT_NOTEBOOK} "
+        run.lacks(f"no {RunFolder.VERDICT}", f"no {RunFolder.VERDICT} (notebook "
+                  f"{catalogue.VERDICT_NOTEBOOK} "
                   "did not run or failed): no verdict, decisive cells, stage split or "
                   "prompt-logprob figures")
     elif "decisive" not in verdict:
-        run.lacks("older verdict.json", "verdict.json is of an older format (no `decisive` "
+        run.lacks(f"older {RunFolder.VERDICT}", f"{RunFolder.VERDICT} is of an older format "
+                  "(no `decisive` "
                   "cells): no per-cell verdict or stage split")
     return verdict
 
@@ -199,7 +202,8 @@ def load_run(path: Path | str) -> RunFacts:
         run.decisive = verdict.get("decisive") or []
         run.prompt = verdict.get("prompt_logprobs")
         if run.prompt is None:
-            run.lacks("no prompt data", "no prompt-logprob figures in verdict.json (notebook "
+            run.lacks("no prompt data", f"no prompt-logprob figures in {RunFolder.VERDICT} "
+                      "(notebook "
                       f"{catalogue.notebook_of(catalogue.PROMPT).name} did not run or failed)")
     _read_staging(run)
     run.timings = _timings(run, verdict)
@@ -218,9 +222,9 @@ def _timings(run: RunFacts, verdict: dict[str, Any] | None) -> str:
         causes = ["busy machine"] * bool(busy) + ["A/A check failed"] * bool(harness)
         return f"NOT TRUSTWORTHY ({', '.join(causes)}; see the note)"
     load = "quiet" if trust.load_known(manifest) else "load not recorded"
-    harness = "A/A passed" if trust.harness_checked(verdict or {}) else "A/A not checked"
-    return f"yes ({load}, {harness})" if load == "quiet" and harness == "A/A passed" else (
-        f"{harness}; {load}")
+    checked = "A/A passed" if trust.harness_checked(verdict or {}) else "A/A not checked"
+    return f"yes ({load}, {checked})" if load == "quiet" and checked == "A/A passed" else (
+        f"{checked}; {load}")
 
 
 # ------------------------------------------------------------------------- the table of runs

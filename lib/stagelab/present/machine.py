@@ -4,12 +4,13 @@ and notebook 00 show it. Standard library only, so that showing a snapshot never
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 SECTIONS = ("host", "torch", "gpu", "nvml")
 
 
-def flatten(snap: dict[str, Any]) -> list[tuple[str, str, Any]]:
+def flatten(snap: Mapping[str, Any]) -> list[tuple[str, str, Any]]:
     """(section, key, value) triples of a snapshot, for tables and the ``stagelab env`` printout."""
     rows = []
     for section in SECTIONS:

@@ -252,3 +252,38 @@ def verdict_forest(cells: list[dict], title: str, ax: plt.Axes | None = None) ->
     ax.set_xlabel("; ".join(dict.fromkeys(caption)))
     ax.set_title(title)
     return ax
+
+
+def prediction_bands(curves: pd.DataFrame) -> plt.Figure:
+    """The predicted saving per step (bundle) against n x V, one band per platform (the
+    interval from the published and assumed ranges) with its midpoint line, and each platform's
+    bar (delta of its decode step) dotted in the same colour; one panel per vocabulary."""
+    vocabs = sorted(curves["vocab"].unique()) if not curves.empty else []
+    figure, axes = plt.subplots(1, max(1, len(vocabs)), figsize=(6.5 * max(1, len(vocabs)), 4.5),
+                                squeeze=False)
+    if not vocabs:
+        nothing(axes[0][0], "no prediction: no cell")
+        return figure
+    palette = dict(zip(sorted(curves["platform"].unique()),
+                       sns.color_palette("tab10", curves["platform"].nunique())))
+    floor = 1e-4  # ms: a log axis shows no saving at or below 0
+    for ax, vocab in zip(axes[0], vocabs):
+        shown = curves[curves["vocab"] == vocab]
+        for platform, part in shown.groupby("platform", sort=True):
+            colour = palette[platform]
+            ax.fill_between(part["n_x_v"], part["saving_low_ms"].clip(lower=floor),
+                            part["saving_high_ms"].clip(lower=floor), color=colour, alpha=0.2)
+            ax.plot(part["n_x_v"], part["saving_ms"].clip(lower=floor), color=colour,
+                    label=platform)
+            ax.plot(part["n_x_v"], part["bar_ms"], color=colour, linestyle=":", linewidth=1)
+        measured = shown[~shown["extrapolated"].astype(bool)]["n_x_v"]
+        if len(measured):
+            ax.axvspan(measured.min(), measured.max(), color="0.9", zorder=0)
+        ax.set(xscale="log", yscale="log", xlabel="n x V (logprobs per step)",
+               ylabel="predicted saving per step, ms",
+               title=f"V = {vocab:,}, bundle: band = interval, dotted = each platform's bar;\n"
+                     "grey = host rates measured at these sizes (elsewhere extrapolated)")
+    axes[0][-1].legend(title="platform", fontsize="small", loc="upper left",
+                       bbox_to_anchor=(1.01, 1))
+    figure.tight_layout()
+    return figure

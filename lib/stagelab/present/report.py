@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from stagelab.analyse import trust
+from stagelab.analyse import predict, trust
 from stagelab.core import catalogue, records
 from stagelab.core.errors import UserError
 from stagelab.core.records import RunFolder
@@ -79,7 +79,7 @@ def _verdict_section(run_dir: Path, manifest: Mapping[str, Any]) -> str:
         return ("<section class='verdict' id='verdict'>"
                 f"{_trust_banner(trust.reasons(run_dir, manifest, {}), manifest)}"
                 "<p class='decision INCONCLUSIVE'>No verdict yet</p><p>This run has no "
-                "<code>verdict.json</code>: the verdict notebook did not run or did not finish. "
+                f"<code>{RunFolder.VERDICT}</code>: the verdict notebook did not run or did not finish. "
                 "Nothing below is a decision.</p></section>")
     overall = verdict.get("overall", {})
     decision = _esc(overall.get("decision", "INCONCLUSIVE"))
@@ -91,6 +91,7 @@ def _verdict_section(run_dir: Path, manifest: Mapping[str, Any]) -> str:
     if context:
         parts.append(f"<p class='context'>{_esc(context)}</p>")
     parts.append(_decisive_table(verdict.get("decisive", []), overall.get("summary", "")))
+    parts.append(prediction_html(verdict.get("prediction")))
     findings = verdict.get("findings", [])
     if findings:
         parts.append("<ul>" + "".join(f"<li>{_esc(f)}</li>" for f in findings) + "</ul>")
@@ -98,6 +99,19 @@ def _verdict_section(run_dir: Path, manifest: Mapping[str, Any]) -> str:
         parts.append(f"<img src='{VERDICT_FIGURE}' alt='key plot of the verdict'>")
     parts.append("</section>")
     return "".join(parts)
+
+
+def prediction_html(check: Mapping[str, Any] | None) -> str:
+    """The cost model beside this run's measurement (verdict.json's ``prediction``), as a
+    table, or nothing for a verdict written before it existed."""
+    if not check:
+        return ""
+    table = predict.check_table(check)
+    if table.empty:
+        return f"<p>Prediction: {_esc(check.get('note') or 'nothing to check')}</p>"
+    return (f"<h3>Predicted beside measured ({_esc(check.get('platform'))}; the model fed this "
+            "run's own host rates; error = predicted / measured - 1)</h3>"
+            + table.to_html(index=False, float_format=lambda v: f"{v:.3g}", na_rep="-"))
 
 
 def _fmt(value: Any, spec: str = ".3f") -> str:
@@ -303,7 +317,7 @@ class _AttributeRewriter(HTMLParser):
     def _start(self, tag: str, attrs: list[tuple[str, str | None]], closing: str) -> None:
         new = [(k, v if v is None else self._rewrite(tag, k, v)) for k, v in attrs]
         if new == attrs:
-            self.parts.append(self.get_starttag_text())
+            self.parts.append(self.get_starttag_text() or "")
             return
         kept = "".join(f" {k}" if v is None else f' {k}="{html.escape(v)}"'
                        for k, v in new if v is not self.DROP)

@@ -24,8 +24,9 @@ LINK_MARGIN = 1.25
 MIN_SECONDS = 1e-9  # no timer here reads less than a nanosecond
 MAX_SECONDS = 86400.0  # no one timed step or copy takes a day (a lease is minutes)
 # Rows a sweep writes about itself rather than about an arm (the order's seed, the rounds a
-# cell ran, the forward pass, the sync debugger, NVML's link counter): never timings.
-BOOKKEEPING_ARMS = ("order", "rounds", "forward", "sync_debug", "nvml_pcie")
+# cell ran, the forward pass, the sync debugger, NVML's link counter, the host rates):
+# never timings.
+BOOKKEEPING_ARMS = ("order", "rounds", "forward", "sync_debug", "nvml_pcie", "host_rates")
 
 
 def node_has_cuda(hardware: Mapping[str, Any], preflight: Mapping[str, Any] | None) -> bool:
@@ -92,6 +93,13 @@ def row_problem(table: str, row: Mapping[str, Any], allowed: set[str] | None, cu
                 "preflight.json say it has no CUDA device")
     if row.get("metric") != "time":
         return None
+    return timing_problem(table, name, row, link, longest)
+
+
+def timing_problem(table: str, name: str, row: Mapping[str, Any], link: float | None,
+                   longest: float) -> str | None:
+    """Why one ok timing row cannot have been measured, or None."""
+    device = row.get("device")
     for key in ("seconds", "host_seconds"):
         value = row.get(key)
         if value is not None and not (_number(value) and 0 < value < math.inf):

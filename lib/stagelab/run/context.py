@@ -91,6 +91,11 @@ class NotebookContext:
         with atomic_target(path) as temporary:
             figure.savefig(temporary, dpi=110, bbox_inches="tight", format="png")
 
+    def write_verdict(self, payload: Any) -> None:
+        """Write the run's verdict (checked against its schema by the run folder); returns
+        nothing, so that a notebook cell ending with it shows no path."""
+        RunFolder(self.run_dir).write_json(RunFolder.VERDICT, payload)
+
     def write_json(self, payload: Any, name: str) -> None:
         """Write a JSON document at the run folder's top level (e.g. ``verdict.json``); returns
         nothing, so that a notebook cell ending with it shows no path."""

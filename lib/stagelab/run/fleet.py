@@ -45,18 +45,19 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stagelab.core import paths, rundir
+from stagelab.core import outcomes, paths, rundir
 from stagelab.core.errors import UserError
-from stagelab.core.records import write_json_atomic, write_text_atomic
+from stagelab.core.outcomes import EXIT_FAILED, EXIT_NO_GO, EXIT_OK, FAILED, OK
+from stagelab.core.records import RunFolder, write_json_atomic, write_text_atomic
 from stagelab.run import fleet_node
 
 FLEET_FILE, PAGE, COMPARE_PAGE = "fleet.json", "index.html", "compare.html"
 NODES_DIR, MEASURED_DIR = "nodes", "measured"
 MEASURED_MANIFEST = "measured.json"
-OK, FAILED, TIMED_OUT, UNAVAILABLE = "ok", "failed", "timed out", "unavailable"
+TIMED_OUT, UNAVAILABLE = "timed out", "unavailable"
 STATUSES = (OK, FAILED, TIMED_OUT, UNAVAILABLE)
-EXIT_OK, EXIT_SOME_FAILED, EXIT_USAGE = 0, 1, 2
-MEASURE_EXIT_NO_GO = 3
+EXIT_SOME_FAILED, EXIT_USAGE = EXIT_FAILED, outcomes.EXIT_USAGE
+MEASURE_EXIT_NO_GO = EXIT_NO_GO
 MAX_ATTEMPTS = 2
 RETRY_POLICY = ("a system failure (worker crashed, object lost, runtime environment not set up) "
                 "on a node still alive is retried once on that node; a dead node, a failed or "
@@ -580,7 +581,7 @@ def analysis_params(params: Sequence[str]) -> list[str]:
 
 def _overall_verdict(run_dir: Path) -> str | None:
     try:
-        verdict = json.loads((run_dir / "verdict.json").read_text())
+        verdict = json.loads(RunFolder(run_dir).verdict_path.read_text())
     except (OSError, ValueError):
         return None
     return (verdict.get("overall") or {}).get("decision") if isinstance(verdict, dict) else None
@@ -679,7 +680,29 @@ def render_page(records: Sequence[NodeRecord], header: dict[str, Any], side_by_s
             f"<p><strong>{html.escape(answer_sentence(records))}</strong></p>\n<ul>{facts}</ul>\n"
             f"<h2>Nodes</h2>\n<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>\n"
             f"<h2>Verdict per platform, copy and step figures against each link</h2>\n"
-            f"{side_by_side or '<p>No node was analysed.</p>'}\n</body></html>\n")
+            f"{side_by_side or '<p>No node was analysed.</p>'}\n"
+            f"<h2>Predicted beside measured, per node</h2>\n{prediction_section(records)}\n"
+            "</body></html>\n")
+
+
+def prediction_section(records: Sequence[NodeRecord]) -> str:
+    """Each analysed node's check of the cost model against what it measured (its verdict's
+    ``prediction``), with the notes where they disagree beyond the interval."""
+    from stagelab.present import report
+
+    parts = []
+    for record in records:
+        try:
+            verdict = json.loads((Path(record.run_dir) / "verdict.json").read_text())
+        except (TypeError, OSError, ValueError):
+            continue
+        check = verdict.get("prediction") if isinstance(verdict, dict) else None
+        if check:
+            notes = [n for cell in check.get("cells") or [] for n in cell.get("notes") or []]
+            parts.append(f"<h3>{html.escape(record.target.label)}</h3>"
+                         + report.prediction_html(check)
+                         + "".join(f"<p>{html.escape(n)}</p>" for n in notes))
+    return "".join(parts) or "<p>No analysed node has a prediction to check.</p>"
 
 
 def new_fleet_dir(root: Path, profile: str) -> Path:

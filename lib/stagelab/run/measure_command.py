@@ -44,23 +44,35 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from stagelab.core import paths, records, rundir, stops, untrusted
+from stagelab.core import catalogue, outcomes, paths, records, rundir, stops, untrusted
 from stagelab.core.errors import DeadlineReached, SchemaError, UserError
+from stagelab.core.outcomes import (
+    DEADLINE,
+    EXIT_INTERRUPTED,
+    EXIT_NO_GO,
+    EXIT_OK,
+    EXIT_USAGE,
+    FAILED,
+    INTERRUPTED,
+    NO_GO,
+    OK,
+    PENDING,
+    RUNNING,
+)
 from stagelab.core.schema import JsonLinesSink, read_json_lines
-from stagelab.measure import busy, estimate
+from stagelab.measure import busy, estimate, experiments
 from stagelab.run import profiles
 
 MANIFEST = "measured.json"
 FORMAT, VERSION = "stagelab-measured", 1
 ROWS_DIR = "rows"
-EXIT_OK, EXIT_PARTIAL, EXIT_USAGE, EXIT_NO_GO, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
-OK, FAILED, DEADLINE, INTERRUPTED, RUNNING, PENDING, NO_GO = (
-    "ok", "failed", "deadline", "interrupted", "running", "pending", "no-go")
+EXIT_PARTIAL = outcomes.EXIT_FAILED
+__all__ = ["DEADLINE", "EXIT_INTERRUPTED", "EXIT_NO_GO", "EXIT_OK", "EXIT_USAGE", "FAILED",
+           "INTERRUPTED", "NO_GO", "OK", "PENDING", "RUNNING"]  # kept here for callers
+SNAPSHOT_NOTEBOOK = catalogue.ENVIRONMENT_NOTEBOOK
+# The measuring notebooks with a table, and the table each writes (the replay reads these).
+TABLES = {e.notebook: e.table for e in experiments.EXPERIMENTS.values()}
 UNMEASURED = "unmeasured"  # every experiment ran, no table holds an ok row (all skipped)
-SNAPSHOT_NOTEBOOK = "00_environment"
-# The measuring notebooks with a table, and the table each writes.
-TABLES = {"01_d2h_staging": "staging", "02_logprobs_step": "step",
-          "03_prompt_logprobs": "prompt_logprobs"}
 MEASURING = (SNAPSHOT_NOTEBOOK, *TABLES)
 # Before the first cell: imports, the native build on a fresh node, the preflight's probes.
 FIXED_S = {"cpu": 15.0, "cuda": 20.0}
@@ -182,44 +194,20 @@ def checked_request(args: argparse.Namespace, command: list[str]) -> Request | N
 
 def sweep_cells(notebook: str, parameters: Mapping[str, Any], device: str) -> list[Any]:
     """The sweep cells a measuring notebook will measure (none for the snapshot)."""
-    from stagelab.measure import preflight
-
-    return preflight.notebook_cells(notebook, dict(parameters), device)
+    return experiments.notebook_cells(notebook, parameters, device)
 
 
 def cell_predictor(notebook: str, parameters: Mapping[str, Any],
                    kind: str) -> Callable[[Any, int, int], float]:
     """``predict(cell, rounds, warmup)``: seconds by :func:`stagelab.measure.estimate.cell_seconds`."""
-    probes_per_arm = 0.0
-    if notebook == "03_prompt_logprobs" and parameters.get("measure_memory"):
-        probes_per_arm = 1 / max(1, len(set(parameters.get("overlaps") or [True])))
-    precise = notebook == "02_logprobs_step" and parameters.get("max_rounds", 0) > parameters[
-        "rounds"]
-
-    def predict(cell: Any, rounds: int, warmup: int) -> float:
-        if cell.invalid:
-            return 0.0
-        return estimate.cell_seconds(
-            cell.sizes, cell.arms, rounds=rounds, warmup=warmup, kind=kind,
-            sources=parameters.get("sources", 1),
-            memory_probes=round(probes_per_arm * len(cell.arms)),
-            forward_s=_forward_s(notebook, parameters, cell, kind),
-            max_rounds=parameters["max_rounds"] if precise else None,
-            max_seconds=parameters.get("max_seconds", math.inf))
-    return predict
+    return _bound(notebook).predictor(parameters, kind)
 
 
-def _forward_s(notebook: str, parameters: Mapping[str, Any], cell: Any, kind: str) -> float:
-    """The device work queued before each timed step: the notebook's ``forward_ms``, or its
-    default (the model's weights read once at the basis's memory bandwidth)."""
-    if notebook != "02_logprobs_step":
-        return 0.0
-    if parameters.get("forward_ms") is not None:
-        return parameters["forward_ms"] / 1e3
-    from stagelab.measure import shapes
-
-    row = shapes.model_shapes().get(cell.sizes.get("model") or "")
-    return estimate.default_forward_s(float(row["params_b"]) if row else 0.0, kind)
+def _bound(notebook: str) -> experiments.Experiment:
+    experiment = experiments.of_notebook(notebook)
+    if experiment is None:
+        raise ValueError(f"{notebook} is not a measuring notebook with a table")
+    return experiment
 
 
 def predict_profile(notebooks: Mapping[str, Mapping[str, Any]],
@@ -227,8 +215,11 @@ def predict_profile(notebooks: Mapping[str, Mapping[str, Any]],
     """``(notebook, cell, seconds)`` for every cell the notebooks would measure."""
     rows = []
     for name, parameters in notebooks.items():
+        cells = sweep_cells(name, parameters, "cpu")  # sizes only: any machine can tell
+        if not cells:  # the snapshot: nothing to predict
+            continue
         predict = cell_predictor(name, parameters, kind)
-        for cell in sweep_cells(name, parameters, "cpu"):  # sizes only: any machine can tell
+        for cell in cells:
             rows.append((name, cell.label, predict(cell, parameters["rounds"],
                                                    parameters["warmup"])))
     return rows
@@ -380,30 +371,7 @@ class CellClock:
 
 def run_experiment(notebook: str, p: Mapping[str, Any], sink: JsonLinesSink) -> None:
     """One measuring notebook's sweep, called exactly as the notebook calls it."""
-    from stagelab.measure import prompt_logprobs, shapes, staging, step
-
-    if notebook == "01_d2h_staging":
-        staging.measure(shapes.resolve_vocabs(p["models"]), p["rows"],
-                        shapes.torch_dtype(p["dtype"]), p["arms"], rounds=p["rounds"],
-                        warmup=p["warmup"], aa_arm=p["aa_arm"], sources=p["sources"],
-                        seed=p["seed"], sink=sink)
-    elif notebook == "02_logprobs_step":
-        step.measure(shapes.resolve_vocabs(p["models"]), p["rows"], p["ks"],
-                     shapes.torch_dtype(p["logits_dtype"], "logits_dtype"), p["arms"],
-                     rounds=p["rounds"], warmup=p["warmup"], aa_arm=p["aa_arm"],
-                     sources=p["sources"], seed=p["seed"], sink=sink,
-                     log_softmax=p["log_softmax"], forward_ms=p["forward_ms"], delta=p["delta"],
-                     max_rounds=p["max_rounds"], max_seconds=p["max_seconds"])
-    elif notebook == "03_prompt_logprobs":
-        shape = shapes.override(shapes.resolve_vocabs([p["model"]], "model")[0],
-                                vocab=p["vocab"], hidden=p["hidden"])
-        prompt_logprobs.measure(p["tokens"], shape, shape.hidden,
-                                shapes.positive_ints(p["chunks"], "chunks"),
-                                shapes.torch_dtype(p["dtype"]), p["k"], p["methods"],
-                                p["overlaps"], rounds=p["rounds"], warmup=p["warmup"],
-                                seed=p["seed"], measure_memory=p["measure_memory"], sink=sink)
-    else:
-        raise ValueError(f"{notebook} is not a measuring notebook with a table")
+    _bound(notebook).measure(p, sink)
 
 
 def _say(text: str) -> None:
@@ -598,17 +566,14 @@ def measure(request: Request) -> int:
 def main(argv: list[str] | None = None) -> int:
     """``stagelab measure ARGS``; returns the exit status (a bad request: one line, 2)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    try:
+
+    def body() -> int:
         request = checked_request(_parser().parse_args(argv), ["stagelab", "measure", *argv])
         return EXIT_OK if request is None else measure(request)
+    try:
+        return outcomes.one_line_errors("stagelab measure", body)
     except SystemExit as exc:  # argparse: --help (0) or a malformed command line (2)
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
-    except UserError as exc:
-        print(f"stagelab measure: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except KeyboardInterrupt:
-        print("stagelab measure: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
 
 
 # ------------------------------------------------------------------------- reading it back

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stagelab.core import paths
+from stagelab.core import catalogue, paths
 from stagelab.core.errors import UserError
 from stagelab.run import params
 
@@ -47,7 +47,7 @@ class RunPlan:
 
 
 def load_profiles(path: Path | None = None) -> dict[str, Any]:
-    """The profiles file (JSON, see the README):
+    """The profiles file (JSON, see docs/developing.md):
     ``{profile: {"description": str, "notebooks": {name: {param: value}}}}``."""
     path = path or paths.PROFILES_FILE
     try:
@@ -129,7 +129,7 @@ def parse_overrides(items: Iterable[str]) -> dict[str, dict[str, Any]]:
         notebook, dot, key = target.partition(".")
         if not sep or not dot or not notebook or not key:
             raise UserError(f"--param {item!r}: expected NOTEBOOK.KEY=VALUE, "
-                            "e.g. 01_d2h_staging.rounds=20")
+                            f"e.g. {catalogue.measuring_notebooks()[0]}.rounds=20")
         try:
             value = parse_value(text) if text else ""
         except ValueError as exc:

@@ -18,16 +18,17 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from stagelab.core import untrusted
+from stagelab.core import outcomes, untrusted
 from stagelab.core.errors import UserError
+from stagelab.core.records import RunFolder
 from stagelab.run import claims, measure_command, profiles
 from stagelab.run.profiles import NotebookPlan, RunPlan
 
 
 def _measured_anything(entry: dict[str, Any]) -> bool:
     if entry["table"] is None:
-        return entry["status"] == measure_command.OK
-    return any(cell["status"] in (measure_command.OK, measure_command.FAILED) for cell in entry["cells"])
+        return entry["status"] == outcomes.OK
+    return any(cell["status"] in (outcomes.OK, outcomes.FAILED) for cell in entry["cells"])
 
 
 def check_overrides(params: Iterable[str]) -> None:
@@ -58,7 +59,7 @@ def replay_plan(plan: RunPlan, folder: Path, params: Iterable[str]) -> dict[str,
             continue
         entry = by_notebook.get(notebook.name)
         if entry is None and notebook.name == measure_command.SNAPSHOT_NOTEBOOK:
-            entry = {"table": None, "status": measure_command.OK, "parameters": {}}  # hardware.json
+            entry = {"table": None, "status": outcomes.OK, "parameters": {}}  # hardware.json
         if entry is None:
             raise UserError(f"--from {folder}: lacks {notebook.name}, which profile "
                             f"{plan.profile!r} needs (it holds "
@@ -71,7 +72,7 @@ def replay_plan(plan: RunPlan, folder: Path, params: Iterable[str]) -> dict[str,
             kept.append(notebook)
     for entry in replayed:  # once every experiment the profile needs is known to be there
         measure_command.check_rows(folder, entry)
-    hardware = read_folder_json(folder, "hardware.json")
+    hardware = read_folder_json(folder, RunFolder.HARDWARE)
     preflight = read_folder_json(folder, "preflight.json", required=False)
     for entry in replayed:
         check_claims(folder, entry, hardware, preflight)

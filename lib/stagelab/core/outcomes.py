@@ -1,0 +1,55 @@
+"""How things end, named once: the statuses written in records and the exit statuses of the
+commands, and the wrapper that turns a bad request into one line and exit 2.
+
+Standard library only (the ground floor): ``stagelab measure`` on a bare node uses it too.
+"""
+
+from __future__ import annotations
+
+import errno
+import sys
+from collections.abc import Callable
+
+from stagelab.core.errors import UserError
+
+# Statuses of a notebook, an experiment, a cell or a whole run, as records write them.
+OK = "ok"
+FAILED = "failed"
+INTERRUPTED = "interrupted"
+RUNNING = "running"
+PENDING = "pending"
+DEADLINE = "deadline"  # stopped at a cell boundary: the next cell would pass the deadline
+NO_GO = "no-go"  # the preflight found a blocking check; nothing was measured
+GO = "go"
+
+# Exit statuses of every command.
+EXIT_OK = 0
+EXIT_FAILED = 1  # a notebook or experiment failed, partial, or nothing was measured
+EXIT_USAGE = 2  # a bad request, refused in one line before anything was created
+EXIT_NO_GO = 3  # the preflight said no-go
+EXIT_INTERRUPTED = 130  # Ctrl-C, SIGTERM or SIGHUP; what was made is kept
+
+
+def one_line_errors(prog: str, body: Callable[[], int],
+                    also: tuple[type[Exception], ...] = ()) -> int:
+    """Run a command's ``body``; a :class:`UserError` prints ``prog: error: ...`` in one line
+    and returns 2 (so does a name too long for the file system), an exception of ``also`` (e.g.
+    a record that cannot be written) one line and 1, an interrupt one line and 130. Never a
+    traceback for what the user can fix."""
+    try:
+        return body()
+    except UserError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except also as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except OSError as exc:
+        if exc.errno != errno.ENAMETOOLONG:
+            raise
+        print(f"{prog}: error: {exc.filename}: {exc.strerror} (a name over 255 bytes, or a "
+              "path too long for this system)", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
