@@ -74,17 +74,30 @@ def read_regular(path: Path | str, limit: int, root: Path | str | None = None) -
             raise BadRecord(f"{path}: is a symbolic link; only the folder's own regular files "
                             "are read") from exc
         raise BadRecord(f"{path}: cannot be read ({exc.strerror or exc})") from exc
-    with os.fdopen(fd, "rb") as handle:
-        info = os.fstat(handle.fileno())
+    try:
+        info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise BadRecord(f"{path}: is {_kind(info.st_mode)}; only regular files are read")
         if info.st_size > limit:
             raise BadRecord(f"{path}: {info.st_size} bytes, more than the {limit} such a file "
                             "may hold; not read")
-        data = handle.read(limit + 1)
+        data = _read_up_to(fd, limit + 1)
+    finally:
+        os.close(fd)
     if len(data) > limit:  # it grew while being read
         raise BadRecord(f"{path}: more than the {limit} bytes such a file may hold; not read")
     return data
+
+
+def _read_up_to(fd: int, most: int) -> bytes:
+    chunks, left = [], most
+    while left > 0:
+        chunk = os.read(fd, min(left, 1 << 20))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
 
 
 def depth(value: Any) -> int:

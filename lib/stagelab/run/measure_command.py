@@ -482,12 +482,13 @@ def row_counts(out: Path, manifest: Mapping[str, Any]) -> dict[str, int]:
 
 
 def _unless_nothing_measured(recorder: Recorder, status: str) -> str:
-    """``status``, or ``unmeasured`` where every experiment ran and no table holds an ok row
-    (every cell skipped or unavailable): exit 1, as ``stagelab run`` does."""
-    tables = [e for e in recorder.manifest["experiments"] if e["table"] is not None]
+    """``status``, or ``unmeasured`` where cells ran and no table holds an ok row (every cell
+    skipped or unavailable): exit 1, as ``stagelab run`` does."""
+    cells = [c for e in recorder.manifest["experiments"] if e["table"] is not None
+             for c in e["cells"] if c["status"] in (OK, FAILED)]
     counts = row_counts(recorder.out, recorder.manifest)
     recorder.manifest["measured"] = counts
-    if status == OK and tables and not counts.get(OK):
+    if status == OK and cells and not counts.get(OK):
         detail = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "no rows"
         _say(f"nothing measured ({detail}): every cell was skipped or unavailable here (exit 1)")
         return UNMEASURED
