@@ -208,7 +208,7 @@ def read_json_lines(path: Path | str, root: Path | str | None = None) -> list[di
     be a JSON object of bounded depth."""
     path = Path(path)
     lines = untrusted.read_text(path, root).split("\n")
-    rows = []
+    rows: list[dict[str, Any]] = []
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -222,7 +222,7 @@ def read_json_lines(path: Path | str, root: Path | str | None = None) -> list[di
         if not isinstance(row, dict):
             raise SchemaError(f"{path}:{number}: not a JSON row (a {type(row).__name__}, not "
                               "an object)")
-        rows.append({LEGACY_COLUMNS.get(key, key): value for key, value in row.items()})
+        rows.append({LEGACY_COLUMNS.get(str(key), str(key)): value for key, value in row.items()})
     return rows
 
 
