@@ -146,7 +146,7 @@ def test_tables_fit_the_page_a_stage_split_reads_as_a_sum_and_empty_columns_go()
                            **split}])
     shown = tables.readable(frame)
     assert list(shown.columns) == ["n (rows)", "V (vocabulary)", "K", "decision",
-                                   "seed step, median (ms)", tables.SPLIT_WORDS]
+                                   "seed step, mean (ms)", tables.SPLIT_WORDS]
     assert shown.iloc[0, -1] == "1.50 + 0.60 + 0.60 + 2.20 + 0.01 + 0.59 = 5.50"
 
 

@@ -344,8 +344,8 @@ def findings(verdict: dict[str, Any], tables: dict[str, pd.DataFrame]) -> list[s
         backends = analysis.host_gather_backends(step)
         for _, row in backends.iterrows():
             out.append(f"Host top-K at n={row['rows']}, V={row['vocab']}, K={row['k']}: native "
-                       f"C++ {row['native_ms']:.2f} ms, numpy {row['numpy_ms']:.2f} ms "
-                       f"({row['numpy_over_native']:.1f}x).")
+                       f"C++ {row['native_ms']:.2f} ms, numpy {row['numpy_ms']:.2f} ms on "
+                       f"average ({row['numpy_over_native']:.1f}x).")
     out.extend(_zero_fill_findings(verdict, step))
     clocks = verdict["clock_check"]
     if clocks["checked"]:

@@ -302,6 +302,16 @@ def run_checks(parameters: dict[str, dict[str, Any]]) -> list[Check]:
     return checks
 
 
+def decisive_blockers(parameters: dict[str, dict[str, Any]]) -> list[str]:
+    """``name: detail`` of each no-go check that stops the decisive arms from running here
+    (CUDA, and the native build where the profile holds the step A/B): the part of the preflight
+    that ``stagelab run`` asks before running a profile meant to decide."""
+    checks = _guarded("cuda", check_cuda, blocking=True)
+    decisive = STEP_NOTEBOOK in parameters
+    checks += _guarded("native", lambda: check_native(decisive), blocking=decisive)
+    return blocking_reasons(checks)
+
+
 # ------------------------------------------------------------------------------------ outcome
 
 def blocking_reasons(checks: list[Check]) -> list[str]:

@@ -1,4 +1,5 @@
-"""Kept evidence: copies of good runs under ``data/reference/<gpu or cpu>/<run id>/``, and its index.
+"""Kept evidence: copies of good runs under ``data/reference/<machine>/<run id>/`` (the machine:
+its GPU's name, or ``cpu-`` and its CPU model: :func:`machine_slug`), and its index.
 
 Only a run whose status is ``ok``, that has a ``verdict.json`` and whose timings are trustworthy
 (no busy machine, no failed A/A check) is kept; ``force`` keeps another one anyway and labels it
@@ -18,6 +19,7 @@ import errno
 import fcntl
 import html
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -57,6 +59,10 @@ def refusal(run_dir: Path, manifest: dict[str, Any]) -> str | None:
     untrusted = trust.reasons(run_dir, manifest)
     if untrusted:
         return "its timings are not trustworthy: " + "; ".join(untrusted)
+    fewest = trust.too_few_rounds(RunFolder(run_dir).read_verdict() or {})
+    if fewest is not None:
+        return (f"{trust.NOT_JUDGED}: {fewest} rounds per cell (evidence needs "
+                f"{trust.MIN_TRUST_ROUNDS} or more)")
     return None
 
 
@@ -73,12 +79,28 @@ def replay_gaps(manifest: dict[str, Any]) -> str | None:
     return f"it replays a measurement whose status is {status}{detail}, not ok"
 
 
+CPU_PREFIX = "cpu-"  # a machine without a GPU: its folder is named by its CPU model
+_MARKS = re.compile(r"\((?:R|TM|tm|r)\)|\bCPU\b|@.*$")  # trademarks, "CPU", the clock
+
+
+def _slug(name: str) -> str:
+    """One plain path component from a hardware name: letters, digits, dots and dashes."""
+    words = "".join(c if c.isalnum() or c == "." else " " for c in name).split()
+    return "-".join(words).strip("-.")
+
+
 def machine_slug(manifest: dict[str, Any]) -> str:
-    """The folder name of a run's machine: its GPU's name, or ``cpu``; always one plain path
-    component (a name such as ``..`` becomes ``gpu``)."""
-    gpu = ((manifest.get("hardware") or {}).get("gpu") or {}).get("name") or "cpu"
-    slug = "".join(c if c.isalnum() or c in ".-" else "-" for c in str(gpu)).strip("-.")
-    return slug or "gpu"
+    """The folder name of a run's machine, named as it is: its GPU's name (``NVIDIA-H200``), or
+    without a GPU ``cpu-`` and its CPU model without trademarks or clock
+    (``cpu-Intel-Xeon-Processor``), so that runs of different machines never share a folder;
+    ``cpu-unknown`` where the model was not read. Always one plain path component (a name
+    such as ``..`` becomes ``gpu``)."""
+    hardware = manifest.get("hardware") or {}
+    gpu = (hardware.get("gpu") or {}).get("name")
+    if gpu:
+        return _slug(str(gpu)) or "gpu"
+    model = (hardware.get("host") or {}).get("cpu_model")
+    return CPU_PREFIX + ((_slug(_MARKS.sub(" ", str(model))) if model else "") or "unknown")
 
 
 def evidence_files(run_dir: Path) -> list[Path]:
@@ -116,7 +138,7 @@ def check_evidence(run_dir: Path, manifest: dict[str, Any]) -> None:
 
 
 def keep_evidence(run_dir: Path, root: Path | None = None, force: bool = False) -> Path:
-    """Copy a good run's evidence to ``<root>/<gpu or cpu>/<run id>/``; never overwrite.
+    """Copy a good run's evidence to ``<root>/<machine>/<run id>/``; never overwrite.
 
     Refuses (UserError naming why) a run that is not ``ok``, has no verdict or whose timings are
     not trustworthy, unless ``force``; then the copy is labelled forced. A symlink, a damaged
@@ -348,15 +370,17 @@ def _calibration(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def results_markdown(root: Path | None = None) -> str:
-    """The Results, generated from the kept runs: per machine, the newest kept run's verdict and
-    findings in its own words, and the older runs kept for it (links relative to ``root``)."""
+    """The Results, generated from the kept runs: per machine (its folder), the newest unforced,
+    trusted run's verdict and findings in its own words (:func:`headline_run`), and the other
+    runs kept for it (links relative to ``root``)."""
     root = Path(root or paths.REFERENCE_DIR)
     rows = kept_runs(root)
     lines = [RESULTS_START, "",
              "The kept evidence is listed in [`index.html`](index.html). What follows is "
-             "generated from it by `stagelab keep` "
-             "(a test checks that it agrees): per machine, the newest kept run, its verdict and "
-             "its findings as that run wrote them.", ""]
+             "generated from it by `stagelab keep` (a test checks that it agrees): per machine "
+             "(a GPU, or a CPU model where there is no GPU), the newest kept run that was "
+             "neither forced nor untrusted, its verdict and its findings as that run wrote "
+             "them.", ""]
     if not rows:
         lines += ["No run is kept yet.", ""]
     elif not any((_verdict_of(root, r).get("hardware") or {}).get("gpu") for r in rows):
@@ -366,12 +390,26 @@ def results_markdown(root: Path | None = None) -> str:
     for row in rows:
         machines.setdefault(row.path.split("/")[0], []).append(row)
     for kept in machines.values():
-        lines += _run_results(root, kept[-1])
-        if len(kept) > 1:
-            older = ", ".join(f"`{inert.markdown_code(Path(r.path).name)}` "
-                              f"({inert.markdown_text(r.verdict)})" for r in kept[:-1])
-            lines += [f"Older runs kept for this machine: {older}.", ""]
+        shown = headline_run(kept)
+        if shown is None:
+            shown = kept[-1]
+            lines += [f"No run of `{inert.markdown_code(shown.path.split('/')[0])}` is both "
+                      "unforced and trusted: its newest kept run is shown, labelled.", ""]
+        lines += _run_results(root, shown)
+        others = [r for r in kept if r is not shown]
+        if others:
+            listed = ", ".join(f"`{inert.markdown_code(Path(r.path).name)}` "
+                               f"({inert.markdown_text(r.verdict)}"
+                               f"{_labels(r).replace('**', '')})" for r in others)
+            lines += [f"Other runs kept for this machine: {listed}.", ""]
     return "\n".join([*lines, RESULTS_END])
+
+
+def headline_run(kept: list[KeptRun]) -> KeptRun | None:
+    """The run a machine's Results lead with: its newest kept run that was neither forced nor
+    untrusted (None where every one was); a forced keep never becomes the headline."""
+    trusted = [r for r in kept if not r.forced and not r.untrusted]
+    return trusted[-1] if trusted else None
 
 
 def write_results(root: Path | None = None) -> Path:

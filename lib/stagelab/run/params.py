@@ -12,6 +12,7 @@ loads no torch: the plan of a run never stands on the measuring code.
 from __future__ import annotations
 
 import csv
+import json
 import math
 from collections.abc import Callable, Iterable, Mapping
 from functools import lru_cache
@@ -276,8 +277,37 @@ def validate(notebook: str, values: Mapping[str, Any], chosen: Iterable[str] = (
         try:
             check(value, values)
         except ValueError as exc:
-            raise UserError(f"{notebook}.{name}: {exc}") from None
+            message = str(exc).partition(WHOLE_HINT)[0]
+            raise UserError(f"{notebook}.{name}: {message}"
+                            f"{_whole_suggestion(check, name, value, values, notebook)}") from None
     check_top_k(notebook, values)
+
+
+WHOLE_HINT = "; for a whole number write"  # number_hint's words, about one item of a list
+
+
+def _whole(value: Any) -> Any:
+    """The value with every integral float (``1e3``) written as an int, in lists too."""
+    if isinstance(value, list):
+        return [_whole(item) for item in value]
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**63:
+        return int(value)
+    return value
+
+
+def _whole_suggestion(check: Validator, name: str, value: Any, values: Mapping[str, Any],
+                      notebook: str) -> str:
+    """``; write X`` with the whole value corrected where that value passes the same checks,
+    so that the suggestion is never refused in turn; '' otherwise."""
+    fixed = _whole(value)
+    if fixed == value and repr(fixed) == repr(value):
+        return ""
+    try:
+        check(fixed, {**values, name: fixed})
+        check_top_k(notebook, {**values, name: fixed})
+    except (ValueError, UserError):
+        return ""
+    return f"; write {json.dumps(fixed)}"
 
 
 # Each top-K parameter and the parameters that give its vocabularies (the first that is set).
