@@ -114,9 +114,9 @@ def test_decomposition_gives_mean_stages_and_their_shares():
     parts = analysis.decomposition(frame).set_index("arm")
     seed = parts.loc["seed_pageable"]  # mean drift 2: every stage twice SEED_STAGES
     assert [seed[s] for s in (*analysis.SPLIT, "total")] == pytest.approx(
-        [2e-3, 4e-3, 6e-3, 8e-3, 0.0, 0.0, 20e-3])
+        [0.0, 2e-3, 4e-3, 6e-3, 8e-3, 0.0, 0.0, 20e-3])  # no forward recorded: 0
     assert [seed[f"{s}_share"] for s in analysis.SPLIT] == pytest.approx(
-        [0.1, 0.2, 0.3, 0.4, 0.0, 0.0])
+        [0.0, 0.1, 0.2, 0.3, 0.4, 0.0, 0.0])
     assert parts.loc["seed_pinned", "total"] == pytest.approx(5e-3)
     assert parts.loc["seed_pinned", "copy_share"] == pytest.approx(0.3)
     empty = analysis.decomposition(rows(dict(arm="a", status="skipped", note="too big", **CELL)))
@@ -504,3 +504,16 @@ def test_the_two_places_of_the_log_softmax_are_told_apart():
                 *timed("seed_pinned", [1e-3, 1e-3], rows=64, vocab=V, k=5, log_softmax="host"))
     compared = analysis.compare(both, "seed_pageable", "seed_pinned", ["rows", "vocab", "k"])
     assert sorted(compared["speedup"]) == pytest.approx([2.0, 3.0])  # one row per place
+
+
+def test_the_queued_forward_is_its_own_part_of_the_step_not_unattributed():
+    common = dict(experiment="step", rows=4, vocab=100, k=1)
+    records = [dict(arm="seed_pageable", stage=stage, round=r, seconds=seconds, **common)
+               for r in range(3) for stage, seconds in (("copy", 0.002), ("total", 0.010))]
+    records.append(dict(arm="forward", metric="forward_ms", value=5.0, **common))
+    seed = analysis.decomposition(schema.make_rows(records)).iloc[0]
+    assert seed["forward"] == pytest.approx(0.005) and seed["unattributed"] == pytest.approx(0.003)
+    measured = records + [dict(arm="forward", metric="forward_measured_ms", value=6.0, **common)]
+    seed = analysis.decomposition(schema.make_rows(measured)).iloc[0]
+    assert seed["forward"] == pytest.approx(0.006)  # the measured duration, where recorded
+    assert sum(seed[s] for s in analysis.SPLIT) == pytest.approx(seed["total"])

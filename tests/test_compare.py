@@ -203,6 +203,21 @@ def test_a_run_with_untrustworthy_timings_is_flagged_in_its_column_and_a_note(cp
         "yes (quiet, A/A passed)")
 
 
+def test_the_comparison_shows_the_recommended_change_and_each_cells_other_answers(tmp_path):
+    run = make_run(tmp_path, "R")
+    data = json.loads((run / "verdict.json").read_text())
+    data["recommendation"] = {"change": "port the pinned scratch", "reason": "why"}
+    data["decisive"][0]["answers"] = {
+        "bundle": {"decision": "PORT", "speedup": 1.5, "ci_low": 1.4, "ci_high": 1.6},
+        "reuse": {"decision": "PORT", "speedup": 1.2, "ci_low": 1.1, "ci_high": 1.3},
+        "pinning": {"decision": "PORT", "speedup": 1.25, "ci_low": 1.2, "ci_high": 1.3}}
+    (run / "verdict.json").write_text(json.dumps(data))
+    table = compare.compare([run]).table
+    assert table.loc[("verdict", "recommendation"), "R"] == "port the pinned scratch"
+    name = next(q for s, q in table.index if s == "decisive cells" and q.endswith("pinning alone"))
+    assert table.loc[("decisive cells", name), "R"] == "PORT 1.250x [1.200, 1.300]"
+
+
 # ------------------------------------------------- figures of trustworthy runs beyond their CIs
 
 def _trusted(run: Path, lever: tuple[float, float, float], rounds: int = 30,
@@ -271,3 +286,8 @@ def test_compare_does_not_judge_runs_that_are_not_trustworthy_or_too_short(tmp_p
     manifest["notebooks"][0]["load"] = {"busy": True, "why": ["others took 1.6 cores"]}
     (busy / "manifest.json").write_text(json.dumps(manifest))
     assert compare.compare([a, busy]).flags == []
+
+
+def test_compare_cells_read_as_the_report_s_tables_do():
+    assert [compare.format_value(v) for v in (None, True, False, 3, 2.0, "no `decisive` cells")] == [
+        "-", "yes", "no", "3", "2.00", "no decisive cells"]

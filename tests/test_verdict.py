@@ -36,7 +36,7 @@ def arm_rows(arm: str, stage_ms: dict[str, float], drift: np.ndarray, rng: np.ra
     return out
 
 
-def step_cell(rows: int, speedup: float | None, *, rounds: int = 30, vocab: int = V, k: int = 5,
+def step_cell(rows: int, speedup: float | None, *, rounds: int = 150, vocab: int = V, k: int = 5,
               seed: int = 0, noise: float = 0.002, drift_sigma: float = 0.3,
               twin_factor: float = 1.0, extra: dict[str, float] | None = None,
               numpy_gather: bool = False) -> list[dict]:
@@ -93,7 +93,7 @@ def test_a_clear_step_level_gain_ports_with_its_evidence(tmp_path):
     assert cell["speedup"] == pytest.approx(1.5, rel=0.005)
     assert cell["ci_low"] > MIN_SPEEDUP and cell["ci_low"] <= cell["speedup"] <= cell["ci_high"]
     assert cell["min_speedup"] == pytest.approx(MIN_SPEEDUP, rel=1e-12)
-    assert cell["n_rounds"] == 30 and cell["delta"] == 0.02
+    assert cell["n_rounds"] == 150 and cell["delta"] == 0.02
     step_ms = means_ms(records, "seed_pageable", "total")  # the engine pays the mean
     pinned_ms = means_ms(records, "seed_pinned", "total")
     assert cell["step_ms"] == pytest.approx(step_ms, rel=1e-12)
@@ -101,12 +101,15 @@ def test_a_clear_step_level_gain_ports_with_its_evidence(tmp_path):
     assert cell["saved_ms"] == pytest.approx(step_ms / 3, rel=0.01)  # 1 - 1/1.5 of the step
     means = {stage: means_ms(records, "seed_pageable", stage) for stage in (*STAGE_MS, "total")}
     means["unattributed"] = means["total"] - sum(means[stage] for stage in STAGE_MS)
+    means["forward"] = 0.0  # none queued (a CPU run)
     assert cell["stages_ms"] == pytest.approx(means, rel=1e-9, abs=1e-9)
     assert sum(v for k, v in cell["stages_ms"].items() if k != "total") == pytest.approx(
         cell["stages_ms"]["total"], rel=1e-12)
     assert result["overall"]["summary"].startswith(
         "Pinned grow-only staging saves more than delta of the seed's step in 1 of 1 decisive "
-        f"cells; the largest saving is {cell['saved_ms']:.2f} ms per step at n=64, V={V}, K=5")
+        "cells and no cell could be slower beyond delta (mean and p99 tail); the largest saving "
+        f"is {cell['saved_ms']:.2f} ms per step at n=64, V={V}, K=5")
+    assert "Each cell: n=64 V=152064 K=5 PORT 1.500x" in result["overall"]["summary"]
 
 
 def test_pairing_by_round_is_what_resolves_a_small_gain_under_drift(tmp_path):
@@ -114,7 +117,7 @@ def test_pairing_by_round_is_what_resolves_a_small_gain_under_drift(tmp_path):
     assert build(write_step(tmp_path / "paired", records), [64])["decisive"][0]["decision"] == (
         "PORT")
     # negative control: the same timings with the candidate's rounds shuffled lose the pairing
-    order = np.random.default_rng(1).permutation(30)
+    order = np.random.default_rng(1).permutation(150)
     shuffled = [{**r, "round": int(order[r["round"]])} if r["arm"] == "seed_pinned" else r
                 for r in records]
     cell = build(write_step(tmp_path / "shuffled", shuffled), [64])["decisive"][0]
@@ -143,8 +146,8 @@ def test_one_cell_slower_beyond_delta_keeps_a_port_elsewhere_from_carrying(tmp_p
     overall = result["overall"]
     assert overall["decision"] == "INCONCLUSIVE"
     assert overall["summary"].startswith(
-        "The decisive cells disagree or are unresolved ({'CLOSE': 1, 'PORT': 1}); 1 cell(s) "
-        "show pinning slower beyond delta.")
+        "The decisive cells disagree or are unresolved ({'CLOSE': 1, 'PORT': 1}); a PORT is "
+        "blocked by n=256 V=152064 K=5: it could be slower beyond delta")
 
 
 def test_a_cell_slower_within_delta_does_not_block_a_port(tmp_path):
@@ -184,8 +187,10 @@ def test_a_decisive_cell_named_but_not_measured_is_inconclusive_naming_it(tmp_pa
     assert (missing["rows"], missing["decision"]) == (256, "INCONCLUSIVE")
     assert missing["reason"] == "not measured: seed_pageable was not measured in this run"
     assert missing["stages_ms"] is None and missing["speedup"] is None
-    # the rule (issue 9): PORT needs one PORT cell and none slower beyond delta
-    assert result["overall"]["decision"] == "PORT"
+    # intersection-union (issue 27): a cell not measured could regress, so no family PORT
+    assert result["overall"]["decision"] == "INCONCLUSIVE"
+    assert "a PORT is blocked by n=256 V=152064 K=5: not measured" in (
+        result["overall"]["summary"])
 
 
 def test_too_few_rounds_is_inconclusive(tmp_path):
@@ -194,7 +199,13 @@ def test_too_few_rounds_is_inconclusive(tmp_path):
     assert cell["decision"] == "INCONCLUSIVE"
     assert cell["reason"] == "fewer rounds than the minimum (5 < 10)"
     assert cell["n_rounds"] == 5 and cell["speedup"] is None
-    assert build(run, [64], min_samples=5)["decisive"][0]["decision"] == "PORT"
+    few = build(run, [64], min_samples=5)
+    assert few["decisive"][0]["decision"] == "INCONCLUSIVE"
+    assert "fewer than the 149 a PORT needs" in few["decisive"][0]["reason"]
+    # a profile of a few rounds (smoke) says so instead of deciding
+    assert few["recommendation"]["change"] == "not a decision"
+    assert few["overall"]["summary"].startswith("Not a decision: 1 decisive cell(s) have as few "
+                                                "as 5 rounds, fewer than the 149")
 
 
 def test_an_aa_twin_that_differs_from_its_baseline_is_inconclusive(tmp_path):
@@ -614,3 +625,63 @@ def test_forward_ms_moves_the_logprobs_only_bar_and_the_other_log_softmax_is_dec
     on_host = build(write_step(tmp_path / "host", device + host + forward), [64],
                     log_softmax="host")
     assert on_host["overall"]["decision"] == "CLOSE"
+
+
+# --------------------------------------------------------------------------- three questions
+
+@pytest.mark.parametrize("pinned, reused, change, answers", [
+    (1.5, 1.2, "port the pinned scratch", ("PORT", "PORT", "PORT")),
+    (1.2, 1.2, "port a reused pageable buffer", ("PORT", "PORT", "CLOSE")),
+    (1.0, 1.0, "close", ("CLOSE", "CLOSE", "CLOSE")),
+    (1.2, 0.8, "port the pinned scratch", ("PORT", "CLOSE", "PORT")),
+], ids=["pinning-adds", "reuse-carries-it", "nothing", "reuse-alone-slower"])
+def test_the_verdict_recommends_one_change_from_three_answers(tmp_path, pinned, reused, change,
+                                                              answers):
+    records = step_cell(64, pinned, extra={"seed_pageable_reused": reused})
+    result = build(write_step(tmp_path / "run", records), [64])
+    assert result["recommendation"]["change"] == change
+    assert "fixed sequence" in result["recommendation"]["method"]
+    questions = result["questions"]
+    assert tuple(questions[q]["decision"] for q in ("bundle", "reuse", "pinning")) == answers
+    assert (questions["pinning"]["baseline"], questions["pinning"]["candidate"]) == (
+        "seed_pageable_reused", "seed_pinned")
+    pinning = questions["pinning"]["cells"][0]
+    assert pinning["speedup"] == pytest.approx(pinned / reused, rel=0.005)
+    assert pinning["ci_low"] <= pinning["speedup"] <= pinning["ci_high"]
+    cell = result["decisive"][0]
+    assert cell["answers"]["reuse"]["speedup"] == pytest.approx(reused, rel=0.005)
+    assert cell["answers"]["bundle"]["decision"] == answers[0]
+
+
+def test_without_the_reused_arm_pinning_alone_is_not_measured_and_the_change_is_open(tmp_path):
+    result = build(write_step(tmp_path / "run", step_cell(64, 1.5)), [64])
+    assert result["questions"]["pinning"]["measured"] is False
+    assert result["questions"]["pinning"]["decision"] is None
+    assert result["overall"]["decision"] == "PORT"
+    assert result["recommendation"]["change"] == "INCONCLUSIVE"
+    assert "pinning alone was not measured" in result["recommendation"]["reason"]
+
+
+def test_the_verdict_states_the_forward_the_overlap_and_the_allocator(tmp_path):
+    records = step_cell(64, 1.5) + [dict(experiment="step", arm="forward", metric="forward_ms",
+                                         value=4.45, note="(15.22 GB ...) = 4.45 ms", rows=64,
+                                         vocab=V, k=5)]
+    context = build(write_step(tmp_path / "run", records), [64])["context"]
+    assert context["forward"]["nominal_ms"] == [4.45] and context["forward"]["measured_ms"] is None
+    assert context["forward"]["context_tokens"] == 2048
+    assert context["overlap"].startswith("assumed: the forward is queued without a wait")
+    assert context["allocator"]["regimes"] == [] and "not recorded" in context["allocator"]["note"]
+
+
+def test_the_verdict_says_whether_the_allocators_regime_changes_the_answer(tmp_path):
+    heap = [{**r, "regime": "glibc"} for r in step_cell(64, 1.01)]  # heap reused: too small
+    mapped = [{**r, "regime": "mapped fresh"} for r in step_cell(64, 1.5, seed=2)]
+    result = build(write_step(tmp_path / "run", heap + mapped), [64])
+    allocator = result["context"]["allocator"]
+    assert allocator["regimes"] == ["glibc", "mapped fresh"] and allocator["assumed"] == "glibc"
+    assert result["overall"]["decision"] == "CLOSE"  # decided under the process's malloc
+    (other,) = allocator["other"]
+    assert (other["regime"], other["decision"], other["changes_answer"]) == (
+        "mapped fresh", "PORT", True)
+    assert allocator["note"] == "the regime changes the answer"
+    assert "32 MiB" in allocator["threshold"]

@@ -20,7 +20,8 @@ from stagelab.core import catalogue
 from stagelab.core.catalogue import STAGES, TOTAL, aa_name
 
 UNATTRIBUTED = "unattributed"  # what no timed stage accounts for
-SPLIT = (*STAGES, UNATTRIBUTED)  # the parts of a step that add up to its total
+FORWARD = "forward"  # the decode forward queued before the step, which the step waits behind
+SPLIT = (FORWARD, *STAGES, UNATTRIBUTED)  # the parts of a step that add up to its total
 DWARFED_SHARE = 0.10  # the copy counts as dwarfed below this share of the seed's step
 MET, NOT_MET, NOT_MEASURED = "met", "not met", "not measured"
 GOAL_COLUMNS = ("goal", "target", "measured", "status", "note")
@@ -115,6 +116,29 @@ def where_log_softmax(frame: pd.DataFrame, place: str) -> pd.DataFrame:
     return frame[frame["log_softmax"].fillna("device") == place]
 
 
+MAPPED_FRESH = "mapped fresh"  # the seed vector's regime that never touches the process's heap
+
+
+def regimes(frame: pd.DataFrame) -> list[str]:
+    """The seed vector's allocation regimes the rows record, the process's malloc first."""
+    found = sorted({str(r) for r in frame["regime"].dropna()}) if "regime" in frame else []
+    return sorted(found, key=lambda regime: regime == MAPPED_FRESH)
+
+
+def where_regime(frame: pd.DataFrame, regime: str | None = None) -> pd.DataFrame:
+    """The rows measured under the seed vector's allocation ``regime`` (None: the first the rows
+    record, the process's malloc before ``mapped fresh``); rows that do not say (tables kept
+    before the choice existed) ran under the process's malloc and are kept."""
+    recorded = regimes(frame)
+    regime = regime or (recorded[0] if recorded else None)
+    if regime is None or "regime" not in frame:
+        return frame
+    keep = frame["regime"] == regime
+    if regime != MAPPED_FRESH:
+        keep |= frame["regime"].isna()
+    return frame[keep]
+
+
 def log_softmax_places(frame: pd.DataFrame) -> pd.DataFrame:
     """Per cell and seed arm, the mean step with the log-softmax on the device and on the host
     and their ratio; empty when the run measured one place only."""
@@ -150,12 +174,28 @@ def step_context(frame: pd.DataFrame, delta: float) -> str:
     return "\n".join(lines)
 
 
+def forward_seconds(frame: pd.DataFrame, by: Sequence[str] = ("rows", "vocab", "k")) -> pd.Series:
+    """Per cell, the seconds of the decode forward queued before each step: the measured
+    duration of the queued device work (``forward_measured_ms``) where recorded, else the nominal
+    ``forward_ms``."""
+    ok = frame[(frame["status"] == "ok") & frame["value"].notna()]
+    out = pd.Series(dtype=float)
+    for metric in ("forward_ms", "forward_measured_ms"):  # measured last: it wins
+        rows = ok[ok["metric"] == metric]
+        if not rows.empty:
+            found = rows.groupby(list(by), observed=True)["value"].mean() / 1e3
+            out = found.combine_first(out) if len(out) else found
+    return out
+
+
 def decomposition(frame: pd.DataFrame, by: Sequence[str] = ("rows", "vocab", "k")) -> pd.DataFrame:
     """Mean seconds per stage and in total, per arm and cell, with each part's share of the total.
 
     Means, because the median of each stage does not add up to the median of the total; here the
-    parts add up to the total exactly: what no timed stage accounts for (untimed work between
-    stages, or, negative, stages that overlap on a GPU) is its own part, ``unattributed``. Each
+    parts add up to the total exactly: the decode forward queued before each step is its own
+    part, ``forward`` (its measured duration where recorded, else its nominal one; 0 on a CPU),
+    and what no timed stage accounts for (untimed work between stages, or, negative, stages
+    that overlap: the host's allocation runs while the forward does) is ``unattributed``. Each
     call counts where its total was timed; a stage an arm has no row for counts as 0.
     """
     timed = ok_timings(frame, stage=None)
@@ -165,7 +205,12 @@ def decomposition(frame: pd.DataFrame, by: Sequence[str] = ("rows", "vocab", "k"
                                  aggfunc="mean", observed=True)
     per_call = per_call.reindex(columns=[*STAGES, TOTAL])
     per_call = per_call[per_call[TOTAL].notna()].fillna(0.0)
-    per_call[UNATTRIBUTED] = per_call[TOTAL] - per_call[list(STAGES)].sum(axis=1)
+    forward = forward_seconds(frame, by)
+    cell_of = per_call.index.droplevel(["arm", "round"])
+    per_call[FORWARD] = (forward.reindex(cell_of).fillna(0.0).to_numpy() if len(forward)
+                         else 0.0)
+    per_call[UNATTRIBUTED] = (per_call[TOTAL] - per_call[list(STAGES)].sum(axis=1)
+                              - per_call[FORWARD])
     means = per_call.groupby(level=[*by, "arm"], observed=True)[[*SPLIT, TOTAL]].mean()
     means = means.reset_index()
     for stage in SPLIT:

@@ -39,6 +39,9 @@ overlap    bool    whether the copy overlapped compute (prompt logprobs), else m
 dtype      str     element type of the tensor that was moved or scored
 log_softmax str    where the seed arms ran the log-softmax: ``device`` or ``host`` (the step),
                    else missing
+regime     str     the seed vector's allocation regime (the step): the process's malloc
+                   (``glibc``, or a preloaded ``jemalloc``/``tcmalloc``) or ``mapped fresh``;
+                   else missing
 round      int     the round (interleaved arms of one round share it: samples pair by it);
                    warm-up rounds are not recorded
 position   int     the sample's place in its round (0 = first), from the balanced order
@@ -90,6 +93,7 @@ COLUMN_DTYPES: dict[str, str] = {
     "overlap": "boolean",
     "dtype": "string",
     "log_softmax": "string",
+    "regime": "string",
     "round": "Int64",
     "position": "Int64",
     "seconds": "float64",
@@ -106,7 +110,7 @@ COLUMNS: tuple[str, ...] = tuple(COLUMN_DTYPES)
 # Columns renamed since evidence was first kept: read under their new names.
 LEGACY_COLUMNS: dict[str, str] = {"repeat": "round"}
 # Columns added since evidence was first kept: missing in older tables, read as missing values.
-ADDED_COLUMNS: tuple[str, ...] = ("position", "log_softmax")
+ADDED_COLUMNS: tuple[str, ...] = ("position", "log_softmax", "regime")
 STATUSES = (OK, "unavailable", "skipped", FAILED)
 _DEFAULTS: dict[str, Any] = {"stage": "total", "metric": "time", "model": "", "timer": "",
                              "status": "ok", "note": ""}

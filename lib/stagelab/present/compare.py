@@ -48,6 +48,7 @@ class RunFacts:
     run_id: str
     hardware: dict[str, Any] = field(default_factory=dict)
     overall: str | None = None
+    recommendation: str | None = None
     decisive: list[dict[str, Any]] = field(default_factory=list)
     copy_cell: tuple[int, int] | None = None
     copy_gbps: dict[str, float] = field(default_factory=dict)
@@ -204,6 +205,7 @@ def load_run(path: Path | str) -> RunFacts:
         run.overall = (verdict.get("overall") or {}).get("decision")
         if "decisive" not in verdict and run.overall:
             run.overall += " (older format)"
+        run.recommendation = (verdict.get("recommendation") or {}).get("change")
         run.decisive = verdict.get("decisive") or []
         run.prompt = verdict.get("prompt_logprobs")
         if run.prompt is None:
@@ -338,11 +340,15 @@ def _run_rows(run: RunFacts, detail: bool) -> dict[tuple[str, str], Any]:
         ("hardware", "CPU"): hw.get("cpu"),
         ("hardware", "torch"): hw.get("torch"),
         ("verdict", "overall"): run.overall,
+        ("verdict", "recommendation"): run.recommendation,
         ("verdict", "timings"): run.timings,
     }
     for cell in run.decisive:
         name = _cell_name(cell)
         rows[("decisive cells", f"{name} verdict")] = _verdict_text(cell)
+        for question, answer in (cell.get("answers") or {}).items():
+            if question != "bundle":
+                rows[("decisive cells", f"{name} {question} alone")] = _verdict_text(answer)
         rows[("decisive cells", f"{name} saved ms/step")] = cell.get("saved_ms")
         if detail:
             rows[("decisive cells", f"{name} A/A twin")] = _ci_text(cell, "twin_")
@@ -438,14 +444,16 @@ def compare(run_dirs: Sequence[Path | str]) -> Comparison:
 # ------------------------------------------------------------------------------- rendering
 
 def format_value(value: Any) -> str:
-    """A table cell as text: numbers to three significant digits, missing as ``-``."""
+    """A table cell as text: numbers to three significant digits, missing as ``-``, anything
+    else as the report's tables show it (:func:`stagelab.present.tables.text`: yes or no, no
+    Markdown backticks)."""
     if value is None or (isinstance(value, float) and pd.isna(value)):
         return NOT_MEASURED
-    if isinstance(value, bool) or isinstance(value, int):
+    if isinstance(value, int) and not isinstance(value, bool):
         return str(value)
     if isinstance(value, float):
         return tables.significant(value)
-    return str(value)
+    return tables.text(value)
 
 
 def format_ratio(value: float) -> str:

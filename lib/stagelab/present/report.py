@@ -111,6 +111,11 @@ def _verdict_section(run_dir: Path, manifest: Mapping[str, Any]) -> str:
              f"{_trust_banner(trust.reasons(run_dir, manifest, verdict), manifest)}"
              f"<p class='decision {decision}'>Staging verdict: {decision}</p>"
              f"<p>{_esc(overall.get('summary', ''))}</p>"]
+    recommendation = verdict.get("recommendation")  # absent in verdicts of older runs
+    if recommendation:
+        parts.append(f"<p class='recommendation'>Recommended change: "
+                     f"<b>{_esc(recommendation['change'])}</b>: {_esc(recommendation['reason'])}"
+                     f"</p>{_questions_table(verdict.get('questions') or {})}")
     context = (verdict.get("context") or {}).get("words")  # absent in verdicts of older runs
     if context:
         parts.append(f"<p class='context'>{_esc(context)}</p>")
@@ -123,6 +128,25 @@ def _verdict_section(run_dir: Path, manifest: Mapping[str, Any]) -> str:
         parts.append(f"<img src='{VERDICT_FIGURE}' alt='key plot of the verdict'>")
     parts.append("</section>")
     return "".join(parts)
+
+
+def _questions_table(questions: Mapping[str, Any]) -> str:
+    """The three questions (bundle, reuse alone, pinning alone): each family's answer and each
+    cell's speedup with its CI."""
+    if not questions:
+        return ""
+    rows = "".join(
+        f"<tr><td>{_esc(q.get('words', name))}</td><td>{_esc(q.get('decision') or 'not measured')}"
+        f"</td><td>{_esc('; '.join(_answer_cell(c) for c in q.get('cells', [])))}</td></tr>"
+        for name, q in questions.items())
+    return ("<table class='questions'><tr><th>question</th><th>family</th>"
+            f"<th>per cell</th></tr>{rows}</table>")
+
+
+def _answer_cell(cell: Mapping[str, Any]) -> str:
+    measured = _with_ci(cell)
+    return (f"n={cell['rows']} V={cell['vocab']} K={cell['k']}: {cell['decision']}"
+            + (f" {measured}" if measured else ""))
 
 
 def prediction_html(check: Mapping[str, Any] | None) -> str:
@@ -182,8 +206,9 @@ def _fmt(value: Any, spec: str = ".3f") -> str:
 
 
 NOT_MEASURED = "not measured"
-STAGE_SPLIT = (*catalogue.STAGES, "unattributed", catalogue.TOTAL)
-STAGE_WORDS = "log-softmax + zero-fill + copy + host top-K + free + unattributed = total"
+STAGE_SPLIT = ("forward", *catalogue.STAGES, "unattributed", catalogue.TOTAL)
+STAGE_WORDS = ("forward + log-softmax + zero-fill + copy + host top-K + free + unattributed = "
+               "total")
 
 
 def _ratio(value: Any) -> str | None:
@@ -206,7 +231,7 @@ def _stage_sum(split: Mapping[str, Any]) -> str | None:
         parts = " + ".join(f"{split[s]:.2f}" for s in catalogue.STAGES)
         return (f"{parts}; total {split[catalogue.TOTAL]:.2f} (medians of an older verdict: "
                 "they need not add up)")
-    parts = " + ".join(f"{split[s]:.2f}" for s in STAGE_SPLIT[:-1])
+    parts = " + ".join(f"{split.get(s, 0.0):.2f}" for s in STAGE_SPLIT[:-1])
     return f"{parts} = {split[catalogue.TOTAL]:.2f}"
 
 

@@ -152,6 +152,15 @@ def log_softmax_places(value: Any, _: Mapping[str, Any] | None = None) -> None:
     _once(items, "place")
 
 
+def seed_regimes(value: Any, _: Mapping[str, Any] | None = None) -> None:
+    """The seed vector's allocation regimes: a non-empty list of ``malloc`` (the process's, as
+    the engine gets it) and ``mapped fresh`` (its own mapping every step), each once."""
+    items = _items(value)
+    for item in items:
+        _one_of(item, ("malloc", "mapped fresh"), "seed_regimes regime")
+    _once(items, "regime")
+
+
 def log_softmax_place(value: Any, _: Mapping[str, Any] | None = None) -> None:
     """The assumption the verdict decides under: ``device`` or ``host``."""
     _one_of(value, ("device", "host"), "log_softmax place")
@@ -253,6 +262,7 @@ NOTEBOOK_VALIDATORS: dict[tuple[str, str], Validator] = {
     (_STEP, "arms"): _subset(_arms_of(catalogue.STEP), "step arm"),
     (_STEP, "aa_arm"): _aa_arm_in_arms(_arms_of(catalogue.STEP), "step arm"),
     (_STEP, "log_softmax"): log_softmax_places,
+    (_STEP, "seed_regimes"): seed_regimes,
     (catalogue.VERDICT_NOTEBOOK, "log_softmax"): log_softmax_place,
     (_PROMPT, "methods"): _subset(_arms_of(catalogue.PROMPT), "method"),
 }
