@@ -482,8 +482,10 @@ def test_a_replay_judges_trust_by_the_node_s_load_not_the_analysing_host_s(tmp_p
     staging, step = manifest["notebooks"]
     assert staging["load"] == node["01_d2h_staging"] and step["load"]["busy"] is None
     assert staging["analysis_load"]["why"] == ["the analysing host was busy"]
-    assert trust.load_reasons(manifest) == [
-        "01_d2h_staging ran on a busy machine: the node was busy"]
+    assert trust.load_reasons(manifest) == [  # an unknown load is not a quiet one
+        "01_d2h_staging ran on a busy machine: the node was busy",
+        "02_logprobs_step: the load of the machine that timed it is unknown (the measurement "
+        "did not record the node's load); trust needs a measured load"]
 
 
 def test_no_torch_or_an_old_torch_is_one_line_before_anything_is_made(tmp_path, monkeypatch,

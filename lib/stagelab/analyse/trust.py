@@ -66,12 +66,20 @@ def scope_label(verdict: Mapping[str, Any]) -> str:
 
 
 def load_reasons(manifest: Mapping[str, Any]) -> list[str]:
-    """One sentence per timing notebook that ran on a busy machine."""
+    """One sentence per timing notebook that ran on a busy machine, or whose load was watched
+    but could not be read (a replay whose node recorded none, /proc unreadable): trust needs a
+    measured load, and an unknown one is not a quiet one."""
     out = []
     for entry in manifest.get("notebooks") or []:
-        load = entry.get("load") or {}
-        if entry.get("name") in TIMING_NOTEBOOKS and load.get("busy"):
+        load = entry.get("load")
+        if entry.get("name") not in TIMING_NOTEBOOKS or not isinstance(load, Mapping):
+            continue
+        if load.get("busy"):
             out.append(f"{entry['name']} ran on a busy machine: {'; '.join(load['why'])}")
+        elif load.get("busy") is None:
+            why = load.get("unavailable") or "it was not recorded"
+            out.append(f"{entry['name']}: the load of the machine that timed it is unknown "
+                       f"({why}); trust needs a measured load")
     return out
 
 

@@ -68,7 +68,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from stagelab.core.errors import SchemaError
+from stagelab.core import untrusted
+from stagelab.core.errors import BadRecord, SchemaError
 from stagelab.core.outcomes import FAILED, OK
 from stagelab.core.records import RunFolder, atomic_target
 
@@ -204,22 +205,28 @@ class JsonLinesSink:
         return self.path
 
 
-def read_json_lines(path: Path | str) -> list[dict[str, Any]]:
+def read_json_lines(path: Path | str, root: Path | str | None = None) -> list[dict[str, Any]]:
     """The rows of a JSON-lines table; a last line cut short by a kill is left out, any other
-    damaged line names the file and line."""
+    damaged line names the file and line. Read as :func:`stagelab.core.untrusted.read_text`
+    reads (a regular file of bounded size, no link, none between ``root`` and it); a row must
+    be a JSON object of bounded depth."""
     path = Path(path)
-    lines = path.read_text(encoding="utf-8").split("\n")
-    rows = []
+    lines = untrusted.read_text(path, root).split("\n")
+    rows: list[dict[str, Any]] = []
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
-        except ValueError as exc:
+            row = untrusted.parse_json(line, f"{path}:{number}")
+        except BadRecord as exc:
             if number == len(lines):  # no newline after it: the write was cut short
                 break
-            raise SchemaError(f"{path}:{number}: not a JSON row ({exc})") from exc
-        rows.append({LEGACY_COLUMNS.get(key, key): value for key, value in row.items()})
+            raise SchemaError(f"{path}:{number}: not a JSON row "
+                              f"({exc.__cause__ or str(exc).split(': ', 1)[-1]})") from exc
+        if not isinstance(row, dict):
+            raise SchemaError(f"{path}:{number}: not a JSON row (a {type(row).__name__}, not "
+                              "an object)")
+        rows.append({LEGACY_COLUMNS.get(str(key), str(key)): value for key, value in row.items()})
     return rows
 
 

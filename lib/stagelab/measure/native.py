@@ -18,6 +18,7 @@ file would otherwise kill the process with SIGBUS); otherwise it is built again.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import json
@@ -26,6 +27,7 @@ import os
 import shlex
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -43,12 +45,15 @@ FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC")
 COMPILERS = ("c++", "g++", "clang++")
 BUILD_TIMEOUT_S = 300
 PROBE_TIMEOUT_S = 60
+PRIVATE_MODE = 0o700  # the temp dir's fallback cache: this user's alone
 
 
 def cache_dirs() -> list[Path]:
     """Where builds may be kept, in order: ``$STAGELAB_CACHE`` (default ``~/.cache/stagelab``),
     then ``.cache/stagelab`` in the repository, then ``stagelab-<uid>`` in the temp dir; the
-    first that holds a verified build, or can take a new one, is used."""
+    first that is this user's own (:func:`cache_folder_problem`) and holds a verified build, or
+    can take a new one, is used. The last is private: created 0700, refused when another user
+    owns it or it is open to others."""
     first = Path(os.environ.get("STAGELAB_CACHE") or Path.home() / ".cache" / "stagelab")
     return [first, paths.REPO_ROOT / ".cache" / "stagelab",
             Path(tempfile.gettempdir()) / f"stagelab-{os.getuid()}"]
@@ -118,9 +123,47 @@ def probe(library: Path) -> str | None:
     return None
 
 
+def _owned_problem(path: Path, private: bool) -> str | None:
+    """Why ``path`` (a cache folder, a library or its stamp) is not this user's alone to write:
+    a link, another owner, or writable by others (with ``private``, open to them at all)."""
+    try:
+        info = os.lstat(path)
+    except OSError as exc:
+        return f"{path} cannot be read ({exc.strerror or exc})"
+    if stat.S_ISLNK(info.st_mode):
+        return f"{path} is a symbolic link"
+    if info.st_uid != os.getuid():
+        return f"{path} is owned by uid {info.st_uid}, not this user ({os.getuid()})"
+    open_to_others = 0o077 if private else 0o022
+    if info.st_mode & open_to_others:
+        return f"{path} is open to other users (mode {stat.S_IMODE(info.st_mode):o})"
+    return None
+
+
+def cache_folder_problem(folder: Path, private: bool) -> str | None:
+    """Make ``folder`` if absent (mode 0700 where ``private``: the temp dir's fallback, whose
+    name anyone can guess) and say why a library there may not be trusted, or None."""
+    try:
+        if private:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(folder, PRIVATE_MODE)
+        else:
+            folder.mkdir(parents=True, exist_ok=True)
+        if private and _owned_problem(folder, private=False) is None:
+            os.chmod(folder, PRIVATE_MODE)  # ours from an older stagelab: closed to others now
+    except OSError as exc:
+        return f"{folder} ({exc.strerror or exc})"
+    return _owned_problem(folder, private)
+
+
 def verified(library: Path) -> str | None:
-    """None when a cached library matches the size and hash stamped at its build and loads in
-    a probe process; else why it may not be trusted."""
+    """None when a cached library and its stamp are this user's own files (no link, not
+    writable by others), the library matches the size and hash stamped at its build and loads
+    in a probe process; else why it may not be trusted."""
+    for path in (library, _stamp_path(library)):  # the folder's privacy is checked apart
+        problem = _owned_problem(path, private=False)
+        if problem:
+            return problem
     try:
         stamp = json.loads(_stamp_path(library).read_text())
         size = library.stat().st_size
@@ -176,12 +219,17 @@ def build(compiler: list[str]) -> Path:
     key = hashlib.sha256(b"\0".join([source, identity.encode(), " ".join(FLAGS).encode()]))
     name = f"seed_host-{key.hexdigest()[:16]}.so"
     unusable = []
-    for folder in cache_dirs():
+    folders = cache_dirs()
+    for folder in folders:
+        private = folder == folders[-1]  # the temp dir's: a name anyone can take first
+        problem = cache_folder_problem(folder, private)
+        if problem:
+            unusable.append(problem)
+            continue
         target = folder / name
         if target.is_file() and verified(target) is None:
             return target
         try:
-            folder.mkdir(parents=True, exist_ok=True)
             return _compile(compiler, identity, target)
         except OSError as exc:
             unusable.append(f"{folder} ({exc.strerror or exc})")

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 import stagelab.measure.device
-from stagelab.core import catalogue, paths
+from stagelab.core import catalogue, paths, records, untrusted
 from stagelab.core.errors import UserError
 from stagelab.core.outcomes import EXIT_NO_GO, GO, NO_GO
 from stagelab.core.outcomes import EXIT_OK as EXIT_GO
@@ -339,7 +339,31 @@ def resolve_out(out: Path | None) -> Path:
         raise UserError(f"--out {path.parent}: cannot create the folder ({exc.strerror})") from exc
     if not os.access(path.parent, os.W_OK):
         raise UserError(f"--out {path.parent}: the folder is not writable")
+    check_replaceable(path)
     return path
+
+
+PREFLIGHT_KEYS = frozenset({"decision", "exit_status", "blocking", "checks", "profile"})
+
+
+def check_replaceable(path: Path) -> None:
+    """UserError unless ``path`` lies outside every run folder and is new or an earlier
+    ``preflight.json``: a run's manifest (or any other JSON file) is never overwritten."""
+    if path.is_symlink() or path.is_dir():
+        raise UserError(f"--out {path}: is a {'link' if path.is_symlink() else 'folder'}; "
+                        "name a new .json file or a folder")
+    if records.enclosing_run(path) is not None:
+        raise UserError(f"--out {path}: lies in a run folder, whose record is never written "
+                        "by another command; name another file")
+    if not path.exists():
+        return
+    try:
+        earlier = untrusted.load_json(path)
+    except (OSError, UserError):
+        earlier = None
+    if not isinstance(earlier, dict) or not PREFLIGHT_KEYS <= set(earlier):
+        raise UserError(f"--out {path}: exists and is not an earlier preflight.json; name a "
+                        "new file")
 
 
 def write_report(path: Path, profile: str, checks: list[Check], elapsed_s: float) -> Path:

@@ -14,12 +14,15 @@ repository's README links there.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
 import html
 import os
 import re
 import shutil
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +31,7 @@ from stagelab.analyse import calibration, trust
 from stagelab.core import catalogue, paths, records, rundir, schema
 from stagelab.core.errors import SchemaError, UserError
 from stagelab.core.records import RunFolder
+from stagelab.present import inert
 
 VERDICT = RunFolder.VERDICT
 KEPT = RunFolder.KEPT
@@ -152,10 +156,8 @@ def keep_evidence(run_dir: Path, root: Path | None = None, force: bool = False) 
         raise UserError(f"{run_dir}: not kept: {why}; only ok runs with a verdict and "
                         "trustworthy timings are evidence (--force keeps it anyway, labelled "
                         "forced)")
-    twin = kept_replay_of(root, (manifest.get("measured_on") or {}).get("measured_id"))
-    if twin is not None:
-        raise UserError(f"{run_dir}: not kept: its measurement is kept already, as {twin}; one "
-                        "measurement is one piece of evidence, however often it is replayed")
+    measured_id = (manifest.get("measured_on") or {}).get("measured_id")
+    _refuse_a_kept_measurement(run_dir, root, measured_id)
     name = records.plain_name(run_dir.resolve().name, "run folder name", run_dir)
     dest = root / machine_slug(manifest) / name
     if dest.exists():
@@ -169,10 +171,12 @@ def keep_evidence(run_dir: Path, root: Path | None = None, force: bool = False) 
             "kept_utc": rundir.now_utc(), "forced": bool(why), "status": manifest["status"],
             "refusal": why, "untrusted": trust.reasons(run_dir, manifest)})
         os.chmod(staging, 0o777 & ~records.umask())
-        os.rename(staging, dest)
-        staging = None
-        write_evidence_index(root)
-        write_results(root)
+        with keep_lock(root):  # one keep at a time decides whether a measurement is kept
+            _refuse_a_kept_measurement(run_dir, root, measured_id)
+            os.rename(staging, dest)
+            staging = None
+            write_evidence_index(root)
+            write_results(root)
     except OSError as exc:
         if exc.errno in (errno.EEXIST, errno.ENOTEMPTY) and dest.exists():
             raise UserError(f"{dest} exists already (kept meanwhile by another process): "
@@ -184,6 +188,13 @@ def keep_evidence(run_dir: Path, root: Path | None = None, force: bool = False) 
         if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)
     return dest
+
+
+def _refuse_a_kept_measurement(run_dir: Path, root: Path, measured_id: str | None) -> None:
+    twin = kept_replay_of(root, measured_id)
+    if twin is not None:
+        raise UserError(f"{run_dir}: not kept: its measurement is kept already, as {twin}; one "
+                        "measurement is one piece of evidence, however often it is replayed")
 
 
 def _copy_evidence(run_dir: Path, files: list[Path], dest: Path) -> None:
@@ -207,6 +218,22 @@ class KeptRun:
     verdict: str
     forced: bool
     untrusted: bool = False  # kept although its timings were not trustworthy (busy, A/A)
+
+
+@contextlib.contextmanager
+def keep_lock(root: Path) -> Iterator[None]:
+    """Hold the kept evidence's lock (on the ``root`` folder itself: no file is added) for a
+    block: concurrent keeps wait for each other, so one measurement is kept once."""
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as exc:
+        raise UserError(f"cannot keep under {root}: {exc.strerror or exc}") from exc
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def kept_replay_of(root: Path, measured_id: str | None) -> Path | None:
@@ -314,15 +341,17 @@ def _run_results(root: Path, row: KeptRun) -> list[str]:
     verdict = _verdict_of(root, row)
     hardware = verdict.get("hardware") or {}
     overall = verdict.get("overall") or {}
-    machine = hardware.get("gpu") or f"CPU only ({hardware.get('cpu') or row.machine})"
-    lines = [f"### {machine}: run `{Path(row.path).name}`{_labels(row)}", "",
+    text, code = inert.markdown_text, inert.markdown_code  # a kept run's strings are data
+    machine = text(hardware.get("gpu") or f"CPU only ({hardware.get('cpu') or row.machine})")
+    lines = [f"### {machine}: run `{code(Path(row.path).name)}`{_labels(row)}", "",
              f"Kept in [`{row.path}/`]({row.path}/index.html); "
-             f"made {row.date[:10]} at commit `{row.commit}`, profile `{row.profile}`, torch "
-             f"{hardware.get('torch') or 'unknown'}.", "",
-             f"**Verdict: {row.verdict}.** {overall.get('summary', '')}".rstrip(), ""]
-    findings = [f for f in verdict.get("findings") or [] if not f.startswith(ABOUT_OTHER_RUNS)]
+             f"made {text(row.date[:10])} at commit `{code(row.commit)}`, profile "
+             f"`{code(row.profile)}`, torch {text(hardware.get('torch') or 'unknown')}.", "",
+             f"**Verdict: {text(row.verdict)}.** {text(overall.get('summary', ''))}".rstrip(), ""]
+    findings = [f for f in verdict.get("findings") or []
+                if not str(f).startswith(ABOUT_OTHER_RUNS)]
     findings += _calibration(verdict.get("calibration") or [])
-    lines += [f"- {finding}" for finding in findings]
+    lines += [f"- {text(finding)}" for finding in findings]
     return lines + ([""] if findings else [])
 
 
@@ -364,13 +393,14 @@ def results_markdown(root: Path | None = None) -> str:
         shown = headline_run(kept)
         if shown is None:
             shown = kept[-1]
-            lines += [f"No run of `{shown.path.split('/')[0]}` is both unforced and trusted: "
-                      "its newest kept run is shown, labelled.", ""]
+            lines += [f"No run of `{inert.markdown_code(shown.path.split('/')[0])}` is both "
+                      "unforced and trusted: its newest kept run is shown, labelled.", ""]
         lines += _run_results(root, shown)
         others = [r for r in kept if r is not shown]
         if others:
-            listed = ", ".join(f"`{Path(r.path).name}` ({r.verdict}{_labels(r).replace('**', '')})"
-                               for r in others)
+            listed = ", ".join(f"`{inert.markdown_code(Path(r.path).name)}` "
+                               f"({inert.markdown_text(r.verdict)}"
+                               f"{_labels(r).replace('**', '')})" for r in others)
             lines += [f"Other runs kept for this machine: {listed}.", ""]
     return "\n".join([*lines, RESULTS_END])
 

@@ -20,7 +20,7 @@ from stagelab.analyse import predict, trust
 from stagelab.core import catalogue, records
 from stagelab.core.errors import UserError
 from stagelab.core.records import RunFolder
-from stagelab.present import machine
+from stagelab.present import inert, machine
 
 VERDICT_FILE = RunFolder.VERDICT
 VERDICT_FIGURE = f"figures/{catalogue.VERDICT_NOTEBOOK}_key.png"  # notebook 04's key plot
@@ -61,7 +61,8 @@ def notebook_body(notebook_path: Path) -> str:
 
     exporter = HTMLExporter(template_name="basic", exclude_input=True, exclude_input_prompt=True,
                             exclude_output_prompt=True, embed_images=True)
-    body, _ = exporter.from_notebook_node(nbformat.read(str(notebook_path), as_version=4))
+    notebook = inert.inert_notebook(nbformat.read(str(notebook_path), as_version=4))
+    body, _ = exporter.from_notebook_node(notebook)  # records' text in it is data, not markup
     return body
 
 

@@ -163,4 +163,5 @@ def readable(frame: pd.DataFrame) -> pd.DataFrame:
 
 def show(frame: pd.DataFrame) -> Any:
     """A frame as an HTML table (a pandas Styler, without its index) a reader can take in."""
-    return readable(frame).style.hide(axis="index")
+    styler = readable(frame).style.format(escape="html").format_index(escape="html", axis=1)
+    return styler.hide(axis="index")  # a record's text is shown, never taken as markup

@@ -15,6 +15,7 @@ the run folder, not to the terminal.
 from __future__ import annotations
 
 import contextlib
+import keyword
 import os
 import re
 import shutil
@@ -170,6 +171,18 @@ def _last_started_cell(notebook_path: Path) -> int | None:
     return started[-1] if started else None
 
 
+def injected_parameters(notebook: NotebookPlan, run_dir: Path) -> dict[str, Any]:
+    """The parameters papermill writes into the notebook's injected cell. Each name becomes code
+    there, so each must be a plain identifier (the plan checked it against the notebook's own
+    parameters cell; this refuses anything else however the plan was made)."""
+    parameters = {**notebook.parameters, "run_dir": str(Path(run_dir).resolve())}
+    for name in parameters:
+        if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
+            raise UserError(f"{notebook.name}: parameter name {name!r} is not a Python "
+                            "identifier; refused (it would be written into the notebook as code)")
+    return parameters
+
+
 def _papermill(notebook: NotebookPlan, output: Path, run_dir: Path, plan: RunPlan,
                kernel_manager: type) -> tuple[str, str | None]:
     import papermill
@@ -177,8 +190,7 @@ def _papermill(notebook: NotebookPlan, output: Path, run_dir: Path, plan: RunPla
     os.environ[paths.HEADLESS_ENV] = "1"  # the kernel's sweeps print a line per cell, no bars
     try:
         papermill.execute_notebook(
-            str(notebook.path), str(output),
-            parameters={**notebook.parameters, "run_dir": str(Path(run_dir).resolve())},
+            str(notebook.path), str(output), parameters=injected_parameters(notebook, run_dir),
             kernel_name=KERNEL_NAME, cwd=str(notebook.path.parent), progress_bar=False,
             request_save_on_cell_execute=True, kernel_manager_class=kernel_manager,
             start_timeout=plan.start_timeout_s, execution_timeout=plan.cell_timeout_s)

@@ -149,6 +149,13 @@ def _type_ok(value: Any, default: Any) -> bool:
     return isinstance(value, type(default))
 
 
+def _beyond_int64(value: Any) -> bool:
+    """Whether an integer in ``value`` (or in a list of it) does not fit a signed 64-bit int."""
+    if isinstance(value, list):
+        return any(_beyond_int64(item) for item in value)
+    return isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 2**63
+
+
 def check_parameters(notebook: str, given: Mapping[str, Any], declared: Mapping[str, Any],
                      source: str) -> None:
     """Raise UserError for an unknown or runner-owned parameter, or a type unlike the default's."""
@@ -168,6 +175,9 @@ def check_parameters(notebook: str, given: Mapping[str, Any], declared: Mapping[
             raise UserError(f"{where}={value!r} is "
                             f"{params.describe_type(value)}, expected {type(default).__name__} "
                             f"(default {default!r}){suggestion(notebook, key, value, declared)}")
+        if _beyond_int64(value):
+            raise UserError(f"{where}={value!r} holds an integer beyond 64 bits (|n| < 2**63): "
+                            "no table, seed or size can hold it")
 
 
 def suggestion(notebook: str, key: str, value: Any, declared: Mapping[str, Any]) -> str:
