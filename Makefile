@@ -12,7 +12,11 @@ PY := $(VENV)/bin/python
 # JupyterLab refuses to start as root without this flag (containers, CI).
 ALLOW_ROOT := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 
-.PHONY: setup run test check lab browser clean
+.PHONY: help setup run test check lab browser clean
+
+# `make help` lists every target with the words after its `##` (this list reads the Makefile itself).
+help: ## list the targets
+	@grep -E '^[a-z]+:.*## ' $(firstword $(MAKEFILE_LIST)) | sed -E 's/^([a-z]+):.*## /\1\t/' | expand -t 10
 
 $(VENV)/.installed: pyproject.toml scripts/setup_venv.py
 	$(SETUP)
@@ -23,33 +27,33 @@ $(VENV)/.extra-%: $(VENV)/.installed
 	$(SETUP) --extra $*
 	@touch $@
 
-setup: $(VENV)/.installed
+setup: $(VENV)/.installed ## make .venv with torch for this machine and stagelab, nothing run
 
-run: setup
+run: setup ## set up, then run the quick profile (PROFILE=name for another) and print the report
 	$(VENV)/bin/stagelab run --profile $(PROFILE)
 
 # The report test drives a real browser: Debian's chromium, installed here when missing.
-browser:
+browser: ## install Debian's chromium where missing (the browser tests need it)
 	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; } \
 	  || echo 'warning: chromium could not be installed; the browser test will say so'
 
 # The Lab extra too: tests/test_lab_browser.py runs every notebook in JupyterLab; and the fleet
 # extra (Ray): tests/test_fleet.py runs a Ray cluster on this machine's loopback address. The
 # linter (ruff, configured in pyproject.toml) runs first.
-test: $(VENV)/.extra-lab $(VENV)/.extra-test $(VENV)/.extra-fleet browser
+test: $(VENV)/.extra-lab $(VENV)/.extra-test $(VENV)/.extra-fleet browser ## lint, types, then every test (about 9 minutes)
 	$(PY) -m ruff check
 	$(PY) -m mypy
 	$(PY) -m pytest
 
 # The fast lane, before every commit: lint, types, and the tests not marked slow (no notebook,
 # browser or Ray cluster); about a minute and a half on 2 cores (docs/developing.md).
-check: $(VENV)/.extra-test
+check: $(VENV)/.extra-test ## lint, types and the fast tests (about a minute and a half)
 	$(PY) -m ruff check
 	$(PY) -m mypy
 	$(PY) -m pytest -q -m "not slow" -p no:cacheprovider
 
-lab: $(VENV)/.extra-lab
+lab: $(VENV)/.extra-lab ## JupyterLab on notebooks/ with the project's kernel (LAB_ARGS passes options)
 	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $(ALLOW_ROOT) $(LAB_ARGS)
 
-clean:
+clean: ## remove .venv
 	rm -rf $(VENV)

@@ -77,6 +77,7 @@ TINY = {
                            "rounds": 2, "dtype": "float32"},
     "04_verdict": {"min_samples": 3, "decisive_rows": [2], "decisive_models": [1000],
                    "decisive_ks": [2], "calibration_trials": 20},
+    "05_prediction": {"decisive_rows": [2], "decisive_models": [1000], "decisive_ks": [2]},
 }
 
 

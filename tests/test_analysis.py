@@ -114,9 +114,9 @@ def test_decomposition_gives_mean_stages_and_their_shares():
     parts = analysis.decomposition(frame).set_index("arm")
     seed = parts.loc["seed_pageable"]  # mean drift 2: every stage twice SEED_STAGES
     assert [seed[s] for s in (*analysis.SPLIT, "total")] == pytest.approx(
-        [2e-3, 4e-3, 6e-3, 8e-3, 0.0, 0.0, 20e-3])
+        [0.0, 2e-3, 4e-3, 6e-3, 8e-3, 0.0, 0.0, 20e-3])  # no forward recorded: 0
     assert [seed[f"{s}_share"] for s in analysis.SPLIT] == pytest.approx(
-        [0.1, 0.2, 0.3, 0.4, 0.0, 0.0])
+        [0.0, 0.1, 0.2, 0.3, 0.4, 0.0, 0.0])
     assert parts.loc["seed_pinned", "total"] == pytest.approx(5e-3)
     assert parts.loc["seed_pinned", "copy_share"] == pytest.approx(0.3)
     empty = analysis.decomposition(rows(dict(arm="a", status="skipped", note="too big", **CELL)))
@@ -312,7 +312,7 @@ def test_recommend_chunk_picks_the_smallest_chunk_within_tolerance():
                    "ratio_ci_high": pytest.approx(1.04), "unchunked_rows": 2048,
                    "tolerance": 0.05,
                    "reason": "smallest chunk not shown to be more than 5% slower than the fastest "
-                             "(1.1 ms at chunk 1024): 1.040x of it (CI 1.040-1.040); a smaller "
+                             "(1.07 ms on average at chunk 1024): 1.040x of its mean (CI 1.040-1.040); a smaller "
                              "chunk holds less memory"}
     assert analysis.recommend_chunk(frame, tolerance=0.01)["chunk"] == 1024
     assert analysis.recommend_chunk(frame, tolerance=0.2)["chunk"] == 256
@@ -348,19 +348,20 @@ def test_prompt_time_relative_divides_by_the_same_arms_unchunked_time():
         out = analysis.prompt_time_relative(rows(*order)).set_index(["arm", "chunk"])
         assert out["relative"].to_dict() == pytest.approx(
             {("a", 512): 1.5, ("a", 2048): 1.0, ("b", 512): 0.25, ("b", 2048): 1.0})
-        assert out.loc[("b", 512), "seconds"] == pytest.approx(1e-3)
+        assert out.loc[("b", 512), "mean_seconds"] == pytest.approx(1e-3 * (0.9 + 1.0 + 1.3) / 3)
 
 
 def test_overlap_effect_pairs_each_method_with_its_overlapped_arm():
     frame = rows(*prompt_frame({512: 3.0, 1024: 2.0}, arm="fused", overlap=False),
                  *prompt_frame({512: 2.0, 1024: 1.5}, arm="fused+overlap", overlap=True))
     out = analysis.overlap_effect(frame).set_index(["method", "chunk"])
-    assert out["overlap_saves_ms"].to_dict() == pytest.approx(
-        {("fused", 512): 1.0, ("fused", 1024): 0.5})
-    assert out.loc[("fused", 512), "plain_s"] == pytest.approx(3e-3)
+    mean_factor = (0.9 + 1.0 + 1.3) / 3  # prompt_frame's rounds
+    assert out["overlap_saves_mean_ms"].to_dict() == pytest.approx(
+        {("fused", 512): mean_factor, ("fused", 1024): 0.5 * mean_factor})
+    assert out.loc[("fused", 512), "plain_mean_s"] == pytest.approx(3e-3 * mean_factor)
     only_plain = analysis.overlap_effect(
         rows(*prompt_frame({512: 3.0}, arm="fused", overlap=False)))
-    assert "overlap_saves_ms" not in only_plain
+    assert "overlap_saves_mean_ms" not in only_plain
 
 
 def test_staging_goals_without_a_gpu():
@@ -371,7 +372,7 @@ def test_staging_goals_without_a_gpu():
     assert goals[0]["note"] == "no CUDA device: pinned memory does not exist here"
     assert goals[1]["note"] == ("no GPU link to compare with (the raw ceiling here is a "
                                 "host-to-host copy)")
-    assert goals[2]["measured"] == f"worst cell n=64, V={V}: 1.000x [1.000, 1.000]"
+    assert goals[2]["measured"] == f"widest at n=64, V={V}: half-width 0.0% (CI 1.000-1.000)"
     assert goals[3] == analysis.goal(
         "reuse lever: reused vs fresh pageable", "CI above 1 at the largest cell",
         f"2.00x [2.00, 2.00], 11.67 ms per copy at n=64, V={V}", True)
@@ -401,8 +402,12 @@ def test_harness_goal_met_not_met_and_not_measured():
                                                twin_ci_high=1.07)])])
     out = analysis.harness_goal(far)
     assert out["status"] == "not met"
-    assert out["measured"] == f"worst cell n=256, V={V}: 1.050x [1.030, 1.070]"
-    assert out["note"].startswith("precision, not a difference")
+    assert out["measured"] == f"widest at n=256, V={V}: half-width 2.0% (CI 1.030-1.070)"
+    assert "1.05" not in out["measured"]  # the twin's ratio would read as a difference
+    assert "not a finding that identical arms differ" in out["note"]
+    wide = analysis.harness_goal(pd.DataFrame([dict(rows=8, vocab=V, twin_speedup=1.0,
+                                                    twin_ci_low=0.95, twin_ci_high=1.06)]))
+    assert wide["status"] == "not met"  # centred on 1 but too wide: imprecise, not different
     none = analysis.harness_goal(pd.DataFrame([dict(rows=64, vocab=V, speedup=2.0)]))
     assert (none["status"], none["note"]) == ("not measured", "no twin was timed")
 
@@ -513,3 +518,14 @@ def test_the_link_goal_sits_below_the_practical_pcie_ceiling_and_numa_minus_one_
     note = analysis.staging_goals(slow, snap)[1]["note"]
     assert "NUMA" not in note and note.startswith("the buffer size")
     assert "NUMA node 1" in analysis.likely_link_cause({"nvml": {"numa_node": 1}})
+def test_the_queued_forward_is_its_own_part_of_the_step_not_unattributed():
+    common = dict(experiment="step", rows=4, vocab=100, k=1)
+    records = [dict(arm="seed_pageable", stage=stage, round=r, seconds=seconds, **common)
+               for r in range(3) for stage, seconds in (("copy", 0.002), ("total", 0.010))]
+    records.append(dict(arm="forward", metric="forward_ms", value=5.0, **common))
+    seed = analysis.decomposition(schema.make_rows(records)).iloc[0]
+    assert seed["forward"] == pytest.approx(0.005) and seed["unattributed"] == pytest.approx(0.003)
+    measured = records + [dict(arm="forward", metric="forward_measured_ms", value=6.0, **common)]
+    seed = analysis.decomposition(schema.make_rows(measured)).iloc[0]
+    assert seed["forward"] == pytest.approx(0.006)  # the measured duration, where recorded
+    assert sum(seed[s] for s in analysis.SPLIT) == pytest.approx(seed["total"])

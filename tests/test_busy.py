@@ -194,3 +194,54 @@ def test_the_report_says_when_the_load_was_not_recorded(tmp_path):
     rundir.write_manifest(tmp_path, manifest)
     page = report.write_index(tmp_path).read_text()
     assert "load was not recorded" not in page and "TIMINGS NOT TRUSTWORTHY" not in page
+
+
+# --------------------------------------------------- a few-round run judges neither question
+
+def _few_round_verdict(rounds: int) -> dict:
+    """A verdict whose one A/A check, at ``rounds`` rounds, saw the twins 'differ' (as a 3-round
+    smoke run does on a quiet machine: its bootstrap over 3 rounds is far too narrow)."""
+    return {"overall": {"decision": "INCONCLUSIVE", "summary": "too few rounds"},
+            "decisive": [], "harness": {
+                "method": "bonferroni", "delta": 0.02, "confidence": 0.99,
+                "family_confidence": 0.95, "checks": [
+                    {"level": "copy", "rows": 8, "vocab": 4096, "n_rounds": rounds,
+                     "twin_speedup": 1.3, "twin_ci_low": 1.2, "twin_ci_high": 1.4,
+                     "differs": True}]}}
+
+
+def test_a_few_round_run_is_labelled_not_judged_rather_than_untrustworthy(tmp_path):
+    smoke = _few_round_verdict(3)
+    assert trust.harness_reasons(smoke) == []  # 3 rounds judge no twin
+    assert trust.too_few_rounds(smoke) == 3
+    label = trust.scope_label(smoke)
+    assert label.startswith("NOT A DECISION, NOT A TRUST CHECK: 3 rounds per cell")
+    markdown = trust.warning_markdown(tmp_path, smoke)
+    assert markdown.startswith("**NOT A DECISION, NOT A TRUST CHECK**:")
+    assert "NOT TRUSTWORTHY" not in markdown
+    # with rounds enough, the same twins are a trust check, and they failed it
+    judged = _few_round_verdict(trust.MIN_TRUST_ROUNDS)
+    assert trust.scope_label(judged) == "" and trust.too_few_rounds(judged) is None
+    assert trust.harness_reasons(judged)[0].startswith("the A/A check at copy level, n=8")
+
+
+def test_the_report_and_the_terminal_label_a_smoke_run_and_keep_refuses_it(tmp_path, monkeypatch):
+    from conftest import good_run
+    from stagelab import cli
+    from stagelab.core import paths
+    from stagelab.core.errors import UserError
+    from stagelab.present import evidence
+
+    monkeypatch.setattr(paths, "REFERENCE_DIR", tmp_path / "reference")
+    run_dir = good_run(tmp_path / "runs")
+    (run_dir / "verdict.json").write_text(json.dumps(_few_round_verdict(3)))
+    page = report.write_index(run_dir).read_text()
+    verdict_box = page[page.index("<section class='verdict'"):page.index("</section>")]
+    assert "id='not-judged'" in verdict_box and "NOT A DECISION, NOT A TRUST CHECK" in verdict_box
+    assert "NOT TRUSTWORTHY" not in page
+    manifest = rundir.read_manifest(run_dir)
+    line = cli.verdict_line(run_dir, manifest)
+    assert line.splitlines()[1].startswith("NOT A DECISION, NOT A TRUST CHECK: 3 rounds")
+    assert "NOT TRUSTWORTHY" not in line
+    with pytest.raises(UserError, match=r"not kept: not a decision, not a trust check: 3 rounds"):
+        evidence.keep_evidence(run_dir)

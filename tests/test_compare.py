@@ -201,3 +201,93 @@ def test_a_run_with_untrustworthy_timings_is_flagged_in_its_column_and_a_note(cp
     (a / "manifest.json").write_text(json.dumps(manifest))
     assert compare.compare([a]).table.loc[("verdict", "timings"), "A_cpu"] == (
         "yes (quiet, A/A passed)")
+
+
+def test_the_comparison_shows_the_recommended_change_and_each_cells_other_answers(tmp_path):
+    run = make_run(tmp_path, "R")
+    data = json.loads((run / "verdict.json").read_text())
+    data["recommendation"] = {"change": "port the pinned scratch", "reason": "why"}
+    data["decisive"][0]["answers"] = {
+        "bundle": {"decision": "PORT", "speedup": 1.5, "ci_low": 1.4, "ci_high": 1.6},
+        "reuse": {"decision": "PORT", "speedup": 1.2, "ci_low": 1.1, "ci_high": 1.3},
+        "pinning": {"decision": "PORT", "speedup": 1.25, "ci_low": 1.2, "ci_high": 1.3}}
+    (run / "verdict.json").write_text(json.dumps(data))
+    table = compare.compare([run]).table
+    assert table.loc[("verdict", "recommendation"), "R"] == "port the pinned scratch"
+    name = next(q for s, q in table.index if s == "decisive cells" and q.endswith("pinning alone"))
+    assert table.loc[("decisive cells", name), "R"] == "PORT 1.250x [1.200, 1.300]"
+
+
+# ------------------------------------------------- figures of trustworthy runs beyond their CIs
+
+def _trusted(run: Path, lever: tuple[float, float, float], rounds: int = 30,
+             cores: int = 2, torch_version: str = "2.5.1") -> Path:
+    """Make a synthetic run trustworthy (a quiet machine, A/A checks passed at ``rounds``) with
+    one step lever measured as (speedup, low, high)."""
+    manifest = json.loads((run / "manifest.json").read_text())
+    manifest["notebooks"] = [{"name": "02_logprobs_step", "status": "ok",
+                              "load": {"busy": False, "why": []}}]
+    manifest["hardware"]["host"]["logical_cores"] = cores
+    manifest["hardware"]["torch"]["torch"] = torch_version
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    verdict = json.loads((run / "verdict.json").read_text())
+    verdict["harness"] = {"method": "bonferroni", "delta": 0.02, "confidence": 0.99,
+                          "family_confidence": 0.95, "checks": [
+        {"level": "step", "rows": 64, "vocab": 152064, "k": 5, "n_rounds": rounds,
+         "twin_speedup": 1.0, "twin_ci_low": 0.99, "twin_ci_high": 1.01, "differs": False}]}
+    speedup, low, high = lever
+    verdict["step_levers"] = [{"rows": 64, "vocab": 152064, "k": 5, "baseline": "seed_pageable",
+                               "candidate": "seed_pageable_reused", "speedup": speedup,
+                               "ci_low": low, "ci_high": high}]
+    (run / "verdict.json").write_text(json.dumps(verdict))
+    return run
+
+
+LEVER = "step lever seed_pageable_reused at n=64 V=152064 K=5"
+
+
+def test_compare_flags_a_figure_two_trusted_runs_disagree_on_and_the_factor_that_differs(
+        tmp_path, capsys):
+    a = _trusted(make_run(tmp_path, "A", total_ms=10.0), (1.44, 1.31, 1.57))
+    b = _trusted(make_run(tmp_path, "B", total_ms=10.0), (0.98, 0.90, 1.04), cores=4)
+    comparison = compare.compare([a, b])
+    assert [run.trusted for run in comparison.runs] == [True, True]
+    apart, why = comparison.flags
+    assert apart.startswith(f"{LEVER}: 1.440x [1.310, 1.570] in A against 0.980x")
+    assert "beyond both CIs" in apart
+    assert why == "A vs B: machine factors that differ: logical cores (2 vs 4)"
+    # the decisive speedups agree within their CIs (the same in both): not flagged
+    assert not any(line.startswith("step speedup") for line in comparison.flags)
+    assert cli.main(["compare", str(a), str(b), "--out", str(tmp_path / "c.html")]) == 0
+    out = capsys.readouterr().out
+    assert f"{compare.FLAG}: {LEVER}" in out
+    page = (tmp_path / "c.html").read_text()
+    assert "id=\"beyond-ci\"" in page and "logical cores (2 vs 4)" in page
+
+
+def test_compare_says_when_no_machine_factor_differs_and_flags_nothing_within_the_cis(tmp_path):
+    a = _trusted(make_run(tmp_path, "A"), (1.44, 1.31, 1.57))
+    b = _trusted(make_run(tmp_path, "B"), (1.20, 1.10, 1.30))
+    assert compare.compare([a, b]).flags[-1].startswith(
+        "A vs B: no recorded machine factor differs")
+    c = _trusted(make_run(tmp_path, "C"), (1.35, 1.25, 1.45))
+    assert compare.compare([a, c]).flags == []  # the CIs overlap
+
+
+def test_compare_does_not_judge_runs_that_are_not_trustworthy_or_too_short(tmp_path):
+    a = _trusted(make_run(tmp_path, "A"), (1.44, 1.31, 1.57))
+    short = _trusted(make_run(tmp_path, "S"), (0.98, 0.90, 1.04), rounds=3)
+    comparison = compare.compare([a, short])
+    assert comparison.flags == []
+    assert comparison.table.loc[("verdict", "timings"), "S"] == (
+        "not a decision, not a trust check (3 rounds per cell)")
+    busy = _trusted(make_run(tmp_path, "busy"), (0.98, 0.90, 1.04))
+    manifest = json.loads((busy / "manifest.json").read_text())
+    manifest["notebooks"][0]["load"] = {"busy": True, "why": ["others took 1.6 cores"]}
+    (busy / "manifest.json").write_text(json.dumps(manifest))
+    assert compare.compare([a, busy]).flags == []
+
+
+def test_compare_cells_read_as_the_report_s_tables_do():
+    assert [compare.format_value(v) for v in (None, True, False, 3, 2.0, "no `decisive` cells")] == [
+        "-", "yes", "no", "3", "2.00", "no decisive cells"]

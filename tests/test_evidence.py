@@ -144,7 +144,7 @@ def test_the_index_lists_every_kept_run_oldest_first(tmp_path, reference):
     evidence.keep_evidence(gpu)
     rows = evidence.kept_runs(reference)
     assert [(r.machine, r.verdict, r.path.split("/")[0]) for r in rows] == [
-        ("AMD EPYC", "INCONCLUSIVE", "cpu"), ("NVIDIA H200", "CLOSE", "NVIDIA-H200")]
+        ("AMD EPYC", "INCONCLUSIVE", "cpu-AMD-EPYC"), ("NVIDIA H200", "CLOSE", "NVIDIA-H200")]
     index = (reference / "index.html").read_text()
     assert index.count("<tr>") == 3  # the header and one row per run
     assert evidence.write_evidence_index(reference).read_text() == index
@@ -204,3 +204,57 @@ def test_keep_adds_the_results_where_the_file_has_none(tmp_path):
     text = evidence.results_file(root).read_text()
     assert text.startswith("# Reference evidence\n\n## Results\n\n" + evidence.RESULTS_START)
     assert text.endswith(evidence.RESULTS_END + "\n")
+
+
+# ------------------------------------------------------------------- machines named as they are
+
+@pytest.mark.parametrize("hardware, key", [
+    ({"gpu": {"name": "NVIDIA H200"}, "host": {"cpu_model": "AMD EPYC"}}, "NVIDIA-H200"),
+    ({"gpu": None, "host": {"cpu_model": "Intel(R) Xeon(R) Processor"}},
+     "cpu-Intel-Xeon-Processor"),
+    ({"gpu": None, "host": {"cpu_model": "Intel(R) Core(TM) i7-8700 CPU @ 3.20GHz"}},
+     "cpu-Intel-Core-i7-8700"),
+    ({"gpu": None, "host": {"cpu_model": "AMD EPYC 7B13 64-Core Processor"}},
+     "cpu-AMD-EPYC-7B13-64-Core-Processor"),
+    ({"gpu": None, "host": {}}, "cpu-unknown"),
+    ({"gpu": {"name": "../.."}}, "gpu"),
+])
+def test_a_machine_is_keyed_by_its_gpu_or_else_its_cpu_model(hardware, key):
+    assert evidence.machine_slug({"hardware": hardware}) == key
+
+
+def test_runs_of_two_cpu_models_are_kept_apart_and_headed_by_their_own_model(tmp_path,
+                                                                               reference):
+    # Before: every CPU run filed under one `cpu` folder, and Intel runs under an AMD heading
+    intel = good_run(tmp_path / "runs", decision="INCONCLUSIVE",
+                     hardware={"gpu": None, "host": {"cpu_model": "Intel(R) Xeon(R) Processor"}})
+    amd = good_run(tmp_path / "runs", decision="INCONCLUSIVE", created="2026-11-30T11:00:00+00:00",
+                   hardware={"gpu": None, "host": {"cpu_model": "AMD EPYC 7B13"}})
+    assert evidence.keep_evidence(intel).parent.name == "cpu-Intel-Xeon-Processor"
+    assert evidence.keep_evidence(amd).parent.name == "cpu-AMD-EPYC-7B13"
+    rows = evidence.kept_runs(reference)
+    assert {r.path.split("/")[0]: r.machine for r in rows} == {
+        "cpu-Intel-Xeon-Processor": "Intel(R) Xeon(R) Processor",
+        "cpu-AMD-EPYC-7B13": "AMD EPYC 7B13"}
+
+
+def test_the_results_headline_is_the_newest_unforced_trusted_run_per_machine(tmp_path,
+                                                                            reference):
+    trusted = good_run(tmp_path / "runs", decision="CLOSE", created="2026-11-30T10:00:00+00:00")
+    forced = good_run(tmp_path / "runs", decision="PORT", status="failed",
+                      created="2026-11-30T12:00:00+00:00")
+    evidence.keep_evidence(trusted)
+    evidence.keep_evidence(forced, force=True)
+    text = evidence.results_markdown(reference)
+    assert f"run `{trusted.name}`" in text.split("###")[1]  # the headline, though older
+    assert f"`{forced.name}` (PORT (kept with --force))" in text
+    rows = evidence.kept_runs(reference)
+    assert evidence.headline_run(rows).path.endswith(trusted.name)
+    assert evidence.headline_run([r for r in rows if r.forced]) is None
+
+
+def test_the_committed_kept_runs_sit_under_the_machine_their_manifest_names():
+    for row in evidence.kept_runs(paths.REFERENCE_DIR):
+        folder = paths.REFERENCE_DIR / row.path
+        manifest = json.loads((folder / "manifest.json").read_text())
+        assert folder.parent.name == evidence.machine_slug(manifest), row.path

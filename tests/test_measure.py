@@ -115,7 +115,9 @@ def test_the_gate_estimate_stays_within_the_lease_budget(capsys):
     assert cli.main(["measure", "--profile", "gate", "--estimate", "cuda"]) == 0
     out = capsys.readouterr().out.strip().splitlines()
     total = next(line for line in out if line.startswith("total on cuda"))
-    assert float(total.split()[-1]) <= 180
+    # 149 rounds per decisive cell (a 1-in-50 stall seen with 95 % probability), inside one
+    # lease command (600 s at most) with room for the start and the deadline's slack
+    assert float(total.split()[-1]) <= 480
     sizes = {line.split()[0]: int(line.split()[1]) for line in out if line.startswith("rows/")}
     assert set(sizes) == {"rows/staging.jsonl.gz", "rows/step.jsonl.gz"}
     assert all(0 < size <= measure_command.LEASE_MAX_FILE_BYTES for size in sizes.values())
@@ -475,8 +477,10 @@ def test_a_replay_judges_trust_by_the_node_s_load_not_the_analysing_host_s(tmp_p
     staging, step = manifest["notebooks"]
     assert staging["load"] == node["01_d2h_staging"] and step["load"]["busy"] is None
     assert staging["analysis_load"]["why"] == ["the analysing host was busy"]
-    assert trust.load_reasons(manifest) == [
-        "01_d2h_staging ran on a busy machine: the node was busy"]
+    assert trust.load_reasons(manifest) == [  # an unknown load is not a quiet one
+        "01_d2h_staging ran on a busy machine: the node was busy",
+        "02_logprobs_step: the load of the machine that timed it is unknown (the measurement "
+        "did not record the node's load); trust needs a measured load"]
 
 
 def test_no_torch_or_an_old_torch_is_one_line_before_anything_is_made(tmp_path, monkeypatch,

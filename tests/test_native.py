@@ -7,6 +7,7 @@ import ctypes
 import gc
 import json
 import os
+import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -61,8 +62,8 @@ def test_free_is_idempotent_and_the_tensor_is_gone_after_it():
 def test_the_vector_lives_as_long_as_its_tensor_and_no_longer(monkeypatch):
     library, freed = native.library(), []
     original = library.sl_vector_free
-    monkeypatch.setattr(library, "sl_vector_free", lambda handle: (freed.append(handle),
-                                                                    original(handle)))
+    monkeypatch.setattr(library, "sl_vector_free", lambda handle, regime: (
+        freed.append(handle), original(handle, regime)))
     vector = native.seed_vector(10)
     tensor = vector.tensor
     del vector
@@ -279,3 +280,82 @@ def test_the_build_stamp_digest_needs_no_python_3_11(tmp_path, monkeypatch):
     expected = hashlib.sha256(library.read_bytes()).hexdigest()
     monkeypatch.delattr(hashlib, "file_digest", raising=False)  # as on Python 3.10
     assert native._digest(library) == expected
+
+
+# ------------------------------------------------------------------ the allocator's regime
+
+REGIME_PROBE = """
+import json, resource, sys
+from stagelab.measure import native
+numel, regime, numpy_first, interleave = int(sys.argv[1]), sys.argv[2], sys.argv[3] == "1", \\
+    sys.argv[4] == "1"
+if numpy_first:  # numpy imported, and a 30 MB block freed: glibc's threshold moves to it
+    import numpy
+    block = numpy.ones(30 * 2 ** 20 // 8)
+    del block
+def faults():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+out = []
+for step in range(6):
+    if interleave:  # another arm between steps: a torch tensor of the same size, freed
+        native.torch.ones(numel).sum()
+    before = faults()
+    vector = native.seed_vector(numel, regime)
+    out.append({"faults": faults() - before, "mapped": vector.mapped})
+    vector.free()
+print(json.dumps(out[1:]))  # the first step pays the library's own first use
+"""
+
+
+def _steps(numel, regime, numpy_first=False, interleave=False):
+    done = subprocess.run([sys.executable, "-c", REGIME_PROBE, str(numel), regime,
+                           str(int(numpy_first)), str(int(interleave))],
+                          capture_output=True, text=True, timeout=120,
+                          env={k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")})
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+@pytest.mark.skipif(native.process_allocator() != "glibc", reason="glibc's regimes")
+def test_a_vector_mapped_fresh_faults_in_every_page_whatever_ran_before():
+    numel = 10 * 2 ** 20 // 4  # 10 MiB: below glibc's largest threshold
+    pages = numel * 4 // resource.getpagesize()
+    settings = [dict(), dict(numpy_first=True), dict(interleave=True),
+                dict(numpy_first=True, interleave=True)]
+    seen = [_steps(numel, native.MAPPED, **s) for s in settings]
+    for steps in seen:
+        assert all(step["mapped"] is True for step in steps)
+        # every step faults its pages in (huge pages, where the kernel uses them, fault fewer)
+        assert all(pages / 512 <= step["faults"] <= pages + 64 for step in steps)
+    counts = {step["faults"] for steps in seen for step in steps}
+    assert max(counts) - min(counts) <= 64  # the same with numpy imported or arms between
+
+
+@pytest.mark.skipif(native.process_allocator() != "glibc", reason="glibc's regimes")
+def test_glibcs_own_regime_is_recorded_as_it_happened():
+    numel = 10 * 2 ** 20 // 4  # below 32 MiB: glibc's threshold rises to it once it is freed
+    settings = [dict(), dict(numpy_first=True), dict(interleave=True)]
+    small = [_steps(numel, native.MALLOC, **s) for s in settings]
+    for steps in small:  # in the steady state the heap is reused, whatever ran before
+        assert [step["mapped"] for step in steps] == [False] * 5
+        assert all(step["faults"] < 64 for step in steps[1:])
+    # ... but its first steps depend on the process's history: the heap grows (faults) unless
+    # a block freed earlier (numpy's) already raised the threshold: hence warm-up, and the record
+    assert small[0][0]["faults"] > numel * 4 // resource.getpagesize() // 2
+    assert small[1][0]["faults"] < 64
+    large = _steps(40 * 2 ** 20 // 4, native.MALLOC)  # above 32 MiB: mapped fresh every step
+    assert [step["mapped"] for step in large] == [True] * 5
+    assert all(step["faults"] >= 40 * 2 ** 20 // resource.getpagesize() // 512 for step in large)
+
+
+def test_regimes_say_which_allocators_this_process_can_take():
+    listed = native.regimes(maps="")
+    assert [r["regime"] for r in listed] == ["glibc", "glibc, mapped fresh", "jemalloc",
+                                             "tcmalloc"]
+    assert [r["available"] for r in listed] == [True, True, False, False]
+    assert "LD_PRELOAD" in listed[2]["note"] or "not installed" in listed[2]["note"]
+    preloaded = native.regimes(maps="7f00 r-xp /usr/lib/x86_64-linux-gnu/libjemalloc.so.2")
+    assert preloaded[0]["regime"] == "jemalloc" and preloaded[0]["available"]
+    assert [r["regime"] for r in preloaded[2:]] == ["tcmalloc"]
+    with pytest.raises(ValueError, match="regime must be one of"):
+        native.seed_vector(10, "jemalloc")

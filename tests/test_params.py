@@ -21,9 +21,9 @@ BAD = [
     ("03_prompt_logprobs.overlaps=[]", "03_prompt_logprobs.overlaps: [] is empty"),
     # Before: "is a str".
     ("01_d2h_staging.rounds=1e9", "01_d2h_staging.rounds=1000000000.0 is a float, expected int "
-                                  "(default 30); for a whole number write 1000000000"),
-    ("01_d2h_staging.rows=[1e3]", "01_d2h_staging.rows: 1000.0 is not a positive integer; for a "
-                                  "whole number write 1000"),
+                                  "(default 30); write 1000000000"),
+    ("01_d2h_staging.rows=[1e3]", "01_d2h_staging.rows: 1000.0 is not a positive integer; "
+                                  "write [1000]"),
     ("01_d2h_staging.rounds=\"20\"", "01_d2h_staging.rounds='20' is a str, expected int"),
     ("01_d2h_staging.models=[Qwen2.5-7B, {]", "01_d2h_staging.models=[Qwen2.5-7B, {]': not valid JSON"),
     ("01_d2h_staging.arms=[pageable_fresh, nope]", "01_d2h_staging.arms: unknown arm 'nope'"),
@@ -140,3 +140,26 @@ def test_number_hints(value, hint):
 ])
 def test_param_values_are_json_with_bare_words_as_text(text, value):
     assert profiles.parse_value(text) == value
+
+
+@pytest.mark.parametrize("given", [
+    "01_d2h_staging.rows=1e9", "01_d2h_staging.rows=1000000000", "01_d2h_staging.rows=[1e3]",
+    "01_d2h_staging.rounds=1e9", "02_logprobs_step.ks=5", "02_logprobs_step.ks=[1e1]",
+    "03_prompt_logprobs.chunks=64", "04_verdict.decisive_rows=16.0",
+])
+def test_every_suggested_value_is_accepted(given):
+    # Before: rows=1e9 was refused with "write 1000000000", which was refused in turn.
+    with pytest.raises(UserError) as refused:
+        profiles.plan_run("quick", overrides=profiles.parse_overrides([given]))
+    suggested = str(refused.value).rpartition("write ")[2]
+    assert suggested and suggested != str(refused.value)
+    key = given.partition("=")[0]
+    profiles.plan_run("quick", overrides=profiles.parse_overrides([f"{key}={suggested}"]))
+
+
+@pytest.mark.parametrize("given", ["02_logprobs_step.ks=1e9", "02_logprobs_step.ks=[1e9]",
+                                   "01_d2h_staging.rounds=2.5"])
+def test_no_suggestion_where_no_value_near_would_be_accepted(given):
+    with pytest.raises(UserError) as refused:
+        profiles.plan_run("quick", overrides=profiles.parse_overrides([given]))
+    assert "write" not in str(refused.value)  # a top-K above every vocabulary; a fraction

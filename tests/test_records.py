@@ -25,7 +25,7 @@ from stagelab.core.records import RunFolder
 from stagelab.present import evidence, report
 from stagelab.run import execute, profiles
 
-KEPT_CPU_RUN = paths.REFERENCE_DIR / "cpu" / "20261130T141659Z_vm_quick"
+KEPT_CPU_RUN = paths.REFERENCE_DIR / "cpu-Intel-Xeon-Processor" / "20261130T141659Z_vm_quick"
 
 
 @pytest.fixture
@@ -112,7 +112,8 @@ def test_a_wrong_shaped_manifest_is_one_unreadable_row_among_good_ones(tmp_path,
     (bad / "manifest.json").write_text(json.dumps({"run_id": 3, "status": "ok",
                                                    "notebooks": "all of them"}))
     assert cli.main(["runs", "--root", str(tmp_path)]) == cli.EXIT_OK
-    lines = capsys.readouterr().out.strip().splitlines()
+    header, *lines = capsys.readouterr().out.strip().splitlines()
+    assert header.split() == ["run", "id", "profile", "started", "(UTC)", "device", "status"]
     assert len(lines) == 3
     assert [line.split()[0] for line in lines if line.endswith("ok")] == [g.name for g in good]
     (row,) = [line for line in lines if line.startswith(bad.name)]

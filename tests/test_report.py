@@ -146,7 +146,7 @@ def test_tables_fit_the_page_a_stage_split_reads_as_a_sum_and_empty_columns_go()
                            **split}])
     shown = tables.readable(frame)
     assert list(shown.columns) == ["n (rows)", "V (vocabulary)", "K", "decision",
-                                   "seed step, median (ms)", tables.SPLIT_WORDS]
+                                   "seed step, mean (ms)", tables.SPLIT_WORDS]
     assert shown.iloc[0, -1] == "1.50 + 0.60 + 0.60 + 2.20 + 0.01 + 0.59 = 5.50"
 
 
@@ -177,3 +177,23 @@ def test_the_origin_names_a_rehearsal_and_the_commit_its_source_matched():
     assert report.source_sentence(measured["source"]) == (
         " Its source (tree abababababab) matches no commit here (it names v1).")
     assert report.source_sentence(None) == ""
+def test_the_report_shows_the_recommended_change_and_the_three_answers(tmp_path):
+    run_dir = fake_run(tmp_path / "runs")
+    answer = {"rows": 16, "vocab": 152064, "k": 5, "decision": "PORT", "speedup": 1.2,
+              "ci_low": 1.1, "ci_high": 1.3}
+    questions = {name: {"words": f"{name} words", "decision": decision, "baseline": "a",
+                        "candidate": "b", "measured": True,
+                        "cells": [{**answer, "decision": decision}]} for name, decision in
+        (("bundle", "PORT"), ("reuse", "PORT"), ("pinning", "CLOSE"))}
+    (run_dir / "verdict.json").write_text(json.dumps(
+        {"overall": {"decision": "PORT", "summary": "Ports."}, "decisive": [decisive_cell(16)],
+         "recommendation": {"change": "port a reused pageable buffer", "reason": "why"},
+         "questions": questions}))
+    page = report.write_index(run_dir).read_text()
+    assert "Recommended change: <b>port a reused pageable buffer</b>: why" in page
+    assert ("<td>pinning words</td><td>CLOSE</td><td>n=16 V=152064 K=5: CLOSE 1.200x "
+            "[1.100, 1.300]") in page
+    older = fake_run(tmp_path / "older")
+    (older / "verdict.json").write_text(json.dumps(
+        {"overall": {"decision": "PORT", "summary": "Ports."}, "decisive": [decisive_cell(16)]}))
+    assert "Recommended change" not in report.write_index(older).read_text()

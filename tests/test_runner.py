@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import signal
 from pathlib import Path
 
@@ -225,7 +226,8 @@ def test_an_interactive_folder_gets_a_manifest_and_is_listed(tmp_path, monkeypat
     assert manifest["notebooks"][0]["name"] == "01_d2h_staging"
     assert manifest["hardware"]["host"]["logical_cores"] > 0
     assert cli.main(["runs", "--root", str(tmp_path)]) == 0
-    line = capsys.readouterr().out.strip()
+    header, line = capsys.readouterr().out.strip().splitlines()
+    assert header.startswith("run id") and header.endswith("status")
     assert line.startswith(ctx.run_dir.name) and line.endswith("interactive")
     assert "interactive" in report.write_index(ctx.run_dir).read_text()
 
@@ -373,8 +375,7 @@ def test_two_runs_never_share_a_folder(tmp_path):
      "--param for 10_ok, which --only leaves out"),
     # Before: "is a str".
     (["--profile", "tiny", "--param", "10_ok.rounds=1e9"],
-     "10_ok.rounds=1000000000.0 is a float, expected int (default 2); for a whole number write "
-     "1000000000"),
+     "10_ok.rounds=1000000000.0 is a float, expected int (default 2); write 1000000000"),
     (["--profile", "tiny", "--param", "10_ok.rounds=null"], "10_ok.rounds is null (None)"),
     # Before: exit 1 and a failed folder.
     (["--profile", "tiny", "--param", "10_ok.rounds=0"], "10_ok.rounds: 0 is not a positive integer"),
@@ -459,3 +460,61 @@ def test_a_stop_a_finalizer_swallowed_ends_the_run_before_the_next_notebook(quic
     manifest = rundir.read_manifest(run_dir)
     assert manifest["status"] == "interrupted" and "SIGTERM" in manifest["error"]
     assert [nb["status"] for nb in manifest["notebooks"]] == ["ok", "pending"]
+
+
+# ------------------------------------------------ a profile meant to decide, where it cannot
+
+def test_a_deciding_profile_is_refused_in_one_line_where_its_decisive_arms_cannot_run(
+        tmp_path, monkeypatch, capsys):
+    # Before: `run --profile gate` on a CPU ran 365 s after its own preflight said no-go.
+    from stagelab.measure import preflight
+
+    monkeypatch.setattr(preflight, "check_cuda", lambda: preflight.Check(
+        "cuda", preflight.NO_GO, "no CUDA device (a test)"))
+    started = []
+    monkeypatch.setattr(execute, "run", lambda plan, *a, **k: started.append(plan) or (
+        tmp_path, {"status": "ok", "notebooks": []}))
+    assert profiles.plan_run("gate").decides and not profiles.plan_run("quick").decides
+    code = cli.main(["run", "--profile", "gate", "--out", str(tmp_path / "runs")])
+    err = capsys.readouterr().err.strip()
+    assert code == cli.EXIT_USAGE and not started and not (tmp_path / "runs").exists()
+    assert len(err.splitlines()) == 1
+    assert err.startswith("stagelab: error: profile 'gate' decides, but its decisive arms cannot "
+                          "run here (cuda: no CUDA device (a test))")
+    assert "--rehearse-on-cpu" in err
+    # asked to rehearse, it runs; a profile that does not decide never asks the preflight
+    assert cli.main(["run", "--profile", "gate", "--rehearse-on-cpu", "--out",
+                     str(tmp_path / "runs")]) == 0
+    monkeypatch.setattr(preflight, "decisive_blockers", lambda *_: pytest.fail("asked"))
+    assert cli.main(["run", "--profile", "quick", "--out", str(tmp_path / "runs")]) == 0
+    assert [plan.profile for plan in started] == ["gate", "quick"]
+
+
+# --------------------------------------------------------- progress in the terminal, not the HTML
+
+def test_progress_lines_name_each_notebook_cell_and_sweep_cell_with_the_time(tmp_path, capsys):
+    output = write_notebook(tmp_path / "01.ipynb", 'run_dir = ""', "x = 1")
+    nb = nbformat.read(str(output), as_version=4)
+    nb.cells.append(nbformat.v4.new_markdown_cell("end"))
+    nbformat.write(nb, str(output))
+    log = tmp_path / execute.KERNEL_LOG
+    log.write_text("staging: cell 9/9 from an earlier notebook: 1 ok\n")
+    with execute.ProgressLines("[2/5] 01_d2h_staging:", output, log, True,
+                               interval_s=60) as lines:
+        nb.cells[1].metadata["papermill"] = {"start_time": "2026-12-01T00:00:00"}
+        nbformat.write(nb, str(output))
+        with log.open("a") as kernel:
+            kernel.write("staging: cell 1/2 n=1 V=4096: 6 ok, 4 unavailable\n"
+                         "zmq noise: a teardown traceback\nstaging: cell 2/2 n=8 V=40")
+        lines.poll()
+        with log.open("a") as kernel:
+            kernel.write("96: 6 ok\n")
+    err = capsys.readouterr().err.splitlines()
+    assert [re.sub(r" \(\d+ s\)$", "", line) for line in err] == [
+        "[2/5] 01_d2h_staging: cell 2/3",
+        "[2/5] 01_d2h_staging: staging: cell 1/2 n=1 V=4096: 6 ok, 4 unavailable",
+        "[2/5] 01_d2h_staging: staging: cell 2/2 n=8 V=4096: 6 ok"]
+    assert all(re.search(r" \(\d+ s\)$", line) for line in err)
+    with execute.ProgressLines("[1/1] x:", output, log, False):
+        log.write_text("staging: cell 1/1 n=1 V=4096: 6 ok\n")  # disabled: nothing said
+    assert capsys.readouterr().err == ""

@@ -337,3 +337,14 @@ def test_the_installed_stagelab_command_runs_as_the_readme_says():
     snapshot = subprocess.run(["stagelab", "env", "--json"], capture_output=True, text=True,
                               env=env, check=True).stdout
     assert json.loads(snapshot)
+
+
+def test_make_help_lists_every_target_with_what_it_does():
+    done = _make("--no-print-directory", "help")
+    assert done.returncode == 0, done.stderr
+    listed = {line.split()[0]: line.split(None, 1)[1] for line in done.stdout.splitlines()}
+    makefile = (paths.REPO_ROOT / "Makefile").read_text()
+    phony = next(line for line in makefile.splitlines() if line.startswith(".PHONY:"))
+    assert set(listed) == set(phony.split()[1:])  # every target, nothing else
+    assert all(words.strip() for words in listed.values())
+    assert _make("--no-print-directory").stdout == done.stdout  # `make` alone says it too

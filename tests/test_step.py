@@ -121,6 +121,21 @@ def test_the_log_softmax_on_the_host_gives_the_same_answer_and_its_own_stage():
     assert "host_softmax" not in set(stages[stages.log_softmax == "device"]["stage"])
 
 
+def test_every_row_records_the_seed_vectors_allocation_regime():
+    frame = schema.make_rows(step.measure(
+        shapes.resolve_vocabs([1000]), [3], [2], torch.float32, ["seed_pageable", "fused"],
+        aa_arm=None, rounds=2, warmup=0, progress=False,
+        seed_regimes=["malloc", "mapped fresh"]))
+    assert set(frame["regime"]) == {native.process_allocator(), "mapped fresh"}
+    timed = frame[(frame.arm == "seed_pageable") & (frame.stage == "total")
+                  & (frame.metric == "time")]
+    assert timed.groupby("regime")["round"].nunique().to_dict() == {
+        native.process_allocator(): 2, "mapped fresh": 2}
+    with pytest.raises(ValueError, match="seed_regimes: 'jemalloc' is not one of"):
+        step.cells(shapes.resolve_vocabs([1000]), [3], [2], torch.float32, ["fused"],
+                   aa_arm=None, device="cpu", seed_regimes=["jemalloc"])
+
+
 def test_rounds_until_precise_in_a_real_run_stop_and_say_why():
     frame = schema.make_rows(step.measure(
         shapes.resolve_vocabs([1000]), [3], [2], torch.float32, ["seed_pageable_numpy", "fused"],
@@ -136,15 +151,13 @@ def test_forward_ms_on_a_cpu_is_refused_and_the_default_follows_the_formula(monk
         step.measure(shapes.resolve_vocabs([10]), [1], [0], torch.float32, ["fused"],
                      aa_arm=None, rounds=1, progress=False, forward_ms=2, device="cpu")
     (qwen,) = shapes.resolve_vocabs(["Qwen2.5-7B"])
-    assert step.default_forward_ms(qwen, "cpu")[0] == 0.0
+    assert step.default_forward_ms(qwen, "cpu", 16)[0] == 0.0
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
-    ms, how = step.default_forward_ms(qwen, "cuda:0")
-    assert ms == pytest.approx(qwen.params_b * 1e9 * 2 / 4800e9 * 1e3)  # 3.17 ms
-    assert "7.61e9 params x 2 B / 4800 GB/s (NVIDIA H200)" in how
-    assert step.default_forward_ms(shapes.resolve_vocabs([1000])[0], "cuda:0")[0] == 0.0
-    assert step.memory_bandwidth_gbps("NVIDIA H100 PCIe") == 2000.0
-    assert step.memory_bandwidth_gbps("NVIDIA H100 80GB HBM3") == 3350.0
-    assert step.memory_bandwidth_gbps("a GPU nobody knows") is None
+    ms, how = step.default_forward_ms(qwen, "cuda:0", 16)
+    # 15.22 GB of weights + 16 x 2048 tokens x 57,344 B of KV, at 0.8 x 4800 GB/s
+    assert ms == pytest.approx((7.61e9 * 2 + 16 * 2048 * 57344) / (0.8 * 4800e9) * 1e3)
+    assert "16 x 2048 tokens" in how and "0.8 x 4800 GB/s NVIDIA H200" in how
+    assert step.default_forward_ms(shapes.resolve_vocabs([1000])[0], "cuda:0", 16)[0] == 0.0
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -235,7 +248,7 @@ def test_the_queued_forward_is_measured_between_its_own_events(monkeypatch):
     nominal, measured = load.rows("given")
     assert slept == [1000, 1000] and all(s.recorded and e.recorded for s, e in load.events)
     assert nominal == {"arm": "forward", "metric": "forward_ms", "value": 2.0, "note": "given"}
-    assert measured == {"arm": "forward", "metric": "forward_ms_measured", "value": 3.0,
+    assert measured == {"arm": "forward", "metric": "forward_measured_ms", "value": 3.0,
                         "note": "mean of 2 calls between their own CUDA events; nominal 2 ms"}
     idle = object.__new__(step.ForwardLoad)
     idle.forward_ms, idle.cycles, idle.events = 0.0, 0, []

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 
 import pytest
@@ -109,3 +110,98 @@ def test_report_reads_well_in_a_real_browser(tiny_run):
         assert "notebook_context" not in page.content()
         browser.close()
     assert (run_dir / "report_screenshot.png").stat().st_size > 10_000
+
+
+def test_progress_goes_to_the_terminal_per_cell_and_never_into_the_html(tmp_path, capsys):
+    only = ["01_d2h_staging", "03_prompt_logprobs"]
+    plan = profiles.plan_run("quick", only=only, overrides={k: TINY[k] for k in only})
+    run_dir = rundir.new_run_dir(tmp_path, "quick")
+    manifest = execute.execute(plan, run_dir, progress=True)
+    assert {nb["status"] for nb in manifest["notebooks"]} == {"ok"}
+    err = capsys.readouterr().err.splitlines()
+    sweep = [line for line in err if line.startswith("[1/2] 01_d2h_staging: staging: cell ")]
+    assert len(sweep) == 2 and sweep[0].endswith(" s)")  # one per measured cell, timed
+    assert any(line.startswith("[2/2] 03_prompt_logprobs: prompt logprobs: cell 1/1")
+               for line in err)
+    assert any(line.startswith("[1/2] 01_d2h_staging: cell ") for line in err)
+    for name in only:
+        page = (run_dir / f"{name}.html").read_text()
+        notebook = (run_dir / f"{name}.ipynb").read_text()
+        for text in (page, notebook):
+            assert ": cell 1/" not in text and "it/s]" not in text
+
+
+@pytest.mark.parametrize("page_name", ["index.html", "00_environment.html", "01_d2h_staging.html",
+                                       "02_logprobs_step.html", "03_prompt_logprobs.html",
+                                       "04_verdict.html", "05_prediction.html", "single-file"])
+def test_no_exported_page_makes_a_network_request(tiny_run, page_name):
+    """Every page a run exports opens with the network cut off and asks for nothing outside the
+    run folder (before: each notebook's HTML loaded require.js and MathJax from a CDN)."""
+    if CHROMIUM is None:
+        if os.environ.get("CI"):
+            pytest.fail("chromium is missing: `make test` installs Debian's chromium package")
+        pytest.skip("chromium is not installed (make test installs it)")
+    from playwright.sync_api import sync_playwright
+
+    from stagelab.present import report
+
+    run_dir, _ = tiny_run
+    path = (report.write_single_file(run_dir) if page_name == "single-file"
+            else run_dir / page_name)
+    text = path.read_text()
+    assert "<script src" not in text
+    assert not re.search(r"""(?:src|href)\s*=\s*["']?(?:https?:)?//""", text)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+        context = browser.new_context(viewport={"width": 1200, "height": 900})
+        context.set_offline(True)
+        requested: list[str] = []
+        context.on("request", lambda request: requested.append(request.url))
+        page = context.new_page()
+        page.goto(path.as_uri())
+        page.wait_for_load_state("load")
+        outside = [url for url in requested
+                   if not (url.startswith("data:") or url.startswith(run_dir.as_uri()))]
+        assert outside == [], outside
+        leaky = run_dir.parent / "leaky.html"  # the negative control: a CDN script is seen
+        leaky.write_text("<html><head><script src='https://cdn.example/require.js'></script>"
+                         "</head><body></body></html>")
+        page.goto(leaky.as_uri())
+        assert "https://cdn.example/require.js" in requested
+        browser.close()
+
+
+def test_screenshots_of_the_report_and_notebooks_02_and_03(tiny_run):
+    """The report's first screen and notebooks 02 and 03 as a reviewer sees them, kept in the run
+    folder's screenshots/ (never copied by `keep`: evidence stays small)."""
+    if CHROMIUM is None:
+        if os.environ.get("CI"):
+            pytest.fail("chromium is missing: `make test` installs Debian's chromium package")
+        pytest.skip("chromium is not installed (make test installs it)")
+    from playwright.sync_api import sync_playwright
+
+    from stagelab.present import evidence
+
+    run_dir, _ = tiny_run
+    shots = run_dir / "screenshots"
+    shots.mkdir(exist_ok=True)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM,
+                                     args=["--no-sandbox", "--disable-gpu"])
+        page = browser.new_page(viewport={"width": 1200, "height": 900})
+        for name, full in (("index.html", False), ("02_logprobs_step.html", True),
+                           ("03_prompt_logprobs.html", True)):
+            page.goto((run_dir / name).as_uri())
+            page.wait_for_load_state("load")
+            page.screenshot(path=str(shots / f"{name.removesuffix('.html')}.png"),
+                            full_page=full)
+        page.goto((run_dir / "index.html").as_uri())
+        first_screen = page.inner_text("body")[:2000]
+        browser.close()
+    assert "Staging verdict" in first_screen
+    sizes = {p.name: p.stat().st_size for p in shots.iterdir()}
+    assert set(sizes) == {"index.png", "02_logprobs_step.png", "03_prompt_logprobs.png"}
+    assert all(size > 10_000 for size in sizes.values()), sizes
+    copied = [p.relative_to(run_dir) for p in evidence.evidence_files(run_dir)]
+    assert not any(part.parts[0] == "screenshots" for part in copied)

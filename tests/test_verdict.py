@@ -36,7 +36,7 @@ def arm_rows(arm: str, stage_ms: dict[str, float], drift: np.ndarray, rng: np.ra
     return out
 
 
-def step_cell(rows: int, speedup: float | None, *, rounds: int = 30, vocab: int = V, k: int = 5,
+def step_cell(rows: int, speedup: float | None, *, rounds: int = 150, vocab: int = V, k: int = 5,
               seed: int = 0, noise: float = 0.002, drift_sigma: float = 0.3,
               twin_factor: float = 1.0, extra: dict[str, float] | None = None,
               numpy_gather: bool = False) -> list[dict]:
@@ -80,11 +80,6 @@ def means_ms(records: list[dict], arm: str, stage: str) -> float:
                                 if r["arm"] == arm and r.get("stage") == stage]))
 
 
-def medians_ms(records: list[dict], arm: str, stage: str) -> float:
-    return 1e3 * float(np.median([r["seconds"] for r in records
-                                  if r["arm"] == arm and r.get("stage") == stage]))
-
-
 # --------------------------------------------------------------------------- decisions
 
 def test_a_clear_step_level_gain_ports_with_its_evidence(tmp_path):
@@ -98,7 +93,7 @@ def test_a_clear_step_level_gain_ports_with_its_evidence(tmp_path):
     assert cell["speedup"] == pytest.approx(1.5, rel=0.005)
     assert cell["ci_low"] > MIN_SPEEDUP and cell["ci_low"] <= cell["speedup"] <= cell["ci_high"]
     assert cell["min_speedup"] == pytest.approx(MIN_SPEEDUP, rel=1e-12)
-    assert cell["n_rounds"] == 30 and cell["delta"] == 0.02
+    assert cell["n_rounds"] == 150 and cell["delta"] == 0.02
     step_ms = means_ms(records, "seed_pageable", "total")  # the engine pays the mean
     pinned_ms = means_ms(records, "seed_pinned", "total")
     assert cell["step_ms"] == pytest.approx(step_ms, rel=1e-12)
@@ -106,12 +101,15 @@ def test_a_clear_step_level_gain_ports_with_its_evidence(tmp_path):
     assert cell["saved_ms"] == pytest.approx(step_ms / 3, rel=0.01)  # 1 - 1/1.5 of the step
     means = {stage: means_ms(records, "seed_pageable", stage) for stage in (*STAGE_MS, "total")}
     means["unattributed"] = means["total"] - sum(means[stage] for stage in STAGE_MS)
+    means["forward"] = 0.0  # none queued (a CPU run)
     assert cell["stages_ms"] == pytest.approx(means, rel=1e-9, abs=1e-9)
     assert sum(v for k, v in cell["stages_ms"].items() if k != "total") == pytest.approx(
         cell["stages_ms"]["total"], rel=1e-12)
     assert result["overall"]["summary"].startswith(
         "Pinned grow-only staging saves more than delta of the seed's step in 1 of 1 decisive "
-        f"cells; the largest saving is {cell['saved_ms']:.2f} ms per step at n=64, V={V}, K=5")
+        "cells and no cell could be slower beyond delta (mean and p99 tail); the largest saving "
+        f"is {cell['saved_ms']:.2f} ms per step at n=64, V={V}, K=5")
+    assert "Each cell: n=64 V=152064 K=5 PORT 1.500x" in result["overall"]["summary"]
 
 
 def test_pairing_by_round_is_what_resolves_a_small_gain_under_drift(tmp_path):
@@ -119,7 +117,7 @@ def test_pairing_by_round_is_what_resolves_a_small_gain_under_drift(tmp_path):
     assert build(write_step(tmp_path / "paired", records), [64])["decisive"][0]["decision"] == (
         "PORT")
     # negative control: the same timings with the candidate's rounds shuffled lose the pairing
-    order = np.random.default_rng(1).permutation(30)
+    order = np.random.default_rng(1).permutation(150)
     shuffled = [{**r, "round": int(order[r["round"]])} if r["arm"] == "seed_pinned" else r
                 for r in records]
     cell = build(write_step(tmp_path / "shuffled", shuffled), [64])["decisive"][0]
@@ -148,8 +146,8 @@ def test_one_cell_slower_beyond_delta_keeps_a_port_elsewhere_from_carrying(tmp_p
     overall = result["overall"]
     assert overall["decision"] == "INCONCLUSIVE"
     assert overall["summary"].startswith(
-        "The decisive cells disagree or are unresolved ({'CLOSE': 1, 'PORT': 1}); 1 cell(s) "
-        "show pinning slower beyond delta.")
+        "The decisive cells disagree or are unresolved ({'CLOSE': 1, 'PORT': 1}); a PORT is "
+        "blocked by n=256 V=152064 K=5: it could be slower beyond delta")
 
 
 def test_a_cell_slower_within_delta_does_not_block_a_port(tmp_path):
@@ -189,8 +187,10 @@ def test_a_decisive_cell_named_but_not_measured_is_inconclusive_naming_it(tmp_pa
     assert (missing["rows"], missing["decision"]) == (256, "INCONCLUSIVE")
     assert missing["reason"] == "not measured: seed_pageable was not measured in this run"
     assert missing["stages_ms"] is None and missing["speedup"] is None
-    # the rule (issue 9): PORT needs one PORT cell and none slower beyond delta
-    assert result["overall"]["decision"] == "PORT"
+    # intersection-union (issue 27): a cell not measured could regress, so no family PORT
+    assert result["overall"]["decision"] == "INCONCLUSIVE"
+    assert "a PORT is blocked by n=256 V=152064 K=5: not measured" in (
+        result["overall"]["summary"])
 
 
 def test_too_few_rounds_is_inconclusive(tmp_path):
@@ -199,7 +199,13 @@ def test_too_few_rounds_is_inconclusive(tmp_path):
     assert cell["decision"] == "INCONCLUSIVE"
     assert cell["reason"] == "fewer rounds than the minimum (5 < 10)"
     assert cell["n_rounds"] == 5 and cell["speedup"] is None
-    assert build(run, [64], min_samples=5)["decisive"][0]["decision"] == "PORT"
+    few = build(run, [64], min_samples=5)
+    assert few["decisive"][0]["decision"] == "INCONCLUSIVE"
+    assert "fewer than the 149 a PORT needs" in few["decisive"][0]["reason"]
+    # a profile of a few rounds (smoke) says so instead of deciding
+    assert few["recommendation"]["change"] == "not a decision"
+    assert few["overall"]["summary"].startswith("Not a decision: 1 decisive cell(s) have as few "
+                                                "as 5 rounds, fewer than the 149")
 
 
 def test_an_aa_twin_that_differs_from_its_baseline_is_inconclusive(tmp_path):
@@ -391,7 +397,7 @@ def test_every_goal_row_has_the_one_shape(full_verdict):
     goals = full_verdict["goals"]
     assert [g["goal"] for g in goals] == [
         "pinned grow-only vs raw pinned ceiling", "raw ceiling vs NVML link (copies >= 64 MB)",
-        "A/A harness precision (baseline vs its twin)", "reuse lever: reused vs fresh pageable",
+        "A/A twin's CI precision (not the trust check)", "reuse lever: reused vs fresh pageable",
         "fused step vs the seed's step",
         "fused peak extra memory, chunk 512 (fused+overlap)",
         "fused peak extra memory, chunk 1024 (fused+overlap)",
@@ -416,10 +422,14 @@ def test_the_full_run_reports_levers_backends_copies_and_the_prompt(full_verdict
     assert levers[(256, "seed_pageable_reused")]["speedup"] == pytest.approx(1.2, rel=0.005)
     assert levers[(256, "fused")]["n_rounds"] == 0  # measured in another cell only
     small = [r for r in full_step_records() if r["rows"] == 64]
-    native = medians_ms(small, "seed_pageable", "host_gather")
-    numpy_ = medians_ms(small, "seed_pageable_numpy", "host_gather")
+    native = means_ms(small, "seed_pageable", "host_gather")
+    numpy_ = means_ms(small, "seed_pageable_numpy", "host_gather")
     assert (f"Host top-K at n=64, V={V}, K=5: native C++ {native:.2f} ms, numpy "
-            f"{numpy_:.2f} ms (2.0x).") in full_verdict["findings"]
+            f"{numpy_:.2f} ms on average (2.0x).") in full_verdict["findings"]
+    # one statistic per claim: the host top-K the finding quotes is the stage split's
+    split = next(c["stages_ms"] for c in full_verdict["decisive"] if c["rows"] == 64)
+    assert f"host top-K (C++) {split['host_gather']:.2f}" in " ".join(full_verdict["findings"])
+    assert f"native C++ {split['host_gather']:.2f} ms" in " ".join(full_verdict["findings"])
     copies = {(c["rows"], c["candidate"]): c for c in full_verdict["copy_cells"]}
     assert copies[(64, "pageable_reused")]["speedup"] == pytest.approx(2.0)
     assert copies[(64, "pageable_fresh_empty")]["speedup"] == pytest.approx(1.25)
@@ -557,7 +567,8 @@ def test_the_levers_copy_and_reference_tables(full_verdict):
 def test_the_prompt_sentence(full_verdict):
     assert verdict.prompt_sentence(full_verdict) == (
         "Recommended chunk: **512** (fused+overlap): smallest chunk not shown to be more than "
-        "5% slower than the fastest (1.0 ms at chunk 1024): 1.030x of it (CI 1.030-1.030); a "
+        "5% slower than the fastest (1.00 ms on average at chunk 1024): 1.030x of its mean (CI "
+        "1.030-1.030); a "
         "smaller chunk holds less memory.")
     assert verdict.prompt_sentence({"prompt_logprobs": None}) == (
         "Notebook 03's data is missing from this run.")
@@ -636,7 +647,65 @@ def test_the_context_says_when_the_fresh_buffer_filled_below_bare_metal():
     assert verdict.machine_context({})["recorded"] is False
     context = verdict.with_machine({"words": "Context: x."}, snapshot)
     assert context["words"].startswith("Context: x. A fresh 256 MiB buffer")
-    context = verdict.with_machine({"words": "Context: x.", "forward_ms_measured": [3.2]},
+    context = verdict.with_machine({"words": "Context: x.", "forward": {"measured_ms": 3.2}},
                                    snapshot)
     assert context["words"].startswith("Context: x. The queued forward measured 3.2 ms per call "
                                        "between its own CUDA events. A fresh")
+# --------------------------------------------------------------------------- three questions
+
+@pytest.mark.parametrize("pinned, reused, change, answers", [
+    (1.5, 1.2, "port the pinned scratch", ("PORT", "PORT", "PORT")),
+    (1.2, 1.2, "port a reused pageable buffer", ("PORT", "PORT", "CLOSE")),
+    (1.0, 1.0, "close", ("CLOSE", "CLOSE", "CLOSE")),
+    (1.2, 0.8, "port the pinned scratch", ("PORT", "CLOSE", "PORT")),
+], ids=["pinning-adds", "reuse-carries-it", "nothing", "reuse-alone-slower"])
+def test_the_verdict_recommends_one_change_from_three_answers(tmp_path, pinned, reused, change,
+                                                              answers):
+    records = step_cell(64, pinned, extra={"seed_pageable_reused": reused})
+    result = build(write_step(tmp_path / "run", records), [64])
+    assert result["recommendation"]["change"] == change
+    assert "fixed sequence" in result["recommendation"]["method"]
+    questions = result["questions"]
+    assert tuple(questions[q]["decision"] for q in ("bundle", "reuse", "pinning")) == answers
+    assert (questions["pinning"]["baseline"], questions["pinning"]["candidate"]) == (
+        "seed_pageable_reused", "seed_pinned")
+    pinning = questions["pinning"]["cells"][0]
+    assert pinning["speedup"] == pytest.approx(pinned / reused, rel=0.005)
+    assert pinning["ci_low"] <= pinning["speedup"] <= pinning["ci_high"]
+    cell = result["decisive"][0]
+    assert cell["answers"]["reuse"]["speedup"] == pytest.approx(reused, rel=0.005)
+    assert cell["answers"]["bundle"]["decision"] == answers[0]
+
+
+def test_without_the_reused_arm_pinning_alone_is_not_measured_and_the_change_is_open(tmp_path):
+    result = build(write_step(tmp_path / "run", step_cell(64, 1.5)), [64])
+    assert result["questions"]["pinning"]["measured"] is False
+    assert result["questions"]["pinning"]["decision"] is None
+    assert result["overall"]["decision"] == "PORT"
+    assert result["recommendation"]["change"] == "INCONCLUSIVE"
+    assert "pinning alone was not measured" in result["recommendation"]["reason"]
+
+
+def test_the_verdict_states_the_forward_the_overlap_and_the_allocator(tmp_path):
+    records = step_cell(64, 1.5) + [dict(experiment="step", arm="forward", metric="forward_ms",
+                                         value=4.45, note="(15.22 GB ...) = 4.45 ms", rows=64,
+                                         vocab=V, k=5)]
+    context = build(write_step(tmp_path / "run", records), [64])["context"]
+    assert context["forward"]["nominal_ms"] == [4.45] and context["forward"]["measured_ms"] is None
+    assert context["forward"]["context_tokens"] == 2048
+    assert context["overlap"].startswith("assumed: the forward is queued without a wait")
+    assert context["allocator"]["regimes"] == [] and "not recorded" in context["allocator"]["note"]
+
+
+def test_the_verdict_says_whether_the_allocators_regime_changes_the_answer(tmp_path):
+    heap = [{**r, "regime": "glibc"} for r in step_cell(64, 1.01)]  # heap reused: too small
+    mapped = [{**r, "regime": "mapped fresh"} for r in step_cell(64, 1.5, seed=2)]
+    result = build(write_step(tmp_path / "run", heap + mapped), [64])
+    allocator = result["context"]["allocator"]
+    assert allocator["regimes"] == ["glibc", "mapped fresh"] and allocator["assumed"] == "glibc"
+    assert result["overall"]["decision"] == "CLOSE"  # decided under the process's malloc
+    (other,) = allocator["other"]
+    assert (other["regime"], other["decision"], other["changes_answer"]) == (
+        "mapped fresh", "PORT", True)
+    assert allocator["note"] == "the regime changes the answer"
+    assert "32 MiB" in allocator["threshold"]

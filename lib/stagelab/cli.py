@@ -46,6 +46,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--from", dest="from_dir", type=Path, default=None, metavar="DIR",
                      help="analyse the rows of a folder made by `stagelab measure` instead of "
                           "measuring (the measuring notebooks read them)")
+    run.add_argument("--rehearse-on-cpu", action="store_true",
+                     help="run a profile meant to decide (gate, full) even where the preflight "
+                          "says its decisive arms cannot run here: a rehearsal, deciding nothing")
     measure_command.add_arguments(sub.add_parser(
         "measure", help="measure a profile with torch alone into one folder, to analyse with "
         "`run --from`", description=measure_command.DESCRIPTION, epilog=measure_command.EPILOG))
@@ -158,6 +161,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         replay.check_overrides(args.param)
     plan = profiles.plan_run(args.profile, args.only, profiles.parse_overrides(args.param))
+    if plan.decides and args.from_dir is None and not args.rehearse_on_cpu:
+        refuse_undecidable(plan)
     origin = None
     if args.from_dir is not None:
         from stagelab.run import replay
@@ -186,6 +191,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def refuse_undecidable(plan) -> None:
+    """UserError, before anything is created, where a profile meant to decide cannot: the
+    preflight says its decisive arms cannot run on this machine (no CUDA device, no native
+    build). Running it anyway would measure for minutes and decide nothing."""
+    from stagelab.measure import preflight
+    from stagelab.run import profiles
+
+    blockers = preflight.decisive_blockers(profiles.profile_parameters(plan.profile))
+    if blockers:
+        raise UserError(f"profile {plan.profile!r} decides, but its decisive arms cannot run "
+                        f"here ({blockers[0]}); measure it on a GPU node (`stagelab measure`, "
+                        "then `run --from`), or pass --rehearse-on-cpu to run it anyway, "
+                        "deciding nothing")
+
+
 def _say(text: str, stream=None) -> None:
     """Print a line; a terminal closed under the run (SIGHUP) is not an error."""
     with contextlib.suppress(OSError):
@@ -208,8 +228,9 @@ def verdict_line(run_dir: Path, manifest: dict) -> str:
         else:
             overall = verdict["overall"]
             line = f"verdict: {overall['decision']} - {overall.get('summary', '')}".rstrip(" -")
-    warning = trust.headline(trust.reasons(run_dir, manifest, verdict))
-    return f"{line}\n{warning}" if warning else line
+    lines = [line, trust.scope_label(verdict),
+             trust.headline(trust.reasons(run_dir, manifest, verdict))]
+    return "\n".join(text for text in lines if text)
 
 
 def cmd_env(args: argparse.Namespace) -> int:
@@ -252,13 +273,18 @@ def cmd_runs(args: argparse.Namespace) -> int:
     listed = rundir.list_runs(args.root)
     if not listed:
         print(f"no run folders under {args.root}")
+        return EXIT_OK
+    print(RUNS_ROW.format("run id", "profile", "started (UTC)", "device", "status"))
     for run in listed:
         details = "".join(f"  {status}: {', '.join(names)}" for status in rundir.NOT_DELIVERED
                           if (names := run.not_delivered(status)))
-        print(f"{run.run_id:48} {run.profile or '':11} {run.created_utc or '':26}"
-              f" {run.device or '':24} {run.status}{details}"
-              f"{'  (' + run.problem + ')' if run.problem else ''}")
+        print(RUNS_ROW.format(run.run_id, run.profile or "", run.created_utc or "",
+                              run.device or "", run.status)
+              + f"{details}{'  (' + run.problem + ')' if run.problem else ''}")
     return EXIT_OK
+
+
+RUNS_ROW = "{:48} {:11} {:26} {:24} {}"  # `stagelab runs`: the header and each run, aligned
 
 
 def cmd_keep(args: argparse.Namespace) -> int:

@@ -18,15 +18,30 @@ neighbour's load). The statistics keep that pairing.
   level the family's multiplicity control asks (:func:`decide_family`), lies above it and above
   the A/A twin's CI; INCONCLUSIVE otherwise. An A/A twin (the baseline measured again as another
   arm) checks the harness.
+* **Tails** (:class:`TailRatio`): a candidate a little faster in most rounds and much slower in
+  a few is a net loss the mean only sees when the sample holds the slow rounds. So a PORT needs
+  :data:`stagelab.core.design.TAIL_ROUNDS` rounds (149: a 1-in-50 stall shows at least once with
+  95 % probability), and the candidate's high quantile (p99, :data:`TAIL_QUANTILE`: a 1-in-50
+  stall moves quantiles above p98 only, so p95 would never see it) must not be heavier than the
+  baseline's beyond delta: the tail speedup ``p99(baseline) / p99(candidate)``, bootstrapped over
+  the same rounds, has its lower bound above ``1 - delta`` (``1 / min_speedup``). That bound is
+  read at one-sided 20 % (:data:`TAIL_LEVEL`), not 5 %: the test guards against a stall the
+  sample barely holds, not a fine regression. A cell of 149 rounds holding one 1-in-50 stall
+  has about a quarter of its resamples holding two, whose p99 is the stall, so the bound falls
+  to the stall; under plain 5 % noise a p99 of about 200 rounds varies by about 2 %, and a
+  bound at 5 % would block a true 3 delta saving in about one family of ten.
 * **A family of cells** gets one decision: Holm's step-down across its cells for PORT (the
   family-wise rate of a false PORT stays at the one-sided level (1 - confidence)/2 when every
-  cell sits at the bar), intersection-union for CLOSE (every cell must close; no correction is
-  needed since all must hold). :mod:`stagelab.analyse.calibration` measures the error rates by simulation.
+  cell sits at the bar), and PORT only when no cell could regress: every cell non-inferior
+  (its mean's and its tail's one-sided lower bounds above ``1 / min_speedup``), an
+  intersection-union test that needs no correction since all must hold; intersection-union for
+  CLOSE (every cell must close). :mod:`stagelab.analyse.calibration` measures the error rates by
+  simulation.
 * **The harness check** (:func:`twin_checks`) asks of every A/A twin of a run, as one family,
   whether identical arms differ by more than delta; Bonferroni keeps a quiet machine's false
   alarms near ``1 - confidence`` for the whole run rather than for each twin.
-* **Bad timings never crash the decision**: a non-finite, zero or negative time makes its cell
-  INCONCLUSIVE with the reason.
+* **Bad input never crashes the decision**: a non-finite, zero or negative time, a missing,
+  non-numeric or wrongly shaped series, or a bad bar makes its cell INCONCLUSIVE with the reason.
 """
 
 from __future__ import annotations
@@ -41,12 +56,17 @@ import numpy as np
 import pandas as pd
 from scipy import stats as sps
 
+from stagelab.core import design
+
 Samples = Sequence[float] | np.ndarray  # per-round seconds, paired by index
 
 PORT, CLOSE, INCONCLUSIVE = "PORT", "CLOSE", "INCONCLUSIVE"
 N_RESAMPLES = 2000
-FAMILY_METHOD = ("Holm step-down across cells for PORT, intersection-union (every cell closes) "
-                 "for CLOSE")
+TAIL_QUANTILE = 0.99
+TAIL_LEVEL = 0.20  # the one-sided level of the tail's lower bound (see the module's note)
+FAMILY_METHOD = ("Holm step-down across cells for PORT, with every cell non-inferior (mean and "
+                 "p99 tail lower bounds above 1 - delta, intersection-union) and at least "
+                 f"{design.TAIL_ROUNDS} rounds; intersection-union (every cell closes) for CLOSE")
 
 
 def summarize(frame: pd.DataFrame, by: Sequence[str], value: str = "seconds") -> pd.DataFrame:
@@ -98,13 +118,42 @@ def _resample_weights(rounds: int, n_resamples: int, seed: int) -> np.ndarray:
     return weights
 
 
+@lru_cache(maxsize=64)
+def _weights_by_round(rounds: int, n_resamples: int, seed: int) -> np.ndarray:
+    """:func:`_resample_weights` as ``[rounds, n_resamples]``, contiguous (cached, read-only)."""
+    by_round = np.ascontiguousarray(_resample_weights(rounds, n_resamples, seed).T)
+    by_round.setflags(write=False)
+    return by_round
+
+
 @lru_cache(maxsize=256)
 def _expanded_level(level: float, rounds: int) -> float:
     """The percentile at which the expanded percentile bootstrap reads ``level``."""
     return float(sps.norm.cdf(math.sqrt(rounds / (rounds - 1)) * sps.t.ppf(level, rounds - 1)))
 
 
-class RatioOfMeans:
+class _Bootstrap:
+    """Sorted bootstrap replicates of a paired statistic; bounds read at any level."""
+
+    rounds: int
+    point: float
+    replicates: np.ndarray
+
+    def bound(self, level: float) -> float:
+        """The bound below which the statistic lies with probability ``level``."""
+        position = _expanded_level(level, self.rounds) * (len(self.replicates) - 1)
+        below = int(position)
+        above = min(below + 1, len(self.replicates) - 1)
+        share = position - below
+        return float((1 - share) * self.replicates[below] + share * self.replicates[above])
+
+    def interval(self, confidence: float) -> tuple[float, float]:
+        """The two-sided CI at ``confidence``."""
+        tail = (1 - confidence) / 2
+        return self.bound(tail), self.bound(1 - tail)
+
+
+class RatioOfMeans(_Bootstrap):
     """The paired speedup ``mean(baseline) / mean(candidate)`` with its bootstrap distribution
     over whole rounds; :meth:`bound` gives a bound at any level without resampling again.
 
@@ -124,18 +173,38 @@ class RatioOfMeans:
         means = weights @ np.stack([baseline, candidate], axis=1).astype(np.float32)
         self.replicates = np.sort(means[:, 0].astype(float) / means[:, 1])
 
-    def bound(self, level: float) -> float:
-        """The bound below which the speedup lies with probability ``level``."""
-        position = _expanded_level(level, self.rounds) * (len(self.replicates) - 1)
-        below = int(position)
-        above = min(below + 1, len(self.replicates) - 1)
-        share = position - below
-        return float((1 - share) * self.replicates[below] + share * self.replicates[above])
 
-    def interval(self, confidence: float) -> tuple[float, float]:
-        """The two-sided CI at ``confidence``."""
-        tail = (1 - confidence) / 2
-        return self.bound(tail), self.bound(1 - tail)
+def _weighted_quantiles(values: np.ndarray, by_round: np.ndarray, quantile: float) -> np.ndarray:
+    """The high ``quantile`` (inverted CDF: the smallest value whose cumulative weight reaches
+    it) of ``values`` under each row of bootstrap ``weights``. Counted from the top: the value
+    is the j-th largest, j - 1 being how many of the largest carry no more than ``1 - quantile``
+    of the weight; only the largest few rounds are summed (all of them where that is not
+    enough), which keeps a p99 cheap. ``by_round``: the weights as ``[rounds, n_resamples]``."""
+    order = np.argsort(values)[::-1]
+    top = (1 - quantile) + 1e-6
+    for width in (min(len(values), 32), len(values)):
+        above = np.cumsum(by_round[order[:width]], axis=0)
+        if width == len(values) or (above[-1] > top).all():
+            break
+    index = np.minimum((above[:-1] <= top).sum(axis=0), len(values) - 1)
+    return values[order][index]
+
+
+
+class TailRatio(_Bootstrap):
+    """The paired tail speedup ``q(baseline) / q(candidate)`` at a high ``quantile`` (p99), with
+    its bootstrap distribution over the same resampled rounds as :class:`RatioOfMeans`: below 1
+    when the candidate's slow rounds are slower than the baseline's."""
+
+    def __init__(self, baseline: np.ndarray, candidate: np.ndarray, *,
+                 quantile: float = TAIL_QUANTILE, n_resamples: int = N_RESAMPLES,
+                 seed: int = 0) -> None:
+        self.rounds = len(baseline)
+        self.point = float(np.quantile(baseline, quantile, method="inverted_cdf")
+                           / np.quantile(candidate, quantile, method="inverted_cdf"))
+        by_round = _weights_by_round(self.rounds, n_resamples, seed)
+        self.replicates = np.sort(_weighted_quantiles(baseline, by_round, quantile)
+                                  / _weighted_quantiles(candidate, by_round, quantile))
 
 
 def paired_speedup(baseline: Samples, candidate: Samples, *,
@@ -214,6 +283,12 @@ class Decision:
     saved_seconds: float | None = None  # mean(baseline) - mean(candidate)
     n_rounds: int = 0
     note: str = ""  # e.g. the median of per-round ratios on the other side of the bar
+    noninferior_bound: float | None = None  # one-sided lower bound (1 - confidence) of the mean
+    tail_speedup: float | None = None  # p99(baseline) / p99(candidate)
+    tail_ci_low: float | None = None
+    tail_ci_high: float | None = None
+    tail_bound: float | None = None  # its one-sided lower bound at TAIL_LEVEL
+    port_blocked: str = ""  # why this cell keeps the family from PORT ('' when it does not)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -264,6 +339,7 @@ class _Cell:
     evidence: dict[str, Any]
     effect: RatioOfMeans | None = None
     settled: Decision | None = None  # decided before the family's PORT test (or undecidable)
+    blocked: str = ""  # why the cell cannot support a family PORT ('' when it can)
 
 
 def _check_common(min_samples: int, confidence: float) -> None:
@@ -273,49 +349,109 @@ def _check_common(min_samples: int, confidence: float) -> None:
         raise ValueError(f"confidence must lie in (0, 1), got {confidence!r}")
 
 
-def _prepare(cell: Mapping[str, Any], *, min_samples: int, confidence: float,
-             seed: int) -> _Cell:
-    """A cell's evidence (speedup, CI, twin, median), or its decision where the data cannot be
-    decided (bad timings, too few rounds) or the bar is infinite."""
-    bar = cell["min_speedup"]
-    if not bar >= 1:  # also catches NaN
-        raise ValueError(f"min_speedup must be >= 1 (a speedup), got {bar}")
-    lengths = {name: len(np.atleast_1d(np.asarray(cell[name], dtype=float)))
-               for name in ("baseline", "candidate", "twin") if cell.get(name) is not None}
-    _same_lengths(**{name: np.empty(n) for name, n in lengths.items()})
-    n = lengths["baseline"]
+def _bar(cell: Any) -> float:
+    """The cell's bar, ``min_speedup``; ValueError naming it when it is missing or not >= 1."""
+    if not isinstance(cell, Mapping):
+        raise ValueError(f"a cell must be a dict of baseline, candidate, twin and min_speedup, "
+                         f"got {type(cell).__name__}")
+    bar = cell.get("min_speedup")
+    if isinstance(bar, bool) or not isinstance(bar, (int, float, np.number)) or not bar >= 1:
+        raise ValueError(f"min_speedup must be a number >= 1 (a speedup), got {bar!r}")
+    return float(bar)
+
+
+def _series(cell: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """The cell's baseline, candidate and twin timings, checked (ValueError, BadTimings too,
+    naming the series and what is wrong)."""
+    arrays = {}
+    for name in ("baseline", "candidate", "twin"):
+        value = cell.get(name)
+        if value is None:
+            if name != "twin":
+                raise ValueError(f"{name} is missing")
+            continue
+        try:
+            arrays[name] = np.asarray(value, dtype=float)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{name} is not a series of numbers ({exc})") from None
+        if arrays[name].ndim != 1:
+            raise ValueError(f"{name} must be one-dimensional (one timing per round), "
+                             f"got shape {arrays[name].shape}")
+    _same_lengths(**arrays)
+    checked = {name: _timings(array, name) for name, array in arrays.items()}
+    return checked["baseline"], checked["candidate"], checked.get("twin")
+
+
+def _prepare(cell: Any, *, min_samples: int, confidence: float, seed: int,
+             port_min_rounds: int) -> _Cell:
+    """A cell's evidence (speedup, CI, twin, median, tail, non-inferiority bound), or its
+    decision where the input cannot be decided (bad input, too few rounds) or the bar is
+    infinite; and why it cannot support a family PORT, if so."""
     try:
-        b, c = _timings(cell["baseline"], "baseline"), _timings(cell["candidate"], "candidate")
-        t = None if cell.get("twin") is None else _timings(cell["twin"], "twin")
+        bar = _bar(cell)
+    except ValueError as exc:
+        return _Cell(math.nan, {}, settled=Decision(INCONCLUSIVE, f"bad input: {exc}"),
+                     blocked="bad input")
+    try:
+        b, c, t = _series(cell)
     except BadTimings as exc:
+        n = len(np.atleast_1d(np.asarray(cell["baseline"], dtype=float)))
         return _Cell(bar, {}, settled=Decision(INCONCLUSIVE, f"bad timings: {exc}",
-                                               min_speedup=bar, n_rounds=n))
+                                               min_speedup=bar, n_rounds=n),
+                     blocked="bad timings")
+    except ValueError as exc:
+        return _Cell(bar, {}, settled=Decision(INCONCLUSIVE, f"bad input: {exc}",
+                                               min_speedup=bar), blocked="bad input")
+    n = len(b)
     if n < min_samples:
         return _Cell(bar, {}, settled=Decision(
             INCONCLUSIVE, f"fewer rounds than the minimum ({n} < {min_samples})",
-            min_speedup=bar, n_rounds=n))
+            min_speedup=bar, n_rounds=n), blocked="too few rounds")
     effect = RatioOfMeans(b, c, seed=seed)
+    tail = TailRatio(b, c, seed=seed)
     low, high = effect.interval(confidence)
     evidence: dict[str, Any] = dict(
         min_speedup=bar, n_rounds=n, saved_seconds=float(b.mean() - c.mean()),
-        speedup=effect.point, ci_low=low, ci_high=high, median_speedup=median_of_ratios(b, c))
+        speedup=effect.point, ci_low=low, ci_high=high, median_speedup=median_of_ratios(b, c),
+        noninferior_bound=effect.bound(1 - confidence), tail_speedup=tail.point,
+        tail_bound=tail.bound(TAIL_LEVEL))
+    evidence["tail_ci_low"], evidence["tail_ci_high"] = tail.interval(confidence)
     if t is not None:
         twin = RatioOfMeans(b, t, seed=seed)
         evidence.update(zip(("twin_speedup", "twin_ci_low", "twin_ci_high"),
                             (twin.point, *twin.interval(confidence))))
     evidence["note"] = _median_note(evidence)
-    prepared = _Cell(bar, evidence, effect)
+    prepared = _Cell(bar, evidence, effect, blocked=_port_blocked(evidence, port_min_rounds))
     if math.isinf(bar):
+        prepared.blocked = ""
         prepared.settled = Decision(CLOSE, "min_speedup is infinite: even a candidate that took "
                                     "no time would save less than the smallest effect of "
                                     "interest", **evidence)
     elif t is not None and (evidence["twin_ci_low"] > bar or evidence["twin_ci_high"] < 1 / bar):
         twin_words = _ci_words(evidence["twin_speedup"], evidence["twin_ci_low"],
                                evidence["twin_ci_high"], confidence)
+        prepared.blocked = "the A/A twin differs"
         prepared.settled = Decision(
             INCONCLUSIVE, f"the harness sees a difference between identical arms: the A/A "
             f"twin's speedup {twin_words} lies outside [{1 / bar:.3f}, {bar:.3f}]", **evidence)
     return prepared
+
+
+def _port_blocked(evidence: dict[str, Any], port_min_rounds: int) -> str:
+    """Why a measured cell cannot support a PORT, in words ('' when it can): too few rounds to
+    have seen a rare stall, a mean that could be slower beyond delta, or a heavier tail."""
+    floor = 1 / evidence["min_speedup"]
+    if evidence["n_rounds"] < port_min_rounds:
+        return (f"{evidence['n_rounds']} rounds, fewer than the {port_min_rounds} a PORT needs "
+                "(to have seen a 1-in-50 stall with 95 % probability)")
+    if not evidence["noninferior_bound"] > floor:
+        bound = evidence["noninferior_bound"]
+        return f"it could be slower beyond delta: its lower bound {bound:.3f} lies below {floor:.3f}"
+    if not evidence["tail_bound"] > floor:
+        return (f"the candidate's tail could be heavier beyond delta: the p99 speedup "
+                f"{evidence['tail_speedup']:.3f}x has its lower bound {evidence['tail_bound']:.3f} "
+                f"below {floor:.3f}")
+    return ""
 
 
 def _median_note(evidence: dict[str, Any]) -> str:
@@ -340,14 +476,15 @@ def _clears_port(cell: _Cell, level: float) -> bool:
 def _holm(cells: list[_Cell], alpha: float) -> tuple[set[int], dict[int, float]]:
     """Holm's step-down at family-wise one-sided level ``alpha``: test the open cells at
     alpha / (cells not yet declared), declare those that clear, repeat until none clears. The
-    cells declared PORT, and the level each open cell was last tested at."""
+    cells declared PORT, and the level each open cell was last tested at. A cell blocked from
+    PORT (too few rounds, a heavier tail) is tested but never declared."""
     open_cells = {i for i, c in enumerate(cells) if c.settled is None}
     declared: set[int] = set()
     levels: dict[int, float] = {}
     while open_cells:
         level = alpha / (len(cells) - len(declared))
         levels.update(dict.fromkeys(open_cells, level))
-        cleared = {i for i in open_cells if _clears_port(cells[i], level)}
+        cleared = {i for i in open_cells if not cells[i].blocked and _clears_port(cells[i], level)}
         if not cleared:
             break
         declared |= cleared
@@ -372,6 +509,9 @@ def _cell_decision(cell: _Cell, ported: bool, family_size: int,
         return Decision(CLOSE, f"speedup {effect}: its upper bound at one-sided "
                         f"{1 - confidence:.0%} ({ev['close_bound']:.3f}) lies below the minimum "
                         f"{bar:.3f}x: any benefit is smaller than worth a change", **ev)
+    if ev["port_bound"] > bar and cell.blocked:
+        return Decision(INCONCLUSIVE, f"speedup {effect} lies above the minimum {bar:.3f}x, but "
+                        f"a PORT is blocked: {cell.blocked}", **ev)
     if ev["port_bound"] > bar and twin_high is not None:
         return Decision(INCONCLUSIVE, f"speedup {effect} lies above the minimum {bar:.3f}x but "
                         f"not above the A/A twin's CI (up to {twin_high:.3f})", **ev)
@@ -386,78 +526,122 @@ def _check_cells(cells: Sequence[Mapping[str, Any]]) -> None:
     if not isinstance(cells, (list, tuple)) or not cells:
         raise ValueError("cells must be a non-empty list of dicts with baseline, candidate, twin "
                          "and min_speedup")
-    for index, cell in enumerate(cells):
-        missing = [key for key in ("baseline", "candidate", "min_speedup") if key not in cell]
-        if missing:
-            raise ValueError(f"cells[{index}] lacks {', '.join(missing)}")
 
 
 def decide_family(cells: Sequence[Mapping[str, Any]], *, min_samples: int = 10,
-                  confidence: float = 0.95, seed: int = 0) -> FamilyDecision:
+                  confidence: float = 0.95, seed: int = 0,
+                  port_min_rounds: int = design.TAIL_ROUNDS) -> FamilyDecision:
     """One PORT, CLOSE or INCONCLUSIVE for a family of cells, and each cell's decision.
 
     ``cells``: dicts with ``baseline``, ``candidate``, ``twin`` (per-round timings, paired by
     index; ``twin`` may be None) and ``min_speedup`` (the cell's bar).
 
     * A cell PORTs when its lower bound at Holm's one-sided level (``(1 - confidence) / 2``
-      divided by the cells not yet declared) lies above its bar and above its twin's CI.
+      divided by the cells not yet declared) lies above its bar and above its twin's CI, it has
+      at least ``port_min_rounds`` rounds, and its p99 tail is not heavier beyond the bar.
     * A cell CLOSEs when its upper bound at one-sided ``1 - confidence`` lies below its bar (the
       two one-sided tests of equivalence testing, at the usual 5 %: each cell's CLOSE is a test
       of its own, and the family CLOSEs only when all do, which needs no correction).
-    * A cell is INCONCLUSIVE otherwise, and whenever its timings are bad (non-finite, zero,
-      negative), it has fewer rounds than ``min_samples``, or its A/A twin differs beyond the bar.
+    * A cell is INCONCLUSIVE otherwise, and whenever its input is bad (missing, non-numeric,
+      wrongly shaped, non-finite, zero or negative timings; a bad bar), it has fewer rounds than
+      ``min_samples``, or its A/A twin differs beyond the bar.
 
-    The family is PORT when a cell PORTs and no cell is slower beyond the bar
-    (CI below ``1/min_speedup``), CLOSE when every cell CLOSEs, INCONCLUSIVE otherwise.
+    The family is PORT when a cell PORTs and every cell could support it (non-inferior: the
+    one-sided ``1 - confidence`` lower bounds of its mean and tail speedups above
+    ``1/min_speedup``, with ``port_min_rounds`` rounds), CLOSE when every cell CLOSEs,
+    INCONCLUSIVE otherwise.
     """
     _check_cells(cells)
     _check_common(min_samples, confidence)
-    prepared = [_prepare(c, min_samples=min_samples, confidence=confidence, seed=seed)
-                for c in cells]
+    prepared = [_prepare(c, min_samples=min_samples, confidence=confidence, seed=seed,
+                         port_min_rounds=port_min_rounds) for c in cells]
     alpha = (1 - confidence) / 2
     ported, levels = _holm(prepared, alpha)
     decisions = []
     for index, cell in enumerate(prepared):
         if cell.settled is not None:
+            cell.settled.port_blocked = cell.blocked
             decisions.append(cell.settled)
             continue
         assert cell.effect is not None  # a cell still to decide has its effect
         cell.evidence["port_level"] = levels[index]
         cell.evidence["port_bound"] = cell.effect.bound(levels[index])
         cell.evidence["close_bound"] = cell.effect.bound(confidence)
-        decisions.append(_cell_decision(cell, index in ported, len(prepared), confidence))
+        decision = _cell_decision(cell, index in ported, len(prepared), confidence)
+        decision.port_blocked = cell.blocked
+        decisions.append(decision)
     return _family(decisions, confidence)
 
 
 def _family(decisions: list[Decision], confidence: float) -> FamilyDecision:
     """The family's one decision from its cells' decisions."""
     answers = [d.decision for d in decisions]
-    slower = [i for i, d in enumerate(decisions)
-              if d.ci_high is not None and d.min_speedup and d.ci_high < 1 / d.min_speedup]
     ported = [i for i, d in enumerate(answers) if d == PORT]
-    if ported and not slower:
+    blocked = [i for i, d in enumerate(decisions) if d.port_blocked]
+    each = "; ".join(f"cell {i}: {d.decision}" for i, d in enumerate(decisions))
+    if ported and not blocked:
         return FamilyDecision(PORT, f"cell(s) {ported} of {len(decisions)} clear the bar at the "
-                              "family's Holm level and none is slower beyond it",
-                              decisions, confidence=confidence)
+                              "family's Holm level and every cell is non-inferior (mean and "
+                              f"tail) ({each})", decisions, confidence=confidence)
     if all(a == CLOSE for a in answers):
         return FamilyDecision(CLOSE, f"all {len(decisions)} cells close: every CI lies below "
                               "its bar", decisions, confidence=confidence)
     counts = {a: answers.count(a) for a in sorted(set(answers))}
-    extra = f"; cell(s) {slower} are slower beyond the bar" if slower else ""
+    extra = ("; a PORT is blocked by " + "; ".join(
+        f"cell {i} ({decisions[i].port_blocked})" for i in blocked)) if ported and blocked else ""
     return FamilyDecision(INCONCLUSIVE, f"the cells disagree or are unresolved ({counts})"
                           f"{extra}", decisions, confidence=confidence)
 
 
-def decide(baseline: Sequence[float], candidate: Sequence[float], *, min_speedup: float,
-           twin: Sequence[float] | None = None, min_samples: int = 10,
-           confidence: float = 0.95, seed: int = 0) -> Decision:
+def decide(baseline: Samples | None, candidate: Samples | None, *,
+           min_speedup: float, twin: Samples | None = None, min_samples: int = 10,
+           confidence: float = 0.95, seed: int = 0,
+           port_min_rounds: int = design.TAIL_ROUNDS) -> Decision:
     """PORT, CLOSE or INCONCLUSIVE for replacing ``baseline`` with ``candidate``: the rule of
     :func:`decide_family` for a family of one cell (the same estimand, the ratio of means).
 
     Inputs are per-round timings (index i = round i); ``twin`` is the baseline measured again as if
     it were another arm (A/A). ``min_speedup = inf`` (even a free candidate saves too little) is
-    CLOSE whatever was measured, given enough good rounds."""
+    CLOSE whatever was measured, given enough good rounds. Bad input (None, non-numeric, wrongly
+    shaped) is INCONCLUSIVE with the reason, never an exception."""
     cell = {"baseline": baseline, "candidate": candidate, "twin": twin,
             "min_speedup": min_speedup}
     return decide_family([cell], min_samples=min_samples, confidence=confidence,
-                         seed=seed).cells[0]
+                         seed=seed, port_min_rounds=port_min_rounds).cells[0]
+
+
+PORT_PINNED = "port the pinned scratch"
+PORT_REUSED = "port a reused pageable buffer"
+CLOSE_CHANGE = "close"
+NOT_A_DECISION = "not a decision"
+SEQUENCE = ("a fixed sequence, each family at the full level and the next tested only when the "
+            "one before it answered: the bundle (pinned grow-only vs the fresh vector) first; "
+            "if it PORTs, pinning alone (pinned grow-only vs grow-only pageable); if pinning "
+            "CLOSEs, reuse alone (grow-only pageable vs the fresh vector). A fixed sequence "
+            "keeps the chance of any false answer at the level of one test, since a later test "
+            "can only err once every earlier one has been passed")
+
+
+def recommend(bundle: str, pinning: str | None, reuse: str | None) -> tuple[str, str]:
+    """The change to make from the three family answers, tested as a fixed sequence
+    (:data:`SEQUENCE`): port the pinned scratch, port a reused pageable buffer, close, or
+    INCONCLUSIVE; and why. ``None``: that question was not measured."""
+    if bundle == CLOSE:
+        return CLOSE_CHANGE, ("the bundle (reuse + pinning) saves less than delta of the step in "
+                              "every decisive cell, so neither part alone is worth a change")
+    if bundle != PORT:
+        return INCONCLUSIVE, "the bundle (reuse + pinning) is not resolved, so nothing follows"
+    if pinning == PORT:
+        return PORT_PINNED, ("the bundle ports, and pinning adds a saving above delta beyond a "
+                             "reused pageable buffer")
+    if pinning is None:
+        return INCONCLUSIVE, ("the bundle ports, but pinning alone was not measured (no grow-only "
+                              "pageable arm): whether a reused pageable buffer would do is open")
+    if pinning != CLOSE:
+        return INCONCLUSIVE, ("the bundle ports, but whether pinning adds more than delta beyond "
+                              "a reused pageable buffer is unresolved: more rounds are needed")
+    if reuse == PORT:
+        return PORT_REUSED, ("the bundle ports, pinning adds less than delta beyond reuse, and "
+                             "reuse alone saves more than delta")
+    return INCONCLUSIVE, ("the bundle ports and pinning adds less than delta, but reuse alone is "
+                          "not shown to save more than delta")

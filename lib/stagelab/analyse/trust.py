@@ -9,7 +9,12 @@
   is not called busy in a third of its runs by chance.
 
 Either one makes the timings untrustworthy; the report's first screen, the verdict box,
-``compare``, the terminal and ``keep`` all say so from :func:`reasons`. Torch-free.
+``compare``, the terminal and ``keep`` all say so from :func:`reasons`.
+
+A run of few rounds (the smoke profile's 3) is neither: its A/A CIs are too few rounds to judge
+whether identical arms differ, so they are not read as a trust check, and the run is labelled
+"not a decision, not a trust check" (:func:`scope_label`) rather than untrustworthy; ``keep``
+refuses it as evidence all the same. Torch-free.
 """
 
 from __future__ import annotations
@@ -25,15 +30,56 @@ from stagelab.core.records import RunFolder
 # The notebooks whose timings the verdict, the findings and compare use.
 TIMING_NOTEBOOKS = catalogue.measuring_notebooks()
 DEFAULT_DELTA = 0.02
+# An A/A check of fewer paired rounds judges nothing: the bootstrap over so few rounds is too
+# narrow to tell a difference from chance (notebook 04's default min_samples, below which a
+# decisive cell is INCONCLUSIVE, too few rounds).
+MIN_TRUST_ROUNDS = 10
+NOT_JUDGED = "not a decision, not a trust check"
+
+
+def _judged(check: Mapping[str, Any]) -> bool:
+    """Whether an A/A check has rounds enough to judge trust (unknown rounds: an older verdict,
+    judged as it was)."""
+    rounds = check.get("n_rounds")
+    return rounds is None or rounds >= MIN_TRUST_ROUNDS
+
+
+def too_few_rounds(verdict: Mapping[str, Any]) -> int | None:
+    """The fewest paired rounds of the run's A/A checks when below :data:`MIN_TRUST_ROUNDS`
+    (None when every check has enough, or none says)."""
+    checks = [*((verdict.get("harness") or {}).get("checks") or []),
+              *(c for c in verdict.get("decisive") or [] if c.get("twin_ci_low") is not None)]
+    rounds = [c["n_rounds"] for c in checks if c.get("n_rounds")]
+    fewest = min(rounds) if rounds else None
+    return fewest if fewest is not None and fewest < MIN_TRUST_ROUNDS else None
+
+
+def scope_label(verdict: Mapping[str, Any]) -> str:
+    """What a few-round run can judge, in one line ('' for a run with rounds enough): neither
+    the staging question nor whether its timings can be trusted."""
+    fewest = too_few_rounds(verdict)
+    if fewest is None:
+        return ""
+    return (f"{NOT_JUDGED.upper()}: {fewest} rounds per cell are too few to judge either the "
+            f"change or the machine (a trust check needs {MIN_TRUST_ROUNDS} or more); a "
+            "rehearsal of the suite, not evidence")
 
 
 def load_reasons(manifest: Mapping[str, Any]) -> list[str]:
-    """One sentence per timing notebook that ran on a busy machine."""
+    """One sentence per timing notebook that ran on a busy machine, or whose load was watched
+    but could not be read (a replay whose node recorded none, /proc unreadable): trust needs a
+    measured load, and an unknown one is not a quiet one."""
     out = []
     for entry in manifest.get("notebooks") or []:
-        load = entry.get("load") or {}
-        if entry.get("name") in TIMING_NOTEBOOKS and load.get("busy"):
+        load = entry.get("load")
+        if entry.get("name") not in TIMING_NOTEBOOKS or not isinstance(load, Mapping):
+            continue
+        if load.get("busy"):
             out.append(f"{entry['name']} ran on a busy machine: {'; '.join(load['why'])}")
+        elif load.get("busy") is None:
+            why = load.get("unavailable") or "it was not recorded"
+            out.append(f"{entry['name']}: the load of the machine that timed it is unknown "
+                       f"({why}); trust needs a measured load")
     return out
 
 
@@ -51,11 +97,12 @@ def harness_reasons(verdict: Mapping[str, Any]) -> list[str]:
         return _per_cell_harness_reasons(verdict)
     delta, level = harness["delta"], harness["confidence"]
     checked = [check for check in harness.get("checks") or [] if check.get("differs") is not None]
+    judged = [check for check in checked if _judged(check)]
     return [f"the A/A check at {check['level']} level, {_cell(check)}, saw identical arms "
             f"differ: {check['twin_speedup']:.3f}x [{check['twin_ci_low']:.3f}, "
             f"{check['twin_ci_high']:.3f}] ({level:.1%} CI, Bonferroni over {len(checked)} "
             f"A/A checks), beyond 1 +- {delta:.0%}"
-            for check in checked if check["differs"]]
+            for check in judged if check["differs"]]
 
 
 def _per_cell_harness_reasons(verdict: Mapping[str, Any]) -> list[str]:
@@ -66,7 +113,7 @@ def _per_cell_harness_reasons(verdict: Mapping[str, Any]) -> list[str]:
         seen = set()
         for cell in cells:
             low, high = cell.get("twin_ci_low"), cell.get("twin_ci_high")
-            if low is None or high is None or _cell(cell) in seen:
+            if low is None or high is None or _cell(cell) in seen or not _judged(cell):
                 continue
             seen.add(_cell(cell))
             if low > 1 + delta or high < 1 - delta:
@@ -119,9 +166,12 @@ def headline(found: list[str]) -> str:
 
 
 def warning_markdown(run_dir: Path, verdict: Mapping[str, Any]) -> str:
-    """The warning for a notebook's verdict box, in Markdown ('' when trustworthy)."""
+    """The warning for a notebook's verdict box, in Markdown ('' when trustworthy): what a
+    few-round run cannot judge, then why the timings are not trustworthy."""
+    label = scope_label(verdict)
+    parts = [f"**{label.partition(':')[0]}**:{label.partition(':')[2]}."] if label else []
     found = reasons(run_dir, verdict=verdict)
-    if not found:
-        return ""
-    return ("**TIMINGS NOT TRUSTWORTHY**: run it again on a quiet machine before relying on "
-            "these figures.\n\n" + "\n".join(f"- {reason}" for reason in found))
+    if found:
+        parts.append("**TIMINGS NOT TRUSTWORTHY**: run it again on a quiet machine before "
+                     "relying on these figures.\n\n" + "\n".join(f"- {r}" for r in found))
+    return "\n\n".join(parts)

@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 
 from stagelab.analyse import analysis, calibration, predict, stats
-from stagelab.core import catalogue, records, schema
+from stagelab.core import catalogue, design, forward, records, schema
 from stagelab.core.errors import UserError
 
 TABLES = catalogue.tables()
@@ -84,16 +84,7 @@ def _context(cell: pd.DataFrame) -> dict[str, Any]:
     forward = cell[(cell["metric"] == "forward_ms") & (cell["status"] == "ok")]["value"].dropna()
     where = cell["log_softmax"].dropna().unique() if "log_softmax" in cell else []
     return {"forward_ms": float(forward.iloc[0]) if len(forward) else 0.0,
-            "forward_ms_measured": _measured_forward(cell),
             "log_softmax": str(where[0]) if len(where) else "device"}
-
-
-def _measured_forward(cell: pd.DataFrame) -> float | None:
-    """The queued forward's measured ms per call in one cell (None where not measured: a CPU,
-    or a table written before it was)."""
-    rows = cell[(cell["metric"] == "forward_ms_measured") & (cell["status"] == "ok")]
-    values = rows["value"].dropna()
-    return float(values.mean()) if len(values) else None
 
 
 def _mean_ms(values: np.ndarray) -> float | None:
@@ -103,7 +94,8 @@ def _mean_ms(values: np.ndarray) -> float | None:
 
 
 def cell_evidence(step: pd.DataFrame, rows: int, vocab: int, k: int, candidate: str, *,
-                  delta: float) -> tuple[dict[str, Any], dict[str, Any] | None]:
+                  delta: float, baseline: str = BASELINE,
+                  twin: str | None = TWIN) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """One ``(n, V, K)`` cell of the step table: what the verdict says about it before deciding
     (sizes, context, the bars, the stage split), and the rule's input (None with the reason in
     the first dict when it cannot be decided: not measured, or no A/A twin).
@@ -111,11 +103,12 @@ def cell_evidence(step: pd.DataFrame, rows: int, vocab: int, k: int, candidate: 
     delta is a share of the **decode step**, the forward pass and the logprobs step together,
     which is what each timed call measures when ``forward_ms`` of device work is queued before
     it: the bar is ``1 / (1 - delta)`` on the measured step. Beside it, the logprobs-only bar:
-    the speedup of the measured step that saves delta of the logprobs step alone."""
+    the speedup of the measured step that saves delta of the logprobs step alone. ``baseline``
+    and ``twin`` (None: no A/A twin in this comparison) name the other arms compared."""
     cell = step[(step["rows"] == rows) & (step["vocab"] == vocab) & (step["k"] == k)]
     out: dict[str, Any] = {"rows": rows, "vocab": vocab, "k": k, "candidate": candidate,
                            "delta": delta, **_context(cell)}
-    step_rounds = analysis.by_round(cell, BASELINE)
+    step_rounds = analysis.by_round(cell, baseline)
     out["baseline_rounds"] = len(step_rounds)
     out["min_speedup"] = 1 / (1 - delta)
     decode_ms = _mean_ms(step_rounds.to_numpy(dtype=float))
@@ -126,24 +119,28 @@ def cell_evidence(step: pd.DataFrame, rows: int, vocab: int, k: int, candidate: 
         out["logprobs_only_min_speedup"] = (
             decode_ms / (decode_ms - delta * logprobs_ms) if logprobs_ms else None)
     out["stages_ms"] = _stage_split(cell)
-    failures = _failures(cell, (BASELINE, candidate, TWIN))
+    arms = (baseline, candidate) if twin is None else (baseline, candidate, twin)
+    failures = _failures(cell, arms)
     out["failures"] = failures
-    for arm, words in ((BASELINE, "not measured: "), (candidate, "not measured: "),
-                       (TWIN, "the A/A check is missing: ")):
-        if analysis.by_round(cell, arm).empty:
+    for arm, words in ((baseline, "not measured: "), (candidate, "not measured: "),
+                       (twin, "the A/A check is missing: ")):
+        if arm is not None and analysis.by_round(cell, arm).empty:
             out["reason"] = words + analysis.not_measured_reason(cell, arm)
             return out, None
-    base, cand, twin = analysis.paired_rounds(cell, BASELINE, candidate, TWIN)
-    return out, {"baseline": base, "candidate": cand, "twin": twin,
+    paired = analysis.paired_rounds(cell, *arms)
+    return out, {"baseline": paired[0], "candidate": paired[1],
+                 "twin": paired[2] if twin is not None else None,
                  "min_speedup": out["min_speedup"]}
 
 
 def decide_cells(step: pd.DataFrame, named: list[tuple[int, int, int]], candidate: str, *,
-                 delta: float, min_samples: int, confidence: float,
-                 seed: int) -> tuple[list[dict[str, Any]], stats.FamilyDecision | None]:
+                 delta: float, min_samples: int, confidence: float, seed: int,
+                 baseline: str = BASELINE, twin: str | None = TWIN,
+                 ) -> tuple[list[dict[str, Any]], stats.FamilyDecision | None]:
     """Every named decisive cell with its decision, and the family's decision over the measured
     ones (:func:`stagelab.analyse.stats.decide_family`; None when no cell was measured)."""
-    evidence = [cell_evidence(step, n, v, k, candidate, delta=delta) for n, v, k in named]
+    evidence = [cell_evidence(step, n, v, k, candidate, delta=delta, baseline=baseline,
+                              twin=twin) for n, v, k in named]
     measured = [inputs for _, inputs in evidence if inputs is not None]
     family = (stats.decide_family(measured, min_samples=min_samples, confidence=confidence,
                                   seed=seed) if measured else None)
@@ -171,7 +168,8 @@ def _failures(cell: pd.DataFrame, arms: tuple[str, ...]) -> str:
 
 
 def _stage_split(cell: pd.DataFrame) -> dict[str, float] | None:
-    """The seed step's mean ms per part (device, alloc, copy, host top-K, free, unattributed)
+    """The seed step's mean ms per part (forward, device, alloc, copy, host top-K, free,
+    unattributed)
     and in total, in one cell: the parts add up to the total."""
     parts = analysis.decomposition(cell)
     seed = parts[parts["arm"] == BASELINE]
@@ -181,32 +179,46 @@ def _stage_split(cell: pd.DataFrame) -> dict[str, float] | None:
     return {stage: 1e3 * float(row[stage]) for stage in (*analysis.SPLIT, catalogue.TOTAL)}
 
 
-def _slower_beyond_delta(cell: dict[str, Any]) -> bool:
-    return (cell.get("ci_high") is not None and cell.get("min_speedup") is not None
-            and cell["ci_high"] < 1.0 / cell["min_speedup"])
+def _cell_name(cell: dict[str, Any]) -> str:
+    return f"n={cell['rows']} V={cell['vocab']} K={cell['k']}"
+
+
+def _answer_words(cell: dict[str, Any]) -> str:
+    """A cell's answer in a few words: its decision and speedup with CI."""
+    if cell.get("speedup") is None:
+        return f"{_cell_name(cell)} {cell['decision']} (not measured)"
+    return (f"{_cell_name(cell)} {cell['decision']} {cell['speedup']:.3f}x "
+            f"[{cell['ci_low']:.3f}, {cell['ci_high']:.3f}]")
+
+
+def _blocks_port(cell: dict[str, Any]) -> str:
+    """Why a decisive cell keeps the family from PORT ('' when it does not)."""
+    if cell.get("speedup") is None:
+        return "not measured"
+    return cell.get("port_blocked") or ""
 
 
 def overall(decisive: list[dict[str, Any]]) -> dict[str, str]:
-    """One decision over the decisive cells, a summary and where the effect lies."""
+    """One decision over the decisive cells, a summary and where the effect lies. PORT needs a
+    cell that ports and every cell able to support it (measured, non-inferior in mean and tail,
+    with the rounds a PORT needs): intersection-union, so no decisive cell is left to regress."""
     if not decisive:
         return {"decision": stats.INCONCLUSIVE, "where": "",
                 "summary": "No decisive cell was named or measured: nothing to decide from."}
     decisions = [c["decision"] for c in decisive]
     ported = [c for c in decisive if c["decision"] == stats.PORT]
-    slower = [c for c in decisive if _slower_beyond_delta(c)]
+    blocked = [c for c in decisive if _blocks_port(c)]
     where = effect_location(decisive)
-    if ported and not slower:
+    if ported and not blocked:
         best = max(ported, key=lambda c: c["saved_ms"] or 0)
-        undecided = [f"n={c['rows']} V={c['vocab']} K={c['k']}" for c in decisive
-                     if c.get("speedup") is None]
-        missing = (f" Not decided: {', '.join(undecided)} (see their reasons)."
-                   if undecided else "")
+        each = "; ".join(_answer_words(c) for c in decisive)
         return {"decision": stats.PORT, "where": where, "summary": (
             f"Pinned grow-only staging saves more than delta of the seed's step in "
-            f"{len(ported)} of {len(decisive)} decisive cells; the largest saving is "
+            f"{len(ported)} of {len(decisive)} decisive cells and no cell could be slower "
+            f"beyond delta (mean and p99 tail); the largest saving is "
             f"{best['saved_ms']:.2f} ms per step at n={best['rows']}, V={best['vocab']}, "
             f"K={best['k']} ({best['speedup']:.3f}x, CI [{best['ci_low']:.3f}, "
-            f"{best['ci_high']:.3f}]).{missing} {where}".strip())}
+            f"{best['ci_high']:.3f}]). Each cell: {each}. {where}".strip())}
     if all(d == stats.CLOSE for d in decisions):
         return {"decision": stats.CLOSE, "where": where, "summary": (
             f"In all {len(decisive)} decisive cells any benefit of pinned grow-only staging is "
@@ -219,10 +231,60 @@ def overall(decisive: list[dict[str, Any]]) -> dict[str, str]:
                 "not measured: ") + "), so whether pinned staging helps cannot be decided "
             "here. See the findings for what was measured instead.")}
     counts = {d: decisions.count(d) for d in sorted(set(decisions))}
-    extra = f" {len(slower)} cell(s) show pinning slower beyond delta." if slower else ""
+    extra = (" a PORT is blocked by " + "; ".join(
+        f"{_cell_name(c)}: {_blocks_port(c)}" for c in blocked) + ";") if ported else ""
     return {"decision": stats.INCONCLUSIVE, "where": where, "summary": (
         f"The decisive cells disagree or are unresolved ({counts});{extra} see the per-cell "
         f"reasons. {where}").strip()}
+
+
+QUESTIONS = {  # question: (baseline, candidate, A/A twin)
+    "bundle": (BASELINE, CANDIDATE, TWIN),
+    "reuse": (BASELINE, REUSED, TWIN),
+    "pinning": (REUSED, CANDIDATE, None),
+}
+QUESTION_WORDS = {
+    "bundle": "reuse + pinning: pinned grow-only scratch vs a fresh zero-filled vector",
+    "reuse": "reuse alone: grow-only pageable buffer vs a fresh zero-filled vector",
+    "pinning": "pinning alone: pinned grow-only scratch vs grow-only pageable buffer",
+}
+ANSWER_KEYS = ("decision", "speedup", "ci_low", "ci_high", "tail_speedup", "tail_bound",
+               "noninferior_bound", "saved_ms", "n_rounds", "reason")
+
+
+def answer_questions(step: pd.DataFrame, named: list[tuple[int, int, int]], *,
+                     bundle: list[dict[str, Any]],
+                     **kwargs: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The three questions, each a family over the decisive cells
+    (:func:`stagelab.analyse.stats.decide_family`): their answers, and the change recommended
+    from them as a fixed sequence (:func:`stagelab.analyse.stats.recommend`). ``bundle``: the
+    decisive cells, already decided. A question none of whose arms ran is None."""
+    answers: dict[str, Any] = {}
+    for question, (baseline, candidate, twin) in QUESTIONS.items():
+        cells = bundle if question == "bundle" else decide_cells(
+            step, named, candidate, baseline=baseline, twin=twin, **kwargs)[0]
+        measured = any(c.get("speedup") is not None for c in cells)
+        answers[question] = {
+            "baseline": baseline, "candidate": candidate, "words": QUESTION_WORDS[question],
+            "measured": measured, **(overall(cells) if measured else {
+                "decision": None, "where": "", "summary": cells[0]["reason"] if cells else ""}),
+            "cells": [{"rows": c["rows"], "vocab": c["vocab"], "k": c["k"],
+                       **{key: c.get(key) for key in ANSWER_KEYS}} for c in cells]}
+    change, reason = stats.recommend(*(answers[q]["decision"] for q in
+                                       ("bundle", "pinning", "reuse")))
+    return answers, {"change": change, "reason": reason, "method": stats.SEQUENCE}
+
+
+def not_a_decision(decisive: list[dict[str, Any]]) -> str:
+    """Why this run's rounds cannot decide ('' when they can): a decisive cell measured with
+    fewer rounds than a PORT needs (a smoke profile), whose PORT or CLOSE would not be one."""
+    short = [c for c in decisive if c.get("n_rounds") and c["n_rounds"] < design.TAIL_ROUNDS]
+    if not short:
+        return ""
+    fewest = min(c["n_rounds"] for c in short)
+    return (f"Not a decision: {len(short)} decisive cell(s) have as few as {fewest} rounds, "
+            f"fewer than the {design.TAIL_ROUNDS} a decision needs (to have seen a 1-in-50 stall "
+            "with 95 % probability); the answers below show the machinery, not the verdict.")
 
 
 def effect_location(decisive: list[dict[str, Any]]) -> str:
@@ -333,7 +395,8 @@ def findings(verdict: dict[str, Any], tables: dict[str, pd.DataFrame]) -> list[s
         if split:
             out.append(
                 f"Seed's step at n={cell['rows']}, V={cell['vocab']}, K={cell['k']}: "
-                f"{split['total']:.2f} ms on average, made of log-softmax "
+                f"{split['total']:.2f} ms on average, made of the queued forward "
+                f"{split.get('forward', 0.0):.2f}, log-softmax "
                 f"{split['device']:.2f}, zero-filled vector {split['alloc']:.2f}, copy "
                 f"{split['copy']:.2f}, host top-K (C++) {split['host_gather']:.2f}, free "
                 f"{split['free']:.2f} and unattributed {split['unattributed']:.2f} ms (time "
@@ -353,8 +416,8 @@ def findings(verdict: dict[str, Any], tables: dict[str, pd.DataFrame]) -> list[s
         backends = analysis.host_gather_backends(step)
         for _, row in backends.iterrows():
             out.append(f"Host top-K at n={row['rows']}, V={row['vocab']}, K={row['k']}: native "
-                       f"C++ {row['native_ms']:.2f} ms, numpy {row['numpy_ms']:.2f} ms "
-                       f"({row['numpy_over_native']:.1f}x).")
+                       f"C++ {row['native_ms']:.2f} ms, numpy {row['numpy_ms']:.2f} ms on "
+                       f"average ({row['numpy_over_native']:.1f}x).")
     out.extend(_zero_fill_findings(verdict, step))
     clocks = verdict["clock_check"]
     if clocks["checked"]:
@@ -389,9 +452,14 @@ def _zero_fill_findings(verdict: dict[str, Any], step: pd.DataFrame | None) -> l
         else:
             cost = (f"{1e3 * big['zero_fill_s']:.2f} ms per step (CI "
                     f"{1e3 * big['zero_fill_s_low']:.2f}-{1e3 * big['zero_fill_s_high']:.2f})")
+        size = int(big["rows"]) * int(big["vocab"]) * 4
+        side = "above" if size > THRESHOLD_BYTES else "at or below"
         return [f"Zero-fill of the seed's fresh native vector (a value-initialised "
                 f"std::vector, the step's alloc stage) at n={int(big['rows'])}, "
-                f"V={int(big['vocab'])}, K={int(big['k'])}: {cost}. The copy is "
+                f"V={int(big['vocab'])}, K={int(big['k'])}: {cost}; the vector is "
+                f"{size / 2 ** 20:.1f} MiB, {side} glibc's largest mmap threshold (32 MiB): "
+                f"{GLIBC_THRESHOLD_WORDS}, so a jump in zero-fill cost between sizes may be that "
+                f"boundary. The copy is "
                 f"{analysis.share_words(big, 'copy_share')} of the seed's step; alloc + copy + "
                 f"free, which pinning removes or shrinks, "
                 f"{analysis.share_words(big, 'pinning_share')}."]
@@ -449,12 +517,9 @@ def context_summary(decisive: list[dict[str, Any]], delta: float, log_softmax: s
     what delta is a share of (with the logprobs-only bar beside it), where the log-softmax ran,
     and how the family of cells was combined."""
     forwards = sorted({c["forward_ms"] for c in decisive})
-    measured = sorted({round(c["forward_ms_measured"], 3) for c in decisive
-                       if c.get("forward_ms_measured") is not None})
     bars = [c["logprobs_only_min_speedup"] for c in decisive
             if c.get("logprobs_only_min_speedup") is not None]
     return {"forward_ms": forwards,
-            "forward_ms_measured": measured,
             "delta": delta,
             "delta_of": "the decode step: forward pass + logprobs step (each timed call queues "
                         "forward_ms of device work before the step)",
@@ -466,13 +531,67 @@ def context_summary(decisive: list[dict[str, Any]], delta: float, log_softmax: s
             "words": context_words(forwards, delta, log_softmax)}
 
 
+OVERLAP = ("assumed: the forward is queued without a wait before each timed step, so the seed's "
+           "host allocation (the fresh vector and its zero-fill) runs while the device works, as "
+           "in an engine that launches its forward asynchronously and first waits at the "
+           "logprobs copy; the copy itself cannot start before the forward ends. An engine that "
+           "waits after its forward would pay the allocation in full (forward_ms = 0 bounds "
+           "that case).")
+
+
+def forward_summary(step: pd.DataFrame) -> dict[str, Any]:
+    """The decode forward queued before each step: its nominal ms (per distinct value, with how
+    it was reached) and the measured duration of the queued device work where recorded
+    (``forward_measured_ms``; None on a CPU or where the run did not record it)."""
+    ok = step[step["status"] == "ok"] if "status" in step else step
+    nominal = ok[ok["metric"] == "forward_ms"]
+    measured = ok[ok["metric"] == "forward_measured_ms"]["value"].dropna()
+    return {"nominal_ms": sorted({float(v) for v in nominal["value"].dropna()}),
+            "how": sorted({str(n) for n in nominal["note"].dropna() if str(n)}),
+            "measured_ms": None if measured.empty else float(measured.mean()),
+            "context_tokens": forward.DEFAULT_CONTEXT,
+            "achievable_fraction": forward.ACHIEVABLE_FRACTION}
+
+
+GLIBC_THRESHOLD_WORDS = ("glibc maps a block above its mmap threshold fresh every step (zero "
+                         "pages faulted in, then unmapped); the threshold starts at 128 KiB and "
+                         "rises to each mapped block freed, up to 32 MiB on a 64-bit machine, so "
+                         "in a loop a vector up to 32 MiB reuses the heap and a larger one is "
+                         "mapped fresh every step")
+THRESHOLD_BYTES = 32 * 2 ** 20
+
+
+def allocator_summary(step: pd.DataFrame, named: list[tuple[int, int, int]], decided: str,
+                      **kwargs: Any) -> dict[str, Any]:
+    """The seed vector's allocation regimes this run recorded (the process's malloc assumed, as
+    the engine gets it), glibc's threshold in words, and whether the other regime, where it was
+    measured, changes the answer (the decisive family decided under it)."""
+    recorded = analysis.regimes(step)
+    out: dict[str, Any] = {"regimes": recorded, "assumed": recorded[0] if recorded else None,
+                           "threshold": GLIBC_THRESHOLD_WORDS, "other": []}
+    if not recorded:
+        out["note"] = ("not recorded: this run's rows predate the regime (glibc's malloc, "
+                       "assumed)")
+        return out
+    for regime in recorded[1:]:
+        cells, _ = decide_cells(analysis.where_regime(step, regime), named, CANDIDATE, **kwargs)
+        answer = overall(cells)["decision"]
+        out["other"].append({"regime": regime, "decision": answer,
+                             "changes_answer": answer != decided,
+                             "note": f"with the seed vector {regime} the family decides {answer}"})
+    out["note"] = ("the regime changes the answer" if any(o["changes_answer"] for o in out["other"])
+                   else "the regime does not change the answer" if out["other"] else
+                   f"one regime measured ({recorded[0]}); the full profile measures both")
+    return out
+
+
 def with_machine(context: dict[str, Any], snapshot: dict[str, Any]) -> dict[str, Any]:
     """The context with the machine under the numbers (:func:`machine_context`), its sentence
     added to the context's words, and the measured forward beside the nominal."""
     machine = machine_context(snapshot)
-    measured = context.get("forward_ms_measured") or []
-    forward = (f" The queued forward measured {', '.join(f'{m:g}' for m in measured)} ms per "
-               "call between its own CUDA events." if measured else "")
+    measured = (context.get("forward") or {}).get("measured_ms")
+    forward = (f" The queued forward measured {measured:.3g} ms per call between its own CUDA "
+               "events." if measured is not None else "")
     return {**context, "machine": machine,
             "words": f"{context['words']}{forward} {machine['words']}"}
 
@@ -556,11 +675,23 @@ def build_verdict(run_dir: Path | str, *, decisive_rows: list[int], decisive_voc
                                   seed=seed)
     named = decisive_cells(decisive_rows, decisive_vocabs, decisive_ks)
     step_all = step if step is not None else schema.make_rows([])
-    if step is not None:  # every step figure below is of the assumed log-softmax's rows
-        step = tables["step"] = analysis.where_log_softmax(step, log_softmax)
-    decisive, family = decide_cells(analysis.where_log_softmax(step_all, log_softmax), named,
-                                    CANDIDATE, **kwargs)
+    if step is not None:  # every step figure below: the assumed log-softmax and regime's rows
+        step = tables["step"] = analysis.where_regime(analysis.where_log_softmax(step,
+                                                                                 log_softmax))
+    at_place = analysis.where_log_softmax(step_all, log_softmax)
+    assumed_rows = analysis.where_regime(at_place)
+    decisive, family = decide_cells(assumed_rows, named, CANDIDATE, **kwargs)
     decided = overall(decisive)
+    questions, recommendation = answer_questions(assumed_rows, named, bundle=decisive, **kwargs)
+    for index, cell in enumerate(decisive):
+        cell["answers"] = {q: {key: answer["cells"][index].get(key) for key in
+                               ("decision", "speedup", "ci_low", "ci_high")}
+                           for q, answer in questions.items()}
+    short = not_a_decision(decisive)
+    if short:
+        decided = {**decided, "decision": stats.INCONCLUSIVE,
+                   "summary": f"{short} {decided['summary']}"}
+        recommendation = {**recommendation, "change": stats.NOT_A_DECISION, "reason": short}
     step_levers = [] if step is None else analysis.lever_savings(step, seed=seed).to_dict(
         "records")
     folder = records.RunFolder(run_dir)
@@ -582,10 +713,15 @@ def build_verdict(run_dir: Path | str, *, decisive_rows: list[int], decisive_voc
                        "decisive_vocabs": decisive_vocabs, "decisive_ks": decisive_ks,
                        "log_softmax": log_softmax},
         "overall": decided,
-        "context": with_machine(context_summary(decisive, delta, log_softmax, family),
-                                hardware),
-        "other_log_softmax": _other_assumption(step_all, named, log_softmax,
-                                               decided["decision"], **kwargs),
+        "recommendation": recommendation,
+        "questions": questions,
+        "context": with_machine({
+            **context_summary(decisive, delta, log_softmax, family),
+            "forward": forward_summary(assumed_rows), "overlap": OVERLAP,
+            "allocator": allocator_summary(at_place, named, decided["decision"], **kwargs)},
+            hardware),
+        "other_log_softmax": _other_assumption(analysis.where_regime(step_all), named,
+                                               log_softmax, decided["decision"], **kwargs),
         "decisive": decisive,
         "step_levers": step_levers,
         "copy_cells": [] if staging is None else _copy_cells(staging, seed),
@@ -636,6 +772,19 @@ def decisive_table(verdict: dict[str, Any]) -> pd.DataFrame:
              **{f"{stage}_ms": ms for stage, ms in (cell.get("stages_ms") or {}).items()}}
             for cell in verdict["decisive"]]
     return pd.DataFrame(rows, columns=None if rows else DECISIVE_COLUMNS)
+
+
+QUESTION_COLUMNS = ["question", "family", "rows", "vocab", "k", "decision", "speedup", "ci_low",
+                    "ci_high", "tail_speedup", "n_rounds"]
+
+
+def questions_table(verdict: dict[str, Any]) -> pd.DataFrame:
+    """The three questions (bundle, reuse alone, pinning alone) per decisive cell, each with its
+    family's answer and the cell's speedup, CI and p99 tail speedup."""
+    rows = [{"question": answer["words"], "family": answer["decision"] or "not measured",
+             **{key: cell.get(key) for key in QUESTION_COLUMNS[2:]}}
+            for answer in (verdict.get("questions") or {}).values() for cell in answer["cells"]]
+    return pd.DataFrame(rows, columns=QUESTION_COLUMNS)
 
 
 def levers_table(verdict: dict[str, Any]) -> pd.DataFrame:

@@ -14,6 +14,10 @@ arms in each round and the rule that says when a cell has enough rounds. Standar
   ratio of means over paired rounds). A sweep adds rounds until it is at most delta/2, or a cap on
   rounds or seconds is reached. It stops on precision, never on the effect, so the decision's
   error rates hold; :mod:`stagelab.analyse.calibration` measures them with this very rule.
+* **Rounds to see a stall** (:func:`rounds_to_see`, :data:`TAIL_ROUNDS`): an arm slow in one
+  round of 50 shows no slow round at all in ``0.98^n`` of samples of ``n`` rounds; a sample
+  without one looks faster than the arm is, and stopping on precision locks that in. 149 rounds
+  see at least one such stall with probability 95 %, so a PORT needs that many.
 """
 
 from __future__ import annotations
@@ -25,6 +29,19 @@ from collections.abc import Sequence
 from statistics import NormalDist
 
 PRECISE, ROUND_CAP, TIME_CAP, FIXED = "precise", "round cap", "time cap", "fixed rounds"
+STALL_RATE = 1 / 50  # the rarest stall a decision must have had the chance to see
+STALL_SEEN = 0.95  # ... with this probability
+
+
+def rounds_to_see(rate: float = STALL_RATE, probability: float = STALL_SEEN) -> int:
+    """The fewest rounds in which an event of per-round ``rate`` shows at least once with
+    ``probability``: the smallest ``n`` with ``1 - (1 - rate)^n >= probability``."""
+    if not (0 < rate < 1 and 0 < probability < 1):
+        raise ValueError(f"rate and probability must lie in (0, 1), got {rate!r}, {probability!r}")
+    return math.ceil(math.log(1 - probability) / math.log(1 - rate) - 1e-9)
+
+
+TAIL_ROUNDS = rounds_to_see()  # 149: the rounds a PORT needs
 
 
 def williams_rows(arms: int) -> list[list[int]]:

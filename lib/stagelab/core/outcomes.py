@@ -6,6 +6,7 @@ Standard library only (the ground floor): ``stagelab measure`` on a bare node us
 
 from __future__ import annotations
 
+import errno
 import sys
 from collections.abc import Callable
 
@@ -32,8 +33,9 @@ EXIT_INTERRUPTED = 130  # Ctrl-C, SIGTERM or SIGHUP; what was made is kept
 def one_line_errors(prog: str, body: Callable[[], int],
                     also: tuple[type[Exception], ...] = ()) -> int:
     """Run a command's ``body``; a :class:`UserError` prints ``prog: error: ...`` in one line
-    and returns 2, an exception of ``also`` (e.g. a record that cannot be written) one line and
-    1, an interrupt one line and 130. Never a traceback for what the user can fix."""
+    and returns 2 (so does a name too long for the file system), an exception of ``also`` (e.g.
+    a record that cannot be written) one line and 1, an interrupt one line and 130. Never a
+    traceback for what the user can fix."""
     try:
         return body()
     except UserError as exc:
@@ -42,6 +44,12 @@ def one_line_errors(prog: str, body: Callable[[], int],
     except also as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return EXIT_FAILED
+    except OSError as exc:
+        if exc.errno != errno.ENAMETOOLONG:
+            raise
+        print(f"{prog}: error: {exc.filename}: {exc.strerror} (a name over 255 bytes, or a "
+              "path too long for this system)", file=sys.stderr)
+        return EXIT_USAGE
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

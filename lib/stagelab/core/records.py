@@ -29,6 +29,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from stagelab.core import untrusted
 from stagelab.core.errors import BadRecord, UserError
 
 SCHEMAS_DIR = Path(__file__).with_name("schemas")
@@ -170,15 +171,14 @@ def schema(name: str) -> dict[str, Any]:
 
 
 def read_json(path: Path) -> Any:
-    """A JSON file's content; BadRecord naming the file when it cannot be read or parsed.
+    """A JSON file's content; BadRecord naming the file when it cannot be read or parsed (read
+    as :func:`stagelab.core.untrusted.load_json` reads: no link, bounded size and depth).
     A missing file raises FileNotFoundError."""
     path = Path(path)
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise UnreadableJSON(f"{path}: cannot be read as JSON ({exc})") from exc
+        return untrusted.load_json(path)
+    except BadRecord as exc:  # a link, a FIFO, too large, too deep, not JSON: one line
+        raise UnreadableJSON(str(exc)) from exc
 
 
 def check_record(payload: Any, kind: str, source: Path | str) -> dict[str, Any]:
@@ -202,25 +202,47 @@ def generator_tag(command: str) -> str:
     return f'<meta name="generator" content="{command}">'
 
 
+RUN_MARKERS = ("manifest.json", "measured.json")  # a run folder's, a measured folder's
+
+
+def enclosing_run(path: Path | str) -> Path | None:
+    """The run folder (or measured folder) that ``path`` lies in, at any depth, or None."""
+    parent = Path(path).parent.resolve()
+    for folder in (parent, *parent.parents):
+        if any((folder / marker).is_file() for marker in RUN_MARKERS):
+            return folder
+    return None
+
+
+def _is_earlier_output(out: Path, command: str) -> bool:
+    with contextlib.suppress(OSError, UnicodeDecodeError):
+        with open(out, encoding="utf-8") as handle:
+            return generator_tag(command) in handle.read(4096)
+    return False
+
+
 def claim_output(out: Path, command: str, force: bool = False) -> Path:
     """Check that ``command`` may write ``out``: a new file, or an earlier output of the same
-    command (it carries :func:`generator_tag`), or anything but a record with ``force``.
-    A run's record files are never replaced. UserError naming ``--out`` otherwise."""
+    command (it carries :func:`generator_tag`), or with ``force`` anything outside a run.
+    Nothing of a run (at any depth: tables, figures, ``measured/``, manifest, verdict) is ever
+    replaced, ``force`` or not. UserError naming ``--out`` otherwise."""
     out = Path(out)
     if out.is_symlink() or out.is_dir():
         raise UserError(f"--out {out}: is a {'link' if out.is_symlink() else 'folder'}; "
                         "name a new file")
     if not out.exists():
         return out
-    if RunFolder(out.parent).owns(out):
+    run = enclosing_run(out)
+    if run is not None and (out.parent.resolve() != run or RunFolder(run).owns(out)):
         raise UserError(f"--out {out}: is one of the run's own record files; it is never "
                         "replaced, name another file")
-    if force:
+    if _is_earlier_output(out, command):
         return out
-    with contextlib.suppress(OSError, UnicodeDecodeError):
-        with open(out, encoding="utf-8") as handle:
-            if generator_tag(command) in handle.read(4096):
-                return out
+    if force and run is None:
+        return out
+    if force:
+        raise UserError(f"--out {out}: lies in the run folder {run}; --force never replaces a "
+                        "file of a run: name a new file")
     raise UserError(f"--out {out}: exists and is not an earlier output of `{command}`; name "
                     "a new file, or add --force to replace it")
 

@@ -262,13 +262,19 @@ def write_manifest(run_dir: Path, manifest: Mapping[str, Any]) -> Path:
     return RunFolder(run_dir).write_manifest(dict(manifest))
 
 
+MAX_PID = 2**22  # Linux's largest pid_max
+
+
 def process_alive(manifest: Mapping[str, Any]) -> bool:
     """Whether the process that wrote a ``running`` manifest still runs (unknown: assume so)."""
     if manifest.get("host") != socket.gethostname():
         return True
+    pid = manifest.get("pid")
+    if isinstance(pid, bool) or not isinstance(pid, int) or not 0 < pid <= MAX_PID:
+        return False  # no process has that id (0 and -1 would name a group, or every process)
     try:
-        os.kill(int(manifest["pid"]), 0)
-    except (ProcessLookupError, KeyError, ValueError, TypeError):
+        os.kill(pid, 0)
+    except (ProcessLookupError, OverflowError):
         return False
     except PermissionError:
         pass

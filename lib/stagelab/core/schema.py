@@ -25,7 +25,7 @@ metric     str     ``time`` for timings; otherwise what ``bytes``/``value`` hold
                    ``bitwise_equal`` (1 or 0), ``order_seed`` (the seed of a cell's balanced
                    arm order), ``rounds`` (rounds a cell ran; the note says why it stopped),
                    ``forward_ms`` (device work queued before each step, ms, nominal),
-                   ``forward_ms_measured`` (that work between its own CUDA events, mean ms
+                   ``forward_measured_ms`` (that work between its own CUDA events, mean ms
                    per call), ``sm_clock_mhz`` (the GPU's SM clock after a cell),
                    ``host_rate`` (a host cost of the step timed alone at the cell's size:
                    arm ``host_rates``, stage the term, one row per repeat; see
@@ -40,6 +40,9 @@ chunk      int     prompt-logprob chunk rows, else missing (unchunked: equal to 
 overlap    bool    whether the copy overlapped compute (prompt logprobs), else missing
 dtype      str     element type of the tensor that was moved or scored
 log_softmax str    where the seed arms ran the log-softmax: ``device`` or ``host`` (the step),
+                   else missing
+regime     str     the seed vector's allocation regime (the step): the process's malloc
+                   (``glibc``, or a preloaded ``jemalloc``/``tcmalloc``) or ``mapped fresh``;
                    else missing
 round      int     the round (interleaved arms of one round share it: samples pair by it);
                    warm-up rounds are not recorded
@@ -69,7 +72,8 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from stagelab.core.errors import RowsFileFull, SchemaError
+from stagelab.core import untrusted
+from stagelab.core.errors import BadRecord, RowsFileFull, SchemaError
 from stagelab.core.outcomes import FAILED, OK
 from stagelab.core.records import RunFolder, atomic_target
 
@@ -93,6 +97,7 @@ COLUMN_DTYPES: dict[str, str] = {
     "overlap": "boolean",
     "dtype": "string",
     "log_softmax": "string",
+    "regime": "string",
     "round": "Int64",
     "position": "Int64",
     "seconds": "float64",
@@ -109,7 +114,7 @@ COLUMNS: tuple[str, ...] = tuple(COLUMN_DTYPES)
 # Columns renamed since evidence was first kept: read under their new names.
 LEGACY_COLUMNS: dict[str, str] = {"repeat": "round"}
 # Columns added since evidence was first kept: missing in older tables, read as missing values.
-ADDED_COLUMNS: tuple[str, ...] = ("position", "log_softmax")
+ADDED_COLUMNS: tuple[str, ...] = ("position", "log_softmax", "regime")
 STATUSES = (OK, "unavailable", "skipped", FAILED)
 _DEFAULTS: dict[str, Any] = {"stage": "total", "metric": "time", "model": "", "timer": "",
                              "status": "ok", "note": ""}
@@ -257,47 +262,62 @@ class GzipJsonLinesSink(JsonLinesSink):
                            "file may take it")
 
 
-def gzip_members_text(data: bytes) -> str:
+def gzip_members_text(data: bytes, source: Path | str,
+                      limit: int = untrusted.MAX_ROWS_BYTES) -> str:
     """The text of every whole gzip member of ``data``; a last member cut short (a kill while
-    writing) is left out."""
-    text: list[str] = []
-    rest = data
+    writing) is left out. BadRecord naming ``source`` where the text would pass ``limit``
+    bytes (a small file must not decompress into a giant one) or is not UTF-8."""
+    found: list[bytes] = []
+    rest, left = data, limit
     while rest:
         decoder = zlib.decompressobj(wbits=31)
         try:
-            chunk = decoder.decompress(rest) + decoder.flush()
+            chunk = decoder.decompress(rest, left + 1)
         except zlib.error:
             break
+        if len(chunk) > left:
+            raise BadRecord(f"{source}: its rows decompress past {limit} bytes")
         if not decoder.eof:
             break
-        text.append(chunk.decode("utf-8"))
+        found.append(chunk)
+        left -= len(chunk)
         rest = decoder.unused_data
-    return "".join(text)
+    try:
+        return b"".join(found).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadRecord(f"{source}: is not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
 
 
-def read_json_lines(path: Path | str) -> list[dict[str, Any]]:
+def read_json_lines(path: Path | str, root: Path | str | None = None) -> list[dict[str, Any]]:
     """The rows of a JSON-lines table, plain (``.jsonl``) or gzip members (``.jsonl.gz``); a
     last line or member cut short by a kill is left out, any other damaged line names the file
-    and line."""
+    and line. Read as :func:`stagelab.core.untrusted.read_text` reads (a regular file of
+    bounded size, no link, none between ``root`` and it); a row must be a JSON object of
+    bounded depth."""
     path = Path(path)
     if path.name.endswith(".gz"):
-        text = gzip_members_text(path.read_bytes())
+        text = gzip_members_text(untrusted.read_regular(path, untrusted.MAX_ROWS_BYTES, root),
+                                 path)
         if text and not text.endswith("\n"):
             raise SchemaError(f"{path}: a gzip member does not end with a whole row")
     else:
-        text = path.read_text(encoding="utf-8")
+        text = untrusted.read_text(path, root)
     lines = text.split("\n")
-    rows = []
+    rows: list[dict[str, Any]] = []
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
-        except ValueError as exc:
+            row = untrusted.parse_json(line, f"{path}:{number}")
+        except BadRecord as exc:
             if number == len(lines):  # no newline after it: the write was cut short
                 break
-            raise SchemaError(f"{path}:{number}: not a JSON row ({exc})") from exc
-        rows.append({LEGACY_COLUMNS.get(key, key): value for key, value in row.items()})
+            raise SchemaError(f"{path}:{number}: not a JSON row "
+                              f"({exc.__cause__ or str(exc).split(': ', 1)[-1]})") from exc
+        if not isinstance(row, dict):
+            raise SchemaError(f"{path}:{number}: not a JSON row (a {type(row).__name__}, not "
+                              "an object)")
+        rows.append({LEGACY_COLUMNS.get(str(key), str(key)): value for key, value in row.items()})
     return rows
 
 

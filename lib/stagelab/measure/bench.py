@@ -81,8 +81,9 @@ class Precision:
     """Rounds until precise: after the first ``rounds``, add rounds until the paired speedup of
     the first of ``candidates`` that was timed over ``baseline`` has a CI half-width of at most
     ``half_width`` (checked every ``every`` rounds, :func:`stagelab.core.design.speedup_half_width`),
-    or ``max_rounds`` rounds or ``max_seconds`` of timing are reached. It never looks at the
-    effect itself."""
+    or ``max_rounds`` rounds or ``max_seconds`` of timing are reached; never precise before
+    ``min_rounds`` (a decision's own floor, :data:`stagelab.core.design.TAIL_ROUNDS`). It never
+    looks at the effect itself."""
 
     baseline: str
     candidates: tuple[str, ...]
@@ -91,6 +92,7 @@ class Precision:
     max_seconds: float = math.inf
     confidence: float = 0.95
     every: int = 5
+    min_rounds: int = 0
 
     def __post_init__(self) -> None:
         if not (self.half_width > 0 and self.max_seconds > 0 and self.every >= 1):
@@ -102,7 +104,7 @@ class Precision:
         pairs = next((found for name in self.candidates
                       if (found := _paired_totals(records, self.baseline, name))), None)
         width = design.speedup_half_width(*pairs, self.confidence) if pairs else math.inf
-        if width <= self.half_width:
+        if width <= self.half_width and done >= self.min_rounds:
             return f"{design.PRECISE}: CI half-width {width:.4f} <= {self.half_width:.4f}"
         shown = "not measurable" if math.isinf(width) else f"{width:.4f}"
         if done >= self.max_rounds:

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from stagelab.core import catalogue
+from stagelab.core import catalogue, forward
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ class Basis:
 # here (its host is likely faster), pinned D2H at ~50 GB/s (published H100/H200 figures),
 # device passes at ~3 TB/s of HBM read once, and pageable D2H no faster than ~5 GB/s. A memory
 # probe (a fresh process importing torch) and a cell's preparation are this VM's typical times.
-# The decode forward queued before each step reads the model's bf16 weights at H200's 4.8 TB/s.
+# The decode forward queued before each step: core.forward's model at H200's 4.8 TB/s.
 BASIS: dict[str, Basis] = {
     "cpu": Basis(fresh_bytes_per_s=1.5e9, reused_bytes_per_s=5e9, pinned_bytes_per_s=0.0,
                  native_topk_s_per_element=1.9e-9, numpy_topk_s_per_element=2.8e-9,
@@ -90,10 +90,14 @@ def host_rates_s(n: int, vocab: int) -> float:
     return HOST_RATES_CALLS * per_call
 
 
-def default_forward_s(params_b: float, kind: str) -> float:
-    """One decode forward of a model of ``params_b`` billion bf16 parameters (0 on a CPU)."""
+def default_forward_s(model: str, rows: int, kind: str) -> float:
+    """One decode forward of ``rows`` sequences of a model of ``data/model_shapes.csv``
+    (:func:`stagelab.core.forward.forward_ms` at the basis's bandwidth); 0 on a CPU or for a model
+    the table lacks."""
     rate = BASIS[kind].device_memory_bytes_per_s
-    return params_b * 1e9 * 2 / rate if rate else 0.0
+    if not rate or model not in forward.model_table():
+        return 0.0
+    return forward.forward_ms(forward.model_dims(model), rows, peak_gbps=rate / 1e9) / 1e3
 
 
 def device_kind(device: str) -> str:

@@ -63,15 +63,14 @@ class Experiment:
 
     def forward_s(self, p: Parameters, cell: Any, kind: str) -> float:
         """The device work queued before each timed step: the notebook's ``forward_ms``, or its
-        default (the model's weights read once at the basis's memory bandwidth); 0 elsewhere."""
+        default (the model's active weights and KV cache read once at the basis's bandwidth,
+        :func:`stagelab.core.forward.forward_ms`); 0 elsewhere."""
         if self.name != catalogue.STEP:
             return 0.0
         if p.get("forward_ms") is not None:
             return p["forward_ms"] / 1e3
-        from stagelab.measure import shapes
-
-        row = shapes.model_shapes().get(cell.sizes.get("model") or "")
-        return estimate.default_forward_s(float(row["params_b"]) if row else 0.0, kind)
+        return estimate.default_forward_s(cell.sizes.get("model") or "", cell.sizes["rows"],
+                                          kind)
 
     def predictor(self, p: Parameters, kind: str) -> Callable[[Any, int, int], float]:
         """``predict(cell, rounds, warmup)``: seconds by :func:`estimate.cell_seconds`."""
@@ -122,7 +121,8 @@ def _step_sizes(p: Parameters) -> tuple[tuple[Any, ...], dict[str, Any]]:
     return ((shapes.resolve_vocabs(p["models"]), p["rows"], p["ks"],
              shapes.torch_dtype(p["logits_dtype"], "logits_dtype"), p["arms"]),
             dict(aa_arm=p["aa_arm"], sources=p["sources"],
-                 log_softmax=p.get("log_softmax", ["device"])))
+                 log_softmax=p.get("log_softmax", ["device"]),
+                 seed_regimes=p.get("seed_regimes", ["malloc"])))
 
 
 def _step_call(p: Parameters) -> Call:

@@ -18,6 +18,7 @@ file would otherwise kill the process with SIGBUS); otherwise it is built again.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import json
@@ -26,6 +27,7 @@ import os
 import shlex
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -43,12 +45,15 @@ FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC")
 COMPILERS = ("c++", "g++", "clang++")
 BUILD_TIMEOUT_S = 300
 PROBE_TIMEOUT_S = 60
+PRIVATE_MODE = 0o700  # the temp dir's fallback cache: this user's alone
 
 
 def cache_dirs() -> list[Path]:
     """Where builds may be kept, in order: ``$STAGELAB_CACHE`` (default ``~/.cache/stagelab``),
     then ``.cache/stagelab`` in the repository, then ``stagelab-<uid>`` in the temp dir; the
-    first that holds a verified build, or can take a new one, is used."""
+    first that is this user's own (:func:`cache_folder_problem`) and holds a verified build, or
+    can take a new one, is used. The last is private: created 0700, refused when another user
+    owns it or it is open to others."""
     first = Path(os.environ.get("STAGELAB_CACHE") or Path.home() / ".cache" / "stagelab")
     return [first, paths.REPO_ROOT / ".cache" / "stagelab",
             Path(tempfile.gettempdir()) / f"stagelab-{os.getuid()}"]
@@ -104,7 +109,7 @@ def probe(library: Path) -> str | None:
     """Load ``library`` in a child process (a truncated file kills that process with SIGBUS,
     not this one); None when it loads and has the seed's symbols, else why not."""
     code = ("import ctypes, sys; lib = ctypes.CDLL(sys.argv[1]); "
-            "lib.sl_vector_new; lib.sl_vector_free; lib.sl_gather_logprobs")
+            "lib.sl_vector_new; lib.sl_vector_free; lib.sl_gather_logprobs; lib.sl_glibc_mmapped")
     try:
         done = subprocess.run([sys.executable, "-c", code, str(library)], capture_output=True,
                               text=True, timeout=PROBE_TIMEOUT_S)
@@ -118,9 +123,47 @@ def probe(library: Path) -> str | None:
     return None
 
 
+def _owned_problem(path: Path, private: bool) -> str | None:
+    """Why ``path`` (a cache folder, a library or its stamp) is not this user's alone to write:
+    a link, another owner, or writable by others (with ``private``, open to them at all)."""
+    try:
+        info = os.lstat(path)
+    except OSError as exc:
+        return f"{path} cannot be read ({exc.strerror or exc})"
+    if stat.S_ISLNK(info.st_mode):
+        return f"{path} is a symbolic link"
+    if info.st_uid != os.getuid():
+        return f"{path} is owned by uid {info.st_uid}, not this user ({os.getuid()})"
+    open_to_others = 0o077 if private else 0o022
+    if info.st_mode & open_to_others:
+        return f"{path} is open to other users (mode {stat.S_IMODE(info.st_mode):o})"
+    return None
+
+
+def cache_folder_problem(folder: Path, private: bool) -> str | None:
+    """Make ``folder`` if absent (mode 0700 where ``private``: the temp dir's fallback, whose
+    name anyone can guess) and say why a library there may not be trusted, or None."""
+    try:
+        if private:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(folder, PRIVATE_MODE)
+        else:
+            folder.mkdir(parents=True, exist_ok=True)
+        if private and _owned_problem(folder, private=False) is None:
+            os.chmod(folder, PRIVATE_MODE)  # ours from an older stagelab: closed to others now
+    except OSError as exc:
+        return f"{folder} ({exc.strerror or exc})"
+    return _owned_problem(folder, private)
+
+
 def verified(library: Path) -> str | None:
-    """None when a cached library matches the size and hash stamped at its build and loads in
-    a probe process; else why it may not be trusted."""
+    """None when a cached library and its stamp are this user's own files (no link, not
+    writable by others), the library matches the size and hash stamped at its build and loads
+    in a probe process; else why it may not be trusted."""
+    for path in (library, _stamp_path(library)):  # the folder's privacy is checked apart
+        problem = _owned_problem(path, private=False)
+        if problem:
+            return problem
     try:
         stamp = json.loads(_stamp_path(library).read_text())
         size = library.stat().st_size
@@ -176,12 +219,17 @@ def build(compiler: list[str]) -> Path:
     key = hashlib.sha256(b"\0".join([source, identity.encode(), " ".join(FLAGS).encode()]))
     name = f"seed_host-{key.hexdigest()[:16]}.so"
     unusable = []
-    for folder in cache_dirs():
+    folders = cache_dirs()
+    for folder in folders:
+        private = folder == folders[-1]  # the temp dir's: a name anyone can take first
+        problem = cache_folder_problem(folder, private)
+        if problem:
+            unusable.append(problem)
+            continue
         target = folder / name
         if target.is_file() and verified(target) is None:
             return target
         try:
-            folder.mkdir(parents=True, exist_ok=True)
             return _compile(compiler, identity, target)
         except OSError as exc:
             unusable.append(f"{folder} ({exc.strerror or exc})")
@@ -190,10 +238,13 @@ def build(compiler: list[str]) -> Path:
 
 def _declare(library: ctypes.CDLL) -> ctypes.CDLL:
     p, i64 = ctypes.c_void_p, ctypes.c_int64
-    library.sl_vector_new.argtypes = [i64, ctypes.POINTER(ctypes.c_void_p)]
+    i32 = ctypes.c_int32
+    library.sl_vector_new.argtypes = [i64, i32, ctypes.POINTER(ctypes.c_void_p)]
     library.sl_vector_new.restype = p
-    library.sl_vector_free.argtypes = [p]
+    library.sl_vector_free.argtypes = [p, i32]
     library.sl_vector_free.restype = None
+    library.sl_glibc_mmapped.argtypes = [p]
+    library.sl_glibc_mmapped.restype = i32
     library.sl_gather_logprobs.argtypes = [p, i64, i64, p, i64, p, p, p]
     library.sl_gather_logprobs.restype = i64
     return library
@@ -231,14 +282,74 @@ def library() -> ctypes.CDLL:
     return _load()
 
 
-class _Vector:
-    """Owns one ``new std::vector<float>(numel)``; deleted by :meth:`delete` or, failing that,
-    when the last reference (a SeedVector, or the memory behind its tensor) goes."""
+MALLOC, MAPPED = "malloc", "mapped fresh"  # the two regimes the native vector can take
+REGIME_CODES = {MALLOC: 0, MAPPED: 1}
+PRELOADABLE = {"jemalloc": ("libjemalloc.so.2", "libjemalloc.so"),
+               "tcmalloc": ("libtcmalloc.so.4", "libtcmalloc_minimal.so.4", "libtcmalloc.so")}
+LIBRARY_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64",
+                "/usr/lib", "/usr/local/lib")
+# glibc's dynamic mmap threshold (malloc(3), mallopt(3)): 128 KiB at start, raised to the size of
+# every mapped block freed, up to 32 MiB on a 64-bit machine; larger blocks are always mapped.
+GLIBC_MMAP_THRESHOLD_MAX = 32 * 2 ** 20
 
-    def __init__(self, numel: int) -> None:
+
+def process_allocator(maps: str | None = None) -> str:
+    """Whose malloc this process calls: ``jemalloc`` or ``tcmalloc`` where one was preloaded
+    (``LD_PRELOAD``; seen in ``/proc/self/maps``), else ``glibc``."""
+    if maps is None:
+        try:
+            maps = Path("/proc/self/maps").read_text()
+        except OSError:
+            maps = ""
+    for name in PRELOADABLE:
+        if f"lib{name}" in maps:
+            return name
+    return "glibc"
+
+
+def regime_label(regime: str) -> str:
+    """What a row records of the regime: the process's malloc by name, or ``mapped fresh``."""
+    if regime not in REGIME_CODES:
+        raise ValueError(f"seed_regimes: {regime!r} is not one of {list(REGIME_CODES)}")
+    return process_allocator() if regime == MALLOC else MAPPED
+
+
+def regimes(maps: str | None = None) -> list[dict[str, object]]:
+    """Every allocation regime of the seed's vector, with whether this process can take it and
+    why not: the process's malloc (glibc with its dynamic threshold, or a preloaded jemalloc or
+    tcmalloc), every vector mapped fresh (its own mmap), and each preloadable allocator this
+    process was not started with (its library's path where the node has it)."""
+    current = process_allocator(maps)
+    out: list[dict[str, object]] = [
+        {"regime": current, "native": MALLOC, "available": True,
+         "note": ("glibc's malloc: mmap threshold dynamic, from 128 KiB up to 32 MiB; a vector "
+                  "above the threshold is mapped fresh (zero pages faulted in) every step, one "
+                  "below it reuses the heap" if current == "glibc" else
+                  f"{current} preloaded (LD_PRELOAD) serves the vector")},
+        {"regime": "glibc, mapped fresh", "native": MAPPED, "available": True,
+         "note": "every vector its own mmap and munmap, as glibc above its threshold, whatever "
+                 "the process freed before (the heap is never touched)"}]
+    for name, files in PRELOADABLE.items():
+        if name == current:
+            continue
+        found = next((f"{d}/{f}" for d in LIBRARY_DIRS for f in files
+                      if Path(d, f).is_file()), None)
+        out.append({"regime": name, "native": MALLOC, "available": False,
+                    "note": (f"{found} is on this node, but this process was not started with "
+                             f"LD_PRELOAD={found}" if found else f"{name} is not installed on "
+                             "this node")})
+    return out
+
+
+class _Vector:
+    """Owns one ``new std::vector<float>(numel)`` under a regime; deleted by :meth:`delete` or,
+    failing that, when the last reference (a SeedVector, or the memory behind its tensor) goes."""
+
+    def __init__(self, numel: int, regime: str) -> None:
         self._library = library()
+        self._code = REGIME_CODES[regime]
         data = ctypes.c_void_p()
-        self._handle = self._library.sl_vector_new(numel, ctypes.byref(data))
+        self._handle = self._library.sl_vector_new(numel, self._code, ctypes.byref(data))
         if not self._handle:
             raise MemoryError(f"std::vector<float>({numel}) could not be allocated")
         self.address = data.value
@@ -249,7 +360,7 @@ class _Vector:
 
     def delete(self) -> None:
         if self._handle is not None:
-            self._library.sl_vector_free(self._handle)
+            self._library.sl_vector_free(self._handle, self._code)
             self._handle = None
 
     def __del__(self) -> None:
@@ -258,22 +369,27 @@ class _Vector:
 
 
 class SeedVector:
-    """The seed's copy destination: ``new std::vector<float>(numel)``, value-initialised (zeroed).
+    """The seed's copy destination: ``new std::vector<float>(numel)``, value-initialised (zeroed),
+    under ``regime`` (:data:`MALLOC`: the process's malloc; :data:`MAPPED`: its own fresh mapping).
 
     ``tensor`` is a 1-D fp32 host tensor over the vector's data (no copy). :meth:`free` runs the
     vector's destructor, as the engine does when the step ends; it is idempotent, and afterwards
     ``tensor`` raises (tensors taken from it earlier point at freed memory: do not use them).
     A context manager that frees on exit. Without ``free()`` the vector lives as long as its
-    tensor or this object, whichever goes last.
+    tensor or this object, whichever goes last. ``mapped`` says whether its memory was a fresh
+    mapping (for glibc's malloc, read from the chunk's header; None for another malloc).
     """
 
-    def __init__(self, numel: int) -> None:
+    def __init__(self, numel: int, regime: str = MALLOC) -> None:
         numel = operator.index(numel)
         if numel < 0:
             raise ValueError(f"numel must be >= 0, got {numel}")
-        self.numel = numel
-        self._vector = _Vector(numel)
+        if regime not in REGIME_CODES:
+            raise ValueError(f"regime must be one of {list(REGIME_CODES)}, got {regime!r}")
+        self.numel, self.regime = numel, regime
+        self._vector = _Vector(numel, regime)
         self.address = self._vector.address  # the vector's data(): the tensor's data_ptr()
+        self.mapped = _mapped(self._vector, regime) if numel else None
         self._tensor = torch.empty(0, dtype=torch.float32)
         if numel:
             memory = (ctypes.c_float * numel).from_address(self.address)
@@ -298,9 +414,18 @@ class SeedVector:
         self.free()
 
 
-def seed_vector(numel: int) -> SeedVector:
-    """A fresh zeroed ``std::vector<float>`` of ``numel`` elements (raises NativeUnavailable)."""
-    return SeedVector(numel)
+def _mapped(vector: _Vector, regime: str) -> bool | None:
+    if regime == MAPPED:
+        return True
+    if process_allocator() != "glibc":
+        return None
+    return bool(library().sl_glibc_mmapped(vector.address))
+
+
+def seed_vector(numel: int, regime: str = MALLOC) -> SeedVector:
+    """A fresh zeroed ``std::vector<float>`` of ``numel`` elements under ``regime`` (raises
+    NativeUnavailable)."""
+    return SeedVector(numel, regime)
 
 
 def gather_logprobs(logprobs: torch.Tensor, targets: torch.Tensor, num_logprobs: int,

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 import stagelab.measure.device
-from stagelab.core import catalogue, paths
+from stagelab.core import catalogue, paths, records, untrusted
 from stagelab.core.errors import UserError
 from stagelab.core.outcomes import EXIT_NO_GO, GO, NO_GO
 from stagelab.core.outcomes import EXIT_OK as EXIT_GO
@@ -302,6 +302,16 @@ def run_checks(parameters: dict[str, dict[str, Any]]) -> list[Check]:
     return checks
 
 
+def decisive_blockers(parameters: dict[str, dict[str, Any]]) -> list[str]:
+    """``name: detail`` of each no-go check that stops the decisive arms from running here
+    (CUDA, and the native build where the profile holds the step A/B): the part of the preflight
+    that ``stagelab run`` asks before running a profile meant to decide."""
+    checks = _guarded("cuda", check_cuda, blocking=True)
+    decisive = STEP_NOTEBOOK in parameters
+    checks += _guarded("native", lambda: check_native(decisive), blocking=decisive)
+    return blocking_reasons(checks)
+
+
 # ------------------------------------------------------------------------------------ outcome
 
 def blocking_reasons(checks: list[Check]) -> list[str]:
@@ -340,7 +350,31 @@ def resolve_out(out: Path | None) -> Path:
         raise UserError(f"--out {path.parent}: cannot create the folder ({exc.strerror})") from exc
     if not os.access(path.parent, os.W_OK):
         raise UserError(f"--out {path.parent}: the folder is not writable")
+    check_replaceable(path)
     return path
+
+
+PREFLIGHT_KEYS = frozenset({"decision", "exit_status", "blocking", "checks", "profile"})
+
+
+def check_replaceable(path: Path) -> None:
+    """UserError unless ``path`` lies outside every run folder and is new or an earlier
+    ``preflight.json``: a run's manifest (or any other JSON file) is never overwritten."""
+    if path.is_symlink() or path.is_dir():
+        raise UserError(f"--out {path}: is a {'link' if path.is_symlink() else 'folder'}; "
+                        "name a new .json file or a folder")
+    if records.enclosing_run(path) is not None:
+        raise UserError(f"--out {path}: lies in a run folder, whose record is never written "
+                        "by another command; name another file")
+    if not path.exists():
+        return
+    try:
+        earlier = untrusted.load_json(path)
+    except (OSError, UserError):
+        earlier = None
+    if not isinstance(earlier, dict) or not PREFLIGHT_KEYS <= set(earlier):
+        raise UserError(f"--out {path}: exists and is not an earlier preflight.json; name a "
+                        "new file")
 
 
 def write_report(path: Path, profile: str, checks: list[Check], elapsed_s: float) -> Path:

@@ -6,22 +6,21 @@ vocabulary size; :func:`resolve_vocabs` turns such a list into ``(model, vocab, 
 
 from __future__ import annotations
 
-import csv
 from collections.abc import Iterable
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 
 import torch
 
-from stagelab.core import catalogue, paths
+from stagelab.core import catalogue, forward, paths
 
 
 @dataclass(frozen=True)
 class ModelShape:
     """A model's name ('' when given as a number), vocabulary size and hidden size (0 if unknown),
-    and its parameters in billions (0 if unknown; from the model card of the same repository),
-    which set the default decode forward's time (:func:`stagelab.measure.step.default_forward_ms`)."""
+    and its parameters in billions (0 if unknown; from the model card of the same repository).
+    The default decode forward's time reads the model's other dimensions by name
+    (:func:`stagelab.core.forward.model_dims`)."""
 
     model: str
     vocab: int
@@ -29,12 +28,10 @@ class ModelShape:
     params_b: float = 0.0
 
 
-@lru_cache(maxsize=4)
 def model_shapes(path: Path = paths.MODEL_SHAPES_FILE) -> dict[str, dict[str, str]]:
     """The table of real model shapes by model name, each row with its source column (read with
     the standard library: the measuring floor needs it)."""
-    with open(path, newline="", encoding="utf-8") as handle:
-        return {row["model"]: row for row in csv.DictReader(handle)}
+    return forward.model_table(path)
 
 
 def resolve_vocabs(items: Iterable[str | int], parameter: str = "models") -> list[ModelShape]:

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 import stagelab.measure.device
-from stagelab.core import catalogue
+from stagelab.core import catalogue, design, forward
 from stagelab.core.catalogue import aa_name
 from stagelab.core.errors import ExtraUnavailable, NativeUnavailable
 from stagelab.core.schema import RowSink
@@ -39,12 +39,6 @@ STEP_ARMS = catalogue.arm_names(catalogue.STEP)
 BASELINE = catalogue.baseline(catalogue.STEP)
 CANDIDATE = catalogue.candidate(catalogue.STEP)
 LOG_SOFTMAX = ("device", "host")  # where the seed arms run the log-softmax
-# Peak memory bandwidth, GB/s, of GPUs by a fragment of their name (NVIDIA's datasheets): the
-# default decode forward reads every weight once, so it takes weight bytes / bandwidth.
-MEMORY_BANDWIDTH_GBPS = (("H200", 4800.0), ("H100 NVL", 3900.0), ("H100 PCIe", 2000.0),
-                         ("H100", 3350.0), ("A100 80GB PCIe", 1935.0), ("A100-SXM4-80GB", 2039.0),
-                         ("A100", 1555.0), ("L40S", 864.0), ("L4", 300.0), ("A10", 600.0))
-WEIGHT_BYTES_PER_PARAM = 2  # bf16 weights
 HOST_RATE_REPEATS = 5  # host-rate calls kept per cell, taken between its rounds
 
 
@@ -82,13 +76,16 @@ class StageClock:
 
 class FreshVector:
     """The seed's destination: a value-initialised ``std::vector<float>`` per step, freed by its
-    destructor at the end of the step (native)."""
+    destructor at the end of the step (native), under an allocation ``regime``
+    (:data:`stagelab.measure.native.REGIME_CODES`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, regime: str = native.MALLOC) -> None:
         native.require()
+        native.regime_label(regime)  # refuses an unknown regime
+        self.regime = regime
 
     def acquire(self, shape: torch.Size) -> tuple[torch.Tensor, Callable[[], None]]:
-        vector = native.seed_vector(shape.numel())
+        vector = native.seed_vector(shape.numel(), self.regime)
         return vector.tensor.view(shape), vector.free
 
 
@@ -189,32 +186,24 @@ class DeviceStep:
         return result, clock.seconds()
 
 
-def memory_bandwidth_gbps(gpu_name: str) -> float | None:
-    """The datasheet peak memory bandwidth of a GPU by its name; None when unknown."""
-    for fragment, gbps in MEMORY_BANDWIDTH_GBPS:
-        if fragment in gpu_name:
-            return gbps
-    return None
-
-
-def default_forward_ms(shape: ModelShape, device: str) -> tuple[float, str]:
-    """The device work of one decode forward of ``shape``'s model, ms, and how it was reached.
-
-    ``forward_ms = params x 2 bytes (bf16) / the GPU's peak memory bandwidth``: a decode step
-    reads every weight once and is bound by memory bandwidth. 0 on a CPU (there is no device work
-    to overlap), and 0 where the parameters or the GPU's bandwidth are unknown (then set
-    ``forward_ms`` by hand)."""
+def default_forward_ms(shape: ModelShape, device: str, rows: int,
+                       context: int = forward.DEFAULT_CONTEXT) -> tuple[float, str]:
+    """The device work of one decode forward of ``rows`` sequences of ``shape``'s model, ms, and
+    how it was reached: the active weights and every sequence's KV cache of ``context`` tokens
+    read at an achievable share of the GPU's peak bandwidth (:func:`stagelab.core.forward.forward_ms`).
+    0 on a CPU (there is no device work to overlap), and 0 where the model's dimensions or the
+    GPU's bandwidth are unknown (then set ``forward_ms`` by hand)."""
     if torch.device(device).type != "cuda":
         return 0.0, "0 on a CPU: no device work runs beside the host's"
     name = torch.cuda.get_device_name(torch.device(device))
-    bandwidth = memory_bandwidth_gbps(name)
-    if not shape.params_b or bandwidth is None:
-        missing = "the model's parameters" if not shape.params_b else f"{name}'s bandwidth"
+    bandwidth = forward.peak_bandwidth_gbps(name)
+    known = shape.model in forward.model_table()
+    if not known or bandwidth is None:
+        missing = "the model's dimensions" if not known else f"{name}'s bandwidth"
         return 0.0, f"0: {missing} unknown; set forward_ms by hand"
-    weight_bytes = shape.params_b * 1e9 * WEIGHT_BYTES_PER_PARAM
-    ms = 1e3 * weight_bytes / (bandwidth * 1e9)
-    return ms, (f"{shape.params_b:g}e9 params x {WEIGHT_BYTES_PER_PARAM} B / {bandwidth:g} GB/s "
-                f"({name}) = {ms:.2f} ms")
+    dims = forward.model_dims(shape.model)
+    return (forward.forward_ms(dims, rows, peak_gbps=bandwidth, context=context),
+            forward.forward_words(dims, rows, peak_gbps=bandwidth, gpu=name, context=context))
 
 
 class ForwardLoad:
@@ -260,7 +249,7 @@ class ForwardLoad:
                   "note": how}]
         measured = self.measured_ms()
         if measured is not None:
-            found.append({"arm": "forward", "metric": "forward_ms_measured", "value": measured,
+            found.append({"arm": "forward", "metric": "forward_measured_ms", "value": measured,
                           "note": f"mean of {len(self.events)} calls between their own CUDA "
                                   f"events; nominal {self.forward_ms:g} ms"})
         return found
@@ -326,32 +315,35 @@ def _numpy_step(name: str, where: str) -> SeedStep:
 
 # How each step arm of the catalogue is built (with where its log-softmax runs); the catalogue
 # says what each one is.
-BUILDERS: dict[str, Callable[[str, str], SeedStep | DeviceStep]] = {
-    "seed_pageable": lambda name, where: SeedStep(name, FreshVector(), "native", where),
-    "seed_pinned": lambda name, where: SeedStep(name, _native_scratch(staging.PinnedGrowOnly),
-                                                "native", where),
-    "seed_pageable_reused": lambda name, where: SeedStep(
+BUILDERS: dict[str, Callable[[str, str, str], SeedStep | DeviceStep]] = {
+    "seed_pageable": lambda name, where, regime: SeedStep(name, FreshVector(regime), "native",
+                                                          where),
+    "seed_pinned": lambda name, where, regime: SeedStep(
+        name, _native_scratch(staging.PinnedGrowOnly), "native", where),
+    "seed_pageable_reused": lambda name, where, regime: SeedStep(
         name, _native_scratch(staging.PageableReused), "native", where),
-    "seed_pageable_numpy": _numpy_step,
-    "device_gather": lambda name, where: DeviceStep(name),
-    "fused": lambda name, where: DeviceStep(name),
+    "seed_pageable_numpy": lambda name, where, regime: _numpy_step(name, where),
+    "device_gather": lambda name, where, regime: DeviceStep(name),
+    "fused": lambda name, where, regime: DeviceStep(name),
 }
 
 
-def make_pipeline(name: str, log_softmax: str = "device") -> SeedStep | DeviceStep:
-    """An arm by name; raises PinnedMemoryUnavailable or NativeUnavailable where it cannot exist."""
+def make_pipeline(name: str, log_softmax: str = "device",
+                  regime: str = native.MALLOC) -> SeedStep | DeviceStep:
+    """An arm by name (``regime``: the seed vector's allocation, for the arm that allocates one);
+    raises PinnedMemoryUnavailable or NativeUnavailable where it cannot exist."""
     if name not in STEP_ARMS:
         raise ValueError(f"arms: unknown step arm {name!r}; valid: {', '.join(STEP_ARMS)}")
-    return BUILDERS[name](name, log_softmax)
+    return BUILDERS[name](name, log_softmax, regime)
 
 
-def build_pipelines(names: list[str], log_softmax: str = "device"
+def build_pipelines(names: list[str], log_softmax: str = "device", regime: str = native.MALLOC
                     ) -> tuple[dict[str, SeedStep | DeviceStep], dict[str, str]]:
     """The named arms that can run here, and the reason for each that cannot."""
     built, unavailable = {}, {}
     for name in names:
         try:
-            built[name] = make_pipeline(name, log_softmax)
+            built[name] = make_pipeline(name, log_softmax, regime)
         except (PinnedMemoryUnavailable, NativeUnavailable, ExtraUnavailable) as exc:
             unavailable[name] = str(exc)
     return built, unavailable
@@ -383,9 +375,15 @@ def copied_bytes(arm: str, n: int, vocab: int, k: int) -> int:
 def cells(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dtype: torch.dtype,
           arms: list[str] | None, *, aa_arm: str | None = BASELINE, sources: int = 2,
           device: str | None = None,
-          log_softmax: tuple[str, ...] | list[str] = ("device",)) -> list[sweep.Cell]:
-    """The sweep's cells, one per ``(n, V, K)`` and place of the log-softmax, with the memory
-    each needs; a K beyond the vocabulary is a cell recorded as skipped, with the reason."""
+          log_softmax: tuple[str, ...] | list[str] = ("device",),
+          seed_regimes: tuple[str, ...] | list[str] = (native.MALLOC,)) -> list[sweep.Cell]:
+    """The sweep's cells, one per ``(n, V, K)``, place of the log-softmax and allocation regime
+    of the seed's vector, with the memory each needs; a K beyond the vocabulary is a cell
+    recorded as skipped, with the reason."""
+    if not seed_regimes or len(set(seed_regimes)) != len(seed_regimes):
+        raise ValueError(f"seed_regimes: {list(seed_regimes)!r} must name each of "
+                         f"{list(native.REGIME_CODES)} at most once, at least one")
+    labels = {regime: native.regime_label(regime) for regime in seed_regimes}
     if not log_softmax or any(where not in LOG_SOFTMAX for where in log_softmax) or len(
             set(log_softmax)) != len(log_softmax):
         raise ValueError(f"log_softmax: {list(log_softmax)!r} must name each of {LOG_SOFTMAX} "
@@ -401,14 +399,17 @@ def cells(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dtype
     every_arm = [*arms, *([aa_name(aa_arm)] if aa_arm else [])]
     on_cpu = torch.device(device).type == "cpu"
     out = []
-    for shape, n, k, where in itertools.product(shapes, rows, ks, log_softmax):
+    for shape, n, k, where, regime in itertools.product(shapes, rows, ks, log_softmax,
+                                                        seed_regimes):
         logits_bytes, fp32_bytes = n * shape.vocab * itemsize, n * shape.vocab * 4
         device_bytes = sources * logits_bytes + 3 * fp32_bytes
         out.append(sweep.Cell(
             sizes=dict(experiment=catalogue.STEP, device=device_label(device), model=shape.model,
-                       rows=n, vocab=shape.vocab, k=k, log_softmax=where,
+                       rows=n, vocab=shape.vocab, k=k, log_softmax=where, regime=labels[regime],
                        dtype=str(logits_dtype).removeprefix("torch.")),
-            arms=every_arm, label=f"n={n} V={shape.vocab} K={k} log-softmax on {where}",
+            arms=every_arm, label=f"n={n} V={shape.vocab} K={k} log-softmax on {where}"
+                                  + (", seed vector mapped fresh" if regime == native.MAPPED
+                                     else ""),
             host_bytes=3 * fp32_bytes + (device_bytes if on_cpu else 0),
             device_bytes=0 if on_cpu else device_bytes,
             invalid="" if k <= shape.vocab else
@@ -419,11 +420,13 @@ def cells(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dtype
 def precision_for(arms: list[str], aa_arm: str | None, *, delta: float, max_rounds: int,
                   max_seconds: float) -> bench.Precision:
     """Rounds until precise for the decisive comparison: ``seed_pinned`` against the seed's
-    step, or where it cannot run (no GPU) the A/A twin, to a CI half-width of delta/2."""
+    step, or where it cannot run (no GPU) the A/A twin, to a CI half-width of delta/2, never
+    stopping before the rounds a PORT needs (:data:`stagelab.core.design.TAIL_ROUNDS`, or the cap)."""
     candidates = tuple(a for a in (CANDIDATE, aa_name(aa_arm) if aa_arm else None)
                        if a and a.removesuffix("~aa") in arms)
     return bench.Precision(BASELINE, candidates or (CANDIDATE,), half_width=delta / 2,
-                           max_rounds=max_rounds, max_seconds=max_seconds)
+                           max_rounds=max_rounds, max_seconds=max_seconds,
+                           min_rounds=min(design.TAIL_ROUNDS, max_rounds))
 
 
 def measure(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dtype: torch.dtype,
@@ -433,10 +436,15 @@ def measure(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dty
             sink: RowSink | None = None, progress: bool = True,
             log_softmax: tuple[str, ...] | list[str] = ("device",),
             forward_ms: float | None = None, delta: float = 0.02, max_rounds: int | None = None,
-            max_seconds: float = math.inf) -> list[dict]:
+            max_seconds: float = math.inf,
+            seed_regimes: tuple[str, ...] | list[str] = (native.MALLOC,)) -> list[dict]:
     """Time every arm's whole step per ``(n, V, K)`` cell and place of the log-softmax,
     interleaved in a balanced order, with an A/A twin of ``aa_arm``; schema records out (written
     per cell into ``sink``).
+
+    ``seed_regimes``: the seed vector's allocation regimes, each its own cells (the process's
+    malloc, ``malloc``, as the engine gets it; ``mapped fresh``: every vector its own mapping),
+    recorded per row (column ``regime``).
 
     ``forward_ms`` of device work is queued before each timed step (None: the cell's model's
     :func:`default_forward_ms`), so that each timed call is a decode step; it is recorded per
@@ -452,7 +460,8 @@ def measure(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dty
     """
     device, arms = device or default_device(), chosen_arms(arms)
     todo = cells(shapes, rows, ks, logits_dtype, arms, aa_arm=aa_arm, sources=sources,
-                 device=device, log_softmax=log_softmax)
+                 device=device, log_softmax=log_softmax, seed_regimes=seed_regimes)
+    regime_of = {native.regime_label(regime): regime for regime in seed_regimes}
     if forward_ms is not None:
         ForwardLoad(forward_ms, device)  # refuses a bad value before anything is measured
     shape_of = {(shape.model, shape.vocab): shape for shape in shapes}
@@ -462,13 +471,14 @@ def measure(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dty
         n, vocab, k = cell.sizes["rows"], cell.sizes["vocab"], cell.sizes["k"]
         where = cell.sizes["log_softmax"]
         if forward_ms is None:
-            ms, how = default_forward_ms(shape_of[(cell.sizes["model"], vocab)], device)
+            ms, how = default_forward_ms(shape_of[(cell.sizes["model"], vocab)], device, n)
         else:
             ms, how = forward_ms, "given"
         forward = ForwardLoad(ms, device)
-        built, unavailable = build_pipelines(arms, where)
+        regime = regime_of[cell.sizes["regime"]]
+        built, unavailable = build_pipelines(arms, where, regime)
         if aa_arm in built:
-            built[aa_name(aa_arm)] = make_pipeline(aa_arm, where)
+            built[aa_name(aa_arm)] = make_pipeline(aa_arm, where, regime)
         elif aa_arm:
             unavailable[aa_name(aa_arm)] = unavailable[aa_arm]
         logits = bench.rotating(lambda i: (3 * torch.randn(

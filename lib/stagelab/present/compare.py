@@ -48,11 +48,15 @@ class RunFacts:
     run_id: str
     hardware: dict[str, Any] = field(default_factory=dict)
     overall: str | None = None
+    recommendation: str | None = None
     decisive: list[dict[str, Any]] = field(default_factory=list)
     copy_cell: tuple[int, int] | None = None
     copy_gbps: dict[str, float] = field(default_factory=dict)
     prompt: dict[str, Any] | None = None
     timings: str | None = None  # whether its timings are trustworthy, in a few words
+    trusted: bool = False  # a quiet machine, A/A checks passed with rounds enough to judge
+    with_ci: dict[str, tuple[float, float, float]] = field(default_factory=dict)
+    factors: dict[str, Any] = field(default_factory=dict)  # what the machine was, to tell apart
     missing: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -76,6 +80,8 @@ class Comparison:
     table: pd.DataFrame
     detail: pd.DataFrame
     ratios: pd.DataFrame
+
+    flags: list[str] = field(default_factory=list)  # figures beyond their CIs, and why
 
     @property
     def notes(self) -> list[str]:
@@ -199,6 +205,7 @@ def load_run(path: Path | str) -> RunFacts:
         run.overall = (verdict.get("overall") or {}).get("decision")
         if "decisive" not in verdict and run.overall:
             run.overall += " (older format)"
+        run.recommendation = (verdict.get("recommendation") or {}).get("change")
         run.decisive = verdict.get("decisive") or []
         run.prompt = verdict.get("prompt_logprobs")
         if run.prompt is None:
@@ -207,7 +214,75 @@ def load_run(path: Path | str) -> RunFacts:
                       f"{catalogue.notebook_of(catalogue.PROMPT).name} did not run or failed)")
     _read_staging(run)
     run.timings = _timings(run, verdict)
+    run.trusted = run.timings.startswith("yes")
+    run.with_ci = figures_with_ci(verdict or {})
+    run.factors = machine_factors(_snapshot(run))
     return run
+
+
+def _snapshot(run: RunFacts) -> dict[str, Any]:
+    """The run's full hardware snapshot (manifest, else hardware.json), {} where neither reads."""
+    try:
+        return rundir.read_manifest(run.path).get("hardware") or RunFolder(
+            run.path).read_hardware() or {}
+    except (UserError, FileNotFoundError):
+        return {}
+
+
+def machine_factors(snapshot: dict[str, Any]) -> dict[str, Any]:
+    """What a machine was, factor by factor, to say which differs between two runs: the GPU,
+    its link, the CPU model, the cores, memory, torch and the OS."""
+    host, nvml = snapshot.get("host") or {}, snapshot.get("nvml") or {}
+    total = host.get("memory_total_bytes")
+    return {"GPU": (snapshot.get("gpu") or {}).get("name") or ("none" if snapshot else None),
+            "PCIe link GB/s": nvml.get("pcie_max_gbps_per_direction"),
+            "CPU": host.get("cpu_model"), "logical cores": host.get("logical_cores"),
+            "usable cores": host.get("usable_cores"),
+            "memory GiB": None if total is None else round(total / 2**30),
+            "torch": (snapshot.get("torch") or {}).get("torch"), "OS": host.get("os")}
+
+
+def _cell_key(cell: dict[str, Any]) -> str:
+    k = f" K={cell['k']}" if cell.get("k") is not None else ""
+    return f"n={cell.get('rows')} V={cell.get('vocab')}{k}"
+
+
+def figures_with_ci(verdict: dict[str, Any]) -> dict[str, tuple[float, float, float]]:
+    """Every figure of a verdict that has a CI, by name: the decisive speedups, the step levers
+    and the copy-level speedups, as (point, low, high)."""
+    found = {}
+    groups = (("step speedup", verdict.get("decisive")), ("step lever", verdict.get("step_levers")),
+              ("copy speedup", verdict.get("copy_cells")))
+    for what, cells in groups:
+        for cell in cells or []:
+            point, low, high = cell.get("speedup"), cell.get("ci_low"), cell.get("ci_high")
+            if None not in (point, low, high):
+                found[f"{what} {cell.get('candidate')} at {_cell_key(cell)}"] = (point, low, high)
+    return found
+
+
+def beyond_cis(first: RunFacts, other: RunFacts) -> list[str]:
+    """The figures of two trustworthy runs whose CIs do not overlap, one sentence each, and
+    which machine factors differ between them; [] where either run is not trustworthy (its
+    figures may differ for that alone) or all agree within their CIs."""
+    if not (first.trusted and other.trusted):
+        return []
+    apart = []
+    for name in (n for n in first.with_ci if n in other.with_ci):
+        (a, a_low, a_high), (b, b_low, b_high) = first.with_ci[name], other.with_ci[name]
+        if a_high < b_low or b_high < a_low:
+            apart.append(f"{name}: {a:.3f}x [{a_low:.3f}, {a_high:.3f}] in {first.run_id} "
+                         f"against {b:.3f}x [{b_low:.3f}, {b_high:.3f}] in {other.run_id}, "
+                         f"{b / a:.2f} times, beyond both CIs")
+    if not apart:
+        return []
+    differ = [f"{factor} ({first.factors.get(factor)} vs {other.factors.get(factor)})"
+              for factor in first.factors
+              if first.factors.get(factor) != other.factors.get(factor)]
+    why = ("machine factors that differ: " + "; ".join(differ) if differ else
+           "no recorded machine factor differs (" + ", ".join(first.factors) + "): the "
+           "difference is the machine's state between the runs, or the code")
+    return [*apart, f"{first.run_id} vs {other.run_id}: {why}"]
 
 
 def _timings(run: RunFacts, verdict: dict[str, Any] | None) -> str:
@@ -221,6 +296,9 @@ def _timings(run: RunFacts, verdict: dict[str, Any] | None) -> str:
         run.notes.append(f"{run.run_id}: timings not trustworthy: {'; '.join(busy + harness)}")
         causes = ["busy machine"] * bool(busy) + ["A/A check failed"] * bool(harness)
         return f"NOT TRUSTWORTHY ({', '.join(causes)}; see the note)"
+    fewest = trust.too_few_rounds(verdict or {})
+    if fewest is not None:
+        return f"{trust.NOT_JUDGED} ({fewest} rounds per cell)"
     load = "quiet" if trust.load_known(manifest) else "load not recorded"
     checked = "A/A passed" if trust.harness_checked(verdict or {}) else "A/A not checked"
     return f"yes ({load}, {checked})" if load == "quiet" and checked == "A/A passed" else (
@@ -262,11 +340,15 @@ def _run_rows(run: RunFacts, detail: bool) -> dict[tuple[str, str], Any]:
         ("hardware", "CPU"): hw.get("cpu"),
         ("hardware", "torch"): hw.get("torch"),
         ("verdict", "overall"): run.overall,
+        ("verdict", "recommendation"): run.recommendation,
         ("verdict", "timings"): run.timings,
     }
     for cell in run.decisive:
         name = _cell_name(cell)
         rows[("decisive cells", f"{name} verdict")] = _verdict_text(cell)
+        for question, answer in (cell.get("answers") or {}).items():
+            if question != "bundle":
+                rows[("decisive cells", f"{name} {question} alone")] = _verdict_text(answer)
         rows[("decisive cells", f"{name} saved ms/step")] = cell.get("saved_ms")
         if detail:
             rows[("decisive cells", f"{name} A/A twin")] = _ci_text(cell, "twin_")
@@ -354,21 +436,24 @@ def compare(run_dirs: Sequence[Path | str]) -> Comparison:
         raise UserError("no run to compare: " + "; ".join(
             f"{run.run_id} ({', '.join(run.missing) or 'nothing measured'})" for run in runs))
     table = side_by_side(runs)
+    flags = [line for other in runs[1:] for line in beyond_cis(runs[0], other)]
     return Comparison(runs=runs, table=table, detail=side_by_side(runs, detail=True),
-                      ratios=ratios(table))
+                      ratios=ratios(table), flags=flags)
 
 
 # ------------------------------------------------------------------------------- rendering
 
 def format_value(value: Any) -> str:
-    """A table cell as text: numbers to three significant digits, missing as ``-``."""
+    """A table cell as text: numbers to three significant digits, missing as ``-``, anything
+    else as the report's tables show it (:func:`stagelab.present.tables.text`: yes or no, no
+    Markdown backticks)."""
     if value is None or (isinstance(value, float) and pd.isna(value)):
         return NOT_MEASURED
-    if isinstance(value, bool) or isinstance(value, int):
+    if isinstance(value, int) and not isinstance(value, bool):
         return str(value)
     if isinstance(value, float):
         return tables.significant(value)
-    return str(value)
+    return tables.text(value)
 
 
 def format_ratio(value: float) -> str:
@@ -395,13 +480,16 @@ def beside(comparison: Comparison, detail: bool = False) -> pd.DataFrame:
 
 
 NO_RATIO = "No quantity was measured as a number in the first run and another."
+FLAG = "DIFFERS BEYOND CI"
 
 
 def render_text(comparison: Comparison) -> str:
     """The terminal table: the verdicts first, one column per run, each later run with its ratio
     to the first beside it."""
     text = beside(comparison).to_string()
-    return text + (f"\n\n{NO_RATIO}" if comparison.ratios.empty else "")
+    flags = "".join(f"\n{FLAG}: {line}" for line in comparison.flags)
+    return text + (f"\n\n{NO_RATIO}" if comparison.ratios.empty else "") + (
+        f"\n{flags}" if flags else "")
 
 
 STYLE = """
@@ -417,6 +505,7 @@ tbody th { background: #fafafa; font-weight: normal; }
 def render_html(comparison: Comparison) -> str:
     """A self-contained page (inline CSS, nothing fetched) with every text escaped."""
     notes = "".join(f"<li>{html.escape(note)}</li>" for note in comparison.notes)
+    flags = "".join(f"<li>{html.escape(line)}</li>" for line in comparison.flags)
     runs = "".join(f"<li>{html.escape(label)}: {html.escape(str(run.path))}</li>"
                    for label, run in zip(comparison.table.columns, comparison.runs))
     table = beside(comparison, detail=True).to_html(escape=True, na_rep=NOT_MEASURED)
@@ -430,6 +519,8 @@ def render_html(comparison: Comparison) -> str:
             f"<title>stagelab compare</title>{records.generator_tag(COMMAND)}"
             f"<style>{STYLE}</style></head><body>\n"
             f"<h1>stagelab compare</h1>\n<p>Made {made}. Runs:</p><ul>{runs}</ul>\n"
+            + (f"<h2 id=\"beyond-ci\">{FLAG}: figures of trustworthy runs that differ beyond "
+               f"their CIs</h2><ul class=\"notes\">{flags}</ul>\n" if flags else "")
             + (f"<h2>Notes on the runs (what some lack, timings not to trust)</h2>"
                f"<ul class=\"notes\">{notes}</ul>\n" if notes else "")
             + f"<h2>Side by side</h2>\n{ratio_note}\n{table}\n</body></html>\n")

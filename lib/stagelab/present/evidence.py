@@ -1,4 +1,5 @@
-"""Kept evidence: copies of good runs under ``data/reference/<gpu or cpu>/<run id>/``, and its index.
+"""Kept evidence: copies of good runs under ``data/reference/<machine>/<run id>/`` (the machine:
+its GPU's name, or ``cpu-`` and its CPU model: :func:`machine_slug`), and its index.
 
 Only a run whose status is ``ok``, that has a ``verdict.json`` and whose timings are trustworthy
 (no busy machine, no failed A/A check) is kept; ``force`` keeps another one anyway and labels it
@@ -13,11 +14,15 @@ repository's README links there.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
 import html
 import os
+import re
 import shutil
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +31,7 @@ from stagelab.analyse import calibration, trust
 from stagelab.core import catalogue, paths, records, rundir, schema
 from stagelab.core.errors import SchemaError, UserError
 from stagelab.core.records import RunFolder
+from stagelab.present import inert
 
 VERDICT = RunFolder.VERDICT
 KEPT = RunFolder.KEPT
@@ -53,6 +59,10 @@ def refusal(run_dir: Path, manifest: dict[str, Any]) -> str | None:
     untrusted = trust.reasons(run_dir, manifest)
     if untrusted:
         return "its timings are not trustworthy: " + "; ".join(untrusted)
+    fewest = trust.too_few_rounds(RunFolder(run_dir).read_verdict() or {})
+    if fewest is not None:
+        return (f"{trust.NOT_JUDGED}: {fewest} rounds per cell (evidence needs "
+                f"{trust.MIN_TRUST_ROUNDS} or more)")
     return None
 
 
@@ -69,6 +79,14 @@ def replay_gaps(manifest: dict[str, Any]) -> str | None:
     return f"it replays a measurement whose status is {status}{detail}, not ok"
 
 
+CPU_PREFIX = "cpu-"  # a machine without a GPU: its folder is named by its CPU model
+_MARKS = re.compile(r"\((?:R|TM|tm|r)\)|\bCPU\b|@.*$")  # trademarks, "CPU", the clock
+
+
+def _slug(name: str) -> str:
+    """One plain path component from a hardware name: letters, digits, dots and dashes."""
+    words = "".join(c if c.isalnum() or c == "." else " " for c in name).split()
+    return "-".join(words).strip("-.")
 def replay_past_no_go(manifest: dict[str, Any]) -> str | None:
     """Why a replay is not evidence although whole: its measurement was a CPU rehearsal
     (``--rehearse-on-cpu``) or was forced past a preflight no-go; ``None`` otherwise."""
@@ -83,11 +101,17 @@ def replay_past_no_go(manifest: dict[str, Any]) -> str | None:
 
 
 def machine_slug(manifest: dict[str, Any]) -> str:
-    """The folder name of a run's machine: its GPU's name, or ``cpu``; always one plain path
-    component (a name such as ``..`` becomes ``gpu``)."""
-    gpu = ((manifest.get("hardware") or {}).get("gpu") or {}).get("name") or "cpu"
-    slug = "".join(c if c.isalnum() or c in ".-" else "-" for c in str(gpu)).strip("-.")
-    return slug or "gpu"
+    """The folder name of a run's machine, named as it is: its GPU's name (``NVIDIA-H200``), or
+    without a GPU ``cpu-`` and its CPU model without trademarks or clock
+    (``cpu-Intel-Xeon-Processor``), so that runs of different machines never share a folder;
+    ``cpu-unknown`` where the model was not read. Always one plain path component (a name
+    such as ``..`` becomes ``gpu``)."""
+    hardware = manifest.get("hardware") or {}
+    gpu = (hardware.get("gpu") or {}).get("name")
+    if gpu:
+        return _slug(str(gpu)) or "gpu"
+    model = (hardware.get("host") or {}).get("cpu_model")
+    return CPU_PREFIX + ((_slug(_MARKS.sub(" ", str(model))) if model else "") or "unknown")
 
 
 def evidence_files(run_dir: Path) -> list[Path]:
@@ -125,7 +149,7 @@ def check_evidence(run_dir: Path, manifest: dict[str, Any]) -> None:
 
 
 def keep_evidence(run_dir: Path, root: Path | None = None, force: bool = False) -> Path:
-    """Copy a good run's evidence to ``<root>/<gpu or cpu>/<run id>/``; never overwrite.
+    """Copy a good run's evidence to ``<root>/<machine>/<run id>/``; never overwrite.
 
     Refuses (UserError naming why) a run that is not ``ok``, has no verdict or whose timings are
     not trustworthy, unless ``force``; then the copy is labelled forced. A symlink, a damaged
@@ -143,10 +167,8 @@ def keep_evidence(run_dir: Path, root: Path | None = None, force: bool = False) 
         raise UserError(f"{run_dir}: not kept: {why}; only ok runs with a verdict and "
                         "trustworthy timings are evidence (--force keeps it anyway, labelled "
                         "forced)")
-    twin = kept_replay_of(root, (manifest.get("measured_on") or {}).get("measured_id"))
-    if twin is not None:
-        raise UserError(f"{run_dir}: not kept: its measurement is kept already, as {twin}; one "
-                        "measurement is one piece of evidence, however often it is replayed")
+    measured_id = (manifest.get("measured_on") or {}).get("measured_id")
+    _refuse_a_kept_measurement(run_dir, root, measured_id)
     name = records.plain_name(run_dir.resolve().name, "run folder name", run_dir)
     dest = root / machine_slug(manifest) / name
     if dest.exists():
@@ -160,10 +182,12 @@ def keep_evidence(run_dir: Path, root: Path | None = None, force: bool = False) 
             "kept_utc": rundir.now_utc(), "forced": bool(why), "status": manifest["status"],
             "refusal": why, "untrusted": trust.reasons(run_dir, manifest)})
         os.chmod(staging, 0o777 & ~records.umask())
-        os.rename(staging, dest)
-        staging = None
-        write_evidence_index(root)
-        write_results(root)
+        with keep_lock(root):  # one keep at a time decides whether a measurement is kept
+            _refuse_a_kept_measurement(run_dir, root, measured_id)
+            os.rename(staging, dest)
+            staging = None
+            write_evidence_index(root)
+            write_results(root)
     except OSError as exc:
         if exc.errno in (errno.EEXIST, errno.ENOTEMPTY) and dest.exists():
             raise UserError(f"{dest} exists already (kept meanwhile by another process): "
@@ -175,6 +199,13 @@ def keep_evidence(run_dir: Path, root: Path | None = None, force: bool = False) 
         if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)
     return dest
+
+
+def _refuse_a_kept_measurement(run_dir: Path, root: Path, measured_id: str | None) -> None:
+    twin = kept_replay_of(root, measured_id)
+    if twin is not None:
+        raise UserError(f"{run_dir}: not kept: its measurement is kept already, as {twin}; one "
+                        "measurement is one piece of evidence, however often it is replayed")
 
 
 def _copy_evidence(run_dir: Path, files: list[Path], dest: Path) -> None:
@@ -198,6 +229,22 @@ class KeptRun:
     verdict: str
     forced: bool
     untrusted: bool = False  # kept although its timings were not trustworthy (busy, A/A)
+
+
+@contextlib.contextmanager
+def keep_lock(root: Path) -> Iterator[None]:
+    """Hold the kept evidence's lock (on the ``root`` folder itself: no file is added) for a
+    block: concurrent keeps wait for each other, so one measurement is kept once."""
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as exc:
+        raise UserError(f"cannot keep under {root}: {exc.strerror or exc}") from exc
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def kept_replay_of(root: Path, measured_id: str | None) -> Path | None:
@@ -305,15 +352,17 @@ def _run_results(root: Path, row: KeptRun) -> list[str]:
     verdict = _verdict_of(root, row)
     hardware = verdict.get("hardware") or {}
     overall = verdict.get("overall") or {}
-    machine = hardware.get("gpu") or f"CPU only ({hardware.get('cpu') or row.machine})"
-    lines = [f"### {machine}: run `{Path(row.path).name}`{_labels(row)}", "",
+    text, code = inert.markdown_text, inert.markdown_code  # a kept run's strings are data
+    machine = text(hardware.get("gpu") or f"CPU only ({hardware.get('cpu') or row.machine})")
+    lines = [f"### {machine}: run `{code(Path(row.path).name)}`{_labels(row)}", "",
              f"Kept in [`{row.path}/`]({row.path}/index.html); "
-             f"made {row.date[:10]} at commit `{row.commit}`, profile `{row.profile}`, torch "
-             f"{hardware.get('torch') or 'unknown'}.", "",
-             f"**Verdict: {row.verdict}.** {overall.get('summary', '')}".rstrip(), ""]
-    findings = [f for f in verdict.get("findings") or [] if not f.startswith(ABOUT_OTHER_RUNS)]
+             f"made {text(row.date[:10])} at commit `{code(row.commit)}`, profile "
+             f"`{code(row.profile)}`, torch {text(hardware.get('torch') or 'unknown')}.", "",
+             f"**Verdict: {text(row.verdict)}.** {text(overall.get('summary', ''))}".rstrip(), ""]
+    findings = [f for f in verdict.get("findings") or []
+                if not str(f).startswith(ABOUT_OTHER_RUNS)]
     findings += _calibration(verdict.get("calibration") or [])
-    lines += [f"- {finding}" for finding in findings]
+    lines += [f"- {text(finding)}" for finding in findings]
     return lines + ([""] if findings else [])
 
 
@@ -331,24 +380,18 @@ def _calibration(rows: list[dict[str, Any]]) -> list[str]:
             f"{rows[0]['trials']} simulated trials per scenario: {parts}."]
 
 
-def preferred_run(kept: list[KeptRun]) -> KeptRun:
-    """The run the Results show for one machine (``kept`` oldest first): the newest kept
-    unforced with trustworthy timings, else the newest."""
-    clean = [row for row in kept if not (row.forced or row.untrusted)]
-    return (clean or kept)[-1]
-
-
 def results_markdown(root: Path | None = None) -> str:
-    """The Results, generated from the kept runs: per machine, the newest kept run that was not
-    forced and whose timings are trustworthy (else the newest), its verdict and findings in its
-    own words, and the other runs kept for it (links relative to ``root``)."""
+    """The Results, generated from the kept runs: per machine (its folder), the newest unforced,
+    trusted run's verdict and findings in its own words (:func:`headline_run`), and the other
+    runs kept for it (links relative to ``root``)."""
     root = Path(root or paths.REFERENCE_DIR)
     rows = kept_runs(root)
     lines = [RESULTS_START, "",
              "The kept evidence is listed in [`index.html`](index.html). What follows is "
-             "generated from it by `stagelab keep` "
-             "(a test checks that it agrees): per machine, the newest kept run, its verdict and "
-             "its findings as that run wrote them.", ""]
+             "generated from it by `stagelab keep` (a test checks that it agrees): per machine "
+             "(a GPU, or a CPU model where there is no GPU), the newest kept run that was "
+             "neither forced nor untrusted, its verdict and its findings as that run wrote "
+             "them.", ""]
     if not rows:
         lines += ["No run is kept yet.", ""]
     elif not any((_verdict_of(root, r).get("hardware") or {}).get("gpu") for r in rows):
@@ -358,14 +401,26 @@ def results_markdown(root: Path | None = None) -> str:
     for row in rows:
         machines.setdefault(row.path.split("/")[0], []).append(row)
     for kept in machines.values():
-        shown = preferred_run(kept)
+        shown = headline_run(kept)
+        if shown is None:
+            shown = kept[-1]
+            lines += [f"No run of `{inert.markdown_code(shown.path.split('/')[0])}` is both "
+                      "unforced and trusted: its newest kept run is shown, labelled.", ""]
         lines += _run_results(root, shown)
         others = [r for r in kept if r is not shown]
         if others:
-            listed = ", ".join(f"`{Path(r.path).name}` ({r.verdict}{_labels(r)})" for r in others)
-            which = "Older" if shown is kept[-1] else "Other"
-            lines += [f"{which} runs kept for this machine: {listed}.", ""]
+            listed = ", ".join(f"`{inert.markdown_code(Path(r.path).name)}` "
+                               f"({inert.markdown_text(r.verdict)}"
+                               f"{_labels(r).replace('**', '')})" for r in others)
+            lines += [f"Other runs kept for this machine: {listed}.", ""]
     return "\n".join([*lines, RESULTS_END])
+
+
+def headline_run(kept: list[KeptRun]) -> KeptRun | None:
+    """The run a machine's Results lead with: its newest kept run that was neither forced nor
+    untrusted (None where every one was); a forced keep never becomes the headline."""
+    trusted = [r for r in kept if not r.forced and not r.untrusted]
+    return trusted[-1] if trusted else None
 
 
 def write_results(root: Path | None = None) -> Path:

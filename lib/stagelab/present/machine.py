@@ -42,6 +42,25 @@ def flatten(snap: Mapping[str, Any]) -> list[tuple[str, str, Any]]:
     return rows
 
 
+def value_words(key: str, value: Any) -> str:
+    """One snapshot value as a reader sees it: a size in GiB, yes or no, "not reported" for
+    what the snapshot holds no value for, anything else as it is."""
+    if value is None:
+        return "not reported"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if key.endswith("_bytes") and isinstance(value, (int, float)):
+        return f"{value / 2**30:.1f} GiB"
+    return str(value)
+
+
+def readable_rows(snap: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    """:func:`flatten`'s triples with each key in words and each value through
+    :func:`value_words`, for the tables of notebook 00 and the report."""
+    return [(section, key.replace("_bytes", "").replace("_", " "), value_words(key, value))
+            for section, key, value in flatten(snap)]
+
+
 def unavailable_text(snap: dict[str, Any]) -> str:
     """What the snapshot could not read, as a Markdown list, or a sentence saying all was read."""
     if not snap.get("unavailable"):

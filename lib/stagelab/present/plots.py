@@ -5,20 +5,56 @@ set by every notebook's context, never on import)."""
 from __future__ import annotations
 
 import textwrap
+from collections.abc import Iterable
 
+import matplotlib.colors as mcolors
 import matplotlib.pyplot as plt
-import numpy as np
 import pandas as pd
 import seaborn as sns
 
 from stagelab.analyse import analysis
 from stagelab.core import catalogue
 
-DECISION_COLORS = {"PORT": "tab:green", "CLOSE": "tab:gray", "INCONCLUSIVE": "tab:orange",
-                   "measured": "tab:blue"}  # "measured": shown for context, not a decision
+DECISION_COLORS = {"PORT": "tab:green", "CLOSE": "tab:gray", "INCONCLUSIVE": "tab:orange"}
+MEASURED = "measured"  # a cell shown for context, not a decision: drawn in its arm's colour
 
 
 THEME = {"style": "whitegrid", "context": "notebook"}
+
+
+def _catalogue_arm_names() -> tuple[str, ...]:
+    """Every arm name a figure can show: first the arms every reader looks for (each
+    experiment's baseline and candidate, the prompt-logprob methods with and without overlap,
+    the reuse levers), then the others in catalogue order."""
+    prompt = [catalogue.prompt_arm(a.name, overlap)
+              for overlap in (False, True) for a in catalogue.arms(catalogue.PROMPT)]
+    first = [catalogue.baseline(catalogue.STAGING), catalogue.candidate(catalogue.STAGING),
+             catalogue.baseline(catalogue.STEP), catalogue.candidate(catalogue.STEP), *prompt,
+             *catalogue.REUSE_LEVER.values()]
+    return tuple(dict.fromkeys([*first, *(a.name for a in catalogue.ARMS)]))
+
+
+# One colour per arm name, fixed by the catalogue's order, so that an arm keeps its colour in every
+# figure of every notebook and run, whatever other arms a figure shows (seaborn's default palette
+# colours by position among the arms drawn, which changes from panel to panel).
+# tab20's strong colours first, then its light ones: the ten arms read most get strong hues.
+_TAB20 = sns.color_palette("tab20", 20).as_hex()
+ARM_COLORS = dict(zip(_catalogue_arm_names(), _TAB20[0::2] + _TAB20[1::2]))
+UNKNOWN_ARM_COLOR = "#000000"  # an arm the catalogue does not name (an older table)
+
+
+def arm_color(arm: str) -> str:
+    """The colour of one arm in every figure; an A/A twin is its arm's colour, lightened (it is
+    the same arm timed again), and an arm the catalogue does not name is black."""
+    if catalogue.is_twin(arm):
+        red, green, blue = mcolors.to_rgb(arm_color(arm.removesuffix(catalogue.AA_SUFFIX)))
+        return mcolors.to_hex((0.5 + 0.5 * red, 0.5 + 0.5 * green, 0.5 + 0.5 * blue))
+    return ARM_COLORS.get(arm, UNKNOWN_ARM_COLOR)
+
+
+def arm_palette(arms: Iterable[str]) -> dict[str, str]:
+    """A seaborn ``palette`` for the arms a figure draws: each arm's own colour."""
+    return {arm: arm_color(arm) for arm in dict.fromkeys(arms)}
 
 
 def use_theme() -> None:
@@ -50,7 +86,7 @@ def bandwidth(frame: pd.DataFrame, link_gbps: float | None = None,
     if timed.empty:
         return nothing(ax, "No copy was timed in this run")
     sns.lineplot(data=timed, x="bytes", y="gb_per_s", hue="arm", estimator="median",
-                 errorbar=("pi", 50), marker="o", ax=ax)
+                 errorbar=("pi", 50), marker="o", ax=ax, palette=arm_palette(timed["arm"]))
     ax.set_xscale("log")
     ax.set(xlabel="bytes per copy", ylabel="GB/s (median)", title="Staging bandwidth by arm")
     if link_gbps:
@@ -59,37 +95,50 @@ def bandwidth(frame: pd.DataFrame, link_gbps: float | None = None,
     return ax
 
 
-def speedup_heatmaps(compared: pd.DataFrame) -> plt.Figure:
-    """One rows x vocab heat map per candidate of speedups, each cell annotated with its CI."""
-    candidates = list(dict.fromkeys(compared["candidate"])) if "speedup" in compared else []
-    fig, axes = plt.subplots(1, max(len(candidates), 1), squeeze=False,
-                             figsize=(7 * max(len(candidates), 1), 3.8))
-    if not candidates:
-        nothing(axes[0][0], "No pair of arms was timed in the same rounds")
-    for ax, candidate in zip(axes[0], candidates):
-        part = compared[compared["candidate"] == candidate]
-        grid = part.pivot(index="rows", columns="vocab", values="speedup")
-        notes = part.assign(text=[
-            f"{s:.2f}x\n[{lo:.2f}, {hi:.2f}]" if np.isfinite(s) else "n/a"
-            for s, lo, hi in zip(part["speedup"], part["ci_low"], part["ci_high"])
-        ]).pivot(index="rows", columns="vocab", values="text")
-        sns.heatmap(grid, annot=notes, fmt="", cmap="RdYlGn", center=1.0, ax=ax,
-                    cbar_kws={"label": "speedup (x)"}, annot_kws={"fontsize": 8})
-        ax.set(title=f"{candidate} vs {part['baseline'].iloc[0]}", xlabel="vocabulary size V",
-               ylabel="rows per step n")
-    fig.tight_layout()
-    return fig
+def speedups(compared: pd.DataFrame, ax: plt.Axes | None = None,
+             title: str = "Paired speedup over the baseline") -> plt.Axes:
+    """Each candidate's paired speedup (ratio of mean times) with its 95 % CI, one row per
+    ``n × V`` cell, one colour per arm, the line at 1 dotted: what a heat map hid in its
+    annotations, readable at a glance (above 1 the candidate is faster)."""
+    measured = (compared.dropna(subset=["speedup"]) if "speedup" in compared
+                else compared.iloc[:0])
+    if measured.empty:
+        return nothing(_axes(ax, (8, 3)), "No pair of arms was timed in the same rounds")
+    candidates = list(dict.fromkeys(measured["candidate"]))
+    keys = measured[["rows", "vocab"]].drop_duplicates().sort_values(["vocab", "rows"])
+    ax = _axes(ax, (8, 0.45 * len(keys) * len(candidates) + 1.8))
+    labels = [f"n={r} V={v}" for r, v in keys.itertuples(index=False)]
+    step = 0.8 / len(candidates)
+    for i, candidate in enumerate(candidates):
+        part = measured[measured["candidate"] == candidate].set_index(["rows", "vocab"])
+        at = [(y, part.loc[key]) for y, key in enumerate(keys.itertuples(index=False, name=None))
+              if key in part.index]
+        ys = [y - 0.4 + step * (i + 0.5) for y, _ in at]
+        rows = [row for _, row in at]
+        ax.errorbar([r["speedup"] for r in rows], ys,
+                    xerr=[[r["speedup"] - r["ci_low"] for r in rows],
+                          [r["ci_high"] - r["speedup"] for r in rows]],
+                    fmt="o", capsize=3, color=arm_color(candidate), label=candidate)
+    ax.axvline(1.0, color="k", lw=0.8, ls=":")
+    ax.set_xscale("log")
+    ax.set_yticks(range(len(labels)), labels)
+    ax.set(xlabel="speedup over the baseline, ratio of mean times, 95 % CI (log scale; dotted: "
+                  "1, no change)", title=title)
+    ax.legend(title="arm", loc="best", fontsize=8)
+    return ax
 
 
 def saved_ms(compared: pd.DataFrame, ax: plt.Axes | None = None,
              title: str = "Saving over the baseline") -> plt.Axes:
-    """Milliseconds each candidate saves per call (median difference), per cell."""
+    """Milliseconds each candidate saves per call on average (difference of mean times, as
+    :func:`stagelab.analyse.analysis.compare` computes it), per cell."""
     ax = _axes(ax, (8, 4))
     if "saved_ms" not in compared or compared["saved_ms"].isna().all():
         return nothing(ax, "Nothing to compare: no pair of arms was timed")
     shown = compared.assign(cell=_cell_label(compared))
-    sns.barplot(data=shown, x="cell", y="saved_ms", hue="candidate", ax=ax)
-    ax.set(xlabel="n × V, K", ylabel="ms saved per call (median)", title=title)
+    sns.barplot(data=shown, x="cell", y="saved_ms", hue="candidate", ax=ax,
+                palette=arm_palette(shown["candidate"]), saturation=1)
+    ax.set(xlabel="n × V, K", ylabel="ms saved per call (mean)", title=title)
     ax.tick_params(axis="x", rotation=45)
     return ax
 
@@ -161,7 +210,7 @@ def copy_share(parts: pd.DataFrame, arm: str = catalogue.baseline(catalogue.STEP
     if seed.empty:
         return nothing(ax, f"{arm} was not timed in this run")
     sns.barplot(data=seed.assign(cell=_cell_label(seed)), x="cell", y="copy_share", ax=ax,
-                color="tab:blue")
+                color=arm_color(arm), saturation=1)
     ax.axhline(analysis.DWARFED_SHARE, ls="--", color="k", lw=1)
     ax.set(ylabel="copy share of the seed's step", xlabel="n × V, K",
            title="The copy's share of the seed's step")
@@ -179,28 +228,32 @@ def prompt_memory(frame: pd.DataFrame, ax: plt.Axes | None = None) -> plt.Axes:
     shown = mem.assign(MiB=mem["bytes"].astype(float) / 2**20,
                        kind=mem["metric"].str.replace("_bytes", ""))
     shown = shown[~shown["arm"].str.endswith("+overlap") | (shown["metric"] != "predicted_peak_bytes")]
-    sns.lineplot(data=shown, x="chunk", y="MiB", hue="arm", style="kind", markers=True, ax=ax)
+    sns.lineplot(data=shown, x="chunk", y="MiB", hue="arm", style="kind", markers=True, ax=ax,
+                 palette=arm_palette(shown["arm"]))
     ax.set(xscale="log", yscale="log", xlabel="chunk rows C", ylabel="peak extra memory (MiB)",
            title="Peak working memory: measured and model")
     return ax
 
 
 def prompt_time(frame: pd.DataFrame) -> plt.Figure:
-    """Time per prompt against chunk size, and relative to the same arm unchunked."""
+    """Mean time per prompt against chunk size (band: 95 % CI of the mean over rounds), and
+    relative to the same arm unchunked: means, as the chunk recommendation compares them."""
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.2))
     timed = analysis.ok_timings(frame)
     if timed.empty:
         nothing(axes[0], "No prompt configuration was timed")
         nothing(axes[1], "")
         return fig
-    sns.lineplot(data=timed, x="chunk", y="seconds", hue="arm", estimator="median",
-                 errorbar=("pi", 50), marker="o", ax=axes[0])
-    axes[0].set(xscale="log", xlabel="chunk rows C", ylabel="seconds (median)",
+    palette = arm_palette(timed["arm"])
+    sns.lineplot(data=timed.assign(ms=1e3 * timed["seconds"]), x="chunk", y="ms", hue="arm",
+                 estimator="mean", errorbar=("ci", 95), seed=0, marker="o", ax=axes[0],
+                 palette=palette)
+    axes[0].set(xscale="log", xlabel="chunk rows C", ylabel="ms per prompt (mean, 95 % CI)",
                 title="Time per prompt")
     sns.lineplot(data=analysis.prompt_time_relative(frame), x="chunk", y="relative", hue="arm",
-                 marker="o", ax=axes[1])
+                 marker="o", ax=axes[1], palette=palette)
     axes[1].axhline(1.05, ls="--", color="k", lw=1)
-    axes[1].set(xscale="log", xlabel="chunk rows C", ylabel="time / unchunked",
+    axes[1].set(xscale="log", xlabel="chunk rows C", ylabel="mean time / mean unchunked",
                 title="Relative to unchunked (dashed: 1.05)")
     return fig
 
@@ -212,7 +265,7 @@ def verdict_key(verdict: dict) -> plt.Axes:
     if any(c.get("speedup") is not None for c in verdict["decisive"]):
         return verdict_forest(verdict["decisive"],
                               "Pinned grow-only vs the seed's fresh vector: the whole step")
-    reuse = [{**lever, "decision": "measured"} for lever in verdict["step_levers"]
+    reuse = [{**lever, "decision": MEASURED} for lever in verdict["step_levers"]
              if lever["candidate"] == catalogue.REUSE_LEVER[catalogue.STEP]
              and lever.get("speedup") is not None]
     if reuse:
@@ -233,7 +286,8 @@ def verdict_forest(cells: list[dict], title: str, ax: plt.Axes | None = None) ->
             textwrap.fill(r, 90) for r in reasons[:3]))
     caption = ["speedup of the whole step, 95 % CI", "dotted: 1 (no change)"]
     for y, cell in enumerate(shown):
-        color = DECISION_COLORS[cell["decision"]]
+        color = (arm_color(cell.get("candidate", "")) if cell["decision"] == MEASURED
+                 else DECISION_COLORS[cell["decision"]])
         if cell.get("twin_ci_low") is not None:
             ax.fill_betweenx([y - 0.35, y + 0.35], cell["twin_ci_low"], cell["twin_ci_high"],
                              color="0.85", lw=0)
@@ -244,7 +298,7 @@ def verdict_forest(cells: list[dict], title: str, ax: plt.Axes | None = None) ->
         if cell.get("min_speedup"):
             ax.plot([cell["min_speedup"]] * 2, [y - 0.3, y + 0.3], color="k", lw=1.5)
             caption.append("black tick: the smallest speedup that counts, 1/(1-delta)")
-        if cell["decision"] != "measured":
+        if cell["decision"] != MEASURED:
             ax.text(cell["ci_high"], y + 0.18, f"  {cell['decision']}", color=color, fontsize=8)
     ax.axvline(1.0, color="k", lw=0.8, ls=":")
     ax.set_yticks(range(len(shown)), [f"n={c['rows']} V={c['vocab']} K={c.get('k', '-')}"

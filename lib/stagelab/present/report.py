@@ -20,7 +20,7 @@ from stagelab.analyse import predict, trust
 from stagelab.core import catalogue, records
 from stagelab.core.errors import UserError
 from stagelab.core.records import RunFolder
-from stagelab.present import machine
+from stagelab.present import inert, machine
 
 VERDICT_FILE = RunFolder.VERDICT
 VERDICT_FIGURE = f"figures/{catalogue.VERDICT_NOTEBOOK}_key.png"  # notebook 04's key plot
@@ -35,6 +35,7 @@ vertical-align:top} th{background:#f3f4f8}
 .running,.pending,.interactive{color:#8a6d00;font-weight:600}.missing{color:#b3261e;font-style:italic}
 .note{border-left:3px solid #8a6d00;padding-left:.6em}
 .untrusted{border:2px solid #b3261e;background:#fdecea;padding:.2em .8em;margin-bottom:.6em}
+.rehearsal{border:2px solid #667;background:#f1f2f6;padding:.2em .8em;margin-bottom:.6em}
 .verdict{border:2px solid #445;border-radius:8px;padding:.8em 1.2em;background:#f8f9fc}
 .decision{font-size:1.3em;font-weight:700} .PORT{color:#176b2c}.CLOSE{color:#444}.INCONCLUSIVE{color:#8a6d00}
 img{max-width:100%;border:1px solid #eee;margin:.4em 0} .muted{color:#667} code{background:#f3f4f8;padding:0 .2em}
@@ -42,18 +43,41 @@ img{max-width:100%;border:1px solid #eee;margin:.4em 0} .muted{color:#667} code{
 
 
 def export_html(notebook_path: Path, html_path: Path) -> Path:
-    """Export an executed notebook to HTML with code cells and prompts hidden, plots embedded."""
+    """Export an executed notebook to HTML with code cells and prompts hidden, figures inlined
+    and every style in the page: nothing is fetched when it opens (nbconvert's default template
+    loads require.js and MathJax from a CDN; the 'basic' one is the notebook's body alone)."""
+    name = _esc(Path(notebook_path).stem)
+    page = ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
+            f"<title>stagelab {name}</title><style>{_STYLE}{_NOTEBOOK_STYLE}</style></head>"
+            f"<body>{notebook_body(Path(notebook_path))}</body></html>")
+    return records.write_text_atomic(Path(html_path), page)
+
+
+def notebook_body(notebook_path: Path) -> str:
+    """An executed notebook's outputs and prose as HTML, figures as data: URIs, no script, no
+    stylesheet or font to fetch."""
     import nbformat
     from nbconvert import HTMLExporter
 
-    exporter = HTMLExporter(exclude_input=True, exclude_input_prompt=True,
-                            exclude_output_prompt=True)
-    body, _ = exporter.from_notebook_node(nbformat.read(str(notebook_path), as_version=4))
-    return records.write_text_atomic(Path(html_path), body)
+    exporter = HTMLExporter(template_name="basic", exclude_input=True, exclude_input_prompt=True,
+                            exclude_output_prompt=True, embed_images=True)
+    notebook = inert.inert_notebook(nbformat.read(str(notebook_path), as_version=4))
+    body, _ = exporter.from_notebook_node(notebook)  # records' text in it is data, not markup
+    return body
 
 
 def _esc(value: Any) -> str:
     return html.escape("" if value is None else str(value))
+
+
+def _scope_banner(verdict: Mapping[str, Any]) -> str:
+    """What a few-round run can judge (:func:`stagelab.analyse.trust.scope_label`): a neutral
+    label, not a warning, since nothing went wrong; '' for a run with rounds enough."""
+    label = trust.scope_label(verdict)
+    if not label:
+        return ""
+    head, _, rest = label.partition(":")
+    return f"<div class='rehearsal' id='not-judged'><p><b>{_esc(head)}</b>:{_esc(rest)}.</p></div>"
 
 
 def _trust_banner(found: list[str], manifest: Mapping[str, Any]) -> str:
@@ -83,9 +107,15 @@ def _verdict_section(run_dir: Path, manifest: Mapping[str, Any]) -> str:
     overall = verdict.get("overall", {})
     decision = _esc(overall.get("decision", "INCONCLUSIVE"))
     parts = [f"<section class='verdict' id='verdict'>"
+             f"{_scope_banner(verdict)}"
              f"{_trust_banner(trust.reasons(run_dir, manifest, verdict), manifest)}"
              f"<p class='decision {decision}'>Staging verdict: {decision}</p>"
              f"<p>{_esc(overall.get('summary', ''))}</p>"]
+    recommendation = verdict.get("recommendation")  # absent in verdicts of older runs
+    if recommendation:
+        parts.append(f"<p class='recommendation'>Recommended change: "
+                     f"<b>{_esc(recommendation['change'])}</b>: {_esc(recommendation['reason'])}"
+                     f"</p>{_questions_table(verdict.get('questions') or {})}")
     context = (verdict.get("context") or {}).get("words")  # absent in verdicts of older runs
     if context:
         parts.append(f"<p class='context'>{_esc(context)}</p>")
@@ -98,6 +128,25 @@ def _verdict_section(run_dir: Path, manifest: Mapping[str, Any]) -> str:
         parts.append(f"<img src='{VERDICT_FIGURE}' alt='key plot of the verdict'>")
     parts.append("</section>")
     return "".join(parts)
+
+
+def _questions_table(questions: Mapping[str, Any]) -> str:
+    """The three questions (bundle, reuse alone, pinning alone): each family's answer and each
+    cell's speedup with its CI."""
+    if not questions:
+        return ""
+    rows = "".join(
+        f"<tr><td>{_esc(q.get('words', name))}</td><td>{_esc(q.get('decision') or 'not measured')}"
+        f"</td><td>{_esc('; '.join(_answer_cell(c) for c in q.get('cells', [])))}</td></tr>"
+        for name, q in questions.items())
+    return ("<table class='questions'><tr><th>question</th><th>family</th>"
+            f"<th>per cell</th></tr>{rows}</table>")
+
+
+def _answer_cell(cell: Mapping[str, Any]) -> str:
+    measured = _with_ci(cell)
+    return (f"n={cell['rows']} V={cell['vocab']} K={cell['k']}: {cell['decision']}"
+            + (f" {measured}" if measured else ""))
 
 
 def prediction_html(check: Mapping[str, Any] | None) -> str:
@@ -113,13 +162,53 @@ def prediction_html(check: Mapping[str, Any] | None) -> str:
             + table.to_html(index=False, float_format=lambda v: f"{v:.3g}", na_rep="-"))
 
 
+# Each figure a notebook saves (figures/<notebook>_<name>.png), in words: what it shows and which
+# statistic, as its notebook draws it.
+FIGURE_CAPTIONS = {
+    "01_d2h_staging_bandwidth": "Copy bandwidth per arm against bytes per copy (median GB/s, "
+                                "band: interquartile range; dashed: the PCIe link)",
+    "01_d2h_staging_speedups": "Each arm's paired speedup over the seed's fresh buffer, per "
+                               "copy size (ratio of mean times, 95 % CI)",
+    "01_d2h_staging_saved_ms": "Milliseconds each arm saves per copy (difference of mean times)",
+    "01_d2h_staging_pcie": "PCIe throughput sampled by NVML during the copy loop",
+    "02_logprobs_step_stages": "Where the seed's step goes, per arm and cell (mean ms per part, "
+                               "stacked to the total)",
+    "02_logprobs_step_copy_share": "The copy's share of the seed's step per cell (means; dashed: "
+                                   "the 10 % 'dwarfed' line)",
+    "02_logprobs_step_levers": "Milliseconds each lever saves per step (difference of mean "
+                               "times)",
+    "03_prompt_logprobs_memory": "Peak working memory of chunked prompt logprobs, measured and "
+                                 "predicted by the model, per chunk size",
+    "03_prompt_logprobs_time": "Time per prompt against chunk size, and relative to the same "
+                               "arm unchunked (means, 95 % CI)",
+    f"{catalogue.VERDICT_NOTEBOOK}_key": "The verdict's key plot: each decisive cell's speedup "
+                                         "with its CI",
+    "05_prediction_prediction": "The cost model's predicted saving per step against n × V, per "
+                                "platform (band: its interval; dotted: each platform's bar)",
+}
+
+
+def figure_caption(path: str) -> str:
+    """A figure's caption in words, from its file name; a figure without one is named by its
+    notebook and title, never by its path."""
+    stem = Path(path).stem
+    if stem in FIGURE_CAPTIONS:
+        return FIGURE_CAPTIONS[stem]
+    for notebook in catalogue.NOTEBOOKS:
+        if stem.startswith(f"{notebook}_"):
+            return (f"{stem.removeprefix(notebook + '_').replace('_', ' ').capitalize()}, from "
+                    f"notebook {notebook}")
+    return stem.replace("_", " ").capitalize()
+
+
 def _fmt(value: Any, spec: str = ".3f") -> str:
     return "-" if value is None else format(value, spec)
 
 
 NOT_MEASURED = "not measured"
-STAGE_SPLIT = (*catalogue.STAGES, "unattributed", catalogue.TOTAL)
-STAGE_WORDS = "log-softmax + zero-fill + copy + host top-K + free + unattributed = total"
+STAGE_SPLIT = ("forward", *catalogue.STAGES, "unattributed", catalogue.TOTAL)
+STAGE_WORDS = ("forward + log-softmax + zero-fill + copy + host top-K + free + unattributed = "
+               "total")
 
 
 def _ratio(value: Any) -> str | None:
@@ -142,7 +231,7 @@ def _stage_sum(split: Mapping[str, Any]) -> str | None:
         parts = " + ".join(f"{split[s]:.2f}" for s in catalogue.STAGES)
         return (f"{parts}; total {split[catalogue.TOTAL]:.2f} (medians of an older verdict: "
                 "they need not add up)")
-    parts = " + ".join(f"{split[s]:.2f}" for s in STAGE_SPLIT[:-1])
+    parts = " + ".join(f"{split.get(s, 0.0):.2f}" for s in STAGE_SPLIT[:-1])
     return f"{parts} = {split[catalogue.TOTAL]:.2f}"
 
 
@@ -203,7 +292,7 @@ def _notebooks_table(run_dir: Path, notebooks: list[Mapping[str, Any]]) -> str:
 
 def _machine_table(hardware: Mapping[str, Any]) -> str:
     rows = "".join(f"<tr><td>{_esc(s)}</td><td>{_esc(k)}</td><td>{_esc(v)}</td></tr>"
-                   for s, k, v in machine.flatten(hardware))
+                   for s, k, v in machine.readable_rows(hardware))
     return f"<table><tr><th>part</th><th>what</th><th>value</th></tr>{rows}</table>"
 
 
@@ -267,8 +356,9 @@ def write_index(run_dir: Path) -> Path:
         _verdict_section(run_dir, manifest),
         "<h2>Notebooks</h2>", _notebooks_table(run_dir, manifest.get("notebooks", [])),
         "<h2>Figures</h2>",
-        "".join(f"<figure><img src='{_esc(f)}' alt='{_esc(f)}'><figcaption class='muted'>"
-                f"{_esc(f)}</figcaption></figure>" for f in figures if f != VERDICT_FIGURE)
+        "".join(f"<figure><img src='{_esc(f)}' alt='{_esc(figure_caption(f))}'>"
+                f"<figcaption class='muted'>{_esc(figure_caption(f))}</figcaption></figure>"
+                for f in figures if f != VERDICT_FIGURE)
         or "<p class='muted'>No figures.</p>",
         "<h2>Data</h2>",
         "<ul>" + "".join(f"<li><a href='{_esc(t)}'>{_esc(t)}</a></li>" for t in tables) + "</ul>"
@@ -440,14 +530,7 @@ def external_references(page: str) -> list[str]:
 
 def _notebook_section(run_dir: Path, entry: Mapping[str, Any]) -> str:
     """One executed notebook as a section of the single file: outputs only, nothing to fetch."""
-    import nbformat
-    from nbconvert import HTMLExporter
-
-    # The 'basic' template is the notebook's body alone: no CDN scripts, fonts or stylesheets.
-    exporter = HTMLExporter(template_name="basic", exclude_input=True, exclude_input_prompt=True,
-                            exclude_output_prompt=True, embed_images=True)
-    body, _ = exporter.from_notebook_node(nbformat.read(str(run_dir / entry["output"]),
-                                                        as_version=4))
+    body = notebook_body(run_dir / entry["output"])
     return (f"<section class='notebook' id='notebook-{_esc(entry['name'])}'>"
             f"<p class='muted'>Notebook <b>{_esc(entry['name'])}</b> · status "
             f"<span class='{_esc(entry.get('status'))}'>{_esc(entry.get('status'))}</span></p>"

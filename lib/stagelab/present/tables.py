@@ -10,9 +10,11 @@ as it is.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 SIGNIFICANT = 3
@@ -22,12 +24,14 @@ WORDS = {"rows": "n (rows)", "vocab": "V (vocabulary)", "k": "K", "chunk": "chun
          "n_rounds": "rounds", "baseline_rounds": "rounds", "n": "samples", "rounds": "rounds",
          "trials": "trials", "allocations": "host allocations (count)",
          "rank_mismatches": "ranks that differ (count)",
-         "id_mismatches": "ids that differ (count)", "bitwise_equal": "bitwise equal (1 yes)"}
+         "id_mismatches": "ids that differ (count)"}
+YES_NO = {"bitwise_equal": "bitwise equal"}  # 1/0 values read as yes/no
 TEXT = {"noisy": "noisy (IQR ≥ 10 % of median)", "met": "met"}
 # Columns that say which cell and arm a row is about come first.
 LEADING = ("rows", "vocab", "k", "chunk", "arm", "method", "baseline", "candidate", "decision",
            "scenario", "goal")
-SECONDS = ("seconds", "median", "q1", "q3", "iqr", "median_seconds", "best_seconds")
+SECONDS = ("seconds", "median", "q1", "q3", "iqr", "median_seconds", "mean_seconds",
+           "best_seconds")
 RATIOS = ("min_speedup", "numpy_over_native", "relative", "true_speedup")
 PERCENTS = ("iqr_over_median", "port_rate", "close_rate", "inconclusive_rate", "delta")
 
@@ -40,13 +44,31 @@ def significant(value: float, digits: int = SIGNIFICANT) -> str:
     return f"{round(value, decimals):.{decimals}f}"
 
 
-def _number(fmt: Callable[[float], str]) -> Callable[[Any], str]:
-    """A formatter that leaves missing values as an empty cell and text as it is."""
+def _missing(value: Any) -> bool:
+    return value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value))
+
+
+def text(value: Any) -> str:
+    """A cell that is not a number, as a reader sees it: missing as an empty cell, a boolean
+    as yes or no, text without Markdown's backticks (a table shows no Markdown)."""
+    if _missing(value):
+        return ""
+    if isinstance(value, (bool, np.bool_)):
+        return "yes" if value else "no"
+    return str(value).replace("`", "")
+
+
+def _number(fmt: Callable[[float], str], counts: bool = False) -> Callable[[Any], str]:
+    """A formatter that leaves missing values as an empty cell, text and booleans to :func:`text`;
+    with ``counts`` (a column of no known unit), a whole number of an integer type is shown
+    without decimals (2, not 2.00)."""
     def shown(value: Any) -> str:
-        if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)):
-            return ""
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            return str(value)
+        if _missing(value) or isinstance(value, (bool, np.bool_)):
+            return text(value)
+        if counts and isinstance(value, numbers.Integral):
+            return f"{int(value)}"
+        if not isinstance(value, numbers.Real):
+            return text(value)
         return fmt(float(value))
     return shown
 
@@ -83,18 +105,20 @@ def _with_split(frame: pd.DataFrame) -> pd.DataFrame:
 
 def _column(name: str) -> tuple[str, Callable[[Any], str]]:
     """The shown name of a column and its formatter, from its name."""
-    plain = _number(significant)
+    plain = _number(significant, counts=True)
     if name in WORDS:
         return WORDS[name], _number(lambda v: f"{v:.0f}")
     if name in TEXT:
-        return TEXT[name], str
+        return TEXT[name], text
+    if name in YES_NO:
+        return YES_NO[name], lambda v: text(v if _missing(v) else bool(v))
     if name == "stage_split":
-        return SPLIT_WORDS, str
-    if name == "step_ms":  # the verdict's threshold is a share of the median step
-        return "seed step, median (ms)", plain
+        return SPLIT_WORDS, text
+    if name == "step_ms":  # the verdict's threshold is a share of the mean step
+        return "seed step, mean (ms)", plain
     if name.endswith("speedup_ci"):
         twin = "A/A twin" if name.startswith("twin_") else "speedup"
-        return f"{twin} [95 % CI]", str
+        return f"{twin} [95 % CI]", text
     if name in SECONDS or name.endswith("_s"):
         label = name.removesuffix("_seconds").removesuffix("_s").replace("_", " ")
         return f"{label} (ms)", _number(lambda v: significant(1e3 * v))
@@ -139,4 +163,5 @@ def readable(frame: pd.DataFrame) -> pd.DataFrame:
 
 def show(frame: pd.DataFrame) -> Any:
     """A frame as an HTML table (a pandas Styler, without its index) a reader can take in."""
-    return readable(frame).style.hide(axis="index")
+    styler = readable(frame).style.format(escape="html").format_index(escape="html", axis=1)
+    return styler.hide(axis="index")  # a record's text is shown, never taken as markup

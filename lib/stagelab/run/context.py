@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stagelab.core import paths, rundir
-from stagelab.core.records import RunFolder, atomic_target, read_json
+from stagelab.core import paths, rundir, untrusted
+from stagelab.core.records import RunFolder, atomic_target
 from stagelab.core.schema import TableSink, make_rows, write_table
 from stagelab.present import plots
 
@@ -77,8 +77,8 @@ class NotebookContext:
 
     def snapshot(self, measured: str | Path, under_load: bool = False) -> dict[str, Any]:
         """The machine the numbers come from: this one, or the measured folder's."""
-        if measured:
-            return read_json(Path(measured) / RunFolder.HARDWARE)
+        if measured:  # a stranger's folder: its own regular file only (no link, bounded)
+            return untrusted.load_json(Path(measured) / RunFolder.HARDWARE, root=measured)
         from stagelab.measure import hardware
 
         return hardware.snapshot(under_load=under_load)

@@ -15,7 +15,9 @@ the run folder, not to the terminal.
 from __future__ import annotations
 
 import contextlib
+import keyword
 import os
+import re
 import shutil
 import signal
 import socket
@@ -169,6 +171,18 @@ def _last_started_cell(notebook_path: Path) -> int | None:
     return started[-1] if started else None
 
 
+def injected_parameters(notebook: NotebookPlan, run_dir: Path) -> dict[str, Any]:
+    """The parameters papermill writes into the notebook's injected cell. Each name becomes code
+    there, so each must be a plain identifier (the plan checked it against the notebook's own
+    parameters cell; this refuses anything else however the plan was made)."""
+    parameters = {**notebook.parameters, "run_dir": str(Path(run_dir).resolve())}
+    for name in parameters:
+        if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
+            raise UserError(f"{notebook.name}: parameter name {name!r} is not a Python "
+                            "identifier; refused (it would be written into the notebook as code)")
+    return parameters
+
+
 def _papermill(notebook: NotebookPlan, output: Path, run_dir: Path, plan: RunPlan,
                kernel_manager: type) -> tuple[str, str | None]:
     import papermill
@@ -176,8 +190,7 @@ def _papermill(notebook: NotebookPlan, output: Path, run_dir: Path, plan: RunPla
     os.environ[paths.HEADLESS_ENV] = "1"  # the kernel's sweeps print a line per cell, no bars
     try:
         papermill.execute_notebook(
-            str(notebook.path), str(output),
-            parameters={**notebook.parameters, "run_dir": str(Path(run_dir).resolve())},
+            str(notebook.path), str(output), parameters=injected_parameters(notebook, run_dir),
             kernel_name=KERNEL_NAME, cwd=str(notebook.path.parent), progress_bar=False,
             request_save_on_cell_execute=True, kernel_manager_class=kernel_manager,
             start_timeout=plan.start_timeout_s, execution_timeout=plan.cell_timeout_s)
@@ -247,6 +260,82 @@ def write_index(recorder: ManifestRecorder) -> None:
                           "the run stopped") from exc
 
 
+# A line a sweep writes after each measured cell (:func:`stagelab.measure.sweep.run`), to its
+# kernel's own stderr: kernel.log, never the notebook.
+SWEEP_LINE = re.compile(r"^[\w +-]+: cell \d+/\d+ ")
+
+
+class ProgressLines:
+    """While a notebook runs, one terminal line per notebook cell it starts and per sweep cell it
+    measures (the lines its kernel writes to ``kernel.log``), each with the seconds since the
+    notebook started. It reads the executed notebook and the log from outside the kernel, so
+    nothing of it lands in the notebook or its HTML."""
+
+    def __init__(self, prefix: str, output: Path, log: Path, enabled: bool,
+                 interval_s: float = 0.5) -> None:
+        self.prefix, self.output, self.log = prefix, Path(output), Path(log)
+        self.enabled, self.interval_s = enabled, interval_s
+        self._offset, self._cell, self._started = 0, None, time.perf_counter()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._cells = 0
+
+    def __enter__(self) -> ProgressLines:
+        if self.enabled:
+            self._offset = self.log.stat().st_size if self.log.exists() else 0
+            self._started = time.perf_counter()
+            self._thread = threading.Thread(target=self._watch, daemon=True,
+                                            name=f"progress {self.prefix}")
+            self._thread.start()
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join(5)
+            self.poll()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.poll()
+
+    def _say(self, text: str) -> None:
+        _say(True, f"{self.prefix} {text} ({time.perf_counter() - self._started:.0f} s)")
+
+    def poll(self) -> None:
+        """Print what is new: the notebook cell now running, the sweep cells measured."""
+        cell = _last_started_cell(self.output)
+        if cell is not None and cell != self._cell:
+            self._cell = cell
+            self._cells = self._cells or _cell_count(self.output)
+            self._say(f"cell {cell + 1}/{self._cells or '?'}")
+        for line in self._new_log_lines():
+            if SWEEP_LINE.match(line):
+                self._say(line)
+
+    def _new_log_lines(self) -> list[str]:
+        """The complete lines appended to the log since the last read."""
+        try:
+            with open(self.log, "rb") as log:
+                log.seek(self._offset)
+                chunk = log.read()
+        except OSError:
+            return []
+        complete = chunk[:chunk.rfind(b"\n") + 1]
+        self._offset += len(complete)
+        return complete.decode("utf-8", "replace").splitlines()
+
+
+def _cell_count(notebook_path: Path) -> int:
+    """How many cells a notebook has (0 where it cannot be read yet)."""
+    import nbformat
+
+    try:
+        return len(nbformat.read(str(notebook_path), as_version=4).cells)
+    except (OSError, ValueError):
+        return 0
+
+
 def _say(enabled: bool, text: str) -> None:
     if enabled:
         with contextlib.suppress(OSError):  # a terminal closed under the run (SIGHUP)
@@ -261,9 +350,10 @@ def run_notebook_step(recorder: ManifestRecorder, index: int, plan: RunPlan,
     entry = recorder.start_notebook(index)
     _say(progress, f"{count} {notebook.name} ...")
     started = time.perf_counter()
-    with busy.LoadWatch() as watch:
-        status, error = execute_notebook(notebook, recorder.run_dir / entry["output"],
-                                         recorder.run_dir, plan)
+    output = recorder.run_dir / entry["output"]
+    with busy.LoadWatch() as watch, ProgressLines(
+            f"{count} {notebook.name}:", output, recorder.run_dir / KERNEL_LOG, progress):
+        status, error = execute_notebook(notebook, output, recorder.run_dir, plan)
     entry["load"] = watch.summary
     measured_on = recorder.manifest.get("measured_on")
     if measured_on and "measured" in notebook.parameters:  # a replay: trust the node's load

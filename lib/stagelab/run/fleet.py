@@ -24,10 +24,12 @@ Ray is imported only here, lazily: the base install does not need it (``pip inst
 
 from __future__ import annotations
 
+import contextlib
 import html
 import importlib.util
 import ipaddress
 import json
+import math
 import os
 import re
 import shutil
@@ -255,8 +257,8 @@ def check_request(profile: str, params: Sequence[str], timeout_s: float,
     node is asked)."""
     from stagelab.run import measure_command
 
-    if not timeout_s > 0:
-        raise UserError(f"--timeout-s {timeout_s}: give a positive number of seconds")
+    if not 0 < timeout_s < math.inf:  # what every node's `measure --deadline-s` refuses
+        raise UserError(f"--timeout-s {timeout_s}: give a positive, finite number of seconds")
     measure_command.resolve(profile, [], list(params))
     return FleetPlan(profile, list(params), timeout_s,
                      measure_argv(profile, params, timeout_s, force, rehearse))
@@ -301,11 +303,40 @@ def check_address(address: str) -> None:
         return
     host, port = found
     try:
-        with socket.create_connection((host, port), timeout=CONNECT_CHECK_S):
-            pass
+        with socket.create_connection((host, port), timeout=CONNECT_CHECK_S) as connection:
+            answer = _http2_answer(connection)
     except OSError as exc:
         raise UserError(f"--address {address}: no Ray cluster answers there "
                         f"({exc.strerror or exc})") from exc
+    if not is_http2_settings(answer):
+        said = f"it answered {answer[:16]!r}" if answer else "no answer"
+        raise UserError(f"--address {address}: something listens there, but not a Ray cluster "
+                        f"(it does not speak gRPC: {said} within {CONNECT_CHECK_S:g} s)")
+
+
+# HTTP/2's client preface and an empty SETTINGS frame: a gRPC server (Ray's GCS, a Ray client
+# server) answers with a SETTINGS frame of its own; anything else is not Ray.
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+SETTINGS_FRAME = 4
+
+
+def _http2_answer(connection: socket.socket) -> bytes:
+    """The first bytes a server sends after HTTP/2's preface (empty when it says nothing in
+    :data:`CONNECT_CHECK_S`)."""
+    connection.sendall(HTTP2_PREFACE)
+    answer = b""
+    with contextlib.suppress(TimeoutError, socket.timeout):
+        while len(answer) < 9:
+            chunk = connection.recv(9 - len(answer))
+            if not chunk:
+                break
+            answer += chunk
+    return answer
+
+
+def is_http2_settings(answer: bytes) -> bool:
+    """Whether ``answer`` starts with an HTTP/2 SETTINGS frame header (a gRPC server's first)."""
+    return len(answer) >= 9 and answer[3] == SETTINGS_FRAME and answer[5:9] == b"\0\0\0\0"
 
 
 # ---------------------------------------------------------------------- shipping the checkout
@@ -517,7 +548,7 @@ def analyse(record: NodeRecord, plan: FleetPlan, node_dir: Path, progress: Progr
         return
     argv = [sys.executable, "-m", "stagelab", "run", "--profile", plan.profile,
             "--from", record.measured_dir, "--out", str(node_dir)]
-    for param in plan.params:
+    for param in analysis_params(plan.params):
         argv += ["--param", param]
     package_parent = str(Path(__file__).resolve().parents[2])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
@@ -537,6 +568,15 @@ def analyse(record: NodeRecord, plan: FleetPlan, node_dir: Path, progress: Progr
     progress(record, f"analysed in {record.seconds['analysis']:.1f} s"
                      f"{': verdict ' + record.verdict if record.verdict else ''}"
                      f"{'' if code == 0 else f' (exit {code})'}")
+
+
+def analysis_params(params: Sequence[str]) -> list[str]:
+    """The ``--param`` items the analysis takes: a measuring notebook's were applied on the
+    node (its measured.json records them) and ``run --from`` refuses them."""
+    from stagelab.run import measure_command
+
+    return [p for p in params
+            if p.partition("=")[0].partition(".")[0] not in measure_command.MEASURING]
 
 
 def _overall_verdict(run_dir: Path) -> str | None:
@@ -653,7 +693,7 @@ def prediction_section(records: Sequence[NodeRecord]) -> str:
     parts = []
     for record in records:
         try:
-            verdict = json.loads((Path(record.run_dir) / "verdict.json").read_text())
+            verdict = json.loads(RunFolder(Path(record.run_dir)).verdict_path.read_text())
         except (TypeError, OSError, ValueError):
             continue
         check = verdict.get("prediction") if isinstance(verdict, dict) else None

@@ -21,7 +21,8 @@ Back where the notebook stack lives, ``stagelab run --profile P --from DIR`` ana
 ``PYTHONPATH=lib python3 -m stagelab measure --profile gate --out DIR``.
 
 Exit status: 0 everything measured; 1 partial (a failed cell or experiment, or stopped at the
-deadline) or the deadline passed (``deadline_passed_by_s``: a cell ran longer than predicted);
+deadline), nothing measured (every cell skipped or unavailable: ``unmeasured``) or the deadline
+passed (``deadline_passed_by_s``: a cell ran longer than predicted);
 2 a bad request (one line, nothing created); 3 preflight no-go without --force, or a no-go that
 makes the profile's decisive arms impossible (no CUDA, no pinned copy) without
 --rehearse-on-cpu; 130 interrupted (what was measured is kept).
@@ -30,8 +31,8 @@ makes the profile's decisive arms impossible (no CUDA, no pinned copy) without
 from __future__ import annotations
 
 import argparse
+import gzip
 import importlib.util
-import json
 import math
 import os
 import platform
@@ -48,7 +49,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from stagelab.core import catalogue, outcomes, paths, provenance, records, rundir, stops
+from stagelab.core import catalogue, outcomes, paths, provenance, records, rundir, stops, untrusted
 from stagelab.core.errors import DeadlineReached, RowsFileFull, SchemaError, UserError
 from stagelab.core.outcomes import (
     DEADLINE,
@@ -80,6 +81,7 @@ __all__ = ["DEADLINE", "EXIT_INTERRUPTED", "EXIT_NO_GO", "EXIT_OK", "EXIT_USAGE"
 SNAPSHOT_NOTEBOOK = catalogue.ENVIRONMENT_NOTEBOOK
 # The measuring notebooks with a table, and the table each writes (the replay reads these).
 TABLES = {e.notebook: e.table for e in experiments.EXPERIMENTS.values()}
+UNMEASURED = "unmeasured"  # every experiment ran, no table holds an ok row (all skipped)
 MEASURING = (SNAPSHOT_NOTEBOOK, *TABLES)
 # Before the first cell: imports, the native build on a fresh node, the preflight's probes.
 FIXED_S = {"cpu": 15.0, "cuda": 20.0}
@@ -108,9 +110,9 @@ DESCRIPTION = ("Measure a profile's experiments with torch alone into one folder
                "hardware.json, preflight.json, inventory.json, rows/*.jsonl.gz); analyse it "
                "elsewhere with `stagelab run --profile P --from DIR`.")
 EPILOG = ("Exit status: 0 everything measured, 1 partial (a failed cell or experiment, or stopped "
-          "at the deadline) or the deadline passed, 2 a bad request, 3 preflight no-go without "
-          "--force (no CUDA or no pinned copy: without --rehearse-on-cpu, whatever the flags), "
-          "130 interrupted.")
+          "at the deadline), nothing measured or the deadline passed, 2 a bad request, 3 "
+          "preflight no-go without --force (no CUDA or no pinned copy: without "
+          "--rehearse-on-cpu, whatever the flags), 130 interrupted.")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -596,6 +598,47 @@ def overall_status(manifest: Mapping[str, Any]) -> str:
     return OK
 
 
+def row_counts(out: Path, manifest: Mapping[str, Any]) -> dict[str, int]:
+    """The measured rows per status, over every table the measurement wrote."""
+    counts: dict[str, int] = {}
+    for entry in manifest["experiments"]:
+        if entry["table"] is None:
+            continue
+        try:
+            rows = table_rows(out, entry["table"])
+        except FileNotFoundError:
+            continue
+        for row in rows:
+            counts[str(row.get("status"))] = counts.get(str(row.get("status")), 0) + 1
+    return counts
+
+
+def _unless_nothing_measured(recorder: Recorder, status: str) -> str:
+    """``status``, or ``unmeasured`` where cells ran and no table holds an ok row (every cell
+    skipped or unavailable): exit 1, as ``stagelab run`` does."""
+    cells = [c for e in recorder.manifest["experiments"] if e["table"] is not None
+             for c in e["cells"] if c["status"] in (OK, FAILED)]
+    counts = row_counts(recorder.out, recorder.manifest)
+    recorder.manifest["measured"] = counts
+    if status == OK and cells and not counts.get(OK):
+        detail = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "no rows"
+        _say(f"nothing measured ({detail}): every cell was skipped or unavailable here (exit 1)")
+        return UNMEASURED
+    return status
+
+
+def _record_failed(recorder: Recorder, exc: OSError) -> str:
+    """Mark what was running or pending ``failed`` with the write error; ``failed``."""
+    reason = f"the record could not be written: {exc.filename or recorder.out}: " \
+             f"{exc.strerror or exc}"
+    for entry in recorder.manifest["experiments"]:
+        if entry["status"] in (RUNNING, PENDING):
+            entry.update(status=FAILED, error=reason)
+    recorder.manifest["error"] = reason
+    _say(reason)
+    return FAILED
+
+
 def measure(request: Request) -> int:
     """Measure a checked request into ``request.out``; the exit status."""
     started = time.monotonic()
@@ -629,16 +672,24 @@ def measure(request: Request) -> int:
             measure_tables(recorder, request, default_device(), deadline)
             stops.raise_if_received()  # one swallowed in the last round: recorded interrupted
             status = overall_status(recorder.manifest)
+            status = _unless_nothing_measured(recorder, status)
         except KeyboardInterrupt as exc:
             for entry in recorder.manifest["experiments"]:
                 if entry["status"] in (RUNNING, PENDING):
                     entry.update(status=INTERRUPTED, error=f"interrupted ({exc or 'Ctrl-C'})")
             status = INTERRUPTED
+        except OSError as exc:  # the record itself could not be written (a full disk)
+            status = _record_failed(recorder, exc)
     ended = time.monotonic()
     overrun = round(ended - deadline, 2) if deadline is not None and ended > deadline else None
     recorder.manifest.update(status=status, finished_utc=rundir.now_utc(),
                              elapsed_s=round(ended - started, 2), deadline_passed_by_s=overrun)
-    recorder.save()
+    try:
+        recorder.save()
+    except OSError as exc:
+        _say(f"{status}, and the record could not be closed: {out / MANIFEST}: "
+             f"{exc.strerror or exc} (a replay reads it as interrupted; exit 1)")
+        return EXIT_INTERRUPTED if status == INTERRUPTED else EXIT_PARTIAL
     for problem in return_problems(out):
         _say(f"a lease would not return this: {problem}")
     _say(f"{status} after {recorder.manifest['elapsed_s']} s: {out}")
@@ -666,28 +717,29 @@ def main(argv: list[str] | None = None) -> int:
 def read_measured(folder: Path | str) -> dict[str, Any]:
     """A measured folder's manifest; UserError, in one line, for anything else.
 
+    The folder may come from a stranger: the manifest is read as
+    :func:`stagelab.core.untrusted.load_json` reads (a regular file, no link, bounded size and
+    depth) and every field a replay uses is shape-checked (:func:`check_manifest`).
     A manifest still saying ``running`` was written by a process that was killed (or that still
     writes): its running experiment reads ``interrupted``.
     """
     folder = Path(folder)
     path = folder / MANIFEST
-    if not path.is_file():
-        raise UserError(f"--from {folder}: not a measured folder (no {MANIFEST}; make one with "
-                        "`stagelab measure`)")
     try:
-        manifest = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise UserError(f"--from {folder}: {MANIFEST} cannot be read ({exc})") from exc
+        manifest = untrusted.load_json(path, root=folder)
+    except FileNotFoundError:
+        raise UserError(f"--from {folder}: not a measured folder (no {MANIFEST}; make one with "
+                        "`stagelab measure`)") from None
+    except UserError as exc:
+        raise UserError(f"--from {folder}: {exc}") from exc
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise UserError(f"--from {folder}: {MANIFEST} is not a stagelab measurement")
     if manifest.get("version") != VERSION:
         raise UserError(f"--from {folder}: measurement format version "
                         f"{manifest.get('version')!r}, this stagelab reads {VERSION}")
-    experiments = manifest.get("experiments")
-    if not isinstance(experiments, list) or not all(
-            isinstance(e, dict) and {"notebook", "table", "status", "cells"} <= set(e)
-            for e in experiments):
-        raise UserError(f"--from {folder}: {MANIFEST} has no readable list of experiments")
+    problem = manifest_problem(manifest)
+    if problem:
+        raise UserError(f"--from {folder}: {MANIFEST} {problem}")
     if manifest.get("status") == RUNNING:
         manifest["status"] = INTERRUPTED
         for entry in manifest["experiments"]:
@@ -696,40 +748,169 @@ def read_measured(folder: Path | str) -> dict[str, Any]:
     return manifest
 
 
+STATUSES = (OK, FAILED, DEADLINE, INTERRUPTED, RUNNING, PENDING, NO_GO, UNMEASURED)
+# Top-level fields a replay copies into its run's record, and the types each may have.
+TEXT_FIELDS = ("measured_id", "profile", "status", "created_utc", "finished_utc", "host",
+               "device", "gpu")
+
+
+def _field_problem(value: Any, kinds: tuple[type, ...], where: str) -> str | None:
+    wrong = (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds)
+    if wrong:
+        return (f"has {where} of type {type(value).__name__}, not "
+                f"{' or '.join(k.__name__ for k in kinds)}")
+    return None
+
+
+def _load_problem(load: Any, where: str) -> str | None:
+    if load is None:
+        return None
+    if not isinstance(load, dict) or not isinstance(load.get("busy"), (bool, type(None))):
+        return f"has {where}.load that is not a load summary"
+    why = load.get("why", [])
+    if not isinstance(why, list) or not all(isinstance(w, str) for w in why):
+        return f"has {where}.load.why that is not a list of text"
+    return None
+
+
+def _experiment_problem(entry: Any, where: str) -> str | None:
+    if not isinstance(entry, dict):
+        return f"has {where} that is not an object"
+    notebook = entry.get("notebook")
+    if notebook not in MEASURING:
+        return (f"has {where}.notebook {notebook!r}, not a measuring notebook "
+                f"({', '.join(MEASURING)})")
+    if entry.get("table") != TABLES.get(notebook):
+        return (f"has {where}.table {entry.get('table')!r}, not {notebook}'s "
+                f"({TABLES.get(notebook)!r})")
+    if entry.get("status") not in STATUSES:
+        return f"has {where}.status {entry.get('status')!r}, not one of {', '.join(STATUSES)}"
+    checks = [(entry.get("parameters", {}), (dict,), "parameters"),
+              (entry.get("error"), (str, type(None)), "error"),
+              (entry.get("cells_planned"), (int, type(None)), "cells_planned"),
+              (entry.get("cells"), (list,), "cells")]
+    for value, kinds, name in checks:
+        problem = _field_problem(value, kinds, f"{where}.{name}")
+        if problem:
+            return problem
+    for index, cell in enumerate(entry["cells"]):
+        inner = f"{where}.cells[{index}]"
+        if not isinstance(cell, dict) or cell.get("status") not in STATUSES:
+            return f"has {inner} that is not a cell with a known status"
+        rows = cell.get("rows", 1)
+        if isinstance(rows, bool) or not isinstance(rows, int) or rows < 0:
+            return f"has {inner}.rows {rows!r}, not a count"
+        problem = _field_problem(cell.get("cell", ""), (str,), f"{inner}.cell")
+        if problem:
+            return problem
+    return _load_problem(entry.get("load"), where)
+
+
+def manifest_problem(manifest: Mapping[str, Any]) -> str | None:
+    """What in a measured manifest a replay could not use as data, or None."""
+    for name in TEXT_FIELDS:
+        problem = _field_problem(manifest.get(name), (str, type(None)), name)
+        if problem:
+            return problem
+    for name, kinds in (("preflight", (dict, type(None))), ("versions", (dict, type(None))),
+                        ("git", (dict, type(None))), ("forced", (bool, type(None)))):
+        problem = _field_problem(manifest.get(name), kinds, name)
+        if problem:
+            return problem
+    experiments = manifest.get("experiments")
+    if not isinstance(experiments, list):
+        return "has no readable list of experiments"
+    seen = set()
+    for index, entry in enumerate(experiments):
+        problem = _experiment_problem(entry, f"experiments[{index}]")
+        if problem:
+            return problem
+        if entry["notebook"] in seen:
+            return f"lists {entry['notebook']} twice"
+        seen.add(entry["notebook"])
+    return None
+
+
+def rows_names(table: str) -> list[str]:
+    """The names a table's rows may have in a measured folder, in reading order: its compressed
+    file and the files it may roll over into, then the plain file older folders wrote. Names
+    this code knows (a path in the manifest is never followed)."""
+    plain = f"{ROWS_DIR}/{records.plain_name(table, 'table', MANIFEST)}"
+    first = f"{plain}{ROWS_SUFFIX}"
+    return [part_path(first, index).as_posix() for index in range(1, LEASE_MAX_FILES + 1)] + [
+        f"{plain}{PLAIN_ROWS_SUFFIX}"]
+
+
 def rows_paths(folder: Path | str, table: str) -> list[Path]:
     """A measured table's rows files in order: the compressed file and those it rolled over
-    into, or the plain file older folders wrote; empty where there is none."""
-    first = Path(folder) / rows_file(table)
-    plain = Path(folder) / ROWS_DIR / f"{table}{PLAIN_ROWS_SUFFIX}"
-    if not first.exists():
-        return [plain] if plain.exists() else []
+    into, or the plain file of an older folder; empty where there is none (a link counts as
+    there, for the reader to refuse)."""
+    folder = Path(folder)
+    *compressed, plain = (folder / name for name in rows_names(table))
     found = []
-    while (path := part_path(first, len(found) + 1)).exists():
+    for path in compressed:
+        if not os.path.lexists(path):
+            break
         found.append(path)
-    return found
+    return found or ([plain] if os.path.lexists(plain) else [])
+
+
+def rows_path(folder: Path | str, table: str) -> Path:
+    """A measured table's first rows file (its compressed name where there is none)."""
+    found = rows_paths(folder, table)
+    return found[0] if found else Path(folder) / rows_names(table)[0]
+
+
+def table_rows(folder: Path | str, table: str) -> list[dict[str, Any]]:
+    """Every row of a measured table's files, read as a stranger's files are; FileNotFoundError
+    where it has none."""
+    found = rows_paths(folder, table)
+    if not found:
+        raise FileNotFoundError(rows_path(folder, table))
+    return [row for path in found for row in read_json_lines(path, root=folder)]
+
+
+def recorded_rows(entry: Mapping[str, Any]) -> int:
+    """How many rows an experiment's finished cells say they wrote."""
+    return sum(c.get("rows", 1) for c in entry["cells"] if c["status"] in (OK, FAILED))
 
 
 def measured_rows(folder: Path | str, table: str) -> list[dict[str, Any]]:
-    """The rows of one measured table (empty where the experiment measured no cell)."""
-    return [row for path in rows_paths(folder, table) for row in read_json_lines(path)]
+    """The rows of one measured table that its manifest's cells account for (empty where the
+    experiment measured no cell); the rows of a cell a kill cut off before it was recorded are
+    left out."""
+    folder = Path(folder)
+    entry = next((e for e in read_measured(folder)["experiments"] if e["table"] == table), None)
+    if entry is None or not recorded_rows(entry):
+        return []
+    try:
+        return table_rows(folder, table)[:recorded_rows(entry)]
+    except FileNotFoundError:
+        return []
 
 
 def check_rows(folder: Path | str, entry: Mapping[str, Any]) -> None:
-    """UserError when an experiment's rows file holds fewer rows than its cells recorded (a
-    lost or truncated ``rows/``): a replay would otherwise analyse empty tables as whole."""
-    cells = [c for c in entry["cells"] if c["status"] in (OK, FAILED)]
-    if entry["table"] is None or not cells:
+    """UserError when an experiment's rows file does not hold exactly the rows its cells
+    recorded: fewer is a lost or truncated ``rows/`` (a replay would analyse part of it as
+    whole), more is rows no cell accounts for (only a measurement killed between writing a
+    cell's rows and recording the cell may hold those, and they are left out)."""
+    expected = recorded_rows(entry)
+    if entry["table"] is None or not expected:
         return
-    if not rows_paths(folder, entry["table"]):
-        raise UserError(f"--from {folder}: {entry['rows']} is missing, although "
-                        f"{entry['notebook']} recorded {len(cells)} measured cells")
-    expected = sum(c.get("rows", 1) for c in cells)
+    name = rows_path(folder, entry["table"]).relative_to(folder).as_posix()
     try:
-        found = len(measured_rows(folder, entry["table"]))
-    except (OSError, SchemaError) as exc:
-        raise UserError(f"--from {folder}: {entry['rows']} cannot be read ({exc})") from exc
+        found = len(table_rows(folder, entry["table"]))
+    except FileNotFoundError:
+        cells = sum(1 for c in entry["cells"] if c["status"] in (OK, FAILED))
+        raise UserError(f"--from {folder}: {name} is missing, although {entry['notebook']} "
+                        f"recorded {cells} measured cells") from None
+    except (OSError, SchemaError, UserError) as exc:
+        raise UserError(f"--from {folder}: {name} cannot be read ({exc})") from exc
     if found < expected:
-        raise UserError(f"--from {folder}: {entry['rows']} holds {found} rows, fewer than the "
+        raise UserError(f"--from {folder}: {name} holds {found} rows, fewer than the "
+                        f"{expected} that {entry['notebook']}'s cells recorded")
+    if found > expected and entry["status"] != INTERRUPTED:
+        raise UserError(f"--from {folder}: {name} holds {found} rows, more than the "
                         f"{expected} that {entry['notebook']}'s cells recorded")
 
 
@@ -751,22 +932,47 @@ RECORD_FILES = (MANIFEST, "hardware.json", "preflight.json", "inventory.json")
 RECORD_COPY = "measured"  # the node's record inside a replayed run folder
 
 
+def record_names() -> list[str]:
+    """The only names a measured folder's record is read by (a path in it is never followed)."""
+    return [*RECORD_FILES, *(name for table in TABLES.values() for name in rows_names(table))]
+
+
+def _record_limit(name: str) -> int:
+    return untrusted.MAX_ROWS_BYTES if name.startswith(ROWS_DIR) else untrusted.MAX_JSON_BYTES
+
+
+def check_record_files(folder: Path | str) -> None:
+    """UserError, naming the file, when one of the record's known names is not a regular file
+    of bounded size inside the folder (a link, a FIFO, a device, a giant file): checked before
+    a run folder exists, so nothing outside the folder is ever copied into a run."""
+    folder = Path(folder)
+    for name in record_names():
+        try:
+            untrusted.read_regular(folder / name, _record_limit(name), root=folder)
+        except FileNotFoundError:
+            continue
+        except UserError as exc:
+            raise UserError(f"--from {folder}: {exc}") from exc
+
+
 def copy_record(folder: Path | str, dest: Path) -> None:
-    """Copy a measured folder's record (manifest, hardware, preflight, inventory, rows) into
-    ``dest``, so a replayed run, and its kept copy, carry what the node wrote; rows stay
-    compressed, and plain rows of an older folder are compressed on the way (kept evidence
-    must fit what a lease carries)."""
+    """Copy a measured folder's record (manifest, hardware, preflight, inventory, the rows of
+    its known tables) into ``dest``, so a replayed run, and its kept copy, carry what the node
+    wrote. Read as :func:`stagelab.core.untrusted.read_regular` reads: only the folder's own
+    regular files, by known names, each of bounded size. Rows stay compressed, and the plain
+    rows of an older folder are compressed on the way (kept evidence must fit a lease)."""
     folder, dest = Path(folder), Path(dest)
     (dest / ROWS_DIR).mkdir(parents=True)
-    for name in RECORD_FILES:
-        if (folder / name).is_file():
-            shutil.copyfile(folder / name, dest / name)
-    for rows in sorted((folder / ROWS_DIR).glob(f"*{ROWS_SUFFIX}")):
-        shutil.copyfile(rows, dest / ROWS_DIR / rows.name)
-    for plain in sorted((folder / ROWS_DIR).glob(f"*{PLAIN_ROWS_SUFFIX}")):
-        table = plain.name.removesuffix(PLAIN_ROWS_SUFFIX)
-        if not (folder / rows_file(table)).exists():
-            GzipJsonLinesSink(dest / rows_file(table)).append(read_json_lines(plain))
+    for name in record_names():
+        try:
+            data = untrusted.read_regular(folder / name, _record_limit(name), root=folder)
+        except FileNotFoundError:
+            continue
+        if name.endswith(PLAIN_ROWS_SUFFIX):  # kept compressed: its whole rows, one member
+            name, data = f"{name}.gz", gzip.compress(data[:data.rfind(b"\n") + 1], mtime=0)
+            if (folder / name).exists():
+                continue
+        records.write_bytes_atomic(dest / name, data)
 
 
 def matched_source(manifest: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -775,7 +981,12 @@ def matched_source(manifest: Mapping[str, Any]) -> dict[str, Any] | None:
     source = manifest.get("source")
     if not isinstance(source, dict):
         return None
-    return {**source, "matched_commit": provenance.matching_commit(source.get("tree"))}
+    tree, named = source.get("tree"), source.get("commit_env")
+    if not isinstance(tree, str) or len(tree) != 40 or not tree.isalnum():
+        tree = None  # a stranger's folder: only a tree id is looked up
+    return {"path": provenance.SOURCE, "tree": tree,
+            "commit_env": named if isinstance(named, str) else None,
+            "matched_commit": provenance.matching_commit(tree)}
 
 
 def origin(folder: Path | str, manifest: Mapping[str, Any]) -> dict[str, Any]:

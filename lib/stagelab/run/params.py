@@ -12,6 +12,7 @@ loads no torch: the plan of a run never stands on the measuring code.
 from __future__ import annotations
 
 import csv
+import json
 import math
 from collections.abc import Callable, Iterable, Mapping
 from functools import lru_cache
@@ -151,6 +152,15 @@ def log_softmax_places(value: Any, _: Mapping[str, Any] | None = None) -> None:
     _once(items, "place")
 
 
+def seed_regimes(value: Any, _: Mapping[str, Any] | None = None) -> None:
+    """The seed vector's allocation regimes: a non-empty list of ``malloc`` (the process's, as
+    the engine gets it) and ``mapped fresh`` (its own mapping every step), each once."""
+    items = _items(value)
+    for item in items:
+        _one_of(item, ("malloc", "mapped fresh"), "seed_regimes regime")
+    _once(items, "regime")
+
+
 def log_softmax_place(value: Any, _: Mapping[str, Any] | None = None) -> None:
     """The assumption the verdict decides under: ``device`` or ``host``."""
     _one_of(value, ("device", "host"), "log_softmax place")
@@ -252,6 +262,7 @@ NOTEBOOK_VALIDATORS: dict[tuple[str, str], Validator] = {
     (_STEP, "arms"): _subset(_arms_of(catalogue.STEP), "step arm"),
     (_STEP, "aa_arm"): _aa_arm_in_arms(_arms_of(catalogue.STEP), "step arm"),
     (_STEP, "log_softmax"): log_softmax_places,
+    (_STEP, "seed_regimes"): seed_regimes,
     (catalogue.VERDICT_NOTEBOOK, "log_softmax"): log_softmax_place,
     (_PROMPT, "methods"): _subset(_arms_of(catalogue.PROMPT), "method"),
 }
@@ -276,8 +287,37 @@ def validate(notebook: str, values: Mapping[str, Any], chosen: Iterable[str] = (
         try:
             check(value, values)
         except ValueError as exc:
-            raise UserError(f"{notebook}.{name}: {exc}") from None
+            message = str(exc).partition(WHOLE_HINT)[0]
+            raise UserError(f"{notebook}.{name}: {message}"
+                            f"{_whole_suggestion(check, name, value, values, notebook)}") from None
     check_top_k(notebook, values)
+
+
+WHOLE_HINT = "; for a whole number write"  # number_hint's words, about one item of a list
+
+
+def _whole(value: Any) -> Any:
+    """The value with every integral float (``1e3``) written as an int, in lists too."""
+    if isinstance(value, list):
+        return [_whole(item) for item in value]
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**63:
+        return int(value)
+    return value
+
+
+def _whole_suggestion(check: Validator, name: str, value: Any, values: Mapping[str, Any],
+                      notebook: str) -> str:
+    """``; write X`` with the whole value corrected where that value passes the same checks,
+    so that the suggestion is never refused in turn; '' otherwise."""
+    fixed = _whole(value)
+    if fixed == value and repr(fixed) == repr(value):
+        return ""
+    try:
+        check(fixed, {**values, name: fixed})
+        check_top_k(notebook, {**values, name: fixed})
+    except (ValueError, UserError):
+        return ""
+    return f"; write {json.dumps(fixed)}"
 
 
 # Each top-K parameter and the parameters that give its vocabularies (the first that is set).

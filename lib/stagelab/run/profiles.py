@@ -44,6 +44,7 @@ class RunPlan:
     notebooks: list[NotebookPlan]
     cell_timeout_s: int = DEFAULT_CELL_TIMEOUT_S
     start_timeout_s: int = DEFAULT_START_TIMEOUT_S
+    decides: bool = False  # meant to decide: its decisive arms must be able to run here
 
 
 def load_profiles(path: Path | None = None) -> dict[str, Any]:
@@ -148,6 +149,13 @@ def _type_ok(value: Any, default: Any) -> bool:
     return isinstance(value, type(default))
 
 
+def _beyond_int64(value: Any) -> bool:
+    """Whether an integer in ``value`` (or in a list of it) does not fit a signed 64-bit int."""
+    if isinstance(value, list):
+        return any(_beyond_int64(item) for item in value)
+    return isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 2**63
+
+
 def check_parameters(notebook: str, given: Mapping[str, Any], declared: Mapping[str, Any],
                      source: str) -> None:
     """Raise UserError for an unknown or runner-owned parameter, or a type unlike the default's."""
@@ -166,7 +174,34 @@ def check_parameters(notebook: str, given: Mapping[str, Any], declared: Mapping[
         if not _type_ok(value, default):
             raise UserError(f"{where}={value!r} is "
                             f"{params.describe_type(value)}, expected {type(default).__name__} "
-                            f"(default {default!r}){params.number_hint(value)}")
+                            f"(default {default!r}){suggestion(notebook, key, value, declared)}")
+        if _beyond_int64(value):
+            raise UserError(f"{where}={value!r} holds an integer beyond 64 bits (|n| < 2**63): "
+                            "no table, seed or size can hold it")
+
+
+def suggestion(notebook: str, key: str, value: Any, declared: Mapping[str, Any]) -> str:
+    """``; write X`` for a value of the parameter's type that every check of it accepts (a whole
+    number for ``1e9``, a list of one for a bare number where a list is expected), or '' where
+    no such value is near: a suggestion that would be refused in turn is never made."""
+    whole = (int(value) if isinstance(value, float) and value.is_integer() and abs(value) < 2**63
+             else value)
+    candidates = [[whole]] if isinstance(declared[key], list) and not isinstance(value, list) \
+        else []
+    for candidate in [*candidates, whole]:
+        if candidate == value and type(candidate) is type(value):
+            continue
+        if not _type_ok(candidate, declared[key]):
+            continue
+        check = params.validator_for(notebook, key)
+        try:
+            if check is not None:
+                check(candidate, {**declared, key: candidate})
+            params.check_top_k(notebook, {**declared, key: candidate})
+        except (ValueError, UserError):
+            continue
+        return f"; write {json.dumps(candidate)}"
+    return ""
 
 
 def _timeout(entry: Mapping[str, Any], key: str, default: int, profile: str) -> int:
@@ -231,6 +266,9 @@ def plan_run(profile: str, only: Iterable[str] = (),
         chosen = {**(given or {}), **overrides.get(name, {})}
         params.validate(name, {**declared, **chosen}, chosen)
         plans.append(NotebookPlan(name, path, chosen))
+    decides = entry.get("decides", False)
+    if not isinstance(decides, bool):
+        raise UserError(f"profile {profile!r}: decides={decides!r} must be true or false")
     return RunPlan(profile, plans,
                    _timeout(entry, "cell_timeout_s", DEFAULT_CELL_TIMEOUT_S, profile),
-                   _timeout(entry, "start_timeout_s", DEFAULT_START_TIMEOUT_S, profile))
+                   _timeout(entry, "start_timeout_s", DEFAULT_START_TIMEOUT_S, profile), decides)

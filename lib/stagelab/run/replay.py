@@ -2,23 +2,27 @@
 
 The plan is checked as for a live run, then each measuring notebook of the profile gets the
 parameters it was measured with and ``measured`` naming the folder; everything is refused, in one
-line and before a run folder exists, when the folder is not a measurement or lacks an
-experiment the profile needs. An experiment that measured nothing (stopped before its first
+line and before a run folder exists, when the folder is not a measurement, lacks an
+experiment the profile needs, or makes a claim the rest of it contradicts.
+
+The folder is a stranger's: parameter names come from each notebook's own parameters cell
+(the measured values are data checked against them), files are read only by known names
+(:mod:`stagelab.core.untrusted`), and rows are checked against the folder's own hardware
+snapshot and preflight (:mod:`stagelab.run.claims`). An experiment that measured nothing (stopped before its first
 cell) is left out of the run, and the verdict names it with every other gap.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from stagelab.core import outcomes
+from stagelab.core import outcomes, untrusted
 from stagelab.core.errors import UserError
 from stagelab.core.records import RunFolder
-from stagelab.run import measure_command, profiles
-from stagelab.run.profiles import RunPlan
+from stagelab.run import claims, measure_command, profiles
+from stagelab.run.profiles import NotebookPlan, RunPlan
 
 
 def _measured_anything(entry: dict[str, Any]) -> bool:
@@ -41,6 +45,7 @@ def replay_plan(plan: RunPlan, folder: Path, params: Iterable[str]) -> dict[str,
     origin for the run's manifest, its ``hardware`` included. UserError for a bad request."""
     folder = Path(folder).resolve()
     manifest = measure_command.read_measured(folder)
+    measure_command.check_record_files(folder)
     if manifest.get("profile") != plan.profile:
         raise UserError(f"--from {folder}: measured with profile {manifest.get('profile')!r}, "
                         f"not {plan.profile!r}; replay it with --profile "
@@ -62,18 +67,60 @@ def replay_plan(plan: RunPlan, folder: Path, params: Iterable[str]) -> dict[str,
                             "out with --only")
         replayed.append(entry)
         if _measured_anything(entry):
-            notebook.parameters = {**entry["parameters"], "measured": str(folder)}
+            notebook.parameters = {**measured_parameters(notebook, entry, folder),
+                                   "measured": str(folder)}
             kept.append(notebook)
     for entry in replayed:  # once every experiment the profile needs is known to be there
         measure_command.check_rows(folder, entry)
+    hardware = read_folder_json(folder, RunFolder.HARDWARE)
+    preflight = read_folder_json(folder, "preflight.json", required=False)
+    for entry in replayed:
+        check_claims(folder, entry, hardware, preflight)
     plan.notebooks = kept
-    try:
-        hardware = json.loads((folder / RunFolder.HARDWARE).read_text())
-    except (OSError, ValueError) as exc:
-        raise UserError(f"--from {folder}: {RunFolder.HARDWARE} cannot be read ({exc})") from exc
     return {**measure_command.origin(folder, manifest), "hardware": hardware}
 
 
+def measured_parameters(notebook: NotebookPlan, entry: dict[str, Any],
+                        folder: Path) -> dict[str, Any]:
+    """The parameters an experiment was measured with, as data: every name must be one the
+    notebook's own parameters cell declares, every value of its default's type (papermill writes
+    them into code, so a name from a folder is never trusted). UserError otherwise."""
+    given = entry.get("parameters") or {}
+    declared = profiles.notebook_parameters(notebook.path)
+    profiles.check_parameters(notebook.name, given, declared,
+                              f"--from {folder}: {measure_command.MANIFEST}")
+    return dict(given)
+
+
+def read_folder_json(folder: Path, name: str, required: bool = True) -> dict[str, Any] | None:
+    """One of the folder's own JSON objects, read as a stranger's file is
+    (:func:`stagelab.core.untrusted.load_json`); UserError naming it when it cannot be."""
+    try:
+        payload = untrusted.load_json(folder / name, root=folder)
+    except FileNotFoundError:
+        if not required:
+            return None
+        raise UserError(f"--from {folder}: {name} is missing") from None
+    except UserError as exc:
+        raise UserError(f"--from {folder}: {name} cannot be read ({exc})") from exc
+    if not isinstance(payload, dict):
+        raise UserError(f"--from {folder}: {name} is not a JSON object")
+    return payload
+
+
+def check_claims(folder: Path, entry: dict[str, Any], hardware: dict[str, Any],
+                 preflight: dict[str, Any] | None) -> None:
+    """UserError when an experiment's rows disagree with the folder's hardware snapshot,
+    preflight, the catalogue or physical bounds (:mod:`stagelab.run.claims`)."""
+    if entry["table"] is None:
+        return
+    rows = measure_command.measured_rows(folder, entry["table"])
+    found = claims.rows_problems(entry["table"], rows, entry, hardware, preflight)
+    if found:
+        more = f" (and {len(found) - 1} more disagreements)" if len(found) > 1 else ""
+        raise UserError(f"--from {folder}: {measure_command.rows_path(folder, entry['table']).name}"
+                        f" disagrees with the folder's own records: {found[0]}{more}; "
+                        "refused")
 def source_line(origin: dict[str, Any]) -> str:
     """One line naming the commit the measured source matched here, or why none is named."""
     source = origin.get("source") or {}

@@ -1,0 +1,136 @@
+"""A measured folder's claims, checked against the rest of the folder before a replay believes
+them (``stagelab run --from``): its rows against its own hardware snapshot and preflight, the
+catalogue's arms and the profile's, and physical bounds.
+
+A folder from another machine is evidence from a stranger: a pinned or CUDA row from a node
+whose snapshot and preflight both say it has no CUDA device, an arm no catalogue names, a
+timing that is not a positive finite number, one shorter than a nanosecond or longer than its
+whole experiment took, or a device-to-host copy faster than the link the node recorded cannot
+have been measured, so the whole folder is refused (one line naming the
+file and the first disagreement). Standard library only, as ``stagelab measure`` is.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from stagelab.core import catalogue
+
+# A measured copy may beat the link's nominal rate by this much (rounding of the nominal rate,
+# timer granularity) and no more.
+LINK_MARGIN = 1.25
+MIN_SECONDS = 1e-9  # no timer here reads less than a nanosecond
+MAX_SECONDS = 86400.0  # no one timed step or copy takes a day (a lease is minutes)
+# Rows a sweep writes about itself rather than about an arm (the order's seed, the rounds a
+# cell ran, the forward pass, the sync debugger, NVML's link counter, the host rates):
+# never timings.
+BOOKKEEPING_ARMS = ("order", "rounds", "forward", "sync_debug", "nvml_pcie", "host_rates")
+
+
+def node_has_cuda(hardware: Mapping[str, Any], preflight: Mapping[str, Any] | None) -> bool:
+    """Whether the node's own records allow a CUDA device: its snapshot saw a GPU, or torch said
+    CUDA was available, or its preflight's CUDA check passed."""
+    torch_info = hardware.get("torch") if isinstance(hardware.get("torch"), dict) else {}
+    if hardware.get("gpu") or torch_info.get("cuda_available") is True:
+        return True
+    checks = (preflight or {}).get("checks") or []
+    return any(isinstance(c, dict) and c.get("name") == "cuda" and c.get("status") == "go"
+               for c in checks)
+
+
+def link_gb_per_s(hardware: Mapping[str, Any]) -> float | None:
+    """The fastest per-direction PCIe rate the node recorded (GB/s), None when unknown."""
+    nvml = hardware.get("nvml") if isinstance(hardware.get("nvml"), dict) else {}
+    rates = [nvml.get(key) for key in ("pcie_max_gbps_per_direction",
+                                       "pcie_current_gbps_per_direction")]
+    rates = [r for r in rates if isinstance(r, (int, float)) and not isinstance(r, bool) and r > 0]
+    return max(rates) if rates else None
+
+
+def _catalogue_arm(table: str, name: str) -> catalogue.Arm | None:
+    base = name.removesuffix(catalogue.OVERLAP_SUFFIX) if table == catalogue.PROMPT else name
+    try:
+        return catalogue.arm(table, base)
+    except ValueError:
+        return None
+
+
+def allowed_arms(table: str, parameters: Mapping[str, Any]) -> set[str] | None:
+    """The arm names the measured parameters asked for (their A/A twin included), or None
+    where the parameters leave it to the catalogue (every arm)."""
+    arms = parameters.get("arms")
+    if table == catalogue.PROMPT or not isinstance(arms, list):
+        return None
+    twin = parameters.get("aa_arm")
+    return {str(a) for a in arms} | ({catalogue.aa_name(twin)} if isinstance(twin, str) else set())
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def row_problem(table: str, row: Mapping[str, Any], allowed: set[str] | None, cuda: bool,
+                link: float | None, longest: float = math.inf) -> str | None:
+    """Why one row cannot be believed, or None; ``longest`` is the seconds its whole
+    experiment took, which no one timing can pass."""
+    name = row.get("arm")
+    if not isinstance(name, str):
+        return f"a row has no arm ({name!r})"
+    if name in BOOKKEEPING_ARMS:
+        return f"a {name!r} row claims to be a timing" if row.get("metric") == "time" else None
+    entry = _catalogue_arm(table, name)
+    if entry is None:
+        return f"arm {name!r} is not a {table} arm of the catalogue"
+    if allowed is not None and name not in allowed:
+        return f"arm {name!r} was not among the arms measured.json says were asked for"
+    if row.get("status") != "ok":
+        return None
+    device = row.get("device")
+    if not cuda and (entry.needs_cuda or (isinstance(device, str) and device.startswith("cuda"))):
+        return (f"an ok {name!r} row (device {device!r}) from a node whose hardware.json and "
+                "preflight.json say it has no CUDA device")
+    if row.get("metric") != "time":
+        return None
+    return timing_problem(table, name, row, link, longest)
+
+
+def timing_problem(table: str, name: str, row: Mapping[str, Any], link: float | None,
+                   longest: float) -> str | None:
+    """Why one ok timing row cannot have been measured, or None."""
+    device = row.get("device")
+    for key in ("seconds", "host_seconds"):
+        value = row.get(key)
+        if value is not None and not (_number(value) and 0 < value < math.inf):
+            return f"a {name!r} timing has {key} {value!r}, not a positive finite number"
+        if value is not None and not MIN_SECONDS <= value <= longest:
+            return (f"a {name!r} timing has {key} {value!r}, outside what a timer here can read "
+                    f"({MIN_SECONDS:g} s) and the {longest:g} s its experiment took")
+    if not _number(row.get("seconds")):
+        return f"a {name!r} timing has no seconds"
+    moved = row.get("bytes")
+    copies = table == catalogue.STAGING or row.get("stage") == "copy"  # device to host
+    if (link is not None and copies and isinstance(device, str) and device.startswith("cuda")
+            and _number(moved)):
+        rate = moved / row["seconds"] / 1e9
+        if rate > link * LINK_MARGIN:
+            return (f"a {name!r} copy moved {rate:.1f} GB/s, faster than the {link:.1f} GB/s "
+                    "link the node recorded")
+    return None
+
+
+def rows_problems(table: str, rows: Sequence[Mapping[str, Any]], entry: Mapping[str, Any],
+                  hardware: Mapping[str, Any], preflight: Mapping[str, Any] | None) -> list[str]:
+    """Every distinct reason the rows of ``table`` disagree with the folder's other records
+    (``entry`` is the experiment's record in measured.json: its parameters and seconds)."""
+    cuda, link = node_has_cuda(hardware, preflight), link_gb_per_s(hardware)
+    allowed = allowed_arms(table, entry.get("parameters") or {})
+    took = entry.get("measured_s")
+    longest = min(float(took), MAX_SECONDS) if _number(took) and took > 0 else MAX_SECONDS
+    found: list[str] = []
+    for row in rows:
+        problem = row_problem(table, row, allowed, cuda, link, longest)
+        if problem and problem not in found:
+            found.append(problem)
+    return found

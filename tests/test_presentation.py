@@ -1,0 +1,210 @@
+"""What a reviewer reads must not contradict itself: one colour per arm in every figure, one
+statistic per claim (a finding quotes the numbers of the table and figure it comes from), and
+tables without raw None, booleans or Markdown."""
+
+from __future__ import annotations
+
+import re
+
+import matplotlib
+import numpy as np
+import pandas as pd
+import pytest
+
+matplotlib.use("Agg")
+
+from matplotlib.colors import to_hex  # noqa: E402
+
+from stagelab.analyse import analysis  # noqa: E402
+from stagelab.core import catalogue, schema  # noqa: E402
+from stagelab.present import machine, plots, tables  # noqa: E402
+
+V = 32_768
+
+
+def _prompt_rows(arms: dict[str, dict[int, float]], rounds: int = 6, seed: int = 0,
+                 prompt_rows: int = 1024) -> pd.DataFrame:
+    """Prompt-logprob timings whose rounds are skewed (one slow round), so that each chunk's
+    mean and median differ: a figure showing medians beside a sentence quoting means would not
+    agree with it."""
+    rng = np.random.default_rng(seed)
+    skew = np.array([1.0, 1.0, 1.0, 1.0, 1.0, 1.6])[:rounds]
+    records = [dict(arm=arm, chunk=chunk, rows=prompt_rows, vocab=V,
+                    overlap=arm.endswith(catalogue.OVERLAP_SUFFIX), dtype="float32", round=r,
+                    seconds=ms * skew[r] * (1 + 0.01 * rng.standard_normal()) / 1e3)
+               for arm, chunks in arms.items() for chunk, ms in chunks.items()
+               for r in range(rounds)]
+    return schema.make_rows(records)
+
+
+def _line_colors(ax) -> dict[str, str]:
+    """Each legend entry's colour in a seaborn axes."""
+    legend = ax.get_legend()
+    return {t.get_text(): to_hex(h.get_color()) for t, h in
+            zip(legend.get_texts(), legend.legend_handles) if hasattr(h, "get_color")}
+
+
+# ----------------------------------------------------------------------------------- colours
+
+def test_every_catalogue_arm_has_its_own_colour_and_a_twin_a_lighter_one():
+    names = [a.name for a in catalogue.ARMS] + [catalogue.prompt_arm(a.name, True)
+                                                for a in catalogue.arms(catalogue.PROMPT)]
+    colours = {name: plots.arm_color(name) for name in names}
+    assert len(set(colours.values())) == len(set(names))  # no two arms share a colour
+    assert plots.UNKNOWN_ARM_COLOR not in colours.values()
+    twin = plots.arm_color(catalogue.aa_name("seed_pageable"))
+    assert twin not in colours.values() and twin != plots.arm_color("seed_pageable")
+    assert plots.arm_color("not-an-arm") == plots.UNKNOWN_ARM_COLOR
+
+
+def test_an_arm_keeps_its_colour_across_figures_and_panels():
+    # notebook 03's two time panels once coloured `fused` green on the left, blue on the right:
+    # seaborn colours by position among the arms drawn, and the panels drew different arms
+    frame = _prompt_rows({"fused": {64: 2.0, 256: 1.5, 1024: 1.4},
+                          "fused+overlap": {64: 2.1, 256: 1.6, 1024: 1.4},
+                          "logsoftmax": {64: 3.0, 256: 2.5, 1024: 2.4}})
+    time_fig = plots.prompt_time(frame)
+    left, right = (_line_colors(ax) for ax in time_fig.axes[:2])
+    assert left["fused"] == right["fused"] == plots.arm_color("fused")
+    assert left == right
+    # another figure that shows only two of these arms, in another order
+    only = frame[frame["arm"].isin(["logsoftmax", "fused"])].iloc[::-1]
+    other = plots.prompt_time(only)
+    assert _line_colors(other.axes[0])["fused"] == plots.arm_color("fused")
+    assert _line_colors(other.axes[0])["logsoftmax"] == plots.arm_color("logsoftmax")
+
+
+def test_the_copy_and_step_figures_colour_arms_from_the_palette():
+    compared = pd.DataFrame([
+        dict(rows=16, vocab=V, baseline="pageable_fresh", candidate=c, speedup=s, ci_low=s * 0.9,
+             ci_high=s * 1.1, saved_ms=s) for c, s in (("pageable_reused", 1.4),
+                                                        ("raw_ceiling", 2.0))])
+    ax = plots.speedups(compared)
+    handles, labels = ax.get_legend_handles_labels()
+    found = {label: to_hex(handle[0].get_color()) for handle, label in zip(handles, labels)}
+    assert found == {"pageable_reused": plots.arm_color("pageable_reused"),
+                     "raw_ceiling": plots.arm_color("raw_ceiling")}
+    bars = plots.saved_ms(compared)
+    faces = {to_hex(p.get_facecolor()) for p in bars.patches if p.get_height()}
+    assert faces == {plots.arm_color("pageable_reused"), plots.arm_color("raw_ceiling")}
+    assert bars.get_ylabel() == "ms saved per call (mean)"  # compare's saved_ms is a mean
+
+
+# -------------------------------------------------------------------- one statistic per claim
+
+def test_the_chunk_recommendation_quotes_the_means_its_table_and_figure_show():
+    frame = _prompt_rows({"fused+overlap": {64: 2.0, 256: 1.2, 1024: 1.0},
+                          "fused": {64: 2.2, 256: 1.3, 1024: 1.1}})
+    timed = analysis.ok_timings(frame)
+    means = timed.groupby(["arm", "chunk"])["seconds"].mean()
+    assert not np.allclose(means, timed.groupby(["arm", "chunk"])["seconds"].median())
+    rec = analysis.recommend_chunk(frame)
+    table = analysis.prompt_time_relative(frame).set_index(["arm", "chunk"])
+    arm = rec["arm"]
+    assert rec["mean_seconds"] == pytest.approx(table.loc[(arm, rec["chunk"]), "mean_seconds"])
+    assert rec["best_seconds"] == pytest.approx(table.loc[(arm, rec["best_chunk"]),
+                                                          "mean_seconds"])
+    # the sentence quotes the fastest time in ms, as the table shows it (3 significant digits)
+    quoted = float(re.search(r"fastest \(([\d.]+) ms", rec["reason"]).group(1))
+    shown = tables.readable(table.reset_index())
+    column = next(c for c in shown.columns if c.startswith("mean"))
+    row = shown[(shown["arm"] == arm) & (shown["chunk C (rows)"] == str(rec["best_chunk"]))]
+    assert quoted == pytest.approx(float(row[column].iloc[0]), rel=5e-3)
+    assert "mean" in column
+    # the figure: the left panel's line for that arm is at the table's means, in ms
+    fig = plots.prompt_time(frame)
+    line = next(line for line in fig.axes[0].get_lines() if len(line.get_xdata()) == 3
+                and to_hex(line.get_color()) == plots.arm_color(arm))
+    drawn = dict(zip(line.get_xdata(), line.get_ydata()))
+    assert drawn == pytest.approx({c: 1e3 * table.loc[(arm, c), "mean_seconds"]
+                                   for c in (64, 256, 1024)})
+    assert "mean" in fig.axes[0].get_ylabel() and "mean" in fig.axes[1].get_ylabel()
+
+
+def test_the_overlap_table_uses_means_too():
+    frame = _prompt_rows({"fused": {256: 2.0}, "fused+overlap": {256: 1.5}})
+    out = analysis.overlap_effect(frame).set_index(["method", "chunk"])
+    timed = analysis.ok_timings(frame)
+    means = timed.groupby("arm")["seconds"].mean()
+    assert out.loc[("fused", 256), "plain_mean_s"] == pytest.approx(means["fused"])
+    assert out.loc[("fused", 256), "overlap_saves_mean_ms"] == pytest.approx(
+        1e3 * (means["fused"] - means["fused+overlap"]))
+
+
+# --------------------------------------------------------------------------------- tables
+
+def test_tables_show_no_raw_none_booleans_or_backticks():
+    frame = pd.DataFrame({"arm": ["`fused`", "logsoftmax"], "noisy": [True, None],
+                          "bitwise_equal": [1.0, 0.0], "n_rounds": [np.int64(2), np.int64(3)],
+                          "note": ["see `x`", None]})
+    shown = tables.readable(frame)
+    cells = shown.to_numpy().ravel().tolist()
+    assert not any(c in ("None", "True", "False", "nan") for c in cells)
+    assert not any("`" in c for c in cells)
+    assert shown.iloc[0].tolist() == ["fused", "yes", "yes", "2", "see x"]
+    assert shown.iloc[1].tolist() == ["logsoftmax", "", "no", "3", ""]
+
+
+def test_the_machine_table_says_sizes_and_missing_values_in_words():
+    rows = machine.readable_rows({"host": {"memory_total_bytes": 2 * 2**30, "cpu_model": None},
+                                  "torch": {"cuda_available": False}})
+    assert ("host", "memory total", "2.0 GiB") in rows
+    assert ("host", "cpu model", "not reported") in rows
+    assert ("torch", "cuda available", "no") in rows
+
+
+# ------------------------------------------------------------------------- captions in words
+
+def test_every_figure_a_notebook_saves_has_a_caption_in_words():
+    import json
+
+    from stagelab.core import paths
+    from stagelab.present import report
+
+    saved = []
+    for notebook in sorted(paths.NOTEBOOKS_DIR.glob("*.ipynb")):
+        code = "".join("".join(c["source"]) for c in json.loads(notebook.read_text())["cells"]
+                       if c["cell_type"] == "code")
+        saved += [f"figures/{notebook.stem}_{name}.png"
+                  for name in re.findall(r'save_figure\([^"]*"(\w+)"\)', code)]
+    assert len(saved) >= 10
+    for figure in saved:
+        assert figure.removeprefix("figures/").removesuffix(".png") in report.FIGURE_CAPTIONS
+        caption = report.figure_caption(figure)
+        assert "figures/" not in caption and ".png" not in caption and "_" not in caption, caption
+    assert report.figure_caption("figures/01_d2h_staging_new_one.png") == (
+        "New one, from notebook 01_d2h_staging")
+
+
+def test_the_landing_page_captions_figures_in_words(tmp_path):
+    from stagelab.present import report
+
+    (tmp_path / "figures").mkdir()
+    (tmp_path / "figures" / "03_prompt_logprobs_time.png").write_bytes(b"png")
+    (tmp_path / "manifest.json").write_text('{"run_id": "r", "status": "ok", "notebooks": []}')
+    page = report.write_index(tmp_path).read_text()
+    caption = re.search(r"<figcaption class='muted'>(.*?)</figcaption>", page).group(1)
+    assert caption == report.FIGURE_CAPTIONS["03_prompt_logprobs_time"]
+    assert "figures/" not in caption
+
+
+def test_the_speedup_figure_says_why_it_is_empty():
+    ax = plots.speedups(pd.DataFrame())
+    assert ax.texts[0].get_text() == "No pair of arms was timed in the same rounds"
+
+
+def test_a_whole_number_in_a_unit_column_is_still_converted():
+    # an int of bytes is MiB like any other (the counts rule is for columns of no known unit)
+    shown = tables.readable(pd.DataFrame({"peak_host_bytes": [np.int64(2**20 * 3)],
+                                          "seconds": [np.int64(2)], "samples": [np.int64(7)]}))
+    assert shown.iloc[0].tolist() == ["3.00", "2000", "7"]
+    assert list(shown.columns) == ["peak host (MiB)", "seconds (ms)", "samples"]
+
+
+def test_the_key_plot_draws_a_lever_shown_for_context_in_its_arm_colour():
+    lever = {"rows": 64, "vocab": V, "k": 5, "candidate": "seed_pageable_reused",
+             "speedup": 1.4, "ci_low": 1.3, "ci_high": 1.5}
+    ax = plots.verdict_key({"decisive": [{"rows": 64, "vocab": V, "k": 5, "speedup": None,
+                                          "reason": "not measured"}], "step_levers": [lever]})
+    drawn = {to_hex(line.get_color()) for line in ax.get_lines() if len(line.get_xdata()) == 1}
+    assert drawn == {plots.arm_color("seed_pageable_reused")}

@@ -1,0 +1,667 @@
+"""A measured folder is a stranger's: each attack on `stagelab run --from` reproduced, and refused.
+
+Every test plants something in a copy of a real smoke measurement (made once, with torch,
+forced past the CPU's no-go) and shows what the replay does with it: no code from the folder
+runs, no file outside it is read, no claim in it is believed unchecked.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from stagelab import cli
+from stagelab.core import untrusted
+from stagelab.core.errors import BadRecord, UserError
+from stagelab.run import execute, measure_command, profiles, replay
+from stagelab.run.profiles import NotebookPlan
+
+CODE = "under_load = False\nimport os; open('PLANTED', 'w')\n_x"
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory) -> Path:
+    """The smoke profile measured here, as a node would."""
+    out = tmp_path_factory.mktemp("node") / "evidence"
+    assert measure_command.main(["--profile", "smoke", "--out", str(out), "--force"]) == 0
+    return out
+
+
+@pytest.fixture
+def node(tmp_path, measured) -> Path:
+    """A copy of the measurement to tamper with."""
+    copy = tmp_path / "node"
+    shutil.copytree(measured, copy)
+    return copy
+
+
+def edit_manifest(folder: Path, change) -> None:
+    path = folder / measure_command.MANIFEST
+    manifest = json.loads(path.read_text())
+    change(manifest)
+    path.write_text(json.dumps(manifest))
+
+
+def experiment(manifest: dict, notebook: str) -> dict:
+    return next(e for e in manifest["experiments"] if e["notebook"] == notebook)
+
+
+def edit_rows(folder: Path, table: str, change) -> None:
+    path = folder / "rows" / f"{table}.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    change(rows)
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+def replay_of(folder: Path):
+    return replay.replay_plan(profiles.plan_run("smoke"), folder, [])
+
+
+# ------------------------------------------------------------ nothing from a folder is code
+
+def test_a_parameter_name_from_the_folder_is_refused_and_never_runs(node, tmp_path,
+                                                                   monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    edit_manifest(node, lambda m: experiment(m, "00_environment")["parameters"].update(
+        {CODE: 1}))
+    with pytest.raises(UserError, match=r"unknown parameter 00_environment\.under_load = False"):
+        replay_of(node)
+    assert not (tmp_path / "PLANTED").exists()
+
+
+def test_a_value_of_the_wrong_type_is_refused(node):
+    edit_manifest(node, lambda m: experiment(m, "01_d2h_staging")["parameters"].update(
+        rounds="__import__('os').system('true')"))
+    with pytest.raises(UserError, match=r"01_d2h_staging\.rounds=.* is a str, expected int"):
+        replay_of(node)
+
+
+def test_a_text_value_with_code_in_it_reaches_the_notebook_as_data(node):
+    edit_manifest(node, lambda m: experiment(m, "01_d2h_staging")["parameters"].update(
+        aa_arm=f'pageable_fresh"\n{CODE}\n"'))
+    plan = profiles.plan_run("smoke")
+    replay.replay_plan(plan, node, [])
+    (staging,) = [nb for nb in plan.notebooks if nb.name == "01_d2h_staging"]
+    cell = __import__("papermill.translators").translators.translate_parameters(
+        "python3", "python", execute.injected_parameters(staging, node), "Parameters")
+    tree = ast.parse(cell)
+    assert all(isinstance(node_, ast.Assign) for node_ in tree.body)  # no import, no call
+    assigned = {n.targets[0].id: ast.literal_eval(n.value) for n in tree.body}
+    assert assigned["aa_arm"] == f'pageable_fresh"\n{CODE}\n"'
+    assert set(assigned) <= set(profiles.notebook_parameters(staging.path))
+
+
+def test_the_runner_refuses_a_parameter_name_that_is_not_an_identifier(tmp_path):
+    plan = NotebookPlan("01_d2h_staging", Path("nb.ipynb"), {CODE: 1})
+    with pytest.raises(UserError, match="is not a Python identifier"):
+        execute.injected_parameters(plan, tmp_path)
+
+
+# ---------------------------------------------- only the folder's own regular files are read
+
+@pytest.mark.parametrize("name", ["inventory.json", "preflight.json", "hardware.json",
+                                  "rows/step.jsonl"])
+def test_a_symlinked_record_file_is_refused_naming_it(node, tmp_path, name):
+    secret = tmp_path / "host_secret.json"
+    secret.write_text(json.dumps({"secret": "from the host"}))
+    (node / name).unlink()
+    (node / name).symlink_to(secret)
+    with pytest.raises(UserError, match=rf"{name}: is a symbolic link"):
+        replay_of(node)
+
+
+def test_a_symlinked_rows_folder_is_refused(node, tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    shutil.move(node / "rows", elsewhere)
+    (node / "rows").symlink_to(elsewhere)
+    with pytest.raises(UserError, match=r"rows: is a symbolic link, not a folder"):
+        replay_of(node)
+
+
+def test_run_from_refuses_a_symlink_with_exit_2_and_makes_no_run(node, tmp_path, capsys):
+    (node / "inventory.json").unlink()
+    (node / "inventory.json").symlink_to("/etc/passwd")
+    out = tmp_path / "runs"
+    code = cli.main(["run", "--profile", "smoke", "--from", str(node), "--out", str(out)])
+    assert code == 2 and not list(out.glob("*"))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "inventory.json: is a symbolic link" in err[0]
+
+
+def test_a_fifo_is_refused_at_once(node):
+    (node / "rows" / "staging.jsonl").unlink()
+    os.mkfifo(node / "rows" / "staging.jsonl")
+    with pytest.raises(UserError, match=r"staging.jsonl: is a FIFO"):
+        replay_of(node)
+
+
+def test_a_giant_sparse_file_is_refused_before_it_is_read(node):
+    with open(node / "inventory.json", "wb") as handle:
+        handle.truncate(untrusted.MAX_JSON_BYTES + 1)
+    with pytest.raises(UserError, match=r"inventory.json: \d+ bytes, more than"):
+        replay_of(node)
+
+
+def test_deeply_nested_json_is_one_line(node):
+    (node / measure_command.MANIFEST).write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(UserError, match="nests deeper than"):
+        measure_command.read_measured(node)
+
+
+def test_json_nested_past_the_bound_is_refused_by_the_reader(tmp_path):
+    path = tmp_path / "deep.json"
+    path.write_text(json.dumps(json.loads("[" * 40 + "]" * 40)))
+    with pytest.raises(BadRecord, match="nests deeper than 32 levels"):
+        untrusted.load_json(path)
+
+
+def test_a_lone_surrogate_is_refused(tmp_path):
+    path = tmp_path / "s.json"
+    path.write_text('{"host": "\\ud800"}')
+    with pytest.raises(BadRecord, match="lone surrogate"):
+        untrusted.load_json(path)
+
+
+@pytest.mark.parametrize(("where", "value", "message"), [
+    ("rows", "many", r"cells\[0\]\.rows 'many', not a count"),
+    ("status", {"x": 1}, r"cells\[0\] that is not a cell with a known status"),
+    ("cell", ["a"], r"cells\[0\]\.cell of type list"),
+])
+def test_a_malformed_cell_field_is_one_line(node, where, value, message):
+    edit_manifest(node, lambda m: experiment(m, "01_d2h_staging")["cells"][0].update(
+        {where: value}))
+    with pytest.raises(UserError, match=message):
+        measure_command.read_measured(node)
+
+
+def test_a_malformed_top_level_field_is_one_line(node):
+    edit_manifest(node, lambda m: m.update(gpu={"name": "x"}))
+    with pytest.raises(UserError, match="measured.json has gpu of type dict"):
+        measure_command.read_measured(node)
+
+
+def test_a_rows_path_field_is_never_followed(node):
+    """A manifest naming another rows file (one round of three) is not read by that name:
+    the known file is, and its count must match the cells."""
+    short = node / "rows" / "short.jsonl"
+    lines = (node / "rows" / "staging.jsonl").read_text().splitlines(keepends=True)
+    short.write_text("".join(lines[: len(lines) // 3]))
+    edit_manifest(node, lambda m: experiment(m, "01_d2h_staging").update(rows="rows/short.jsonl"))
+    assert len(measure_command.measured_rows(node, "staging")) == len(lines)
+    (node / "rows" / "staging.jsonl").write_text("".join(lines[: len(lines) // 3]))
+    with pytest.raises(UserError, match=r"rows/staging.jsonl holds \d+ rows, fewer than"):
+        replay_of(node)
+
+
+# ------------------------------------------------------ claims checked against the folder
+
+def test_fabricated_pinned_rows_from_a_node_without_cuda_are_refused(node):
+    def pin(rows):
+        for row in rows:
+            if row.get("arm") == "pageable_reused":
+                row["arm"] = "pinned_grow_only"
+    edit_rows(node, "staging", pin)
+    with pytest.raises(UserError, match=r"an ok 'pinned_grow_only' row .* no CUDA device"):
+        replay_of(node)
+
+
+def test_fabricated_cuda_rows_of_the_step_are_refused(node):
+    edit_rows(node, "step", lambda rows: [row.update(device="cuda:0 NVIDIA H200")
+                                          for row in rows if row.get("status") == "ok"])
+    with pytest.raises(UserError, match="no CUDA device"):
+        replay_of(node)
+
+
+def test_an_arm_no_catalogue_names_is_refused(node):
+    edit_rows(node, "staging", lambda rows: rows[0].update(arm="made_up"))
+    with pytest.raises(UserError, match="arm 'made_up' is not a staging arm of the catalogue"):
+        replay_of(node)
+
+
+def test_rows_no_cell_accounts_for_are_refused(node):
+    edit_rows(node, "step", lambda rows: rows.extend(rows[:5]))
+    with pytest.raises(UserError, match=r"rows/step.jsonl holds \d+ rows, more than"):
+        replay_of(node)
+
+
+@pytest.mark.parametrize("seconds", [0.0, -1e-3, "fast"])
+def test_a_timing_that_is_not_a_positive_number_is_refused(node, seconds):
+    def change(rows):
+        next(r for r in rows if r.get("metric") == "time" and r.get("status") == "ok").update(
+            seconds=seconds)
+    edit_rows(node, "staging", change)
+    with pytest.raises(UserError, match="not a positive finite number"):
+        replay_of(node)
+
+
+def test_a_copy_faster_than_the_recorded_link_is_refused(node):
+    snap = json.loads((node / "hardware.json").read_text())
+    snap.update(gpu={"name": "NVIDIA H200"}, nvml={"pcie_max_gbps_per_direction": 31.5})
+    (node / "hardware.json").write_text(json.dumps(snap))
+
+    def impossible(rows):
+        row = next(r for r in rows if r.get("metric") == "time" and r.get("status") == "ok")
+        row.update(device="cuda:0 NVIDIA H200", bytes=10**9, seconds=1e-3)  # 1000 GB/s
+    edit_rows(node, "staging", impossible)
+    with pytest.raises(UserError, match=r"1000.0 GB/s, faster than the 31.5 GB/s link"):
+        replay_of(node)
+
+
+def test_the_untouched_measurement_still_replays(node):
+    origin = replay_of(node)
+    assert origin["gaps"] == [] and origin["hardware"]["gpu"] is None
+
+
+# ------------------------------------------------------------- unknown load is not quiet
+
+def test_a_replay_whose_node_recorded_no_load_is_not_trusted(tmp_path):
+    from stagelab.analyse import trust
+    from stagelab.measure import busy
+
+    manifest = {"measured_on": {"loads": {}}, "notebooks": [
+        {"name": "02_logprobs_step", "load": execute.measured_load({"loads": {}},
+                                                                   "02_logprobs_step")},
+        {"name": "01_d2h_staging", "load": {"busy": False, "why": []}}]}
+    assert manifest["notebooks"][0]["load"] == busy.unknown(
+        "the measurement did not record the node's load")
+    found = trust.reasons(tmp_path, manifest, {})
+    assert found == ["02_logprobs_step: the load of the machine that timed it is unknown (the "
+                     "measurement did not record the node's load); trust needs a measured load"]
+    assert trust.headline(found).startswith("TIMINGS NOT TRUSTWORTHY")
+
+
+# ------------------------------------------------ --force never touches a run's records
+
+def run_with_records(root: Path) -> Path:
+    from conftest import make_run
+
+    run = make_run(root, "20261201T000000Z_node_smoke", gpu="NVIDIA H200", link=31.5)
+    (run / "figures").mkdir()
+    (run / "figures" / "01_d2h_staging_copy.png").write_bytes(b"\x89PNG figure")
+    (run / "measured" / "rows").mkdir(parents=True)
+    (run / "measured" / "measured.json").write_text('{"format": "stagelab-measured"}')
+    (run / "measured" / "rows" / "staging.jsonl").write_text('{"arm": "pageable_fresh"}\n')
+    return run
+
+
+def snapshot_of(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+RECORDS = ["manifest.json", "verdict.json", "data/staging.parquet",
+           "figures/01_d2h_staging_copy.png", "measured/measured.json",
+           "measured/rows/staging.jsonl"]
+
+
+@pytest.mark.parametrize("record", RECORDS)
+def test_compare_force_leaves_every_record_of_a_run_byte_identical(tmp_path, record, capsys):
+    run = run_with_records(tmp_path / "runs")
+    before = snapshot_of(run)
+    code = cli.main(["compare", str(run), "--out", str(run / record), "--force"])
+    assert code == 2 and snapshot_of(run) == before
+    assert "--out" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("record", RECORDS)
+def test_single_file_report_force_leaves_every_record_byte_identical(tmp_path, record):
+    from stagelab.present import report
+
+    run = run_with_records(tmp_path / "runs")
+    before = snapshot_of(run)
+    with pytest.raises(UserError, match="--out"):
+        report.single_file_out(run, run / record, force=True)
+    assert snapshot_of(run) == before
+
+
+def test_force_may_not_replace_an_unlisted_file_of_a_run_either(tmp_path):
+    from stagelab.core import records
+
+    run = run_with_records(tmp_path / "runs")
+    (run / "kernel.log").write_text("kernel output")
+    with pytest.raises(UserError, match="--force never replaces a file of a run"):
+        records.claim_output(run / "kernel.log", "stagelab compare", force=True)
+    outside = tmp_path / "mine.html"
+    outside.write_text("not a compare page")
+    assert records.claim_output(outside, "stagelab compare", force=True) == outside
+
+
+def test_preflight_out_refuses_a_runs_manifest_and_a_foreign_json_file(tmp_path):
+    from stagelab.measure import preflight
+
+    run = run_with_records(tmp_path / "runs")
+    before = snapshot_of(run)
+    with pytest.raises(UserError, match="lies in a run folder"):
+        preflight.resolve_out(run / "manifest.json")
+    with pytest.raises(UserError, match="lies in a run folder"):
+        preflight.resolve_out(run / "measured")
+    foreign = tmp_path / "settings.json"
+    foreign.write_text('{"mine": true}')
+    with pytest.raises(UserError, match="exists and is not an earlier preflight.json"):
+        preflight.resolve_out(foreign)
+    assert snapshot_of(run) == before and foreign.read_text() == '{"mine": true}'
+    earlier = tmp_path / "preflight.json"
+    preflight.write_report(earlier, "smoke", [], 0.1)
+    assert preflight.resolve_out(earlier.parent) == earlier
+
+
+# ------------------------------------- code planted in every string field: nothing runs
+
+HOSTILE = ("<script>alert('x')</script>[here](javascript:alert(1)) \"\n"
+           "__import__('os').system('touch PLANTED')")
+
+
+def plant(value, skip=()):
+    """``value`` with every string leaf (outside the keys in ``skip``) made hostile."""
+    if isinstance(value, dict):
+        return {k: (v if k in skip else plant(v, skip)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [plant(v, skip) for v in value]
+    return f"{value} {HOSTILE}" if isinstance(value, str) else value
+
+
+# Fields that name things this code looks up (a table, a notebook, a status, an arm...), which a
+# replay refuses when they are wrong (tests above); every other string is planted.
+NAMES = {"format", "notebook", "table", "status", "profile", "rows", "file", "parameters",
+         "arm", "experiment", "stage", "metric", "dtype", "timer", "device", "run_id",
+         "log_softmax", "decision", "name", "model", "git", "versions", "torch", "cuda_build",
+         "created_utc", "finished_utc", "started_utc"}
+
+
+@pytest.mark.slow
+def test_code_planted_in_every_string_field_never_runs_nor_reaches_a_page(node, tmp_path,
+                                                                          monkeypatch):
+    from stagelab.present import evidence
+
+    monkeypatch.chdir(tmp_path)
+    for name in ("measured.json", "hardware.json", "preflight.json", "inventory.json"):
+        path = node / name
+        path.write_text(json.dumps(plant(json.loads(path.read_text()), NAMES)))
+    for table in ("staging", "step", "prompt_logprobs"):
+        edit_rows(node, table, lambda rows: rows.__setitem__(
+            slice(None), [plant(row, NAMES) for row in rows]))
+    out = tmp_path / "runs"
+    code = cli.main(["run", "--profile", "smoke", "--from", str(node), "--param",
+                     "04_verdict.include_reference=false", "--out", str(out)])
+    (run,) = out.iterdir()
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert code == 0, [(nb["name"], nb["status"], nb.get("error")) for nb in manifest["notebooks"]]
+    assert json.dumps(HOSTILE)[1:-1] in json.dumps(manifest)  # the text is there, as data
+    assert not list(tmp_path.rglob("PLANTED")) and not (Path.cwd() / "PLANTED").exists()
+    pages = sorted(run.glob("*.html"))
+    assert len(pages) >= 6
+    for page in pages:
+        text = page.read_text()
+        assert "<script>alert('x')" not in text, page.name
+        assert 'href="javascript:' not in text and "href='javascript:" not in text, page.name
+    root = tmp_path / "reference"
+    kept = evidence.keep_evidence(run, root, force=True)
+    results = evidence.results_markdown(root)
+    assert kept.is_dir() and "alert" in results  # the planted text is shown, inert
+    for line in results.splitlines():
+        prose = re.sub(r"`[^`]*`", "", line)  # a code span shows its text as it is
+        assert "<script" not in prose and not re.search(r"(?<!\\)\]\(javascript", prose), line
+        assert not line.startswith("__import__"), line
+
+
+# ------------------------------------------- the native library only from this user's places
+
+def test_the_temp_fallback_cache_is_created_private(tmp_path, monkeypatch):
+    import stat
+
+    from stagelab.measure import native
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    fallback = tmp_path / "stagelab-fallback"
+    monkeypatch.setattr(native, "cache_dirs", lambda: [blocker / "cache", fallback])
+    library = native.build(native.find_compiler())
+    assert library.parent == fallback and stat.S_IMODE(fallback.stat().st_mode) == 0o700
+    assert native.verified(library) is None
+
+
+def test_a_planted_library_with_a_forged_stamp_in_a_foreign_fallback_is_never_loaded(
+        tmp_path, monkeypatch):
+    from stagelab.core.errors import NativeUnavailable
+    from stagelab.measure import native
+
+    fallback = tmp_path / "stagelab-fallback"
+    fallback.mkdir(mode=0o777)
+    fallback.chmod(0o777)
+    planted = fallback / "seed_host-planted.so"
+    planted.write_bytes(b"\x7fELF planted")
+    (fallback / "seed_host-planted.json").write_text(json.dumps(
+        {"size": planted.stat().st_size, "sha256": native._digest(planted)}))  # forged stamp
+    try:
+        os.chown(fallback, 4242, 4242)
+    except PermissionError:
+        pytest.skip("making a folder another user's needs root")
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    monkeypatch.setattr(native, "cache_dirs", lambda: [blocker / "cache", fallback])
+    with pytest.raises(NativeUnavailable, match="is owned by uid 4242, not this user"):
+        native.build(native.find_compiler())
+
+
+def test_a_library_others_can_write_is_not_trusted_even_with_its_stamp(tmp_path, monkeypatch):
+    from stagelab.measure import native
+
+    monkeypatch.setattr(native, "cache_dirs", lambda: [tmp_path / "cache"])
+    library = native.build(native.find_compiler())
+    assert native.verified(library) is None
+    library.chmod(0o777)
+    assert "open to other users" in native.verified(library)
+
+
+# ------------------------------------------------------------------- one line, not a traceback
+
+@pytest.mark.parametrize("command", [["report", "{long}"], ["runs", "--root", "{long}"],
+                                     ["compare", "{long}"],
+                                     ["preflight", "--profile", "smoke", "--out", "{long}.json"]])
+def test_a_name_over_255_bytes_is_one_line_and_exit_2(tmp_path, command, capsys):
+    long = str(tmp_path / ("n" * 300))
+    assert cli.main([part.format(long=long) for part in command]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("stagelab: error:") and "Traceback" not in err[0]
+
+
+@pytest.mark.parametrize("pid", [10**30, -1, 0, "12", True])
+def test_a_huge_or_odd_pid_in_a_manifest_is_not_a_live_process(pid):
+    import socket
+
+    from stagelab.core import rundir
+
+    assert rundir.process_alive({"host": socket.gethostname(), "pid": pid}) is False
+
+
+def test_runs_lists_a_run_whose_manifest_nests_too_deep_in_one_line(tmp_path, capsys):
+    from conftest import fake_run
+
+    good = fake_run(tmp_path)
+    bad = tmp_path / "20261201T000000Z_x_smoke"
+    bad.mkdir()
+    (bad / "manifest.json").write_text("[" * 100_000 + "]" * 100_000)
+    assert cli.main(["runs", "--root", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert good.name in out and "Traceback" not in out
+
+
+def test_a_lone_surrogate_in_a_run_manifest_is_one_line(tmp_path, capsys):
+    from conftest import fake_run
+
+    run = fake_run(tmp_path)
+    text = (run / "manifest.json").read_text().replace('"profile": "', '"profile": "\\udc80', 1)
+    (run / "manifest.json").write_text(text)
+    code = cli.main(["report", str(run)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "lone surrogate" in err[0]
+
+
+# ------------------------------------------------------------- one keep per measurement
+
+def _keep_in_a_child(run: Path, root: Path, results) -> None:
+    from stagelab.present import evidence
+
+    try:
+        results.put(("kept", str(evidence.keep_evidence(run, root, force=True))))
+    except UserError as exc:
+        results.put(("refused", str(exc)))
+
+
+def test_two_concurrent_keeps_keep_one_measurement_once(tmp_path, monkeypatch):
+    import multiprocessing
+    import time
+
+    from conftest import good_run
+    from stagelab.core import rundir
+    from stagelab.present import evidence
+
+    runs = []
+    for created in ("2026-11-30T10:00:00+00:00", "2026-11-30T11:00:00+00:00"):
+        run = good_run(tmp_path / f"runs{len(runs)}", created=created)
+        manifest = rundir.read_manifest(run)
+        manifest["measured_on"] = {"measured_id": "node-abc", "status": "ok", "gaps": []}
+        rundir.write_manifest(run, manifest)
+        runs.append(run.rename(run.with_name(f"20261130T1{len(runs)}0000Z_vm_smoke")))
+    copy = evidence._copy_evidence
+    monkeypatch.setattr(evidence, "_copy_evidence",
+                        lambda *args: (time.sleep(0.5), copy(*args)))  # widen the race
+    root = tmp_path / "reference"
+    context = multiprocessing.get_context("fork")
+    results = context.Queue()
+    children = [context.Process(target=_keep_in_a_child, args=(run, root, results))
+                for run in runs]
+    for child in children:
+        child.start()
+    outcomes = sorted(results.get(timeout=60)[0] for _ in children)
+    for child in children:
+        child.join(30)
+    assert outcomes == ["kept", "refused"]
+    assert len(list(root.glob("*/*/kept.json"))) == 1
+
+
+@pytest.mark.parametrize("seconds", [1e-300, 1e300])
+def test_an_extreme_but_finite_timing_is_refused_before_the_verdict_sees_it(node, seconds):
+    def change(rows):
+        next(r for r in rows if r.get("metric") == "time" and r.get("status") == "ok").update(
+            seconds=seconds)
+    edit_rows(node, "step", change)
+    with pytest.raises(UserError, match="outside what a timer here can read"):
+        replay_of(node)
+
+
+# ------------------------------------------------------- fleet checks what nodes would refuse
+
+@pytest.mark.parametrize(("option", "message"), [
+    (["--timeout-s", "inf"], "--timeout-s inf: give a positive, finite number"),
+    (["--timeout-s", "nan"], "--timeout-s nan: give a positive, finite number"),
+    (["--param", "01_d2h_staging.seed=12345678901234567890"], "beyond 64 bits"),
+])
+def test_fleet_refuses_what_every_node_would_refuse_before_asking_one(option, message, capsys):
+    assert cli.main(["fleet", "--address", "127.0.0.1:1", "--profile", "quick", *option]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]
+
+
+def test_the_measure_refuses_a_20_digit_seed_as_the_fleet_does():
+    with pytest.raises(UserError, match="beyond 64 bits"):
+        measure_command.resolve("smoke", [], ["01_d2h_staging.seed=12345678901234567890"])
+
+
+def test_fleet_param_for_a_measured_notebook_is_left_to_the_node():
+    from stagelab.run import fleet
+
+    params = ["01_d2h_staging.rounds=5", "02_logprobs_step.seed=3",
+              "04_verdict.include_reference=false"]
+    assert fleet.analysis_params(params) == ["04_verdict.include_reference=false"]
+    plan = profiles.plan_run("smoke")
+    replay.check_overrides(fleet.analysis_params(params))  # what run --from accepts
+    assert plan.profile == "smoke"
+
+
+def _serve_once(answer: bytes | None):
+    """A loopback TCP server that accepts one connection and sends ``answer`` (or nothing)."""
+    import socket
+    import threading
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+
+    def serve():
+        connection, _ = server.accept()
+        with connection:
+            connection.recv(64)
+            if answer is not None:
+                connection.sendall(answer)
+            threading.Event().wait(8)
+    threading.Thread(target=serve, daemon=True).start()
+    return server
+
+
+@pytest.mark.parametrize("answer", [None, b"HTTP/1.1 400 Bad Request\r\n\r\n"])
+def test_a_port_that_is_not_ray_fails_within_seconds(answer):
+    import time
+
+    from stagelab.run import fleet
+
+    server = _serve_once(answer)
+    began = time.monotonic()
+    with pytest.raises(UserError, match="something listens there, but not a Ray cluster"):
+        fleet.check_address(f"127.0.0.1:{server.getsockname()[1]}")
+    assert time.monotonic() - began < fleet.CONNECT_CHECK_S + 2
+    server.close()
+
+
+def test_a_grpc_server_passes_the_address_check():
+    from stagelab.run import fleet
+
+    settings = bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])  # an HTTP/2 server's first frame
+    server = _serve_once(settings)
+    fleet.check_address(f"127.0.0.1:{server.getsockname()[1]}")
+    server.close()
+
+
+# ------------------------------------------------------------------- measure: nothing measured
+
+def test_measure_exits_1_when_every_cell_was_skipped(tmp_path, capsys):
+    out = tmp_path / "m"
+    code = measure_command.main(["--profile", "smoke", "--only", "01_d2h_staging", "--param",
+                                 '01_d2h_staging.arms=["pinned_grow_only"]', "--param",
+                                 "01_d2h_staging.aa_arm=pinned_grow_only", "--out", str(out),
+                                 "--force"])
+    manifest = json.loads((out / measure_command.MANIFEST).read_text())
+    assert code == 1 and manifest["status"] == "unmeasured"
+    assert manifest["measured"] and "ok" not in manifest["measured"]
+    assert "nothing measured" in capsys.readouterr().err
+
+
+def test_a_full_disk_ends_the_measurement_failed_not_running(tmp_path, monkeypatch, capsys):
+    import errno
+
+    from stagelab.core import records
+
+    real = records.write_json_atomic
+
+    def full_once(path, payload, sort_keys=False):
+        if Path(path).name == "inventory.json":  # the disk fills up after the snapshot
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return real(path, payload, sort_keys)
+    monkeypatch.setattr(records, "write_json_atomic", full_once)
+    out = tmp_path / "m"
+    code = measure_command.main(["--profile", "smoke", "--only", "01_d2h_staging", "--param",
+                                 '01_d2h_staging.arms=["pinned_grow_only"]', "--param",
+                                 "01_d2h_staging.aa_arm=pinned_grow_only", "--out", str(out),
+                                 "--force"])
+    manifest = json.loads((out / measure_command.MANIFEST).read_text())
+    assert code == 1 and manifest["status"] == "failed"
+    assert "No space left on device" in manifest["error"]
+    assert experiment(manifest, "01_d2h_staging")["status"] == "failed"
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "inventory.json: No space left on device" in err
