@@ -211,7 +211,7 @@ def stop_in_the_second_step_cell(out: Path, signum: int) -> int:
         cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 300
-        while not rows_of(out, "step"):
+        while not ((out / measure_command.MANIFEST).exists() and rows_of(out, "step")):
             assert process.poll() is None and time.monotonic() < deadline, "no first cell"
             time.sleep(0.1)
         time.sleep(1.0)  # inside the second cell (50 rounds of a 39 MB step: many seconds)
