@@ -13,13 +13,15 @@ import torch
 
 from stagelab.analyse import predict, verdict
 from stagelab.cli import main as cli_main
-from stagelab.core import paths, records, schema
+from stagelab.core import forward, paths, records, schema
 from stagelab.core.errors import NativeUnavailable
 from stagelab.measure import hostrates, native, shapes, step
 
 NATIVE_OK, NATIVE_WHY = native.status()
 PLATFORMS = ("A100 PCIe", "A100 SXM", "H100 PCIe", "H100 SXM", "H200", "GH200", "L4", "L40S",
              "B200")
+
+QWEN = forward.model_dims("Qwen2.5-7B")  # V = 152,064: the forward of the cells below
 
 
 # ----------------------------------------------------------------------------- the table
@@ -150,7 +152,7 @@ def test_on_a_gpu_the_fresh_vector_hides_behind_the_queued_forward_and_copies_fo
 
 
 def test_answers_port_close_or_name_the_range_that_spans_the_bar():
-    cell = predict.Cell(256, 152_064, 5, params_b=7.6)  # 156 MB a step
+    cell = predict.Cell(256, 152_064, 5, QWEN)  # 156 MB a step
     rates = rates_of(GPU_TERMS, cell.nbytes)
     wide = predict.predict_cell(predict.gpu_model(platform(pageable=(2.0, 60.0)), cell, rates),
                                 0.02)
@@ -178,8 +180,8 @@ def test_the_crossing_lies_where_the_saving_passes_the_bar():
     rates = predict.HostRates({4 * 152_064 * n: {"fresh_vector": [0.02 * n / 1e3],
                                                  "top_k": [0.05 * n / 1e3], "free": [0.0]}
                                for n in (1, 1024)})
-    found = predict.crossing(platform(pageable=(10.0, 20.0)), 152_064, 5, 7.6, rates, 0.02)
-    curve = predict.saving_curve(platform(pageable=(10.0, 20.0)), 152_064, 5, 7.6, rates, 0.02)
+    found = predict.crossing(platform(pageable=(10.0, 20.0)), 152_064, 5, QWEN, rates, 0.02)
+    curve = predict.saving_curve(platform(pageable=(10.0, 20.0)), 152_064, 5, QWEN, rates, 0.02)
     assert found["may_port_from_nv"] <= found["port_from_nv"]
     first = curve[curve["n_x_v"] == found["port_from_nv"]].iloc[0]
     assert first["saving_low_ms"] > first["bar_ms"] * 0.99
@@ -290,7 +292,7 @@ def test_the_plot_draws_one_band_and_one_bar_per_platform():
     from stagelab.present import plots
 
     rates = rates_of(GPU_TERMS, 4 * 152_064 * 16)
-    curves = pd_concat([predict.saving_curve(p, 152_064, 5, 7.6, rates, 0.02)
+    curves = pd_concat([predict.saving_curve(p, 152_064, 5, QWEN, rates, 0.02)
                         for p in (platform(), predict.platform_named("H200"))])
     figure = plots.prediction_bands(curves)
     ax = figure.axes[0]

@@ -20,8 +20,9 @@ Where each term comes from, per platform:
   and said so);
 * copies: bytes / the platform's pinned or pageable D2H GB/s (published, or a range with its
   reason: ``data/platforms.csv``);
-* forward: the model's bf16 weights read once at the platform's HBM bandwidth times an assumed
-  efficiency (weights only: no KV cache, which makes the forward, and so the bar, smaller);
+* forward: what one decode step reads (:func:`stagelab.core.forward.forward_bytes`: the active
+  bf16 weights once and each sequence's KV cache at the stated context) at the platform's HBM
+  bandwidth times an assumed efficiency; unknown (0) for a cell given as a bare vocabulary size;
 * log_softmax and device_top_k: bytes through HBM at the same assumed efficiency;
 * wait: an assumed 5-20 us for one synchronize.
 
@@ -43,12 +44,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from stagelab.core import catalogue, paths
+from stagelab.core import catalogue, forward, paths
 
 HOST_METRIC = "host_rate"  # the rows of stagelab.measure.hostrates
 BASELINE, CANDIDATE = catalogue.baseline(catalogue.STEP), catalogue.candidate(catalogue.STEP)
 REUSED = catalogue.REUSE_LEVER[catalogue.STEP]
-DEVICE_TOP_K = "device_gather"
+DEVICE_TOP_K = catalogue.DEVICE_TOP_K
 MODEL_ARMS = (BASELINE, REUSED, CANDIDATE, DEVICE_TOP_K)
 # The questions the verdict asks, each as (baseline, candidate).
 QUESTIONS = {"bundle": (BASELINE, CANDIDATE), "reuse": (BASELINE, REUSED),
@@ -61,7 +62,6 @@ HBM_EFFICIENCY = (0.6, 0.9)
 WAIT_MS = (0.005, 0.02)
 DEVICE_TOP_K_FIXED_MS = (0.02, 0.1)
 LOGITS_BYTES = 2  # bf16 logits on a GPU
-WEIGHT_BYTES_PER_PARAM = 2
 
 
 # ------------------------------------------------------------------------------- platforms
@@ -198,13 +198,19 @@ class Knob:
 
 @dataclass(frozen=True)
 class Cell:
-    """A step cell to predict: rows ``n``, vocabulary ``V``, top-K, and the model's size."""
+    """A step cell to predict: rows ``n``, vocabulary ``V``, top-K, and the model whose forward
+    the step waits for (None: unknown, taken as 0)."""
 
     rows: int
     vocab: int
     k: int
-    params_b: float = 0.0
+    model: forward.ModelDims | None = None
     log_softmax: str = "device"
+
+    @property
+    def forward_bytes(self) -> float:
+        """Bytes the cell's decode forward reads (weights and KV cache); 0 when unknown."""
+        return forward.forward_bytes(self.model, self.rows) if self.model else 0.0
 
     @property
     def nbytes(self) -> int:
@@ -289,7 +295,7 @@ def gpu_terms(platform: Platform, cell: Cell, k: Mapping[str, np.ndarray]) -> di
     if "forward_ms" in k:
         forward = k["forward_ms"]
     else:
-        forward = 1e3 * cell.params_b * 1e9 * WEIGHT_BYTES_PER_PARAM / hbm
+        forward = 1e3 * cell.forward_bytes / hbm
     softmax_bytes = elements * (LOGITS_BYTES + 4)  # read bf16 logits, write fp32
     copy_bytes = cell.nbytes
     results = cell.rows * (cell.k + 1) * 8 + cell.rows * 4
@@ -466,13 +472,13 @@ def predict_cell(model: Model, delta: float) -> dict[str, Any]:
                       for name, kn in model.knobs.items()}}
 
 
-def crossing(platform: Platform, vocab: int, k: int, params_b: float, rates: HostRates,
-             delta: float, question: str = "bundle",
+def crossing(platform: Platform, vocab: int, k: int, model: forward.ModelDims | None,
+             rates: HostRates, delta: float, question: str = "bundle",
              sizes: Iterable[int] | None = None) -> dict[str, Any]:
     """The n x V at which a question's answer crosses the bar on a platform (rows scanned at a
     fixed vocabulary): from where the whole interval lies above the bar (``port_from``) and
     from where any of it does (``may_port_from``); None where it never does in the scan."""
-    curve = saving_curve(platform, vocab, k, params_b, rates, delta, question, sizes)
+    curve = saving_curve(platform, vocab, k, model, rates, delta, question, sizes)
     sure = curve[curve["margin_low_ms"] > 0]
     maybe = curve[curve["margin_high_ms"] > 0]
     return {"platform": platform.name, "question": question, "vocab": vocab,
@@ -486,27 +492,27 @@ def crossing(platform: Platform, vocab: int, k: int, params_b: float, rates: Hos
 DEFAULT_ROWS = tuple(2 ** i for i in range(0, 11))  # 1 .. 1024 rows
 
 
-def saving_curve(platform: Platform, vocab: int, k: int, params_b: float, rates: HostRates,
-                 delta: float, question: str = "bundle",
+def saving_curve(platform: Platform, vocab: int, k: int, model: forward.ModelDims | None,
+                 rates: HostRates, delta: float, question: str = "bundle",
                  rows: Iterable[int] | None = None) -> pd.DataFrame:
     """The predicted saving per step (ms, interval) and the bar against n x V, rows scanned."""
     out = []
     for n in rows or DEFAULT_ROWS:
-        model = gpu_model(platform, Cell(n, vocab, k, params_b), rates)
+        predicted = gpu_model(platform, Cell(n, vocab, k, model), rates)
         base_arm, cand_arm = QUESTIONS[question]
-        every = corners(model.knobs)
-        base, cand = model.totals(base_arm, every), model.totals(cand_arm, every)
+        every = corners(predicted.knobs)
+        base, cand = predicted.totals(base_arm, every), predicted.totals(cand_arm, every)
         margin = base - cand - delta * base
-        mid = at_mid(model.knobs)
-        base_mid = float(model.totals(base_arm, mid)[0])
+        mid = at_mid(predicted.knobs)
+        base_mid = float(predicted.totals(base_arm, mid)[0])
         out.append({"platform": platform.name, "question": question, "rows": n, "vocab": vocab,
                     "n_x_v": n * vocab,
-                    "saving_ms": base_mid - float(model.totals(cand_arm, mid)[0]),
+                    "saving_ms": base_mid - float(predicted.totals(cand_arm, mid)[0]),
                     "saving_low_ms": float((base - cand).min()),
                     "saving_high_ms": float((base - cand).max()),
                     "bar_ms": delta * base_mid, "margin_low_ms": float(margin.min()),
                     "margin_high_ms": float(margin.max()),
-                    "extrapolated": any("extrapolated" in note for note in model.notes)})
+                    "extrapolated": any("extrapolated" in note for note in predicted.notes)})
     return pd.DataFrame(out)
 
 
@@ -526,7 +532,7 @@ def _error(predicted: float, measured: float | None) -> float | None:
 
 
 def check_cell(step: pd.DataFrame, rows: int, vocab: int, k: int, *,
-               platform: Platform | None, params_b: float = 0.0,
+               platform: Platform | None, model: forward.ModelDims | None = None,
                log_softmax: str = "device") -> dict[str, Any] | None:
     """One measured cell against the model fed that cell's own host rates: per stage of the
     seed's step and per arm, predicted (interval) beside measured (mean) with the error, a note
@@ -537,7 +543,7 @@ def check_cell(step: pd.DataFrame, rows: int, vocab: int, k: int, *,
     if not rates.samples or not _measured_stage_means(cell, BASELINE):
         return None
     forward = cell[(cell["metric"] == "forward_ms") & (cell["status"] == "ok")]["value"].dropna()
-    shape = Cell(rows, vocab, k, params_b, log_softmax)
+    shape = Cell(rows, vocab, k, model, log_softmax)
     model = (cpu_model(shape, rates) if platform is None else
              gpu_model(platform, shape, rates, float(forward.iloc[0]) if len(forward) else None))
     stages, arms = [], []
@@ -583,13 +589,12 @@ def _reuse_ratio(model: Model, cell: pd.DataFrame) -> dict[str, Any] | None:
             "outside": measured is not None and not ratios.min() <= measured <= ratios.max()}
 
 
-def model_params(path: Path | str = paths.MODEL_SHAPES_FILE) -> dict[int, float]:
-    """Parameters in billions by vocabulary size, from the model table (the first model of each
+def models_by_vocab() -> dict[int, forward.ModelDims]:
+    """Forward dimensions by vocabulary size, from the model table (the first model of each
     vocabulary); the forward of a cell given as a bare size is unknown (0)."""
-    with open(path, newline="", encoding="utf-8") as handle:
-        out: dict[int, float] = {}
-        for row in csv.DictReader(handle):
-            out.setdefault(int(row["vocab"]), float(row["params_b"] or 0))
+    out: dict[int, forward.ModelDims] = {}
+    for name, row in forward.model_table().items():
+        out.setdefault(int(row["vocab"]), forward.model_dims(name))
     return out
 
 
@@ -603,14 +608,14 @@ def check_run(step: pd.DataFrame | None, gpu_name: str | None,
     if gpu_name and platform is None:
         return {"platform": None, "cells": [],
                 "note": f"{gpu_name} has no row in data/platforms.csv: not checked"}
-    params = model_params()
+    models = models_by_vocab()
     where = sorted(step["log_softmax"].dropna().unique()) if "log_softmax" in step else []
     log_softmax = "device" if "device" in where or not where else str(where[0])
     if len(where) > 1:  # both places measured: the device's cells are checked
         step = step[step["log_softmax"].isna() | (step["log_softmax"] == log_softmax)]
     keys = step[step["metric"] == HOST_METRIC][["rows", "vocab", "k"]].drop_duplicates()
     cells = [check_cell(step, int(r.rows), int(r.vocab), int(r.k), platform=platform,
-                        params_b=params.get(int(r.vocab), 0.0), log_softmax=log_softmax)
+                        model=models.get(int(r.vocab)), log_softmax=log_softmax)
              for r in keys.sort_values(["vocab", "rows", "k"]).itertuples()]
     cells = [c for c in cells if c is not None]
     return {"platform": platform.name if platform else CPU_PLATFORM, "cells": cells,

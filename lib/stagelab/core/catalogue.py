@@ -129,6 +129,7 @@ REUSE_LEVER = {STAGING: "pageable_reused", STEP: "seed_pageable_reused"}
 ZERO_FILL_LEVER = "pageable_fresh_empty"  # against the baseline: what zero-fill and free cost
 PIN_PER_CALL = "pinned_fresh"  # pins fresh memory every copy: the one arm cudaHostRegister serves
 NUMPY_TOP_K = "seed_pageable_numpy"  # the baseline's step with numpy's host top-K
+DEVICE_TOP_K = "device_gather"  # log-softmax and top-K on the device, only [n, K+1] copied
 FUSED = "fused"  # the fused device path (step) and method (prompt logprobs)
 OVERLAP_SUFFIX = "+overlap"  # a prompt-logprob method whose copies overlap the next chunk
 

@@ -179,14 +179,14 @@ def _check_chunk(chunk_rows: int | None) -> int | None:
 
 def prompt_logprobs(hidden_states: torch.Tensor, lm_head: LmHead,
                     prompt_token_ids: torch.Tensor, num_logprobs: int,
-                    chunk_rows: int | None, *, method: str = "fused", overlap: bool = True,
+                    chunk_rows: int | None, *, method: str = catalogue.FUSED, overlap: bool = True,
                     copy_engine: CopyEngine | None = None,
                     validate: bool = True) -> lp.LogprobsTensors:
     """Host ``LogprobsTensors`` of ``[T-1, K+1]``: row ``i`` scores ``prompt_token_ids[i+1]``.
 
     ``lm_head`` is a ``[V, H]`` weight or a callable from hidden rows to logits.
     ``chunk_rows=None`` computes every row at once (the reference). ``method="logsoftmax"``
-    builds a fp32 log-softmax per chunk (vLLM V1); ``"fused"`` uses
+    builds a fp32 log-softmax per chunk (vLLM V1); the fused method (``catalogue.FUSED``) uses
     :func:`stagelab.measure.logprobs.logprobs_from_logits`. ``copy_engine`` replaces the copy mechanism
     of the overlapped path (tests inject one that delays copies). A configuration whose predicted
     peak exceeds free memory is refused before anything large is allocated.
@@ -221,7 +221,7 @@ def prompt_logprobs(hidden_states: torch.Tensor, lm_head: LmHead,
         copier = DirectCopier()
     targets = prompt_token_ids[1:].to(device=device, dtype=torch.int64)
     bad_rows = torch.zeros(rows, dtype=torch.bool, device=device)
-    score = _fused_chunk if method == "fused" else _logsoftmax_chunk
+    score = _fused_chunk if method == catalogue.FUSED else _logsoftmax_chunk
     for start in range(0, rows, chunk):
         end = min(start + chunk, rows)
         logits = _project(hidden_states[start:end], lm_head)
@@ -234,7 +234,7 @@ def prompt_logprobs(hidden_states: torch.Tensor, lm_head: LmHead,
     return out
 
 
-BAD_ROWS = {"fused": "logits contain NaN, +inf, or only -inf",
+BAD_ROWS = {catalogue.FUSED: "logits contain NaN, +inf, or only -inf",
             "logsoftmax": "logprobs contain NaN"}
 
 
@@ -286,11 +286,11 @@ def predicted_peak_bytes(tokens: int, vocab: int, chunk: int | None, dtype: torc
     upcast = 0 if dtype == torch.float32 else 4
     if method == "logsoftmax":
         working = chunk * vocab * (4 + max(upcast, lp.BLOCK_TEMP_BYTES))
-    elif method == "fused":
+    elif method == catalogue.FUSED:
         block = lp.block_rows(chunk, vocab, itemsize, lp.bounded_budget(chunk, vocab, itemsize))
         working = block * vocab * max(4 + upcast, lp.BLOCK_TEMP_BYTES)
     else:
-        raise ValueError(f"method must be 'fused' or 'logsoftmax', got {method!r}")
+        raise ValueError(f"method must be {catalogue.FUSED!r} or 'logsoftmax', got {method!r}")
     result_row = (num_logprobs + 1) * 8 + 4
     flags = rows
     return (chunk * vocab * itemsize + working + result_row * (chunk + rows + 2 * chunk)

@@ -693,7 +693,7 @@ def prediction_section(records: Sequence[NodeRecord]) -> str:
     parts = []
     for record in records:
         try:
-            verdict = json.loads((Path(record.run_dir) / "verdict.json").read_text())
+            verdict = json.loads(RunFolder(Path(record.run_dir)).verdict_path.read_text())
         except (TypeError, OSError, ValueError):
             continue
         check = verdict.get("prediction") if isinstance(verdict, dict) else None

@@ -18,38 +18,32 @@ from typing import Any
 import pandas as pd
 
 from stagelab.analyse import predict
-from stagelab.core import schema
+from stagelab.core import catalogue, forward, schema
 from stagelab.core.errors import UserError
 from stagelab.run import profiles
-
-VERDICT_NOTEBOOK = "04_verdict"
 
 
 def decisive_cells(profile: str) -> list[predict.Cell]:
     """The profile's decisive cells (its verdict notebook's rows x models x K), each with its
-    model's parameters for the forward."""
-    values = profiles.profile_parameters(profile).get(VERDICT_NOTEBOOK)
+    model's forward dimensions."""
+    values = profiles.profile_parameters(profile).get(catalogue.VERDICT_NOTEBOOK)
     if values is None:
-        raise UserError(f"profile {profile!r} has no {VERDICT_NOTEBOOK}: no decisive cells")
+        raise UserError(f"profile {profile!r} has no {catalogue.VERDICT_NOTEBOOK}: "
+                        "no decisive cells")
     shapes = model_table()
     cells = []
     for model in values["decisive_models"]:
-        vocab, params_b = (shapes[model] if isinstance(model, str) and model in shapes
-                           else (int(model), 0.0))
-        cells += [predict.Cell(n, vocab, k, params_b) for n in values["decisive_rows"]
+        vocab, dims = (shapes[model] if isinstance(model, str) and model in shapes
+                       else (int(model), None))
+        cells += [predict.Cell(n, vocab, k, dims) for n in values["decisive_rows"]
                   for k in values["decisive_ks"]]
     return cells
 
 
-def model_table() -> dict[str, tuple[int, float]]:
-    """``model -> (vocab, params in billions)`` from data/model_shapes.csv."""
-    import csv
-
-    from stagelab.core import paths
-
-    with open(paths.MODEL_SHAPES_FILE, newline="", encoding="utf-8") as handle:
-        return {r["model"]: (int(r["vocab"]), float(r["params_b"] or 0))
-                for r in csv.DictReader(handle)}
+def model_table() -> dict[str, tuple[int, forward.ModelDims]]:
+    """``model -> (vocab, forward dimensions)`` from data/model_shapes.csv."""
+    return {name: (int(row["vocab"]), forward.model_dims(name))
+            for name, row in forward.model_table().items()}
 
 
 def rates_from_folder(folder: Path) -> tuple[predict.HostRates, str]:
@@ -94,9 +88,9 @@ def predictions(platforms: list[predict.Platform], cells: list[predict.Cell],
     for platform in platforms:
         predicted = [predict.predict_cell(predict.gpu_model(platform, cell, rates), delta)
                      for cell in cells]
-        by_vocab = {(c.vocab, c.k): c.params_b for c in cells}
-        crossings = [predict.crossing(platform, vocab, k, params, rates, delta)
-                     for (vocab, k), params in sorted(by_vocab.items())]
+        by_vocab = {(c.vocab, c.k): c.model for c in cells}
+        crossings = [predict.crossing(platform, vocab, k, model, rates, delta)
+                     for (vocab, k), model in sorted(by_vocab.items())]
         out.append({"platform": platform, "cells": predicted, "crossings": crossings})
     return out
 
@@ -168,9 +162,9 @@ def curves(platforms: list[predict.Platform], cells: list[predict.Cell],
            rates: predict.HostRates, delta: float) -> pd.DataFrame:
     """The predicted saving per step against n x V, per platform and vocabulary (the plot's
     data)."""
-    frames = [predict.saving_curve(p, vocab, k, params, rates, delta)
-              for p in platforms
-              for (vocab, k), params in sorted({(c.vocab, c.k): c.params_b for c in cells}.items())]
+    by_vocab = {(c.vocab, c.k): c.model for c in cells}
+    frames = [predict.saving_curve(p, vocab, k, model, rates, delta)
+              for p in platforms for (vocab, k), model in sorted(by_vocab.items())]
     return pd.concat(frames, ignore_index=True)
 
 
@@ -202,8 +196,8 @@ def cells_of(rows: list[int], models: list[str | int], ks: list[int]) -> list[pr
         if isinstance(model, str) and model not in shapes:
             raise UserError(f"decisive_models: unknown model {model!r}; known: "
                             f"{', '.join(shapes)} (or a vocabulary size)")
-        vocab, params_b = shapes[model] if isinstance(model, str) else (int(model), 0.0)
-        out += [predict.Cell(n, vocab, k, params_b) for n in rows for k in ks]
+        vocab, dims = shapes[model] if isinstance(model, str) else (int(model), None)
+        out += [predict.Cell(n, vocab, k, dims) for n in rows for k in ks]
     return out
 
 
