@@ -665,3 +665,38 @@ def test_a_full_disk_ends_the_measurement_failed_not_running(tmp_path, monkeypat
     assert experiment(manifest, "01_d2h_staging")["status"] == "failed"
     err = capsys.readouterr().err
     assert "Traceback" not in err and "inventory.json: No space left on device" in err
+
+
+# -------------------------------------------- keep re-checks the node's record a replay carries
+
+def replayed_run_carrying(tmp_path: Path, measured_copy: Path) -> Path:
+    from conftest import good_run
+
+    run = good_run(tmp_path / "runs")
+    shutil.copytree(measured_copy, run / "measured")
+    return run
+
+
+def test_keep_refuses_a_replay_whose_node_record_contradicts_itself_even_forced(node, tmp_path):
+    from stagelab.present import evidence
+
+    def pin(rows):
+        for row in rows:
+            if row.get("arm") == "pageable_reused":
+                row["arm"] = "pinned_grow_only"
+    edit_rows(node, "staging", pin)
+    run = replayed_run_carrying(tmp_path, node)
+    with pytest.raises(UserError, match=r"not kept: the node's record it replays contradicts "
+                                        r"itself: measured/rows/staging.jsonl: an ok "
+                                        r"'pinned_grow_only' row"):
+        evidence.keep_evidence(run, tmp_path / "reference", force=True)
+    assert not (tmp_path / "reference").exists() or not list((tmp_path / "reference").rglob(
+        "kept.json"))
+
+
+def test_keep_accepts_a_replay_whose_node_record_holds_together(node, tmp_path):
+    from stagelab.present import evidence
+
+    run = replayed_run_carrying(tmp_path, node)
+    kept = evidence.keep_evidence(run, tmp_path / "reference", force=True)
+    assert (kept / "measured" / "measured.json").is_file()

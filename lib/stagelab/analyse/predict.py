@@ -532,7 +532,7 @@ def _error(predicted: float, measured: float | None) -> float | None:
 
 
 def check_cell(step: pd.DataFrame, rows: int, vocab: int, k: int, *,
-               platform: Platform | None, model: forward.ModelDims | None = None,
+               platform: Platform | None, dims: forward.ModelDims | None = None,
                log_softmax: str = "device") -> dict[str, Any] | None:
     """One measured cell against the model fed that cell's own host rates: per stage of the
     seed's step and per arm, predicted (interval) beside measured (mean) with the error, a note
@@ -543,7 +543,7 @@ def check_cell(step: pd.DataFrame, rows: int, vocab: int, k: int, *,
     if not rates.samples or not _measured_stage_means(cell, BASELINE):
         return None
     forward = cell[(cell["metric"] == "forward_ms") & (cell["status"] == "ok")]["value"].dropna()
-    shape = Cell(rows, vocab, k, model, log_softmax)
+    shape = Cell(rows, vocab, k, dims, log_softmax)
     model = (cpu_model(shape, rates) if platform is None else
              gpu_model(platform, shape, rates, float(forward.iloc[0]) if len(forward) else None))
     stages, arms = [], []
@@ -615,7 +615,7 @@ def check_run(step: pd.DataFrame | None, gpu_name: str | None,
         step = step[step["log_softmax"].isna() | (step["log_softmax"] == log_softmax)]
     keys = step[step["metric"] == HOST_METRIC][["rows", "vocab", "k"]].drop_duplicates()
     cells = [check_cell(step, int(r.rows), int(r.vocab), int(r.k), platform=platform,
-                        model=models.get(int(r.vocab)), log_softmax=log_softmax)
+                        dims=models.get(int(r.vocab)), log_softmax=log_softmax)
              for r in keys.sort_values(["vocab", "rows", "k"]).itertuples()]
     cells = [c for c in cells if c is not None]
     return {"platform": platform.name if platform else CPU_PLATFORM, "cells": cells,

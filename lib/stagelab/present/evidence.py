@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stagelab.analyse import calibration, trust
-from stagelab.core import catalogue, paths, records, rundir, schema
+from stagelab.analyse import calibration, claims, trust
+from stagelab.core import catalogue, paths, records, rundir, schema, untrusted
 from stagelab.core.errors import SchemaError, UserError
 from stagelab.core.records import RunFolder
 from stagelab.present import inert
@@ -144,8 +144,50 @@ def check_evidence(run_dir: Path, manifest: dict[str, Any]) -> None:
         folder.read_verdict()
         for table_file in folder.tables():
             schema.read_table(folder.path, table_file.stem)
+        problem = measured_copy_problem(folder.path)
     except (UserError, SchemaError) as exc:
         raise UserError(f"{folder.path}: not kept: {exc}") from exc
+    if problem:
+        raise UserError(f"{folder.path}: not kept: the node's record it replays contradicts "
+                        f"itself: {problem}")
+
+
+MEASURED_COPY = "measured"  # a replay's copy of the node's record
+
+
+def _optional_json(folder: Path, name: str) -> Any:
+    try:
+        return untrusted.load_json(folder / name, root=folder)
+    except FileNotFoundError:
+        return None
+
+
+def measured_copy_problem(run_dir: Path) -> str | None:
+    """Why the node's record a replay carries (``measured/``) contradicts itself
+    (:mod:`stagelab.analyse.claims`: rows against its hardware, preflight, the catalogue and
+    physical bounds), or None; read as a stranger's files are (:mod:`stagelab.core.untrusted`)."""
+    copy = Path(run_dir) / MEASURED_COPY
+    if not (copy / "measured.json").is_file():
+        return None
+    manifest = untrusted.load_json(copy / "measured.json", root=copy)
+    hardware, preflight = (_optional_json(copy, name)
+                           for name in (RunFolder.HARDWARE, RunFolder.PREFLIGHT))
+    hardware = {} if hardware is None else hardware  # no snapshot: nothing vouches for CUDA
+    if not isinstance(manifest, dict) or not isinstance(hardware, dict):
+        return "measured.json or hardware.json is not a JSON object"
+    for entry in manifest.get("experiments") or []:
+        table = entry.get("table") if isinstance(entry, dict) else None
+        if table not in catalogue.tables():
+            continue
+        try:
+            rows = schema.read_json_lines(copy / "rows" / f"{table}.jsonl", root=copy)
+        except FileNotFoundError:
+            continue
+        found = claims.rows_problems(table, rows, entry, hardware,
+                                     preflight if isinstance(preflight, dict) else None)
+        if found:
+            return f"{MEASURED_COPY}/rows/{table}.jsonl: {found[0]}"
+    return None
 
 
 def keep_evidence(run_dir: Path, root: Path | None = None, force: bool = False) -> Path:

@@ -8,7 +8,7 @@ experiment the profile needs, or makes a claim the rest of it contradicts.
 The folder is a stranger's: parameter names come from each notebook's own parameters cell
 (the measured values are data checked against them), files are read only by known names
 (:mod:`stagelab.core.untrusted`), and rows are checked against the folder's own hardware
-snapshot and preflight (:mod:`stagelab.run.claims`). An experiment that measured nothing (stopped before its first
+snapshot and preflight (:mod:`stagelab.analyse.claims`). An experiment that measured nothing (stopped before its first
 cell) is left out of the run, and the verdict names it with every other gap.
 """
 
@@ -18,10 +18,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from stagelab.analyse import claims
 from stagelab.core import outcomes, untrusted
 from stagelab.core.errors import UserError
 from stagelab.core.records import RunFolder
-from stagelab.run import claims, measure_command, profiles
+from stagelab.run import measure_command, profiles
 from stagelab.run.profiles import NotebookPlan, RunPlan
 
 
@@ -111,7 +112,7 @@ def read_folder_json(folder: Path, name: str, required: bool = True) -> dict[str
 def check_claims(folder: Path, entry: dict[str, Any], hardware: dict[str, Any],
                  preflight: dict[str, Any] | None) -> None:
     """UserError when an experiment's rows disagree with the folder's hardware snapshot,
-    preflight, the catalogue or physical bounds (:mod:`stagelab.run.claims`)."""
+    preflight, the catalogue or physical bounds (:mod:`stagelab.analyse.claims`)."""
     if entry["table"] is None:
         return
     rows = measure_command.measured_rows(folder, entry["table"])

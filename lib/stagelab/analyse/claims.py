@@ -32,7 +32,7 @@ BOOKKEEPING_ARMS = ("order", "rounds", "forward", "sync_debug", "nvml_pcie", "ho
 def node_has_cuda(hardware: Mapping[str, Any], preflight: Mapping[str, Any] | None) -> bool:
     """Whether the node's own records allow a CUDA device: its snapshot saw a GPU, or torch said
     CUDA was available, or its preflight's CUDA check passed."""
-    torch_info = hardware.get("torch") if isinstance(hardware.get("torch"), dict) else {}
+    torch_info = _part(hardware, "torch")
     if hardware.get("gpu") or torch_info.get("cuda_available") is True:
         return True
     checks = (preflight or {}).get("checks") or []
@@ -42,11 +42,16 @@ def node_has_cuda(hardware: Mapping[str, Any], preflight: Mapping[str, Any] | No
 
 def link_gb_per_s(hardware: Mapping[str, Any]) -> float | None:
     """The fastest per-direction PCIe rate the node recorded (GB/s), None when unknown."""
-    nvml = hardware.get("nvml") if isinstance(hardware.get("nvml"), dict) else {}
-    rates = [nvml.get(key) for key in ("pcie_max_gbps_per_direction",
-                                       "pcie_current_gbps_per_direction")]
-    rates = [r for r in rates if isinstance(r, (int, float)) and not isinstance(r, bool) and r > 0]
+    nvml = _part(hardware, "nvml")
+    rates = [float(nvml[key]) for key in ("pcie_max_gbps_per_direction",
+                                          "pcie_current_gbps_per_direction")
+             if _number(nvml.get(key)) and nvml[key] > 0]
     return max(rates) if rates else None
+
+
+def _part(snapshot: Mapping[str, Any], name: str) -> dict[str, Any]:
+    part = snapshot.get(name)
+    return part if isinstance(part, dict) else {}
 
 
 def _catalogue_arm(table: str, name: str) -> catalogue.Arm | None:
@@ -126,7 +131,7 @@ def rows_problems(table: str, rows: Sequence[Mapping[str, Any]], entry: Mapping[
     (``entry`` is the experiment's record in measured.json: its parameters and seconds)."""
     cuda, link = node_has_cuda(hardware, preflight), link_gb_per_s(hardware)
     allowed = allowed_arms(table, entry.get("parameters") or {})
-    took = entry.get("measured_s")
+    took: Any = entry.get("measured_s")
     longest = min(float(took), MAX_SECONDS) if _number(took) and took > 0 else MAX_SECONDS
     found: list[str] = []
     for row in rows:
