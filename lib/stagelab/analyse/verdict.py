@@ -479,7 +479,7 @@ def calibrate_rule(decisive: list[dict[str, Any]], trials: int, delta: float,
                    seed: int) -> list[dict[str, Any]]:
     """The rule's simulated error rates at the rounds this run's decisive cells have (the fewest)
     and for a family of as many cells, under every noise model at fixed rounds (rounds until
-    precise are calibrated in docs/method.md's table); none where no trials were asked for or no
+    precise are calibrated in docs/decision-rule.md); none where no trials were asked for or no
     decisive cell has two rounds."""
     rounds = [c["baseline_rounds"] for c in decisive if c["baseline_rounds"] >= 2]
     if not trials or not rounds:
