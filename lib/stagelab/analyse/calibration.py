@@ -1,7 +1,7 @@
 """The decision rule's error rates, measured on simulated timings with a known true speedup.
 
 The simulation is independent of the rule's own assumptions: it draws each sample of a round
-(baseline, candidate, A/A twin, in the balanced order the bench uses) from one of nine noise
+(baseline, candidate, A/A twin, in the balanced order the bench uses) from one of eleven noise
 models, some of which break what a bootstrap over rounds takes for granted (independent,
 identically distributed rounds):
 
@@ -27,7 +27,7 @@ PORT in at least 90 % at 3 delta. Each rate is judged on its Wilson interval (95
 when the whole interval lies on the right side of the requirement, so a row near 5 % needs about
 1000 trials to be met. A row that misses its requirement is shown, not hidden: that is where the
 rule falls short. Rounds until precise start at the rounds a PORT needs, as the bench's stop rule
-does (:data:`stagelab.core.design.TAIL_ROUNDS`).
+does (:data:`stagelab.core.design.TAIL_ROUNDS`). What was measured: docs/decision-rule.md.
 """
 
 from __future__ import annotations

@@ -42,6 +42,8 @@ neighbour's load). The statistics keep that pairing.
   alarms near ``1 - confidence`` for the whole run rather than for each twin.
 * **Bad input never crashes the decision**: a non-finite, zero or negative time, a missing,
   non-numeric or wrongly shaped series, or a bad bar makes its cell INCONCLUSIVE with the reason.
+
+The rule in prose, with its calibration: docs/decision-rule.md.
 """
 
 from __future__ import annotations

@@ -9,8 +9,9 @@ decisive cells (named by the profile: rows x models x K) are one family, decided
 (default 2 %) of the decode step (forward + logprobs step), i.e. a step speedup of
 ``1 / (1 - delta)`` on the ratio of mean step times:
 
-* PORT: a cell's lower bound at Holm's level lies above that and above its A/A twin's CI, and no
-  cell is slower beyond delta;
+* PORT: a cell's lower bound at Holm's level lies above that and above its A/A twin's CI, and
+  every cell can support a PORT (at least 149 rounds, its mean and its p99 tail not slower beyond
+  delta);
 * CLOSE: every cell's upper bound (one-sided 5 %) lies below it (any benefit is too small to be
   worth a change; slower counts too);
 * INCONCLUSIVE otherwise, with each cell's reason (not measured, too few rounds, bad timings,
@@ -23,7 +24,8 @@ never decide. The ``harness`` block checks every A/A twin of the run as one fami
 whether identical arms differ beyond delta. The ``prediction`` block sets the cost model
 (:mod:`stagelab.analyse.predict`, fed this run's own host rates) beside what the run measured.
 Deterministic: the same folder gives the same file.
-Torch-free.
+Torch-free. The rule in full (the three questions, the 149-round floor, the p99 tail check, the
+allocator regimes, the forward model, the calibration): docs/decision-rule.md.
 """
 
 from __future__ import annotations
