@@ -22,7 +22,7 @@ from stagelab import cli
 from stagelab.core import paths, provenance, records, rundir, schema
 from stagelab.core.errors import RowsFileFull, UserError
 from stagelab.present import evidence
-from stagelab.run import measure_command, replay
+from stagelab.run import measure_command, profiles, replay
 
 REPO = paths.REPO_ROOT
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU outcome needs no CUDA")
@@ -327,3 +327,27 @@ def test_the_lease_command_rehearsed_on_a_cpu_comes_back_whole(tmp_path):
         "staging.jsonl.gz", "step.jsonl.gz"]
     results = evidence.results_file(root).read_text()
     assert run_dir.name in results and "kept with --force" in results  # listed, labelled
+
+
+@pytest.mark.parametrize("decides, force, rehearse, refused", [
+    (True, False, False, True), (True, True, False, True), (True, False, True, False),
+    (False, False, False, True), (False, True, False, False), (False, False, True, False)])
+def test_only_a_profile_that_decides_holds_a_cpu_to_its_decisive_no_go(
+        tmp_path, decides, force, rehearse, refused):
+    """No CUDA: a profile that decides measures only as a rehearsal, whatever --force says; one
+    that does not (smoke, quick) measures what the CPU can with either flag."""
+    request = measure_command.Request("p", {}, {}, tmp_path, force=force, rehearse=rehearse,
+                                      decides=decides)
+    no_cuda = ["cuda: no CUDA device"]
+    assert (measure_command.refused_no_go(request, no_cuda, no_cuda) is not None) is refused
+
+
+def test_another_no_go_passes_with_force_alone(tmp_path):
+    request = measure_command.Request("p", {}, {}, tmp_path, rehearse=True, decides=True)
+    assert measure_command.refused_no_go(request, ["memory: too little"], []) is not None
+    forced = measure_command.Request("p", {}, {}, tmp_path, force=True, decides=True)
+    assert measure_command.refused_no_go(forced, ["memory: too little"], []) is None
+
+
+def test_the_profiles_that_decide_are_gate_and_full():
+    assert [p for p in profiles.load_profiles() if profiles.profile_decides(p)] == ["gate", "full"]

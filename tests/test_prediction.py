@@ -261,10 +261,14 @@ def test_a_measured_step_records_host_rates_and_the_prediction_runs_with_errors_
 
 # ----------------------------------------------------------------------- the command, plot
 
+@pytest.mark.parametrize("sink_class, name", [(schema.GzipJsonLinesSink, "step.jsonl.gz"),
+                                              (schema.JsonLinesSink, "step.jsonl")])
 def test_predict_for_h200_prints_three_answers_per_decisive_cell_and_the_crossing(
-        tmp_path, capsys):
-    sink = schema.JsonLinesSink(tmp_path / "measured" / "rows" / "step.jsonl", run_id="x",
-                                notebook="02_logprobs_step")
+        tmp_path, capsys, sink_class, name):
+    """From a measured folder's rows as ``stagelab measure`` writes them (compressed), or as
+    older folders did (plain)."""
+    sink = sink_class(tmp_path / "measured" / "rows" / name, run_id="x",
+                      notebook="02_logprobs_step")
     rates = [{"arm": "host_rates", "stage": term, "metric": "host_rate", "round": 0,
               "seconds": ms / 1e3 * n / 16, "bytes": 4 * 152_064 * n, "rows": n,
               "vocab": 152_064, "k": 5}

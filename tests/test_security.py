@@ -8,6 +8,7 @@ runs, no file outside it is read, no claim in it is believed unchecked.
 from __future__ import annotations
 
 import ast
+import gzip
 import json
 import os
 import re
@@ -35,9 +36,13 @@ def measured(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def node(tmp_path, measured) -> Path:
-    """A copy of the measurement to tamper with."""
+    """A copy of the measurement to tamper with, its rows as plain JSON lines (which run --from
+    reads as it reads the compressed rows a measurement writes)."""
     copy = tmp_path / "node"
     shutil.copytree(measured, copy)
+    for packed in (copy / "rows").glob("*.jsonl.gz"):
+        packed.with_suffix("").write_bytes(gzip.decompress(packed.read_bytes()))
+        packed.unlink()
     return copy
 
 
@@ -673,7 +678,8 @@ def replayed_run_carrying(tmp_path: Path, measured_copy: Path) -> Path:
     from conftest import good_run
 
     run = good_run(tmp_path / "runs")
-    shutil.copytree(measured_copy, run / "measured")
+    measure_command.copy_record(measured_copy, run / "measured")  # as a replay copies it
+    assert list((run / "measured" / "rows").glob("*.jsonl.gz"))  # compressed, as a replay's are
     return run
 
 
@@ -687,7 +693,7 @@ def test_keep_refuses_a_replay_whose_node_record_contradicts_itself_even_forced(
     edit_rows(node, "staging", pin)
     run = replayed_run_carrying(tmp_path, node)
     with pytest.raises(UserError, match=r"not kept: the node's record it replays contradicts "
-                                        r"itself: measured/rows/staging.jsonl: an ok "
+                                        r"itself: measured/rows/staging.jsonl.gz: an ok "
                                         r"'pinned_grow_only' row"):
         evidence.keep_evidence(run, tmp_path / "reference", force=True)
     assert not (tmp_path / "reference").exists() or not list((tmp_path / "reference").rglob(

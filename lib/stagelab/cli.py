@@ -319,7 +319,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def cmd_fleet(args: argparse.Namespace) -> int:
     from stagelab.run import fleet
 
-    fleet.require_ray()
     plan = fleet.check_request(args.profile, args.param, args.timeout_s, args.force,
                                args.rehearse_on_cpu)
     code, folder = fleet.run_fleet(args.address, plan, args.out, args.accelerator_type,

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from stagelab.analyse import calibration, claims, trust
-from stagelab.core import catalogue, paths, records, rundir, schema, untrusted
+from stagelab.core import catalogue, measured, paths, records, rundir, schema, untrusted
 from stagelab.core.errors import SchemaError, UserError
 from stagelab.core.records import RunFolder
 from stagelab.present import inert
@@ -180,13 +180,14 @@ def measured_copy_problem(run_dir: Path) -> str | None:
         if table not in catalogue.tables():
             continue
         try:
-            rows = schema.read_json_lines(copy / "rows" / f"{table}.jsonl", root=copy)
+            rows = measured.table_rows(copy, table)
         except FileNotFoundError:
             continue
         found = claims.rows_problems(table, rows, entry, hardware,
                                      preflight if isinstance(preflight, dict) else None)
         if found:
-            return f"{MEASURED_COPY}/rows/{table}.jsonl: {found[0]}"
+            name = measured.rows_path(copy, table).relative_to(copy).as_posix()
+            return f"{MEASURED_COPY}/{name}: {found[0]}"
     return None
 
 

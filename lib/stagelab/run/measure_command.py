@@ -51,6 +51,18 @@ from typing import Any
 
 from stagelab.core import catalogue, outcomes, paths, provenance, records, rundir, stops, untrusted
 from stagelab.core.errors import DeadlineReached, RowsFileFull, SchemaError, UserError
+from stagelab.core.measured import (
+    LEASE_MAX_FILE_BYTES,
+    LEASE_MAX_FILES,
+    LEASE_MAX_FOLDERS_BELOW_OUT,
+    MANIFEST,
+    PLAIN_ROWS_SUFFIX,
+    ROWS_DIR,
+    ROWS_SUFFIX,
+    rows_names,
+    rows_path,
+    table_rows,
+)
 from stagelab.core.outcomes import (
     DEADLINE,
     EXIT_INTERRUPTED,
@@ -64,17 +76,11 @@ from stagelab.core.outcomes import (
     PENDING,
     RUNNING,
 )
-from stagelab.core.schema import GzipJsonLinesSink, part_path, read_json_lines
+from stagelab.core.schema import GzipJsonLinesSink
 from stagelab.measure import busy, estimate, experiments
 from stagelab.run import profiles
 
-MANIFEST = "measured.json"
 FORMAT, VERSION = "stagelab-measured", 1
-ROWS_DIR = "rows"
-ROWS_SUFFIX, PLAIN_ROWS_SUFFIX = ".jsonl.gz", ".jsonl"  # written; read as well (older folders)
-# What a lease returns of its output folder: at most 8 files, each at most 16 MiB, none more
-# than two folders below it (``--out`` is one, ``rows/`` the second).
-LEASE_MAX_FILES, LEASE_MAX_FILE_BYTES, LEASE_MAX_FOLDERS_BELOW_OUT = 8, 16 << 20, 1
 EXIT_PARTIAL = outcomes.EXIT_FAILED
 __all__ = ["DEADLINE", "EXIT_INTERRUPTED", "EXIT_NO_GO", "EXIT_OK", "EXIT_USAGE", "FAILED",
            "INTERRUPTED", "NO_GO", "OK", "PENDING", "RUNNING"]  # kept here for callers
@@ -104,6 +110,7 @@ class Request:
     force: bool = False
     command: list[str] = field(default_factory=list)
     rehearse: bool = False
+    decides: bool = False  # the profile decides: a node without its decisive arms refuses it
 
 
 DESCRIPTION = ("Measure a profile's experiments with torch alone into one folder (measured.json, "
@@ -204,7 +211,8 @@ def checked_request(args: argparse.Namespace, command: list[str]) -> Request | N
         raise UserError(f"--deadline-s {args.deadline_s}: give a positive, finite number of "
                         "seconds")
     return Request(args.profile, measuring, every, check_out(args.out), args.deadline_s,
-                   args.force, command, args.rehearse_on_cpu)
+                   args.force, command, args.rehearse_on_cpu,
+                   profiles.profile_decides(args.profile))
 
 
 # ------------------------------------------------------------------------------ predictions
@@ -577,13 +585,17 @@ def run_preflight(recorder: Recorder, request: Request) -> tuple[list[str], list
 
 
 def refused_no_go(request: Request, blocking: list[str], decisive: list[str]) -> str | None:
-    """Why a no-go stops the measurement (None when it goes on): a decisive one unless
-    rehearsing on a CPU, whatever ``--force`` says; any other unless forced."""
-    if decisive and not request.rehearse:
-        return ("preflight no-go: the profile's decisive arms cannot run here (no CUDA or no "
-                "pinned copy): "
-                "nothing measured (exit 3), --force does not pass this; --rehearse-on-cpu "
-                "measures a rehearsal, recorded, never evidence")
+    """Why a no-go stops the measurement (None when it goes on). A decisive no-go (no CUDA, no
+    pinned copy) passes only with ``--rehearse-on-cpu`` for a profile that decides, whatever
+    ``--force`` says, and with either flag for one that does not; any other passes with
+    ``--force``."""
+    if decisive and not request.rehearse and (request.decides or not request.force):
+        if request.decides:
+            return ("preflight no-go: the profile's decisive arms cannot run here (no CUDA or "
+                    "no pinned copy): nothing measured (exit 3), --force does not pass this; "
+                    "--rehearse-on-cpu measures a rehearsal, recorded, never evidence")
+        return ("preflight no-go: no CUDA or no pinned copy here: nothing measured (exit 3); "
+                "--rehearse-on-cpu (or --force) measures what this machine can")
     if set(blocking) - set(decisive) and not request.force:
         return "preflight no-go: nothing measured (exit 3); --force measures anyway"
     return None
@@ -829,45 +841,6 @@ def manifest_problem(manifest: Mapping[str, Any]) -> str | None:
             return f"lists {entry['notebook']} twice"
         seen.add(entry["notebook"])
     return None
-
-
-def rows_names(table: str) -> list[str]:
-    """The names a table's rows may have in a measured folder, in reading order: its compressed
-    file and the files it may roll over into, then the plain file older folders wrote. Names
-    this code knows (a path in the manifest is never followed)."""
-    plain = f"{ROWS_DIR}/{records.plain_name(table, 'table', MANIFEST)}"
-    first = f"{plain}{ROWS_SUFFIX}"
-    return [part_path(first, index).as_posix() for index in range(1, LEASE_MAX_FILES + 1)] + [
-        f"{plain}{PLAIN_ROWS_SUFFIX}"]
-
-
-def rows_paths(folder: Path | str, table: str) -> list[Path]:
-    """A measured table's rows files in order: the compressed file and those it rolled over
-    into, or the plain file of an older folder; empty where there is none (a link counts as
-    there, for the reader to refuse)."""
-    folder = Path(folder)
-    *compressed, plain = (folder / name for name in rows_names(table))
-    found = []
-    for path in compressed:
-        if not os.path.lexists(path):
-            break
-        found.append(path)
-    return found or ([plain] if os.path.lexists(plain) else [])
-
-
-def rows_path(folder: Path | str, table: str) -> Path:
-    """A measured table's first rows file (its compressed name where there is none)."""
-    found = rows_paths(folder, table)
-    return found[0] if found else Path(folder) / rows_names(table)[0]
-
-
-def table_rows(folder: Path | str, table: str) -> list[dict[str, Any]]:
-    """Every row of a measured table's files, read as a stranger's files are; FileNotFoundError
-    where it has none."""
-    found = rows_paths(folder, table)
-    if not found:
-        raise FileNotFoundError(rows_path(folder, table))
-    return [row for path in found for row in read_json_lines(path, root=folder)]
 
 
 def recorded_rows(entry: Mapping[str, Any]) -> int:

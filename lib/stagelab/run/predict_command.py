@@ -18,7 +18,7 @@ from typing import Any
 import pandas as pd
 
 from stagelab.analyse import predict
-from stagelab.core import catalogue, forward, schema
+from stagelab.core import catalogue, forward, measured, schema
 from stagelab.core.errors import UserError
 from stagelab.run import profiles
 
@@ -47,22 +47,23 @@ def model_table() -> dict[str, tuple[int, forward.ModelDims]]:
 
 
 def rates_from_folder(folder: Path) -> tuple[predict.HostRates, str]:
-    """The host rates a folder recorded, and where they came from; UserError when it has none."""
+    """The host rates a folder recorded (a measured folder, a replay's ``measured/`` copy or a
+    run's step table), and where they came from; UserError when it has none. A measured folder
+    is read as a stranger's files are."""
     folder = Path(folder)
     frame = None
-    if (folder / "rows" / "step.jsonl").is_file():
-        frame = schema.make_rows(schema.read_json_lines(folder / "rows" / "step.jsonl"))
-    elif (folder / "measured" / "rows" / "step.jsonl").is_file():
-        frame = schema.make_rows(schema.read_json_lines(folder / "measured" / "rows" /
-                                                        "step.jsonl"))
-    else:
+    for candidate in (folder, folder / "measured"):
+        try:
+            frame = schema.make_rows(measured.table_rows(candidate, "step"))
+            break
+        except FileNotFoundError:
+            continue
+    if frame is None:
         try:
             frame = schema.read_table(folder, "step")
         except FileNotFoundError:
-            pass
-    if frame is None:
-        raise UserError(f"--rates {folder}: no step table (rows/step.jsonl or "
-                        "data/step.parquet) to read host rates from")
+            raise UserError(f"--rates {folder}: no step table (rows/step.jsonl.gz or "
+                            "data/step.parquet) to read host rates from") from None
     rates = predict.host_rates(frame)
     if not rates.samples:
         raise UserError(f"--rates {folder}: its step table has no host_rate rows (recorded "

@@ -84,6 +84,16 @@ def notebook_parameters(path: Path) -> dict[str, Any]:
     return declared
 
 
+def profile_decides(profile: str, entry: dict[str, Any] | None = None) -> bool:
+    """Whether ``profile`` is meant to decide (``"decides": true``): its decisive arms must be
+    able to run where it measures, so a node without them refuses it rather than measure."""
+    entry = load_profiles().get(profile, {}) if entry is None else entry
+    decides = entry.get("decides", False)
+    if not isinstance(decides, bool):
+        raise UserError(f"profile {profile!r}: decides={decides!r} must be true or false")
+    return decides
+
+
 def profile_parameters(profile: str) -> dict[str, dict[str, Any]]:
     """Each notebook of ``profile`` with its effective parameters: the notebook's defaults, then
     the profile's values. UserError, naming the valid profiles, for an unknown one."""
@@ -266,9 +276,7 @@ def plan_run(profile: str, only: Iterable[str] = (),
         chosen = {**(given or {}), **overrides.get(name, {})}
         params.validate(name, {**declared, **chosen}, chosen)
         plans.append(NotebookPlan(name, path, chosen))
-    decides = entry.get("decides", False)
-    if not isinstance(decides, bool):
-        raise UserError(f"profile {profile!r}: decides={decides!r} must be true or false")
+    decides = profile_decides(profile, entry)
     return RunPlan(profile, plans,
                    _timeout(entry, "cell_timeout_s", DEFAULT_CELL_TIMEOUT_S, profile),
                    _timeout(entry, "start_timeout_s", DEFAULT_START_TIMEOUT_S, profile), decides)
