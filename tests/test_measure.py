@@ -124,6 +124,34 @@ def test_the_gate_estimate_stays_within_the_lease_budget(capsys):
     assert out[-1] == "files at most: 6 of the 8 a lease returns"
 
 
+def lease_deadline_s() -> str:
+    """The ``--deadline-s`` of the README's lease command."""
+    command = next(line for line in (REPO / "README.md").read_text().splitlines()
+                   if line.startswith("PYTHONPATH=lib python3 -m stagelab measure --profile gate"))
+    return command.split("--deadline-s ")[1].split()[0]
+
+
+def test_the_readme_lease_deadline_starts_every_gate_cell_on_the_estimate(capsys):
+    """Admission needs 2.5x a cell's prediction left: the deadline the README gives must start
+    every cell of the gate were each to take its estimate, or the family cannot decide."""
+    deadline = lease_deadline_s()
+    assert cli.main(["measure", "--profile", "gate", "--estimate", "cuda",
+                     "--deadline-s", deadline]) == 0
+    out = capsys.readouterr().out
+    assert f"--deadline-s {deadline}: every cell is started on this estimate (9 cells" in out
+    assert float(deadline) <= 600 - 60  # a lease command runs 600 s at most; 60 s to close
+
+
+def test_admission_refuses_a_cell_without_its_safety_multiple_left():
+    rows = [("nb", "a", 100.0), ("nb", "b", 100.0), ("nb", "c", 10.0)]
+    fixed = measure_command.FIXED_S["cuda"]
+    # a at fixed (needs 250); b at fixed + 100 needs 250: refused at 300 + fixed; c then fits
+    assert measure_command.admitted_cells(rows, fixed + 300, "cuda") == [True, False, True]
+    assert measure_command.admitted_cells(rows, fixed + 350, "cuda") == [True, True, True]
+    assert "1 of 3 cells would not be started" in measure_command.format_admission(
+        rows, fixed + 300, "cuda")
+
+
 def test_the_estimate_says_when_a_profile_at_its_round_cap_passes_what_a_lease_returns(capsys):
     assert cli.main(["measure", "--profile", "full", "--estimate", "cuda"]) == 0
     out = capsys.readouterr().out.strip().splitlines()

@@ -203,13 +203,16 @@ def checked_request(args: argparse.Namespace, command: list[str]) -> Request | N
     """The checked request of parsed options, or None after ``--estimate`` printed its table."""
     check_torch()
     measuring, every = resolve(args.profile, args.only, args.param)
-    if args.estimate:
-        print(format_estimate(predict_profile(measuring, args.estimate), args.estimate))
-        print(format_file_sizes(predict_file_bytes(measuring)))
-        return None
     if args.deadline_s is not None and not 0 < args.deadline_s < math.inf:
         raise UserError(f"--deadline-s {args.deadline_s}: give a positive, finite number of "
                         "seconds")
+    if args.estimate:
+        predicted = predict_profile(measuring, args.estimate)
+        print(format_estimate(predicted, args.estimate))
+        if args.deadline_s is not None:
+            print(format_admission(predicted, args.deadline_s, args.estimate))
+        print(format_file_sizes(predict_file_bytes(measuring)))
+        return None
     return Request(args.profile, measuring, every, check_out(args.out), args.deadline_s,
                    args.force, command, args.rehearse_on_cpu,
                    profiles.profile_decides(args.profile))
@@ -258,6 +261,31 @@ def format_estimate(rows: list[tuple[str, str, float]], kind: str) -> str:
     lines.append(f"{'before the first cell':65} {FIXED_S[kind]:11.1f}")
     lines.append(f"{'total on ' + kind:65} {total + FIXED_S[kind]:11.1f}")
     return "\n".join(lines)
+
+
+def admitted_cells(rows: list[tuple[str, str, float]], deadline_s: float,
+                   kind: str) -> list[bool]:
+    """Whether each cell would be started before a deadline ``deadline_s`` seconds after the
+    start, were every cell to take exactly its prediction: the admission's own rule
+    (:func:`admission_seconds`, its safety multiple included), so a lease's deadline can be
+    checked against its profile before the lease."""
+    clock, admitted = FIXED_S[kind], []
+    for _, _, seconds in rows:
+        admitted.append(clock + admission_seconds(seconds, 1.0) <= deadline_s)
+        clock += seconds if admitted[-1] else 0.0
+    return admitted
+
+
+def format_admission(rows: list[tuple[str, str, float]], deadline_s: float, kind: str) -> str:
+    """One line: how many cells a deadline admits on this estimate, and the first it refuses."""
+    admitted = admitted_cells(rows, deadline_s, kind)
+    refused = [f"{name} {label}" for (name, label, _), ok in zip(rows, admitted) if not ok]
+    if not refused:
+        return (f"--deadline-s {deadline_s:g}: every cell is started on this estimate "
+                f"({len(rows)} cells, each admitted with {DEADLINE_SAFETY:g}x its prediction)")
+    return (f"--deadline-s {deadline_s:g}: {len(refused)} of {len(rows)} cells would not be "
+            f"started on this estimate (each needs {DEADLINE_SAFETY:g}x its prediction left), "
+            f"the first {refused[0]}")
 
 
 def predict_file_bytes(notebooks: Mapping[str, Mapping[str, Any]]) -> dict[str, int]:
