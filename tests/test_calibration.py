@@ -146,15 +146,20 @@ def test_calibrate_bad_input_names_the_parameter(kwargs, message):
 def test_the_summary_names_the_worst_false_port_and_the_rows_short_of_their_requirement():
     table = calibration.calibrate(trials=3, noises=calibration.NOISES[:1], adaptive=[False],
                                   cells=2)
-    table.loc[1, ["met", "family_port"]] = [False, 0.5]  # a row short of its requirement
+    table.loc[1, "family_port"] = 0.5  # the worst false PORT, at the bar
+    table.loc[2, ["met", "family_port"]] = [False, 0.5]  # a row short of its requirement
     sentence = calibration.summary(table.to_dict("records"))
     assert sentence.startswith("Calibration of the rule at 30 rounds, 3 simulated families of "
                                "2 cells per row, 3 rows (noise model x truth): false PORT at "
                                "most 50.0% for the family")
-    assert "lognormal 2 %, at the bar, 30 rounds (family PORT 50%" in sentence
-    # 3 trials cannot show a rate under 5 % on its Wilson interval: every row falls short
-    assert "short of a requirement (on its Wilson interval): lognormal 2 %, 1.00, 30 rounds" in (
-        sentence)
+    assert ("short of a requirement (on its Wilson interval): lognormal 2 %, 3 delta, 30 rounds "
+            "(family PORT 50%") in sentence
+    # 3 trials cannot show a rate under 5 % on its Wilson interval: those rows are not judged,
+    # whatever their stored verdict says
+    table.loc[0, "met"] = False
+    sentence = calibration.summary(table.to_dict("records"))
+    assert "1.00, 30 rounds" not in sentence
+    assert "; 2 rows not judged: 3 trials cannot show a rate under 5 % (73 or more can)." in sentence
 
 
 CANDIDATE_STALLS, BASELINE_STALLS = calibration.NOISES[-2], calibration.NOISES[-1]
@@ -233,3 +238,16 @@ def test_a_clear_split_is_recommended_as_such():
     reused = calibration.recommendation_rates(SAVES_3_DELTA, 1.0, rounds=design.TAIL_ROUNDS,
                                               trials=30, cells=3, seed=6)
     assert reused.get("port a reused pageable buffer", 0) >= 0.9
+
+
+def test_too_few_trials_to_show_5_percent_are_not_judged_and_said_so():
+    """With no false PORT at all, 20 trials still leave a Wilson interval above 5 %: such rows
+    are not judged (neither met nor short), and the summary says why instead of 'none short'."""
+    lowest = next(n for n in range(1, 200) if calibration.wilson(0, n)[1] <= 0.05)
+    assert calibration.MIN_TRIALS_FOR_5_PERCENT == lowest
+    table = calibration.calibrate(trials=20, rounds=12, noises=calibration.NOISES[:1],
+                                  truths=["1.00"], adaptive=[False], cells=2)
+    assert table["met"].isna().all()
+    assert table["requirement"].str.startswith("none judged: 20 trials").all()
+    said = calibration.summary(table.to_dict("records"))
+    assert f"1 rows not judged: 20 trials cannot show a rate under 5 % ({lowest} or more" in said

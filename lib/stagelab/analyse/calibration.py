@@ -238,6 +238,11 @@ def _row(setting: Setting, *, trials: int, cells: int, delta: float, seed: int,
     return row
 
 
+# The fewest trials whose Wilson interval, with no hit at all, lies under 5 %: fewer cannot
+# show a false-PORT rate within its requirement, whatever the rule does.
+MIN_TRIALS_FOR_5_PERCENT = 73
+
+
 def wilson(hits: int, trials: int, confidence: float = 0.95) -> tuple[float, float]:
     """The Wilson score interval of a rate of ``hits`` in ``trials`` (scipy)."""
     ci = sps.binomtest(hits, trials).proportion_ci(confidence_level=confidence, method="wilson")
@@ -250,6 +255,9 @@ def _requirement(row: dict, delta: float) -> tuple[str, bool | None]:
     least one when its low end is."""
     precise = row["median_ci_half_width"] <= delta / 2
     rare_port = row["family_port_high"] <= 0.05 and row["cell_port_high"] <= 0.05
+    if row["truth"] in ("1.00", "at the bar") and wilson(0, row["trials"])[1] > 0.05:
+        return (f"none judged: {row['trials']} trials cannot show a rate under 5 % "
+                f"({MIN_TRIALS_FOR_5_PERCENT} or more can)"), None
     if row["truth"] == "1.00" and precise:
         return "PORT <= 5 %, family CLOSE >= 80 %", bool(rare_port and
                                                           row["family_close_low"] >= 0.80)
@@ -349,7 +357,10 @@ def summary(rows: Sequence[dict]) -> str:
     table = pd.DataFrame(list(rows))
     null = table[table["truth"].isin(["1.00", "at the bar"])]
     quiet = table[(table["noise"] == NOISES[0].name) & (table["truth"] == "1.00")]
-    short = table[table["met"].eq(False)]
+    # judged from the trials, not the stored requirement: older verdicts judged point estimates
+    unjudged = table["truth"].isin(["1.00", "at the bar"]) & (
+        wilson(0, int(table["trials"].iloc[0]))[1] > 0.05)
+    short = table[table["met"].eq(False) & ~unjudged]
     missed = "; ".join(f"{r.noise}, {r.truth}, {r.rounds} rounds (family PORT "
                        f"{r.family_port:.0%}, CLOSE {r.family_close:.0%}; cell PORT "
                        f"{r.cell_port:.0%})" for r in short.itertuples())
@@ -360,4 +371,7 @@ def summary(rows: Sequence[dict]) -> str:
             f"{null['cell_port'].max():.1%} for one cell; family CLOSE at a true 1.00 under "
             f"{NOISES[0].name} noise {quiet['family_close'].max():.0%}; short of a requirement "
             f"(on its Wilson interval): "
-            f"{missed or 'none'}.")
+            f"{missed or 'none'}"
+            + (f"; {int(unjudged.sum())} rows not judged: {first['trials']} trials cannot show "
+               f"a rate under 5 % ({MIN_TRIALS_FOR_5_PERCENT} or more can)" if unjudged.any()
+               else "") + ".")
