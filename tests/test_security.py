@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from stagelab import cli
+from stagelab.analyse import predict
 from stagelab.core import untrusted
 from stagelab.core.errors import BadRecord, UserError
 from stagelab.run import execute, measure_command, profiles, replay
@@ -254,8 +255,24 @@ def test_a_copy_faster_than_the_recorded_link_is_refused(node):
         row = next(r for r in rows if r.get("metric") == "time" and r.get("status") == "ok")
         row.update(device="cuda:0 NVIDIA H200", bytes=10**9, seconds=1e-3)  # 1000 GB/s
     edit_rows(node, "staging", impossible)
-    with pytest.raises(UserError, match=r"1000.0 GB/s, faster than the 31.5 GB/s link"):
+    h200 = predict.platform_of_gpu("NVIDIA H200").pinned_gbps[1]  # above the PCIe rate
+    with pytest.raises(UserError, match=rf"1000.0 GB/s, faster than the {h200:.1f} GB/s link"):
         replay_of(node)
+
+
+def test_a_gh200_copy_over_its_c2c_link_is_believed():
+    """NVML reports a GH200's PCIe rate, but its copies go over NVLink-C2C: the bound is the
+    platform's published pinned figure, so an honest 250 GB/s copy is not refused."""
+    from stagelab.analyse import claims
+
+    hardware = {"gpu": {"name": "NVIDIA GH200 480GB"},
+                "nvml": {"pcie_max_gbps_per_direction": 63.0}}
+    link = claims.link_gb_per_s(hardware)
+    assert link == predict.platform_of_gpu("NVIDIA GH200 480GB").pinned_gbps[1] > 250
+    row = {"device": "cuda:0 NVIDIA GH200 480GB", "bytes": 250 * 10**6, "seconds": 1e-3}
+    assert claims.timing_problem("staging", "pinned_grow_only", row, link, 60.0) is None
+    pcie_only = {"nvml": {"pcie_max_gbps_per_direction": 31.5}}  # no GPU name: PCIe alone
+    assert claims.link_gb_per_s(pcie_only) == 31.5
 
 
 def test_the_untouched_measurement_still_replays(node):

@@ -16,6 +16,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from stagelab.analyse import predict
 from stagelab.core import catalogue
 
 # A measured copy may beat the link's nominal rate by this much (rounding of the nominal rate,
@@ -41,12 +42,19 @@ def node_has_cuda(hardware: Mapping[str, Any], preflight: Mapping[str, Any] | No
 
 
 def link_gb_per_s(hardware: Mapping[str, Any]) -> float | None:
-    """The fastest per-direction PCIe rate the node recorded (GB/s), None when unknown."""
+    """The fastest device-to-host rate the node's link allows (GB/s), None when unknown: the
+    per-direction PCIe rate it recorded, or, where its GPU is a platform of
+    ``data/platforms.csv``, that platform's highest published pinned D2H figure if higher (a
+    GH200 copies over NVLink-C2C, far past the PCIe rate NVML reports)."""
     nvml = _part(hardware, "nvml")
     rates = [float(nvml[key]) for key in ("pcie_max_gbps_per_direction",
                                           "pcie_current_gbps_per_direction")
              if _number(nvml.get(key)) and nvml[key] > 0]
-    return max(rates) if rates else None
+    if not rates:
+        return None
+    name = _part(hardware, "gpu").get("name")
+    platform = predict.platform_of_gpu(name) if isinstance(name, str) else None
+    return max(rates + ([platform.pinned_gbps[1]] if platform else []))
 
 
 def _part(snapshot: Mapping[str, Any], name: str) -> dict[str, Any]:
