@@ -244,6 +244,10 @@ def test_the_source_tree_id_is_git_s_and_matches_its_commit(tmp_path):
     subprocess.run(["tar", "-x", "-C", str(tmp_path)], input=archive, check=True)
     (tmp_path / "lib/stagelab/__pycache__").mkdir(exist_ok=True)
     (tmp_path / "lib/stagelab/__pycache__/x.pyc").write_bytes(b"ignored, as git ignores it")
+    (tmp_path / "lib/stagelab/cli.py").chmod(0o755)  # a copy that marks files executable
+    modes = subprocess.run(["git", "-C", str(REPO), "ls-files", "-s", "lib/stagelab"],
+                           capture_output=True, text=True, check=True).stdout.split("\n")
+    assert {line.split()[0] for line in modes if line} == {"100644"}  # what the tree id assumes
     expected = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD:lib/stagelab"],
                               capture_output=True, text=True, check=True).stdout.strip()
     tree = provenance.tree_id(tmp_path / "lib/stagelab")

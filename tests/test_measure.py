@@ -392,6 +392,9 @@ def test_measure_then_replay_equals_a_live_run_over_the_same_rows(tmp_path, smok
     for field in DECISION_FIELDS:
         assert json.loads(json.dumps(expected[field], default=str)) == got[field], field
     assert got["measured_on"]["gaps"] == [] and expected["measured_on"] is None
+    # the smoke fixture rehearses on this CPU: the verdict says so, and names the source
+    assert got["measured_on"]["rehearsal"] is True and got["measured_on"]["source"]["tree"]
+    assert any("was a rehearsal" in finding for finding in got["findings"])
 
 
 @pytest.mark.slow

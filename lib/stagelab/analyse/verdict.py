@@ -747,6 +747,10 @@ def build_verdict(run_dir: Path | str, *, decisive_rows: list[int], decisive_voc
     if verdict["measured_on"] and verdict["measured_on"]["gaps"]:
         verdict["findings"].append("The measurement is partial, so cells may be missing: "
                                    + "; ".join(verdict["measured_on"]["gaps"]) + ".")
+    if verdict["measured_on"] and verdict["measured_on"].get("rehearsal"):
+        verdict["findings"].append("The measurement was a rehearsal (--rehearse-on-cpu, past a "
+                                   "no-go on its decisive arms): it shows the suite runs, and is "
+                                   "never evidence for the decision.")
     return verdict
 
 
@@ -757,7 +761,7 @@ def measured_origin(manifest: dict[str, Any]) -> dict[str, Any] | None:
     if not measured:
         return None
     return {key: measured.get(key) for key in ("host", "gpu", "device", "created_utc", "status",
-                                               "forced", "gaps")}
+                                               "forced", "rehearsal", "source", "gaps")}
 
 
 # ------------------------------------------------------------------------- tables to show

@@ -47,9 +47,9 @@ def _tree(folder: Path) -> bytes | None:
             if sub is None:
                 continue
             entry = ("40000", path.name + "/", sub)  # git sorts a tree as if named "name/"
-        elif stat.S_ISREG(mode):
-            executable = "100755" if mode & stat.S_IXUSR else "100644"
-            entry = (executable, path.name, _object_id("blob", path.read_bytes()))
+        elif stat.S_ISREG(mode):  # the package holds no executable (a test checks git's
+            # index), so a copy that marks its files executable still names the same tree
+            entry = ("100644", path.name, _object_id("blob", path.read_bytes()))
         else:
             continue
         entries.append(entry)

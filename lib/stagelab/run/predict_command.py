@@ -152,7 +152,8 @@ def main(args: argparse.Namespace) -> int:
     cells = decisive_cells(args.profile)
     rates, origin = (rates_from_folder(args.rates) if args.rates else rates_measured_here(cells))
     print(f"Predicted, not measured: {origin}; GPU terms from data/platforms.csv (published "
-          "figures, and ranges where none is published); forward = bf16 weights / HBM.")
+          "figures, and ranges where none is published); forward = (active bf16 weights + KV "
+          f"cache at {forward.DEFAULT_CONTEXT} tokens) / HBM.")
     print(regime_lines(rates))
     for entry in predictions(chosen, cells, rates, args.delta):
         print(format_platform(entry))
