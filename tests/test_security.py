@@ -154,6 +154,19 @@ def test_a_giant_sparse_file_is_refused_before_it_is_read(node):
         replay_of(node)
 
 
+def test_a_compressed_rows_file_past_what_a_lease_returns_is_refused_unread(tmp_path):
+    """measure never writes a rows file past 16 MiB: a larger one is not read at all (a small
+    file could still decompress to a gigabyte, a larger one to far more)."""
+    from stagelab.core import schema
+
+    path = tmp_path / "rows" / "step.jsonl.gz"
+    path.parent.mkdir()
+    with open(path, "wb") as handle:
+        handle.truncate(untrusted.MAX_COMPRESSED_ROWS_BYTES + 1)
+    with pytest.raises(BadRecord, match=r"step.jsonl.gz: \d+ bytes, more than the 16777216"):
+        schema.read_json_lines(path, root=tmp_path)
+
+
 def test_deeply_nested_json_is_one_line(node):
     (node / measure_command.MANIFEST).write_text("[" * 100_000 + "]" * 100_000)
     with pytest.raises(UserError, match="nests deeper than"):

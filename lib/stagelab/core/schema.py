@@ -296,8 +296,8 @@ def read_json_lines(path: Path | str, root: Path | str | None = None) -> list[di
     bounded depth."""
     path = Path(path)
     if path.name.endswith(".gz"):
-        text = gzip_members_text(untrusted.read_regular(path, untrusted.MAX_ROWS_BYTES, root),
-                                 path)
+        text = gzip_members_text(
+            untrusted.read_regular(path, untrusted.MAX_COMPRESSED_ROWS_BYTES, root), path)
         if text and not text.endswith("\n"):
             raise SchemaError(f"{path}: a gzip member does not end with a whole row")
     else:

@@ -25,6 +25,8 @@ from stagelab.core.errors import BadRecord
 
 MAX_JSON_BYTES = 64 * 2**20  # a manifest, snapshot, preflight or inventory: kilobytes in practice
 MAX_ROWS_BYTES = 2**30  # one table's rows as JSON lines: megabytes for the largest profile
+# A compressed rows file: `stagelab measure` never writes one past what a lease returns (16 MiB)
+MAX_COMPRESSED_ROWS_BYTES = 16 << 20
 MAX_JSON_DEPTH = 32  # the records nest a handful of levels deep
 
 
