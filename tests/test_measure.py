@@ -615,3 +615,18 @@ def test_a_manifest_without_its_experiments_is_refused_in_one_line(tmp_path, smo
     (broken / measure_command.MANIFEST).write_text(json.dumps(manifest))
     with pytest.raises(UserError, match="measured.json has no readable list of experiments"):
         measure_command.read_measured(broken)
+
+
+@no_cuda
+def test_run_from_refuses_a_folder_that_measured_nothing(tmp_path, capsys):
+    """A no-go leaves a folder with its records and no rows: replaying it would make a run that
+    decides nothing, so it is refused in one line and no run folder is made."""
+    out = tmp_path / "nogo"
+    assert measure_command.main(["--profile", "smoke", "--out", str(out)]) == (
+        measure_command.EXIT_NO_GO)
+    capsys.readouterr()
+    runs = tmp_path / "runs"
+    assert cli.main(["run", "--profile", "smoke", "--from", str(out), "--out", str(runs)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "it measured nothing (status 'no-go'" in err[0]
+    assert not runs.exists() or not any(runs.iterdir())

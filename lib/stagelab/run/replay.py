@@ -71,6 +71,11 @@ def replay_plan(plan: RunPlan, folder: Path, params: Iterable[str]) -> dict[str,
             notebook.parameters = {**measured_parameters(notebook, entry, folder),
                                    "measured": str(folder)}
             kept.append(notebook)
+    if manifest.get("status") == outcomes.NO_GO or not any(
+            _measured_anything(e) for e in replayed if e["table"] is not None):
+        raise UserError(f"--from {folder}: it measured nothing (status "
+                        f"{manifest.get('status')!r}; preflight.json says why): nothing to "
+                        "replay")
     for entry in replayed:  # once every experiment the profile needs is known to be there
         measure_command.check_rows(folder, entry)
     hardware = read_folder_json(folder, RunFolder.HARDWARE)
