@@ -243,6 +243,46 @@ def test_an_arm_no_catalogue_names_is_refused(node):
         replay_of(node)
 
 
+def first_placed(rows):
+    return [r for r in rows if r.get("metric") == "time" and r.get("stage") == "total"
+            and r.get("position") == 0]
+
+
+def test_positions_the_balanced_order_cannot_give_are_refused(node):
+    """Every sample placed first in its round (a folder made up without the design)."""
+    def all_first(rows):
+        for row in rows:
+            if row.get("metric") == "time" and row.get("position") is not None:
+                row["position"] = 0
+    edit_rows(node, "step", all_first)
+    with pytest.raises(UserError, match=r"places its \d+ arms at \[0, 0"):
+        replay_of(node)
+
+
+def test_positions_that_favour_one_arm_are_refused(node):
+    """Each round a valid permutation, but one arm always first: not the balanced order."""
+    def one_arm_first(rows):
+        first = first_placed(rows)[0]["arm"]
+        by_round: dict = {}
+        for row in rows:
+            if row.get("metric") == "time" and row.get("position") is not None:
+                by_round.setdefault(row["round"], []).append(row)
+        for placed in by_round.values():
+            mine = [r for r in placed if r["arm"] == first]
+            theirs = [r for r in placed if r["arm"] != first]
+            if not mine or not theirs:
+                continue
+            old = mine[0]["position"]
+            for row in placed:  # swap places with whoever was first, every stage alike
+                if row["arm"] == first:
+                    row["position"] = 0
+                elif row["position"] == 0:
+                    row["position"] = old
+    edit_rows(node, "staging", one_arm_first)
+    with pytest.raises(UserError, match="takes one place 3 times and another 0 times"):
+        replay_of(node)
+
+
 def test_rows_no_cell_accounts_for_are_refused(node):
     edit_rows(node, "step", lambda rows: rows.extend(rows[:5]))
     with pytest.raises(UserError, match=r"rows/step.jsonl holds \d+ rows, more than"):

@@ -146,4 +146,46 @@ def rows_problems(table: str, rows: Sequence[Mapping[str, Any]], entry: Mapping[
         problem = row_problem(table, row, allowed, cuda, link, longest)
         if problem and problem not in found:
             found.append(problem)
-    return found
+    placed = positions_problem(rows)
+    return found + ([placed] if placed else [])
+
+
+# What makes one timed configuration: the cell's sizes (its columns) and, within it, the arm
+# with its chunk (prompt logprobs interleave every chunk of a prompt in one round).
+CELL_COLUMNS = ("model", "device", "rows", "vocab", "hidden", "k", "dtype", "log_softmax",
+                "regime")
+
+
+def positions_problem(rows: Sequence[Mapping[str, Any]]) -> str | None:
+    """Why the samples' places in their rounds cannot come from the balanced order
+    (:mod:`stagelab.core.design`), or None. In a cell where every arm ran every round, each
+    round places each arm once, at 0 .. arms - 1, and over the rounds every arm takes every
+    place equally often, within one. A cell where an arm failed (its rounds are shorter) is not
+    checked; neither are rows without a position (folders measured before it was recorded)."""
+    cells: dict[tuple, dict[Any, list[tuple[Any, Any]]]] = {}
+    for row in rows:
+        if (row.get("metric") == "time" and row.get("stage") == catalogue.TOTAL
+                and row.get("status") == "ok" and row.get("position") is not None):
+            key = tuple(row.get(column) for column in CELL_COLUMNS)
+            cells.setdefault(key, {}).setdefault(row.get("round"), []).append(
+                ((row.get("arm"), row.get("chunk")), row.get("position")))
+    for rounds in cells.values():
+        arms = {arm for placed in rounds.values() for arm, _ in placed}
+        if any(len(placed) != len(arms) or {a for a, _ in placed} != arms
+               for placed in rounds.values()):
+            continue  # an arm failed in this cell: its rounds hold fewer arms
+        for index, placed in rounds.items():
+            if sorted(position for _, position in placed) != list(range(len(arms))):
+                return (f"round {index} of a cell places its {len(arms)} arms at "
+                        f"{sorted(position for _, position in placed)}, not once each at "
+                        f"0..{len(arms) - 1} as the balanced order does")
+        counts: dict[tuple[Any, Any], int] = {}
+        for placed in rounds.values():
+            for arm, position in placed:
+                counts[arm, position] = counts.get((arm, position), 0) + 1
+        every = [counts.get((arm, place), 0) for arm in arms for place in range(len(arms))]
+        if max(every) - min(every) > 1:
+            return (f"over {len(rounds)} rounds an arm takes one place {max(every)} times and "
+                    f"another {min(every)} times; the balanced order gives every arm every "
+                    "place equally often, within one")
+    return None
