@@ -204,13 +204,13 @@ def test_deadline_stops_at_a_cell_boundary_and_keeps_what_was_measured(tmp_path,
     step, prompt = manifest["experiments"]
     assert manifest["status"] == step["status"] == prompt["status"] == "deadline"
     assert [(c["cell"].split()[0], c["status"]) for c in step["cells"]] == [
-        ("n=2", "ok"), ("n=3", "deadline")]
+        ("n=2", "ok"), ("n=3", "deadline"), ("n=4", "deadline")]
     assert step["cells"][1]["measured_s"] is None and step["cells"][1]["predicted_s"] == 1e6
     assert {r["rows"] for r in rows_of(out, "step")} == {2}
     assert prompt["cells"] == [] and rows_of(out, "prompt_logprobs") == []
     step_gap, prompt_gap = measure_command.gaps(manifest)
-    assert step_gap.startswith("02_logprobs_step: deadline, 1 of 3 cells measured (step: stopped "
-                               "before cell n=3 V=4096 K=5")
+    assert step_gap.startswith("02_logprobs_step: deadline, 1 of 3 cells measured (step: not "
+                               "started before the deadline: n=3 V=4096 K=5")
     assert prompt_gap == "03_prompt_logprobs: deadline (not started: the deadline came first)"
 
 
@@ -615,6 +615,25 @@ def test_a_manifest_without_its_experiments_is_refused_in_one_line(tmp_path, smo
     (broken / measure_command.MANIFEST).write_text(json.dumps(manifest))
     with pytest.raises(UserError, match="measured.json has no readable list of experiments"):
         measure_command.read_measured(broken)
+
+
+def test_a_cell_after_one_the_deadline_refused_still_runs_where_it_fits(tmp_path, monkeypatch):
+    """A lease lists its largest cells first: one refused for the deadline does not cost the
+    smaller ones after it."""
+    def predictor(notebook, parameters, kind):  # only the middle cell would pass the deadline
+        return lambda cell, rounds, warmup: 1e6 if cell.sizes["rows"] == 3 else 0.0
+
+    monkeypatch.setattr(measure_command, "cell_predictor", predictor)
+    out = tmp_path / "m"
+    code = measure_command.main(["--profile", "smoke", "--only", "02_logprobs_step",
+                                 "--param", "02_logprobs_step.rows=[2, 3, 4]", "--param",
+                                 "02_logprobs_step.arms=[seed_pageable, fused]", "--out", str(out),
+                                 "--deadline-s", "3600", "--rehearse-on-cpu"])
+    assert code == measure_command.EXIT_PARTIAL
+    (step,) = measure_command.read_measured(out)["experiments"]
+    assert [(c["cell"].split()[0], c["status"]) for c in step["cells"]] == [
+        ("n=2", "ok"), ("n=3", "deadline"), ("n=4", "ok")]
+    assert step["status"] == "deadline" and {r["rows"] for r in rows_of(out, "step")} == {2, 4}
 
 
 @no_cuda

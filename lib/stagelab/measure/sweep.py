@@ -158,7 +158,8 @@ class Watcher(Protocol):
     """Asked before each cell whether it may start, told after each how long it took."""
 
     def admit(self, label: str, cell: Cell, rounds: int, warmup: int) -> bool:
-        """False stops the sweep before ``cell`` (e.g. it would pass a deadline)."""
+        """False: ``cell`` is not started (e.g. it would pass a deadline); the sweep goes on
+        to the next cell, which may fit, and raises DeadlineReached at its end."""
 
     def finished(self, label: str, cell: Cell, seconds: float, records: list[dict]) -> None:
         """Record a measured cell."""
@@ -199,8 +200,9 @@ def run(cells: list[Cell], prepare: Callable[[Cell], CellPlan], *, rounds: int,
     sink's run id seeds each cell's arm order, with ``seed``; ``precision`` adds rounds until
     precise (:class:`stagelab.measure.bench.Precision`).
 
-    Raises :class:`~stagelab.core.errors.DeadlineReached` when the watcher refuses a cell: the cells
-    before it are in the sink.
+    Raises :class:`~stagelab.core.errors.DeadlineReached`, once every cell was offered, when the
+    watcher refused any: a smaller cell after a refused one still runs where it fits (a lease
+    lists its largest cells first), and every measured cell is in the sink.
     """
     if rounds <= 0:
         raise ValueError(f"rounds must be positive, got {rounds}")
@@ -210,10 +212,12 @@ def run(cells: list[Cell], prepare: Callable[[Cell], CellPlan], *, rounds: int,
     bar = _progress_bar(len(cells), label, progress and not os.environ.get(HEADLESS_ENV))
     run = str(getattr(sink, "common", {}).get("run_id", ""))
     records: list[dict] = []
+    refused: list[str] = []
     try:
         for index, cell in enumerate(cells, 1):
             if watcher is not None and not watcher.admit(label, cell, rounds, warmup):
-                raise DeadlineReached(f"{label}: stopped before cell {cell.label}")
+                refused.append(cell.label)
+                continue
             started = time.perf_counter()
             found = measure_cell(cell, prepare, rounds=rounds, warmup=warmup, seed=seed,
                                  device=device, run=run, precision=precision,
@@ -234,6 +238,9 @@ def run(cells: list[Cell], prepare: Callable[[Cell], CellPlan], *, rounds: int,
     finally:
         if bar is not None:
             bar.close()
+    if refused:
+        raise DeadlineReached(f"{label}: not started before the deadline: "
+                              f"{'; '.join(refused)}")
     return records
 
 
