@@ -46,8 +46,8 @@ test: $(VENV)/.extra-lab $(VENV)/.extra-test $(VENV)/.extra-fleet browser ## lin
 	$(PY) -m pytest
 
 # The fast lane, before every commit: lint, types, and the tests not marked slow (no notebook,
-# browser or Ray cluster); about a minute and a half on 2 cores (docs/developing.md).
-check: $(VENV)/.extra-test ## lint, types and the fast tests (about a minute and a half)
+# browser or Ray cluster); under 2 minutes on 2 cores (108 s quiet; docs/timings.md).
+check: $(VENV)/.extra-test ## lint, types and the fast tests (under 2 minutes)
 	$(PY) -m ruff check
 	$(PY) -m mypy
 	$(PY) -m pytest -q -m "not slow" -p no:cacheprovider

@@ -22,6 +22,7 @@ def _row(noise, truth, *, trials, adaptive=False, rule=stats.decide_family, roun
     return table.iloc[0]
 
 
+@pytest.mark.slow  # make check's fast lane leaves it to make test
 def test_family_false_port_stays_under_5_percent_with_every_cell_at_the_bar():
     # at the rounds a PORT needs, with enough trials that the Wilson interval can show it
     row = _row(QUIET, "at the bar", trials=1000, rounds=design.TAIL_ROUNDS)
@@ -55,6 +56,7 @@ def _any_cell_ports(cells, **kwargs):
     return stats.FamilyDecision(answer, "any cell", decisions)
 
 
+@pytest.mark.slow  # make check's fast lane leaves it to make test
 def test_negative_control_without_multiplicity_control_the_family_ports_too_often():
     def any_cell_on_30_rounds(cells, **kwargs):
         return _any_cell_ports(cells, **kwargs, port_min_rounds=2)
@@ -174,6 +176,7 @@ def test_stalls_fall_in_one_arm_and_the_mean_keeps_the_truth():
     assert (swapped[:, 1] < 0.013).all() and (swapped[:, 0] > 0.025).mean() > 0.015
 
 
+@pytest.mark.slow  # make check's fast lane leaves it to make test
 def test_a_net_loss_candidate_with_rare_stalls_does_not_port():
     # the case: 5 % faster in most rounds, 4x slower in 2 %: a net loss (about 0.99x)
     net_loss = 1.05 / (1 + 0.02 * 3)
@@ -193,6 +196,7 @@ def test_negative_control_on_few_rounds_any_cell_ports_the_net_loss():
     assert rate["family_port_low"] > 0.5  # a sample of 30 rounds usually holds no stall
 
 
+@pytest.mark.slow  # make check's fast lane leaves it to make test
 def test_one_cell_slower_by_1_5_delta_keeps_five_cells_saving_3_delta_from_porting():
     slower, saving = 1 / (1 + 1.5 * DELTA), 1 / (1 - 3 * DELTA)
     rate = calibration.family_port_rate(QUIET, [slower] + [saving] * 5,
@@ -217,6 +221,7 @@ def test_met_is_judged_on_the_wilson_interval():
 AT_BAR, SAVES_3_DELTA = 1 / (1 - DELTA), 1 / (1 - 3 * DELTA)
 
 
+@pytest.mark.slow  # make check's fast lane leaves it to make test
 @pytest.mark.parametrize("reuse, pinning, wrong, trials", [
     (1.0, AT_BAR, "port the pinned scratch", 300),  # the bundle at the bar, all of it pinning's
     (AT_BAR, 1.0, "port a reused pageable buffer", 300),  # the bundle at the bar: reuse's

@@ -151,6 +151,7 @@ def test_return_problems_name_what_a_lease_would_not_return(tmp_path):
                         f"big.bin: {(16 << 20) + 1} B, over {16 << 20} B"]
 
 
+@pytest.mark.slow  # make check's fast lane leaves it to make test
 def test_a_table_at_the_size_limit_stops_with_a_status_and_keeps_its_cells(tmp_path,
                                                                            monkeypatch):
     monkeypatch.setattr(measure_command, "LEASE_MAX_FILE_BYTES", 1)  # any cell passes it

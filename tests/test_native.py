@@ -175,6 +175,7 @@ def test_a_missing_compiler_is_named(tmp_path):
     assert not available and reason.startswith("no C++ compiler") and "nope" in reason
 
 
+@pytest.mark.slow  # make check's fast lane leaves it to make test
 def test_the_build_is_cached_between_processes(tmp_path):
     env = {"STAGELAB_CACHE": str(tmp_path)}
     assert status_in_new_process(env)[0]
@@ -316,6 +317,7 @@ def _steps(numel, regime, numpy_first=False, interleave=False):
     return json.loads(done.stdout)
 
 
+@pytest.mark.slow  # make check's fast lane leaves it to make test
 @pytest.mark.skipif(native.process_allocator() != "glibc", reason="glibc's regimes")
 def test_a_vector_mapped_fresh_faults_in_every_page_whatever_ran_before():
     numel = 10 * 2 ** 20 // 4  # 10 MiB: below glibc's largest threshold
@@ -331,6 +333,7 @@ def test_a_vector_mapped_fresh_faults_in_every_page_whatever_ran_before():
     assert max(counts) - min(counts) <= 64  # the same with numpy imported or arms between
 
 
+@pytest.mark.slow  # make check's fast lane leaves it to make test
 @pytest.mark.skipif(native.process_allocator() != "glibc", reason="glibc's regimes")
 def test_glibcs_own_regime_is_recorded_as_it_happened():
     numel = 10 * 2 ** 20 // 4  # below 32 MiB: glibc's threshold rises to it once it is freed

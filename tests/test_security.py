@@ -680,6 +680,7 @@ def _serve_once(answer: bytes | None):
     return server
 
 
+@pytest.mark.slow  # make check's fast lane leaves it to make test
 @pytest.mark.parametrize("answer", [None, b"HTTP/1.1 400 Bad Request\r\n\r\n"])
 def test_a_port_that_is_not_ray_fails_within_seconds(answer):
     import time

@@ -145,6 +145,7 @@ def test_an_environment_with_torch_keeps_it(capsys):
     assert capsys.readouterr().out == f"torch {torch.__version__}: already installed\n"
 
 
+@pytest.mark.slow  # make check's fast lane leaves it to make test
 def test_the_bytecode_of_what_a_run_imports_is_written_though_the_environment_says_not(
         tmp_path, monkeypatch, capsys):
     (tmp_path / "warm_me.py").write_text("VALUE = 1\n")
