@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from stagelab.core import catalogue, outcomes, paths
+from stagelab.core import measured as measured_folder
 from stagelab.core.errors import UserError
-from stagelab.measure import estimate, experiments, sweep
-from stagelab.run import context, measure_command, profiles
+from stagelab.measure import estimate, experiments, forecast, sweep
+from stagelab.run import context, profiles
 
 LIB = paths.REPO_ROOT / "lib" / "stagelab"
 MEASURING = [catalogue.notebook_of(e).name for e in catalogue.EXPERIMENTS]
@@ -96,12 +97,12 @@ def test_notebooks_that_measure_no_arm_have_no_binding_and_no_cells():
         assert experiments.of_notebook(name) is None
         assert experiments.notebook_cells(name, {}, "cpu") == []
     with pytest.raises(ValueError, match="not a measuring notebook"):
-        measure_command.cell_predictor(catalogue.ENVIRONMENT_NOTEBOOK, {}, "cpu")
+        forecast.cell_predictor(catalogue.ENVIRONMENT_NOTEBOOK, {}, "cpu")
 
 
 def test_the_measure_command_times_the_tables_the_catalogue_names():
-    assert measure_command.TABLES == {nb: table for table, nb in catalogue.tables().items()}
-    assert measure_command.MEASURING[0] == catalogue.ENVIRONMENT_NOTEBOOK
+    assert measured_folder.TABLES == {nb: table for table, nb in catalogue.tables().items()}
+    assert measured_folder.MEASURING[0] == catalogue.ENVIRONMENT_NOTEBOOK
 
 
 # ------------------------------------------------------------ the estimate reads the catalogue

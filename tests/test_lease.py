@@ -19,8 +19,10 @@ import torch
 
 from conftest import torch_alone
 from stagelab import cli
+from stagelab.core import measured as measured_folder
 from stagelab.core import paths, provenance, records, rundir, schema
 from stagelab.core.errors import RowsFileFull, UserError
+from stagelab.measure import forecast
 from stagelab.present import evidence
 from stagelab.run import measure_command, profiles, replay
 
@@ -77,7 +79,7 @@ def test_a_full_rows_file_rolls_over_once_allowed_and_otherwise_stops_untouched(
     (folder / "rows").mkdir(parents=True)
     for name in ("step.jsonl.gz", "step.2.jsonl.gz"):
         shutil.copy(tmp_path / name, folder / "rows" / name)
-    assert [r["rows"] for r in measure_command.table_rows(folder, "step")] == [1] * 2 + [2] * 40
+    assert [r["rows"] for r in measured_folder.table_rows(folder, "step")] == [1] * 2 + [2] * 40
 
 
 def full_profile_step_rows(cell, rounds: int, rng: random.Random) -> list[dict]:
@@ -106,21 +108,21 @@ def full_profile_step_rows(cell, rounds: int, rng: random.Random) -> list[dict]:
 @pytest.mark.slow  # up to two 16 MiB files of compressed rows: a minute or two
 def test_a_step_table_of_the_full_profile_s_size_comes_back_whole(tmp_path):
     measuring, _ = measure_command.resolve("full", [], [])
-    manifest = {"experiments": [{"table": measure_command.TABLES.get(name)}
+    manifest = {"experiments": [{"table": measured_folder.TABLES.get(name)}
                                 for name in measuring]}
-    another = measure_command.file_budget(measure_command.spare_files(manifest))
+    another = measure_command.file_budget(measured_folder.spare_files(manifest))
     out = tmp_path / "evidence"
     (out / "rows").mkdir(parents=True)
-    for name in measure_command.RECORD_FILES:
+    for name in measured_folder.RECORD_FILES:
         (out / name).write_text("{}\n")
     for table in ("staging", "prompt_logprobs"):
-        schema.GzipJsonLinesSink(out / measure_command.rows_file(table)).append(cell_rows(1, 9))
+        schema.GzipJsonLinesSink(out / measured_folder.rows_file(table)).append(cell_rows(1, 9))
     parameters = measuring["02_logprobs_step"]
-    sink = schema.GzipJsonLinesSink(out / measure_command.rows_file("step"),
-                                    measure_command.LEASE_MAX_FILE_BYTES, another,
+    sink = schema.GzipJsonLinesSink(out / measured_folder.rows_file("step"),
+                                    measured_folder.LEASE_MAX_FILE_BYTES, another,
                                     run_id="evidence", notebook="02_logprobs_step")
     rng, written, stopped = random.Random(0), 0, None
-    for cell in measure_command.sweep_cells("02_logprobs_step", parameters, "cpu"):
+    for cell in forecast.sweep_cells("02_logprobs_step", parameters, "cpu"):
         rows = full_profile_step_rows(cell, parameters["max_rounds"], rng)
         try:
             sink.append(rows)
@@ -131,11 +133,11 @@ def test_a_step_table_of_the_full_profile_s_size_comes_back_whole(tmp_path):
     files = sorted(p for p in out.rglob("*") if p.is_file())
     assert written > 500_000 and sink.parts == 2  # the spare file taken, then a stop
     assert stopped and "would pass 16777216 B" in stopped
-    assert len(files) == measure_command.LEASE_MAX_FILES
+    assert len(files) == measured_folder.LEASE_MAX_FILES
     assert all(p.stat().st_size <= 16 << 20 for p in files)
     assert all(len(p.relative_to(out).parts) <= 2 for p in files)
-    assert measure_command.return_problems(out) == []
-    assert len(measure_command.table_rows(out, "step")) == written  # every cell before, whole
+    assert measured_folder.return_problems(out) == []
+    assert len(measured_folder.table_rows(out, "step")) == written  # every cell before, whole
 
 
 def test_return_problems_name_what_a_lease_would_not_return(tmp_path):
@@ -145,7 +147,7 @@ def test_return_problems_name_what_a_lease_would_not_return(tmp_path):
         handle.truncate((16 << 20) + 1)
     for i in range(7):
         (tmp_path / f"f{i}.json").write_text("{}")
-    problems = measure_command.return_problems(tmp_path)
+    problems = measured_folder.return_problems(tmp_path)
     assert problems == ["9 files, more than the 8 a lease returns",
                         "a/b/deep.json: deeper than a lease returns",
                         f"big.bin: {(16 << 20) + 1} B, over {16 << 20} B"]
@@ -158,13 +160,13 @@ def test_a_table_at_the_size_limit_stops_with_a_status_and_keeps_its_cells(tmp_p
     out = tmp_path / "m"
     code = measure_command.main(["--profile", "smoke", "--only", "03_prompt_logprobs", "--out",
                                  str(out), "--rehearse-on-cpu"])
-    manifest = measure_command.read_measured(out)
+    manifest = measured_folder.read_measured(out)
     (prompt,) = manifest["experiments"]
     assert code == measure_command.EXIT_PARTIAL and manifest["status"] == "failed"
     assert prompt["status"] == "failed" and prompt["cells"] == []
     assert prompt["error"].startswith("stopped before a cell that would not come back: "
                                       "prompt_logprobs.jsonl.gz: ")
-    assert measure_command.measured_rows(out, "prompt_logprobs") == []
+    assert measured_folder.measured_rows(out, "prompt_logprobs") == []
 
 
 def test_a_replay_keeps_rows_compressed_even_from_a_plain_folder(tmp_path):
@@ -172,9 +174,9 @@ def test_a_replay_keeps_rows_compressed_even_from_a_plain_folder(tmp_path):
     (folder / "rows").mkdir(parents=True)
     schema.JsonLinesSink(folder / "rows" / "step.jsonl", run_id="r").append(cell_rows(1, 5))
     dest = tmp_path / "run" / "measured"
-    measure_command.copy_record(folder, dest)
+    measured_folder.copy_record(folder, dest)
     assert [p.name for p in (dest / "rows").iterdir()] == ["step.jsonl.gz"]
-    assert measure_command.table_rows(dest, "step") == measure_command.table_rows(
+    assert measured_folder.table_rows(dest, "step") == measured_folder.table_rows(
         folder, "step")
 
 
@@ -193,7 +195,7 @@ def test_force_never_passes_no_cuda_exit_3_within_seconds(tmp_path):
     # before the first cell: 4.3 s on this machine when quiet; a forced CPU gate used to
     # measure for 350-395 s. The bound is loose (a shared machine), the stop is exact:
     assert elapsed < 60
-    manifest = measure_command.read_measured(out)
+    manifest = measured_folder.read_measured(out)
     assert manifest["status"] == "no-go" and manifest["forced"] is True
     assert manifest["preflight"]["decisive"][0].startswith("cuda: ")
     assert all(e["status"] == "pending" and e["cells"] == [] and "started_utc" not in e
@@ -222,9 +224,9 @@ def test_keep_refuses_a_replay_of_a_rehearsal_or_a_forced_no_go():
 
 
 def test_deadline_admission_takes_the_worse_of_scaled_and_a_safety_multiple():
-    assert measure_command.admission_seconds(10.0, 1.0) == 10.0 * measure_command.DEADLINE_SAFETY
-    assert measure_command.admission_seconds(10.0, 4.0) == 40.0
-    recorder = measure_command.Recorder(Path("unused"), {"experiments": []})
+    assert forecast.admission_seconds(10.0, 1.0) == 10.0 * forecast.DEADLINE_SAFETY
+    assert forecast.admission_seconds(10.0, 4.0) == 40.0
+    recorder = measured_folder.Recorder(Path("unused"), {"experiments": []})
     recorder.save = lambda: None
     entry = {"cells": []}
     deadline = time.monotonic() + 20  # 10 s predicted fits once, not at 2.5x
@@ -263,11 +265,11 @@ def test_the_source_tree_id_is_git_s_and_matches_its_commit(tmp_path):
 def test_a_commit_named_in_the_environment_is_honoured_without_git(monkeypatch):
     monkeypatch.setattr(rundir, "git_state", lambda: {"commit": None, "dirty": None})
     monkeypatch.setenv(provenance.COMMIT_ENV, "abc123")
-    assert measure_command.commit_state() == {"commit": "abc123", "dirty": None,
+    assert measured_folder.commit_state() == {"commit": "abc123", "dirty": None,
                                               "from": provenance.COMMIT_ENV}
     assert provenance.source_record()["commit_env"] == "abc123"
     monkeypatch.delenv(provenance.COMMIT_ENV)
-    assert measure_command.commit_state() == {"commit": None, "dirty": None}
+    assert measured_folder.commit_state() == {"commit": None, "dirty": None}
     origin = {"source": {"tree": "f" * 40, "matched_commit": None, "commit_env": "abc123"}}
     assert replay.source_line(origin).endswith("matches no commit here; it names commit abc123")
 
@@ -275,7 +277,7 @@ def test_a_commit_named_in_the_environment_is_honoured_without_git(monkeypatch):
 def test_the_manifest_records_the_source_tree_of_this_checkout(tmp_path, monkeypatch):
     monkeypatch.setenv(provenance.COMMIT_ENV, "given")
     request = measure_command.Request("smoke", {}, {}, tmp_path, rehearse=True)
-    manifest = measure_command.new_manifest(request, tmp_path)
+    manifest = measured_folder.new_manifest(request, tmp_path)
     assert manifest["source"] == {"path": "lib/stagelab",
                                   "tree": provenance.tree_id(REPO / "lib/stagelab"),
                                   "commit_env": "given"}
@@ -309,11 +311,11 @@ def test_the_lease_command_rehearsed_on_a_cpu_comes_back_whole(tmp_path):
     assert done.returncode in (measure_command.EXIT_OK, measure_command.EXIT_PARTIAL), (
         done.stderr[-3000:])
     out = lease_out / "evidence"
-    manifest = measure_command.read_measured(out)
+    manifest = measured_folder.read_measured(out)
     assert manifest["rehearsal"] is True and manifest["forced"] is True
     assert manifest["preflight"]["decisive"] and manifest["source"]["tree"]
     returned = [p for p in lease_out.rglob("*") if p.is_file()]
-    assert len(returned) <= 8 and measure_command.return_problems(out) == []
+    assert len(returned) <= 8 and measured_folder.return_problems(out) == []
     assert all(p.stat().st_size <= 16 << 20 and len(p.relative_to(lease_out).parts) <= 3
                for p in returned)  # at most two folders below the lease's output folder
     assert "a lease would not return" not in done.stderr

@@ -19,10 +19,11 @@ import torch
 from conftest import BLOCKED, BLOCKING_RUNNER, StoppedInAFinalizer, torch_alone
 from stagelab import cli
 from stagelab.analyse import verdict
+from stagelab.core import measured as measured_folder
 from stagelab.core import paths, schema, stops
 from stagelab.core.errors import UserError
 from stagelab.measure import bench as bench_module
-from stagelab.measure import estimate
+from stagelab.measure import estimate, forecast
 from stagelab.run import measure_command, profiles
 
 REPO = paths.REPO_ROOT
@@ -30,7 +31,7 @@ no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU outcome 
 
 
 def rows_of(folder: Path, table: str) -> list[dict]:
-    return measure_command.measured_rows(folder, table)
+    return measured_folder.measured_rows(folder, table)
 
 
 @pytest.fixture(scope="module")
@@ -49,14 +50,14 @@ def test_help_works_with_torch_alone():
 
 
 def test_the_smoke_profile_is_measured_with_torch_alone(smoke):
-    manifest = measure_command.read_measured(smoke)
+    manifest = measured_folder.read_measured(smoke)
     assert (manifest["format"], manifest["version"], manifest["status"]) == (
-        measure_command.FORMAT, measure_command.VERSION, "ok")
+        measured_folder.FORMAT, measured_folder.VERSION, "ok")
     assert manifest["forced"] is False and manifest["rehearsal"] is True
     assert manifest["versions"]["torch"] == torch.__version__
     # installed here, refused by the import hook: not importable, so no version is claimed
     assert manifest["versions"]["numpy"] is None and manifest["versions"]["nvidia-ml-py"] is None
-    assert [e["notebook"] for e in manifest["experiments"]] == list(measure_command.MEASURING)
+    assert [e["notebook"] for e in manifest["experiments"]] == list(measured_folder.MEASURING)
     for name in ("hardware.json", "preflight.json", "inventory.json"):
         assert json.loads((smoke / name).read_text())
     inventory = json.loads((smoke / "inventory.json").read_text())
@@ -120,7 +121,7 @@ def test_the_gate_estimate_stays_within_the_lease_budget(capsys):
     assert float(total.split()[-1]) <= 480
     sizes = {line.split()[0]: int(line.split()[1]) for line in out if line.startswith("rows/")}
     assert set(sizes) == {"rows/staging.jsonl.gz", "rows/step.jsonl.gz"}
-    assert all(0 < size <= measure_command.LEASE_MAX_FILE_BYTES for size in sizes.values())
+    assert all(0 < size <= measured_folder.LEASE_MAX_FILE_BYTES for size in sizes.values())
     assert out[-1] == "files at most: 6 of the 8 a lease returns"
 
 
@@ -144,11 +145,11 @@ def test_the_readme_lease_deadline_starts_every_gate_cell_on_the_estimate(capsys
 
 def test_admission_refuses_a_cell_without_its_safety_multiple_left():
     rows = [("nb", "a", 100.0), ("nb", "b", 100.0), ("nb", "c", 10.0)]
-    fixed = measure_command.FIXED_S["cuda"]
+    fixed = forecast.FIXED_S["cuda"]
     # a at fixed (needs 250); b at fixed + 100 needs 250: refused at 300 + fixed; c then fits
-    assert measure_command.admitted_cells(rows, fixed + 300, "cuda") == [True, False, True]
-    assert measure_command.admitted_cells(rows, fixed + 350, "cuda") == [True, True, True]
-    assert "1 of 3 cells would not be started" in measure_command.format_admission(
+    assert forecast.admitted_cells(rows, fixed + 300, "cuda") == [True, False, True]
+    assert forecast.admitted_cells(rows, fixed + 350, "cuda") == [True, True, True]
+    assert "1 of 3 cells would not be started" in forecast.format_admission(
         rows, fixed + 300, "cuda")
 
 
@@ -200,7 +201,7 @@ def test_deadline_stops_at_a_cell_boundary_and_keeps_what_was_measured(tmp_path,
                          "02_logprobs_step.arms=[seed_pageable, fused]", "--out", str(out),
                          "--deadline-s", "3600", "--rehearse-on-cpu"])
     assert code == measure_command.EXIT_PARTIAL
-    manifest = measure_command.read_measured(out)
+    manifest = measured_folder.read_measured(out)
     step, prompt = manifest["experiments"]
     assert manifest["status"] == step["status"] == prompt["status"] == "deadline"
     assert [(c["cell"].split()[0], c["status"]) for c in step["cells"]] == [
@@ -208,7 +209,7 @@ def test_deadline_stops_at_a_cell_boundary_and_keeps_what_was_measured(tmp_path,
     assert step["cells"][1]["measured_s"] is None and step["cells"][1]["predicted_s"] == 1e6
     assert {r["rows"] for r in rows_of(out, "step")} == {2}
     assert prompt["cells"] == [] and rows_of(out, "prompt_logprobs") == []
-    step_gap, prompt_gap = measure_command.gaps(manifest)
+    step_gap, prompt_gap = measured_folder.gaps(manifest)
     assert step_gap.startswith("02_logprobs_step: deadline, 1 of 3 cells measured (step: not "
                                "started before the deadline: n=3 V=4096 K=5")
     assert prompt_gap == "03_prompt_logprobs: deadline (not started: the deadline came first)"
@@ -219,7 +220,7 @@ def test_a_no_go_preflight_stops_before_measuring(tmp_path, capsys):
     out = tmp_path / "m"
     assert measure_command.main(["--profile", "smoke", "--only", "01_d2h_staging", "--out",
                          str(out)]) == measure_command.EXIT_NO_GO
-    manifest = json.loads((out / measure_command.MANIFEST).read_text())
+    manifest = json.loads((out / measured_folder.MANIFEST).read_text())
     assert manifest["status"] == "no-go" and manifest["preflight"]["blocking"]
     assert json.loads((out / "preflight.json").read_text())["decision"] == "no-go"
     assert rows_of(out, "staging") == [] and not (out / "rows" / "staging.jsonl.gz").exists()
@@ -239,7 +240,7 @@ def stop_in_the_second_step_cell(out: Path, signum: int) -> int:
         cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 300
-        while not ((out / measure_command.MANIFEST).exists() and rows_of(out, "step")):
+        while not ((out / measured_folder.MANIFEST).exists() and rows_of(out, "step")):
             assert process.poll() is None and time.monotonic() < deadline, "no first cell"
             time.sleep(0.1)
         time.sleep(1.0)  # inside the second cell (50 rounds of a 39 MB step: many seconds)
@@ -263,7 +264,7 @@ def killed(tmp_path_factory) -> Path:
 def test_sigterm_is_an_interruption_recorded_with_exit_130(tmp_path, signum):
     out = tmp_path / "evidence"
     assert stop_in_the_second_step_cell(out, signum) == measure_command.EXIT_INTERRUPTED
-    manifest = json.loads((out / measure_command.MANIFEST).read_text())  # written by the process itself
+    manifest = json.loads((out / measured_folder.MANIFEST).read_text())  # written by the process itself
     statuses = [e["status"] for e in manifest["experiments"]]
     assert manifest["status"] == "interrupted" and statuses == [
         "ok", "ok", "interrupted", "interrupted"]
@@ -291,7 +292,7 @@ def test_a_stop_swallowed_by_a_finalizer_is_raised_again_after_its_round(monkeyp
 
 @pytest.mark.slow
 def test_a_killed_measurement_keeps_its_finished_cells(killed):
-    manifest = measure_command.read_measured(killed)
+    manifest = measured_folder.read_measured(killed)
     staging, step, prompt = (manifest["experiments"][i] for i in (1, 2, 3))
     assert manifest["status"] == "interrupted"
     assert staging["status"] == "ok" and len(staging["cells"]) == 2
@@ -307,10 +308,10 @@ def test_a_killed_measurement_keeps_its_finished_cells(killed):
 def test_run_from_refuses_what_is_not_a_measurement(tmp_path, smoke, capsys):
     lacking = tmp_path / "lacking"
     lacking.mkdir()
-    manifest = json.loads((smoke / measure_command.MANIFEST).read_text())
+    manifest = json.loads((smoke / measured_folder.MANIFEST).read_text())
     manifest["experiments"] = [e for e in manifest["experiments"]
                                if e["notebook"] != "03_prompt_logprobs"]
-    (lacking / measure_command.MANIFEST).write_text(json.dumps(manifest))
+    (lacking / measured_folder.MANIFEST).write_text(json.dumps(manifest))
     cases = [(tmp_path, "not a measured folder (no measured.json"),
              (lacking, "lacks 03_prompt_logprobs, which profile 'smoke' needs")]
     for folder, message in cases:
@@ -338,9 +339,9 @@ def test_a_replay_is_kept_under_the_measuring_machine(tmp_path, smoke):
     plan = profiles.plan_run("smoke")
     origin = replay.replay_plan(plan, node, [])
     assert evidence.machine_slug({"hardware": origin["hardware"]}) == "NVIDIA-H200"
-    assert origin["host"] == measure_command.read_measured(smoke)["host"] and origin["gaps"] == []
+    assert origin["host"] == measured_folder.read_measured(smoke)["host"] and origin["gaps"] == []
     measured = {nb.name: nb.parameters.get("measured") for nb in plan.notebooks}
-    assert measured == {**dict.fromkeys(measure_command.MEASURING, str(node.resolve())),
+    assert measured == {**dict.fromkeys(measured_folder.MEASURING, str(node.resolve())),
                         "04_verdict": None}
 
 
@@ -367,16 +368,16 @@ def test_measure_then_replay_equals_a_live_run_over_the_same_rows(tmp_path, smok
                      "04_verdict.include_reference=false", "--out", str(tmp_path)]) == 0
     (replayed,) = tmp_path.iterdir()
     manifest = json.loads((replayed / "manifest.json").read_text())
-    assert manifest["measured_on"]["host"] == measure_command.read_measured(smoke)["host"]
+    assert manifest["measured_on"]["host"] == measured_folder.read_measured(smoke)["host"]
     assert manifest["hardware"] == json.loads((smoke / "hardware.json").read_text())
     assert manifest["analysed_on"]["host"]
     assert "Measured on " in (replayed / "index.html").read_text()
     record = replayed / manifest["measured_on"]["record"]
-    assert (record / measure_command.MANIFEST).read_bytes() == (smoke / measure_command.MANIFEST).read_bytes()
+    assert (record / measured_folder.MANIFEST).read_bytes() == (smoke / measured_folder.MANIFEST).read_bytes()
     assert manifest["measured_on"]["preflight"]["decision"] in ("go", "no-go")
 
     live = tmp_path / "live"  # the run a live notebook would have written over these rows
-    for notebook, table in measure_command.TABLES.items():
+    for notebook, table in measured_folder.TABLES.items():
         rows = [{k: v for k, v in r.items() if k not in ("run_id", "notebook")}
                 for r in rows_of(smoke, table)]
         frame = schema.make_rows(rows, run_id=replayed.name, notebook=notebook)
@@ -472,10 +473,10 @@ def test_run_from_refuses_a_folder_whose_rows_are_lost_or_cut(tmp_path, smoke):
 
 
 def test_the_node_records_its_load_per_experiment(smoke):
-    for entry in measure_command.read_measured(smoke)["experiments"][1:]:
+    for entry in measured_folder.read_measured(smoke)["experiments"][1:]:
         assert set(entry["load"]) >= {"busy", "why"}, entry["notebook"]
-    origin = measure_command.origin(smoke, measure_command.read_measured(smoke))
-    assert set(origin["loads"]) == set(measure_command.TABLES)
+    origin = measured_folder.origin(smoke, measured_folder.read_measured(smoke))
+    assert set(origin["loads"]) == set(measured_folder.TABLES)
 
 
 def test_a_replay_judges_trust_by_the_node_s_load_not_the_analysing_host_s(tmp_path,
@@ -565,7 +566,7 @@ def test_a_measurement_that_passes_its_deadline_exits_1_and_says_by_how_much(tmp
     out = tmp_path / "m"
     code = measure_command.main(["--profile", "smoke", "--only", "03_prompt_logprobs", "--out", str(out),
                          "--deadline-s", "0.5", "--rehearse-on-cpu"])
-    manifest = measure_command.read_measured(out)
+    manifest = measured_folder.read_measured(out)
     assert code == measure_command.EXIT_PARTIAL and manifest["status"] == "ok"
     assert manifest["deadline_passed_by_s"] > 0
 
@@ -574,13 +575,13 @@ def test_a_replay_carries_the_node_s_record_into_its_kept_evidence(tmp_path, smo
     from stagelab.present import evidence
 
     run_dir = tmp_path / "run"
-    measure_command.copy_record(smoke, run_dir / measure_command.RECORD_COPY)
+    measured_folder.copy_record(smoke, run_dir / measured_folder.RECORD_COPY)
     kept = {str(p.relative_to(run_dir)) for p in evidence.evidence_files(run_dir)}
-    assert kept == {f"measured/{name}" for name in measure_command.RECORD_FILES} | {
-        f"measured/rows/{table}.jsonl.gz" for table in measure_command.TABLES.values()}
+    assert kept == {f"measured/{name}" for name in measured_folder.RECORD_FILES} | {
+        f"measured/rows/{table}.jsonl.gz" for table in measured_folder.TABLES.values()}
     assert (run_dir / "measured/rows/step.jsonl.gz").read_bytes() == (
         smoke / "rows/step.jsonl.gz").read_bytes()
-    origin = measure_command.origin(smoke, measure_command.read_measured(smoke))
+    origin = measured_folder.origin(smoke, measured_folder.read_measured(smoke))
     assert origin["record"] == "measured" and origin["preflight"]["decision"] in ("go", "no-go")
 
 
@@ -588,7 +589,7 @@ def test_one_measurement_is_kept_once_however_often_it_is_replayed(tmp_path, smo
     from stagelab.core import records, rundir
     from stagelab.present import evidence
 
-    measured_id = measure_command.read_measured(smoke)["measured_id"]
+    measured_id = measured_folder.read_measured(smoke)["measured_id"]
     assert measured_id.startswith(f"{smoke.name}-") and len(measured_id) > len(smoke.name) + 8
 
     def replayed_run(folder: Path) -> Path:
@@ -610,11 +611,11 @@ def test_one_measurement_is_kept_once_however_often_it_is_replayed(tmp_path, smo
 def test_a_manifest_without_its_experiments_is_refused_in_one_line(tmp_path, smoke):
     broken = tmp_path / "broken"
     shutil.copytree(smoke, broken)
-    manifest = json.loads((broken / measure_command.MANIFEST).read_text())
+    manifest = json.loads((broken / measured_folder.MANIFEST).read_text())
     del manifest["experiments"]
-    (broken / measure_command.MANIFEST).write_text(json.dumps(manifest))
+    (broken / measured_folder.MANIFEST).write_text(json.dumps(manifest))
     with pytest.raises(UserError, match="measured.json has no readable list of experiments"):
-        measure_command.read_measured(broken)
+        measured_folder.read_measured(broken)
 
 
 def test_a_cell_after_one_the_deadline_refused_still_runs_where_it_fits(tmp_path, monkeypatch):
@@ -630,7 +631,7 @@ def test_a_cell_after_one_the_deadline_refused_still_runs_where_it_fits(tmp_path
                                  "02_logprobs_step.arms=[seed_pageable, fused]", "--out", str(out),
                                  "--deadline-s", "3600", "--rehearse-on-cpu"])
     assert code == measure_command.EXIT_PARTIAL
-    (step,) = measure_command.read_measured(out)["experiments"]
+    (step,) = measured_folder.read_measured(out)["experiments"]
     assert [(c["cell"].split()[0], c["status"]) for c in step["cells"]] == [
         ("n=2", "ok"), ("n=3", "deadline"), ("n=4", "ok")]
     assert step["status"] == "deadline" and {r["rows"] for r in rows_of(out, "step")} == {2, 4}

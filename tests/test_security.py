@@ -19,6 +19,7 @@ import pytest
 
 from stagelab import cli
 from stagelab.analyse import predict
+from stagelab.core import measured as measured_folder
 from stagelab.core import untrusted
 from stagelab.core.errors import BadRecord, UserError
 from stagelab.run import execute, measure_command, profiles, replay
@@ -48,7 +49,7 @@ def node(tmp_path, measured) -> Path:
 
 
 def edit_manifest(folder: Path, change) -> None:
-    path = folder / measure_command.MANIFEST
+    path = folder / measured_folder.MANIFEST
     manifest = json.loads(path.read_text())
     change(manifest)
     path.write_text(json.dumps(manifest))
@@ -168,9 +169,9 @@ def test_a_compressed_rows_file_past_what_a_lease_returns_is_refused_unread(tmp_
 
 
 def test_deeply_nested_json_is_one_line(node):
-    (node / measure_command.MANIFEST).write_text("[" * 100_000 + "]" * 100_000)
+    (node / measured_folder.MANIFEST).write_text("[" * 100_000 + "]" * 100_000)
     with pytest.raises(UserError, match="nests deeper than"):
-        measure_command.read_measured(node)
+        measured_folder.read_measured(node)
 
 
 def test_json_nested_past_the_bound_is_refused_by_the_reader(tmp_path):
@@ -196,13 +197,13 @@ def test_a_malformed_cell_field_is_one_line(node, where, value, message):
     edit_manifest(node, lambda m: experiment(m, "01_d2h_staging")["cells"][0].update(
         {where: value}))
     with pytest.raises(UserError, match=message):
-        measure_command.read_measured(node)
+        measured_folder.read_measured(node)
 
 
 def test_a_malformed_top_level_field_is_one_line(node):
     edit_manifest(node, lambda m: m.update(gpu={"name": "x"}))
     with pytest.raises(UserError, match="measured.json has gpu of type dict"):
-        measure_command.read_measured(node)
+        measured_folder.read_measured(node)
 
 
 def test_a_rows_path_field_is_never_followed(node):
@@ -212,7 +213,7 @@ def test_a_rows_path_field_is_never_followed(node):
     lines = (node / "rows" / "staging.jsonl").read_text().splitlines(keepends=True)
     short.write_text("".join(lines[: len(lines) // 3]))
     edit_manifest(node, lambda m: experiment(m, "01_d2h_staging").update(rows="rows/short.jsonl"))
-    assert len(measure_command.measured_rows(node, "staging")) == len(lines)
+    assert len(measured_folder.measured_rows(node, "staging")) == len(lines)
     (node / "rows" / "staging.jsonl").write_text("".join(lines[: len(lines) // 3]))
     with pytest.raises(UserError, match=r"rows/staging.jsonl holds \d+ rows, fewer than"):
         replay_of(node)
@@ -712,7 +713,7 @@ def test_measure_exits_1_when_every_cell_was_skipped(tmp_path, capsys):
                                  '01_d2h_staging.arms=["pinned_grow_only"]', "--param",
                                  "01_d2h_staging.aa_arm=pinned_grow_only", "--out", str(out),
                                  "--force"])
-    manifest = json.loads((out / measure_command.MANIFEST).read_text())
+    manifest = json.loads((out / measured_folder.MANIFEST).read_text())
     assert code == 1 and manifest["status"] == "unmeasured"
     assert manifest["measured"] and "ok" not in manifest["measured"]
     assert "nothing measured" in capsys.readouterr().err
@@ -735,7 +736,7 @@ def test_a_full_disk_ends_the_measurement_failed_not_running(tmp_path, monkeypat
                                  '01_d2h_staging.arms=["pinned_grow_only"]', "--param",
                                  "01_d2h_staging.aa_arm=pinned_grow_only", "--out", str(out),
                                  "--force"])
-    manifest = json.loads((out / measure_command.MANIFEST).read_text())
+    manifest = json.loads((out / measured_folder.MANIFEST).read_text())
     assert code == 1 and manifest["status"] == "failed"
     assert "No space left on device" in manifest["error"]
     assert experiment(manifest, "01_d2h_staging")["status"] == "failed"
@@ -749,7 +750,7 @@ def replayed_run_carrying(tmp_path: Path, measured_copy: Path) -> Path:
     from conftest import good_run
 
     run = good_run(tmp_path / "runs")
-    measure_command.copy_record(measured_copy, run / "measured")  # as a replay copies it
+    measured_folder.copy_record(measured_copy, run / "measured")  # as a replay copies it
     assert list((run / "measured" / "rows").glob("*.jsonl.gz"))  # compressed, as a replay's are
     return run
 

@@ -1,15 +1,31 @@
-"""A measured folder's layout (``stagelab measure``'s output): which files hold a table's rows,
-found by names this code knows and read as a stranger's files are. Here, on the core floor, so
-that the replay, ``keep`` and ``predict`` read a measured folder one way.
+"""A measured folder (``stagelab measure``'s output): its layout (which files hold a table's
+rows, found by names this code knows), its manifest and the one writer of it, reading it back as
+a stranger's files are read, its checks, its rows, its gaps, copying its record and its origin.
+Here, on the core floor, so that the node command, the replay, ``keep`` and ``predict`` read and
+write a measured folder one way.
 """
 
 from __future__ import annotations
 
+import gzip
 import os
+import socket
+import uuid
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from stagelab.core import records
+from stagelab.core import catalogue, provenance, records, rundir, untrusted
+from stagelab.core.errors import SchemaError, UserError
+from stagelab.core.outcomes import (
+    DEADLINE,
+    FAILED,
+    INTERRUPTED,
+    NO_GO,
+    OK,
+    PENDING,
+    RUNNING,
+)
 from stagelab.core.schema import part_path, read_json_lines
 
 MANIFEST = "measured.json"
@@ -57,3 +73,337 @@ def table_rows(folder: Path | str, table: str) -> list[dict[str, Any]]:
     if not found:
         raise FileNotFoundError(rows_path(folder, table))
     return [row for path in found for row in read_json_lines(path, root=folder)]
+
+
+FORMAT, VERSION = "stagelab-measured", 1
+
+
+SNAPSHOT_NOTEBOOK = catalogue.ENVIRONMENT_NOTEBOOK
+# The measuring notebooks with a table, and the table each writes (the replay reads these).
+TABLES = {notebook: table for table, notebook in catalogue.tables().items()}
+UNMEASURED = "unmeasured"  # every experiment ran, no table holds an ok row (all skipped)
+MEASURING = (SNAPSHOT_NOTEBOOK, *TABLES)
+
+
+def rows_file(table: str) -> str:
+    """Where a table's rows are written, relative to the measured folder."""
+    return f"{ROWS_DIR}/{table}{ROWS_SUFFIX}"
+
+
+def spare_files(manifest: Mapping[str, Any]) -> int:
+    """How many files a measurement may add, beyond its record and one rows file per table,
+    and still be returned whole: what a rows file may roll over into."""
+    tables = sum(1 for e in manifest["experiments"] if e["table"])
+    return max(0, LEASE_MAX_FILES - len(RECORD_FILES) - tables)
+
+
+def return_problems(out: Path | str) -> list[str]:
+    """What a lease would not return of the measured folder ``out`` (more than 8 files, a file
+    over 16 MiB, a file too deep, a link), in words; empty when everything comes back."""
+    out = Path(out)
+    found = sorted(p for p in out.rglob("*") if not p.is_dir() or p.is_symlink())
+    problems = [f"{len(found)} files, more than the {LEASE_MAX_FILES} a lease returns"
+                ] if len(found) > LEASE_MAX_FILES else []
+    for path in found:
+        name = path.relative_to(out).as_posix()
+        if path.is_symlink() or not path.is_file():
+            problems.append(f"{name}: not a plain file")
+        elif path.stat().st_size > LEASE_MAX_FILE_BYTES:
+            problems.append(f"{name}: {path.stat().st_size} B, over {LEASE_MAX_FILE_BYTES} B")
+        if len(path.relative_to(out).parts) - 1 > LEASE_MAX_FOLDERS_BELOW_OUT:
+            problems.append(f"{name}: deeper than a lease returns")
+    return problems
+
+
+class Recorder:
+    """The one writer of ``measured.json``: every change is saved atomically at once."""
+
+    def __init__(self, out: Path, manifest: dict[str, Any]) -> None:
+        self.out, self.manifest = out, manifest
+
+    def save(self) -> None:
+        records.write_json_atomic(self.out / MANIFEST, self.manifest)
+
+    def experiment(self, notebook: str) -> dict[str, Any]:
+        return next(e for e in self.manifest["experiments"] if e["notebook"] == notebook)
+
+
+def new_manifest(request: Any, out: Path) -> dict[str, Any]:
+    """The manifest of a measurement that starts now: every experiment pending."""
+    experiments = []
+    for name, parameters in request.notebooks.items():
+        table = TABLES.get(name)
+        experiments.append({
+            "notebook": name, "table": table, "parameters": parameters, "status": PENDING,
+            "rows": rows_file(table) if table else None,
+            "file": None if table else "hardware.json", "error": None,
+            "cells_planned": None, "predicted_s": None, "measured_s": None, "cells": []})
+    return {
+        "format": FORMAT, "version": VERSION, "measured_id": f"{out.name}-{uuid.uuid4().hex[:12]}",
+        "profile": request.profile, "command": request.command, "status": RUNNING,
+        "created_utc": rundir.now_utc(), "finished_utc": None, "host": socket.gethostname(),
+        "pid": os.getpid(), "device": None, "gpu": None, "versions": None,
+        "git": commit_state(), "source": provenance.source_record(),
+        "deadline_s": request.deadline_s, "forced": request.force,
+        "rehearsal": request.rehearse, "preflight": None, "experiments": experiments,
+    }
+
+
+def commit_state() -> dict[str, Any]:
+    """The commit of the checkout (git), else the one named in ``STAGELAB_COMMIT`` (a lease
+    copies the tree without ``.git``; the source's tree id is recorded beside it)."""
+    state = rundir.git_state()
+    if state["commit"] is None and os.environ.get(provenance.COMMIT_ENV):
+        return {"commit": os.environ[provenance.COMMIT_ENV], "dirty": None,
+                "from": provenance.COMMIT_ENV}
+    return state
+
+
+def read_measured(folder: Path | str) -> dict[str, Any]:
+    """A measured folder's manifest; UserError, in one line, for anything else.
+
+    The folder may come from a stranger: the manifest is read as
+    :func:`stagelab.core.untrusted.load_json` reads (a regular file, no link, bounded size and
+    depth) and every field a replay uses is shape-checked (:func:`check_manifest`).
+    A manifest still saying ``running`` was written by a process that was killed (or that still
+    writes): its running experiment reads ``interrupted``.
+    """
+    folder = Path(folder)
+    path = folder / MANIFEST
+    try:
+        manifest = untrusted.load_json(path, root=folder)
+    except FileNotFoundError:
+        raise UserError(f"--from {folder}: not a measured folder (no {MANIFEST}; make one with "
+                        "`stagelab measure`)") from None
+    except UserError as exc:
+        raise UserError(f"--from {folder}: {exc}") from exc
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise UserError(f"--from {folder}: {MANIFEST} is not a stagelab measurement")
+    if manifest.get("version") != VERSION:
+        raise UserError(f"--from {folder}: measurement format version "
+                        f"{manifest.get('version')!r}, this stagelab reads {VERSION}")
+    problem = manifest_problem(manifest)
+    if problem:
+        raise UserError(f"--from {folder}: {MANIFEST} {problem}")
+    if manifest.get("status") == RUNNING:
+        manifest["status"] = INTERRUPTED
+        for entry in manifest["experiments"]:
+            if entry["status"] in (RUNNING, PENDING):
+                entry.update(status=INTERRUPTED, error="the measuring process was killed")
+    return manifest
+
+
+STATUSES = (OK, FAILED, DEADLINE, INTERRUPTED, RUNNING, PENDING, NO_GO, UNMEASURED)
+# Top-level fields a replay copies into its run's record, and the types each may have.
+TEXT_FIELDS = ("measured_id", "profile", "status", "created_utc", "finished_utc", "host",
+               "device", "gpu")
+
+
+def _field_problem(value: Any, kinds: tuple[type, ...], where: str) -> str | None:
+    wrong = (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds)
+    if wrong:
+        return (f"has {where} of type {type(value).__name__}, not "
+                f"{' or '.join(k.__name__ for k in kinds)}")
+    return None
+
+
+def _load_problem(load: Any, where: str) -> str | None:
+    if load is None:
+        return None
+    if not isinstance(load, dict) or not isinstance(load.get("busy"), (bool, type(None))):
+        return f"has {where}.load that is not a load summary"
+    why = load.get("why", [])
+    if not isinstance(why, list) or not all(isinstance(w, str) for w in why):
+        return f"has {where}.load.why that is not a list of text"
+    return None
+
+
+def _experiment_problem(entry: Any, where: str) -> str | None:
+    if not isinstance(entry, dict):
+        return f"has {where} that is not an object"
+    notebook = entry.get("notebook")
+    if notebook not in MEASURING:
+        return (f"has {where}.notebook {notebook!r}, not a measuring notebook "
+                f"({', '.join(MEASURING)})")
+    if entry.get("table") != TABLES.get(notebook):
+        return (f"has {where}.table {entry.get('table')!r}, not {notebook}'s "
+                f"({TABLES.get(notebook)!r})")
+    if entry.get("status") not in STATUSES:
+        return f"has {where}.status {entry.get('status')!r}, not one of {', '.join(STATUSES)}"
+    checks = [(entry.get("parameters", {}), (dict,), "parameters"),
+              (entry.get("error"), (str, type(None)), "error"),
+              (entry.get("cells_planned"), (int, type(None)), "cells_planned"),
+              (entry.get("cells"), (list,), "cells")]
+    for value, kinds, name in checks:
+        problem = _field_problem(value, kinds, f"{where}.{name}")
+        if problem:
+            return problem
+    for index, cell in enumerate(entry["cells"]):
+        inner = f"{where}.cells[{index}]"
+        if not isinstance(cell, dict) or cell.get("status") not in STATUSES:
+            return f"has {inner} that is not a cell with a known status"
+        rows = cell.get("rows", 1)
+        if isinstance(rows, bool) or not isinstance(rows, int) or rows < 0:
+            return f"has {inner}.rows {rows!r}, not a count"
+        problem = _field_problem(cell.get("cell", ""), (str,), f"{inner}.cell")
+        if problem:
+            return problem
+    return _load_problem(entry.get("load"), where)
+
+
+def manifest_problem(manifest: Mapping[str, Any]) -> str | None:
+    """What in a measured manifest a replay could not use as data, or None."""
+    for name in TEXT_FIELDS:
+        problem = _field_problem(manifest.get(name), (str, type(None)), name)
+        if problem:
+            return problem
+    for name, kinds in (("preflight", (dict, type(None))), ("versions", (dict, type(None))),
+                        ("git", (dict, type(None))), ("forced", (bool, type(None)))):
+        problem = _field_problem(manifest.get(name), kinds, name)
+        if problem:
+            return problem
+    experiments = manifest.get("experiments")
+    if not isinstance(experiments, list):
+        return "has no readable list of experiments"
+    seen = set()
+    for index, entry in enumerate(experiments):
+        problem = _experiment_problem(entry, f"experiments[{index}]")
+        if problem:
+            return problem
+        if entry["notebook"] in seen:
+            return f"lists {entry['notebook']} twice"
+        seen.add(entry["notebook"])
+    return None
+
+
+def recorded_rows(entry: Mapping[str, Any]) -> int:
+    """How many rows an experiment's finished cells say they wrote."""
+    return sum(c.get("rows", 1) for c in entry["cells"] if c["status"] in (OK, FAILED))
+
+
+def measured_rows(folder: Path | str, table: str) -> list[dict[str, Any]]:
+    """The rows of one measured table that its manifest's cells account for (empty where the
+    experiment measured no cell); the rows of a cell a kill cut off before it was recorded are
+    left out."""
+    folder = Path(folder)
+    entry = next((e for e in read_measured(folder)["experiments"] if e["table"] == table), None)
+    if entry is None or not recorded_rows(entry):
+        return []
+    try:
+        return table_rows(folder, table)[:recorded_rows(entry)]
+    except FileNotFoundError:
+        return []
+
+
+def check_rows(folder: Path | str, entry: Mapping[str, Any]) -> None:
+    """UserError when an experiment's rows file does not hold exactly the rows its cells
+    recorded: fewer is a lost or truncated ``rows/`` (a replay would analyse part of it as
+    whole), more is rows no cell accounts for (only a measurement killed between writing a
+    cell's rows and recording the cell may hold those, and they are left out)."""
+    expected = recorded_rows(entry)
+    if entry["table"] is None or not expected:
+        return
+    name = rows_path(folder, entry["table"]).relative_to(folder).as_posix()
+    try:
+        found = len(table_rows(folder, entry["table"]))
+    except FileNotFoundError:
+        cells = sum(1 for c in entry["cells"] if c["status"] in (OK, FAILED))
+        raise UserError(f"--from {folder}: {name} is missing, although {entry['notebook']} "
+                        f"recorded {cells} measured cells") from None
+    except (OSError, SchemaError, UserError) as exc:
+        raise UserError(f"--from {folder}: {name} cannot be read ({exc})") from exc
+    if found < expected:
+        raise UserError(f"--from {folder}: {name} holds {found} rows, fewer than the "
+                        f"{expected} that {entry['notebook']}'s cells recorded")
+    if found > expected and entry["status"] != INTERRUPTED:
+        raise UserError(f"--from {folder}: {name} holds {found} rows, more than the "
+                        f"{expected} that {entry['notebook']}'s cells recorded")
+
+
+def gaps(manifest: Mapping[str, Any]) -> list[str]:
+    """What a measured folder lacks, in words: experiments not ``ok``, with their cells."""
+    found = []
+    for entry in manifest["experiments"]:
+        if entry["status"] == OK:
+            continue
+        done = sum(1 for c in entry["cells"] if c["status"] == OK)
+        planned = entry.get("cells_planned")
+        cells = f", {done} of {planned} cells measured" if planned is not None else ""
+        found.append(f"{entry['notebook']}: {entry['status']}{cells}"
+                     f"{' (' + entry['error'] + ')' if entry.get('error') else ''}")
+    return found
+
+
+RECORD_FILES = (MANIFEST, "hardware.json", "preflight.json", "inventory.json")
+RECORD_COPY = "measured"  # the node's record inside a replayed run folder
+
+
+def record_names() -> list[str]:
+    """The only names a measured folder's record is read by (a path in it is never followed)."""
+    return [*RECORD_FILES, *(name for table in TABLES.values() for name in rows_names(table))]
+
+
+def _record_limit(name: str) -> int:
+    return untrusted.MAX_ROWS_BYTES if name.startswith(ROWS_DIR) else untrusted.MAX_JSON_BYTES
+
+
+def check_record_files(folder: Path | str) -> None:
+    """UserError, naming the file, when one of the record's known names is not a regular file
+    of bounded size inside the folder (a link, a FIFO, a device, a giant file): checked before
+    a run folder exists, so nothing outside the folder is ever copied into a run."""
+    folder = Path(folder)
+    for name in record_names():
+        try:
+            untrusted.read_regular(folder / name, _record_limit(name), root=folder)
+        except FileNotFoundError:
+            continue
+        except UserError as exc:
+            raise UserError(f"--from {folder}: {exc}") from exc
+
+
+def copy_record(folder: Path | str, dest: Path) -> None:
+    """Copy a measured folder's record (manifest, hardware, preflight, inventory, the rows of
+    its known tables) into ``dest``, so a replayed run, and its kept copy, carry what the node
+    wrote. Read as :func:`stagelab.core.untrusted.read_regular` reads: only the folder's own
+    regular files, by known names, each of bounded size. Rows stay compressed, and the plain
+    rows of an older folder are compressed on the way (kept evidence must fit a lease)."""
+    folder, dest = Path(folder), Path(dest)
+    (dest / ROWS_DIR).mkdir(parents=True)
+    for name in record_names():
+        try:
+            data = untrusted.read_regular(folder / name, _record_limit(name), root=folder)
+        except FileNotFoundError:
+            continue
+        if name.endswith(PLAIN_ROWS_SUFFIX):  # kept compressed: its whole rows, one member
+            name, data = f"{name}.gz", gzip.compress(data[:data.rfind(b"\n") + 1], mtime=0)
+            if (folder / name).exists():
+                continue
+        records.write_bytes_atomic(dest / name, data)
+
+
+def matched_source(manifest: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The measurement's source record with ``matched_commit``: the commit here whose
+    ``lib/stagelab`` has the tree id the node recorded (None where none has it)."""
+    source = manifest.get("source")
+    if not isinstance(source, dict):
+        return None
+    tree, named = source.get("tree"), source.get("commit_env")
+    if not isinstance(tree, str) or len(tree) != 40 or not tree.isalnum():
+        tree = None  # a stranger's folder: only a tree id is looked up
+    return {"path": provenance.SOURCE, "tree": tree,
+            "commit_env": named if isinstance(named, str) else None,
+            "matched_commit": provenance.matching_commit(tree)}
+
+
+def origin(folder: Path | str, manifest: Mapping[str, Any]) -> dict[str, Any]:
+    """Where and when a measurement was made, for the run's manifest and report; ``record`` is
+    its copy inside the run folder, ``folder`` where it was read from on the analysing host."""
+    return {"folder": str(Path(folder).resolve()), "record": RECORD_COPY,
+            "measured_id": manifest.get("measured_id"), "preflight": manifest.get("preflight"),
+            "host": manifest.get("host"), "gpu": manifest.get("gpu"),
+            "device": manifest.get("device"), "created_utc": manifest.get("created_utc"),
+            "profile": manifest.get("profile"), "status": manifest.get("status"),
+            "forced": manifest.get("forced"), "rehearsal": bool(manifest.get("rehearsal")),
+            "git": manifest.get("git"), "source": matched_source(manifest),
+            "versions": manifest.get("versions"), "gaps": gaps(manifest),
+            "loads": {e["notebook"]: e["load"] for e in manifest["experiments"] if e.get("load")}}

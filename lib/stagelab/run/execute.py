@@ -29,13 +29,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from stagelab.core import measured as measured_folder
 from stagelab.core import paths, rundir, stops
 from stagelab.core.errors import UserError
 from stagelab.core.records import RunFolder
 from stagelab.core.rundir import ManifestRecorder, RecordError
 from stagelab.measure import busy, hardware
 from stagelab.present import report
-from stagelab.run import measure_command
 from stagelab.run.profiles import NotebookPlan, RunPlan
 
 KERNEL_NAME = "stagelab"
@@ -393,7 +393,7 @@ def _run(recorder: ManifestRecorder, plan: RunPlan, progress: bool,
         here = hardware.snapshot()
         recorder.manifest["hardware"] = measured["hardware"] if measured else here
         if measured:
-            measure_command.copy_record(measured["folder"], run_dir / measure_command.RECORD_COPY)
+            measured_folder.copy_record(measured["folder"], run_dir / measured_folder.RECORD_COPY)
             recorder.manifest.update(
                 measured_on={key: value for key, value in measured.items() if key != "hardware"},
                 analysed_on={"host": here["host"]["hostname"], "created_utc": rundir.now_utc(),

@@ -573,10 +573,10 @@ def analyse(record: NodeRecord, plan: FleetPlan, node_dir: Path, progress: Progr
 def analysis_params(params: Sequence[str]) -> list[str]:
     """The ``--param`` items the analysis takes: a measuring notebook's were applied on the
     node (its measured.json records them) and ``run --from`` refuses them."""
-    from stagelab.run import measure_command
+    from stagelab.core import measured as measured_folder
 
     return [p for p in params
-            if p.partition("=")[0].partition(".")[0] not in measure_command.MEASURING]
+            if p.partition("=")[0].partition(".")[0] not in measured_folder.MEASURING]
 
 
 def _overall_verdict(run_dir: Path) -> str | None:

@@ -15,9 +15,10 @@ functions the notebooks call, with the same parameters and checks, and writes on
     rows/<table>.jsonl.gz  the schema rows of each experiment, one gzip member per cell,
                        appended and flushed after every cell; never larger than a lease returns
 
-Back where the notebook stack lives, ``stagelab run --profile P --from DIR`` analyses it
-(:func:`read_measured`, :func:`measured_rows`). It imports torch and the standard library only
-(numpy and nvidia-ml-py where importable), so it runs from a plain checkout:
+Back where the notebook stack lives, ``stagelab run --profile P --from DIR`` analyses it; the
+folder's layout, manifest, reading and checks are :mod:`stagelab.core.measured`, what
+``--estimate`` prints is :mod:`stagelab.measure.forecast`. It imports torch and the standard
+library only (numpy and nvidia-ml-py where importable), so it runs from a plain checkout:
 ``PYTHONPATH=lib python3 -m stagelab measure --profile gate --out DIR``.
 
 Exit status: 0 everything measured; 1 partial (a failed cell or experiment, or stopped at the
@@ -31,36 +32,34 @@ makes the profile's decisive arms impossible (no CUDA, no pinned copy) without
 from __future__ import annotations
 
 import argparse
-import gzip
 import importlib.util
 import math
 import os
 import platform
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from stagelab.core import catalogue, outcomes, paths, provenance, records, rundir, stops, untrusted
-from stagelab.core.errors import DeadlineReached, RowsFileFull, SchemaError, UserError
+from stagelab.core import outcomes, paths, records, rundir, stops
+from stagelab.core.errors import DeadlineReached, RowsFileFull, UserError
 from stagelab.core.measured import (
     LEASE_MAX_FILE_BYTES,
-    LEASE_MAX_FILES,
-    LEASE_MAX_FOLDERS_BELOW_OUT,
     MANIFEST,
-    PLAIN_ROWS_SUFFIX,
+    MEASURING,
     ROWS_DIR,
-    ROWS_SUFFIX,
-    rows_names,
-    rows_path,
+    SNAPSHOT_NOTEBOOK,
+    UNMEASURED,
+    Recorder,
+    new_manifest,
+    return_problems,
+    spare_files,
     table_rows,
 )
 from stagelab.core.outcomes import (
@@ -77,20 +76,13 @@ from stagelab.core.outcomes import (
     RUNNING,
 )
 from stagelab.core.schema import GzipJsonLinesSink
-from stagelab.measure import busy, estimate, experiments
+from stagelab.measure import busy, estimate, forecast
+from stagelab.measure.forecast import admission_seconds, cell_predictor, sweep_cells
 from stagelab.run import profiles
 
-FORMAT, VERSION = "stagelab-measured", 1
 EXIT_PARTIAL = outcomes.EXIT_FAILED
 __all__ = ["DEADLINE", "EXIT_INTERRUPTED", "EXIT_NO_GO", "EXIT_OK", "EXIT_USAGE", "FAILED",
            "INTERRUPTED", "NO_GO", "OK", "PENDING", "RUNNING"]  # kept here for callers
-SNAPSHOT_NOTEBOOK = catalogue.ENVIRONMENT_NOTEBOOK
-# The measuring notebooks with a table, and the table each writes (the replay reads these).
-TABLES = {e.notebook: e.table for e in experiments.EXPERIMENTS.values()}
-UNMEASURED = "unmeasured"  # every experiment ran, no table holds an ok row (all skipped)
-MEASURING = (SNAPSHOT_NOTEBOOK, *TABLES)
-# Before the first cell: imports, the native build on a fresh node, the preflight's probes.
-FIXED_S = {"cpu": 15.0, "cuda": 20.0}
 MIN_TORCH = (2, 4)
 COMPILERS = ("c++", "g++", "clang++", "gcc", "cc", "nvcc")
 
@@ -207,128 +199,21 @@ def checked_request(args: argparse.Namespace, command: list[str]) -> Request | N
         raise UserError(f"--deadline-s {args.deadline_s}: give a positive, finite number of "
                         "seconds")
     if args.estimate:
-        predicted = predict_profile(measuring, args.estimate)
-        print(format_estimate(predicted, args.estimate))
+        predicted = forecast.predict_profile(measuring, args.estimate)
+        print(forecast.format_estimate(predicted, args.estimate))
         if args.deadline_s is not None:
-            print(format_admission(predicted, args.deadline_s, args.estimate))
-        print(format_file_sizes(predict_file_bytes(measuring)))
+            print(forecast.format_admission(predicted, args.deadline_s, args.estimate))
+        print(forecast.format_file_sizes(forecast.predict_file_bytes(measuring)))
         return None
     return Request(args.profile, measuring, every, check_out(args.out), args.deadline_s,
                    args.force, command, args.rehearse_on_cpu,
                    profiles.profile_decides(args.profile))
 
 
-# ------------------------------------------------------------------------------ predictions
-
-def sweep_cells(notebook: str, parameters: Mapping[str, Any], device: str) -> list[Any]:
-    """The sweep cells a measuring notebook will measure (none for the snapshot)."""
-    return experiments.notebook_cells(notebook, parameters, device)
 
 
-def cell_predictor(notebook: str, parameters: Mapping[str, Any],
-                   kind: str) -> Callable[[Any, int, int], float]:
-    """``predict(cell, rounds, warmup)``: seconds by :func:`stagelab.measure.estimate.cell_seconds`."""
-    return _bound(notebook).predictor(parameters, kind)
 
 
-def _bound(notebook: str) -> experiments.Experiment:
-    experiment = experiments.of_notebook(notebook)
-    if experiment is None:
-        raise ValueError(f"{notebook} is not a measuring notebook with a table")
-    return experiment
-
-
-def predict_profile(notebooks: Mapping[str, Mapping[str, Any]],
-                    kind: str) -> list[tuple[str, str, float]]:
-    """``(notebook, cell, seconds)`` for every cell the notebooks would measure."""
-    rows = []
-    for name, parameters in notebooks.items():
-        cells = sweep_cells(name, parameters, "cpu")  # sizes only: any machine can tell
-        if not cells:  # the snapshot: nothing to predict
-            continue
-        predict = cell_predictor(name, parameters, kind)
-        for cell in cells:
-            rows.append((name, cell.label, predict(cell, parameters["rounds"],
-                                                   parameters["warmup"])))
-    return rows
-
-
-def format_estimate(rows: list[tuple[str, str, float]], kind: str) -> str:
-    """The ``--estimate`` table: each cell, each notebook's sum, and the total."""
-    lines = [f"{'notebook':20} {'cell':44} {'predicted_s':>11}"]
-    lines += [f"{name:20} {label:44} {seconds:11.1f}" for name, label, seconds in rows]
-    total = sum(seconds for _, _, seconds in rows)
-    lines.append(f"{'before the first cell':65} {FIXED_S[kind]:11.1f}")
-    lines.append(f"{'total on ' + kind:65} {total + FIXED_S[kind]:11.1f}")
-    return "\n".join(lines)
-
-
-def admitted_cells(rows: list[tuple[str, str, float]], deadline_s: float,
-                   kind: str) -> list[bool]:
-    """Whether each cell would be started before a deadline ``deadline_s`` seconds after the
-    start, were every cell to take exactly its prediction: the admission's own rule
-    (:func:`admission_seconds`, its safety multiple included), so a lease's deadline can be
-    checked against its profile before the lease."""
-    clock, admitted = FIXED_S[kind], []
-    for _, _, seconds in rows:
-        admitted.append(clock + admission_seconds(seconds, 1.0) <= deadline_s)
-        clock += seconds if admitted[-1] else 0.0
-    return admitted
-
-
-def format_admission(rows: list[tuple[str, str, float]], deadline_s: float, kind: str) -> str:
-    """One line: how many cells a deadline admits on this estimate, and the first it refuses."""
-    admitted = admitted_cells(rows, deadline_s, kind)
-    refused = [f"{name} {label}" for (name, label, _), ok in zip(rows, admitted) if not ok]
-    if not refused:
-        return (f"--deadline-s {deadline_s:g}: every cell is started on this estimate "
-                f"({len(rows)} cells, each admitted with {DEADLINE_SAFETY:g}x its prediction)")
-    return (f"--deadline-s {deadline_s:g}: {len(refused)} of {len(rows)} cells would not be "
-            f"started on this estimate (each needs {DEADLINE_SAFETY:g}x its prediction left), "
-            f"the first {refused[0]}")
-
-
-def predict_file_bytes(notebooks: Mapping[str, Mapping[str, Any]]) -> dict[str, int]:
-    """The most bytes each rows file will hold (every cell at its round cap), compressed as
-    written: what ``--estimate`` prints beside the lease's 16 MiB per file."""
-    sizes = {}
-    for name, parameters in notebooks.items():
-        if name not in TABLES:
-            continue
-        rounds = _bound(name).max_rounds(parameters) or parameters["rounds"]
-        rows = sum(estimate.cell_rows(cell.sizes["experiment"], cell.arms, rounds)
-                   for cell in sweep_cells(name, parameters, "cpu") if not cell.invalid)
-        sizes[rows_file(TABLES[name])] = rows * estimate.ROW_BYTES["gzip"]
-    return sizes
-
-
-def format_file_sizes(sizes: Mapping[str, int]) -> str:
-    """The ``--estimate`` lines of predicted bytes per rows file, against the lease's limit."""
-    lines = [f"{'file':65} {'at most bytes':>13}"]
-    lines += [f"{path:65} {size:13d}{_files_needed(size)}" for path, size in sizes.items()]
-    files = len(RECORD_FILES) + sum(-(-size // LEASE_MAX_FILE_BYTES) or 1
-                                    for size in sizes.values())
-    lines.append(f"{'a lease returns per file at most':65} {LEASE_MAX_FILE_BYTES:13d}")
-    lines.append(f"files at most: {files} of the {LEASE_MAX_FILES} a lease returns"
-                 f"{'' if files <= LEASE_MAX_FILES else ': the last cells would stop'}")
-    return "\n".join(lines)
-
-
-def _files_needed(size: int) -> str:
-    files = -(-size // LEASE_MAX_FILE_BYTES)
-    return f"  (in {files} files: rolls over at {LEASE_MAX_FILE_BYTES} B)" if files > 1 else ""
-
-
-def rows_file(table: str) -> str:
-    """Where a table's rows are written, relative to the measured folder."""
-    return f"{ROWS_DIR}/{table}{ROWS_SUFFIX}"
-
-
-def spare_files(manifest: Mapping[str, Any]) -> int:
-    """How many files a measurement may add, beyond its record and one rows file per table,
-    and still be returned whole: what a rows file may roll over into."""
-    tables = sum(1 for e in manifest["experiments"] if e["table"])
-    return max(0, LEASE_MAX_FILES - len(RECORD_FILES) - tables)
 
 
 def file_budget(spare: int) -> Callable[[], bool]:
@@ -343,37 +228,10 @@ def file_budget(spare: int) -> Callable[[], bool]:
     return another
 
 
-def return_problems(out: Path | str) -> list[str]:
-    """What a lease would not return of the measured folder ``out`` (more than 8 files, a file
-    over 16 MiB, a file too deep, a link), in words; empty when everything comes back."""
-    out = Path(out)
-    found = sorted(p for p in out.rglob("*") if not p.is_dir() or p.is_symlink())
-    problems = [f"{len(found)} files, more than the {LEASE_MAX_FILES} a lease returns"
-                ] if len(found) > LEASE_MAX_FILES else []
-    for path in found:
-        name = path.relative_to(out).as_posix()
-        if path.is_symlink() or not path.is_file():
-            problems.append(f"{name}: not a plain file")
-        elif path.stat().st_size > LEASE_MAX_FILE_BYTES:
-            problems.append(f"{name}: {path.stat().st_size} B, over {LEASE_MAX_FILE_BYTES} B")
-        if len(path.relative_to(out).parts) - 1 > LEASE_MAX_FOLDERS_BELOW_OUT:
-            problems.append(f"{name}: deeper than a lease returns")
-    return problems
 
 
 # ------------------------------------------------------------------------------- the record
 
-class Recorder:
-    """The one writer of ``measured.json``: every change is saved atomically at once."""
-
-    def __init__(self, out: Path, manifest: dict[str, Any]) -> None:
-        self.out, self.manifest = out, manifest
-
-    def save(self) -> None:
-        records.write_json_atomic(self.out / MANIFEST, self.manifest)
-
-    def experiment(self, notebook: str) -> dict[str, Any]:
-        return next(e for e in self.manifest["experiments"] if e["notebook"] == notebook)
 
 
 def versions(snap: Mapping[str, Any]) -> dict[str, Any]:
@@ -389,35 +247,8 @@ def versions(snap: Mapping[str, Any]) -> dict[str, Any]:
             "driver": (snap.get("nvml") or {}).get("driver"), **found}
 
 
-def new_manifest(request: Request, out: Path) -> dict[str, Any]:
-    """The manifest of a measurement that starts now: every experiment pending."""
-    experiments = []
-    for name, parameters in request.notebooks.items():
-        table = TABLES.get(name)
-        experiments.append({
-            "notebook": name, "table": table, "parameters": parameters, "status": PENDING,
-            "rows": rows_file(table) if table else None,
-            "file": None if table else "hardware.json", "error": None,
-            "cells_planned": None, "predicted_s": None, "measured_s": None, "cells": []})
-    return {
-        "format": FORMAT, "version": VERSION, "measured_id": f"{out.name}-{uuid.uuid4().hex[:12]}",
-        "profile": request.profile, "command": request.command, "status": RUNNING,
-        "created_utc": rundir.now_utc(), "finished_utc": None, "host": socket.gethostname(),
-        "pid": os.getpid(), "device": None, "gpu": None, "versions": None,
-        "git": commit_state(), "source": provenance.source_record(),
-        "deadline_s": request.deadline_s, "forced": request.force,
-        "rehearsal": request.rehearse, "preflight": None, "experiments": experiments,
-    }
 
 
-def commit_state() -> dict[str, Any]:
-    """The commit of the checkout (git), else the one named in ``STAGELAB_COMMIT`` (a lease
-    copies the tree without ``.git``; the source's tree id is recorded beside it)."""
-    state = rundir.git_state()
-    if state["commit"] is None and os.environ.get(provenance.COMMIT_ENV):
-        return {"commit": os.environ[provenance.COMMIT_ENV], "dirty": None,
-                "from": provenance.COMMIT_ENV}
-    return state
 
 
 # ---------------------------------------------------------------------------- the inventory
@@ -456,16 +287,6 @@ def inventory() -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------- measuring
 
-# A cell is admitted before the deadline only if the worse of its scaled prediction and this
-# multiple of its prediction fits: the last cells of a lease on a CPU VM overran their
-# predictions by 1.7-2.4x, more than the cells before them had (which is what the scale knows).
-DEADLINE_SAFETY = 2.5
-
-
-def admission_seconds(predicted: float, scale: float) -> float:
-    """The seconds a cell is expected to take when admitting it before a deadline."""
-    return max(predicted * scale, predicted * DEADLINE_SAFETY)
-
 
 class CellClock:
     """The sweep watcher of one experiment: predicts each cell, refuses one that would pass the
@@ -473,7 +294,8 @@ class CellClock:
 
     Predictions are scaled by how the cells measured so far compared with theirs, so a machine
     slower or faster than the basis is judged by what it did, and never taken below
-    :data:`DEADLINE_SAFETY` times the prediction (:func:`admission_seconds`).
+    :data:`stagelab.measure.forecast.DEADLINE_SAFETY` times the prediction
+    (:func:`stagelab.measure.forecast.admission_seconds`).
     """
 
     def __init__(self, recorder: Recorder, entry: dict[str, Any],
@@ -520,7 +342,7 @@ class CellClock:
 
 def run_experiment(notebook: str, p: Mapping[str, Any], sink: GzipJsonLinesSink) -> None:
     """One measuring notebook's sweep, called exactly as the notebook calls it."""
-    _bound(notebook).measure(p, sink)
+    forecast.bound_experiment(notebook).measure(p, sink)
 
 
 def _say(text: str) -> None:
@@ -752,253 +574,3 @@ def main(argv: list[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
 
 
-# ------------------------------------------------------------------------- reading it back
-
-def read_measured(folder: Path | str) -> dict[str, Any]:
-    """A measured folder's manifest; UserError, in one line, for anything else.
-
-    The folder may come from a stranger: the manifest is read as
-    :func:`stagelab.core.untrusted.load_json` reads (a regular file, no link, bounded size and
-    depth) and every field a replay uses is shape-checked (:func:`check_manifest`).
-    A manifest still saying ``running`` was written by a process that was killed (or that still
-    writes): its running experiment reads ``interrupted``.
-    """
-    folder = Path(folder)
-    path = folder / MANIFEST
-    try:
-        manifest = untrusted.load_json(path, root=folder)
-    except FileNotFoundError:
-        raise UserError(f"--from {folder}: not a measured folder (no {MANIFEST}; make one with "
-                        "`stagelab measure`)") from None
-    except UserError as exc:
-        raise UserError(f"--from {folder}: {exc}") from exc
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise UserError(f"--from {folder}: {MANIFEST} is not a stagelab measurement")
-    if manifest.get("version") != VERSION:
-        raise UserError(f"--from {folder}: measurement format version "
-                        f"{manifest.get('version')!r}, this stagelab reads {VERSION}")
-    problem = manifest_problem(manifest)
-    if problem:
-        raise UserError(f"--from {folder}: {MANIFEST} {problem}")
-    if manifest.get("status") == RUNNING:
-        manifest["status"] = INTERRUPTED
-        for entry in manifest["experiments"]:
-            if entry["status"] in (RUNNING, PENDING):
-                entry.update(status=INTERRUPTED, error="the measuring process was killed")
-    return manifest
-
-
-STATUSES = (OK, FAILED, DEADLINE, INTERRUPTED, RUNNING, PENDING, NO_GO, UNMEASURED)
-# Top-level fields a replay copies into its run's record, and the types each may have.
-TEXT_FIELDS = ("measured_id", "profile", "status", "created_utc", "finished_utc", "host",
-               "device", "gpu")
-
-
-def _field_problem(value: Any, kinds: tuple[type, ...], where: str) -> str | None:
-    wrong = (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds)
-    if wrong:
-        return (f"has {where} of type {type(value).__name__}, not "
-                f"{' or '.join(k.__name__ for k in kinds)}")
-    return None
-
-
-def _load_problem(load: Any, where: str) -> str | None:
-    if load is None:
-        return None
-    if not isinstance(load, dict) or not isinstance(load.get("busy"), (bool, type(None))):
-        return f"has {where}.load that is not a load summary"
-    why = load.get("why", [])
-    if not isinstance(why, list) or not all(isinstance(w, str) for w in why):
-        return f"has {where}.load.why that is not a list of text"
-    return None
-
-
-def _experiment_problem(entry: Any, where: str) -> str | None:
-    if not isinstance(entry, dict):
-        return f"has {where} that is not an object"
-    notebook = entry.get("notebook")
-    if notebook not in MEASURING:
-        return (f"has {where}.notebook {notebook!r}, not a measuring notebook "
-                f"({', '.join(MEASURING)})")
-    if entry.get("table") != TABLES.get(notebook):
-        return (f"has {where}.table {entry.get('table')!r}, not {notebook}'s "
-                f"({TABLES.get(notebook)!r})")
-    if entry.get("status") not in STATUSES:
-        return f"has {where}.status {entry.get('status')!r}, not one of {', '.join(STATUSES)}"
-    checks = [(entry.get("parameters", {}), (dict,), "parameters"),
-              (entry.get("error"), (str, type(None)), "error"),
-              (entry.get("cells_planned"), (int, type(None)), "cells_planned"),
-              (entry.get("cells"), (list,), "cells")]
-    for value, kinds, name in checks:
-        problem = _field_problem(value, kinds, f"{where}.{name}")
-        if problem:
-            return problem
-    for index, cell in enumerate(entry["cells"]):
-        inner = f"{where}.cells[{index}]"
-        if not isinstance(cell, dict) or cell.get("status") not in STATUSES:
-            return f"has {inner} that is not a cell with a known status"
-        rows = cell.get("rows", 1)
-        if isinstance(rows, bool) or not isinstance(rows, int) or rows < 0:
-            return f"has {inner}.rows {rows!r}, not a count"
-        problem = _field_problem(cell.get("cell", ""), (str,), f"{inner}.cell")
-        if problem:
-            return problem
-    return _load_problem(entry.get("load"), where)
-
-
-def manifest_problem(manifest: Mapping[str, Any]) -> str | None:
-    """What in a measured manifest a replay could not use as data, or None."""
-    for name in TEXT_FIELDS:
-        problem = _field_problem(manifest.get(name), (str, type(None)), name)
-        if problem:
-            return problem
-    for name, kinds in (("preflight", (dict, type(None))), ("versions", (dict, type(None))),
-                        ("git", (dict, type(None))), ("forced", (bool, type(None)))):
-        problem = _field_problem(manifest.get(name), kinds, name)
-        if problem:
-            return problem
-    experiments = manifest.get("experiments")
-    if not isinstance(experiments, list):
-        return "has no readable list of experiments"
-    seen = set()
-    for index, entry in enumerate(experiments):
-        problem = _experiment_problem(entry, f"experiments[{index}]")
-        if problem:
-            return problem
-        if entry["notebook"] in seen:
-            return f"lists {entry['notebook']} twice"
-        seen.add(entry["notebook"])
-    return None
-
-
-def recorded_rows(entry: Mapping[str, Any]) -> int:
-    """How many rows an experiment's finished cells say they wrote."""
-    return sum(c.get("rows", 1) for c in entry["cells"] if c["status"] in (OK, FAILED))
-
-
-def measured_rows(folder: Path | str, table: str) -> list[dict[str, Any]]:
-    """The rows of one measured table that its manifest's cells account for (empty where the
-    experiment measured no cell); the rows of a cell a kill cut off before it was recorded are
-    left out."""
-    folder = Path(folder)
-    entry = next((e for e in read_measured(folder)["experiments"] if e["table"] == table), None)
-    if entry is None or not recorded_rows(entry):
-        return []
-    try:
-        return table_rows(folder, table)[:recorded_rows(entry)]
-    except FileNotFoundError:
-        return []
-
-
-def check_rows(folder: Path | str, entry: Mapping[str, Any]) -> None:
-    """UserError when an experiment's rows file does not hold exactly the rows its cells
-    recorded: fewer is a lost or truncated ``rows/`` (a replay would analyse part of it as
-    whole), more is rows no cell accounts for (only a measurement killed between writing a
-    cell's rows and recording the cell may hold those, and they are left out)."""
-    expected = recorded_rows(entry)
-    if entry["table"] is None or not expected:
-        return
-    name = rows_path(folder, entry["table"]).relative_to(folder).as_posix()
-    try:
-        found = len(table_rows(folder, entry["table"]))
-    except FileNotFoundError:
-        cells = sum(1 for c in entry["cells"] if c["status"] in (OK, FAILED))
-        raise UserError(f"--from {folder}: {name} is missing, although {entry['notebook']} "
-                        f"recorded {cells} measured cells") from None
-    except (OSError, SchemaError, UserError) as exc:
-        raise UserError(f"--from {folder}: {name} cannot be read ({exc})") from exc
-    if found < expected:
-        raise UserError(f"--from {folder}: {name} holds {found} rows, fewer than the "
-                        f"{expected} that {entry['notebook']}'s cells recorded")
-    if found > expected and entry["status"] != INTERRUPTED:
-        raise UserError(f"--from {folder}: {name} holds {found} rows, more than the "
-                        f"{expected} that {entry['notebook']}'s cells recorded")
-
-
-def gaps(manifest: Mapping[str, Any]) -> list[str]:
-    """What a measured folder lacks, in words: experiments not ``ok``, with their cells."""
-    found = []
-    for entry in manifest["experiments"]:
-        if entry["status"] == OK:
-            continue
-        done = sum(1 for c in entry["cells"] if c["status"] == OK)
-        planned = entry.get("cells_planned")
-        cells = f", {done} of {planned} cells measured" if planned is not None else ""
-        found.append(f"{entry['notebook']}: {entry['status']}{cells}"
-                     f"{' (' + entry['error'] + ')' if entry.get('error') else ''}")
-    return found
-
-
-RECORD_FILES = (MANIFEST, "hardware.json", "preflight.json", "inventory.json")
-RECORD_COPY = "measured"  # the node's record inside a replayed run folder
-
-
-def record_names() -> list[str]:
-    """The only names a measured folder's record is read by (a path in it is never followed)."""
-    return [*RECORD_FILES, *(name for table in TABLES.values() for name in rows_names(table))]
-
-
-def _record_limit(name: str) -> int:
-    return untrusted.MAX_ROWS_BYTES if name.startswith(ROWS_DIR) else untrusted.MAX_JSON_BYTES
-
-
-def check_record_files(folder: Path | str) -> None:
-    """UserError, naming the file, when one of the record's known names is not a regular file
-    of bounded size inside the folder (a link, a FIFO, a device, a giant file): checked before
-    a run folder exists, so nothing outside the folder is ever copied into a run."""
-    folder = Path(folder)
-    for name in record_names():
-        try:
-            untrusted.read_regular(folder / name, _record_limit(name), root=folder)
-        except FileNotFoundError:
-            continue
-        except UserError as exc:
-            raise UserError(f"--from {folder}: {exc}") from exc
-
-
-def copy_record(folder: Path | str, dest: Path) -> None:
-    """Copy a measured folder's record (manifest, hardware, preflight, inventory, the rows of
-    its known tables) into ``dest``, so a replayed run, and its kept copy, carry what the node
-    wrote. Read as :func:`stagelab.core.untrusted.read_regular` reads: only the folder's own
-    regular files, by known names, each of bounded size. Rows stay compressed, and the plain
-    rows of an older folder are compressed on the way (kept evidence must fit a lease)."""
-    folder, dest = Path(folder), Path(dest)
-    (dest / ROWS_DIR).mkdir(parents=True)
-    for name in record_names():
-        try:
-            data = untrusted.read_regular(folder / name, _record_limit(name), root=folder)
-        except FileNotFoundError:
-            continue
-        if name.endswith(PLAIN_ROWS_SUFFIX):  # kept compressed: its whole rows, one member
-            name, data = f"{name}.gz", gzip.compress(data[:data.rfind(b"\n") + 1], mtime=0)
-            if (folder / name).exists():
-                continue
-        records.write_bytes_atomic(dest / name, data)
-
-
-def matched_source(manifest: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The measurement's source record with ``matched_commit``: the commit here whose
-    ``lib/stagelab`` has the tree id the node recorded (None where none has it)."""
-    source = manifest.get("source")
-    if not isinstance(source, dict):
-        return None
-    tree, named = source.get("tree"), source.get("commit_env")
-    if not isinstance(tree, str) or len(tree) != 40 or not tree.isalnum():
-        tree = None  # a stranger's folder: only a tree id is looked up
-    return {"path": provenance.SOURCE, "tree": tree,
-            "commit_env": named if isinstance(named, str) else None,
-            "matched_commit": provenance.matching_commit(tree)}
-
-
-def origin(folder: Path | str, manifest: Mapping[str, Any]) -> dict[str, Any]:
-    """Where and when a measurement was made, for the run's manifest and report; ``record`` is
-    its copy inside the run folder, ``folder`` where it was read from on the analysing host."""
-    return {"folder": str(Path(folder).resolve()), "record": RECORD_COPY,
-            "measured_id": manifest.get("measured_id"), "preflight": manifest.get("preflight"),
-            "host": manifest.get("host"), "gpu": manifest.get("gpu"),
-            "device": manifest.get("device"), "created_utc": manifest.get("created_utc"),
-            "profile": manifest.get("profile"), "status": manifest.get("status"),
-            "forced": manifest.get("forced"), "rehearsal": bool(manifest.get("rehearsal")),
-            "git": manifest.get("git"), "source": matched_source(manifest),
-            "versions": manifest.get("versions"), "gaps": gaps(manifest),
-            "loads": {e["notebook"]: e["load"] for e in manifest["experiments"] if e.get("load")}}

@@ -19,10 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from stagelab.analyse import claims
+from stagelab.core import measured as measured_folder
 from stagelab.core import outcomes, untrusted
 from stagelab.core.errors import UserError
 from stagelab.core.records import RunFolder
-from stagelab.run import measure_command, profiles
+from stagelab.run import profiles
 from stagelab.run.profiles import NotebookPlan, RunPlan
 
 
@@ -36,7 +37,7 @@ def check_overrides(params: Iterable[str]) -> None:
     """UserError for a ``--param`` of a measuring notebook: its rows were measured with their
     own parameters (checked before the profile's own checks, which would name another cause)."""
     for name in profiles.parse_overrides(params):
-        if name in measure_command.MEASURING:
+        if name in measured_folder.MEASURING:
             raise UserError(f"--param for {name}: its rows were measured with their own "
                             "parameters (see measured.json); measure again to change them")
 
@@ -45,8 +46,8 @@ def replay_plan(plan: RunPlan, folder: Path, params: Iterable[str]) -> dict[str,
     """Point ``plan``'s measuring notebooks at ``folder`` (in place); return the measurement's
     origin for the run's manifest, its ``hardware`` included. UserError for a bad request."""
     folder = Path(folder).resolve()
-    manifest = measure_command.read_measured(folder)
-    measure_command.check_record_files(folder)
+    manifest = measured_folder.read_measured(folder)
+    measured_folder.check_record_files(folder)
     if manifest.get("profile") != plan.profile:
         raise UserError(f"--from {folder}: measured with profile {manifest.get('profile')!r}, "
                         f"not {plan.profile!r}; replay it with --profile "
@@ -55,11 +56,11 @@ def replay_plan(plan: RunPlan, folder: Path, params: Iterable[str]) -> dict[str,
     check_overrides(params)
     kept, replayed = [], []
     for notebook in plan.notebooks:
-        if notebook.name not in measure_command.MEASURING:
+        if notebook.name not in measured_folder.MEASURING:
             kept.append(notebook)
             continue
         entry = by_notebook.get(notebook.name)
-        if entry is None and notebook.name == measure_command.SNAPSHOT_NOTEBOOK:
+        if entry is None and notebook.name == measured_folder.SNAPSHOT_NOTEBOOK:
             entry = {"table": None, "status": outcomes.OK, "parameters": {}}  # hardware.json
         if entry is None:
             raise UserError(f"--from {folder}: lacks {notebook.name}, which profile "
@@ -77,13 +78,13 @@ def replay_plan(plan: RunPlan, folder: Path, params: Iterable[str]) -> dict[str,
                         f"{manifest.get('status')!r}; preflight.json says why): nothing to "
                         "replay")
     for entry in replayed:  # once every experiment the profile needs is known to be there
-        measure_command.check_rows(folder, entry)
+        measured_folder.check_rows(folder, entry)
     hardware = read_folder_json(folder, RunFolder.HARDWARE)
     preflight = read_folder_json(folder, "preflight.json", required=False)
     for entry in replayed:
         check_claims(folder, entry, hardware, preflight)
     plan.notebooks = kept
-    return {**measure_command.origin(folder, manifest), "hardware": hardware}
+    return {**measured_folder.origin(folder, manifest), "hardware": hardware}
 
 
 def measured_parameters(notebook: NotebookPlan, entry: dict[str, Any],
@@ -94,7 +95,7 @@ def measured_parameters(notebook: NotebookPlan, entry: dict[str, Any],
     given = entry.get("parameters") or {}
     declared = profiles.notebook_parameters(notebook.path)
     profiles.check_parameters(notebook.name, given, declared,
-                              f"--from {folder}: {measure_command.MANIFEST}")
+                              f"--from {folder}: {measured_folder.MANIFEST}")
     return dict(given)
 
 
@@ -120,11 +121,11 @@ def check_claims(folder: Path, entry: dict[str, Any], hardware: dict[str, Any],
     preflight, the catalogue or physical bounds (:mod:`stagelab.analyse.claims`)."""
     if entry["table"] is None:
         return
-    rows = measure_command.measured_rows(folder, entry["table"])
+    rows = measured_folder.measured_rows(folder, entry["table"])
     found = claims.rows_problems(entry["table"], rows, entry, hardware, preflight)
     if found:
         more = f" (and {len(found) - 1} more disagreements)" if len(found) > 1 else ""
-        raise UserError(f"--from {folder}: {measure_command.rows_path(folder, entry['table']).name}"
+        raise UserError(f"--from {folder}: {measured_folder.rows_path(folder, entry['table']).name}"
                         f" disagrees with the folder's own records: {found[0]}{more}; "
                         "refused")
 def source_line(origin: dict[str, Any]) -> str:
