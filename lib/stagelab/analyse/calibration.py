@@ -311,7 +311,7 @@ def recommendation_rates(reuse: float, pinning: float, *, rounds: int, trials: i
             family = [{"baseline": cell[base], "candidate": cell[cand],
                        "twin": None if twin is None else cell[twin], "min_speedup": bar}
                       for cell in trial]
-            answers[question] = stats.decide_family(family).decision
+            answers[question] = stats.decide_family(family)
         change = stats.recommend(answers["bundle"], answers["pinning"], answers["reuse"])[0]
         counts[change] = counts.get(change, 0) + 1
     return {change: n / trials for change, n in counts.items()}

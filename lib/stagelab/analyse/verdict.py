@@ -214,10 +214,11 @@ def overall(decisive: list[dict[str, Any]]) -> dict[str, str]:
     if ported and not blocked:
         best = max(ported, key=lambda c: c["saved_ms"] or 0)
         each = "; ".join(_answer_words(c) for c in decisive)
+        roles = stats.port_roles([(c["decision"], c.get("tail") or "") for c in decisive],
+                                 [_cell_name(c) for c in decisive])
         return {"decision": stats.PORT, "where": where, "summary": (
-            f"Pinned grow-only staging saves more than delta of the seed's step in "
-            f"{len(ported)} of {len(decisive)} decisive cells and no cell could be slower "
-            f"beyond delta (mean and p99 tail); the largest saving is "
+            f"Pinned grow-only staging saves more than delta of the seed's step: {roles}; "
+            f"the largest saving is "
             f"{best['saved_ms']:.2f} ms per step at n={best['rows']}, V={best['vocab']}, "
             f"K={best['k']} ({best['speedup']:.3f}x, CI [{best['ci_low']:.3f}, "
             f"{best['ci_high']:.3f}]). Each cell: {each}. {where}".strip())}
@@ -251,7 +252,7 @@ QUESTION_WORDS = {
     "pinning": "pinning alone: pinned grow-only scratch vs grow-only pageable buffer",
 }
 ANSWER_KEYS = ("decision", "speedup", "ci_low", "ci_high", "tail_speedup", "tail_bound",
-               "noninferior_bound", "saved_ms", "n_rounds", "reason")
+               "tail_upper_bound", "tail", "noninferior_bound", "saved_ms", "n_rounds", "reason")
 
 
 def answer_questions(step: pd.DataFrame, named: list[tuple[int, int, int]], *,
@@ -272,8 +273,13 @@ def answer_questions(step: pd.DataFrame, named: list[tuple[int, int, int]], *,
                 "decision": None, "where": "", "summary": cells[0]["reason"] if cells else ""}),
             "cells": [{"rows": c["rows"], "vocab": c["vocab"], "k": c["k"],
                        **{key: c.get(key) for key in ANSWER_KEYS}} for c in cells]}
-    change, reason = stats.recommend(*(answers[q]["decision"] for q in
-                                       ("bundle", "pinning", "reuse")))
+    pinning = answers["pinning"]
+    pinning_family = None if pinning["decision"] is None else stats.FamilyDecision(
+        pinning["decision"], pinning["summary"],
+        [stats.Decision(c["decision"], c["reason"] or "") for c in pinning["cells"]])
+    change, reason = stats.recommend(answers["bundle"]["decision"], pinning_family,
+                                     answers["reuse"]["decision"],
+                                     cells=[_cell_name(c) for c in pinning["cells"]])
     return answers, {"change": change, "reason": reason, "method": stats.SEQUENCE}
 
 
