@@ -19,14 +19,14 @@ identically distributed rounds):
 
 Each model is simulated at three truths (no effect, 1.00; exactly at the bar ``1/(1 - delta)``;
 a saving of 3 delta, ``1/(1 - 3 delta)``), at a fixed number of rounds and with rounds until
-precise (:mod:`stagelab.core.design`, the bench's own stop rule, up to a cap), per cell
+resolved (:mod:`stagelab.core.design`, the bench's own stop rule, up to a cap), per cell
 (:func:`stagelab.analyse.stats.decide`) and for a family of cells (:func:`stagelab.analyse.stats.decide_family`).
 The requirements: PORT in at most 5 % of runs at 1.00 and at the bar; where the CI reaches its
 target half-width (delta/2), CLOSE in at least 80 % at 1.00 and, with the rounds a PORT needs,
 PORT in at least 90 % at 3 delta. Each rate is judged on its Wilson interval (95 %): "met" only
 when the whole interval lies on the right side of the requirement, so a row near 5 % needs about
 1000 trials to be met. A row that misses its requirement is shown, not hidden: that is where the
-rule falls short. Rounds until precise start at the rounds a PORT needs, as the bench's stop rule
+rule falls short. Rounds until resolved start at the rounds a PORT needs, as the bench's stop rule
 does (:data:`stagelab.core.design.TAIL_ROUNDS`). What was measured: docs/decision-rule.md.
 """
 
@@ -164,17 +164,19 @@ def half_widths(baseline: np.ndarray, candidate: np.ndarray, confidence: float) 
 
 
 def stop_rounds(baseline: np.ndarray, candidate: np.ndarray, *, rounds: int, max_rounds: int,
-                target: float, every: int = 5, confidence: float = 0.95) -> np.ndarray:
-    """The rounds the bench's stop rule runs per trial: the first check (at ``rounds``, then every
-    ``every`` rounds, and at the cap) where the half-width is at most ``target``, else the cap."""
+                bar: float, every: int = 5, confidence: float = 0.95) -> np.ndarray:
+    """The rounds the bench's stop rule runs per trial (:func:`stagelab.core.design.resolved`):
+    the first check (at ``rounds``, then every ``every`` rounds, and at the cap) where the CI
+    lies wholly on one side of ``bar``, else the cap."""
     checks = sorted({*range(rounds, max_rounds + 1, every), max_rounds})
     stops = np.full(baseline.shape[0], max_rounds)
     open_trials = np.ones(baseline.shape[0], dtype=bool)
     for n in checks:
-        precise = open_trials & (half_widths(baseline[:, :n], candidate[:, :n], confidence)
-                                 <= target)
-        stops[precise] = n
-        open_trials &= ~precise
+        b, c = baseline[:, :n], candidate[:, :n]
+        ratio, width = b.mean(axis=1) / c.mean(axis=1), half_widths(b, c, confidence)
+        done = open_trials & ((ratio - width > bar) | (ratio + width < bar))
+        stops[done] = n
+        open_trials &= ~done
     return stops
 
 
@@ -185,7 +187,7 @@ class Setting:
     noise: Noise
     truth: str
     rounds: int
-    max_rounds: int  # == rounds: fixed rounds; more: rounds until precise up to this cap
+    max_rounds: int  # == rounds: fixed rounds; more: rounds until resolved up to this cap
 
 
 def _cells(times: np.ndarray, stops: np.ndarray, bar: float) -> list[dict]:
@@ -203,8 +205,7 @@ def _row(setting: Setting, *, trials: int, cells: int, delta: float, seed: int,
     times = simulate(setting.noise, speedup, setting.max_rounds, trials * cells, seed)
     if setting.max_rounds > setting.rounds:
         stops = stop_rounds(times[:, 0], times[:, 1], rounds=setting.rounds,
-                            max_rounds=setting.max_rounds, target=delta / 2,
-                            confidence=confidence)
+                            max_rounds=setting.max_rounds, bar=bar, confidence=confidence)
     else:
         stops = np.full(trials * cells, setting.rounds)
     family_answers, cell_answers, widths = [], [], []
@@ -224,7 +225,7 @@ def _row(setting: Setting, *, trials: int, cells: int, delta: float, seed: int,
              "family_inconclusive": family == stats.INCONCLUSIVE}
     row = {"noise": setting.noise.name, "truth": setting.truth, "true_speedup": speedup,
            "rounds": (f"{setting.rounds}" if setting.max_rounds == setting.rounds
-                      else f"until precise, {setting.rounds}-{setting.max_rounds}"),
+                      else f"until resolved, {setting.rounds}-{setting.max_rounds}"),
            "median_rounds": float(np.median(stops)),
            "at_cap": float(np.mean(stops >= setting.max_rounds)) if setting.max_rounds >
            setting.rounds else math.nan,
@@ -271,46 +272,71 @@ def _requirement(row: dict, delta: float) -> tuple[str, bool | None]:
     return "none: the CI is wider than delta/2 here", None
 
 
+def _resolved_at(pairs: Sequence[tuple[np.ndarray, np.ndarray]], *, rounds: int,
+                 max_rounds: int, bar: float) -> np.ndarray:
+    """Per trial, the rounds the bench's stop rule runs a cell whose comparisons are ``pairs``
+    (``[trials, max_rounds]`` baseline and candidate arrays): the first check at which every
+    one is resolved, else the cap; ``rounds`` everywhere with fixed rounds."""
+    if max_rounds <= rounds:
+        return np.full(pairs[0][0].shape[0], rounds)
+    start = min(max(rounds, design.TAIL_ROUNDS), max_rounds)
+    return np.max([stop_rounds(b, c, rounds=start, max_rounds=max_rounds, bar=bar)
+                   for b, c in pairs], axis=0)
+
+
 def family_port_rate(noise: Noise, speedups: Sequence[float], *, rounds: int, trials: int,
                      delta: float = 0.02, seed: int = 0,
-                     rule: FamilyRule = stats.decide_family) -> dict:
+                     rule: FamilyRule = stats.decide_family,
+                     max_rounds: int | None = None) -> dict:
     """How often ``rule`` PORTs a family whose cells have different true ``speedups`` (e.g. one
     cell slower beside others saving 3 delta), over ``trials`` simulated runs of ``rounds``
-    rounds: the rate and its Wilson interval."""
+    rounds (with ``max_rounds``: rounds until resolved, each cell cut where the bench's stop
+    rule would stop it, its candidate and A/A twin resolved): the rate and its Wilson interval,
+    and the median rounds run."""
     bar = 1.0 / (1.0 - delta)
-    per_cell = [simulate(noise, s, rounds, trials, seed * 7919 + i) for i, s in
-                enumerate(speedups)]
+    cap = max(rounds, max_rounds or rounds)
+    per_cell = [simulate(noise, s, cap, trials, seed * 7919 + i) for i, s in enumerate(speedups)]
+    stops = [_resolved_at([(t[:, 0], t[:, 1]), (t[:, 0], t[:, 2])], rounds=rounds,
+                          max_rounds=cap, bar=bar) for t in per_cell]
     ports = 0
     for trial in range(trials):
-        cells = [{"baseline": t[trial, 0], "candidate": t[trial, 1], "twin": t[trial, 2],
-                  "min_speedup": bar} for t in per_cell]
+        cells = [{"baseline": t[trial, 0, :n[trial]], "candidate": t[trial, 1, :n[trial]],
+                  "twin": t[trial, 2, :n[trial]], "min_speedup": bar}
+                 for t, n in zip(per_cell, stops)]
         ports += rule(cells, seed=0).decision == stats.PORT
     low, high = wilson(ports, trials)
     return {"noise": noise.name, "speedups": list(speedups), "rounds": rounds,
+            "max_rounds": cap, "median_rounds": float(np.median(stops)),
             "trials": trials, "family_port": ports / trials, "family_port_low": low,
             "family_port_high": high}
 
 
 def recommendation_rates(reuse: float, pinning: float, *, rounds: int, trials: int,
                          cells: int = 6, delta: float = 0.02, sigma: float = 0.02,
-                         seed: int = 0) -> dict[str, float]:
+                         seed: int = 0, max_rounds: int | None = None) -> dict[str, float]:
     """How often each change is recommended (:func:`stagelab.analyse.stats.recommend`) when reuse
     alone has the true speedup ``reuse`` over the fresh vector and pinning ``pinning`` over the
     reused buffer (the bundle: their product), every cell of a family alike, with lognormal
     ``sigma`` noise per sample and an A/A twin of the fresh vector: the three questions decided
-    as families, in their fixed sequence, on the same simulated rounds."""
+    as families, in their fixed sequence, on the same simulated rounds. With ``max_rounds``,
+    rounds until resolved: each cell runs until its three questions and its twin are resolved
+    (the bench's stop rule), or the cap."""
     rng = np.random.default_rng(seed)
     bar = 1.0 / (1.0 - delta)
+    cap = max(rounds, max_rounds or rounds)
     level = np.array([1.0, 1.0 / reuse, 1.0 / (reuse * pinning), 1.0])  # fresh, reused, pinned, twin
-    times = level[None, None, :, None] * np.exp(sigma * rng.normal(size=(trials, cells, 4, rounds)))
+    times = level[None, None, :, None] * np.exp(sigma * rng.normal(size=(trials, cells, 4, cap)))
     pairs = {"bundle": (0, 2, 3), "reuse": (0, 1, 3), "pinning": (1, 2, None)}
+    flat = times.reshape(trials * cells, 4, cap)
+    stops = _resolved_at([(flat[:, b], flat[:, c]) for b, c in ((0, 2), (0, 1), (1, 2), (0, 3))],
+                         rounds=rounds, max_rounds=cap, bar=bar).reshape(trials, cells)
     counts: dict[str, int] = {}
-    for trial in times:
+    for trial, cut in zip(times, stops):
         answers = {}
         for question, (base, cand, twin) in pairs.items():
-            family = [{"baseline": cell[base], "candidate": cell[cand],
-                       "twin": None if twin is None else cell[twin], "min_speedup": bar}
-                      for cell in trial]
+            family = [{"baseline": cell[base, :n], "candidate": cell[cand, :n],
+                       "twin": None if twin is None else cell[twin, :n], "min_speedup": bar}
+                      for cell, n in zip(trial, cut)]
             answers[question] = stats.decide_family(family)
         change = stats.recommend(answers["bundle"], answers["pinning"], answers["reuse"])[0]
         counts[change] = counts.get(change, 0) + 1
@@ -322,7 +348,7 @@ def calibrate(trials: int = 200, rounds: int = 30, delta: float = 0.02, seed: in
               truths: Sequence[str] = tuple(TRUTHS), adaptive: Sequence[bool] = (False, True),
               rule: FamilyRule = stats.decide_family, min_samples: int = 10,
               confidence: float = 0.95) -> pd.DataFrame:
-    """One row per noise model x truth x (fixed rounds, rounds until precise): how often ``rule``
+    """One row per noise model x truth x (fixed rounds, rounds until resolved): how often ``rule``
     answers PORT or CLOSE for one cell and for a family of ``cells`` cells, over ``trials``
     simulated runs, with the median rounds run, the share stopped at the cap, the median CI
     half-width, the requirement and whether it is met. Every row sees its own seeded data;
