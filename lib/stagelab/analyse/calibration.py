@@ -36,6 +36,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -401,3 +402,92 @@ def summary(rows: Sequence[dict]) -> str:
             + (f"; {int(unjudged.sum())} rows not judged: {first['trials']} trials cannot show "
                f"a rate under 5 % ({MIN_TRIALS_FOR_5_PERCENT} or more can)" if unjudged.any()
                else "") + ".")
+
+
+CASE_ROUNDS, CASE_CAP, CASE_CELLS = 160, 300, 6  # the issue's families, and the gate's cap
+T3_SHARED = Noise("t(3) 3 % on every arm", 0.03, t_df=3.0)
+T3_SHARED_5 = Noise("t(3) 5 % on every arm", 0.05, t_df=3.0)
+RARE_STALLS = Noise("candidate stalls 1 % at 4x", stall_rate=0.01)
+
+
+def _judged(rate: float, trials: int, requirement: str) -> tuple[float, float, bool | None]:
+    """A case's Wilson interval and whether its requirement (``>= x`` or ``<= x``, a share; ''
+    for none) is met on it: None where nothing is required, or too few trials to show a rate
+    under 5 %."""
+    low, high = wilson(round(rate * trials), trials)
+    if not requirement:
+        return low, high, None
+    sign, bound = requirement.split()
+    if sign == "<=":
+        return low, high, (None if wilson(0, trials)[1] > float(bound) else high <= float(bound))
+    return low, high, low >= float(bound)
+
+
+def _case_specs(delta: float) -> list[tuple[str, str, str, Any]]:
+    """(case, what is counted, requirement, how to simulate it: a family's speedups and noise,
+    or a (reuse, pinning) split and the change counted)."""
+    saving, bar = 1 / (1 - 3 * delta), 1 / (1 - delta)
+    pin2, pin08 = 1 / (1 - 2 * delta), 1 / (1 - 0.8 * delta)
+    return [
+        ("4 cells saving 3 delta beside 2 with no effect, lognormal 2 %", "family PORT", ">= 0.80",
+         ([saving] * 4 + [1.0] * 2, NOISES[0])),
+        ("4 cells saving 3 delta beside 2 with no effect, lognormal 5 %", "family PORT", ">= 0.80",
+         ([saving] * 4 + [1.0] * 2, NOISES[1])),
+        ("6 cells saving 3 delta, t(3) 3 % on every arm", "family PORT", ">= 0.80",
+         ([saving] * 6, T3_SHARED)),
+        ("6 cells saving 3 delta, t(3) 5 % on every arm", "family PORT", ">= 0.80",
+         ([saving] * 6, T3_SHARED_5)),
+        ("6 cells at the bar, lognormal 2 %", "family PORT", "<= 0.05", ([bar] * 6, NOISES[0])),
+        ("net loss: 5 % faster, 4x in 2 % of the candidate's rounds, 6 cells", "family PORT",
+         "<= 0.05", ([1.05 / 1.06] * 6, NOISES[-2])),
+        ("candidate stalls 2 % at 4x, at the bar, 1 cell", "PORT", "<= 0.05", ([bar], NOISES[-2])),
+        ("candidate stalls 1 % at 4x, equal means, 6 cells", "family PORT", "<= 0.05",
+         ([1.0] * 6, RARE_STALLS)),
+        ("candidate stalls 1 % at 4x, equal means, 1 cell", "PORT", "<= 0.05",
+         ([1.0], RARE_STALLS)),
+        ("1 cell 1.5 delta slower beside 5 saving 3 delta, lognormal 2 %", "family PORT",
+         "<= 0.05", ([1 / (1 + 1.5 * delta)] + [saving] * 5, NOISES[0])),
+        ("reuse 3 delta, pinning 2 delta: the pinned scratch", "recommended", ">= 0.80",
+         ((saving, pin2), stats.PORT_PINNED)),
+        ("reuse 3 delta, pinning 2 delta: a reused buffer", "recommended", "<= 0.05",
+         ((saving, pin2), stats.PORT_REUSED)),
+        ("reuse 3 delta, pinning at the bar: the pinned scratch", "recommended", "<= 0.05",
+         ((saving, bar), stats.PORT_PINNED)),
+        ("reuse 3 delta, pinning 0.8 delta: a reused buffer", "recommended", "",
+         ((saving, pin08), stats.PORT_REUSED)),
+        ("reuse 3 delta, no pinning effect: a reused buffer", "recommended", ">= 0.80",
+         ((saving, 1.0), stats.PORT_REUSED)),
+    ]
+
+
+def cases(trials: int = 200, *, delta: float = 0.02, seed: int = 0, rounds: int = CASE_ROUNDS,
+          max_rounds: int = CASE_CAP, until_resolved: bool = True) -> pd.DataFrame:
+    """The issue's cases, each over ``trials`` simulated families of six cells (one where said)
+    at ``rounds`` fixed rounds and, with ``until_resolved``, with rounds until resolved up to
+    ``max_rounds`` (optional stopping, measured): null cells beside saving cells, heavy tails
+    shared by every arm, one-arm stalls, a regressing cell, the three questions' split near and
+    far from the bar. One row per case and rounds: the share counted, its Wilson interval, the
+    median rounds run, the requirement and whether it is met on the interval."""
+    if trials < 1:
+        raise ValueError(f"trials must be positive, got {trials}")
+    rows = []
+    for n, (case, counted, requirement, spec) in enumerate(_case_specs(delta)):
+        for cap in (rounds, max_rounds) if until_resolved else (rounds,):
+            what, detail = spec
+            if counted == "recommended":
+                rate = recommendation_rates(*what, rounds=rounds, trials=trials,
+                                            cells=CASE_CELLS, delta=delta, seed=seed + n,
+                                            max_rounds=cap).get(detail, 0.0)
+                median = math.nan
+            else:
+                found = family_port_rate(detail, what, rounds=rounds, trials=trials, delta=delta,
+                                         seed=seed + n, max_rounds=cap)
+                rate, median = found["family_port"], found["median_rounds"]
+            low, high, met = _judged(rate, trials, requirement)
+            rows.append({"case": case, "counted": counted,
+                         "rounds": (f"{rounds}" if cap == rounds
+                                    else f"until resolved, {rounds}-{cap}"),
+                         "median_rounds": median, "trials": trials, "rate": rate,
+                         "rate_low": low, "rate_high": high,
+                         "requirement": requirement or "none (reported)", "met": met})
+    return pd.DataFrame(rows)

@@ -209,6 +209,7 @@ def checked_request(args: argparse.Namespace, command: list[str]) -> Request | N
     if args.estimate:
         predicted = predict_profile(measuring, args.estimate)
         print(format_estimate(predicted, args.estimate))
+        print(*round_cap_lines(measuring, args.estimate), sep="\n", end="")
         if args.deadline_s is not None:
             print(format_admission(predicted, args.deadline_s, args.estimate))
         print(format_file_sizes(predict_file_bytes(measuring)))
@@ -251,6 +252,26 @@ def predict_profile(notebooks: Mapping[str, Mapping[str, Any]],
             rows.append((name, cell.label, predict(cell, parameters["rounds"],
                                                    parameters["warmup"])))
     return rows
+
+
+def round_cap_lines(notebooks: Mapping[str, Mapping[str, Any]], kind: str) -> list[str]:
+    """A line, newline-ended, per notebook whose cells run rounds until resolved: their floor
+    and cap, and the seconds at each (:func:`stagelab.measure.estimate.format_round_cap`)."""
+    lines = []
+    for name, parameters in notebooks.items():
+        bound = experiments.of_notebook(name)
+        if bound is None or bound.max_rounds(parameters) is None:
+            continue
+        cells = [c for c in sweep_cells(name, parameters, "cpu") if not c.invalid]
+        at_floor = bound.predictor({**parameters, "max_rounds": parameters["rounds"]}, kind)
+        at_cap = bound.predictor(parameters, kind)
+        lines.append(estimate.format_round_cap(
+            name, rounds=parameters["rounds"], max_rounds=parameters["max_rounds"],
+            max_seconds=parameters.get("max_seconds", math.inf), cells=len(cells),
+            floor_s=sum(at_floor(c, parameters["rounds"], parameters["warmup"]) for c in cells),
+            cap_s=sum(at_cap(c, parameters["rounds"], parameters["warmup"]) for c in cells))
+            + "\n")
+    return lines
 
 
 def format_estimate(rows: list[tuple[str, str, float]], kind: str) -> str:
