@@ -317,6 +317,7 @@ def test_reuse_3_delta_with_pinning_2_delta_recommends_a_reused_buffer_at_most_5
     ([AT_BAR] * 6, QUIET),  # six cells at the bar
     ([1.05 / (1 + 0.02 * 3)] * 6, CANDIDATE_STALLS),  # a net loss: 4x stalls in 2 % of rounds
     ([1 / (1 + 1.5 * DELTA)] + [SAVES_3_DELTA] * 5, QUIET),  # one cell 1.5 delta slower
+    ([AT_BAR], CANDIDATE_STALLS),  # one cell at the bar whose candidate stalls 4x in 2 % of rounds
 ])
 def test_what_must_not_port_ports_at_most_5_percent_at_160_rounds(speedups, noise):
     rate = calibration.family_port_rate(noise, speedups, rounds=DONE_ROUNDS, trials=1000, seed=9)
@@ -330,3 +331,22 @@ def test_rounds_until_resolved_keep_six_cells_at_the_bar_from_porting():
                                         seed=10, max_rounds=300)
     assert rate["median_rounds"] > DONE_ROUNDS  # near the bar it goes on
     assert rate["family_port"] <= 0.05 and rate["family_port_high"] <= 0.07
+
+
+def test_the_cases_table_has_a_row_per_case_with_its_wilson_interval_and_requirement():
+    table = calibration.cases(trials=2, until_resolved=False)
+    assert len(table) == 15 and set(table["rounds"]) == {"160"} and (table["trials"] == 2).all()
+    assert {"case", "rate", "rate_low", "rate_high", "requirement", "met"} <= set(table.columns)
+    assert (table["rate_low"] <= table["rate"]).all() and (table["rate"] <= table["rate_high"]).all()
+    at_most = table[table["requirement"] == "<= 0.05"]
+    assert at_most["met"].isna().all()  # 2 trials cannot show a rate under 5 %
+    assert table.loc[table["requirement"] == "none (reported)", "met"].isna().all()
+    with pytest.raises(ValueError, match="trials must be positive"):
+        calibration.cases(trials=0)
+
+
+@pytest.mark.parametrize("rate, trials, requirement, met", [
+    (1.0, 20, ">= 0.80", True), (0.9, 20, ">= 0.80", False), (0.0, 100, "<= 0.05", True),
+    (0.03, 100, "<= 0.05", False), (0.0, 50, "<= 0.05", None), (0.5, 10, "", None)])
+def test_a_case_is_met_only_on_its_wilson_interval(rate, trials, requirement, met):
+    assert calibration._judged(rate, trials, requirement)[2] == met

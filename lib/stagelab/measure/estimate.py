@@ -145,7 +145,7 @@ def cell_seconds(sizes: Mapping[str, Any], arms: Sequence[str], *, rounds: int, 
     ``sizes`` are the cell's schema fields (``experiment``, ``rows``, ``vocab``, ``bytes``...),
     ``arms`` every arm it times (twins included), ``memory_probes`` the fresh processes it
     starts to measure peaks, ``forward_s`` the device work queued before each step call. With
-    ``max_rounds`` (rounds until precise) the timing is the most it may take: up to
+    ``max_rounds`` (rounds until resolved) the timing is the most it may take: up to
     ``max_rounds`` rounds, stopped at ``max_seconds`` once ``rounds`` are done.
     """
     basis = BASIS[kind]
@@ -182,7 +182,7 @@ def _rows_per_round(experiment: str, arm: str) -> int:
 
 def cell_rows(experiment: str, arms: Sequence[str], rounds: int) -> int:
     """The most rows one cell of ``experiment`` writes when it runs ``rounds`` rounds (the
-    round cap, for rounds until precise): the size a rows file is predicted from."""
+    round cap, for rounds until resolved): the size a rows file is predicted from."""
     per_round = sum(_rows_per_round(experiment, arm) for arm in arms)
     once = ROWS_PER_CELL_ONCE + (STEP_HOST_RATE_ROWS if experiment == catalogue.STEP else 0)
     return rounds * per_round + len(arms) * ROWS_PER_ARM_ONCE + once
