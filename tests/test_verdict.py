@@ -677,6 +677,9 @@ def test_the_verdict_recommends_one_change_from_three_answers(tmp_path, pinned, 
     cell = result["decisive"][0]
     assert cell["answers"]["reuse"]["speedup"] == pytest.approx(reused, rel=0.005)
     assert cell["answers"]["bundle"]["decision"] == answers[0]
+    helps = "n=64 V=152064 K=5" if answers[2] == "PORT" else "no cell"
+    assert (f"pinning would help (adds more than delta beyond reuse) in {helps}"
+            in result["recommendation"]["reason"]) == (answers[0] == "PORT")
 
 
 def test_without_the_reused_arm_pinning_alone_is_not_measured_and_the_change_is_open(tmp_path):

@@ -10,8 +10,8 @@ decisive cells (named by the profile: rows x models x K) are one family, decided
 ``1 / (1 - delta)`` on the ratio of mean step times:
 
 * PORT: a cell's lower bound at Holm's level lies above that and above its A/A twin's CI, and
-  every cell can support a PORT (at least 149 rounds, its mean and its p99 tail not slower beyond
-  delta);
+  every cell can support a PORT (at least 149 rounds, its mean not slower beyond delta, its p99
+  tail not shown heavier beyond delta);
 * CLOSE: every cell's upper bound (one-sided 5 %) lies below it (any benefit is too small to be
   worth a change; slower counts too);
 * INCONCLUSIVE otherwise, with each cell's reason (not measured, too few rounds, bad timings,
@@ -487,7 +487,7 @@ def calibrate_rule(decisive: list[dict[str, Any]], trials: int, delta: float,
                    seed: int) -> list[dict[str, Any]]:
     """The rule's simulated error rates at the rounds this run's decisive cells have (the fewest)
     and for a family of as many cells, under every noise model at fixed rounds (rounds until
-    precise are calibrated in docs/decision-rule.md); none where no trials were asked for or no
+    resolved are calibrated in docs/decision-rule.md); none where no trials were asked for or no
     decisive cell has two rounds."""
     rounds = [c["baseline_rounds"] for c in decisive if c["baseline_rounds"] >= 2]
     if not trials or not rounds:
@@ -787,12 +787,13 @@ def decisive_table(verdict: dict[str, Any]) -> pd.DataFrame:
 
 
 QUESTION_COLUMNS = ["question", "family", "rows", "vocab", "k", "decision", "speedup", "ci_low",
-                    "ci_high", "tail_speedup", "n_rounds"]
+                    "ci_high", "tail_speedup", "tail", "n_rounds"]
 
 
 def questions_table(verdict: dict[str, Any]) -> pd.DataFrame:
     """The three questions (bundle, reuse alone, pinning alone) per decisive cell, each with its
-    family's answer and the cell's speedup, CI and p99 tail speedup."""
+    family's answer and the cell's speedup, CI, p99 tail speedup and its test (heavier, not
+    heavier, unresolved)."""
     rows = [{"question": answer["words"], "family": answer["decision"] or "not measured",
              **{key: cell.get(key) for key in QUESTION_COLUMNS[2:]}}
             for answer in (verdict.get("questions") or {}).values() for cell in answer["cells"]]
