@@ -31,8 +31,8 @@ neighbour's load). The statistics keep that pairing.
   second largest round, so under tails shared by every arm its bound is wide whatever the
   arms do, and a rule that blocked on a wide bound blocked real savings (four saving cells
   beside two null cells: PORT 56 %; t(3) noise on every arm: 37 %). Rare stalls the tail
-  cannot show are still stopped by the mean: a sample holding them has a mean that could be
-  slower beyond delta (below), one holding none cannot clear the bar by much.
+  cannot show are still stopped by the mean: a sample holding its share of them has a mean that
+  could be slower beyond delta (below), one holding fewer by the next check.
 * **A saving must not rest on luck with rare rounds**: a cell carries a PORT only when its
   lower bound stays above the bar with one more round like the candidate's worst (a
   pseudo-count, :func:`_one_more_worst`): a sample that holds a rare stall fewer times than the
@@ -45,8 +45,8 @@ neighbour's load). The statistics keep that pairing.
   heavier, an intersection-union test that needs no correction since all must hold;
   intersection-union for CLOSE (every cell must close). A family PORT names the cells that carry
   the saving (declared by Holm), those shown harmless (mean non-inferior, tail shown not
-  heavier) and those whose tail is unresolved. :mod:`stagelab.analyse.calibration` measures the error rates by
-  simulation.
+  heavier) and those whose tail is unresolved. :mod:`stagelab.analyse.calibration` measures
+  the error rates by simulation.
 * **The harness check** (:func:`twin_checks`) asks of every A/A twin of a run, as one family,
   whether identical arms differ by more than delta; Bonferroni keeps a quiet machine's false
   alarms near ``1 - confidence`` for the whole run rather than for each twin.
