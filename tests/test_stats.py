@@ -429,6 +429,8 @@ def _family_of(*decisions):
 
 @pytest.mark.parametrize("bundle, pinning, reuse, change, words", [
     (stats.CLOSE, None, None, stats.CLOSE_CHANGE, "saves less than delta"),
+    (stats.CLOSE, stats.CLOSE, stats.INCONCLUSIVE, stats.CLOSE_CHANGE, "not shown to save more"),
+    (stats.CLOSE, stats.CLOSE, stats.PORT, stats.PORT_REUSED, "pinning takes back what reuse"),
     (stats.INCONCLUSIVE, stats.PORT, stats.PORT, stats.INCONCLUSIVE, "not resolved"),
     (stats.PORT, stats.PORT, None, stats.PORT_PINNED, "pinning adds a saving above delta"),
     (stats.PORT, None, stats.PORT, stats.INCONCLUSIVE, "pinning alone was not measured"),

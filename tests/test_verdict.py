@@ -660,7 +660,9 @@ def test_the_context_says_when_the_fresh_buffer_filled_below_bare_metal():
     (1.2, 1.2, "port a reused pageable buffer", ("PORT", "PORT", "CLOSE")),
     (1.0, 1.0, "close", ("CLOSE", "CLOSE", "CLOSE")),
     (1.2, 0.8, "port the pinned scratch", ("PORT", "CLOSE", "PORT")),
-], ids=["pinning-adds", "reuse-carries-it", "nothing", "reuse-alone-slower"])
+    (1.0, 1.2, "port a reused pageable buffer", ("CLOSE", "PORT", "CLOSE")),
+], ids=["pinning-adds", "reuse-carries-it", "nothing", "reuse-alone-slower",
+        "pinning-takes-it-back"])
 def test_the_verdict_recommends_one_change_from_three_answers(tmp_path, pinned, reused, change,
                                                               answers):
     records = step_cell(64, pinned, extra={"seed_pageable_reused": reused})

@@ -694,7 +694,8 @@ SEQUENCE = ("a fixed sequence, each family at the full level and the next tested
             "one before it answered: the bundle (pinned grow-only vs the fresh vector) first; "
             "if it PORTs, pinning alone (pinned grow-only vs grow-only pageable); if pinning "
             "CLOSEs (shown to add less than delta in every cell), reuse alone (grow-only pageable "
-            "vs the fresh vector). A fixed sequence keeps the chance of any false answer at the "
+            "vs the fresh vector); if the bundle CLOSEs, reuse alone too (pinning may take back "
+            "what reuse saves). A fixed sequence keeps the chance of any false answer at the "
             "level of one test, since a later test can only err once every earlier one has been "
             "passed")
 
@@ -738,7 +739,8 @@ def recommend(bundle: str | FamilyDecision, pinning: str | FamilyDecision | None
     that question was not measured. Given the pinning family itself, the reason names the cells
     pinning would help, if any (``cells``: the cells' names, in the family's order).
 
-    Every answer it can give: the bundle closes, **close**; the bundle unresolved,
+    Every answer it can give: the bundle closes, **close**, unless reuse alone ports (pinning
+    takes back what reuse saves), **port a reused pageable buffer**; the bundle unresolved,
     INCONCLUSIVE; the bundle ports and pinning ports, **port the pinned scratch**; pinning not
     measured or unresolved, INCONCLUSIVE; pinning closes and reuse ports, **port a reused
     pageable buffer**; pinning closes and reuse closes too (neither part alone saves delta,
@@ -746,9 +748,13 @@ def recommend(bundle: str | FamilyDecision, pinning: str | FamilyDecision | None
     not measured, INCONCLUSIVE."""
     bundle_word, pinning_word, reuse_word = _word(bundle), _word(pinning), _word(reuse)
     where = _pinning_words(pinning, cells)
+    if bundle_word == CLOSE and reuse_word == PORT:
+        return PORT_REUSED, ("the bundle (reuse + pinning) saves less than delta of the step in "
+                             "every decisive cell, but reuse alone saves more than delta: pinning "
+                             "takes back what reuse saves, so reuse is worth a change without it")
     if bundle_word == CLOSE:
         return CLOSE_CHANGE, ("the bundle (reuse + pinning) saves less than delta of the step in "
-                              "every decisive cell, so neither part alone is worth a change")
+                              "every decisive cell, and reuse alone is not shown to save more")
     if bundle_word != PORT:
         return INCONCLUSIVE, "the bundle (reuse + pinning) is not resolved, so nothing follows"
     if pinning_word == PORT:
