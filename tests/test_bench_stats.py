@@ -7,6 +7,7 @@ import itertools
 import time
 from collections import Counter
 
+import numpy as np
 import pytest
 
 from stagelab.core import design
@@ -87,33 +88,72 @@ def test_a_failing_arm_drops_out_and_the_others_keep_contiguous_positions():
         assert positions == [0, 1]
 
 
-def test_rounds_until_precise_stops_on_precision(monkeypatch):
-    noise = itertools.cycle([1.0, 1.1, 0.9, 1.05, 0.95])
-    monkeypatch.setattr(bench.Timer, "time", lambda self, call: (next(noise), None, call()))
-    precision = bench.Precision("a", ("b",), half_width=0.05, max_rounds=500, every=5)
-    records = bench.interleaved({"a": lambda r: None, "b": lambda r: None}, rounds=10,
-                                warmup=0, precision=precision)
+def _timed_by_value(monkeypatch):
+    """Each arm returns its own seconds for the round; the timer reports them."""
+    monkeypatch.setattr(bench.Timer, "time", lambda self, call: (call(), None, None))
+
+
+def _arms(speedups, sigma=0.03, rounds=2000, seed=0):
+    rng = np.random.default_rng(seed)
+    base = np.exp(rng.normal(0, sigma, rounds))
+    arms = {"a": lambda r: float(base[r])}
+    for name, speedup in speedups.items():
+        own = np.exp(rng.normal(0, sigma, rounds)) / speedup
+        arms[name] = lambda r, own=own: float(own[r])
+    return arms
+
+
+def _stop(records):
     stop = [r for r in records if r.get("metric") == "rounds"]
-    assert len(stop) == 1 and stop[0]["note"].startswith("precise")
-    done = int(stop[0]["value"])
-    assert 10 < done < 500 and (done - 10) % 5 == 0
-    assert len(_timings(records)) == 2 * done
-    pairs = bench._paired_totals(records, "a", "b")
-    assert design.speedup_half_width(*pairs) <= 0.05
-    shorter = bench._paired_totals(records[: -2 * 5 * 1 - 1], "a", "b")
-    assert design.speedup_half_width(*shorter) > 0.05  # it stopped at the first precise check
+    assert len(stop) == 1
+    return int(stop[0]["value"]), stop[0]["note"]
+
+
+def test_rounds_until_resolved_stop_once_every_comparison_is_on_one_side_of_the_bar(monkeypatch):
+    _timed_by_value(monkeypatch)
+    precision = bench.Precision((("a", "b"), ("a", "c")), bar=1.02, max_rounds=2000, every=5,
+                                min_rounds=30)
+    records = bench.interleaved(_arms({"b": 1.10, "c": 1.035}), rounds=10, warmup=0,
+                                precision=precision)
+    done, note = _stop(records)
+    assert note.startswith("resolved: every comparison's CI lies on one side of the bar 1.0200")
+    assert 30 <= done < 2000 and (done - 10) % 5 == 0
+    for name in ("b", "c"):
+        assert design.resolved(*bench._paired_totals(records, "a", name), 1.02)
+    earlier = [r for r in records if r.get("round", -1) < done - 5]
+    assert not all(design.resolved(*bench._paired_totals(earlier, "a", name), 1.02)
+                   for name in ("b", "c"))  # it stopped at the first check that resolved both
+    alone = bench.Precision((("a", "b"),), bar=1.02, max_rounds=2000, min_rounds=30)
+    done_alone, _ = _stop(bench.interleaved(_arms({"b": 1.10, "c": 1.035}), rounds=10, warmup=0,
+                                            precision=alone))
+    assert done_alone < done  # the comparison near its bar took the extra rounds
+
+
+def test_rounds_until_resolved_go_on_to_the_cap_at_the_bar_and_say_what_straddles(monkeypatch):
+    _timed_by_value(monkeypatch)
+    precision = bench.Precision((("a", "b"), ("a", "missing")), bar=1.02, max_rounds=60,
+                                min_rounds=30)
+    records = bench.interleaved(_arms({"b": 1.02}, sigma=0.3), rounds=10, warmup=0,
+                                precision=precision)
+    assert _stop(records) == (60, "round cap: 60 rounds; straddling: b vs a")
 
 
 @pytest.mark.parametrize("cap, seconds, reason", [(20, 1e9, "round cap: 20 rounds"),
                                                   (10_000, 1e-9, "time cap")])
-def test_rounds_until_precise_stops_at_a_cap_and_says_so(monkeypatch, cap, seconds, reason):
-    noise = itertools.cycle([1.0, 2.0, 0.5])
-    monkeypatch.setattr(bench.Timer, "time", lambda self, call: (next(noise), None, call()))
-    precision = bench.Precision("a", ("b",), half_width=1e-6, max_rounds=cap, max_seconds=seconds)
-    records = bench.interleaved({"a": lambda r: None, "b": lambda r: None}, rounds=10,
-                                warmup=0, precision=precision)
-    stop = [r for r in records if r.get("metric") == "rounds"]
-    assert len(stop) == 1 and stop[0]["note"].startswith(reason)
+def test_rounds_until_resolved_stop_at_a_cap_and_say_so(monkeypatch, cap, seconds, reason):
+    _timed_by_value(monkeypatch)
+    precision = bench.Precision((("a", "b"),), bar=1.02, max_rounds=cap, max_seconds=seconds,
+                                min_rounds=10_000)  # only a cap can stop it
+    records = bench.interleaved(_arms({"b": 1.02}), rounds=10, warmup=0, precision=precision)
+    assert _stop(records)[1].startswith(reason)
+
+
+def test_a_resolved_comparison_does_not_stop_before_the_floor(monkeypatch):
+    _timed_by_value(monkeypatch)
+    precision = bench.Precision((("a", "b"),), bar=1.02, max_rounds=500, min_rounds=149)
+    done, note = _stop(bench.interleaved(_arms({"b": 2.0}), rounds=10, warmup=0,
+                                         precision=precision))
+    assert note.startswith("resolved") and done == 150  # the first check at or past 149
 
 
 @pytest.mark.parametrize("kwargs, message", [({"rounds": 0}, "rounds must be positive"),
@@ -126,7 +166,7 @@ def test_interleaved_bad_parameters(kwargs, message):
 def test_precision_cap_below_rounds_is_refused():
     with pytest.raises(ValueError, match=r"max_rounds \(5\) must be at least rounds \(10\)"):
         bench.interleaved({"a": lambda r: None}, rounds=10,
-                          precision=bench.Precision("a", ("a",), 0.01, max_rounds=5))
+                          precision=bench.Precision((("a", "a"),), 1.02, max_rounds=5))
 
 
 def test_rounds_run_with_the_collector_frozen_and_the_load_sampler_quiet():

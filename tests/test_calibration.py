@@ -37,13 +37,12 @@ def test_family_closes_at_least_80_percent_at_1_with_2_percent_noise_at_the_gate
     assert row["family_close_low"] >= 0.80 and row["family_port"] == 0 and row["met"]
 
 
-def test_family_ports_at_least_90_percent_at_3_delta_with_5_percent_noise_until_precise():
+def test_family_ports_at_least_90_percent_at_3_delta_with_5_percent_noise_until_resolved():
     row = _row(NOISY, "3 delta", trials=100, adaptive=True)
     assert row["true_speedup"] == pytest.approx(1 / (1 - 3 * DELTA))
     assert design.TAIL_ROUNDS <= row["median_rounds"] < 400 and row["at_cap"] == 0
-    assert row["rounds"] == f"until precise, {design.TAIL_ROUNDS}-400"
-    assert row["median_ci_half_width"] <= DELTA / 2
-    assert row["family_port_low"] >= 0.90 and row["met"]
+    assert row["rounds"] == f"until resolved, {design.TAIL_ROUNDS}-400"
+    assert row["family_port_low"] >= 0.90
 
 
 def _any_cell_ports(cells, **kwargs):
@@ -114,14 +113,17 @@ def test_the_vectorised_half_width_is_the_benchs_own():
 
 def test_stop_rounds_follow_the_benchs_checks():
     rng = np.random.default_rng(1)
-    baseline, candidate = np.exp(rng.normal(0, 0.05, (5, 400))), np.exp(rng.normal(0, 0.05,
-                                                                                   (5, 400)))
-    stops = calibration.stop_rounds(baseline, candidate, rounds=30, max_rounds=400, target=0.01)
+    baseline = np.exp(rng.normal(0, 0.05, (8, 400)))
+    candidate = np.exp(rng.normal(0, 0.05, (8, 400))) / np.linspace(1.0, 1.08, 8)[:, None]
+    stops = calibration.stop_rounds(baseline, candidate, rounds=30, max_rounds=400, bar=1.02)
+    assert len(set(stops)) > 2  # the stop follows the distance to the bar
     for b, c, n in zip(baseline, candidate, stops):
-        assert (n - 30) % 5 == 0 and design.speedup_half_width(list(b[:n]), list(c[:n])) <= 0.01
-        assert design.speedup_half_width(list(b[:n - 5]), list(c[:n - 5])) > 0.01
-    capped = calibration.stop_rounds(baseline, candidate, rounds=30, max_rounds=50, target=1e-6)
-    assert (capped == 50).all()
+        assert (n - 30) % 5 == 0 or n == 400
+        assert design.resolved(list(b[:n]), list(c[:n]), 1.02) or n == 400
+        if n > 30:
+            assert not design.resolved(list(b[:n - 5]), list(c[:n - 5]), 1.02)
+    capped = calibration.stop_rounds(baseline, candidate, rounds=30, max_rounds=50, bar=1.0)
+    assert capped.max() <= 50
 
 
 def test_calibrate_has_one_row_per_setting_and_is_deterministic():
@@ -256,3 +258,95 @@ def test_too_few_trials_to_show_5_percent_are_not_judged_and_said_so():
     assert table["requirement"].str.startswith("none judged: 20 trials").all()
     said = calibration.summary(table.to_dict("records"))
     assert f"1 rows not judged: 20 trials cannot show a rate under 5 % ({lowest} or more" in said
+
+
+DONE_ROUNDS = 160  # the issue's families: six cells at 160 rounds
+
+
+def _blocks_on_doubt(cells, **kwargs):
+    """Negative control: the tail blocks unless shown not heavier (the rule before)."""
+    family = stats.decide_family(cells, **kwargs)
+    if family.decision == stats.PORT and any(c.tail != stats.TAIL_NOT_HEAVIER
+                                             for c in family.cells):
+        return stats.FamilyDecision(stats.INCONCLUSIVE, "a tail is not shown harmless",
+                                    family.cells)
+    return family
+
+
+def test_four_saving_cells_beside_two_null_cells_port_at_least_80_percent():
+    """Before: every failure was a null cell's p99 bound merely wide (56 % at 2 % noise)."""
+    speedups = [SAVES_3_DELTA] * 4 + [1.0] * 2
+    rate = calibration.family_port_rate(QUIET, speedups, rounds=DONE_ROUNDS, trials=60, seed=5)
+    assert rate["family_port_low"] >= 0.80
+    doubt = calibration.family_port_rate(QUIET, speedups, rounds=DONE_ROUNDS, trials=60, seed=5,
+                                         rule=_blocks_on_doubt)
+    assert doubt["family_port_high"] < 0.80  # negative control: blocking on doubt fails it
+
+
+T3_SHARED = calibration.Noise("t(3) 3 % on every arm", 0.03, t_df=3.0)
+
+
+def test_six_saving_cells_under_heavy_tails_on_every_arm_port_at_least_80_percent():
+    rate = calibration.family_port_rate(T3_SHARED, [SAVES_3_DELTA] * 6, rounds=DONE_ROUNDS,
+                                        trials=60, seed=6)
+    assert rate["family_port_low"] >= 0.80
+    doubt = calibration.family_port_rate(T3_SHARED, [SAVES_3_DELTA] * 6, rounds=DONE_ROUNDS,
+                                         trials=60, seed=6, rule=_blocks_on_doubt)
+    assert doubt["family_port_high"] < 0.80
+
+
+def test_reuse_3_delta_with_pinning_2_delta_recommends_the_pinned_scratch():
+    trials = 60
+    rates = calibration.recommendation_rates(SAVES_3_DELTA, 1 / (1 - 2 * DELTA),
+                                             rounds=DONE_ROUNDS, trials=trials, seed=7)
+    pinned = round(rates.get(stats.PORT_PINNED, 0.0) * trials)
+    reused = round(rates.get(stats.PORT_REUSED, 0.0) * trials)
+    assert calibration.wilson(pinned, trials)[0] >= 0.80
+    assert reused == 0  # at most 5 %: 60 trials cannot show it on a Wilson interval (1000 can)
+
+
+@pytest.mark.slow  # make check's fast lane leaves it to make test
+def test_reuse_3_delta_with_pinning_2_delta_recommends_a_reused_buffer_at_most_5_percent():
+    rates = calibration.recommendation_rates(SAVES_3_DELTA, 1 / (1 - 2 * DELTA),
+                                             rounds=DONE_ROUNDS, trials=300, seed=8)
+    assert calibration.wilson(round(rates.get(stats.PORT_REUSED, 0.0) * 300), 300)[1] <= 0.05
+
+
+@pytest.mark.slow  # make check's fast lane leaves it to make test
+@pytest.mark.parametrize("speedups, noise", [
+    ([AT_BAR] * 6, QUIET),  # six cells at the bar
+    ([1.05 / (1 + 0.02 * 3)] * 6, CANDIDATE_STALLS),  # a net loss: 4x stalls in 2 % of rounds
+    ([1 / (1 + 1.5 * DELTA)] + [SAVES_3_DELTA] * 5, QUIET),  # one cell 1.5 delta slower
+    ([AT_BAR], CANDIDATE_STALLS),  # one cell at the bar whose candidate stalls 4x in 2 % of rounds
+])
+def test_what_must_not_port_ports_at_most_5_percent_at_160_rounds(speedups, noise):
+    rate = calibration.family_port_rate(noise, speedups, rounds=DONE_ROUNDS, trials=1000, seed=9)
+    assert rate["family_port"] <= 0.05 and rate["family_port_high"] <= 0.07
+
+
+@pytest.mark.slow  # make check's fast lane leaves it to make test
+def test_rounds_until_resolved_keep_six_cells_at_the_bar_from_porting():
+    """Optional stopping: the stop looks at the effect, so its false PORT is measured."""
+    rate = calibration.family_port_rate(QUIET, [AT_BAR] * 6, rounds=DONE_ROUNDS, trials=1000,
+                                        seed=10, max_rounds=300)
+    assert rate["median_rounds"] > DONE_ROUNDS  # near the bar it goes on
+    assert rate["family_port"] <= 0.05 and rate["family_port_high"] <= 0.07
+
+
+def test_the_cases_table_has_a_row_per_case_with_its_wilson_interval_and_requirement():
+    table = calibration.cases(trials=2, until_resolved=False)
+    assert len(table) == 15 and set(table["rounds"]) == {"160"} and (table["trials"] == 2).all()
+    assert {"case", "rate", "rate_low", "rate_high", "requirement", "met"} <= set(table.columns)
+    assert (table["rate_low"] <= table["rate"]).all() and (table["rate"] <= table["rate_high"]).all()
+    at_most = table[table["requirement"] == "<= 0.05"]
+    assert at_most["met"].isna().all()  # 2 trials cannot show a rate under 5 %
+    assert table.loc[table["requirement"] == "none (reported)", "met"].isna().all()
+    with pytest.raises(ValueError, match="trials must be positive"):
+        calibration.cases(trials=0)
+
+
+@pytest.mark.parametrize("rate, trials, requirement, met", [
+    (1.0, 20, ">= 0.80", True), (0.9, 20, ">= 0.80", False), (0.0, 100, "<= 0.05", True),
+    (0.03, 100, "<= 0.05", False), (0.0, 50, "<= 0.05", None), (0.5, 10, "", None)])
+def test_a_case_is_met_only_on_its_wilson_interval(rate, trials, requirement, met):
+    assert calibration._judged(rate, trials, requirement)[2] == met

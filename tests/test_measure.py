@@ -125,6 +125,19 @@ def test_the_gate_estimate_stays_within_the_lease_budget(capsys):
     assert out[-1] == "files at most: 6 of the 8 a lease returns"
 
 
+def test_the_gate_estimate_states_the_round_cap_and_its_device_time(capsys):
+    assert cli.main(["measure", "--profile", "gate", "--estimate", "cuda"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    line = next(line for line in out if "rounds until resolved" in line)
+    assert line.startswith("02_logprobs_step: rounds until resolved: 150 rounds per cell (a PORT "
+                           "needs 149), more while a question's CI straddles its bar, up to 300 "
+                           "rounds or 85 s of timing per cell; its 6 cells take ")
+    floor = float(line.split(" take ")[1].split()[0])
+    cap = float(line.split("at most ")[1].split()[0])
+    step_total = sum(float(row.split()[-1]) for row in out if row.startswith("02_logprobs_step "))
+    assert 0 < floor < cap == pytest.approx(step_total, abs=0.1)  # the table counts the cap
+
+
 def lease_deadline_s() -> str:
     """The ``--deadline-s`` of the README's lease command."""
     command = next(line for line in (REPO / "README.md").read_text().splitlines()

@@ -19,14 +19,14 @@ identically distributed rounds):
 
 Each model is simulated at three truths (no effect, 1.00; exactly at the bar ``1/(1 - delta)``;
 a saving of 3 delta, ``1/(1 - 3 delta)``), at a fixed number of rounds and with rounds until
-precise (:mod:`stagelab.core.design`, the bench's own stop rule, up to a cap), per cell
+resolved (:mod:`stagelab.core.design`, the bench's own stop rule, up to a cap), per cell
 (:func:`stagelab.analyse.stats.decide`) and for a family of cells (:func:`stagelab.analyse.stats.decide_family`).
 The requirements: PORT in at most 5 % of runs at 1.00 and at the bar; where the CI reaches its
 target half-width (delta/2), CLOSE in at least 80 % at 1.00 and, with the rounds a PORT needs,
 PORT in at least 90 % at 3 delta. Each rate is judged on its Wilson interval (95 %): "met" only
 when the whole interval lies on the right side of the requirement, so a row near 5 % needs about
 1000 trials to be met. A row that misses its requirement is shown, not hidden: that is where the
-rule falls short. Rounds until precise start at the rounds a PORT needs, as the bench's stop rule
+rule falls short. Rounds until resolved start at the rounds a PORT needs, as the bench's stop rule
 does (:data:`stagelab.core.design.TAIL_ROUNDS`). What was measured: docs/decision-rule.md.
 """
 
@@ -36,6 +36,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -164,17 +165,19 @@ def half_widths(baseline: np.ndarray, candidate: np.ndarray, confidence: float) 
 
 
 def stop_rounds(baseline: np.ndarray, candidate: np.ndarray, *, rounds: int, max_rounds: int,
-                target: float, every: int = 5, confidence: float = 0.95) -> np.ndarray:
-    """The rounds the bench's stop rule runs per trial: the first check (at ``rounds``, then every
-    ``every`` rounds, and at the cap) where the half-width is at most ``target``, else the cap."""
+                bar: float, every: int = 5, confidence: float = 0.95) -> np.ndarray:
+    """The rounds the bench's stop rule runs per trial (:func:`stagelab.core.design.resolved`):
+    the first check (at ``rounds``, then every ``every`` rounds, and at the cap) where the CI
+    lies wholly on one side of ``bar``, else the cap."""
     checks = sorted({*range(rounds, max_rounds + 1, every), max_rounds})
     stops = np.full(baseline.shape[0], max_rounds)
     open_trials = np.ones(baseline.shape[0], dtype=bool)
     for n in checks:
-        precise = open_trials & (half_widths(baseline[:, :n], candidate[:, :n], confidence)
-                                 <= target)
-        stops[precise] = n
-        open_trials &= ~precise
+        b, c = baseline[:, :n], candidate[:, :n]
+        ratio, width = b.mean(axis=1) / c.mean(axis=1), half_widths(b, c, confidence)
+        done = open_trials & ((ratio - width > bar) | (ratio + width < bar))
+        stops[done] = n
+        open_trials &= ~done
     return stops
 
 
@@ -185,7 +188,7 @@ class Setting:
     noise: Noise
     truth: str
     rounds: int
-    max_rounds: int  # == rounds: fixed rounds; more: rounds until precise up to this cap
+    max_rounds: int  # == rounds: fixed rounds; more: rounds until resolved up to this cap
 
 
 def _cells(times: np.ndarray, stops: np.ndarray, bar: float) -> list[dict]:
@@ -203,8 +206,7 @@ def _row(setting: Setting, *, trials: int, cells: int, delta: float, seed: int,
     times = simulate(setting.noise, speedup, setting.max_rounds, trials * cells, seed)
     if setting.max_rounds > setting.rounds:
         stops = stop_rounds(times[:, 0], times[:, 1], rounds=setting.rounds,
-                            max_rounds=setting.max_rounds, target=delta / 2,
-                            confidence=confidence)
+                            max_rounds=setting.max_rounds, bar=bar, confidence=confidence)
     else:
         stops = np.full(trials * cells, setting.rounds)
     family_answers, cell_answers, widths = [], [], []
@@ -224,7 +226,7 @@ def _row(setting: Setting, *, trials: int, cells: int, delta: float, seed: int,
              "family_inconclusive": family == stats.INCONCLUSIVE}
     row = {"noise": setting.noise.name, "truth": setting.truth, "true_speedup": speedup,
            "rounds": (f"{setting.rounds}" if setting.max_rounds == setting.rounds
-                      else f"until precise, {setting.rounds}-{setting.max_rounds}"),
+                      else f"until resolved, {setting.rounds}-{setting.max_rounds}"),
            "median_rounds": float(np.median(stops)),
            "at_cap": float(np.mean(stops >= setting.max_rounds)) if setting.max_rounds >
            setting.rounds else math.nan,
@@ -271,47 +273,72 @@ def _requirement(row: dict, delta: float) -> tuple[str, bool | None]:
     return "none: the CI is wider than delta/2 here", None
 
 
+def _resolved_at(pairs: Sequence[tuple[np.ndarray, np.ndarray]], *, rounds: int,
+                 max_rounds: int, bar: float) -> np.ndarray:
+    """Per trial, the rounds the bench's stop rule runs a cell whose comparisons are ``pairs``
+    (``[trials, max_rounds]`` baseline and candidate arrays): the first check at which every
+    one is resolved, else the cap; ``rounds`` everywhere with fixed rounds."""
+    if max_rounds <= rounds:
+        return np.full(pairs[0][0].shape[0], rounds)
+    start = min(max(rounds, design.TAIL_ROUNDS), max_rounds)
+    return np.max([stop_rounds(b, c, rounds=start, max_rounds=max_rounds, bar=bar)
+                   for b, c in pairs], axis=0)
+
+
 def family_port_rate(noise: Noise, speedups: Sequence[float], *, rounds: int, trials: int,
                      delta: float = 0.02, seed: int = 0,
-                     rule: FamilyRule = stats.decide_family) -> dict:
+                     rule: FamilyRule = stats.decide_family,
+                     max_rounds: int | None = None) -> dict:
     """How often ``rule`` PORTs a family whose cells have different true ``speedups`` (e.g. one
     cell slower beside others saving 3 delta), over ``trials`` simulated runs of ``rounds``
-    rounds: the rate and its Wilson interval."""
+    rounds (with ``max_rounds``: rounds until resolved, each cell cut where the bench's stop
+    rule would stop it, its candidate and A/A twin resolved): the rate and its Wilson interval,
+    and the median rounds run."""
     bar = 1.0 / (1.0 - delta)
-    per_cell = [simulate(noise, s, rounds, trials, seed * 7919 + i) for i, s in
-                enumerate(speedups)]
+    cap = max(rounds, max_rounds or rounds)
+    per_cell = [simulate(noise, s, cap, trials, seed * 7919 + i) for i, s in enumerate(speedups)]
+    stops = [_resolved_at([(t[:, 0], t[:, 1]), (t[:, 0], t[:, 2])], rounds=rounds,
+                          max_rounds=cap, bar=bar) for t in per_cell]
     ports = 0
     for trial in range(trials):
-        cells = [{"baseline": t[trial, 0], "candidate": t[trial, 1], "twin": t[trial, 2],
-                  "min_speedup": bar} for t in per_cell]
+        cells = [{"baseline": t[trial, 0, :n[trial]], "candidate": t[trial, 1, :n[trial]],
+                  "twin": t[trial, 2, :n[trial]], "min_speedup": bar}
+                 for t, n in zip(per_cell, stops)]
         ports += rule(cells, seed=0).decision == stats.PORT
     low, high = wilson(ports, trials)
     return {"noise": noise.name, "speedups": list(speedups), "rounds": rounds,
+            "max_rounds": cap, "median_rounds": float(np.median(stops)),
             "trials": trials, "family_port": ports / trials, "family_port_low": low,
             "family_port_high": high}
 
 
 def recommendation_rates(reuse: float, pinning: float, *, rounds: int, trials: int,
                          cells: int = 6, delta: float = 0.02, sigma: float = 0.02,
-                         seed: int = 0) -> dict[str, float]:
+                         seed: int = 0, max_rounds: int | None = None) -> dict[str, float]:
     """How often each change is recommended (:func:`stagelab.analyse.stats.recommend`) when reuse
     alone has the true speedup ``reuse`` over the fresh vector and pinning ``pinning`` over the
     reused buffer (the bundle: their product), every cell of a family alike, with lognormal
     ``sigma`` noise per sample and an A/A twin of the fresh vector: the three questions decided
-    as families, in their fixed sequence, on the same simulated rounds."""
+    as families, in their fixed sequence, on the same simulated rounds. With ``max_rounds``,
+    rounds until resolved: each cell runs until its three questions and its twin are resolved
+    (the bench's stop rule), or the cap."""
     rng = np.random.default_rng(seed)
     bar = 1.0 / (1.0 - delta)
+    cap = max(rounds, max_rounds or rounds)
     level = np.array([1.0, 1.0 / reuse, 1.0 / (reuse * pinning), 1.0])  # fresh, reused, pinned, twin
-    times = level[None, None, :, None] * np.exp(sigma * rng.normal(size=(trials, cells, 4, rounds)))
+    times = level[None, None, :, None] * np.exp(sigma * rng.normal(size=(trials, cells, 4, cap)))
     pairs = {"bundle": (0, 2, 3), "reuse": (0, 1, 3), "pinning": (1, 2, None)}
+    flat = times.reshape(trials * cells, 4, cap)
+    stops = _resolved_at([(flat[:, b], flat[:, c]) for b, c in ((0, 2), (0, 1), (1, 2), (0, 3))],
+                         rounds=rounds, max_rounds=cap, bar=bar).reshape(trials, cells)
     counts: dict[str, int] = {}
-    for trial in times:
+    for trial, cut in zip(times, stops):
         answers = {}
         for question, (base, cand, twin) in pairs.items():
-            family = [{"baseline": cell[base], "candidate": cell[cand],
-                       "twin": None if twin is None else cell[twin], "min_speedup": bar}
-                      for cell in trial]
-            answers[question] = stats.decide_family(family).decision
+            family = [{"baseline": cell[base, :n], "candidate": cell[cand, :n],
+                       "twin": None if twin is None else cell[twin, :n], "min_speedup": bar}
+                      for cell, n in zip(trial, cut)]
+            answers[question] = stats.decide_family(family)
         change = stats.recommend(answers["bundle"], answers["pinning"], answers["reuse"])[0]
         counts[change] = counts.get(change, 0) + 1
     return {change: n / trials for change, n in counts.items()}
@@ -322,7 +349,7 @@ def calibrate(trials: int = 200, rounds: int = 30, delta: float = 0.02, seed: in
               truths: Sequence[str] = tuple(TRUTHS), adaptive: Sequence[bool] = (False, True),
               rule: FamilyRule = stats.decide_family, min_samples: int = 10,
               confidence: float = 0.95) -> pd.DataFrame:
-    """One row per noise model x truth x (fixed rounds, rounds until precise): how often ``rule``
+    """One row per noise model x truth x (fixed rounds, rounds until resolved): how often ``rule``
     answers PORT or CLOSE for one cell and for a family of ``cells`` cells, over ``trials``
     simulated runs, with the median rounds run, the share stopped at the cap, the median CI
     half-width, the requirement and whether it is met. Every row sees its own seeded data;
@@ -375,3 +402,92 @@ def summary(rows: Sequence[dict]) -> str:
             + (f"; {int(unjudged.sum())} rows not judged: {first['trials']} trials cannot show "
                f"a rate under 5 % ({MIN_TRIALS_FOR_5_PERCENT} or more can)" if unjudged.any()
                else "") + ".")
+
+
+CASE_ROUNDS, CASE_CAP, CASE_CELLS = 160, 300, 6  # the issue's families, and the gate's cap
+T3_SHARED = Noise("t(3) 3 % on every arm", 0.03, t_df=3.0)
+T3_SHARED_5 = Noise("t(3) 5 % on every arm", 0.05, t_df=3.0)
+RARE_STALLS = Noise("candidate stalls 1 % at 4x", stall_rate=0.01)
+
+
+def _judged(rate: float, trials: int, requirement: str) -> tuple[float, float, bool | None]:
+    """A case's Wilson interval and whether its requirement (``>= x`` or ``<= x``, a share; ''
+    for none) is met on it: None where nothing is required, or too few trials to show a rate
+    under 5 %."""
+    low, high = wilson(round(rate * trials), trials)
+    if not requirement:
+        return low, high, None
+    sign, bound = requirement.split()
+    if sign == "<=":
+        return low, high, (None if wilson(0, trials)[1] > float(bound) else high <= float(bound))
+    return low, high, low >= float(bound)
+
+
+def _case_specs(delta: float) -> list[tuple[str, str, str, Any]]:
+    """(case, what is counted, requirement, how to simulate it: a family's speedups and noise,
+    or a (reuse, pinning) split and the change counted)."""
+    saving, bar = 1 / (1 - 3 * delta), 1 / (1 - delta)
+    pin2, pin08 = 1 / (1 - 2 * delta), 1 / (1 - 0.8 * delta)
+    return [
+        ("4 cells saving 3 delta beside 2 with no effect, lognormal 2 %", "family PORT", ">= 0.80",
+         ([saving] * 4 + [1.0] * 2, NOISES[0])),
+        ("4 cells saving 3 delta beside 2 with no effect, lognormal 5 %", "family PORT", ">= 0.80",
+         ([saving] * 4 + [1.0] * 2, NOISES[1])),
+        ("6 cells saving 3 delta, t(3) 3 % on every arm", "family PORT", ">= 0.80",
+         ([saving] * 6, T3_SHARED)),
+        ("6 cells saving 3 delta, t(3) 5 % on every arm", "family PORT", ">= 0.80",
+         ([saving] * 6, T3_SHARED_5)),
+        ("6 cells at the bar, lognormal 2 %", "family PORT", "<= 0.05", ([bar] * 6, NOISES[0])),
+        ("net loss: 5 % faster, 4x in 2 % of the candidate's rounds, 6 cells", "family PORT",
+         "<= 0.05", ([1.05 / 1.06] * 6, NOISES[-2])),
+        ("candidate stalls 2 % at 4x, at the bar, 1 cell", "PORT", "<= 0.05", ([bar], NOISES[-2])),
+        ("candidate stalls 1 % at 4x, equal means, 6 cells", "family PORT", "<= 0.05",
+         ([1.0] * 6, RARE_STALLS)),
+        ("candidate stalls 1 % at 4x, equal means, 1 cell", "PORT", "<= 0.05",
+         ([1.0], RARE_STALLS)),
+        ("1 cell 1.5 delta slower beside 5 saving 3 delta, lognormal 2 %", "family PORT",
+         "<= 0.05", ([1 / (1 + 1.5 * delta)] + [saving] * 5, NOISES[0])),
+        ("reuse 3 delta, pinning 2 delta: the pinned scratch", "recommended", ">= 0.80",
+         ((saving, pin2), stats.PORT_PINNED)),
+        ("reuse 3 delta, pinning 2 delta: a reused buffer", "recommended", "<= 0.05",
+         ((saving, pin2), stats.PORT_REUSED)),
+        ("reuse 3 delta, pinning at the bar: the pinned scratch", "recommended", "<= 0.05",
+         ((saving, bar), stats.PORT_PINNED)),
+        ("reuse 3 delta, pinning 0.8 delta: a reused buffer", "recommended", "",
+         ((saving, pin08), stats.PORT_REUSED)),
+        ("reuse 3 delta, no pinning effect: a reused buffer", "recommended", ">= 0.80",
+         ((saving, 1.0), stats.PORT_REUSED)),
+    ]
+
+
+def cases(trials: int = 200, *, delta: float = 0.02, seed: int = 0, rounds: int = CASE_ROUNDS,
+          max_rounds: int = CASE_CAP, until_resolved: bool = True) -> pd.DataFrame:
+    """The issue's cases, each over ``trials`` simulated families of six cells (one where said)
+    at ``rounds`` fixed rounds and, with ``until_resolved``, with rounds until resolved up to
+    ``max_rounds`` (optional stopping, measured): null cells beside saving cells, heavy tails
+    shared by every arm, one-arm stalls, a regressing cell, the three questions' split near and
+    far from the bar. One row per case and rounds: the share counted, its Wilson interval, the
+    median rounds run, the requirement and whether it is met on the interval."""
+    if trials < 1:
+        raise ValueError(f"trials must be positive, got {trials}")
+    rows = []
+    for n, (case, counted, requirement, spec) in enumerate(_case_specs(delta)):
+        for cap in (rounds, max_rounds) if until_resolved else (rounds,):
+            what, detail = spec
+            if counted == "recommended":
+                rate = recommendation_rates(*what, rounds=rounds, trials=trials,
+                                            cells=CASE_CELLS, delta=delta, seed=seed + n,
+                                            max_rounds=cap).get(detail, 0.0)
+                median = math.nan
+            else:
+                found = family_port_rate(detail, what, rounds=rounds, trials=trials, delta=delta,
+                                         seed=seed + n, max_rounds=cap)
+                rate, median = found["family_port"], found["median_rounds"]
+            low, high, met = _judged(rate, trials, requirement)
+            rows.append({"case": case, "counted": counted,
+                         "rounds": (f"{rounds}" if cap == rounds
+                                    else f"until resolved, {rounds}-{cap}"),
+                         "median_rounds": median, "trials": trials, "rate": rate,
+                         "rate_low": low, "rate_high": high,
+                         "requirement": requirement or "none (reported)", "met": met})
+    return pd.DataFrame(rows)

@@ -21,22 +21,32 @@ neighbour's load). The statistics keep that pairing.
 * **Tails** (:class:`TailRatio`): a candidate a little faster in most rounds and much slower in
   a few is a net loss the mean only sees when the sample holds the slow rounds. So a PORT needs
   :data:`stagelab.core.design.TAIL_ROUNDS` rounds (149: a 1-in-50 stall shows at least once with
-  95 % probability), and the candidate's high quantile (p99, :data:`TAIL_QUANTILE`: a 1-in-50
-  stall moves quantiles above p98 only, so p95 would never see it) must not be heavier than the
-  baseline's beyond delta: the tail speedup ``p99(baseline) / p99(candidate)``, bootstrapped over
-  the same rounds, has its lower bound above ``1 - delta`` (``1 / min_speedup``). That bound is
-  read at one-sided 20 % (:data:`TAIL_LEVEL`), not 5 %: the test guards against a stall the
-  sample barely holds, not a fine regression. A cell of 149 rounds holding one 1-in-50 stall
-  has about a quarter of its resamples holding two, whose p99 is the stall, so the bound falls
-  to the stall; under plain 5 % noise a p99 of about 200 rounds varies by about 2 %, and a
-  bound at 5 % would block a true 3 delta saving in about one family of ten.
+  95 % probability), and a cell whose candidate's high quantile (p99, :data:`TAIL_QUANTILE`: a
+  1-in-50 stall moves quantiles above p98 only, so p95 would never see it) is *shown* heavier
+  than the baseline's beyond delta blocks the family: the tail speedup ``p99(baseline) /
+  p99(candidate)``, bootstrapped over the same rounds, has its upper bound at the family's
+  one-sided level ``(1 - confidence) / 2`` below ``1 - delta`` (``1 / min_speedup``). A tail
+  neither shown heavier nor shown not heavier (its lower bound at that level above ``1 -
+  delta``) is *unresolved*, reported per cell, and does not block: a p99 of 160 rounds is the
+  second largest round, so under tails shared by every arm its bound is wide whatever the
+  arms do, and a rule that blocked on a wide bound blocked real savings (four saving cells
+  beside two null cells: PORT 56 %; t(3) noise on every arm: 37 %). Rare stalls the tail
+  cannot show are still stopped by the mean: a sample holding its share of them has a mean that
+  could be slower beyond delta (below), one holding fewer by the next check.
+* **A saving must not rest on luck with rare rounds**: a cell carries a PORT only when its
+  lower bound stays above the bar with one more round like the candidate's worst (a
+  pseudo-count, :func:`_one_more_worst`): a sample that holds a rare stall fewer times than the
+  candidate has it shows the candidate faster than it is, and no tail test can call one stall
+  heavier.
 * **A family of cells** gets one decision: Holm's step-down across its cells for PORT (the
   family-wise rate of a false PORT stays at the one-sided level (1 - confidence)/2 when every
-  cell sits at the bar), and PORT only when no cell could regress: every cell non-inferior
-  (its mean's and its tail's one-sided lower bounds above ``1 / min_speedup``), an
-  intersection-union test that needs no correction since all must hold; intersection-union for
-  CLOSE (every cell must close). :mod:`stagelab.analyse.calibration` measures the error rates by
-  simulation.
+  cell sits at the bar), and PORT only when no cell could regress: every cell's mean
+  non-inferior (its one-sided lower bound above ``1 / min_speedup``) and no cell's tail shown
+  heavier, an intersection-union test that needs no correction since all must hold;
+  intersection-union for CLOSE (every cell must close). A family PORT names the cells that carry
+  the saving (declared by Holm), those shown harmless (mean non-inferior, tail shown not
+  heavier) and those whose tail is unresolved. :mod:`stagelab.analyse.calibration` measures
+  the error rates by simulation.
 * **The harness check** (:func:`twin_checks`) asks of every A/A twin of a run, as one family,
   whether identical arms differ by more than delta; Bonferroni keeps a quiet machine's false
   alarms near ``1 - confidence`` for the whole run rather than for each twin.
@@ -65,10 +75,12 @@ Samples = Sequence[float] | np.ndarray  # per-round seconds, paired by index
 PORT, CLOSE, INCONCLUSIVE = "PORT", "CLOSE", "INCONCLUSIVE"
 N_RESAMPLES = 2000
 TAIL_QUANTILE = 0.99
-TAIL_LEVEL = 0.20  # the one-sided level of the tail's lower bound (see the module's note)
-FAMILY_METHOD = ("Holm step-down across cells for PORT, with every cell non-inferior (mean and "
-                 "p99 tail lower bounds above 1 - delta, intersection-union) and at least "
-                 f"{design.TAIL_ROUNDS} rounds; intersection-union (every cell closes) for CLOSE")
+TAIL_HEAVIER, TAIL_NOT_HEAVIER, TAIL_UNRESOLVED = "heavier", "not heavier", "unresolved"
+FAMILY_METHOD = ("Holm step-down across cells for PORT, with every cell's mean non-inferior "
+                 "(its one-sided lower bound above 1 - delta, intersection-union), no cell's p99 "
+                 "tail shown heavier beyond delta (its upper bound at the family's one-sided level "
+                 f"below 1 - delta) and at least {design.TAIL_ROUNDS} rounds; intersection-union "
+                 "(every cell closes) for CLOSE")
 
 
 def summarize(frame: pd.DataFrame, by: Sequence[str], value: str = "seconds") -> pd.DataFrame:
@@ -279,6 +291,7 @@ class Decision:
     port_bound: float | None = None  # the lower bound the PORT test used (Holm's level)
     port_level: float | None = None  # its one-sided error level
     close_bound: float | None = None  # the upper bound the CLOSE test used (one-sided 1 - conf.)
+    one_more_bound: float | None = None  # port_bound with one more round like the worst
     twin_speedup: float | None = None
     twin_ci_low: float | None = None
     twin_ci_high: float | None = None
@@ -289,7 +302,9 @@ class Decision:
     tail_speedup: float | None = None  # p99(baseline) / p99(candidate)
     tail_ci_low: float | None = None
     tail_ci_high: float | None = None
-    tail_bound: float | None = None  # its one-sided lower bound at TAIL_LEVEL
+    tail_bound: float | None = None  # its lower bound at the family's one-sided level
+    tail_upper_bound: float | None = None  # its upper bound at the family's one-sided level
+    tail: str = ""  # the tail test: heavier, not heavier or unresolved ('' when not measured)
     port_blocked: str = ""  # why this cell keeps the family from PORT ('' when it does not)
 
     def to_dict(self) -> dict:
@@ -340,6 +355,7 @@ class _Cell:
     bar: float
     evidence: dict[str, Any]
     effect: RatioOfMeans | None = None
+    one_more: RatioOfMeans | None = None  # the effect with one more round like the worst
     settled: Decision | None = None  # decided before the family's PORT test (or undecidable)
     blocked: str = ""  # why the cell cannot support a family PORT ('' when it can)
 
@@ -410,20 +426,19 @@ def _prepare(cell: Any, *, min_samples: int, confidence: float, seed: int,
             INCONCLUSIVE, f"fewer rounds than the minimum ({n} < {min_samples})",
             min_speedup=bar, n_rounds=n), blocked="too few rounds")
     effect = RatioOfMeans(b, c, seed=seed)
-    tail = TailRatio(b, c, seed=seed)
     low, high = effect.interval(confidence)
     evidence: dict[str, Any] = dict(
         min_speedup=bar, n_rounds=n, saved_seconds=float(b.mean() - c.mean()),
         speedup=effect.point, ci_low=low, ci_high=high, median_speedup=median_of_ratios(b, c),
-        noninferior_bound=effect.bound(1 - confidence), tail_speedup=tail.point,
-        tail_bound=tail.bound(TAIL_LEVEL))
-    evidence["tail_ci_low"], evidence["tail_ci_high"] = tail.interval(confidence)
+        noninferior_bound=effect.bound(1 - confidence),
+        **_tail_evidence(TailRatio(b, c, seed=seed), bar, confidence))
     if t is not None:
         twin = RatioOfMeans(b, t, seed=seed)
         evidence.update(zip(("twin_speedup", "twin_ci_low", "twin_ci_high"),
                             (twin.point, *twin.interval(confidence))))
     evidence["note"] = _median_note(evidence)
-    prepared = _Cell(bar, evidence, effect, blocked=_port_blocked(evidence, port_min_rounds))
+    prepared = _Cell(bar, evidence, effect, _one_more_worst(b, c, seed),
+                     blocked=_port_blocked(evidence, port_min_rounds))
     if math.isinf(bar):
         prepared.blocked = ""
         prepared.settled = Decision(CLOSE, "min_speedup is infinite: even a candidate that took "
@@ -439,9 +454,37 @@ def _prepare(cell: Any, *, min_samples: int, confidence: float, seed: int,
     return prepared
 
 
+def _one_more_worst(baseline: np.ndarray, candidate: np.ndarray, seed: int) -> RatioOfMeans:
+    """The speedup with one more round like the candidate's worst (its largest per-round ratio
+    to the baseline): a saving must not rest on a sample that happened to hold a rare slow round
+    fewer times than the candidate has it. A pseudo-count for the rarest rounds: one 4x stall
+    in 160 rounds, where the candidate stalls in 2 % of them, makes the mean look about 4 %
+    faster than it is and its CI too narrow, and no tail test can show one stall heavier; with
+    plain noise one more worst round moves the mean by a tenth of a percent."""
+    worst = int(np.argmax(candidate / baseline))
+    return RatioOfMeans(np.append(baseline, baseline[worst]),
+                        np.append(candidate, candidate[worst]), seed=seed)
+
+
+def _tail_evidence(tail: TailRatio, bar: float, confidence: float) -> dict[str, Any]:
+    """The p99 tail speedup, its CI, its bounds at the family's one-sided level ``(1 -
+    confidence) / 2`` and the test's answer: ``heavier`` when the upper bound lies below ``1 -
+    delta`` (``1 / bar``: shown heavier beyond delta), ``not heavier`` when the lower bound lies
+    above it, ``unresolved`` otherwise."""
+    alpha = (1 - confidence) / 2
+    lower, upper = tail.bound(alpha), tail.bound(1 - alpha)
+    floor = 1 / bar
+    verdict = (TAIL_HEAVIER if upper < floor else TAIL_NOT_HEAVIER if lower > floor
+               else TAIL_UNRESOLVED)
+    ci_low, ci_high = tail.interval(confidence)
+    return dict(tail_speedup=tail.point, tail_ci_low=ci_low, tail_ci_high=ci_high,
+                tail_bound=lower, tail_upper_bound=upper, tail=verdict)
+
+
 def _port_blocked(evidence: dict[str, Any], port_min_rounds: int) -> str:
     """Why a measured cell cannot support a PORT, in words ('' when it can): too few rounds to
-    have seen a rare stall, a mean that could be slower beyond delta, or a heavier tail."""
+    have seen a rare stall, a mean that could be slower beyond delta, or a tail shown heavier
+    beyond delta (a tail merely unresolved does not block)."""
     floor = 1 / evidence["min_speedup"]
     if evidence["n_rounds"] < port_min_rounds:
         return (f"{evidence['n_rounds']} rounds, fewer than the {port_min_rounds} a PORT needs "
@@ -449,10 +492,10 @@ def _port_blocked(evidence: dict[str, Any], port_min_rounds: int) -> str:
     if not evidence["noninferior_bound"] > floor:
         bound = evidence["noninferior_bound"]
         return f"it could be slower beyond delta: its lower bound {bound:.3f} lies below {floor:.3f}"
-    if not evidence["tail_bound"] > floor:
-        return (f"the candidate's tail could be heavier beyond delta: the p99 speedup "
-                f"{evidence['tail_speedup']:.3f}x has its lower bound {evidence['tail_bound']:.3f} "
-                f"below {floor:.3f}")
+    if evidence["tail"] == TAIL_HEAVIER:
+        return (f"the candidate's tail is heavier beyond delta: the p99 speedup "
+                f"{evidence['tail_speedup']:.3f}x has its upper bound "
+                f"{evidence['tail_upper_bound']:.3f} below {floor:.3f}")
     return ""
 
 
@@ -468,11 +511,12 @@ def _median_note(evidence: dict[str, Any]) -> str:
 
 def _clears_port(cell: _Cell, level: float) -> bool:
     """Whether the cell's lower bound at one-sided error ``level`` lies above its bar and above
-    its twin's CI."""
-    assert cell.effect is not None  # a cell still to decide has its effect
+    its twin's CI, and still above its bar with one more round like its worst."""
+    assert cell.effect is not None and cell.one_more is not None  # a cell still to decide
     bound = cell.effect.bound(level)
     twin_high = cell.evidence.get("twin_ci_high")
-    return bound > cell.bar and (twin_high is None or bound > twin_high)
+    return (bound > cell.bar and (twin_high is None or bound > twin_high)
+            and cell.one_more.bound(level) > cell.bar)
 
 
 def _holm(cells: list[_Cell], alpha: float) -> tuple[set[int], dict[int, float]]:
@@ -514,6 +558,11 @@ def _cell_decision(cell: _Cell, ported: bool, family_size: int,
     if ev["port_bound"] > bar and cell.blocked:
         return Decision(INCONCLUSIVE, f"speedup {effect} lies above the minimum {bar:.3f}x, but "
                         f"a PORT is blocked: {cell.blocked}", **ev)
+    if ev["port_bound"] > bar and ev["one_more_bound"] <= bar:
+        return Decision(INCONCLUSIVE, f"speedup {effect}: {level_words} lies above the minimum "
+                        f"{bar:.3f}x, but not with one more round like the candidate's worst "
+                        f"({ev['one_more_bound']:.3f}): the saving may rest on a sample that "
+                        "missed a rare slow round; more rounds are needed", **ev)
     if ev["port_bound"] > bar and twin_high is not None:
         return Decision(INCONCLUSIVE, f"speedup {effect} lies above the minimum {bar:.3f}x but "
                         f"not above the A/A twin's CI (up to {twin_high:.3f})", **ev)
@@ -540,7 +589,7 @@ def decide_family(cells: Sequence[Mapping[str, Any]], *, min_samples: int = 10,
 
     * A cell PORTs when its lower bound at Holm's one-sided level (``(1 - confidence) / 2``
       divided by the cells not yet declared) lies above its bar and above its twin's CI, it has
-      at least ``port_min_rounds`` rounds, and its p99 tail is not heavier beyond the bar.
+      at least ``port_min_rounds`` rounds, and its p99 tail is not shown heavier beyond delta.
     * A cell CLOSEs when its upper bound at one-sided ``1 - confidence`` lies below its bar (the
       two one-sided tests of equivalence testing, at the usual 5 %: each cell's CLOSE is a test
       of its own, and the family CLOSEs only when all do, which needs no correction).
@@ -548,10 +597,12 @@ def decide_family(cells: Sequence[Mapping[str, Any]], *, min_samples: int = 10,
       wrongly shaped, non-finite, zero or negative timings; a bad bar), it has fewer rounds than
       ``min_samples``, or its A/A twin differs beyond the bar.
 
-    The family is PORT when a cell PORTs and every cell could support it (non-inferior: the
-    one-sided ``1 - confidence`` lower bounds of its mean and tail speedups above
-    ``1/min_speedup``, with ``port_min_rounds`` rounds), CLOSE when every cell CLOSEs,
-    INCONCLUSIVE otherwise.
+    The family is PORT when a cell PORTs and every cell could support it (its mean non-inferior:
+    the one-sided ``1 - confidence`` lower bound above ``1/min_speedup``; its p99 tail not shown
+    heavier: the tail speedup's upper bound at one-sided ``(1 - confidence) / 2`` not below
+    ``1/min_speedup``; ``port_min_rounds`` rounds), CLOSE when every cell CLOSEs, INCONCLUSIVE
+    otherwise. Each cell's ``tail`` says what its tail test found (an unresolved tail does not
+    block, and the family PORT names it).
     """
     _check_cells(cells)
     _check_common(min_samples, confidence)
@@ -569,6 +620,8 @@ def decide_family(cells: Sequence[Mapping[str, Any]], *, min_samples: int = 10,
         cell.evidence["port_level"] = levels[index]
         cell.evidence["port_bound"] = cell.effect.bound(levels[index])
         cell.evidence["close_bound"] = cell.effect.bound(confidence)
+        assert cell.one_more is not None
+        cell.evidence["one_more_bound"] = cell.one_more.bound(levels[index])
         decision = _cell_decision(cell, index in ported, len(prepared), confidence)
         decision.port_blocked = cell.blocked
         decisions.append(decision)
@@ -582,9 +635,8 @@ def _family(decisions: list[Decision], confidence: float) -> FamilyDecision:
     blocked = [i for i, d in enumerate(decisions) if d.port_blocked]
     each = "; ".join(f"cell {i}: {d.decision}" for i, d in enumerate(decisions))
     if ported and not blocked:
-        return FamilyDecision(PORT, f"cell(s) {ported} of {len(decisions)} clear the bar at the "
-                              "family's Holm level and every cell is non-inferior (mean and "
-                              f"tail) ({each})", decisions, confidence=confidence)
+        return FamilyDecision(PORT, f"{port_roles([(d.decision, d.tail) for d in decisions])} ({each})", decisions,
+                              confidence=confidence)
     if all(a == CLOSE for a in answers):
         return FamilyDecision(CLOSE, f"all {len(decisions)} cells close: every CI lies below "
                               "its bar", decisions, confidence=confidence)
@@ -593,6 +645,28 @@ def _family(decisions: list[Decision], confidence: float) -> FamilyDecision:
         f"cell {i} ({decisions[i].port_blocked})" for i in blocked)) if ported and blocked else ""
     return FamilyDecision(INCONCLUSIVE, f"the cells disagree or are unresolved ({counts})"
                           f"{extra}", decisions, confidence=confidence)
+
+
+def port_roles(answers: Sequence[tuple[str, str]], names: Sequence[str] | None = None) -> str:
+    """What a family PORT rests on, in words, from each cell's ``(decision, tail)``: the cells
+    that carry the saving (declared by Holm), the others, all non-inferior in the mean, split
+    into those shown harmless (p99 tail shown not heavier beyond delta) and those whose tail is
+    unresolved (not shown heavier either, so it does not block); ``names`` label the cells
+    (default: ``cell i``)."""
+    label = list(names) if names is not None else [f"cell {i}" for i in range(len(answers))]
+    carry = [label[i] for i, (answer, _) in enumerate(answers) if answer == PORT]
+    harmless = [label[i] for i, (answer, tail) in enumerate(answers)
+                if answer != PORT and tail == TAIL_NOT_HEAVIER]
+    open_tail = [label[i] for i, (_, tail) in enumerate(answers) if tail == TAIL_UNRESOLVED]
+    words = (f"{len(carry)} of {len(answers)} cell(s) carry the saving, clearing the bar at "
+             f"the family's Holm level ({', '.join(carry)}); every cell's mean is non-inferior "
+             "and no cell's p99 tail is shown heavier beyond delta")
+    if harmless:
+        words += f"; shown harmless (p99 tail shown not heavier): {', '.join(harmless)}"
+    if open_tail:
+        words += (f"; p99 tail unresolved (neither shown heavier nor shown within delta at these "
+                  f"rounds): {', '.join(open_tail)}")
+    return words
 
 
 def decide(baseline: Samples | None, candidate: Samples | None, *,
@@ -619,31 +693,88 @@ NOT_A_DECISION = "not a decision"
 SEQUENCE = ("a fixed sequence, each family at the full level and the next tested only when the "
             "one before it answered: the bundle (pinned grow-only vs the fresh vector) first; "
             "if it PORTs, pinning alone (pinned grow-only vs grow-only pageable); if pinning "
-            "CLOSEs, reuse alone (grow-only pageable vs the fresh vector). A fixed sequence "
-            "keeps the chance of any false answer at the level of one test, since a later test "
-            "can only err once every earlier one has been passed")
+            "CLOSEs (shown to add less than delta in every cell), reuse alone (grow-only pageable "
+            "vs the fresh vector); if the bundle CLOSEs, reuse alone too (pinning may take back "
+            "what reuse saves). A fixed sequence keeps the chance of any false answer at the "
+            "level of one test, since a later test can only err once every earlier one has been "
+            "passed")
 
 
-def recommend(bundle: str, pinning: str | None, reuse: str | None) -> tuple[str, str]:
-    """The change to make from the three family answers, tested as a fixed sequence
-    (:data:`SEQUENCE`): port the pinned scratch, port a reused pageable buffer, close, or
-    INCONCLUSIVE; and why. ``None``: that question was not measured."""
-    if bundle == CLOSE:
+def _word(answer: str | FamilyDecision | None) -> str | None:
+    return answer.decision if isinstance(answer, FamilyDecision) else answer
+
+
+def _cells_where(answer: str | FamilyDecision | None, decision: str,
+                 names: Sequence[str] | None) -> list[str]:
+    """The cells (by ``names``, else ``cell i``) of a family answer whose own decision is
+    ``decision``; none for an answer given only in words."""
+    if not isinstance(answer, FamilyDecision):
+        return []
+    label = list(names) if names is not None else [f"cell {i}" for i in range(len(answer.cells))]
+    return [label[i] for i, cell in enumerate(answer.cells) if cell.decision == decision]
+
+
+def _pinning_words(pinning: str | FamilyDecision | None, names: Sequence[str] | None) -> str:
+    """Which cells pinning would help (adds more than delta beyond reuse), is shown not to, or
+    leaves open; '' for an answer given only in words."""
+    if not isinstance(pinning, FamilyDecision):
+        return ""
+    helps, not_worth = _cells_where(pinning, PORT, names), _cells_where(pinning, CLOSE, names)
+    open_cells = _cells_where(pinning, INCONCLUSIVE, names)
+    parts = [f"pinning would help (adds more than delta beyond reuse) in "
+             f"{', '.join(helps) if helps else 'no cell'}"]
+    if not_worth:
+        parts.append(f"is shown to add less than delta in {', '.join(not_worth)}")
+    if open_cells:
+        parts.append(f"is unresolved in {', '.join(open_cells)}")
+    return " (" + "; ".join(parts) + ")"
+
+
+def recommend(bundle: str | FamilyDecision, pinning: str | FamilyDecision | None,
+              reuse: str | FamilyDecision | None, *,
+              cells: Sequence[str] | None = None) -> tuple[str, str]:
+    """The change to make from the three family answers (each a decision word or the
+    :class:`FamilyDecision` itself), tested as a fixed sequence (:data:`SEQUENCE`): port the
+    pinned scratch, port a reused pageable buffer, close, or INCONCLUSIVE; and why. ``None``:
+    that question was not measured. Given the pinning family itself, the reason names the cells
+    pinning would help, if any (``cells``: the cells' names, in the family's order).
+
+    Every answer it can give: the bundle closes, **close**, unless reuse alone ports (pinning
+    takes back what reuse saves), **port a reused pageable buffer**; the bundle unresolved,
+    INCONCLUSIVE; the bundle ports and pinning ports, **port the pinned scratch**; pinning not
+    measured or unresolved, INCONCLUSIVE; pinning closes and reuse ports, **port a reused
+    pageable buffer**; pinning closes and reuse closes too (neither part alone saves delta,
+    together they do), **port the pinned scratch**; pinning closes and reuse is unresolved or
+    not measured, INCONCLUSIVE."""
+    bundle_word, pinning_word, reuse_word = _word(bundle), _word(pinning), _word(reuse)
+    where = _pinning_words(pinning, cells)
+    if bundle_word == CLOSE and reuse_word == PORT:
+        return PORT_REUSED, ("the bundle (reuse + pinning) saves less than delta of the step in "
+                             "every decisive cell, but reuse alone saves more than delta: pinning "
+                             "takes back what reuse saves, so reuse is worth a change without it")
+    if bundle_word == CLOSE:
         return CLOSE_CHANGE, ("the bundle (reuse + pinning) saves less than delta of the step in "
-                              "every decisive cell, so neither part alone is worth a change")
-    if bundle != PORT:
+                              "every decisive cell, and reuse alone is not shown to save more")
+    if bundle_word != PORT:
         return INCONCLUSIVE, "the bundle (reuse + pinning) is not resolved, so nothing follows"
-    if pinning == PORT:
+    if pinning_word == PORT:
         return PORT_PINNED, ("the bundle ports, and pinning adds a saving above delta beyond a "
-                             "reused pageable buffer")
-    if pinning is None:
+                             f"reused pageable buffer{where}")
+    if pinning_word is None:
         return INCONCLUSIVE, ("the bundle ports, but pinning alone was not measured (no grow-only "
                               "pageable arm): whether a reused pageable buffer would do is open")
-    if pinning != CLOSE:
+    if pinning_word != CLOSE:
         return INCONCLUSIVE, ("the bundle ports, but whether pinning adds more than delta beyond "
-                              "a reused pageable buffer is unresolved: more rounds are needed")
-    if reuse == PORT:
-        return PORT_REUSED, ("the bundle ports, pinning adds less than delta beyond reuse, and "
-                             "reuse alone saves more than delta")
-    return INCONCLUSIVE, ("the bundle ports and pinning adds less than delta, but reuse alone is "
-                          "not shown to save more than delta")
+                              f"a reused pageable buffer is unresolved{where}: more rounds are "
+                              "needed")
+    if reuse_word == PORT:
+        return PORT_REUSED, ("the bundle ports, pinning is shown to add less than delta beyond "
+                             f"reuse in every cell{where}, and reuse alone saves more than delta")
+    if reuse_word == CLOSE:
+        return PORT_PINNED, ("the bundle ports, but neither part alone is shown to save delta: "
+                             "pinning adds less than delta beyond reuse and reuse alone saves "
+                             "less than delta, so only the two together (the pinned scratch) "
+                             "are worth a change")
+    return INCONCLUSIVE, ("the bundle ports and pinning adds less than delta, but whether reuse "
+                          "alone saves more than delta is "
+                          f"{'not measured' if reuse_word is None else 'unresolved'}")

@@ -10,8 +10,8 @@ decisive cells (named by the profile: rows x models x K) are one family, decided
 ``1 / (1 - delta)`` on the ratio of mean step times:
 
 * PORT: a cell's lower bound at Holm's level lies above that and above its A/A twin's CI, and
-  every cell can support a PORT (at least 149 rounds, its mean and its p99 tail not slower beyond
-  delta);
+  every cell can support a PORT (at least 149 rounds, its mean not slower beyond delta, its p99
+  tail not shown heavier beyond delta);
 * CLOSE: every cell's upper bound (one-sided 5 %) lies below it (any benefit is too small to be
   worth a change; slower counts too);
 * INCONCLUSIVE otherwise, with each cell's reason (not measured, too few rounds, bad timings,
@@ -214,10 +214,11 @@ def overall(decisive: list[dict[str, Any]]) -> dict[str, str]:
     if ported and not blocked:
         best = max(ported, key=lambda c: c["saved_ms"] or 0)
         each = "; ".join(_answer_words(c) for c in decisive)
+        roles = stats.port_roles([(c["decision"], c.get("tail") or "") for c in decisive],
+                                 [_cell_name(c) for c in decisive])
         return {"decision": stats.PORT, "where": where, "summary": (
-            f"Pinned grow-only staging saves more than delta of the seed's step in "
-            f"{len(ported)} of {len(decisive)} decisive cells and no cell could be slower "
-            f"beyond delta (mean and p99 tail); the largest saving is "
+            f"Pinned grow-only staging saves more than delta of the seed's step: {roles}; "
+            f"the largest saving is "
             f"{best['saved_ms']:.2f} ms per step at n={best['rows']}, V={best['vocab']}, "
             f"K={best['k']} ({best['speedup']:.3f}x, CI [{best['ci_low']:.3f}, "
             f"{best['ci_high']:.3f}]). Each cell: {each}. {where}".strip())}
@@ -251,7 +252,7 @@ QUESTION_WORDS = {
     "pinning": "pinning alone: pinned grow-only scratch vs grow-only pageable buffer",
 }
 ANSWER_KEYS = ("decision", "speedup", "ci_low", "ci_high", "tail_speedup", "tail_bound",
-               "noninferior_bound", "saved_ms", "n_rounds", "reason")
+               "tail_upper_bound", "tail", "noninferior_bound", "saved_ms", "n_rounds", "reason")
 
 
 def answer_questions(step: pd.DataFrame, named: list[tuple[int, int, int]], *,
@@ -272,8 +273,13 @@ def answer_questions(step: pd.DataFrame, named: list[tuple[int, int, int]], *,
                 "decision": None, "where": "", "summary": cells[0]["reason"] if cells else ""}),
             "cells": [{"rows": c["rows"], "vocab": c["vocab"], "k": c["k"],
                        **{key: c.get(key) for key in ANSWER_KEYS}} for c in cells]}
-    change, reason = stats.recommend(*(answers[q]["decision"] for q in
-                                       ("bundle", "pinning", "reuse")))
+    pinning = answers["pinning"]
+    pinning_family = None if pinning["decision"] is None else stats.FamilyDecision(
+        pinning["decision"], pinning["summary"],
+        [stats.Decision(c["decision"], c["reason"] or "") for c in pinning["cells"]])
+    change, reason = stats.recommend(answers["bundle"]["decision"], pinning_family,
+                                     answers["reuse"]["decision"],
+                                     cells=[_cell_name(c) for c in pinning["cells"]])
     return answers, {"change": change, "reason": reason, "method": stats.SEQUENCE}
 
 
@@ -481,7 +487,7 @@ def calibrate_rule(decisive: list[dict[str, Any]], trials: int, delta: float,
                    seed: int) -> list[dict[str, Any]]:
     """The rule's simulated error rates at the rounds this run's decisive cells have (the fewest)
     and for a family of as many cells, under every noise model at fixed rounds (rounds until
-    precise are calibrated in docs/decision-rule.md); none where no trials were asked for or no
+    resolved are calibrated in docs/decision-rule.md); none where no trials were asked for or no
     decisive cell has two rounds."""
     rounds = [c["baseline_rounds"] for c in decisive if c["baseline_rounds"] >= 2]
     if not trials or not rounds:
@@ -781,12 +787,13 @@ def decisive_table(verdict: dict[str, Any]) -> pd.DataFrame:
 
 
 QUESTION_COLUMNS = ["question", "family", "rows", "vocab", "k", "decision", "speedup", "ci_low",
-                    "ci_high", "tail_speedup", "n_rounds"]
+                    "ci_high", "tail_speedup", "tail", "n_rounds"]
 
 
 def questions_table(verdict: dict[str, Any]) -> pd.DataFrame:
     """The three questions (bundle, reuse alone, pinning alone) per decisive cell, each with its
-    family's answer and the cell's speedup, CI and p99 tail speedup."""
+    family's answer and the cell's speedup, CI, p99 tail speedup and its test (heavier, not
+    heavier, unresolved)."""
     rows = [{"question": answer["words"], "family": answer["decision"] or "not measured",
              **{key: cell.get(key) for key in QUESTION_COLUMNS[2:]}}
             for answer in (verdict.get("questions") or {}).values() for cell in answer["cells"]]

@@ -9,11 +9,14 @@ arms in each round and the rule that says when a cell has enough rounds. Standar
   a seed. The seed is drawn per run and per cell (:func:`order_seed`): a position effect (the
   first arm of a round paying for a cold cache, say) then averages out over the rounds instead of
   becoming a fixed bias that no rerun removes.
-* **Rounds until precise** (:func:`speedup_half_width`): the half-width of the paired speedup's
-  CI, ``mean(baseline) / mean(candidate)``, by the delta method (the normal approximation of the
-  ratio of means over paired rounds). A sweep adds rounds until it is at most delta/2, or a cap on
-  rounds or seconds is reached. It stops on precision, never on the effect, so the decision's
-  error rates hold; :mod:`stagelab.analyse.calibration` measures them with this very rule.
+* **Rounds until resolved** (:func:`resolved`): the paired speedup's CI, ``mean(baseline) /
+  mean(candidate)``, by the delta method (:func:`speedup_half_width`, the normal approximation
+  of the ratio of means over paired rounds). A sweep adds rounds while the CI of any of its
+  comparisons (the bundle, reuse alone, pinning alone) still straddles its bar and a cap on
+  rounds or seconds allows, and stops as soon as every one lies wholly on one side: rounds go
+  where the answer needs them (near the bar), not where a half-width target puts them. That is
+  optional stopping (it looks at the effect), so its error rates are measured, with this very
+  rule, in :mod:`stagelab.analyse.calibration` (the rows "until resolved").
 * **Rounds to see a stall** (:func:`rounds_to_see`, :data:`TAIL_ROUNDS`): an arm slow in one
   round of 50 shows no slow round at all in ``0.98^n`` of samples of ``n`` rounds; a sample
   without one looks faster than the arm is, and stopping on precision locks that in. 149 rounds
@@ -28,7 +31,7 @@ import random
 from collections.abc import Sequence
 from statistics import NormalDist
 
-PRECISE, ROUND_CAP, TIME_CAP, FIXED = "precise", "round cap", "time cap", "fixed rounds"
+RESOLVED, ROUND_CAP, TIME_CAP, FIXED = "resolved", "round cap", "time cap", "fixed rounds"
 STALL_RATE = 1 / 50  # the rarest stall a decision must have had the chance to see
 STALL_SEEN = 0.95  # ... with this probability
 
@@ -111,3 +114,15 @@ def speedup_half_width(baseline: Sequence[float], candidate: Sequence[float],
     variance = math.fsum((x - mean_r) ** 2 for x in residuals) / (n - 1)
     z = NormalDist().inv_cdf(0.5 + confidence / 2)
     return z * math.sqrt(variance / n) / mean_c
+
+
+def resolved(baseline: Sequence[float], candidate: Sequence[float], bar: float,
+             confidence: float = 0.95) -> bool:
+    """Whether the ``confidence`` CI of ``mean(baseline) / mean(candidate)`` (delta method,
+    :func:`speedup_half_width`) lies wholly above or wholly below ``bar``: no more rounds would
+    change which side of the bar the comparison is on."""
+    width = speedup_half_width(baseline, candidate, confidence)
+    if math.isinf(width):
+        return False
+    ratio = math.fsum(baseline) / math.fsum(candidate)
+    return ratio - width > bar or ratio + width < bar

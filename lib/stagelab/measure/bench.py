@@ -5,8 +5,8 @@ all arms of a round alike; the round index is recorded as ``round``, so the arms
 round. The order is balanced (:func:`stagelab.core.design.balanced_orders`): every arm takes every
 position equally often (within one), from a seed the caller draws per run and cell, recorded as a
 record of metric ``order_seed``; each sample's place in its round is recorded as ``position``.
-With a :class:`Precision`, rounds are added after the first ``rounds`` until the decisive
-comparison's CI is narrow enough or a cap is reached, and why it stopped is recorded (metric
+With a :class:`Precision`, rounds are added after the first ``rounds`` while a decisive
+comparison's CI still straddles its bar and a cap allows, and why it stopped is recorded (metric
 ``rounds``). On a GPU each call is timed with CUDA
 events and cross-checked with the host clock after a synchronize (``clock_agrees``); on CPU with
 ``time.perf_counter``. Warm-up rounds are run and discarded. An arm may return ``{stage: seconds}``
@@ -78,16 +78,17 @@ class Timer:
 
 @dataclass(frozen=True)
 class Precision:
-    """Rounds until precise: after the first ``rounds``, add rounds until the paired speedup of
-    the first of ``candidates`` that was timed over ``baseline`` has a CI half-width of at most
-    ``half_width`` (checked every ``every`` rounds, :func:`stagelab.core.design.speedup_half_width`),
-    or ``max_rounds`` rounds or ``max_seconds`` of timing are reached; never precise before
-    ``min_rounds`` (a decision's own floor, :data:`stagelab.core.design.TAIL_ROUNDS`). It never
-    looks at the effect itself."""
+    """Rounds until resolved: after the first ``rounds``, add rounds while the paired speedup of
+    any of ``comparisons`` (``(baseline, candidate)`` arm pairs: the bundle, reuse alone, pinning
+    alone) has a CI that straddles ``bar`` (checked every ``every`` rounds,
+    :func:`stagelab.core.design.resolved`), until ``max_rounds`` rounds or ``max_seconds`` of
+    timing are reached; stop once every comparison that was timed lies wholly on one side of the
+    bar, never before ``min_rounds`` (a decision's own floor,
+    :data:`stagelab.core.design.TAIL_ROUNDS`). A comparison whose arm was not timed (failed,
+    unavailable) is left out; with none timed, the rounds run to a cap."""
 
-    baseline: str
-    candidates: tuple[str, ...]
-    half_width: float
+    comparisons: tuple[tuple[str, str], ...]
+    bar: float
     max_rounds: int
     max_seconds: float = math.inf
     confidence: float = 0.95
@@ -95,22 +96,26 @@ class Precision:
     min_rounds: int = 0
 
     def __post_init__(self) -> None:
-        if not (self.half_width > 0 and self.max_seconds > 0 and self.every >= 1):
-            raise ValueError(f"precision: half_width, max_seconds and every must be positive, "
-                             f"got {self.half_width}, {self.max_seconds}, {self.every}")
+        if not (self.bar >= 1 and self.max_seconds > 0 and self.every >= 1):
+            raise ValueError(f"precision: bar must be at least 1, max_seconds and every "
+                             f"positive, got {self.bar}, {self.max_seconds}, {self.every}")
+        if not self.comparisons:
+            raise ValueError("precision: comparisons is empty: nothing to resolve")
 
     def reason(self, records: list[dict], done: int, elapsed: float) -> str | None:
         """Why to stop after ``done`` rounds, or None to go on."""
-        pairs = next((found for name in self.candidates
-                      if (found := _paired_totals(records, self.baseline, name))), None)
-        width = design.speedup_half_width(*pairs, self.confidence) if pairs else math.inf
-        if width <= self.half_width and done >= self.min_rounds:
-            return f"{design.PRECISE}: CI half-width {width:.4f} <= {self.half_width:.4f}"
-        shown = "not measurable" if math.isinf(width) else f"{width:.4f}"
+        timed = [(pair, found) for pair in self.comparisons
+                 if (found := _paired_totals(records, *pair))]
+        open_pairs = [f"{c} vs {b}" for (b, c), found in timed
+                      if not design.resolved(*found, self.bar, self.confidence)]
+        if timed and not open_pairs and done >= self.min_rounds:
+            return (f"{design.RESOLVED}: every comparison's CI lies on one side of the bar "
+                    f"{self.bar:.4f} ({len(timed)} compared)")
+        still = "; straddling: " + ", ".join(open_pairs) if open_pairs else ""
         if done >= self.max_rounds:
-            return f"{design.ROUND_CAP}: {done} rounds, CI half-width {shown}"
+            return f"{design.ROUND_CAP}: {done} rounds{still}"
         if elapsed >= self.max_seconds:
-            return f"{design.TIME_CAP}: {elapsed:.1f} s >= {self.max_seconds:g} s, CI half-width {shown}"
+            return f"{design.TIME_CAP}: {elapsed:.1f} s >= {self.max_seconds:g} s{still}"
         return None
 
 

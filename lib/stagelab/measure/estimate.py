@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from stagelab.core import catalogue, forward
+from stagelab.core import catalogue, design, forward
 
 
 @dataclass(frozen=True)
@@ -145,7 +145,7 @@ def cell_seconds(sizes: Mapping[str, Any], arms: Sequence[str], *, rounds: int, 
     ``sizes`` are the cell's schema fields (``experiment``, ``rows``, ``vocab``, ``bytes``...),
     ``arms`` every arm it times (twins included), ``memory_probes`` the fresh processes it
     starts to measure peaks, ``forward_s`` the device work queued before each step call. With
-    ``max_rounds`` (rounds until precise) the timing is the most it may take: up to
+    ``max_rounds`` (rounds until resolved) the timing is the most it may take: up to
     ``max_rounds`` rounds, stopped at ``max_seconds`` once ``rounds`` are done.
     """
     basis = BASIS[kind]
@@ -182,7 +182,20 @@ def _rows_per_round(experiment: str, arm: str) -> int:
 
 def cell_rows(experiment: str, arms: Sequence[str], rounds: int) -> int:
     """The most rows one cell of ``experiment`` writes when it runs ``rounds`` rounds (the
-    round cap, for rounds until precise): the size a rows file is predicted from."""
+    round cap, for rounds until resolved): the size a rows file is predicted from."""
     per_round = sum(_rows_per_round(experiment, arm) for arm in arms)
     once = ROWS_PER_CELL_ONCE + (STEP_HOST_RATE_ROWS if experiment == catalogue.STEP else 0)
     return rounds * per_round + len(arms) * ROWS_PER_ARM_ONCE + once
+
+
+def format_round_cap(notebook: str, *, rounds: int, max_rounds: int, max_seconds: float,
+                     floor_s: float, cap_s: float, cells: int) -> str:
+    """The ``--estimate`` line of rounds until resolved: the rounds every decisive cell runs,
+    the cap it may run to while a question's CI straddles its bar, and what the cells take at
+    each (``floor_s`` at ``rounds``, ``cap_s`` at the cap: the table counts the cap)."""
+    seconds = "" if math.isinf(max_seconds) else f" or {max_seconds:g} s of timing"
+    return (f"{notebook}: rounds until resolved: {rounds} rounds per cell (a PORT needs "
+            f"{design.TAIL_ROUNDS}), more while a "
+            f"question's CI straddles its bar, up to {max_rounds} rounds{seconds} per cell; "
+            f"its {cells} cells take {floor_s:.1f} s at {rounds} rounds and at most "
+            f"{cap_s:.1f} s at the cap (the table counts the cap)")

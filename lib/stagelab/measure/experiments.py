@@ -2,7 +2,7 @@
 
 For each experiment of :mod:`stagelab.core.catalogue`: the call its notebook makes (the measuring
 function and its arguments, from the notebook's parameters), the sweep cells those parameters
-produce, and the per-experiment facts the estimate needs (memory probes, rounds until precise,
+produce, and the per-experiment facts the estimate needs (memory probes, rounds until resolved,
 the device work queued before each call). The preflight, ``stagelab measure``, the estimate and
 the replay read it; a notebook is found through the catalogue's experiment, never by its name.
 ``tests/test_experiments.py`` checks each binding's cells against its notebook's own call.
@@ -56,7 +56,7 @@ class Experiment:
         return 1 / max(1, len(set(p.get("overlaps") or [True])))
 
     def max_rounds(self, p: Parameters) -> int | None:
-        """The cap on rounds when rounds are added until precise, else None (a fixed number)."""
+        """The cap on rounds when rounds are added until resolved, else None (a fixed number)."""
         precise = self.name == catalogue.DECISIVE_EXPERIMENT and p.get("max_rounds", 0) > p[
             "rounds"]
         return p["max_rounds"] if precise else None

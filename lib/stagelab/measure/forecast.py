@@ -5,6 +5,7 @@ loop keeps), and the most bytes each rows file will hold against what a lease re
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -53,6 +54,26 @@ def predict_profile(notebooks: Mapping[str, Mapping[str, Any]],
             rows.append((name, cell.label, predict(cell, parameters["rounds"],
                                                    parameters["warmup"])))
     return rows
+
+
+def round_cap_lines(notebooks: Mapping[str, Mapping[str, Any]], kind: str) -> list[str]:
+    """A line, newline-ended, per notebook whose cells run rounds until resolved: their floor
+    and cap, and the seconds at each (:func:`stagelab.measure.estimate.format_round_cap`)."""
+    lines = []
+    for name, parameters in notebooks.items():
+        bound = experiments.of_notebook(name)
+        if bound is None or bound.max_rounds(parameters) is None:
+            continue
+        cells = [c for c in sweep_cells(name, parameters, "cpu") if not c.invalid]
+        at_floor = bound.predictor({**parameters, "max_rounds": parameters["rounds"]}, kind)
+        at_cap = bound.predictor(parameters, kind)
+        lines.append(estimate.format_round_cap(
+            name, rounds=parameters["rounds"], max_rounds=parameters["max_rounds"],
+            max_seconds=parameters.get("max_seconds", math.inf), cells=len(cells),
+            floor_s=sum(at_floor(c, parameters["rounds"], parameters["warmup"]) for c in cells),
+            cap_s=sum(at_cap(c, parameters["rounds"], parameters["warmup"]) for c in cells))
+            + "\n")
+    return lines
 
 
 def format_estimate(rows: list[tuple[str, str, float]], kind: str) -> str:

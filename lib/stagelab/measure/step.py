@@ -419,12 +419,17 @@ def cells(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dtype
 
 def precision_for(arms: list[str], aa_arm: str | None, *, delta: float, max_rounds: int,
                   max_seconds: float) -> bench.Precision:
-    """Rounds until precise for the decisive comparison: ``seed_pinned`` against the seed's
-    step, or where it cannot run (no GPU) the A/A twin, to a CI half-width of delta/2, never
-    stopping before the rounds a PORT needs (:data:`stagelab.core.design.TAIL_ROUNDS`, or the cap)."""
-    candidates = tuple(a for a in (CANDIDATE, aa_name(aa_arm) if aa_arm else None)
-                       if a and a.removesuffix("~aa") in arms)
-    return bench.Precision(BASELINE, candidates or (CANDIDATE,), half_width=delta / 2,
+    """Rounds until resolved for the three questions: ``seed_pinned`` and the grow-only pageable
+    buffer against the seed's step, and ``seed_pinned`` against the grow-only pageable buffer,
+    each while its CI straddles the bar ``1 / (1 - delta)``, and the A/A twin against the seed's
+    step (what is resolved where the others cannot run, with no GPU). A comparison whose arm was
+    not timed is left out when the rounds are checked. Never stopping before the rounds a PORT
+    needs (:data:`stagelab.core.design.TAIL_ROUNDS`, or the cap)."""
+    reused = catalogue.REUSE_LEVER[catalogue.STEP]
+    questions = tuple((b, c) for b, c in ((BASELINE, CANDIDATE), (BASELINE, reused),
+                                          (reused, CANDIDATE)) if b in arms and c in arms)
+    twin = ((BASELINE, aa_name(aa_arm)),) if aa_arm else ()
+    return bench.Precision(questions + twin or ((BASELINE, CANDIDATE),), bar=1 / (1 - delta),
                            max_rounds=max_rounds, max_seconds=max_seconds,
                            min_rounds=min(design.TAIL_ROUNDS, max_rounds))
 

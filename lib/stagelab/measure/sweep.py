@@ -198,7 +198,7 @@ def run(cells: list[Cell], prepare: Callable[[Cell], CellPlan], *, rounds: int,
         precision: bench.Precision | None = None) -> list[dict]:
     """Measure every cell in order; hand each one's records to the sink when one is given. The
     sink's run id seeds each cell's arm order, with ``seed``; ``precision`` adds rounds until
-    precise (:class:`stagelab.measure.bench.Precision`).
+    resolved (:class:`stagelab.measure.bench.Precision`).
 
     Raises :class:`~stagelab.core.errors.DeadlineReached`, once every cell was offered, when the
     watcher refused any: a smaller cell after a refused one still runs where it fits (a lease

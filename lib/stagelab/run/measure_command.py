@@ -201,6 +201,7 @@ def checked_request(args: argparse.Namespace, command: list[str]) -> Request | N
     if args.estimate:
         predicted = forecast.predict_profile(measuring, args.estimate)
         print(forecast.format_estimate(predicted, args.estimate))
+        print(*forecast.round_cap_lines(measuring, args.estimate), sep="\n", end="")
         if args.deadline_s is not None:
             print(forecast.format_admission(predicted, args.deadline_s, args.estimate))
         print(forecast.format_file_sizes(forecast.predict_file_bytes(measuring)))
@@ -208,12 +209,6 @@ def checked_request(args: argparse.Namespace, command: list[str]) -> Request | N
     return Request(args.profile, measuring, every, check_out(args.out), args.deadline_s,
                    args.force, command, args.rehearse_on_cpu,
                    profiles.profile_decides(args.profile))
-
-
-
-
-
-
 
 
 def file_budget(spare: int) -> Callable[[], bool]:

@@ -167,7 +167,7 @@ def log_softmax_place(value: Any, _: Mapping[str, Any] | None = None) -> None:
 
 
 def max_rounds(value: Any, values: Mapping[str, Any]) -> None:
-    """The cap of rounds until precise: an integer, at least ``rounds``."""
+    """The cap of rounds until resolved: an integer, at least ``rounds``."""
     _int(value, 1, "a positive integer")
     rounds = values.get("rounds")
     if isinstance(rounds, int) and value < rounds:
