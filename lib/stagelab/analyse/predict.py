@@ -37,7 +37,7 @@ import itertools
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +80,9 @@ class Platform:
     hbm_gbps: float
     hbm_source: str
     host_type: str
+    memory_gb: float = math.inf  # the GPU's memory: a configuration beyond it is not predicted
+    memory_source: str = ""
+    host_classes: tuple[str, ...] = ()  # its usual hosts (data/hosts.csv), the default host range
 
     def matches(self, gpu_name: str) -> bool:
         """Whether a GPU's name holds one of the row's fragments as whole words (``L4`` is not
@@ -88,16 +91,35 @@ class Platform:
                    for fragment in self.gpu_match)
 
 
+# A figure published as one point (one bandwidthTest run) is widened by this share each way, so
+# that its interval does not collapse to a point no second server would repeat (assumed).
+POINT_WIDENING = 0.10
+
+
+def widened(low: float, high: float, source: str) -> tuple[tuple[float, float], str]:
+    """A published range as it is, a point widened by :data:`POINT_WIDENING` each way, saying so."""
+    if low != high:
+        return (low, high), source
+    return ((low * (1 - POINT_WIDENING), high * (1 + POINT_WIDENING)),
+            f"{source}; a point figure widened +-{POINT_WIDENING:.0%} (assumed)")
+
+
 def load_platforms(path: Path | str = paths.PLATFORMS_FILE) -> dict[str, Platform]:
-    """Every platform of the table by name (standard library csv)."""
+    """Every platform of the table by name (standard library csv); point figures widened."""
     with open(path, newline="", encoding="utf-8") as handle:
         rows = list(csv.DictReader(handle))
-    return {r["platform"]: Platform(
-        r["platform"], tuple(r["gpu_match"].split("|")), r["link"],
-        (float(r["pinned_d2h_gbps_low"]), float(r["pinned_d2h_gbps_high"])), r["pinned_source"],
-        (float(r["pageable_d2h_gbps_low"]), float(r["pageable_d2h_gbps_high"])),
-        r["pageable_source"], float(r["hbm_gbps"]), r["hbm_source"], r["host_type"])
-        for r in rows}
+    out = {}
+    for r in rows:
+        pinned = widened(float(r["pinned_d2h_gbps_low"]), float(r["pinned_d2h_gbps_high"]),
+                         r["pinned_source"])
+        pageable = widened(float(r["pageable_d2h_gbps_low"]),
+                           float(r["pageable_d2h_gbps_high"]), r["pageable_source"])
+        out[r["platform"]] = Platform(
+            r["platform"], tuple(r["gpu_match"].split("|")), r["link"], *pinned, *pageable,
+            float(r["hbm_gbps"]), r["hbm_source"], r["host_type"],
+            float(r.get("memory_gb") or math.inf), r.get("memory_source") or "",
+            tuple(h for h in (r.get("host_classes") or "").split("|") if h))
+    return out
 
 
 def platform_named(name: str, platforms: Mapping[str, Platform] | None = None) -> Platform:
@@ -125,6 +147,8 @@ class HostRates:
     """Measured host terms: per size in bytes, each term's seconds over its repeats."""
 
     samples: dict[int, dict[str, list[float]]] = field(default_factory=dict)
+    origin: str = "measured"
+    notes: list[str] = field(default_factory=list)  # rows refused by the physical bounds
 
     @property
     def sizes(self) -> list[int]:
@@ -148,13 +172,39 @@ class HostRates:
         return at_size(np.median), at_size(min), at_size(max), outside
 
 
-def host_rates(frame: pd.DataFrame) -> HostRates:
-    """The host-rate rows of a step table (every cell, every repeat) by size."""
+# Physical bounds on a recorded host term: a positive, finite time under a minute, moving its
+# bytes at most 10 TB/s (no host streams that, not even from its caches). A row beyond them is
+# refused, and said so, before the model sees it.
+HOST_SECONDS_MAX = 60.0
+HOST_GBPS_MAX = 10_000.0
+
+
+def host_rate_fault(seconds: float, nbytes: int) -> str | None:
+    """Why a host term's ``seconds`` at ``nbytes`` is physically impossible; None when it is not."""
+    if not math.isfinite(seconds) or seconds <= 0:
+        return f"{seconds!r} s is not a positive time"
+    if seconds > HOST_SECONDS_MAX:
+        return f"{seconds:.3g} s is over {HOST_SECONDS_MAX:g} s"
+    if nbytes / seconds / 1e9 > HOST_GBPS_MAX:
+        return f"{nbytes / seconds / 1e9:.3g} GB/s is over {HOST_GBPS_MAX:g} GB/s"
+    return None
+
+
+def host_rates(frame: pd.DataFrame, origin: str = "measured") -> HostRates:
+    """The host-rate rows of a step table (every cell, every repeat) by size, each checked
+    against the physical bounds (refused rows are counted in ``notes``)."""
     rows = frame[(frame["metric"] == HOST_METRIC) & (frame["status"] == "ok")]
-    rates = HostRates()
+    rates = HostRates(origin=origin)
     for (nbytes, term), part in rows.groupby(["bytes", "stage"], observed=True):
-        rates.samples.setdefault(int(nbytes), {})[str(term)] = [
-            float(s) for s in part["seconds"].dropna()]
+        kept, refused = [], []
+        for value in part["seconds"].dropna():
+            fault = host_rate_fault(float(value), int(nbytes))
+            (refused if fault else kept).append(fault or float(value))
+        if kept:
+            rates.samples.setdefault(int(nbytes), {})[str(term)] = kept
+        if refused:
+            rates.notes.append(f"host term {term} at {int(nbytes):,} B: {len(refused)} row(s) "
+                               f"refused by the physical bounds ({refused[0]})")
     return rates
 
 
@@ -178,6 +228,134 @@ def host_table(rates: HostRates) -> pd.DataFrame:
                              else "pages found mapped")
         out.append(row)
     return pd.DataFrame(out)
+
+
+# ------------------------------------------------------------------------------ host classes
+
+# glibc's dynamic mmap threshold never rises above 32 MiB on 64-bit (mallopt(3),
+# DEFAULT_MMAP_THRESHOLD_MAX): a larger vector is mmapped, munmapped at its free and faulted in
+# afresh each step; a smaller one may come back from the heap with its pages still mapped.
+GLIBC_MMAP_MAX = 32 * 2**20
+REGIMES = ("faulted", "mapped", "auto")
+THP_MODES = ("always", "madvise", "never")
+HOST_RATES = ("first_touch_4k", "first_touch_thp", "warm_fill", "memcpy", "top_k", "free",
+              "free_mapped", "host_softmax")
+
+
+@dataclass(frozen=True)
+class HostClass:
+    """One row of ``data/hosts.csv``: the host-side rates (GB/s of the ``[n, V]`` fp32 vector) of
+    a kind of host, each a range with its source, the THP modes it may run, and the allocator
+    regime assumed for the fresh vector (``auto``: by size, as glibc does)."""
+
+    name: str
+    description: str
+    thp: tuple[str, ...]
+    gbps: dict[str, tuple[float, float]]
+    sources: dict[str, str]
+    cores: tuple[int, int] = (1, 1)
+    regime: str = "auto"
+
+    @property
+    def origin(self) -> str:
+        return f"host class {self.name}"
+
+    @property
+    def sizes(self) -> list[int]:
+        return []  # nothing measured: never extrapolated
+
+    @property
+    def notes(self) -> list[str]:
+        return []
+
+    def first_touch(self) -> tuple[float, float]:
+        """The fresh vector's first-touch GB/s over the class's THP modes (2 MiB faults under
+        ``always``; 4 KiB ones otherwise: glibc's malloc does not madvise)."""
+        ranges = [self.gbps["first_touch_thp" if mode == "always" else "first_touch_4k"]
+                  for mode in self.thp]
+        return min(r[0] for r in ranges), max(r[1] for r in ranges)
+
+    def faulted_share(self, nbytes: int) -> tuple[float, float]:
+        """The share of the vector's pages faulted in afresh each step: 1 when faulted, 0 when
+        found mapped; by size under ``auto`` (above glibc's 32 MiB ceiling, mmapped: faulted;
+        below it, either)."""
+        if self.regime == "faulted" or (self.regime == "auto" and nbytes > GLIBC_MMAP_MAX):
+            return 1.0, 1.0
+        return (0.0, 0.0) if self.regime == "mapped" else (0.0, 1.0)
+
+    def regime_words(self, nbytes: int) -> str:
+        low, high = self.faulted_share(nbytes)
+        return ("faulted afresh every step" if low == 1 else "pages found mapped" if high == 0
+                else "either faulted or found mapped (glibc below its 32 MiB mmap ceiling)")
+
+    def term_ms(self, term: str, nbytes: int) -> None:
+        """Host classes give rates, not measured terms (:func:`class_knobs`)."""
+        return None
+
+    def options(self, thp: str | None = None, regime: str | None = None) -> HostClass:
+        """The class under a stated THP mode and allocator regime (None: as the table says)."""
+        if thp is not None and thp not in THP_MODES:
+            raise ValueError(f"thp: unknown {thp!r}; known: {', '.join(THP_MODES)}")
+        if regime is not None and regime not in REGIMES:
+            raise ValueError(f"regime: unknown {regime!r}; known: {', '.join(REGIMES)}")
+        return replace(self, thp=(thp,) if thp else self.thp, regime=regime or self.regime)
+
+
+def load_hosts(path: Path | str = paths.HOSTS_FILE) -> dict[str, HostClass]:
+    """Every host class of the table by name (standard library csv)."""
+    with open(path, newline="", encoding="utf-8") as handle:
+        rows = list(csv.DictReader(handle))
+    return {r["host"]: HostClass(
+        r["host"], r["description"], tuple(r["thp"].split("|")),
+        {rate: (float(r[f"{rate}_gbps_low"]), float(r[f"{rate}_gbps_high"]))
+         for rate in HOST_RATES},
+        {rate: r[f"{rate}_source"] for rate in (*HOST_RATES, "thp", "cores")},
+        (int(r["cores_low"]), int(r["cores_high"]))) for r in rows}
+
+
+def host_named(name: str, hosts: Mapping[str, HostClass] | None = None) -> HostClass:
+    """A host class by its name (case-insensitive); ValueError naming the choices."""
+    hosts = hosts or load_hosts()
+    for key, host in hosts.items():
+        if key.lower() == name.lower():
+            return host
+    raise ValueError(f"host: unknown {name!r}; known: {', '.join(hosts)} (or 'this')")
+
+
+def hosts_of(platform: Platform, hosts: Mapping[str, HostClass] | None = None) -> list[HostClass]:
+    """A platform's usual hosts (its ``host_classes``), the default host range of its answers."""
+    hosts = hosts or load_hosts()
+    return [host_named(name, hosts) for name in platform.host_classes]
+
+
+def class_knobs(host: HostClass, cell: Cell) -> dict[str, Knob]:
+    """The knobs of a host class at one cell: its rates (GB/s) and the faulted share."""
+    origin = f"{host.origin}: "
+    low, high = host.first_touch()
+    knobs = {"first_touch_gbps": Knob(low, high, origin + f"THP {'|'.join(host.thp)}; "
+                                      + host.sources["first_touch_4k"]),
+             "faulted_share": Knob(*host.faulted_share(cell.nbytes),
+                                   origin + host.regime_words(cell.nbytes))}
+    rates = ["warm_fill", "top_k", "free", "free_mapped"]
+    if cell.log_softmax == "host":
+        rates.append("host_softmax")
+    for rate in rates:
+        knobs[f"{rate}_gbps"] = Knob(*host.gbps[rate], origin + host.sources[rate])
+    return knobs
+
+
+def class_terms_ms(nbytes: int, k: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A host class's terms (ms) at the knob values: the fresh vector's fill, page faults where
+    faulted, the top-K, the free (munmap where faulted), the host log-softmax."""
+    mb = nbytes / 1e6  # ms per (GB/s)
+    share = k["faulted_share"]
+    out = {"fresh_vector": mb * (share / k["first_touch_gbps"]
+                                 + (1 - share) / k["warm_fill_gbps"]),
+           "top_k": mb / k["top_k_gbps"],
+           "free": mb * (share / k["free_gbps"] + (1 - share) / k["free_mapped_gbps"])}
+    if "host_softmax_gbps" in k:
+        out["host_softmax"] = mb / k["host_softmax_gbps"]
+    return out
 
 
 # ---------------------------------------------------------------------------------- knobs
@@ -221,20 +399,44 @@ class Cell:
         return f"n={self.rows} V={self.vocab} K={self.k}"
 
 
-def gpu_knobs(platform: Platform, cell: Cell, rates: HostRates,
+FORWARD_MS_MAX = 10_000.0  # no decode step of these models takes 10 s
+
+
+def forward_fault(forward_ms: float, platform: Platform, cell: Cell) -> str | None:
+    """Why a recorded ``forward_ms`` is physically impossible on a platform: not a positive time
+    under 10 s, or faster than reading the cell's weights and KV cache at the datasheet's peak
+    HBM bandwidth; None when it is possible."""
+    if not math.isfinite(forward_ms) or not 0 < forward_ms <= FORWARD_MS_MAX:
+        return f"forward_ms {forward_ms!r} is not a positive time under {FORWARD_MS_MAX:g} ms"
+    floor_ms = 1e3 * cell.forward_bytes / (platform.hbm_gbps * 1e9)
+    if forward_ms < floor_ms:
+        return (f"forward_ms {forward_ms:.3g} is below the {floor_ms:.3g} ms its weights and KV "
+                f"cache take at {platform.hbm_gbps:g} GB/s peak")
+    return None
+
+
+def gpu_knobs(platform: Platform, cell: Cell, rates: HostRates | HostClass,
               forward_ms: float | None = None) -> tuple[dict[str, Knob], list[str]]:
-    """The knobs of a GPU platform at one cell, and notes (host terms extrapolated, missing)."""
+    """The knobs of a GPU platform at one cell on a host (measured rates or a host class), and
+    notes (host terms extrapolated, missing, refused; a forward out of bounds)."""
     knobs = {"pinned_gbps": Knob(*platform.pinned_gbps, platform.pinned_source),
              "pageable_gbps": Knob(*platform.pageable_gbps, platform.pageable_source),
              "hbm_efficiency": Knob(*HBM_EFFICIENCY, "assumed"),
              "wait_ms": Knob(*WAIT_MS, "assumed"),
              "device_top_k_fixed_ms": Knob(*DEVICE_TOP_K_FIXED_MS, "assumed")}
-    if forward_ms is not None:
+    notes = list(rates.notes)
+    fault = None if forward_ms is None else forward_fault(forward_ms, platform, cell)
+    if fault:
+        notes.append(f"{fault}: refused, the model's forward used instead")
+    elif forward_ms is not None:
         knobs["forward_ms"] = Knob(forward_ms, forward_ms, "measured (queued by the run)")
+    if isinstance(rates, HostClass):
+        knobs.update(class_knobs(rates, cell))
+        return knobs, notes
     terms = ["fresh_vector", "top_k", "free"]
     if cell.log_softmax == "host":
         terms.append("host_softmax")
-    notes = _add_host_knobs(knobs, terms, rates, cell.nbytes)
+    notes += _add_host_knobs(knobs, terms, rates, cell.nbytes)
     return knobs, notes
 
 
@@ -244,7 +446,7 @@ def cpu_knobs(cell: Cell, rates: HostRates) -> tuple[dict[str, Knob], list[str]]
     terms = ["log_softmax", "fresh_vector", "copy_fresh", "copy_reused", "top_k", "free"]
     if cell.log_softmax == "host":
         terms.append("host_softmax")
-    notes = _add_host_knobs(knobs, terms, rates, cell.nbytes)
+    notes = list(rates.notes) + _add_host_knobs(knobs, terms, rates, cell.nbytes)
     return knobs, notes
 
 
@@ -258,7 +460,7 @@ def _add_host_knobs(knobs: dict[str, Knob], terms: Iterable[str], rates: HostRat
             knobs[term] = Knob(0.0, 0.0, "not measured")
             continue
         median, low, high, outside = found
-        knobs[term] = Knob(low, high, "measured" + (" (extrapolated)" if outside else ""),
+        knobs[term] = Knob(low, high, rates.origin + (" (extrapolated)" if outside else ""),
                            median)
         if outside:
             notes.append(f"host term {term} extrapolated to {nbytes:,} B from measured sizes "
@@ -299,15 +501,16 @@ def gpu_terms(platform: Platform, cell: Cell, k: Mapping[str, np.ndarray]) -> di
     softmax_bytes = elements * (LOGITS_BYTES + 4)  # read bf16 logits, write fp32
     copy_bytes = cell.nbytes
     results = cell.rows * (cell.k + 1) * 8 + cell.rows * 4
+    host = class_terms_ms(cell.nbytes, k) if "first_touch_gbps" in k else k
     terms = {"forward": forward, "log_softmax": 1e3 * softmax_bytes / hbm,
-             "alloc": k["fresh_vector"],
+             "alloc": host["fresh_vector"],
              "copy_fresh": 1e3 * copy_bytes / (k["pageable_gbps"] * 1e9),
              "copy_reused": 1e3 * copy_bytes / (k["pageable_gbps"] * 1e9),
              "copy_pinned": 1e3 * copy_bytes / (k["pinned_gbps"] * 1e9),
-             "wait": k["wait_ms"], "top_k": k["top_k"], "free": k["free"],
+             "wait": k["wait_ms"], "top_k": host["top_k"], "free": host["free"],
              "device_top_k": k["device_top_k_fixed_ms"] + 1e3 * elements * 4 / hbm,
              "copy_results": 1e3 * results / (k["pinned_gbps"] * 1e9),
-             "host_softmax": k.get("host_softmax", 0.0 * forward)}
+             "host_softmax": host.get("host_softmax", 0.0 * forward)}
     return terms
 
 
@@ -391,7 +594,7 @@ class Model:
         return {name: (float(np.min(v)), float(np.max(v))) for name, v in parts.items()}
 
 
-def gpu_model(platform: Platform, cell: Cell, rates: HostRates,
+def gpu_model(platform: Platform, cell: Cell, rates: HostRates | HostClass,
               forward_ms: float | None = None) -> Model:
     knobs, notes = gpu_knobs(platform, cell, rates, forward_ms)
     return Model(platform.name, cell, knobs, lambda k: gpu_terms(platform, cell, k), True, notes)
