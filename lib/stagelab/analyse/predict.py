@@ -570,6 +570,7 @@ class Model:
     terms: Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]
     concurrent: bool
     notes: list[str]
+    host: str = ""  # the host whose rates it uses: a host class, or where they were measured
 
     def totals(self, arm: str, k: Mapping[str, np.ndarray] | None = None) -> np.ndarray:
         k = corners(self.knobs) if k is None else k
@@ -597,12 +598,30 @@ class Model:
 def gpu_model(platform: Platform, cell: Cell, rates: HostRates | HostClass,
               forward_ms: float | None = None) -> Model:
     knobs, notes = gpu_knobs(platform, cell, rates, forward_ms)
-    return Model(platform.name, cell, knobs, lambda k: gpu_terms(platform, cell, k), True, notes)
+    return Model(platform.name, cell, knobs, lambda k: gpu_terms(platform, cell, k), True, notes,
+                 rates.origin)
 
 
 def cpu_model(cell: Cell, rates: HostRates) -> Model:
     knobs, notes = cpu_knobs(cell, rates)
-    return Model(CPU_PLATFORM, cell, knobs, lambda k: cpu_terms(cell, k), False, notes)
+    return Model(CPU_PLATFORM, cell, knobs, lambda k: cpu_terms(cell, k), False, notes,
+                 rates.origin)
+
+
+def memory_fault(platform: Platform, cell: Cell) -> str | None:
+    """Why the cell's configuration cannot run on the platform's GPU (its weights, KV cache at
+    the stated context, logits and log-probs exceed the memory): marked, never predicted; None
+    where it fits or the model is unknown."""
+    if cell.model is None or not math.isfinite(platform.memory_gb):
+        return None
+    need = forward.memory_bytes(cell.model, cell.rows, cell.vocab)
+    if need <= platform.memory_gb * 1e9:
+        return None
+    weights = (cell.model.params_b or cell.model.active_params_b) * 2
+    return (f"does not fit: {need / 1e9:.0f} GB ({weights:.1f} GB of bf16 weights, "
+            f"{cell.rows * cell.model.kv_bytes(forward.DEFAULT_CONTEXT) / 1e9:.1f} GB of KV "
+            f"cache at {forward.DEFAULT_CONTEXT} tokens) > {platform.memory_gb:g} GB: not "
+            "predicted")
 
 
 # ------------------------------------------------------------------------------- answers
@@ -619,6 +638,9 @@ def answer(model: Model, question: str, delta: float) -> dict[str, Any]:
         return base - model.totals(cand_arm, k) - delta * base
 
     base, cand = model.totals(base_arm, every), model.totals(cand_arm, every)
+    if min(base.min(), cand.min()) < 0:
+        raise ValueError(f"{model.cell.label} on {model.platform}: a negative step "
+                         f"({min(base.min(), cand.min()):.3g} ms): an input is out of bounds")
     saving, margins = base - cand, margin(every)
     mid = at_mid(model.knobs)
     if margins.min() > 0:
@@ -633,7 +655,7 @@ def answer(model: Model, question: str, delta: float) -> dict[str, Any]:
              for name in {*base_parts, *cand_parts}}
     dominant = max(gains, key=lambda name: abs(gains[name]))
     return {"question": question, "baseline": base_arm, "candidate": cand_arm,
-            "decision": decision, "depends_on": decisive_knob,
+            "host": model.host, "decision": decision, "depends_on": decisive_knob,
             "saving_ms": float((model.totals(base_arm, mid) - model.totals(cand_arm, mid))[0]),
             "saving_low_ms": float(saving.min()), "saving_high_ms": float(saving.max()),
             "bar_ms": float(delta * model.totals(base_arm, mid)[0]),
@@ -658,6 +680,60 @@ def spanning_knob(knobs: Mapping[str, Knob],
     return max(pool, key=lambda name: swings[name][0]) if pool else "the measured host terms"
 
 
+def _margin_at(model: Model, question: str, delta: float, **fixed: float) -> float:
+    """The saving less the bar (ms) with every knob at its best value but those given."""
+    base_arm, cand_arm = QUESTIONS[question]
+    k = at_mid(model.knobs, **fixed)
+    base = model.totals(base_arm, k)
+    return float((base - model.totals(cand_arm, k) - delta * base)[0])
+
+
+def _bracket(name: str, knob: Knob) -> tuple[float, float]:
+    """Where a knob's flip is looked for: a share in [0, 1]; otherwise a decade beyond its range
+    each way."""
+    if name in ("faulted_share", "hbm_efficiency"):
+        return (0.0 if name == "faulted_share" else 0.05), 1.0
+    return knob.low / 10, (knob.high * 10 if knob.high > 0 else 1.0)
+
+
+def sensitivity(model: Model, question: str, delta: float) -> list[dict[str, Any]]:
+    """Per knob, the value at which the answer at the best values flips, the others held there
+    (bisection: the model is monotone in each knob), looked for a decade beyond the knob's range;
+    ``flips_at`` None where it does not flip there."""
+    point = _margin_at(model, question, delta)
+    side, other = (PORT, CLOSE) if point > 0 else (CLOSE, PORT)
+    out = []
+    for name, knob in model.knobs.items():
+        low, high = _bracket(name, knob)
+        at_low = _margin_at(model, question, delta, **{name: low})
+        at_high = _margin_at(model, question, delta, **{name: high})
+        flips_at = None
+        if (at_low > 0) != (at_high > 0):
+            for _ in range(50):
+                middle = (low + high) / 2
+                if (_margin_at(model, question, delta, **{name: middle}) > 0) == (at_low > 0):
+                    low = middle
+                else:
+                    high = middle
+            flips_at = (low + high) / 2
+        below = (at_low > 0) != (point > 0)
+        out.append({"question": question, "knob": name, "low": knob.low, "high": knob.high,
+                    "origin": knob.origin, "at_best": side, "flips_to": other,
+                    "flips_at": flips_at, "flips_when": "below" if below else "above",
+                    "within_range": flips_at is not None and knob.low <= flips_at <= knob.high})
+    return out
+
+
+def sensitivity_words(row: Mapping[str, Any]) -> str:
+    """One row of the sensitivity table in words ("flips to CLOSE if pageable_gbps < 95.3")."""
+    span = f"its range {row['low']:.3g}-{row['high']:.3g}"
+    if row["flips_at"] is None:
+        return f"{row['knob']}: no flip within a decade of {span}"
+    sign = "<" if row["flips_when"] == "below" else ">"
+    return (f"flips to {row['flips_to']} if {row['knob']} {sign} {row['flips_at']:.3g} ({span}"
+            + (", inside it)" if row["within_range"] else ")"))
+
+
 def predict_cell(model: Model, delta: float) -> dict[str, Any]:
     """Every arm's predicted step (ms, interval) and every question's answer at one cell."""
     arms = {}
@@ -669,14 +745,16 @@ def predict_cell(model: Model, delta: float) -> dict[str, Any]:
     answers = [answer(model, q, delta) for q in QUESTIONS
                if all(a in arms for a in QUESTIONS[q])]
     return {"platform": model.platform, "rows": model.cell.rows, "vocab": model.cell.vocab,
-            "k": model.cell.k, "log_softmax": model.cell.log_softmax, "arms": arms,
-            "answers": answers, "notes": model.notes,
+            "k": model.cell.k, "log_softmax": model.cell.log_softmax, "host": model.host,
+            "fits": True, "arms": arms, "answers": answers, "notes": model.notes,
+            "sensitivity": [row for a in answers
+                            for row in sensitivity(model, a["question"], delta)],
             "knobs": {name: {"low": kn.low, "high": kn.high, "origin": kn.origin}
                       for name, kn in model.knobs.items()}}
 
 
 def crossing(platform: Platform, vocab: int, k: int, model: forward.ModelDims | None,
-             rates: HostRates, delta: float, question: str = "bundle",
+             rates: HostRates | HostClass, delta: float, question: str = "bundle",
              sizes: Iterable[int] | None = None) -> dict[str, Any]:
     """The n x V at which a question's answer crosses the bar on a platform (rows scanned at a
     fixed vocabulary): from where the whole interval lies above the bar (``port_from``) and
@@ -685,7 +763,7 @@ def crossing(platform: Platform, vocab: int, k: int, model: forward.ModelDims | 
     sure = curve[curve["margin_low_ms"] > 0]
     maybe = curve[curve["margin_high_ms"] > 0]
     return {"platform": platform.name, "question": question, "vocab": vocab,
-            "port_from_nv": int(sure["n_x_v"].min()) if len(sure) else None,
+            "host": rates.origin, "port_from_nv": int(sure["n_x_v"].min()) if len(sure) else None,
             "may_port_from_nv": int(maybe["n_x_v"].min()) if len(maybe) else None,
             "scanned_nv": [int(curve["n_x_v"].min()), int(curve["n_x_v"].max())],
             "measured_nv": [s // 4 for s in (rates.sizes[0], rates.sizes[-1])] if rates.sizes
@@ -696,7 +774,7 @@ DEFAULT_ROWS = tuple(2 ** i for i in range(0, 11))  # 1 .. 1024 rows
 
 
 def saving_curve(platform: Platform, vocab: int, k: int, model: forward.ModelDims | None,
-                 rates: HostRates, delta: float, question: str = "bundle",
+                 rates: HostRates | HostClass, delta: float, question: str = "bundle",
                  rows: Iterable[int] | None = None) -> pd.DataFrame:
     """The predicted saving per step (ms, interval) and the bar against n x V, rows scanned."""
     out = []
@@ -709,7 +787,7 @@ def saving_curve(platform: Platform, vocab: int, k: int, model: forward.ModelDim
         mid = at_mid(predicted.knobs)
         base_mid = float(predicted.totals(base_arm, mid)[0])
         out.append({"platform": platform.name, "question": question, "rows": n, "vocab": vocab,
-                    "n_x_v": n * vocab,
+                    "host": rates.origin, "n_x_v": n * vocab,
                     "saving_ms": base_mid - float(predicted.totals(cand_arm, mid)[0]),
                     "saving_low_ms": float((base - cand).min()),
                     "saving_high_ms": float((base - cand).max()),

@@ -69,6 +69,7 @@ class ModelDims:
     kv_tensors: int = 2
     sliding_window: int = 0
     sliding_layers: int = 0
+    params_b: float = 0.0  # every parameter (an MoE holds them all in memory), billions
 
     def kv_bytes_per_token(self) -> int:
         """Bytes of KV cache one token holds across every layer."""
@@ -97,7 +98,8 @@ def model_dims(model: str) -> ModelDims:
         raise ValueError(f"model: unknown {model!r}; known: {', '.join(model_table())}")
     return ModelDims(model, float(row["active_params_b"]), int(row["layers"]),
                      int(row["kv_heads"]), int(row["head_dim"]), int(row["kv_tensors"]),
-                     int(row.get("sliding_window") or 0), int(row.get("sliding_layers") or 0))
+                     int(row.get("sliding_window") or 0), int(row.get("sliding_layers") or 0),
+                     float(row.get("params_b") or row["active_params_b"]))
 
 
 def forward_bytes(dims: ModelDims, rows: int, context: int = DEFAULT_CONTEXT) -> float:
@@ -108,6 +110,13 @@ def forward_bytes(dims: ModelDims, rows: int, context: int = DEFAULT_CONTEXT) ->
             raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
     weights = dims.active_params_b * 1e9 * BYTES_PER_VALUE
     return weights + rows * dims.kv_bytes(context)
+
+
+def memory_bytes(dims: ModelDims, rows: int, vocab: int, context: int = DEFAULT_CONTEXT) -> float:
+    """Bytes a decode step of ``rows`` sequences holds on the GPU at least: every bf16 weight,
+    each sequence's KV cache at ``context`` tokens, the bf16 logits and their fp32 log-probs."""
+    weights = (dims.params_b or dims.active_params_b) * 1e9 * BYTES_PER_VALUE
+    return weights + rows * dims.kv_bytes(context) + rows * vocab * (BYTES_PER_VALUE + 4)
 
 
 def forward_ms(dims: ModelDims, rows: int, *, peak_gbps: float,
