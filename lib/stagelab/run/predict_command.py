@@ -296,19 +296,30 @@ def main(args: argparse.Namespace) -> int:
 
 
 def curves(platforms: list[predict.Platform], cells: list[predict.Cell],
-           rates: predict.HostRates, delta: float) -> pd.DataFrame:
-    """The predicted saving per step against n x V, per platform and vocabulary (the plot's
-    data)."""
+           choice: HostChoice | predict.HostRates, delta: float) -> pd.DataFrame:
+    """The predicted saving per step against n x V, per platform, host and vocabulary (the
+    plot's data; a platform on several hosts is drawn once per host)."""
+    if isinstance(choice, predict.HostRates):
+        choice = HostChoice(rates=choice, words="")
     by_vocab = {(c.vocab, c.k): c.model for c in cells}
-    frames = [predict.saving_curve(p, vocab, k, model, rates, delta)
-              for p in platforms for (vocab, k), model in sorted(by_vocab.items())]
+    frames = []
+    for p in platforms:
+        hosts = choice.hosts(p)
+        for host in hosts:
+            frame = pd.concat([predict.saving_curve(p, vocab, k, model, host, delta)
+                               for (vocab, k), model in sorted(by_vocab.items())],
+                              ignore_index=True)
+            if len(hosts) > 1:
+                frame["platform"] = f"{p.name} on {host.origin.removeprefix('host class ')}"
+            frames.append(frame)
     return pd.concat(frames, ignore_index=True)
 
 
 @dataclass
 class Study:
-    """What notebook 05 shows: where the host rates came from, each platform's answers per
-    cell, the crossings, the saving curves, and this run's own check."""
+    """What notebook 05 shows: which host the answers assume, the host rates, each platform's
+    answers per cell and host, the sensitivity table, the crossings, the saving curves, and this
+    run's two checks (in sample: additivity; out of sample: inputs the run did not produce)."""
 
     origin: str
     host: pd.DataFrame
@@ -317,12 +328,18 @@ class Study:
     crossings: pd.DataFrame
     curves: pd.DataFrame
     check: dict[str, Any]
+    sensitivity: pd.DataFrame = field(default_factory=pd.DataFrame)
+    out_of_sample: dict[str, Any] = field(default_factory=dict)
+    unfit: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     def payload(self) -> dict[str, Any]:
         """JSON-ready, for ``prediction.json``."""
         return {"origin": self.origin, "answers": self.answers.to_dict("records"),
                 "arms": self.arms.to_dict("records"),
-                "crossings": self.crossings.to_dict("records"), "check": self.check}
+                "crossings": self.crossings.to_dict("records"),
+                "sensitivity": self.sensitivity.to_dict("records"),
+                "unfit": self.unfit.to_dict("records"), "check": self.check,
+                "out_of_sample": self.out_of_sample}
 
 
 def cells_of(rows: list[int], models: list[str | int], ks: list[int]) -> list[predict.Cell]:
@@ -338,11 +355,41 @@ def cells_of(rows: list[int], models: list[str | int], ks: list[int]) -> list[pr
     return out
 
 
+def _run_step(data_dir: Path | str | None) -> pd.DataFrame | None:
+    if not data_dir:
+        return None
+    try:
+        return schema.read_table(data_dir, "step")
+    except FileNotFoundError:
+        return None
+
+
+def _run_gpu(data_dir: Path | str | None) -> str | None:
+    if not data_dir or not (Path(data_dir) / "manifest.json").is_file():
+        return None
+    from stagelab.core.records import RunFolder
+
+    return ((RunFolder(data_dir).read_manifest().get("hardware") or {}).get("gpu") or {}
+            ).get("name")
+
+
+def study_choice(step: pd.DataFrame | None, data_dir: Path | str | None, cells: list[predict.Cell],
+                 rates_dir: str | Path = "", host: str = "") -> HostChoice:
+    """The host notebook 05 assumes: ``rates_dir``'s, ``host`` (a class or ``this``), else the
+    run's own recorded rates (a run made on this host), else each platform's host classes."""
+    if rates_dir or host:
+        return host_choice(host or None, Path(rates_dir) if rates_dir else None, cells)
+    if step is not None and predict.host_rates(step).samples:
+        return HostChoice(rates=predict.host_rates(step, origin="this run's host"),
+                          words=f"host rates recorded by run {Path(str(data_dir)).name}")
+    return host_choice(None, None, cells)
+
+
 def study(data_dir: Path | str | None, platforms: list[str], rows: list[int],
           models: list[str | int], ks: list[int], delta: float,
-          rates_dir: str | Path = "") -> Study:
-    """Notebook 05's figures: the host rates of ``rates_dir``, else of the run ``data_dir``,
-    else measured here now; every chosen platform (all when none is named)."""
+          rates_dir: str | Path = "", host: str = "") -> Study:
+    """Notebook 05's figures: the host of :func:`study_choice`; every chosen platform (all when
+    none is named); the run's in-sample and out-of-sample checks."""
     table = predict.load_platforms()
     try:
         chosen = ([predict.platform_named(n, table) for n in platforms] if platforms
@@ -350,32 +397,39 @@ def study(data_dir: Path | str | None, platforms: list[str], rows: list[int],
     except ValueError as exc:
         raise UserError(str(exc)) from exc
     cells = cells_of(rows, models, ks)
-    step = None
-    if data_dir:
-        try:
-            step = schema.read_table(data_dir, "step")
-        except FileNotFoundError:
-            step = None
-    if rates_dir:
-        rates, origin = rates_from_folder(Path(rates_dir))
-    elif step is not None and predict.host_rates(step).samples:
-        rates, origin = predict.host_rates(step), f"host rates recorded by run {Path(data_dir).name}"
-    else:
-        rates, origin = rates_measured_here(cells)
-    found = predictions(chosen, cells, rates, delta)
-    answers = pd.DataFrame([{"platform": e["platform"].name, "rows": c["rows"],
-                             "vocab": c["vocab"], "k": c["k"], **a}
-                            for e in found for c in e["cells"] for a in c["answers"]])
-    arms = pd.DataFrame([{"platform": e["platform"].name, "rows": c["rows"], "vocab": c["vocab"],
-                          "k": c["k"], "arm": arm, "mid_ms": a["mid_ms"], "low_ms": a["low_ms"],
-                          "high_ms": a["high_ms"]}
-                         for e in found for c in e["cells"] for arm, a in c["arms"].items()])
+    step = _run_step(data_dir)
+    choice = study_choice(step, data_dir, cells, rates_dir, host)
+    found = predictions(chosen, cells, choice, delta)
+    fit = [c for e in found for c in e["cells"] if c["fits"]]
+    answers = pd.DataFrame([{"platform": c["platform"], "rows": c["rows"], "vocab": c["vocab"],
+                             "k": c["k"], **a} for c in fit for a in c["answers"]])
+    arms = pd.DataFrame([{"platform": c["platform"], "host": c["host"], "rows": c["rows"],
+                          "vocab": c["vocab"], "k": c["k"], "arm": arm, "mid_ms": a["mid_ms"],
+                          "low_ms": a["low_ms"], "high_ms": a["high_ms"]}
+                         for c in fit for arm, a in c["arms"].items()])
+    sensitivity = pd.DataFrame([{"platform": c["platform"], "host": c["host"], "rows": c["rows"],
+                                 "vocab": c["vocab"], "k": c["k"], **row,
+                                 "words": predict.sensitivity_words(row)}
+                                for c in fit for row in c["sensitivity"]])
+    unfit = pd.DataFrame([{"platform": c["platform"], "rows": c["rows"], "vocab": c["vocab"],
+                           "k": c["k"], "why": c["notes"][0]}
+                          for e in found for c in e["cells"] if not c["fits"]])
     crossings = pd.DataFrame([c for e in found for c in e["crossings"]])
-    gpu = None
-    if data_dir and (Path(data_dir) / "manifest.json").is_file():
-        from stagelab.core.records import RunFolder
+    gpu = _run_gpu(data_dir)
+    prior = predict.prior_rates(data_dir) if data_dir else None
+    return Study(choice.words,
+                 predict.host_table(choice.rates) if choice.rates else host_class_table(found),
+                 answers, arms, crossings, curves(chosen, cells, choice, delta),
+                 predict.check_run(step, gpu), sensitivity,
+                 predict.out_of_sample_run(step, gpu, prior), unfit)
 
-        gpu = ((RunFolder(data_dir).read_manifest().get("hardware") or {}).get("gpu") or {}
-               ).get("name")
-    return Study(origin, predict.host_table(rates), answers, arms, crossings, curves(chosen, cells, rates, delta),
-                 predict.check_run(step, gpu))
+
+def host_class_table(found: list[Mapping[str, Any]]) -> pd.DataFrame:
+    """The host classes the answers assume: each rate's range (GB/s) and its source."""
+    names = {h.removeprefix("host class ") for e in found for h in e["hosts"]}
+    classes = predict.load_hosts()
+    return pd.DataFrame([{"host": name, "thp": "|".join(classes[name].thp), "rate": rate,
+                          "low_gbps": low, "high_gbps": high,
+                          "source": classes[name].sources[rate]}
+                         for name in sorted(names) if name in classes
+                         for rate, (low, high) in classes[name].gbps.items()])
