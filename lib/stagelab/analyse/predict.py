@@ -196,10 +196,14 @@ def host_rates(frame: pd.DataFrame, origin: str = "measured") -> HostRates:
     rows = frame[(frame["metric"] == HOST_METRIC) & (frame["status"] == "ok")]
     rates = HostRates(origin=origin)
     for (nbytes, term), part in rows.groupby(["bytes", "stage"], observed=True):
-        kept, refused = [], []
+        kept: list[float] = []
+        refused: list[str] = []
         for value in part["seconds"].dropna():
             fault = host_rate_fault(float(value), int(nbytes))
-            (refused if fault else kept).append(fault or float(value))
+            if fault:
+                refused.append(fault)
+            else:
+                kept.append(float(value))
         if kept:
             rates.samples.setdefault(int(nbytes), {})[str(term)] = kept
         if refused:
@@ -961,15 +965,18 @@ def out_of_sample_run(step: pd.DataFrame | None, gpu_name: str | None,
     host: the rates measured before the run in another process, else (a GPU run) its
     platform's usual host classes; its forward: the model's, not the one the run queued.
     JSON-ready, for the verdict (``out_of_sample``)."""
-    empty = {"kind": OUT_OF_SAMPLE_KIND, "platform": None, "host": None, "cells": []}
+    empty: dict[str, Any] = {"kind": OUT_OF_SAMPLE_KIND, "platform": None, "host": None,
+                             "cells": []}
     if step is None or step.empty:
         return {**empty, "note": "no step table: nothing to check"}
     platform = platform_of_gpu(gpu_name, platforms)
     if gpu_name and platform is None:
         return {**empty, "note": f"{gpu_name} has no row in data/platforms.csv: not checked"}
-    hosts: list[HostRates | HostClass] = (
-        [prior] if prior is not None and prior.samples else
-        hosts_of(platform) if platform is not None else [])
+    hosts: list[HostRates | HostClass] = []
+    if prior is not None and prior.samples:
+        hosts.append(prior)
+    elif platform is not None:
+        hosts += hosts_of(platform)
     if not hosts:
         return {**empty, "note": "no host rates were measured before this CPU run: nothing out "
                                  "of sample to check (the in-sample check tests additivity)"}
@@ -980,8 +987,10 @@ def out_of_sample_run(step: pd.DataFrame | None, gpu_name: str | None,
         frame = step[(step["rows"] == rows) & (step["vocab"] == vocab) & (step["k"] == k)]
         shape = Cell(rows, vocab, k, models.get(vocab), log_softmax)
         for host in hosts:
-            model = (cpu_model(shape, host) if platform is None  # type: ignore[arg-type]
-                     else gpu_model(platform, shape, host))
+            model = (gpu_model(platform, shape, host) if platform is not None
+                     else cpu_model(shape, host) if isinstance(host, HostRates) else None)
+            if model is None:
+                continue
             stages, arms = _stage_and_arm_checks(model, frame)
             cells.append({"rows": rows, "vocab": vocab, "k": k, "host": model.host,
                           "stages": stages, "arms": arms,
