@@ -89,6 +89,16 @@ def test_two_predict_calls_print_the_same_answers_and_measure_nothing_here(monke
     assert pinning and "flips to CLOSE if pageable_gbps > " in pinning[0]
 
 
+def test_gh200s_pinning_answer_says_the_pageable_figure_it_rests_on(monkeypatch, capsys):
+    """Before: GH200's CLOSE on pinning hid that it rests on an assumed pageable D2H figure."""
+    no_measuring(monkeypatch)
+    assert cli_main(["predict", "--platform", "GH200"]) == 0
+    out = capsys.readouterr().out
+    flips = [line for line in out.splitlines() if "sensitivity (pinning)" in line]
+    assert len(flips) == 6 and all("flips to PORT if pageable_gbps < " in f for f in flips)
+    assert "hosts: host class Grace" in out and "across hosts" not in out
+
+
 def test_predict_on_l4_marks_the_configurations_that_do_not_fit(monkeypatch, capsys):
     no_measuring(monkeypatch)
     assert cli_main(["predict", "--platform", "L4"]) == 0

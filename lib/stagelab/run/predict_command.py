@@ -194,13 +194,16 @@ def across_hosts(answers: list[Mapping[str, Any]]) -> str:
 
 
 NEAR_FLIP = 2.0  # the command prints flips within this factor of a knob's range (all in nb 05)
+LINK_KNOBS = ("pinned_gbps", "pageable_gbps")  # unmeasured on most platforms: flips always shown
 
 
 def flip_words(cell: Mapping[str, Any], question: str) -> list[str]:
-    """The knobs whose flip value lies within :data:`NEAR_FLIP` of their range, in words."""
+    """The knobs whose flip value lies within :data:`NEAR_FLIP` of their range, and the link's
+    wherever it flips (a decade either side), in words."""
     return [predict.sensitivity_words(row) for row in cell["sensitivity"]
             if row["question"] == question and row["flips_at"] is not None
-            and row["low"] / NEAR_FLIP <= row["flips_at"] <= row["high"] * NEAR_FLIP]
+            and (row["knob"] in LINK_KNOBS
+                 or row["low"] / NEAR_FLIP <= row["flips_at"] <= row["high"] * NEAR_FLIP)]
 
 
 def _ms(low: float, high: float) -> str:
@@ -286,7 +289,8 @@ def main(args: argparse.Namespace) -> int:
           "(published figures, and ranges where none is published; docs/prediction.md says "
           "which are which); forward = (active bf16 weights + KV cache at "
           f"{forward.DEFAULT_CONTEXT} tokens, sliding windows counted) / HBM. Flips shown within "
-          f"{NEAR_FLIP:g}x of a range, the others held at their best values.")
+          f"{NEAR_FLIP:g}x of a range (the link's anywhere), the others held at their best "
+          "values.")
     lines = regime_lines(choice.rates)
     if lines:
         print(lines)
