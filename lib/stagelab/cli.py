@@ -133,8 +133,9 @@ PREDICT_DESCRIPTION = (
     "Predict, per GPU platform and decisive cell, each arm's step time (an interval from the "
     "published and assumed ranges of data/platforms.csv) and the three answers the verdict asks "
     "(bundle, reuse alone, pinning alone): PORT, CLOSE or 'depends on X', with the dominating "
-    "term and the n x V where each platform crosses the bar. No GPU needed; without --rates the "
-    "host rates are measured here first (seconds). Predicted, never measured.")
+    "term, the inputs that flip each answer, and the n x V where each platform crosses the bar. "
+    "No GPU needed; the host rates are each platform's usual host classes (data/hosts.csv) "
+    "unless --host or --rates says otherwise. Predicted, never measured.")
 
 
 def add_predict_arguments(parser: argparse.ArgumentParser) -> None:
@@ -147,7 +148,18 @@ def add_predict_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the profile whose decisive cells are predicted (default gate)")
     parser.add_argument("--rates", type=Path, default=None, metavar="DIR",
                         help="take the host rates from a run, kept run or measured folder "
-                             "instead of measuring them here")
+                             "(that run's own host)")
+    parser.add_argument("--host", default=None, metavar="NAME",
+                        help="the host to assume: a class of data/hosts.csv, or 'this' (this "
+                             "machine, measured now, its load watched); default: each "
+                             "platform's usual host classes, nothing measured")
+    parser.add_argument("--thp", default=None, choices=("always", "madvise", "never"),
+                        help="the host's transparent huge page mode (default: the host "
+                             "class's range of modes)")
+    parser.add_argument("--regime", default=None, choices=("faulted", "mapped", "auto"),
+                        help="the fresh vector's allocator regime: faulted afresh each step, "
+                             "pages found mapped, or auto (by size, as glibc: faulted above "
+                             "32 MiB, either below)")
     parser.add_argument("--delta", type=float, default=0.02,
                         help="the bar: a saving of this share of the decode step (default 0.02)")
 

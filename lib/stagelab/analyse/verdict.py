@@ -748,8 +748,11 @@ def build_verdict(run_dir: Path | str, *, decisive_rows: list[int], decisive_voc
         reference_verdicts(reference_root) if reference_root else ([], []))
     verdict["prediction"] = predict.check_run(step,
                                               analysis.hardware_summary(hardware).get("gpu"))
+    verdict["out_of_sample"] = predict.out_of_sample_run(
+        step, analysis.hardware_summary(hardware).get("gpu"), predict.prior_rates(run_dir))
     verdict = _plain(verdict)
-    verdict["findings"] = findings(verdict, tables) + predict.check_words(verdict["prediction"])
+    verdict["findings"] = (findings(verdict, tables) + predict.check_words(verdict["prediction"])
+                           + predict.out_of_sample_words(verdict["out_of_sample"]))
     if verdict["measured_on"] and verdict["measured_on"]["gaps"]:
         verdict["findings"].append("The measurement is partial, so cells may be missing: "
                                    + "; ".join(verdict["measured_on"]["gaps"]) + ".")

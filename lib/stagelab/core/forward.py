@@ -2,8 +2,9 @@
 
 A decode step at small batch is bound by memory bandwidth: every active weight is read once, and
 every sequence of the batch reads its own KV cache (``context`` tokens of keys and values per
-layer). So ``forward_ms = (active params x 2 B + rows x context x KV bytes per token) /
-(fraction x peak bandwidth)``, all in bf16. MoE models count their active parameters only.
+layer; a sliding-window layer only its last ``sliding_window`` tokens). So ``forward_ms =
+(active params x 2 B + rows x KV bytes of one sequence at context) / (fraction x peak
+bandwidth)``, all in bf16. MoE models count their active parameters only.
 
 Why these numbers (stated once, here):
 
@@ -15,7 +16,10 @@ Why these numbers (stated once, here):
   attention over a paged KV cache less; 0.8 is the optimistic end for the whole forward, so the
   forward is not overstated (a longer forward raises the bar in ms and leans to CLOSE). With it
   the model gives a Qwen2.5-7B decode on an H200 at 2k context 1.4-3.7x the weights-only floor
-  at n = 16-256, as the seed's issue reports a real one (1.3-3.4x).
+  at n = 16-256 (a model, not a measurement: no measured decode figure backs it yet).
+* Sliding windows (``sliding_window``, ``sliding_layers`` of ``data/model_shapes.csv``, from each
+  model's config.json): Gemma-3's 1,024-token window on 29 of its 34 layers reads 1.7x less KV
+  at 2k context than every layer at full context would.
 * Peak bandwidths are NVIDIA's datasheet figures, matched on the exact device name (an "L40" is
   not an "L4").
 
@@ -54,7 +58,8 @@ def peak_bandwidth_gbps(gpu_name: str) -> float | None:
 @dataclass(frozen=True)
 class ModelDims:
     """What a decode forward reads: the active parameters (billions) and the KV cache's shape
-    (``kv_tensors`` is 2 for keys and values, 1 for one shared latent as in MLA)."""
+    (``kv_tensors`` is 2 for keys and values, 1 for one shared latent as in MLA), and how many
+    layers attend only a window of the last ``sliding_window`` tokens (0: none)."""
 
     model: str
     active_params_b: float
@@ -62,10 +67,21 @@ class ModelDims:
     kv_heads: int
     head_dim: int
     kv_tensors: int = 2
+    sliding_window: int = 0
+    sliding_layers: int = 0
+    params_b: float = 0.0  # every parameter (an MoE holds them all in memory), billions
 
     def kv_bytes_per_token(self) -> int:
         """Bytes of KV cache one token holds across every layer."""
         return self.layers * self.kv_heads * self.head_dim * self.kv_tensors * BYTES_PER_VALUE
+
+    def kv_bytes(self, context: int) -> int:
+        """Bytes of KV cache one sequence reads at ``context`` tokens: every full-attention
+        layer the whole context, a sliding-window layer at most its window."""
+        per_layer = self.kv_bytes_per_token() // self.layers
+        windowed = self.sliding_layers if self.sliding_window else 0
+        seen = min(context, self.sliding_window) if windowed else context
+        return per_layer * ((self.layers - windowed) * context + windowed * seen)
 
 
 @lru_cache(maxsize=4)
@@ -81,17 +97,26 @@ def model_dims(model: str) -> ModelDims:
     if row is None:
         raise ValueError(f"model: unknown {model!r}; known: {', '.join(model_table())}")
     return ModelDims(model, float(row["active_params_b"]), int(row["layers"]),
-                     int(row["kv_heads"]), int(row["head_dim"]), int(row["kv_tensors"]))
+                     int(row["kv_heads"]), int(row["head_dim"]), int(row["kv_tensors"]),
+                     int(row.get("sliding_window") or 0), int(row.get("sliding_layers") or 0),
+                     float(row.get("params_b") or row["active_params_b"]))
 
 
 def forward_bytes(dims: ModelDims, rows: int, context: int = DEFAULT_CONTEXT) -> float:
     """Bytes one decode step of ``rows`` sequences reads: the active weights once, and each
-    sequence's KV cache of ``context`` tokens."""
+    sequence's KV cache of ``context`` tokens (a sliding-window layer at most its window)."""
     for name, value in (("rows", rows), ("context", context)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
     weights = dims.active_params_b * 1e9 * BYTES_PER_VALUE
-    return weights + rows * context * dims.kv_bytes_per_token()
+    return weights + rows * dims.kv_bytes(context)
+
+
+def memory_bytes(dims: ModelDims, rows: int, vocab: int, context: int = DEFAULT_CONTEXT) -> float:
+    """Bytes a decode step of ``rows`` sequences holds on the GPU at least: every bf16 weight,
+    each sequence's KV cache at ``context`` tokens, the bf16 logits and their fp32 log-probs."""
+    weights = (dims.params_b or dims.active_params_b) * 1e9 * BYTES_PER_VALUE
+    return weights + rows * dims.kv_bytes(context) + rows * vocab * (BYTES_PER_VALUE + 4)
 
 
 def forward_ms(dims: ModelDims, rows: int, *, peak_gbps: float,
@@ -109,7 +134,7 @@ def forward_words(dims: ModelDims, rows: int, *, peak_gbps: float, gpu: str = ""
                   context: int = DEFAULT_CONTEXT, fraction: float = ACHIEVABLE_FRACTION) -> str:
     """How :func:`forward_ms` reached its figure, in one line (the note of every forward row)."""
     ms = forward_ms(dims, rows, peak_gbps=peak_gbps, context=context, fraction=fraction)
-    kv_gb = rows * context * dims.kv_bytes_per_token() / 1e9
+    kv_gb = rows * dims.kv_bytes(context) / 1e9
     weights_gb = dims.active_params_b * BYTES_PER_VALUE
     return (f"({weights_gb:.2f} GB active bf16 weights + {kv_gb:.2f} GB KV cache of {rows} x "
             f"{context} tokens) / ({fraction:g} x {peak_gbps:g} GB/s{' ' + gpu if gpu else ''})"

@@ -12,5 +12,9 @@ RUNS_DIR = REPO_ROOT / "papermill_runs"
 PROFILES_FILE = REPO_ROOT / "profiles.json"
 MODEL_SHAPES_FILE = DATA_DIR / "model_shapes.csv"
 PLATFORMS_FILE = DATA_DIR / "platforms.csv"  # GPU platforms: link and memory figures, sourced
+HOSTS_FILE = DATA_DIR / "hosts.csv"  # host classes: the host-side rates of each GPU's usual host
+# In a run folder: host rates measured before the run, in another process (the model's
+# out-of-sample input; stagelab.measure.priorrates).
+HOST_PRIOR_ROWS = Path("data") / "host_prior.jsonl"
 # Set by the runner for the kernels it starts: progress as one line per finished cell, no bars.
 HEADLESS_ENV = "STAGELAB_HEADLESS"

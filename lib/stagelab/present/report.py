@@ -121,6 +121,7 @@ def _verdict_section(run_dir: Path, manifest: Mapping[str, Any]) -> str:
         parts.append(f"<p class='context'>{_esc(context)}</p>")
     parts.append(_decisive_table(verdict.get("decisive", []), overall.get("summary", "")))
     parts.append(prediction_html(verdict.get("prediction")))
+    parts.append(prediction_html(verdict.get("out_of_sample")))
     findings = verdict.get("findings", [])
     if findings:
         parts.append("<ul>" + "".join(f"<li>{_esc(f)}</li>" for f in findings) + "</ul>")
@@ -155,10 +156,13 @@ def prediction_html(check: Mapping[str, Any] | None) -> str:
     if not check:
         return ""
     table = predict.check_table(check)
+    outside = str(check.get("kind") or "").startswith("out of sample")
+    what = (f"out of sample: the model fed {check.get('host')}, not this run's own rates" if outside
+            else "in sample (additivity): the model fed this run's own host rates")
     if table.empty:
-        return f"<p>Prediction: {_esc(check.get('note') or 'nothing to check')}</p>"
-    return (f"<h3>Predicted beside measured ({_esc(check.get('platform'))}; the model fed this "
-            "run's own host rates; error = predicted / measured - 1)</h3>"
+        return f"<p>Prediction, {_esc(what)}: {_esc(check.get('note') or 'nothing to check')}</p>"
+    return (f"<h3>Predicted beside measured ({_esc(check.get('platform'))}; {_esc(what)}; error = "
+            "predicted / measured - 1)</h3>"
             + table.to_html(index=False, float_format=lambda v: f"{v:.3g}", na_rep="-"))
 
 

@@ -1,17 +1,20 @@
 """``stagelab predict``: the verdict's three answers per GPU platform and decisive cell, before
 any lease, from the cost model (:mod:`stagelab.analyse.predict`).
 
-The host rates come from a folder that recorded them (a run folder, a kept run or a ``stagelab
-measure`` folder: its step table's ``host_rate`` rows) or, without one, are measured here and now
-at the decisive cells' sizes (:mod:`stagelab.measure.hostrates`, a few seconds; no GPU needed).
-The GPU terms come from ``data/platforms.csv``.
+The host rates are, by default, those of each platform's usual hosts (``data/hosts.csv``, the
+platform's ``host_classes``): nothing is measured here, so two calls print the same answers, and
+every answer names the host it assumed and whether it flips across the host range. ``--host``
+names one class, or ``this`` (this machine, measured now at the decisive cells' sizes, its load
+watched as the timing notebooks watch it); ``--rates`` reads a folder that recorded them (a run
+folder, a kept run or a ``stagelab measure`` folder). The GPU terms come from
+``data/platforms.csv``.
 """
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -72,28 +75,135 @@ def rates_from_folder(folder: Path) -> tuple[predict.HostRates, str]:
 
 
 def rates_measured_here(cells: list[predict.Cell]) -> tuple[predict.HostRates, str]:
-    """The host rates of this machine, measured now at the cells' sizes (torch, no GPU)."""
-    from stagelab.measure import hostrates
+    """The host rates of this machine, measured now at the cells' sizes (torch, no GPU), with
+    the machine's load watched as the timing notebooks watch it: busy is said, never hidden."""
+    from stagelab.measure import busy, hostrates
 
     rows = []
-    for rows_, vocab in sorted({(c.rows, c.vocab) for c in cells}):
-        rows += hostrates.measure_rates(rows_, vocab, max(c.k for c in cells), repeats=3)
-    return (predict.host_rates(schema.make_rows(rows)),
-            "host rates measured on this machine now (repeats=3 per size)")
+    with busy.LoadWatch() as watch:
+        for rows_, vocab in sorted({(c.rows, c.vocab) for c in cells}):
+            rows += hostrates.measure_rates(rows_, vocab, max(c.k for c in cells), repeats=3)
+    return (predict.host_rates(schema.make_rows(rows), origin="this machine, measured now"),
+            f"host rates measured on this machine now (repeats=3 per size; {load_words(watch.summary)})")
+
+
+def load_words(summary: Mapping[str, Any] | None) -> str:
+    """The load while this machine was measured, in words: busy (and why), quiet, or unknown."""
+    if not summary or summary.get("busy") is None:
+        return "load unknown: " + str((summary or {}).get("unavailable") or "not read")
+    if summary["busy"]:
+        return ("BUSY while measured, so the host terms are inflated: "
+                + "; ".join(summary["why"]))
+    return f"quiet while measured (load average at most {summary['load_avg_max']:.2f})"
+
+
+HOST_THIS = "this"
+
+
+@dataclass
+class HostChoice:
+    """The host the predictions assume: each platform's usual host classes (``name`` None), one
+    named class, or measured rates (this machine's, or a folder's); THP mode and allocator regime
+    as stated (None: as the host table says)."""
+
+    name: str | None = None
+    rates: predict.HostRates | None = None
+    thp: str | None = None
+    regime: str | None = None
+    words: str = "each platform's usual host classes (data/hosts.csv; nothing measured here)"
+    classes: Mapping[str, predict.HostClass] = field(default_factory=dict)
+
+    def hosts(self, platform: predict.Platform) -> list[predict.HostRates | predict.HostClass]:
+        """The hosts one platform's answers are given on."""
+        if self.rates is not None:
+            return [self.rates]
+        table = self.classes or predict.load_hosts()
+        try:
+            chosen = ([predict.host_named(self.name, table)] if self.name
+                      else predict.hosts_of(platform, table))
+            return [host.options(self.thp, self.regime) for host in chosen]
+        except ValueError as exc:
+            raise UserError(str(exc)) from exc
+
+
+def host_choice(host: str | None, rates_dir: Path | None, cells: list[predict.Cell],
+                thp: str | None = None, regime: str | None = None) -> HostChoice:
+    """What ``--host``, ``--rates``, ``--thp`` and ``--regime`` ask for; UserError for a host
+    that is not a class of data/hosts.csv nor ``this``."""
+    if rates_dir is not None and host:
+        raise UserError("--host and --rates: give one (a folder's rates are its own host's)")
+    if rates_dir is not None:
+        rates, origin = rates_from_folder(rates_dir)
+        return HostChoice(rates=rates, words=origin)
+    if host == HOST_THIS:
+        rates, origin = rates_measured_here(cells)
+        return HostChoice(rates=rates, words=origin)
+    try:
+        classes = predict.load_hosts()
+        if host:
+            predict.host_named(host, classes)
+        for name, value, known in (("--thp", thp, predict.THP_MODES),
+                                   ("--regime", regime, predict.REGIMES)):
+            if value is not None and value not in known:
+                raise ValueError(f"{name} {value!r}: give one of {', '.join(known)}")
+    except ValueError as exc:
+        raise UserError(str(exc)) from exc
+    stated = "".join(f"; {n} {v}" for n, v in (("THP", thp), ("allocator regime", regime)) if v)
+    words = (f"host class {host} (data/hosts.csv; nothing measured here{stated})" if host else
+             f"each platform's usual host classes (data/hosts.csv; nothing measured here{stated})")
+    return HostChoice(host or None, None, thp, regime, words, classes)
+
+
+def unfit_cell(platform: predict.Platform, cell: predict.Cell, why: str) -> dict[str, Any]:
+    """A cell whose configuration exceeds the GPU's memory: marked, with no figure."""
+    return {"platform": platform.name, "rows": cell.rows, "vocab": cell.vocab, "k": cell.k,
+            "log_softmax": cell.log_softmax, "host": None, "fits": False, "arms": {},
+            "answers": [], "notes": [why], "sensitivity": [], "knobs": {}}
 
 
 def predictions(platforms: list[predict.Platform], cells: list[predict.Cell],
-                rates: predict.HostRates, delta: float) -> list[dict[str, Any]]:
-    """Per platform: every cell's prediction, and the crossing n x V per vocabulary."""
+                choice: HostChoice | predict.HostRates, delta: float) -> list[dict[str, Any]]:
+    """Per platform: every cell's prediction on each of its hosts (a cell that does not fit
+    the GPU's memory marked instead), and the crossing n x V per vocabulary and host."""
+    if isinstance(choice, predict.HostRates):
+        choice = HostChoice(rates=choice, words="")
     out = []
     for platform in platforms:
-        predicted = [predict.predict_cell(predict.gpu_model(platform, cell, rates), delta)
-                     for cell in cells]
+        hosts = choice.hosts(platform)
+        predicted = []
+        for cell in cells:
+            why = predict.memory_fault(platform, cell)
+            predicted += ([unfit_cell(platform, cell, why)] if why else
+                          [predict.predict_cell(predict.gpu_model(platform, cell, host), delta)
+                           for host in hosts])
         by_vocab = {(c.vocab, c.k): c.model for c in cells}
-        crossings = [predict.crossing(platform, vocab, k, model, rates, delta)
-                     for (vocab, k), model in sorted(by_vocab.items())]
-        out.append({"platform": platform, "cells": predicted, "crossings": crossings})
+        crossings = [predict.crossing(platform, vocab, k, model, host, delta)
+                     for (vocab, k), model in sorted(by_vocab.items()) for host in hosts]
+        out.append({"platform": platform, "hosts": [h.origin for h in hosts],
+                    "cells": predicted, "crossings": crossings})
     return out
+
+
+def across_hosts(answers: list[Mapping[str, Any]]) -> str:
+    """One question's answers on several hosts in words: the same on every host, or "depends
+    on the host" with each host's answer."""
+    decisions = {a["host"]: a["decision"] for a in answers}
+    if len(set(decisions.values())) == 1:
+        return f"{next(iter(decisions.values()))} on every host ({', '.join(decisions)})"
+    return "depends on the host: " + ", ".join(f"{d} on {h}" for h, d in decisions.items())
+
+
+NEAR_FLIP = 2.0  # the command prints flips within this factor of a knob's range (all in nb 05)
+LINK_KNOBS = ("pinned_gbps", "pageable_gbps")  # unmeasured on most platforms: flips always shown
+
+
+def flip_words(cell: Mapping[str, Any], question: str) -> list[str]:
+    """The knobs whose flip value lies within :data:`NEAR_FLIP` of their range, and the link's
+    wherever it flips (a decade either side), in words."""
+    return [predict.sensitivity_words(row) for row in cell["sensitivity"]
+            if row["question"] == question and row["flips_at"] is not None
+            and (row["knob"] in LINK_KNOBS
+                 or row["low"] / NEAR_FLIP <= row["flips_at"] <= row["high"] * NEAR_FLIP)]
 
 
 def _ms(low: float, high: float) -> str:
@@ -101,35 +211,58 @@ def _ms(low: float, high: float) -> str:
 
 
 def format_platform(entry: Mapping[str, Any]) -> str:
-    """One platform's prediction in plain lines."""
+    """One platform's prediction in plain lines: per cell, each host's arms and answers (with
+    the host named where there are several), the answers across the host range, the flips."""
     p: predict.Platform = entry["platform"]
-    lines = [f"{p.name}: {p.link}; pinned D2H {p.pinned_gbps[0]:g}-{p.pinned_gbps[1]:g} GB/s, "
-             f"pageable {p.pageable_gbps[0]:g}-{p.pageable_gbps[1]:g} GB/s, HBM "
-             f"{p.hbm_gbps:g} GB/s"]
+    several = len(entry.get("hosts") or []) > 1
+    lines = [f"{p.name}: {p.link}; pinned D2H {p.pinned_gbps[0]:.3g}-{p.pinned_gbps[1]:.3g} "
+             f"GB/s, pageable {p.pageable_gbps[0]:.3g}-{p.pageable_gbps[1]:.3g} GB/s, HBM "
+             f"{p.hbm_gbps:g} GB/s, {p.memory_gb:g} GB; hosts: {', '.join(entry.get('hosts') or [])}"]
+    by_cell: dict[tuple[int, int, int], list[Mapping[str, Any]]] = {}
     for cell in entry["cells"]:
-        lines.append(f"  n={cell['rows']} V={cell['vocab']} K={cell['k']}:")
-        for arm, a in cell["arms"].items():
-            lines.append(f"    {arm:22} {a['mid_ms']:8.3f} ms {_ms(a['low_ms'], a['high_ms'])}")
-        for ans in cell["answers"]:
-            lines.append(
-                f"    {ans['question']:8} {ans['decision']:28} saving {ans['saving_ms']:.3g} ms "
-                f"{_ms(ans['saving_low_ms'], ans['saving_high_ms'])} vs bar "
-                f"{ans['bar_ms']:.3g} ms {_ms(ans['bar_low_ms'], ans['bar_high_ms'])}; "
-                f"dominating term: {ans['dominant_term']}")
-        for note in cell["notes"]:
-            lines.append(f"    note: {note}")
+        by_cell.setdefault((cell["rows"], cell["vocab"], cell["k"]), []).append(cell)
+    for (rows, vocab, k), predicted in by_cell.items():
+        if not predicted[0]["fits"]:
+            lines.append(f"  n={rows} V={vocab} K={k}: {predicted[0]['notes'][0]}")
+            continue
+        lines.append(f"  n={rows} V={vocab} K={k}:")
+        lines += [line for cell in predicted for line in _cell_lines(cell, several)]
+        if several:
+            for question in predict.QUESTIONS:
+                answers = [a for c in predicted for a in c["answers"] if a["question"] == question]
+                lines.append(f"    across hosts: {question} {across_hosts(answers)}")
     for c in entry["crossings"]:
         sure = f"{c['port_from_nv']:,}" if c["port_from_nv"] else "never in the scan"
         maybe = f"{c['may_port_from_nv']:,}" if c["may_port_from_nv"] else "never in the scan"
-        lines.append(f"  crossing ({c['question']}, V={c['vocab']}): PORT for sure from n x V = "
-                     f"{sure}; possibly from {maybe} (scanned {c['scanned_nv'][0]:,}-"
+        on = f", {c['host']}" if several else ""
+        lines.append(f"  crossing ({c['question']}, V={c['vocab']}{on}): PORT for sure from n x V "
+                     f"= {sure}; possibly from {maybe} (scanned {c['scanned_nv'][0]:,}-"
                      f"{c['scanned_nv'][1]:,})")
     return "\n".join(lines)
 
 
-def regime_lines(rates: predict.HostRates) -> str:
-    """The fresh vector's regime at each measured size, one line each."""
-    lines = []
+def _cell_lines(cell: Mapping[str, Any], several: bool) -> list[str]:
+    on = f" ({cell['host']})" if several else ""
+    lines = [f"    {arm:22} {a['mid_ms']:8.3f} ms {_ms(a['low_ms'], a['high_ms'])}{on}"
+             for arm, a in cell["arms"].items()]
+    for ans in cell["answers"]:
+        lines.append(
+            f"    {ans['question']:8} {ans['decision']:28} saving {ans['saving_ms']:.3g} ms "
+            f"{_ms(ans['saving_low_ms'], ans['saving_high_ms'])} vs bar "
+            f"{ans['bar_ms']:.3g} ms {_ms(ans['bar_low_ms'], ans['bar_high_ms'])}; "
+            f"dominating term: {ans['dominant_term']}{on}")
+        flips = flip_words(cell, ans["question"])
+        if flips:
+            lines.append(f"      sensitivity ({ans['question']}): {'; '.join(flips)}")
+    lines += [f"    note: {note}" for note in cell["notes"]]
+    return lines
+
+
+def regime_lines(rates: predict.HostRates | None) -> str:
+    """The fresh vector's regime at each measured size, one line each (nothing for a class)."""
+    lines: list[str] = []
+    if rates is None:
+        return ""
     for row in predict.host_table(rates).to_dict("records"):
         if "regime" in row:
             lines.append(f"host: {row['bytes'] / 1e6:.1f} MB fresh vector "
@@ -150,30 +283,47 @@ def main(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UserError(str(exc)) from exc
     cells = decisive_cells(args.profile)
-    rates, origin = (rates_from_folder(args.rates) if args.rates else rates_measured_here(cells))
-    print(f"Predicted, not measured: {origin}; GPU terms from data/platforms.csv (published "
-          "figures, and ranges where none is published); forward = (active bf16 weights + KV "
-          f"cache at {forward.DEFAULT_CONTEXT} tokens) / HBM.")
-    print(regime_lines(rates))
-    for entry in predictions(chosen, cells, rates, args.delta):
+    choice = host_choice(getattr(args, "host", None), args.rates, cells,
+                         getattr(args, "thp", None), getattr(args, "regime", None))
+    print(f"Predicted, not measured: {choice.words}; GPU terms from data/platforms.csv "
+          "(published figures, and ranges where none is published; docs/prediction.md says "
+          "which are which); forward = (active bf16 weights + KV cache at "
+          f"{forward.DEFAULT_CONTEXT} tokens, sliding windows counted) / HBM. Flips shown within "
+          f"{NEAR_FLIP:g}x of a range (the link's anywhere), the others held at their best "
+          "values.")
+    lines = regime_lines(choice.rates)
+    if lines:
+        print(lines)
+    for entry in predictions(chosen, cells, choice, args.delta):
         print(format_platform(entry))
     return 0
 
 
 def curves(platforms: list[predict.Platform], cells: list[predict.Cell],
-           rates: predict.HostRates, delta: float) -> pd.DataFrame:
-    """The predicted saving per step against n x V, per platform and vocabulary (the plot's
-    data)."""
+           choice: HostChoice | predict.HostRates, delta: float) -> pd.DataFrame:
+    """The predicted saving per step against n x V, per platform, host and vocabulary (the
+    plot's data; a platform on several hosts is drawn once per host)."""
+    if isinstance(choice, predict.HostRates):
+        choice = HostChoice(rates=choice, words="")
     by_vocab = {(c.vocab, c.k): c.model for c in cells}
-    frames = [predict.saving_curve(p, vocab, k, model, rates, delta)
-              for p in platforms for (vocab, k), model in sorted(by_vocab.items())]
+    frames = []
+    for p in platforms:
+        hosts = choice.hosts(p)
+        for host in hosts:
+            frame = pd.concat([predict.saving_curve(p, vocab, k, model, host, delta)
+                               for (vocab, k), model in sorted(by_vocab.items())],
+                              ignore_index=True)
+            if len(hosts) > 1:
+                frame["platform"] = f"{p.name} on {host.origin.removeprefix('host class ')}"
+            frames.append(frame)
     return pd.concat(frames, ignore_index=True)
 
 
 @dataclass
 class Study:
-    """What notebook 05 shows: where the host rates came from, each platform's answers per
-    cell, the crossings, the saving curves, and this run's own check."""
+    """What notebook 05 shows: which host the answers assume, the host rates, each platform's
+    answers per cell and host, the sensitivity table, the crossings, the saving curves, and this
+    run's two checks (in sample: additivity; out of sample: inputs the run did not produce)."""
 
     origin: str
     host: pd.DataFrame
@@ -182,12 +332,18 @@ class Study:
     crossings: pd.DataFrame
     curves: pd.DataFrame
     check: dict[str, Any]
+    sensitivity: pd.DataFrame = field(default_factory=pd.DataFrame)
+    out_of_sample: dict[str, Any] = field(default_factory=dict)
+    unfit: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     def payload(self) -> dict[str, Any]:
         """JSON-ready, for ``prediction.json``."""
         return {"origin": self.origin, "answers": self.answers.to_dict("records"),
                 "arms": self.arms.to_dict("records"),
-                "crossings": self.crossings.to_dict("records"), "check": self.check}
+                "crossings": self.crossings.to_dict("records"),
+                "sensitivity": self.sensitivity.to_dict("records"),
+                "unfit": self.unfit.to_dict("records"), "check": self.check,
+                "out_of_sample": self.out_of_sample}
 
 
 def cells_of(rows: list[int], models: list[str | int], ks: list[int]) -> list[predict.Cell]:
@@ -203,11 +359,41 @@ def cells_of(rows: list[int], models: list[str | int], ks: list[int]) -> list[pr
     return out
 
 
+def _run_step(data_dir: Path | str | None) -> pd.DataFrame | None:
+    if not data_dir:
+        return None
+    try:
+        return schema.read_table(data_dir, "step")
+    except FileNotFoundError:
+        return None
+
+
+def _run_gpu(data_dir: Path | str | None) -> str | None:
+    if not data_dir or not (Path(data_dir) / "manifest.json").is_file():
+        return None
+    from stagelab.core.records import RunFolder
+
+    return ((RunFolder(data_dir).read_manifest().get("hardware") or {}).get("gpu") or {}
+            ).get("name")
+
+
+def study_choice(step: pd.DataFrame | None, data_dir: Path | str | None, cells: list[predict.Cell],
+                 rates_dir: str | Path = "", host: str = "") -> HostChoice:
+    """The host notebook 05 assumes: ``rates_dir``'s, ``host`` (a class or ``this``), else the
+    run's own recorded rates (a run made on this host), else each platform's host classes."""
+    if rates_dir or host:
+        return host_choice(host or None, Path(rates_dir) if rates_dir else None, cells)
+    if step is not None and predict.host_rates(step).samples:
+        return HostChoice(rates=predict.host_rates(step, origin="this run's host"),
+                          words=f"host rates recorded by run {Path(str(data_dir)).name}")
+    return host_choice(None, None, cells)
+
+
 def study(data_dir: Path | str | None, platforms: list[str], rows: list[int],
           models: list[str | int], ks: list[int], delta: float,
-          rates_dir: str | Path = "") -> Study:
-    """Notebook 05's figures: the host rates of ``rates_dir``, else of the run ``data_dir``,
-    else measured here now; every chosen platform (all when none is named)."""
+          rates_dir: str | Path = "", host: str = "") -> Study:
+    """Notebook 05's figures: the host of :func:`study_choice`; every chosen platform (all when
+    none is named); the run's in-sample and out-of-sample checks."""
     table = predict.load_platforms()
     try:
         chosen = ([predict.platform_named(n, table) for n in platforms] if platforms
@@ -215,32 +401,39 @@ def study(data_dir: Path | str | None, platforms: list[str], rows: list[int],
     except ValueError as exc:
         raise UserError(str(exc)) from exc
     cells = cells_of(rows, models, ks)
-    step = None
-    if data_dir:
-        try:
-            step = schema.read_table(data_dir, "step")
-        except FileNotFoundError:
-            step = None
-    if rates_dir:
-        rates, origin = rates_from_folder(Path(rates_dir))
-    elif step is not None and predict.host_rates(step).samples:
-        rates, origin = predict.host_rates(step), f"host rates recorded by run {Path(data_dir).name}"
-    else:
-        rates, origin = rates_measured_here(cells)
-    found = predictions(chosen, cells, rates, delta)
-    answers = pd.DataFrame([{"platform": e["platform"].name, "rows": c["rows"],
-                             "vocab": c["vocab"], "k": c["k"], **a}
-                            for e in found for c in e["cells"] for a in c["answers"]])
-    arms = pd.DataFrame([{"platform": e["platform"].name, "rows": c["rows"], "vocab": c["vocab"],
-                          "k": c["k"], "arm": arm, "mid_ms": a["mid_ms"], "low_ms": a["low_ms"],
-                          "high_ms": a["high_ms"]}
-                         for e in found for c in e["cells"] for arm, a in c["arms"].items()])
+    step = _run_step(data_dir)
+    choice = study_choice(step, data_dir, cells, rates_dir, host)
+    found = predictions(chosen, cells, choice, delta)
+    fit = [c for e in found for c in e["cells"] if c["fits"]]
+    answers = pd.DataFrame([{"platform": c["platform"], "rows": c["rows"], "vocab": c["vocab"],
+                             "k": c["k"], **a} for c in fit for a in c["answers"]])
+    arms = pd.DataFrame([{"platform": c["platform"], "host": c["host"], "rows": c["rows"],
+                          "vocab": c["vocab"], "k": c["k"], "arm": arm, "mid_ms": a["mid_ms"],
+                          "low_ms": a["low_ms"], "high_ms": a["high_ms"]}
+                         for c in fit for arm, a in c["arms"].items()])
+    sensitivity = pd.DataFrame([{"platform": c["platform"], "host": c["host"], "rows": c["rows"],
+                                 "vocab": c["vocab"], "k": c["k"], **row,
+                                 "words": predict.sensitivity_words(row)}
+                                for c in fit for row in c["sensitivity"]])
+    unfit = pd.DataFrame([{"platform": c["platform"], "rows": c["rows"], "vocab": c["vocab"],
+                           "k": c["k"], "why": c["notes"][0]}
+                          for e in found for c in e["cells"] if not c["fits"]])
     crossings = pd.DataFrame([c for e in found for c in e["crossings"]])
-    gpu = None
-    if data_dir and (Path(data_dir) / "manifest.json").is_file():
-        from stagelab.core.records import RunFolder
+    gpu = _run_gpu(data_dir)
+    prior = predict.prior_rates(data_dir) if data_dir else None
+    return Study(choice.words,
+                 predict.host_table(choice.rates) if choice.rates else host_class_table(found),
+                 answers, arms, crossings, curves(chosen, cells, choice, delta),
+                 predict.check_run(step, gpu), sensitivity,
+                 predict.out_of_sample_run(step, gpu, prior), unfit)
 
-        gpu = ((RunFolder(data_dir).read_manifest().get("hardware") or {}).get("gpu") or {}
-               ).get("name")
-    return Study(origin, predict.host_table(rates), answers, arms, crossings, curves(chosen, cells, rates, delta),
-                 predict.check_run(step, gpu))
+
+def host_class_table(found: list[Mapping[str, Any]]) -> pd.DataFrame:
+    """The host classes the answers assume: each rate's range (GB/s) and its source."""
+    names = {h.removeprefix("host class ") for e in found for h in e["hosts"]}
+    classes = predict.load_hosts()
+    return pd.DataFrame([{"host": name, "thp": "|".join(classes[name].thp), "rate": rate,
+                          "low_gbps": low, "high_gbps": high,
+                          "source": classes[name].sources[rate]}
+                         for name in sorted(names) if name in classes
+                         for rate, (low, high) in classes[name].gbps.items()])
