@@ -566,10 +566,9 @@ def test_the_levers_copy_and_reference_tables(full_verdict):
 
 def test_the_prompt_sentence(full_verdict):
     assert verdict.prompt_sentence(full_verdict) == (
-        "Recommended chunk: **512** (fused+overlap): smallest chunk not shown to be more than "
-        "5% slower than the fastest (1.00 ms on average at chunk 1024): 1.030x of its mean (CI "
-        "1.030-1.030); a "
-        "smaller chunk holds less memory.")
+        "Recommended chunk: **512** (fused+overlap): the smallest chunk timed not shown to be "
+        "more than 5% slower than the fastest (1.00 ms on average, chunk 1024): 1.030x of its "
+        "mean (CI 1.030-1.030); a smaller chunk holds less memory.")
     assert verdict.prompt_sentence({"prompt_logprobs": None}) == (
         "Notebook 03's data is missing from this run.")
 
