@@ -161,7 +161,17 @@ def readable(frame: pd.DataFrame) -> pd.DataFrame:
     return table.loc[:, (table != "").any()]  # a column with nothing in it is left out
 
 
+GOAL_MET_CLASS = "goal-met"  # a goal's "met", which the report reads as met on untrustworthy
+# timings when the run's timings are not trustworthy (known only once the notebook has run)
+
+
 def show(frame: pd.DataFrame) -> Any:
-    """A frame as an HTML table (a pandas Styler, without its index) a reader can take in."""
-    styler = readable(frame).style.format(escape="html").format_index(escape="html", axis=1)
+    """A frame as an HTML table (a pandas Styler, without its index) a reader can take in; a
+    goal's status "met" carries :data:`GOAL_MET_CLASS`."""
+    table = readable(frame)
+    styler = table.style.format(escape="html").format_index(escape="html", axis=1)
+    if "status" in table.columns:
+        classes = pd.DataFrame("", index=table.index, columns=table.columns)
+        classes.loc[table["status"] == "met", "status"] = GOAL_MET_CLASS
+        styler = styler.set_td_classes(classes)
     return styler.hide(axis="index")  # a record's text is shown, never taken as markup

@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from stagelab.analyse import trust
 from stagelab.core import paths, rundir, stops
 from stagelab.core.errors import UserError
 from stagelab.core.records import RunFolder
@@ -231,9 +232,11 @@ def execute_notebook(notebook: NotebookPlan, output: Path, run_dir: Path,
     return outcome[0] if outcome else (rundir.FAILED, "papermill stopped without a result")
 
 
-def export_html(run_dir: Path, entry: dict[str, Any]) -> None:
+def export_html(run_dir: Path, entry: dict[str, Any],
+                manifest: dict[str, Any] | None = None) -> None:
     """Export one executed notebook's HTML beside it (its name from the notebook file, never
-    from the record); an export failure is recorded, never fatal."""
+    from the record), headed by the run's trust as ``manifest`` (default: the folder's) has it;
+    an export failure is recorded, never fatal."""
     folder = RunFolder(run_dir)
     notebook = folder.path / entry["output"] if entry.get("output") else None
     if notebook is None or not notebook.is_file() or notebook.is_symlink():
@@ -243,10 +246,23 @@ def export_html(run_dir: Path, entry: dict[str, Any]) -> None:
     entry["html"] = html.name
     entry.pop("html_error", None)
     try:
-        report.export_html(notebook, html)
+        manifest = manifest if manifest is not None else rundir.effective_manifest(run_dir)
+        untrusted = trust.run_trust(run_dir, manifest) == trust.NOT_TRUSTWORTHY
+        report.export_html(notebook, html, report.page_banner(run_dir, manifest, entry["name"]),
+                           untrusted)
     except Exception as exc:
         entry["html"] = None
         entry["html_error"] = error_summary(exc)
+
+
+def export_pages(recorder: ManifestRecorder) -> None:
+    """Export every executed notebook's page again once the run has ended, so that each carries
+    the run's final trust (a later notebook's busy machine, the verdict's A/A checks), and save
+    the record of the pages."""
+    for entry in recorder.manifest["notebooks"]:
+        if entry.get("output") and (recorder.run_dir / entry["output"]).is_file():
+            export_html(recorder.run_dir, entry, recorder.manifest)
+    recorder.save()
 
 
 def write_index(recorder: ManifestRecorder) -> None:
@@ -358,7 +374,7 @@ def run_notebook_step(recorder: ManifestRecorder, index: int, plan: RunPlan,
     measured_on = recorder.manifest.get("measured_on")
     if measured_on and "measured" in notebook.parameters:  # a replay: trust the node's load
         entry.update(analysis_load=watch.summary, load=measured_load(measured_on, notebook.name))
-    export_html(recorder.run_dir, entry)
+    export_html(recorder.run_dir, entry, recorder.manifest)
     recorder.finish_notebook(index, status, time.perf_counter() - started, error)
     write_index(recorder)
     _say(progress, f"{count} {notebook.name}: {status} ({entry['duration_s']} s)"
@@ -415,6 +431,7 @@ def _run(recorder: ManifestRecorder, plan: RunPlan, progress: bool,
         raise
     with DeferredStops(raise_after=False):  # the run is done: a late Ctrl-C changes nothing
         recorder.finish()
+        export_pages(recorder)
         write_index(recorder)
     return recorder.manifest
 
@@ -423,10 +440,8 @@ def _close_interrupted(recorder: ManifestRecorder, reason: str) -> dict[str, Any
     """Record an interrupted run; a second Ctrl-C (or SIGTERM, SIGHUP) does not abandon it."""
     with DeferredStops(raise_after=False):
         recorder.interrupt(reason)
-        for entry in recorder.manifest["notebooks"]:
-            if entry["status"] == rundir.INTERRUPTED:
-                export_html(recorder.run_dir, entry)
         recorder.finish()
+        export_pages(recorder)
         write_index(recorder)
     return recorder.manifest
 
@@ -502,6 +517,6 @@ def _rewrite_report(folder: RunFolder) -> Path:
         raise UserError(f"{folder.path}: the run is still running (pid {manifest.get('pid')} "
                         f"on {manifest.get('host')}); its runner writes its report")
     for entry in manifest["notebooks"]:
-        export_html(folder.path, entry)
+        export_html(folder.path, entry, manifest)
     rundir.write_manifest(folder.path, manifest)
     return report.write_index(folder.path)
