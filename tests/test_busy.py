@@ -221,6 +221,28 @@ def test_every_page_of_a_busy_run_says_so_and_its_goals_are_met_on_untrustworthy
     assert "timings <span class='ok'>trustworthy</span>" in quiet
 
 
+def test_runs_lists_trust_and_marks_a_run_that_differs_from_its_profile(tmp_path, capsys):
+    """Before: `stagelab runs` listed a busy run as ok, and a one-notebook --only run with
+    changed parameters as "quick, ok"."""
+    from stagelab import cli
+
+    run_dir = tmp_path / "20261201T100000Z_vm_quick"
+    run_dir.mkdir()
+    manifest = busy_manifest(run_dir, "01_d2h_staging")
+    manifest["notebooks"][0]["parameters"] = {"models": ["Mistral-7B-v0.3", "Qwen2.5-7B"],
+                                              "rows": [1, 16, 64], "rounds": 3, "warmup": 3}
+    rundir.write_manifest(run_dir, manifest)
+    assert cli.main(["runs", "--root", str(tmp_path)]) == 0
+    header, line = capsys.readouterr().out.strip().splitlines()
+    assert header.split()[-2:] == ["trust", "status"]
+    assert line.split()[:2] == [run_dir.name, "quick*"] and " not trustworthy " in line
+    assert line.endswith("* only 01_d2h_staging; 01_d2h_staging: rounds=3")
+    assert cli.main(["runs", "--root", str(tmp_path), "--json"]) == 0
+    (listed,) = json.loads(capsys.readouterr().out)
+    assert listed["trust"] == trust.NOT_TRUSTWORTHY and listed["status"] == rundir.OK
+    assert listed["changed"] == ["only 01_d2h_staging", "01_d2h_staging: rounds=3"]
+
+
 def test_the_report_says_when_the_load_was_not_recorded(tmp_path):
     manifest = busy_manifest(tmp_path)
     manifest["notebooks"][0].pop("load")
