@@ -319,7 +319,10 @@ def test_the_report_and_the_fleet_page_show_prediction_beside_measurement(tmp_pa
     check = predict.check_run(schema.make_rows(synthetic_step()), None)
     shown = report.prediction_html(check)
     assert "Predicted beside measured (this CPU" in shown
-    assert "<td>seed_pageable</td>" in shown and "measured_ms" in shown
+    assert "<td>seed_pageable</td>" in shown and "<th>measured (ms)</th>" in shown
+    # Before: DataFrame.to_html with high_ms, low_ms, True/False and bare fractions
+    assert not any(raw in shown for raw in ("_ms", ">True<", ">False<", ">nan<", ">None<"))
+    assert "<th>error (%)</th>" in shown
     assert report.prediction_html(None) == ""
     run = tmp_path / "node-run"
     run.mkdir()

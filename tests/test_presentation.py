@@ -153,6 +153,20 @@ def test_the_machine_table_says_sizes_and_missing_values_in_words():
     assert ("torch", "cuda available", "no") in rows
 
 
+def test_the_machine_table_gives_each_size_in_its_unit_and_no_dotted_keys():
+    """Before: the report showed a 4096-byte page as "0.0 GiB", a 256 MiB buffer as 268435456
+    and keys such as "fresh fill.stages.zero fill.seconds"."""
+    rows = machine.readable_rows({"machine": {"fresh_fill": {
+        "bytes": 2**28, "page_bytes": 4096, "refill_gbps": 31.1,
+        "stages": {"zero_fill": {"seconds": 0.052112, "minor_faults": 65560}}}}})
+    assert [row for row in rows if row[0] == "machine"] == [
+        ("machine", "fresh fill, size", "256.0 MiB"),
+        ("machine", "fresh fill, page", "4 KiB"),
+        ("machine", "fresh fill, refill (GB/s)", "31.1"),
+        ("machine", "fresh fill, zero fill, time", "52.1 ms"),
+        ("machine", "fresh fill, zero fill, minor faults", "65560")]
+
+
 # ------------------------------------------------------------------------- captions in words
 
 def test_every_figure_a_notebook_saves_has_a_caption_in_words():

@@ -197,3 +197,15 @@ def test_the_report_shows_the_recommended_change_and_the_three_answers(tmp_path)
     (older / "verdict.json").write_text(json.dumps(
         {"overall": {"decision": "PORT", "summary": "Ports."}, "decisive": [decisive_cell(16)]}))
     assert "Recommended change" not in report.write_index(older).read_text()
+
+
+def test_the_first_screen_shows_no_literal_backticks(tmp_path):
+    """Before: a finding's Markdown `code` showed on the landing page with its backticks."""
+    run_dir = fake_run(tmp_path / "runs")
+    (run_dir / "verdict.json").write_text(json.dumps(
+        {"overall": {"decision": "CLOSE", "summary": "`seed_pinned` saves nothing."},
+         "decisive": [decisive_cell(16)], "findings": ["The twin of `seed_pageable` <agrees>."]}))
+    page = report.write_index(run_dir).read_text()
+    box = page[page.index("<section class='verdict'"):page.index("</section>")]
+    assert "`" not in box and "<code>seed_pinned</code> saves nothing." in box
+    assert "<li>The twin of <code>seed_pageable</code> &lt;agrees&gt;.</li>" in box

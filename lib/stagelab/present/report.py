@@ -103,6 +103,15 @@ def _esc(value: Any) -> str:
     return html.escape("" if value is None else str(value))
 
 
+_BACKTICKED = re.compile(r"`([^`]+)`")
+
+
+def _prose(value: Any) -> str:
+    """A sentence of the verdict as HTML: escaped, its Markdown `code` as <code>, never as
+    literal backticks."""
+    return _BACKTICKED.sub(r"<code>\1</code>", _esc(value))
+
+
 def _scope_banner(verdict: Mapping[str, Any]) -> str:
     """What a few-round run can judge (:func:`stagelab.analyse.trust.scope_label`): a neutral
     label, not a warning, since nothing went wrong; '' for a run with rounds enough."""
@@ -143,20 +152,20 @@ def _verdict_section(run_dir: Path, manifest: Mapping[str, Any]) -> str:
              f"{_scope_banner(verdict)}"
              f"{_trust_banner(trust.reasons(run_dir, manifest, verdict), manifest)}"
              f"<p class='decision {decision}'>Staging verdict: {decision}</p>"
-             f"<p>{_esc(overall.get('summary', ''))}</p>"]
+             f"<p>{_prose(overall.get('summary', ''))}</p>"]
     recommendation = verdict.get("recommendation")  # absent in verdicts of older runs
     if recommendation:
         parts.append(f"<p class='recommendation'>Recommended change: "
-                     f"<b>{_esc(recommendation['change'])}</b>: {_esc(recommendation['reason'])}"
+                     f"<b>{_esc(recommendation['change'])}</b>: {_prose(recommendation['reason'])}"
                      f"</p>{_questions_table(verdict.get('questions') or {})}")
     context = (verdict.get("context") or {}).get("words")  # absent in verdicts of older runs
     if context:
-        parts.append(f"<p class='context'>{_esc(context)}</p>")
+        parts.append(f"<p class='context'>{_prose(context)}</p>")
     parts.append(_decisive_table(verdict.get("decisive", []), overall.get("summary", "")))
     parts.append(prediction_html(verdict.get("prediction")))
     findings = verdict.get("findings", [])
     if findings:
-        parts.append("<ul>" + "".join(f"<li>{_esc(f)}</li>" for f in findings) + "</ul>")
+        parts.append("<ul>" + "".join(f"<li>{_prose(f)}</li>" for f in findings) + "</ul>")
     if (run_dir / VERDICT_FIGURE).exists():
         parts.append(f"<img src='{VERDICT_FIGURE}' alt='key plot of the verdict'>")
     parts.append("</section>")
@@ -192,7 +201,7 @@ def prediction_html(check: Mapping[str, Any] | None) -> str:
         return f"<p>Prediction: {_esc(check.get('note') or 'nothing to check')}</p>"
     return (f"<h3>Predicted beside measured ({_esc(check.get('platform'))}; the model fed this "
             "run's own host rates; error = predicted / measured - 1)</h3>"
-            + table.to_html(index=False, float_format=lambda v: f"{v:.3g}", na_rep="-"))
+            + tables.readable(table).to_html(index=False, escape=True))
 
 
 # Each figure a notebook saves (figures/<notebook>_<name>.png), in words: what it shows and which

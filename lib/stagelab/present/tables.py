@@ -25,7 +25,12 @@ WORDS = {"rows": "n (rows)", "vocab": "V (vocabulary)", "k": "K", "chunk": "chun
          "trials": "trials", "allocations": "host allocations (count)",
          "rank_mismatches": "ranks that differ (count)",
          "id_mismatches": "ids that differ (count)"}
-YES_NO = {"bitwise_equal": "bitwise equal"}  # 1/0 values read as yes/no
+YES_NO = {"bitwise_equal": "bitwise equal",  # 1/0 values read as yes/no
+          "outside": "measured outside the model's interval"}
+# Columns in ms named in words (the cost model's interval around its prediction).
+MS_WORDS = {"low_ms": "model's interval, low (ms)", "high_ms": "model's interval, high (ms)",
+            "mid_ms": "predicted (ms)",
+            "step_ms": "seed step, mean (ms)"}  # the verdict's threshold: a share of it
 TEXT = {"noisy": "noisy (IQR ≥ 10 % of median)", "met": "met"}
 # Columns that say which cell and arm a row is about come first.
 LEADING = ("rows", "vocab", "k", "chunk", "arm", "method", "baseline", "candidate", "decision",
@@ -33,7 +38,8 @@ LEADING = ("rows", "vocab", "k", "chunk", "arm", "method", "baseline", "candidat
 SECONDS = ("seconds", "median", "q1", "q3", "iqr", "median_seconds", "mean_seconds",
            "best_seconds")
 RATIOS = ("min_speedup", "numpy_over_native", "relative", "true_speedup")
-PERCENTS = ("iqr_over_median", "port_rate", "close_rate", "inconclusive_rate", "delta")
+PERCENTS = ("iqr_over_median", "port_rate", "close_rate", "inconclusive_rate", "delta",
+            "error")  # the cost model's error: predicted / measured - 1
 
 
 def significant(value: float, digits: int = SIGNIFICANT) -> str:
@@ -114,8 +120,8 @@ def _column(name: str) -> tuple[str, Callable[[Any], str]]:
         return YES_NO[name], lambda v: text(v if _missing(v) else bool(v))
     if name == "stage_split":
         return SPLIT_WORDS, text
-    if name == "step_ms":  # the verdict's threshold is a share of the mean step
-        return "seed step, mean (ms)", plain
+    if name in MS_WORDS:
+        return MS_WORDS[name], plain
     if name.endswith("speedup_ci"):
         twin = "A/A twin" if name.startswith("twin_") else "speedup"
         return f"{twin} [95 % CI]", text
