@@ -131,6 +131,30 @@ def test_progress_goes_to_the_terminal_per_cell_and_never_into_the_html(tmp_path
             assert ": cell 1/" not in text and "it/s]" not in text
 
 
+STDERR_BOX = "output_stderr"  # the class nbconvert gives a stderr stream: a pink box on a page
+
+
+def test_no_exported_page_has_a_stderr_output(tiny_run, tmp_path):
+    """Progress belongs to the terminal. Before: 6 pink stderr boxes in notebook 01's page, 2 in
+    02's, 1 in 03's."""
+    import nbformat
+
+    from stagelab.present import report
+
+    run_dir, manifest = tiny_run
+    for entry in manifest["notebooks"]:
+        notebook = nbformat.read(str(run_dir / entry["output"]), as_version=4)
+        streams = ["".join(o.get("text", "")) for cell in notebook.cells
+                   for o in cell.get("outputs", []) if o.get("name") == "stderr"]
+        assert streams == [], (entry["name"], streams)
+        assert STDERR_BOX not in (run_dir / entry["html"]).read_text(), entry["name"]
+    assert STDERR_BOX not in report.write_single_file(run_dir).read_text()
+    noisy = nbformat.v4.new_code_cell("x", outputs=[
+        nbformat.v4.new_output("stream", name="stderr", text="cell 1/2\n")])
+    nbformat.write(nbformat.v4.new_notebook(cells=[noisy]), str(tmp_path / "noisy.ipynb"))
+    assert STDERR_BOX in report.notebook_body(tmp_path / "noisy.ipynb")  # the control is seen
+
+
 @pytest.mark.parametrize("page_name", ["index.html", "00_environment.html", "01_d2h_staging.html",
                                        "02_logprobs_step.html", "03_prompt_logprobs.html",
                                        "04_verdict.html", "05_prediction.html", "single-file"])

@@ -281,10 +281,16 @@ def write_index(recorder: ManifestRecorder) -> None:
 SWEEP_LINE = re.compile(r"^[\w +-]+: cell \d+/\d+ ")
 
 
+# A long cell says it is still running at least this often (seconds), so the terminal is never
+# silent for more than 10 s.
+HEARTBEAT_S = 9.0
+
+
 class ProgressLines:
     """While a notebook runs, one terminal line per notebook cell it starts and per sweep cell it
     measures (the lines its kernel writes to ``kernel.log``), each with the seconds since the
-    notebook started. It reads the executed notebook and the log from outside the kernel, so
+    notebook started, and a line "still running" when a cell has said nothing for
+    :data:`HEARTBEAT_S`. It reads the executed notebook and the log from outside the kernel, so
     nothing of it lands in the notebook or its HTML."""
 
     def __init__(self, prefix: str, output: Path, log: Path, enabled: bool,
@@ -292,6 +298,7 @@ class ProgressLines:
         self.prefix, self.output, self.log = prefix, Path(output), Path(log)
         self.enabled, self.interval_s = enabled, interval_s
         self._offset, self._cell, self._started = 0, None, time.perf_counter()
+        self._said = self._started
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._cells = 0
@@ -299,7 +306,7 @@ class ProgressLines:
     def __enter__(self) -> ProgressLines:
         if self.enabled:
             self._offset = self.log.stat().st_size if self.log.exists() else 0
-            self._started = time.perf_counter()
+            self._started = self._said = time.perf_counter()
             self._thread = threading.Thread(target=self._watch, daemon=True,
                                             name=f"progress {self.prefix}")
             self._thread.start()
@@ -316,7 +323,8 @@ class ProgressLines:
             self.poll()
 
     def _say(self, text: str) -> None:
-        _say(True, f"{self.prefix} {text} ({time.perf_counter() - self._started:.0f} s)")
+        self._said = time.perf_counter()
+        _say(True, f"{self.prefix} {text} ({self._said - self._started:.0f} s)")
 
     def poll(self) -> None:
         """Print what is new: the notebook cell now running, the sweep cells measured."""
@@ -328,6 +336,8 @@ class ProgressLines:
         for line in self._new_log_lines():
             if SWEEP_LINE.match(line):
                 self._say(line)
+        if self._cell is not None and time.perf_counter() - self._said >= HEARTBEAT_S:
+            self._say(f"cell {self._cell + 1}/{self._cells or '?'} still running")
 
     def _new_log_lines(self) -> list[str]:
         """The complete lines appended to the log since the last read."""
