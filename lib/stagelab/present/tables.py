@@ -169,15 +169,53 @@ def readable(frame: pd.DataFrame) -> pd.DataFrame:
 
 GOAL_MET_CLASS = "goal-met"  # a goal's "met", which the report reads as met on untrustworthy
 # timings when the run's timings are not trustworthy (known only once the notebook has run)
+# A table of more columns is shown as several, each repeating the columns that say which row it
+# is, so that every page fits a 1,366 px screen (a 23-column table was 2,028 px wide).
+MAX_COLUMNS = 12
 
 
-def show(frame: pd.DataFrame) -> Any:
-    """A frame as an HTML table (a pandas Styler, without its index) a reader can take in; a
-    goal's status "met" carries :data:`GOAL_MET_CLASS`."""
-    table = readable(frame)
+class SplitTable:
+    """A wide table shown as several narrower ones, one under the other (see
+    :data:`MAX_COLUMNS`); displays as HTML like a Styler."""
+
+    def __init__(self, parts: list[Any]) -> None:
+        self.parts = parts
+
+    def to_html(self) -> str:
+        return "".join(part.to_html() for part in self.parts)
+
+    def _repr_html_(self) -> str:
+        return self.to_html()
+
+
+def column_groups(table: pd.DataFrame, limit: int = MAX_COLUMNS) -> list[list[str]]:
+    """The readable table's columns in groups of at most ``limit``, each group led by the columns
+    that say which row it is (the cell, arm, goal...; else the first column)."""
+    labels = {_column(name)[0] for name in LEADING}
+    columns = list(table.columns)
+    ident = [c for c in columns if c in labels][:limit // 2] or columns[:1]
+    rest = [c for c in columns if c not in ident]
+    if len(columns) <= limit:
+        return [columns]
+    step = limit - len(ident)
+    return [ident + rest[at:at + step] for at in range(0, len(rest), step)]
+
+
+def _styled(table: pd.DataFrame) -> Any:
     styler = table.style.format(escape="html").format_index(escape="html", axis=1)
     if "status" in table.columns:
         classes = pd.DataFrame("", index=table.index, columns=table.columns)
         classes.loc[table["status"] == "met", "status"] = GOAL_MET_CLASS
         styler = styler.set_td_classes(classes)
     return styler.hide(axis="index")  # a record's text is shown, never taken as markup
+
+
+def show(frame: pd.DataFrame) -> Any:
+    """A frame as an HTML table (a pandas Styler, without its index) a reader can take in; a
+    table wider than :data:`MAX_COLUMNS` as several (:class:`SplitTable`); a goal's status
+    "met" carries :data:`GOAL_MET_CLASS`."""
+    table = readable(frame)
+    groups = column_groups(table)
+    if len(groups) == 1:
+        return _styled(table)
+    return SplitTable([_styled(table[group]) for group in groups])
