@@ -95,6 +95,9 @@ def _parser() -> argparse.ArgumentParser:
                           "existing file is replaced only if it is an earlier compare page")
     cmp.add_argument("--force", action="store_true",
                      help="let --out replace an existing file (never a run's record files)")
+    cmp.add_argument("--json", action="store_true",
+                     help="print the comparison as JSON instead of a table (the page is still "
+                          "written; its path goes to stderr)")
     fleet = sub.add_parser(
         "fleet", help="measure a profile on every GPU node of a Ray cluster and compare them",
         description="Run `stagelab measure` once on each chosen node of an existing Ray cluster "
@@ -355,6 +358,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     out = compare.claim_out(args.out, args.force)  # refused before any run is read
     comparison = compare.compare(args.runs)
+    if args.json:
+        page = compare.write_html(comparison, out, args.force)
+        print(json.dumps(compare.to_json(comparison), indent=2, allow_nan=False))
+        print(f"page: {page}", file=sys.stderr)
+        return EXIT_OK
     for note in comparison.notes:
         print(f"note: {note}", file=sys.stderr)
     print(compare.render_text(comparison))
