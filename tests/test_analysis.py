@@ -153,12 +153,12 @@ def test_copy_dwarfed_answers_per_cell():
     sentences = analysis.copy_dwarfed(rows(*small, *big))
     assert sentences == [
         f"n=16, V={V}, K=5: the copy took 3.00 ms of a 56.00 ms step (5.4% (one round: no CI)); "
-        "zero-fill 2.00 ms, host top-K 50.00 ms (89%), free 0.00 ms, device work 1.00 ms, "
+        "zero-fill 2.00 ms, host top-K 50.00 ms (89%), free 0.00 ms, log-softmax 1.00 ms, "
         "unattributed 0.00 ms (means; the parts add up to the step). The copy is dwarfed (under "
         "10% counts as dwarfed); alloc + copy + free, which pinning removes or shrinks, are "
         "8.9% (one round: no CI) of the step.",
         f"n=64, V={V}, K=5: the copy took 3.00 ms of a 10.00 ms step (30.0% (one round: no CI)); "
-        "zero-fill 2.00 ms, host top-K 4.00 ms (40%), free 0.00 ms, device work 1.00 ms, "
+        "zero-fill 2.00 ms, host top-K 4.00 ms (40%), free 0.00 ms, log-softmax 1.00 ms, "
         "unattributed 0.00 ms (means; the parts add up to the step). The copy is not dwarfed "
         "(under 10% counts as dwarfed); alloc + copy + free, which pinning removes or shrinks, "
         "are 50.0% (one round: no CI) of the step."]

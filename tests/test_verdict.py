@@ -605,6 +605,19 @@ def test_the_verdict_states_its_context(tmp_path):
     assert result["other_log_softmax"]["measured"] is False
 
 
+def test_a_cpu_run_says_its_log_softmax_runs_on_the_host(tmp_path):
+    """Before: a CPU run said "the log-softmax runs on the device"; its device is the host."""
+    cells = step_cell(64, 1.5)
+    for device, expected in (("cpu", "runs on the host (a CPU run"),
+                             ("cuda:0 NVIDIA H200", "runs on the device.")):
+        run = write_step(tmp_path / device.replace(" ", "_").replace(":", ""),
+                         [{**row, "device": device} for row in cells])
+        words = build(run, [64])["context"]["words"]
+        assert expected in words, words
+        frame = schema.read_table(run, "step")
+        assert expected.split(" (")[0] in analysis.step_context(frame, 0.02)
+
+
 def test_forward_ms_moves_the_logprobs_only_bar_and_the_other_log_softmax_is_decided(tmp_path):
     device = step_cell(64, 1.5)
     host = [{**r, "log_softmax": "host"} for r in step_cell(64, 1.0, seed=5)]

@@ -154,6 +154,13 @@ def log_softmax_places(frame: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(means)
 
 
+def measured_on_cpu(frame: pd.DataFrame) -> bool:
+    """Whether a table's rows were all measured on the CPU (its ``device`` column), so that the
+    stage called "device" ran on the host; False for a table without rows."""
+    devices = set(frame["device"].dropna()) if "device" in frame else set()
+    return bool(devices) and devices <= {"cpu"}
+
+
 def step_context(frame: pd.DataFrame, delta: float) -> str:
     """The step's context in Markdown, stated next to its results: the device work queued before
     each step, what delta is a share of, where the log-softmax ran, how many rounds each cell ran
@@ -161,12 +168,15 @@ def step_context(frame: pd.DataFrame, delta: float) -> str:
     forward = frame[(frame["metric"] == "forward_ms") & (frame["status"] == "ok")]
     values = sorted(set(forward["value"].dropna()))
     how = "; ".join(sorted(set(forward["note"].dropna())))
-    places = sorted(set(frame["log_softmax"].dropna()))
+    on_cpu = measured_on_cpu(frame)
+    places = [catalogue.log_softmax_place(p, on_cpu)
+              for p in sorted(set(frame["log_softmax"].dropna()))]
     lines = [f"**Context.** Device work queued before each step: forward_ms = "
              f"{', '.join(f'{v:.2f}' for v in values) or 'not recorded'} ({how or '-'}). "
              f"delta = {delta:.0%} of the decode step (forward + logprobs step), so each timed "
              f"step is a decode step; with forward_ms = 0 the saving is its upper bound. "
-             f"The log-softmax runs on the {' and on the '.join(places) or 'device'}."]
+             f"The log-softmax runs on the "
+             f"{' and on the '.join(dict.fromkeys(places)) or catalogue.log_softmax_place('device', on_cpu)}."]
     stops = frame[frame["metric"] == "rounds"]
     for row in stops.itertuples():
         lines.append(f"- n={row.rows}, V={row.vocab}, K={row.k}: {int(row.value)} rounds "
@@ -293,7 +303,7 @@ def copy_dwarfed(frame: pd.DataFrame,
             f"{1e3 * row['copy']:.2f} ms of a {1e3 * row['total']:.2f} ms step "
             f"({share_words(share, 'copy_share')}); zero-fill {1e3 * row['alloc']:.2f} ms, "
             f"host top-K {1e3 * row['host_gather']:.2f} ms ({row['host_gather_share']:.0%}), "
-            f"free {1e3 * row['free']:.2f} ms, device work {1e3 * row['device']:.2f} ms, "
+            f"free {1e3 * row['free']:.2f} ms, log-softmax {1e3 * row['device']:.2f} ms, "
             f"unattributed {1e3 * row['unattributed']:.2f} ms (means; the parts add up to the "
             f"step). The copy is {_dwarfed_words(share)} (under {DWARFED_SHARE:.0%} counts as "
             f"dwarfed); alloc + copy + free, which pinning removes or shrinks, are "

@@ -219,21 +219,32 @@ FIGURE_CAPTIONS = {
                                    "the 10 % 'dwarfed' line)",
     "02_logprobs_step_levers": "Milliseconds each lever saves per step (difference of mean "
                                "times)",
-    "03_prompt_logprobs_memory": "Peak working memory of chunked prompt logprobs, measured and "
-                                 "predicted by the model, per chunk size",
+    "03_prompt_logprobs_memory": "Peak working memory of chunked prompt logprobs per chunk size: "
+                                 "measured (solid) and the model (dashed), per arm",
     "03_prompt_logprobs_time": "Time per prompt against chunk size, and relative to the same "
                                "arm unchunked (means, 95 % CI)",
     f"{catalogue.VERDICT_NOTEBOOK}_key": "The verdict's key plot: each decisive cell's speedup "
                                          "with its CI",
-    "05_prediction_prediction": "The cost model's predicted saving per step against n × V, per "
-                                "platform (band: its interval; dotted: each platform's bar)",
+    "05_prediction_prediction": "The cost model's predicted saving per step against n × V, one "
+                                "panel per platform (band: its interval; dotted: the platform's "
+                                "bar; grey: the sizes whose host rates were measured)",
 }
 
 
-def figure_caption(path: str) -> str:
-    """A figure's caption in words, from its file name; a figure without one is named by its
-    notebook and title, never by its path."""
+# Captions that differ where no GPU link was drawn (a CPU run): a caption names only what is drawn.
+CPU_CAPTIONS = {
+    "01_d2h_staging_bandwidth": "Copy bandwidth per arm against bytes per copy (median GB/s, "
+                                "band: interquartile range; a CPU run: no PCIe link to draw)",
+}
+
+
+def figure_caption(path: str, gpu: bool = True) -> str:
+    """A figure's caption in words, from its file name (``gpu``: whether the run had a GPU,
+    whose link some figures draw); a figure without one is named by its notebook and title,
+    never by its path."""
     stem = Path(path).stem
+    if not gpu and stem in CPU_CAPTIONS:
+        return CPU_CAPTIONS[stem]
     if stem in FIGURE_CAPTIONS:
         return FIGURE_CAPTIONS[stem]
     for notebook in catalogue.NOTEBOOKS:
@@ -385,6 +396,7 @@ def write_index(run_dir: Path) -> Path:
     folder = RunFolder(run_dir)
     figures = [p.relative_to(run_dir).as_posix() for p in folder.figures()]
     data_files = [p.relative_to(run_dir).as_posix() for p in folder.tables()]
+    gpu = bool((manifest.get("hardware") or {}).get("gpu"))
     try:
         state = trust.run_trust(run_dir, manifest, folder.read_verdict() or {})
     except UserError:
@@ -404,8 +416,8 @@ def write_index(run_dir: Path) -> Path:
         _verdict_section(run_dir, manifest),
         "<h2>Notebooks</h2>", _notebooks_table(run_dir, manifest.get("notebooks", [])),
         "<h2>Figures</h2>",
-        "".join(f"<figure><img src='{_esc(f)}' alt='{_esc(figure_caption(f))}'>"
-                f"<figcaption class='muted'>{_esc(figure_caption(f))}</figcaption></figure>"
+        "".join(f"<figure><img src='{_esc(f)}' alt='{_esc(figure_caption(f, gpu))}'>"
+                f"<figcaption class='muted'>{_esc(figure_caption(f, gpu))}</figcaption></figure>"
                 for f in figures if f != VERDICT_FIGURE)
         or "<p class='muted'>No figures.</p>",
         "<h2>Data</h2>",
