@@ -41,6 +41,7 @@ from stagelab.run.profiles import NotebookPlan, RunPlan
 
 KERNEL_NAME = "stagelab"
 KERNEL_LOG = "kernel.log"
+NO_FD_CAPTURE = "--IPKernelApp.capture_fd_output=False"  # the kernel's stderr to kernel.log only
 
 
 # ------------------------------------------------------------------------------------ kernels
@@ -91,6 +92,9 @@ def private_kernel_manager(socket_dir: Path, log: IO[str] | None = None,
             if log is not None:
                 kw.setdefault("stdout", log)
                 kw.setdefault("stderr", log)
+                # ipykernel echoes what the process writes to its own stderr into the cell's
+                # output: the sweeps' progress lines would land in the notebook as stderr boxes
+                kernel_cmd = [*kernel_cmd, NO_FD_CAPTURE]
             if started is not None:
                 started.append(self)
             await super()._async_launch_kernel(kernel_cmd, **kw)
