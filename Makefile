@@ -53,7 +53,8 @@ check: $(VENV)/.extra-test ## lint, types and the fast tests (under 2 minutes)
 	$(PY) -m pytest -q -m "not slow" -p no:cacheprovider
 
 lab: $(VENV)/.extra-lab ## JupyterLab on notebooks/ with the project's kernel (LAB_ARGS passes options)
-	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $(ALLOW_ROOT) $(LAB_ARGS)
+	JUPYTER_CONFIG_PATH="$(CURDIR)/jupyter$${JUPYTER_CONFIG_PATH:+:$$JUPYTER_CONFIG_PATH}" \
+	  $(VENV)/bin/jupyter lab --notebook-dir=notebooks $(ALLOW_ROOT) $(LAB_ARGS)
 
 clean: ## remove .venv
 	rm -rf $(VENV)

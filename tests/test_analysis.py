@@ -153,12 +153,12 @@ def test_copy_dwarfed_answers_per_cell():
     sentences = analysis.copy_dwarfed(rows(*small, *big))
     assert sentences == [
         f"n=16, V={V}, K=5: the copy took 3.00 ms of a 56.00 ms step (5.4% (one round: no CI)); "
-        "zero-fill 2.00 ms, host top-K 50.00 ms (89%), free 0.00 ms, device work 1.00 ms, "
+        "zero-fill 2.00 ms, host top-K 50.00 ms (89%), free 0.00 ms, log-softmax 1.00 ms, "
         "unattributed 0.00 ms (means; the parts add up to the step). The copy is dwarfed (under "
         "10% counts as dwarfed); alloc + copy + free, which pinning removes or shrinks, are "
         "8.9% (one round: no CI) of the step.",
         f"n=64, V={V}, K=5: the copy took 3.00 ms of a 10.00 ms step (30.0% (one round: no CI)); "
-        "zero-fill 2.00 ms, host top-K 4.00 ms (40%), free 0.00 ms, device work 1.00 ms, "
+        "zero-fill 2.00 ms, host top-K 4.00 ms (40%), free 0.00 ms, log-softmax 1.00 ms, "
         "unattributed 0.00 ms (means; the parts add up to the step). The copy is not dwarfed "
         "(under 10% counts as dwarfed); alloc + copy + free, which pinning removes or shrinks, "
         "are 50.0% (one round: no CI) of the step."]
@@ -311,9 +311,9 @@ def test_recommend_chunk_picks_the_smallest_chunk_within_tolerance():
                    "ratio_to_best": pytest.approx(1.04), "ratio_ci_low": pytest.approx(1.04),
                    "ratio_ci_high": pytest.approx(1.04), "unchunked_rows": 2048,
                    "tolerance": 0.05,
-                   "reason": "smallest chunk not shown to be more than 5% slower than the fastest "
-                             "(1.07 ms on average at chunk 1024): 1.040x of its mean (CI 1.040-1.040); a smaller "
-                             "chunk holds less memory"}
+                   "reason": "the smallest chunk timed not shown to be more than 5% slower than "
+                             "the fastest (1.07 ms on average, chunk 1024): 1.040x of its mean "
+                             "(CI 1.040-1.040); a smaller chunk holds less memory"}
     assert analysis.recommend_chunk(frame, tolerance=0.01)["chunk"] == 1024
     assert analysis.recommend_chunk(frame, tolerance=0.2)["chunk"] == 256
 
@@ -333,12 +333,28 @@ def test_recommend_chunk_keeps_a_smaller_chunk_whose_ci_reaches_the_tolerance():
 
 
 def test_recommend_chunk_says_when_the_whole_prompt_wins_or_nothing_was_timed():
+    """Before: the unchunked prompt (chunk 2048 of a 2048-row prompt) was recommended, a chunk
+    the profile never timed, while the sentence argued for a smaller one."""
     frame = rows(*prompt_frame({256: 2.0, 512: 1.5, 2048: 1.0}))
     rec = analysis.recommend_chunk(frame)
-    assert rec["chunk"] == 2048 and rec["reason"].endswith(
-        "(the whole prompt: chunking bought no time here)")
+    assert rec["chunk"] == 512 and rec["best_chunk"] == 2048
+    assert rec["ratio_to_best"] == pytest.approx(1.5)
+    assert rec["reason"].startswith(
+        "every chunk timed is more than 5% slower than the whole prompt: chunking bought no time "
+        "here, only bounded memory, and chunk 512 costs least against the fastest (")
+    assert "whole prompt): 1.500x of its mean" in rec["reason"]
+    whole = analysis.recommend_chunk(rows(*prompt_frame({2048: 1.0})))
+    assert whole["chunk"] is None and "no chunk shorter than the prompt" in whole["reason"]
     assert analysis.recommend_chunk(frame, arm="chunked") == {
         "arm": "chunked", "chunk": None, "reason": "chunked was not timed in this run"}
+
+
+def test_the_recommended_chunk_is_one_the_run_timed_even_beside_a_faster_whole_prompt():
+    """Before: a 513-token prompt (512 rows) timed at chunks 64 and 256 recommended 512, the
+    whole prompt, although chunk 256 was within the tolerance."""
+    frame = rows(*prompt_frame({64: 1.2, 256: 1.02, 512: 1.0}, prompt_rows=512))
+    rec = analysis.recommend_chunk(frame)
+    assert rec["chunk"] == 256 and "a smaller chunk holds less memory" in rec["reason"]
 
 
 def test_prompt_time_relative_divides_by_the_same_arms_unchunked_time():

@@ -183,6 +183,66 @@ def test_the_report_first_screen_says_the_timings_are_not_trustworthy(tmp_path):
         page)  # the notebook's row says it too
 
 
+def _goals_notebook(path: Path) -> None:
+    """An executed notebook that shows a goals table as the measuring notebooks do."""
+    import nbformat
+
+    from stagelab.analyse import analysis
+    from stagelab.present import tables
+
+    shown = tables.show(analysis.goals_frame([analysis.goal("reuse lever", "CI above 1", "2x",
+                                                             True)])).to_html()
+    cell = nbformat.v4.new_code_cell("show()", outputs=[nbformat.v4.new_output(
+        "display_data", data={"text/html": shown, "text/plain": "table"})])
+    nbformat.write(nbformat.v4.new_notebook(cells=[cell]), str(path))
+
+
+def test_every_page_of_a_busy_run_says_so_and_its_goals_are_met_on_untrustworthy_timings(
+        tmp_path):
+    """Before: only index.html and notebook 04 said "not trustworthy"; notebook 01 of a busy run
+    marked its reuse goal "met" and the header said "status ok" in green."""
+    from stagelab.run import execute
+
+    manifest = busy_manifest(tmp_path, "01_d2h_staging")
+    _goals_notebook(tmp_path / "01_d2h_staging.ipynb")
+    entry = manifest["notebooks"][0]
+    execute.export_html(tmp_path, entry, manifest)
+    page = (tmp_path / entry["html"]).read_text()
+    head = page[page.index("<body>"):page.index("<div class=\"cell")]
+    assert "TIMINGS NOT TRUSTWORTHY" in head and "01_d2h_staging ran on a busy machine" in head
+    assert "timings <span class='failed'>not trustworthy</span>" in head
+    assert ">met on untrustworthy timings</td>" in page and ">met</td>" not in page
+    index = report.write_index(tmp_path).read_text()
+    assert "timings <span class='failed' id='trust'>not trustworthy</span>" in index
+    manifest["notebooks"][0]["load"] = busy.assess(reading(0, 100, 50), reading(10, 101, 59))
+    execute.export_html(tmp_path, entry, manifest)
+    quiet = (tmp_path / entry["html"]).read_text()
+    assert "NOT TRUSTWORTHY" not in quiet and ">met</td>" in quiet
+    assert "timings <span class='ok'>trustworthy</span>" in quiet
+
+
+def test_runs_lists_trust_and_marks_a_run_that_differs_from_its_profile(tmp_path, capsys):
+    """Before: `stagelab runs` listed a busy run as ok, and a one-notebook --only run with
+    changed parameters as "quick, ok"."""
+    from stagelab import cli
+
+    run_dir = tmp_path / "20261201T100000Z_vm_quick"
+    run_dir.mkdir()
+    manifest = busy_manifest(run_dir, "01_d2h_staging")
+    manifest["notebooks"][0]["parameters"] = {"models": ["Mistral-7B-v0.3", "Qwen2.5-7B"],
+                                              "rows": [1, 16, 64], "rounds": 3, "warmup": 3}
+    rundir.write_manifest(run_dir, manifest)
+    assert cli.main(["runs", "--root", str(tmp_path)]) == 0
+    header, line = capsys.readouterr().out.strip().splitlines()
+    assert header.split()[-2:] == ["trust", "status"]
+    assert line.split()[:2] == [run_dir.name, "quick*"] and " not trustworthy " in line
+    assert line.endswith("* only 01_d2h_staging; 01_d2h_staging: rounds=3")
+    assert cli.main(["runs", "--root", str(tmp_path), "--json"]) == 0
+    (listed,) = json.loads(capsys.readouterr().out)
+    assert listed["trust"] == trust.NOT_TRUSTWORTHY and listed["status"] == rundir.OK
+    assert listed["changed"] == ["only 01_d2h_staging", "01_d2h_staging: rounds=3"]
+
+
 def test_the_report_says_when_the_load_was_not_recorded(tmp_path):
     manifest = busy_manifest(tmp_path)
     manifest["notebooks"][0].pop("load")

@@ -291,3 +291,26 @@ def test_compare_does_not_judge_runs_that_are_not_trustworthy_or_too_short(tmp_p
 def test_compare_cells_read_as_the_report_s_tables_do():
     assert [compare.format_value(v) for v in (None, True, False, 3, 2.0, "no `decisive` cells")] == [
         "-", "yes", "no", "3", "2.00", "no decisive cells"]
+
+
+def test_compare_json_gives_each_quantity_every_runs_value_and_the_ratio(cpu_and_h200,
+                                                                         tmp_path, capsys):
+    """`stagelab compare --json`: the comparison machine-readable (pyperf's compare_to and
+    nvbandwidth print JSON), strict JSON, the same figures as the table."""
+    import json
+
+    a, b = cpu_and_h200
+    assert cli.main(["compare", str(a), str(b), "--json", "--out", str(tmp_path / "c.html")]) == 0
+    captured = capsys.readouterr()
+    found = json.loads(captured.out)
+    assert "page: " in captured.err and (tmp_path / "c.html").is_file()
+    assert [run["label"] for run in found["runs"]] == ["A_cpu", "B_h200"]
+    total = next(q for q in found["quantities"] if (q["section"], q["quantity"]) == TOTAL)
+    assert total["values"] == {"A_cpu": 10.0, "B_h200": 25.0}
+    assert total["ratios_to_first"] == {"B_h200 / A_cpu": 2.5}
+    share = next(q for q in found["quantities"]
+                 if q["quantity"] == "n=64 V=152064 pinned_grow_only % of link")
+    assert share["values"]["A_cpu"] is None and share["ratios_to_first"] == {}
+    gpu = next(q for q in found["quantities"] if (q["section"], q["quantity"]) == (
+        "hardware", "GPU"))
+    assert gpu["values"]["B_h200"] == "NVIDIA H200"

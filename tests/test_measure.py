@@ -139,13 +139,13 @@ def test_the_gate_estimate_states_the_round_cap_and_its_device_time(capsys):
 
 
 def lease_deadline_s() -> str:
-    """The ``--deadline-s`` of the README's lease command."""
-    command = next(line for line in (REPO / "README.md").read_text().splitlines()
+    """The ``--deadline-s`` of the lease command docs/gpu-lease.md gives."""
+    command = next(line for line in (REPO / "docs" / "gpu-lease.md").read_text().splitlines()
                    if line.startswith("PYTHONPATH=lib python3 -m stagelab measure --profile gate"))
     return command.split("--deadline-s ")[1].split()[0]
 
 
-def test_the_readme_lease_deadline_starts_every_gate_cell_on_the_estimate(capsys):
+def test_the_lease_deadline_starts_every_gate_cell_on_the_estimate(capsys):
     """Admission needs 2.5x a cell's prediction left: the deadline the README gives must start
     every cell of the gate were each to take its estimate, or the family cannot decide."""
     deadline = lease_deadline_s()

@@ -21,7 +21,7 @@ BAD = [
     ("03_prompt_logprobs.overlaps=[]", "03_prompt_logprobs.overlaps: [] is empty"),
     # Before: "is a str".
     ("01_d2h_staging.rounds=1e9", "01_d2h_staging.rounds=1000000000.0 is a float, expected int "
-                                  "(default 30); write 1000000000"),
+                                  "(default 12); write 1000000000"),
     ("01_d2h_staging.rows=[1e3]", "01_d2h_staging.rows: 1000.0 is not a positive integer; "
                                   "write [1000]"),
     ("01_d2h_staging.rounds=\"20\"", "01_d2h_staging.rounds='20' is a str, expected int"),

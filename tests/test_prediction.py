@@ -292,16 +292,19 @@ def test_predict_refuses_an_unknown_platform_and_a_folder_without_rates(tmp_path
     assert "no step table" in capsys.readouterr().err
 
 
-def test_the_plot_draws_one_band_and_one_bar_per_platform():
+def test_the_plot_draws_one_panel_per_platform_with_its_band_and_bar():
+    """Small multiples: nine platforms' bands once shared one panel, and grey meant two things."""
     from stagelab.present import plots
 
     rates = rates_of(GPU_TERMS, 4 * 152_064 * 16)
     curves = pd_concat([predict.saving_curve(p, 152_064, 5, QWEN, rates, 0.02)
                         for p in (platform(), predict.platform_named("H200"))])
     figure = plots.prediction_bands(curves)
-    ax = figure.axes[0]
-    assert len(ax.collections) == 2 and len(ax.lines) == 4
-    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["H200", "Test"]
+    panels = [ax for ax in figure.axes if ax.axison]
+    assert [ax.get_title() for ax in panels] == ["H200", "Test"]
+    assert all(len(ax.collections) == 1 and len(ax.lines) == 2 for ax in panels)
+    labels = [t.get_text() for t in figure.legends[0].get_texts()]
+    assert labels[0] == "V = 152,064" and "grey: host rates measured here" in labels
 
 
 def pd_concat(frames):
@@ -319,7 +322,10 @@ def test_the_report_and_the_fleet_page_show_prediction_beside_measurement(tmp_pa
     check = predict.check_run(schema.make_rows(synthetic_step()), None)
     shown = report.prediction_html(check)
     assert "Predicted beside measured (this CPU" in shown
-    assert "<td>seed_pageable</td>" in shown and "measured_ms" in shown
+    assert "<td>seed_pageable</td>" in shown and "<th>measured (ms)</th>" in shown
+    # Before: DataFrame.to_html with high_ms, low_ms, True/False and bare fractions
+    assert not any(raw in shown for raw in ("_ms", ">True<", ">False<", ">nan<", ">None<"))
+    assert "<th>error (%)</th>" in shown
     assert report.prediction_html(None) == ""
     run = tmp_path / "node-run"
     run.mkdir()

@@ -153,6 +153,20 @@ def test_the_machine_table_says_sizes_and_missing_values_in_words():
     assert ("torch", "cuda available", "no") in rows
 
 
+def test_the_machine_table_gives_each_size_in_its_unit_and_no_dotted_keys():
+    """Before: the report showed a 4096-byte page as "0.0 GiB", a 256 MiB buffer as 268435456
+    and keys such as "fresh fill.stages.zero fill.seconds"."""
+    rows = machine.readable_rows({"machine": {"fresh_fill": {
+        "bytes": 2**28, "page_bytes": 4096, "refill_gbps": 31.1,
+        "stages": {"zero_fill": {"seconds": 0.052112, "minor_faults": 65560}}}}})
+    assert [row for row in rows if row[0] == "machine"] == [
+        ("machine", "fresh fill, size", "256.0 MiB"),
+        ("machine", "fresh fill, page", "4 KiB"),
+        ("machine", "fresh fill, refill (GB/s)", "31.1"),
+        ("machine", "fresh fill, zero fill, time", "52.1 ms"),
+        ("machine", "fresh fill, zero fill, minor faults", "65560")]
+
+
 # ------------------------------------------------------------------------- captions in words
 
 def test_every_figure_a_notebook_saves_has_a_caption_in_words():
@@ -208,3 +222,54 @@ def test_the_key_plot_draws_a_lever_shown_for_context_in_its_arm_colour():
                                           "reason": "not measured"}], "step_levers": [lever]})
     drawn = {to_hex(line.get_color()) for line in ax.get_lines() if len(line.get_xdata()) == 1}
     assert drawn == {plots.arm_color("seed_pageable_reused")}
+
+
+# ------------------------------------------------------------- plots that match their captions
+
+def _memory_rows() -> pd.DataFrame:
+    records = [dict(arm=arm, chunk=chunk, rows=1024, vocab=V, dtype="float32",
+                    metric=metric, bytes=int(factor * chunk * V * 4), status="ok")
+               for arm in ("fused", "fused+overlap") for chunk in (64, 256)
+               for metric, factor in (("peak_host_bytes", 1.1), ("predicted_peak_bytes", 1.0))]
+    return schema.make_rows(records)
+
+
+def test_the_memory_plot_draws_measured_solid_and_the_model_dashed_for_every_arm():
+    """Before: the model was drawn solid and the measurement dashed (the docs say the opposite),
+    the overlapped arm had no model line, and the legend read predicted_peak and peak_host."""
+    ax = plots.prompt_memory(_memory_rows())
+    lines = {(to_hex(line.get_color()), line.get_linestyle()) for line in ax.get_lines()}
+    for arm in ("fused", "fused+overlap"):
+        assert {(plots.arm_color(arm), "-"), (plots.arm_color(arm), "--")} <= lines
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert labels == ["fused", "fused+overlap", "measured", "model"]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["64", "256"]  # ticks at the chunks
+    assert "solid" in report_caption("03_prompt_logprobs_memory")
+
+
+def report_caption(stem: str, gpu: bool = True) -> str:
+    from stagelab.present import report
+
+    return report.figure_caption(f"figures/{stem}.png", gpu)
+
+
+def test_a_figure_without_data_is_a_sentence_and_legends_name_a_twin_in_words(tmp_path):
+    """Before: an empty framed box said "NVMLError_LibraryNotFound"; a legend read
+    seed_pageable~aa; the bandwidth caption named a PCIe line a CPU run does not draw."""
+    from stagelab.run import context
+
+    empty = schema.make_rows([dict(arm="pageable_fresh", metric="pcie_tx_bytes_per_s",
+                                   status="unavailable", note="NVMLError_LibraryNotFound")])
+    figure = plots.pcie(empty).figure
+    assert plots.empty_reason(figure) == "PCIe throughput not measured: NVMLError_LibraryNotFound"
+    assert plots.empty_reason(plots.prompt_memory(_memory_rows()).figure) is None
+    ctx = context.notebook_context("01_d2h_staging", tmp_path)
+    ctx.save_figure(figure, "pcie")
+    assert not (tmp_path / "figures" / "01_d2h_staging_pcie.png").exists()
+    compared = pd.DataFrame([dict(rows=16, vocab=V, baseline="seed_pageable",
+                                  candidate="seed_pageable~aa", speedup=1.0, ci_low=0.99,
+                                  ci_high=1.01, saved_ms=0.0)])
+    labels = plots.speedups(compared).get_legend_handles_labels()[1]
+    assert labels == ["seed_pageable (A/A twin)"]
+    assert "dashed" not in report_caption("01_d2h_staging_bandwidth", gpu=False)
+    assert "dashed: the PCIe link" in report_caption("01_d2h_staging_bandwidth")

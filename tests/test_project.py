@@ -174,3 +174,25 @@ def test_the_readme_stays_short_and_links_the_docs():
         assert f"(docs/{doc}.md" in readme, doc
     image = re.search(r"!\[[^\]]+\]\((docs/img/[^)]+\.png)\)", readme)
     assert image and (paths.REPO_ROOT / image.group(1)).is_file()
+
+
+def test_notebook_defaults_answer_in_seconds_and_the_profiles_keep_their_full_sizes():
+    """Before: notebook 03's defaults were 8,193 tokens at a 152k vocabulary (minutes and 18 GiB
+    when run by hand in the Lab). The defaults are now the quick profile's sizes, and every profile
+    that relied on an old default lists it, so that gate and full still measure what they did."""
+    quick = profiles.profile_parameters("quick")
+    for name, given in profiles.load_profiles()["quick"]["notebooks"].items():
+        defaults = profiles.notebook_parameters(paths.NOTEBOOKS_DIR / f"{name}.ipynb")
+        assert {key: defaults[key] for key in given} == given, name
+        assert quick[name] == defaults | given
+    full, gate = profiles.profile_parameters("full"), profiles.profile_parameters("gate")
+    assert (full["03_prompt_logprobs"]["tokens"], full["03_prompt_logprobs"]["hidden"],
+            full["03_prompt_logprobs"]["dtype"]) == (8193, 0, "bfloat16")
+    assert full["03_prompt_logprobs"]["chunks"] == [256, 512, 1024, 2048, 4096]
+    assert full["02_logprobs_step"]["max_rounds"] == 400
+    assert full["04_verdict"]["decisive_rows"] == [16, 64, 256]
+    assert full["04_verdict"]["calibration_trials"] == 200
+    for profile in (full, gate):
+        assert profile["05_prediction"]["decisive_models"] == ["Qwen2.5-7B", "Gemma-3-4B"]
+        assert profile["04_verdict"]["decisive_models"] == ["Qwen2.5-7B", "Gemma-3-4B"]
+    assert gate["05_prediction"]["decisive_rows"] == gate["04_verdict"]["decisive_rows"]

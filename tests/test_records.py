@@ -113,7 +113,8 @@ def test_a_wrong_shaped_manifest_is_one_unreadable_row_among_good_ones(tmp_path,
                                                    "notebooks": "all of them"}))
     assert cli.main(["runs", "--root", str(tmp_path)]) == cli.EXIT_OK
     header, *lines = capsys.readouterr().out.strip().splitlines()
-    assert header.split() == ["run", "id", "profile", "started", "(UTC)", "device", "status"]
+    assert header.split() == ["run", "id", "profile", "started", "(UTC)", "device", "trust",
+                              "status"]
     assert len(lines) == 3
     assert [line.split()[0] for line in lines if line.endswith("ok")] == [g.name for g in good]
     (row,) = [line for line in lines if line.startswith(bad.name)]

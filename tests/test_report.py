@@ -7,7 +7,7 @@ import json
 import re
 
 from conftest import fake_run
-from stagelab.present import report
+from stagelab.present import report, tables
 
 UNAVAILABLE = "not measured: seed_pinned unavailable: pinned host memory needs a CUDA device"
 
@@ -197,3 +197,32 @@ def test_the_report_shows_the_recommended_change_and_the_three_answers(tmp_path)
     (older / "verdict.json").write_text(json.dumps(
         {"overall": {"decision": "PORT", "summary": "Ports."}, "decisive": [decisive_cell(16)]}))
     assert "Recommended change" not in report.write_index(older).read_text()
+
+
+def test_the_first_screen_shows_no_literal_backticks(tmp_path):
+    """Before: a finding's Markdown `code` showed on the landing page with its backticks."""
+    run_dir = fake_run(tmp_path / "runs")
+    (run_dir / "verdict.json").write_text(json.dumps(
+        {"overall": {"decision": "CLOSE", "summary": "`seed_pinned` saves nothing."},
+         "decisive": [decisive_cell(16)], "findings": ["The twin of `seed_pageable` <agrees>."]}))
+    page = report.write_index(run_dir).read_text()
+    box = page[page.index("<section class='verdict'"):page.index("</section>")]
+    assert "`" not in box and "<code>seed_pinned</code> saves nothing." in box
+    assert "<li>The twin of <code>seed_pageable</code> &lt;agrees&gt;.</li>" in box
+
+
+def test_a_wide_table_is_shown_as_narrower_ones_that_repeat_which_row_it_is():
+    """Before: notebooks 04 and 05 were 2,028 px wide at a 1,366 px screen (23 and 20 columns)."""
+    import pandas as pd
+
+    frame = pd.DataFrame([{"rows": n, "vocab": 1000, **{f"part_{i}_ms": float(i) for i in
+                                                        range(20)}} for n in (16, 64)])
+    shown = tables.show(frame)
+    assert isinstance(shown, tables.SplitTable) and len(shown.parts) == 2
+    heads = [list(part.data.columns) for part in shown.parts]
+    assert all(head[:2] == ["n (rows)", "V (vocabulary)"] for head in heads)
+    assert all(len(head) <= tables.MAX_COLUMNS for head in heads)
+    assert sum(len(head) - 2 for head in heads) == 20
+    assert shown._repr_html_().count("<table") == 2
+    narrow = tables.show(frame.iloc[:, :8])
+    assert not isinstance(narrow, tables.SplitTable)

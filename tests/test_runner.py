@@ -518,3 +518,23 @@ def test_progress_lines_name_each_notebook_cell_and_sweep_cell_with_the_time(tmp
     with execute.ProgressLines("[1/1] x:", output, log, False):
         log.write_text("staging: cell 1/1 n=1 V=4096: 6 ok\n")  # disabled: nothing said
     assert capsys.readouterr().err == ""
+
+
+def test_a_long_cell_says_it_is_still_running_at_least_every_10_s(tmp_path, capsys, monkeypatch):
+    """Before: notebook 03 was silent in the terminal for 104 s while one cell ran."""
+    output = write_notebook(tmp_path / "03.ipynb", 'run_dir = ""', "x = 1")
+    nb = nbformat.read(str(output), as_version=4)
+    nb.cells[1].metadata["papermill"] = {"start_time": "2026-12-01T00:00:00"}
+    nbformat.write(nb, str(output))
+    clock = [100.0]
+    monkeypatch.setattr(execute.time, "perf_counter", lambda: clock[0])
+    assert execute.HEARTBEAT_S < 10
+    with execute.ProgressLines("[4/6] 03_prompt_logprobs:", output, tmp_path / "kernel.log", True,
+                               interval_s=60) as lines:
+        for _ in range(25):  # 25 s of one cell, polled each second
+            clock[0] += 1
+            lines.poll()
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "[4/6] 03_prompt_logprobs: cell 2/2 (1 s)"
+    assert err[1:] == ["[4/6] 03_prompt_logprobs: cell 2/2 still running (10 s)",
+                       "[4/6] 03_prompt_logprobs: cell 2/2 still running (19 s)"]

@@ -185,6 +185,35 @@ def test_make_run_installs_no_extra_and_lab_and_test_add_theirs(tmp_path):
     assert "--extra lab" in dry["test"] and "--extra test" in dry["test"]
 
 
+def test_the_projects_jupyter_config_strips_outputs_of_tracked_notebooks_on_save(
+        tmp_path, monkeypatch):
+    """Before: saving a notebook in Lab wrote its outputs into the tracked notebooks/*.ipynb."""
+    if importlib.util.find_spec("jupyter_server") is None:
+        pytest.skip("jupyter_server is not installed (make lab and make test install it)")
+    import nbformat
+    from jupyter_server.services.contents.filemanager import FileContentsManager
+
+    from stagelab.run import lab
+
+    config = json.loads((lab.CONFIG_DIR / "jupyter_server_config.json").read_text())
+    assert config["LabApp"]["news_url"] is None  # no news prompt, nothing fetched
+    hook = config["FileContentsManager"]["pre_save_hook"]
+    tracked = tmp_path / "notebooks"
+    (tracked / "scratch").mkdir(parents=True)
+    monkeypatch.setattr(paths, "NOTEBOOKS_DIR", tracked)
+    manager = FileContentsManager(root_dir=str(tracked), pre_save_hook=hook)
+    cell = nbformat.v4.new_code_cell("1", execution_count=3, outputs=[
+        nbformat.v4.new_output("execute_result", data={"text/plain": "1"}, execution_count=3)])
+    for name in ("01_d2h_staging.ipynb", "scratch/mine.ipynb"):
+        manager.save({"type": "notebook", "format": "json",
+                      "content": nbformat.v4.new_notebook(cells=[cell.copy()])}, name)
+    saved = nbformat.read(str(tracked / "01_d2h_staging.ipynb"), as_version=4).cells[0]
+    assert saved.outputs == [] and saved.execution_count is None and saved.source == "1"
+    mine = nbformat.read(str(tracked / "scratch" / "mine.ipynb"), as_version=4).cells[0]
+    assert len(mine.outputs) == 1  # a notebook of the user's own keeps what it shows
+    assert "JUPYTER_CONFIG_PATH=" in _make("-n", "lab", "VENV=/nowhere").stdout
+
+
 @pytest.mark.slow
 def test_make_lab_as_root_starts_and_answers(tmp_path):
     """`make lab` as the README gives it (as root in CI: --allow-root), on loopback, then shut
@@ -211,6 +240,10 @@ def test_make_lab_as_root_starts_and_answers(tmp_path):
     try:
         status = _wait_for_json(f"http://127.0.0.1:{port}/api/status", headers, lab, log)
         assert "started" in status
+        _lab_saves_tracked_notebooks_without_outputs(port, headers)
+        with urllib.request.urlopen(urllib.request.Request(
+                f"http://127.0.0.1:{port}/lab", headers=headers)) as response:
+            assert '"news": {"disabled": true}' in response.read().decode()  # no news prompt
         urllib.request.urlopen(urllib.request.Request(
             f"http://127.0.0.1:{port}/api/shutdown", method="POST", headers=headers)).close()
         assert lab.wait(timeout=60) == 0, log.read_text()[-3000:]
@@ -218,6 +251,26 @@ def test_make_lab_as_root_starts_and_answers(tmp_path):
         if lab.poll() is None:
             os.killpg(lab.pid, 15)
             lab.wait(timeout=30)
+
+
+def _lab_saves_tracked_notebooks_without_outputs(port: int, headers: dict) -> None:
+    """Save a notebook with an output into notebooks/ through Lab's contents API, as Ctrl-S
+    does: the file written has no output (the project's pre_save_hook); it is removed after."""
+    import nbformat
+
+    name = f"zz_probe_{os.getpid()}.ipynb"
+    cell = nbformat.v4.new_code_cell("1", execution_count=1, outputs=[
+        nbformat.v4.new_output("execute_result", data={"text/plain": "1"}, execution_count=1)])
+    body = json.dumps({"type": "notebook", "format": "json",
+                       "content": nbformat.v4.new_notebook(cells=[cell])}).encode()
+    try:
+        urllib.request.urlopen(urllib.request.Request(
+            f"http://127.0.0.1:{port}/api/contents/{name}", data=body, method="PUT",
+            headers={**headers, "Content-Type": "application/json"})).close()
+        saved = nbformat.read(str(paths.NOTEBOOKS_DIR / name), as_version=4)
+        assert saved.cells[0].outputs == [] and saved.cells[0].execution_count is None
+    finally:
+        (paths.NOTEBOOKS_DIR / name).unlink(missing_ok=True)
 
 
 def _wait_for_json(url: str, headers: dict, process: subprocess.Popen, log: Path,

@@ -131,6 +131,33 @@ def test_progress_goes_to_the_terminal_per_cell_and_never_into_the_html(tmp_path
             assert ": cell 1/" not in text and "it/s]" not in text
 
 
+# The class nbconvert gives a stderr stream's output (a pink box on a page; the page's style
+# names the class too, so an element carrying it is looked for).
+STDERR_BOX = re.compile(r"""class=["'][^"']*\boutput_stderr\b""")
+
+
+def test_no_exported_page_has_a_stderr_output(tiny_run, tmp_path):
+    """Progress belongs to the terminal. Before: 6 pink stderr boxes in notebook 01's page, 2 in
+    02's, 1 in 03's (ipykernel echoed the sweeps' lines, written to the process's own stderr,
+    into the cell)."""
+    import nbformat
+
+    from stagelab.present import report
+
+    run_dir, manifest = tiny_run
+    for entry in manifest["notebooks"]:
+        notebook = nbformat.read(str(run_dir / entry["output"]), as_version=4)
+        streams = ["".join(o.get("text", "")) for cell in notebook.cells
+                   for o in cell.get("outputs", []) if o.get("name") == "stderr"]
+        assert streams == [], (entry["name"], streams)
+        assert not STDERR_BOX.search((run_dir / entry["html"]).read_text()), entry["name"]
+    assert not STDERR_BOX.search(report.write_single_file(run_dir).read_text())
+    noisy = nbformat.v4.new_code_cell("x", outputs=[
+        nbformat.v4.new_output("stream", name="stderr", text="cell 1/2\n")])
+    nbformat.write(nbformat.v4.new_notebook(cells=[noisy]), str(tmp_path / "noisy.ipynb"))
+    assert STDERR_BOX.search(report.notebook_body(tmp_path / "noisy.ipynb"))  # the control
+
+
 @pytest.mark.parametrize("page_name", ["index.html", "00_environment.html", "01_d2h_staging.html",
                                        "02_logprobs_step.html", "03_prompt_logprobs.html",
                                        "04_verdict.html", "05_prediction.html", "single-file"])
@@ -205,3 +232,69 @@ def test_screenshots_of_the_report_and_notebooks_02_and_03(tiny_run):
     assert all(size > 10_000 for size in sizes.values()), sizes
     copied = [p.relative_to(run_dir) for p in evidence.evidence_files(run_dir)]
     assert not any(part.parts[0] == "screenshots" for part in copied)
+
+
+# A run folder to take the screenshots of instead of the tiny run (a run made beside CPU hogs, to
+# see that every page says its timings are not trustworthy), and where to put them.
+SCREENSHOT_RUN, SCREENSHOT_DIR = "STAGELAB_SCREENSHOT_RUN", "STAGELAB_SCREENSHOT_DIR"
+SCREEN = {"width": 1366, "height": 768}  # the laptop screen a reviewer reads the report on
+READ_PAGES = ("index.html", "01_d2h_staging.html", "02_logprobs_step.html",
+              "03_prompt_logprobs.html", "04_verdict.html", "05_prediction.html")
+RAW_CELL = re.compile(r"^(True|False|None|nan|NaN)$")
+SNAKE_CASE = re.compile(r"\b[a-z]+_[a-z_]+\b")
+# The first screen of each page, its width, its table headers and cells, its stderr boxes.
+PAGE_FACTS = """() => ({
+  width: document.documentElement.scrollWidth,
+  top: document.body.innerText.slice(0, 600),
+  trustTop: Array.from(document.querySelectorAll('#untrusted, #trust, #page-of'))
+                 .map(e => e.getBoundingClientRect().top),
+  headers: Array.from(document.querySelectorAll('th')).map(e => e.innerText.trim()),
+  cells: Array.from(document.querySelectorAll('td')).map(e => e.innerText.trim()),
+  stderr: document.querySelectorAll('.output_stderr').length})"""
+
+
+def test_screenshots_at_1366_px_say_trust_first_with_no_raw_cell_nor_stderr_box(request):
+    """The front page and notebooks 01-05 at a 1,366 x 768 screen, as a reviewer sent one page
+    sees them, each saved as its first screen and in full: each fits the width, says at the top
+    whether its run's timings can be trusted (and, for a busy run, "not trustworthy"), shows no
+    stderr box, and the front page no raw cell (snake_case header, True/False/None/nan)."""
+    if CHROMIUM is None:
+        if os.environ.get("CI"):
+            pytest.fail("chromium is missing: `make test` installs Debian's chromium package")
+        pytest.skip("chromium is not installed (make test installs it)")
+    from pathlib import Path
+
+    from playwright.sync_api import sync_playwright
+
+    from stagelab.analyse import trust
+
+    given = os.environ.get(SCREENSHOT_RUN)
+    run_dir = Path(given) if given else request.getfixturevalue("tiny_run")[0]
+    shots = Path(os.environ.get(SCREENSHOT_DIR) or run_dir / "screenshots")
+    shots.mkdir(parents=True, exist_ok=True)
+    state = trust.run_trust(run_dir, rundir.read_manifest(run_dir))
+    facts = {}
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM,
+                                     args=["--no-sandbox", "--disable-gpu"])
+        page = browser.new_page(viewport=SCREEN)
+        for name in READ_PAGES:
+            page.goto((run_dir / name).as_uri())
+            page.wait_for_load_state("load")
+            stem = name.removesuffix(".html")
+            page.screenshot(path=str(shots / f"{stem}_first_screen.png"))
+            page.screenshot(path=str(shots / f"{stem}_full.png"), full_page=True)
+            facts[name] = page.evaluate(PAGE_FACTS)
+        browser.close()
+    for name, seen in facts.items():
+        assert seen["width"] <= SCREEN["width"], (name, seen["width"])
+        assert seen["stderr"] == 0, name
+        assert seen["trustTop"] and min(seen["trustTop"]) < SCREEN["height"], name
+        assert f"timings {state}" in seen["top"].replace("\n", " "), (name, seen["top"])
+        if state == trust.NOT_TRUSTWORTHY:
+            assert "TIMINGS NOT TRUSTWORTHY" in seen["top"] or name == "index.html", name
+    front = facts["index.html"]
+    assert not [h for h in front["headers"] if SNAKE_CASE.search(h)], front["headers"]
+    assert not [c for c in front["cells"] if RAW_CELL.match(c)]
+    assert all((shots / f"{p.removesuffix('.html')}_first_screen.png").stat().st_size > 10_000
+               for p in READ_PAGES)

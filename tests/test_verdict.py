@@ -568,10 +568,9 @@ def test_the_levers_copy_and_reference_tables(full_verdict):
 
 def test_the_prompt_sentence(full_verdict):
     assert verdict.prompt_sentence(full_verdict) == (
-        "Recommended chunk: **512** (fused+overlap): smallest chunk not shown to be more than "
-        "5% slower than the fastest (1.00 ms on average at chunk 1024): 1.030x of its mean (CI "
-        "1.030-1.030); a "
-        "smaller chunk holds less memory.")
+        "Recommended chunk: **512** (fused+overlap): the smallest chunk timed not shown to be "
+        "more than 5% slower than the fastest (1.00 ms on average, chunk 1024): 1.030x of its "
+        "mean (CI 1.030-1.030); a smaller chunk holds less memory.")
     assert verdict.prompt_sentence({"prompt_logprobs": None}) == (
         "Notebook 03's data is missing from this run.")
 
@@ -606,6 +605,19 @@ def test_the_verdict_states_its_context(tmp_path):
     assert context["logprobs_only_min_speedup"] == pytest.approx([MIN_SPEEDUP] * 2)
     assert "forward_ms = 0" in context["words"] and "Holm" in context["family"]
     assert result["other_log_softmax"]["measured"] is False
+
+
+def test_a_cpu_run_says_its_log_softmax_runs_on_the_host(tmp_path):
+    """Before: a CPU run said "the log-softmax runs on the device"; its device is the host."""
+    cells = step_cell(64, 1.5)
+    for device, expected in (("cpu", "runs on the host (a CPU run"),
+                             ("cuda:0 NVIDIA H200", "runs on the device.")):
+        run = write_step(tmp_path / device.replace(" ", "_").replace(":", ""),
+                         [{**row, "device": device} for row in cells])
+        words = build(run, [64])["context"]["words"]
+        assert expected in words, words
+        frame = schema.read_table(run, "step")
+        assert expected.split(" (")[0] in analysis.step_context(frame, 0.02)
 
 
 def test_forward_ms_moves_the_logprobs_only_bar_and_the_other_log_softmax_is_decided(tmp_path):

@@ -66,8 +66,10 @@ def _parser() -> argparse.ArgumentParser:
                      "only if it is an earlier single-file report")
     rep.add_argument("--force", action="store_true",
                      help="let --out replace an existing file (never a run's record files)")
-    runs = sub.add_parser("runs", help="list run folders")
+    runs = sub.add_parser("runs", help="list run folders: profile (* where the run's notebooks "
+                          "or parameters differ from it), device, trust, status")
     runs.add_argument("--root", type=Path, default=paths.RUNS_DIR)
+    runs.add_argument("--json", action="store_true", help="print JSON instead of a table")
     keep = sub.add_parser("keep", help="copy an ok run's evidence under data/reference/ to commit "
                           "it, and regenerate data/reference/index.html")
     keep.add_argument("run_dir", type=Path)
@@ -93,6 +95,9 @@ def _parser() -> argparse.ArgumentParser:
                           "existing file is replaced only if it is an earlier compare page")
     cmp.add_argument("--force", action="store_true",
                      help="let --out replace an existing file (never a run's record files)")
+    cmp.add_argument("--json", action="store_true",
+                     help="print the comparison as JSON instead of a table (the page is still "
+                          "written; its path goes to stderr)")
     fleet = sub.add_parser(
         "fleet", help="measure a profile on every GPU node of a Ray cluster and compare them",
         description="Run `stagelab measure` once on each chosen node of an existing Ray cluster "
@@ -282,21 +287,65 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_runs(args: argparse.Namespace) -> int:
     from stagelab.core import rundir
 
-    listed = rundir.list_runs(args.root)
+    listed = [run_listing(run, Path(args.root) / run.run_id)
+              for run in rundir.list_runs(args.root)]
+    if args.json:
+        print(json.dumps(listed, indent=2))
+        return EXIT_OK
     if not listed:
         print(f"no run folders under {args.root}")
         return EXIT_OK
-    print(RUNS_ROW.format("run id", "profile", "started (UTC)", "device", "status"))
+    print(RUNS_ROW.format("run id", "profile", "started (UTC)", "device", "trust", "status"))
     for run in listed:
-        details = "".join(f"  {status}: {', '.join(names)}" for status in rundir.NOT_DELIVERED
-                          if (names := run.not_delivered(status)))
-        print(RUNS_ROW.format(run.run_id, run.profile or "", run.created_utc or "",
-                              run.device or "", run.status)
-              + f"{details}{'  (' + run.problem + ')' if run.problem else ''}")
+        details = "".join(f"  {status}: {', '.join(names)}"
+                          for status, names in run["not_delivered"].items())
+        changed = f"  * {'; '.join(run['changed'])}" if run["changed"] else ""
+        print(RUNS_ROW.format(run["run_id"], (run["profile"] or "") + ("*" if changed else ""),
+                              run["created_utc"] or "", run["device"] or "", run["trust"] or "",
+                              run["status"])
+              + f"{details}{changed}{'  (' + run['problem'] + ')' if run['problem'] else ''}")
     return EXIT_OK
 
 
-RUNS_ROW = "{:48} {:11} {:26} {:24} {}"  # `stagelab runs`: the header and each run, aligned
+RUNS_ROW = "{:48} {:11} {:26} {:24} {:16} {}"  # `stagelab runs`: the header and each run
+
+
+def run_listing(run, run_dir: Path) -> dict:
+    """One run of ``stagelab runs`` as JSON-ready fields: its summary, its timings' trust
+    (:func:`stagelab.analyse.trust.run_trust`) and how it differs from its profile."""
+    from stagelab.analyse import trust
+    from stagelab.core import rundir
+
+    manifest = None if run.problem else rundir.effective_manifest(run_dir)
+    return {"run_id": run.run_id, "profile": run.profile, "created_utc": run.created_utc,
+            "device": run.device, "status": run.status, "problem": run.problem,
+            "trust": trust.run_trust(run_dir, manifest) if manifest else None,
+            "changed": profile_changes(manifest) if manifest else [],
+            "not_delivered": {status: names for status in rundir.NOT_DELIVERED
+                              if (names := run.not_delivered(status))}}
+
+
+def profile_changes(manifest: dict) -> list[str]:
+    """How a run differs from the profile it names, in words: notebooks left out (``--only``)
+    and parameters changed (``--param``); empty for a run of the profile as it stands, or of a
+    profile this checkout does not know (an interactive run, another checkout's profiles)."""
+    from stagelab.run import profiles
+
+    try:
+        profile = (profiles.load_profiles().get(manifest.get("profile")) or {}).get("notebooks")
+    except UserError:
+        return []
+    if not profile:
+        return []
+    entries = {e["name"]: e.get("parameters") or {} for e in manifest.get("notebooks") or []}
+    out = [f"only {', '.join(entries)}"] if set(entries) < set(profile) else []
+    for name, given in entries.items():
+        wanted = profile.get(name) or {}
+        changed = [f"{key}={given.get(key)!r}" for key in sorted({*given, *wanted})
+                   if given.get(key) != wanted.get(key)]
+        if changed:
+            out.append(f"{name}: {', '.join(changed)}")
+    return out
 
 
 def cmd_keep(args: argparse.Namespace) -> int:
@@ -321,6 +370,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     out = compare.claim_out(args.out, args.force)  # refused before any run is read
     comparison = compare.compare(args.runs)
+    if args.json:
+        page = compare.write_html(comparison, out, args.force)
+        print(json.dumps(compare.to_json(comparison), indent=2, allow_nan=False))
+        print(f"page: {page}", file=sys.stderr)
+        return EXIT_OK
     for note in comparison.notes:
         print(f"note: {note}", file=sys.stderr)
     print(compare.render_text(comparison))

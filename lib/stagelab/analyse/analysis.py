@@ -154,6 +154,13 @@ def log_softmax_places(frame: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(means)
 
 
+def measured_on_cpu(frame: pd.DataFrame) -> bool:
+    """Whether a table's rows were all measured on the CPU (its ``device`` column), so that the
+    stage called "device" ran on the host; False for a table without rows."""
+    devices = set(frame["device"].dropna()) if "device" in frame else set()
+    return bool(devices) and devices <= {"cpu"}
+
+
 def step_context(frame: pd.DataFrame, delta: float) -> str:
     """The step's context in Markdown, stated next to its results: the device work queued before
     each step, what delta is a share of, where the log-softmax ran, how many rounds each cell ran
@@ -161,12 +168,15 @@ def step_context(frame: pd.DataFrame, delta: float) -> str:
     forward = frame[(frame["metric"] == "forward_ms") & (frame["status"] == "ok")]
     values = sorted(set(forward["value"].dropna()))
     how = "; ".join(sorted(set(forward["note"].dropna())))
-    places = sorted(set(frame["log_softmax"].dropna()))
+    on_cpu = measured_on_cpu(frame)
+    places = [catalogue.log_softmax_place(p, on_cpu)
+              for p in sorted(set(frame["log_softmax"].dropna()))]
     lines = [f"**Context.** Device work queued before each step: forward_ms = "
              f"{', '.join(f'{v:.2f}' for v in values) or 'not recorded'} ({how or '-'}). "
              f"delta = {delta:.0%} of the decode step (forward + logprobs step), so each timed "
              f"step is a decode step; with forward_ms = 0 the saving is its upper bound. "
-             f"The log-softmax runs on the {' and on the '.join(places) or 'device'}."]
+             f"The log-softmax runs on the "
+             f"{' and on the '.join(dict.fromkeys(places)) or catalogue.log_softmax_place('device', on_cpu)}."]
     stops = frame[frame["metric"] == "rounds"]
     for row in stops.itertuples():
         lines.append(f"- n={row.rows}, V={row.vocab}, K={row.k}: {int(row.value)} rounds "
@@ -293,7 +303,7 @@ def copy_dwarfed(frame: pd.DataFrame,
             f"{1e3 * row['copy']:.2f} ms of a {1e3 * row['total']:.2f} ms step "
             f"({share_words(share, 'copy_share')}); zero-fill {1e3 * row['alloc']:.2f} ms, "
             f"host top-K {1e3 * row['host_gather']:.2f} ms ({row['host_gather_share']:.0%}), "
-            f"free {1e3 * row['free']:.2f} ms, device work {1e3 * row['device']:.2f} ms, "
+            f"free {1e3 * row['free']:.2f} ms, log-softmax {1e3 * row['device']:.2f} ms, "
             f"unattributed {1e3 * row['unattributed']:.2f} ms (means; the parts add up to the "
             f"step). The copy is {_dwarfed_words(share)} (under {DWARFED_SHARE:.0%} counts as "
             f"dwarfed); alloc + copy + free, which pinning removes or shrinks, are "
@@ -508,13 +518,17 @@ def overlap_effect(frame: pd.DataFrame) -> pd.DataFrame:
 def recommend_chunk(frame: pd.DataFrame, arm: str = catalogue.PROMPT_RECOMMENDED_ARM,
                     tolerance: float = 0.05, confidence: float = 0.95,
                     seed: int = 0) -> dict[str, Any]:
-    """The smallest chunk not shown to be more than ``tolerance`` slower than the fastest
-    configuration of that arm (unchunked included), with the times behind the choice.
+    """The smallest chunk the run timed (shorter than the prompt) not shown to be more than
+    ``tolerance`` slower than the fastest configuration of that arm (unchunked included), with
+    the times behind the choice.
 
     Each chunk's mean time is compared with the fastest's over paired rounds, with a bootstrap CI;
     a chunk qualifies unless the whole CI lies above ``1 + tolerance``. Among those, the smallest
     wins, because a chunk's peak memory grows with its size (chunk x vocabulary). Deciding on CIs
-    keeps the choice stable: point estimates on overlapping ranges flipped it between runs."""
+    keeps the choice stable: point estimates on overlapping ranges flipped it between runs. The
+    unchunked prompt is the reference, never the recommendation: where no timed chunk qualifies,
+    the fastest timed chunk is named and the reason says that chunking bought no time here, only
+    bounded memory, at what cost."""
     timed = ok_timings(frame)
     timed = timed[timed["arm"] == arm]
     if timed.empty:
@@ -523,28 +537,45 @@ def recommend_chunk(frame: pd.DataFrame, arm: str = catalogue.PROMPT_RECOMMENDED
                                   aggfunc="mean", observed=True)
     means = per_round.mean().sort_index()
     best_chunk = int(means.idxmin())
-    ratios = {}
-    for chunk in means.index:
-        paired = per_round[[chunk, best_chunk]].dropna().to_numpy(dtype=float)
-        try:
-            ratios[int(chunk)] = stats.paired_speedup(paired[:, 0], paired[:, 1],
-                                                      confidence=confidence, seed=seed)
-        except ValueError:  # fewer than two shared rounds, or bad timings: the point alone
-            point = float(means[chunk] / means[best_chunk])
-            ratios[int(chunk)] = (point, point, point)
-    chunk = min(c for c, (_, low, _) in ratios.items() if low <= 1 + tolerance)
-    ratio, low, high = ratios[chunk]
     rows = int(timed["rows"].iloc[0])
+    ratios = {int(chunk): _ratio_to(per_round, means, int(chunk), best_chunk, confidence, seed)
+              for chunk in means.index if chunk < rows}
+    if not ratios:
+        return {"arm": arm, "chunk": None, "unchunked_rows": rows, "tolerance": tolerance,
+                "reason": f"no chunk shorter than the prompt ({rows} rows) was timed: chunking "
+                          "was not measured"}
+    within = [c for c, (_, low, _) in ratios.items() if low <= 1 + tolerance]
+    chunk = min(within) if within else min(ratios, key=lambda c: ratios[c][0])
+    ratio, low, high = ratios[chunk]
     best_ms = f"{1e3 * float(means[best_chunk]):#.3g}".rstrip(".")  # as tables show it
-    unchunked = " (the whole prompt: chunking bought no time here)" if chunk >= rows else ""
+    where = "the whole prompt" if best_chunk >= rows else f"chunk {best_chunk}"
+    fastest = f"the fastest ({best_ms} ms on average, {where})"
+    measured = (f"{fastest}: this chunk itself" if chunk == best_chunk else
+                f"{fastest}: {ratio:.3f}x of its mean (CI {low:.3f}-{high:.3f})")
+    if within:
+        reason = (f"the smallest chunk timed not shown to be more than {tolerance:.0%} slower "
+                  f"than {measured}; a smaller chunk holds less memory")
+    else:
+        reason = (f"every chunk timed is more than {tolerance:.0%} slower than the whole prompt: "
+                  f"chunking bought no time here, only bounded memory, and chunk {chunk} costs "
+                  f"least against {measured}")
     return {"arm": arm, "chunk": chunk, "mean_seconds": float(means[chunk]),
             "best_seconds": float(means[best_chunk]), "best_chunk": best_chunk,
             "ratio_to_best": ratio, "ratio_ci_low": low, "ratio_ci_high": high,
-            "unchunked_rows": rows, "tolerance": tolerance,
-            "reason": f"smallest chunk not shown to be more than {tolerance:.0%} slower than the "
-                      f"fastest ({best_ms} ms on average at chunk {best_chunk}): "
-                      f"{ratio:.3f}x of its mean (CI {low:.3f}-{high:.3f}); a smaller chunk holds less "
-                      f"memory{unchunked}"}
+            "unchunked_rows": rows, "tolerance": tolerance, "reason": reason}
+
+
+def _ratio_to(per_round: pd.DataFrame, means: pd.Series, chunk: int, best: int,
+              confidence: float, seed: int) -> tuple[float, float, float]:
+    """A chunk's mean time over the fastest's, paired by round, with its CI (the point alone
+    where fewer than two rounds are shared)."""
+    paired = per_round[[chunk, best]].dropna().to_numpy(dtype=float)
+    try:
+        return stats.paired_speedup(paired[:, 0], paired[:, 1], confidence=confidence,
+                                    seed=seed)
+    except ValueError:  # fewer than two shared rounds, or bad timings: the point alone
+        point = float(means[chunk] / means[best])
+        return (point, point, point)
 
 
 def recommendation_sentence(recommendation: dict[str, Any]) -> str:

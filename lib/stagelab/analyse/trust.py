@@ -175,3 +175,28 @@ def warning_markdown(run_dir: Path, verdict: Mapping[str, Any]) -> str:
         parts.append("**TIMINGS NOT TRUSTWORTHY**: run it again on a quiet machine before "
                      "relying on these figures.\n\n" + "\n".join(f"- {r}" for r in found))
     return "\n\n".join(parts)
+
+
+# A run's trust in one word, for the report's header, every page's banner and `stagelab runs`.
+TRUSTWORTHY = "trustworthy"
+NOT_TRUSTWORTHY = "not trustworthy"
+REHEARSAL = "rehearsal"  # too few rounds to judge: not a decision, not a trust check
+LOAD_UNKNOWN = "load unknown"
+NO_TIMINGS = "no timings"
+
+
+def run_trust(run_dir: Path, manifest: Mapping[str, Any] | None = None,
+              verdict: Mapping[str, Any] | None = None) -> str:
+    """Whether a run's timings can be trusted, in one of the words above: a witness objects
+    (:func:`reasons`), too few rounds to judge (:func:`scope_label`), a timing notebook's load
+    not recorded, no timing notebook at all, or trustworthy."""
+    folder = RunFolder(Path(run_dir))
+    manifest = manifest if manifest is not None else _read(folder.manifest_path)
+    verdict = verdict if verdict is not None else _read(folder.verdict_path)
+    if reasons(run_dir, manifest, verdict):
+        return NOT_TRUSTWORTHY
+    if scope_label(verdict):
+        return REHEARSAL
+    if not any(e.get("name") in TIMING_NOTEBOOKS for e in manifest.get("notebooks") or []):
+        return NO_TIMINGS
+    return TRUSTWORTHY if load_known(manifest) else LOAD_UNKNOWN

@@ -520,7 +520,7 @@ def check_parameters(delta: float, min_samples: int, confidence: float, decisive
 
 
 def context_summary(decisive: list[dict[str, Any]], delta: float, log_softmax: str,
-                    family: stats.FamilyDecision | None) -> dict[str, Any]:
+                    family: stats.FamilyDecision | None, on_cpu: bool = False) -> dict[str, Any]:
     """What every verdict states beside its decision: the device work queued before each step,
     what delta is a share of (with the logprobs-only bar beside it), where the log-softmax ran,
     and how the family of cells was combined."""
@@ -536,7 +536,8 @@ def context_summary(decisive: list[dict[str, Any]], delta: float, log_softmax: s
             "log_softmax": log_softmax,
             "family": stats.FAMILY_METHOD,
             "family_reason": family.reason if family else "no decisive cell was measured",
-            "words": context_words(forwards, delta, log_softmax)}
+            "words": context_words(forwards, delta,
+                                   catalogue.log_softmax_place(log_softmax, on_cpu))}
 
 
 OVERLAP = ("assumed: the forward is queued without a wait before each timed step, so the seed's "
@@ -724,7 +725,8 @@ def build_verdict(run_dir: Path | str, *, decisive_rows: list[int], decisive_voc
         "recommendation": recommendation,
         "questions": questions,
         "context": with_machine({
-            **context_summary(decisive, delta, log_softmax, family),
+            **context_summary(decisive, delta, log_softmax, family,
+                              on_cpu=analysis.measured_on_cpu(step_all)),
             "forward": forward_summary(assumed_rows), "overlap": OVERLAP,
             "allocator": allocator_summary(at_place, named, decided["decision"], **kwargs)},
             hardware),

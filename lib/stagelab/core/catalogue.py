@@ -34,6 +34,16 @@ def is_twin(arm: str) -> bool:
     return arm.endswith(AA_SUFFIX)
 
 
+def arm_words(arm: str) -> str:
+    """An arm as a legend names it: its catalogue name, an A/A twin said in words."""
+    return f"{arm.removesuffix(AA_SUFFIX)} (A/A twin)" if is_twin(arm) else arm
+
+
+def log_softmax_place(place: str, on_cpu: bool) -> str:
+    """Where the log-softmax ran, in words: on a CPU run the 'device' is the host itself."""
+    return "host (a CPU run: there is no separate device)" if on_cpu else place
+
+
 # ------------------------------------------------------------------------------- experiments
 
 STAGING, STEP, PROMPT = "staging", "step", "prompt_logprobs"
@@ -43,6 +53,11 @@ DECISIVE_EXPERIMENT = STEP  # the seed's own step decides; the copy level explai
 # The stages of a step, in the order a step runs them; every timing also has a whole-call row.
 STAGES = ("device", "alloc", "copy", "host_gather", "free")
 TOTAL = "total"
+# Each part of a step in words: one name per stage in every table, legend, sentence and progress
+# line (the "device" stage is the log-softmax, wherever it runs; "alloc" the seed's zero-fill).
+STAGE_WORDS = {"forward": "forward", "device": "log-softmax", "alloc": "zero-fill",
+               "copy": "copy", "host_gather": "host top-K", "free": "free",
+               "unattributed": "unattributed", TOTAL: "total"}
 SEED_STAGES = STAGES  # the seed's step: the whole [n, V] fp32 logprobs staged on the host
 DEVICE_STAGES = ("device", "copy")  # top-K on the device: only [n, K+1] results are copied
 

@@ -492,6 +492,39 @@ def render_text(comparison: Comparison) -> str:
         f"\n{flags}" if flags else "")
 
 
+def _json_value(value: Any) -> Any:
+    """A table cell as JSON: a number as a number, missing (None, NaN) as null, else text."""
+    if isinstance(value, bool) or value is None:
+        return value
+    number = _number(value)
+    if number is not None:
+        return int(number) if isinstance(value, int) else number
+    return None if isinstance(value, float) else str(value)
+
+
+def to_json(comparison: Comparison) -> dict[str, Any]:
+    """The comparison, machine-readable (``stagelab compare --json``): each run with its trust,
+    what it lacks and the machine factors; each quantity with every run's value (null where not
+    measured) and each later run's ratio to the first; the figures beyond their CIs."""
+    labels = list(comparison.detail.columns)
+    runs = [{"label": label, "run_id": run.run_id, "path": str(run.path),
+             "timings": run.timings, "trusted": run.trusted, "missing": run.missing,
+             "factors": {key: _json_value(value) for key, value in run.factors.items()}}
+            for label, run in zip(labels, comparison.runs)]
+    quantities = []
+    for (section, quantity), row in comparison.detail.iterrows():
+        key = (section, quantity)
+        ratio = (comparison.ratios.loc[key] if key in comparison.ratios.index else None)
+        quantities.append({
+            "section": section, "quantity": quantity,
+            "values": {label: _json_value(row[label]) for label in labels},
+            "ratios_to_first": {} if ratio is None else {
+                name: float(value) for name, value in ratio.items() if not pd.isna(value)}})
+    return {"format": "stagelab-compare", "version": 1, "runs": runs,
+            "quantities": quantities, "differs_beyond_ci": list(comparison.flags),
+            "notes": comparison.notes}
+
+
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em; color: #222; }
 table { border-collapse: collapse; margin: 1em 0; font-size: 0.9em; }

@@ -42,22 +42,52 @@ def flatten(snap: Mapping[str, Any]) -> list[tuple[str, str, Any]]:
     return rows
 
 
+def size_words(nbytes: float) -> str:
+    """A size in the unit that reads best: 23.5 GiB, 256.0 MiB, 4 KiB, 512 B."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20)):
+        if abs(nbytes) >= scale:
+            return f"{nbytes / scale:.1f} {unit}"
+    return f"{nbytes / 2**10:.0f} KiB" if abs(nbytes) >= 2**10 else f"{nbytes:.0f} B"
+
+
+def _is_size(key: str) -> bool:
+    last = key.rpartition(".")[2]
+    return last == "bytes" or last.endswith("_bytes")
+
+
 def value_words(key: str, value: Any) -> str:
-    """One snapshot value as a reader sees it: a size in GiB, yes or no, "not reported" for
-    what the snapshot holds no value for, anything else as it is."""
+    """One snapshot value as a reader sees it: a size in its unit (GiB, MiB, KiB), a time in
+    ms, yes or no, "not reported" for what the snapshot holds no value for, anything else as it
+    is."""
     if value is None:
         return "not reported"
     if isinstance(value, bool):
         return "yes" if value else "no"
-    if key.endswith("_bytes") and isinstance(value, (int, float)):
-        return f"{value / 2**30:.1f} GiB"
+    if _is_size(key) and isinstance(value, (int, float)):
+        return size_words(value)
+    if key.rpartition(".")[2] == "seconds" and isinstance(value, (int, float)):
+        return f"{1e3 * value:.3g} ms"
     return str(value)
 
 
+def key_words(key: str) -> str:
+    """A snapshot's (dotted) key in words: ``fresh_fill.stages.zero_fill.seconds`` reads
+    "fresh fill, zero fill, time", ``fresh_fill.refill_gbps`` "fresh fill, refill (GB/s)"."""
+    parts = [part for part in key.split(".") if part != "stages"]
+    last, unit = parts[-1], ""
+    if last in ("bytes", "seconds"):
+        last = {"bytes": "size", "seconds": "time"}[last]
+    elif last.endswith("_bytes"):
+        last = last.removesuffix("_bytes")
+    elif last.endswith("_gbps"):
+        last, unit = last.removesuffix("_gbps"), " (GB/s)"
+    return ", ".join(part.replace("_", " ") for part in [*parts[:-1], last]) + unit
+
+
 def readable_rows(snap: Mapping[str, Any]) -> list[tuple[str, str, str]]:
-    """:func:`flatten`'s triples with each key in words and each value through
-    :func:`value_words`, for the tables of notebook 00 and the report."""
-    return [(section, key.replace("_bytes", "").replace("_", " "), value_words(key, value))
+    """:func:`flatten`'s triples with each key in words (:func:`key_words`) and each value
+    through :func:`value_words`, for the tables of notebook 00 and the report."""
+    return [(section, key_words(key), value_words(key, value))
             for section, key, value in flatten(snap)]
 
 

@@ -8,9 +8,12 @@ import textwrap
 from collections.abc import Iterable
 
 import matplotlib.colors as mcolors
+import matplotlib.patches as mpatches
 import matplotlib.pyplot as plt
+import matplotlib.ticker as mticker
 import pandas as pd
 import seaborn as sns
+from matplotlib.lines import Line2D
 
 from stagelab.analyse import analysis
 from stagelab.core import catalogue
@@ -57,6 +60,13 @@ def arm_palette(arms: Iterable[str]) -> dict[str, str]:
     return {arm: arm_color(arm) for arm in dict.fromkeys(arms)}
 
 
+def in_words(frame: pd.DataFrame, column: str) -> tuple[pd.DataFrame, dict[str, str]]:
+    """The frame with its arm column as legends say it (an A/A twin in words) and the palette
+    for those labels, each in its arm's colour."""
+    palette = {catalogue.arm_words(arm): arm_color(arm) for arm in dict.fromkeys(frame[column])}
+    return frame.assign(**{column: frame[column].map(catalogue.arm_words)}), palette
+
+
 def use_theme() -> None:
     """Set the suite's plot theme (seaborn's white grid at notebook scale) for what follows."""
     sns.set_theme(**THEME)
@@ -66,11 +76,32 @@ def _axes(ax: plt.Axes | None, size: tuple[float, float]) -> plt.Axes:
     return ax if ax is not None else plt.subplots(figsize=size)[1]
 
 
+EMPTY = "stagelab_empty"  # a figure's attribute: why it has no data (see :func:`empty_reason`)
+
+
 def nothing(ax: plt.Axes, text: str) -> plt.Axes:
-    """An empty panel that says why it is empty."""
+    """An empty panel that says why it is empty; the figure remembers the reason, so that a
+    notebook shows the sentence instead of an empty frame (:func:`empty_reason`)."""
     ax.axis("off")
     ax.text(0.5, 0.5, text, ha="center", va="center", wrap=True)
+    reasons = getattr(ax.figure, EMPTY, None) or []
+    setattr(ax.figure, EMPTY, [*reasons, text] if text else reasons)
     return ax
+
+
+def empty_reason(figure: plt.Figure) -> str | None:
+    """Why a figure has nothing drawn (every panel empty), in one sentence; None where any panel
+    shows data."""
+    drawn = [ax for ax in figure.axes if ax.axison]
+    reasons = getattr(figure, EMPTY, None)
+    return "; ".join(reasons) if reasons is not None and not drawn else None
+
+
+def chunk_ticks(ax: plt.Axes, chunks: Iterable[int]) -> None:
+    """A log axis of chunk sizes ticked at the chunks measured, in plain numbers (not 6 x 10^1)."""
+    shown = sorted({int(c) for c in chunks})
+    ax.xaxis.set_minor_locator(mticker.NullLocator())
+    ax.set_xticks(shown, [str(c) for c in shown])
 
 
 def _cell_label(frame: pd.DataFrame) -> pd.Series:
@@ -85,8 +116,9 @@ def bandwidth(frame: pd.DataFrame, link_gbps: float | None = None,
     timed = analysis.ok_timings(frame)
     if timed.empty:
         return nothing(ax, "No copy was timed in this run")
+    timed, palette = in_words(timed, "arm")
     sns.lineplot(data=timed, x="bytes", y="gb_per_s", hue="arm", estimator="median",
-                 errorbar=("pi", 50), marker="o", ax=ax, palette=arm_palette(timed["arm"]))
+                 errorbar=("pi", 50), marker="o", ax=ax, palette=palette)
     ax.set_xscale("log")
     ax.set(xlabel="bytes per copy", ylabel="GB/s (median)", title="Staging bandwidth by arm")
     if link_gbps:
@@ -118,7 +150,8 @@ def speedups(compared: pd.DataFrame, ax: plt.Axes | None = None,
         ax.errorbar([r["speedup"] for r in rows], ys,
                     xerr=[[r["speedup"] - r["ci_low"] for r in rows],
                           [r["ci_high"] - r["speedup"] for r in rows]],
-                    fmt="o", capsize=3, color=arm_color(candidate), label=candidate)
+                    fmt="o", capsize=3, color=arm_color(candidate),
+                    label=catalogue.arm_words(candidate))
     ax.axvline(1.0, color="k", lw=0.8, ls=":")
     ax.set_xscale("log")
     ax.set_yticks(range(len(labels)), labels)
@@ -135,9 +168,9 @@ def saved_ms(compared: pd.DataFrame, ax: plt.Axes | None = None,
     ax = _axes(ax, (8, 4))
     if "saved_ms" not in compared or compared["saved_ms"].isna().all():
         return nothing(ax, "Nothing to compare: no pair of arms was timed")
-    shown = compared.assign(cell=_cell_label(compared))
-    sns.barplot(data=shown, x="cell", y="saved_ms", hue="candidate", ax=ax,
-                palette=arm_palette(shown["candidate"]), saturation=1)
+    shown, palette = in_words(compared.assign(cell=_cell_label(compared)), "candidate")
+    sns.barplot(data=shown, x="cell", y="saved_ms", hue="candidate", ax=ax, palette=palette,
+                saturation=1)
     ax.set(xlabel="n × V, K", ylabel="ms saved per call (mean)", title=title)
     ax.tick_params(axis="x", rotation=45)
     return ax
@@ -172,7 +205,8 @@ def stage_bars(parts: pd.DataFrame) -> plt.Figure:
     for ax, (_, cell) in zip(axes.flat, cells.iterrows()):
         sub = parts[(parts["rows"] == cell["rows"]) & (parts["vocab"] == cell["vocab"])
                     & (parts["k"] == cell["k"])].set_index("arm")
-        (1e3 * sub[list(analysis.SPLIT)]).plot.bar(stacked=True, ax=ax, legend=False, rot=60)
+        (1e3 * sub[list(analysis.SPLIT)]).rename(columns=catalogue.STAGE_WORDS).plot.bar(
+            stacked=True, ax=ax, legend=False, rot=60)
         ax.set(title=f"n={cell['rows']} V={cell['vocab']} K={cell['k']}", ylabel="ms (mean)",
                xlabel="")
         _clip_tall_bars(ax, 1e3 * sub[catalogue.TOTAL])
@@ -218,20 +252,34 @@ def copy_share(parts: pd.DataFrame, arm: str = catalogue.baseline(catalogue.STEP
     return ax
 
 
+MEASURED_PEAKS = ("peak_device_bytes", "peak_host_bytes")
+MODEL_PEAK = "predicted_peak_bytes"
+
+
 def prompt_memory(frame: pd.DataFrame, ax: plt.Axes | None = None) -> plt.Axes:
-    """Measured peak working memory (solid) and the model's prediction (dashed) per chunk."""
+    """Peak extra memory per chunk: measured solid, the model's prediction dashed, both in the
+    arm's colour for every arm that has them; the legend says which arm and which line."""
     ax = _axes(ax, (8, 4.5))
-    mem = frame[frame["metric"].isin(["peak_device_bytes", "peak_host_bytes",
-                                      "predicted_peak_bytes"]) & (frame["status"] == "ok")]
-    if not mem["metric"].isin(["peak_device_bytes", "peak_host_bytes"]).any():
+    mem = frame[frame["metric"].isin([*MEASURED_PEAKS, MODEL_PEAK]) & (frame["status"] == "ok")]
+    if not mem["metric"].isin(MEASURED_PEAKS).any():
         return nothing(ax, "Peak memory was not measured in this run")
-    shown = mem.assign(MiB=mem["bytes"].astype(float) / 2**20,
-                       kind=mem["metric"].str.replace("_bytes", ""))
-    shown = shown[~shown["arm"].str.endswith("+overlap") | (shown["metric"] != "predicted_peak_bytes")]
-    sns.lineplot(data=shown, x="chunk", y="MiB", hue="arm", style="kind", markers=True, ax=ax,
-                 palette=arm_palette(shown["arm"]))
-    ax.set(xscale="log", yscale="log", xlabel="chunk rows C", ylabel="peak extra memory (MiB)",
-           title="Peak working memory: measured and model")
+    mem = mem.assign(MiB=mem["bytes"].astype(float) / 2**20)
+    where = "device" if (mem["metric"] == "peak_device_bytes").any() else "host"
+    arms = list(dict.fromkeys(mem["arm"]))
+    for arm in arms:
+        for metrics, style in ((MEASURED_PEAKS, "-"), ((MODEL_PEAK,), "--")):
+            part = mem[(mem["arm"] == arm) & mem["metric"].isin(metrics)].sort_values("chunk")
+            if not part.empty:
+                ax.plot(part["chunk"], part["MiB"], style, marker="o", color=arm_color(arm))
+    ax.set(xscale="log", yscale="log", xlabel="chunk rows C",
+           ylabel=f"peak extra memory on the {where} (MiB)",
+           title="Peak working memory: measured (solid) and the model (dashed)")
+    chunk_ticks(ax, mem["chunk"])
+    handles = [Line2D([], [], color=arm_color(arm), marker="o", label=catalogue.arm_words(arm))
+               for arm in arms]
+    handles += [Line2D([], [], color="k", ls="-", label="measured"),
+                Line2D([], [], color="k", ls="--", label="model")]
+    ax.legend(handles=handles, fontsize=8, loc="best")
     return ax
 
 
@@ -250,11 +298,13 @@ def prompt_time(frame: pd.DataFrame) -> plt.Figure:
                  palette=palette)
     axes[0].set(xscale="log", xlabel="chunk rows C", ylabel="ms per prompt (mean, 95 % CI)",
                 title="Time per prompt")
+    chunk_ticks(axes[0], timed["chunk"])
     sns.lineplot(data=analysis.prompt_time_relative(frame), x="chunk", y="relative", hue="arm",
                  marker="o", ax=axes[1], palette=palette)
     axes[1].axhline(1.05, ls="--", color="k", lw=1)
     axes[1].set(xscale="log", xlabel="chunk rows C", ylabel="mean time / mean unchunked",
                 title="Relative to unchunked (dashed: 1.05)")
+    chunk_ticks(axes[1], timed["chunk"])
     return fig
 
 
@@ -309,35 +359,48 @@ def verdict_forest(cells: list[dict], title: str, ax: plt.Axes | None = None) ->
 
 
 def prediction_bands(curves: pd.DataFrame) -> plt.Figure:
-    """The predicted saving per step (bundle) against n x V, one band per platform (the
-    interval from the published and assumed ranges) with its midpoint line, and each platform's
-    bar (delta of its decode step) dotted in the same colour; one panel per vocabulary."""
-    vocabs = sorted(curves["vocab"].unique()) if not curves.empty else []
-    figure, axes = plt.subplots(1, max(1, len(vocabs)), figsize=(6.5 * max(1, len(vocabs)), 4.5),
-                                squeeze=False)
-    if not vocabs:
+    """The predicted saving per step (bundle) against n x V as small multiples, one panel per
+    platform: per vocabulary, the band (the interval from the published and assumed ranges), its
+    midpoint line and the platform's bar (delta of its decode step) dotted in the same colour;
+    light grey only marks the sizes whose host rates were measured (elsewhere extrapolated)."""
+    platforms = sorted(curves["platform"].unique()) if not curves.empty else []
+    cols = max(1, min(3, len(platforms)))
+    lines = max(1, -(-len(platforms) // cols))
+    figure, axes = plt.subplots(lines, cols, figsize=(4.6 * cols, 3.4 * lines), squeeze=False,
+                                sharex=True, sharey=True)
+    if not platforms:
         nothing(axes[0][0], "no prediction: no cell")
         return figure
-    palette = dict(zip(sorted(curves["platform"].unique()),
-                       sns.color_palette("tab10", curves["platform"].nunique())))
+    vocabs = sorted(curves["vocab"].unique())
+    palette = sns.color_palette("tab10", 3)  # blue, orange, green: never grey
+    colours = {vocab: palette[i % 3] for i, vocab in enumerate(vocabs)}
     floor = 1e-4  # ms: a log axis shows no saving at or below 0
-    for ax, vocab in zip(axes[0], vocabs):
-        shown = curves[curves["vocab"] == vocab]
-        for platform, part in shown.groupby("platform", sort=True):
-            colour = palette[platform]
+    for ax, platform in zip(axes.flat, platforms):
+        shown = curves[curves["platform"] == platform]
+        for vocab, part in shown.groupby("vocab", sort=True):
+            colour = colours[vocab]
             ax.fill_between(part["n_x_v"], part["saving_low_ms"].clip(lower=floor),
                             part["saving_high_ms"].clip(lower=floor), color=colour, alpha=0.2)
             ax.plot(part["n_x_v"], part["saving_ms"].clip(lower=floor), color=colour,
-                    label=platform)
+                    label=f"V = {vocab:,}")
             ax.plot(part["n_x_v"], part["bar_ms"], color=colour, linestyle=":", linewidth=1)
         measured = shown[~shown["extrapolated"].astype(bool)]["n_x_v"]
         if len(measured):
-            ax.axvspan(measured.min(), measured.max(), color="0.9", zorder=0)
-        ax.set(xscale="log", yscale="log", xlabel="n x V (logprobs per step)",
-               ylabel="predicted saving per step, ms",
-               title=f"V = {vocab:,}, bundle: band = interval, dotted = each platform's bar;\n"
-                     "grey = host rates measured at these sizes (elsewhere extrapolated)")
-    axes[0][-1].legend(title="platform", fontsize="small", loc="upper left",
-                       bbox_to_anchor=(1.01, 1))
+            ax.axvspan(measured.min(), measured.max(), color="0.92", zorder=0)
+        ax.set(xscale="log", yscale="log", title=platform)
+    for ax in list(axes.flat)[len(platforms):]:
+        ax.axis("off")
+    for ax in axes[-1]:
+        ax.set_xlabel("n x V (logprobs per step)")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("predicted saving, ms")
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    handles += [Line2D([], [], color="k", ls=":", lw=1),
+                mpatches.Patch(color="0.92")]
+    labels += ["dotted: the platform's bar", "grey: host rates measured here"]
+    figure.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize="small",
+                  bbox_to_anchor=(0.5, 1.0))
+    figure.suptitle("Predicted saving per step of the bundle (band: the model's interval)",
+                    y=1.08)
     figure.tight_layout()
     return figure

@@ -20,7 +20,7 @@ from stagelab.analyse import predict, trust
 from stagelab.core import catalogue, records
 from stagelab.core.errors import UserError
 from stagelab.core.records import RunFolder
-from stagelab.present import inert, machine
+from stagelab.present import inert, machine, tables
 
 VERDICT_FILE = RunFolder.VERDICT
 VERDICT_FIGURE = f"figures/{catalogue.VERDICT_NOTEBOOK}_key.png"  # notebook 04's key plot
@@ -42,20 +42,31 @@ img{max-width:100%;border:1px solid #eee;margin:.4em 0} .muted{color:#667} code{
 """
 
 
-def export_html(notebook_path: Path, html_path: Path) -> Path:
+def export_html(notebook_path: Path, html_path: Path, banner: str = "",
+                untrusted: bool = False) -> Path:
     """Export an executed notebook to HTML with code cells and prompts hidden, figures inlined
     and every style in the page: nothing is fetched when it opens (nbconvert's default template
-    loads require.js and MathJax from a CDN; the 'basic' one is the notebook's body alone)."""
+    loads require.js and MathJax from a CDN; the 'basic' one is the notebook's body alone).
+    ``banner`` (:func:`page_banner`) heads the page, so that a page sent alone says whether its
+    run's timings can be trusted; with ``untrusted`` its goals read "met on untrustworthy
+    timings"."""
     name = _esc(Path(notebook_path).stem)
     page = ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
             f"<title>stagelab {name}</title><style>{_STYLE}{_NOTEBOOK_STYLE}</style></head>"
-            f"<body>{notebook_body(Path(notebook_path))}</body></html>")
+            f"<body>{banner}{notebook_body(Path(notebook_path), untrusted)}</body></html>")
     return records.write_text_atomic(Path(html_path), page)
 
 
-def notebook_body(notebook_path: Path) -> str:
+# A goal's "met" cell, as present.tables.show marks it.
+_MET_CELL = re.compile(r"(<td\b[^>]*\bclass=\"[^\"]*\b" + tables.GOAL_MET_CLASS
+                       + r"\b[^\"]*\"[^>]*>)\s*met\s*(</td>)")
+MET_UNTRUSTED = "met on untrustworthy timings"
+
+
+def notebook_body(notebook_path: Path, untrusted: bool = False) -> str:
     """An executed notebook's outputs and prose as HTML, figures as data: URIs, no script, no
-    stylesheet or font to fetch."""
+    stylesheet or font to fetch; with ``untrusted``, each goal met reads as met on untrustworthy
+    timings."""
     import nbformat
     from nbconvert import HTMLExporter
 
@@ -63,11 +74,42 @@ def notebook_body(notebook_path: Path) -> str:
                             exclude_output_prompt=True, embed_images=True)
     notebook = inert.inert_notebook(nbformat.read(str(notebook_path), as_version=4))
     body, _ = exporter.from_notebook_node(notebook)  # records' text in it is data, not markup
-    return body
+    return _MET_CELL.sub(rf"\1{MET_UNTRUSTED}\2", body) if untrusted else body
+
+
+def page_banner(run_dir: Path, manifest: Mapping[str, Any], notebook: str = "") -> str:
+    """The head of a notebook's page: which run and notebook it is, and the run's trust as the
+    first screen says it (a few-round rehearsal, the reasons its timings are not trustworthy,
+    a load not recorded, or that the timings can be trusted)."""
+    try:
+        verdict = RunFolder(run_dir).read_verdict() or {}
+    except UserError:
+        verdict = {}
+    found = trust.reasons(run_dir, manifest, verdict)
+    state = trust.run_trust(run_dir, manifest, verdict)
+    where = (f"<p class='muted' id='page-of'>Notebook <b>{_esc(notebook)}</b> of stagelab run "
+             f"<b>{_esc(manifest.get('run_id'))}</b>, profile {_esc(manifest.get('profile'))}: "
+             f"timings <span class='{_TRUST_CLASS.get(state, 'running')}'>{_esc(state)}</span>"
+             "</p>")
+    return where + _scope_banner(verdict) + _trust_banner(found, manifest)
+
+
+_TRUST_CLASS = {trust.TRUSTWORTHY: "ok", trust.NOT_TRUSTWORTHY: "failed",
+                trust.REHEARSAL: "pending", trust.LOAD_UNKNOWN: "pending",
+                trust.NO_TIMINGS: "muted"}
 
 
 def _esc(value: Any) -> str:
     return html.escape("" if value is None else str(value))
+
+
+_BACKTICKED = re.compile(r"`([^`]+)`")
+
+
+def _prose(value: Any) -> str:
+    """A sentence of the verdict as HTML: escaped, its Markdown `code` as <code>, never as
+    literal backticks."""
+    return _BACKTICKED.sub(r"<code>\1</code>", _esc(value))
 
 
 def _scope_banner(verdict: Mapping[str, Any]) -> str:
@@ -110,21 +152,21 @@ def _verdict_section(run_dir: Path, manifest: Mapping[str, Any]) -> str:
              f"{_scope_banner(verdict)}"
              f"{_trust_banner(trust.reasons(run_dir, manifest, verdict), manifest)}"
              f"<p class='decision {decision}'>Staging verdict: {decision}</p>"
-             f"<p>{_esc(overall.get('summary', ''))}</p>"]
+             f"<p>{_prose(overall.get('summary', ''))}</p>"]
     recommendation = verdict.get("recommendation")  # absent in verdicts of older runs
     if recommendation:
         parts.append(f"<p class='recommendation'>Recommended change: "
-                     f"<b>{_esc(recommendation['change'])}</b>: {_esc(recommendation['reason'])}"
+                     f"<b>{_esc(recommendation['change'])}</b>: {_prose(recommendation['reason'])}"
                      f"</p>{_questions_table(verdict.get('questions') or {})}")
     context = (verdict.get("context") or {}).get("words")  # absent in verdicts of older runs
     if context:
-        parts.append(f"<p class='context'>{_esc(context)}</p>")
+        parts.append(f"<p class='context'>{_prose(context)}</p>")
     parts.append(_decisive_table(verdict.get("decisive", []), overall.get("summary", "")))
     parts.append(prediction_html(verdict.get("prediction")))
     parts.append(prediction_html(verdict.get("out_of_sample")))
     findings = verdict.get("findings", [])
     if findings:
-        parts.append("<ul>" + "".join(f"<li>{_esc(f)}</li>" for f in findings) + "</ul>")
+        parts.append("<ul>" + "".join(f"<li>{_prose(f)}</li>" for f in findings) + "</ul>")
     if (run_dir / VERDICT_FIGURE).exists():
         parts.append(f"<img src='{VERDICT_FIGURE}' alt='key plot of the verdict'>")
     parts.append("</section>")
@@ -163,7 +205,7 @@ def prediction_html(check: Mapping[str, Any] | None) -> str:
         return f"<p>Prediction, {_esc(what)}: {_esc(check.get('note') or 'nothing to check')}</p>"
     return (f"<h3>Predicted beside measured ({_esc(check.get('platform'))}; {_esc(what)}; error = "
             "predicted / measured - 1)</h3>"
-            + table.to_html(index=False, float_format=lambda v: f"{v:.3g}", na_rep="-"))
+            + tables.readable(table).to_html(index=False, escape=True))
 
 
 # Each figure a notebook saves (figures/<notebook>_<name>.png), in words: what it shows and which
@@ -181,21 +223,32 @@ FIGURE_CAPTIONS = {
                                    "the 10 % 'dwarfed' line)",
     "02_logprobs_step_levers": "Milliseconds each lever saves per step (difference of mean "
                                "times)",
-    "03_prompt_logprobs_memory": "Peak working memory of chunked prompt logprobs, measured and "
-                                 "predicted by the model, per chunk size",
+    "03_prompt_logprobs_memory": "Peak working memory of chunked prompt logprobs per chunk size: "
+                                 "measured (solid) and the model (dashed), per arm",
     "03_prompt_logprobs_time": "Time per prompt against chunk size, and relative to the same "
                                "arm unchunked (means, 95 % CI)",
     f"{catalogue.VERDICT_NOTEBOOK}_key": "The verdict's key plot: each decisive cell's speedup "
                                          "with its CI",
-    "05_prediction_prediction": "The cost model's predicted saving per step against n × V, per "
-                                "platform (band: its interval; dotted: each platform's bar)",
+    "05_prediction_prediction": "The cost model's predicted saving per step against n × V, one "
+                                "panel per platform (band: its interval; dotted: the platform's "
+                                "bar; grey: the sizes whose host rates were measured)",
 }
 
 
-def figure_caption(path: str) -> str:
-    """A figure's caption in words, from its file name; a figure without one is named by its
-    notebook and title, never by its path."""
+# Captions that differ where no GPU link was drawn (a CPU run): a caption names only what is drawn.
+CPU_CAPTIONS = {
+    "01_d2h_staging_bandwidth": "Copy bandwidth per arm against bytes per copy (median GB/s, "
+                                "band: interquartile range; a CPU run: no PCIe link to draw)",
+}
+
+
+def figure_caption(path: str, gpu: bool = True) -> str:
+    """A figure's caption in words, from its file name (``gpu``: whether the run had a GPU,
+    whose link some figures draw); a figure without one is named by its notebook and title,
+    never by its path."""
     stem = Path(path).stem
+    if not gpu and stem in CPU_CAPTIONS:
+        return CPU_CAPTIONS[stem]
     if stem in FIGURE_CAPTIONS:
         return FIGURE_CAPTIONS[stem]
     for notebook in catalogue.NOTEBOOKS:
@@ -346,11 +399,18 @@ def write_index(run_dir: Path) -> Path:
     git = manifest.get("git") or {}
     folder = RunFolder(run_dir)
     figures = [p.relative_to(run_dir).as_posix() for p in folder.figures()]
-    tables = [p.relative_to(run_dir).as_posix() for p in folder.tables()]
+    data_files = [p.relative_to(run_dir).as_posix() for p in folder.tables()]
+    gpu = bool((manifest.get("hardware") or {}).get("gpu"))
+    try:
+        state = trust.run_trust(run_dir, manifest, folder.read_verdict() or {})
+    except UserError:
+        state = trust.run_trust(run_dir, manifest, {})
     body = [
         f"<h1>stagelab run {_esc(manifest.get('run_id'))}</h1>",
         f"<p>Profile <b>{_esc(manifest.get('profile'))}</b> · status "
-        f"<span class='{_esc(status)}'>{_esc(status)}</span> · started "
+        f"<span class='{_esc(status)}'>{_esc(status)}</span> · timings "
+        f"<span class='{_TRUST_CLASS.get(state, 'running')}' id='trust'>{_esc(state)}</span>"
+        " · started "
         f"{_esc(manifest.get('created_utc'))} · finished {_esc(manifest.get('finished_utc'))} · "
         f"commit <code>{_esc((git.get('commit') or 'unknown')[:12])}</code>"
         f"{' (uncommitted changes)' if git.get('dirty') else ''}</p>",
@@ -360,13 +420,13 @@ def write_index(run_dir: Path) -> Path:
         _verdict_section(run_dir, manifest),
         "<h2>Notebooks</h2>", _notebooks_table(run_dir, manifest.get("notebooks", [])),
         "<h2>Figures</h2>",
-        "".join(f"<figure><img src='{_esc(f)}' alt='{_esc(figure_caption(f))}'>"
-                f"<figcaption class='muted'>{_esc(figure_caption(f))}</figcaption></figure>"
+        "".join(f"<figure><img src='{_esc(f)}' alt='{_esc(figure_caption(f, gpu))}'>"
+                f"<figcaption class='muted'>{_esc(figure_caption(f, gpu))}</figcaption></figure>"
                 for f in figures if f != VERDICT_FIGURE)
         or "<p class='muted'>No figures.</p>",
         "<h2>Data</h2>",
-        "<ul>" + "".join(f"<li><a href='{_esc(t)}'>{_esc(t)}</a></li>" for t in tables) + "</ul>"
-        if tables else "<p class='muted'>No tables.</p>",
+        "<ul>" + "".join(f"<li><a href='{_esc(t)}'>{_esc(t)}</a></li>" for t in data_files)
+        + "</ul>" if data_files else "<p class='muted'>No tables.</p>",
         "<p>Every table follows one tidy schema, documented in <code>stagelab.core.schema</code>; "
         "<a href='manifest.json'>manifest.json</a> records parameters, versions and timings.</p>",
         "<h2>Machine</h2>", _machine_table(manifest.get("hardware") or {"unavailable": []}),
@@ -389,6 +449,7 @@ section.notebook>p.muted{margin:.4em 0 1em}
 .anchor-link{display:none} .output_area pre,.output_text pre{white-space:pre-wrap;margin:.3em 0}
 .output_stderr,.output_error{background:#fdecea;padding:.2em .5em}
 .dataframe td,.dataframe th{font-size:.9em}
+.output_html table{display:block;max-width:100%;overflow-x:auto}
 """
 
 
@@ -532,9 +593,9 @@ def external_references(page: str) -> list[str]:
     return [ref for ref in parser.found if not _is_local(ref)]
 
 
-def _notebook_section(run_dir: Path, entry: Mapping[str, Any]) -> str:
+def _notebook_section(run_dir: Path, entry: Mapping[str, Any], untrusted: bool = False) -> str:
     """One executed notebook as a section of the single file: outputs only, nothing to fetch."""
-    body = notebook_body(run_dir / entry["output"])
+    body = notebook_body(run_dir / entry["output"], untrusted)
     return (f"<section class='notebook' id='notebook-{_esc(entry['name'])}'>"
             f"<p class='muted'>Notebook <b>{_esc(entry['name'])}</b> · status "
             f"<span class='{_esc(entry.get('status'))}'>{_esc(entry.get('status'))}</span></p>"
@@ -574,7 +635,8 @@ def write_single_file(run_dir: Path, out: Path | None = None, force: bool = Fals
     landing = write_index(run_dir).read_text(encoding="utf-8")
     head, _, rest = landing.partition("</head>")
     body, _, tail = rest.rpartition("</body>")
-    sections = "".join(_notebook_section(run_dir, nb) for nb in notebooks)
+    untrusted = trust.run_trust(run_dir, manifest) == trust.NOT_TRUSTWORTHY
+    sections = "".join(_notebook_section(run_dir, nb, untrusted) for nb in notebooks)
     page = _inline(f"{head}{records.generator_tag(SINGLE_FILE_COMMAND)}<style>{_NOTEBOOK_STYLE}"
                    f"</style></head>{body}<h2>Notebooks in full</h2>{sections}</body>{tail}",
                    run_dir, anchors)

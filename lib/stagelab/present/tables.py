@@ -25,7 +25,12 @@ WORDS = {"rows": "n (rows)", "vocab": "V (vocabulary)", "k": "K", "chunk": "chun
          "trials": "trials", "allocations": "host allocations (count)",
          "rank_mismatches": "ranks that differ (count)",
          "id_mismatches": "ids that differ (count)"}
-YES_NO = {"bitwise_equal": "bitwise equal"}  # 1/0 values read as yes/no
+YES_NO = {"bitwise_equal": "bitwise equal",  # 1/0 values read as yes/no
+          "outside": "measured outside the model's interval"}
+# Columns in ms named in words (the cost model's interval around its prediction).
+MS_WORDS = {"low_ms": "model's interval, low (ms)", "high_ms": "model's interval, high (ms)",
+            "mid_ms": "predicted (ms)",
+            "step_ms": "seed step, mean (ms)"}  # the verdict's threshold: a share of it
 TEXT = {"noisy": "noisy (IQR ≥ 10 % of median)", "met": "met"}
 # Columns that say which cell and arm a row is about come first.
 LEADING = ("rows", "vocab", "k", "chunk", "arm", "method", "baseline", "candidate", "decision",
@@ -33,7 +38,8 @@ LEADING = ("rows", "vocab", "k", "chunk", "arm", "method", "baseline", "candidat
 SECONDS = ("seconds", "median", "q1", "q3", "iqr", "median_seconds", "mean_seconds",
            "best_seconds")
 RATIOS = ("min_speedup", "numpy_over_native", "relative", "true_speedup")
-PERCENTS = ("iqr_over_median", "port_rate", "close_rate", "inconclusive_rate", "delta")
+PERCENTS = ("iqr_over_median", "port_rate", "close_rate", "inconclusive_rate", "delta",
+            "error")  # the cost model's error: predicted / measured - 1
 
 
 def significant(value: float, digits: int = SIGNIFICANT) -> str:
@@ -114,8 +120,8 @@ def _column(name: str) -> tuple[str, Callable[[Any], str]]:
         return YES_NO[name], lambda v: text(v if _missing(v) else bool(v))
     if name == "stage_split":
         return SPLIT_WORDS, text
-    if name == "step_ms":  # the verdict's threshold is a share of the mean step
-        return "seed step, mean (ms)", plain
+    if name in MS_WORDS:
+        return MS_WORDS[name], plain
     if name.endswith("speedup_ci"):
         twin = "A/A twin" if name.startswith("twin_") else "speedup"
         return f"{twin} [95 % CI]", text
@@ -161,7 +167,55 @@ def readable(frame: pd.DataFrame) -> pd.DataFrame:
     return table.loc[:, (table != "").any()]  # a column with nothing in it is left out
 
 
-def show(frame: pd.DataFrame) -> Any:
-    """A frame as an HTML table (a pandas Styler, without its index) a reader can take in."""
-    styler = readable(frame).style.format(escape="html").format_index(escape="html", axis=1)
+GOAL_MET_CLASS = "goal-met"  # a goal's "met", which the report reads as met on untrustworthy
+# timings when the run's timings are not trustworthy (known only once the notebook has run)
+# A table of more columns is shown as several, each repeating the columns that say which row it
+# is, so that every page fits a 1,366 px screen (a 23-column table was 2,028 px wide).
+MAX_COLUMNS = 12
+
+
+class SplitTable:
+    """A wide table shown as several narrower ones, one under the other (see
+    :data:`MAX_COLUMNS`); displays as HTML like a Styler."""
+
+    def __init__(self, parts: list[Any]) -> None:
+        self.parts = parts
+
+    def to_html(self) -> str:
+        return "".join(part.to_html() for part in self.parts)
+
+    def _repr_html_(self) -> str:
+        return self.to_html()
+
+
+def column_groups(table: pd.DataFrame, limit: int = MAX_COLUMNS) -> list[list[str]]:
+    """The readable table's columns in groups of at most ``limit``, each group led by the columns
+    that say which row it is (the cell, arm, goal...; else the first column)."""
+    labels = {_column(name)[0] for name in LEADING}
+    columns = list(table.columns)
+    ident = [c for c in columns if c in labels][:limit // 2] or columns[:1]
+    rest = [c for c in columns if c not in ident]
+    if len(columns) <= limit:
+        return [columns]
+    step = limit - len(ident)
+    return [ident + rest[at:at + step] for at in range(0, len(rest), step)]
+
+
+def _styled(table: pd.DataFrame) -> Any:
+    styler = table.style.format(escape="html").format_index(escape="html", axis=1)
+    if "status" in table.columns:
+        classes = pd.DataFrame("", index=table.index, columns=table.columns)
+        classes.loc[table["status"] == "met", "status"] = GOAL_MET_CLASS
+        styler = styler.set_td_classes(classes)
     return styler.hide(axis="index")  # a record's text is shown, never taken as markup
+
+
+def show(frame: pd.DataFrame) -> Any:
+    """A frame as an HTML table (a pandas Styler, without its index) a reader can take in; a
+    table wider than :data:`MAX_COLUMNS` as several (:class:`SplitTable`); a goal's status
+    "met" carries :data:`GOAL_MET_CLASS`."""
+    table = readable(frame)
+    groups = column_groups(table)
+    if len(groups) == 1:
+        return _styled(table)
+    return SplitTable([_styled(table[group]) for group in groups])

@@ -85,7 +85,17 @@ class NotebookContext:
 
     def save_figure(self, figure: Any, name: str) -> None:
         """Save a matplotlib figure as ``figures/<notebook>_<name>.png``, atomically. Returns
-        nothing, so that a notebook cell ending with it shows the figure and no path."""
+        nothing, so that a notebook cell ending with it shows the figure and no path. A figure
+        with nothing drawn (:func:`stagelab.present.plots.empty_reason`) is not saved nor shown:
+        the notebook says in one sentence why instead of an empty frame."""
+        reason = plots.empty_reason(figure)
+        if reason is not None:
+            import matplotlib.pyplot as plt
+            from IPython.display import Markdown, display
+
+            plt.close(figure)
+            display(Markdown(f"*No figure: {reason.rstrip('.')}.*"))
+            return
         path = RunFolder(self.run_dir).figure_path(self.notebook, name)
         path.parent.mkdir(parents=True, exist_ok=True)
         with atomic_target(path) as temporary:

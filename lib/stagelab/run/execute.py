@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from stagelab.analyse import trust
 from stagelab.core import measured as measured_folder
 from stagelab.core import paths, rundir, stops
 from stagelab.core.errors import UserError
@@ -40,6 +41,7 @@ from stagelab.run.profiles import NotebookPlan, RunPlan
 
 KERNEL_NAME = "stagelab"
 KERNEL_LOG = "kernel.log"
+NO_FD_CAPTURE = "--IPKernelApp.capture_fd_output=False"  # the kernel's stderr to kernel.log only
 
 
 # ------------------------------------------------------------------------------------ kernels
@@ -90,6 +92,9 @@ def private_kernel_manager(socket_dir: Path, log: IO[str] | None = None,
             if log is not None:
                 kw.setdefault("stdout", log)
                 kw.setdefault("stderr", log)
+                # ipykernel echoes what the process writes to its own stderr into the cell's
+                # output: the sweeps' progress lines would land in the notebook as stderr boxes
+                kernel_cmd = [*kernel_cmd, NO_FD_CAPTURE]
             if started is not None:
                 started.append(self)
             await super()._async_launch_kernel(kernel_cmd, **kw)
@@ -231,9 +236,11 @@ def execute_notebook(notebook: NotebookPlan, output: Path, run_dir: Path,
     return outcome[0] if outcome else (rundir.FAILED, "papermill stopped without a result")
 
 
-def export_html(run_dir: Path, entry: dict[str, Any]) -> None:
+def export_html(run_dir: Path, entry: dict[str, Any],
+                manifest: dict[str, Any] | None = None) -> None:
     """Export one executed notebook's HTML beside it (its name from the notebook file, never
-    from the record); an export failure is recorded, never fatal."""
+    from the record), headed by the run's trust as ``manifest`` (default: the folder's) has it;
+    an export failure is recorded, never fatal."""
     folder = RunFolder(run_dir)
     notebook = folder.path / entry["output"] if entry.get("output") else None
     if notebook is None or not notebook.is_file() or notebook.is_symlink():
@@ -243,10 +250,23 @@ def export_html(run_dir: Path, entry: dict[str, Any]) -> None:
     entry["html"] = html.name
     entry.pop("html_error", None)
     try:
-        report.export_html(notebook, html)
+        manifest = manifest if manifest is not None else rundir.effective_manifest(run_dir)
+        untrusted = trust.run_trust(run_dir, manifest) == trust.NOT_TRUSTWORTHY
+        report.export_html(notebook, html, report.page_banner(run_dir, manifest, entry["name"]),
+                           untrusted)
     except Exception as exc:
         entry["html"] = None
         entry["html_error"] = error_summary(exc)
+
+
+def export_pages(recorder: ManifestRecorder) -> None:
+    """Export every executed notebook's page again once the run has ended, so that each carries
+    the run's final trust (a later notebook's busy machine, the verdict's A/A checks), and save
+    the record of the pages."""
+    for entry in recorder.manifest["notebooks"]:
+        if entry.get("output") and (recorder.run_dir / entry["output"]).is_file():
+            export_html(recorder.run_dir, entry, recorder.manifest)
+    recorder.save()
 
 
 def write_index(recorder: ManifestRecorder) -> None:
@@ -265,10 +285,16 @@ def write_index(recorder: ManifestRecorder) -> None:
 SWEEP_LINE = re.compile(r"^[\w +-]+: cell \d+/\d+ ")
 
 
+# A long cell says it is still running at least this often (seconds), so the terminal is never
+# silent for more than 10 s.
+HEARTBEAT_S = 9.0
+
+
 class ProgressLines:
     """While a notebook runs, one terminal line per notebook cell it starts and per sweep cell it
     measures (the lines its kernel writes to ``kernel.log``), each with the seconds since the
-    notebook started. It reads the executed notebook and the log from outside the kernel, so
+    notebook started, and a line "still running" when a cell has said nothing for
+    :data:`HEARTBEAT_S`. It reads the executed notebook and the log from outside the kernel, so
     nothing of it lands in the notebook or its HTML."""
 
     def __init__(self, prefix: str, output: Path, log: Path, enabled: bool,
@@ -276,6 +302,7 @@ class ProgressLines:
         self.prefix, self.output, self.log = prefix, Path(output), Path(log)
         self.enabled, self.interval_s = enabled, interval_s
         self._offset, self._cell, self._started = 0, None, time.perf_counter()
+        self._said = self._started
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._cells = 0
@@ -283,7 +310,7 @@ class ProgressLines:
     def __enter__(self) -> ProgressLines:
         if self.enabled:
             self._offset = self.log.stat().st_size if self.log.exists() else 0
-            self._started = time.perf_counter()
+            self._started = self._said = time.perf_counter()
             self._thread = threading.Thread(target=self._watch, daemon=True,
                                             name=f"progress {self.prefix}")
             self._thread.start()
@@ -300,7 +327,8 @@ class ProgressLines:
             self.poll()
 
     def _say(self, text: str) -> None:
-        _say(True, f"{self.prefix} {text} ({time.perf_counter() - self._started:.0f} s)")
+        self._said = time.perf_counter()
+        _say(True, f"{self.prefix} {text} ({self._said - self._started:.0f} s)")
 
     def poll(self) -> None:
         """Print what is new: the notebook cell now running, the sweep cells measured."""
@@ -312,6 +340,8 @@ class ProgressLines:
         for line in self._new_log_lines():
             if SWEEP_LINE.match(line):
                 self._say(line)
+        if self._cell is not None and time.perf_counter() - self._said >= HEARTBEAT_S:
+            self._say(f"cell {self._cell + 1}/{self._cells or '?'} still running")
 
     def _new_log_lines(self) -> list[str]:
         """The complete lines appended to the log since the last read."""
@@ -358,7 +388,7 @@ def run_notebook_step(recorder: ManifestRecorder, index: int, plan: RunPlan,
     measured_on = recorder.manifest.get("measured_on")
     if measured_on and "measured" in notebook.parameters:  # a replay: trust the node's load
         entry.update(analysis_load=watch.summary, load=measured_load(measured_on, notebook.name))
-    export_html(recorder.run_dir, entry)
+    export_html(recorder.run_dir, entry, recorder.manifest)
     recorder.finish_notebook(index, status, time.perf_counter() - started, error)
     write_index(recorder)
     _say(progress, f"{count} {notebook.name}: {status} ({entry['duration_s']} s)"
@@ -415,6 +445,7 @@ def _run(recorder: ManifestRecorder, plan: RunPlan, progress: bool,
         raise
     with DeferredStops(raise_after=False):  # the run is done: a late Ctrl-C changes nothing
         recorder.finish()
+        export_pages(recorder)
         write_index(recorder)
     return recorder.manifest
 
@@ -423,10 +454,8 @@ def _close_interrupted(recorder: ManifestRecorder, reason: str) -> dict[str, Any
     """Record an interrupted run; a second Ctrl-C (or SIGTERM, SIGHUP) does not abandon it."""
     with DeferredStops(raise_after=False):
         recorder.interrupt(reason)
-        for entry in recorder.manifest["notebooks"]:
-            if entry["status"] == rundir.INTERRUPTED:
-                export_html(recorder.run_dir, entry)
         recorder.finish()
+        export_pages(recorder)
         write_index(recorder)
     return recorder.manifest
 
@@ -502,6 +531,6 @@ def _rewrite_report(folder: RunFolder) -> Path:
         raise UserError(f"{folder.path}: the run is still running (pid {manifest.get('pid')} "
                         f"on {manifest.get('host')}); its runner writes its report")
     for entry in manifest["notebooks"]:
-        export_html(folder.path, entry)
+        export_html(folder.path, entry, manifest)
     rundir.write_manifest(folder.path, manifest)
     return report.write_index(folder.path)
