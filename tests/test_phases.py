@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from conftest import write_notebook
-from stagelab.core import phases, records, rundir
+from stagelab.core import paths, phases, records, rundir
 from stagelab.run import execute, profiles
 
 
@@ -134,3 +136,35 @@ def test_a_real_run_records_each_notebook_s_phases_summing_to_its_duration(tmp_p
     assert sum(found.values()) == pytest.approx(entry["duration_s"], abs=0.1)
     assert rundir.read_manifest(run_dir)["notebooks"][0]["phases"] == found
     assert phases.PHASES_ENV not in os.environ  # the runner named its file to this kernel only
+
+
+# What a notebook that does not need torch or seaborn loads, in a fresh interpreter: its first
+# code cell's imports and its context.
+LEAN = {"00_environment": ("torch", "seaborn", "matplotlib", "scipy"),
+        "04_verdict": ("torch",), "05_prediction": ("torch",)}
+
+
+def first_cell_imports(notebook: str) -> str:
+    import ast
+
+    import nbformat
+
+    nb = nbformat.read(str(paths.NOTEBOOKS_DIR / f"{notebook}.ipynb"), as_version=4)
+    code = next(cell.source for cell in nb.cells if cell.cell_type == "code"
+                and "parameters" not in cell.metadata.get("tags", []))
+    tree = ast.parse(code)
+    return "\n".join(ast.unparse(node) for node in tree.body
+                     if isinstance(node, ast.Import | ast.ImportFrom))
+
+
+@pytest.mark.parametrize("notebook", sorted(LEAN))
+def test_a_notebook_imports_only_what_it_uses(notebook, tmp_path):
+    """Before: every notebook loaded torch and seaborn (about 2 s of its start) through the
+    context and the model shapes, the verdict's and the environment's too."""
+    script = (f"import sys\n{first_cell_imports(notebook)}\n"
+              f"context.notebook_context({notebook!r}, {str(tmp_path)!r})\n"
+              f"print(','.join(m for m in {LEAN[notebook]!r} if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == ""

@@ -239,6 +239,8 @@ def test_every_notebook_context_sets_the_suites_plot_theme(tmp_path):
     import matplotlib
     import seaborn as sns
 
+    from stagelab.present import plots  # noqa: F401  (a notebook that plots imports it first)
+
     sns.set_theme(style="dark")  # what a previous notebook or a user might have left
     assert matplotlib.rcParams["axes.grid"] is False
     context.notebook_context("10_ok", tmp_path)

@@ -22,7 +22,6 @@ from typing import Any
 from stagelab.core import paths, phases, rundir, untrusted
 from stagelab.core.records import RunFolder, atomic_target
 from stagelab.core.schema import TableSink, make_rows, write_table
-from stagelab.present import plots
 
 INTERACTIVE_PROFILE = "interactive"
 
@@ -124,11 +123,19 @@ def interactive_run_dir(notebook: str, root: Path | None = None) -> Path:
     return run_dir
 
 
+def use_plot_theme() -> None:
+    """The suite's plot theme, for a notebook that plots (it imported
+    :mod:`stagelab.present.plots` first); one that only shows tables never loads seaborn."""
+    plots = sys.modules.get("stagelab.present.plots")
+    if plots is not None:
+        plots.use_theme()
+
+
 def notebook_context(notebook: str, run_dir: str | Path | None) -> NotebookContext:
     """The context of a notebook run by the runner, or, interactively, of a fresh folder; the
-    suite's plot theme is set here, once for every notebook."""
+    suite's plot theme is set here, once for every notebook that plots."""
     phases.mark_imported()
-    plots.use_theme()
+    use_plot_theme()
     if run_dir:
         path = Path(run_dir)
         if not path.is_dir():

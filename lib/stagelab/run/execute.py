@@ -193,7 +193,8 @@ def _papermill(notebook: NotebookPlan, output: Path, run_dir: Path, plan: RunPla
             str(notebook.path), str(output), parameters=injected_parameters(notebook, run_dir),
             kernel_name=KERNEL_NAME, cwd=str(notebook.path.parent), progress_bar=False,
             request_save_on_cell_execute=True, kernel_manager_class=kernel_manager,
-            start_timeout=plan.start_timeout_s, execution_timeout=plan.cell_timeout_s)
+            start_timeout=plan.start_timeout_s, execution_timeout=plan.cell_timeout_s,
+            shutdown_kernel="immediate")  # its cells are done: no need to wait for its teardown
     except TimeoutError:
         cell = _last_started_cell(output)
         return rundir.FAILED, (f"timed out after {plan.cell_timeout_s} s in cell "
