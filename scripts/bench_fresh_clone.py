@@ -184,6 +184,21 @@ def check_lines(by_key: dict[str, Figure]) -> list[str]:
                 f"other: **{ratio:.2f} ×** (goal at most {CHECK_RATIO_GOAL} ×: {verdict})."]
 
 
+MARKED = re.compile(r"(<!-- timings:check [^>]*-->\n).*?(<!-- /timings:check -->)", re.S)
+
+
+def note_in_developing(text: str, figures: list[Figure], commit: str, when: datetime) -> str:
+    """docs/developing.md's text with its marked note replaced by the serial and parallel
+    figures of ``make check`` (the same as timings.md's; nothing else of the page changes)."""
+    by_key = {next(k for k, v in STEPS.items() if v[0] == f.label): f for f in figures}
+    lines = check_lines(by_key)
+    if not lines:
+        return text
+    note = (f"Measured {when:%Y-%m-%d} at `{commit}` ([timings.md](timings.md)):"
+            f"{lines[1].removeprefix('`make check`')}\n")
+    return MARKED.sub(lambda m: m.group(1) + note + m.group(2), text)
+
+
 def phases_table(manifest: dict) -> list[str]:
     """Where the quick run's time went, per notebook (its manifest's ``phases``)."""
     rows = ["| notebook | seconds | kernel start | imports | measuring | analysis | export | "
@@ -288,7 +303,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"not written: {', '.join(failed)} failed", file=sys.stderr)
         else:
             args.write.write_text(text)
-            print(f"written: {args.write}")
+            developing = args.write.parent / "developing.md"
+            if developing.exists():
+                developing.write_text(note_in_developing(developing.read_text(), figures,
+                                                         commit, when))
+            print(f"written: {args.write} (and its note in {developing.name})")
     if args.keep:
         print(f"clone kept: {clone_dir}")
     return next((f.status for f in figures if f.status), 0)

@@ -63,3 +63,16 @@ def test_make_help_reads_each_time_from_the_page_or_says_there_is_none(tmp_path)
     assert lines["check"].endswith(f"(61 s on 2026-12-01: {page})")
     assert lines["run"].endswith(f"(no time measured yet: {page})")
     assert lines["clean"].endswith("remove .venv")  # not a timed target
+
+
+def test_the_note_in_developing_md_is_the_generated_figure_and_nothing_else_changes():
+    text = (paths.REPO_ROOT / "docs" / "developing.md").read_text()
+    assert bench.MARKED.search(text), "developing.md lost its marked note"
+    noted = bench.note_in_developing(text, [figure("check-serial", 100), figure("check", 60)],
+                                     "abc1234", WHEN)
+    before, _, after = text.partition("<!-- /timings:check -->")
+    assert noted.endswith(after) and noted.startswith(before.split("<!-- timings:check")[0])
+    assert ("Measured 2026-12-01 at `abc1234` ([timings.md](timings.md)): on every core took "
+            "60 s against 100 s") in noted
+    assert bench.note_in_developing(noted, [figure("check-serial", 90), figure("check", 45)],
+                                    "def5678", WHEN).count("Measured 2026-12-01") == 1
