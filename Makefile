@@ -19,6 +19,8 @@ ALLOW_ROOT := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 # run after, alone. PYTEST_ARGS passes options to both passes.
 PYTEST_ARGS ?=
 PYTEST_PARALLEL := -n auto --dist worksteal
+# the serial pass collects only the modules that mark a test serial (collecting all costs seconds)
+SERIAL_TESTS = $(shell grep -l 'pytest.mark.serial' tests/test_*.py)
 TIMINGS := docs/timings.md
 
 # `make help` lists every target with the words after its `##` (this list reads the Makefile
@@ -60,7 +62,7 @@ test: $(VENV)/.extra-lab $(VENV)/.extra-test $(VENV)/.extra-fleet browser ## lin
 	$(PY) -m ruff check
 	$(PY) -m mypy
 	$(PY) -m pytest -m "not serial" $(PYTEST_PARALLEL) $(PYTEST_ARGS)
-	$(PY) -m pytest -m "serial" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "serial" $(PYTEST_ARGS) $(SERIAL_TESTS) || test $$? -eq 5  # 5: none selected
 
 # The fast lane, before every commit: lint, types, and the tests not marked slow (no notebook,
 # browser or Ray cluster), on every core.
@@ -68,7 +70,7 @@ check: $(VENV)/.extra-test ## lint, types and the fast tests, on every core
 	$(PY) -m ruff check
 	$(PY) -m mypy
 	$(PY) -m pytest -q -m "not slow and not serial" -p no:cacheprovider $(PYTEST_PARALLEL) $(PYTEST_ARGS)
-	$(PY) -m pytest -q -m "not slow and serial" -p no:cacheprovider $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "not slow and serial" -p no:cacheprovider $(PYTEST_ARGS) $(SERIAL_TESTS) || test $$? -eq 5
 
 lab: $(VENV)/.extra-lab ## JupyterLab on notebooks/ with the project's kernel (LAB_ARGS passes options)
 	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $(ALLOW_ROOT) $(LAB_ARGS)
