@@ -144,7 +144,7 @@ def machine_words(clone_dir: Path) -> str:
             torch = f"Python {py}, torch {version}"
     gpu = "an NVIDIA GPU" if shutil.which("nvidia-smi") else "no GPU"
     return (f"{_cpu_model()}, {os.cpu_count()} cores, {_memory_gib()}, {gpu}; "
-            f"{platform.system()} {platform.release()}; {torch}")
+            f"{platform.system()}; {torch}")
 
 
 def latest_manifest(clone_dir: Path) -> dict | None:
@@ -195,7 +195,7 @@ def note_in_developing(text: str, figures: list[Figure], commit: str, when: date
     if not lines:
         return text
     note = (f"Measured {when:%Y-%m-%d} at `{commit}` ([timings.md](timings.md)):"
-            f"{lines[1].removeprefix('`make check`')}\n")
+            f" {lines[1]}\n")
     return MARKED.sub(lambda m: m.group(1) + note + m.group(2), text)
 
 

@@ -72,7 +72,7 @@ def test_the_note_in_developing_md_is_the_generated_figure_and_nothing_else_chan
                                      "abc1234", WHEN)
     before, _, after = text.partition("<!-- /timings:check -->")
     assert noted.endswith(after) and noted.startswith(before.split("<!-- timings:check")[0])
-    assert ("Measured 2026-12-01 at `abc1234` ([timings.md](timings.md)): on every core took "
-            "60 s against 100 s") in noted
+    assert ("Measured 2026-12-01 at `abc1234` ([timings.md](timings.md)): `make check` on every "
+            "core took 60 s against 100 s") in noted
     assert bench.note_in_developing(noted, [figure("check-serial", 90), figure("check", 45)],
                                     "def5678", WHEN).count("Measured 2026-12-01") == 1
