@@ -14,9 +14,27 @@ ALLOW_ROOT := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 
 .PHONY: help setup run test check lab browser clean
 
-# `make help` lists every target with the words after its `##` (this list reads the Makefile itself).
+# pytest-xdist: the tests on every core (`-n auto`; a worker that runs out takes another's
+# queued tests); the tests marked `serial` (they cannot share the machine: docs/developing.md)
+# run after, alone. PYTEST_ARGS passes options to both passes.
+PYTEST_ARGS ?=
+PYTEST_PARALLEL := -n auto --dist worksteal
+# the serial pass collects only the modules that mark a test serial (collecting all costs seconds)
+SERIAL_TESTS = $(shell grep -l 'pytest.mark.serial' tests/test_*.py)
+TIMINGS := docs/timings.md
+
+# `make help` lists every target with the words after its `##` (this list reads the Makefile
+# itself) and, for the targets in TIMED, the time docs/timings.md gives (written by
+# scripts/bench_fresh_clone.py, with its date and machine), or that none was measured.
+TIMED := setup run check test
 help: ## list the targets
-	@grep -E '^[a-z]+:.*## ' $(firstword $(MAKEFILE_LIST)) | sed -E 's/^([a-z]+):.*## /\1\t/' | expand -t 10
+	@awk -v timings='$(TIMINGS)' -v timed=' $(TIMED) ' \
+	  'FILENAME == timings { if ($$0 ~ /^\| `make [a-z]+` \|/) { split($$0, f, "|"); t = f[2]; \
+	      sub(/^ *`make /, "", t); sub(/` *$$/, "", t); w = f[3]; gsub(/^ +| +$$/, "", w); took[t] = w }; next } \
+	   /^[a-z]+:.*## / { name = $$0; sub(/:.*/, "", name); words = $$0; sub(/^[^#]*## /, "", words); \
+	     if ((name in took) && index(timed, " " name " ")) words = words " (" took[name] ": " timings ")"; \
+	     else if (index(timed, " " name " ")) words = words " (no time measured yet: " timings ")"; \
+	     printf "%-10s%s\n", name, words }' $(wildcard $(TIMINGS)) $(firstword $(MAKEFILE_LIST))
 
 $(VENV)/.installed: pyproject.toml scripts/setup_venv.py
 	$(SETUP)
@@ -40,17 +58,19 @@ browser: ## install Debian's chromium where missing (the browser tests need it)
 # The Lab extra too: tests/test_lab_browser.py runs every notebook in JupyterLab; and the fleet
 # extra (Ray): tests/test_fleet.py runs a Ray cluster on this machine's loopback address. The
 # linter (ruff, configured in pyproject.toml) runs first.
-test: $(VENV)/.extra-lab $(VENV)/.extra-test $(VENV)/.extra-fleet browser ## lint, types, then every test (about 9 minutes)
+test: $(VENV)/.extra-lab $(VENV)/.extra-test $(VENV)/.extra-fleet browser ## lint, types, then every test
 	$(PY) -m ruff check
 	$(PY) -m mypy
-	$(PY) -m pytest
+	$(PY) -m pytest -m "not serial" $(PYTEST_PARALLEL) $(PYTEST_ARGS)
+	$(PY) -m pytest -m "serial" $(PYTEST_ARGS) $(SERIAL_TESTS) || test $$? -eq 5  # 5: none selected
 
 # The fast lane, before every commit: lint, types, and the tests not marked slow (no notebook,
-# browser or Ray cluster); under 2 minutes on 2 cores (108 s quiet; docs/timings.md).
-check: $(VENV)/.extra-test ## lint, types and the fast tests (under 2 minutes)
+# browser or Ray cluster), on every core.
+check: $(VENV)/.extra-test ## lint, types and the fast tests, on every core
 	$(PY) -m ruff check
 	$(PY) -m mypy
-	$(PY) -m pytest -q -m "not slow" -p no:cacheprovider
+	$(PY) -m pytest -q -m "not slow and not serial" -p no:cacheprovider $(PYTEST_PARALLEL) $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "not slow and serial" -p no:cacheprovider $(PYTEST_ARGS) $(SERIAL_TESTS) || test $$? -eq 5
 
 lab: $(VENV)/.extra-lab ## JupyterLab on notebooks/ with the project's kernel (LAB_ARGS passes options)
 	JUPYTER_CONFIG_PATH="$(CURDIR)/jupyter$${JUPYTER_CONFIG_PATH:+:$$JUPYTER_CONFIG_PATH}" \

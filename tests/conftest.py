@@ -4,12 +4,14 @@ from one another."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import nbformat
@@ -18,6 +20,37 @@ import torch
 from nbformat.v4 import new_code_cell, new_notebook
 
 from stagelab.core import paths, rundir, schema, stops
+
+# ------------------------------------------------------------- both cores (pytest-xdist)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist, each worker's torch (and every process it starts) uses its share of
+    the cores, not all of them: two workers of two threads each on two cores wait on each other."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
+    if os.environ.get("PYTEST_XDIST_WORKER") and workers > 1:
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+
+def made_once(tmp_path_factory: pytest.TempPathFactory, name: str,
+              make: Callable[[Path], object]) -> Path:
+    """``<base>/<name>`` made by ``make(path)`` once per test session, however many pytest-xdist
+    workers ask for it (the first makes it under a lock, the others wait and reuse it): a
+    module fixture that measures or runs for seconds costs its seconds once, not once per
+    worker. Those who use it only read it."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    base = tmp_path_factory.getbasetemp()
+    shared = (base.parent if worker else base) / f"made-once-{name}"
+    shared.mkdir(exist_ok=True)
+    with open(shared / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        done = shared / ".done"
+        if not done.exists():
+            make(shared / name)
+            done.touch()
+    return shared / name
 
 
 def write_notebook(path: Path, parameters: str, body: str) -> Path:

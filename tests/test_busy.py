@@ -97,6 +97,7 @@ def _burn(seconds: float) -> None:
         pass
 
 
+@pytest.mark.serial  # reads the whole machine's CPU time: another test's is "others"
 @pytest.mark.skipif(not Path("/proc/stat").exists(), reason="needs Linux's /proc")
 def test_cpu_burnt_outside_the_watched_tree_counts_as_others():
     """Watched from a sleeping process's tree, a burner elsewhere is 'other processes'; watched

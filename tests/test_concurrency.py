@@ -16,7 +16,7 @@ import pytest
 from conftest import tiny_cli
 from stagelab.core import paths, rundir
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]  # runs at once, timed by their kernels
 
 
 def socket_files_in_repository(repo: Path = paths.REPO_ROOT) -> list[str]:

@@ -20,6 +20,8 @@ import pytest
 from stagelab import cli
 from stagelab.run import fleet, fleet_node
 
+pytestmark = pytest.mark.serial  # Ray clusters on this machine's loopback address
+
 # Ray reads this when it is imported: nodes then take the loopback address, never another.
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 LOOPBACK = "127.0.0.1"

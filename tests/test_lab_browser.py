@@ -199,6 +199,7 @@ def _check_saved(path: Path) -> None:
     assert f"{KERNEL_MARK}{sys.executable}\n" in printed, (path.name, printed[:500])
 
 
+@pytest.mark.serial  # a browser and JupyterLab
 @pytest.mark.slow
 def test_every_notebook_runs_in_jupyterlab_with_the_project_kernel(chromium, lab, tmp_path,
                                                                    new_interactive_folders):

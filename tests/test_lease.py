@@ -182,6 +182,7 @@ def test_a_replay_keeps_rows_compressed_even_from_a_plain_folder(tmp_path):
 
 # ------------------------------------------------------------------------ a GPU is required
 
+@pytest.mark.serial  # a wall-time bound
 @no_cuda
 def test_force_never_passes_no_cuda_exit_3_within_seconds(tmp_path):
     out = tmp_path / "evidence"

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import BLOCKED, BLOCKING_RUNNER, StoppedInAFinalizer, torch_alone
+from conftest import BLOCKED, BLOCKING_RUNNER, StoppedInAFinalizer, made_once, torch_alone
 from stagelab import cli
 from stagelab.analyse import verdict
 from stagelab.core import measured as measured_folder
@@ -36,11 +36,11 @@ def rows_of(folder: Path, table: str) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory) -> Path:
-    """The smoke profile measured with torch alone (a rehearsal past the CPU's no-go)."""
-    out = tmp_path_factory.mktemp("node") / "evidence"
-    done = torch_alone("measure", "--profile", "smoke", "--out", str(out), "--rehearse-on-cpu")
-    assert done.returncode == measure_command.EXIT_OK, done.stderr[-3000:]
-    return out
+    """The smoke profile measured with torch alone (a rehearsal past the CPU's no-go), once."""
+    def measure(out: Path) -> None:
+        done = torch_alone("measure", "--profile", "smoke", "--out", str(out), "--rehearse-on-cpu")
+        assert done.returncode == measure_command.EXIT_OK, done.stderr[-3000:]
+    return made_once(tmp_path_factory, "smoke-evidence", measure)
 
 
 def test_help_works_with_torch_alone():
@@ -272,6 +272,7 @@ def killed(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.serial  # a process stopped on purpose
 @pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
 def test_sigterm_is_an_interruption_recorded_with_exit_130(tmp_path, signum):
@@ -303,6 +304,7 @@ def test_a_stop_swallowed_by_a_finalizer_is_raised_again_after_its_round(monkeyp
         clock.admit("step", None, 1, 0)
 
 
+@pytest.mark.serial  # a process killed on purpose
 @pytest.mark.slow
 def test_a_killed_measurement_keeps_its_finished_cells(killed):
     manifest = measured_folder.read_measured(killed)
@@ -411,6 +413,7 @@ def test_measure_then_replay_equals_a_live_run_over_the_same_rows(tmp_path, smok
     assert any("was a rehearsal" in finding for finding in got["findings"])
 
 
+@pytest.mark.serial  # a process killed on purpose
 @pytest.mark.slow
 def test_a_killed_measurement_replays_and_the_verdict_names_the_gaps(tmp_path, killed):
     code = cli.main(["run", "--profile", "smoke", "--from", str(killed), "--out", str(tmp_path)])

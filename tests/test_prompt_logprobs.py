@@ -189,6 +189,7 @@ def test_predicted_peak_follows_the_documented_model():
         pl.predicted_peak_bytes(3, 3, None, f32, "other")
 
 
+@pytest.mark.serial  # memory peaks, two probes at once
 def test_measured_peaks_separate_chunked_fused_from_unchunked_logsoftmax():
     config = dict(tokens=257, vocab=32768, hidden=16, dtype="float32", k=5, overlap=True)
     small, large = memory.measure_peaks(pl.memory_probe, [

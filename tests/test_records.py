@@ -316,6 +316,7 @@ def test_report_refuses_a_live_run_and_never_rolls_its_status_back(tmp_path, cap
     assert cli.main(["report", str(brought_back)]) == cli.EXIT_OK
 
 
+@pytest.mark.serial  # a race with a live run
 @pytest.mark.slow
 def test_report_during_a_real_run_leaves_the_runs_final_state(tiny_suite):
     # Before: `report` during a run overwrote the run's final save: `running` after exit 0.
@@ -336,6 +337,7 @@ def test_report_during_a_real_run_leaves_the_runs_final_state(tiny_suite):
     assert [e["status"] for e in manifest["notebooks"]] == ["interrupted", "pending"]
 
 
+@pytest.mark.serial  # a process stopped on purpose
 @pytest.mark.slow
 def test_sighup_ends_the_record_like_sigterm_and_removes_the_socket_folder(tiny_suite, tmp_path):
     # Before: a closed terminal left the run `running`, no HTML and its socket folder behind.
@@ -352,6 +354,7 @@ def test_sighup_ends_the_record_like_sigterm_and_removes_the_socket_folder(tiny_
     assert not list(private_tmp.glob("stagelab-kernel-*"))
 
 
+@pytest.mark.serial  # a process stopped on purpose
 @pytest.mark.slow
 def test_a_second_ctrl_c_does_not_abandon_the_record(tiny_suite, tmp_path):
     # Before: a second Ctrl-C during the cleanup left the run `running`, without HTML.

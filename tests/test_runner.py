@@ -77,6 +77,7 @@ def test_cli_exit_code_is_nonzero_when_a_notebook_fails(tiny_paths):
     assert set(schema.read_table(run_dir, "ok_table")["arm"]) == {"y"}
 
 
+@pytest.mark.serial  # a wall-time limit
 @pytest.mark.slow
 def test_a_cell_that_runs_too_long_times_out_and_the_next_notebook_runs(tiny_suite):
     # Before: papermill had no execution timeout, and a hung cell held the run for ever.
@@ -103,6 +104,7 @@ def test_the_kernel_gets_a_private_socket_folder(tmp_path):
     assert not folder.exists()  # removed afterwards, whatever it held
 
 
+@pytest.mark.serial  # a process stopped on purpose
 @pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_marks_the_run_interrupted_quietly_and_keeps_what_was_written(tiny_suite, signum):
@@ -131,6 +133,7 @@ def _kill_orphaned_kernels(marker: Path) -> None:
             os.kill(int(proc_dir.name), signal.SIGTERM)
 
 
+@pytest.mark.serial  # a process killed on purpose
 @pytest.mark.slow
 def test_a_killed_run_leaves_no_socket_where_another_run_looks(tiny_suite, tmp_path):
     private_tmp = tmp_path / "tmp"
@@ -235,6 +238,8 @@ def test_an_interactive_folder_gets_a_manifest_and_is_listed(tmp_path, monkeypat
 def test_every_notebook_context_sets_the_suites_plot_theme(tmp_path):
     import matplotlib
     import seaborn as sns
+
+    from stagelab.present import plots  # noqa: F401  (a notebook that plots imports it first)
 
     sns.set_theme(style="dark")  # what a previous notebook or a user might have left
     assert matplotlib.rcParams["axes.grid"] is False

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import made_once
 from stagelab import cli
 from stagelab.analyse import predict
 from stagelab.core import measured as measured_folder
@@ -30,10 +31,10 @@ CODE = "under_load = False\nimport os; open('PLANTED', 'w')\n_x"
 
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory) -> Path:
-    """The smoke profile measured here, as a node would."""
-    out = tmp_path_factory.mktemp("node") / "evidence"
-    assert measure_command.main(["--profile", "smoke", "--out", str(out), "--force"]) == 0
-    return out
+    """The smoke profile measured here, as a node would (once)."""
+    def measure(out: Path) -> None:
+        assert measure_command.main(["--profile", "smoke", "--out", str(out), "--force"]) == 0
+    return made_once(tmp_path_factory, "smoke-forced", measure)
 
 
 @pytest.fixture
@@ -681,6 +682,7 @@ def _serve_once(answer: bytes | None):
     return server
 
 
+@pytest.mark.serial  # a wall-time bound
 @pytest.mark.slow  # make check's fast lane leaves it to make test
 @pytest.mark.parametrize("answer", [None, b"HTTP/1.1 400 Bad Request\r\n\r\n"])
 def test_a_port_that_is_not_ray_fails_within_seconds(answer):

@@ -214,6 +214,7 @@ def test_the_projects_jupyter_config_strips_outputs_of_tracked_notebooks_on_save
     assert "JUPYTER_CONFIG_PATH=" in _make("-n", "lab", "VENV=/nowhere").stdout
 
 
+@pytest.mark.serial  # a JupyterLab server
 @pytest.mark.slow
 def test_make_lab_as_root_starts_and_answers(tmp_path):
     """`make lab` as the README gives it (as root in CI: --allow-root), on loopback, then shut
@@ -288,6 +289,7 @@ def _wait_for_json(url: str, headers: dict, process: subprocess.Popen, log: Path
     pytest.fail(f"make lab did not answer within {timeout_s} s:\n{log.read_text()[-3000:]}")
 
 
+@pytest.mark.serial  # a whole set-up
 @pytest.mark.slow
 def test_a_fresh_clone_sets_up_lean_with_the_cpu_index_unreachable(tmp_path):
     """`make setup` in a fresh clone (of the committed HEAD), PyTorch's CPU index pointed at a

@@ -124,6 +124,7 @@ def executed_run(tmp_path_factory):
     return run_dir
 
 
+@pytest.mark.serial  # a browser
 @pytest.mark.slow
 def test_single_file_opens_offline_with_every_image_rendered(executed_run):
     if CHROMIUM is None:

@@ -16,7 +16,7 @@ from stagelab.core import paths, records, rundir
 from stagelab.core.records import RunFolder
 from stagelab.run import execute, profiles
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]  # the real notebooks, then a browser
 
 # Valid requests that measure nothing, or only part: each notebook must end with a clear sentence.
 NOTHING = {

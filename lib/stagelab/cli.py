@@ -9,7 +9,7 @@ import json
 import sys
 from pathlib import Path
 
-from stagelab.core import outcomes, paths
+from stagelab.core import outcomes, paths, phases
 from stagelab.core.errors import UserError
 from stagelab.core.outcomes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 from stagelab.run import measure_command
@@ -188,6 +188,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         _say(replay.source_line(origin))
     run_dir, manifest = execute.run(plan, args.out, command=["stagelab", *sys.argv[1:]],
                                    measured=origin)
+    if line := phases.summary_line(manifest):
+        _say(line)
     _say(f"report: {run_dir / 'index.html'}", sys.stdout)
     _say(verdict_line(run_dir, manifest), sys.stdout)
     if origin is not None and (origin["status"] != measure_command.OK or origin["gaps"]):

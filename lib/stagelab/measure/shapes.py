@@ -2,6 +2,8 @@
 
 Notebooks take sizes as a list whose items are either a model name from the table or a plain
 vocabulary size; :func:`resolve_vocabs` turns such a list into ``(model, vocab, hidden)`` rows.
+torch is imported only for a dtype (:func:`torch_dtype`, ``DTYPES``): the verdict's notebook
+reads model shapes and never loads torch.
 """
 
 from __future__ import annotations
@@ -9,8 +11,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 from stagelab.core import catalogue, forward, paths
 
@@ -74,14 +78,24 @@ def positive_ints(values: Iterable[int], parameter: str) -> list[int]:
     return values
 
 
-DTYPES = {name: getattr(torch, name) for name in catalogue.DTYPE_BYTES}
+def _dtypes() -> dict[str, torch.dtype]:
+    import torch
+
+    return {name: getattr(torch, name) for name in catalogue.DTYPE_BYTES}
+
+
+def __getattr__(name: str) -> Any:
+    if name == "DTYPES":  # the supported dtypes by name, torch's
+        return _dtypes()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def torch_dtype(name: str, parameter: str = "dtype") -> torch.dtype:
     """A supported floating dtype by name; a clear error names the parameter and the choices."""
-    if name not in DTYPES:
-        raise ValueError(f"{parameter}: unsupported dtype {name!r}; valid: {', '.join(DTYPES)}")
-    return DTYPES[name]
+    dtypes = _dtypes()
+    if name not in dtypes:
+        raise ValueError(f"{parameter}: unsupported dtype {name!r}; valid: {', '.join(dtypes)}")
+    return dtypes[name]
 
 
 def override(shape: ModelShape, vocab: int = 0, hidden: int = 0) -> ModelShape:

@@ -19,10 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stagelab.core import paths, rundir, untrusted
+from stagelab.core import paths, phases, rundir, untrusted
 from stagelab.core.records import RunFolder, atomic_target
 from stagelab.core.schema import TableSink, make_rows, write_table
-from stagelab.present import plots
 
 INTERACTIVE_PROFILE = "interactive"
 
@@ -62,6 +61,11 @@ class NotebookContext:
         """This notebook's sweep as a schema frame, written to ``data/<table>.parquet``:
         measured here by ``measure(*args, sink=..., **kwargs)`` (rewritten after every cell),
         or, where ``measured`` names a measured folder, its rows of ``table`` read back."""
+        with phases.measuring():
+            return self._sweep_frame(table, measured, measure, *args, **kwargs)
+
+    def _sweep_frame(self, table: str, measured: str | Path, measure: Callable[..., object],
+                     *args: Any, **kwargs: Any) -> Any:
         if not measured:
             sink = self.table_sink(table)
             measure(*args, sink=sink, **kwargs)
@@ -77,6 +81,10 @@ class NotebookContext:
 
     def snapshot(self, measured: str | Path, under_load: bool = False) -> dict[str, Any]:
         """The machine the numbers come from: this one, or the measured folder's."""
+        with phases.measuring():
+            return self._snapshot(measured, under_load)
+
+    def _snapshot(self, measured: str | Path, under_load: bool) -> dict[str, Any]:
         if measured:  # a stranger's folder: its own regular file only (no link, bounded)
             return untrusted.load_json(Path(measured) / RunFolder.HARDWARE, root=measured)
         from stagelab.measure import hardware
@@ -88,6 +96,8 @@ class NotebookContext:
         nothing, so that a notebook cell ending with it shows the figure and no path. A figure
         with nothing drawn (:func:`stagelab.present.plots.empty_reason`) is not saved nor shown:
         the notebook says in one sentence why instead of an empty frame."""
+        from stagelab.present import plots  # a notebook that saves a figure has imported it
+
         reason = plots.empty_reason(figure)
         if reason is not None:
             import matplotlib.pyplot as plt
@@ -125,10 +135,19 @@ def interactive_run_dir(notebook: str, root: Path | None = None) -> Path:
     return run_dir
 
 
+def use_plot_theme() -> None:
+    """The suite's plot theme, for a notebook that plots (it imported
+    :mod:`stagelab.present.plots` first); one that only shows tables never loads seaborn."""
+    plots = sys.modules.get("stagelab.present.plots")
+    if plots is not None:
+        plots.use_theme()
+
+
 def notebook_context(notebook: str, run_dir: str | Path | None) -> NotebookContext:
     """The context of a notebook run by the runner, or, interactively, of a fresh folder; the
-    suite's plot theme is set here, once for every notebook."""
-    plots.use_theme()
+    suite's plot theme is set here, once for every notebook that plots."""
+    phases.mark_imported()
+    use_plot_theme()
     if run_dir:
         path = Path(run_dir)
         if not path.is_dir():
@@ -156,6 +175,7 @@ def reading_context(notebook: str, run_dir: str | Path | None, root: Path | None
     """The context of a notebook that reads a run's data: the given run folder (the runner's);
     by hand, the newest run folder with data under ``root`` (with table ``prefer`` where one has
     it), and a fresh interactive folder for what the notebook writes."""
+    phases.mark_imported()
     if run_dir:
         return notebook_context(notebook, run_dir)
     source = newest_run_with_data(root, prefer)

@@ -31,7 +31,7 @@ from typing import IO, Any
 
 from stagelab.analyse import trust
 from stagelab.core import measured as measured_folder
-from stagelab.core import paths, rundir, stops
+from stagelab.core import paths, phases, rundir, stops
 from stagelab.core.errors import UserError
 from stagelab.core.records import RunFolder
 from stagelab.core.rundir import ManifestRecorder, RecordError
@@ -198,7 +198,8 @@ def _papermill(notebook: NotebookPlan, output: Path, run_dir: Path, plan: RunPla
             str(notebook.path), str(output), parameters=injected_parameters(notebook, run_dir),
             kernel_name=KERNEL_NAME, cwd=str(notebook.path.parent), progress_bar=False,
             request_save_on_cell_execute=True, kernel_manager_class=kernel_manager,
-            start_timeout=plan.start_timeout_s, execution_timeout=plan.cell_timeout_s)
+            start_timeout=plan.start_timeout_s, execution_timeout=plan.cell_timeout_s,
+            shutdown_kernel="immediate")  # its cells are done: no need to wait for its teardown
     except TimeoutError:
         cell = _last_started_cell(output)
         return rundir.FAILED, (f"timed out after {plan.cell_timeout_s} s in cell "
@@ -372,23 +373,44 @@ def _say(enabled: bool, text: str) -> None:
             print(text, file=sys.stderr, flush=True)
 
 
+@contextlib.contextmanager
+def phase_marks() -> Iterator[Path]:
+    """A private file the next kernel marks its phases in (:mod:`stagelab.core.phases`),
+    named to it through the environment it inherits; removed afterwards."""
+    with tempfile.TemporaryDirectory(prefix="stagelab-phases-") as folder:
+        marks = Path(folder) / "marks.json"
+        previous = os.environ.get(phases.PHASES_ENV)
+        os.environ[phases.PHASES_ENV] = str(marks)
+        try:
+            yield marks
+        finally:
+            if previous is None:
+                os.environ.pop(phases.PHASES_ENV, None)
+            else:
+                os.environ[phases.PHASES_ENV] = previous
+
+
 def run_notebook_step(recorder: ManifestRecorder, index: int, plan: RunPlan,
                       progress: bool) -> None:
-    """One notebook: start its record, execute it, export its HTML, record how it ended."""
+    """One notebook: start its record, execute it, export its HTML, record how it ended and
+    where its time went (``phases``)."""
     notebook = plan.notebooks[index]
     count = f"[{index + 1}/{len(plan.notebooks)}]"
     entry = recorder.start_notebook(index)
     _say(progress, f"{count} {notebook.name} ...")
-    started = time.perf_counter()
+    started, started_at = time.perf_counter(), time.time()
     output = recorder.run_dir / entry["output"]
-    with busy.LoadWatch() as watch, ProgressLines(
+    with phase_marks() as marks, busy.LoadWatch() as watch, ProgressLines(
             f"{count} {notebook.name}:", output, recorder.run_dir / KERNEL_LOG, progress):
         status, error = execute_notebook(notebook, output, recorder.run_dir, plan)
+        executed_at, kernel_marks = time.time(), phases.read_marks(marks)
     entry["load"] = watch.summary
     measured_on = recorder.manifest.get("measured_on")
     if measured_on and "measured" in notebook.parameters:  # a replay: trust the node's load
         entry.update(analysis_load=watch.summary, load=measured_load(measured_on, notebook.name))
     export_html(recorder.run_dir, entry, recorder.manifest)
+    entry["phases"] = phases.notebook_phases(started_at, executed_at, time.time(),
+                                             phases.cell_span(output), kernel_marks)
     recorder.finish_notebook(index, status, time.perf_counter() - started, error)
     write_index(recorder)
     _say(progress, f"{count} {notebook.name}: {status} ({entry['duration_s']} s)"
