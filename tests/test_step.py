@@ -3,6 +3,8 @@ sweep over cells, and the waits each arm makes."""
 
 from __future__ import annotations
 
+import resource
+
 import pytest
 import torch
 
@@ -265,3 +267,24 @@ def test_the_clock_is_warmed_for_at_least_its_busy_time_before_calibrating(monke
     step.warm_clock(7, warm_ms=200.0)
     assert slept == [7] * 7  # 7 x 30 ms >= 200 ms
     assert step.sm_clock_rows("cpu") == []
+
+
+@pytest.mark.skipif(not NATIVE_OK, reason=f"the native path cannot be built here: {NATIVE_WHY}")
+def test_every_alloc_row_says_whether_its_vector_was_mapped_and_its_faults():
+    """Glibc maps a 40 MiB vector fresh every step (above its 32 MiB ceiling): its alloc rows
+    say so, with at least a fault per huge page; a vector mapped fresh by its own regime too;
+    the reused scratch has no fresh vector and faults nothing once grown."""
+    n, vocab = 1, 10 * 2 ** 20  # 40 MiB of fp32
+    frame = schema.make_rows(step.measure(
+        shapes.resolve_vocabs([vocab]), [n], [1], torch.float32,
+        ["seed_pageable", "seed_pageable_reused"], aa_arm=None, rounds=3, warmup=1,
+        progress=False))
+    alloc = frame[(frame.stage == "alloc") & (frame.status == "ok")]
+    fresh = alloc[alloc.arm == "seed_pageable"]
+    assert len(fresh) == 3
+    if native.process_allocator() == "glibc":
+        assert fresh["mapped"].eq(True).all()
+    assert (fresh["minor_faults"] >= 40 * 2 ** 20 // resource.getpagesize() // 512).all()
+    reused = alloc[alloc.arm == "seed_pageable_reused"]
+    assert reused["mapped"].isna().all() and (reused["minor_faults"] < 64).all()
+    assert frame[frame.stage == "copy"]["minor_faults"].isna().all()

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
+import resource
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -40,6 +41,14 @@ BASELINE = catalogue.baseline(catalogue.STEP)
 CANDIDATE = catalogue.candidate(catalogue.STEP)
 LOG_SOFTMAX = ("device", "host")  # where the seed arms run the log-softmax
 HOST_RATE_REPEATS = 5  # host-rate calls kept per cell, taken between its rounds
+# The allocating thread's own faults where the kernel counts per thread (Linux), else the
+# process's: a CUDA driver thread's faults are not the seed's fill.
+_FAULTS_OF = getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF)
+
+
+def minor_faults() -> int:
+    """Minor page faults this thread has taken so far (one ``getrusage``: no file is read)."""
+    return resource.getrusage(_FAULTS_OF).ru_minflt
 
 
 class StageClock:
@@ -83,10 +92,15 @@ class FreshVector:
         native.require()
         native.regime_label(regime)  # refuses an unknown regime
         self.regime = regime
+        self.vector: native.SeedVector | None = None
 
     def acquire(self, shape: torch.Size) -> tuple[torch.Tensor, Callable[[], None]]:
-        vector = native.seed_vector(shape.numel(), self.regime)
-        return vector.tensor.view(shape), vector.free
+        self.vector = native.seed_vector(shape.numel(), self.regime)
+        return self.vector.tensor.view(shape), self.vector.free
+
+    def mapped(self) -> bool | None:
+        """Whether the vector just acquired was a fresh mapping (read after the timed stage)."""
+        return None if self.vector is None else self.vector.mapped
 
 
 class FreshZeros:
@@ -95,6 +109,10 @@ class FreshZeros:
     def acquire(self, shape: torch.Size) -> tuple[torch.Tensor, Callable[[], None]]:
         held = [torch.zeros(shape, dtype=torch.float32)]
         return held[0], held.clear
+
+    def mapped(self) -> bool | None:
+        """Not known for torch's allocation."""
+        return None
 
 
 class Scratch:
@@ -107,6 +125,10 @@ class Scratch:
         buffer = self.arm.ensure(shape.numel() * 4)
         return buffer[: shape.numel() * 4].view(torch.float32).view(shape), _nothing
 
+    def mapped(self) -> bool | None:
+        """No fresh vector: the scratch is reused."""
+        return None
+
 
 def _nothing() -> None:
     return None
@@ -116,7 +138,9 @@ class SeedStep:
     """The seed engine's step with a given destination and host gather backend; the log-softmax
     runs on the device (then the logprobs are copied) or on the host (the fp32 logits are copied,
     as the seed's copy from ``logits.data`` does, and normalised in place there: stage
-    ``host_softmax``)."""
+    ``host_softmax``). After each call, :attr:`facts` holds what its ``alloc`` stage met:
+    the minor faults taken inside it (read just outside the timed stage) and whether the fresh
+    vector was mapped (read after it)."""
 
     def __init__(self, name: str, destination: FreshVector | FreshZeros | Scratch,
                  backend: str, log_softmax: str = "device") -> None:
@@ -124,6 +148,7 @@ class SeedStep:
             raise ValueError(f"log_softmax must be one of {LOG_SOFTMAX}, got {log_softmax!r}")
         self.name, self.destination, self.backend = name, destination, backend
         self.log_softmax = log_softmax
+        self.facts: dict[str, Any] = {}
 
     def run(self, logits: torch.Tensor, num_logprobs: int, token_ids: torch.Tensor,
             host_token_ids: torch.Tensor) -> tuple[lp.LogprobsTensors, dict[str, float]]:
@@ -135,8 +160,11 @@ class SeedStep:
                 staged = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
             else:
                 staged = logits.float()
+        faults = minor_faults()
         with clock.host_stage("alloc"):
             host, release = self.destination.acquire(staged.shape)
+        self.facts = {"minor_faults": minor_faults() - faults,
+                      "mapped": self.destination.mapped()}
         with clock.device_stage("copy"):
             host.copy_(staged, non_blocking=True)
         stagelab.measure.device.synchronize(logits.device)  # the engine's b.Synchronize(q): its one wait
@@ -491,14 +519,21 @@ def measure(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dty
             lp.check_call(scores, k, ids)
             lp.check_token_ids(ids, n, vocab)
 
-        def call(pipeline: SeedStep | DeviceStep, r: int) -> dict[str, float]:
+        facts: dict[tuple[str, int], dict[str, Any]] = {}  # per (arm, round): its alloc's
+
+        def call(name: str, pipeline: SeedStep | DeviceStep, r: int) -> dict[str, float]:
             forward.queue()  # the decode forward the step follows in the engine
-            return pipeline.run(bench.pick(logits, r), k, bench.pick(tokens, r),
-                                bench.pick(host_tokens, r))[1]
+            stages = pipeline.run(bench.pick(logits, r), k, bench.pick(tokens, r),
+                                  bench.pick(host_tokens, r))[1]
+            if isinstance(pipeline, SeedStep):
+                facts[(name, r - warmup)] = pipeline.facts  # the record's round: r - warm-up
+            return stages
 
         def annotate(record: dict) -> dict:
             if record.get("stage") == "copy":
                 record["bytes"] = copied_bytes(record["arm"], n, vocab, k)
+            if record.get("stage") == "alloc":
+                record.update(facts.get((record["arm"], record["round"]), {}))
             return record
 
         def after() -> list[dict]:
@@ -510,7 +545,8 @@ def measure(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dty
                       if host_rates else no_rates)]
 
         return sweep.CellPlan(
-            calls={name: (lambda r, p=p: call(p, r)) for name, p in built.items()},
+            calls={name: (lambda r, name=name, p=p: call(name, p, r))
+                   for name, p in built.items()},
             unavailable=unavailable, annotate=annotate, after=after,
             between_rounds=host_rates.every(warmup + rounds, HOST_RATE_REPEATS)
             if host_rates else None)
