@@ -514,7 +514,8 @@ def measure(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dty
         tokens = bench.rotating(lambda i: torch.randint(0, vocab, (n,), device=device,
                                                         generator=generator), sources)
         host_tokens = [t.cpu() for t in tokens]
-        host_rates, no_rates = _host_sampler(n, vocab, k, seed, sources, logits_dtype)
+        host_rates, no_rates = _host_sampler(n, vocab, k, seed, sources, logits_dtype,
+                                             host_block=torch.device(device).type == "cpu")
         for scores, ids in zip(logits, tokens):  # validated once here, never inside a timed call
             lp.check_call(scores, k, ids)
             lp.check_token_ids(ids, n, vocab)
@@ -559,12 +560,14 @@ def measure(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dty
 
 
 def _host_sampler(n: int, vocab: int, k: int, seed: int, sources: int,
-                  logits_dtype: torch.dtype) -> tuple[hostrates.Sampler | None, list[dict]]:
-    """A cell's host-rate sampler, or None and the row saying why it could not be made: the
-    host rates never cost a cell its timings."""
+                  logits_dtype: torch.dtype, host_block: bool
+                  ) -> tuple[hostrates.Sampler | None, list[dict]]:
+    """A cell's host-rate sampler, allocating in the step's pattern (``host_block``: its
+    log-softmax output on the host, a CPU step), or None and the row saying why it could not be
+    made: the host rates never cost a cell its timings."""
     try:
         return hostrates.Sampler(n, vocab, k, seed=seed, sources=sources,
-                                 logits_dtype=logits_dtype), []
+                                 logits_dtype=logits_dtype, host_block=host_block), []
     except Exception as exc:
         return None, [{"arm": hostrates.ARM, "status": "failed", "note": bench.first_line(exc)}]
 
