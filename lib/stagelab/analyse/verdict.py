@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from stagelab.analyse import analysis, calibration, predict, stats
+from stagelab.analyse import analysis, calibration, carryover, predict, stats
 from stagelab.core import catalogue, design, forward, records, schema
 from stagelab.core.errors import UserError
 
@@ -421,6 +421,10 @@ def findings(verdict: dict[str, Any], tables: dict[str, pd.DataFrame]) -> list[s
                        f"C++ {row['native_ms']:.2f} ms, numpy {row['numpy_ms']:.2f} ms on "
                        f"average ({row['numpy_over_native']:.1f}x).")
     out.extend(_zero_fill_findings(verdict, step))
+    for cell in (verdict.get("carry_over") or {}).get("cells", []):
+        if cell["flagged"]:
+            out.append(f"Carry-over at {_cell_name(cell)}: "
+                       f"{carryover.words(cell, verdict['carry_over']['bar'] * 2)}.")
     clocks = verdict["clock_check"]
     if clocks["checked"]:
         out.append(f"Host clock vs CUDA events: {clocks['disagree']} of {clocks['checked']} "
@@ -689,6 +693,8 @@ def build_verdict(run_dir: Path | str, *, decisive_rows: list[int], decisive_voc
         cell["answers"] = {q: {key: answer["cells"][index].get(key) for key in
                                ("decision", "speedup", "ci_low", "ci_high")}
                            for q, answer in questions.items()}
+    carry_over = carry_over_summary(assumed_rows, decisive, delta=delta,
+                                    confidence=confidence)
     short = not_a_decision(decisive)
     if short:
         decided = {**decided, "decision": stats.INCONCLUSIVE,
@@ -725,6 +731,7 @@ def build_verdict(run_dir: Path | str, *, decisive_rows: list[int], decisive_voc
         "other_log_softmax": _other_assumption(analysis.where_regime(step_all), named,
                                                log_softmax, decided["decision"], **kwargs),
         "decisive": decisive,
+        "carry_over": carry_over,
         "step_levers": step_levers,
         "copy_cells": [] if staging is None else _copy_cells(staging, seed),
         "harness": harness_check(staging, step, named, delta=delta, confidence=confidence,
@@ -752,6 +759,24 @@ def build_verdict(run_dir: Path | str, *, decisive_rows: list[int], decisive_voc
                                    "no-go on its decisive arms): it shows the suite runs, and is "
                                    "never evidence for the decision.")
     return verdict
+
+
+def carry_over_summary(step: pd.DataFrame, decisive: list[dict[str, Any]], *, delta: float,
+                       confidence: float) -> dict[str, Any]:
+    """Each decisive cell's first-order carry-over (:mod:`stagelab.analyse.carryover`); a
+    flagged cell's answer says so in its reason (``carry_over_flagged`` on the cell)."""
+    cells = []
+    for cell in decisive:
+        rows = step[(step["rows"] == cell["rows"]) & (step["vocab"] == cell["vocab"])
+                    & (step["k"] == cell["k"])]
+        found = carryover.estimate(rows, delta=delta, confidence=confidence,
+                                   baseline=BASELINE, candidate=CANDIDATE)
+        cell["carry_over_flagged"] = found["flagged"]
+        if found["flagged"]:
+            cell["reason"] = f"{cell['reason']}; {carryover.words(found, delta)}"
+        cells.append({"rows": cell["rows"], "vocab": cell["vocab"], "k": cell["k"], **found})
+    return {"method": carryover.METHOD, "bar": delta / 2, "cells": cells,
+            "flagged": [_cell_name(c) for c in cells if c["flagged"]]}
 
 
 def measured_origin(manifest: dict[str, Any]) -> dict[str, Any] | None:
