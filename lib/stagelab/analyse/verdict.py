@@ -623,14 +623,31 @@ def machine_context(snapshot: dict[str, Any]) -> dict[str, Any]:
                  f"{faults} minor page faults ({where})")
         words += (f", below the {typical:g} GB/s typical of bare metal: the seed's zero-fill "
                   "cost here is likely inflated by the machine." if below else ".")
+    fault_path = _fault_path(str(runtime.get("kind") or ""), rate,
+                             fill.get("bare_metal_range_gbps"))
+    words += f" {fault_path}" if fault_path else ""
     return {"recorded": True, "runtime": runtime.get("kind"), "kernel": runtime.get("kernel"),
             "thp": machine.get("thp"), "affinity": machine.get("affinity"),
             "cgroup": machine.get("cgroup"), "fresh_fill_gbps": rate,
             "bare_metal_typical_gbps": typical, "fill_below_bare_metal": below,
-            "zero_fill_minor_faults": faults, "page_faults_per_stage": {
+            "zero_fill_minor_faults": faults, "fault_path": fault_path or None,
+            "page_faults_per_stage": {
                 name: stage.get("minor_faults")
                 for name, stage in (fill.get("stages") or {}).items()},
             "words": words}
+
+
+def _fault_path(kind: str, rate: float | None, bare_metal: list[float] | None) -> str:
+    """On a VM, the sentence that names its fault path beside bare metal's fill range ('' on
+    bare metal, or where the fill was not measured)."""
+    if "vm" not in kind.split() or rate is None:
+        return ""
+    low, high = bare_metal or (4.0, 10.0)
+    return (f"The measuring machine is a VM: each first-touch page fault goes through its memory "
+            f"virtualisation (a nested page walk, the hypervisor's fault path), {rate:.2f} GB/s "
+            f"here against {low:g}-{high:g} GB/s typical of bare metal, so the size of a margin "
+            "in cells whose fresh vector faults afresh is partly a property of this VM's fault "
+            "path, not of an engine's production host.")
 
 
 def context_words(forwards: list[float], delta: float, log_softmax: str) -> str:
