@@ -26,7 +26,10 @@ metric     str     ``time`` for timings; otherwise what ``bytes``/``value`` hold
                    arm order), ``rounds`` (rounds a cell ran; the note says why it stopped),
                    ``forward_ms`` (device work queued before each step, ms, nominal),
                    ``forward_measured_ms`` (that work between its own CUDA events, mean ms
-                   per call), ``sm_clock_mhz`` (the GPU's SM clock after a cell),
+                   per call), ``sm_clock_mhz`` (the GPU's SM clock, sampled between a
+                   cell's rounds: stage ``min``, ``median``, ``max``; the note gives the
+                   throttle reasons seen), ``num_host_alloc`` (pinned host allocations
+                   torch made during a cell),
                    ``host_rate`` (a host cost of the step timed alone at the cell's size:
                    arm ``host_rates``, stage the term, one row per repeat; see
                    ``stagelab.measure.hostrates``)

@@ -236,19 +236,23 @@ def snapshot(under_load: bool = False, device_index: int = 0) -> dict[str, Any]:
     return snap
 
 
-def sm_clock_mhz(index: int = 0) -> tuple[int | None, str]:
-    """The GPU's current SM clock (MHz) through NVML, and why not where it cannot be read."""
+def sm_clock_sample(index: int = 0) -> tuple[int | None, int | None, str]:
+    """The GPU's SM clock (MHz) and its current throttle reasons (NVML's bit mask; 0 is none),
+    and why not where NVML cannot say."""
     try:
         import pynvml
 
         pynvml.nvmlInit()
     except Exception as exc:  # ImportError, or an NVMLError subclass
-        return None, f"NVML cannot be read here ({type(exc).__name__}: {exc})"
+        return None, None, f"NVML cannot be read here ({type(exc).__name__}: {exc})"
     try:
-        return int(pynvml.nvmlDeviceGetClockInfo(nvml_handle(pynvml, index),
-                                                 pynvml.NVML_CLOCK_SM)), ""
+        handle = nvml_handle(pynvml, index)
+        mhz = int(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM))
+        reasons = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
+            pynvml, "nvmlDeviceGetCurrentClocksThrottleReasons", None)
+        return mhz, None if reasons is None else int(reasons(handle)), ""
     except Exception as exc:
-        return None, f"NVML: {type(exc).__name__}: {exc}"
+        return None, None, f"NVML: {type(exc).__name__}: {exc}"
     finally:
         pynvml.nvmlShutdown()
 

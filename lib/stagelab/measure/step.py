@@ -17,9 +17,11 @@ around host work (on a CPU, the host clock for all).
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import math
 import resource
+import statistics
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -314,18 +316,82 @@ def _cycles_per_ms(device: str, probe_cycles: int = 10_000_000) -> float:
         return probe_cycles / start.elapsed_time(end)
 
 
-def sm_clock_rows(device: str) -> list[dict]:
-    """The GPU's SM clock at the end of a cell (metric ``sm_clock_mhz``), through NVML where it
-    is importable; no row on a CPU, an unavailable one where NVML cannot say."""
+def host_allocations(device: str) -> int | None:
+    """torch's count of pinned host allocations so far (``host_memory_stats()``'s
+    ``num_host_alloc``), None on a CPU or where this torch has no such key."""
+    if torch.device(device).type != "cuda":
+        return None
+    stats = getattr(torch.cuda, "host_memory_stats", None)
+    try:
+        value = (stats() if stats else {}).get("num_host_alloc")
+    except RuntimeError:
+        return None
+    return None if value is None else int(value)
+
+
+def host_allocation_rows(device: str, before: int | None) -> list[dict]:
+    """The pinned host allocations a cell made (metric ``num_host_alloc``): a grow-only
+    scratch takes one per size it grows to, in its first call, never one per step."""
     if torch.device(device).type != "cuda":
         return []
-    from stagelab.measure import hardware
+    after = host_allocations(device)
+    if before is None or after is None:
+        return [{"arm": "pinned_host", "metric": "num_host_alloc", "status": "unavailable",
+                 "note": "this torch's host_memory_stats() has no num_host_alloc"}]
+    return [{"arm": "pinned_host", "metric": "num_host_alloc", "value": float(after - before),
+             "note": "pinned host allocations during the cell (torch.cuda.host_memory_stats)"}]
 
-    mhz, why = hardware.sm_clock_mhz(torch.device(device).index or 0)
-    if mhz is None:
-        return [{"arm": "sm_clock", "metric": "sm_clock_mhz", "status": "unavailable",
-                 "note": why}]
-    return [{"arm": "sm_clock", "metric": "sm_clock_mhz", "value": float(mhz)}]
+
+CLOCK_STRIDE = 5  # rounds between two SM clock samples
+
+
+class ClockSampler:
+    """The GPU's SM clock and throttle reasons, sampled between rounds (every
+    :data:`CLOCK_STRIDE`, never inside a timed call) through NVML; a cell's rows give their
+    min, median and max (metric ``sm_clock_mhz``, stage ``min``/``median``/``max``) and the
+    throttle reasons seen. Nothing on a CPU; ``read`` stands in for NVML in tests."""
+
+    def __init__(self, device: str,
+                 read: Callable[[], tuple[int | None, int | None, str]] | None = None) -> None:
+        self.on_gpu = torch.device(device).type == "cuda"
+        index = torch.device(device).index or 0
+        if read is None:
+            from stagelab.measure import hardware
+
+            read = functools.partial(hardware.sm_clock_sample, index)
+        self.read, self.mhz, self.reasons, self.why = read, [], set(), ""
+        self.rounds = itertools.count()
+
+    def sample(self) -> None:
+        mhz, reasons, why = self.read()
+        if mhz is None:
+            self.why = why
+            return
+        self.mhz.append(mhz)
+        if reasons:
+            self.reasons.add(reasons)
+
+    def between_rounds(self) -> None:
+        """A between-rounds hook: one sample every :data:`CLOCK_STRIDE` rounds."""
+        if self.on_gpu and next(self.rounds) % CLOCK_STRIDE == 0:
+            self.sample()
+
+    def rows(self) -> list[dict]:
+        """The cell's clock rows (one sample now where the rounds took none)."""
+        if not self.on_gpu:
+            return []
+        if not self.mhz:
+            self.sample()
+        if not self.mhz:
+            return [{"arm": "sm_clock", "metric": "sm_clock_mhz", "status": "unavailable",
+                     "note": self.why}]
+        seen = ", ".join(f"0x{r:x}" for r in sorted(self.reasons)) or "none"
+        note = (f"{len(self.mhz)} samples between rounds; throttle reasons seen (NVML mask): "
+                f"{seen}")
+        values = {"min": min(self.mhz), "median": statistics.median(self.mhz),
+                  "max": max(self.mhz)}
+        return [{"arm": "sm_clock", "metric": "sm_clock_mhz", "stage": stage,
+                 "value": float(value), "note": note} for stage, value in values.items()]
 
 
 def _native_scratch(arm: Callable[[], staging.StagingArm]) -> Scratch:
@@ -537,9 +603,12 @@ def measure(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dty
                 record.update(facts.get((record["arm"], record["round"]), {}))
             return record
 
+        clocks, pinned_before = ClockSampler(device), host_allocations(device)
+
         def after() -> list[dict]:
             inputs = (built, logits[0], k, tokens[0], host_tokens[0])
-            return [*forward.rows(how), *sm_clock_rows(device),
+            return [*forward.rows(how), *clocks.rows(),
+                    *host_allocation_rows(device, pinned_before),
                     *sweep.guarded("agreement", agreement, *inputs),
                     *sweep.guarded("sync_debug", sync_debug, *inputs),
                     *(sweep.guarded(hostrates.ARM, host_rates.rows, HOST_RATE_REPEATS)
@@ -549,8 +618,9 @@ def measure(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dty
             calls={name: (lambda r, name=name, p=p: call(name, p, r))
                    for name, p in built.items()},
             unavailable=unavailable, annotate=annotate, after=after,
-            between_rounds=host_rates.every(warmup + rounds, HOST_RATE_REPEATS)
-            if host_rates else None)
+            between_rounds=sweep.both(clocks.between_rounds,
+                                      host_rates.every(warmup + rounds, HOST_RATE_REPEATS)
+                                      if host_rates else None))
 
     precision = (precision_for(arms, aa_arm, delta=delta, max_rounds=max_rounds,
                                max_seconds=max_seconds)
