@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from stagelab.core import catalogue
 from stagelab.core.measured import (
     LEASE_MAX_FILE_BYTES,
     LEASE_MAX_FILES,
@@ -15,7 +16,6 @@ from stagelab.core.measured import (
     TABLES,
     rows_file,
 )
-from stagelab.core import catalogue
 from stagelab.measure import estimate, experiments
 
 # Before the first cell: imports, the native build on a fresh node, the preflight's probes.
