@@ -114,7 +114,7 @@ def estimate(cell: pd.DataFrame, *, delta: float, confidence: float = 0.95,
                     "ci_high": math.expm1(high), "flagged": bool(flagged)})
     result: dict[str, Any] = {"estimated": True, "rounds": int(rounds), "arms": out,
                               "flagged": any(a["flagged"] for a in out), "reason": ""}
-    if baseline in arms and candidate in arms:
+    if baseline is not None and candidate is not None and baseline in arms and candidate in arms:
         result["decisive_bias"] = _bias(calls, y, x, columns, arms, baseline, candidate)
     return result
 
