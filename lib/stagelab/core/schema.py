@@ -47,10 +47,6 @@ log_softmax str    where the seed arms ran the log-softmax: ``device`` or ``host
 regime     str     the seed vector's allocation regime (the step): the process's malloc
                    (``glibc``, or a preloaded ``jemalloc``/``tcmalloc``) or ``mapped fresh``;
                    else missing
-overlap_order str  the step's order of the queued forward and the seed's allocation:
-                   ``fill overlaps forward`` (the forward queued, the vector allocated and
-                   zero-filled while it runs) or ``forward waited`` (a wait on the forward
-                   before the allocation: the fill paid in full); else missing
 mapped     bool    whether the step's fresh seed vector was a fresh mapping (its pages faulted
                    in) rather than heap memory back from an earlier step, read from glibc's
                    chunk header after the timed ``alloc`` stage (row stage ``alloc`` of an arm
@@ -111,7 +107,6 @@ COLUMN_DTYPES: dict[str, str] = {
     "dtype": "string",
     "log_softmax": "string",
     "regime": "string",
-    "overlap_order": "string",
     "mapped": "boolean",
     "minor_faults": "Int64",
     "round": "Int64",
@@ -130,7 +125,7 @@ COLUMNS: tuple[str, ...] = tuple(COLUMN_DTYPES)
 # Columns renamed since evidence was first kept: read under their new names.
 LEGACY_COLUMNS: dict[str, str] = {"repeat": "round"}
 # Columns added since evidence was first kept: missing in older tables, read as missing values.
-ADDED_COLUMNS: tuple[str, ...] = ("position", "log_softmax", "regime", "overlap_order", "mapped",
+ADDED_COLUMNS: tuple[str, ...] = ("position", "log_softmax", "regime", "mapped",
                                   "minor_faults")
 STATUSES = (OK, "unavailable", "skipped", FAILED)
 _DEFAULTS: dict[str, Any] = {"stage": "total", "metric": "time", "model": "", "timer": "",
