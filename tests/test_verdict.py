@@ -716,3 +716,18 @@ def test_the_verdict_says_whether_the_allocators_regime_changes_the_answer(tmp_p
         "mapped fresh", "PORT", True)
     assert allocator["note"] == "the regime changes the answer"
     assert "32 MiB" in allocator["threshold"]
+
+
+def test_each_decisive_cell_names_the_regime_its_vector_met(tmp_path):
+    records = step_cell(64, 1.5, rounds=20)
+    for record in records:
+        if record["arm"] == "seed_pageable" and record["stage"] == "alloc":
+            record.update(mapped=record["round"] % 2 == 0, minor_faults=2400)
+    (cell,) = build(write_step(tmp_path / "run", records), [64], min_samples=10)["decisive"]
+    assert cell["vector_regime"] == {
+        "recorded": True, "steps": 20, "mapped_steps": 10, "median_minor_faults": 2400.0,
+        "words": "the seed's vector was mapped fresh in 10 of 20 steps, 2400 minor faults per "
+                 "step (median)"}
+    (old,) = build(write_step(tmp_path / "old", step_cell(64, 1.5, rounds=20)), [64],
+                   min_samples=10)["decisive"]
+    assert old["vector_regime"]["recorded"] is False

@@ -121,6 +121,7 @@ def cell_evidence(step: pd.DataFrame, rows: int, vocab: int, k: int, candidate: 
         out["logprobs_only_min_speedup"] = (
             decode_ms / (decode_ms - delta * logprobs_ms) if logprobs_ms else None)
     out["stages_ms"] = _stage_split(cell)
+    out["vector_regime"] = vector_regime(cell, baseline)
     arms = (baseline, candidate) if twin is None else (baseline, candidate, twin)
     failures = _failures(cell, arms)
     out["failures"] = failures
@@ -160,6 +161,28 @@ def decide_cells(step: pd.DataFrame, named: list[tuple[int, int, int]], candidat
             cell.pop(key)
         cells.append(cell)
     return cells, family
+
+
+def vector_regime(cell: pd.DataFrame, baseline: str = BASELINE) -> dict[str, Any]:
+    """Which regime the baseline's fresh vector met in a cell's timed steps: how many of its
+    ``alloc`` rows were mapped fresh and their median minor faults, in words; ``recorded``
+    False for rows that predate the columns."""
+    alloc = cell[(cell["arm"] == baseline) & (cell["stage"] == "alloc")
+                 & (cell["status"] == "ok")] if "mapped" in cell else cell.iloc[0:0]
+    faults = alloc["minor_faults"].dropna() if "minor_faults" in alloc else alloc.iloc[0:0]
+    if faults.empty:
+        return {"recorded": False, "words": "the vector's regime was not recorded (rows "
+                                             "before the mapped and minor_faults columns)"}
+    mapped = alloc["mapped"].dropna()
+    fresh = int(mapped.sum())
+    median = float(faults.median())
+    regime = ("mapped fresh (faulted in) every step" if len(mapped) and fresh == len(mapped)
+              else "warm from the heap every step" if len(mapped) and fresh == 0
+              else f"mapped fresh in {fresh} of {len(mapped)} steps" if len(mapped)
+              else "under a malloc whose mapping is not read")
+    return {"recorded": True, "steps": int(len(alloc)), "mapped_steps": fresh,
+            "median_minor_faults": median,
+            "words": f"the seed's vector was {regime}, {median:g} minor faults per step (median)"}
 
 
 def _failures(cell: pd.DataFrame, arms: tuple[str, ...]) -> str:
