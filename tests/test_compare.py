@@ -218,6 +218,24 @@ def test_the_comparison_shows_the_recommended_change_and_each_cells_other_answer
     assert table.loc[("decisive cells", name), "R"] == "PORT 1.250x [1.200, 1.300]"
 
 
+def test_the_comparison_shows_each_decisive_cells_carry_over(tmp_path):
+    run = make_run(tmp_path, "R")
+    data = json.loads((run / "verdict.json").read_text())
+    cell = data["decisive"][0]
+    data["carry_over"] = {"method": "m", "bar": 0.01, "flagged": ["x"], "cells": [
+        {"rows": cell["rows"], "vocab": cell["vocab"], "k": cell["k"], "estimated": True,
+         "flagged": True, "arms": [
+             {"arm": "seed_pageable", "carry_over": 0.05, "ci_low": 0.04, "ci_high": 0.06,
+              "flagged": True},
+             {"arm": "seed_pinned", "carry_over": -0.01, "ci_low": -0.02, "ci_high": 0.0,
+              "flagged": False}]}]}
+    (run / "verdict.json").write_text(json.dumps(data))
+    table = compare.compare([run]).table
+    name = f"n={cell['rows']} V={cell['vocab']} K={cell['k']} carry-over"
+    assert table.loc[("decisive cells", name), "R"] == (
+        "FLAGGED after seed_pageable +5.0% [+4.0%, +6.0%]")
+
+
 # ------------------------------------------------- figures of trustworthy runs beyond their CIs
 
 def _trusted(run: Path, lever: tuple[float, float, float], rounds: int = 30,

@@ -133,6 +133,14 @@ def test_a_fresh_buffer_s_first_touch_faults_and_its_refill_does_not():
     assert stages["zero_fill"]["minor_faults"] >= pages // 512
     assert stages["refill"]["minor_faults"] < stages["zero_fill"]["minor_faults"]
     assert probe["fill_gbps"] > 0 and probe["bare_metal_typical_gbps"] == 4.0
+    assert probe["bare_metal_range_gbps"] == [4.0, 10.0]
+
+
+def test_the_fill_probe_fills_on_one_thread_as_the_seed_does():
+    """Before: it filled on all of torch's threads, while the seed's constructor fills on one."""
+    before = torch.get_num_threads()
+    probe = hardware.fresh_fill_probe(8 << 20)
+    assert probe["fill_threads"] == 1 and torch.get_num_threads() == before
 
 
 def test_the_snapshot_holds_the_machine_under_the_numbers():

@@ -166,6 +166,23 @@ def test_admission_refuses_a_cell_without_its_safety_multiple_left():
         rows, fixed + 300, "cuda")
 
 
+def test_the_margin_is_the_slowest_host_that_still_starts_every_decisive_cell(capsys):
+    decisive = forecast.DECISIVE_NOTEBOOK
+    fixed = forecast.FIXED_S["cuda"]
+    rows = [(decisive, "big", 100.0), (decisive, "small", 10.0), ("01_d2h_staging", "c", 50.0)]
+    # the big cell needs 2.5 x 100 s left after the fixed 20 s, scaled: 1.25 * 20 + 250 = 275
+    assert forecast.decisive_cells_start(rows, 275, "cuda", 1.25)
+    assert not forecast.decisive_cells_start(rows, 275, "cuda", 1.3)
+    assert forecast.slower_host_margin(rows, 275, "cuda") == pytest.approx(1.25, abs=0.01)
+    assert forecast.slower_host_margin(rows, fixed + 200, "cuda") == 0.0  # big needs 250
+    assert "up to 1.25x slower" in forecast.format_margin(rows, 275, "cuda")
+    assert "up to 1.25x slower" in forecast.format_margin(rows + [("01", "late", 500.0)], 275,
+                                                          "cuda")  # a later cell never counts
+    assert cli.main(["measure", "--profile", "gate", "--estimate", "cuda",
+                     "--deadline-s", "540"]) == 0
+    assert "margin: every decisive cell (02_logprobs_step)" in capsys.readouterr().out
+
+
 def test_the_estimate_says_when_a_profile_at_its_round_cap_passes_what_a_lease_returns(capsys):
     assert cli.main(["measure", "--profile", "full", "--estimate", "cuda"]) == 0
     out = capsys.readouterr().out.strip().splitlines()

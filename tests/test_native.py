@@ -49,6 +49,61 @@ def test_seed_vector_is_zeroed_and_aliased_by_its_tensor():
         assert tensor[999] == 3.5
 
 
+OPENED: list[str] = []  # files opened while a test below listens (an audit hook, once set)
+LISTENING: list[bool] = []
+
+
+def _opened(event: str, args: tuple) -> None:
+    if LISTENING and event in ("open", "os.open"):
+        OPENED.append(str(args[0]))
+
+
+def opened_files(call) -> list[str]:
+    """Every file ``call`` opens, by Python's audit events (``open`` covers ``builtins.open``,
+    ``io.open``, ``Path.read_text`` and ``os.open``)."""
+    if not getattr(opened_files, "hooked", False):
+        sys.addaudithook(_opened)
+        opened_files.hooked = True
+    OPENED.clear()
+    LISTENING.append(True)
+    try:
+        call()
+    finally:
+        LISTENING.clear()
+    return list(OPENED)
+
+
+def test_fresh_seed_vectors_open_no_file():
+    """Before: every ``SeedVector`` read and scanned ``/proc/self/maps`` to learn the
+    process's malloc, 2.2 ms inside the seed's timed ``alloc`` stage; it is learnt once per
+    process now, and ``mapped`` is read only when asked, after the construction."""
+    native.require()  # the library is built and loaded once, when an arm is built
+    native.process_allocator()  # learnt once, before any timed stage
+
+    def make_and_free() -> None:
+        for regime in (native.MALLOC, native.MAPPED):
+            for numel in (1000, 3 * 2 ** 20):
+                vector = native.seed_vector(numel, regime)
+                assert vector.mapped in (True, False, None)
+                vector.free()
+
+    assert opened_files(make_and_free) == []
+    assert opened_files(lambda: native.process_allocator()) == []
+    assert native.process_allocator(maps="libtcmalloc_minimal.so.4") == "tcmalloc"
+
+
+def test_mapped_is_read_after_the_construction_and_refused_after_free(monkeypatch):
+    reads = []
+    monkeypatch.setattr(native, "_mapped", lambda vector, regime: reads.append(regime) or True)
+    vector = native.seed_vector(1000, native.MAPPED)
+    assert reads == []  # nothing but the allocation when the vector is made
+    assert vector.mapped is True and vector.mapped is True and reads == [native.MAPPED]
+    fresh = native.seed_vector(1000)
+    fresh.free()
+    with pytest.raises(RuntimeError, match="before it"):
+        _ = fresh.mapped
+
+
 def test_free_is_idempotent_and_the_tensor_is_gone_after_it():
     vector = native.seed_vector(16)
     assert vector.numel == 16

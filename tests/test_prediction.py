@@ -79,6 +79,25 @@ def test_host_rates_without_the_native_build_mark_its_terms_unavailable(monkeypa
     assert all(r["note"] == "no C++ compiler found" for r in rows if r.get("status"))
 
 
+@pytest.mark.skipif(not NATIVE_OK, reason=f"the native path cannot be built here: {NATIVE_WHY}")
+@pytest.mark.parametrize("host_block, softmaxes_per_call", [(False, 1), (True, 2)])
+def test_host_rates_allocate_in_the_steps_own_pattern(monkeypatch, host_block,
+                                                      softmaxes_per_call):
+    """Before: the C++ cycle made a same-size host log-softmax output before every vector, a
+    block a GPU step (its log-softmax on the device) never has. Now only a CPU step's pattern
+    (``host_block``) makes it; each fresh vector's regime (mapped, faults) is recorded."""
+    sampler = hostrates.Sampler(2, 1000, 3, warmup=0, host_block=host_block)
+    calls = []
+    real = torch.log_softmax
+    monkeypatch.setattr(torch, "log_softmax", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    sampler.sample()
+    assert len(calls) == softmaxes_per_call  # the torch term's own, and the CPU step's
+    fresh = [r for r in sampler.rows(1) if r["stage"] == "fresh_vector"]
+    assert len(fresh) == 1 and fresh[0]["minor_faults"] >= 0
+    assert fresh[0]["mapped"] in (True, False, None)
+    assert ("as a CPU step" in fresh[0]["note"]) is host_block
+
+
 @pytest.mark.parametrize("args, message", [
     ((0, 1000, 3), "rows must be a positive integer"),
     ((2, 1000, 2000), r"k must be an integer in \[0, vocab=1000\]"),

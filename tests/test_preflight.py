@@ -144,3 +144,30 @@ def test_the_help_states_the_exit_statuses(capsys):
     with pytest.raises(SystemExit):
         cli.main(["preflight", "--help"])
     assert "0 go, 3 no-go" in " ".join(capsys.readouterr().out.split())
+
+
+def test_every_decisive_check_is_a_check_the_preflight_makes():
+    """Before: ``DECISIVE_CHECKS`` named ``pinned`` while the check is ``pinned_copy``, so a
+    failing pinned copy was never decisive."""
+    made = {check.name for check in preflight.run_checks({})}
+    assert set(preflight.DECISIVE_CHECKS) <= made
+    assert preflight.PINNED_CHECK in preflight.DECISIVE_CHECKS
+
+
+def test_force_cannot_pass_a_failing_pinned_copy(monkeypatch, tmp_path):
+    """A node with CUDA whose pinned copy fails: its no-go is decisive, and neither ``--force``
+    nor the lack of it measures a profile that decides."""
+    from stagelab.run import measure_command
+
+    monkeypatch.setattr(preflight, "check_cuda", lambda: Check("cuda", GO, "a fake GPU"))
+    monkeypatch.setattr(preflight, "check_pinned",
+                        lambda: Check(preflight.PINNED_CHECK, NO_GO, "MISMATCH"))
+    for name in ("check_host_register", "check_event_timing", "check_nvml"):
+        monkeypatch.setattr(preflight, name, lambda n=name: Check(n, GO, "fake"))
+    monkeypatch.setattr(preflight, "check_sync_debug", lambda: [])
+    checks = preflight.run_checks({})
+    decisive = preflight.decisive_reasons(checks)
+    assert decisive == [f"{preflight.PINNED_CHECK}: MISMATCH"]
+    forced = measure_command.Request("gate", {}, {}, tmp_path, force=True, decides=True)
+    assert measure_command.refused_no_go(forced, preflight.blocking_reasons(checks),
+                                         decisive) is not None

@@ -3,6 +3,8 @@ sweep over cells, and the waits each arm makes."""
 
 from __future__ import annotations
 
+import resource
+
 import pytest
 import torch
 
@@ -264,4 +266,50 @@ def test_the_clock_is_warmed_for_at_least_its_busy_time_before_calibrating(monke
     FakeEvent.times = [30.0] * 20
     step.warm_clock(7, warm_ms=200.0)
     assert slept == [7] * 7  # 7 x 30 ms >= 200 ms
-    assert step.sm_clock_rows("cpu") == []
+
+
+def test_the_sm_clock_is_sampled_between_rounds_with_min_median_max():
+    """Before: one sample per cell, after its last round."""
+    readings = iter([(1980, 0, ""), (1500, 0x4, ""), (1755, 0, ""), (None, None, "gone")])
+    clocks = step.ClockSampler("cuda:0", read=lambda: next(readings))
+    for _ in range(3 * step.CLOCK_STRIDE):
+        clocks.between_rounds()
+    rows = clocks.rows()
+    assert {r["stage"]: r["value"] for r in rows} == {"min": 1500.0, "median": 1755.0,
+                                                      "max": 1980.0}
+    assert all(r["metric"] == "sm_clock_mhz" for r in rows) and "0x4" in rows[0]["note"]
+    assert "3 samples between rounds" in rows[0]["note"]
+    assert step.ClockSampler("cpu", read=lambda: (1, 0, "")).rows() == []
+    silent = step.ClockSampler("cuda:0", read=lambda: (None, None, "NVML cannot be read"))
+    assert silent.rows() == [{"arm": "sm_clock", "metric": "sm_clock_mhz",
+                              "status": "unavailable", "note": "NVML cannot be read"}]
+
+
+@pytest.mark.skipif(not NATIVE_OK, reason=f"the native path cannot be built here: {NATIVE_WHY}")
+def test_every_alloc_row_says_whether_its_vector_was_mapped_and_its_faults():
+    """Glibc maps a 40 MiB vector fresh every step (above its 32 MiB ceiling): its alloc rows
+    say so, with at least a fault per huge page; a vector mapped fresh by its own regime too;
+    the reused scratch has no fresh vector and faults nothing once grown."""
+    n, vocab = 1, 10 * 2 ** 20  # 40 MiB of fp32
+    frame = schema.make_rows(step.measure(
+        shapes.resolve_vocabs([vocab]), [n], [1], torch.float32,
+        ["seed_pageable", "seed_pageable_reused"], aa_arm=None, rounds=3, warmup=1,
+        progress=False))
+    alloc = frame[(frame.stage == "alloc") & (frame.status == "ok")]
+    fresh = alloc[alloc.arm == "seed_pageable"]
+    assert len(fresh) == 3
+    if native.process_allocator() == "glibc":
+        assert fresh["mapped"].eq(True).all()
+    assert (fresh["minor_faults"] >= 40 * 2 ** 20 // resource.getpagesize() // 512).all()
+    reused = alloc[alloc.arm == "seed_pageable_reused"]
+    assert reused["mapped"].isna().all() and (reused["minor_faults"] < 64).all()
+    assert frame[frame.stage == "copy"]["minor_faults"].isna().all()
+
+
+def test_a_cells_pinned_host_allocations_are_counted_where_torch_says(monkeypatch):
+    counts = iter([{"num_host_alloc": 7}, {"num_host_alloc": 8}, {}])
+    monkeypatch.setattr(torch.cuda, "host_memory_stats", lambda: next(counts), raising=False)
+    before = step.host_allocations("cuda:0")
+    assert step.host_allocation_rows("cuda:0", before)[0]["value"] == 1.0
+    assert step.host_allocation_rows("cuda:0", 3)[0]["status"] == "unavailable"  # no key
+    assert step.host_allocation_rows("cpu", None) == []

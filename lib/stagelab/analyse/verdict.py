@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from stagelab.analyse import analysis, calibration, predict, stats
+from stagelab.analyse import analysis, calibration, carryover, predict, stats
 from stagelab.core import catalogue, design, forward, records, schema
 from stagelab.core.errors import UserError
 
@@ -121,6 +121,7 @@ def cell_evidence(step: pd.DataFrame, rows: int, vocab: int, k: int, candidate: 
         out["logprobs_only_min_speedup"] = (
             decode_ms / (decode_ms - delta * logprobs_ms) if logprobs_ms else None)
     out["stages_ms"] = _stage_split(cell)
+    out["vector_regime"] = vector_regime(cell, baseline)
     arms = (baseline, candidate) if twin is None else (baseline, candidate, twin)
     failures = _failures(cell, arms)
     out["failures"] = failures
@@ -160,6 +161,28 @@ def decide_cells(step: pd.DataFrame, named: list[tuple[int, int, int]], candidat
             cell.pop(key)
         cells.append(cell)
     return cells, family
+
+
+def vector_regime(cell: pd.DataFrame, baseline: str = BASELINE) -> dict[str, Any]:
+    """Which regime the baseline's fresh vector met in a cell's timed steps: how many of its
+    ``alloc`` rows were mapped fresh and their median minor faults, in words; ``recorded``
+    False for rows that predate the columns."""
+    alloc = cell[(cell["arm"] == baseline) & (cell["stage"] == "alloc")
+                 & (cell["status"] == "ok")] if "mapped" in cell else cell.iloc[0:0]
+    faults = alloc["minor_faults"].dropna() if "minor_faults" in alloc else alloc.iloc[0:0]
+    if faults.empty:
+        return {"recorded": False, "words": "the vector's regime was not recorded (rows "
+                                             "before the mapped and minor_faults columns)"}
+    mapped = alloc["mapped"].dropna()
+    fresh = int(mapped.sum())
+    median = float(faults.median())
+    regime = ("mapped fresh (faulted in) every step" if len(mapped) and fresh == len(mapped)
+              else "warm from the heap every step" if len(mapped) and fresh == 0
+              else f"mapped fresh in {fresh} of {len(mapped)} steps" if len(mapped)
+              else "under a malloc whose mapping is not read")
+    return {"recorded": True, "steps": int(len(alloc)), "mapped_steps": fresh,
+            "median_minor_faults": median,
+            "words": f"the seed's vector was {regime}, {median:g} minor faults per step (median)"}
 
 
 def _failures(cell: pd.DataFrame, arms: tuple[str, ...]) -> str:
@@ -427,6 +450,10 @@ def findings(verdict: dict[str, Any], tables: dict[str, pd.DataFrame]) -> list[s
                        f"C++ {row['native_ms']:.2f} ms, numpy {row['numpy_ms']:.2f} ms on "
                        f"average ({row['numpy_over_native']:.1f}x).")
     out.extend(_zero_fill_findings(verdict, step))
+    for cell in (verdict.get("carry_over") or {}).get("cells", []):
+        if cell["flagged"]:
+            out.append(f"Carry-over at {_cell_name(cell)}: "
+                       f"{carryover.words(cell, verdict['carry_over']['bar'] * 2)}.")
     clocks = verdict["clock_check"]
     if clocks["checked"]:
         out.append(f"Host clock vs CUDA events: {clocks['disagree']} of {clocks['checked']} "
@@ -626,14 +653,31 @@ def machine_context(snapshot: dict[str, Any]) -> dict[str, Any]:
                  f"{faults} minor page faults ({where})")
         words += (f", below the {typical:g} GB/s typical of bare metal: the seed's zero-fill "
                   "cost here is likely inflated by the machine." if below else ".")
+    fault_path = _fault_path(str(runtime.get("kind") or ""), rate,
+                             fill.get("bare_metal_range_gbps"))
+    words += f" {fault_path}" if fault_path else ""
     return {"recorded": True, "runtime": runtime.get("kind"), "kernel": runtime.get("kernel"),
             "thp": machine.get("thp"), "affinity": machine.get("affinity"),
             "cgroup": machine.get("cgroup"), "fresh_fill_gbps": rate,
             "bare_metal_typical_gbps": typical, "fill_below_bare_metal": below,
-            "zero_fill_minor_faults": faults, "page_faults_per_stage": {
+            "zero_fill_minor_faults": faults, "fault_path": fault_path or None,
+            "page_faults_per_stage": {
                 name: stage.get("minor_faults")
                 for name, stage in (fill.get("stages") or {}).items()},
             "words": words}
+
+
+def _fault_path(kind: str, rate: float | None, bare_metal: list[float] | None) -> str:
+    """On a VM, the sentence that names its fault path beside bare metal's fill range ('' on
+    bare metal, or where the fill was not measured)."""
+    if "vm" not in kind.split() or rate is None:
+        return ""
+    low, high = bare_metal or (4.0, 10.0)
+    return (f"The measuring machine is a VM: each first-touch page fault goes through its memory "
+            f"virtualisation (a nested page walk, the hypervisor's fault path), {rate:.2f} GB/s "
+            f"here against {low:g}-{high:g} GB/s typical of bare metal, so the size of a margin "
+            "in cells whose fresh vector faults afresh is partly a property of this VM's fault "
+            "path, not of an engine's production host.")
 
 
 def context_words(forwards: list[float], delta: float, log_softmax: str) -> str:
@@ -696,6 +740,8 @@ def build_verdict(run_dir: Path | str, *, decisive_rows: list[int], decisive_voc
         cell["answers"] = {q: {key: answer["cells"][index].get(key) for key in
                                ("decision", "speedup", "ci_low", "ci_high")}
                            for q, answer in questions.items()}
+    carry_over = carry_over_summary(assumed_rows, decisive, delta=delta,
+                                    confidence=confidence)
     short = not_a_decision(decisive)
     if short:
         decided = {**decided, "decision": stats.INCONCLUSIVE,
@@ -733,6 +779,7 @@ def build_verdict(run_dir: Path | str, *, decisive_rows: list[int], decisive_voc
         "other_log_softmax": _other_assumption(analysis.where_regime(step_all), named,
                                                log_softmax, decided["decision"], **kwargs),
         "decisive": decisive,
+        "carry_over": carry_over,
         "step_levers": step_levers,
         "copy_cells": [] if staging is None else _copy_cells(staging, seed),
         "harness": harness_check(staging, step, named, delta=delta, confidence=confidence,
@@ -763,6 +810,24 @@ def build_verdict(run_dir: Path | str, *, decisive_rows: list[int], decisive_voc
                                    "no-go on its decisive arms): it shows the suite runs, and is "
                                    "never evidence for the decision.")
     return verdict
+
+
+def carry_over_summary(step: pd.DataFrame, decisive: list[dict[str, Any]], *, delta: float,
+                       confidence: float) -> dict[str, Any]:
+    """Each decisive cell's first-order carry-over (:mod:`stagelab.analyse.carryover`); a
+    flagged cell's answer says so in its reason (``carry_over_flagged`` on the cell)."""
+    cells = []
+    for cell in decisive:
+        rows = step[(step["rows"] == cell["rows"]) & (step["vocab"] == cell["vocab"])
+                    & (step["k"] == cell["k"])]
+        found = carryover.estimate(rows, delta=delta, confidence=confidence,
+                                   baseline=BASELINE, candidate=CANDIDATE)
+        cell["carry_over_flagged"] = found["flagged"]
+        if found["flagged"]:
+            cell["reason"] = f"{cell['reason']}; {carryover.words(found, delta)}"
+        cells.append({"rows": cell["rows"], "vocab": cell["vocab"], "k": cell["k"], **found})
+    return {"method": carryover.METHOD, "bar": delta / 2, "cells": cells,
+            "flagged": [_cell_name(c) for c in cells if c["flagged"]]}
 
 
 def measured_origin(manifest: dict[str, Any]) -> dict[str, Any] | None:

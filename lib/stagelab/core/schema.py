@@ -26,7 +26,10 @@ metric     str     ``time`` for timings; otherwise what ``bytes``/``value`` hold
                    arm order), ``rounds`` (rounds a cell ran; the note says why it stopped),
                    ``forward_ms`` (device work queued before each step, ms, nominal),
                    ``forward_measured_ms`` (that work between its own CUDA events, mean ms
-                   per call), ``sm_clock_mhz`` (the GPU's SM clock after a cell),
+                   per call), ``sm_clock_mhz`` (the GPU's SM clock, sampled between a
+                   cell's rounds: stage ``min``, ``median``, ``max``; the note gives the
+                   throttle reasons seen), ``num_host_alloc`` (pinned host allocations
+                   torch made during a cell),
                    ``host_rate`` (a host cost of the step timed alone at the cell's size:
                    arm ``host_rates``, stage the term, one row per repeat; see
                    ``stagelab.measure.hostrates``)
@@ -44,6 +47,12 @@ log_softmax str    where the seed arms ran the log-softmax: ``device`` or ``host
 regime     str     the seed vector's allocation regime (the step): the process's malloc
                    (``glibc``, or a preloaded ``jemalloc``/``tcmalloc``) or ``mapped fresh``;
                    else missing
+mapped     bool    whether the step's fresh seed vector was a fresh mapping (its pages faulted
+                   in) rather than heap memory back from an earlier step, read from glibc's
+                   chunk header after the timed ``alloc`` stage (row stage ``alloc`` of an arm
+                   with a fresh vector); missing elsewhere or under another malloc
+minor_faults int   the minor page faults the allocating thread took during a step's timed
+                   ``alloc`` stage (``getrusage`` read just outside it); else missing
 round      int     the round (interleaved arms of one round share it: samples pair by it);
                    warm-up rounds are not recorded
 position   int     the sample's place in its round (0 = first), from the balanced order
@@ -98,6 +107,8 @@ COLUMN_DTYPES: dict[str, str] = {
     "dtype": "string",
     "log_softmax": "string",
     "regime": "string",
+    "mapped": "boolean",
+    "minor_faults": "Int64",
     "round": "Int64",
     "position": "Int64",
     "seconds": "float64",
@@ -114,7 +125,8 @@ COLUMNS: tuple[str, ...] = tuple(COLUMN_DTYPES)
 # Columns renamed since evidence was first kept: read under their new names.
 LEGACY_COLUMNS: dict[str, str] = {"repeat": "round"}
 # Columns added since evidence was first kept: missing in older tables, read as missing values.
-ADDED_COLUMNS: tuple[str, ...] = ("position", "log_softmax", "regime")
+ADDED_COLUMNS: tuple[str, ...] = ("position", "log_softmax", "regime", "mapped",
+                                  "minor_faults")
 STATUSES = (OK, "unavailable", "skipped", FAILED)
 _DEFAULTS: dict[str, Any] = {"stage": "total", "metric": "time", "model": "", "timer": "",
                              "status": "ok", "note": ""}

@@ -9,6 +9,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from stagelab.core import catalogue
 from stagelab.core.measured import (
     LEASE_MAX_FILE_BYTES,
     LEASE_MAX_FILES,
@@ -109,6 +110,49 @@ def format_admission(rows: list[tuple[str, str, float]], deadline_s: float, kind
     return (f"--deadline-s {deadline_s:g}: {len(refused)} of {len(rows)} cells would not be "
             f"started on this estimate (each needs {DEADLINE_SAFETY:g}x its prediction left), "
             f"the first {refused[0]}")
+
+
+# A lease's host may be slower than the estimate's basis: the decisive cells must still all start
+# on one this much slower (each cell, and the time before the first, scaled alike).
+SLOWER_HOST = 1.25
+DECISIVE_NOTEBOOK = catalogue.notebook_of(catalogue.DECISIVE_EXPERIMENT).name
+
+
+def decisive_cells_start(rows: list[tuple[str, str, float]], deadline_s: float, kind: str,
+                         slowdown: float) -> bool:
+    """Whether every decisive cell (the decisive experiment's notebook) is started before the
+    deadline when every cell takes ``slowdown`` times its prediction, the admission rule
+    (:func:`admission_seconds`, its scale then ``slowdown``) deciding each."""
+    clock = FIXED_S[kind] * slowdown
+    for name, _, seconds in rows:
+        started = clock + admission_seconds(seconds, slowdown) <= deadline_s
+        if not started and name == DECISIVE_NOTEBOOK:
+            return False
+        clock += seconds * slowdown if started else 0.0
+    return True
+
+
+def slower_host_margin(rows: list[tuple[str, str, float]], deadline_s: float,
+                       kind: str) -> float:
+    """The largest slowdown of the host (to 0.01, up to 4x) at which every decisive cell is
+    still started before the deadline; 0 where even the estimate itself does not start them."""
+    if not decisive_cells_start(rows, deadline_s, kind, 1.0):
+        return 0.0
+    low, high = 1.0, 4.0
+    while high - low > 0.005:
+        middle = (low + high) / 2
+        low, high = (middle, high) if decisive_cells_start(rows, deadline_s, kind,
+                                                           middle) else (low, middle)
+    return round(low, 2)
+
+
+def format_margin(rows: list[tuple[str, str, float]], deadline_s: float, kind: str) -> str:
+    """One line: how much slower a host may be and still start every decisive cell."""
+    margin = slower_host_margin(rows, deadline_s, kind)
+    enough = "enough" if margin >= SLOWER_HOST else "NOT enough"
+    return (f"margin: every decisive cell ({DECISIVE_NOTEBOOK}) is started at --deadline-s "
+            f"{deadline_s:g} on a host up to {margin:.2f}x slower than this estimate; "
+            f"{SLOWER_HOST:g}x is asked: {enough}")
 
 
 def predict_file_bytes(notebooks: Mapping[str, Mapping[str, Any]]) -> dict[str, int]:

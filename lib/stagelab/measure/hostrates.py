@@ -24,7 +24,13 @@ free           the vector's destructor (large blocks go back to the OS)
 ============== ============================================================================
 
 Rows: arm ``host_rates``, ``stage`` the term, metric ``host_rate``, one row per repeat
-(``round``) with its ``seconds``, ``bytes`` the ``[n, V]`` fp32 bytes. A step cell takes its
+(``round``) with its ``seconds``, ``bytes`` the ``[n, V]`` fp32 bytes; each ``fresh_vector`` row
+also says whether the vector was mapped fresh (``mapped``) and the faults its construction took
+(``minor_faults``), as the step's ``alloc`` rows do, so that the probe's regime can be checked
+against the step's. The C++ cycle allocates in the step's own pattern: on a GPU step
+(``host_block=False``) the log-softmax output lives on the device, so no same-size host block is
+alive around the vector (the copy reads a source made once); on a CPU step (``host_block=True``)
+the log-softmax's new host tensor precedes the vector, as there. A step cell takes its
 repeats between its rounds (:class:`Sampler`), so that they share the rounds' conditions (a
 machine's load moves both alike); :func:`measure_rates` takes them in a row. Torch and the standard library
 only (the measuring floor); terms that need the seed's C++ are ``unavailable`` without a compiler.
@@ -34,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import resource
 import time
 from collections.abc import Callable, Iterator
 
@@ -47,6 +54,7 @@ ARM, METRIC = "host_rates", "host_rate"
 TERMS = ("log_softmax", "host_softmax", "fresh_vector", "warm_fill", "copy_fresh", "copy_reused",
          "top_k", "free")
 NATIVE_TERMS = ("fresh_vector", "copy_fresh", "top_k", "free")
+_FAULTS_OF = getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF)
 
 
 @contextlib.contextmanager
@@ -101,12 +109,17 @@ def _torch_probes(logits: list[torch.Tensor], staged: list[torch.Tensor]) -> lis
     return [softmaxes, fills]
 
 
-def _native_probe(logits: list[torch.Tensor], k: int, targets: torch.Tensor) -> Probe:
-    """The seed's C++ terms in the step's order and with its allocations (a new log-softmax
-    output, then a fresh vector, the copy into it, the top-K, the free), so that the allocator
-    meets the regime it meets in the step; no forward, no wait, no other arm between them."""
+def _native_probe(logits: list[torch.Tensor], staged_sources: list[torch.Tensor], k: int,
+                  targets: torch.Tensor, host_block: bool,
+                  regimes: list[dict[str, object]]) -> Probe:
+    """The seed's C++ terms in the step's order and with its allocations (with ``host_block``,
+    a new log-softmax output on the host first, as a CPU step makes; without, the copy's source
+    made once, as a GPU step's device tensor is), then a fresh vector, the copy into it, the
+    top-K, the free, so that the allocator meets the regime it meets in the step; no forward,
+    no wait, no other arm between them. Each vector's ``mapped`` and minor faults go to
+    ``regimes``, read outside the timed construction."""
     rows, vocab = logits[0].shape
-    pick = _rotation(logits)
+    pick, pick_staged = _rotation(logits), _rotation(staged_sources)
     out = lp.LogprobsTensors.empty_host(rows, k)
 
     def use(vector: native.SeedVector, staged: torch.Tensor) -> tuple[float, float]:
@@ -116,13 +129,21 @@ def _native_probe(logits: list[torch.Tensor], k: int, targets: torch.Tensor) -> 
         return copied, top_k
 
     def cycle() -> dict[str, float]:
-        scores = pick()
-        softmax, staged = _timed(lambda: torch.log_softmax(scores, dim=-1, dtype=torch.float32))
+        found: dict[str, float] = {}
+        if host_block:
+            scores = pick()
+            found["log_softmax"], staged = _timed(
+                lambda: torch.log_softmax(scores, dim=-1, dtype=torch.float32))
+        else:
+            staged = pick_staged()
+        faults = resource.getrusage(_FAULTS_OF).ru_minflt
         made, vector = _timed(lambda: native.seed_vector(rows * vocab))
+        regimes.append({"minor_faults": resource.getrusage(_FAULTS_OF).ru_minflt - faults,
+                        "mapped": vector.mapped})
         copied, top_k = use(vector, staged)
         freed, _ = _timed(vector.free)
-        return {"log_softmax": softmax, "fresh_vector": made, "copy_fresh": copied,
-                "top_k": top_k, "free": freed}
+        return {**found, "fresh_vector": made, "copy_fresh": copied, "top_k": top_k,
+                "free": freed}
 
     return cycle
 
@@ -141,11 +162,14 @@ class Sampler:
     Its inputs are made once: ``sources`` logits of ``logits_dtype`` (the step's, for the
     log-softmax), read in turn as the step's rounds read theirs, and fp32 copies for the rest,
     as the seed stages them. The first ``warmup`` calls are not kept. The seed's C++ terms are
-    left out, with the reason, where it cannot be built.
+    left out, with the reason, where it cannot be built. ``host_block``: whether the step it
+    stands for has its log-softmax output on the host, alive around the vector (a CPU step);
+    False for a GPU step (module docstring).
     """
 
     def __init__(self, rows: int, vocab: int, k: int, *, seed: int = 0, sources: int = 2,
-                 logits_dtype: torch.dtype = torch.float32, warmup: int = 1) -> None:
+                 logits_dtype: torch.dtype = torch.float32, warmup: int = 1,
+                 host_block: bool = False) -> None:
         _check(rows, vocab, k, sources=sources)
         generator = torch.Generator().manual_seed(seed)
         logits = [(3 * torch.randn(rows, vocab, generator=generator)).to(logits_dtype)
@@ -153,11 +177,14 @@ class Sampler:
         targets = torch.randint(0, vocab, (rows,), generator=generator)
         staged = [torch.log_softmax(scores, dim=-1, dtype=torch.float32) for scores in logits]
         self.nbytes, self.warmup, self.calls = rows * vocab * 4, warmup, 0
+        self.host_block = host_block
         self.probes = _torch_probes(logits, staged)
         self.unavailable = ""
+        self.regimes: list[dict[str, object]] = []  # per C++ cycle: its vector's mapped, faults
         try:
             native.require()
-            self.probes.append(_native_probe(logits, k, targets))
+            self.probes.append(_native_probe(logits, staged, k, targets, host_block,
+                                             self.regimes))
         except NativeUnavailable as exc:
             self.unavailable = str(exc)
         self.seconds: dict[str, list[float]] = {}
@@ -173,7 +200,9 @@ class Sampler:
         found: dict[str, float] = {}
         for probe in self.probes:
             found.update(probe())
-        if self.calls >= self.warmup:
+        if self.calls < self.warmup:
+            self.regimes.clear()  # kept in step with the kept calls
+        else:
             for term, seconds in found.items():
                 self.seconds.setdefault(term, []).append(seconds)
         self.calls += 1
@@ -207,18 +236,23 @@ class Sampler:
             if term not in self.seconds:
                 out.append({**row, "status": "unavailable", "note": self.unavailable})
                 continue
-            out += [{**row, "round": i, "seconds": value, "note": f"after {self.warmup} "
-                                                                  "warm-up"}
+            pattern = ("the log-softmax output on the host around the vector, as a CPU step"
+                       if self.host_block else "no same-size host block around the vector, as "
+                       "a GPU step")
+            out += [{**row, "round": i, "seconds": value,
+                     **(self.regimes[i] if term == "fresh_vector" else {}),
+                     "note": f"after {self.warmup} warm-up; {pattern}"}
                     for i, value in enumerate(self.seconds[term])]
         return out
 
 
 def measure_rates(rows: int, vocab: int, k: int, *, repeats: int = 5, warmup: int = 1,
                   seed: int = 0, sources: int = 2,
-                  logits_dtype: torch.dtype = torch.float32) -> list[dict]:
+                  logits_dtype: torch.dtype = torch.float32,
+                  host_block: bool = False) -> list[dict]:
     """Every term's seconds at ``[rows, vocab]`` with top-``k``, ``repeats`` calls in a row
     after ``warmup``, as schema rows (arm ``host_rates``, metric ``host_rate``): see
     :class:`Sampler`."""
     _check(rows, vocab, k, repeats=repeats)
     return Sampler(rows, vocab, k, seed=seed, sources=sources, logits_dtype=logits_dtype,
-                   warmup=warmup).rows(repeats)
+                   warmup=warmup, host_block=host_block).rows(repeats)

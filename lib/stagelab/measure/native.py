@@ -295,12 +295,25 @@ GLIBC_MMAP_THRESHOLD_MAX = 32 * 2 ** 20
 
 def process_allocator(maps: str | None = None) -> str:
     """Whose malloc this process calls: ``jemalloc`` or ``tcmalloc`` where one was preloaded
-    (``LD_PRELOAD``; seen in ``/proc/self/maps``), else ``glibc``."""
-    if maps is None:
-        try:
-            maps = Path("/proc/self/maps").read_text()
-        except OSError:
-            maps = ""
+    (``LD_PRELOAD``; seen in ``/proc/self/maps``), else ``glibc``. Without ``maps``, learnt once
+    per process (:func:`_allocator_of_this_process`), never inside a timed stage."""
+    return _allocator_of_this_process() if maps is None else _allocator_in(maps)
+
+
+@cache
+def _allocator_of_this_process() -> str:
+    """This process's malloc, read from ``/proc/self/maps`` on the first call only: a malloc
+    is preloaded before the process starts and cannot change afterwards (what CUDA or a library
+    maps later serves no ``malloc``), and reading and scanning the maps took 2.2 ms per call,
+    inside the seed vector's timed ``alloc`` stage, before it was learnt once."""
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        maps = ""
+    return _allocator_in(maps)
+
+
+def _allocator_in(maps: str) -> str:
     for name in PRELOADABLE:
         if f"lib{name}" in maps:
             return name
@@ -377,7 +390,9 @@ class SeedVector:
     ``tensor`` raises (tensors taken from it earlier point at freed memory: do not use them).
     A context manager that frees on exit. Without ``free()`` the vector lives as long as its
     tensor or this object, whichever goes last. ``mapped`` says whether its memory was a fresh
-    mapping (for glibc's malloc, read from the chunk's header; None for another malloc).
+    mapping (for glibc's malloc, read from the chunk's header; None for another malloc): read
+    on first use, not when the vector is made, so that a caller timing the construction times
+    the seed's allocation alone; it is read from the chunk, so ask before :meth:`free`.
     """
 
     def __init__(self, numel: int, regime: str = MALLOC) -> None:
@@ -389,12 +404,22 @@ class SeedVector:
         self.numel, self.regime = numel, regime
         self._vector = _Vector(numel, regime)
         self.address = self._vector.address  # the vector's data(): the tensor's data_ptr()
-        self.mapped = _mapped(self._vector, regime) if numel else None
+        self._mapped: bool | None = None
         self._tensor = torch.empty(0, dtype=torch.float32)
         if numel:
             memory = (ctypes.c_float * numel).from_address(self.address)
             memory.owner = self._vector  # the tensor keeps the vector alive (no cycle)
             self._tensor = torch.frombuffer(memory, dtype=torch.float32)
+
+    @property
+    def mapped(self) -> bool | None:
+        """Whether the vector's memory was a fresh mapping (None for an empty vector or a malloc
+        other than glibc's); RuntimeError once freed, when its chunk can no longer be read."""
+        if self._mapped is None and self.numel:
+            if self._vector.deleted:
+                raise RuntimeError("SeedVector.mapped read after free(): ask before it")
+            self._mapped = _mapped(self._vector, self.regime)
+        return self._mapped
 
     @property
     def tensor(self) -> torch.Tensor:

@@ -31,6 +31,7 @@ from stagelab.core.outcomes import EXIT_NO_GO, GO, NO_GO
 from stagelab.core.outcomes import EXIT_OK as EXIT_GO
 
 INFO, UNAVAILABLE = "info", "unavailable"
+CUDA_CHECK, PINNED_CHECK = "cuda", "pinned_copy"  # the checks' names, as the table shows them
 PROBE_BYTES = 64 << 20  # copies long enough (milliseconds) for both clocks to resolve them
 STEP_NOTEBOOK = catalogue.notebook_of(catalogue.DECISIVE_EXPERIMENT).name  # needs the native build
 MEMORY_MARGIN = 0.9  # the share of free memory a cell may use (as memory.check_fits)
@@ -93,11 +94,11 @@ def check_cuda() -> Check:
     """CUDA is visible to torch: the pinned arms and the decision need it."""
     if torch.cuda.is_available():
         name = torch.cuda.get_device_name(0)
-        return Check("cuda", GO, f"{name}, torch {torch.__version__}, CUDA {torch.version.cuda}",
+        return Check(CUDA_CHECK, GO, f"{name}, torch {torch.__version__}, CUDA {torch.version.cuda}",
                      {"device": name, "count": torch.cuda.device_count(),
                       "torch": torch.__version__, "cuda_build": torch.version.cuda})
     build = "a CPU build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
-    return Check("cuda", NO_GO, f"no CUDA device (torch {torch.__version__}, {build}): the "
+    return Check(CUDA_CHECK, NO_GO, f"no CUDA device (torch {torch.__version__}, {build}): the "
                  "pinned arms and the staging decision cannot be measured",
                  {"torch": torch.__version__, "cuda_build": torch.version.cuda})
 
@@ -111,7 +112,7 @@ def check_pinned() -> Check:
     head = slice(0, 1 << 20)
     same = bool(torch.equal(dst[head].to("cuda"), src[head]))
     ok = dst.is_pinned() and same
-    return Check("pinned_copy", GO if ok else NO_GO,
+    return Check(PINNED_CHECK, GO if ok else NO_GO,
                  f"{_gib(PROBE_BYTES)} pinned, copied into: "
                  f"{'bytes match' if same else 'MISMATCH'}",
                  {"bytes": PROBE_BYTES, "is_pinned": dst.is_pinned(), "bytes_match": same})
@@ -282,9 +283,9 @@ def _guarded(name: str, check: Callable[[], Check | list[Check]], blocking: bool
 def run_checks(parameters: dict[str, dict[str, Any]]) -> list[Check]:
     """Every check, in table order; ``parameters`` (each notebook's effective parameters, see
     :func:`stagelab.run.profiles.profile_parameters`) size the memory check."""
-    checks = _guarded("cuda", check_cuda, blocking=True)
+    checks = _guarded(CUDA_CHECK, check_cuda, blocking=True)
     on_gpu = checks[0].status == GO
-    gpu_checks = [("pinned_copy", check_pinned, True),
+    gpu_checks = [(PINNED_CHECK, check_pinned, True),
                   ("host_register", check_host_register, False),
                   ("event_timing", check_event_timing, True)]
     for name, check, blocking in gpu_checks:
@@ -306,7 +307,7 @@ def decisive_blockers(parameters: dict[str, dict[str, Any]]) -> list[str]:
     """``name: detail`` of each no-go check that stops the decisive arms from running here
     (CUDA, and the native build where the profile holds the step A/B): the part of the preflight
     that ``stagelab run`` asks before running a profile meant to decide."""
-    checks = _guarded("cuda", check_cuda, blocking=True)
+    checks = _guarded(CUDA_CHECK, check_cuda, blocking=True)
     decisive = STEP_NOTEBOOK in parameters
     checks += _guarded("native", lambda: check_native(decisive), blocking=decisive)
     return blocking_reasons(checks)
@@ -320,8 +321,9 @@ def blocking_reasons(checks: list[Check]) -> list[str]:
 
 
 # The checks whose no-go makes every profile's decisive arms impossible: a pinned copy from a
-# CUDA device is what the staging question is about. Not passed by ``--force``.
-DECISIVE_CHECKS = ("cuda", "pinned")
+# CUDA device is what the staging question is about. Not passed by ``--force``. Spelled by the
+# names the checks carry (a name here that no check has would let its failure pass).
+DECISIVE_CHECKS = (CUDA_CHECK, PINNED_CHECK)
 
 
 def decisive_reasons(checks: list[Check]) -> list[str]:

@@ -17,8 +17,11 @@ around host work (on a CPU, the host clock for all).
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import math
+import resource
+import statistics
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -40,6 +43,14 @@ BASELINE = catalogue.baseline(catalogue.STEP)
 CANDIDATE = catalogue.candidate(catalogue.STEP)
 LOG_SOFTMAX = ("device", "host")  # where the seed arms run the log-softmax
 HOST_RATE_REPEATS = 5  # host-rate calls kept per cell, taken between its rounds
+# The allocating thread's own faults where the kernel counts per thread (Linux), else the
+# process's: a CUDA driver thread's faults are not the seed's fill.
+_FAULTS_OF = getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF)
+
+
+def minor_faults() -> int:
+    """Minor page faults this thread has taken so far (one ``getrusage``: no file is read)."""
+    return resource.getrusage(_FAULTS_OF).ru_minflt
 
 
 class StageClock:
@@ -83,10 +94,15 @@ class FreshVector:
         native.require()
         native.regime_label(regime)  # refuses an unknown regime
         self.regime = regime
+        self.vector: native.SeedVector | None = None
 
     def acquire(self, shape: torch.Size) -> tuple[torch.Tensor, Callable[[], None]]:
-        vector = native.seed_vector(shape.numel(), self.regime)
-        return vector.tensor.view(shape), vector.free
+        self.vector = native.seed_vector(shape.numel(), self.regime)
+        return self.vector.tensor.view(shape), self.vector.free
+
+    def mapped(self) -> bool | None:
+        """Whether the vector just acquired was a fresh mapping (read after the timed stage)."""
+        return None if self.vector is None else self.vector.mapped
 
 
 class FreshZeros:
@@ -95,6 +111,10 @@ class FreshZeros:
     def acquire(self, shape: torch.Size) -> tuple[torch.Tensor, Callable[[], None]]:
         held = [torch.zeros(shape, dtype=torch.float32)]
         return held[0], held.clear
+
+    def mapped(self) -> bool | None:
+        """Not known for torch's allocation."""
+        return None
 
 
 class Scratch:
@@ -107,6 +127,10 @@ class Scratch:
         buffer = self.arm.ensure(shape.numel() * 4)
         return buffer[: shape.numel() * 4].view(torch.float32).view(shape), _nothing
 
+    def mapped(self) -> bool | None:
+        """No fresh vector: the scratch is reused."""
+        return None
+
 
 def _nothing() -> None:
     return None
@@ -116,7 +140,9 @@ class SeedStep:
     """The seed engine's step with a given destination and host gather backend; the log-softmax
     runs on the device (then the logprobs are copied) or on the host (the fp32 logits are copied,
     as the seed's copy from ``logits.data`` does, and normalised in place there: stage
-    ``host_softmax``)."""
+    ``host_softmax``). After each call, :attr:`facts` holds what its ``alloc`` stage met:
+    the minor faults taken inside it (read just outside the timed stage) and whether the fresh
+    vector was mapped (read after it)."""
 
     def __init__(self, name: str, destination: FreshVector | FreshZeros | Scratch,
                  backend: str, log_softmax: str = "device") -> None:
@@ -124,6 +150,7 @@ class SeedStep:
             raise ValueError(f"log_softmax must be one of {LOG_SOFTMAX}, got {log_softmax!r}")
         self.name, self.destination, self.backend = name, destination, backend
         self.log_softmax = log_softmax
+        self.facts: dict[str, Any] = {}
 
     def run(self, logits: torch.Tensor, num_logprobs: int, token_ids: torch.Tensor,
             host_token_ids: torch.Tensor) -> tuple[lp.LogprobsTensors, dict[str, float]]:
@@ -135,8 +162,11 @@ class SeedStep:
                 staged = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
             else:
                 staged = logits.float()
+        faults = minor_faults()
         with clock.host_stage("alloc"):
             host, release = self.destination.acquire(staged.shape)
+        self.facts = {"minor_faults": minor_faults() - faults,
+                      "mapped": self.destination.mapped()}
         with clock.device_stage("copy"):
             host.copy_(staged, non_blocking=True)
         stagelab.measure.device.synchronize(logits.device)  # the engine's b.Synchronize(q): its one wait
@@ -286,18 +316,82 @@ def _cycles_per_ms(device: str, probe_cycles: int = 10_000_000) -> float:
         return probe_cycles / start.elapsed_time(end)
 
 
-def sm_clock_rows(device: str) -> list[dict]:
-    """The GPU's SM clock at the end of a cell (metric ``sm_clock_mhz``), through NVML where it
-    is importable; no row on a CPU, an unavailable one where NVML cannot say."""
+def host_allocations(device: str) -> int | None:
+    """torch's count of pinned host allocations so far (``host_memory_stats()``'s
+    ``num_host_alloc``), None on a CPU or where this torch has no such key."""
+    if torch.device(device).type != "cuda":
+        return None
+    stats = getattr(torch.cuda, "host_memory_stats", None)
+    try:
+        value = (stats() if stats else {}).get("num_host_alloc")
+    except RuntimeError:
+        return None
+    return None if value is None else int(value)
+
+
+def host_allocation_rows(device: str, before: int | None) -> list[dict]:
+    """The pinned host allocations a cell made (metric ``num_host_alloc``): a grow-only
+    scratch takes one per size it grows to, in its first call, never one per step."""
     if torch.device(device).type != "cuda":
         return []
-    from stagelab.measure import hardware
+    after = host_allocations(device)
+    if before is None or after is None:
+        return [{"arm": "pinned_host", "metric": "num_host_alloc", "status": "unavailable",
+                 "note": "this torch's host_memory_stats() has no num_host_alloc"}]
+    return [{"arm": "pinned_host", "metric": "num_host_alloc", "value": float(after - before),
+             "note": "pinned host allocations during the cell (torch.cuda.host_memory_stats)"}]
 
-    mhz, why = hardware.sm_clock_mhz(torch.device(device).index or 0)
-    if mhz is None:
-        return [{"arm": "sm_clock", "metric": "sm_clock_mhz", "status": "unavailable",
-                 "note": why}]
-    return [{"arm": "sm_clock", "metric": "sm_clock_mhz", "value": float(mhz)}]
+
+CLOCK_STRIDE = 5  # rounds between two SM clock samples
+
+
+class ClockSampler:
+    """The GPU's SM clock and throttle reasons, sampled between rounds (every
+    :data:`CLOCK_STRIDE`, never inside a timed call) through NVML; a cell's rows give their
+    min, median and max (metric ``sm_clock_mhz``, stage ``min``/``median``/``max``) and the
+    throttle reasons seen. Nothing on a CPU; ``read`` stands in for NVML in tests."""
+
+    def __init__(self, device: str,
+                 read: Callable[[], tuple[int | None, int | None, str]] | None = None) -> None:
+        self.on_gpu = torch.device(device).type == "cuda"
+        index = torch.device(device).index or 0
+        if read is None:
+            from stagelab.measure import hardware
+
+            read = functools.partial(hardware.sm_clock_sample, index)
+        self.read, self.mhz, self.reasons, self.why = read, [], set(), ""
+        self.rounds = itertools.count()
+
+    def sample(self) -> None:
+        mhz, reasons, why = self.read()
+        if mhz is None:
+            self.why = why
+            return
+        self.mhz.append(mhz)
+        if reasons:
+            self.reasons.add(reasons)
+
+    def between_rounds(self) -> None:
+        """A between-rounds hook: one sample every :data:`CLOCK_STRIDE` rounds."""
+        if self.on_gpu and next(self.rounds) % CLOCK_STRIDE == 0:
+            self.sample()
+
+    def rows(self) -> list[dict]:
+        """The cell's clock rows (one sample now where the rounds took none)."""
+        if not self.on_gpu:
+            return []
+        if not self.mhz:
+            self.sample()
+        if not self.mhz:
+            return [{"arm": "sm_clock", "metric": "sm_clock_mhz", "status": "unavailable",
+                     "note": self.why}]
+        seen = ", ".join(f"0x{r:x}" for r in sorted(self.reasons)) or "none"
+        note = (f"{len(self.mhz)} samples between rounds; throttle reasons seen (NVML mask): "
+                f"{seen}")
+        values = {"min": min(self.mhz), "median": statistics.median(self.mhz),
+                  "max": max(self.mhz)}
+        return [{"arm": "sm_clock", "metric": "sm_clock_mhz", "stage": stage,
+                 "value": float(value), "note": note} for stage, value in values.items()]
 
 
 def _native_scratch(arm: Callable[[], staging.StagingArm]) -> Scratch:
@@ -491,34 +585,47 @@ def measure(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dty
         tokens = bench.rotating(lambda i: torch.randint(0, vocab, (n,), device=device,
                                                         generator=generator), sources)
         host_tokens = [t.cpu() for t in tokens]
-        host_rates, no_rates = _host_sampler(n, vocab, k, seed, sources, logits_dtype)
+        host_rates, no_rates = _host_sampler(n, vocab, k, seed, sources, logits_dtype,
+                                             host_block=torch.device(device).type == "cpu")
         for scores, ids in zip(logits, tokens):  # validated once here, never inside a timed call
             lp.check_call(scores, k, ids)
             lp.check_token_ids(ids, n, vocab)
 
-        def call(pipeline: SeedStep | DeviceStep, r: int) -> dict[str, float]:
+        facts: dict[tuple[str, int], dict[str, Any]] = {}  # per (arm, round): its alloc's
+
+        def call(name: str, pipeline: SeedStep | DeviceStep, r: int) -> dict[str, float]:
             forward.queue()  # the decode forward the step follows in the engine
-            return pipeline.run(bench.pick(logits, r), k, bench.pick(tokens, r),
-                                bench.pick(host_tokens, r))[1]
+            stages = pipeline.run(bench.pick(logits, r), k, bench.pick(tokens, r),
+                                  bench.pick(host_tokens, r))[1]
+            if isinstance(pipeline, SeedStep):
+                facts[(name, r - warmup)] = pipeline.facts  # the record's round: r - warm-up
+            return stages
 
         def annotate(record: dict) -> dict:
             if record.get("stage") == "copy":
                 record["bytes"] = copied_bytes(record["arm"], n, vocab, k)
+            if record.get("stage") == "alloc":
+                record.update(facts.get((record["arm"], record["round"]), {}))
             return record
+
+        clocks, pinned_before = ClockSampler(device), host_allocations(device)
 
         def after() -> list[dict]:
             inputs = (built, logits[0], k, tokens[0], host_tokens[0])
-            return [*forward.rows(how), *sm_clock_rows(device),
+            return [*forward.rows(how), *clocks.rows(),
+                    *host_allocation_rows(device, pinned_before),
                     *sweep.guarded("agreement", agreement, *inputs),
                     *sweep.guarded("sync_debug", sync_debug, *inputs),
                     *(sweep.guarded(hostrates.ARM, host_rates.rows, HOST_RATE_REPEATS)
                       if host_rates else no_rates)]
 
         return sweep.CellPlan(
-            calls={name: (lambda r, p=p: call(p, r)) for name, p in built.items()},
+            calls={name: (lambda r, name=name, p=p: call(name, p, r))
+                   for name, p in built.items()},
             unavailable=unavailable, annotate=annotate, after=after,
-            between_rounds=host_rates.every(warmup + rounds, HOST_RATE_REPEATS)
-            if host_rates else None)
+            between_rounds=sweep.both(clocks.between_rounds,
+                                      host_rates.every(warmup + rounds, HOST_RATE_REPEATS)
+                                      if host_rates else None))
 
     precision = (precision_for(arms, aa_arm, delta=delta, max_rounds=max_rounds,
                                max_seconds=max_seconds)
@@ -528,12 +635,14 @@ def measure(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dty
 
 
 def _host_sampler(n: int, vocab: int, k: int, seed: int, sources: int,
-                  logits_dtype: torch.dtype) -> tuple[hostrates.Sampler | None, list[dict]]:
-    """A cell's host-rate sampler, or None and the row saying why it could not be made: the
-    host rates never cost a cell its timings."""
+                  logits_dtype: torch.dtype, host_block: bool
+                  ) -> tuple[hostrates.Sampler | None, list[dict]]:
+    """A cell's host-rate sampler, allocating in the step's pattern (``host_block``: its
+    log-softmax output on the host, a CPU step), or None and the row saying why it could not be
+    made: the host rates never cost a cell its timings."""
     try:
         return hostrates.Sampler(n, vocab, k, seed=seed, sources=sources,
-                                 logits_dtype=logits_dtype), []
+                                 logits_dtype=logits_dtype, host_block=host_block), []
     except Exception as exc:
         return None, [{"arm": hostrates.ARM, "status": "failed", "note": bench.first_line(exc)}]
 

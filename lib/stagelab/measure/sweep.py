@@ -122,7 +122,7 @@ def measure_cell(cell: Cell, prepare: Callable[[Cell], CellPlan], *, rounds: int
             timings = bench.interleaved(
                 plan.calls, rounds=rounds, warmup=warmup, device=device, precision=precision,
                 seed=design.order_seed(f"{run}:{seed}", cell.label),
-                after_round=_both(plan.between_rounds, after_round))
+                after_round=both(plan.between_rounds, after_round))
         annotate = plan.annotate or (lambda record: record)
         records += [annotate({**cell.sizes, **timing}) if timing["arm"] in plan.calls
                     else {**cell.sizes, **timing} for timing in timings]  # not the order's row
@@ -134,7 +134,7 @@ def measure_cell(cell: Cell, prepare: Callable[[Cell], CellPlan], *, rounds: int
     return records
 
 
-def _both(first: Callable[[], None] | None,
+def both(first: Callable[[], None] | None,
           then: Callable[[], None] | None) -> Callable[[], None] | None:
     """One between-rounds hook calling ``first`` then ``then`` (either may be None)."""
     if first is None or then is None:

@@ -50,6 +50,7 @@ class RunFacts:
     overall: str | None = None
     recommendation: str | None = None
     decisive: list[dict[str, Any]] = field(default_factory=list)
+    carry_over: dict[str, str] = field(default_factory=dict)  # per decisive cell, in words
     copy_cell: tuple[int, int] | None = None
     copy_gbps: dict[str, float] = field(default_factory=dict)
     prompt: dict[str, Any] | None = None
@@ -207,6 +208,7 @@ def load_run(path: Path | str) -> RunFacts:
             run.overall += " (older format)"
         run.recommendation = (verdict.get("recommendation") or {}).get("change")
         run.decisive = verdict.get("decisive") or []
+        run.carry_over = carry_over_words(verdict.get("carry_over"))
         run.prompt = verdict.get("prompt_logprobs")
         if run.prompt is None:
             run.lacks("no prompt data", f"no prompt-logprob figures in {RunFolder.VERDICT} "
@@ -329,6 +331,22 @@ def _verdict_text(cell: dict[str, Any]) -> str:
     return f"{cell['decision']} {measured}" + ("" if least is None else f" min {least:.3f}x")
 
 
+def carry_over_words(block: dict[str, Any] | None) -> dict[str, str]:
+    """Each decisive cell's carry-over in a few words, by cell name: the largest arm's effect on
+    the next call with its CI, flagged beyond delta/2; empty for a verdict without the block."""
+    out = {}
+    for cell in (block or {}).get("cells") or []:
+        name = _cell_name(cell)
+        if not cell.get("estimated") or not cell.get("arms"):
+            out[name] = "not estimated"
+            continue
+        worst = max(cell["arms"], key=lambda a: abs(a["carry_over"]))
+        out[name] = (f"{'FLAGGED ' if cell['flagged'] else ''}after {worst['arm']} "
+                     f"{worst['carry_over']:+.1%} [{worst['ci_low']:+.1%}, "
+                     f"{worst['ci_high']:+.1%}]")
+    return out
+
+
 def _run_rows(run: RunFacts, detail: bool) -> dict[tuple[str, str], Any]:
     """One run's column as ``{(section, quantity): value}``; numbers stay numbers."""
     hw = run.hardware
@@ -350,6 +368,8 @@ def _run_rows(run: RunFacts, detail: bool) -> dict[tuple[str, str], Any]:
             if question != "bundle":
                 rows[("decisive cells", f"{name} {question} alone")] = _verdict_text(answer)
         rows[("decisive cells", f"{name} saved ms/step")] = cell.get("saved_ms")
+        if name in run.carry_over:
+            rows[("decisive cells", f"{name} carry-over")] = run.carry_over[name]
         if detail:
             rows[("decisive cells", f"{name} A/A twin")] = _ci_text(cell, "twin_")
             rows[("decisive cells", f"{name} reason")] = cell.get("reason")

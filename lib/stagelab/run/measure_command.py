@@ -204,6 +204,7 @@ def checked_request(args: argparse.Namespace, command: list[str]) -> Request | N
         print(*forecast.round_cap_lines(measuring, args.estimate), sep="\n", end="")
         if args.deadline_s is not None:
             print(forecast.format_admission(predicted, args.deadline_s, args.estimate))
+            print(forecast.format_margin(predicted, args.deadline_s, args.estimate))
         print(forecast.format_file_sizes(forecast.predict_file_bytes(measuring)))
         return None
     return Request(args.profile, measuring, every, check_out(args.out), args.deadline_s,
