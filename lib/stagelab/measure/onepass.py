@@ -40,7 +40,7 @@ MAX_K = 1024  # the kernel's top-K lives in registers: 1024 int64 keys per progr
 DEFAULT_TILE = 2048  # vocabulary entries per tile of the kernel (a power of two)
 ID_MASK = 0xFFFFFFFF
 # The torch backend's temporaries per element of a row block: the fp32 values (4), their int64
-# keys (8) and one int64 temporary while the keys are formed (8), plus the comparisons (1).
+# keys (8) and the int32 temporary they are formed from (4), the exponentials (4), a comparison (1).
 TORCH_TEMP_BYTES = 21
 TORCH_BLOCK_BYTES = 256 << 20
 BAD_ROWS = "logits contain NaN, +inf, or only -inf"  # the fused path's words (logprobs.py)
@@ -200,9 +200,19 @@ def _torch(logits: torch.Tensor, k: int, targets: torch.Tensor | None,
 
 def _torch_keys(x: torch.Tensor, low: torch.Tensor) -> torch.Tensor:
     """The kernel's keys of fp32 ``x`` (``-0.0`` already made ``0.0``) in torch."""
-    keys = x.view(torch.int32).to(torch.int64)
-    keys.bitwise_xor_((keys >> 63) & 0x7FFFFFFF)  # negative floats: order their magnitudes
+    bits = x.view(torch.int32)
+    ordered = (bits >> 31).bitwise_and_(0x7FFFFFFF).bitwise_xor_(bits)  # negatives: flipped
+    keys = ordered.to(torch.int64)
+    del ordered  # an int32 temporary: at most 4 + 8 bytes per element beside x at once
     return keys.bitwise_left_shift_(32).add_(low)
+
+
+def decode_keys(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fp32 values and int64 ids of keys made by :func:`_torch_keys`."""
+    ids = ID_MASK - (keys & ID_MASK)
+    ordered = keys >> 32
+    ordered = ordered ^ ((ordered >> 63) & 0x7FFFFFFF)
+    return ordered.to(torch.int32).view(torch.float32), ids
 
 
 def _torch_target(x: torch.Tensor, targets: torch.Tensor, out: OnePass, block: slice) -> None:
