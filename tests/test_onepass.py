@@ -287,3 +287,11 @@ def test_into_logprobs_tensors_matches_the_fused_path():
     torch.testing.assert_close(got.logprobs, want.logprobs)
     assert torch.equal(got.selected_token_ranks, want.selected_token_ranks)
     assert torch.equal(got.logprob_token_ids[:, 0], want.logprob_token_ids[:, 0])
+
+
+def test_read_rates_on_a_cpu_say_no_kernel_and_no_hbm_ran():
+    found = onepass.read_rates(2, 300, 3, torch.float32, repeats=2, warmup=1, device="cpu")
+    assert [r["l2"] for r in found] == ["warm", "cold"]
+    for row in found:
+        assert row["backend"] == "torch" and row["hbm_share"] is None and row["note"]
+        assert row["read_gbps"] == pytest.approx(2 * 300 * 4 / row["seconds"] / 1e9)

@@ -26,6 +26,8 @@ from __future__ import annotations
 import functools
 import math
 import os
+import statistics
+import time
 import warnings
 from dataclasses import dataclass
 from types import ModuleType
@@ -33,6 +35,7 @@ from types import ModuleType
 import torch
 
 from stagelab.measure import logprobs as lp
+from stagelab.measure.shapes import ModelShape
 
 BACKENDS = ("triton", "torch")
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -298,3 +301,86 @@ def _triton(logits: torch.Tensor, k: int, targets: torch.Tensor | None, tile: in
     module.merge_kernel[(rows,)](logits, logits.stride(0), tid, *results, *partial, k, parts,
                                  num_warps=4, **flags)
     return out
+
+
+# ------------------------------------------------------------------------------ read rate
+
+L2_FALLBACK_BYTES = 64 << 20  # where torch does not say the L2's size
+
+
+def read_rates(rows: int, vocab: int, k: int, dtype: torch.dtype, *, repeats: int = 50,
+               warmup: int = 5, seed: int = 0, device: str | None = None) -> list[dict]:
+    """The kernel alone: bytes of logits read per second, median of ``repeats`` calls, with the
+    L2 warm (the same logits every call) and cold (on a GPU, a buffer twice the L2's size
+    written between calls; on a CPU, a fresh copy of the logits per call, so that no call
+    reads what the last one cached), and where the GPU's datasheet HBM peak is known, the share
+    of it (``hbm_share``). CUDA events time a GPU call, the host clock a CPU one (the torch
+    backend: no HBM, and the share is None, said in ``note``)."""
+    from stagelab.core import forward
+    from stagelab.measure.device import default_device
+
+    where = torch.device(device or default_device())
+    generator = torch.Generator(device=where).manual_seed(seed)
+    logits = (3 * torch.randn(rows, vocab, device=where, generator=generator)).to(dtype)
+    targets = torch.randint(0, vocab, (rows,), device=where, generator=generator)
+    backend, why = resolve_backend("triton", where)
+    peak, gpu = None, ""
+    if where.type == "cuda":
+        gpu = torch.cuda.get_device_name(where)
+        peak = forward.peak_bandwidth_gbps(gpu)
+    found = []
+    for l2 in ("warm", "cold"):
+        seconds = _median_call_seconds(logits, k, targets, backend, l2, repeats, warmup)
+        gbps = logits.numel() * logits.element_size() / seconds / 1e9
+        note = why or ("" if peak else f"the HBM peak of {gpu or 'a CPU'} is not known here")
+        found.append(dict(rows=rows, vocab=vocab, k=k, dtype=str(dtype).removeprefix("torch."),
+                          device=where.type, backend=backend, l2=l2, seconds=seconds,
+                          read_gbps=gbps, hbm_peak_gbps=peak,
+                          hbm_share=gbps / peak if peak else None, note=note))
+    return found
+
+
+def _median_call_seconds(logits: torch.Tensor, k: int, targets: torch.Tensor, backend: str,
+                         l2: str, repeats: int, warmup: int) -> float:
+    """The median seconds of one :func:`topk_logprobs` call (``l2``: "warm" or "cold")."""
+    cuda = logits.device.type == "cuda"
+    flush = None
+    if cuda and l2 == "cold":
+        size = getattr(torch.cuda.get_device_properties(logits.device), "L2_cache_size", 0)
+        flush = torch.empty(2 * (size or L2_FALLBACK_BYTES), dtype=torch.uint8,
+                            device=logits.device)
+    times = []
+    for call in range(warmup + repeats):
+        source = logits.clone() if (l2 == "cold" and not cuda) else logits
+        if flush is not None:
+            flush.zero_()
+        if cuda:
+            start, end = (torch.cuda.Event(enable_timing=True),
+                          torch.cuda.Event(enable_timing=True))
+            start.record()
+            topk_logprobs(source, k, targets, backend=backend, validate=False)
+            end.record()
+            end.synchronize()
+            seconds = start.elapsed_time(end) / 1e3
+        else:
+            began = time.perf_counter()
+            topk_logprobs(source, k, targets, backend=backend, validate=False)
+            seconds = time.perf_counter() - began
+        if call >= warmup:
+            times.append(seconds)
+    return statistics.median(times)
+
+
+def read_rate_table(models: list[ModelShape], rows: list[int], ks: list[int],
+                    dtype: torch.dtype, *,
+                    repeats: int | None = None, device: str | None = None) -> list[dict]:
+    """:func:`read_rates` for the first model's vocabulary, every ``n`` and the largest ``k``: the
+    one-pass kernel's figure of merit beside the step (notebook 02). ``repeats`` defaults to
+    20 on a GPU and 3 on a CPU, where the torch backend takes a large share of a second."""
+    from stagelab.measure.device import default_device
+
+    where = device or default_device()
+    count = repeats or (20 if torch.device(where).type == "cuda" else 3)
+    return [found for n in rows
+            for found in read_rates(n, models[0].vocab, max(ks), dtype, repeats=count,
+                                    warmup=min(count, 5), device=where)]
