@@ -156,6 +156,12 @@ def test_bf16_logits_are_read_as_they_are(backend):
     run(backend, logits, 37, ids(2, 1000), tile=128, splits=2)
 
 
+@pytest.mark.parametrize("k", [1, 2])
+def test_the_smallest_k(backend, k):
+    """Before: k = 1 failed in the kernel (a one-entry top-K has no dimension to sort along)."""
+    run(backend, randn(3, 300), k, ids(3, 300), tile=64, splits=3)
+
+
 def test_k_zero_still_gives_logsumexp_and_the_target(backend):
     result = run(backend, randn(2, 50), 0, ids(2, 50), tile=16, splits=2)
     assert result.values.shape == (2, 0) and result.ids.shape == (2, 0)

@@ -257,8 +257,9 @@ def default_splits(rows: int, tiles: int, device: torch.device) -> int:
 
 def launch_plan(rows: int, vocab: int, k: int, tile: int | None, splits: int | None,
                 device: torch.device) -> tuple[int, int, int, int]:
-    """``(BLOCK, K_PAD, slices per row, span of a slice)``: no slice is empty."""
-    k_pad = pow2_at_least(max(k, 1))
+    """``(BLOCK, K_PAD, slices per row, span of a slice)``: no slice is empty; ``K_PAD`` is at
+    least 2 (Triton's sort and merge need a dimension to work along)."""
+    k_pad = pow2_at_least(max(k, 2))
     block = max(tile or DEFAULT_TILE, k_pad)
     tiles = math.ceil(vocab / block)
     parts = min(tiles, splits or default_splits(rows, tiles, device))
