@@ -221,6 +221,8 @@ def test_the_split_plan_leaves_no_slice_empty():
 
 # ------------------------------------------------------------------------ bad rows and input
 
+@pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning",
+                            "ignore:invalid value:RuntimeWarning")  # the interpreter's numpy
 def test_a_nan_row_is_flagged_as_the_fused_path_flags_it(backend):
     name, device = backend
     logits = randn(3, 64)
