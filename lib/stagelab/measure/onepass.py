@@ -192,13 +192,30 @@ def _torch(logits: torch.Tensor, k: int, targets: torch.Tensor | None,
         if targets is not None:
             _torch_target(x, targets[block], out, block)
         if k:
-            top = torch.topk(_torch_keys(x, low), k, dim=1).values
-            ids = ID_MASK - (top & ID_MASK)
-            out.ids[block] = ids
-            out.values[block] = x.gather(1, ids)
+            out.values[block], out.ids[block] = _torch_top_k(x, k, low)
         del x
     out.values.sub_(out.logsumexp[:, None])
     return out
+
+
+def _torch_top_k(x: torch.Tensor, k: int, low: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The top ``k`` values and ids of fp32 rows, ties by lower id: ``torch.topk`` on the values
+    where no tie touches the top K (one more comparison pass), the keys only for the rows where
+    one does (a tie inside the top K, or at its K-th value). On a device, where finding those
+    rows would make the host wait, the keys for every row."""
+    if x.device.type != "cpu":
+        top = torch.topk(_torch_keys(x, low), k, dim=1).values
+        ids = ID_MASK - (top & ID_MASK)
+        return x.gather(1, ids), ids
+    values, ids = torch.topk(x, k, dim=1)
+    tied = (x >= values[:, -1:]).sum(dim=1) != k
+    tied |= (values[:, 1:] == values[:, :-1]).any(dim=1)
+    rows = torch.nonzero(tied).flatten()
+    if rows.numel():
+        top = torch.topk(_torch_keys(x[rows], low), k, dim=1).values
+        ids[rows] = ID_MASK - (top & ID_MASK)
+        values[rows] = x[rows].gather(1, ids[rows])
+    return values, ids
 
 
 def _torch_keys(x: torch.Tensor, low: torch.Tensor) -> torch.Tensor:
