@@ -170,6 +170,20 @@ def test_on_a_gpu_the_fresh_vector_hides_behind_the_queued_forward_and_copies_fo
     assert slow.parts_mid(predict.BASELINE)["alloc"] == pytest.approx(9.0 - 4.0 - softmax)
 
 
+def test_the_one_pass_arm_reads_the_logits_once_and_copies_only_the_results():
+    cell = predict.Cell(64, 152_064, 5)
+    model = predict.gpu_model(platform(), cell, rates_of(GPU_TERMS, cell.nbytes), forward_ms=4.0)
+    parts = model.parts_mid(predict.ONE_PASS)
+    fixed = predict.Knob(*predict.DEVICE_TOP_K_FIXED_MS, "").mid
+    hbm = 4000e9 * predict.Knob(*predict.HBM_EFFICIENCY, "").mid
+    assert parts["device"] == pytest.approx(fixed + 1e3 * 64 * 152_064 * 2 / hbm)
+    assert parts["copy"] == model.parts_mid(predict.DEVICE_TOP_K)["copy"]
+    assert parts["device"] < model.parts_mid(predict.DEVICE_TOP_K)["device"]
+    assert predict.ONE_PASS in predict.predict_cell(model, delta=0.02)["arms"]
+    cpu = predict.cpu_model(predict.Cell(4, 1000, 5), rates_of(CPU_TERMS, 16000))
+    assert predict.ONE_PASS not in predict.predict_cell(cpu, delta=0.02)["arms"]
+
+
 def test_answers_port_close_or_name_the_range_that_spans_the_bar():
     cell = predict.Cell(256, 152_064, 5, QWEN)  # 156 MB a step
     rates = rates_of(GPU_TERMS, cell.nbytes)

@@ -373,3 +373,56 @@ def test_a_probe_target_is_built_from_the_function_object():
     for unimportable in (nested, lambda **config: None):
         with pytest.raises(ValueError, match="top level of an importable module"):
             memory.probe_target(unimportable)
+
+
+# ------------------------------------------------------------------------------ head_fused
+
+HEAD_FUSED = pl.catalogue.HEAD_FUSED
+
+
+@pytest.mark.parametrize(("chunk", "tile"), [(1, 64), (7, 100), (None, 64), (16, 1000)])
+def test_head_fused_tiles_give_the_unchunked_answer(chunk, tile):
+    """Ragged tiles (V = 257), one tile wider than the vocabulary, a row per chunk: the fused
+    method's ids and ranks at the same chunk, its logprobs within fp32 rounding. (The ranks
+    are exact where a tile's product rounds as the whole product does: here from 64 columns;
+    7-column products rounded differently, flipping a rank against a near-tie.)"""
+    hidden, weight, ids = inputs()
+    reference = pl.prompt_logprobs(hidden, weight, ids, 6, chunk)
+    result = pl.prompt_logprobs(hidden, weight, ids, 6, chunk, method=HEAD_FUSED, tile=tile)
+    assert torch.equal(result.logprob_token_ids, reference.logprob_token_ids)
+    assert torch.equal(result.selected_token_ranks, reference.selected_token_ranks)
+    torch.testing.assert_close(result.logprobs, reference.logprobs, atol=1e-5, rtol=0)
+
+
+def test_head_fused_needs_a_weight_and_a_positive_tile():
+    hidden, weight, ids = inputs()
+    with pytest.raises(TypeError, match="lm_head must be a \\[V, H\\] weight tensor"):
+        pl.prompt_logprobs(hidden, LookupHead(hidden, V), ids, 2, 8, method=HEAD_FUSED)
+    with pytest.raises(ValueError, match="tile must be a positive int"):
+        pl.prompt_logprobs(hidden, weight, ids, 2, 8, method=HEAD_FUSED, tile=0)
+
+
+def test_head_fused_predicted_peak_holds_no_chunk_of_logits():
+    chunk_logits = 256 * 152064 * 4
+    head = pl.predicted_peak_bytes(513, 152064, 256, torch.float32, HEAD_FUSED, 5)
+    assert head < 0.35 * chunk_logits
+    assert head < pl.predicted_peak_bytes(513, 152064, 256, torch.float32, "fused", 5) / 4
+
+
+@pytest.mark.slow
+def test_head_fused_is_exact_at_a_real_vocabulary_and_holds_a_third_of_a_chunk():
+    """T = 513, V = 152,064: the unchunked reference's ids, its logprobs within fp32 rounding;
+    at chunk 256 a resident peak (a fresh probe process) under 0.35 of one [256, V] fp32 chunk."""
+    tokens, vocab, hidden_size = 513, 152064, 64
+    hidden, weight, ids = pl.make_inputs(tokens, vocab, hidden_size, torch.float32)
+    reference = pl.prompt_logprobs(hidden, weight, ids, 5, None)
+    result = pl.prompt_logprobs(hidden, weight, ids, 5, 256, method=HEAD_FUSED)
+    assert torch.equal(result.logprob_token_ids, reference.logprob_token_ids)
+    assert torch.equal(result.selected_token_ranks, reference.selected_token_ranks)
+    torch.testing.assert_close(result.logprobs, reference.logprobs, atol=5e-5, rtol=0)
+    del reference, result
+    (peak,) = memory.measure_peaks(pl.memory_probe, [dict(
+        tokens=tokens, vocab=vocab, hidden=hidden_size, chunk=256, dtype="float32",
+        method=HEAD_FUSED, k=5, overlap=True)])
+    assert peak["hwm_reset"]
+    assert 0 < peak["host_extra_bytes"] <= 0.35 * 256 * vocab * 4

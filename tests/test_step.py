@@ -74,7 +74,7 @@ def test_measure_times_each_arm_with_a_twin_and_records_what_cannot_run():
                                           torch.float32, list(step.STEP_ARMS), rounds=3,
                                           warmup=1, progress=False))
     totals = frame[(frame.metric == "time") & (frame.stage == "total") & (frame.status == "ok")]
-    expected = {"seed_pageable_numpy", "device_gather", "fused"}
+    expected = {"seed_pageable_numpy", "device_gather", "fused", "onepass"}
     if NATIVE_OK:
         expected |= {"seed_pageable", "seed_pageable~aa", "seed_pageable_reused"}
     if CUDA:
@@ -84,12 +84,15 @@ def test_measure_times_each_arm_with_a_twin_and_records_what_cannot_run():
     copies = frame[(frame.stage == "copy") & (frame.status == "ok")].set_index("arm")["bytes"]
     assert copies.loc["seed_pageable_numpy"].eq(3 * 1000 * 4).all()
     assert copies.loc["fused"].eq(3 * 3 * 8 + 3 * 4).all()
+    assert copies.loc["onepass"].eq(3 * 3 * 8 + 3 * 4).all()
     if not CUDA:
         missing = frame[frame.arm == "seed_pinned"]
         assert list(missing.status) == ["unavailable"]
         assert "needs a CUDA device" in missing.note.iloc[0]
     errors = frame[frame.metric == "max_abs_error"].set_index("arm")["value"]
     assert (errors < 5e-5).all() and errors["fused"] == 0.0
+    ranks = frame[frame.metric == "rank_mismatches"].set_index("arm")["value"]
+    assert ranks["onepass"] == 0.0
 
 
 def test_a_real_run_records_each_samples_position_and_the_order_is_balanced():

@@ -8,6 +8,7 @@ Each arm's step is a sum of named terms (ms)::
     seed_pageable_reused forward + log_softmax + copy_reused + wait + top_k
     seed_pinned          forward + log_softmax + copy_pinned + wait + top_k
     device_gather        forward + log_softmax + device_top_k + copy_results + wait
+    onepass              forward + one_pass + copy_results + wait
 
 ``overlap`` is ``max`` on a GPU (the host fills the fresh vector while the queued forward and
 log-softmax run) and a sum on a CPU (the host does both in turn). With the log-softmax on the
@@ -50,7 +51,8 @@ HOST_METRIC = "host_rate"  # the rows of stagelab.measure.hostrates
 BASELINE, CANDIDATE = catalogue.baseline(catalogue.STEP), catalogue.candidate(catalogue.STEP)
 REUSED = catalogue.REUSE_LEVER[catalogue.STEP]
 DEVICE_TOP_K = catalogue.DEVICE_TOP_K
-MODEL_ARMS = (BASELINE, REUSED, CANDIDATE, DEVICE_TOP_K)
+ONE_PASS = catalogue.ONE_PASS
+MODEL_ARMS = (BASELINE, REUSED, CANDIDATE, DEVICE_TOP_K, ONE_PASS)
 # The questions the verdict asks, each as (baseline, candidate).
 QUESTIONS = {"bundle": (BASELINE, CANDIDATE), "reuse": (BASELINE, REUSED),
              "pinning": (REUSED, CANDIDATE)}
@@ -514,7 +516,9 @@ def gpu_terms(platform: Platform, cell: Cell, k: Mapping[str, np.ndarray]) -> di
              "wait": k["wait_ms"], "top_k": host["top_k"], "free": host["free"],
              "device_top_k": k["device_top_k_fixed_ms"] + 1e3 * elements * 4 / hbm,
              "copy_results": 1e3 * results / (k["pinned_gbps"] * 1e9),
-             "host_softmax": host.get("host_softmax", 0.0 * forward)}
+             "host_softmax": host.get("host_softmax", 0.0 * forward),
+             # the one-pass kernel: the bf16 logits read once, a kernel's fixed cost
+             "one_pass": k["device_top_k_fixed_ms"] + 1e3 * elements * LOGITS_BYTES / hbm}
     return terms
 
 
@@ -525,7 +529,7 @@ def cpu_terms(cell: Cell, k: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
             "copy_fresh": k["copy_fresh"], "copy_reused": k["copy_reused"],
             "copy_pinned": zero + np.nan, "wait": zero, "top_k": k["top_k"], "free": k["free"],
             "device_top_k": zero + np.nan, "copy_results": zero + np.nan,
-            "host_softmax": k.get("host_softmax", zero)}
+            "host_softmax": k.get("host_softmax", zero), "one_pass": zero + np.nan}
 
 
 def arm_parts(arm: str, t: Mapping[str, np.ndarray], concurrent: bool,
@@ -538,6 +542,9 @@ def arm_parts(arm: str, t: Mapping[str, np.ndarray], concurrent: bool,
     if arm == DEVICE_TOP_K:
         return {"forward": t["forward"], "device": t["log_softmax"] + t["device_top_k"],
                 "copy": t["copy_results"], "wait": t["wait"]}
+    if arm == ONE_PASS:
+        return {"forward": t["forward"], "device": t["one_pass"], "copy": t["copy_results"],
+                "wait": t["wait"]}
     parts = {"forward": t["forward"], "device": softmax}
     if arm == BASELINE:
         hidden = t["forward"] + softmax if concurrent else 0.0 * softmax  # the fill overlaps

@@ -133,10 +133,17 @@ ARMS = (
     Arm("fused", STEP, LEVER,
         "top-K and ranks on raw logits with a per-row logsumexp; only [n, K+1] is copied",
         stages=DEVICE_STAGES),
+    Arm("onepass", STEP, LEVER,
+        "top-K, logsumexp and rank in one read of the logits (a Triton kernel on a GPU, its "
+        "torch reference on a CPU); only [n, K+1] is copied, into pinned memory, one wait",
+        stages=DEVICE_STAGES),
     # prompt logprobs (notebook 03): methods, each timed with and without overlap
     Arm("fused", PROMPT, CANDIDATE,
         "top-K and ranks on raw logits, only the selected logprobs formed, in row blocks"),
     Arm("logsoftmax", PROMPT, BASELINE, "a fp32 log-softmax per chunk (vLLM V1)"),
+    Arm("head_fused", PROMPT, LEVER,
+        "the lm_head one vocabulary tile at a time, folded into per-row running statistics: "
+        "no [C, V] logits at all"),
 )
 
 # What the levers are, by the arm that pulls each alone (for goals and findings).
@@ -146,6 +153,8 @@ PIN_PER_CALL = "pinned_fresh"  # pins fresh memory every copy: the one arm cudaH
 NUMPY_TOP_K = "seed_pageable_numpy"  # the baseline's step with numpy's host top-K
 DEVICE_TOP_K = "device_gather"  # log-softmax and top-K on the device, only [n, K+1] copied
 FUSED = "fused"  # the fused device path (step) and method (prompt logprobs)
+ONE_PASS = "onepass"  # top-K, logsumexp and rank in one read of the logits (step)
+HEAD_FUSED = "head_fused"  # the lm_head folded tile by tile into running statistics (prompt)
 OVERLAP_SUFFIX = "+overlap"  # a prompt-logprob method whose copies overlap the next chunk
 
 

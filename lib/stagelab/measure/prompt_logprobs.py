@@ -23,11 +23,19 @@ import torch
 from stagelab.core import catalogue
 from stagelab.core.schema import RowSink
 from stagelab.measure import logprobs as lp
-from stagelab.measure import memory, sweep
+from stagelab.measure import memory, onepass, sweep
 from stagelab.measure.device import default_device, device_label
 from stagelab.measure.shapes import ModelShape, torch_dtype
 
 METHODS = catalogue.arm_names(catalogue.PROMPT)
+# Vocabulary entries per tile of the head-fused method: its extra memory is about
+# chunk x tile x HEAD_TILE_TEMP_BYTES, a small share of one chunk's [C, V] logits.
+HEAD_TILE = 1024
+# Per element of a [C, tile] logits tile: the tile in the model's dtype (counted apart), its fp32
+# copy (4), its int64 keys (8) and the int64 temporary that forms them (8), a comparison (1).
+HEAD_TILE_TEMP_BYTES = 21
+# Columns of the product that gives the targets' logits (weight rows gathered: TARGET_COLUMNS x H).
+TARGET_COLUMNS = 256
 LmHead = "torch.Tensor | Callable[[torch.Tensor], torch.Tensor]"
 
 
@@ -181,13 +189,17 @@ def prompt_logprobs(hidden_states: torch.Tensor, lm_head: LmHead,
                     prompt_token_ids: torch.Tensor, num_logprobs: int,
                     chunk_rows: int | None, *, method: str = catalogue.FUSED, overlap: bool = True,
                     copy_engine: CopyEngine | None = None,
-                    validate: bool = True) -> lp.LogprobsTensors:
+                    validate: bool = True, tile: int = HEAD_TILE) -> lp.LogprobsTensors:
     """Host ``LogprobsTensors`` of ``[T-1, K+1]``: row ``i`` scores ``prompt_token_ids[i+1]``.
 
     ``lm_head`` is a ``[V, H]`` weight or a callable from hidden rows to logits.
     ``chunk_rows=None`` computes every row at once (the reference). ``method="logsoftmax"``
     builds a fp32 log-softmax per chunk (vLLM V1); the fused method (``catalogue.FUSED``) uses
-    :func:`stagelab.measure.logprobs.logprobs_from_logits`. ``copy_engine`` replaces the copy mechanism
+    :func:`stagelab.measure.logprobs.logprobs_from_logits`; ``method="head_fused"``
+    (``catalogue.HEAD_FUSED``, a ``[V, H]`` weight only) never forms a chunk's ``[C, V]``
+    logits: it multiplies the chunk by ``tile`` rows of the weight at a time and folds each
+    ``[C, tile]`` block into running per-row statistics (:func:`_head_fused_chunk`).
+    ``copy_engine`` replaces the copy mechanism
     of the overlapped path (tests inject one that delays copies). A configuration whose predicted
     peak exceeds free memory is refused before anything large is allocated.
 
@@ -200,13 +212,19 @@ def prompt_logprobs(hidden_states: torch.Tensor, lm_head: LmHead,
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     chunk_rows = _check_chunk(chunk_rows)
+    tile = _check_tile(tile)
+    if method == catalogue.HEAD_FUSED and not isinstance(lm_head, torch.Tensor):
+        raise TypeError(f"lm_head must be a [V, H] weight tensor for method "
+                        f"{catalogue.HEAD_FUSED!r}: it multiplies the weight one vocabulary "
+                        f"tile at a time (got {type(lm_head).__name__})")
     tokens, hidden, vocab, dtype = _check_prompt(hidden_states, lm_head, prompt_token_ids,
                                                  validate)
     num_logprobs = lp.check_num_logprobs(num_logprobs, vocab)
     rows = tokens - 1
     chunk = rows if chunk_rows is None else min(chunk_rows, rows)
     device = hidden_states.device
-    predicted = predicted_peak_bytes(tokens, vocab, chunk, dtype, method, num_logprobs)
+    predicted = predicted_peak_bytes(tokens, vocab, chunk, dtype, method, num_logprobs, tile,
+                                     hidden)
     try:
         memory.check_fits(predicted, memory.free_device_bytes(device) if device.type == "cuda"
                           else memory.free_host_bytes(), f"prompt logprobs, chunk_rows={chunk}")
@@ -224,6 +242,11 @@ def prompt_logprobs(hidden_states: torch.Tensor, lm_head: LmHead,
     score = _fused_chunk if method == catalogue.FUSED else _logsoftmax_chunk
     for start in range(0, rows, chunk):
         end = min(start + chunk, rows)
+        if method == catalogue.HEAD_FUSED:
+            result = _head_fused_chunk(hidden_states[start:end], lm_head, num_logprobs,
+                                       targets[start:end], bad_rows[start:end], validate, tile)
+            copier.submit(result, out.rows(start, end))
+            continue
         logits = _project(hidden_states[start:end], lm_head)
         copier.submit(score(logits, num_logprobs, targets[start:end], bad_rows[start:end],
                             validate), out.rows(start, end))
@@ -235,7 +258,19 @@ def prompt_logprobs(hidden_states: torch.Tensor, lm_head: LmHead,
 
 
 BAD_ROWS = {catalogue.FUSED: "logits contain NaN, +inf, or only -inf",
+            catalogue.HEAD_FUSED: "logits contain NaN, +inf, or only -inf",
             "logsoftmax": "logprobs contain NaN"}
+
+
+def _check_tile(tile: int) -> int:
+    """A positive int (numpy integers too): the head-fused method's vocabulary tile."""
+    try:
+        value = lp.as_int(tile, "tile")
+    except TypeError:
+        value = 0
+    if value <= 0:
+        raise ValueError(f"tile must be a positive int, got {tile!r}")
+    return value
 
 
 def _project(hidden_rows: torch.Tensor, lm_head: LmHead) -> torch.Tensor:
@@ -255,6 +290,68 @@ def _fused_chunk(logits: torch.Tensor, num_logprobs: int, targets: torch.Tensor,
     return result
 
 
+def _head_fused_chunk(hidden_rows: torch.Tensor, weight: torch.Tensor, num_logprobs: int,
+                      targets: torch.Tensor, bad_rows: torch.Tensor, validate: bool,
+                      tile: int) -> lp.LogprobsTensors:
+    """One chunk without its ``[C, V]`` logits: ``tile`` vocabulary rows of the weight at a
+    time, each ``[C, tile]`` block folded into per-row running statistics (max, rescaled sum,
+    the best K as :mod:`stagelab.measure.onepass` keys, the logits above and equal to the
+    target's). The targets' logits come first, from a product of the same shape as a tile's
+    (:func:`_target_logits`), so that the counts compare like with like."""
+    rows, vocab = hidden_rows.shape[0], weight.shape[0]
+    target = _target_logits(hidden_rows, weight, targets, min(tile, vocab, TARGET_COLUMNS))
+    peak = torch.full((rows,), float("-inf"), device=hidden_rows.device)
+    total = torch.zeros(rows, device=hidden_rows.device)
+    greater = torch.zeros(rows, dtype=torch.int64, device=hidden_rows.device)
+    ties = torch.zeros_like(greater)
+    best = torch.empty(rows, 0, dtype=torch.int64, device=hidden_rows.device)
+    for start in range(0, vocab, tile):
+        x = (hidden_rows @ weight[start:start + tile].T).float()
+        x.add_(0.0)  # -0.0 counts as 0.0 (x is this tile's own tensor)
+        new_peak = torch.maximum(peak, x.amax(dim=1))
+        safe = torch.where(torch.isinf(new_peak) & (new_peak < 0), 0.0, new_peak)
+        total = total * torch.exp(peak - safe) + (x - safe[:, None]).exp_().sum(dim=1)
+        peak = new_peak
+        greater += (x > target).sum(dim=1)
+        ties += (x == target).sum(dim=1)
+        if num_logprobs:
+            low = onepass.ID_MASK - torch.arange(start, start + x.shape[1], device=x.device)
+            keys = onepass._torch_keys(x, low)
+            top = torch.topk(keys, min(num_logprobs, keys.shape[1]), dim=1).values
+            del keys
+            merged = torch.cat([best, top], dim=1)
+            best = torch.topk(merged, min(num_logprobs, merged.shape[1]), dim=1).values
+        del x
+    lse = peak + torch.log(total)
+    if validate:
+        torch.logical_not(torch.isfinite(lse), out=bad_rows)
+    out = lp.LogprobsTensors.empty(rows, num_logprobs, hidden_rows.device)
+    out.logprob_token_ids[:, 0] = targets
+    out.logprobs[:, 0] = target[:, 0] - lse
+    out.selected_token_ranks.copy_(greater + ties)  # vLLM's rank: ties count against the target
+    if num_logprobs:
+        values, ids = onepass.decode_keys(best)
+        out.logprob_token_ids[:, 1:] = ids
+        out.logprobs[:, 1:] = values - lse[:, None]
+    return out
+
+
+def _target_logits(hidden_rows: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                   width: int) -> torch.Tensor:
+    """fp32 ``[C, 1]``: each row's logit of its target, from products of the chunk with
+    ``width`` gathered weight rows (the targets', padded): a product as wide as a tile's (up to
+    :data:`TARGET_COLUMNS`), because a narrower one (a dot product for one row, or a few
+    columns) may take another BLAS path and round the target's logit differently from the tile
+    that holds it (7 columns did here; 64 and more matched)."""
+    found = torch.empty(targets.numel(), dtype=torch.float32, device=hidden_rows.device)
+    for start in range(0, targets.numel(), width):
+        picked = targets[start:start + width]
+        index = torch.cat([picked, picked.new_zeros(width - picked.numel())])
+        product = hidden_rows[start:start + width] @ weight[index].T
+        found[start:start + width] = product.diagonal()[:picked.numel()].float()
+    return found[:, None]
+
+
 def _logsoftmax_chunk(logits: torch.Tensor, num_logprobs: int, targets: torch.Tensor,
                       bad_rows: torch.Tensor, validate: bool) -> lp.LogprobsTensors:
     """One chunk of vLLM V1's path; flags its NaN rows into ``bad_rows`` (no host wait)."""
@@ -265,7 +362,8 @@ def _logsoftmax_chunk(logits: torch.Tensor, num_logprobs: int, targets: torch.Te
 
 
 def predicted_peak_bytes(tokens: int, vocab: int, chunk: int | None, dtype: torch.dtype,
-                         method: str, num_logprobs: int = 0) -> int:
+                         method: str, num_logprobs: int = 0, tile: int = HEAD_TILE,
+                         hidden: int = 0) -> int:
     """Analytic peak of :func:`prompt_logprobs`' working memory beyond its inputs, in bytes.
 
     Per chunk of ``chunk`` rows (``None``: all ``tokens - 1`` rows) the logits ``C x V`` in
@@ -275,7 +373,11 @@ def predicted_peak_bytes(tokens: int, vocab: int, chunk: int | None, dtype: torc
       moments either the fp32 upcast of half-precision logits (4) or the rank's comparison, a
       bool (1) whose sum casts it to int64 (8): ``C x V x (4 + max(upcast, 9))``;
     * ``fused``: the same temporaries for one block of :func:`stagelab.measure.logprobs.block_rows` rows
-      within :func:`stagelab.measure.logprobs.bounded_budget` of the chunk: ``B x V x max(4 + upcast, 9)``.
+      within :func:`stagelab.measure.logprobs.bounded_budget` of the chunk: ``B x V x max(4 + upcast, 9)``;
+    * ``head_fused``: no ``[C, V]`` logits; one ``[C, tile]`` block in ``dtype`` and its
+      temporaries (:data:`HEAD_TILE_TEMP_BYTES`), the running and the tile's top-K keys (each
+      twice over: merged, and sorted), the targets' product and their gathered weight rows
+      (``hidden`` wide; 0 leaves it out).
 
     Plus the results: the chunk's device results, the host output ``(T-1) x (K+1)`` and two host
     slots; and the bad-row flags, one bool per row.
@@ -284,14 +386,19 @@ def predicted_peak_bytes(tokens: int, vocab: int, chunk: int | None, dtype: torc
     chunk = rows if chunk is None else min(chunk, rows)
     itemsize = torch.empty((), dtype=dtype).element_size()
     upcast = 0 if dtype == torch.float32 else 4
+    result_row = (num_logprobs + 1) * 8 + 4
+    if method == catalogue.HEAD_FUSED:
+        width, columns = min(tile, vocab), min(tile, vocab, TARGET_COLUMNS)
+        working = (chunk * width * (itemsize + HEAD_TILE_TEMP_BYTES)
+                   + chunk * 4 * num_logprobs * 8 + columns * (chunk + hidden) * itemsize)
+        return working + result_row * (chunk + rows + 2 * chunk) + rows
     if method == "logsoftmax":
         working = chunk * vocab * (4 + max(upcast, lp.BLOCK_TEMP_BYTES))
     elif method == catalogue.FUSED:
         block = lp.block_rows(chunk, vocab, itemsize, lp.bounded_budget(chunk, vocab, itemsize))
         working = block * vocab * max(4 + upcast, lp.BLOCK_TEMP_BYTES)
     else:
-        raise ValueError(f"method must be {catalogue.FUSED!r} or 'logsoftmax', got {method!r}")
-    result_row = (num_logprobs + 1) * 8 + 4
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     flags = rows
     return (chunk * vocab * itemsize + working + result_row * (chunk + rows + 2 * chunk)
             + flags)
@@ -312,12 +419,12 @@ def make_inputs(tokens: int, vocab: int, hidden: int, dtype: torch.dtype, seed: 
 
 def memory_probe(tokens: int, vocab: int, hidden: int, chunk: int | None, dtype: str,
                  method: str, k: int, overlap: bool, seed: int = 0,
-                 device: str = "cpu") -> Callable[[], object]:
+                 device: str = "cpu", tile: int = HEAD_TILE) -> Callable[[], object]:
     """For :func:`stagelab.measure.memory.measure_peak`: build the inputs, return the call to measure."""
     hidden_states, weight, ids = make_inputs(tokens, vocab, hidden, torch_dtype(dtype), seed,
                                              device)
     return lambda: prompt_logprobs(hidden_states, weight, ids, k, chunk, method=method,
-                                   overlap=overlap)
+                                   overlap=overlap, tile=tile)
 
 
 def agreement_records(result: lp.LogprobsTensors, reference: lp.LogprobsTensors) -> list[dict]:
@@ -375,7 +482,8 @@ def prompt_cell(tokens: int, shape: ModelShape, hidden: int, chunks: list[int],
     itemsize = torch.empty((), dtype=dtype).element_size()
     inputs_bytes = (tokens + shape.vocab) * hidden * itemsize
     peak = max(predicted_peak_bytes(tokens=tokens, vocab=shape.vocab, chunk=c, dtype=dtype,
-                                    method=m, num_logprobs=k) for m, c, _ in configs.values())
+                                    method=m, num_logprobs=k, hidden=hidden)
+               for m, c, _ in configs.values())
     on_cpu = torch.device(device).type == "cpu"
     return sweep.Cell(
         sizes=dict(experiment=catalogue.PROMPT, device=device_label(device), model=shape.model,
@@ -438,7 +546,7 @@ def measure(tokens: int, shape: ModelShape, hidden: int, chunks: list[int], dtyp
                 found = agreement_records(result((method, chunk, overlap)), references[method])
                 found.append({"metric": "predicted_peak_bytes", "bytes": predicted_peak_bytes(
                     tokens=tokens, vocab=shape.vocab, chunk=chunk, dtype=dtype, method=method,
-                    num_logprobs=k)})
+                    num_logprobs=k, hidden=hidden)})
                 records += [annotate({"arm": key, **record}) for record in found]
                 if measure_memory and overlap == overlaps[0]:
                     probed.append(key)

@@ -33,7 +33,7 @@ from stagelab.core import catalogue, design, forward
 from stagelab.core.catalogue import aa_name
 from stagelab.core.errors import ExtraUnavailable, NativeUnavailable
 from stagelab.core.schema import RowSink
-from stagelab.measure import bench, hostrates, native, staging, sweep
+from stagelab.measure import bench, hostrates, native, onepass, staging, sweep
 from stagelab.measure import logprobs as lp
 from stagelab.measure.device import PinnedMemoryUnavailable, default_device, device_label
 from stagelab.measure.shapes import ModelShape, positive_ints
@@ -183,13 +183,14 @@ class SeedStep:
 
 
 class DeviceStep:
-    """Top-K on the device (vLLM V1's gather, or the fused path); only ``[n, K+1]`` is copied,
-    into host tensors pinned on a GPU (an async copy into pageable memory would block the host)
-    and reused while the shape stays."""
+    """Top-K on the device (vLLM V1's gather, the fused path, or the one-pass kernel); only
+    ``[n, K+1]`` is copied, into host tensors pinned on a GPU (an async copy into pageable memory
+    would block the host) and reused while the shape stays."""
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.host: lp.LogprobsTensors | None = None
+        self.onepass_backend = ""  # the one-pass arm's backend, resolved on its first call
 
     def destination(self, rows: int, num_logprobs: int, device: torch.device) -> lp.LogprobsTensors:
         """The host results, allocated again only when the shape changes."""
@@ -206,6 +207,8 @@ class DeviceStep:
             if self.name == catalogue.FUSED:
                 on_device = lp.logprobs_from_logits(logits, num_logprobs, token_ids,
                                                     validate=False)
+            elif self.name == catalogue.ONE_PASS:
+                on_device = self.one_pass(logits, num_logprobs, token_ids)
             else:
                 on_device = lp.gather_logprobs(lp.compute_logprobs(logits), num_logprobs,
                                                token_ids, validate=False)
@@ -214,6 +217,17 @@ class DeviceStep:
             result.copy_(on_device, non_blocking=True)
         stagelab.measure.device.synchronize(logits.device)  # hands the results over: its one wait
         return result, clock.seconds()
+
+    def one_pass(self, logits: torch.Tensor, num_logprobs: int,
+                 token_ids: torch.Tensor) -> lp.LogprobsTensors:
+        """The one-pass kernel's results as device ``[n, K+1]`` tensors (Triton where it can
+        run, else its torch reference: :func:`stagelab.measure.onepass.resolve_backend`)."""
+        if not self.onepass_backend:
+            self.onepass_backend = onepass.resolve_backend("triton", logits.device)[0]
+        found = onepass.topk_logprobs(logits, num_logprobs, token_ids,
+                                      backend=self.onepass_backend, validate=False)
+        return found.into(lp.LogprobsTensors.empty(logits.shape[0], num_logprobs,
+                                                   logits.device), token_ids)
 
 
 def default_forward_ms(shape: ModelShape, device: str, rows: int,
@@ -419,6 +433,7 @@ BUILDERS: dict[str, Callable[[str, str, str], SeedStep | DeviceStep]] = {
     "seed_pageable_numpy": lambda name, where, regime: _numpy_step(name, where),
     "device_gather": lambda name, where, regime: DeviceStep(name),
     "fused": lambda name, where, regime: DeviceStep(name),
+    "onepass": lambda name, where, regime: DeviceStep(name),
 }
 
 

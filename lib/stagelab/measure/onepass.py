@@ -1,0 +1,404 @@
+"""Top-K, logsumexp, the target's logprob and its rank from ``[n, V]`` logits in one read.
+
+log-softmax is monotonic per row, so everything a logprobs request needs comes from the raw
+logits and one per-row logsumexp: :func:`topk_logprobs` returns the top-K logprobs (descending,
+ties by lower token id), their ids, the logsumexp, and the target's logprob and rank
+(1 + the number of logits strictly greater than the target's).
+
+Two backends give the same answer:
+
+* ``"triton"`` (:mod:`stagelab.measure.onepass_triton`): one kernel reads each logit once,
+  keeping per row a running max, the rescaled sum of exponentials and a small top-K over
+  vocabulary tiles; for few rows, each row is split across programs and a second, tiny kernel
+  merges their partial states, so that every SM has work. It runs on a CUDA device, or on a CPU
+  in Triton's interpreter (``TRITON_INTERPRET=1``, set before Triton is first imported).
+* ``"torch"``: the same keys in eager torch, in row blocks of bounded memory; the reference the
+  tests hold the kernel to, and the fallback where Triton is absent or cannot run (said in a
+  ``RuntimeWarning`` and in the result's ``backend``).
+
+Order and ties: each logit becomes a unique int64 key, its value's bits in an order-preserving
+integer form above the complement of its id, so "larger value, then lower id" is one integer
+comparison and top-K is exact and deterministic on both backends (``-0.0`` counts as ``0.0``).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import statistics
+import time
+import warnings
+from dataclasses import dataclass
+from types import ModuleType
+
+import torch
+
+from stagelab.measure import logprobs as lp
+from stagelab.measure.shapes import ModelShape
+
+BACKENDS = ("triton", "torch")
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+MAX_K = 1024  # the kernel's top-K lives in registers: 1024 int64 keys per program at most
+DEFAULT_TILE = 2048  # vocabulary entries per tile of the kernel (a power of two)
+ID_MASK = 0xFFFFFFFF
+# The torch backend's temporaries per element of a row block: the fp32 values (4), their int64
+# keys (8) and the int32 temporary they are formed from (4), the exponentials (4), a comparison (1).
+TORCH_TEMP_BYTES = 21
+TORCH_BLOCK_BYTES = 256 << 20
+BAD_ROWS = "logits contain NaN, +inf, or only -inf"  # the fused path's words (logprobs.py)
+
+
+@dataclass(frozen=True)
+class OnePass:
+    """One call's results, on the logits' device. ``values`` fp32 ``[n, k]`` (logprobs,
+    descending, ties by lower id) and ``ids`` int64 ``[n, k]``; ``logsumexp`` fp32 ``[n]``;
+    with targets, ``target_logprob`` fp32 ``[n]``, ``target_rank`` int64 ``[n]`` (1 + the
+    logits strictly above the target's) and ``target_ties`` int64 ``[n]`` (the logits equal to
+    it, itself included), else None; ``backend``: the backend that ran."""
+
+    values: torch.Tensor
+    ids: torch.Tensor
+    logsumexp: torch.Tensor
+    target_logprob: torch.Tensor | None
+    target_rank: torch.Tensor | None
+    target_ties: torch.Tensor | None
+    backend: str
+
+    def rank_counting_ties(self) -> torch.Tensor:
+        """vLLM V1's rank: the logits ``>=`` the target's (ties count against the target)."""
+        if self.target_rank is None or self.target_ties is None:
+            raise ValueError("rank_counting_ties needs the targets: call with targets=")
+        return self.target_rank - 1 + self.target_ties
+
+    def into(self, out: lp.LogprobsTensors, targets: torch.Tensor) -> lp.LogprobsTensors:
+        """Write these results into ``[n, K+1]`` :class:`LogprobsTensors` (column 0 the
+        target, ranks counting ties as vLLM does); returns ``out``."""
+        if self.target_logprob is None:
+            raise ValueError("into needs the targets: call with targets=")
+        out.logprob_token_ids[:, 0] = targets
+        out.logprob_token_ids[:, 1:] = self.ids
+        out.logprobs[:, 0] = self.target_logprob
+        out.logprobs[:, 1:] = self.values
+        out.selected_token_ranks.copy_(self.rank_counting_ties())
+        return out
+
+
+# ------------------------------------------------------------------------------------ checks
+
+def check_arguments(logits: torch.Tensor, k: int, targets: torch.Tensor | None, backend: str,
+                    tile: int | None, splits: int | None) -> tuple[int, int, int]:
+    """Every argument of :func:`topk_logprobs` that needs no look at the data, before anything
+    is allocated: ``(n, V, k)``."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    rows, vocab = lp.check_scores(logits, "logits")
+    if logits.dtype not in DTYPES:
+        raise TypeError(f"logits must be float32, bfloat16 or float16, got {logits.dtype}")
+    if vocab > 2**31 - 1:
+        raise ValueError(f"logits: a vocabulary of {vocab} does not fit the kernel's int32 ids")
+    k = lp.as_int(k, "k")
+    if not 0 <= k <= min(vocab, MAX_K):
+        raise ValueError(f"k must be in [0, {min(vocab, MAX_K)}] (at most the vocabulary and "
+                         f"{MAX_K}), got {k}")
+    if targets is not None:
+        lp.check_token_ids_shape(targets, rows, "targets")
+    for name, value in (("tile", tile), ("splits", splits)):
+        if value is not None and (lp.as_int(value, name) < 1):
+            raise ValueError(f"{name} must be a positive int or None, got {value}")
+    if tile is not None and tile & (tile - 1):
+        raise ValueError(f"tile must be a power of two, got {tile}")
+    return rows, vocab, k
+
+
+# ------------------------------------------------------------------------------------- main
+
+def topk_logprobs(logits: torch.Tensor, k: int, targets: torch.Tensor | None = None, *,
+                  backend: str = "triton", validate: bool = True, tile: int | None = None,
+                  splits: int | None = None) -> OnePass:
+    """Top-``k`` logprobs, logsumexp and (with ``targets``, one id per row) the target's logprob
+    and rank of fp32/bf16/fp16 ``[n, V]`` logits, in one read, with fp32 accumulation.
+
+    ``-inf`` logits are allowed (a row needs one finite logit). With ``validate``, targets out
+    of ``[0, V)`` are refused before anything runs, and rows whose logsumexp is not finite (NaN,
+    +inf, or only -inf) raise afterwards, naming the rows, as the fused path does (one host read
+    each); ``validate=False`` skips both. ``tile`` (a power of two) and ``splits`` (slices per
+    row) tune the Triton kernel (None: chosen from the device); the torch backend ignores them.
+    """
+    rows, vocab, k = check_arguments(logits, k, targets, backend, tile, splits)
+    if targets is not None and validate:
+        lp.check_token_ids(targets, rows, vocab, "targets")
+    ran, why = resolve_backend(backend, logits.device)
+    if why:
+        warnings.warn(f"topk_logprobs: the triton backend cannot run here ({why}); "
+                      "ran the torch backend", RuntimeWarning, stacklevel=2)
+    device_targets = None if targets is None else targets.to(logits.device, torch.int64)
+    if ran == "triton":
+        result = _triton(logits, k, device_targets, tile, splits)
+    else:
+        result = _torch(logits, k, device_targets)
+    if validate:
+        lp.raise_bad_rows(~torch.isfinite(result.logsumexp), BAD_ROWS)
+    return result
+
+
+def resolve_backend(backend: str, device: torch.device) -> tuple[str, str]:
+    """The backend that will run for ``backend`` on ``device`` and, where that is not the one
+    asked for, why."""
+    if backend == "torch":
+        return "torch", ""
+    module = triton_module()
+    if module is None:
+        return "torch", "Triton is not installed"
+    if device.type != "cuda" and not interpreted(module):
+        return "torch", (f"Triton compiles for CUDA devices and the logits are on {device.type}"
+                         "; its interpreter runs on a CPU with TRITON_INTERPRET=1, set before "
+                         "Triton is imported")
+    return "triton", ""
+
+
+@functools.cache
+def _import_kernels() -> ModuleType:
+    from stagelab.measure import onepass_triton
+
+    return onepass_triton
+
+
+def triton_module() -> ModuleType | None:
+    """The kernels' module, or None where Triton is not installed (imported on first use)."""
+    module = _import_kernels()
+    return module if module.triton is not None else None
+
+
+def interpreted(module: ModuleType) -> bool:
+    """Whether the kernels were built for Triton's interpreter (``TRITON_INTERPRET=1``)."""
+    return type(module.onepass_kernel).__name__ == "InterpretedFunction"
+
+
+# ------------------------------------------------------------------------------------- torch
+
+def _torch(logits: torch.Tensor, k: int, targets: torch.Tensor | None,
+           budget_bytes: float = TORCH_BLOCK_BYTES) -> OnePass:
+    """The torch backend: the kernel's keys in eager torch, a block of rows at a time."""
+    rows, vocab = logits.shape
+    device = logits.device
+    out = _empty(rows, k, targets is not None, device, "torch")
+    low = ID_MASK - torch.arange(vocab, device=device, dtype=torch.int64)
+    step = max(1, min(rows, int(budget_bytes // (vocab * TORCH_TEMP_BYTES))))
+    for start in range(0, rows, step):
+        block = slice(start, start + step)
+        x = logits[block].float() + 0.0  # a fresh fp32 copy; -0.0 + 0.0 is 0.0
+        out.logsumexp[block] = torch.logsumexp(x, dim=1)
+        if targets is not None:
+            _torch_target(x, targets[block], out, block)
+        if k:
+            out.values[block], out.ids[block] = _torch_top_k(x, k, low)
+        del x
+    out.values.sub_(out.logsumexp[:, None])
+    return out
+
+
+def _torch_top_k(x: torch.Tensor, k: int, low: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The top ``k`` values and ids of fp32 rows, ties by lower id: ``torch.topk`` on the values
+    where no tie touches the top K (one more comparison pass), the keys only for the rows where
+    one does (a tie inside the top K, or at its K-th value). On a device, where finding those
+    rows would make the host wait, the keys for every row."""
+    if x.device.type != "cpu":
+        top = torch.topk(_torch_keys(x, low), k, dim=1).values
+        ids = ID_MASK - (top & ID_MASK)
+        return x.gather(1, ids), ids
+    values, ids = torch.topk(x, k, dim=1)
+    tied = (x >= values[:, -1:]).sum(dim=1) != k
+    tied |= (values[:, 1:] == values[:, :-1]).any(dim=1)
+    rows = torch.nonzero(tied).flatten()
+    if rows.numel():
+        top = torch.topk(_torch_keys(x[rows], low), k, dim=1).values
+        ids[rows] = ID_MASK - (top & ID_MASK)
+        values[rows] = x[rows].gather(1, ids[rows])
+    return values, ids
+
+
+def _torch_keys(x: torch.Tensor, low: torch.Tensor) -> torch.Tensor:
+    """The kernel's keys of fp32 ``x`` (``-0.0`` already made ``0.0``) in torch."""
+    bits = x.view(torch.int32)
+    ordered = (bits >> 31).bitwise_and_(0x7FFFFFFF).bitwise_xor_(bits)  # negatives: flipped
+    keys = ordered.to(torch.int64)
+    del ordered  # an int32 temporary: at most 4 + 8 bytes per element beside x at once
+    return keys.bitwise_left_shift_(32).add_(low)
+
+
+def decode_keys(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fp32 values and int64 ids of keys made by :func:`_torch_keys`."""
+    ids = ID_MASK - (keys & ID_MASK)
+    ordered = keys >> 32
+    ordered = ordered ^ ((ordered >> 63) & 0x7FFFFFFF)
+    return ordered.to(torch.int32).view(torch.float32), ids
+
+
+def _torch_target(x: torch.Tensor, targets: torch.Tensor, out: OnePass, block: slice) -> None:
+    target = x.gather(1, targets[:, None])
+    assert out.target_logprob is not None and out.target_rank is not None
+    assert out.target_ties is not None
+    out.target_logprob[block] = target[:, 0] - out.logsumexp[block]
+    out.target_rank[block] = 1 + (x > target).sum(1)
+    out.target_ties[block] = (x == target).sum(1)
+
+
+def _empty(rows: int, k: int, with_targets: bool, device: torch.device, backend: str) -> OnePass:
+    def vector(dtype: torch.dtype) -> torch.Tensor | None:
+        return torch.empty(rows, dtype=dtype, device=device) if with_targets else None
+
+    return OnePass(values=torch.empty(rows, k, dtype=torch.float32, device=device),
+                   ids=torch.empty(rows, k, dtype=torch.int64, device=device),
+                   logsumexp=torch.empty(rows, dtype=torch.float32, device=device),
+                   target_logprob=vector(torch.float32), target_rank=vector(torch.int64),
+                   target_ties=vector(torch.int64), backend=backend)
+
+
+# ------------------------------------------------------------------------------------ triton
+
+def pow2_at_least(value: int) -> int:
+    """The smallest power of two ``>= value`` (1 for 0)."""
+    return 1 << max(0, value - 1).bit_length()
+
+
+def default_splits(rows: int, tiles: int, device: torch.device) -> int:
+    """Slices per row: enough programs for two per SM (per core in the interpreter), never more
+    slices than tiles; 1 once the rows alone fill the device."""
+    if device.type == "cuda":
+        slots = 2 * torch.cuda.get_device_properties(device).multi_processor_count
+    else:
+        slots = os.cpu_count() or 1
+    return max(1, min(tiles, slots // max(rows, 1)))
+
+
+def launch_plan(rows: int, vocab: int, k: int, tile: int | None, splits: int | None,
+                device: torch.device) -> tuple[int, int, int, int]:
+    """``(BLOCK, K_PAD, slices per row, span of a slice)``: no slice is empty; ``K_PAD`` is at
+    least 2 (Triton's sort and merge need a dimension to work along)."""
+    k_pad = pow2_at_least(max(k, 2))
+    block = max(tile or DEFAULT_TILE, k_pad)
+    tiles = math.ceil(vocab / block)
+    parts = min(tiles, splits or default_splits(rows, tiles, device))
+    span = math.ceil(tiles / parts) * block
+    return block, k_pad, math.ceil(vocab / span), span
+
+
+def _triton(logits: torch.Tensor, k: int, targets: torch.Tensor | None, tile: int | None,
+            splits: int | None) -> OnePass:
+    """The Triton backend: one kernel (plus the merge where rows are split)."""
+    module = _import_kernels()
+    rows, vocab = logits.shape
+    device = logits.device
+    if rows == 0:
+        return _empty(0, k, targets is not None, device, "triton")
+    if logits.stride(1) != 1:
+        logits = logits.contiguous()  # the kernel reads rows of consecutive logits
+    block, k_pad, parts, span = launch_plan(rows, vocab, k, tile, splits, device)
+    out = _empty(rows, k, targets is not None, device, "triton")
+    dummy = out.logsumexp
+    results = (out.values, out.ids, out.logsumexp,
+               *(t if t is not None else dummy
+                 for t in (out.target_logprob, out.target_rank, out.target_ties)))
+    tid = targets if targets is not None else dummy
+    flags = dict(K_PAD=k_pad, TOPK=k > 0, HAS_TARGET=targets is not None)
+    warps = 8 if block >= 4096 else 4
+    if parts == 1:
+        module.onepass_kernel[(rows, 1)](logits, logits.stride(0), vocab, tid, *results,
+                                         *([dummy] * 5), k, span, BLOCK=block, SPLIT=False,
+                                         num_warps=warps, **flags)
+        return out
+    partial = (torch.empty(rows * parts, dtype=torch.float32, device=device),
+               torch.empty(rows * parts, dtype=torch.float32, device=device),
+               torch.empty(rows * parts * k_pad, dtype=torch.int64, device=device),
+               torch.empty(rows * parts, dtype=torch.int64, device=device),
+               torch.empty(rows * parts, dtype=torch.int64, device=device))
+    module.onepass_kernel[(rows, parts)](logits, logits.stride(0), vocab, tid, *results,
+                                         *partial, k, span, BLOCK=block, SPLIT=True,
+                                         num_warps=warps, **flags)
+    module.merge_kernel[(rows,)](logits, logits.stride(0), tid, *results, *partial, k, parts,
+                                 num_warps=4, **flags)
+    return out
+
+
+# ------------------------------------------------------------------------------ read rate
+
+L2_FALLBACK_BYTES = 64 << 20  # where torch does not say the L2's size
+
+
+def read_rates(rows: int, vocab: int, k: int, dtype: torch.dtype, *, repeats: int = 50,
+               warmup: int = 5, seed: int = 0, device: str | None = None) -> list[dict]:
+    """The kernel alone: bytes of logits read per second, median of ``repeats`` calls, with the
+    L2 warm (the same logits every call) and cold (on a GPU, a buffer twice the L2's size
+    written between calls; on a CPU, a fresh copy of the logits per call, so that no call
+    reads what the last one cached), and where the GPU's datasheet HBM peak is known, the share
+    of it (``hbm_share``). CUDA events time a GPU call, the host clock a CPU one (the torch
+    backend: no HBM, and the share is None, said in ``note``)."""
+    from stagelab.core import forward
+    from stagelab.measure.device import default_device
+
+    where = torch.device(device or default_device())
+    generator = torch.Generator(device=where).manual_seed(seed)
+    logits = (3 * torch.randn(rows, vocab, device=where, generator=generator)).to(dtype)
+    targets = torch.randint(0, vocab, (rows,), device=where, generator=generator)
+    backend, why = resolve_backend("triton", where)
+    peak, gpu = None, ""
+    if where.type == "cuda":
+        gpu = torch.cuda.get_device_name(where)
+        peak = forward.peak_bandwidth_gbps(gpu)
+    found = []
+    for l2 in ("warm", "cold"):
+        seconds = _median_call_seconds(logits, k, targets, backend, l2, repeats, warmup)
+        gbps = logits.numel() * logits.element_size() / seconds / 1e9
+        note = why or ("" if peak else f"the HBM peak of {gpu or 'a CPU'} is not known here")
+        found.append(dict(rows=rows, vocab=vocab, k=k, dtype=str(dtype).removeprefix("torch."),
+                          device=where.type, backend=backend, l2=l2, seconds=seconds,
+                          read_gbps=gbps, hbm_peak_gbps=peak,
+                          hbm_share=gbps / peak if peak else None, note=note))
+    return found
+
+
+def _median_call_seconds(logits: torch.Tensor, k: int, targets: torch.Tensor, backend: str,
+                         l2: str, repeats: int, warmup: int) -> float:
+    """The median seconds of one :func:`topk_logprobs` call (``l2``: "warm" or "cold")."""
+    cuda = logits.device.type == "cuda"
+    flush = None
+    if cuda and l2 == "cold":
+        size = getattr(torch.cuda.get_device_properties(logits.device), "L2_cache_size", 0)
+        flush = torch.empty(2 * (size or L2_FALLBACK_BYTES), dtype=torch.uint8,
+                            device=logits.device)
+    times = []
+    for call in range(warmup + repeats):
+        source = logits.clone() if (l2 == "cold" and not cuda) else logits
+        if flush is not None:
+            flush.zero_()
+        if cuda:
+            start, end = (torch.cuda.Event(enable_timing=True),
+                          torch.cuda.Event(enable_timing=True))
+            start.record()
+            topk_logprobs(source, k, targets, backend=backend, validate=False)
+            end.record()
+            end.synchronize()
+            seconds = start.elapsed_time(end) / 1e3
+        else:
+            began = time.perf_counter()
+            topk_logprobs(source, k, targets, backend=backend, validate=False)
+            seconds = time.perf_counter() - began
+        if call >= warmup:
+            times.append(seconds)
+    return statistics.median(times)
+
+
+def read_rate_table(models: list[ModelShape], rows: list[int], ks: list[int],
+                    dtype: torch.dtype, *,
+                    repeats: int | None = None, device: str | None = None) -> list[dict]:
+    """:func:`read_rates` for the first model's vocabulary, every ``n`` and the largest ``k``: the
+    one-pass kernel's figure of merit beside the step (notebook 02). ``repeats`` defaults to
+    20 on a GPU and 3 on a CPU, where the torch backend takes a large share of a second."""
+    from stagelab.measure.device import default_device
+
+    where = device or default_device()
+    count = repeats or (20 if torch.device(where).type == "cuda" else 3)
+    return [found for n in rows
+            for found in read_rates(n, models[0].vocab, max(ks), dtype, repeats=count,
+                                    warmup=min(count, 5), device=where)]

@@ -1,0 +1,305 @@
+"""The one-pass top-K/logsumexp/rank: both backends against an independent float64 reference.
+
+The reference is a plain float64 log-softmax and numpy's lexicographic sort (value descending,
+then id ascending), nothing of the module under test. The Triton backend runs in Triton's
+interpreter here (``TRITON_INTERPRET=1``, set by the ``interpreted`` fixture for its tests only),
+on a CUDA device where there is one; sizes are small but exercise ragged tiles, the running
+top-K's merges and the split variant's merge of partial states.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import importlib.util
+import sys
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from stagelab.measure import logprobs as lp
+from stagelab.measure import onepass
+
+ON_CUDA = torch.cuda.is_available()
+
+
+def _kernels_module():
+    from stagelab.measure import onepass_triton
+
+    return onepass_triton
+
+
+def _rebuild_kernels() -> None:
+    importlib.reload(_kernels_module())
+    onepass._import_kernels.cache_clear()
+
+
+def _version(text: str) -> tuple[int, int]:
+    major, minor = text.split(".")[:2]
+    return int(major), int(minor)
+
+
+def _library_interpreted() -> bool:
+    """Whether Triton's own library functions were built for its interpreter (they are built
+    once, when Triton is first imported)."""
+    return type(sys.modules["triton"].language.standard.sort).__name__ == "InterpretedFunction"
+
+
+@pytest.fixture
+def interpreted(monkeypatch):
+    """The Triton kernels as Triton's interpreter builds them (on a CPU), rebuilt as before
+    afterwards so that no other test sees the interpreter."""
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("Triton is not installed (the test extra installs it)")
+    if ON_CUDA:
+        yield "cuda"
+        return
+    if (_version(importlib.metadata.version("triton")) < (3, 9)
+            and _version(np.__version__) >= (2, 4)):
+        pytest.skip("Triton < 3.9's interpreter cannot take loop bounds from numpy >= 2.4")
+    if "triton" in sys.modules and not _library_interpreted():
+        pytest.skip("Triton was imported before TRITON_INTERPRET=1 was set: its own library "
+                    "functions are compiled ones, which the interpreter cannot call")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    _rebuild_kernels()
+    assert onepass.interpreted(_kernels_module())
+    yield "cpu"
+    monkeypatch.delenv("TRITON_INTERPRET")
+    _rebuild_kernels()
+
+
+@pytest.fixture(params=["torch", "triton"])
+def backend(request):
+    """Each backend, with the device its logits go to."""
+    if request.param == "triton":
+        return "triton", request.getfixturevalue("interpreted")
+    return "torch", "cuda" if ON_CUDA else "cpu"
+
+
+def reference(logits: torch.Tensor, k: int, targets: torch.Tensor) -> dict[str, np.ndarray]:
+    """float64 log-softmax; top-K by value descending then id ascending; rank by counting."""
+    x = logits.double().cpu().numpy()
+    lse = np.log(np.exp(x - x.max(1, keepdims=True)).sum(1)) + x.max(1)
+    logprobs = x - lse[:, None]
+    ids = np.stack([np.lexsort((np.arange(x.shape[1]), -row))[:k] for row in x])
+    t = targets.cpu().numpy()
+    target = x[np.arange(len(x)), t]
+    return dict(values=np.take_along_axis(logprobs, ids.reshape(len(x), k), 1),
+                ids=ids.reshape(len(x), k), logsumexp=lse,
+                target_logprob=logprobs[np.arange(len(x)), t],
+                target_rank=1 + (x > target[:, None]).sum(1),
+                target_ties=(x == target[:, None]).sum(1))
+
+
+def check_against_reference(result: onepass.OnePass, logits: torch.Tensor, k: int,
+                            targets: torch.Tensor) -> None:
+    want = reference(logits, k, targets)
+    np.testing.assert_array_equal(result.ids.cpu().numpy(), want["ids"])
+    for name in ("values", "logsumexp", "target_logprob"):
+        got = getattr(result, name).cpu().double().numpy()
+        np.testing.assert_allclose(got, want[name], rtol=0, atol=5e-5, err_msg=name)
+    for name in ("target_rank", "target_ties"):
+        np.testing.assert_array_equal(getattr(result, name).cpu().numpy(), want[name])
+
+
+def run(backend, logits, k, targets, **tuning):
+    name, device = backend
+    logits, targets = logits.to(device), targets.to(device)
+    result = onepass.topk_logprobs(logits, k, targets, backend=name, **tuning)
+    assert result.backend == name
+    check_against_reference(result, logits, k, targets)
+    return result
+
+
+def randn(n: int, vocab: int, seed: int = 0, dtype=torch.float32) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return (3 * torch.randn(n, vocab, generator=generator)).to(dtype)
+
+
+def ids(n: int, vocab: int, seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed))
+
+
+# ---------------------------------------------------------------------------------- the cases
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_a_ragged_vocabulary_split_or_not(backend, splits):
+    """V = 300 is no multiple of the 64-wide tile; 3 slices of a row merge their states."""
+    run(backend, randn(3, 300), 5, ids(3, 300), tile=64, splits=splits)
+
+
+def test_ties_come_in_order_of_lower_id_and_count_in_the_rank(backend):
+    """Integer logits: hundreds of ties, across tiles and slices, at and around the K-th value."""
+    logits = torch.randint(-3, 4, (4, 200), generator=torch.Generator().manual_seed(2)).float()
+    logits[1] = 1.0  # a whole row tied
+    logits[2, 0] = -0.0  # -0.0 ties with 0.0
+    result = run(backend, logits, 20, ids(4, 200), tile=32, splits=2)
+    assert result.target_ties[1] == 200 and result.target_rank[1] == 1
+
+
+def test_minus_infinity_masks_and_a_row_with_one_finite_logit(backend):
+    logits = randn(3, 130)
+    logits[0, ::2] = float("-inf")
+    logits[1] = float("-inf")
+    logits[1, 77] = 2.5
+    targets = torch.tensor([1, 77, 5])
+    result = run(backend, logits, 8, targets, tile=32, splits=2)
+    assert result.values[1, 0] == 0.0 and result.ids[1, 0] == 77
+    assert torch.isinf(result.values[1, 1:]).all()
+    assert result.ids[1, 1:].tolist() == list(range(7))  # -inf ties: lowest ids first
+
+
+def test_bf16_logits_are_read_as_they_are(backend):
+    logits = randn(2, 1000, dtype=torch.bfloat16)  # bf16: many ties at this vocabulary
+    run(backend, logits, 37, ids(2, 1000), tile=128, splits=2)
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_the_smallest_k(backend, k):
+    """Before: k = 1 failed in the kernel (a one-entry top-K has no dimension to sort along)."""
+    run(backend, randn(3, 300), k, ids(3, 300), tile=64, splits=3)
+
+
+def test_k_zero_still_gives_logsumexp_and_the_target(backend):
+    result = run(backend, randn(2, 50), 0, ids(2, 50), tile=16, splits=2)
+    assert result.values.shape == (2, 0) and result.ids.shape == (2, 0)
+
+
+def test_k_1024_on_torch():
+    run(("torch", "cuda" if ON_CUDA else "cpu"), randn(3, 2500), 1024, ids(3, 2500))
+
+
+@pytest.mark.slow
+def test_k_1024_on_triton(interpreted):
+    """The largest top-K the kernel keeps, over a vocabulary of two and a half tiles, split."""
+    run(("triton", interpreted), randn(1, 2500), 1024, ids(1, 2500), splits=2)
+
+
+def test_targets_at_the_top_and_at_the_bottom(backend):
+    logits = randn(2, 257)
+    targets = torch.stack([logits[0].argmax(), logits[1].argmin()])
+    result = run(backend, logits, 3, targets, tile=64, splits=1)
+    assert result.target_rank.tolist() == [1, 257]
+
+
+def test_one_row(backend):
+    """n = 1 splits its row across programs by default (the split variant for small n)."""
+    run(backend, randn(1, 700), 10, ids(1, 700), tile=64)
+
+
+def test_n_1024_on_torch():
+    logits = randn(1024, 333)
+    run(("torch", "cuda" if ON_CUDA else "cpu"), logits, 16, ids(1024, 333))
+
+
+@pytest.mark.slow
+def test_n_1024_on_triton(interpreted):
+    """In the interpreter every program runs in Python: a small vocabulary keeps it minutes."""
+    run(("triton", interpreted), randn(1024, 40), 4, ids(1024, 40), tile=16, splits=1)
+
+
+def test_without_targets_only_the_top_k_and_logsumexp(backend):
+    name, device = backend
+    logits = randn(2, 100).to(device)
+    result = onepass.topk_logprobs(logits, 4, backend=name, tile=32)
+    assert result.target_logprob is None and result.target_rank is None
+    want = reference(logits, 4, torch.zeros(2, dtype=torch.int64))
+    np.testing.assert_array_equal(result.ids.cpu().numpy(), want["ids"])
+    with pytest.raises(ValueError, match="targets"):
+        result.rank_counting_ties()
+
+
+def test_the_split_plan_leaves_no_slice_empty():
+    for vocab, tile, splits in [(300, 64, 3), (300, 64, 5), (65, 64, 7), (1, 64, 4)]:
+        block, _, parts, span = onepass.launch_plan(1, vocab, 5, tile, splits,
+                                                    torch.device("cpu"))
+        assert 1 <= parts <= splits and (parts - 1) * span < vocab <= parts * span
+        assert span % block == 0
+
+
+# ------------------------------------------------------------------------ bad rows and input
+
+@pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning",
+                            "ignore:invalid value:RuntimeWarning")  # the interpreter's numpy
+def test_a_nan_row_is_flagged_as_the_fused_path_flags_it(backend):
+    name, device = backend
+    logits = randn(3, 64)
+    logits[1, 5] = float("nan")
+    logits[2] = float("-inf")
+    logits = logits.to(device)
+    with pytest.raises(ValueError, match=r"logits contain NaN, \+inf, or only -inf: rows \[1, 2\]"):
+        onepass.topk_logprobs(logits, 2, ids(3, 64).to(device), backend=name, tile=32)
+    with pytest.raises(ValueError, match=r"rows \[1, 2\]"):  # the fused path's words
+        lp.logprobs_from_logits(logits, 2, ids(3, 64).to(device))
+    result = onepass.topk_logprobs(logits, 2, ids(3, 64).to(device), backend=name, tile=32,
+                                   validate=False)
+    assert torch.isfinite(result.logsumexp).tolist() == [True, False, False]
+
+
+@pytest.mark.parametrize(("change", "match"), [
+    (dict(k=-1), "k must be in"), (dict(k=65), r"k must be in \[0, 64\]"),
+    (dict(k=1.0), "k must be an int"), (dict(backend="cuda"), "backend must be one of"),
+    (dict(logits=torch.zeros(4, 64, dtype=torch.int32)), "logits must be floating point"),
+    (dict(logits=torch.zeros(4, 64, dtype=torch.float64)), "logits must be float32"),
+    (dict(logits=torch.zeros(64)), "logits must be 2-D"),
+    (dict(targets=torch.zeros(3, dtype=torch.int64)), "targets must be 1-D with 4 entries"),
+    (dict(targets=torch.zeros(4)), "targets must be an integer tensor"),
+    (dict(targets=torch.tensor([0, 1, 64, 2])), r"targets out of range \[0, 64\)"),
+    (dict(tile=48), "tile must be a power of two"), (dict(splits=0), "splits must be"),
+])
+def test_bad_arguments_are_named(change, match):
+    arguments = dict(logits=torch.zeros(4, 64), k=2, targets=torch.zeros(4, dtype=torch.int64),
+                     backend="torch")
+    arguments.update(change)
+    with pytest.raises((ValueError, TypeError), match=match):
+        onepass.topk_logprobs(arguments.pop("logits"), arguments.pop("k"), **arguments)
+
+
+def test_k_above_1024_is_refused_where_the_vocabulary_allows_it():
+    with pytest.raises(ValueError, match=r"k must be in \[0, 1024\]"):
+        onepass.topk_logprobs(torch.zeros(1, 2000), 1025, backend="torch")
+
+
+# ------------------------------------------------------------------------------ the fallback
+
+def test_triton_on_a_cpu_without_the_interpreter_falls_back_and_says_so(monkeypatch):
+    pytest.importorskip("triton")
+    if ON_CUDA:
+        pytest.skip("a CUDA device runs the kernel itself")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    _rebuild_kernels()
+    with pytest.warns(RuntimeWarning, match="ran the torch backend"):
+        result = onepass.topk_logprobs(randn(2, 50), 3, ids(2, 50))
+    assert result.backend == "torch"
+
+
+def test_without_triton_installed_the_torch_backend_runs(monkeypatch):
+    monkeypatch.setattr(onepass, "triton_module", lambda: None)
+    assert onepass.resolve_backend("triton", torch.device("cpu")) == (
+        "torch", "Triton is not installed")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = onepass.topk_logprobs(randn(2, 50), 3, ids(2, 50))
+    assert result.backend == "torch" and "Triton is not installed" in str(caught[0].message)
+
+
+def test_into_logprobs_tensors_matches_the_fused_path():
+    """Column 0 the target, then the top-K; ranks counting ties, as vLLM V1's."""
+    logits = torch.randint(-5, 5, (6, 90), generator=torch.Generator().manual_seed(3)).float()
+    targets = ids(6, 90)
+    result = onepass.topk_logprobs(logits, 7, targets, backend="torch")
+    got = result.into(lp.LogprobsTensors.empty_host(6, 7), targets)
+    want = lp.logprobs_from_logits(logits, 7, targets)
+    torch.testing.assert_close(got.logprobs, want.logprobs)
+    assert torch.equal(got.selected_token_ranks, want.selected_token_ranks)
+    assert torch.equal(got.logprob_token_ids[:, 0], want.logprob_token_ids[:, 0])
+
+
+def test_read_rates_on_a_cpu_say_no_kernel_and_no_hbm_ran():
+    found = onepass.read_rates(2, 300, 3, torch.float32, repeats=2, warmup=1, device="cpu")
+    assert [r["l2"] for r in found] == ["warm", "cold"]
+    for row in found:
+        assert row["backend"] == "torch" and row["hbm_share"] is None and row["note"]
+        assert row["read_gbps"] == pytest.approx(2 * 300 * 4 / row["seconds"] / 1e9)
