@@ -45,6 +45,7 @@ def node(tmp_path, measured) -> Path:
     for packed in (copy / "rows").glob("*.jsonl.gz"):
         packed.with_suffix("").write_bytes(gzip.decompress(packed.read_bytes()))
         packed.unlink()
+    measured_folder.write_digests(copy)
     return copy
 
 
@@ -53,6 +54,7 @@ def edit_manifest(folder: Path, change) -> None:
     manifest = json.loads(path.read_text())
     change(manifest)
     path.write_text(json.dumps(manifest))
+    measured_folder.write_digests(folder)  # as anyone who edits a folder can: a digest is no seal
 
 
 def experiment(manifest: dict, notebook: str) -> dict:
@@ -64,6 +66,7 @@ def edit_rows(folder: Path, table: str, change) -> None:
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     change(rows)
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    measured_folder.write_digests(folder)
 
 
 def replay_of(folder: Path):
@@ -171,7 +174,7 @@ def test_a_compressed_rows_file_past_what_a_lease_returns_is_refused_unread(tmp_
 def test_deeply_nested_json_is_one_line(node):
     (node / measured_folder.MANIFEST).write_text("[" * 100_000 + "]" * 100_000)
     with pytest.raises(UserError, match="nests deeper than"):
-        measured_folder.read_measured(node)
+        measured_folder.MeasuredFolder(node).manifest()
 
 
 def test_json_nested_past_the_bound_is_refused_by_the_reader(tmp_path):
@@ -197,13 +200,13 @@ def test_a_malformed_cell_field_is_one_line(node, where, value, message):
     edit_manifest(node, lambda m: experiment(m, "01_d2h_staging")["cells"][0].update(
         {where: value}))
     with pytest.raises(UserError, match=message):
-        measured_folder.read_measured(node)
+        measured_folder.MeasuredFolder(node).manifest()
 
 
 def test_a_malformed_top_level_field_is_one_line(node):
     edit_manifest(node, lambda m: m.update(gpu={"name": "x"}))
     with pytest.raises(UserError, match="measured.json has gpu of type dict"):
-        measured_folder.read_measured(node)
+        measured_folder.MeasuredFolder(node).manifest()
 
 
 def test_a_rows_path_field_is_never_followed(node):
@@ -213,9 +216,10 @@ def test_a_rows_path_field_is_never_followed(node):
     lines = (node / "rows" / "staging.jsonl").read_text().splitlines(keepends=True)
     short.write_text("".join(lines[: len(lines) // 3]))
     edit_manifest(node, lambda m: experiment(m, "01_d2h_staging").update(rows="rows/short.jsonl"))
-    assert len(measured_folder.measured_rows(node, "staging")) == len(lines)
+    assert len(measured_folder.MeasuredFolder(node).measured_rows("staging")) == len(lines)
     (node / "rows" / "staging.jsonl").write_text("".join(lines[: len(lines) // 3]))
-    with pytest.raises(UserError, match=r"rows/staging.jsonl holds \d+ rows, fewer than"):
+    measured_folder.write_digests(node)
+    with pytest.raises(UserError, match=r"rows/staging.jsonl(.gz)? holds \d+ rows, fewer than"):
         replay_of(node)
 
 
@@ -286,7 +290,7 @@ def test_positions_that_favour_one_arm_are_refused(node):
 
 def test_rows_no_cell_accounts_for_are_refused(node):
     edit_rows(node, "step", lambda rows: rows.extend(rows[:5]))
-    with pytest.raises(UserError, match=r"rows/step.jsonl holds \d+ rows, more than"):
+    with pytest.raises(UserError, match=r"rows/step.jsonl(.gz)? holds \d+ rows, more than"):
         replay_of(node)
 
 
@@ -647,7 +651,7 @@ def test_fleet_refuses_what_every_node_would_refuse_before_asking_one(option, me
 
 def test_the_measure_refuses_a_20_digit_seed_as_the_fleet_does():
     with pytest.raises(UserError, match="beyond 64 bits"):
-        measure_command.resolve("smoke", [], ["01_d2h_staging.seed=12345678901234567890"])
+        profiles.resolve_measuring("smoke", [], ["01_d2h_staging.seed=12345678901234567890"])
 
 
 def test_fleet_param_for_a_measured_notebook_is_left_to_the_node():
@@ -750,7 +754,7 @@ def replayed_run_carrying(tmp_path: Path, measured_copy: Path) -> Path:
     from conftest import good_run
 
     run = good_run(tmp_path / "runs")
-    measured_folder.copy_record(measured_copy, run / "measured")  # as a replay copies it
+    measured_folder.MeasuredFolder(measured_copy).copy_verified(run / "measured")  # as a replay copies it
     assert list((run / "measured" / "rows").glob("*.jsonl.gz"))  # compressed, as a replay's are
     return run
 
@@ -778,3 +782,141 @@ def test_keep_accepts_a_replay_whose_node_record_holds_together(node, tmp_path):
     run = replayed_run_carrying(tmp_path, node)
     kept = evidence.keep_evidence(run, tmp_path / "reference", force=True)
     assert (kept / "measured" / "measured.json").is_file()
+
+
+# ------------------------------------------------ verified bytes only: digests, one copy, read once
+
+def test_the_measurement_writes_digests_of_every_file_last(measured):
+    """Before: a measured folder said nothing of its own bytes; what was checked and what was
+    analysed could differ."""
+    digests = json.loads((measured / measured_folder.DIGESTS).read_text())
+    on_disk = {p.relative_to(measured).as_posix() for p in measured.rglob("*") if p.is_file()}
+    assert set(digests["files"]) == on_disk - {measured_folder.DIGESTS}
+    for name, digest in digests["files"].items():
+        assert digest == measured_folder.file_digest((measured / name).read_bytes()), name
+
+
+@pytest.mark.parametrize("name", ["hardware.json", "measured.json", "rows/staging.jsonl"])
+def test_a_file_that_differs_from_its_digest_is_refused(node, name):
+    """Before: a file edited after the measurement was analysed as measured."""
+    path = node / name
+    path.write_bytes(path.read_bytes().replace(b"}", b" }", 1))
+    with pytest.raises(UserError, match=rf"{name} differs from its digest in digests.json"):
+        replay_of(node)
+
+
+def test_a_folder_without_digests_or_with_an_unlisted_file_is_refused(node):
+    (node / "inventory.json").unlink()
+    measured_folder.write_digests(node)
+    (node / "inventory.json").write_text("{}")
+    with pytest.raises(UserError, match="inventory.json is not listed in digests.json"):
+        replay_of(node)
+    (node / measured_folder.DIGESTS).unlink()
+    with pytest.raises(UserError, match="has no digests.json"):
+        replay_of(node)
+
+
+def test_rows_swapped_in_after_the_check_are_never_analysed(node, tmp_path):
+    """Before: the notebooks read the --from folder again after it was checked: rows swapped in
+    mid-run (cuda:0 rows, a -1.0 s timing) were analysed while the checked copy stayed clean."""
+    from stagelab.run.context import NotebookContext
+
+    plan = profiles.plan_run("smoke")
+    origin = replay.replay_plan(plan, node, [])
+    clean = measured_folder.MeasuredFolder(node).measured_rows("staging")
+
+    def swap(rows):
+        for row in rows:
+            row.update(device="cuda:0", seconds=-1.0)
+    edit_rows(node, "staging", swap)  # resealed too: the attacker rewrites the digests
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    execute.take_in_measured(plan, run_dir, origin)
+    (staging,) = [nb for nb in plan.notebooks if nb.name == "01_d2h_staging"]
+    assert staging.parameters["measured"] == str(run_dir / measured_folder.RECORD_COPY)
+    frame = NotebookContext("01_d2h_staging", run_dir).sweep_frame(
+        "staging", staging.parameters["measured"], None)
+    assert len(frame) == len(clean) and set(frame["device"]) == {r["device"] for r in clean}
+    assert (frame["seconds"].dropna() > 0).all() and frame["seconds"].notna().any()
+    measured_folder.MeasuredFolder(run_dir / measured_folder.RECORD_COPY).check_digests()
+
+
+def test_a_refused_replay_leaves_no_copy_behind(node, monkeypatch, tmp_path):
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "temp"))
+    (tmp_path / "temp").mkdir()
+    edit_manifest(node, lambda m: m.update(profile="quick"))
+    with pytest.raises(UserError, match="measured with profile 'quick'"):
+        replay_of(node)
+    assert list((tmp_path / "temp").iterdir()) == []
+
+
+def test_keep_refuses_a_replay_whose_node_record_differs_from_its_digests(node, tmp_path):
+    """Before: keep re-checked the claims of measured/ but not that it held the bytes the
+    replay verified."""
+    from stagelab.present import evidence
+
+    run = replayed_run_carrying(tmp_path, node)
+    hardware = run / "measured" / "hardware.json"
+    hardware.write_text(json.dumps({**json.loads(hardware.read_text()),
+                                    "gpu": {"name": "NVIDIA H200"}}))
+    with pytest.raises(UserError, match=r"not kept: .*hardware.json differs from its digest"):
+        evidence.keep_evidence(run, tmp_path / "reference", force=True)
+
+
+# ------------------------------------------------------ keep re-derives what a run claims
+
+@pytest.fixture(scope="module")
+def replayed(measured, tmp_path_factory) -> Path:
+    """The smoke measurement replayed here (`run --from`), as a node's folder is analysed."""
+    runs = tmp_path_factory.mktemp("replayed")
+    assert cli.main(["run", "--profile", "smoke", "--from", str(measured), "--param",
+                     "04_verdict.include_reference=false", "--out", str(runs)]) == 0
+    (run,) = runs.iterdir()
+    return run
+
+
+def _sent(replayed: Path, tmp_path: Path) -> Path:
+    run = tmp_path / "sent" / replayed.name
+    shutil.copytree(replayed, run)
+    return run
+
+
+@pytest.mark.slow  # one replay of the smoke measurement: about a minute
+def test_keep_refuses_a_sent_run_whose_claims_its_tables_do_not_give(replayed, tmp_path):
+    """Before: a kept CPU run, its verdict.json edited to PORT and its manifest's GPU to
+    "NVIDIA H200", was kept with exit 0, and the Results showed "Verdict: PORT" under
+    NVIDIA-H200/."""
+    from stagelab.present import evidence
+
+    def to_port(run):
+        path = run / "verdict.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()),
+                                    "overall": {"decision": "PORT", "summary": "", "where": ""}}))
+
+    def to_h200(run):
+        path = run / "manifest.json"
+        manifest = json.loads(path.read_text())
+        manifest["hardware"]["gpu"] = {"name": "NVIDIA H200"}
+        path.write_text(json.dumps(manifest))
+
+    def page_to_port(run):
+        page = (run / "index.html").read_text()
+        (run / "index.html").write_text(re.sub(r"Staging verdict: \w+<", "Staging verdict: PORT<",
+                                               page))
+    cases = [(to_port, r"its verdict.json says overall decision 'PORT', its own tables give "
+                       r"'INCONCLUSIVE'"),
+             (to_h200, r"its manifest names gpu 'NVIDIA H200', its measured/hardware.json None"),
+             (page_to_port, r"its index.html does not state the verdict its tables give")]
+    for index, (edit, message) in enumerate(cases):
+        run = _sent(replayed, tmp_path / str(index))
+        edit(run)
+        with pytest.raises(UserError, match=message) as refused:
+            evidence.keep_evidence(run, tmp_path / "reference", force=True)
+        assert "\n" not in str(refused.value)
+    assert not list((tmp_path / "reference").rglob("kept.json"))
+    kept = evidence.keep_evidence(_sent(replayed, tmp_path / "whole"), tmp_path / "reference",
+                                  force=True)  # forced: the smoke measurement is a rehearsal
+    assert (kept / "measured" / measured_folder.DIGESTS).is_file()
+    results = (tmp_path / "reference" / "README.md").read_text()
+    assert "measured elsewhere" in results
+

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -169,11 +170,15 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         origin = replay.replay_plan(plan, args.from_dir, args.param)
         _say(replay.source_line(origin))
-    run_dir, manifest = execute.run(plan, args.out, command=["stagelab", *sys.argv[1:]],
-                                   measured=origin)
+    try:
+        run_dir, manifest = execute.run(plan, args.out, command=["stagelab", *sys.argv[1:]],
+                                       measured=origin)
+    finally:  # a run that never took in the verified copy leaves no copy behind
+        if origin is not None and Path(origin["staged"]).exists():
+            shutil.rmtree(Path(origin["staged"]).parent, ignore_errors=True)
     _say(f"report: {run_dir / 'index.html'}", sys.stdout)
     _say(verdict_line(run_dir, manifest), sys.stdout)
-    if origin is not None and (origin["status"] != measure_command.OK or origin["gaps"]):
+    if origin is not None and (origin["status"] != outcomes.OK or origin["gaps"]):
         _say(f"the measurement replayed is {origin['status']}, not ok: "
              f"{'; '.join(origin['gaps']) or 'see its measured.json'}; keep refuses this run "
              "without --force")

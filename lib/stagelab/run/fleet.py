@@ -49,7 +49,7 @@ from stagelab.core import outcomes, paths, rundir
 from stagelab.core.errors import UserError
 from stagelab.core.outcomes import EXIT_FAILED, EXIT_NO_GO, EXIT_OK, FAILED, OK
 from stagelab.core.records import RunFolder, write_json_atomic, write_text_atomic
-from stagelab.run import fleet_node
+from stagelab.run import fleet_node, profiles
 
 FLEET_FILE, PAGE, COMPARE_PAGE = "fleet.json", "index.html", "compare.html"
 NODES_DIR, MEASURED_DIR = "nodes", "measured"
@@ -255,11 +255,9 @@ def check_request(profile: str, params: Sequence[str], timeout_s: float,
                   force: bool = False, rehearse: bool = False) -> FleetPlan:
     """The plan, or UserError for a request every node would refuse (checked here, before any
     node is asked)."""
-    from stagelab.run import measure_command
-
     if not 0 < timeout_s < math.inf:  # what every node's `measure --deadline-s` refuses
         raise UserError(f"--timeout-s {timeout_s}: give a positive, finite number of seconds")
-    measure_command.resolve(profile, [], list(params))
+    profiles.resolve_measuring(profile, [], list(params))
     return FleetPlan(profile, list(params), timeout_s,
                      measure_argv(profile, params, timeout_s, force, rehearse))
 
