@@ -920,3 +920,107 @@ def test_keep_refuses_a_sent_run_whose_claims_its_tables_do_not_give(replayed, t
     results = (tmp_path / "reference" / "README.md").read_text()
     assert "measured elsewhere" in results
 
+
+# ------------------------------------------------------ nothing live from a run's notebooks
+
+PLANTED_JS = "window.__planted = (window.__planted || 0) + 1; console.log('PLANTED');"
+PLANTED_TAGS = (f"<script>{PLANTED_JS}</script>"
+                f"<img src=x onerror=\"{PLANTED_JS}\"><svg onload=\"{PLANTED_JS}\"></svg>"
+                "<a href=\"javascript:alert(1)\">click</a><iframe srcdoc='<script>"
+                "parent.__planted=1</script>'></iframe>")
+
+
+def planted_run(root: Path) -> Path:
+    """A sent run whose notebook plants script in a Markdown cell, an HTML output and a
+    JavaScript output, and whose own HTML export holds script too."""
+    import nbformat
+    from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
+
+    from conftest import good_run
+
+    run = good_run(root)
+    nb = new_notebook(cells=[
+        new_markdown_cell(f"# 10 ok\n\nProse, then {PLANTED_TAGS}"),
+        new_code_cell("x", execution_count=1, outputs=[
+            new_output("display_data", data={"text/html": f"<table><tr><td>a</td></tr></table>"
+                                                          f"{PLANTED_TAGS}",
+                                             "text/plain": "a table"}),
+            new_output("display_data", data={"application/javascript": PLANTED_JS}),
+            new_output("execute_result", execution_count=1,
+                       data={"text/markdown": f"**found** {PLANTED_TAGS}"})])])
+    nbformat.write(nb, str(run / "10_ok.ipynb"))
+    (run / "10_ok.html").write_text(f"<html><body>{PLANTED_TAGS}</body></html>")
+    return run
+
+
+def live_markup(page: str) -> list[str]:
+    """The elements and attributes of an HTML page that could run script, as a parser sees
+    them (escaped text is not markup)."""
+    from html.parser import HTMLParser
+
+    found: list[str] = []
+
+    class Finder(HTMLParser):
+        def handle_starttag(self, tag, attrs):
+            if tag in ("script", "iframe", "object", "embed", "svg", "form"):
+                found.append(tag)
+            found.extend(f"{tag} {name}" for name, value in attrs if name.startswith("on") or (
+                (value or "").strip().lower().startswith(("javascript:", "data:text"))))
+    Finder().feed(page)
+    return found
+
+
+def scripts_run(page_url: str) -> list[str]:
+    """What planted script did when ``page_url`` opened in Chromium: console lines, page
+    errors, dialogs and the planted counter; empty where nothing ran."""
+    from playwright.sync_api import sync_playwright
+
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        if os.environ.get("CI"):
+            pytest.fail("chromium is missing: `make test` installs Debian's chromium package")
+        pytest.skip("chromium is not installed (make test installs it)")
+    seen: list[str] = []
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+        context = browser.new_context()
+        context.set_offline(True)
+        page = context.new_page()
+        page.on("console", lambda message: seen.append(f"console: {message.text}"))
+        page.on("pageerror", lambda error: seen.append(f"error: {error}"))
+        page.on("dialog", lambda dialog: (seen.append("dialog"), dialog.dismiss()))
+        page.goto(page_url)
+        page.wait_for_load_state("load")
+        page.wait_for_timeout(300)
+        for link in page.query_selector_all("a"):
+            href = link.get_attribute("href") or ""
+            if href.lower().startswith("javascript:"):
+                seen.append(f"live link: {href}")
+        if page.evaluate("window.__planted"):
+            seen.append("the planted counter ran")
+        browser.close()
+    return seen
+
+
+@pytest.mark.slow  # Chromium opens each page
+def test_script_planted_in_a_sent_runs_notebook_never_runs_on_any_page(tmp_path,
+                                                                      verdict_as_recorded):
+    """Before: a Markdown cell, a text/html output or an application/javascript output of a
+    run's .ipynb came out as live <script> from `report` and `report --single-file`, and
+    `keep` copied the run's *.html verbatim into data/reference/."""
+    from stagelab.present import evidence, report
+
+    run = planted_run(tmp_path / "runs")
+    assert scripts_run((run / "10_ok.html").as_uri())  # the control: the sent page does run
+    assert live_markup((run / "10_ok.html").read_text())
+    assert cli.main(["report", str(run)]) == cli.EXIT_OK  # regenerates the notebook's HTML
+    single = report.write_single_file(run)
+    kept = evidence.keep_evidence(run, tmp_path / "reference")
+    pages = [run / "10_ok.html", run / "index.html", single, *sorted(kept.glob("*.html"))]
+    assert {p.name for p in kept.glob("*.html")} == {"10_ok.html", "index.html"}
+    for page in pages:
+        assert scripts_run(page.as_uri()) == [], page
+        assert live_markup(page.read_text()) == [], page
+    assert "a table" not in (kept / "10_ok.html").read_text()  # the HTML shown, not its text
+    assert "<td>a</td>" in (kept / "10_ok.html").read_text()  # the allowed markup stays
