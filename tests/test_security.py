@@ -1024,3 +1024,59 @@ def test_script_planted_in_a_sent_runs_notebook_never_runs_on_any_page(tmp_path,
         assert live_markup(page.read_text()) == [], page
     assert "a table" not in (kept / "10_ok.html").read_text()  # the HTML shown, not its text
     assert "<td>a</td>" in (kept / "10_ok.html").read_text()  # the allowed markup stays
+
+
+# ------------------------------------------------------------------------ the medium cases
+
+def test_many_empty_gzip_members_are_refused_by_count():
+    """Before: 400k empty members (8 MB) were read in quadratic time, about 300 s, and
+    accepted."""
+    from stagelab.core import schema
+
+    empty = gzip.compress(b"", mtime=0)
+    with pytest.raises(BadRecord, match=r"more than 100000 gzip members"):
+        schema.gzip_members_text(empty * (schema.MAX_GZIP_MEMBERS + 1), "rows/step.jsonl.gz")
+    assert schema.gzip_members_text(empty * 1000, "rows/step.jsonl.gz") == ""
+
+
+def test_members_larger_than_a_piece_read_whole_and_a_cut_one_is_left_out():
+    from stagelab.core import schema
+
+    big = "".join(json.dumps({"i": i, "pad": os.urandom(8).hex()}) + "\n" for i in range(9000))
+    members = gzip.compress(big.encode(), mtime=0) + gzip.compress(b'{"i": -1}\n', mtime=0)
+    assert len(members) > 8 * 4096
+    assert schema.gzip_members_text(members, "x") == big + '{"i": -1}\n'
+    assert schema.gzip_members_text(members[:-5], "x") == big  # the last member cut short
+    with pytest.raises(BadRecord, match="decompress past 1000 bytes"):
+        schema.gzip_members_text(members, "x", limit=1000)
+
+
+def test_a_rows_file_of_empty_rows_is_refused_without_parsing_it_all(node):
+    """Before: a rows file of `{}` lines under the 1 GiB budget was parsed in full before the
+    row-count refusal (about an hour, more memory than the machine has)."""
+    expected = measured_folder.recorded_rows(experiment(
+        measured_folder.MeasuredFolder(node).manifest(), "01_d2h_staging"))
+    (node / "rows" / "staging.jsonl").write_text("{}\n" * 3_000_000)
+    measured_folder.write_digests(node)
+    folder = measured_folder.MeasuredFolder(node)
+    assert len(folder.table_rows("staging", most=expected)) == expected + 1  # no further
+    with pytest.raises(UserError, match=rf"holds {expected + 1} rows, more than the {expected}"):
+        replay_of(node)
+
+
+def test_a_manifest_claiming_more_rows_than_a_table_holds_is_refused(node):
+    edit_manifest(node, lambda m: experiment(m, "01_d2h_staging")["cells"][0].update(
+        rows=measured_folder.MAX_TABLE_ROWS + 1))
+    with pytest.raises(UserError, match=r"more than the 2000000 a measured table holds"):
+        replay_of(node)
+
+
+def test_roll_over_parts_are_read_only_by_the_names_measure_writes(node):
+    """Before: parts up to rows/<table>.8.jsonl.gz were read and copied, more than any
+    measurement can write beside its record."""
+    names = measured_folder.rows_names("staging")
+    assert names[:3] == ["rows/staging.jsonl.gz", "rows/staging.2.jsonl.gz",
+                         "rows/staging.3.jsonl.gz"] and len(names) == 4
+    hidden = node / "rows" / "staging.4.jsonl.gz"
+    hidden.write_bytes(gzip.compress(b'{"arm": "x"}\n', mtime=0))
+    assert hidden not in measured_folder.MeasuredFolder(node).rows_paths("staging")

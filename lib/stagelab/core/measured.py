@@ -46,7 +46,8 @@ def rows_names(table: str) -> list[str]:
     this code knows (a path in the manifest is never followed)."""
     plain = f"{ROWS_DIR}/{records.plain_name(table, 'table', MANIFEST)}"
     first = f"{plain}{ROWS_SUFFIX}"
-    return [part_path(first, index).as_posix() for index in range(1, LEASE_MAX_FILES + 1)] + [
+    parts = LEASE_MAX_FILES - len(RECORD_FILES)  # a one-table measurement's, at the most
+    return [part_path(first, index).as_posix() for index in range(1, parts + 1)] + [
         f"{plain}{PLAIN_ROWS_SUFFIX}"]
 
 
@@ -139,6 +140,9 @@ def commit_state() -> dict[str, Any]:
     return state
 
 
+# A table's rows come back in at most a few files of 16 MiB (about 0.8 million rows each): a
+# manifest claiming more is refused before a row is parsed.
+MAX_TABLE_ROWS = 2_000_000
 STATUSES = (OK, FAILED, DEADLINE, INTERRUPTED, RUNNING, PENDING, NO_GO, UNMEASURED)
 # Top-level fields a replay copies into its run's record, and the types each may have.
 TEXT_FIELDS = ("measured_id", "profile", "status", "created_utc", "finished_utc", "host",
@@ -218,6 +222,9 @@ def manifest_problem(manifest: Mapping[str, Any]) -> str | None:
             return problem
         if entry["notebook"] in seen:
             return f"lists {entry['notebook']} twice"
+        if recorded_rows(entry) > MAX_TABLE_ROWS:
+            return (f"says {entry['notebook']} measured {recorded_rows(entry)} rows, more than "
+                    f"the {MAX_TABLE_ROWS} a measured table holds")
         seen.add(entry["notebook"])
     return None
 
@@ -472,13 +479,19 @@ class MeasuredFolder:
         found = self.rows_paths(table)
         return found[0] if found else self.path / rows_names(table)[0]
 
-    def table_rows(self, table: str) -> list[dict[str, Any]]:
-        """Every row of a measured table's files, read as a stranger's files are;
-        FileNotFoundError where it has none."""
+    def table_rows(self, table: str, most: int | None = None) -> list[dict[str, Any]]:
+        """Every row of a measured table's files, read as a stranger's files are (with
+        ``most``, parsing stops at ``most + 1`` rows); FileNotFoundError where it has none."""
         found = self.rows_paths(table)
         if not found:
             raise FileNotFoundError(self.rows_path(table))
-        return [row for path in found for row in read_json_lines(path, root=self.path)]
+        rows: list[dict[str, Any]] = []
+        for path in found:
+            left = None if most is None else most - len(rows)
+            if left is not None and left < 0:
+                break
+            rows += read_json_lines(path, root=self.path, most=left)
+        return rows
 
     def measured_rows(self, table: str) -> list[dict[str, Any]]:
         """The rows of one measured table that its manifest's cells account for (empty where
@@ -488,7 +501,7 @@ class MeasuredFolder:
         if entry is None or not recorded_rows(entry):
             return []
         try:
-            return self.table_rows(table)[:recorded_rows(entry)]
+            return self.table_rows(table, recorded_rows(entry))[:recorded_rows(entry)]
         except FileNotFoundError:
             return []
 
@@ -502,7 +515,7 @@ class MeasuredFolder:
             return
         name = self.rows_path(entry["table"]).relative_to(self.path).as_posix()
         try:
-            found = len(self.table_rows(entry["table"]))
+            found = len(self.table_rows(entry["table"], expected))  # parsed no further
         except FileNotFoundError:
             cells = sum(1 for c in entry["cells"] if c["status"] in (OK, FAILED))
             raise self.refusal(f"{name} is missing, although {entry['notebook']} recorded "
