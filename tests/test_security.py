@@ -1080,3 +1080,32 @@ def test_roll_over_parts_are_read_only_by_the_names_measure_writes(node):
     hidden = node / "rows" / "staging.4.jsonl.gz"
     hidden.write_bytes(gzip.compress(b'{"arm": "x"}\n', mtime=0))
     assert hidden not in measured_folder.MeasuredFolder(node).rows_paths("staging")
+
+
+ESCAPES = "\x1b[2J\x1b]8;;https://example.org\x07link\x1b]8;;\x07\u202e"
+
+
+def test_control_characters_from_a_folder_are_escaped_in_a_refusal(node, tmp_path, capsys):
+    """Before: ANSI and OSC-8 escapes from a folder were printed raw in refusals."""
+    edit_manifest(node, lambda m: m.update(profile=f"quick{ESCAPES}"))
+    code = cli.main(["run", "--profile", "smoke", "--from", str(node), "--out",
+                     str(tmp_path / "runs")])
+    err = capsys.readouterr().err
+    assert code == 2 and "measured with profile" in err
+    assert "\x1b" not in err and "\u202e" not in err and "\\x1b]8;;" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_control_characters_in_a_run_manifest_are_escaped_by_runs(tmp_path, capsys):
+    """Before: `stagelab runs` printed a run's profile and status with their escapes."""
+    from conftest import fake_run
+    from stagelab.core import rundir
+
+    run = fake_run(tmp_path)
+    manifest = rundir.read_manifest(run)
+    manifest["profile"] = f"quick{ESCAPES}\nforged line"
+    rundir.write_manifest(run, manifest)
+    assert cli.main(["runs", "--root", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\u202e" not in out and "\\nforged line" in out
+    assert len(out.strip().splitlines()) == 2  # the header and the one run

@@ -214,7 +214,7 @@ def refuse_undecidable(plan) -> None:
 def _say(text: str, stream=None) -> None:
     """Print a line; a terminal closed under the run (SIGHUP) is not an error."""
     with contextlib.suppress(OSError):
-        print(text, file=stream or sys.stderr, flush=True)
+        print(outcomes.printable(text), file=stream or sys.stderr, flush=True)
 
 
 def verdict_line(run_dir: Path, manifest: dict) -> str:
@@ -283,9 +283,10 @@ def cmd_runs(args: argparse.Namespace) -> int:
     for run in listed:
         details = "".join(f"  {status}: {', '.join(names)}" for status in rundir.NOT_DELIVERED
                           if (names := run.not_delivered(status)))
-        print(RUNS_ROW.format(run.run_id, run.profile or "", run.created_utc or "",
-                              run.device or "", run.status)
-              + f"{details}{'  (' + run.problem + ')' if run.problem else ''}")
+        print(outcomes.printable(
+            RUNS_ROW.format(run.run_id, run.profile or "", run.created_utc or "",
+                            run.device or "", run.status)
+            + f"{details}{'  (' + run.problem + ')' if run.problem else ''}"))
     return EXIT_OK
 
 

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from stagelab.core import measured as measured_folder
-from stagelab.core import paths, rundir, stops
+from stagelab.core import outcomes, paths, rundir, stops
 from stagelab.core.errors import UserError
 from stagelab.core.records import RunFolder
 from stagelab.core.rundir import ManifestRecorder, RecordError
@@ -339,7 +339,7 @@ def _cell_count(notebook_path: Path) -> int:
 def _say(enabled: bool, text: str) -> None:
     if enabled:
         with contextlib.suppress(OSError):  # a terminal closed under the run (SIGHUP)
-            print(text, file=sys.stderr, flush=True)
+            print(outcomes.printable(text), file=sys.stderr, flush=True)
 
 
 def run_notebook_step(recorder: ManifestRecorder, index: int, plan: RunPlan,

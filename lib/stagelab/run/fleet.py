@@ -389,7 +389,7 @@ def unpack(archive: bytes, dest: Path) -> Path:
 
 def print_progress(record: NodeRecord, event: str) -> None:
     """One line per node as it starts, finishes or fails (stderr)."""
-    print(f"fleet: {record.target.label}: {event}", file=sys.stderr, flush=True)
+    print(outcomes.printable(f"fleet: {record.target.label}: {event}"), file=sys.stderr, flush=True)
 
 
 def node_alive(node_id: str) -> bool:

@@ -259,7 +259,7 @@ def run_experiment(notebook: str, p: Mapping[str, Any], sink: GzipJsonLinesSink)
 
 
 def _say(text: str) -> None:
-    print(f"measure: {text}", file=sys.stderr, flush=True)
+    print(f"measure: {outcomes.printable(text)}", file=sys.stderr, flush=True)
 
 
 def measure_tables(recorder: Recorder, request: Request, device: str,
