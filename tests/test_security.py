@@ -307,7 +307,13 @@ def test_a_timing_that_is_not_a_positive_number_is_refused(node, seconds):
 def test_a_copy_faster_than_the_recorded_link_is_refused(node):
     snap = json.loads((node / "hardware.json").read_text())
     snap.update(gpu={"name": "NVIDIA H200"}, nvml={"pcie_max_gbps_per_direction": 31.5})
+    snap["torch"]["cuda_available"] = True  # every record says CUDA: only the link is wrong
     (node / "hardware.json").write_text(json.dumps(snap))
+    preflight = json.loads((node / "preflight.json").read_text())
+    for check in preflight["checks"]:
+        if check["name"] == "cuda":
+            check["status"] = "go"
+    (node / "preflight.json").write_text(json.dumps(preflight))
 
     def impossible(rows):
         row = next(r for r in rows if r.get("metric") == "time" and r.get("status") == "ok")
@@ -609,6 +615,9 @@ def test_two_concurrent_keeps_keep_one_measurement_once(tmp_path, monkeypatch):
         manifest["measured_on"] = {"measured_id": "node-abc", "status": "ok", "gaps": []}
         rundir.write_manifest(run, manifest)
         runs.append(run.rename(run.with_name(f"20261130T1{len(runs)}0000Z_vm_smoke")))
+    from stagelab.present import rederive
+
+    monkeypatch.setattr(rederive, "problem", lambda *_: None)  # these runs' records are stubs
     copy = evidence._copy_evidence
     monkeypatch.setattr(evidence, "_copy_evidence",
                         lambda *args: (time.sleep(0.5), copy(*args)))  # widen the race
@@ -776,7 +785,8 @@ def test_keep_refuses_a_replay_whose_node_record_contradicts_itself_even_forced(
         "kept.json"))
 
 
-def test_keep_accepts_a_replay_whose_node_record_holds_together(node, tmp_path):
+def test_keep_accepts_a_replay_whose_node_record_holds_together(node, tmp_path,
+                                                               verdict_as_recorded):
     from stagelab.present import evidence
 
     run = replayed_run_carrying(tmp_path, node)
@@ -1109,3 +1119,15 @@ def test_control_characters_in_a_run_manifest_are_escaped_by_runs(tmp_path, caps
     out = capsys.readouterr().out
     assert "\x1b" not in out and "\u202e" not in out and "\\nforged line" in out
     assert len(out.strip().splitlines()) == 2  # the header and the one run
+
+
+def test_one_record_saying_cuda_does_not_outvote_two_saying_none(node):
+    """Before: the CUDA check was an OR of three records: one saying CUDA sufficed while the
+    snapshot and the preflight said none."""
+    hardware = json.loads((node / "hardware.json").read_text())
+    hardware["torch"]["cuda_available"] = True  # torch says CUDA; the GPU and preflight: none
+    (node / "hardware.json").write_text(json.dumps(hardware))
+    edit_rows(node, "step", lambda rows: [row.update(device="cuda:0 NVIDIA H200")
+                                          for row in rows if row.get("status") == "ok"])
+    with pytest.raises(UserError, match="do not all say it has a CUDA device"):
+        replay_of(node)
