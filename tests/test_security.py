@@ -1131,3 +1131,22 @@ def test_one_record_saying_cuda_does_not_outvote_two_saying_none(node):
                                           for row in rows if row.get("status") == "ok"])
     with pytest.raises(UserError, match="do not all say it has a CUDA device"):
         replay_of(node)
+
+
+@pytest.mark.parametrize("where, value", [
+    (("machine", "fresh_fill", "stages"), {"zero_fill": "x"}),
+    (("machine", "fresh_fill", "fill_gbps"), "fast"),
+    (("torch", "cuda_available"), "yes"),
+    (("gpu",), "NVIDIA H200")])
+def test_a_wrongly_typed_field_of_the_snapshot_is_refused_before_use(node, where, value):
+    """Before: one string in hardware.json's machine.fresh_fill.stages crashed 04_verdict."""
+    hardware = json.loads((node / "hardware.json").read_text())
+    *path, last = where
+    inner = hardware
+    for key in path:
+        inner = inner[key]
+    inner[last] = value
+    (node / "hardware.json").write_text(json.dumps(hardware))
+    measured_folder.write_digests(node)
+    with pytest.raises(UserError, match=rf"hardware.json\.{'.'.join(where)}.* is str"):
+        replay_of(node)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from stagelab.analyse import analysis, verdict
-from stagelab.core import catalogue, forward, paths, untrusted
+from stagelab.core import catalogue, forward, paths, records, untrusted
 from stagelab.core.cells import notebook_parameters
 from stagelab.core.errors import BadRecord, UserError
 from stagelab.core.measured import RECORD_COPY
@@ -121,6 +121,10 @@ def hardware_difference(run_dir: Path, manifest: Mapping[str, Any]) -> str | Non
     """Where the machine the run's manifest names differs from the snapshot that backs it: a
     replay's node record (``measured/hardware.json``, verified against its digests) or a live
     run's own ``hardware.json``."""
+    wrong = records.shape_errors(manifest.get("hardware") or {}, records.schema("hardware"),
+                                 "its manifest's hardware")
+    if wrong:
+        return wrong[0]
     named = _facts(manifest.get("hardware"))
     replay = manifest.get("measured_on")
     backing = (Path(run_dir) / RECORD_COPY if replay else Path(run_dir)) / RunFolder.HARDWARE

@@ -23,7 +23,7 @@ from typing import Any
 
 from stagelab.analyse import claims
 from stagelab.core import measured as measured_folder
-from stagelab.core import outcomes, untrusted
+from stagelab.core import outcomes, records, untrusted
 from stagelab.core.errors import UserError
 from stagelab.core.measured import MeasuredFolder
 from stagelab.core.records import RunFolder
@@ -97,6 +97,9 @@ def _checked_origin(plan: RunPlan, copy: MeasuredFolder, params: Iterable[str]) 
     for entry in replayed:  # once every experiment the profile needs is known to be there
         copy.check_rows(entry)
     hardware = read_folder_json(copy, RunFolder.HARDWARE)
+    wrong = records.shape_errors(hardware, records.schema("hardware"), RunFolder.HARDWARE)
+    if wrong:  # every typed field checked before a notebook reads it
+        raise copy.refusal(f"{wrong[0]}{f' (and {len(wrong) - 1} more)' if wrong[1:] else ''}")
     preflight = read_folder_json(copy, "preflight.json", required=False)
     for entry in replayed:
         check_claims(copy, entry, hardware, preflight)
