@@ -212,9 +212,11 @@ def refuse_undecidable(plan) -> None:
 
 
 def _say(text: str, stream=None) -> None:
-    """Print a line; a terminal closed under the run (SIGHUP) is not an error."""
+    """Print lines, each with its control characters escaped; a terminal closed under the
+    run (SIGHUP) is not an error."""
     with contextlib.suppress(OSError):
-        print(outcomes.printable(text), file=stream or sys.stderr, flush=True)
+        print("\n".join(outcomes.printable(line) for line in str(text).split("\n")),
+              file=stream or sys.stderr, flush=True)
 
 
 def verdict_line(run_dir: Path, manifest: dict) -> str:
