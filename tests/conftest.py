@@ -20,6 +20,8 @@ import torch
 from nbformat.v4 import new_code_cell, new_notebook
 
 from stagelab.core import paths, rundir, schema, stops
+from stagelab.core.records import RunFolder
+from stagelab.present import report
 
 # ------------------------------------------------------------- both cores (pytest-xdist)
 
@@ -191,10 +193,21 @@ def good_run(root: Path, decision: str = "PORT", hardware: dict | None = None,
                                           "seconds": 0.5, "bytes": 10**9, "round": 0}],
                                         run_id=run_dir.name, notebook="01_d2h_staging"),
                        run_dir, "staging")
-    (run_dir / "index.html").write_text("<html></html>")
     if verdict:
         (run_dir / "verdict.json").write_text(json.dumps({"overall": {"decision": decision}}))
+    report.write_index(run_dir)
     return run_dir
+
+
+@pytest.fixture
+def verdict_as_recorded(monkeypatch):
+    """keep's re-derivation of the verdict (:mod:`stagelab.present.rederive`) answering with
+    the run's own verdict.json: for tests of what keep does with runs whose tables are stubs
+    (the index, the Results, the locks); the re-derivation itself is tested on real runs."""
+    from stagelab.present import rederive
+
+    monkeypatch.setattr(rederive, "rederived_verdict",
+                        lambda run_dir, manifest: RunFolder(run_dir).read_verdict())
 
 
 # Text a page must escape, in the synthetic runs of `stagelab compare`'s tests.

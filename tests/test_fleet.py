@@ -442,3 +442,31 @@ def test_smoke_on_two_nodes_with_one_lost_mid_measure(cluster, tmp_path):
     page = (folder / fleet.PAGE).read_text()
     assert removed[0] in page and kept["label"] in page
     assert (folder / fleet.COMPARE_PAGE).is_file()
+
+
+def _archive_of(entries: list[tuple[str, bytes]]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for name, data in entries:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def test_a_nodes_archive_is_bounded_like_a_measured_folder(tmp_path):
+    """Before: `fleet.unpack` had no size or count bound (a 204 KB archive became 200 MiB)."""
+    from stagelab.core import measured
+
+    big = _archive_of([("rows/step.jsonl.gz", bytes(measured.LEASE_MAX_FILE_BYTES + 1))])
+    assert len(big) < 100_000  # zeros compress: a small archive, a large file
+    with pytest.raises(ValueError, match="more than the 16777216 B a lease returns"):
+        fleet.unpack(big, tmp_path / "big")
+    many = _archive_of([(f"f{i}.json", b"{}") for i in range(measured.LEASE_MAX_FILES + 1)])
+    with pytest.raises(ValueError, match="more than the 8 files a measured folder has"):
+        fleet.unpack(many, tmp_path / "many")
+    deep = _archive_of([("rows/a/b.json", b"{}")])
+    with pytest.raises(ValueError, match="deeper than a measured folder goes"):
+        fleet.unpack(deep, tmp_path / "deep")
+    for folder in ("big", "many", "deep"):
+        assert not [p for p in (tmp_path / folder).rglob("*") if p.is_file()], folder

@@ -79,7 +79,7 @@ def test_a_full_rows_file_rolls_over_once_allowed_and_otherwise_stops_untouched(
     (folder / "rows").mkdir(parents=True)
     for name in ("step.jsonl.gz", "step.2.jsonl.gz"):
         shutil.copy(tmp_path / name, folder / "rows" / name)
-    assert [r["rows"] for r in measured_folder.table_rows(folder, "step")] == [1] * 2 + [2] * 40
+    assert [r["rows"] for r in measured_folder.MeasuredFolder(folder).table_rows("step")] == [1] * 2 + [2] * 40
 
 
 def full_profile_step_rows(cell, rounds: int, rng: random.Random) -> list[dict]:
@@ -105,9 +105,9 @@ def full_profile_step_rows(cell, rounds: int, rng: random.Random) -> list[dict]:
     return rows
 
 
-@pytest.mark.slow  # up to two 16 MiB files of compressed rows: a minute or two
+@pytest.mark.slow  # a 16 MiB file of compressed rows: a minute or so
 def test_a_step_table_of_the_full_profile_s_size_comes_back_whole(tmp_path):
-    measuring, _ = measure_command.resolve("full", [], [])
+    measuring, _ = profiles.resolve_measuring("full", [], [])
     manifest = {"experiments": [{"table": measured_folder.TABLES.get(name)}
                                 for name in measuring]}
     another = measure_command.file_budget(measured_folder.spare_files(manifest))
@@ -131,13 +131,13 @@ def test_a_step_table_of_the_full_profile_s_size_comes_back_whole(tmp_path):
             break
         written += len(rows)
     files = sorted(p for p in out.rglob("*") if p.is_file())
-    assert written > 500_000 and sink.parts == 2  # the spare file taken, then a stop
+    assert written > 500_000 and sink.parts == 1  # no spare file (digests.json takes it): a stop
     assert stopped and "would pass 16777216 B" in stopped
     assert len(files) == measured_folder.LEASE_MAX_FILES
     assert all(p.stat().st_size <= 16 << 20 for p in files)
     assert all(len(p.relative_to(out).parts) <= 2 for p in files)
     assert measured_folder.return_problems(out) == []
-    assert len(measured_folder.table_rows(out, "step")) == written  # every cell before, whole
+    assert len(measured_folder.MeasuredFolder(out).table_rows("step")) == written  # every cell before, whole
 
 
 def test_return_problems_name_what_a_lease_would_not_return(tmp_path):
@@ -160,24 +160,26 @@ def test_a_table_at_the_size_limit_stops_with_a_status_and_keeps_its_cells(tmp_p
     out = tmp_path / "m"
     code = measure_command.main(["--profile", "smoke", "--only", "03_prompt_logprobs", "--out",
                                  str(out), "--rehearse-on-cpu"])
-    manifest = measured_folder.read_measured(out)
+    manifest = measured_folder.MeasuredFolder(out).manifest()
     (prompt,) = manifest["experiments"]
     assert code == measure_command.EXIT_PARTIAL and manifest["status"] == "failed"
     assert prompt["status"] == "failed" and prompt["cells"] == []
     assert prompt["error"].startswith("stopped before a cell that would not come back: "
                                       "prompt_logprobs.jsonl.gz: ")
-    assert measured_folder.measured_rows(out, "prompt_logprobs") == []
+    assert measured_folder.MeasuredFolder(out).measured_rows("prompt_logprobs") == []
 
 
 def test_a_replay_keeps_rows_compressed_even_from_a_plain_folder(tmp_path):
     folder = tmp_path / "old"
     (folder / "rows").mkdir(parents=True)
     schema.JsonLinesSink(folder / "rows" / "step.jsonl", run_id="r").append(cell_rows(1, 5))
+    (folder / measured_folder.MANIFEST).write_text("{}")
+    measured_folder.write_digests(folder)
     dest = tmp_path / "run" / "measured"
-    measured_folder.copy_record(folder, dest)
+    measured_folder.MeasuredFolder(folder).copy_verified(dest)
     assert [p.name for p in (dest / "rows").iterdir()] == ["step.jsonl.gz"]
-    assert measured_folder.table_rows(dest, "step") == measured_folder.table_rows(
-        folder, "step")
+    assert measured_folder.MeasuredFolder(dest).table_rows("step") == measured_folder.MeasuredFolder(
+        folder).table_rows("step")
 
 
 # ------------------------------------------------------------------------ a GPU is required
@@ -196,7 +198,7 @@ def test_force_never_passes_no_cuda_exit_3_within_seconds(tmp_path):
     # before the first cell: 4.3 s on this machine when quiet; a forced CPU gate used to
     # measure for 350-395 s. The bound is loose (a shared machine), the stop is exact:
     assert elapsed < 60
-    manifest = measured_folder.read_measured(out)
+    manifest = measured_folder.MeasuredFolder(out).manifest()
     assert manifest["status"] == "no-go" and manifest["forced"] is True
     assert manifest["preflight"]["decisive"][0].startswith("cuda: ")
     assert all(e["status"] == "pending" and e["cells"] == [] and "started_utc" not in e
@@ -278,7 +280,7 @@ def test_a_commit_named_in_the_environment_is_honoured_without_git(monkeypatch):
 def test_the_manifest_records_the_source_tree_of_this_checkout(tmp_path, monkeypatch):
     monkeypatch.setenv(provenance.COMMIT_ENV, "given")
     request = measure_command.Request("smoke", {}, {}, tmp_path, rehearse=True)
-    manifest = measured_folder.new_manifest(request, tmp_path)
+    manifest = measured_folder.measurement_manifest(request, tmp_path)
     assert manifest["source"] == {"path": "lib/stagelab",
                                   "tree": provenance.tree_id(REPO / "lib/stagelab"),
                                   "commit_env": "given"}
@@ -309,7 +311,7 @@ def test_the_lease_command_rehearsed_on_a_cpu_comes_back_whole(tmp_path):
     assert done.returncode in (measure_command.EXIT_OK, measure_command.EXIT_PARTIAL), (
         done.stderr[-3000:])
     out = lease_out / "evidence"
-    manifest = measured_folder.read_measured(out)
+    manifest = measured_folder.MeasuredFolder(out).manifest()
     assert manifest["rehearsal"] is True and manifest["forced"] is True
     assert manifest["preflight"]["decisive"] and manifest["source"]["tree"]
     returned = [p for p in lease_out.rglob("*") if p.is_file()]

@@ -31,7 +31,7 @@ no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU outcome 
 
 
 def rows_of(folder: Path, table: str) -> list[dict]:
-    return measured_folder.measured_rows(folder, table)
+    return measured_folder.MeasuredFolder(folder).measured_rows(table)
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +50,7 @@ def test_help_works_with_torch_alone():
 
 
 def test_the_smoke_profile_is_measured_with_torch_alone(smoke):
-    manifest = measured_folder.read_measured(smoke)
+    manifest = measured_folder.MeasuredFolder(smoke).manifest()
     assert (manifest["format"], manifest["version"], manifest["status"]) == (
         measured_folder.FORMAT, measured_folder.VERSION, "ok")
     assert manifest["forced"] is False and manifest["rehearsal"] is True
@@ -122,7 +122,7 @@ def test_the_gate_estimate_stays_within_the_lease_budget(capsys):
     sizes = {line.split()[0]: int(line.split()[1]) for line in out if line.startswith("rows/")}
     assert set(sizes) == {"rows/staging.jsonl.gz", "rows/step.jsonl.gz"}
     assert all(0 < size <= measured_folder.LEASE_MAX_FILE_BYTES for size in sizes.values())
-    assert out[-1] == "files at most: 6 of the 8 a lease returns"
+    assert out[-1] == "files at most: 7 of the 8 a lease returns"  # digests.json is one
 
 
 def test_the_gate_estimate_states_the_round_cap_and_its_device_time(capsys):
@@ -189,7 +189,7 @@ def test_the_estimate_says_when_a_profile_at_its_round_cap_passes_what_a_lease_r
     step = next(line for line in out if line.startswith("rows/step.jsonl.gz"))
     files = int(step.split("(in ")[1].split()[0])
     assert files > 2 and step.endswith(f"(in {files} files: rolls over at 16777216 B)")
-    assert out[-1] == (f"files at most: {6 + files} of the 8 a lease returns: the last cells "
+    assert out[-1] == (f"files at most: {7 + files} of the 8 a lease returns: the last cells "
                        "would stop")
 
 
@@ -231,7 +231,7 @@ def test_deadline_stops_at_a_cell_boundary_and_keeps_what_was_measured(tmp_path,
                          "02_logprobs_step.arms=[seed_pageable, fused]", "--out", str(out),
                          "--deadline-s", "3600", "--rehearse-on-cpu"])
     assert code == measure_command.EXIT_PARTIAL
-    manifest = measured_folder.read_measured(out)
+    manifest = measured_folder.MeasuredFolder(out).manifest()
     step, prompt = manifest["experiments"]
     assert manifest["status"] == step["status"] == prompt["status"] == "deadline"
     assert [(c["cell"].split()[0], c["status"]) for c in step["cells"]] == [
@@ -324,7 +324,7 @@ def test_a_stop_swallowed_by_a_finalizer_is_raised_again_after_its_round(monkeyp
 @pytest.mark.serial  # a process killed on purpose
 @pytest.mark.slow
 def test_a_killed_measurement_keeps_its_finished_cells(killed):
-    manifest = measured_folder.read_measured(killed)
+    manifest = measured_folder.MeasuredFolder(killed).manifest()
     staging, step, prompt = (manifest["experiments"][i] for i in (1, 2, 3))
     assert manifest["status"] == "interrupted"
     assert staging["status"] == "ok" and len(staging["cells"]) == 2
@@ -344,6 +344,7 @@ def test_run_from_refuses_what_is_not_a_measurement(tmp_path, smoke, capsys):
     manifest["experiments"] = [e for e in manifest["experiments"]
                                if e["notebook"] != "03_prompt_logprobs"]
     (lacking / measured_folder.MANIFEST).write_text(json.dumps(manifest))
+    measured_folder.write_digests(lacking)
     cases = [(tmp_path, "not a measured folder (no measured.json"),
              (lacking, "lacks 03_prompt_logprobs, which profile 'smoke' needs")]
     for folder, message in cases:
@@ -368,13 +369,16 @@ def test_a_replay_is_kept_under_the_measuring_machine(tmp_path, smoke):
     shutil.copytree(smoke, node)
     snap = json.loads((node / "hardware.json").read_text())
     (node / "hardware.json").write_text(json.dumps({**snap, "gpu": {"name": "NVIDIA H200"}}))
+    measured_folder.write_digests(node)
     plan = profiles.plan_run("smoke")
     origin = replay.replay_plan(plan, node, [])
+    shutil.rmtree(Path(origin["staged"]).parent)
     assert evidence.machine_slug({"hardware": origin["hardware"]}) == "NVIDIA-H200"
-    assert origin["host"] == measured_folder.read_measured(smoke)["host"] and origin["gaps"] == []
+    assert origin["host"] == measured_folder.MeasuredFolder(smoke).manifest()["host"] and origin["gaps"] == []
     measured = {nb.name: nb.parameters.get("measured") for nb in plan.notebooks}
-    assert measured == {**dict.fromkeys(measured_folder.MEASURING, str(node.resolve())),
-                        "04_verdict": None}
+    assert measured == {**dict.fromkeys(measured_folder.MEASURING, origin["staged"]),
+                        "04_verdict": None}  # the verified copy, never the folder itself
+    assert origin["folder"] == str(node.resolve())
 
 
 DECISION_FIELDS = ("overall", "decisive", "step_levers", "copy_cells", "goals", "clock_check",
@@ -400,7 +404,7 @@ def test_measure_then_replay_equals_a_live_run_over_the_same_rows(tmp_path, smok
                      "04_verdict.include_reference=false", "--out", str(tmp_path)]) == 0
     (replayed,) = tmp_path.iterdir()
     manifest = json.loads((replayed / "manifest.json").read_text())
-    assert manifest["measured_on"]["host"] == measured_folder.read_measured(smoke)["host"]
+    assert manifest["measured_on"]["host"] == measured_folder.MeasuredFolder(smoke).manifest()["host"]
     assert manifest["hardware"] == json.loads((smoke / "hardware.json").read_text())
     assert manifest["analysed_on"]["host"]
     assert "Measured on " in (replayed / "index.html").read_text()
@@ -491,6 +495,7 @@ def test_run_from_refuses_a_folder_whose_rows_are_lost_or_cut(tmp_path, smoke):
     lost.mkdir()
     for path in smoke.glob("*.json"):
         shutil.copy(path, lost)
+    measured_folder.write_digests(lost)
     with pytest.raises(UserError, match=r"rows/staging.jsonl.gz is missing, although "
                                         r"01_d2h_staging recorded \d+ measured cells"):
         replay.replay_plan(profiles.plan_run("smoke"), lost, [])
@@ -500,15 +505,16 @@ def test_run_from_refuses_a_folder_whose_rows_are_lost_or_cut(tmp_path, smoke):
     lines = rows_of(cut, "step")
     step.unlink()
     schema.GzipJsonLinesSink(step).append(lines[:-1])
+    measured_folder.write_digests(cut)
     with pytest.raises(UserError, match=f"rows/step.jsonl.gz holds {len(lines) - 1} rows, fewer "
                                         f"than the {len(lines)} that 02_logprobs_step"):
         replay.replay_plan(profiles.plan_run("smoke"), cut, [])
 
 
 def test_the_node_records_its_load_per_experiment(smoke):
-    for entry in measured_folder.read_measured(smoke)["experiments"][1:]:
+    for entry in measured_folder.MeasuredFolder(smoke).manifest()["experiments"][1:]:
         assert set(entry["load"]) >= {"busy", "why"}, entry["notebook"]
-    origin = measured_folder.origin(smoke, measured_folder.read_measured(smoke))
+    origin = measured_folder.MeasuredFolder(smoke).origin(measured_folder.MeasuredFolder(smoke).manifest())
     assert set(origin["loads"]) == set(measured_folder.TABLES)
 
 
@@ -599,7 +605,7 @@ def test_a_measurement_that_passes_its_deadline_exits_1_and_says_by_how_much(tmp
     out = tmp_path / "m"
     code = measure_command.main(["--profile", "smoke", "--only", "03_prompt_logprobs", "--out", str(out),
                          "--deadline-s", "0.5", "--rehearse-on-cpu"])
-    manifest = measured_folder.read_measured(out)
+    manifest = measured_folder.MeasuredFolder(out).manifest()
     assert code == measure_command.EXIT_PARTIAL and manifest["status"] == "ok"
     assert manifest["deadline_passed_by_s"] > 0
 
@@ -608,13 +614,13 @@ def test_a_replay_carries_the_node_s_record_into_its_kept_evidence(tmp_path, smo
     from stagelab.present import evidence
 
     run_dir = tmp_path / "run"
-    measured_folder.copy_record(smoke, run_dir / measured_folder.RECORD_COPY)
+    measured_folder.MeasuredFolder(smoke).copy_verified(run_dir / measured_folder.RECORD_COPY)
     kept = {str(p.relative_to(run_dir)) for p in evidence.evidence_files(run_dir)}
     assert kept == {f"measured/{name}" for name in measured_folder.RECORD_FILES} | {
         f"measured/rows/{table}.jsonl.gz" for table in measured_folder.TABLES.values()}
     assert (run_dir / "measured/rows/step.jsonl.gz").read_bytes() == (
         smoke / "rows/step.jsonl.gz").read_bytes()
-    origin = measured_folder.origin(smoke, measured_folder.read_measured(smoke))
+    origin = measured_folder.MeasuredFolder(smoke).origin(measured_folder.MeasuredFolder(smoke).manifest())
     assert origin["record"] == "measured" and origin["preflight"]["decision"] in ("go", "no-go")
 
 
@@ -622,7 +628,7 @@ def test_one_measurement_is_kept_once_however_often_it_is_replayed(tmp_path, smo
     from stagelab.core import records, rundir
     from stagelab.present import evidence
 
-    measured_id = measured_folder.read_measured(smoke)["measured_id"]
+    measured_id = measured_folder.MeasuredFolder(smoke).manifest()["measured_id"]
     assert measured_id.startswith(f"{smoke.name}-") and len(measured_id) > len(smoke.name) + 8
 
     def replayed_run(folder: Path) -> Path:
@@ -648,7 +654,7 @@ def test_a_manifest_without_its_experiments_is_refused_in_one_line(tmp_path, smo
     del manifest["experiments"]
     (broken / measured_folder.MANIFEST).write_text(json.dumps(manifest))
     with pytest.raises(UserError, match="measured.json has no readable list of experiments"):
-        measured_folder.read_measured(broken)
+        measured_folder.MeasuredFolder(broken).manifest()
 
 
 def test_a_cell_after_one_the_deadline_refused_still_runs_where_it_fits(tmp_path, monkeypatch):
@@ -664,7 +670,7 @@ def test_a_cell_after_one_the_deadline_refused_still_runs_where_it_fits(tmp_path
                                  "02_logprobs_step.arms=[seed_pageable, fused]", "--out", str(out),
                                  "--deadline-s", "3600", "--rehearse-on-cpu"])
     assert code == measure_command.EXIT_PARTIAL
-    (step,) = measured_folder.read_measured(out)["experiments"]
+    (step,) = measured_folder.MeasuredFolder(out).manifest()["experiments"]
     assert [(c["cell"].split()[0], c["status"]) for c in step["cells"]] == [
         ("n=2", "ok"), ("n=3", "deadline"), ("n=4", "ok")]
     assert step["status"] == "deadline" and {r["rows"] for r in rows_of(out, "step")} == {2, 4}

@@ -46,6 +46,7 @@ def node(tmp_path, measured) -> Path:
     for packed in (copy / "rows").glob("*.jsonl.gz"):
         packed.with_suffix("").write_bytes(gzip.decompress(packed.read_bytes()))
         packed.unlink()
+    measured_folder.write_digests(copy)
     return copy
 
 
@@ -54,6 +55,7 @@ def edit_manifest(folder: Path, change) -> None:
     manifest = json.loads(path.read_text())
     change(manifest)
     path.write_text(json.dumps(manifest))
+    measured_folder.write_digests(folder)  # as anyone who edits a folder can: a digest is no seal
 
 
 def experiment(manifest: dict, notebook: str) -> dict:
@@ -65,6 +67,7 @@ def edit_rows(folder: Path, table: str, change) -> None:
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     change(rows)
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    measured_folder.write_digests(folder)
 
 
 def replay_of(folder: Path):
@@ -172,7 +175,7 @@ def test_a_compressed_rows_file_past_what_a_lease_returns_is_refused_unread(tmp_
 def test_deeply_nested_json_is_one_line(node):
     (node / measured_folder.MANIFEST).write_text("[" * 100_000 + "]" * 100_000)
     with pytest.raises(UserError, match="nests deeper than"):
-        measured_folder.read_measured(node)
+        measured_folder.MeasuredFolder(node).manifest()
 
 
 def test_json_nested_past_the_bound_is_refused_by_the_reader(tmp_path):
@@ -198,13 +201,13 @@ def test_a_malformed_cell_field_is_one_line(node, where, value, message):
     edit_manifest(node, lambda m: experiment(m, "01_d2h_staging")["cells"][0].update(
         {where: value}))
     with pytest.raises(UserError, match=message):
-        measured_folder.read_measured(node)
+        measured_folder.MeasuredFolder(node).manifest()
 
 
 def test_a_malformed_top_level_field_is_one_line(node):
     edit_manifest(node, lambda m: m.update(gpu={"name": "x"}))
     with pytest.raises(UserError, match="measured.json has gpu of type dict"):
-        measured_folder.read_measured(node)
+        measured_folder.MeasuredFolder(node).manifest()
 
 
 def test_a_rows_path_field_is_never_followed(node):
@@ -214,9 +217,10 @@ def test_a_rows_path_field_is_never_followed(node):
     lines = (node / "rows" / "staging.jsonl").read_text().splitlines(keepends=True)
     short.write_text("".join(lines[: len(lines) // 3]))
     edit_manifest(node, lambda m: experiment(m, "01_d2h_staging").update(rows="rows/short.jsonl"))
-    assert len(measured_folder.measured_rows(node, "staging")) == len(lines)
+    assert len(measured_folder.MeasuredFolder(node).measured_rows("staging")) == len(lines)
     (node / "rows" / "staging.jsonl").write_text("".join(lines[: len(lines) // 3]))
-    with pytest.raises(UserError, match=r"rows/staging.jsonl holds \d+ rows, fewer than"):
+    measured_folder.write_digests(node)
+    with pytest.raises(UserError, match=r"rows/staging.jsonl(.gz)? holds \d+ rows, fewer than"):
         replay_of(node)
 
 
@@ -287,7 +291,7 @@ def test_positions_that_favour_one_arm_are_refused(node):
 
 def test_rows_no_cell_accounts_for_are_refused(node):
     edit_rows(node, "step", lambda rows: rows.extend(rows[:5]))
-    with pytest.raises(UserError, match=r"rows/step.jsonl holds \d+ rows, more than"):
+    with pytest.raises(UserError, match=r"rows/step.jsonl(.gz)? holds \d+ rows, more than"):
         replay_of(node)
 
 
@@ -304,7 +308,13 @@ def test_a_timing_that_is_not_a_positive_number_is_refused(node, seconds):
 def test_a_copy_faster_than_the_recorded_link_is_refused(node):
     snap = json.loads((node / "hardware.json").read_text())
     snap.update(gpu={"name": "NVIDIA H200"}, nvml={"pcie_max_gbps_per_direction": 31.5})
+    snap["torch"]["cuda_available"] = True  # every record says CUDA: only the link is wrong
     (node / "hardware.json").write_text(json.dumps(snap))
+    preflight = json.loads((node / "preflight.json").read_text())
+    for check in preflight["checks"]:
+        if check["name"] == "cuda":
+            check["status"] = "go"
+    (node / "preflight.json").write_text(json.dumps(preflight))
 
     def impossible(rows):
         row = next(r for r in rows if r.get("metric") == "time" and r.get("status") == "ok")
@@ -606,6 +616,9 @@ def test_two_concurrent_keeps_keep_one_measurement_once(tmp_path, monkeypatch):
         manifest["measured_on"] = {"measured_id": "node-abc", "status": "ok", "gaps": []}
         rundir.write_manifest(run, manifest)
         runs.append(run.rename(run.with_name(f"20261130T1{len(runs)}0000Z_vm_smoke")))
+    from stagelab.present import rederive
+
+    monkeypatch.setattr(rederive, "problem", lambda *_: None)  # these runs' records are stubs
     copy = evidence._copy_evidence
     monkeypatch.setattr(evidence, "_copy_evidence",
                         lambda *args: (time.sleep(0.5), copy(*args)))  # widen the race
@@ -648,7 +661,7 @@ def test_fleet_refuses_what_every_node_would_refuse_before_asking_one(option, me
 
 def test_the_measure_refuses_a_20_digit_seed_as_the_fleet_does():
     with pytest.raises(UserError, match="beyond 64 bits"):
-        measure_command.resolve("smoke", [], ["01_d2h_staging.seed=12345678901234567890"])
+        profiles.resolve_measuring("smoke", [], ["01_d2h_staging.seed=12345678901234567890"])
 
 
 def test_fleet_param_for_a_measured_notebook_is_left_to_the_node():
@@ -752,7 +765,7 @@ def replayed_run_carrying(tmp_path: Path, measured_copy: Path) -> Path:
     from conftest import good_run
 
     run = good_run(tmp_path / "runs")
-    measured_folder.copy_record(measured_copy, run / "measured")  # as a replay copies it
+    measured_folder.MeasuredFolder(measured_copy).copy_verified(run / "measured")  # as a replay copies it
     assert list((run / "measured" / "rows").glob("*.jsonl.gz"))  # compressed, as a replay's are
     return run
 
@@ -774,9 +787,368 @@ def test_keep_refuses_a_replay_whose_node_record_contradicts_itself_even_forced(
         "kept.json"))
 
 
-def test_keep_accepts_a_replay_whose_node_record_holds_together(node, tmp_path):
+def test_keep_accepts_a_replay_whose_node_record_holds_together(node, tmp_path,
+                                                               verdict_as_recorded):
     from stagelab.present import evidence
 
     run = replayed_run_carrying(tmp_path, node)
     kept = evidence.keep_evidence(run, tmp_path / "reference", force=True)
     assert (kept / "measured" / "measured.json").is_file()
+
+
+# ------------------------------------------------ verified bytes only: digests, one copy, read once
+
+def test_the_measurement_writes_digests_of_every_file_last(measured):
+    """Before: a measured folder said nothing of its own bytes; what was checked and what was
+    analysed could differ."""
+    digests = json.loads((measured / measured_folder.DIGESTS).read_text())
+    on_disk = {p.relative_to(measured).as_posix() for p in measured.rglob("*") if p.is_file()}
+    assert set(digests["files"]) == on_disk - {measured_folder.DIGESTS}
+    for name, digest in digests["files"].items():
+        assert digest == measured_folder.file_digest((measured / name).read_bytes()), name
+
+
+@pytest.mark.parametrize("name", ["hardware.json", "measured.json", "rows/staging.jsonl"])
+def test_a_file_that_differs_from_its_digest_is_refused(node, name):
+    """Before: a file edited after the measurement was analysed as measured."""
+    path = node / name
+    path.write_bytes(path.read_bytes().replace(b"}", b" }", 1))
+    with pytest.raises(UserError, match=rf"{name} differs from its digest in digests.json"):
+        replay_of(node)
+
+
+def test_a_folder_without_digests_or_with_an_unlisted_file_is_refused(node):
+    (node / "inventory.json").unlink()
+    measured_folder.write_digests(node)
+    (node / "inventory.json").write_text("{}")
+    with pytest.raises(UserError, match="inventory.json is not listed in digests.json"):
+        replay_of(node)
+    (node / measured_folder.DIGESTS).unlink()
+    with pytest.raises(UserError, match="has no digests.json"):
+        replay_of(node)
+
+
+def test_rows_swapped_in_after_the_check_are_never_analysed(node, tmp_path):
+    """Before: the notebooks read the --from folder again after it was checked: rows swapped in
+    mid-run (cuda:0 rows, a -1.0 s timing) were analysed while the checked copy stayed clean."""
+    from stagelab.run.context import NotebookContext
+
+    plan = profiles.plan_run("smoke")
+    origin = replay.replay_plan(plan, node, [])
+    clean = measured_folder.MeasuredFolder(node).measured_rows("staging")
+
+    def swap(rows):
+        for row in rows:
+            row.update(device="cuda:0", seconds=-1.0)
+    edit_rows(node, "staging", swap)  # resealed too: the attacker rewrites the digests
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    execute.take_in_measured(plan, run_dir, origin)
+    (staging,) = [nb for nb in plan.notebooks if nb.name == "01_d2h_staging"]
+    assert staging.parameters["measured"] == str(run_dir / measured_folder.RECORD_COPY)
+    frame = NotebookContext("01_d2h_staging", run_dir).sweep_frame(
+        "staging", staging.parameters["measured"], None)
+    assert len(frame) == len(clean) and set(frame["device"]) == {r["device"] for r in clean}
+    assert (frame["seconds"].dropna() > 0).all() and frame["seconds"].notna().any()
+    measured_folder.MeasuredFolder(run_dir / measured_folder.RECORD_COPY).check_digests()
+
+
+def test_a_refused_replay_leaves_no_copy_behind(node, monkeypatch, tmp_path):
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "temp"))
+    (tmp_path / "temp").mkdir()
+    edit_manifest(node, lambda m: m.update(profile="quick"))
+    with pytest.raises(UserError, match="measured with profile 'quick'"):
+        replay_of(node)
+    assert list((tmp_path / "temp").iterdir()) == []
+
+
+def test_keep_refuses_a_replay_whose_node_record_differs_from_its_digests(node, tmp_path):
+    """Before: keep re-checked the claims of measured/ but not that it held the bytes the
+    replay verified."""
+    from stagelab.present import evidence
+
+    run = replayed_run_carrying(tmp_path, node)
+    hardware = run / "measured" / "hardware.json"
+    hardware.write_text(json.dumps({**json.loads(hardware.read_text()),
+                                    "gpu": {"name": "NVIDIA H200"}}))
+    with pytest.raises(UserError, match=r"not kept: .*hardware.json differs from its digest"):
+        evidence.keep_evidence(run, tmp_path / "reference", force=True)
+
+
+# ------------------------------------------------------ keep re-derives what a run claims
+
+@pytest.fixture(scope="module")
+def replayed(measured, tmp_path_factory) -> Path:
+    """The smoke measurement replayed here (`run --from`), as a node's folder is analysed."""
+    runs = tmp_path_factory.mktemp("replayed")
+    assert cli.main(["run", "--profile", "smoke", "--from", str(measured), "--param",
+                     "04_verdict.include_reference=false", "--out", str(runs)]) == 0
+    (run,) = runs.iterdir()
+    return run
+
+
+def _sent(replayed: Path, tmp_path: Path) -> Path:
+    run = tmp_path / "sent" / replayed.name
+    shutil.copytree(replayed, run)
+    return run
+
+
+@pytest.mark.slow  # one replay of the smoke measurement: about a minute
+def test_keep_refuses_a_sent_run_whose_claims_its_tables_do_not_give(replayed, tmp_path):
+    """Before: a kept CPU run, its verdict.json edited to PORT and its manifest's GPU to
+    "NVIDIA H200", was kept with exit 0, and the Results showed "Verdict: PORT" under
+    NVIDIA-H200/."""
+    from stagelab.present import evidence
+
+    def to_port(run):
+        path = run / "verdict.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()),
+                                    "overall": {"decision": "PORT", "summary": "", "where": ""}}))
+
+    def to_h200(run):
+        path = run / "manifest.json"
+        manifest = json.loads(path.read_text())
+        manifest["hardware"]["gpu"] = {"name": "NVIDIA H200"}
+        path.write_text(json.dumps(manifest))
+
+    def page_to_port(run):
+        page = (run / "index.html").read_text()
+        (run / "index.html").write_text(re.sub(r"Staging verdict: \w+<", "Staging verdict: PORT<",
+                                               page))
+    cases = [(to_port, r"its verdict.json says overall decision 'PORT', its own tables give "
+                       r"'INCONCLUSIVE'"),
+             (to_h200, r"its manifest names gpu 'NVIDIA H200', its measured/hardware.json None"),
+             (page_to_port, r"its index.html does not state the verdict its tables give")]
+    for index, (edit, message) in enumerate(cases):
+        run = _sent(replayed, tmp_path / str(index))
+        edit(run)
+        with pytest.raises(UserError, match=message) as refused:
+            evidence.keep_evidence(run, tmp_path / "reference", force=True)
+        assert "\n" not in str(refused.value)
+    assert not list((tmp_path / "reference").rglob("kept.json"))
+    kept = evidence.keep_evidence(_sent(replayed, tmp_path / "whole"), tmp_path / "reference",
+                                  force=True)  # forced: the smoke measurement is a rehearsal
+    assert (kept / "measured" / measured_folder.DIGESTS).is_file()
+    results = (tmp_path / "reference" / "README.md").read_text()
+    assert "measured elsewhere" in results
+
+
+# ------------------------------------------------------ nothing live from a run's notebooks
+
+PLANTED_JS = "window.__planted = (window.__planted || 0) + 1; console.log('PLANTED');"
+PLANTED_TAGS = (f"<script>{PLANTED_JS}</script>"
+                f"<img src=x onerror=\"{PLANTED_JS}\"><svg onload=\"{PLANTED_JS}\"></svg>"
+                "<a href=\"javascript:alert(1)\">click</a><iframe srcdoc='<script>"
+                "parent.__planted=1</script>'></iframe>")
+
+
+def planted_run(root: Path) -> Path:
+    """A sent run whose notebook plants script in a Markdown cell, an HTML output and a
+    JavaScript output, and whose own HTML export holds script too."""
+    import nbformat
+    from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
+
+    from conftest import good_run
+
+    run = good_run(root)
+    nb = new_notebook(cells=[
+        new_markdown_cell(f"# 10 ok\n\nProse, then {PLANTED_TAGS}"),
+        new_code_cell("x", execution_count=1, outputs=[
+            new_output("display_data", data={"text/html": f"<table><tr><td>a</td></tr></table>"
+                                                          f"{PLANTED_TAGS}",
+                                             "text/plain": "a table"}),
+            new_output("display_data", data={"application/javascript": PLANTED_JS}),
+            new_output("execute_result", execution_count=1,
+                       data={"text/markdown": f"**found** {PLANTED_TAGS}"})])])
+    nbformat.write(nb, str(run / "10_ok.ipynb"))
+    (run / "10_ok.html").write_text(f"<html><body>{PLANTED_TAGS}</body></html>")
+    return run
+
+
+def live_markup(page: str) -> list[str]:
+    """The elements and attributes of an HTML page that could run script, as a parser sees
+    them (escaped text is not markup)."""
+    from html.parser import HTMLParser
+
+    found: list[str] = []
+
+    class Finder(HTMLParser):
+        def handle_starttag(self, tag, attrs):
+            if tag in ("script", "iframe", "object", "embed", "svg", "form"):
+                found.append(tag)
+            found.extend(f"{tag} {name}" for name, value in attrs if name.startswith("on") or (
+                (value or "").strip().lower().startswith(("javascript:", "data:text"))))
+    Finder().feed(page)
+    return found
+
+
+def scripts_run(page_url: str) -> list[str]:
+    """What planted script did when ``page_url`` opened in Chromium: console lines, page
+    errors, dialogs and the planted counter; empty where nothing ran."""
+    from playwright.sync_api import sync_playwright
+
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        if os.environ.get("CI"):
+            pytest.fail("chromium is missing: `make test` installs Debian's chromium package")
+        pytest.skip("chromium is not installed (make test installs it)")
+    seen: list[str] = []
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+        context = browser.new_context()
+        context.set_offline(True)
+        page = context.new_page()
+        page.on("console", lambda message: seen.append(f"console: {message.text}"))
+        page.on("pageerror", lambda error: seen.append(f"error: {error}"))
+        page.on("dialog", lambda dialog: (seen.append("dialog"), dialog.dismiss()))
+        page.goto(page_url)
+        page.wait_for_load_state("load")
+        page.wait_for_timeout(300)
+        for link in page.query_selector_all("a"):
+            href = link.get_attribute("href") or ""
+            if href.lower().startswith("javascript:"):
+                seen.append(f"live link: {href}")
+        if page.evaluate("window.__planted"):
+            seen.append("the planted counter ran")
+        browser.close()
+    return seen
+
+
+@pytest.mark.slow  # Chromium opens each page
+def test_script_planted_in_a_sent_runs_notebook_never_runs_on_any_page(tmp_path,
+                                                                      verdict_as_recorded):
+    """Before: a Markdown cell, a text/html output or an application/javascript output of a
+    run's .ipynb came out as live <script> from `report` and `report --single-file`, and
+    `keep` copied the run's *.html verbatim into data/reference/."""
+    from stagelab.present import evidence, report
+
+    run = planted_run(tmp_path / "runs")
+    assert scripts_run((run / "10_ok.html").as_uri())  # the control: the sent page does run
+    assert live_markup((run / "10_ok.html").read_text())
+    assert cli.main(["report", str(run)]) == cli.EXIT_OK  # regenerates the notebook's HTML
+    single = report.write_single_file(run)
+    kept = evidence.keep_evidence(run, tmp_path / "reference")
+    pages = [run / "10_ok.html", run / "index.html", single, *sorted(kept.glob("*.html"))]
+    assert {p.name for p in kept.glob("*.html")} == {"10_ok.html", "index.html"}
+    for page in pages:
+        assert scripts_run(page.as_uri()) == [], page
+        assert live_markup(page.read_text()) == [], page
+    assert "a table" not in (kept / "10_ok.html").read_text()  # the HTML shown, not its text
+    assert "<td>a</td>" in (kept / "10_ok.html").read_text()  # the allowed markup stays
+
+
+# ------------------------------------------------------------------------ the medium cases
+
+def test_many_empty_gzip_members_are_refused_by_count():
+    """Before: 400k empty members (8 MB) were read in quadratic time, about 300 s, and
+    accepted."""
+    from stagelab.core import schema
+
+    empty = gzip.compress(b"", mtime=0)
+    with pytest.raises(BadRecord, match=r"more than 100000 gzip members"):
+        schema.gzip_members_text(empty * (schema.MAX_GZIP_MEMBERS + 1), "rows/step.jsonl.gz")
+    assert schema.gzip_members_text(empty * 1000, "rows/step.jsonl.gz") == ""
+
+
+def test_members_larger_than_a_piece_read_whole_and_a_cut_one_is_left_out():
+    from stagelab.core import schema
+
+    big = "".join(json.dumps({"i": i, "pad": os.urandom(8).hex()}) + "\n" for i in range(9000))
+    members = gzip.compress(big.encode(), mtime=0) + gzip.compress(b'{"i": -1}\n', mtime=0)
+    assert len(members) > 8 * 4096
+    assert schema.gzip_members_text(members, "x") == big + '{"i": -1}\n'
+    assert schema.gzip_members_text(members[:-5], "x") == big  # the last member cut short
+    with pytest.raises(BadRecord, match="decompress past 1000 bytes"):
+        schema.gzip_members_text(members, "x", limit=1000)
+
+
+def test_a_rows_file_of_empty_rows_is_refused_without_parsing_it_all(node):
+    """Before: a rows file of `{}` lines under the 1 GiB budget was parsed in full before the
+    row-count refusal (about an hour, more memory than the machine has)."""
+    expected = measured_folder.recorded_rows(experiment(
+        measured_folder.MeasuredFolder(node).manifest(), "01_d2h_staging"))
+    (node / "rows" / "staging.jsonl").write_text("{}\n" * 3_000_000)
+    measured_folder.write_digests(node)
+    folder = measured_folder.MeasuredFolder(node)
+    assert len(folder.table_rows("staging", most=expected)) == expected + 1  # no further
+    with pytest.raises(UserError, match=rf"holds {expected + 1} rows, more than the {expected}"):
+        replay_of(node)
+
+
+def test_a_manifest_claiming_more_rows_than_a_table_holds_is_refused(node):
+    edit_manifest(node, lambda m: experiment(m, "01_d2h_staging")["cells"][0].update(
+        rows=measured_folder.MAX_TABLE_ROWS + 1))
+    with pytest.raises(UserError, match=r"more than the 2000000 a measured table holds"):
+        replay_of(node)
+
+
+def test_roll_over_parts_are_read_only_by_the_names_measure_writes(node):
+    """Before: parts up to rows/<table>.8.jsonl.gz were read and copied, more than any
+    measurement can write beside its record."""
+    names = measured_folder.rows_names("staging")
+    assert names[:3] == ["rows/staging.jsonl.gz", "rows/staging.2.jsonl.gz",
+                         "rows/staging.3.jsonl.gz"] and len(names) == 4
+    hidden = node / "rows" / "staging.4.jsonl.gz"
+    hidden.write_bytes(gzip.compress(b'{"arm": "x"}\n', mtime=0))
+    assert hidden not in measured_folder.MeasuredFolder(node).rows_paths("staging")
+
+
+ESCAPES = "\x1b[2J\x1b]8;;https://example.org\x07link\x1b]8;;\x07\u202e"
+
+
+def test_control_characters_from_a_folder_are_escaped_in_a_refusal(node, tmp_path, capsys):
+    """Before: ANSI and OSC-8 escapes from a folder were printed raw in refusals."""
+    edit_manifest(node, lambda m: m.update(profile=f"quick{ESCAPES}"))
+    code = cli.main(["run", "--profile", "smoke", "--from", str(node), "--out",
+                     str(tmp_path / "runs")])
+    err = capsys.readouterr().err
+    assert code == 2 and "measured with profile" in err
+    assert "\x1b" not in err and "\u202e" not in err and "\\x1b]8;;" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_control_characters_in_a_run_manifest_are_escaped_by_runs(tmp_path, capsys):
+    """Before: `stagelab runs` printed a run's profile and status with their escapes."""
+    from conftest import fake_run
+    from stagelab.core import rundir
+
+    run = fake_run(tmp_path)
+    manifest = rundir.read_manifest(run)
+    manifest["profile"] = f"quick{ESCAPES}\nforged line"
+    rundir.write_manifest(run, manifest)
+    assert cli.main(["runs", "--root", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\u202e" not in out and "\\nforged line" in out
+    assert len(out.strip().splitlines()) == 2  # the header and the one run
+
+
+def test_one_record_saying_cuda_does_not_outvote_two_saying_none(node):
+    """Before: the CUDA check was an OR of three records: one saying CUDA sufficed while the
+    snapshot and the preflight said none."""
+    hardware = json.loads((node / "hardware.json").read_text())
+    hardware["torch"]["cuda_available"] = True  # torch says CUDA; the GPU and preflight: none
+    (node / "hardware.json").write_text(json.dumps(hardware))
+    edit_rows(node, "step", lambda rows: [row.update(device="cuda:0 NVIDIA H200")
+                                          for row in rows if row.get("status") == "ok"])
+    with pytest.raises(UserError, match="do not all say it has a CUDA device"):
+        replay_of(node)
+
+
+@pytest.mark.parametrize("where, value", [
+    (("machine", "fresh_fill", "stages"), {"zero_fill": "x"}),
+    (("machine", "fresh_fill", "fill_gbps"), "fast"),
+    (("torch", "cuda_available"), "yes"),
+    (("gpu",), "NVIDIA H200")])
+def test_a_wrongly_typed_field_of_the_snapshot_is_refused_before_use(node, where, value):
+    """Before: one string in hardware.json's machine.fresh_fill.stages crashed 04_verdict."""
+    hardware = json.loads((node / "hardware.json").read_text())
+    *path, last = where
+    inner = hardware
+    for key in path:
+        inner = inner[key]
+    inner[last] = value
+    (node / "hardware.json").write_text(json.dumps(hardware))
+    measured_folder.write_digests(node)
+    with pytest.raises(UserError, match=rf"hardware.json\.{'.'.join(where)}.* is str"):
+        replay_of(node)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -186,13 +187,17 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         origin = replay.replay_plan(plan, args.from_dir, args.param)
         _say(replay.source_line(origin))
-    run_dir, manifest = execute.run(plan, args.out, command=["stagelab", *sys.argv[1:]],
-                                   measured=origin)
+    try:
+        run_dir, manifest = execute.run(plan, args.out, command=["stagelab", *sys.argv[1:]],
+                                       measured=origin)
+    finally:  # a run that never took in the verified copy leaves no copy behind
+        if origin is not None and Path(origin["staged"]).exists():
+            shutil.rmtree(Path(origin["staged"]).parent, ignore_errors=True)
     if line := phases.summary_line(manifest):
         _say(line)
     _say(f"report: {run_dir / 'index.html'}", sys.stdout)
     _say(verdict_line(run_dir, manifest), sys.stdout)
-    if origin is not None and (origin["status"] != measure_command.OK or origin["gaps"]):
+    if origin is not None and (origin["status"] != outcomes.OK or origin["gaps"]):
         _say(f"the measurement replayed is {origin['status']}, not ok: "
              f"{'; '.join(origin['gaps']) or 'see its measured.json'}; keep refuses this run "
              "without --force")
@@ -226,9 +231,11 @@ def refuse_undecidable(plan) -> None:
 
 
 def _say(text: str, stream=None) -> None:
-    """Print a line; a terminal closed under the run (SIGHUP) is not an error."""
+    """Print lines, each with its control characters escaped; a terminal closed under the
+    run (SIGHUP) is not an error."""
     with contextlib.suppress(OSError):
-        print(text, file=stream or sys.stderr, flush=True)
+        print("\n".join(outcomes.printable(line) for line in str(text).split("\n")),
+              file=stream or sys.stderr, flush=True)
 
 
 def verdict_line(run_dir: Path, manifest: dict) -> str:
@@ -302,10 +309,11 @@ def cmd_runs(args: argparse.Namespace) -> int:
         details = "".join(f"  {status}: {', '.join(names)}"
                           for status, names in run["not_delivered"].items())
         changed = f"  * {'; '.join(run['changed'])}" if run["changed"] else ""
-        print(RUNS_ROW.format(run["run_id"], (run["profile"] or "") + ("*" if changed else ""),
-                              run["created_utc"] or "", run["device"] or "", run["trust"] or "",
-                              run["status"])
-              + f"{details}{changed}{'  (' + run['problem'] + ')' if run['problem'] else ''}")
+        print(outcomes.printable(
+            RUNS_ROW.format(run["run_id"], (run["profile"] or "") + ("*" if changed else ""),
+                            run["created_utc"] or "", run["device"] or "", run["trust"] or "",
+                            run["status"])
+            + f"{details}{changed}{'  (' + run['problem'] + ')' if run['problem'] else ''}"))
     return EXIT_OK
 
 

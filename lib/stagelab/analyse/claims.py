@@ -3,8 +3,8 @@ them (``stagelab run --from``): its rows against its own hardware snapshot and p
 catalogue's arms and the profile's, and physical bounds.
 
 A folder from another machine is evidence from a stranger: a pinned or CUDA row from a node
-whose snapshot and preflight both say it has no CUDA device, an arm no catalogue names, a
-timing that is not a positive finite number, one shorter than a nanosecond or longer than its
+whose snapshot, torch and preflight do not all say it has a CUDA device, an arm no catalogue
+names, a timing that is not a positive finite number, one shorter than a nanosecond or longer than its
 whole experiment took, or a device-to-host copy faster than the link the node recorded cannot
 have been measured, so the whole folder is refused (one line naming the
 file and the first disagreement). Standard library only, as ``stagelab measure`` is.
@@ -31,14 +31,17 @@ BOOKKEEPING_ARMS = ("order", "rounds", "forward", "sync_debug", "nvml_pcie", "ho
 
 
 def node_has_cuda(hardware: Mapping[str, Any], preflight: Mapping[str, Any] | None) -> bool:
-    """Whether the node's own records allow a CUDA device: its snapshot saw a GPU, or torch said
-    CUDA was available, or its preflight's CUDA check passed."""
+    """Whether every record of the node that speaks of CUDA says it was there: its snapshot saw
+    a GPU, torch said CUDA was available, and its preflight's CUDA check (where it has one)
+    passed. One record saying CUDA while another says none is no CUDA: a claim the node's own
+    records do not all back is not believed."""
     torch_info = _part(hardware, "torch")
-    if hardware.get("gpu") or torch_info.get("cuda_available") is True:
-        return True
-    checks = (preflight or {}).get("checks") or []
-    return any(isinstance(c, dict) and c.get("name") == "cuda" and c.get("status") == "go"
-               for c in checks)
+    says = [bool(hardware.get("gpu")), torch_info.get("cuda_available") is True]
+    checks = [c for c in (preflight or {}).get("checks") or []
+              if isinstance(c, dict) and c.get("name") == "cuda"]
+    if checks:
+        says.append(all(c.get("status") == "go" for c in checks))
+    return all(says)
 
 
 def link_gb_per_s(hardware: Mapping[str, Any]) -> float | None:
@@ -102,8 +105,9 @@ def row_problem(table: str, row: Mapping[str, Any], allowed: set[str] | None, cu
         return None
     device = row.get("device")
     if not cuda and (entry.needs_cuda or (isinstance(device, str) and device.startswith("cuda"))):
-        return (f"an ok {name!r} row (device {device!r}) from a node whose hardware.json and "
-                "preflight.json say it has no CUDA device")
+        return (f"an ok {name!r} row (device {device!r}) from a node whose records do not all "
+                "say it has a CUDA device (hardware.json's GPU, torch's CUDA, preflight.json's "
+                "check): for them it has no CUDA device")
     if row.get("metric") != "time":
         return None
     return timing_problem(table, name, row, link, longest)

@@ -8,8 +8,12 @@ write a measured folder one way.
 from __future__ import annotations
 
 import gzip
+import hashlib
+import json
 import os
+import shutil
 import socket
+import tempfile
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
@@ -42,37 +46,9 @@ def rows_names(table: str) -> list[str]:
     this code knows (a path in the manifest is never followed)."""
     plain = f"{ROWS_DIR}/{records.plain_name(table, 'table', MANIFEST)}"
     first = f"{plain}{ROWS_SUFFIX}"
-    return [part_path(first, index).as_posix() for index in range(1, LEASE_MAX_FILES + 1)] + [
+    parts = LEASE_MAX_FILES - len(RECORD_FILES)  # a one-table measurement's, at the most
+    return [part_path(first, index).as_posix() for index in range(1, parts + 1)] + [
         f"{plain}{PLAIN_ROWS_SUFFIX}"]
-
-
-def rows_paths(folder: Path | str, table: str) -> list[Path]:
-    """A measured table's rows files in order: the compressed file and those it rolled over
-    into, or the plain file of an older folder; empty where there is none (a link counts as
-    there, for the reader to refuse)."""
-    folder = Path(folder)
-    *compressed, plain = (folder / name for name in rows_names(table))
-    found = []
-    for path in compressed:
-        if not os.path.lexists(path):
-            break
-        found.append(path)
-    return found or ([plain] if os.path.lexists(plain) else [])
-
-
-def rows_path(folder: Path | str, table: str) -> Path:
-    """A measured table's first rows file (its compressed name where there is none)."""
-    found = rows_paths(folder, table)
-    return found[0] if found else Path(folder) / rows_names(table)[0]
-
-
-def table_rows(folder: Path | str, table: str) -> list[dict[str, Any]]:
-    """Every row of a measured table's files, read as a stranger's files are; FileNotFoundError
-    where it has none."""
-    found = rows_paths(folder, table)
-    if not found:
-        raise FileNotFoundError(rows_path(folder, table))
-    return [row for path in found for row in read_json_lines(path, root=folder)]
 
 
 FORMAT, VERSION = "stagelab-measured", 1
@@ -116,19 +92,24 @@ def return_problems(out: Path | str) -> list[str]:
 
 
 class Recorder:
-    """The one writer of ``measured.json``: every change is saved atomically at once."""
+    """The one writer of ``measured.json``: every change is saved atomically at once, its
+    digests (:data:`DIGESTS`) first, so that a folder killed at any moment still verifies."""
 
     def __init__(self, out: Path, manifest: dict[str, Any]) -> None:
         self.out, self.manifest = out, manifest
+        self.saved: dict[str, Any] | None = None  # the digest of the manifest last saved
 
     def save(self) -> None:
-        records.write_json_atomic(self.out / MANIFEST, self.manifest)
+        data = (json.dumps(self.manifest, indent=2, default=str) + "\n").encode()
+        write_digests(self.out, data, self.saved)
+        records.write_bytes_atomic(self.out / MANIFEST, data)
+        self.saved = file_digest(data)
 
     def experiment(self, notebook: str) -> dict[str, Any]:
         return next(e for e in self.manifest["experiments"] if e["notebook"] == notebook)
 
 
-def new_manifest(request: Any, out: Path) -> dict[str, Any]:
+def measurement_manifest(request: Any, out: Path) -> dict[str, Any]:
     """The manifest of a measurement that starts now: every experiment pending."""
     experiments = []
     for name, parameters in request.notebooks.items():
@@ -159,40 +140,9 @@ def commit_state() -> dict[str, Any]:
     return state
 
 
-def read_measured(folder: Path | str) -> dict[str, Any]:
-    """A measured folder's manifest; UserError, in one line, for anything else.
-
-    The folder may come from a stranger: the manifest is read as
-    :func:`stagelab.core.untrusted.load_json` reads (a regular file, no link, bounded size and
-    depth) and every field a replay uses is shape-checked (:func:`check_manifest`).
-    A manifest still saying ``running`` was written by a process that was killed (or that still
-    writes): its running experiment reads ``interrupted``.
-    """
-    folder = Path(folder)
-    path = folder / MANIFEST
-    try:
-        manifest = untrusted.load_json(path, root=folder)
-    except FileNotFoundError:
-        raise UserError(f"--from {folder}: not a measured folder (no {MANIFEST}; make one with "
-                        "`stagelab measure`)") from None
-    except UserError as exc:
-        raise UserError(f"--from {folder}: {exc}") from exc
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise UserError(f"--from {folder}: {MANIFEST} is not a stagelab measurement")
-    if manifest.get("version") != VERSION:
-        raise UserError(f"--from {folder}: measurement format version "
-                        f"{manifest.get('version')!r}, this stagelab reads {VERSION}")
-    problem = manifest_problem(manifest)
-    if problem:
-        raise UserError(f"--from {folder}: {MANIFEST} {problem}")
-    if manifest.get("status") == RUNNING:
-        manifest["status"] = INTERRUPTED
-        for entry in manifest["experiments"]:
-            if entry["status"] in (RUNNING, PENDING):
-                entry.update(status=INTERRUPTED, error="the measuring process was killed")
-    return manifest
-
-
+# A table's rows come back in at most a few files of 16 MiB (about 0.8 million rows each): a
+# manifest claiming more is refused before a row is parsed.
+MAX_TABLE_ROWS = 2_000_000
 STATUSES = (OK, FAILED, DEADLINE, INTERRUPTED, RUNNING, PENDING, NO_GO, UNMEASURED)
 # Top-level fields a replay copies into its run's record, and the types each may have.
 TEXT_FIELDS = ("measured_id", "profile", "status", "created_utc", "finished_utc", "host",
@@ -272,6 +222,9 @@ def manifest_problem(manifest: Mapping[str, Any]) -> str | None:
             return problem
         if entry["notebook"] in seen:
             return f"lists {entry['notebook']} twice"
+        if recorded_rows(entry) > MAX_TABLE_ROWS:
+            return (f"says {entry['notebook']} measured {recorded_rows(entry)} rows, more than "
+                    f"the {MAX_TABLE_ROWS} a measured table holds")
         seen.add(entry["notebook"])
     return None
 
@@ -279,45 +232,6 @@ def manifest_problem(manifest: Mapping[str, Any]) -> str | None:
 def recorded_rows(entry: Mapping[str, Any]) -> int:
     """How many rows an experiment's finished cells say they wrote."""
     return sum(c.get("rows", 1) for c in entry["cells"] if c["status"] in (OK, FAILED))
-
-
-def measured_rows(folder: Path | str, table: str) -> list[dict[str, Any]]:
-    """The rows of one measured table that its manifest's cells account for (empty where the
-    experiment measured no cell); the rows of a cell a kill cut off before it was recorded are
-    left out."""
-    folder = Path(folder)
-    entry = next((e for e in read_measured(folder)["experiments"] if e["table"] == table), None)
-    if entry is None or not recorded_rows(entry):
-        return []
-    try:
-        return table_rows(folder, table)[:recorded_rows(entry)]
-    except FileNotFoundError:
-        return []
-
-
-def check_rows(folder: Path | str, entry: Mapping[str, Any]) -> None:
-    """UserError when an experiment's rows file does not hold exactly the rows its cells
-    recorded: fewer is a lost or truncated ``rows/`` (a replay would analyse part of it as
-    whole), more is rows no cell accounts for (only a measurement killed between writing a
-    cell's rows and recording the cell may hold those, and they are left out)."""
-    expected = recorded_rows(entry)
-    if entry["table"] is None or not expected:
-        return
-    name = rows_path(folder, entry["table"]).relative_to(folder).as_posix()
-    try:
-        found = len(table_rows(folder, entry["table"]))
-    except FileNotFoundError:
-        cells = sum(1 for c in entry["cells"] if c["status"] in (OK, FAILED))
-        raise UserError(f"--from {folder}: {name} is missing, although {entry['notebook']} "
-                        f"recorded {cells} measured cells") from None
-    except (OSError, SchemaError, UserError) as exc:
-        raise UserError(f"--from {folder}: {name} cannot be read ({exc})") from exc
-    if found < expected:
-        raise UserError(f"--from {folder}: {name} holds {found} rows, fewer than the "
-                        f"{expected} that {entry['notebook']}'s cells recorded")
-    if found > expected and entry["status"] != INTERRUPTED:
-        raise UserError(f"--from {folder}: {name} holds {found} rows, more than the "
-                        f"{expected} that {entry['notebook']}'s cells recorded")
 
 
 def gaps(manifest: Mapping[str, Any]) -> list[str]:
@@ -334,51 +248,14 @@ def gaps(manifest: Mapping[str, Any]) -> list[str]:
     return found
 
 
-RECORD_FILES = (MANIFEST, "hardware.json", "preflight.json", "inventory.json")
+DIGESTS, DIGESTS_FORMAT = "digests.json", "stagelab-digests"  # sha256 and size of each file
+RECORD_FILES = (MANIFEST, "hardware.json", "preflight.json", "inventory.json", DIGESTS)
 RECORD_COPY = "measured"  # the node's record inside a replayed run folder
 
 
 def record_names() -> list[str]:
     """The only names a measured folder's record is read by (a path in it is never followed)."""
     return [*RECORD_FILES, *(name for table in TABLES.values() for name in rows_names(table))]
-
-
-def _record_limit(name: str) -> int:
-    return untrusted.MAX_ROWS_BYTES if name.startswith(ROWS_DIR) else untrusted.MAX_JSON_BYTES
-
-
-def check_record_files(folder: Path | str) -> None:
-    """UserError, naming the file, when one of the record's known names is not a regular file
-    of bounded size inside the folder (a link, a FIFO, a device, a giant file): checked before
-    a run folder exists, so nothing outside the folder is ever copied into a run."""
-    folder = Path(folder)
-    for name in record_names():
-        try:
-            untrusted.read_regular(folder / name, _record_limit(name), root=folder)
-        except FileNotFoundError:
-            continue
-        except UserError as exc:
-            raise UserError(f"--from {folder}: {exc}") from exc
-
-
-def copy_record(folder: Path | str, dest: Path) -> None:
-    """Copy a measured folder's record (manifest, hardware, preflight, inventory, the rows of
-    its known tables) into ``dest``, so a replayed run, and its kept copy, carry what the node
-    wrote. Read as :func:`stagelab.core.untrusted.read_regular` reads: only the folder's own
-    regular files, by known names, each of bounded size. Rows stay compressed, and the plain
-    rows of an older folder are compressed on the way (kept evidence must fit a lease)."""
-    folder, dest = Path(folder), Path(dest)
-    (dest / ROWS_DIR).mkdir(parents=True)
-    for name in record_names():
-        try:
-            data = untrusted.read_regular(folder / name, _record_limit(name), root=folder)
-        except FileNotFoundError:
-            continue
-        if name.endswith(PLAIN_ROWS_SUFFIX):  # kept compressed: its whole rows, one member
-            name, data = f"{name}.gz", gzip.compress(data[:data.rfind(b"\n") + 1], mtime=0)
-            if (folder / name).exists():
-                continue
-        records.write_bytes_atomic(dest / name, data)
 
 
 def matched_source(manifest: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -395,15 +272,277 @@ def matched_source(manifest: Mapping[str, Any]) -> dict[str, Any] | None:
             "matched_commit": provenance.matching_commit(tree)}
 
 
-def origin(folder: Path | str, manifest: Mapping[str, Any]) -> dict[str, Any]:
-    """Where and when a measurement was made, for the run's manifest and report; ``record`` is
-    its copy inside the run folder, ``folder`` where it was read from on the analysing host."""
-    return {"folder": str(Path(folder).resolve()), "record": RECORD_COPY,
-            "measured_id": manifest.get("measured_id"), "preflight": manifest.get("preflight"),
-            "host": manifest.get("host"), "gpu": manifest.get("gpu"),
-            "device": manifest.get("device"), "created_utc": manifest.get("created_utc"),
-            "profile": manifest.get("profile"), "status": manifest.get("status"),
-            "forced": manifest.get("forced"), "rehearsal": bool(manifest.get("rehearsal")),
-            "git": manifest.get("git"), "source": matched_source(manifest),
-            "versions": manifest.get("versions"), "gaps": gaps(manifest),
-            "loads": {e["notebook"]: e["load"] for e in manifest["experiments"] if e.get("load")}}
+
+
+def file_digest(data: bytes) -> dict[str, Any]:
+    """What :data:`DIGESTS` records of a file: its SHA-256 and its size."""
+    return {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+
+
+def write_digests(out: Path, manifest: bytes | None = None,
+                  before: dict[str, Any] | None = None) -> None:
+    """Write :data:`DIGESTS`: the digest of every file of the record in ``out`` (of
+    ``manifest``, the manifest about to be saved, where given) and ``before``, that of the
+    manifest it replaces: a process killed between the two writes leaves a folder that still
+    verifies. A digest binds the bytes; it proves nothing of who wrote them."""
+    files = {name: file_digest((out / name).read_bytes()) for name in record_names()
+             if name not in (MANIFEST, DIGESTS) and (out / name).is_file()}
+    data = (out / MANIFEST).read_bytes() if manifest is None else manifest
+    records.write_json_atomic(out / DIGESTS, {
+        "format": DIGESTS_FORMAT, "files": {MANIFEST: file_digest(data), **files},
+        "manifest_before": before})
+
+
+def _digest_problem(value: Any) -> bool:
+    return not (isinstance(value, dict) and isinstance(value.get("sha256"), str)
+                and isinstance(value.get("bytes"), int) and not isinstance(value["bytes"], bool)
+                and value["bytes"] >= 0)
+
+
+def _says_running(manifest: bytes) -> bool:
+    """Whether a manifest's bytes say the measurement was still running (it was killed)."""
+    try:
+        parsed = json.loads(manifest)
+    except (ValueError, RecursionError):
+        return False
+    return isinstance(parsed, dict) and parsed.get("status") == RUNNING
+
+
+def _record_limit(name: str) -> int:
+    return untrusted.MAX_ROWS_BYTES if name.startswith(ROWS_DIR) else untrusted.MAX_JSON_BYTES
+
+
+class MeasuredFolder:
+    """A measured folder read as a stranger's: its manifest, its files by the names this code
+    knows (a path in a record is never followed), their digests, its rows, their checks, the
+    copy a replay analyses and where it came from. Every refusal is one
+    :class:`~stagelab.core.errors.UserError` line naming the folder (``shown``: the folder a
+    user gave, where this one is the checked copy of it)."""
+
+    def __init__(self, path: Path | str, shown: Path | str | None = None) -> None:
+        self.path = Path(path)
+        self.shown = Path(shown) if shown is not None else self.path
+
+    def __repr__(self) -> str:
+        return f"MeasuredFolder({str(self.path)!r})"
+
+    def refusal(self, text: str) -> UserError:
+        return UserError(f"measured folder {self.shown}: {text}")
+
+    # ---------------------------------------------------------------------------- manifest
+
+    def manifest(self) -> dict[str, Any]:
+        """The folder's manifest, every field a replay uses shape-checked
+        (:func:`manifest_problem`); a manifest still saying ``running`` was written by a
+        process that was killed (or that still writes): its running experiment reads
+        ``interrupted``."""
+        try:
+            manifest = untrusted.load_json(self.path / MANIFEST, root=self.path)
+        except FileNotFoundError:
+            raise self.refusal(f"not a measured folder (no {MANIFEST}; make one with "
+                               "`stagelab measure`)") from None
+        except UserError as exc:
+            raise self.refusal(str(exc)) from exc
+        if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+            raise self.refusal(f"{MANIFEST} is not a stagelab measurement")
+        if manifest.get("version") != VERSION:
+            raise self.refusal(f"measurement format version {manifest.get('version')!r}, "
+                               f"this stagelab reads {VERSION}")
+        problem = manifest_problem(manifest)
+        if problem:
+            raise self.refusal(f"{MANIFEST} {problem}")
+        if manifest.get("status") == RUNNING:
+            manifest["status"] = INTERRUPTED
+            for entry in manifest["experiments"]:
+                if entry["status"] in (RUNNING, PENDING):
+                    entry.update(status=INTERRUPTED, error="the measuring process was killed")
+        return manifest
+
+    # ------------------------------------------------------------------------------- files
+
+    def check_files(self) -> None:
+        """A refusal, naming the file, when one of the record's known names is not a regular
+        file of bounded size inside the folder (a link, a FIFO, a device, a giant file)."""
+        for name in record_names():
+            self._read(name)
+
+    def _read(self, name: str) -> bytes | None:
+        try:
+            return untrusted.read_regular(self.path / name, _record_limit(name), root=self.path)
+        except FileNotFoundError:
+            return None
+        except UserError as exc:
+            raise self.refusal(str(exc)) from exc
+
+    def _digests(self) -> dict[str, Any]:
+        try:
+            found = untrusted.load_json(self.path / DIGESTS, root=self.path)
+        except FileNotFoundError:
+            raise self.refusal(f"has no {DIGESTS} (the SHA-256 of every file `stagelab "
+                               "measure` wrote): not a complete measurement of this stagelab; "
+                               "measure again") from None
+        except UserError as exc:
+            raise self.refusal(str(exc)) from exc
+        files = found.get("files") if isinstance(found, dict) else None
+        before = found.get("manifest_before") if isinstance(found, dict) else None
+        if (not isinstance(files, dict) or found.get("format") != DIGESTS_FORMAT
+                or any(_digest_problem(v) for v in files.values())
+                or (before is not None and _digest_problem(before))):
+            raise self.refusal(f"{DIGESTS} is not a list of digests")
+        unknown = sorted(set(files) - set(record_names()) - {DIGESTS})
+        if unknown or MANIFEST not in files:
+            raise self.refusal(f"{DIGESTS} names {unknown[0] if unknown else 'no manifest'}, "
+                               "not a file of a measured folder")
+        return found
+
+    def verified(self) -> dict[str, bytes]:
+        """Every file of the record, by its known name, read once and checked against
+        :data:`DIGESTS`: the bytes a replay analyses. A refusal for a file the digests do not
+        list, a file they list that is missing, and bytes that differ. A rows file may run on
+        past its digest only where the measurement was killed (its manifest says ``running``):
+        that tail is a cell never recorded, and left out."""
+        digests = self._digests()
+        files, found = digests["files"], {}
+        for name in record_names():
+            data = self._read(name)
+            if data is None:
+                if name in files:
+                    raise self.refusal(f"{name} is missing, although {DIGESTS} lists it")
+                continue
+            if name != DIGESTS:
+                found[name] = data
+        manifest = found.get(MANIFEST, b"")
+        if file_digest(manifest) not in (files[MANIFEST], digests.get("manifest_before")):
+            raise self.refusal(f"{MANIFEST} differs from its digest in {DIGESTS}; refused")
+        killed = _says_running(manifest) or file_digest(manifest) != files[MANIFEST]
+        for name, data in found.items():
+            if name == MANIFEST:
+                continue
+            if name not in files:
+                raise self.refusal(f"{name} is not listed in {DIGESTS}; refused")
+            size = files[name]["bytes"]
+            tail = name.startswith(ROWS_DIR) and killed and len(data) >= size
+            if (len(data) != size and not tail) or file_digest(data[:size]) != files[name]:
+                raise self.refusal(f"{name} differs from its digest in {DIGESTS}; refused")
+            found[name] = data[:size]
+        return found
+
+    def check_digests(self) -> None:
+        """A refusal, in one line, where any file differs from its digest."""
+        self.verified()
+
+    def copy_verified(self, dest: Path) -> MeasuredFolder:
+        """Copy the verified bytes (:meth:`verified`) into the new folder ``dest``, read once,
+        with digests of exactly what was copied; the copy, as a measured folder that names this
+        one. Rows stay compressed, and the plain rows of an older folder are compressed on the
+        way (kept evidence must fit a lease)."""
+        dest = Path(dest)
+        (dest / ROWS_DIR).mkdir(parents=True)
+        copied = set()
+        for name, data in self.verified().items():
+            if name.endswith(PLAIN_ROWS_SUFFIX):  # kept compressed: its whole rows, one member
+                name, data = f"{name}.gz", gzip.compress(data[:data.rfind(b"\n") + 1], mtime=0)
+                if name in copied:
+                    continue
+            records.write_bytes_atomic(dest / name, data)
+            copied.add(name)
+        write_digests(dest)
+        return MeasuredFolder(dest, self.shown)
+
+    def staged_copy(self) -> MeasuredFolder:
+        """The verified copy in a private temporary folder (0700), made before any run folder
+        exists: every check, and every notebook, then reads that copy and never this folder
+        again (a file swapped in here after the check changes nothing)."""
+        staging = Path(tempfile.mkdtemp(prefix="stagelab-measured-"))
+        try:
+            return self.copy_verified(staging / RECORD_COPY)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+
+    # -------------------------------------------------------------------------------- rows
+
+    def rows_paths(self, table: str) -> list[Path]:
+        """A measured table's rows files in order: the compressed file and those it rolled
+        over into, or the plain file of an older folder; empty where there is none (a link
+        counts as there, for the reader to refuse)."""
+        *compressed, plain = (self.path / name for name in rows_names(table))
+        found = []
+        for path in compressed:
+            if not os.path.lexists(path):
+                break
+            found.append(path)
+        return found or ([plain] if os.path.lexists(plain) else [])
+
+    def rows_path(self, table: str) -> Path:
+        """A measured table's first rows file (its compressed name where there is none)."""
+        found = self.rows_paths(table)
+        return found[0] if found else self.path / rows_names(table)[0]
+
+    def table_rows(self, table: str, most: int | None = None) -> list[dict[str, Any]]:
+        """Every row of a measured table's files, read as a stranger's files are (with
+        ``most``, parsing stops at ``most + 1`` rows); FileNotFoundError where it has none."""
+        found = self.rows_paths(table)
+        if not found:
+            raise FileNotFoundError(self.rows_path(table))
+        rows: list[dict[str, Any]] = []
+        for path in found:
+            left = None if most is None else most - len(rows)
+            if left is not None and left < 0:
+                break
+            rows += read_json_lines(path, root=self.path, most=left)
+        return rows
+
+    def measured_rows(self, table: str) -> list[dict[str, Any]]:
+        """The rows of one measured table that its manifest's cells account for (empty where
+        the experiment measured no cell); the rows of a cell a kill cut off before it was
+        recorded are left out."""
+        entry = next((e for e in self.manifest()["experiments"] if e["table"] == table), None)
+        if entry is None or not recorded_rows(entry):
+            return []
+        try:
+            return self.table_rows(table, recorded_rows(entry))[:recorded_rows(entry)]
+        except FileNotFoundError:
+            return []
+
+    def check_rows(self, entry: Mapping[str, Any]) -> None:
+        """A refusal when an experiment's rows file does not hold exactly the rows its cells
+        recorded: fewer is a lost or truncated ``rows/`` (a replay would analyse part of it as
+        whole), more is rows no cell accounts for (only a measurement killed between writing
+        a cell's rows and recording the cell may hold those, and they are left out)."""
+        expected = recorded_rows(entry)
+        if entry["table"] is None or not expected:
+            return
+        name = self.rows_path(entry["table"]).relative_to(self.path).as_posix()
+        try:
+            found = len(self.table_rows(entry["table"], expected))  # parsed no further
+        except FileNotFoundError:
+            cells = sum(1 for c in entry["cells"] if c["status"] in (OK, FAILED))
+            raise self.refusal(f"{name} is missing, although {entry['notebook']} recorded "
+                               f"{cells} measured cells") from None
+        except (OSError, SchemaError, UserError) as exc:
+            raise self.refusal(f"{name} cannot be read ({exc})") from exc
+        if found < expected:
+            raise self.refusal(f"{name} holds {found} rows, fewer than the {expected} that "
+                               f"{entry['notebook']}'s cells recorded")
+        if found > expected and entry["status"] != INTERRUPTED:
+            raise self.refusal(f"{name} holds {found} rows, more than the {expected} that "
+                               f"{entry['notebook']}'s cells recorded")
+
+    # ------------------------------------------------------------------------------ origin
+
+    def origin(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
+        """Where and when a measurement was made, for the run's manifest and report;
+        ``record`` is its copy inside the run folder, ``folder`` where it was read from on the
+        analysing host."""
+        return {"folder": str(self.shown.resolve()), "record": RECORD_COPY,
+                "measured_id": manifest.get("measured_id"),
+                "preflight": manifest.get("preflight"), "host": manifest.get("host"),
+                "gpu": manifest.get("gpu"), "device": manifest.get("device"),
+                "created_utc": manifest.get("created_utc"), "profile": manifest.get("profile"),
+                "status": manifest.get("status"), "forced": manifest.get("forced"),
+                "rehearsal": bool(manifest.get("rehearsal")), "git": manifest.get("git"),
+                "source": matched_source(manifest), "versions": manifest.get("versions"),
+                "gaps": gaps(manifest),
+                "loads": {e["notebook"]: e["load"] for e in manifest["experiments"]
+                          if e.get("load")}}

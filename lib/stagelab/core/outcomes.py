@@ -7,6 +7,7 @@ Standard library only (the ground floor): ``stagelab measure`` on a bare node us
 from __future__ import annotations
 
 import errno
+import re
 import sys
 from collections.abc import Callable
 
@@ -30,6 +31,20 @@ EXIT_NO_GO = 3  # the preflight said no-go
 EXIT_INTERRUPTED = 130  # Ctrl-C, SIGTERM or SIGHUP; what was made is kept
 
 
+# Control characters (C0, DEL, C1: ANSI and OSC-8 escapes start with them), line and paragraph
+# separators and the bidirectional overrides: what a folder's text may use to rewrite a terminal.
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e"
+                          "\u2066-\u2069]")
+
+
+def printable(text: object) -> str:
+    """``text`` as one line a terminal shows as it is: every control character written as its
+    escape (``\\x1b``), so that a string from a record can neither colour, link, move the
+    cursor nor start a line of its own."""
+    return _UNPRINTABLE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"),
+                            str(text))
+
+
 def one_line_errors(prog: str, body: Callable[[], int],
                     also: tuple[type[Exception], ...] = ()) -> int:
     """Run a command's ``body``; a :class:`UserError` prints ``prog: error: ...`` in one line
@@ -39,15 +54,15 @@ def one_line_errors(prog: str, body: Callable[[], int],
     try:
         return body()
     except UserError as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
+        print(f"{prog}: error: {printable(exc)}", file=sys.stderr)
         return EXIT_USAGE
     except also as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
+        print(f"{prog}: error: {printable(exc)}", file=sys.stderr)
         return EXIT_FAILED
     except OSError as exc:
         if exc.errno != errno.ENAMETOOLONG:
             raise
-        print(f"{prog}: error: {exc.filename}: {exc.strerror} (a name over 255 bytes, or a "
+        print(f"{prog}: error: {printable(exc.filename)}: {exc.strerror} (a name over 255 bytes, or a "
               "path too long for this system)", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

@@ -77,7 +77,7 @@ import json
 import math
 import os
 import zlib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -274,38 +274,85 @@ class GzipJsonLinesSink(JsonLinesSink):
                            "file may take it")
 
 
+# `measure` writes one gzip member per cell: no profile comes near this many cells in a table.
+MAX_GZIP_MEMBERS = 100_000
+_GZIP_PIECE = 4096  # input fed per call: what zlib copies of the rest stays this small
+
+
+def _gzip_member(view: memoryview, start: int, left: int, source: Path | str
+                 ) -> tuple[bytes, int] | None:
+    """The text of the gzip member at ``start`` and where the next one starts; None for a
+    member cut short or damaged. Fed in small pieces, so that reading every member costs
+    time linear in the data (zlib copies what it leaves unused)."""
+    decoder, pos, parts = zlib.decompressobj(wbits=31), start, []
+    try:
+        while not decoder.eof and pos < len(view):
+            piece = view[pos:pos + _GZIP_PIECE]
+            pos += len(piece)
+            chunk = decoder.decompress(piece, left + 1)
+            while True:
+                parts.append(chunk)
+                left -= len(chunk)
+                if left < 0:
+                    raise BadRecord(f"{source}: its rows decompress past the bound")
+                if not decoder.unconsumed_tail:
+                    break
+                chunk = decoder.decompress(decoder.unconsumed_tail, left + 1)
+    except zlib.error:
+        return None
+    if not decoder.eof:
+        return None
+    return b"".join(parts), pos - len(decoder.unused_data)
+
+
 def gzip_members_text(data: bytes, source: Path | str,
                       limit: int = untrusted.MAX_ROWS_BYTES) -> str:
     """The text of every whole gzip member of ``data``; a last member cut short (a kill while
     writing) is left out. BadRecord naming ``source`` where the text would pass ``limit``
-    bytes (a small file must not decompress into a giant one) or is not UTF-8."""
+    bytes (a small file must not decompress into a giant one), where it holds more than
+    :data:`MAX_GZIP_MEMBERS` members, or is not UTF-8. Linear in the size of ``data``."""
     found: list[bytes] = []
-    rest, left = data, limit
-    while rest:
-        decoder = zlib.decompressobj(wbits=31)
+    view, pos, left = memoryview(data), 0, limit
+    while pos < len(view):
+        if len(found) >= MAX_GZIP_MEMBERS:
+            raise BadRecord(f"{source}: more than {MAX_GZIP_MEMBERS} gzip members (one a cell)")
         try:
-            chunk = decoder.decompress(rest, left + 1)
-        except zlib.error:
+            member = _gzip_member(view, pos, left, source)
+        except BadRecord:
+            raise BadRecord(f"{source}: its rows decompress past {limit} bytes") from None
+        if member is None:
             break
-        if len(chunk) > left:
-            raise BadRecord(f"{source}: its rows decompress past {limit} bytes")
-        if not decoder.eof:
-            break
-        found.append(chunk)
-        left -= len(chunk)
-        rest = decoder.unused_data
+        text, pos = member
+        found.append(text)
+        left -= len(text)
     try:
         return b"".join(found).decode("utf-8")
     except UnicodeDecodeError as exc:
         raise BadRecord(f"{source}: is not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
 
 
-def read_json_lines(path: Path | str, root: Path | str | None = None) -> list[dict[str, Any]]:
+def _lines(text: str) -> Iterator[tuple[int, str, bool]]:
+    """Each line of ``text`` with its number and whether a newline ends it, one at a time (a
+    table of a GiB is never split into a list of all its lines)."""
+    start, number = 0, 0
+    while start < len(text):
+        end = text.find("\n", start)
+        number += 1
+        if end < 0:
+            yield number, text[start:], False
+            return
+        yield number, text[start:end], True
+        start = end + 1
+
+
+def read_json_lines(path: Path | str, root: Path | str | None = None,
+                    most: int | None = None) -> list[dict[str, Any]]:
     """The rows of a JSON-lines table, plain (``.jsonl``) or gzip members (``.jsonl.gz``); a
     last line or member cut short by a kill is left out, any other damaged line names the file
     and line. Read as :func:`stagelab.core.untrusted.read_text` reads (a regular file of
     bounded size, no link, none between ``root`` and it); a row must be a JSON object of
-    bounded depth."""
+    bounded depth. With ``most``, parsing stops at ``most + 1`` rows: a caller that expects
+    ``most`` learns there are more without parsing the rest."""
     path = Path(path)
     if path.name.endswith(".gz"):
         text = gzip_members_text(
@@ -314,15 +361,16 @@ def read_json_lines(path: Path | str, root: Path | str | None = None) -> list[di
             raise SchemaError(f"{path}: a gzip member does not end with a whole row")
     else:
         text = untrusted.read_text(path, root)
-    lines = text.split("\n")
     rows: list[dict[str, Any]] = []
-    for number, line in enumerate(lines, 1):
+    for number, line, whole in _lines(text):
+        if most is not None and len(rows) > most:
+            break
         if not line.strip():
             continue
         try:
             row = untrusted.parse_json(line, f"{path}:{number}")
         except BadRecord as exc:
-            if number == len(lines):  # no newline after it: the write was cut short
+            if not whole:  # no newline after it: the write was cut short
                 break
             raise SchemaError(f"{path}:{number}: not a JSON row "
                               f"({exc.__cause__ or str(exc).split(': ', 1)[-1]})") from exc

@@ -31,7 +31,7 @@ from stagelab.analyse import calibration, claims, trust
 from stagelab.core import catalogue, measured, paths, records, rundir, schema, untrusted
 from stagelab.core.errors import SchemaError, UserError
 from stagelab.core.records import RunFolder
-from stagelab.present import inert
+from stagelab.present import inert, rederive, report
 
 VERDICT = RunFolder.VERDICT
 KEPT = RunFolder.KEPT
@@ -125,9 +125,17 @@ def evidence_files(run_dir: Path) -> list[Path]:
             if links:
                 raise UserError(f"{run_dir}: not kept: {links[0].relative_to(run_dir)} is a "
                                 "symbolic link; evidence must be the run's own regular files")
-            if path.is_file() and not path.name.startswith("."):
+            if path.is_file() and not path.name.startswith(".") and _known(run_dir, path):
                 found.append(path)
     return found
+
+
+def _known(run_dir: Path, path: Path) -> bool:
+    """False for a file in ``measured/`` that is not one of the record's names: only the
+    files its digests can vouch for are kept of the node's record."""
+    inner = path.relative_to(run_dir)
+    return inner.parts[0] != MEASURED_COPY or Path(*inner.parts[1:]).as_posix() in (
+        measured.record_names())
 
 
 def check_evidence(run_dir: Path, manifest: dict[str, Any]) -> None:
@@ -155,6 +163,19 @@ def check_evidence(run_dir: Path, manifest: dict[str, Any]) -> None:
 MEASURED_COPY = "measured"  # a replay's copy of the node's record
 
 
+def check_claims(run_dir: Path, manifest: dict[str, Any]) -> None:
+    """UserError, in one line, where what the run claims (its verdict's decisions, its index's
+    verdict, its machine) is not what its own tables and records give, re-derived here
+    (:mod:`stagelab.present.rederive`); not even ``force`` keeps such a run."""
+    try:
+        found = rederive.problem(run_dir, manifest)
+    except UserError as exc:
+        found = str(exc)
+    if found:
+        raise UserError(f"{run_dir}: not kept: {found}; keep re-derives what a run claims "
+                        "from its own tables and records, and keeps nothing else")
+
+
 def _optional_json(folder: Path, name: str) -> Any:
     try:
         return untrusted.load_json(folder / name, root=folder)
@@ -163,12 +184,17 @@ def _optional_json(folder: Path, name: str) -> Any:
 
 
 def measured_copy_problem(run_dir: Path) -> str | None:
-    """Why the node's record a replay carries (``measured/``) contradicts itself
-    (:mod:`stagelab.analyse.claims`: rows against its hardware, preflight, the catalogue and
-    physical bounds), or None; read as a stranger's files are (:mod:`stagelab.core.untrusted`)."""
+    """Why the node's record a replay carries (``measured/``) contradicts itself (a file that
+    differs from its digest, rows against its hardware, preflight, the catalogue and physical
+    bounds: :mod:`stagelab.analyse.claims`), or None; read as a stranger's files are
+    (:mod:`stagelab.core.untrusted`)."""
     copy = Path(run_dir) / MEASURED_COPY
     if not (copy / "measured.json").is_file():
         return None
+    try:  # what is kept is the bytes the replay verified, or nothing
+        measured.MeasuredFolder(copy).check_digests()
+    except UserError as exc:
+        return str(exc)
     manifest = untrusted.load_json(copy / "measured.json", root=copy)
     hardware, preflight = (_optional_json(copy, name)
                            for name in (RunFolder.HARDWARE, RunFolder.PREFLIGHT))
@@ -180,13 +206,13 @@ def measured_copy_problem(run_dir: Path) -> str | None:
         if table not in catalogue.tables():
             continue
         try:
-            rows = measured.table_rows(copy, table)
+            rows = measured.MeasuredFolder(copy).table_rows(table)
         except FileNotFoundError:
             continue
         found = claims.rows_problems(table, rows, entry, hardware,
                                      preflight if isinstance(preflight, dict) else None)
         if found:
-            name = measured.rows_path(copy, table).relative_to(copy).as_posix()
+            name = measured.MeasuredFolder(copy).rows_path(table).relative_to(copy).as_posix()
             return f"{MEASURED_COPY}/{name}: {found[0]}"
     return None
 
@@ -212,6 +238,7 @@ def keep_evidence(run_dir: Path, root: Path | None = None, force: bool = False) 
                         "forced)")
     measured_id = (manifest.get("measured_on") or {}).get("measured_id")
     _refuse_a_kept_measurement(run_dir, root, measured_id)
+    check_claims(run_dir, manifest)
     name = records.plain_name(run_dir.resolve().name, "run folder name", run_dir)
     dest = root / machine_slug(manifest) / name
     if dest.exists():
@@ -252,10 +279,27 @@ def _refuse_a_kept_measurement(run_dir: Path, root: Path, measured_id: str | Non
 
 
 def _copy_evidence(run_dir: Path, files: list[Path], dest: Path) -> None:
+    """Copy the run's evidence into ``dest``, its pages regenerated, never copied: each
+    notebook's HTML from its notebook JSON, sanitised (:mod:`stagelab.present.sanitise`), and
+    the index from the records (:func:`stagelab.present.report.write_index`)."""
     for path in files:
+        if path.suffix == ".html":
+            continue
         target = dest / path.relative_to(run_dir)
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(path, target, follow_symlinks=False)
+    for page in (p for p in files if p.suffix == ".html" and p.parent == run_dir):
+        notebook = dest / f"{page.stem}.ipynb"
+        try:
+            if page.name == INDEX:
+                report.write_index(dest)
+            elif notebook.is_file():
+                report.export_html(notebook, dest / page.name)
+        except (OSError, UserError):
+            raise
+        except Exception as exc:  # nbconvert on a stranger's notebook: any failure refuses
+            raise UserError(f"{run_dir}: not kept: {page.name} cannot be regenerated from "
+                            f"{notebook.name} ({type(exc).__name__}: {exc})") from exc
 
 
 # -------------------------------------------------------------------------------- the index
@@ -272,6 +316,7 @@ class KeptRun:
     verdict: str
     forced: bool
     untrusted: bool = False  # kept although its timings were not trustworthy (busy, A/A)
+    replayed: bool = False  # measured on another machine (a node), analysed here (run --from)
 
 
 @contextlib.contextmanager
@@ -332,7 +377,8 @@ def _kept_rows(root: Path | None = None) -> tuple[list[KeptRun], list[str]]:
             date=manifest.get("created_utc") or "unknown", commit=commit,
             profile=manifest.get("profile") or "unknown",
             verdict=(verdict.get("overall") or {}).get("decision") or "no verdict",
-            forced=bool(kept.get("forced")), untrusted=bool(kept.get("untrusted"))))
+            forced=bool(kept.get("forced")), untrusted=bool(kept.get("untrusted")),
+            replayed=bool(manifest.get("measured_on"))))
     return sorted(rows, key=lambda r: (r.date, r.path)), skipped
 
 
@@ -381,7 +427,8 @@ def results_file(root: Path) -> Path:
 
 def _labels(row: KeptRun) -> str:
     labels = [word for word, on in (("kept with --force", row.forced),
-                                    ("timings not trustworthy", row.untrusted)) if on]
+                                    ("timings not trustworthy", row.untrusted),
+                                    ("measured elsewhere", row.replayed)) if on]
     return f" **({'; '.join(labels)})**" if labels else ""
 
 

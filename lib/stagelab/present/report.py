@@ -20,7 +20,7 @@ from stagelab.analyse import predict, trust
 from stagelab.core import catalogue, records
 from stagelab.core.errors import UserError
 from stagelab.core.records import RunFolder
-from stagelab.present import inert, machine, tables
+from stagelab.present import inert, machine, sanitise, tables
 
 VERDICT_FILE = RunFolder.VERDICT
 VERDICT_FIGURE = f"figures/{catalogue.VERDICT_NOTEBOOK}_key.png"  # notebook 04's key plot
@@ -65,15 +65,17 @@ MET_UNTRUSTED = "met on untrustworthy timings"
 
 def notebook_body(notebook_path: Path, untrusted: bool = False) -> str:
     """An executed notebook's outputs and prose as HTML, figures as data: URIs, no script, no
-    stylesheet or font to fetch; with ``untrusted``, each goal met reads as met on untrustworthy
-    timings."""
+    stylesheet or font to fetch: nothing from the notebook is live (:mod:`.sanitise`); with
+    ``untrusted``, each goal met reads as met on untrustworthy timings."""
     import nbformat
     from nbconvert import HTMLExporter
 
     exporter = HTMLExporter(template_name="basic", exclude_input=True, exclude_input_prompt=True,
                             exclude_output_prompt=True, embed_images=True)
-    notebook = inert.inert_notebook(nbformat.read(str(notebook_path), as_version=4))
+    notebook = sanitise.shown_outputs(inert.inert_notebook(
+        nbformat.read(str(notebook_path), as_version=4)))
     body, _ = exporter.from_notebook_node(notebook)  # records' text in it is data, not markup
+    body = sanitise.sanitised_html(body)
     return _MET_CELL.sub(rf"\1{MET_UNTRUSTED}\2", body) if untrusted else body
 
 

@@ -70,11 +70,11 @@ class NotebookContext:
             sink = self.table_sink(table)
             measure(*args, sink=sink, **kwargs)
             return sink.frame()
-        from stagelab.core import measured as measured_folder
+        from stagelab.core.measured import MeasuredFolder
 
         owned = ("run_id", "notebook")
         rows = [{key: value for key, value in row.items() if key not in owned}
-                for row in measured_folder.measured_rows(measured, table)]
+                for row in MeasuredFolder(measured).measured_rows(table)]
         frame = make_rows(rows, run_id=self.run_id, notebook=self.notebook)
         write_table(frame, self.run_dir, table)
         return frame

@@ -31,7 +31,7 @@ from typing import IO, Any
 
 from stagelab.analyse import trust
 from stagelab.core import measured as measured_folder
-from stagelab.core import paths, phases, rundir, stops
+from stagelab.core import outcomes, paths, phases, rundir, stops
 from stagelab.core.errors import UserError
 from stagelab.core.records import RunFolder
 from stagelab.core.rundir import ManifestRecorder, RecordError
@@ -370,7 +370,7 @@ def _cell_count(notebook_path: Path) -> int:
 def _say(enabled: bool, text: str) -> None:
     if enabled:
         with contextlib.suppress(OSError):  # a terminal closed under the run (SIGHUP)
-            print(text, file=sys.stderr, flush=True)
+            print(outcomes.printable(text), file=sys.stderr, flush=True)
 
 
 @contextlib.contextmanager
@@ -445,9 +445,9 @@ def _run(recorder: ManifestRecorder, plan: RunPlan, progress: bool,
         here = hardware.snapshot()
         recorder.manifest["hardware"] = measured["hardware"] if measured else here
         if measured:
-            measured_folder.copy_record(measured["folder"], run_dir / measured_folder.RECORD_COPY)
             recorder.manifest.update(
-                measured_on={key: value for key, value in measured.items() if key != "hardware"},
+                measured_on={key: value for key, value in measured.items()
+                             if key not in ("hardware", "staged")},
                 analysed_on={"host": here["host"]["hostname"], "created_utc": rundir.now_utc(),
                              "hardware": here})
         recorder.save()
@@ -482,6 +482,20 @@ def _close_interrupted(recorder: ManifestRecorder, reason: str) -> dict[str, Any
     return recorder.manifest
 
 
+def take_in_measured(plan: RunPlan, run_dir: Path, measured: dict[str, Any]) -> None:
+    """Move a replay's verified copy of the measured folder (``measured["staged"]``,
+    :func:`stagelab.run.replay.replay_plan`) into the run as ``measured/``, and point every
+    replayed notebook at it: the notebooks read the bytes that were checked, never the folder
+    they came from."""
+    staged = Path(measured["staged"])
+    record = run_dir / measured_folder.RECORD_COPY
+    shutil.move(staged, record)
+    staged.parent.rmdir()
+    for notebook in plan.notebooks:
+        if notebook.parameters.get("measured") == str(staged):
+            notebook.parameters["measured"] = str(record)
+
+
 def _start(plan: RunPlan, make_folder: Callable[[], Path], command: list[str] | None,
            progress: bool, measured: dict[str, Any] | None = None) -> tuple[Path, dict[str, Any]]:
     """Make the folder, take its lock and save the first manifest with stop signals deferred
@@ -491,6 +505,8 @@ def _start(plan: RunPlan, make_folder: Callable[[], Path], command: list[str] | 
             run_dir = make_folder()
             lock = RunFolder(run_dir).hold_lock()
             try:
+                if measured:
+                    take_in_measured(plan, run_dir, measured)
                 recorder = _record(run_dir, plan, command)
                 recorder.save()
             except BaseException:

@@ -45,11 +45,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stagelab.core import outcomes, paths, rundir
+from stagelab.core import measured, outcomes, paths, rundir
 from stagelab.core.errors import UserError
 from stagelab.core.outcomes import EXIT_FAILED, EXIT_NO_GO, EXIT_OK, FAILED, OK
 from stagelab.core.records import RunFolder, write_json_atomic, write_text_atomic
-from stagelab.run import fleet_node
+from stagelab.run import fleet_node, profiles
 
 FLEET_FILE, PAGE, COMPARE_PAGE = "fleet.json", "index.html", "compare.html"
 NODES_DIR, MEASURED_DIR = "nodes", "measured"
@@ -255,11 +255,9 @@ def check_request(profile: str, params: Sequence[str], timeout_s: float,
                   force: bool = False, rehearse: bool = False) -> FleetPlan:
     """The plan, or UserError for a request every node would refuse (checked here, before any
     node is asked)."""
-    from stagelab.run import measure_command
-
     if not 0 < timeout_s < math.inf:  # what every node's `measure --deadline-s` refuses
         raise UserError(f"--timeout-s {timeout_s}: give a positive, finite number of seconds")
-    measure_command.resolve(profile, [], list(params))
+    profiles.resolve_measuring(profile, [], list(params))
     return FleetPlan(profile, list(params), timeout_s,
                      measure_argv(profile, params, timeout_s, force, rehearse))
 
@@ -364,19 +362,41 @@ def stage_checkout(dest: Path) -> Path:
     return dest
 
 
+def _checked_members(tar: tarfile.TarFile, root: Path) -> list[tarfile.TarInfo]:
+    """The archive's entries, read one header at a time and refused (ValueError) as soon as
+    one would land outside ``root``, is a link or a device, lies deeper than a measured folder
+    goes, is larger than a file a lease returns, or is one file more than a lease returns:
+    a node's folder is bounded as a measured folder is, before a byte of it is written."""
+    members: list[tarfile.TarInfo] = []
+    files = 0
+    while (member := tar.next()) is not None:
+        members.append(member)
+        where = (root / member.name).resolve()
+        if not (member.isfile() or member.isdir()) or not where.is_relative_to(root):
+            raise ValueError(f"unsafe entry in a node's archive: {member.name!r}")
+        if len(Path(member.name).parts) > measured.LEASE_MAX_FOLDERS_BELOW_OUT + 1:
+            raise ValueError(f"a node's archive entry lies deeper than a measured folder goes: "
+                             f"{member.name!r}")
+        files += member.isfile()
+        if files > measured.LEASE_MAX_FILES or len(members) > 2 * measured.LEASE_MAX_FILES:
+            raise ValueError(f"a node's archive holds more than the {measured.LEASE_MAX_FILES} "
+                             "files a measured folder has")
+        if member.size > measured.LEASE_MAX_FILE_BYTES:
+            raise ValueError(f"a node's archive entry {member.name!r} holds {member.size} B, "
+                             f"more than the {measured.LEASE_MAX_FILE_BYTES} B a lease returns")
+    return members
+
+
 def unpack(archive: bytes, dest: Path) -> Path:
-    """Extract a node's tar bytes into ``dest``; entries that would land outside it, links and
-    devices are refused (ValueError)."""
+    """Extract a node's tar bytes into ``dest``; entries that would land outside it, links,
+    devices and more or larger files than a measured folder holds are refused (ValueError)
+    before anything is written."""
     import io
 
     dest.mkdir(parents=True, exist_ok=True)
     root = dest.resolve()
     with tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz") as tar:
-        members = tar.getmembers()
-        for member in members:
-            where = (root / member.name).resolve()
-            if not (member.isfile() or member.isdir()) or not where.is_relative_to(root):
-                raise ValueError(f"unsafe entry in a node's archive: {member.name!r}")
+        members = _checked_members(tar, root)
         for member in members:
             if member.isdir():
                 (root / member.name).mkdir(parents=True, exist_ok=True)
@@ -391,7 +411,7 @@ def unpack(archive: bytes, dest: Path) -> Path:
 
 def print_progress(record: NodeRecord, event: str) -> None:
     """One line per node as it starts, finishes or fails (stderr)."""
-    print(f"fleet: {record.target.label}: {event}", file=sys.stderr, flush=True)
+    print(outcomes.printable(f"fleet: {record.target.label}: {event}"), file=sys.stderr, flush=True)
 
 
 def node_alive(node_id: str) -> bool:

@@ -32,18 +32,13 @@ makes the profile's decisive arms impossible (no CUDA, no pinned copy) without
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import math
 import os
-import platform
 import re
-import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -52,15 +47,14 @@ from stagelab.core.errors import DeadlineReached, RowsFileFull, UserError
 from stagelab.core.measured import (
     LEASE_MAX_FILE_BYTES,
     MANIFEST,
-    MEASURING,
     ROWS_DIR,
     SNAPSHOT_NOTEBOOK,
     UNMEASURED,
+    MeasuredFolder,
     Recorder,
-    new_manifest,
+    measurement_manifest,
     return_problems,
     spare_files,
-    table_rows,
 )
 from stagelab.core.outcomes import (
     DEADLINE,
@@ -77,6 +71,7 @@ from stagelab.core.outcomes import (
 )
 from stagelab.core.schema import GzipJsonLinesSink
 from stagelab.measure import busy, estimate, forecast
+from stagelab.measure import inventory as node_inventory
 from stagelab.measure.forecast import admission_seconds, cell_predictor, sweep_cells
 from stagelab.run import profiles
 
@@ -84,7 +79,6 @@ EXIT_PARTIAL = outcomes.EXIT_FAILED
 __all__ = ["DEADLINE", "EXIT_INTERRUPTED", "EXIT_NO_GO", "EXIT_OK", "EXIT_USAGE", "FAILED",
            "INTERRUPTED", "NO_GO", "OK", "PENDING", "RUNNING"]  # kept here for callers
 MIN_TORCH = (2, 4)
-COMPILERS = ("c++", "g++", "clang++", "gcc", "cc", "nvcc")
 
 
 # ------------------------------------------------------------------------------- the request
@@ -144,24 +138,6 @@ def _parser() -> argparse.ArgumentParser:
                                                  description=DESCRIPTION, epilog=EPILOG))
 
 
-def resolve(profile: str, only: list[str], overrides: list[str]) -> tuple[
-        dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
-    """The measuring notebooks' resolved parameters, and every notebook's (the preflight sizes
-    its memory check from them); UserError for anything the run would refuse."""
-    plan = profiles.plan_run(profile, only, profiles.parse_overrides(overrides))
-    every = {}
-    for notebook in plan.notebooks:
-        declared = profiles.notebook_parameters(notebook.path)
-        every[notebook.name] = {key: value for key, value in
-                                {**declared, **notebook.parameters}.items()
-                                if key not in profiles.INJECTED}
-    measuring = {name: values for name, values in every.items() if name in MEASURING}
-    if not measuring:
-        raise UserError(f"profile {profile!r}{' with --only' if only else ''} has no measuring "
-                        f"notebook; measuring notebooks: {', '.join(MEASURING)}")
-    return measuring, every
-
-
 def check_out(out: Path | None) -> Path:
     """The folder to create: absent, or an empty folder. UserError before anything is made."""
     if out is None:
@@ -194,7 +170,7 @@ def check_torch() -> None:
 def checked_request(args: argparse.Namespace, command: list[str]) -> Request | None:
     """The checked request of parsed options, or None after ``--estimate`` printed its table."""
     check_torch()
-    measuring, every = resolve(args.profile, args.only, args.param)
+    measuring, every = profiles.resolve_measuring(args.profile, args.only, args.param)
     if args.deadline_s is not None and not 0 < args.deadline_s < math.inf:
         raise UserError(f"--deadline-s {args.deadline_s}: give a positive, finite number of "
                         "seconds")
@@ -222,63 +198,6 @@ def file_budget(spare: int) -> Callable[[], bool]:
         left[0] -= 1
         return True
     return another
-
-
-
-
-# ------------------------------------------------------------------------------- the record
-
-
-
-def versions(snap: Mapping[str, Any]) -> dict[str, Any]:
-    """Python, torch, CUDA, driver, and the optional extras' versions."""
-    found = {}
-    for name, module in (("numpy", "numpy"), ("nvidia-ml-py", "pynvml")):
-        try:  # installed is not enough: None where this Python cannot import it
-            found[name] = metadata.version(name) if importlib.util.find_spec(module) else None
-        except (metadata.PackageNotFoundError, ImportError, ValueError):
-            found[name] = None
-    return {"python": platform.python_version(), "torch": snap["torch"]["torch"],
-            "cuda": snap["torch"]["cuda_build"],
-            "driver": (snap.get("nvml") or {}).get("driver"), **found}
-
-
-
-
-
-
-# ---------------------------------------------------------------------------- the inventory
-
-def _first_line(command: list[str]) -> str:
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError) as exc:
-        return f"{type(exc).__name__}: {exc}"
-    return ((done.stdout or done.stderr).strip().splitlines() or [""])[0]
-
-
-def inventory() -> dict[str, Any]:
-    """What the node has: installed distributions, compilers, ``nvidia-smi -q``."""
-    distributions = sorted({(d.metadata["Name"] or "?", d.version)
-                            for d in metadata.distributions()}, key=lambda d: d[0].lower())
-    compilers = {name: {"path": shutil.which(name),
-                        "version": _first_line([name, "--version"])}
-                 for name in COMPILERS if shutil.which(name)}
-    if shutil.which("nvidia-smi"):
-        try:
-            done = subprocess.run(["nvidia-smi", "-q"], capture_output=True, text=True,
-                                  timeout=60)
-            smi = done.stdout if done.returncode == 0 else (
-                f"nvidia-smi -q exited {done.returncode}: {done.stderr.strip()[:500]}")
-        except (OSError, subprocess.SubprocessError) as exc:
-            smi = f"nvidia-smi -q failed: {type(exc).__name__}: {exc}"
-    else:
-        smi = "unavailable: nvidia-smi is not on PATH"
-    return {"python": sys.version, "executable": sys.executable, "platform": platform.platform(),
-            "distributions": [{"name": n, "version": v} for n, v in distributions],
-            "compilers": compilers, "nvidia_smi_q": smi,
-            "environment": {key: os.environ.get(key) for key in
-                            ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "CXX", "PYTHONPATH")}}
 
 
 # ------------------------------------------------------------------------------- measuring
@@ -342,7 +261,7 @@ def run_experiment(notebook: str, p: Mapping[str, Any], sink: GzipJsonLinesSink)
 
 
 def _say(text: str) -> None:
-    print(f"measure: {text}", file=sys.stderr, flush=True)
+    print(f"measure: {outcomes.printable(text)}", file=sys.stderr, flush=True)
 
 
 def measure_tables(recorder: Recorder, request: Request, device: str,
@@ -408,7 +327,7 @@ def take_snapshot(recorder: Recorder, request: Request) -> dict[str, Any]:
     records.write_json_atomic(recorder.out / "hardware.json", snap)
     gpu = snap.get("gpu") or {}
     recorder.manifest.update(device=device.device_label(device.default_device()),
-                             gpu=gpu.get("name"), versions=versions(snap))
+                             gpu=gpu.get("name"), versions=node_inventory.versions(snap))
     if SNAPSHOT_NOTEBOOK in request.notebooks:
         recorder.experiment(SNAPSHOT_NOTEBOOK).update(status=OK)
     return snap
@@ -463,7 +382,7 @@ def row_counts(out: Path, manifest: Mapping[str, Any]) -> dict[str, int]:
         if entry["table"] is None:
             continue
         try:
-            rows = table_rows(out, entry["table"])
+            rows = MeasuredFolder(out).table_rows(entry["table"])
         except FileNotFoundError:
             continue
         for row in rows:
@@ -508,13 +427,13 @@ def measure(request: Request) -> int:
         (out / ROWS_DIR).mkdir()
     except OSError as exc:
         raise UserError(f"--out {out}: cannot be created ({exc.strerror or exc})") from exc
-    recorder = Recorder(out, new_manifest(request, out))
+    recorder = Recorder(out, measurement_manifest(request, out))
     recorder.save()
     with stops.as_interrupt(stops.SIGNALS):  # the manifest says interrupted, cells kept
         try:
             _say(f"into {out}")
             take_snapshot(recorder, request)
-            records.write_json_atomic(out / "inventory.json", inventory())
+            records.write_json_atomic(out / "inventory.json", node_inventory.inventory())
             blocking, decisive = run_preflight(recorder, request)
             for reason in blocking:
                 _say(f"preflight blocking: {reason}")

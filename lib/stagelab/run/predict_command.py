@@ -57,7 +57,7 @@ def rates_from_folder(folder: Path) -> tuple[predict.HostRates, str]:
     frame = None
     for candidate in (folder, folder / "measured"):
         try:
-            frame = schema.make_rows(measured.table_rows(candidate, "step"))
+            frame = schema.make_rows(measured.MeasuredFolder(candidate).table_rows("step"))
             break
         except FileNotFoundError:
             continue

@@ -7,7 +7,6 @@ each notebook's ``parameters`` cell) and values (:mod:`stagelab.run.params`).
 
 from __future__ import annotations
 
-import ast
 import json
 import math
 from collections.abc import Iterable, Mapping
@@ -15,7 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stagelab.core import catalogue, paths
+from stagelab.core import catalogue, measured, paths
+from stagelab.core.cells import notebook_parameters
 from stagelab.core.errors import UserError
 from stagelab.run import params
 
@@ -61,29 +61,6 @@ def load_profiles(path: Path | None = None) -> dict[str, Any]:
     return profiles
 
 
-def notebook_parameters(path: Path) -> dict[str, Any]:
-    """The defaults of a notebook's ``parameters`` cell, as Python values (a default that is not
-    a literal reads as None). Read with the standard library: the measuring floor needs it."""
-    try:
-        cells = json.loads(Path(path).read_text())["cells"]
-    except (OSError, KeyError, TypeError, ValueError) as exc:
-        raise UserError(f"notebook {path} cannot be read: {exc}") from exc
-    tagged = [cell for cell in cells if cell.get("cell_type") == "code"
-              and "parameters" in cell.get("metadata", {}).get("tags", [])]
-    if not tagged:
-        raise UserError(f"notebook {Path(path).name} has no cell tagged 'parameters'")
-    source = tagged[0]["source"]
-    tree = ast.parse(source if isinstance(source, str) else "".join(source))
-    declared = {}
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(
-                node.targets[0], ast.Name):
-            declared[node.targets[0].id] = _literal(node.value)
-        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value:
-            declared[node.target.id] = _literal(node.value)
-    return declared
-
-
 def profile_decides(profile: str, entry: dict[str, Any] | None = None) -> bool:
     """Whether ``profile`` is meant to decide (``"decides": true``): its decisive arms must be
     able to run where it measures, so a node without them refuses it rather than measure."""
@@ -106,13 +83,6 @@ def profile_parameters(profile: str) -> dict[str, dict[str, Any]]:
         defaults = notebook_parameters(notebook) if notebook.exists() else {}
         merged[name] = {**defaults, **(given or {})}
     return merged
-
-
-def _literal(node: ast.expr) -> Any:
-    try:
-        return ast.literal_eval(node)
-    except ValueError:
-        return None  # a computed default: any type is accepted
 
 
 def parse_value(text: str) -> Any:
@@ -280,3 +250,22 @@ def plan_run(profile: str, only: Iterable[str] = (),
     return RunPlan(profile, plans,
                    _timeout(entry, "cell_timeout_s", DEFAULT_CELL_TIMEOUT_S, profile),
                    _timeout(entry, "start_timeout_s", DEFAULT_START_TIMEOUT_S, profile), decides)
+
+
+def resolve_measuring(profile: str, only: list[str], overrides: list[str]) -> tuple[
+        dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+    """The measuring notebooks' resolved parameters, and every notebook's (the preflight sizes
+    its memory check from them), as ``stagelab measure`` and every fleet node resolve them;
+    UserError for anything the run would refuse."""
+    plan = plan_run(profile, only, parse_overrides(overrides))
+    every = {}
+    for notebook in plan.notebooks:
+        declared = notebook_parameters(notebook.path)
+        every[notebook.name] = {key: value for key, value in
+                                {**declared, **notebook.parameters}.items()
+                                if key not in INJECTED}
+    measuring = {name: values for name, values in every.items() if name in measured.MEASURING}
+    if not measuring:
+        raise UserError(f"profile {profile!r}{' with --only' if only else ''} has no measuring "
+                        f"notebook; measuring notebooks: {', '.join(measured.MEASURING)}")
+    return measuring, every
