@@ -34,6 +34,29 @@ def pytest_configure(config: pytest.Config) -> None:
         threads = max(1, (os.cpu_count() or 1) // workers)
         os.environ.setdefault("OMP_NUM_THREADS", str(threads))
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    triton_built_for_its_interpreter()
+
+
+def triton_built_for_its_interpreter() -> None:
+    """On a machine without CUDA, import Triton once with ``TRITON_INTERPRET=1`` before any test
+    does: Triton builds its own library functions when first imported, and the one-pass
+    kernel's interpreter tests skip where they were built compiled. The variable is restored at
+    once, so no other test runs the interpreter (the step's one-pass arm still takes its torch
+    reference here). Before: under pytest-xdist a worker's first test to import Triton did so
+    without the variable, and every interpreter test after it on that worker skipped."""
+    import importlib.util
+
+    if torch.cuda.is_available() or importlib.util.find_spec("triton") is None:
+        return
+    previous = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        import triton  # noqa: F401  (built for the interpreter, once per process)
+    finally:
+        if previous is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = previous
 
 
 def made_once(tmp_path_factory: pytest.TempPathFactory, name: str,
