@@ -399,6 +399,35 @@ def read_rate_table(models: list[ModelShape], rows: list[int], ks: list[int],
 
     where = device or default_device()
     count = repeats or (20 if torch.device(where).type == "cuda" else 3)
-    return [found for n in rows
-            for found in read_rates(n, models[0].vocab, max(ks), dtype, repeats=count,
-                                    warmup=min(count, 5), device=where)]
+    found = []
+    for n in rows:
+        too_big = _does_not_fit(n, models[0].vocab, dtype, where)
+        found += ([_skipped_row(n, models[0].vocab, max(ks), dtype, where, too_big)] if too_big
+                  else read_rates(n, models[0].vocab, max(ks), dtype, repeats=count,
+                                  warmup=min(count, 5), device=where))
+    return found
+
+
+def _does_not_fit(rows: int, vocab: int, dtype: torch.dtype, device: str) -> str:
+    """Why the read-rate cell ``[rows, vocab]`` would not fit in free memory, or "": checked
+    before anything is allocated (fp32 draws, the logits in ``dtype``, one cold copy)."""
+    from stagelab.core.errors import InsufficientMemory
+    from stagelab.measure import memory
+
+    needed = rows * vocab * (4 + 2 * torch.empty((), dtype=dtype).element_size())
+    where = torch.device(device)
+    free = (memory.free_device_bytes(where) if where.type == "cuda"
+            else memory.free_host_bytes())
+    try:
+        memory.check_fits(needed, free, f"the read rate at n={rows} V={vocab}")
+    except InsufficientMemory as exc:
+        return str(exc)
+    return ""
+
+
+def _skipped_row(rows: int, vocab: int, k: int, dtype: torch.dtype, device: str,
+                 why: str) -> dict:
+    """A read-rate row for a cell that was not measured, saying why."""
+    return dict(rows=rows, vocab=vocab, k=k, dtype=str(dtype).removeprefix("torch."),
+                device=torch.device(device).type, backend=None, l2=None, seconds=None,
+                read_gbps=None, hbm_peak_gbps=None, hbm_share=None, note=f"skipped: {why}")

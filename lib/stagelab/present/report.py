@@ -200,6 +200,8 @@ def prediction_html(check: Mapping[str, Any] | None) -> str:
     if not check:
         return ""
     table = predict.check_table(check)
+    if "host" in table and table["host"].nunique() <= 1:  # said once, in the heading
+        table = table.drop(columns="host")
     outside = str(check.get("kind") or "").startswith("out of sample")
     what = (f"out of sample: the model fed {check.get('host')}, not this run's own rates" if outside
             else "in sample (additivity): the model fed this run's own host rates")
@@ -207,7 +209,7 @@ def prediction_html(check: Mapping[str, Any] | None) -> str:
         return f"<p>Prediction, {_esc(what)}: {_esc(check.get('note') or 'nothing to check')}</p>"
     return (f"<h3>Predicted beside measured ({_esc(check.get('platform'))}; {_esc(what)}; error = "
             "predicted / measured - 1)</h3>"
-            + tables.readable(table).to_html(index=False, escape=True))
+            + tables.show(table).to_html())  # split where it is wider than a screen
 
 
 # Each figure a notebook saves (figures/<notebook>_<name>.png), in words: what it shows and which
