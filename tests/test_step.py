@@ -10,7 +10,7 @@ import torch
 
 from conftest import RecordingAllocator, make_logits, make_tokens
 from reference import assert_matches_reference
-from stagelab.core import catalogue, schema
+from stagelab.core import catalogue, paths, schema
 from stagelab.core.errors import NativeUnavailable
 from stagelab.measure import logprobs as lp
 from stagelab.measure import native, shapes, staging, step
@@ -149,6 +149,20 @@ def test_the_step_cells_run_largest_first_across_every_model():
     sizes = [(c.sizes["rows"], c.sizes["vocab"], c.sizes["k"]) for c in found]
     assert sizes == [(8, 3000, 1), (8, 3000, 2), (8, 1000, 1), (8, 1000, 2),
                      (2, 3000, 1), (2, 3000, 2), (2, 1000, 1), (2, 1000, 2)]
+
+
+def test_a_cpu_runs_progress_says_the_log_softmax_ran_on_the_host(capfd, monkeypatch):
+    """Before: a CPU run's progress lines said "log-softmax on device"; the cell's label (its
+    identity, the seed of its balanced order) is kept, its words follow the machine."""
+    (cell,) = step.cells(shapes.resolve_vocabs([1000]), [2], [2], torch.float32, ["fused"],
+                         aa_arm=None, device="cpu")
+    assert cell.label == "n=2 V=1000 K=2 log-softmax on device"
+    assert cell.shown == "n=2 V=1000 K=2 log-softmax on the host (a CPU run)"
+    monkeypatch.setenv(paths.HEADLESS_ENV, "1")  # one plain line per cell, as a run prints
+    step.measure(shapes.resolve_vocabs([1000]), [2], [2], torch.float32, ["fused"], aa_arm=None,
+                 rounds=1, warmup=0, progress=True, device="cpu")
+    assert "step: cell 1/1 n=2 V=1000 K=2 log-softmax on the host (a CPU run): " in (
+        capfd.readouterr().err)
 
 
 def test_rounds_until_precise_in_a_real_run_stop_and_say_why():

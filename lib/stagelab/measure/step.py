@@ -513,14 +513,15 @@ def cells(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dtype
     for shape, n, k, where, regime in itertools.product(shapes, rows, ks, log_softmax,
                                                         seed_regimes):
         logits_bytes, fp32_bytes = n * shape.vocab * itemsize, n * shape.vocab * 4
+        label = (f"n={n} V={shape.vocab} K={k} log-softmax on {where}"
+                 + (", seed vector mapped fresh" if regime == native.MAPPED else ""))
         device_bytes = sources * logits_bytes + 3 * fp32_bytes
         out.append(sweep.Cell(
             sizes=dict(experiment=catalogue.STEP, device=device_label(device), model=shape.model,
                        rows=n, vocab=shape.vocab, k=k, log_softmax=where, regime=labels[regime],
                        dtype=str(logits_dtype).removeprefix("torch.")),
-            arms=every_arm, label=f"n={n} V={shape.vocab} K={k} log-softmax on {where}"
-                                  + (", seed vector mapped fresh" if regime == native.MAPPED
-                                     else ""),
+            arms=every_arm, label=label,
+            words=label.replace("on device", "on the host (a CPU run)") if on_cpu else "",
             host_bytes=3 * fp32_bytes + (device_bytes if on_cpu else 0),
             device_bytes=0 if on_cpu else device_bytes,
             invalid="" if k <= shape.vocab else

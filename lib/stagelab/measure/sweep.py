@@ -52,6 +52,13 @@ class Cell:
     host_bytes: int = 0
     device_bytes: int = 0
     invalid: str = ""  # why this cell cannot be measured at all (recorded as skipped)
+    words: str = ""  # the label as a reader is told it, where it differs (a CPU run's wording)
+
+    @property
+    def shown(self) -> str:
+        """The cell in the words of progress lines and memory messages; ``label`` stays its
+        identity (the manifest's cell, its seed of the balanced order)."""
+        return self.words or self.label
 
 
 @dataclass
@@ -74,10 +81,10 @@ def rows_for_arms(cell: Cell, arms: Iterable[str], status: str, note: str) -> li
 
 def check_memory(cell: Cell, device: str) -> None:
     """Raise InsufficientMemory when the cell would not fit on the host or the device."""
-    memory.check_fits(cell.host_bytes, memory.free_host_bytes(), f"{cell.label} on the host")
+    memory.check_fits(cell.host_bytes, memory.free_host_bytes(), f"{cell.shown} on the host")
     if torch.device(device).type == "cuda":
         memory.check_fits(cell.device_bytes, memory.free_device_bytes(device),
-                          f"{cell.label} on {device}")
+                          f"{cell.shown} on {device}")
 
 
 def memory_plan(cell: Cell, device: str) -> str:
@@ -93,9 +100,9 @@ def memory_plan(cell: Cell, device: str) -> str:
         return (f"**Refused before it starts: {exc}.** Nothing large is allocated and the cell "
                 "is recorded skipped; lower the sizes in the parameters to measure it here.")
     if free is None:
-        return (f"Memory: {cell.label} needs about {needed / 2**30:.1f} GiB on {where} at its "
+        return (f"Memory: {cell.shown} needs about {needed / 2**30:.1f} GiB on {where} at its "
                 "largest; free memory cannot be read here, so it is not checked.")
-    return (f"Memory: {cell.label} needs about {needed / 2**30:.1f} GiB on {where} at its "
+    return (f"Memory: {cell.shown} needs about {needed / 2**30:.1f} GiB on {where} at its "
             f"largest; {free / 2**30:.1f} GiB is free, so it fits.")
 
 
@@ -233,7 +240,7 @@ def run(cells: list[Cell], prepare: Callable[[Cell], CellPlan], *, rounds: int,
             elif progress:
                 # the process's own stderr: the terminal under `stagelab measure`, kernel.log
                 # under the runner, never a box in the exported notebook
-                print(f"{label}: cell {index}/{len(cells)} {cell.label}: {outcome(found)}",
+                print(f"{label}: cell {index}/{len(cells)} {cell.shown}: {outcome(found)}",
                       file=sys.__stderr__, flush=True)
     finally:
         if bar is not None:
