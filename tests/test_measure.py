@@ -228,7 +228,7 @@ def test_a_cell_prediction_follows_its_basis():
 
 def test_deadline_stops_at_a_cell_boundary_and_keeps_what_was_measured(tmp_path, monkeypatch):
     def predictor(notebook, parameters, kind):  # the second cell would pass any deadline
-        return lambda cell, rounds, warmup: 0.0 if cell.sizes["rows"] == 4 else 1e6
+        return lambda cell, rounds, warmup: 0.0 if cell.sizes["rows"] == 2 else 1e6
 
     monkeypatch.setattr(measure_command, "cell_predictor", predictor)
     out = tmp_path / "m"
@@ -241,9 +241,9 @@ def test_deadline_stops_at_a_cell_boundary_and_keeps_what_was_measured(tmp_path,
     step, prompt = manifest["experiments"]
     assert manifest["status"] == step["status"] == prompt["status"] == "deadline"
     assert [(c["cell"].split()[0], c["status"]) for c in step["cells"]] == [
-        ("n=4", "ok"), ("n=3", "deadline"), ("n=2", "deadline")]  # largest first
+        ("n=2", "ok"), ("n=3", "deadline"), ("n=4", "deadline")]
     assert step["cells"][1]["measured_s"] is None and step["cells"][1]["predicted_s"] == 1e6
-    assert {r["rows"] for r in rows_of(out, "step")} == {4}
+    assert {r["rows"] for r in rows_of(out, "step")} == {2}
     assert prompt["cells"] == [] and rows_of(out, "prompt_logprobs") == []
     step_gap, prompt_gap = measured_folder.gaps(manifest)
     assert step_gap.startswith("02_logprobs_step: deadline, 1 of 3 cells measured (step: not "
@@ -678,7 +678,7 @@ def test_a_cell_after_one_the_deadline_refused_still_runs_where_it_fits(tmp_path
     assert code == measure_command.EXIT_PARTIAL
     (step,) = measured_folder.MeasuredFolder(out).manifest()["experiments"]
     assert [(c["cell"].split()[0], c["status"]) for c in step["cells"]] == [
-        ("n=4", "ok"), ("n=3", "deadline"), ("n=2", "ok")]  # largest first
+        ("n=2", "ok"), ("n=3", "deadline"), ("n=4", "ok")]
     assert step["status"] == "deadline" and {r["rows"] for r in rows_of(out, "step")} == {2, 4}
 
 

@@ -141,10 +141,10 @@ def test_every_row_records_the_seed_vectors_allocation_regime():
                    aa_arm=None, device="cpu", seed_regimes=["jemalloc"])
 
 
-def test_the_step_cells_run_largest_first_across_every_model():
+def test_the_step_cells_run_in_the_order_of_rows_across_every_model():
     """Before: cells ran model by model, so a lease's second model's largest decisive cell came
     after the first model's small ones and was the first a deadline refused."""
-    found = step.cells(shapes.resolve_vocabs([1000, 3000]), [2, 8], [1, 2], torch.float32,
+    found = step.cells(shapes.resolve_vocabs([1000, 3000]), [8, 2], [1, 2], torch.float32,
                        ["fused"], aa_arm=None, device="cpu")
     sizes = [(c.sizes["rows"], c.sizes["vocab"], c.sizes["k"]) for c in found]
     assert sizes == [(8, 3000, 1), (8, 3000, 2), (8, 1000, 1), (8, 1000, 2),

@@ -488,9 +488,10 @@ def cells(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dtype
           seed_regimes: tuple[str, ...] | list[str] = (native.MALLOC,)) -> list[sweep.Cell]:
     """The sweep's cells, one per ``(n, V, K)``, place of the log-softmax and allocation regime
     of the seed's vector, with the memory each needs; a K beyond the vocabulary is a cell
-    recorded as skipped, with the reason. Largest first (``n x V``) across every model: the
-    costliest cells start while the most time is left before a deadline (a lease's decisive
-    cells are its largest), and the order within one size is the parameters' own."""
+    recorded as skipped, with the reason. In the order of ``rows``, and for each ``n`` every
+    model, the largest vocabulary first: a profile that lists its rows largest first (a lease's)
+    starts its costliest cells across every model while the most time is left before a
+    deadline; the order within one size is the parameters' own."""
     if not seed_regimes or len(set(seed_regimes)) != len(seed_regimes):
         raise ValueError(f"seed_regimes: {list(seed_regimes)!r} must name each of "
                          f"{list(native.REGIME_CODES)} at most once, at least one")
@@ -526,7 +527,7 @@ def cells(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dtype
             device_bytes=0 if on_cpu else device_bytes,
             invalid="" if k <= shape.vocab else
             f"K={k} exceeds the vocabulary V={shape.vocab}: no top-K to take"))
-    return sorted(out, key=lambda cell: -cell.sizes["rows"] * cell.sizes["vocab"])
+    return sorted(out, key=lambda cell: (rows.index(cell.sizes["rows"]), -cell.sizes["vocab"]))
 
 
 def precision_for(arms: list[str], aa_arm: str | None, *, delta: float, max_rounds: int,
