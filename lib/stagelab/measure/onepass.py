@@ -34,6 +34,7 @@ from types import ModuleType
 
 import torch
 
+from stagelab.core import phases
 from stagelab.measure import logprobs as lp
 from stagelab.measure.shapes import ModelShape
 
@@ -400,11 +401,13 @@ def read_rate_table(models: list[ModelShape], rows: list[int], ks: list[int],
     where = device or default_device()
     count = repeats or (20 if torch.device(where).type == "cuda" else 3)
     found = []
-    for n in rows:
-        too_big = _does_not_fit(n, models[0].vocab, dtype, where)
-        found += ([_skipped_row(n, models[0].vocab, max(ks), dtype, where, too_big)] if too_big
-                  else read_rates(n, models[0].vocab, max(ks), dtype, repeats=count,
-                                  warmup=min(count, 5), device=where))
+    with phases.measuring():
+        for n in rows:
+            too_big = _does_not_fit(n, models[0].vocab, dtype, where)
+            found += ([_skipped_row(n, models[0].vocab, max(ks), dtype, where, too_big)]
+                      if too_big else read_rates(n, models[0].vocab, max(ks), dtype,
+                                                 repeats=count, warmup=min(count, 5),
+                                                 device=where))
     return found
 
 

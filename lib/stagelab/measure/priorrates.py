@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from stagelab.core import catalogue, forward, paths
+from stagelab.core import catalogue, forward, paths, phases
 from stagelab.core.records import RunFolder
 
 REPEATS = 3
@@ -80,8 +80,9 @@ def measure_before(run_dir: Path | str, cells: Iterable[tuple[int, int, int]] | 
                *[arg for n, v, k in keep for arg in ("--cell", f"{n}x{v}x{k}")]]
     start = time.perf_counter()
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s,
-                              check=False)
+        with phases.measuring():  # the child's whole life is the measurement
+            done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s,
+                                  check=False)
         if done.returncode:
             summary["error"] = (done.stderr.strip().splitlines() or ["exit status "
                                                                      f"{done.returncode}"])[-1]
