@@ -240,6 +240,15 @@ def _row(setting: Setting, *, trials: int, cells: int, delta: float, seed: int,
     return row
 
 
+# What notebook 04 says where a run asks for no trials (``calibration_trials = 0``, the quick
+# profile): the rule and its calibration do not depend on the run's timings, only on its rounds.
+NOT_SIMULATED = (
+    "Not simulated in this run (`calibration_trials = 0`): fewer than 73 trials could not show a "
+    "false-PORT rate under 5 % anyway. The rule's calibration, at up to 1000 trials per row, is "
+    "in `docs/decision-rule.md`; the gate and full profiles simulate it at their own rounds, "
+    "and `calibration_trials` sets it here.")
+
+
 # The fewest trials whose Wilson interval, with no hit at all, lies under 5 %: fewer cannot
 # show a false-PORT rate within its requirement, whatever the rule does.
 MIN_TRIALS_FOR_5_PERCENT = 73

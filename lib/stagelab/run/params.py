@@ -251,7 +251,7 @@ VALIDATORS: dict[str, Validator] = {
     "decisive_rows": _each_once(positive_int, "rows"),
     "decisive_models": _each_once(model_or_vocab, "vocabulary", _vocab_of),
     "decisive_ks": _each_once(non_negative_int, "K"),
-    "calibration_trials": positive_int,
+    "calibration_trials": non_negative_int,
 }
 
 _STAGING, _STEP, _PROMPT = (catalogue.notebook_of(experiment).name for experiment in
