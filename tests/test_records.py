@@ -398,7 +398,7 @@ def test_an_interrupt_in_the_first_milliseconds_leaves_a_listed_interrupted_run(
 
 def test_a_run_that_measured_nothing_says_so_and_exits_1(tiny_suite, monkeypatch, capsys):
     # Before: an all-skipped run reported ok, exit 0, with no hint.
-    def all_skipped(notebook, output, run_dir, plan):
+    def all_skipped(notebook, output, run_dir, plan, warm=None):
         write_notebook(Path(output), 'run_dir = ""', "print(1)")
         schema.write_table(schema.make_rows([
             {"experiment": "e", "arm": "a", "round": r, "status": "skipped",

@@ -281,7 +281,7 @@ class FullDisk:
         return Handle()
 
 
-def _fake_notebook(notebook, output, run_dir, plan):
+def _fake_notebook(notebook, output, run_dir, plan, warm=None):
     write_notebook(Path(output), 'run_dir = ""', "print(1)")
     return rundir.OK, None
 
@@ -290,8 +290,22 @@ def _fake_notebook(notebook, output, run_dir, plan):
 def quick_tiny(tiny_paths, monkeypatch):
     """The tiny suite with notebooks 'executed' instantly (no kernel)."""
     monkeypatch.setattr(execute, "execute_notebook", _fake_notebook)
-    monkeypatch.setattr(execute.report, "export_html", lambda nb, path: Path(path).write_text("x"))
+    monkeypatch.setattr(execute.WarmKernels, "start", lambda self: None)
+    monkeypatch.setattr(execute.report, "export_html",
+                        lambda nb, path, *_: Path(path).write_text("x"))
     return tiny_paths
+
+
+def test_each_page_is_exported_once_when_the_run_ends(quick_tiny, monkeypatch):
+    """Before: every page was exported after its notebook and again when the run ended."""
+    exported = []
+    monkeypatch.setattr(execute.report, "export_html",
+                        lambda nb, path, *_: exported.append(Path(path).name)
+                        or Path(path).write_text("x"))
+    assert cli.main(["run", "--profile", "okonly", "--out", str(quick_tiny["root"])]) == 0
+    (run_dir,) = quick_tiny["root"].iterdir()
+    (entry,) = rundir.read_manifest(run_dir)["notebooks"]
+    assert exported == ["10_ok.html"] and entry["phases"]["export_s"] is not None
 
 
 def test_a_record_write_that_fails_once_leaves_a_failed_manifest_naming_the_cause(
@@ -330,7 +344,7 @@ def test_a_disk_that_stays_full_gives_one_line_and_no_temp_litter(quick_tiny, mo
 def test_run_ends_with_the_verdict_line_and_says_when_timings_are_not_trustworthy(
         quick_tiny, monkeypatch, capsys):
     # Before: the terminal never printed the verdict, nor that the machine was busy.
-    def verdict_notebook(notebook, output, run_dir, plan):
+    def verdict_notebook(notebook, output, run_dir, plan, warm=None):
         (Path(run_dir) / "verdict.json").write_text(json.dumps({
             "overall": {"decision": "CLOSE", "summary": "any benefit is smaller than delta."},
             "parameters": {"delta": 0.02}, "decisive": [
@@ -453,7 +467,7 @@ def test_a_stop_a_finalizer_swallowed_ends_the_run_before_the_next_notebook(quic
                                                                              monkeypatch):
     ran = []
 
-    def swallowing(notebook, output, run_dir, plan):
+    def swallowing(notebook, output, run_dir, plan, warm=None):
         ran.append(notebook.name)
         StoppedInAFinalizer()  # dropped at once: its __del__ raises, and is swallowed
         return _fake_notebook(notebook, output, run_dir, plan)

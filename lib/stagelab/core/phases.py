@@ -4,7 +4,7 @@ The runner hands each kernel a file of its own (named by ``STAGELAB_PHASES_FILE`
 kernel's private socket folder); inside the notebook the context marks there the moment its
 imports are done and adds the seconds each measurement takes. After the notebook ran, the runner
 reads that file beside papermill's own cell times in the executed notebook and records the
-entry's ``phases`` (:func:`notebook_phases`), which sum to the entry's duration:
+entry's ``phases`` (:func:`notebook_phases`), which sum to the entry's duration (and its export):
 
 - ``kernel_start_s``: outside the cells: papermill's set-up and saves, the kernel's start and
   its stop;
@@ -12,7 +12,13 @@ entry's ``phases`` (:func:`notebook_phases`), which sum to the entry's duration:
 - ``measure_s``: the measurements (the sweep, the hardware snapshot), or reading them back in a
   replay;
 - ``analysis_s``: the rest of the cells (tables, plots, the verdict);
-- ``export_s``: the notebook's HTML.
+- ``export_s``: the notebook's HTML, exported once when the run ends (so the phases sum to the
+  entry's duration plus its export).
+
+Every kernel of a run starts before the first notebook (:mod:`stagelab.run.kernels`): a
+notebook's ``kernel_start_s`` is then papermill's set-up and saves, and its kernel's
+connection and stop; the start itself is the run's ``kernels`` seconds, which :func:`totals`
+adds to the kernel start.
 
 Standard library only: the measuring kernel and the runner both import it.
 """
@@ -129,9 +135,13 @@ def _round(value: float | None) -> float | None:
 
 
 def totals(manifest: Mapping[str, Any]) -> dict[str, float]:
-    """Each phase's seconds summed over the run's notebooks."""
+    """Each phase's seconds summed over the run's notebooks; the kernel start also holds the
+    seconds every kernel took to start together before the first notebook (the manifest's
+    ``kernels``, :mod:`stagelab.run.kernels`)."""
     entries = [entry.get("phases") or {} for entry in manifest.get("notebooks", [])]
-    return {name: round(sum(float(p.get(name) or 0.0) for p in entries), 2) for name in NAMES}
+    found = {name: sum(float(p.get(name) or 0.0) for p in entries) for name in NAMES}
+    found["kernel_start_s"] += float((manifest.get("kernels") or {}).get("seconds") or 0.0)
+    return {name: round(seconds, 2) for name, seconds in found.items()}
 
 
 def non_measurement_share(phases: Mapping[str, Any]) -> float | None:

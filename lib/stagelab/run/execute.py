@@ -1,10 +1,13 @@
 """Executing a run: each notebook through papermill, in a kernel of its own, under time limits.
+Every kernel is started at once, before the first notebook, its imports done
+(:mod:`stagelab.run.kernels`), and stopped when its notebook is done.
 
 The steps are named and the state lives in one :class:`~stagelab.core.rundir.ManifestRecorder`:
 start the record, then for each notebook start it, execute it while watching the machine's load
-(:mod:`stagelab.measure.busy`, recorded as the entry's ``load``), export its HTML, record how it ended;
-finally close the record. A failing notebook is recorded ``failed`` (its partial output
-kept) and the next one still runs; Ctrl-C or SIGTERM records ``interrupted`` and stops.
+(:mod:`stagelab.measure.busy`, recorded as the entry's ``load``), record how it ended;
+finally close the record and export every notebook's HTML, in one pass. A failing notebook is
+recorded ``failed`` (its partial output kept) and the next one still runs; Ctrl-C or SIGTERM
+records ``interrupted`` and stops.
 
 Every kernel talks over IPC sockets in a private temporary folder that is removed afterwards, so
 concurrent runs never share a socket and nothing is written next to the notebooks. The kernel's
@@ -27,7 +30,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from stagelab.analyse import trust
 from stagelab.core import measured as measured_folder
@@ -37,94 +40,17 @@ from stagelab.core.records import RunFolder
 from stagelab.core.rundir import ManifestRecorder, RecordError
 from stagelab.measure import busy, hardware
 from stagelab.present import report
+from stagelab.run.kernels import (
+    KERNEL_LOG,
+    KERNEL_NAME,
+    WarmKernel,
+    WarmKernels,
+    ensure_kernel,
+    kernel_sockets,
+    kill_kernels,
+    private_kernel_manager,
+)
 from stagelab.run.profiles import NotebookPlan, RunPlan
-
-KERNEL_NAME = "stagelab"
-KERNEL_LOG = "kernel.log"
-NO_FD_CAPTURE = "--IPKernelApp.capture_fd_output=False"  # the kernel's stderr to kernel.log only
-
-
-# ------------------------------------------------------------------------------------ kernels
-
-def ensure_kernel() -> None:
-    """Make the ``stagelab`` kernel run this very interpreter, ahead of any other of that name."""
-    from ipykernel.kernelspec import install
-    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
-
-    prefix_path = str(Path(sys.prefix) / "share" / "jupyter")
-    if os.environ.get("JUPYTER_PATH", "").split(os.pathsep)[0] != prefix_path:
-        os.environ["JUPYTER_PATH"] = os.pathsep.join(
-            p for p in (prefix_path, os.environ.get("JUPYTER_PATH")) if p)
-    try:
-        spec = KernelSpecManager().get_kernel_spec(KERNEL_NAME)
-        if spec.argv and spec.argv[0] == sys.executable:
-            return
-    except NoSuchKernel:
-        pass
-    install(kernel_name=KERNEL_NAME, display_name="Python (stagelab)", prefix=sys.prefix)
-
-
-def private_kernel_manager(socket_dir: Path, log: IO[str] | None = None,
-                           started: list | None = None) -> type:
-    """A kernel manager class whose kernel's IPC sockets and connection file live in
-    ``socket_dir``, and whose process output goes to ``log`` rather than the terminal.
-    Each manager that launches a kernel is appended to ``started``, so it can be stopped.
-
-    IPC rather than loopback TCP: private to this user, and no port can collide.
-    """
-    from jupyter_client.manager import AsyncKernelManager
-    from traitlets import default
-
-    class PrivateKernelManager(AsyncKernelManager):
-        @default("transport")
-        def _default_transport(self) -> str:
-            return "ipc"
-
-        @default("ip")
-        def _default_private_ip(self) -> str:
-            return str(Path(socket_dir) / "kernel-ipc")
-
-        @default("connection_file")
-        def _default_private_connection_file(self) -> str:
-            return str(Path(socket_dir) / "kernel.json")
-
-        async def _async_launch_kernel(self, kernel_cmd: list[str], **kw: Any) -> None:
-            if log is not None:
-                kw.setdefault("stdout", log)
-                kw.setdefault("stderr", log)
-                # ipykernel echoes what the process writes to its own stderr into the cell's
-                # output: the sweeps' progress lines would land in the notebook as stderr boxes
-                kernel_cmd = [*kernel_cmd, NO_FD_CAPTURE]
-            if started is not None:
-                started.append(self)
-            await super()._async_launch_kernel(kernel_cmd, **kw)
-
-    return PrivateKernelManager
-
-
-def kill_kernels(managers: list) -> None:
-    """Kill the kernels these managers launched (each in a process group of its own)."""
-    for manager in managers:
-        process = getattr(manager.provisioner, "process", None)
-        if process is None or process.poll() is not None:
-            continue
-        with contextlib.suppress(OSError):
-            os.killpg(process.pid, signal.SIGKILL)
-
-
-@contextlib.contextmanager
-def kernel_sockets() -> Iterator[Path]:
-    """A private folder for one kernel's sockets, removed afterwards whatever happens.
-
-    Under the system's temporary folder: a Unix socket path must stay under ~100 bytes, which a
-    run folder deep in a checkout may not.
-    """
-    folder = Path(tempfile.mkdtemp(prefix="stagelab-kernel-"))
-    try:
-        yield folder
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-
 
 # ---------------------------------------------------------------------------------- the steps
 
@@ -189,7 +115,8 @@ def injected_parameters(notebook: NotebookPlan, run_dir: Path) -> dict[str, Any]
 
 
 def _papermill(notebook: NotebookPlan, output: Path, run_dir: Path, plan: RunPlan,
-               kernel_manager: type) -> tuple[str, str | None]:
+               kernel_manager: type, warm: WarmKernel | None = None) -> tuple[str, str | None]:
+    """papermill in a kernel it starts from ``kernel_manager``, or in the ``warm`` one."""
     import papermill
 
     os.environ[paths.HEADLESS_ENV] = "1"  # the kernel's sweeps print a line per cell, no bars
@@ -199,7 +126,8 @@ def _papermill(notebook: NotebookPlan, output: Path, run_dir: Path, plan: RunPla
             kernel_name=KERNEL_NAME, cwd=str(notebook.path.parent), progress_bar=False,
             request_save_on_cell_execute=True, kernel_manager_class=kernel_manager,
             start_timeout=plan.start_timeout_s, execution_timeout=plan.cell_timeout_s,
-            shutdown_kernel="immediate")  # its cells are done: no need to wait for its teardown
+            shutdown_kernel="immediate",  # its cells are done: no need to wait for its teardown
+            **({"km": warm.manager} if warm else {}))
     except TimeoutError:
         cell = _last_started_cell(output)
         return rundir.FAILED, (f"timed out after {plan.cell_timeout_s} s in cell "
@@ -209,20 +137,23 @@ def _papermill(notebook: NotebookPlan, output: Path, run_dir: Path, plan: RunPla
     return rundir.OK, None
 
 
-def execute_notebook(notebook: NotebookPlan, output: Path, run_dir: Path,
-                     plan: RunPlan) -> tuple[str, str | None]:
-    """Execute one notebook into ``output``; return its status and, if it failed, why.
+def execute_notebook(notebook: NotebookPlan, output: Path, run_dir: Path, plan: RunPlan,
+                     warm: WarmKernel | None = None) -> tuple[str, str | None]:
+    """Execute one notebook into ``output`` in its ``warm`` kernel (stopped once the notebook
+    is done) or, without one, a kernel papermill starts; return its status and, if it failed,
+    why.
 
     papermill works in a thread of its own, so that Ctrl-C and SIGTERM reach this (main) thread
     at once: the kernel is then killed, papermill saves what the notebook produced, and
     KeyboardInterrupt goes on up.
     """
     with kernel_sockets() as sockets, open(Path(run_dir) / KERNEL_LOG, "a") as log:
-        started: list = []
+        started: list = [warm.manager] if warm else []
         outcome: list[tuple[str, str | None]] = []
         manager = private_kernel_manager(sockets, log, started)
         worker = threading.Thread(
-            target=lambda: outcome.append(_papermill(notebook, output, run_dir, plan, manager)),
+            target=lambda: outcome.append(_papermill(notebook, output, run_dir, plan, manager,
+                                                     warm)),
             name=f"papermill {notebook.name}", daemon=True)
         worker.start()
         try:
@@ -234,6 +165,9 @@ def execute_notebook(notebook: NotebookPlan, output: Path, run_dir: Path,
                 kill_kernels(started)
                 worker.join(30)
             raise
+        finally:
+            if warm:
+                warm.stop()  # its memory goes before the next notebook measures
     return outcome[0] if outcome else (rundir.FAILED, "papermill stopped without a result")
 
 
@@ -261,12 +195,15 @@ def export_html(run_dir: Path, entry: dict[str, Any],
 
 
 def export_pages(recorder: ManifestRecorder) -> None:
-    """Export every executed notebook's page again once the run has ended, so that each carries
-    the run's final trust (a later notebook's busy machine, the verdict's A/A checks), and save
-    the record of the pages."""
+    """Export every executed notebook's page once the run has ended (the one export pass), so
+    that each carries the run's final trust (a later notebook's busy machine, the verdict's A/A
+    checks); its seconds are the entry's ``export_s``; save the record of the pages."""
     for entry in recorder.manifest["notebooks"]:
         if entry.get("output") and (recorder.run_dir / entry["output"]).is_file():
+            began = time.perf_counter()
             export_html(recorder.run_dir, entry, recorder.manifest)
+            if entry.get("phases"):
+                entry["phases"]["export_s"] = round(time.perf_counter() - began, 2)
     recorder.save()
 
 
@@ -391,25 +328,26 @@ def phase_marks() -> Iterator[Path]:
 
 
 def run_notebook_step(recorder: ManifestRecorder, index: int, plan: RunPlan,
-                      progress: bool) -> None:
-    """One notebook: start its record, execute it, export its HTML, record how it ended and
-    where its time went (``phases``)."""
+                      progress: bool, warm: WarmKernel | None = None) -> None:
+    """One notebook, in its ``warm`` kernel where it has one: start its record, execute it,
+    record how it ended and where its time went (``phases``; the HTML is exported once, when
+    the run ends: :func:`export_pages`)."""
     notebook = plan.notebooks[index]
     count = f"[{index + 1}/{len(plan.notebooks)}]"
     entry = recorder.start_notebook(index)
     _say(progress, f"{count} {notebook.name} ...")
     started, started_at = time.perf_counter(), time.time()
     output = recorder.run_dir / entry["output"]
-    with phase_marks() as marks, busy.LoadWatch() as watch, ProgressLines(
+    marking = contextlib.nullcontext(warm.marks) if warm else phase_marks()
+    with marking as marks, busy.LoadWatch() as watch, ProgressLines(
             f"{count} {notebook.name}:", output, recorder.run_dir / KERNEL_LOG, progress):
-        status, error = execute_notebook(notebook, output, recorder.run_dir, plan)
+        status, error = execute_notebook(notebook, output, recorder.run_dir, plan, warm)
         executed_at, kernel_marks = time.time(), phases.read_marks(marks)
     entry["load"] = watch.summary
     measured_on = recorder.manifest.get("measured_on")
     if measured_on and "measured" in notebook.parameters:  # a replay: trust the node's load
         entry.update(analysis_load=watch.summary, load=measured_load(measured_on, notebook.name))
-    export_html(recorder.run_dir, entry, recorder.manifest)
-    entry["phases"] = phases.notebook_phases(started_at, executed_at, time.time(),
+    entry["phases"] = phases.notebook_phases(started_at, executed_at, executed_at,
                                              phases.cell_span(output), kernel_marks)
     recorder.finish_notebook(index, status, time.perf_counter() - started, error)
     write_index(recorder)
@@ -417,6 +355,19 @@ def run_notebook_step(recorder: ManifestRecorder, index: int, plan: RunPlan,
                    f"{' - ' + error if error else ''}")
     if entry["load"].get("busy"):
         _say(progress, f"{count} warning: the machine was busy: {'; '.join(entry['load']['why'])}")
+
+
+def start_kernels(recorder: ManifestRecorder, warm: WarmKernels, progress: bool) -> None:
+    """Start every notebook's kernel at once, before the first notebook (:mod:`stagelab.run.
+    kernels`), and record it as the manifest's ``kernels``."""
+    _say(progress, f"kernels: starting {len(warm.notebooks)}, each importing what its notebook "
+                   "imports ...")
+    warm.start()
+    recorder.manifest["kernels"] = warm.record()
+    recorder.save()
+    failed = "; ".join(f"{name}: {why}" for name, why in warm.record()["errors"].items())
+    _say(progress, f"kernels: {warm.record()['ready']} of {len(warm.notebooks)} ready in "
+                   f"{warm.seconds:.1f} s" + (f" (starting their own: {failed})" if failed else ""))
 
 
 def measured_load(measured_on: dict[str, Any], notebook: str) -> dict[str, Any]:
@@ -452,9 +403,12 @@ def _run(recorder: ManifestRecorder, plan: RunPlan, progress: bool,
                              "hardware": here})
         recorder.save()
         write_index(recorder)
-        for index in range(len(plan.notebooks)):
-            stops.raise_if_received()  # a stop a finalizer swallowed ends the run here
-            run_notebook_step(recorder, index, plan, progress)
+        with open(run_dir / KERNEL_LOG, "a") as log, WarmKernels(
+                [(nb.name, nb.path) for nb in plan.notebooks], log, plan.start_timeout_s) as warm:
+            start_kernels(recorder, warm, progress)
+            for index in range(len(plan.notebooks)):
+                stops.raise_if_received()  # a stop a finalizer swallowed ends the run here
+                run_notebook_step(recorder, index, plan, progress, warm.get(index))
         stops.raise_if_received()
     except RecordError:
         with contextlib.suppress(OSError):  # show the failure in the index, if there is room
@@ -464,6 +418,9 @@ def _run(recorder: ManifestRecorder, plan: RunPlan, progress: bool,
         return _close_interrupted(recorder, str(exc) or "Ctrl-C")
     except Exception as exc:  # the runner itself broke: say so in the record, then go on up
         recorder.record_failure(f"the runner stopped: {error_summary(exc)}")
+        with contextlib.suppress(Exception):  # the pages of the notebooks that ran
+            export_pages(recorder)
+            write_index(recorder)
         raise
     with DeferredStops(raise_after=False):  # the run is done: a late Ctrl-C changes nothing
         recorder.finish()
