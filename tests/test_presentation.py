@@ -273,3 +273,20 @@ def test_a_figure_without_data_is_a_sentence_and_legends_name_a_twin_in_words(tm
     assert labels == ["seed_pageable (A/A twin)"]
     assert "dashed" not in report_caption("01_d2h_staging_bandwidth", gpu=False)
     assert "dashed: the PCIe link" in report_caption("01_d2h_staging_bandwidth")
+
+
+def test_a_saved_figure_is_drawn_once_and_shown_as_the_very_png_saved(tmp_path, monkeypatch):
+    """Before: the PNG was saved, and the inline backend drew the open figure again at the
+    cell's end (a second render: 1.6 s of notebook 05's prediction figure on this machine)."""
+    import IPython.display
+    import matplotlib.pyplot as plt
+
+    from stagelab.run import context
+
+    shown = []
+    monkeypatch.setattr(IPython.display, "display", lambda *objects: shown.extend(objects))
+    figure = plots.prompt_memory(_memory_rows()).figure
+    context.notebook_context("03_prompt_logprobs", tmp_path).save_figure(figure, "memory")
+    saved = (tmp_path / "figures" / "03_prompt_logprobs_memory.png").read_bytes()
+    assert [type(item).__name__ for item in shown] == ["Image"] and shown[0].data == saved
+    assert saved.startswith(b"\x89PNG") and figure.number not in plt.get_fignums()

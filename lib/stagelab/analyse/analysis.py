@@ -38,8 +38,9 @@ def ok_timings(frame: pd.DataFrame, stage: str | None = "total") -> pd.DataFrame
 def by_round(frame: pd.DataFrame, arm: str, stage: str = "total") -> pd.Series:
     """One arm's seconds indexed by round (``round``); several timings of one round mean the
     frame mixes cells, which is refused rather than averaged."""
-    rows = ok_timings(frame, stage)
-    rows = rows[rows["arm"] == arm]
+    chosen = ((frame["metric"] == "time") & (frame["status"] == "ok")
+              & (frame["stage"] == stage) & (frame["arm"] == arm))
+    rows = frame.loc[chosen, ["round", "seconds"]]  # two columns taken, not every one
     if rows["round"].duplicated().any():
         raise ValueError(f"arm {arm!r} has several timings for one round: the frame mixes "
                          "cells; split it by the size columns that tell them apart")

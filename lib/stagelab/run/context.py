@@ -92,17 +92,19 @@ class NotebookContext:
         return hardware.snapshot(under_load=under_load)
 
     def save_figure(self, figure: Any, name: str) -> None:
-        """Save a matplotlib figure as ``figures/<notebook>_<name>.png``, atomically. Returns
-        nothing, so that a notebook cell ending with it shows the figure and no path. A figure
-        with nothing drawn (:func:`stagelab.present.plots.empty_reason`) is not saved nor shown:
-        the notebook says in one sentence why instead of an empty frame."""
+        """Save a matplotlib figure as ``figures/<notebook>_<name>.png``, atomically, and show
+        that very PNG in the notebook: the figure is drawn once (the inline backend would draw
+        it again at the cell's end; it is closed instead). Returns nothing, so that a cell
+        ending with it shows no path. A figure with nothing drawn
+        (:func:`stagelab.present.plots.empty_reason`) is not saved nor shown: the notebook says
+        in one sentence why instead of an empty frame."""
+        import matplotlib.pyplot as plt
+        from IPython.display import Image, Markdown, display
+
         from stagelab.present import plots  # a notebook that saves a figure has imported it
 
         reason = plots.empty_reason(figure)
         if reason is not None:
-            import matplotlib.pyplot as plt
-            from IPython.display import Markdown, display
-
             plt.close(figure)
             display(Markdown(f"*No figure: {reason.rstrip('.')}.*"))
             return
@@ -110,6 +112,8 @@ class NotebookContext:
         path.parent.mkdir(parents=True, exist_ok=True)
         with atomic_target(path) as temporary:
             figure.savefig(temporary, dpi=110, bbox_inches="tight", format="png")
+        plt.close(figure)
+        display(Image(data=path.read_bytes(), format="png"))
 
     def write_verdict(self, payload: Any) -> None:
         """Write the run's verdict (checked against its schema by the run folder); returns
