@@ -54,6 +54,14 @@ def test_a_missed_goal_says_by_how_much_and_a_failure_is_no_time():
             "percentage points).") in text
 
 
+def test_the_kernels_started_before_the_first_notebook_are_a_row_of_the_run():
+    warm = manifest() | {"kernels": {"started": 2, "ready": 2, "seconds": 3.0, "errors": {}}}
+    text = bench.page([figure("check", 60)], warm, "abc1234", "m", "warm", WHEN)
+    assert "| every kernel, before the first notebook | 3.0 | 3.0 | | | | | 100% |" in text
+    # 4 s of the notebooks' 17 s, and the 3 s before them, not measuring: 35 % of 20 s
+    assert "Not measuring: **35%** of the kernels' and notebooks' 20.0 s" in text
+
+
 def test_make_help_reads_each_time_from_the_page_or_says_there_is_none(tmp_path):
     page = tmp_path / "timings.md"
     page.write_text(bench.page([figure("check", 61)], None, "abc1234", "m", "warm", WHEN))
