@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import base64
+import functools
 import html
 import mimetypes
 import re
@@ -68,15 +69,22 @@ def notebook_body(notebook_path: Path, untrusted: bool = False) -> str:
     stylesheet or font to fetch: nothing from the notebook is live (:mod:`.sanitise`); with
     ``untrusted``, each goal met reads as met on untrustworthy timings."""
     import nbformat
-    from nbconvert import HTMLExporter
 
-    exporter = HTMLExporter(template_name="basic", exclude_input=True, exclude_input_prompt=True,
-                            exclude_output_prompt=True, embed_images=True)
     notebook = sanitise.shown_outputs(inert.inert_notebook(
         nbformat.read(str(notebook_path), as_version=4)))
-    body, _ = exporter.from_notebook_node(notebook)  # records' text in it is data, not markup
+    body, _ = _exporter().from_notebook_node(notebook)  # records' text in it is data, not markup
     body = sanitise.sanitised_html(body)
     return _MET_CELL.sub(rf"\1{MET_UNTRUSTED}\2", body) if untrusted else body
+
+
+@functools.lru_cache(maxsize=1)
+def _exporter() -> Any:
+    """One HTML exporter for every page a process writes: its templates are compiled once (a
+    seventh of a page's export, each time, when every page made its own)."""
+    from nbconvert import HTMLExporter
+
+    return HTMLExporter(template_name="basic", exclude_input=True, exclude_input_prompt=True,
+                        exclude_output_prompt=True, embed_images=True)
 
 
 def page_banner(run_dir: Path, manifest: Mapping[str, Any], notebook: str = "") -> str:
