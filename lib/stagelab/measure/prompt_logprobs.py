@@ -296,44 +296,21 @@ def _head_fused_chunk(hidden_rows: torch.Tensor, weight: torch.Tensor, num_logpr
     """One chunk without its ``[C, V]`` logits: ``tile`` vocabulary rows of the weight at a
     time, each ``[C, tile]`` block folded into per-row running statistics (max, rescaled sum,
     the best K as :mod:`stagelab.measure.onepass` keys, the logits above and equal to the
-    target's). The targets' logits come first, from a product of the same shape as a tile's
-    (:func:`_target_logits`), so that the counts compare like with like."""
+    target's) by a :class:`stagelab.measure.onepass.TileFold`: on a GPU the one-pass kernel's
+    state merge, on a CPU torch (:func:`stagelab.measure.onepass.fold_backend`). The targets'
+    logits come first, from a product of the same shape as a tile's (:func:`_target_logits`),
+    so that the counts compare like with like."""
     rows, vocab = hidden_rows.shape[0], weight.shape[0]
+    device = hidden_rows.device
     target = _target_logits(hidden_rows, weight, targets, min(tile, vocab, TARGET_COLUMNS))
-    peak = torch.full((rows,), float("-inf"), device=hidden_rows.device)
-    total = torch.zeros(rows, device=hidden_rows.device)
-    greater = torch.zeros(rows, dtype=torch.int64, device=hidden_rows.device)
-    ties = torch.zeros_like(greater)
-    best = torch.empty(rows, 0, dtype=torch.int64, device=hidden_rows.device)
+    fold = onepass.TileFold(rows, num_logprobs, target[:, 0], device,
+                            onepass.fold_backend(device))
     for start in range(0, vocab, tile):
-        x = (hidden_rows @ weight[start:start + tile].T).float()
-        x.add_(0.0)  # -0.0 counts as 0.0 (x is this tile's own tensor)
-        new_peak = torch.maximum(peak, x.amax(dim=1))
-        safe = torch.where(torch.isinf(new_peak) & (new_peak < 0), 0.0, new_peak)
-        total = total * torch.exp(peak - safe) + (x - safe[:, None]).exp_().sum(dim=1)
-        peak = new_peak
-        greater += (x > target).sum(dim=1)
-        ties += (x == target).sum(dim=1)
-        if num_logprobs:
-            low = onepass.ID_MASK - torch.arange(start, start + x.shape[1], device=x.device)
-            keys = onepass._torch_keys(x, low)
-            top = torch.topk(keys, min(num_logprobs, keys.shape[1]), dim=1).values
-            del keys
-            merged = torch.cat([best, top], dim=1)
-            best = torch.topk(merged, min(num_logprobs, merged.shape[1]), dim=1).values
-        del x
-    lse = peak + torch.log(total)
+        fold.add(hidden_rows @ weight[start:start + tile].T, start)
+    found = fold.finish()
     if validate:
-        torch.logical_not(torch.isfinite(lse), out=bad_rows)
-    out = lp.LogprobsTensors.empty(rows, num_logprobs, hidden_rows.device)
-    out.logprob_token_ids[:, 0] = targets
-    out.logprobs[:, 0] = target[:, 0] - lse
-    out.selected_token_ranks.copy_(greater + ties)  # vLLM's rank: ties count against the target
-    if num_logprobs:
-        values, ids = onepass.decode_keys(best)
-        out.logprob_token_ids[:, 1:] = ids
-        out.logprobs[:, 1:] = values - lse[:, None]
-    return out
+        torch.logical_not(torch.isfinite(found.logsumexp), out=bad_rows)
+    return found.into(lp.LogprobsTensors.empty(rows, num_logprobs, device), targets)
 
 
 def _target_logits(hidden_rows: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
