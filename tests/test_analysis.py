@@ -367,6 +367,98 @@ def test_prompt_time_relative_divides_by_the_same_arms_unchunked_time():
         assert out.loc[("b", 512), "mean_seconds"] == pytest.approx(1e-3 * (0.9 + 1.0 + 1.3) / 3)
 
 
+HF = "head_fused+overlap"
+
+
+def tiled(medians: dict[int, float], chunk: int = 256, prompt_rows: int = 512,
+          vocab: int = 32768, errors: dict[int, tuple[float, float]] | None = None,
+          peaks: dict[int, int] | None = None) -> list[dict]:
+    """head_fused's timings per tile at one chunk (the same round factors: paired ratios are
+    exact), its agreement checks (``errors``: tile -> (id mismatches, max abs error); exact by
+    default) and host peaks (``peaks``: tile -> bytes; a tenth of the bound by default)."""
+    cell = dict(arm=HF, chunk=chunk, rows=prompt_rows, vocab=vocab, overlap=True,
+                dtype="float32")
+    records = [dict(cell, tile=tile, round=r, seconds=ms * f / 1e3)
+               for tile, ms in medians.items() for r, f in enumerate((0.9, 1.0, 1.3))]
+    for tile in medians:
+        ids, error = (errors or {}).get(tile, (0.0, 0.0))
+        peak = (peaks or {}).get(tile, int(0.035 * chunk * vocab * 4))
+        records += [dict(cell, tile=tile, metric="id_mismatches", value=ids),
+                    dict(cell, tile=tile, metric="max_abs_error", value=error),
+                    dict(cell, tile=tile, metric="peak_host_bytes", bytes=peak)]
+    return records
+
+
+def test_recommend_tile_picks_the_smallest_exact_tile_within_the_bound_and_tolerance():
+    frame = rows(*tiled({512: 1.10, 1024: 1.04, 2048: 1.00, 4096: 1.02}),
+                 *prompt_frame({256: 0.5}, prompt_rows=512))
+    rec = analysis.recommend_tile(frame)
+    assert (rec["arm"], rec["tile"], rec["chunk"], rec["best_tile"]) == (HF, 1024, 256, 2048)
+    assert rec["ratio_to_best"] == pytest.approx(1.04)
+    assert rec["bound_bytes"] == int(0.35 * 256 * 32768 * 4)
+    assert rec["reason"].startswith(
+        "the smallest exact tile within the memory bound not shown to be more than 5% slower "
+        "than the fastest tile (1.07 ms on average, tile 2048): 1.040x of its mean")
+    assert analysis.recommendation_sentence(rec).startswith(
+        f"Recommended tile: **1024** ({HF}, at chunk 256): the smallest exact tile")
+    table = analysis.tile_table(rec)
+    assert table["tile"].tolist() == [512, 1024, 2048, 4096] and table["exact"].all()
+    assert table["chunk_share"].tolist() == pytest.approx([0.035] * 4)
+    assert analysis.recommend_tile(frame, tolerance=0.01)["tile"] == 2048
+
+
+def test_recommend_tile_passes_over_a_tile_that_is_not_exact_or_breaks_the_bound():
+    bound = 0.35 * 256 * 32768 * 4
+    frame = rows(*tiled({512: 1.0, 1024: 1.0, 2048: 1.0, 4096: 0.9},
+                        errors={512: (3.0, 0.0), 1024: (0.0, 1e-3)},
+                        peaks={4096: int(bound) + 1}))
+    rec = analysis.recommend_tile(frame)
+    table = analysis.tile_table(rec).set_index("tile")
+    assert table["exact"].to_dict() == {512: False, 1024: False, 2048: True, 4096: True}
+    assert table["within_bound"].to_dict() == {512: True, 1024: True, 2048: True, 4096: False}
+    # 2048 is 11 % slower than the fastest tile (4096, outside the bound): still the choice
+    assert rec["tile"] == 2048 and rec["best_tile"] == 4096
+    assert rec["reason"].startswith("every exact tile within the memory bound is more than 5% "
+                                    "slower than the fastest tile")
+    none = analysis.recommend_tile(rows(*tiled({1024: 1.0}, errors={1024: (1.0, 0.0)})))
+    assert none["tile"] is None and "no tile timed is both exact" in none["reason"]
+    assert analysis.recommendation_sentence(none).startswith("Recommended tile: **None**")
+
+
+def test_recommend_tile_compares_at_the_largest_chunk_every_tile_ran_and_says_when_none_ran():
+    frame = rows(*tiled({1024: 1.0, 2048: 2.0}, chunk=64), *tiled({1024: 2.0}, chunk=256),
+                 *tiled({1024: 3.0, 2048: 3.0}, chunk=512))  # 512: the whole prompt
+    rec = analysis.recommend_tile(frame)
+    assert rec["chunk"] == 64 and rec["tile"] == 1024
+    assert analysis.recommend_tile(frame, chunk=512)["tile"] == 1024
+    nothing = analysis.recommend_tile(rows(*prompt_frame({256: 1.0}, prompt_rows=512)))
+    assert nothing == {"arm": None, "tile": None, "chunk": None,
+                       "reason": "head_fused was not timed at any tile in this run"}
+    assert analysis.tile_table(nothing).empty
+
+
+def test_prompt_tables_keep_each_tile_apart_and_the_methods_without_one():
+    """Before: head_fused's tiles were averaged into one configuration per chunk."""
+    frame = rows(*tiled({1024: 1.0, 2048: 3.0}, chunk=512), *tiled({1024: 2.0}, chunk=256),
+                 *prompt_frame({256: 1.0, 512: 2.0}, prompt_rows=512))
+    relative = analysis.prompt_time_relative(frame)
+    keyed = {(r.arm, None if pd.isna(r.tile) else int(r.tile), r.chunk): r.relative
+             for r in relative.itertuples()}
+    assert keyed == pytest.approx({(HF, 1024, 256): 2.0, (HF, 1024, 512): 1.0,
+                                   (HF, 2048, 512): 1.0, ("fused+overlap", None, 256): 0.5,
+                                   ("fused+overlap", None, 512): 1.0})
+    peaks = analysis.prompt_peaks(frame)
+    assert sorted(peaks.dropna(subset=["tile"])["tile"].tolist()) == [1024, 1024, 2048]
+    effect = analysis.overlap_effect(frame)
+    assert len(effect) == 5 and effect["tile"].isna().sum() == 2
+    checks = analysis.checks_table(frame, ["id_mismatches"], ["chunk", "tile"])
+    assert len(checks) == 3  # the fused rows carry no checks here
+    assert analysis.prompt_series(frame).drop_duplicates().tolist() == [
+        f"{HF} · tile 1024", f"{HF} · tile 2048", "fused+overlap"]
+    assert analysis.recommend_chunk(frame, arm=HF)["chunk"] == 256  # decided at tile 1024
+    assert analysis.recommend_chunk(frame, arm=HF, tile=2048)["chunk"] is None
+
+
 def test_overlap_effect_pairs_each_method_with_its_overlapped_arm():
     frame = rows(*prompt_frame({512: 3.0, 1024: 2.0}, arm="fused", overlap=False),
                  *prompt_frame({512: 2.0, 1024: 1.5}, arm="fused+overlap", overlap=True))

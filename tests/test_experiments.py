@@ -260,3 +260,15 @@ def test_an_interrupt_is_130_and_a_listed_failure_1(capsys):
 
 def test_paths_exist_for_the_greps():
     assert (LIB / "core" / "catalogue.py").is_file() and Path(paths.NOTEBOOKS_DIR).is_dir()
+
+
+def test_the_prompt_estimate_counts_one_memory_probe_per_method_chunk_and_tile():
+    """Before the tile sweep a prompt arm was probed once per overlap; a further head_fused tile
+    runs with the first overlap alone, and each of its configurations is probed."""
+    p = dict(tokens=17, chunks=[4], methods=[catalogue.FUSED, catalogue.HEAD_FUSED],
+             overlaps=[True, False], tiles=[16, 32], measure_memory=True)
+    prompt = experiments.EXPERIMENTS[catalogue.PROMPT]
+    # fused and head_fused's tile 16: 4 configurations each, 2 probed; tile 32: 1, probed
+    assert prompt.memory_probes_per_arm(p) == pytest.approx(5 / 9)
+    assert prompt.memory_probes_per_arm({**p, "tiles": None}) == pytest.approx(1 / 2)
+    assert prompt.memory_probes_per_arm({**p, "measure_memory": False}) == 0.0

@@ -219,6 +219,94 @@ def test_the_split_plan_leaves_no_slice_empty():
         assert span % block == 0
 
 
+# ------------------------------------------------------------- a vocabulary tile at a time
+
+def fold(backend, logits, k, targets, tile):
+    """Logits folded ``tile`` columns at a time by a TileFold, checked against the reference."""
+    name, device = backend
+    logits, targets = logits.to(device), targets.to(device)
+    target_logits = logits.gather(1, targets[:, None])[:, 0].float()
+    folding = onepass.TileFold(logits.shape[0], k, target_logits, logits.device, name)
+    for start in range(0, logits.shape[1], tile):
+        folding.add(logits[:, start:start + tile].clone(), start)
+    result = folding.finish()
+    assert result.backend == name
+    check_against_reference(result, logits, k, targets)
+    return result
+
+
+def test_folded_tiles_of_a_ragged_vocabulary(backend):
+    """V = 300 in tiles of 64 (the last 44 wide) and of 7 (narrower than K's padding)."""
+    logits = randn(3, 300)
+    fold(backend, logits, 5, ids(3, 300), tile=64)
+    fold(backend, logits, 9, ids(3, 300), tile=7)
+
+
+def test_folded_ties_come_in_order_of_lower_id_and_count_in_the_rank(backend):
+    logits = torch.randint(-3, 4, (4, 200), generator=torch.Generator().manual_seed(2)).float()
+    logits[1] = 1.0
+    logits[2, 0] = -0.0
+    result = fold(backend, logits, 20, ids(4, 200), tile=32)
+    assert result.target_ties[1] == 200 and result.target_rank[1] == 1
+
+
+def test_folded_minus_infinity_masks_and_a_row_with_one_finite_logit(backend):
+    """Whole tiles of -inf (row 1 before and after its one finite logit) fold as nothing."""
+    logits = randn(3, 130)
+    logits[0, ::2] = float("-inf")
+    logits[1] = float("-inf")
+    logits[1, 77] = 2.5
+    result = fold(backend, logits, 8, torch.tensor([1, 77, 5]), tile=32)
+    assert result.values[1, 0] == 0.0 and result.ids[1, 0] == 77
+    assert result.ids[1, 1:].tolist() == list(range(7))
+
+
+def test_folded_bf16_tiles_are_read_as_they_are(backend):
+    fold(backend, randn(2, 1000, dtype=torch.bfloat16), 37, ids(2, 1000), tile=128)
+
+
+def test_folded_k_zero_and_targets_at_the_top_and_the_bottom(backend):
+    logits = randn(2, 257)
+    targets = torch.stack([logits[0].argmax(), logits[1].argmin()])
+    result = fold(backend, logits, 0, targets, tile=64)
+    assert result.values.shape == (2, 0) and result.target_rank.tolist() == [1, 257]
+    assert fold(backend, logits, 3, targets, tile=64).target_rank.tolist() == [1, 257]
+
+
+def test_folded_one_row_and_k_one(backend):
+    fold(backend, randn(1, 700), 1, ids(1, 700), tile=256)
+
+
+def test_fold_backend_is_torch_on_a_cpu_and_triton_is_refused_where_it_cannot_run(monkeypatch):
+    """The interpreter is never chosen by default (every program in Python); asked for where
+    Triton is absent, the triton fold says why instead of falling back silently."""
+    assert onepass.fold_backend(torch.device("cpu")) == "torch"
+    monkeypatch.setattr(onepass, "triton_module", lambda: None)
+    assert onepass.fold_backend(torch.device("cuda")) == "torch"
+    with pytest.raises(RuntimeError, match="Triton is not installed"):
+        onepass.TileFold(2, 3, None, torch.device("cpu"), "triton")
+    with pytest.raises(ValueError, match="backend must be one of"):
+        onepass.TileFold(2, 3, None, torch.device("cpu"), "numpy")
+
+
+@pytest.mark.parametrize(("dtype", "k", "tile"), [(torch.float32, 6, 100),
+                                                  (torch.bfloat16, 0, 64)])
+def test_head_fused_on_the_kernels_fold_equals_the_unchunked_reference(interpreted, monkeypatch,
+                                                                       dtype, k, tile):
+    """The prompt method as a GPU runs it (the kernels' state merge, here in the interpreter):
+    V = 257 in ragged tiles, chunks of 7, against the fused method unchunked."""
+    from stagelab.measure import prompt_logprobs as pl
+
+    hidden, weight, prompt = pl.make_inputs(20, 257, 64, dtype, device=interpreted)
+    monkeypatch.setattr(onepass, "fold_backend", lambda device: "triton")
+    result = pl.prompt_logprobs(hidden, weight, prompt, k, 7, method=pl.catalogue.HEAD_FUSED,
+                                tile=tile)
+    reference = pl.prompt_logprobs(hidden, weight, prompt, k, None)
+    assert torch.equal(result.logprob_token_ids, reference.logprob_token_ids)
+    assert torch.equal(result.selected_token_ranks, reference.selected_token_ranks)
+    torch.testing.assert_close(result.logprobs, reference.logprobs, atol=5e-5, rtol=0)
+
+
 # ------------------------------------------------------------------------ bad rows and input
 
 @pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning",

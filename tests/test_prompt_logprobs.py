@@ -394,6 +394,65 @@ def test_head_fused_tiles_give_the_unchunked_answer(chunk, tile):
     torch.testing.assert_close(result.logprobs, reference.logprobs, atol=1e-5, rtol=0)
 
 
+def test_configurations_sweep_tiles_for_head_fused_alone():
+    """The first tile as every method (unchunked and each chunk, every overlap), each further
+    tile at the chunks with the first overlap; the other methods carry no tile."""
+    configs = pl.configurations(16, [4, 8, 32], ["fused", HEAD_FUSED], [True, False], [64, 128])
+    assert configs == {
+        "fused+overlap@16": ("fused", 16, True, None), "fused@16": ("fused", 16, False, None),
+        "fused+overlap@4": ("fused", 4, True, None), "fused@4": ("fused", 4, False, None),
+        "fused+overlap@8": ("fused", 8, True, None), "fused@8": ("fused", 8, False, None),
+        "head_fused+overlap@16/tile64": (HEAD_FUSED, 16, True, 64),
+        "head_fused@16/tile64": (HEAD_FUSED, 16, False, 64),
+        "head_fused+overlap@4/tile64": (HEAD_FUSED, 4, True, 64),
+        "head_fused@4/tile64": (HEAD_FUSED, 4, False, 64),
+        "head_fused+overlap@8/tile64": (HEAD_FUSED, 8, True, 64),
+        "head_fused@8/tile64": (HEAD_FUSED, 8, False, 64),
+        "head_fused+overlap@4/tile128": (HEAD_FUSED, 4, True, 128),
+        "head_fused+overlap@8/tile128": (HEAD_FUSED, 8, True, 128)}
+    assert pl.probed(configs, [True, False]) == [k for k in configs if "+overlap" in k]
+    assert pl.configurations(16, [32], [HEAD_FUSED], [False], [64, 128]) == {
+        "head_fused@16/tile64": (HEAD_FUSED, 16, False, 64),
+        "head_fused@16/tile128": (HEAD_FUSED, 16, False, 128)}  # no chunk: the whole prompt
+    assert set(pl.configurations(16, [4], [HEAD_FUSED], [True])) == {
+        "head_fused+overlap@16/tile1024", "head_fused+overlap@4/tile1024"}  # the default
+
+
+def test_a_tile_sweep_rows_carry_their_tile_checked_against_the_same_tile_unchunked(monkeypatch):
+    from stagelab.measure.shapes import ModelShape
+
+    tiles_run = []
+    real = pl.prompt_logprobs
+    monkeypatch.setattr(pl, "prompt_logprobs",
+                        lambda *a, **kw: tiles_run.append((a[4], kw["tile"])) or real(*a, **kw))
+    records = pl.measure(17, ModelShape("tiny", 64, 8), 8, [4], torch.float32, 2,
+                         ["fused", HEAD_FUSED], [True], rounds=2, warmup=0,
+                         measure_memory=False, device="cpu", progress=False, tiles=[16, 32])
+    timed = {(r["arm"], r["chunk"], r["tile"]) for r in records
+             if r.get("metric", "time") == "time" and r.get("status", "ok") == "ok"}
+    assert timed == {("fused+overlap", 16, None), ("fused+overlap", 4, None),
+                     ("head_fused+overlap", 16, 16), ("head_fused+overlap", 4, 16),
+                     ("head_fused+overlap", 4, 32)}
+    # tile 32's unchunked reference ran once, untimed, for its exactness check
+    assert tiles_run.count((16, 32)) == 1 and tiles_run.count((4, 32)) == 2
+    checks = {(r["chunk"], r["tile"]): r["value"] for r in records
+              if r.get("metric") == "id_mismatches" and r["arm"].startswith(HEAD_FUSED)}
+    assert checks == {(16, 16): 0.0, (4, 16): 0.0, (4, 32): 0.0}
+    predicted = {r["tile"]: r["bytes"] for r in records
+                 if r.get("metric") == "predicted_peak_bytes" and r["chunk"] == 4}
+    assert predicted[32] > predicted[16] and predicted[None] > 0
+
+
+@pytest.mark.parametrize(("tiles", "match"), [([], "tiles is empty"),
+                                              ([64, 0], "tile must be a positive int")])
+def test_bad_tiles_are_refused_before_anything_runs(tiles, match):
+    from stagelab.measure.shapes import ModelShape
+
+    with pytest.raises(ValueError, match=match):
+        pl.prompt_cell(17, ModelShape("tiny", 64, 8), 8, [4], torch.float32, 2, [HEAD_FUSED],
+                       [True], device="cpu", tiles=tiles)
+
+
 def test_head_fused_needs_a_weight_and_a_positive_tile():
     hidden, weight, ids = inputs()
     with pytest.raises(TypeError, match="lm_head must be a \\[V, H\\] weight tensor"):

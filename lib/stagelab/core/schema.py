@@ -41,6 +41,8 @@ hidden     int     hidden size ``H`` (prompt logprobs), else missing
 k          int     top-K logprobs requested, else missing
 chunk      int     prompt-logprob chunk rows, else missing (unchunked: equal to ``rows``)
 overlap    bool    whether the copy overlapped compute (prompt logprobs), else missing
+tile       int     the ``head_fused`` prompt method's vocabulary tile (lm_head rows per
+                   product), else missing
 dtype      str     element type of the tensor that was moved or scored
 log_softmax str    where the seed arms ran the log-softmax: ``device`` or ``host`` (the step),
                    else missing
@@ -104,6 +106,7 @@ COLUMN_DTYPES: dict[str, str] = {
     "k": "Int64",
     "chunk": "Int64",
     "overlap": "boolean",
+    "tile": "Int64",
     "dtype": "string",
     "log_softmax": "string",
     "regime": "string",
@@ -126,7 +129,7 @@ COLUMNS: tuple[str, ...] = tuple(COLUMN_DTYPES)
 LEGACY_COLUMNS: dict[str, str] = {"repeat": "round"}
 # Columns added since evidence was first kept: missing in older tables, read as missing values.
 ADDED_COLUMNS: tuple[str, ...] = ("position", "log_softmax", "regime", "mapped",
-                                  "minor_faults")
+                                  "minor_faults", "tile")
 STATUSES = (OK, "unavailable", "skipped", FAILED)
 _DEFAULTS: dict[str, Any] = {"stage": "total", "metric": "time", "model": "", "timer": "",
                              "status": "ok", "note": ""}

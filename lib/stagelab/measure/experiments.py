@@ -53,7 +53,12 @@ class Experiment:
         """Fresh processes started per arm of a cell to measure its peaks."""
         if self.name != catalogue.PROMPT or not p.get("measure_memory"):
             return 0.0
-        return 1 / max(1, len(set(p.get("overlaps") or [True])))
+        from stagelab.measure import prompt_logprobs
+
+        overlaps = list(p.get("overlaps") or [True])
+        configs = prompt_logprobs.configurations(p["tokens"] - 1, p["chunks"], p["methods"],
+                                                 overlaps, _prompt_tiles(p))
+        return len(prompt_logprobs.probed(configs, overlaps)) / max(1, len(configs))
 
     def max_rounds(self, p: Parameters) -> int | None:
         """The cap on rounds when rounds are added until resolved, else None (a fixed number)."""
@@ -153,18 +158,25 @@ def _prompt_sizes(p: Parameters) -> tuple[Any, ...]:
             shapes.torch_dtype(p["dtype"]), p["k"], p["methods"], p["overlaps"])
 
 
+def _prompt_tiles(p: Parameters) -> list[int] | None:
+    from stagelab.measure import shapes
+
+    return shapes.positive_ints(p["tiles"], "tiles") if p.get("tiles") is not None else None
+
+
 def _prompt_call(p: Parameters) -> Call:
     from stagelab.measure import prompt_logprobs
 
     return prompt_logprobs.measure, _prompt_sizes(p), dict(
         rounds=p["rounds"], warmup=p["warmup"], seed=p["seed"],
-        measure_memory=p["measure_memory"])
+        measure_memory=p["measure_memory"], tiles=_prompt_tiles(p))
 
 
 def _prompt_cells(p: Parameters, device: str) -> list[Any]:
     from stagelab.measure import prompt_logprobs
 
-    return [prompt_logprobs.prompt_cell(*_prompt_sizes(p), device=device)]
+    return [prompt_logprobs.prompt_cell(*_prompt_sizes(p), device=device,
+                                        tiles=_prompt_tiles(p))]
 
 
 EXPERIMENTS = {e.name: e for e in (

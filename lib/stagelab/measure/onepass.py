@@ -322,6 +322,118 @@ def _triton(logits: torch.Tensor, k: int, targets: torch.Tensor | None, tile: in
     return out
 
 
+# ------------------------------------------------------------- a vocabulary tile at a time
+
+KEY_FLOOR = -(2**63)  # below every real key: the running top-K's empty slots
+
+
+def fold_backend(device: torch.device) -> str:
+    """The backend :class:`TileFold` takes on ``device`` by default: the kernels' state merge
+    on a CUDA device where Triton is installed, else torch (on a CPU even with the interpreter,
+    which runs every program in Python; tests ask for it by name)."""
+    return "triton" if device.type == "cuda" and triton_module() is not None else "torch"
+
+
+class TileFold:
+    """Per-row running statistics of logits that arrive one vocabulary tile at a time (the
+    ``head_fused`` prompt method: the lm_head's product, a ``[C, tile]`` block at a time):
+    max, rescaled sum of exponentials, the best ``k`` keys, and the logits above and equal to
+    each row's target logit. :meth:`add` folds a tile in, :meth:`finish` gives the
+    :class:`OnePass` of the whole vocabulary; what is held between tiles is ``O(rows x k)``.
+
+    ``"triton"`` folds each tile with the one-pass kernel's state and its split variant's merge
+    (:func:`stagelab.measure.onepass_triton.fold_kernel`), reading the tile once in its own
+    dtype; ``"torch"`` does the same in eager torch (a fp32 copy of the tile, its keys), the
+    CPU path and the fallback where Triton is absent. ``target_logits``: fp32 ``[rows]``."""
+
+    def __init__(self, rows: int, k: int, target_logits: torch.Tensor | None,
+                 device: torch.device, backend: str = "torch") -> None:
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        if backend == "triton" and resolve_backend("triton", device)[0] != "triton":
+            raise RuntimeError(f"TileFold: the triton backend cannot run here "
+                               f"({resolve_backend('triton', device)[1]})")
+        self.rows, self.k, self.backend, self.device = rows, k, backend, device
+        self.target = None if target_logits is None else target_logits.float().reshape(rows)
+        self.k_pad = pow2_at_least(max(k, 2))
+        self.peak = torch.full((rows,), float("-inf"), device=device)
+        self.total = torch.zeros(rows, device=device)
+        self.greater = torch.zeros(rows, dtype=torch.int64, device=device)
+        self.ties = torch.zeros_like(self.greater)
+        width = self.k_pad if backend == "triton" else 0
+        self.best = torch.full((rows, width), KEY_FLOOR, dtype=torch.int64, device=device)
+
+    def add(self, logits: torch.Tensor, first_id: int) -> None:
+        """Fold ``[rows, width]`` logits of tokens ``first_id ..`` in (fp32, bf16 or fp16;
+        the torch backend may overwrite them: pass a tile's own tensor)."""
+        if logits.dim() != 2 or logits.shape[0] != self.rows:
+            raise ValueError(f"logits must be [{self.rows}, width], got {tuple(logits.shape)}")
+        if self.backend == "triton":
+            self._add_triton(logits, first_id)
+        else:
+            self._add_torch(logits, first_id)
+
+    def _add_torch(self, logits: torch.Tensor, first_id: int) -> None:
+        x = logits.float()
+        x.add_(0.0)  # -0.0 counts as 0.0 (x is this tile's own tensor, or its fp32 copy)
+        new_peak = torch.maximum(self.peak, x.amax(dim=1))
+        safe = torch.where(torch.isinf(new_peak) & (new_peak < 0), 0.0, new_peak)
+        self.total = (self.total * torch.exp(self.peak - safe)
+                      + (x - safe[:, None]).exp_().sum(dim=1))
+        self.peak = new_peak
+        if self.target is not None:
+            self.greater += (x > self.target[:, None]).sum(dim=1)
+            self.ties += (x == self.target[:, None]).sum(dim=1)
+        if self.k:
+            low = ID_MASK - torch.arange(first_id, first_id + x.shape[1], device=x.device)
+            keys = _torch_keys(x, low)
+            top = torch.topk(keys, min(self.k, keys.shape[1]), dim=1).values
+            del keys
+            merged = torch.cat([self.best, top], dim=1)
+            self.best = torch.topk(merged, min(self.k, merged.shape[1]), dim=1).values
+        del x
+
+    def _add_triton(self, logits: torch.Tensor, first_id: int) -> None:
+        module = _import_kernels()
+        if logits.stride(1) != 1:
+            logits = logits.contiguous()
+        width = logits.shape[1]
+        block = max(self.k_pad, min(pow2_at_least(width), DEFAULT_TILE))
+        target = self.target if self.target is not None else self.total
+        module.fold_kernel[(self.rows,)](
+            logits, logits.stride(0), width, first_id, target, self.peak, self.total,
+            self.best, self.greater, self.ties, BLOCK=block, K_PAD=self.k_pad,
+            TOPK=self.k > 0, HAS_TARGET=self.target is not None,
+            num_warps=8 if block >= 4096 else 4)
+
+    def finish(self) -> OnePass:
+        """The results over every tile folded in (logprobs, as :func:`topk_logprobs` gives)."""
+        out = _empty(self.rows, self.k, self.target is not None, self.device, self.backend)
+        if self.backend == "triton" and self.rows:
+            dummy = out.logsumexp
+            results = (out.values, out.ids, out.logsumexp,
+                       *(t if t is not None else dummy
+                         for t in (out.target_logprob, out.target_rank, out.target_ties)))
+            target = self.target if self.target is not None else dummy
+            _import_kernels().finish_kernel[(self.rows,)](
+                target, *results, self.peak, self.total, self.best, self.greater, self.ties,
+                self.k, K_PAD=self.k_pad, TOPK=self.k > 0, HAS_TARGET=self.target is not None,
+                num_warps=4)
+            return out
+        out.logsumexp.copy_(self.peak + torch.log(self.total))
+        if self.target is not None:
+            assert out.target_logprob is not None and out.target_rank is not None
+            assert out.target_ties is not None
+            out.target_logprob.copy_(self.target - out.logsumexp)
+            out.target_rank.copy_(1 + self.greater)
+            out.target_ties.copy_(self.ties)
+        if self.k:
+            values, ids = decode_keys(self.best)
+            out.values.copy_(values - out.logsumexp[:, None])
+            out.ids.copy_(ids)
+        return out
+
+
 # ------------------------------------------------------------------------------ read rate
 
 L2_FALLBACK_BYTES = 64 << 20  # where torch does not say the L2's size

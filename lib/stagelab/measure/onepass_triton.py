@@ -10,8 +10,12 @@ keys (a tile's and the running one, or two splits') is exact. A tile whose best 
 enter the running top-K skips the merge.
 
 Where a row is split, each slice writes its partial state and a second, tiny kernel merges the
-slices per row. Imported lazily by :mod:`stagelab.measure.onepass`: where Triton is absent this
-module still imports (``triton`` is None) and the caller falls back to torch.
+slices per row. The same merge folds logits that arrive one vocabulary tile at a time (the
+``head_fused`` prompt method: the lm_head's product, a ``[C, tile]`` block at a time):
+:func:`fold_kernel` merges each tile's state into a running one kept per row in memory, and
+:func:`finish_kernel` writes the results from it. Imported lazily by
+:mod:`stagelab.measure.onepass`: where Triton is absent this module still imports (``triton`` is
+None) and the caller falls back to torch.
 """
 
 from __future__ import annotations
@@ -50,10 +54,10 @@ if triton is not None:
         return tl.bitonic_merge(tl.maximum(best, tl.flip(other)), descending=True)
 
     @triton.jit
-    def _tile_state(x_ptr, start, stop, target, BLOCK: tl.constexpr, K_PAD: tl.constexpr,
-                    TOPK: tl.constexpr, HAS_TARGET: tl.constexpr):
-        """Walk tiles ``[start, stop)`` of one row: (max, rescaled sum, best keys, count of
-        logits above the target's, count equal to it)."""
+    def _tile_state(x_ptr, start, stop, target, first_id, BLOCK: tl.constexpr,
+                    K_PAD: tl.constexpr, TOPK: tl.constexpr, HAS_TARGET: tl.constexpr):
+        """Walk tiles ``[start, stop)`` of one row, whose column ``c`` is token ``first_id + c``:
+        (max, rescaled sum, best keys, count of logits above the target's, count equal to it)."""
         m = tl.full((), float("-inf"), tl.float32)
         s = tl.zeros((), tl.float32)
         gt = tl.zeros((), tl.int64)
@@ -73,10 +77,21 @@ if triton is not None:
                 gt += tl.sum((inside & (x > target)).to(tl.int64), axis=0)
                 eq += tl.sum((inside & (x == target)).to(tl.int64), axis=0)
             if TOPK:
-                keys = tl.where(inside, _keys(x, cols), floor)
+                keys = tl.where(inside, _keys(x, cols + first_id), floor)
                 if tl.max(keys, axis=0) > tl.min(best, axis=0):
                     best = _merge(best, tl.topk(keys, K_PAD))
         return m, s, best, gt, eq
+
+    @triton.jit
+    def _fold(m, s, best, gt, eq, m_part, s_part, best_part, gt_part, eq_part,
+              TOPK: tl.constexpr):
+        """Two partial states of one row as one (``best_part`` unused without ``TOPK``)."""
+        m_new = tl.maximum(m, m_part)
+        safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        s = s * tl.exp(m - safe) + s_part * tl.exp(m_part - safe)
+        if TOPK:
+            best = _merge(best, best_part)
+        return m_new, s, best, gt + gt_part, eq + eq_part
 
     @triton.jit
     def _finish(row, m, s, best, gt, eq, target, values_ptr, ids_ptr, lse_ptr, target_lp_ptr,
@@ -112,7 +127,7 @@ if triton is not None:
             target = tl.load(x_row + tl.load(targets_ptr + row)).to(tl.float32)
         start = part * span
         stop = tl.minimum(start + span, vocab)
-        m, s, best, gt, eq = _tile_state(x_row, start, stop, target, BLOCK, K_PAD, TOPK,
+        m, s, best, gt, eq = _tile_state(x_row, start, stop, target, 0, BLOCK, K_PAD, TOPK,
                                          HAS_TARGET)
         if SPLIT:
             at = row * parts + part
@@ -141,18 +156,59 @@ if triton is not None:
         slots = tl.arange(0, K_PAD)
         for part in range(0, parts):
             at = row * parts + part
-            m_part = tl.load(part_m_ptr + at)
-            m_new = tl.maximum(m, m_part)
-            safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            s = s * tl.exp(m - safe) + tl.load(part_s_ptr + at) * tl.exp(m_part - safe)
-            m = m_new
-            gt += tl.load(part_gt_ptr + at)
-            eq += tl.load(part_eq_ptr + at)
+            best_part = best
             if TOPK:
-                best = _merge(best, tl.load(part_keys_ptr + at * K_PAD + slots))
+                best_part = tl.load(part_keys_ptr + at * K_PAD + slots)
+            m, s, best, gt, eq = _fold(m, s, best, gt, eq, tl.load(part_m_ptr + at),
+                                       tl.load(part_s_ptr + at), best_part,
+                                       tl.load(part_gt_ptr + at), tl.load(part_eq_ptr + at),
+                                       TOPK)
         target = 0.0
         if HAS_TARGET:
             target = tl.load(x_ptr + row * stride_row + tl.load(targets_ptr + row))
             target = target.to(tl.float32)
         _finish(row, m, s, best, gt, eq, target, values_ptr, ids_ptr, lse_ptr, target_lp_ptr,
                 rank_ptr, ties_ptr, k, K_PAD, TOPK, HAS_TARGET)
+
+    @triton.jit
+    def fold_kernel(x_ptr, stride_row, width, first_id, target_ptr, state_m_ptr, state_s_ptr,
+                    state_keys_ptr, state_gt_ptr, state_eq_ptr, BLOCK: tl.constexpr,
+                    K_PAD: tl.constexpr, TOPK: tl.constexpr, HAS_TARGET: tl.constexpr):
+        """Program ``row``: the state of its tile of logits ``[0, width)`` (tokens ``first_id``
+        on), merged into the row's running state in place, as the split variant's merge does."""
+        row = tl.program_id(0).to(tl.int64)
+        target = 0.0
+        if HAS_TARGET:
+            target = tl.load(target_ptr + row)
+        m, s, best, gt, eq = _tile_state(x_ptr + row * stride_row, 0, width, target, first_id,
+                                         BLOCK, K_PAD, TOPK, HAS_TARGET)
+        slots = row * K_PAD + tl.arange(0, K_PAD)
+        running = best
+        if TOPK:
+            running = tl.load(state_keys_ptr + slots)
+        m, s, best, gt, eq = _fold(tl.load(state_m_ptr + row), tl.load(state_s_ptr + row),
+                                   running, tl.load(state_gt_ptr + row),
+                                   tl.load(state_eq_ptr + row), m, s, best, gt, eq, TOPK)
+        tl.store(state_m_ptr + row, m)
+        tl.store(state_s_ptr + row, s)
+        tl.store(state_gt_ptr + row, gt)
+        tl.store(state_eq_ptr + row, eq)
+        if TOPK:
+            tl.store(state_keys_ptr + slots, best)
+
+    @triton.jit
+    def finish_kernel(target_ptr, values_ptr, ids_ptr, lse_ptr, target_lp_ptr, rank_ptr,
+                      ties_ptr, state_m_ptr, state_s_ptr, state_keys_ptr, state_gt_ptr,
+                      state_eq_ptr, k, K_PAD: tl.constexpr, TOPK: tl.constexpr,
+                      HAS_TARGET: tl.constexpr):
+        """Program ``row``: its results from the running state :func:`fold_kernel` left."""
+        row = tl.program_id(0).to(tl.int64)
+        target = 0.0
+        if HAS_TARGET:
+            target = tl.load(target_ptr + row)
+        best = tl.full((K_PAD,), KEY_FLOOR, tl.int64)
+        if TOPK:
+            best = tl.load(state_keys_ptr + row * K_PAD + tl.arange(0, K_PAD))
+        _finish(row, tl.load(state_m_ptr + row), tl.load(state_s_ptr + row), best,
+                tl.load(state_gt_ptr + row), tl.load(state_eq_ptr + row), target, values_ptr,
+                ids_ptr, lse_ptr, target_lp_ptr, rank_ptr, ties_ptr, k, K_PAD, TOPK, HAS_TARGET)

@@ -296,44 +296,21 @@ def _head_fused_chunk(hidden_rows: torch.Tensor, weight: torch.Tensor, num_logpr
     """One chunk without its ``[C, V]`` logits: ``tile`` vocabulary rows of the weight at a
     time, each ``[C, tile]`` block folded into per-row running statistics (max, rescaled sum,
     the best K as :mod:`stagelab.measure.onepass` keys, the logits above and equal to the
-    target's). The targets' logits come first, from a product of the same shape as a tile's
-    (:func:`_target_logits`), so that the counts compare like with like."""
+    target's) by a :class:`stagelab.measure.onepass.TileFold`: on a GPU the one-pass kernel's
+    state merge, on a CPU torch (:func:`stagelab.measure.onepass.fold_backend`). The targets'
+    logits come first, from a product of the same shape as a tile's (:func:`_target_logits`),
+    so that the counts compare like with like."""
     rows, vocab = hidden_rows.shape[0], weight.shape[0]
+    device = hidden_rows.device
     target = _target_logits(hidden_rows, weight, targets, min(tile, vocab, TARGET_COLUMNS))
-    peak = torch.full((rows,), float("-inf"), device=hidden_rows.device)
-    total = torch.zeros(rows, device=hidden_rows.device)
-    greater = torch.zeros(rows, dtype=torch.int64, device=hidden_rows.device)
-    ties = torch.zeros_like(greater)
-    best = torch.empty(rows, 0, dtype=torch.int64, device=hidden_rows.device)
+    fold = onepass.TileFold(rows, num_logprobs, target[:, 0], device,
+                            onepass.fold_backend(device))
     for start in range(0, vocab, tile):
-        x = (hidden_rows @ weight[start:start + tile].T).float()
-        x.add_(0.0)  # -0.0 counts as 0.0 (x is this tile's own tensor)
-        new_peak = torch.maximum(peak, x.amax(dim=1))
-        safe = torch.where(torch.isinf(new_peak) & (new_peak < 0), 0.0, new_peak)
-        total = total * torch.exp(peak - safe) + (x - safe[:, None]).exp_().sum(dim=1)
-        peak = new_peak
-        greater += (x > target).sum(dim=1)
-        ties += (x == target).sum(dim=1)
-        if num_logprobs:
-            low = onepass.ID_MASK - torch.arange(start, start + x.shape[1], device=x.device)
-            keys = onepass._torch_keys(x, low)
-            top = torch.topk(keys, min(num_logprobs, keys.shape[1]), dim=1).values
-            del keys
-            merged = torch.cat([best, top], dim=1)
-            best = torch.topk(merged, min(num_logprobs, merged.shape[1]), dim=1).values
-        del x
-    lse = peak + torch.log(total)
+        fold.add(hidden_rows @ weight[start:start + tile].T, start)
+    found = fold.finish()
     if validate:
-        torch.logical_not(torch.isfinite(lse), out=bad_rows)
-    out = lp.LogprobsTensors.empty(rows, num_logprobs, hidden_rows.device)
-    out.logprob_token_ids[:, 0] = targets
-    out.logprobs[:, 0] = target[:, 0] - lse
-    out.selected_token_ranks.copy_(greater + ties)  # vLLM's rank: ties count against the target
-    if num_logprobs:
-        values, ids = onepass.decode_keys(best)
-        out.logprob_token_ids[:, 1:] = ids
-        out.logprobs[:, 1:] = values - lse[:, None]
-    return out
+        torch.logical_not(torch.isfinite(found.logsumexp), out=bad_rows)
+    return found.into(lp.LogprobsTensors.empty(rows, num_logprobs, device), targets)
 
 
 def _target_logits(hidden_rows: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
@@ -443,7 +420,8 @@ def agreement_records(result: lp.LogprobsTensors, reference: lp.LogprobsTensors)
 
 
 def check_measure_parameters(tokens: int, vocab: int, chunks: list[int], k: int,
-                             methods: list[str], overlaps: list[bool]) -> None:
+                             methods: list[str], overlaps: list[bool],
+                             tiles: list[int] | None = None) -> None:
     """Every parameter of :func:`measure`, checked before anything is allocated."""
     if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 2:
         raise ValueError(f"tokens: a prompt needs T >= 2 tokens to score any position, got "
@@ -459,31 +437,60 @@ def check_measure_parameters(tokens: int, vocab: int, chunks: list[int], k: int,
             raise ValueError(f"overlaps: {overlap!r} is not true or false")
     for chunk in chunks:
         _check_chunk(chunk)
+    if tiles is not None and not tiles:
+        raise ValueError("tiles is empty")
+    for tile in tiles or []:
+        _check_tile(tile)
     lp.check_num_logprobs(k, vocab)
 
 
-def configurations(rows: int, chunks: list[int], methods: list[str],
-                   overlaps: list[bool]) -> dict[str, tuple[str, int, bool]]:
-    """Every ``(method, chunk, overlap)`` to run, by a key naming it; the unchunked reference of
-    each method first, and a chunk of ``rows`` or more counted as unchunked."""
+Config = tuple[str, int, bool, "int | None"]  # (method, chunk, overlap, tile: head_fused only)
+
+
+def configurations(rows: int, chunks: list[int], methods: list[str], overlaps: list[bool],
+                   tiles: list[int] | None = None) -> dict[str, Config]:
+    """Every ``(method, chunk, overlap, tile)`` to run, by a key naming it; the unchunked
+    reference of each method first, and a chunk of ``rows`` or more counted as unchunked.
+
+    The tile is the head-fused method's alone (None for the others; ``tiles`` None: the
+    default :data:`HEAD_TILE`). Its first tile runs as the other methods do; each further tile
+    at the chunks shorter than the prompt, with the first overlap only (where no chunk is
+    shorter, unchunked): a tile changes the products, overlap only each chunk's ``[C, K+1]``
+    copy, and the tiles are compared at a chunk. Each tile's unchunked reference is computed
+    for the exactness checks all the same (:func:`measure`), untimed."""
     chunked = [c for c in dict.fromkeys(chunks) if c < rows]
-    return {f"{catalogue.prompt_arm(m, o)}@{c}": (m, c, o) for m in methods for c in [rows, *chunked]
-            for o in dict.fromkeys(overlaps)}
+    swept = list(dict.fromkeys(overlaps))
+    found: dict[str, Config] = {}
+    for method in methods:
+        tiled = method == catalogue.HEAD_FUSED
+        for index, tile in enumerate(dict.fromkeys(tiles or [HEAD_TILE]) if tiled else [None]):
+            for chunk in [rows, *chunked] if index == 0 else (chunked or [rows]):
+                for overlap in swept if index == 0 else swept[:1]:
+                    key = f"{catalogue.prompt_arm(method, overlap)}@{chunk}"
+                    found[key if tile is None else f"{key}/tile{tile}"] = (method, chunk,
+                                                                           overlap, tile)
+    return found
+
+
+def probed(configs: dict[str, Config], overlaps: list[bool]) -> list[str]:
+    """The configurations whose peak memory is measured: those with the first overlap (overlap
+    changes only two small host slots), one per ``(method, chunk, tile)``."""
+    return [key for key, (_, _, overlap, _) in configs.items() if overlap == overlaps[0]]
 
 
 def prompt_cell(tokens: int, shape: ModelShape, hidden: int, chunks: list[int],
                 dtype: torch.dtype, k: int, methods: list[str], overlaps: list[bool], *,
-                device: str | None = None) -> sweep.Cell:
+                device: str | None = None, tiles: list[int] | None = None) -> sweep.Cell:
     """The sweep's one cell (one prompt; the configurations are its arms), with the memory its
     largest configuration needs: the inputs and the predicted peak."""
-    check_measure_parameters(tokens, shape.vocab, chunks, k, methods, overlaps)
+    check_measure_parameters(tokens, shape.vocab, chunks, k, methods, overlaps, tiles)
     device = device or default_device()
-    configs = configurations(tokens - 1, chunks, methods, overlaps)
+    configs = configurations(tokens - 1, chunks, methods, overlaps, tiles)
     itemsize = torch.empty((), dtype=dtype).element_size()
     inputs_bytes = (tokens + shape.vocab) * hidden * itemsize
     peak = max(predicted_peak_bytes(tokens=tokens, vocab=shape.vocab, chunk=c, dtype=dtype,
-                                    method=m, num_logprobs=k, hidden=hidden)
-               for m, c, _ in configs.values())
+                                    method=m, num_logprobs=k, tile=t or HEAD_TILE, hidden=hidden)
+               for m, c, _, t in configs.values())
     on_cpu = torch.device(device).type == "cpu"
     return sweep.Cell(
         sizes=dict(experiment=catalogue.PROMPT, device=device_label(device), model=shape.model,
@@ -496,65 +503,73 @@ def prompt_cell(tokens: int, shape: ModelShape, hidden: int, chunks: list[int],
 
 def memory_plan(tokens: int, shape: ModelShape, hidden: int, chunks: list[int],
                 dtype: torch.dtype, k: int, methods: list[str], overlaps: list[bool], *,
-                device: str | None = None) -> str:
+                device: str | None = None, tiles: list[int] | None = None) -> str:
     """What :func:`measure` with these arguments needs in memory at its largest configuration,
     against what is free now, in Markdown: said before the notebook's cell allocates anything."""
     device = device or default_device()
-    cell = prompt_cell(tokens, shape, hidden, chunks, dtype, k, methods, overlaps, device=device)
+    cell = prompt_cell(tokens, shape, hidden, chunks, dtype, k, methods, overlaps, device=device,
+                       tiles=tiles)
     return sweep.memory_plan(cell, device)
 
 
 def measure(tokens: int, shape: ModelShape, hidden: int, chunks: list[int], dtype: torch.dtype,
             k: int, methods: list[str], overlaps: list[bool], *, rounds: int, warmup: int = 1,
             seed: int = 0, measure_memory: bool = True, device: str | None = None,
-            sink: RowSink | None = None, progress: bool = True) -> list[dict]:
-    """Time, measure and check every ``(method, chunk, overlap)`` configuration of one prompt.
+            sink: RowSink | None = None, progress: bool = True,
+            tiles: list[int] | None = None) -> list[dict]:
+    """Time, measure and check every ``(method, chunk, overlap, tile)`` configuration of one
+    prompt (:func:`configurations`; ``tiles``: the head-fused method's, a row's ``tile``).
 
     The configurations are the arms of one sweep cell, interleaved. The unchunked configuration of
-    each method always runs as the reference; a chunk of ``T - 1`` rows or more is unchunked and
-    runs once. Exactness is checked on each configuration's result from its last timed round.
+    each method (and tile) always runs as the reference; a chunk of ``T - 1`` rows or more is
+    unchunked and runs once. Exactness is checked on each configuration's result from its last
+    timed round, against the unchunked result of the same method and tile.
     Memory is measured in a fresh process per ``(method, chunk)`` for the first of ``overlaps``
     (see :mod:`stagelab.measure.memory`): a process costs seconds, and overlap changes only two small host
     slots. The probes run after the timing, so they never load a timed call; on a CPU side by
     side where cores and free memory allow (:func:`probe_parallelism`).
     """
     device = device or default_device()
-    cell = prompt_cell(tokens, shape, hidden, chunks, dtype, k, methods, overlaps, device=device)
+    cell = prompt_cell(tokens, shape, hidden, chunks, dtype, k, methods, overlaps, device=device,
+                       tiles=tiles)
     rows = tokens - 1
-    configs = configurations(rows, chunks, methods, overlaps)
+    configs = configurations(rows, chunks, methods, overlaps, tiles)
 
     def prepare(_cell: sweep.Cell) -> sweep.CellPlan:
         hidden_states, weight, ids = make_inputs(tokens, shape.vocab, hidden, dtype, seed, device)
         lp.check_token_ids(ids, tokens, shape.vocab, "prompt_token_ids")  # once, not when timed
-        last: dict[tuple[str, int, bool], lp.LogprobsTensors] = {}
+        last: dict[Config, lp.LogprobsTensors] = {}
 
-        def run(config: tuple[str, int, bool]) -> lp.LogprobsTensors:
-            method, chunk, overlap = config
+        def run(config: Config) -> lp.LogprobsTensors:
+            method, chunk, overlap, tile = config
             last.pop(config, None)  # freed before the call, as when nothing was kept
             last[config] = prompt_logprobs(hidden_states, weight, ids, k, chunk, method=method,
-                                           overlap=overlap, validate=False)
+                                           overlap=overlap, validate=False,
+                                           tile=tile or HEAD_TILE)
             return last[config]
 
-        def result(config: tuple[str, int, bool]) -> lp.LogprobsTensors:
+        def result(config: Config) -> lp.LogprobsTensors:
             """The configuration's result from its last timed round (computed where none)."""
             return last[config] if config in last else run(config)
 
         def after() -> list[dict]:
-            references = {m: result((m, rows, False)) for m in methods}
-            records, probed = [], []
-            for key, (method, chunk, overlap) in configs.items():
-                found = agreement_records(result((method, chunk, overlap)), references[method])
+            families = dict.fromkeys((m, t) for m, _, _, t in configs.values())
+            references = {(m, t): result((m, rows, False, t)) for m, t in families}
+            records = []
+            for key, (method, chunk, overlap, tile) in configs.items():
+                found = agreement_records(result((method, chunk, overlap, tile)),
+                                          references[(method, tile)])
                 found.append({"metric": "predicted_peak_bytes", "bytes": predicted_peak_bytes(
                     tokens=tokens, vocab=shape.vocab, chunk=chunk, dtype=dtype, method=method,
-                    num_logprobs=k, hidden=hidden)})
+                    num_logprobs=k, tile=tile or HEAD_TILE, hidden=hidden)})
                 records += [annotate({"arm": key, **record}) for record in found]
-                if measure_memory and overlap == overlaps[0]:
-                    probed.append(key)
+            measured = probed(configs, overlaps) if measure_memory else []
             probes = [dict(tokens=tokens, vocab=shape.vocab, hidden=hidden, chunk=configs[key][1],
                            dtype=str(dtype).removeprefix("torch."), method=configs[key][0], k=k,
-                           overlap=configs[key][2], seed=seed, device=device) for key in probed]
+                           overlap=configs[key][2], seed=seed, device=device,
+                           tile=configs[key][3] or HEAD_TILE) for key in measured]
             parallel = probe_parallelism(device, cell.host_bytes, len(probes))
-            for key, found in zip(probed, _memory_records(probes, parallel)):
+            for key, found in zip(measured, _memory_records(probes, parallel)):
                 records += [annotate({"arm": key, **record}) for record in found]
             return records
 
@@ -564,8 +579,9 @@ def measure(tokens: int, shape: ModelShape, hidden: int, chunks: list[int], dtyp
     def annotate(record: dict) -> dict:
         if record["arm"] not in configs:  # a record of the sweep itself (the order's seed)
             return record
-        method, chunk, overlap = configs[record["arm"]]
-        return {**record, "arm": catalogue.prompt_arm(method, overlap), "chunk": chunk, "overlap": overlap}
+        method, chunk, overlap, tile = configs[record["arm"]]
+        return {**record, "arm": catalogue.prompt_arm(method, overlap), "chunk": chunk,
+                "overlap": overlap, "tile": tile}
 
     return sweep.run([cell], prepare, rounds=rounds, warmup=warmup, seed=seed, device=device,
                      sink=sink, label="prompt logprobs", progress=progress)

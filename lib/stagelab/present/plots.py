@@ -11,6 +11,7 @@ import matplotlib.colors as mcolors
 import matplotlib.patches as mpatches
 import matplotlib.pyplot as plt
 import matplotlib.ticker as mticker
+import numpy as np
 import pandas as pd
 import seaborn as sns
 from matplotlib.lines import Line2D
@@ -256,27 +257,59 @@ MEASURED_PEAKS = ("peak_device_bytes", "peak_host_bytes")
 MODEL_PEAK = "predicted_peak_bytes"
 
 
+TILE_MARKERS = ("o", "s", "^", "D", "v", "P")  # head_fused's tiles, in the order swept
+
+
+def series_colors(frame: pd.DataFrame) -> dict[str, str]:
+    """Each prompt configuration's colour (:func:`stagelab.analyse.analysis.prompt_series`):
+    its arm's for its smallest tile, darker for each larger head-fused tile, so that tiles of
+    one arm stay apart and keep their colour in every figure."""
+    colors: dict[str, str] = {}
+    shades: dict[str, int] = {}
+    tiles = frame["tile"].astype("Int64").fillna(0) if "tile" in frame else 0
+    ordered = frame.assign(series=analysis.prompt_series(frame), order=tiles)
+    ordered = ordered.sort_values("order", kind="stable")
+    for arm, series in dict.fromkeys(zip(ordered["arm"], ordered["series"])):
+        shade = shades[arm] = shades.get(arm, -1) + 1
+        red, green, blue = (part * 0.7**shade for part in mcolors.to_rgb(arm_color(arm)))
+        colors[series] = mcolors.to_hex((red, green, blue))
+    return colors
+
+
 def prompt_memory(frame: pd.DataFrame, ax: plt.Axes | None = None) -> plt.Axes:
     """Peak extra memory per chunk: measured solid, the model's prediction dashed, both in the
-    arm's colour for every arm that has them; the legend says which arm and which line."""
+    configuration's colour (an arm, and head_fused's tile by its marker) for every one that has
+    them; dotted, head_fused's bound (a share of one fp32 ``[C, V]`` chunk) where it ran."""
     ax = _axes(ax, (8, 4.5))
     mem = frame[frame["metric"].isin([*MEASURED_PEAKS, MODEL_PEAK]) & (frame["status"] == "ok")]
     if not mem["metric"].isin(MEASURED_PEAKS).any():
         return nothing(ax, "Peak memory was not measured in this run")
-    mem = mem.assign(MiB=mem["bytes"].astype(float) / 2**20)
+    mem = mem.assign(MiB=mem["bytes"].astype(float) / 2**20, series=analysis.prompt_series(mem))
     where = "device" if (mem["metric"] == "peak_device_bytes").any() else "host"
-    arms = list(dict.fromkeys(mem["arm"]))
-    for arm in arms:
+    colors = series_colors(mem)
+    tiles = list(dict.fromkeys(mem["tile"].dropna().astype(int)))
+    markers = {series: TILE_MARKERS[tiles.index(int(tile)) % len(TILE_MARKERS)]
+               if pd.notna(tile) else "o" for series, tile in zip(mem["series"], mem["tile"])}
+    for series in colors:
         for metrics, style in ((MEASURED_PEAKS, "-"), ((MODEL_PEAK,), "--")):
-            part = mem[(mem["arm"] == arm) & mem["metric"].isin(metrics)].sort_values("chunk")
+            part = mem[(mem["series"] == series) & mem["metric"].isin(metrics)]
+            part = part.sort_values("chunk")
             if not part.empty:
-                ax.plot(part["chunk"], part["MiB"], style, marker="o", color=arm_color(arm))
+                ax.plot(part["chunk"], part["MiB"], style, marker=markers[series],
+                        color=colors[series])
+    handles = [Line2D([], [], color=color, marker=markers[series],
+                      label=catalogue.arm_words(series)) for series, color in colors.items()]
+    if tiles:
+        chunks = np.array(sorted(mem["chunk"].astype(int).unique()), dtype=float)
+        share = analysis.HEAD_FUSED_MEMORY_SHARE
+        ax.plot(chunks, share * chunks * float(mem["vocab"].iloc[0]) * 4 / 2**20, ":",
+                color="k")
+        handles.append(Line2D([], [], color="k", ls=":",
+                              label=f"{catalogue.HEAD_FUSED} bound: {share} x fp32 [C, V]"))
     ax.set(xscale="log", yscale="log", xlabel="chunk rows C",
            ylabel=f"peak extra memory on the {where} (MiB)",
            title="Peak working memory: measured (solid) and the model (dashed)")
     chunk_ticks(ax, mem["chunk"])
-    handles = [Line2D([], [], color=arm_color(arm), marker="o", label=catalogue.arm_words(arm))
-               for arm in arms]
     handles += [Line2D([], [], color="k", ls="-", label="measured"),
                 Line2D([], [], color="k", ls="--", label="model")]
     ax.legend(handles=handles, fontsize=8, loc="best")
@@ -292,15 +325,19 @@ def prompt_time(frame: pd.DataFrame) -> plt.Figure:
         nothing(axes[0], "No prompt configuration was timed")
         nothing(axes[1], "")
         return fig
-    palette = arm_palette(timed["arm"])
-    sns.lineplot(data=timed.assign(ms=1e3 * timed["seconds"]), x="chunk", y="ms", hue="arm",
+    timed = timed.assign(configuration=analysis.prompt_series(timed))
+    palette = series_colors(timed)
+    sns.lineplot(data=timed.assign(ms=1e3 * timed["seconds"]), x="chunk", y="ms",
+                 hue="configuration",
                  estimator="mean", errorbar=("ci", 95), seed=0, marker="o", ax=axes[0],
                  palette=palette)
     axes[0].set(xscale="log", xlabel="chunk rows C", ylabel="ms per prompt (mean, 95 % CI)",
                 title="Time per prompt")
     chunk_ticks(axes[0], timed["chunk"])
-    sns.lineplot(data=analysis.prompt_time_relative(frame), x="chunk", y="relative", hue="arm",
-                 marker="o", ax=axes[1], palette=palette)
+    relative = analysis.prompt_time_relative(frame)
+    sns.lineplot(data=relative.assign(configuration=analysis.prompt_series(relative)),
+                 x="chunk", y="relative", hue="configuration", marker="o", ax=axes[1],
+                 palette=palette)
     axes[1].axhline(1.05, ls="--", color="k", lw=1)
     axes[1].set(xscale="log", xlabel="chunk rows C", ylabel="mean time / mean unchunked",
                 title="Relative to unchunked (dashed: 1.05)")

@@ -231,6 +231,7 @@ VALIDATORS: dict[str, Validator] = {
     "model": model_or_vocab,
     "rows": _each_once(positive_int, "rows"),
     "chunks": _each_once(positive_int, "chunk"),
+    "tiles": _each_once(positive_int, "tile"),
     "ks": _each_once(non_negative_int, "K"),
     "forward_ms": forward_ms,
     "max_rounds": max_rounds,
