@@ -35,21 +35,31 @@ def ok_timings(frame: pd.DataFrame, stage: str | None = "total") -> pd.DataFrame
     return rows if stage is None else rows[rows["stage"] == stage]
 
 
-def by_round(frame: pd.DataFrame, arm: str, stage: str = "total") -> pd.Series:
-    """One arm's seconds indexed by round (``round``); several timings of one round mean the
-    frame mixes cells, which is refused rather than averaged."""
-    chosen = ((frame["metric"] == "time") & (frame["status"] == "ok")
-              & (frame["stage"] == stage) & (frame["arm"] == arm))
-    rows = frame.loc[chosen, ["round", "seconds"]]  # two columns taken, not every one
+def _timed(frame: pd.DataFrame, stage: str) -> pd.DataFrame:
+    """The ok timing rows of one stage, only the columns a pairing reads (one filter of the
+    whole frame, however many arms are then paired)."""
+    chosen = (frame["metric"] == "time") & (frame["status"] == "ok") & (frame["stage"] == stage)
+    return frame.loc[chosen, ["arm", "round", "seconds"]]
+
+
+def _arm_rounds(timed: pd.DataFrame, arm: str) -> pd.Series:
+    rows = timed[timed["arm"] == arm]
     if rows["round"].duplicated().any():
         raise ValueError(f"arm {arm!r} has several timings for one round: the frame mixes "
                          "cells; split it by the size columns that tell them apart")
     return rows.set_index("round")["seconds"].astype(float)
 
 
+def by_round(frame: pd.DataFrame, arm: str, stage: str = "total") -> pd.Series:
+    """One arm's seconds indexed by round (``round``); several timings of one round mean the
+    frame mixes cells, which is refused rather than averaged."""
+    return _arm_rounds(_timed(frame, stage), arm)
+
+
 def paired_rounds(frame: pd.DataFrame, *arms: str, stage: str = "total") -> list[np.ndarray]:
     """The arms' seconds over the rounds where every one of them was timed, in round order."""
-    joined = pd.concat([by_round(frame, arm, stage) for arm in arms], axis=1,
+    timed = _timed(frame, stage)
+    joined = pd.concat([_arm_rounds(timed, arm) for arm in arms], axis=1,
                        join="inner").sort_index()
     return [joined.iloc[:, i].to_numpy(dtype=float) for i in range(len(arms))]
 
