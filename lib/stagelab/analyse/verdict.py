@@ -603,8 +603,9 @@ SEED_OVERLAP = {
 def decide_order(step: pd.DataFrame, named: list[tuple[int, int, int]],
                  **kwargs: Any) -> dict[str, Any]:
     """The decisive family and the recommended change in one overlap order's rows, over the
-    named cells measured in it (a profile may measure the other order at some cells only);
-    ``measured`` False where none was. Fewer rounds than a decision needs: not a decision."""
+    named cells whose seed step was timed in it (a profile may measure the other order at some
+    cells only); ``measured``: whether any of them has its speedup (False where none, or no
+    cell, was). Fewer rounds than a decision needs: not a decision."""
     here = [cell for cell in named if not analysis.by_round(
         step[(step["rows"] == cell[0]) & (step["vocab"] == cell[1]) & (step["k"] == cell[2])],
         BASELINE).empty]
@@ -615,7 +616,8 @@ def decide_order(step: pd.DataFrame, named: list[tuple[int, int, int]],
     decided = overall(bundle)["decision"]
     _, recommendation = answer_questions(step, here, bundle=bundle, **kwargs)
     short = not_a_decision(bundle)
-    return {"measured": True, "cells": [_cell_name(c) for c in bundle],
+    return {"measured": any(c.get("speedup") is not None for c in bundle),
+            "cells": [_cell_name(c) for c in bundle],
             "decision": stats.INCONCLUSIVE if short else decided,
             "change": stats.NOT_A_DECISION if short else recommendation["change"],
             "reason": short or recommendation["reason"],
@@ -640,7 +642,7 @@ def overlap_summary(step: pd.DataFrame, named: list[tuple[int, int, int]], assum
     other = next(order for order in forward.OVERLAP_ORDERS if order != assumed)
     flips = [name for name, answer in under[other]["answers"].items()
              if under[assumed]["answers"].get(name) not in (None, answer)]
-    changes = (None if not under[other]["measured"] else
+    changes = (None if not (under[other]["measured"] and under[assumed]["measured"]) else
                bool(flips) or (under[other]["cells"] == under[assumed]["cells"]
                                and under[other]["change"] != under[assumed]["change"]))
     return {"assumed": assumed, "recorded": analysis.overlap_orders(step), "under": under,
@@ -655,7 +657,7 @@ def overlap_note(under: dict[str, dict[str, Any]], assumed: str, other: str,
     """The recommendation under each overlap order, and the seed's, in sentences."""
     def one(order: str) -> str:
         found = under[order]
-        if not found["measured"]:
+        if not found["cells"]:
             return f"with the forward {order}: not measured in this run"
         cells = ", ".join(found["cells"])
         return f"with the forward {order} ({cells}): {found['decision']}, {found['change']}"
