@@ -757,7 +757,8 @@ def sync_debug(pipelines: dict[str, SeedStep | DeviceStep], logits: torch.Tensor
     """On CUDA, one call of each arm under ``set_sync_debug_mode("warn")``: how many
     synchronizing operations torch flags (metric ``sync_warnings``; the first texts in the note).
     The designed waits are the seed arms' copy into pageable memory and each arm's one
-    synchronize; anything more is a hidden wait."""
+    synchronize (and, in the ``waited`` overlap order, one more before its host staging);
+    anything more is a hidden wait."""
     if logits.device.type != "cuda":
         return [{"arm": "sync_debug", "metric": "sync_warnings", "status": "unavailable",
                  "note": "torch's sync debug mode needs a CUDA device"}]
