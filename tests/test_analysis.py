@@ -596,6 +596,28 @@ def test_sync_warnings_are_summed_up_per_arm_and_absent_without_cuda():
     assert analysis.sync_warnings(unavailable) is None
 
 
+def test_the_two_overlap_orders_are_told_apart_and_never_compared_as_one_cell():
+    queued = timed("seed_pageable", [2e-3, 2e-3], rows=64, vocab=V, k=5, overlap_order="queued")
+    waited = timed("seed_pageable", [3e-3, 3e-3], rows=64, vocab=V, k=5, overlap_order="waited")
+    older = timed("seed_pageable", [1e-3], rows=16, vocab=V, k=5)  # kept before the order
+    frame = rows(*queued, *waited, *older)
+    assert len(analysis.where_overlap(frame, "queued")) == 3  # the older row queued its forward
+    assert len(analysis.where_overlap(frame, "waited")) == 2
+    assert analysis.overlap_orders(frame) == ["queued", "waited"]
+    assert analysis.overlap_orders(rows(*older)) == ["queued"]
+    table = analysis.overlap_table(frame)
+    assert len(table) == 1  # the older cell has one order only
+    assert (table.iloc[0]["queued_ms"], table.iloc[0]["waited_ms"]) == pytest.approx((2.0, 3.0))
+    assert table.iloc[0]["waited_over_queued"] == pytest.approx(1.5)
+    assert analysis.overlap_table(rows(*queued)).empty
+    pinned = [timed("seed_pinned", [1e-3, 1e-3], rows=64, vocab=V, k=5, overlap_order=order)
+              for order in ("queued", "waited")]
+    compared = analysis.compare(rows(*queued, *waited, *pinned[0], *pinned[1]), "seed_pageable",
+                                "seed_pinned", ["rows", "vocab", "k"])
+    assert dict(zip(compared["overlap_order"], compared["speedup"])) == pytest.approx(
+        {"queued": 2.0, "waited": 3.0})
+
+
 def test_the_two_places_of_the_log_softmax_are_told_apart():
     device = timed("seed_pageable", [2e-3, 2e-3], rows=64, vocab=V, k=5, log_softmax="device")
     host = timed("seed_pageable", [3e-3, 3e-3], rows=64, vocab=V, k=5, log_softmax="host")

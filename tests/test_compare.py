@@ -236,6 +236,26 @@ def test_the_comparison_shows_each_decisive_cells_carry_over(tmp_path):
         "FLAGGED after seed_pageable +5.0% [+4.0%, +6.0%]")
 
 
+def test_the_comparison_shows_the_recommendation_under_each_overlap_order(tmp_path):
+    run = make_run(tmp_path, "R")
+    data = json.loads((run / "verdict.json").read_text())
+    data["context"] = {**(data.get("context") or {}), "overlap": {
+        "assumed": "queued", "seed": {"order": "unknown", "words": "w"}, "under": {
+            "queued": {"measured": True, "cells": ["a", "b"], "decision": "CLOSE",
+                       "change": "close"},
+            "waited": {"measured": True, "cells": ["a"], "decision": "PORT",
+                       "change": "port the pinned scratch"}}}}
+    (run / "verdict.json").write_text(json.dumps(data))
+    table = compare.compare([run]).table
+    assert table.loc[("verdict", "overlap: queued"), "R"] == "CLOSE, close over 2 cell(s) (decided)"
+    assert table.loc[("verdict", "overlap: waited"), "R"] == (
+        "PORT, port the pinned scratch over 1 cell(s)")
+    assert table.loc[("verdict", "overlap: seed's order"), "R"] == "unknown"
+    data["context"]["overlap"] = "assumed: an older verdict's words"
+    (run / "verdict.json").write_text(json.dumps(data))
+    assert not any(q.startswith("overlap") for _, q in compare.compare([run]).table.index)
+
+
 # ------------------------------------------------- figures of trustworthy runs beyond their CIs
 
 def _trusted(run: Path, lever: tuple[float, float, float], rounds: int = 30,

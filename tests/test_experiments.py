@@ -89,7 +89,8 @@ def test_the_step_binding_has_a_cell_per_place_of_the_log_softmax():
         catalogue.STEP).name], "log_softmax": ["device", "host"]}
     cells = experiments.EXPERIMENTS[catalogue.STEP].cells(parameters, "cpu")
     assert sorted({c.sizes["log_softmax"] for c in cells}) == ["device", "host"]
-    assert len(cells) == 2 * len(parameters["rows"]) * len(parameters["ks"])
+    assert sorted({c.sizes["overlap_order"] for c in cells}) == ["queued", "waited"]  # smoke's
+    assert len(cells) == 2 * 2 * len(parameters["rows"]) * len(parameters["ks"])
 
 
 def test_notebooks_that_measure_no_arm_have_no_binding_and_no_cells():

@@ -80,6 +80,11 @@ def test_the_smoke_profile_is_measured_with_torch_alone(smoke):
     timed = {r["arm"] for r in step if r["status"] == "ok" and r["stage"] == "total"}
     assert {"seed_pageable", "seed_pageable~aa", "seed_pageable_reused", "device_gather",
             "fused"} <= timed
+    # both overlap orders, every cell in each, every timed row tagged with its order
+    orders = {(r["rows"], r["overlap_order"]) for r in step if r["status"] == "ok"
+              and r["stage"] == "total" and r["arm"] == "seed_pageable"}
+    assert orders == {(n, order) for n in (2, 8) for order in ("queued", "waited")}
+    assert all(r["overlap_order"] in ("queued", "waited") for r in step if r["metric"] == "time")
 
 
 def test_the_stagelab_command_refuses_a_bad_measure_request_in_one_line(tmp_path, capsys):
@@ -132,11 +137,15 @@ def test_the_gate_estimate_states_the_round_cap_and_its_device_time(capsys):
     line = next(line for line in out if "rounds until resolved" in line)
     assert line.startswith("02_logprobs_step: rounds until resolved: 150 rounds per cell (a PORT "
                            "needs 149), more while a question's CI straddles its bar, up to 200 "
-                           "rounds or 60 s of timing per cell; its 6 cells take ")
+                           "rounds or 60 s of timing per cell; its 7 cells take ")
+    # the six decisive cells queued, and the forward-waited order at n=16 on Qwen2.5-7B alone
+    waited = [row for row in out if row.startswith("02_logprobs_step ") and "waited" in row]
+    assert [row.split()[1:3] for row in waited] == [["n=16", "V=152064"]]
     floor = float(line.split(" take ")[1].split()[0])
     cap = float(line.split("at most ")[1].split()[0])
-    step_total = sum(float(row.split()[-1]) for row in out if row.startswith("02_logprobs_step "))
-    assert 0 < floor < cap == pytest.approx(step_total, abs=0.1)  # the table counts the cap
+    step_rows = [float(row.split()[-1]) for row in out if row.startswith("02_logprobs_step ")]
+    # the table counts the cap (each row rounded to 0.1 s)
+    assert 0 < floor < cap == pytest.approx(sum(step_rows), abs=0.05 * len(step_rows) + 0.05)
 
 
 def lease_deadline_s() -> str:
@@ -153,7 +162,7 @@ def test_the_lease_deadline_starts_every_gate_cell_on_the_estimate(capsys):
     assert cli.main(["measure", "--profile", "gate", "--estimate", "cuda",
                      "--deadline-s", deadline]) == 0
     out = capsys.readouterr().out
-    assert f"--deadline-s {deadline}: every cell is started on this estimate (9 cells" in out
+    assert f"--deadline-s {deadline}: every cell is started on this estimate (10 cells" in out
     assert float(deadline) <= 600 - 60  # a lease command runs 600 s at most; 60 s to close
 
 
@@ -234,7 +243,8 @@ def test_deadline_stops_at_a_cell_boundary_and_keeps_what_was_measured(tmp_path,
     out = tmp_path / "m"
     code = measure_command.main(["--profile", "smoke", "--only", "02_logprobs_step", "03_prompt_logprobs",
                          "--param", "02_logprobs_step.rows=[2, 3, 4]", "--param",
-                         "02_logprobs_step.arms=[seed_pageable, fused]", "--out", str(out),
+                         "02_logprobs_step.arms=[seed_pageable, fused]", "--param",
+                         "02_logprobs_step.overlap_orders=[queued]", "--out", str(out),
                          "--deadline-s", "3600", "--rehearse-on-cpu"])
     assert code == measure_command.EXIT_PARTIAL
     manifest = measured_folder.MeasuredFolder(out).manifest()
@@ -673,7 +683,8 @@ def test_a_cell_after_one_the_deadline_refused_still_runs_where_it_fits(tmp_path
     out = tmp_path / "m"
     code = measure_command.main(["--profile", "smoke", "--only", "02_logprobs_step",
                                  "--param", "02_logprobs_step.rows=[2, 3, 4]", "--param",
-                                 "02_logprobs_step.arms=[seed_pageable, fused]", "--out", str(out),
+                                 "02_logprobs_step.arms=[seed_pageable, fused]", "--param",
+                                 "02_logprobs_step.overlap_orders=[queued]", "--out", str(out),
                                  "--deadline-s", "3600", "--rehearse-on-cpu"])
     assert code == measure_command.EXIT_PARTIAL
     (step,) = measured_folder.MeasuredFolder(out).manifest()["experiments"]

@@ -61,6 +61,12 @@ BAD = [
     ("02_logprobs_step.max_rounds=5", "02_logprobs_step.max_rounds: 5 is below rounds (12)"),
     ("02_logprobs_step.max_seconds=0", "02_logprobs_step.max_seconds: 0 is not a positive"),
     ("04_verdict.log_softmax=gpu", "04_verdict.log_softmax: unknown log_softmax place 'gpu'"),
+    ("02_logprobs_step.overlap_orders=[after]",
+     "02_logprobs_step.overlap_orders: unknown overlap order 'after'; valid: queued, waited"),
+    ("02_logprobs_step.overlap_orders=[waited, waited]", "names the same order twice"),
+    ("02_logprobs_step.overlap_only=[[16]]", "02_logprobs_step.overlap_only: [16] is not a pair"),
+    ('02_logprobs_step.overlap_only=[[16, "Nope-7B"]]', "overlap_only: unknown model 'Nope-7B'"),
+    ("04_verdict.overlap_order=after", "04_verdict.overlap_order: unknown overlap order 'after'"),
     # Before: a top-K above the vocabulary passed the checks, then failed inside the run.
     ("02_logprobs_step.ks=[5, 200000]", "02_logprobs_step.ks: top-K 200000 exceeds the "
                                         "vocabulary of Qwen2.5-7B (152064); K can be at most V"),
@@ -91,7 +97,9 @@ GOOD = {
     "01_d2h_staging": {"models": ["GPT-2", 1000], "rows": [1], "arms": ["pageable_fresh",
                                                                        "raw_ceiling"],
                        "rounds": 1, "warmup": 0, "dtype": "bfloat16"},
-    "02_logprobs_step": {"ks": [0], "arms": ["seed_pageable", "fused"], "logits_dtype": "float16"},
+    "02_logprobs_step": {"ks": [0], "arms": ["seed_pageable", "fused"], "logits_dtype": "float16",
+                         "overlap_orders": ["waited", "queued"],
+                         "overlap_only": [[16, "Qwen2.5-7B"], [64, 152064]]},
     "03_prompt_logprobs": {"tokens": 2, "overlaps": [False], "methods": ["fused"], "vocab": 0},
     "04_verdict": {"confidence": 0.9, "delta": 0.05, "decisive_models": ["GPT-2", 1000]},
 }

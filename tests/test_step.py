@@ -228,6 +228,70 @@ def test_each_arm_makes_exactly_the_wait_its_design_names(arm):
     assert (counter.explicit, counter.hidden) == (1, 0), counter.ops
 
 
+@pytest.mark.skipif(not NATIVE_OK, reason=f"the native path cannot be built here: {NATIVE_WHY}")
+@pytest.mark.parametrize("arm", ["seed_pageable", "seed_pinned", "seed_pageable_reused",
+                                 "device_gather", "fused"])
+@pytest.mark.parametrize("order, waits, before_staging", [("queued", 1, 0), ("waited", 2, 1)])
+def test_the_waited_order_waits_once_more_before_the_host_staging(arm, order, waits,
+                                                                  before_staging):
+    """In the waited order every arm waits for the queued device work just before its host
+    staging (a seed arm's allocation, a device arm's destination), and only then; the queued
+    order makes the design's one wait, after the copy."""
+    pipeline = pipelines()[arm]
+    pipeline.overlap = order
+    logits, tokens = make_logits(8, 3001, torch.bfloat16), make_tokens(8, 3001)
+    pipeline.run(logits, 5, tokens, tokens)
+    seen: list[int] = []
+    owner, name = ((pipeline.destination, "acquire") if isinstance(pipeline, step.SeedStep)
+                   else (pipeline, "destination"))
+    staging_call = getattr(owner, name)
+
+    def recorded(*args):
+        seen.append(counter.explicit)
+        return staging_call(*args)
+
+    setattr(owner, name, recorded)
+    with SyncCounter() as counter:
+        pipeline.run(logits, 5, tokens, tokens)
+    assert (counter.explicit, counter.hidden, seen) == (waits, 0, [before_staging]), counter.ops
+
+
+def test_cells_carry_each_overlap_order_and_a_profile_may_limit_the_second():
+    found = step.cells(shapes.resolve_vocabs([1000, 3000]), [8, 2], [1], torch.float32,
+                       ["fused"], aa_arm=None, device="cpu", overlap_orders=["queued", "waited"])
+    assert [(c.sizes["rows"], c.sizes["vocab"], c.sizes["overlap_order"]) for c in found] == [
+        (n, v, order) for n in (8, 2) for v in (3000, 1000) for order in ("queued", "waited")]
+    assert [c.label.endswith(", forward waited on") for c in found] == [False, True] * 4
+    limited = step.cells(shapes.resolve_vocabs([1000, 3000]), [8, 2], [1], torch.float32,
+                         ["fused"], aa_arm=None, device="cpu",
+                         overlap_orders=["queued", "waited"], overlap_only=[[2, 1000]])
+    assert [(c.sizes["rows"], c.sizes["vocab"], c.sizes["overlap_order"]) for c in limited] == [
+        (8, 3000, "queued"), (8, 1000, "queued"), (2, 3000, "queued"), (2, 1000, "queued"),
+        (2, 1000, "waited")]
+    default = step.cells(shapes.resolve_vocabs([1000]), [2], [1], torch.float32, ["fused"],
+                         aa_arm=None, device="cpu")
+    assert [c.sizes["overlap_order"] for c in default] == ["queued"]
+    for orders, message in ((["waited", "waited"], "at most once"), ([], "at least one"),
+                            (["after"], "overlap_orders: 'after' is not one of")):
+        with pytest.raises(ValueError, match=message):
+            step.cells(shapes.resolve_vocabs([1000]), [2], [1], torch.float32, ["fused"],
+                       aa_arm=None, device="cpu", overlap_orders=orders)
+
+
+@pytest.mark.skipif(not NATIVE_OK, reason=f"the native path cannot be built here: {NATIVE_WHY}")
+def test_every_step_row_records_its_overlap_order():
+    frame = schema.make_rows(step.measure(
+        shapes.resolve_vocabs([1000]), [3], [2], torch.float32, ["seed_pageable", "fused"],
+        aa_arm=None, rounds=2, warmup=0, progress=False, overlap_orders=["queued", "waited"]))
+    assert set(frame["overlap_order"]) == {"queued", "waited"}  # every row, none missing
+    timed = frame[(frame.arm == "seed_pageable") & (frame.stage == "total")
+                  & (frame.metric == "time")]
+    assert timed.groupby("overlap_order")["round"].nunique().to_dict() == {"queued": 2,
+                                                                            "waited": 2}
+    forward = frame[frame.metric == "forward_ms"]
+    assert sorted(forward["overlap_order"]) == ["queued", "waited"]
+
+
 def test_the_wait_counter_sees_a_validating_call_negative_control():
     logits, tokens = make_logits(8, 3001, torch.bfloat16), make_tokens(8, 3001)
     with SyncCounter() as counter:

@@ -719,8 +719,64 @@ def test_the_verdict_states_the_forward_the_overlap_and_the_allocator(tmp_path):
     context = build(write_step(tmp_path / "run", records), [64])["context"]
     assert context["forward"]["nominal_ms"] == [4.45] and context["forward"]["measured_ms"] is None
     assert context["forward"]["context_tokens"] == 2048
-    assert context["overlap"].startswith("assumed: the forward is queued without a wait")
+    overlap = context["overlap"]
+    assert (overlap["assumed"], overlap["recorded"], overlap["other"]) == ("queued", ["queued"],
+                                                                           "waited")
+    assert overlap["words"].startswith("Overlap order decided: queued: the forward is queued "
+                                       "without a wait")
+    assert overlap["under"]["waited"]["measured"] is False and overlap["changes_answer"] is None
+    assert "with the forward waited: not measured in this run" in overlap["note"]
+    assert "Overlap order queued: the forward is queued" in context["words"]
     assert context["allocator"]["regimes"] == [] and "not recorded" in context["allocator"]["note"]
+
+
+def test_the_verdict_decides_each_overlap_order_alone_and_says_which_the_seed_has(tmp_path):
+    """Planted rows where the orders disagree: the fill hidden by the forward (queued: too small
+    a saving) and paid in full (waited: a clear one). Each order's rows are decided alone (one
+    cell holding both orders' rounds would be refused by the pairing), per order."""
+    reused = {"seed_pageable_reused": 1.005}
+    queued = [{**r, "overlap_order": "queued"} for r in step_cell(64, 1.01, extra=reused)]
+    waited = [{**r, "overlap_order": "waited"} for r in step_cell(64, 1.5, seed=2, extra=reused)]
+    run = write_step(tmp_path / "run", queued + waited)
+    name = f"n=64 V={V} K=5"
+    decided = {}
+    for order, other, answer, theirs in (("queued", "waited", "CLOSE", "PORT"),
+                                         ("waited", "queued", "PORT", "CLOSE")):
+        result = build(run, [64], overlap_order=order)
+        overlap = result["context"]["overlap"]
+        (cell,) = result["decisive"]
+        assert result["parameters"]["overlap_order"] == order
+        assert result["overall"]["decision"] == answer and cell["decision"] == answer
+        assert cell["speedup"] == pytest.approx(1.01 if order == "queued" else 1.5, rel=0.01)
+        assert (overlap["assumed"], overlap["other"], overlap["recorded"]) == (
+            order, other, ["queued", "waited"])
+        assert overlap["under"][order]["decision"] == answer
+        assert overlap["under"][other]["decision"] == theirs
+        assert overlap["under"][other]["answers"] == {name: theirs}
+        assert overlap["changes_answer"] is True and overlap["flipped_cells"] == [name]
+        assert f"the {other} order changes the answer at {name}" in overlap["note"]
+        assert f"Overlap order {order}:" in result["context"]["words"]
+        decided[order] = {o: overlap["under"][o]["change"] for o in ("queued", "waited")}
+    assert decided["queued"] == decided["waited"]  # the same recommendation per order either way
+    assert decided["queued"] == {"queued": "close", "waited": "port the pinned scratch"}
+    seed = result["context"]["overlap"]["seed"]
+    assert seed["order"] == "unknown" and seed["lead"] == "waited"
+    assert all(line in seed["words"] for line in ("sampler.cpp:289", ":296", ":405", ":412"))
+    with pytest.raises(ValueError, match="overlap_order must be one of"):
+        build(run, [64], overlap_order="after")
+
+
+def test_the_other_order_measured_at_some_cells_is_decided_over_those_alone(tmp_path):
+    """A lease measures the waited order at one decisive cell: it is decided there, never
+    counted unmeasured (or mixed) at the others, and says which cells it covers."""
+    queued = [{**r, "overlap_order": "queued"} for r in step_cell(16, 1.5) + step_cell(64, 1.5)]
+    waited = [{**r, "overlap_order": "waited"} for r in step_cell(16, 1.5, seed=3)]
+    result = build(write_step(tmp_path / "run", queued + waited), [16, 64])
+    under = result["context"]["overlap"]["under"]
+    assert under["queued"]["cells"] == [f"n=16 V={V} K=5", f"n=64 V={V} K=5"]
+    assert under["waited"]["cells"] == [f"n=16 V={V} K=5"]
+    assert under["waited"]["decision"] == under["queued"]["decision"] == "PORT"
+    assert result["context"]["overlap"]["changes_answer"] is False
 
 
 def test_the_verdict_says_whether_the_allocators_regime_changes_the_answer(tmp_path):

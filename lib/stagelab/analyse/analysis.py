@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from stagelab.analyse import stats
-from stagelab.core import catalogue
+from stagelab.core import catalogue, forward
 from stagelab.core.catalogue import STAGES, TOTAL, aa_name
 
 UNATTRIBUTED = "unattributed"  # what no timed stage accounts for
@@ -98,8 +98,9 @@ def compare(frame: pd.DataFrame, baseline: str, candidate: str, by: Sequence[str
     with its CI, the ms it saves per call on average, and, with ``twin``, the A/A speedup of the
     baseline over its twin. A cell whose timings are not positive and finite gets no speedup and
     a ``note`` saying why."""
-    if "log_softmax" in frame and frame["log_softmax"].nunique() > 1:
-        by = [*by, "log_softmax"]  # the two places of the log-softmax are two cells
+    for column in ("log_softmax", "overlap_order"):  # two places, two orders: two cells each
+        if column in frame and frame[column].nunique() > 1:
+            by = [*by, column]
     out = []
     for key, part in cells(frame, by):
         base, cand = paired_rounds(part, baseline, candidate, stage=stage)
@@ -125,6 +126,41 @@ def where_log_softmax(frame: pd.DataFrame, place: str) -> pd.DataFrame:
     """The step rows measured with the log-softmax on ``place`` (``device`` or ``host``); rows
     that do not say (tables kept before the choice existed) ran it on the device."""
     return frame[frame["log_softmax"].fillna("device") == place]
+
+
+def where_overlap(frame: pd.DataFrame, order: str) -> pd.DataFrame:
+    """The step rows measured in overlap ``order`` (``queued`` or ``waited``,
+    :data:`stagelab.core.forward.OVERLAP_ORDERS`); rows that do not say (tables kept before the
+    order was recorded) queued the forward and are read as ``queued``."""
+    if "overlap_order" not in frame:
+        return frame if order == forward.QUEUED else frame.iloc[0:0]
+    return frame[frame["overlap_order"].fillna(forward.QUEUED) == order]
+
+
+def overlap_orders(frame: pd.DataFrame) -> list[str]:
+    """The overlap orders the step rows record, ``queued`` first (rows that do not say count
+    as ``queued``); empty for a table without rows."""
+    if frame.empty:
+        return []
+    found = (set(frame["overlap_order"].fillna(forward.QUEUED)) if "overlap_order" in frame
+             else {forward.QUEUED})
+    return [order for order in forward.OVERLAP_ORDERS if order in found]
+
+
+def overlap_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per cell and seed arm, the mean step (ms) in each overlap order and ``waited`` over
+    ``queued``: what waiting on the forward before the allocation costs each arm; empty when
+    the run measured one order only."""
+    columns = ["rows", "vocab", "k", "arm", "queued_ms", "waited_ms", "waited_over_queued"]
+    timed = ok_timings(frame)
+    if "overlap_order" not in timed or timed["overlap_order"].nunique() < 2:
+        return pd.DataFrame(columns=columns)
+    means = timed.pivot_table(index=["rows", "vocab", "k", "arm"], columns="overlap_order",
+                              values="seconds", aggfunc="mean", observed=True) * 1e3
+    means = means.rename(columns={order: f"{order}_ms" for order in forward.OVERLAP_ORDERS})
+    means = means.dropna().reset_index()
+    means["waited_over_queued"] = means["waited_ms"] / means["queued_ms"]
+    return pd.DataFrame(means, columns=columns)
 
 
 MAPPED_FRESH = "mapped fresh"  # the seed vector's regime that never touches the process's heap

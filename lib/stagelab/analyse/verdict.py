@@ -547,7 +547,8 @@ def check_parameters(delta: float, min_samples: int, confidence: float, decisive
 
 
 def context_summary(decisive: list[dict[str, Any]], delta: float, log_softmax: str,
-                    family: stats.FamilyDecision | None, on_cpu: bool = False) -> dict[str, Any]:
+                    family: stats.FamilyDecision | None, on_cpu: bool = False,
+                    overlap_order: str = forward.QUEUED) -> dict[str, Any]:
     """What every verdict states beside its decision: the device work queued before each step,
     what delta is a share of (with the logprobs-only bar beside it), where the log-softmax ran,
     and how the family of cells was combined."""
@@ -564,15 +565,106 @@ def context_summary(decisive: list[dict[str, Any]], delta: float, log_softmax: s
             "family": stats.FAMILY_METHOD,
             "family_reason": family.reason if family else "no decisive cell was measured",
             "words": context_words(forwards, delta,
-                                   catalogue.log_softmax_place(log_softmax, on_cpu))}
+                                   catalogue.log_softmax_place(log_softmax, on_cpu),
+                                   overlap_order)}
 
 
-OVERLAP = ("assumed: the forward is queued without a wait before each timed step, so the seed's "
-           "host allocation (the fresh vector and its zero-fill) runs while the device works, as "
-           "in an engine that launches its forward asynchronously and first waits at the "
-           "logprobs copy; the copy itself cannot start before the forward ends. An engine that "
-           "waits after its forward would pay the allocation in full (forward_ms = 0 bounds "
-           "that case).")
+OVERLAP_WORDS = {
+    forward.QUEUED: ("the forward is queued without a wait before each timed step, so the seed's "
+                     "host allocation (the fresh vector and its zero-fill) runs while the device "
+                     "works, as in an engine that launches its forward asynchronously and first "
+                     "waits at the logprobs copy; the copy itself cannot start before the "
+                     "forward ends"),
+    forward.WAITED: ("the device is waited on just before the seed's host allocation (outside "
+                     "every timed stage, inside the timed call, in every arm alike), so the "
+                     "fresh vector's zero-fill is paid in full after the forward, as in an "
+                     "engine that waits (a synchronised copy, a pinned result read) before it "
+                     "allocates: the other bound"),
+}
+# Which order the seed's sampler has, read from what this suite holds of the seed: its issue
+# (shared/seed/000_536b2d57bdbc1ec4.txt) names the lines; sampler.cpp itself is not here.
+SEED_OVERLAP = {
+    "order": "unknown",
+    "lead": forward.WAITED,
+    "source": "the seed issue's line references (src/vllm/v1/sample/sampler.cpp); the sampler's "
+              "code is not part of this suite",
+    "words": ("The seed's sampler's overlap order is unknown: this suite holds the seed issue, "
+              "not sampler.cpp. The issue places the processed_out vector at "
+              "src/vllm/v1/sample/sampler.cpp:289, its copy at :293 and its b.Synchronize(q) at "
+              ":296, and the raw_logprobs vector at :405, its copy from logits.data at :412 and "
+              "its synchronize at :414, with the pinned greedy-argmax scratch (AllocPinned) at "
+              ":225-255. Read in line order, raw_logprobs is allocated after the wait at :296 "
+              "(the waited order), and processed_out after the greedy-argmax read if that read "
+              "comes first; whether one step runs them in that order, or both at all, cannot be "
+              "told from the issue, so the recommendation is given under both orders."),
+}
+
+
+def decide_order(step: pd.DataFrame, named: list[tuple[int, int, int]],
+                 **kwargs: Any) -> dict[str, Any]:
+    """The decisive family and the recommended change in one overlap order's rows, over the
+    named cells whose seed step was timed in it (a profile may measure the other order at some
+    cells only); ``measured``: whether any of them has its speedup (False where none, or no
+    cell, was). Fewer rounds than a decision needs: not a decision."""
+    here = [cell for cell in named if not analysis.by_round(
+        step[(step["rows"] == cell[0]) & (step["vocab"] == cell[1]) & (step["k"] == cell[2])],
+        BASELINE).empty]
+    if not here:
+        return {"measured": False, "cells": [], "decision": None, "change": None,
+                "reason": "not measured in this order", "answers": {}}
+    bundle, _ = decide_cells(step, here, CANDIDATE, **kwargs)
+    decided = overall(bundle)["decision"]
+    _, recommendation = answer_questions(step, here, bundle=bundle, **kwargs)
+    short = not_a_decision(bundle)
+    return {"measured": any(c.get("speedup") is not None for c in bundle),
+            "cells": [_cell_name(c) for c in bundle],
+            "decision": stats.INCONCLUSIVE if short else decided,
+            "change": stats.NOT_A_DECISION if short else recommendation["change"],
+            "reason": short or recommendation["reason"],
+            "answers": {_cell_name(c): c["decision"] for c in bundle}}
+
+
+def overlap_summary(step: pd.DataFrame, named: list[tuple[int, int, int]], assumed: str,
+                    decisive: list[dict[str, Any]], decided: str,
+                    recommendation: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+    """The overlap order decided (``assumed``) and the other beside it, each with its family
+    decision and recommended change (never a comparison across orders), whether the other
+    changes any cell's answer, and which order the seed's sampler has (:data:`SEED_OVERLAP`).
+    ``step``: the rows of every order, at the assumed place and regime."""
+    under = {assumed: {"measured": bool(decisive) and any(
+                           c.get("speedup") is not None for c in decisive),
+                       "cells": [_cell_name(c) for c in decisive], "decision": decided,
+                       "change": recommendation["change"], "reason": recommendation["reason"],
+                       "answers": {_cell_name(c): c["decision"] for c in decisive}}}
+    for order in forward.OVERLAP_ORDERS:
+        if order != assumed:
+            under[order] = decide_order(analysis.where_overlap(step, order), named, **kwargs)
+    other = next(order for order in forward.OVERLAP_ORDERS if order != assumed)
+    flips = [name for name, answer in under[other]["answers"].items()
+             if under[assumed]["answers"].get(name) not in (None, answer)]
+    changes = (None if not (under[other]["measured"] and under[assumed]["measured"]) else
+               bool(flips) or (under[other]["cells"] == under[assumed]["cells"]
+                               and under[other]["change"] != under[assumed]["change"]))
+    return {"assumed": assumed, "recorded": analysis.overlap_orders(step), "under": under,
+            "other": other, "changes_answer": changes, "flipped_cells": flips,
+            "seed": SEED_OVERLAP,
+            "words": f"Overlap order decided: {assumed}: {OVERLAP_WORDS[assumed]}.",
+            "note": overlap_note(under, assumed, other, flips)}
+
+
+def overlap_note(under: dict[str, dict[str, Any]], assumed: str, other: str,
+                 flips: list[str]) -> str:
+    """The recommendation under each overlap order, and the seed's, in sentences."""
+    def one(order: str) -> str:
+        found = under[order]
+        if not found["cells"]:
+            return f"with the forward {order}: not measured in this run"
+        cells = ", ".join(found["cells"])
+        return f"with the forward {order} ({cells}): {found['decision']}, {found['change']}"
+
+    flipped = (f"; the {other} order changes the answer at {', '.join(flips)}" if flips else "")
+    return (f"Recommendation {one(assumed)} (decided); {one(other)}{flipped}. "
+            f"{SEED_OVERLAP['words']}")
 
 
 def forward_summary(step: pd.DataFrame) -> dict[str, Any]:
@@ -680,14 +772,16 @@ def _fault_path(kind: str, rate: float | None, bare_metal: list[float] | None) -
             "path, not of an engine's production host.")
 
 
-def context_words(forwards: list[float], delta: float, log_softmax: str) -> str:
+def context_words(forwards: list[float], delta: float, log_softmax: str,
+                  overlap_order: str = forward.QUEUED) -> str:
     """The context in one sentence, stated next to every verdict."""
     forward = ("no device work before the step (forward_ms = 0: a CPU run, or the upper bound "
                "of the saving)" if forwards == [0.0] else
                f"forward_ms = {', '.join(f'{f:g}' for f in forwards)} ms of device work queued "
                "before each step")
     return (f"Context: {forward}; delta = {delta:.0%} of the decode step (forward + logprobs "
-            f"step); the log-softmax runs on the {log_softmax}.")
+            f"step); the log-softmax runs on the {log_softmax}. Overlap order {overlap_order}: "
+            f"{OVERLAP_WORDS[overlap_order]}.")
 
 
 def _other_assumption(step: pd.DataFrame, named: list[tuple[int, int, int]], assumed: str,
@@ -710,16 +804,23 @@ def _other_assumption(step: pd.DataFrame, named: list[tuple[int, int, int]], ass
 def build_verdict(run_dir: Path | str, *, decisive_rows: list[int], decisive_vocabs: list[int],
                   decisive_ks: list[int], delta: float = 0.02, min_samples: int = 10,
                   confidence: float = 0.95, seed: int = 0, reference_root: Path | None = None,
-                  calibration_trials: int = 0, log_softmax: str = "device") -> dict[str, Any]:
+                  calibration_trials: int = 0, log_softmax: str = "device",
+                  overlap_order: str = forward.QUEUED) -> dict[str, Any]:
     """The verdict of a run folder as a JSON-ready dict (deterministic for the same folder).
 
     The decisive cells are decided as one family (:func:`stagelab.analyse.stats.decide_family`) under
     the assumption ``log_softmax`` (where the seed's log-softmax runs: ``device`` or ``host``);
     where the run also measured the other place, the verdict says whether it would change the
-    answer. With ``calibration_trials``, the rule's error rates are simulated at this run's own
-    number of rounds (the fewest the baseline has in a decisive cell) and its delta."""
+    answer. Likewise ``overlap_order`` (how the step meets the queued forward: ``queued`` or
+    ``waited``): every figure is of that order's rows alone, and the other order's family and
+    recommended change are given beside it (``context.overlap``, :func:`overlap_summary`).
+    With ``calibration_trials``, the rule's error rates are simulated at this run's own number
+    of rounds (the fewest the baseline has in a decisive cell) and its delta."""
     if log_softmax not in ("device", "host"):
         raise ValueError(f"log_softmax must be 'device' or 'host', got {log_softmax!r}")
+    if overlap_order not in forward.OVERLAP_ORDERS:
+        raise ValueError(f"overlap_order must be one of {list(forward.OVERLAP_ORDERS)}, got "
+                         f"{overlap_order!r}")
     check_parameters(delta, min_samples, confidence, decisive_rows, decisive_vocabs, decisive_ks)
     run_dir = Path(run_dir)
     tables, missing = load_tables(run_dir)
@@ -728,10 +829,11 @@ def build_verdict(run_dir: Path | str, *, decisive_rows: list[int], decisive_voc
                                   seed=seed)
     named = decisive_cells(decisive_rows, decisive_vocabs, decisive_ks)
     step_all = step if step is not None else schema.make_rows([])
-    if step is not None:  # every step figure below: the assumed log-softmax and regime's rows
-        step = tables["step"] = analysis.where_regime(analysis.where_log_softmax(step,
-                                                                                 log_softmax))
-    at_place = analysis.where_log_softmax(step_all, log_softmax)
+    if step is not None:  # every step figure below: the assumed place, regime and order's rows
+        step = tables["step"] = analysis.where_overlap(analysis.where_regime(
+            analysis.where_log_softmax(step, log_softmax)), overlap_order)
+    in_order = analysis.where_overlap(step_all, overlap_order)
+    at_place = analysis.where_log_softmax(in_order, log_softmax)
     assumed_rows = analysis.where_regime(at_place)
     decisive, family = decide_cells(assumed_rows, named, CANDIDATE, **kwargs)
     decided = overall(decisive)
@@ -747,6 +849,9 @@ def build_verdict(run_dir: Path | str, *, decisive_rows: list[int], decisive_voc
         decided = {**decided, "decision": stats.INCONCLUSIVE,
                    "summary": f"{short} {decided['summary']}"}
         recommendation = {**recommendation, "change": stats.NOT_A_DECISION, "reason": short}
+    overlap = overlap_summary(
+        analysis.where_regime(analysis.where_log_softmax(step_all, log_softmax)), named,
+        overlap_order, decisive, decided["decision"], recommendation, **kwargs)
     step_levers = [] if step is None else analysis.lever_savings(step, seed=seed).to_dict(
         "records")
     folder = records.RunFolder(run_dir)
@@ -766,17 +871,18 @@ def build_verdict(run_dir: Path | str, *, decisive_rows: list[int], decisive_voc
         "hardware": analysis.hardware_summary(hardware),
         "parameters": {**kwargs, "decisive_rows": decisive_rows,
                        "decisive_vocabs": decisive_vocabs, "decisive_ks": decisive_ks,
-                       "log_softmax": log_softmax},
+                       "log_softmax": log_softmax, "overlap_order": overlap_order},
         "overall": decided,
         "recommendation": recommendation,
         "questions": questions,
         "context": with_machine({
             **context_summary(decisive, delta, log_softmax, family,
-                              on_cpu=analysis.measured_on_cpu(step_all)),
-            "forward": forward_summary(assumed_rows), "overlap": OVERLAP,
+                              on_cpu=analysis.measured_on_cpu(step_all),
+                              overlap_order=overlap_order),
+            "forward": forward_summary(assumed_rows), "overlap": overlap,
             "allocator": allocator_summary(at_place, named, decided["decision"], **kwargs)},
             hardware),
-        "other_log_softmax": _other_assumption(analysis.where_regime(step_all), named,
+        "other_log_softmax": _other_assumption(analysis.where_regime(in_order), named,
                                                log_softmax, decided["decision"], **kwargs),
         "decisive": decisive,
         "carry_over": carry_over,

@@ -49,6 +49,11 @@ log_softmax str    where the seed arms ran the log-softmax: ``device`` or ``host
 regime     str     the seed vector's allocation regime (the step): the process's malloc
                    (``glibc``, or a preloaded ``jemalloc``/``tcmalloc``) or ``mapped fresh``;
                    else missing
+overlap_order str  how the step met the forward queued before it (the step):
+                   ``queued`` (the fresh vector's allocation and zero-fill overlap it) or
+                   ``waited`` (the device waited on before the allocation: the fill paid in
+                   full; the wait is inside the timed call, outside every stage); missing in
+                   tables kept before it (read as ``queued``) and elsewhere
 mapped     bool    whether the step's fresh seed vector was a fresh mapping (its pages faulted
                    in) rather than heap memory back from an earlier step, read from glibc's
                    chunk header after the timed ``alloc`` stage (row stage ``alloc`` of an arm
@@ -110,6 +115,7 @@ COLUMN_DTYPES: dict[str, str] = {
     "dtype": "string",
     "log_softmax": "string",
     "regime": "string",
+    "overlap_order": "string",
     "mapped": "boolean",
     "minor_faults": "Int64",
     "round": "Int64",
@@ -129,7 +135,7 @@ COLUMNS: tuple[str, ...] = tuple(COLUMN_DTYPES)
 LEGACY_COLUMNS: dict[str, str] = {"repeat": "round"}
 # Columns added since evidence was first kept: missing in older tables, read as missing values.
 ADDED_COLUMNS: tuple[str, ...] = ("position", "log_softmax", "regime", "mapped",
-                                  "minor_faults", "tile")
+                                  "minor_faults", "tile", "overlap_order")
 STATUSES = (OK, "unavailable", "skipped", FAILED)
 _DEFAULTS: dict[str, Any] = {"stage": "total", "metric": "time", "model": "", "timer": "",
                              "status": "ok", "note": ""}

@@ -127,7 +127,9 @@ def _step_sizes(p: Parameters) -> tuple[tuple[Any, ...], dict[str, Any]]:
              shapes.torch_dtype(p["logits_dtype"], "logits_dtype"), p["arms"]),
             dict(aa_arm=p["aa_arm"], sources=p["sources"],
                  log_softmax=p.get("log_softmax", ["device"]),
-                 seed_regimes=p.get("seed_regimes", ["malloc"])))
+                 seed_regimes=p.get("seed_regimes", ["malloc"]),
+                 overlap_orders=p.get("overlap_orders", ["queued"]),
+                 overlap_only=p.get("overlap_only")))
 
 
 def _step_call(p: Parameters) -> Call:

@@ -78,12 +78,14 @@ def round_cap_lines(notebooks: Mapping[str, Mapping[str, Any]], kind: str) -> li
 
 
 def format_estimate(rows: list[tuple[str, str, float]], kind: str) -> str:
-    """The ``--estimate`` table: each cell, each notebook's sum, and the total."""
-    lines = [f"{'notebook':20} {'cell':44} {'predicted_s':>11}"]
-    lines += [f"{name:20} {label:44} {seconds:11.1f}" for name, label, seconds in rows]
+    """The ``--estimate`` table: each cell, each notebook's sum, and the total (the cell column
+    as wide as its longest label, at least 44)."""
+    width = max([44, *(len(label) for _, label, _ in rows)])
+    lines = [f"{'notebook':20} {'cell':{width}} {'predicted_s':>11}"]
+    lines += [f"{name:20} {label:{width}} {seconds:11.1f}" for name, label, seconds in rows]
     total = sum(seconds for _, _, seconds in rows)
-    lines.append(f"{'before the first cell':65} {FIXED_S[kind]:11.1f}")
-    lines.append(f"{'total on ' + kind:65} {total + FIXED_S[kind]:11.1f}")
+    lines.append(f"{'before the first cell':{width + 21}} {FIXED_S[kind]:11.1f}")
+    lines.append(f"{'total on ' + kind:{width + 21}} {total + FIXED_S[kind]:11.1f}")
     return "\n".join(lines)
 
 

@@ -8,10 +8,15 @@ models are named in :mod:`stagelab.core.catalogue`; :data:`BUILDERS` builds each
 top-K, the free) or a :class:`DeviceStep` (top-K on the device; only ``[n, K+1]`` is copied).
 
 Each seed arm makes the engine's one wait (``b.Copy`` then ``b.Synchronize``) after its copy; each
-device arm one wait to hand its results to the host; nothing else in a timed call waits on the
-device. Stages (``device``, ``alloc``, ``copy``, ``host_gather``, ``free``) are timed without
-extra waits: CUDA events around device work, read after the step's own wait, and the host clock
-around host work (on a CPU, the host clock for all).
+device arm one wait to hand its results to the host. In the overlap order ``waited``
+(:data:`stagelab.core.forward.OVERLAP_ORDERS`) every arm makes one wait more, for the device
+work queued so far (the forward, and the log-softmax of a seed arm), just before its host
+staging begins: outside every timed stage, inside the timed call, the same in every arm, so the
+call is then the forward, waited on, plus the whole step with its allocation paid in full.
+Nothing else in a timed call waits on the device. Stages (``device``, ``alloc``, ``copy``,
+``host_gather``, ``free``) are timed without extra waits: CUDA events around device work, read
+after the step's own wait, and the host clock around host work (on a CPU, the host clock for
+all).
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ STEP_ARMS = catalogue.arm_names(catalogue.STEP)
 BASELINE = catalogue.baseline(catalogue.STEP)
 CANDIDATE = catalogue.candidate(catalogue.STEP)
 LOG_SOFTMAX = ("device", "host")  # where the seed arms run the log-softmax
+OVERLAP_ORDERS = forward.OVERLAP_ORDERS  # how a step meets the forward queued before it
 HOST_RATE_REPEATS = 5  # host-rate calls kept per cell, taken between its rounds
 # The allocating thread's own faults where the kernel counts per thread (Linux), else the
 # process's: a CUDA driver thread's faults are not the seed's fill.
@@ -136,13 +142,29 @@ def _nothing() -> None:
     return None
 
 
+def check_overlap_order(order: str) -> str:
+    """``order`` if it is one of :data:`OVERLAP_ORDERS`, else a ValueError naming it."""
+    if order not in OVERLAP_ORDERS:
+        raise ValueError(f"overlap_orders: {order!r} is not one of {list(OVERLAP_ORDERS)}")
+    return order
+
+
+def wait_in_order(order: str, device: torch.device) -> None:
+    """In the ``waited`` order, wait for the device work queued so far (the forward) before
+    the host staging begins, so nothing on the device hides the allocation; nothing in the
+    ``queued`` order (and nothing on a CPU, where no work is queued)."""
+    if order == forward.WAITED:
+        stagelab.measure.device.synchronize(device)
+
+
 class SeedStep:
     """The seed engine's step with a given destination and host gather backend; the log-softmax
     runs on the device (then the logprobs are copied) or on the host (the fp32 logits are copied,
     as the seed's copy from ``logits.data`` does, and normalised in place there: stage
     ``host_softmax``). After each call, :attr:`facts` holds what its ``alloc`` stage met:
     the minor faults taken inside it (read just outside the timed stage) and whether the fresh
-    vector was mapped (read after it)."""
+    vector was mapped (read after it). ``overlap``: the step's overlap order
+    (:func:`wait_in_order` between the ``device`` stage and the ``alloc`` stage)."""
 
     def __init__(self, name: str, destination: FreshVector | FreshZeros | Scratch,
                  backend: str, log_softmax: str = "device") -> None:
@@ -150,6 +172,7 @@ class SeedStep:
             raise ValueError(f"log_softmax must be one of {LOG_SOFTMAX}, got {log_softmax!r}")
         self.name, self.destination, self.backend = name, destination, backend
         self.log_softmax = log_softmax
+        self.overlap = forward.QUEUED
         self.facts: dict[str, Any] = {}
 
     def run(self, logits: torch.Tensor, num_logprobs: int, token_ids: torch.Tensor,
@@ -162,6 +185,7 @@ class SeedStep:
                 staged = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
             else:
                 staged = logits.float()
+        wait_in_order(self.overlap, logits.device)  # outside every stage: the same in every arm
         faults = minor_faults()
         with clock.host_stage("alloc"):
             host, release = self.destination.acquire(staged.shape)
@@ -185,10 +209,12 @@ class SeedStep:
 class DeviceStep:
     """Top-K on the device (vLLM V1's gather, the fused path, or the one-pass kernel); only
     ``[n, K+1]`` is copied, into host tensors pinned on a GPU (an async copy into pageable memory
-    would block the host) and reused while the shape stays."""
+    would block the host) and reused while the shape stays. ``overlap``: the step's overlap
+    order (:func:`wait_in_order` after the device work, before the results' destination)."""
 
     def __init__(self, name: str) -> None:
         self.name = name
+        self.overlap = forward.QUEUED
         self.host: lp.LogprobsTensors | None = None
         self.onepass_backend = ""  # the one-pass arm's backend, resolved on its first call
 
@@ -212,6 +238,7 @@ class DeviceStep:
             else:
                 on_device = lp.gather_logprobs(lp.compute_logprobs(logits), num_logprobs,
                                                token_ids, validate=False)
+        wait_in_order(self.overlap, logits.device)
         result = self.destination(logits.shape[0], num_logprobs, logits.device)
         with clock.device_stage("copy"):
             result.copy_(on_device, non_blocking=True)
@@ -437,22 +464,27 @@ BUILDERS: dict[str, Callable[[str, str, str], SeedStep | DeviceStep]] = {
 }
 
 
-def make_pipeline(name: str, log_softmax: str = "device",
-                  regime: str = native.MALLOC) -> SeedStep | DeviceStep:
-    """An arm by name (``regime``: the seed vector's allocation, for the arm that allocates one);
-    raises PinnedMemoryUnavailable or NativeUnavailable where it cannot exist."""
+def make_pipeline(name: str, log_softmax: str = "device", regime: str = native.MALLOC,
+                  overlap: str = forward.QUEUED) -> SeedStep | DeviceStep:
+    """An arm by name (``regime``: the seed vector's allocation, for the arm that allocates one;
+    ``overlap``: how it meets the forward queued before it); raises PinnedMemoryUnavailable or
+    NativeUnavailable where it cannot exist."""
     if name not in STEP_ARMS:
         raise ValueError(f"arms: unknown step arm {name!r}; valid: {', '.join(STEP_ARMS)}")
-    return BUILDERS[name](name, log_softmax, regime)
+    check_overlap_order(overlap)
+    pipeline = BUILDERS[name](name, log_softmax, regime)
+    pipeline.overlap = overlap
+    return pipeline
 
 
-def build_pipelines(names: list[str], log_softmax: str = "device", regime: str = native.MALLOC
+def build_pipelines(names: list[str], log_softmax: str = "device", regime: str = native.MALLOC,
+                    overlap: str = forward.QUEUED
                     ) -> tuple[dict[str, SeedStep | DeviceStep], dict[str, str]]:
     """The named arms that can run here, and the reason for each that cannot."""
     built, unavailable = {}, {}
     for name in names:
         try:
-            built[name] = make_pipeline(name, log_softmax, regime)
+            built[name] = make_pipeline(name, log_softmax, regime, overlap)
         except (PinnedMemoryUnavailable, NativeUnavailable, ExtraUnavailable) as exc:
             unavailable[name] = str(exc)
     return built, unavailable
@@ -481,25 +513,53 @@ def copied_bytes(arm: str, n: int, vocab: int, k: int) -> int:
     return n * (k + 1) * 8 + n * 4
 
 
-def cells(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dtype: torch.dtype,
-          arms: list[str] | None, *, aa_arm: str | None = BASELINE, sources: int = 2,
-          device: str | None = None,
-          log_softmax: tuple[str, ...] | list[str] = ("device",),
-          seed_regimes: tuple[str, ...] | list[str] = (native.MALLOC,)) -> list[sweep.Cell]:
-    """The sweep's cells, one per ``(n, V, K)``, place of the log-softmax and allocation regime
-    of the seed's vector, with the memory each needs; a K beyond the vocabulary is a cell
-    recorded as skipped, with the reason. In the order of ``rows``, and for each ``n`` every
-    model, the largest vocabulary first: a profile that lists its rows largest first (a lease's)
-    starts its costliest cells across every model while the most time is left before a
-    deadline; the order within one size is the parameters' own."""
+Dimension = tuple[str, ...] | list[str]
+OverlapCells = list[tuple[int, int | str]] | list[list[int | str]]
+
+
+def _check_dimensions(log_softmax: Dimension, seed_regimes: Dimension,
+                      overlap_orders: Dimension) -> None:
+    """Each of the step's dimensions names each of its values at most once, at least one."""
     if not seed_regimes or len(set(seed_regimes)) != len(seed_regimes):
         raise ValueError(f"seed_regimes: {list(seed_regimes)!r} must name each of "
                          f"{list(native.REGIME_CODES)} at most once, at least one")
-    labels = {regime: native.regime_label(regime) for regime in seed_regimes}
     if not log_softmax or any(where not in LOG_SOFTMAX for where in log_softmax) or len(
             set(log_softmax)) != len(log_softmax):
         raise ValueError(f"log_softmax: {list(log_softmax)!r} must name each of {LOG_SOFTMAX} "
                          "at most once, at least one")
+    if not overlap_orders or len(set(overlap_orders)) != len(overlap_orders):
+        raise ValueError(f"overlap_orders: {list(overlap_orders)!r} must name each of "
+                         f"{list(OVERLAP_ORDERS)} at most once, at least one")
+    for order in overlap_orders:
+        check_overlap_order(order)
+
+
+def in_order(order: str, orders: Dimension, only: OverlapCells | None, shape: ModelShape,
+             n: int) -> bool:
+    """Whether a cell of ``n`` rows on ``shape`` is measured in overlap ``order``: the first of
+    ``orders`` everywhere, the others everywhere too unless ``only`` names the ``[n, model or
+    vocabulary]`` cells they are limited to (a lease's budget)."""
+    if order == orders[0] or only is None:
+        return True
+    return any(rows == n and model in (shape.model, shape.vocab) for rows, model in only)
+
+
+def cells(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dtype: torch.dtype,
+          arms: list[str] | None, *, aa_arm: str | None = BASELINE, sources: int = 2,
+          device: str | None = None,
+          log_softmax: Dimension = ("device",),
+          seed_regimes: Dimension = (native.MALLOC,),
+          overlap_orders: Dimension = (forward.QUEUED,),
+          overlap_only: OverlapCells | None = None) -> list[sweep.Cell]:
+    """The sweep's cells, one per ``(n, V, K)``, place of the log-softmax, allocation regime
+    of the seed's vector and overlap order (:func:`in_order`: ``overlap_only`` limits the
+    orders after the first to some ``[n, model]`` cells), with the memory each needs; a K
+    beyond the vocabulary is a cell recorded as skipped, with the reason. In the order of
+    ``rows``, and for each ``n`` every model, the largest vocabulary first: a profile that lists
+    its rows largest first (a lease's) starts its costliest cells across every model while the
+    most time is left before a deadline; the order within one size is the parameters' own."""
+    _check_dimensions(log_softmax, seed_regimes, overlap_orders)
+    labels = {regime: native.regime_label(regime) for regime in seed_regimes}
     positive_ints(rows, "rows")
     positive_ints([sources], "sources")
     if not ks or any(isinstance(k, bool) or not isinstance(k, int) or k < 0 for k in ks):
@@ -511,16 +571,19 @@ def cells(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dtype
     every_arm = [*arms, *([aa_name(aa_arm)] if aa_arm else [])]
     on_cpu = torch.device(device).type == "cpu"
     out = []
-    for shape, n, k, where, regime in itertools.product(shapes, rows, ks, log_softmax,
-                                                        seed_regimes):
+    for shape, n, k, where, regime, order in itertools.product(shapes, rows, ks, log_softmax,
+                                                               seed_regimes, overlap_orders):
+        if not in_order(order, overlap_orders, overlap_only, shape, n):
+            continue
         logits_bytes, fp32_bytes = n * shape.vocab * itemsize, n * shape.vocab * 4
         label = (f"n={n} V={shape.vocab} K={k} log-softmax on {where}"
-                 + (", seed vector mapped fresh" if regime == native.MAPPED else ""))
+                 + (", seed vector mapped fresh" if regime == native.MAPPED else "")
+                 + (", forward waited on" if order == forward.WAITED else ""))
         device_bytes = sources * logits_bytes + 3 * fp32_bytes
         out.append(sweep.Cell(
             sizes=dict(experiment=catalogue.STEP, device=device_label(device), model=shape.model,
                        rows=n, vocab=shape.vocab, k=k, log_softmax=where, regime=labels[regime],
-                       dtype=str(logits_dtype).removeprefix("torch.")),
+                       overlap_order=order, dtype=str(logits_dtype).removeprefix("torch.")),
             arms=every_arm, label=label,
             words=label.replace("on device", "on the host (a CPU run)") if on_cpu else "",
             host_bytes=3 * fp32_bytes + (device_bytes if on_cpu else 0),
@@ -555,7 +618,9 @@ def measure(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dty
             log_softmax: tuple[str, ...] | list[str] = ("device",),
             forward_ms: float | None = None, delta: float = 0.02, max_rounds: int | None = None,
             max_seconds: float = math.inf,
-            seed_regimes: tuple[str, ...] | list[str] = (native.MALLOC,)) -> list[dict]:
+            seed_regimes: Dimension = (native.MALLOC,),
+            overlap_orders: Dimension = (forward.QUEUED,),
+            overlap_only: OverlapCells | None = None) -> list[dict]:
     """Time every arm's whole step per ``(n, V, K)`` cell and place of the log-softmax,
     interleaved in a balanced order, with an A/A twin of ``aa_arm``; schema records out (written
     per cell into ``sink``).
@@ -563,6 +628,12 @@ def measure(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dty
     ``seed_regimes``: the seed vector's allocation regimes, each its own cells (the process's
     malloc, ``malloc``, as the engine gets it; ``mapped fresh``: every vector its own mapping),
     recorded per row (column ``regime``).
+
+    ``overlap_orders``: how each step meets the forward queued before it, each its own cells
+    (column ``overlap_order``): ``queued``, the fill overlaps the forward; ``waited``, the
+    device is waited on before the allocation (:func:`wait_in_order`), the other bound;
+    ``overlap_only`` limits the orders after the first to some ``[n, model]`` cells
+    (:func:`in_order`). On a CPU nothing is queued, so both orders measure the same step.
 
     ``forward_ms`` of device work is queued before each timed step (None: the cell's model's
     :func:`default_forward_ms`), so that each timed call is a decode step; it is recorded per
@@ -578,7 +649,8 @@ def measure(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dty
     """
     device, arms = device or default_device(), chosen_arms(arms)
     todo = cells(shapes, rows, ks, logits_dtype, arms, aa_arm=aa_arm, sources=sources,
-                 device=device, log_softmax=log_softmax, seed_regimes=seed_regimes)
+                 device=device, log_softmax=log_softmax, seed_regimes=seed_regimes,
+                 overlap_orders=overlap_orders, overlap_only=overlap_only)
     regime_of = {native.regime_label(regime): regime for regime in seed_regimes}
     if forward_ms is not None:
         ForwardLoad(forward_ms, device)  # refuses a bad value before anything is measured
@@ -592,11 +664,11 @@ def measure(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dty
             ms, how = default_forward_ms(shape_of[(cell.sizes["model"], vocab)], device, n)
         else:
             ms, how = forward_ms, "given"
-        forward = ForwardLoad(ms, device)
-        regime = regime_of[cell.sizes["regime"]]
-        built, unavailable = build_pipelines(arms, where, regime)
+        load = ForwardLoad(ms, device)
+        regime, order = regime_of[cell.sizes["regime"]], cell.sizes["overlap_order"]
+        built, unavailable = build_pipelines(arms, where, regime, order)
         if aa_arm in built:
-            built[aa_name(aa_arm)] = make_pipeline(aa_arm, where, regime)
+            built[aa_name(aa_arm)] = make_pipeline(aa_arm, where, regime, order)
         elif aa_arm:
             unavailable[aa_name(aa_arm)] = unavailable[aa_arm]
         logits = bench.rotating(lambda i: (3 * torch.randn(
@@ -613,7 +685,7 @@ def measure(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dty
         facts: dict[tuple[str, int], dict[str, Any]] = {}  # per (arm, round): its alloc's
 
         def call(name: str, pipeline: SeedStep | DeviceStep, r: int) -> dict[str, float]:
-            forward.queue()  # the decode forward the step follows in the engine
+            load.queue()  # the decode forward the step follows in the engine
             stages = pipeline.run(bench.pick(logits, r), k, bench.pick(tokens, r),
                                   bench.pick(host_tokens, r))[1]
             if isinstance(pipeline, SeedStep):
@@ -631,7 +703,7 @@ def measure(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dty
 
         def after() -> list[dict]:
             inputs = (built, logits[0], k, tokens[0], host_tokens[0])
-            return [*forward.rows(how), *clocks.rows(),
+            return [*load.rows(how), *clocks.rows(),
                     *host_allocation_rows(device, pinned_before),
                     *sweep.guarded("agreement", agreement, *inputs),
                     *sweep.guarded("sync_debug", sync_debug, *inputs),
@@ -685,7 +757,8 @@ def sync_debug(pipelines: dict[str, SeedStep | DeviceStep], logits: torch.Tensor
     """On CUDA, one call of each arm under ``set_sync_debug_mode("warn")``: how many
     synchronizing operations torch flags (metric ``sync_warnings``; the first texts in the note).
     The designed waits are the seed arms' copy into pageable memory and each arm's one
-    synchronize; anything more is a hidden wait."""
+    synchronize (and, in the ``waited`` overlap order, one more before its host staging);
+    anything more is a hidden wait."""
     if logits.device.type != "cuda":
         return [{"arm": "sync_debug", "metric": "sync_warnings", "status": "unavailable",
                  "note": "torch's sync debug mode needs a CUDA device"}]

@@ -27,7 +27,7 @@ from stagelab.core.records import RunFolder
 VERDICT_NOTEBOOK = catalogue.VERDICT_NOTEBOOK
 # The arguments of build_verdict that notebook 04's parameters of the same name give.
 PASSED = ("delta", "min_samples", "confidence", "decisive_rows", "decisive_ks", "seed",
-          "log_softmax")
+          "log_softmax", "overlap_order")
 
 
 def recorded_parameters(manifest: Mapping[str, Any]) -> dict[str, Any]:

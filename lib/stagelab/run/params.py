@@ -19,7 +19,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from stagelab.core import catalogue, paths
+from stagelab.core import catalogue, forward, paths
 from stagelab.core.errors import UserError
 
 Validator = Callable[[Any, Mapping[str, Any]], None]
@@ -161,6 +161,34 @@ def seed_regimes(value: Any, _: Mapping[str, Any] | None = None) -> None:
     _once(items, "regime")
 
 
+def overlap_orders(value: Any, _: Mapping[str, Any] | None = None) -> None:
+    """How each step meets the forward queued before it: a non-empty list of ``queued`` (the
+    fill overlaps it) and ``waited`` (it is waited on before the allocation), each once."""
+    items = _items(value)
+    for item in items:
+        _one_of(item, forward.OVERLAP_ORDERS, "overlap order")
+    _once(items, "order")
+
+
+def overlap_only(value: Any, _: Mapping[str, Any] | None = None) -> None:
+    """Where the overlap orders after the first are measured: null (every cell) or a non-empty
+    list of ``[n, model or vocabulary]`` pairs, each once."""
+    if value is None:
+        return
+    items = _items(value)
+    for item in items:
+        if not isinstance(item, (list, tuple)) or len(item) != 2:
+            raise ValueError(f"{item!r} is not a pair [n, model or vocabulary]")
+        positive_int(item[0])
+        model_or_vocab(item[1])
+    _once(items, "cell", lambda pair: (pair[0], _vocab_of(pair[1])))
+
+
+def overlap_order(value: Any, _: Mapping[str, Any] | None = None) -> None:
+    """The overlap order the verdict decides under: ``queued`` or ``waited``."""
+    _one_of(value, forward.OVERLAP_ORDERS, "overlap order")
+
+
 def log_softmax_place(value: Any, _: Mapping[str, Any] | None = None) -> None:
     """The assumption the verdict decides under: ``device`` or ``host``."""
     _one_of(value, ("device", "host"), "log_softmax place")
@@ -264,7 +292,10 @@ NOTEBOOK_VALIDATORS: dict[tuple[str, str], Validator] = {
     (_STEP, "aa_arm"): _aa_arm_in_arms(_arms_of(catalogue.STEP), "step arm"),
     (_STEP, "log_softmax"): log_softmax_places,
     (_STEP, "seed_regimes"): seed_regimes,
+    (_STEP, "overlap_orders"): overlap_orders,
+    (_STEP, "overlap_only"): overlap_only,
     (catalogue.VERDICT_NOTEBOOK, "log_softmax"): log_softmax_place,
+    (catalogue.VERDICT_NOTEBOOK, "overlap_order"): overlap_order,
     (_PROMPT, "methods"): _subset(_arms_of(catalogue.PROMPT), "method"),
 }
 
