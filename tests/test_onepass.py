@@ -391,21 +391,3 @@ def test_read_rates_on_a_cpu_say_no_kernel_and_no_hbm_ran():
     for row in found:
         assert row["backend"] == "torch" and row["hbm_share"] is None and row["note"]
         assert row["read_gbps"] == pytest.approx(2 * 300 * 4 / row["seconds"] / 1e9)
-
-
-def test_a_read_rate_cell_that_does_not_fit_is_skipped_before_any_allocation(monkeypatch):
-    """Before: notebook 02's read-rate table allocated every cell it was given, so a quick run
-    asked for n=100000 at V=262208 failed on a 105 GB ``torch.randn`` instead of saying the
-    cell does not fit (as the step's own sweep does)."""
-    from stagelab.measure import memory
-    from stagelab.measure.shapes import ModelShape
-
-    monkeypatch.setattr(memory, "free_host_bytes", lambda: 1 << 30)  # 1 GiB free
-    drawn = []
-    monkeypatch.setattr(onepass, "read_rates", lambda *a, **k: drawn.append(a) or [])
-    model = [ModelShape("m", 262208, 0)]
-    (row,) = onepass.read_rate_table(model, [100_000], [5], torch.float32, device="cpu")
-    assert drawn == [] and row["seconds"] is None and row["rows"] == 100_000
-    assert row["note"].startswith("skipped: the read rate at n=100000 V=262208: needs 293.04 GiB")
-    assert onepass.read_rate_table(model, [2], [5], torch.float32, device="cpu") == []
-    assert len(drawn) == 1  # a cell that fits is measured

@@ -126,6 +126,32 @@ def test_the_log_softmax_on_the_host_gives_the_same_answer_and_its_own_stage():
     assert "host_softmax" not in set(stages[stages.log_softmax == "device"]["stage"])
 
 
+def test_the_one_pass_kernel_s_read_rate_is_a_row_of_each_size_it_was_timed_at():
+    """Before: notebook 02 measured the read rate beside the sweep, so a replay or a kept run
+    of a lease had no share of HBM (issue 39). Now rows of the step's table, once per size."""
+    from stagelab.analyse import analysis
+
+    frame = schema.make_rows(step.measure(
+        shapes.resolve_vocabs([1000]), [3, 5], [2], torch.float32, ["fused", "onepass"],
+        aa_arm=None, rounds=2, warmup=0, progress=False, log_softmax=["device", "host"]))
+    read = frame[frame.metric == schema.READ_RATE]
+    assert sorted(zip(read["rows"], read["stage"])) == [
+        (3, "l2_cold"), (3, "l2_warm"), (5, "l2_cold"), (5, "l2_warm")]  # not per place
+    assert (read["arm"] == "onepass").all() and (read["status"] == "ok").all()
+    assert list(read["bytes"]) == [3 * 1000 * 4] * 2 + [5 * 1000 * 4] * 2
+    assert read["value"].isna().all() and read["note"].str.contains("backend torch").all()
+    table = analysis.read_rate_table(frame)
+    assert list(table["l2"]) == ["warm", "cold", "warm", "cold"]
+    assert table["read_gb_per_s"].tolist() == pytest.approx(
+        (read["bytes"] / read["seconds"] / 1e9).tolist())
+    without = schema.make_rows(step.measure(
+        shapes.resolve_vocabs([1000]), [3], [2], torch.float32, ["fused"], aa_arm=None,
+        rounds=2, warmup=0, progress=False))
+    assert not (without.metric == schema.READ_RATE).any()
+    assert analysis.read_rate_table(without).iloc[0, 0] == (
+        "not measured: the run did not time the onepass arm")
+
+
 def test_every_row_records_the_seed_vectors_allocation_regime():
     frame = schema.make_rows(step.measure(
         shapes.resolve_vocabs([1000]), [3], [2], torch.float32, ["seed_pageable", "fused"],

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from stagelab.analyse import stats
-from stagelab.core import catalogue, forward
+from stagelab.core import catalogue, forward, schema
 from stagelab.core.catalogue import STAGES, TOTAL, aa_name
 
 UNATTRIBUTED = "unattributed"  # what no timed stage accounts for
@@ -388,6 +388,23 @@ def host_gather_backends(frame: pd.DataFrame) -> pd.DataFrame:
     both[["native_ms", "numpy_ms"]] *= 1e3
     both["numpy_over_native"] = both["numpy_ms"] / both["native_ms"]
     return both
+
+
+def read_rate_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """The one-pass kernel's figure of merit per size: GB/s of logits read, L2 warm and cold,
+    and the share of the GPU's HBM peak (the step's ``read_rate`` rows, measured once per size
+    outside the timed calls); one line saying why where there are none."""
+    rows = frame[(frame["metric"] == schema.READ_RATE) & (frame["status"] == "ok")]
+    if rows.empty:
+        failed = frame[(frame["metric"] == schema.READ_RATE) & (frame["status"] != "ok")]
+        why = (f"failed: {failed['note'].iloc[0]}" if not failed.empty else
+               f"not measured: the run did not time the {catalogue.ONE_PASS} arm")
+        return pd.DataFrame([{"read rate": why}])
+    table = rows.assign(
+        l2=rows["stage"].str.removeprefix("l2_"), read_gb_per_s=rows["bytes"] / rows["seconds"] / 1e9,
+        call_us=rows["seconds"] * 1e6, hbm_percent=rows["value"] * 100)
+    return table[["rows", "vocab", "k", "dtype", "l2", "call_us", "read_gb_per_s", "hbm_percent",
+                  "note"]].reset_index(drop=True)
 
 
 def clock_disagreements(frame: pd.DataFrame) -> dict[str, int]:

@@ -32,7 +32,11 @@ metric     str     ``time`` for timings; otherwise what ``bytes``/``value`` hold
                    torch made during a cell),
                    ``host_rate`` (a host cost of the step timed alone at the cell's size:
                    arm ``host_rates``, stage the term, one row per repeat; see
-                   ``stagelab.measure.hostrates``)
+                   ``stagelab.measure.hostrates``), ``read_rate`` (the one-pass kernel
+                   alone on a step cell's logits, once per size: arm ``onepass``, stage
+                   ``l2_warm`` or ``l2_cold``, ``seconds`` the median call, ``bytes`` the
+                   logits read, ``value`` the share of the GPU's HBM peak, missing where it
+                   is not known; see ``stagelab.measure.onepass.read_rate_rows``)
 device     str     where the source lived: ``cpu`` or ``cuda:0 <name>``
 model      str     model whose shape was used, empty when sizes were given as numbers
 rows       int     rows per step (``n``) or scored prompt positions (``T - 1``)
@@ -137,6 +141,7 @@ LEGACY_COLUMNS: dict[str, str] = {"repeat": "round"}
 ADDED_COLUMNS: tuple[str, ...] = ("position", "log_softmax", "regime", "mapped",
                                   "minor_faults", "tile", "overlap_order")
 STATUSES = (OK, "unavailable", "skipped", FAILED)
+READ_RATE = "read_rate"  # the metric of the one-pass kernel's read-rate rows (the step)
 _DEFAULTS: dict[str, Any] = {"stage": "total", "metric": "time", "model": "", "timer": "",
                              "status": "ok", "note": ""}
 

@@ -34,9 +34,8 @@ from types import ModuleType
 
 import torch
 
-from stagelab.core import phases
+from stagelab.core import catalogue, schema
 from stagelab.measure import logprobs as lp
-from stagelab.measure.shapes import ModelShape
 
 BACKENDS = ("triton", "torch")
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -441,34 +440,66 @@ L2_FALLBACK_BYTES = 64 << 20  # where torch does not say the L2's size
 
 def read_rates(rows: int, vocab: int, k: int, dtype: torch.dtype, *, repeats: int = 50,
                warmup: int = 5, seed: int = 0, device: str | None = None) -> list[dict]:
-    """The kernel alone: bytes of logits read per second, median of ``repeats`` calls, with the
-    L2 warm (the same logits every call) and cold (on a GPU, a buffer twice the L2's size
-    written between calls; on a CPU, a fresh copy of the logits per call, so that no call
-    reads what the last one cached), and where the GPU's datasheet HBM peak is known, the share
-    of it (``hbm_share``). CUDA events time a GPU call, the host clock a CPU one (the torch
-    backend: no HBM, and the share is None, said in ``note``)."""
-    from stagelab.core import forward
+    """:func:`read_rates_of` on fresh logits ``[rows, vocab]`` in ``dtype`` and targets."""
     from stagelab.measure.device import default_device
 
     where = torch.device(device or default_device())
     generator = torch.Generator(device=where).manual_seed(seed)
     logits = (3 * torch.randn(rows, vocab, device=where, generator=generator)).to(dtype)
     targets = torch.randint(0, vocab, (rows,), device=where, generator=generator)
+    return read_rates_of(logits, k, targets, repeats=repeats, warmup=warmup)
+
+
+def read_rates_of(logits: torch.Tensor, k: int, targets: torch.Tensor, *, repeats: int,
+                  warmup: int) -> list[dict]:
+    """The kernel alone on ``logits``: bytes of logits read per second, median of ``repeats``
+    calls, with the L2 warm (the same logits every call) and cold (on a GPU, a buffer twice the
+    L2's size written between calls; on a CPU, a fresh copy of the logits per call, so that no
+    call reads what the last one cached), and where the GPU's datasheet HBM peak is known, the
+    share of it (``hbm_share``). CUDA events time a GPU call, the host clock a CPU one (the
+    torch backend: no HBM, and the share is None, said in ``note``)."""
+    from stagelab.core import forward
+
+    where = logits.device
     backend, why = resolve_backend("triton", where)
     peak, gpu = None, ""
     if where.type == "cuda":
         gpu = torch.cuda.get_device_name(where)
         peak = forward.peak_bandwidth_gbps(gpu)
+    rows, vocab = logits.shape
     found = []
     for l2 in ("warm", "cold"):
         seconds = _median_call_seconds(logits, k, targets, backend, l2, repeats, warmup)
         gbps = logits.numel() * logits.element_size() / seconds / 1e9
         note = why or ("" if peak else f"the HBM peak of {gpu or 'a CPU'} is not known here")
-        found.append(dict(rows=rows, vocab=vocab, k=k, dtype=str(dtype).removeprefix("torch."),
-                          device=where.type, backend=backend, l2=l2, seconds=seconds,
-                          read_gbps=gbps, hbm_peak_gbps=peak,
-                          hbm_share=gbps / peak if peak else None, note=note))
+        found.append(dict(rows=rows, vocab=vocab, k=k,
+                          dtype=str(logits.dtype).removeprefix("torch."), device=where.type,
+                          backend=backend, l2=l2, seconds=seconds, read_gbps=gbps,
+                          hbm_peak_gbps=peak, hbm_share=gbps / peak if peak else None,
+                          note=note))
     return found
+
+
+def read_rate_rows(logits: torch.Tensor, k: int, targets: torch.Tensor, *,
+                   repeats: int | None = None) -> list[dict]:
+    """:func:`read_rates_of` as rows of the step's table (outside its timed calls, once per
+    size): arm ``onepass``, metric ``read_rate``, stage ``l2_warm`` or ``l2_cold``,
+    ``seconds`` the median call, ``bytes`` the logits read, ``value`` the share of the HBM
+    peak (missing where it is not known), the backend and the peak in the note. ``repeats``
+    defaults to 20 on a GPU and 3 on a CPU, where the torch backend takes a large share of a
+    second."""
+    count = repeats or (20 if logits.device.type == "cuda" else 3)
+    rows = []
+    for found in read_rates_of(logits, k, targets, repeats=count, warmup=min(count, 5)):
+        peak = (f"HBM peak {found['hbm_peak_gbps']:g} GB/s" if found["hbm_peak_gbps"] else "")
+        rows.append({"arm": catalogue.ONE_PASS, "stage": f"l2_{found['l2']}", "metric": schema.READ_RATE,
+                     "seconds": found["seconds"],
+                     "bytes": logits.numel() * logits.element_size(),
+                     "value": found["hbm_share"],
+                     "note": "; ".join(part for part in (
+                         f"backend {found['backend']}, median of {count} calls", peak,
+                         found["note"]) if part)})
+    return rows
 
 
 def _median_call_seconds(logits: torch.Tensor, k: int, targets: torch.Tensor, backend: str,
@@ -500,49 +531,3 @@ def _median_call_seconds(logits: torch.Tensor, k: int, targets: torch.Tensor, ba
         if call >= warmup:
             times.append(seconds)
     return statistics.median(times)
-
-
-def read_rate_table(models: list[ModelShape], rows: list[int], ks: list[int],
-                    dtype: torch.dtype, *,
-                    repeats: int | None = None, device: str | None = None) -> list[dict]:
-    """:func:`read_rates` for the first model's vocabulary, every ``n`` and the largest ``k``: the
-    one-pass kernel's figure of merit beside the step (notebook 02). ``repeats`` defaults to
-    20 on a GPU and 3 on a CPU, where the torch backend takes a large share of a second."""
-    from stagelab.measure.device import default_device
-
-    where = device or default_device()
-    count = repeats or (20 if torch.device(where).type == "cuda" else 3)
-    found = []
-    with phases.measuring():
-        for n in rows:
-            too_big = _does_not_fit(n, models[0].vocab, dtype, where)
-            found += ([_skipped_row(n, models[0].vocab, max(ks), dtype, where, too_big)]
-                      if too_big else read_rates(n, models[0].vocab, max(ks), dtype,
-                                                 repeats=count, warmup=min(count, 5),
-                                                 device=where))
-    return found
-
-
-def _does_not_fit(rows: int, vocab: int, dtype: torch.dtype, device: str) -> str:
-    """Why the read-rate cell ``[rows, vocab]`` would not fit in free memory, or "": checked
-    before anything is allocated (fp32 draws, the logits in ``dtype``, one cold copy)."""
-    from stagelab.core.errors import InsufficientMemory
-    from stagelab.measure import memory
-
-    needed = rows * vocab * (4 + 2 * torch.empty((), dtype=dtype).element_size())
-    where = torch.device(device)
-    free = (memory.free_device_bytes(where) if where.type == "cuda"
-            else memory.free_host_bytes())
-    try:
-        memory.check_fits(needed, free, f"the read rate at n={rows} V={vocab}")
-    except InsufficientMemory as exc:
-        return str(exc)
-    return ""
-
-
-def _skipped_row(rows: int, vocab: int, k: int, dtype: torch.dtype, device: str,
-                 why: str) -> dict:
-    """A read-rate row for a cell that was not measured, saying why."""
-    return dict(rows=rows, vocab=vocab, k=k, dtype=str(dtype).removeprefix("torch."),
-                device=torch.device(device).type, backend=None, l2=None, seconds=None,
-                read_gbps=None, hbm_peak_gbps=None, hbm_share=None, note=f"skipped: {why}")

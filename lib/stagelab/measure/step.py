@@ -28,13 +28,13 @@ import math
 import resource
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
 
 import stagelab.measure.device
-from stagelab.core import catalogue, design, forward
+from stagelab.core import catalogue, design, forward, schema
 from stagelab.core.catalogue import aa_name
 from stagelab.core.errors import ExtraUnavailable, NativeUnavailable
 from stagelab.core.schema import RowSink
@@ -645,7 +645,8 @@ def measure(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dty
     the cost model's inputs), taken between its rounds, and, per arm and cell, the largest
     difference of its logprobs from the fused arm's and how many ranks differ
     (``max_abs_error``, ``rank_mismatches``), so that a speed comparison is never one between
-    different answers. ``arms=None`` times every arm of the catalogue.
+    different answers; where the one-pass arm is timed, the kernel's read rate once per size
+    (:func:`read_rates_once`). ``arms=None`` times every arm of the catalogue.
     """
     device, arms = device or default_device(), chosen_arms(arms)
     todo = cells(shapes, rows, ks, logits_dtype, arms, aa_arm=aa_arm, sources=sources,
@@ -656,6 +657,7 @@ def measure(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dty
         ForwardLoad(forward_ms, device)  # refuses a bad value before anything is measured
     shape_of = {(shape.model, shape.vocab): shape for shape in shapes}
     generator = torch.Generator(device=device).manual_seed(seed)
+    read_sizes: set[tuple[int, ...]] = set()  # the one-pass kernel's read rate: once per size
 
     def prepare(cell: sweep.Cell) -> sweep.CellPlan:
         n, vocab, k = cell.sizes["rows"], cell.sizes["vocab"], cell.sizes["k"]
@@ -708,7 +710,8 @@ def measure(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dty
                     *sweep.guarded("agreement", agreement, *inputs),
                     *sweep.guarded("sync_debug", sync_debug, *inputs),
                     *(sweep.guarded(hostrates.ARM, host_rates.rows, HOST_RATE_REPEATS)
-                      if host_rates else no_rates)]
+                      if host_rates else no_rates),
+                    *read_rates_once(built, read_sizes, logits[0], k, tokens[0])]
 
         return sweep.CellPlan(
             calls={name: (lambda r, name=name, p=p: call(name, p, r))
@@ -723,6 +726,24 @@ def measure(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dty
                  if max_rounds is not None and max_rounds > rounds else None)
     return sweep.run(todo, prepare, rounds=rounds, warmup=warmup, seed=seed, device=device,
                      sink=sink, label="step", progress=progress, precision=precision)
+
+
+def read_rates_once(built: Mapping[str, Any], measured: set[tuple[int, ...]],
+                    logits: torch.Tensor, k: int, tokens: torch.Tensor) -> list[dict]:
+    """The one-pass kernel's read rate on a cell's logits (:func:`stagelab.measure.onepass.
+    read_rate_rows`, its figure of merit beside the step: bytes read per second and the share
+    of the HBM peak), where the cell times the one-pass arm and its size was not read yet
+    (``measured``: the sizes already read, the place of the log-softmax, the regime and the
+    overlap order do not change it); after the cell's rounds, never inside a timed call."""
+    size = (*logits.shape, k, logits.element_size())
+    if catalogue.ONE_PASS not in built or size in measured:
+        return []
+    measured.add(size)
+    try:
+        return onepass.read_rate_rows(logits, k, tokens)
+    except Exception as exc:  # a failed read rate costs the cell nothing else
+        return [{"arm": catalogue.ONE_PASS, "metric": schema.READ_RATE, "status": "failed",
+                 "note": bench.first_line(exc)}]
 
 
 def _host_sampler(n: int, vocab: int, k: int, seed: int, sources: int,
