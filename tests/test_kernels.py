@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import nbformat
@@ -26,15 +27,23 @@ def _notebook(path: Path, *sources: str) -> Path:
     return path
 
 
-def test_a_notebook_s_imports_are_read_from_its_code_cells_once_each(tmp_path):
+def test_a_notebook_s_top_level_imports_are_read_once_each_up_to_what_could_change_them(
+        tmp_path):
     path = _notebook(tmp_path / "n.ipynb",
                      "import numpy as np\nimport os.path\nfrom stagelab.analyse import stats, verdict",
-                     "%timeit 1  # a magic: not Python, passed over",
                      "from . import sibling  # relative: no package here\nfrom json import *",
-                     "def f():\n    import colorsys\n    import numpy\n")
+                     "def f():\n    import colorsys  # its own business\n"
+                     "try:\n    import tomllib\nexcept ImportError:\n    pass\n"
+                     "import numpy")
     assert kernels.notebook_imports(path) == [
         "numpy", "os.path", "stagelab.analyse", "stagelab.analyse.stats",
-        "stagelab.analyse.verdict", "json", "colorsys"]
+        "stagelab.analyse.verdict", "json"]
+    environ = _notebook(tmp_path / "e.ipynb", "import json",
+                        "import os\nos.environ['TRITON_INTERPRET'] = '1'\nimport triton")
+    assert kernels.notebook_imports(environ) == ["json", "os"]  # triton must see the variable
+    magic = _notebook(tmp_path / "m.ipynb", "import json", "%env OMP_NUM_THREADS=1",
+                      "import torch")
+    assert kernels.notebook_imports(magic) == ["json"]
 
 
 def test_the_preload_imports_its_modules_passes_over_a_missing_one_and_leaves_no_name():
@@ -61,10 +70,40 @@ def test_a_headless_kernel_runs_the_launcher_without_the_debugger():
     assert "ModuleNotFoundError: No module named 'debugpy'" in hidden.stderr
 
 
-def test_a_warm_kernel_that_is_not_ready_is_not_handed_out():
-    warm = kernels.WarmKernels([("a", Path("a.ipynb"))], log=io.StringIO(), timeout_s=1)
-    assert warm.get(0) is None and warm.get(5) is None
-    assert warm.record() == {"started": 0, "ready": 0, "seconds": 0.0, "errors": {}}
+class _Process:
+    def __init__(self, status):
+        self.status, self.pid = status, 2**22 + 1  # no such process: a kill finds nothing
+
+    def poll(self):
+        return self.status
+
+    def wait(self, timeout=None):
+        return self.status
+
+
+class _Manager:
+    def __init__(self, status):
+        self.provisioner = type("P", (), {"process": _Process(status)})()
+        self.clients = []
+
+    async def cleanup_resources(self):
+        return None
+
+
+def test_only_a_ready_live_kernel_is_handed_out_and_a_dead_one_is_said(tmp_path):
+    """Before: get() handed out a kernel that had died while it waited, and its notebook
+    failed ("Kernel died before replying to kernel_info") instead of starting its own."""
+    warm = kernels.WarmKernels([], log=io.StringIO(), timeout_s=1)
+    warm.kernels = [kernels.WarmKernel("waiting", _Manager(None), tmp_path, ready=False),
+                    kernels.WarmKernel("stopped", _Manager(None), tmp_path, ready=True,
+                                       stopped=True),
+                    kernels.WarmKernel("died", _Manager(-9), tmp_path, ready=True),
+                    kernels.WarmKernel("alive", _Manager(None), tmp_path, ready=True)]
+    assert [warm.get(i) for i in range(3)] == [None, None, None] and warm.get(9) is None
+    assert warm.get(3) is warm.kernels[3]
+    assert warm.record()["errors"] == {
+        "died": "it died while it waited for its notebook, which started its own"}
+    assert warm.kernels[2].stopped and not warm.kernels[3].stopped
 
 
 WHO = """import json, os, sys, time
@@ -72,6 +111,10 @@ started = time.time()
 first_cell_saw = {name: name in sys.modules for name in ("colorsys", "debugpy")}
 print(json.dumps({"pid": os.getpid(), "started": started, "saw": first_cell_saw}))
 """
+
+
+def _open_files() -> int:
+    return len(os.listdir("/proc/self/fd"))
 
 
 def _kernel_processes(cwd: Path) -> list[int]:
@@ -101,6 +144,8 @@ def test_each_kernel_starts_with_its_imports_done_alone_and_none_outlives_its_no
     plan = profiles.plan_run("two", profiles_path=tmp_path / "profiles.json",
                              notebooks_dir=notebooks)
     run_dir = rundir.new_run_dir(tmp_path / "runs", "two")
+    execute.ensure_kernel()
+    before = (threading.active_count(), _open_files())
     manifest = execute.execute(plan, run_dir, command=["test"], progress=False)
     assert [e["status"] for e in manifest["notebooks"]] == ["ok", "ok"]
     assert manifest["kernels"] == {"started": 2, "ready": 2,
@@ -110,5 +155,7 @@ def test_each_kernel_starts_with_its_imports_done_alone_and_none_outlives_its_no
     assert said[0]["pid"] != said[1]["pid"]  # a process of its own each
     assert all(s["saw"] == {"colorsys": True, "debugpy": False} for s in said)
     assert not _kernel_processes(notebooks)  # each stopped with its notebook
+    # nothing of theirs is left in this process either: no heartbeat thread, no socket
+    assert (threading.active_count(), _open_files()) == before
     for entry in manifest["notebooks"]:  # exported once, after the run: its seconds recorded
         assert (run_dir / entry["html"]).is_file() and entry["phases"]["export_s"] > 0

@@ -9,7 +9,8 @@ idle, for its notebook. Nothing runs beside a measurement: every kernel is ready
 before notebook 00 starts, and an idle kernel takes no CPU. Each kernel is still a fresh process
 of its own, stopped as soon as its notebook is done: a notebook never inherits another's heap,
 whose state decides the regime of the seed's fresh vector. The seconds from the first launch
-until the last kernel is ready are the run's ``kernels_s`` (:mod:`stagelab.core.phases`).
+until the last kernel is ready are the manifest's ``kernels.seconds``, counted as kernel start
+(:mod:`stagelab.core.phases`).
 A kernel that fails to start is stopped and its notebook starts one of its own, as before.
 """
 
@@ -61,7 +62,8 @@ def private_kernel_manager(socket_dir: Path, log: IO[str] | None = None,
                            started: list | None = None) -> type:
     """A kernel manager class whose kernel's IPC sockets and connection file live in
     ``socket_dir``, and whose process output goes to ``log`` rather than the terminal.
-    Each manager that launches a kernel is appended to ``started``, so it can be stopped.
+    Each manager that launches a kernel is appended to ``started``, so it can be stopped; each
+    keeps the clients it made (``clients``), so that whoever owns it can close them.
 
     IPC rather than loopback TCP: private to this user, and no port can collide.
     """
@@ -69,6 +71,15 @@ def private_kernel_manager(socket_dir: Path, log: IO[str] | None = None,
     from traitlets import default
 
     class PrivateKernelManager(AsyncKernelManager):
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.clients: list[Any] = []
+
+        def client(self, **kwargs: Any) -> Any:
+            made = super().client(**kwargs)
+            self.clients.append(made)
+            return made
+
         @default("transport")
         def _default_transport(self) -> str:
             return "ipc"
@@ -135,9 +146,13 @@ def kernel_sockets() -> Iterator[Path]:
 # ------------------------------------------------------------------------- warm, before the run
 
 def notebook_imports(notebook: Path) -> list[str]:
-    """The modules a notebook's code cells import, in order, each once: ``import a.b`` gives
-    ``a.b``; ``from a import b`` gives ``a`` and ``a.b`` (b may be a module). Cells that do not
-    parse (IPython magics) are skipped; relative imports have no package here and are left out."""
+    """The modules a notebook's cells import at their top level, in order, each once, up to the
+    first cell or statement that could change how a later import behaves: ``import a.b`` gives
+    ``a.b``; ``from a import b`` gives ``a`` and ``a.b`` (b may be a module). An import inside a
+    function, an ``if`` or a ``try`` is the notebook's own business and is left to it; so is
+    everything after a cell that is not Python (an IPython magic such as ``%env``) or a
+    statement that names the environment (``os.environ``, ``putenv``: a variable a module reads
+    when it is imported, such as ``TRITON_INTERPRET``). Relative imports have no package here."""
     found: dict[str, None] = {}
     for cell in json.loads(Path(notebook).read_text(encoding="utf-8")).get("cells", []):
         if cell.get("cell_type") != "code":
@@ -145,8 +160,10 @@ def notebook_imports(notebook: Path) -> list[str]:
         try:
             tree = ast.parse("".join(cell.get("source", "")))
         except SyntaxError:
-            continue
-        for node in ast.walk(tree):
+            break
+        for node in tree.body:
+            if _names_the_environment(node):
+                return list(found)
             if isinstance(node, ast.Import):
                 found.update(dict.fromkeys(alias.name for alias in node.names))
             elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
@@ -154,6 +171,12 @@ def notebook_imports(notebook: Path) -> list[str]:
                 found.update(dict.fromkeys(f"{node.module}.{alias.name}" for alias in node.names
                                            if alias.name != "*"))
     return list(found)
+
+
+def _names_the_environment(node: ast.stmt) -> bool:
+    return any(isinstance(part, (ast.Attribute, ast.Name))
+               and getattr(part, "attr", getattr(part, "id", "")) in ("environ", "putenv")
+               for part in ast.walk(node))
 
 
 def preload_source(modules: list[str]) -> str:
@@ -189,16 +212,30 @@ class WarmKernel:
         """The file the kernel marks its phases in (:mod:`stagelab.core.phases`)."""
         return self.folder / "marks.json"
 
+    def alive(self) -> bool:
+        """Whether its process still runs (an idle kernel can die: the OOM killer, a stray
+        kill)."""
+        process = getattr(self.manager.provisioner, "process", None)
+        return process is not None and process.poll() is None
+
     def stop(self) -> None:
-        """Kill the kernel (its notebook is done, or the run stops) and reap its process."""
+        """Close the clients made for it (papermill's too: given a kernel it does not own, it
+        leaves its client's channels open, a heartbeat thread that wakes every second in this
+        process), kill the kernel (its notebook is done, or the run stops), reap its process and
+        release its sockets."""
         if self.stopped:
             return
         self.stopped = True
+        for client in self.manager.clients:
+            with contextlib.suppress(Exception):
+                client.stop_channels()
         kill_kernels([self.manager])
         process = getattr(self.manager.provisioner, "process", None)
         if process is not None:
             with contextlib.suppress(Exception):
                 process.wait(timeout=10)
+        with contextlib.suppress(Exception):
+            asyncio.run(self.manager.cleanup_resources())
 
 
 @dataclass
@@ -231,9 +268,16 @@ class WarmKernels:
                 kernel.stop()
 
     def get(self, index: int) -> WarmKernel | None:
-        """The ready kernel of the plan's ``index``-th notebook, or None (it starts its own)."""
+        """The ready kernel of the plan's ``index``-th notebook, or None (it starts its own): one
+        that died while it waited is stopped and its death recorded (:meth:`record`)."""
         kernel = self.kernels[index] if index < len(self.kernels) else None
-        return kernel if kernel is not None and kernel.ready and not kernel.stopped else None
+        if kernel is None or not kernel.ready or kernel.stopped:
+            return None
+        if not kernel.alive():
+            kernel.error = "it died while it waited for its notebook, which started its own"
+            kernel.stop()
+            return None
+        return kernel
 
     def record(self) -> dict[str, Any]:
         """What the manifest keeps of the start: how many, how long, what failed."""
@@ -250,10 +294,10 @@ class WarmKernels:
                                in zip(self.kernels, self.notebooks)))
 
     async def _start_one(self, kernel: WarmKernel, notebook: Path) -> None:
-        preload = kernel.folder / "preload.py"
-        preload.write_text(preload_source(notebook_imports(notebook)), encoding="utf-8")
         env = {**os.environ, phases.PHASES_ENV: str(kernel.marks), paths.HEADLESS_ENV: "1"}
         try:
+            preload = kernel.folder / "preload.py"  # an unreadable notebook: its own error
+            preload.write_text(preload_source(notebook_imports(notebook)), encoding="utf-8")
             await kernel.manager.start_kernel(
                 cwd=str(notebook.parent), env=env,
                 extra_arguments=[f"--IPKernelApp.exec_files={preload}"])
