@@ -610,6 +610,9 @@ def test_the_two_overlap_orders_are_told_apart_and_never_compared_as_one_cell():
     assert (table.iloc[0]["queued_ms"], table.iloc[0]["waited_ms"]) == pytest.approx((2.0, 3.0))
     assert table.iloc[0]["waited_over_queued"] == pytest.approx(1.5)
     assert analysis.overlap_table(rows(*queued)).empty
+    stranger = timed("seed_pageable", [9e-3], rows=64, vocab=V, k=5, overlap_order="<b>x</b>")
+    assert analysis.overlap_table(rows(*queued, *stranger)).empty  # an unknown order: not one
+    assert len(analysis.overlap_table(rows(*queued, *waited, *stranger))) == 1
     pinned = [timed("seed_pinned", [1e-3, 1e-3], rows=64, vocab=V, k=5, overlap_order=order)
               for order in ("queued", "waited")]
     compared = analysis.compare(rows(*queued, *waited, *pinned[0], *pinned[1]), "seed_pageable",

@@ -457,7 +457,7 @@ def plant(value, skip=()):
 # replay refuses when they are wrong (tests above); every other string is planted.
 NAMES = {"format", "notebook", "table", "status", "profile", "rows", "file", "parameters",
          "arm", "experiment", "stage", "metric", "dtype", "timer", "device", "run_id",
-         "log_softmax", "decision", "name", "model", "git", "versions", "torch", "cuda_build",
+         "log_softmax", "overlap_order", "decision", "name", "model", "git", "versions", "torch", "cuda_build",
          "created_utc", "finished_utc", "started_utc"}
 
 
