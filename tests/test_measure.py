@@ -282,7 +282,8 @@ def stop_in_the_second_step_cell(out: Path, signum: int) -> int:
          "--out",
          str(out), "--param", "02_logprobs_step.models=[Qwen2.5-7B]",
          "--param", "02_logprobs_step.rows=[2, 64]", "--param", "02_logprobs_step.rounds=50",
-         "--param", "02_logprobs_step.max_rounds=50"],
+         "--param", "02_logprobs_step.max_rounds=50",
+         "--param", '02_logprobs_step.overlap_orders=["queued"]'],  # two cells: n=2, then 64
         cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 300
