@@ -215,6 +215,42 @@ def test_a_whole_number_in_a_unit_column_is_still_converted():
     assert list(shown.columns) == ["peak host (MiB)", "seconds (ms)", "samples"]
 
 
+def test_a_low_and_high_pair_reads_as_one_range_where_the_low_one_was():
+    shown = tables.readable(pd.DataFrame({
+        "name": ["a", "b"], "predicted_ms": [1.0, 2.0], "low_ms": [0.5, None],
+        "high_ms": [1.5, 3.0], "saving_low_ms": [0.25, 0.1], "saving_high_ms": [0.75, 0.2],
+        "margin_high_ms": [1.0, 2.0], "flow_ms": [4.0, 5.0]}))
+    assert list(shown.columns) == ["name", "predicted (ms)", "model's interval (ms)",
+                                   "saving interval (ms)", "margin high (ms)", "flow (ms)"]
+    assert shown.iloc[0].tolist()[2:4] == ["0.500 – 1.50", "0.250 – 0.750"]
+    assert shown.iloc[1, 2] == ""  # a missing end leaves the range empty, not half a range
+
+
+def test_the_prediction_check_is_a_table_per_level_in_reading_order_the_ratio_not_in_ms():
+    from stagelab.analyse import predict
+
+    def entry(name, **extra):
+        return {"name": name, "predicted_ms": 2.0, "low_ms": 1.0, "high_ms": 3.0,
+                "measured_ms": 2.5, "error": -0.2, "outside": False, **extra}
+
+    cell = {"rows": 2, "vocab": 1000, "k": 2, "stages": [entry("copy")],
+            "arms": [entry("seed_pageable")], "questions": [entry("reuse", error_ms=-0.5)],
+            "reuse_ratio": {"predicted": 1.1, "low": 1.0, "high": 1.2, "measured": 1.05,
+                            "error": 0.05, "outside": False}}
+    check = {"cells": [{key: cell[key] for key in sorted(cell)}]}  # as verdict.json sorts them
+    assert list(predict.check_table(check).columns) == [
+        "rows", "vocab", "k", "level", "name", "predicted_ms", "low_ms", "high_ms",
+        "measured_ms", "error", "outside", "error_ms"]
+    titled = predict.check_tables(check)
+    assert list(titled) == [predict.LEVEL_TITLES[level]
+                            for level in ("stage", "arm", "question", "ratio")]
+    assert "error_ms" not in titled[predict.LEVEL_TITLES["stage"]]  # only a saving has it
+    ratio = tables.readable(titled[predict.LEVEL_TITLES["ratio"]])
+    assert not [c for c in ratio.columns if "(ms)" in c], list(ratio.columns)
+    html = tables.sections(titled).to_html()
+    assert html.count("<h4>") == 4 and html.count("<table") == 4
+
+
 def test_the_key_plot_draws_a_lever_shown_for_context_in_its_arm_colour():
     lever = {"rows": 64, "vocab": V, "k": 5, "candidate": "seed_pageable_reused",
              "speedup": 1.4, "ci_low": 1.3, "ci_high": 1.5}

@@ -91,13 +91,14 @@ def test_notebook_code_holds_calls_not_logic(path):
 
 def _shown_without_raw_output(node: ast.expr) -> bool:
     """Whether an expression a cell shows is one a reader can take in: a table through
-    ``tables.show``, a styled table (``.style...``), Markdown, or a call that shows nothing."""
+    ``tables.show`` (or ``tables.sections``, several under titles), a styled table
+    (``.style...``), Markdown, or a call that shows nothing."""
     if not isinstance(node, ast.Call):
         return False
     name = ast.unparse(node.func)
     if name == "display":
         return all(_shown_without_raw_output(arg) for arg in node.args)
-    return (name in ("tables.show", "Markdown", "ctx.save_figure")
+    return (name in ("tables.show", "tables.sections", "Markdown", "ctx.save_figure")
             or ".style." in f"{name}." or name.startswith("plt."))
 
 

@@ -250,14 +250,17 @@ PAGE_FACTS = """() => ({
                  .map(e => e.getBoundingClientRect().top),
   headers: Array.from(document.querySelectorAll('th')).map(e => e.innerText.trim()),
   cells: Array.from(document.querySelectorAll('td')).map(e => e.innerText.trim()),
-  stderr: document.querySelectorAll('.output_stderr').length})"""
+  stderr: document.querySelectorAll('.output_stderr').length,
+  scrolled: Array.from(document.querySelectorAll('table'))
+                 .filter(e => e.scrollWidth > e.clientWidth + 1).map(e => e.innerText.slice(0, 80))})"""
 
 
 def test_screenshots_at_1366_px_say_trust_first_with_no_raw_cell_nor_stderr_box(request):
     """The front page and notebooks 01-05 at a 1,366 x 768 screen, as a reviewer sent one page
     sees them, each saved as its first screen and in full: each fits the width, says at the top
     whether its run's timings can be trusted (and, for a busy run, "not trustworthy"), shows no
-    stderr box, and the front page no raw cell (snake_case header, True/False/None/nan)."""
+    stderr box, and the front page no raw cell (snake_case header, True/False/None/nan) nor a
+    table too wide to read without scrolling it (its 12-column prediction table was 1,369 px)."""
     if CHROMIUM is None:
         if os.environ.get("CI"):
             pytest.fail("chromium is missing: `make test` installs Debian's chromium package")
@@ -294,6 +297,7 @@ def test_screenshots_at_1366_px_say_trust_first_with_no_raw_cell_nor_stderr_box(
         if state == trust.NOT_TRUSTWORTHY:
             assert "TIMINGS NOT TRUSTWORTHY" in seen["top"] or name == "index.html", name
     front = facts["index.html"]
+    assert not front["scrolled"], front["scrolled"]  # the front page's tables fit, unscrolled
     assert not [h for h in front["headers"] if SNAKE_CASE.search(h)], front["headers"]
     assert not [c for c in front["cells"] if RAW_CELL.match(c)]
     assert all((shots / f"{p.removesuffix('.html')}_first_screen.png").stat().st_size > 10_000

@@ -1062,6 +1062,11 @@ def _percent(error: float | None) -> str:
     return "error unknown" if error is None else f"error {error:+.0%}"
 
 
+# The check table's columns in reading order: which cell, what, predicted, measured, the error.
+CHECK_COLUMNS = ("rows", "vocab", "k", "host", "level", "name", "predicted_ms", "low_ms",
+                 "high_ms", "measured_ms", "error", "outside", "error_ms")
+
+
 def check_table(check: Mapping[str, Any]) -> pd.DataFrame:
     """The check as one table: per cell (and host, out of sample), each stage, arm and
     question's saving, predicted beside measured."""
@@ -1078,4 +1083,29 @@ def check_table(check: Mapping[str, Any]) -> pd.DataFrame:
                          "predicted_ms": ratio["predicted"], "low_ms": ratio["low"],
                          "high_ms": ratio["high"], "measured_ms": ratio["measured"],
                          "error": ratio["error"], "outside": ratio["outside"]})
-    return pd.DataFrame(rows)
+    table = pd.DataFrame(rows)
+    order = [c for c in CHECK_COLUMNS if c in table] + [c for c in table if c not in CHECK_COLUMNS]
+    return table[order]  # a verdict.json read back has its keys sorted: its order is not ours
+
+
+# Each level of the check, as its own table's title.
+LEVEL_TITLES = {"stage": "Each stage of the seed's step (ms)",
+                "arm": "Each arm's whole step (ms)",
+                "question": "Each question's saving per step, baseline − candidate (ms)",
+                "ratio": "The reuse lever: the ratio of the two arms' steps (x, not ms)"}
+
+
+def check_tables(check: Mapping[str, Any]) -> dict[str, pd.DataFrame]:
+    """:func:`check_table` as one table per level (stages, arms, questions, the ratio), each
+    under its title and with only its own columns: narrower, and the ratio's figures not
+    labelled as milliseconds."""
+    table = check_table(check)
+    if table.empty:
+        return {}
+    out = {}
+    for level, rows in table.groupby("level", sort=False):
+        rows = rows.drop(columns="level").dropna(axis=1, how="all").reset_index(drop=True)
+        if level == "ratio":
+            rows = rows.rename(columns=lambda c: c.removesuffix("_ms"))
+        out[LEVEL_TITLES.get(level, str(level))] = rows
+    return out

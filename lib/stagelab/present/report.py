@@ -30,7 +30,8 @@ _STYLE = """
 body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;max-width:1100px;margin:2em auto;
 padding:0 1em;color:#1d232a;line-height:1.45}
 h1{font-size:1.6em;margin-bottom:.2em} h2{margin-top:1.6em;border-bottom:1px solid #dde;padding-bottom:.2em}
-table{border-collapse:collapse;margin:.6em 0} td,th{border:1px solid #ccd;padding:.3em .6em;text-align:left;
+table{border-collapse:collapse;margin:.6em 0;display:block;max-width:100%;overflow-x:auto}
+td,th{border:1px solid #ccd;padding:.3em .6em;text-align:left;
 vertical-align:top} th{background:#f3f4f8}
 .ok{color:#176b2c;font-weight:600}.failed,.interrupted{color:#b3261e;font-weight:600}
 .running,.pending,.interactive{color:#8a6d00;font-weight:600}.missing{color:#b3261e;font-style:italic}
@@ -210,17 +211,15 @@ def prediction_html(check: Mapping[str, Any] | None) -> str:
     table, or nothing for a verdict written before it existed."""
     if not check:
         return ""
-    table = predict.check_table(check)
-    if "host" in table and table["host"].nunique() <= 1:  # said once, in the heading
-        table = table.drop(columns="host")
+    titled = {title: table.drop(columns="host") if "host" in table and table["host"].nunique() <= 1
+              else table for title, table in predict.check_tables(check).items()}  # host: said once
     outside = str(check.get("kind") or "").startswith("out of sample")
     what = (f"out of sample: the model fed {check.get('host')}, not this run's own rates" if outside
             else "in sample (additivity): the model fed this run's own host rates")
-    if table.empty:
+    if not titled:
         return f"<p>Prediction, {_esc(what)}: {_esc(check.get('note') or 'nothing to check')}</p>"
     return (f"<h3>Predicted beside measured ({_esc(check.get('platform'))}; {_esc(what)}; error = "
-            "predicted / measured - 1)</h3>"
-            + tables.show(table).to_html())  # split where it is wider than a screen
+            "predicted / measured - 1)</h3>" + tables.sections(titled).to_html())
 
 
 # Each figure a notebook saves (figures/<notebook>_<name>.png), in words: what it shows and which

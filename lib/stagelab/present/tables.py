@@ -9,9 +9,10 @@ as it is.
 
 from __future__ import annotations
 
+import html
 import math
 import numbers
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -28,8 +29,7 @@ WORDS = {"rows": "n (rows)", "vocab": "V (vocabulary)", "k": "K", "chunk": "chun
 YES_NO = {"bitwise_equal": "bitwise equal",  # 1/0 values read as yes/no
           "outside": "measured outside the model's interval"}
 # Columns in ms named in words (the cost model's interval around its prediction).
-MS_WORDS = {"low_ms": "model's interval, low (ms)", "high_ms": "model's interval, high (ms)",
-            "mid_ms": "predicted (ms)",
+MS_WORDS = {"interval_ms": "model's interval (ms)", "mid_ms": "predicted (ms)",
             "step_ms": "seed step, mean (ms)"}  # the verdict's threshold: a share of it
 TEXT = {"noisy": "noisy (IQR ≥ 10 % of median)", "met": "met"}
 # Columns that say which cell and arm a row is about come first.
@@ -92,6 +92,26 @@ def _with_ci(frame: pd.DataFrame, prefix: str) -> pd.DataFrame:
     return frame
 
 
+INTERVAL = "interval"  # ``<p>low<u>`` and ``<p>high<u>`` shown as one ``<p>interval<u>`` column
+
+
+def _with_interval(frame: pd.DataFrame) -> pd.DataFrame:
+    """Each pair ``<prefix>low<unit>`` and ``<prefix>high<unit>`` (the model's interval, a
+    saving's range...) as one text column "low – high", where the low one was: one column
+    fewer, and a range that reads as one."""
+    for low in [c for c in frame.columns if "low" in str(c)]:
+        prefix, _, unit = str(low).rpartition("low")
+        high = f"{prefix}high{unit}"
+        if high not in frame.columns or unit not in ("", "_ms"):
+            continue
+        text = [("" if _missing(lo) or _missing(hi) else f"{significant(lo)} – {significant(hi)}")
+                for lo, hi in zip(frame[low], frame[high])]
+        at = list(frame.columns).index(low)
+        frame = frame.drop(columns=[low, high])
+        frame.insert(at, f"{prefix}{INTERVAL}{unit}", text)
+    return frame
+
+
 SPLIT_MS = ("device_ms", "alloc_ms", "copy_ms", "host_gather_ms", "free_ms", "unattributed_ms")
 SPLIT_WORDS = ("seed step, mean ms: log-softmax + zero-fill + copy + host top-K + free + "
                "unattributed = total")
@@ -109,6 +129,19 @@ def _with_split(frame: pd.DataFrame) -> pd.DataFrame:
     return frame.drop(columns=names).assign(**{"stage_split": text})
 
 
+def _joined_label(name: str) -> str | None:
+    """The shown name of a column that :func:`readable` joined from several (a step's split, a
+    range, a speedup with its CI), else None."""
+    if name == "stage_split":
+        return SPLIT_WORDS
+    if name.removesuffix("_ms").endswith(INTERVAL):
+        label = name.removesuffix("_ms").removesuffix(INTERVAL).replace("_", " ")
+        return f"{label}interval{' (ms)' if name.endswith('_ms') else ''}"
+    if name.endswith("speedup_ci"):
+        return f"{'A/A twin' if name.startswith('twin_') else 'speedup'} [95 % CI]"
+    return None
+
+
 def _column(name: str) -> tuple[str, Callable[[Any], str]]:
     """The shown name of a column and its formatter, from its name."""
     plain = _number(significant, counts=True)
@@ -118,13 +151,11 @@ def _column(name: str) -> tuple[str, Callable[[Any], str]]:
         return TEXT[name], text
     if name in YES_NO:
         return YES_NO[name], lambda v: text(v if _missing(v) else bool(v))
-    if name == "stage_split":
-        return SPLIT_WORDS, text
     if name in MS_WORDS:
         return MS_WORDS[name], plain
-    if name.endswith("speedup_ci"):
-        twin = "A/A twin" if name.startswith("twin_") else "speedup"
-        return f"{twin} [95 % CI]", text
+    joined = _joined_label(name)
+    if joined:
+        return joined, text
     if name in SECONDS or name.endswith("_s"):
         label = name.removesuffix("_seconds").removesuffix("_s").replace("_", " ")
         return f"{label} (ms)", _number(lambda v: significant(1e3 * v))
@@ -154,7 +185,7 @@ def readable(frame: pd.DataFrame) -> pd.DataFrame:
     frame = frame[leading + [c for c in frame.columns if c not in leading]]
     for prefix in ("", "twin_"):
         frame = _with_ci(frame, prefix)
-    frame = _with_split(frame)
+    frame = _with_interval(_with_split(frame))
     shown = {}
     for name in frame.columns:
         label, fmt = _column(str(name))
@@ -171,7 +202,7 @@ GOAL_MET_CLASS = "goal-met"  # a goal's "met", which the report reads as met on 
 # timings when the run's timings are not trustworthy (known only once the notebook has run)
 # A table of more columns is shown as several, each repeating the columns that say which row it
 # is, so that every page fits a 1,366 px screen (a 23-column table was 2,028 px wide).
-MAX_COLUMNS = 12
+MAX_COLUMNS = 10  # at 12, the tables of notebooks 04 and 05 scrolled in their box
 
 
 class SplitTable:
@@ -186,6 +217,24 @@ class SplitTable:
 
     def _repr_html_(self) -> str:
         return self.to_html()
+
+
+class Titled:
+    """A table shown under its title (an ``<h4>``); displays as HTML like a Styler."""
+
+    def __init__(self, title: str, table: Any) -> None:
+        self.title, self.table = title, table
+
+    def to_html(self) -> str:
+        return f"<h4>{html.escape(self.title)}</h4>{self.table.to_html()}"
+
+    def _repr_html_(self) -> str:
+        return self.to_html()
+
+
+def sections(titled: Mapping[str, pd.DataFrame]) -> SplitTable:
+    """Several frames, each shown (:func:`show`) under its title, one under the other."""
+    return SplitTable([Titled(title, show(frame)) for title, frame in titled.items()])
 
 
 def column_groups(table: pd.DataFrame, limit: int = MAX_COLUMNS) -> list[list[str]]:
