@@ -296,10 +296,12 @@ class _FakeProbe:
     """Stands in for a probe process: finishes at once with its configuration as its figures."""
 
     envs: list = []
+    thresholds: list = []
 
     def __init__(self, target, config, env, timeout):
         self.config = config
         _FakeProbe.envs.append(env.get("OMP_WAIT_POLICY"))
+        _FakeProbe.thresholds.append(env.get("MALLOC_MMAP_THRESHOLD_"))
 
     def finished(self):
         return True
@@ -311,12 +313,15 @@ class _FakeProbe:
 def test_probes_side_by_side_keep_their_order_and_wait_passively(monkeypatch):
     monkeypatch.setattr(memory, "_Probe", _FakeProbe)
     monkeypatch.setattr(_FakeProbe, "envs", [])
+    monkeypatch.setattr(_FakeProbe, "thresholds", [])
     configs = [{"chunk": c} for c in (8, 16, 32, None)]
     assert memory.measure_peaks("m:f", configs, 2) == configs
     assert _FakeProbe.envs == ["PASSIVE"] * 4
     _FakeProbe.envs.clear()
     assert memory.measure_peaks("m:f", configs[:1]) == configs[:1]
     assert _FakeProbe.envs == [os.environ.get("OMP_WAIT_POLICY")]  # one at a time: the caller's
+    # every probe, alone or side by side, with glibc handing freed blocks back at once
+    assert _FakeProbe.thresholds == [memory.HOST_ALLOCATOR_ENV["MALLOC_MMAP_THRESHOLD_"]] * 5
     with pytest.raises(ValueError, match="parallel"):
         memory.measure_peaks("m:f", configs, 0)
 
@@ -466,6 +471,33 @@ def test_head_fused_predicted_peak_holds_no_chunk_of_logits():
     head = pl.predicted_peak_bytes(513, 152064, 256, torch.float32, HEAD_FUSED, 5)
     assert head < 0.35 * chunk_logits
     assert head < pl.predicted_peak_bytes(513, 152064, 256, torch.float32, "fused", 5) / 4
+
+
+def test_head_fused_predicted_peak_counts_the_tile_its_upcast_and_its_keys():
+    f32, bf16 = torch.float32, torch.bfloat16
+    bare = {dtype: pl.predicted_peak_bytes(513, 32768, 256, dtype, HEAD_FUSED, 5, tile=1)
+            for dtype in (f32, bf16)}
+    wider = 256 * (pl.TARGET_COLUMNS - 1)  # the targets' product: as wide as a tile, up to 256
+    for tile in (1024, 2048):
+        extra = 256 * (tile - 1)  # elements a tile holds beyond a one-column tile, per moment
+        assert pl.predicted_peak_bytes(513, 32768, 256, f32, HEAD_FUSED, 5, tile=tile) == (
+            bare[f32] + extra * (4 + pl.HEAD_TILE_TEMP_BYTES) + wider * 4)  # no upcast
+        assert pl.predicted_peak_bytes(513, 32768, 256, bf16, HEAD_FUSED, 5, tile=tile) == (
+            bare[bf16] + extra * (2 + 4 + pl.HEAD_TILE_TEMP_BYTES) + wider * 2)
+
+
+@pytest.mark.serial  # a memory probe
+def test_head_fused_measured_peak_is_its_model_within_a_tenth():
+    """Before: at chunk 256, tile 2048 the model said 13.1 MiB and RSS 15.7 or 23.4 MiB by the
+    run (glibc kept freed blocks resident); now glibc hands them back and the model counts what a
+    tile holds at once."""
+    config = dict(tokens=513, vocab=32768, hidden=256, chunk=256, dtype="float32",
+                  method=HEAD_FUSED, k=5, overlap=False, tile=2048)
+    (peak,) = memory.measure_peaks(pl.memory_probe, [config])
+    model = pl.predicted_peak_bytes(513, 32768, 256, torch.float32, HEAD_FUSED, 5, tile=2048,
+                                    hidden=256)
+    assert peak["hwm_reset"]
+    assert 0.85 * model <= peak["host_extra_bytes"] <= 1.1 * model, (peak, model)
 
 
 @pytest.mark.slow

@@ -31,9 +31,11 @@ METHODS = catalogue.arm_names(catalogue.PROMPT)
 # Vocabulary entries per tile of the head-fused method: its extra memory is about
 # chunk x tile x HEAD_TILE_TEMP_BYTES, a small share of one chunk's [C, V] logits.
 HEAD_TILE = 1024
-# Per element of a [C, tile] logits tile: the tile in the model's dtype (counted apart), its fp32
-# copy (4), its int64 keys (8) and the int64 temporary that forms them (8), a comparison (1).
-HEAD_TILE_TEMP_BYTES = 21
+# Per element of a [C, tile] logits tile, at its largest moment (its keys formed, by the torch
+# fold): the tile in the model's dtype and its fp32 copy (counted apart: none for fp32 logits),
+# the int32 ordered bits (4) and the int64 keys made from them (8). Was 21 (an int64 temporary
+# and a comparison counted too): two probes measured 0.63x of that model, the same each time.
+HEAD_TILE_TEMP_BYTES = 12
 # Columns of the product that gives the targets' logits (weight rows gathered: TARGET_COLUMNS x H).
 TARGET_COLUMNS = 256
 LmHead = "torch.Tensor | Callable[[torch.Tensor], torch.Tensor]"
@@ -351,8 +353,8 @@ def predicted_peak_bytes(tokens: int, vocab: int, chunk: int | None, dtype: torc
       bool (1) whose sum casts it to int64 (8): ``C x V x (4 + max(upcast, 9))``;
     * ``fused``: the same temporaries for one block of :func:`stagelab.measure.logprobs.block_rows` rows
       within :func:`stagelab.measure.logprobs.bounded_budget` of the chunk: ``B x V x max(4 + upcast, 9)``;
-    * ``head_fused``: no ``[C, V]`` logits; one ``[C, tile]`` block in ``dtype`` and its
-      temporaries (:data:`HEAD_TILE_TEMP_BYTES`), the running and the tile's top-K keys (each
+    * ``head_fused``: no ``[C, V]`` logits; one ``[C, tile]`` block in ``dtype``, its fp32
+      upcast and its temporaries (:data:`HEAD_TILE_TEMP_BYTES`), the running and the tile's top-K keys (each
       twice over: merged, and sorted), the targets' product and their gathered weight rows
       (``hidden`` wide; 0 leaves it out).
 
@@ -366,7 +368,7 @@ def predicted_peak_bytes(tokens: int, vocab: int, chunk: int | None, dtype: torc
     result_row = (num_logprobs + 1) * 8 + 4
     if method == catalogue.HEAD_FUSED:
         width, columns = min(tile, vocab), min(tile, vocab, TARGET_COLUMNS)
-        working = (chunk * width * (itemsize + HEAD_TILE_TEMP_BYTES)
+        working = (chunk * width * (itemsize + upcast + HEAD_TILE_TEMP_BYTES)
                    + chunk * 4 * num_logprobs * 8 + columns * (chunk + hidden) * itemsize)
         return working + result_row * (chunk + rows + 2 * chunk) + rows
     if method == "logsoftmax":
