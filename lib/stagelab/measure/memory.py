@@ -144,9 +144,8 @@ def measure_peaks(target: Target, configs: list[dict], parallel: int = 1,
     another's (the caller bounds ``parallel`` by the cores and by what fits in memory at once).
     Each runs with :data:`HOST_ALLOCATOR_ENV`. Side by side, their OpenMP threads wait
     passively (``OMP_WAIT_POLICY``): spinning threads of two processes on two cores took four
-    times as long as one probe after another. The probes
-    are watched from this thread, so a stop (Ctrl-C, SIGTERM) or a failure kills those running
-    at once."""
+    times as long as one probe after another. The probes are watched from this thread, so a stop
+    (Ctrl-C, SIGTERM) or a failure kills those running at once."""
     if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
         raise ValueError(f"parallel must be a positive integer, got {parallel!r}")
     target = probe_target(target)

@@ -34,7 +34,7 @@ HEAD_TILE = 1024
 # Per element of a [C, tile] logits tile, at its largest moment (its keys formed, by the torch
 # fold): the tile in the model's dtype and its fp32 copy (counted apart: none for fp32 logits),
 # the int32 ordered bits (4) and the int64 keys made from them (8). Was 21 (an int64 temporary
-# and a comparison counted too): two probes measured 0.63x of that model, the same each time.
+# and a comparison counted too): probes measured 0.60-0.63x of that model, tiles 1024-4096.
 HEAD_TILE_TEMP_BYTES = 12
 # Columns of the product that gives the targets' logits (weight rows gathered: TARGET_COLUMNS x H).
 TARGET_COLUMNS = 256
@@ -354,9 +354,9 @@ def predicted_peak_bytes(tokens: int, vocab: int, chunk: int | None, dtype: torc
     * ``fused``: the same temporaries for one block of :func:`stagelab.measure.logprobs.block_rows` rows
       within :func:`stagelab.measure.logprobs.bounded_budget` of the chunk: ``B x V x max(4 + upcast, 9)``;
     * ``head_fused``: no ``[C, V]`` logits; one ``[C, tile]`` block in ``dtype``, its fp32
-      upcast and its temporaries (:data:`HEAD_TILE_TEMP_BYTES`), the running and the tile's top-K keys (each
-      twice over: merged, and sorted), the targets' product and their gathered weight rows
-      (``hidden`` wide; 0 leaves it out).
+      upcast and its temporaries (:data:`HEAD_TILE_TEMP_BYTES`), the running and the tile's
+      top-K keys (each twice over: merged, and sorted), the targets' product and their gathered
+      weight rows (``hidden`` wide; 0 leaves it out).
 
     Plus the results: the chunk's device results, the host output ``(T-1) x (K+1)`` and two host
     slots; and the bad-row flags, one bool per row.

@@ -463,7 +463,6 @@ section.notebook>p.muted{margin:.4em 0 1em}
 .anchor-link{display:none} .output_area pre,.output_text pre{white-space:pre-wrap;margin:.3em 0}
 .output_stderr,.output_error{background:#fdecea;padding:.2em .5em}
 .dataframe td,.dataframe th{font-size:.9em}
-.output_html table{display:block;max-width:100%;overflow-x:auto}
 """
 
 

@@ -202,7 +202,7 @@ GOAL_MET_CLASS = "goal-met"  # a goal's "met", which the report reads as met on 
 # timings when the run's timings are not trustworthy (known only once the notebook has run)
 # A table of more columns is shown as several, each repeating the columns that say which row it
 # is, so that every page fits a 1,366 px screen (a 23-column table was 2,028 px wide).
-MAX_COLUMNS = 10  # at 12, the tables of notebooks 04 and 05 scrolled in their box
+MAX_COLUMNS = 10  # at 12, notebook 04's decisive table scrolled in its box
 
 
 class SplitTable:
