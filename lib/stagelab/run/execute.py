@@ -17,6 +17,7 @@ the run folder, not to the terminal.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import keyword
 import os
@@ -150,11 +151,16 @@ def execute_notebook(notebook: NotebookPlan, output: Path, run_dir: Path, plan: 
     with kernel_sockets() as sockets, open(Path(run_dir) / KERNEL_LOG, "a") as log:
         started: list = [warm.manager] if warm else []
         outcome: list[tuple[str, str | None]] = []
+        loops: list[asyncio.AbstractEventLoop] = []
         manager = private_kernel_manager(sockets, log, started)
-        worker = threading.Thread(
-            target=lambda: outcome.append(_papermill(notebook, output, run_dir, plan, manager,
-                                                     warm)),
-            name=f"papermill {notebook.name}", daemon=True)
+
+        def work() -> None:
+            try:
+                outcome.append(_papermill(notebook, output, run_dir, plan, manager, warm))
+            finally:
+                loops.extend(_thread_loop())
+
+        worker = threading.Thread(target=work, name=f"papermill {notebook.name}", daemon=True)
         worker.start()
         try:
             while worker.is_alive():
@@ -168,7 +174,29 @@ def execute_notebook(notebook: NotebookPlan, output: Path, run_dir: Path, plan: 
         finally:
             if warm:
                 warm.stop()  # its memory goes before the next notebook measures
+            if not worker.is_alive():
+                _release(loops, [m for m in started if not warm or m is not warm.manager])
     return outcome[0] if outcome else (rundir.FAILED, "papermill stopped without a result")
+
+
+def _thread_loop() -> list[asyncio.AbstractEventLoop]:
+    """The event loop jupyter made for this thread (papermill's), if it made one."""
+    try:
+        return [asyncio.get_event_loop()]
+    except RuntimeError:
+        return []
+
+
+def _release(loops: list[asyncio.AbstractEventLoop], managers: list) -> None:
+    """Close what papermill's thread leaves open once its notebook is done: jupyter's event loop
+    for that thread and the zmq context of a kernel manager papermill made. Left to a garbage
+    collection, they held 3 and 6 descriptors (and a context's two threads) per notebook."""
+    for loop in loops:
+        if not loop.is_running():
+            loop.close()
+    for made in managers:
+        if getattr(made, "_created_context", False):
+            made.context.destroy(linger=0)
 
 
 def export_html(run_dir: Path, entry: dict[str, Any],

@@ -222,7 +222,7 @@ class WarmKernel:
         """Close the clients made for it (papermill's too: given a kernel it does not own, it
         leaves its client's channels open, a heartbeat thread that wakes every second in this
         process), kill the kernel (its notebook is done, or the run stops), reap its process and
-        release its sockets."""
+        release its sockets and its zmq context."""
         if self.stopped:
             return
         self.stopped = True
@@ -236,6 +236,8 @@ class WarmKernel:
                 process.wait(timeout=10)
         with contextlib.suppress(Exception):
             asyncio.run(self.manager.cleanup_resources())
+        if getattr(self.manager, "_created_context", False):  # its zmq context: two threads,
+            self.manager.context.destroy(linger=0)  # 6 descriptors, else held until a collection
 
 
 @dataclass
