@@ -409,10 +409,8 @@ def live_verdict(run_dir: Path, parameters: dict) -> dict:
     return verdict.build_verdict(
         run_dir, decisive_rows=parameters["decisive_rows"],
         decisive_vocabs=shapes.vocabs(parameters["decisive_models"], "decisive_models"),
-        decisive_ks=parameters["decisive_ks"], delta=parameters["delta"],
-        min_samples=parameters["min_samples"], confidence=parameters["confidence"],
-        seed=parameters["seed"], reference_root=None,
-        calibration_trials=parameters["calibration_trials"])
+        decisive_ks=parameters["decisive_ks"], **verdict.arguments(parameters),
+        reference_root=None, calibration_trials=parameters["calibration_trials"])
 
 
 @pytest.mark.slow

@@ -19,6 +19,7 @@ import pytest
 from conftest import fake_run, good_run, make_run, start_sleepy, tiny_cli, write_notebook
 from stagelab import cli
 from stagelab.analyse import verdict as verdict_module
+from stagelab.analyse import verdict_decision
 from stagelab.core import paths, records, rundir, schema
 from stagelab.core.errors import BadRecord, UserError
 from stagelab.core.records import RunFolder
@@ -92,7 +93,8 @@ def test_a_real_verdict_follows_its_documented_schema(tmp_path):
     shutil.copy(KEPT_CPU_RUN / "manifest.json", run_dir / "manifest.json")
     built = verdict_module.build_verdict(
         run_dir, decisive_rows=[16, 64], decisive_vocabs=[152064], decisive_ks=[5],
-        min_samples=10, reference_root=paths.REFERENCE_DIR, calibration_trials=20)
+        rule=verdict_decision.Rule(min_samples=10), reference_root=paths.REFERENCE_DIR,
+        calibration_trials=20)
     written = RunFolder(run_dir).write_json("verdict.json", built)
     payload = json.loads(written.read_text())
     documented = records.schema("verdict")["properties"]

@@ -25,9 +25,9 @@ from stagelab.core.measured import RECORD_COPY
 from stagelab.core.records import RunFolder
 
 VERDICT_NOTEBOOK = catalogue.VERDICT_NOTEBOOK
-# The arguments of build_verdict that notebook 04's parameters of the same name give.
-PASSED = ("delta", "min_samples", "confidence", "decisive_rows", "decisive_ks", "seed",
-          "log_softmax", "overlap_order")
+# The arguments of build_verdict that notebook 04's parameters of the same name give (its rule
+# and conditions: verdict.arguments).
+PASSED = ("decisive_rows", "decisive_ks")
 
 
 def recorded_parameters(manifest: Mapping[str, Any]) -> dict[str, Any]:
@@ -67,6 +67,7 @@ def rederived_verdict(run_dir: Path, manifest: Mapping[str, Any]) -> dict[str, A
     try:
         return verdict.build_verdict(
             run_dir, **{name: given[name] for name in PASSED if name in given},
+            **verdict.arguments(given),
             decisive_vocabs=_vocabs(given.get("decisive_models") or []),
             reference_root=None, calibration_trials=0)
     except (ValueError, TypeError, KeyError) as exc:

@@ -172,9 +172,8 @@ def _verdict_section(run_dir: Path, manifest: Mapping[str, Any]) -> str:
     context = (verdict.get("context") or {}).get("words")  # absent in verdicts of older runs
     if context:
         parts.append(f"<p class='context'>{_prose(context)}</p>")
-    overlap = (verdict.get("context") or {}).get("overlap")  # a string before both orders
-    if isinstance(overlap, dict) and overlap.get("note"):
-        parts.append(f"<p class='overlap'>{_prose(overlap['note'])}</p>")
+    for name, condition in (verdict.get("conditions") or {}).items():  # format 2 on
+        parts.append(f"<p class='condition {_esc(name)}'>{_prose(condition['note'])}</p>")
     parts.append(_decisive_table(verdict.get("decisive", []), overall.get("summary", "")))
     parts.append(prediction_html(verdict.get("prediction")))
     parts.append(prediction_html(verdict.get("out_of_sample")))
