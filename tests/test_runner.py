@@ -88,7 +88,8 @@ def test_a_cell_that_runs_too_long_times_out_and_the_next_notebook_runs(tiny_sui
     assert sleeps["status"] == "failed"
     # cells of the executed notebook: parameters (0), injected parameters (1), the sleep (2)
     assert sleeps["error"] == "timed out after 10 s in cell 2"
-    assert sleeps["duration_s"] < 60 and ok["status"] == "ok"
+    # its duration is a recorded figure, checked for sense (at least the timeout), not speed
+    assert sleeps["duration_s"] >= manifest["cell_timeout_s"] and ok["status"] == "ok"
     assert manifest["status"] == "failed"
 
 
