@@ -158,7 +158,7 @@ class PageableFreshEmpty(_FreshPerCall):
     _make = staticmethod(torch.empty)
 
 
-class _GrowOnly(StagingArm):
+class GrowOnly(StagingArm):
     """A grow-only byte buffer: allocated again only when a larger copy arrives, never shrunk."""
 
     def __init__(self, allocator: Allocator) -> None:
@@ -185,7 +185,7 @@ class _GrowOnly(StagingArm):
         return out
 
 
-class PageableReused(_GrowOnly):
+class PageableReused(GrowOnly):
     """A grow-only pageable buffer: the reuse lever alone."""
 
     name = "pageable_reused"
@@ -194,7 +194,7 @@ class PageableReused(_GrowOnly):
         super().__init__(lambda nbytes: torch.empty(nbytes, dtype=torch.uint8))
 
 
-class PinnedGrowOnly(_GrowOnly):
+class PinnedGrowOnly(GrowOnly):
     """A grow-only pinned scratch (the seed's ``GreedyArgmaxScratch`` pattern): reuse and pinning.
 
     ``allocator(nbytes) -> uint8 Tensor`` defaults to torch's pinned allocation; a test may inject
