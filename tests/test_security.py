@@ -1152,3 +1152,60 @@ def test_a_wrongly_typed_field_of_the_snapshot_is_refused_before_use(node, where
     measured_folder.write_digests(node)
     with pytest.raises(UserError, match=rf"hardware.json\.{'.'.join(where)}.* is str"):
         replay_of(node)
+
+
+# ------------------------------------------------------- lines, not rows; parts the reader reads
+
+def test_blank_lines_count_against_the_line_budget(node):
+    """Before: blank lines were not rows, so the row budget never limited them: 256 MiB of
+    newlines were walked line by line (236 s), at least twice per replay."""
+    from stagelab.core import schema
+
+    path = node / "rows" / "staging.jsonl"
+    rows = path.read_text()
+    path.write_text("\n" * 5_000_000 + rows)
+    measured_folder.write_digests(node)
+    assert schema.read_json_lines(path, root=node, most=10) == []  # 11 lines read, no further
+    with pytest.raises(UserError, match=r"holds 0 rows, fewer than the"):
+        replay_of(node)
+
+
+def test_keep_rechecks_the_node_rows_with_a_budget(node, tmp_path, monkeypatch):
+    """Before: `keep` re-checked `measured/` rows with no `most`: every row of a rows file was
+    parsed before its count was compared (300,000 `{}` rows: 4.6 s; at 16 MiB, hours)."""
+    from stagelab.present import evidence
+
+    run = replayed_run_carrying(tmp_path, node)
+    copy = run / "measured"
+    expected = measured_folder.recorded_rows(experiment(
+        measured_folder.MeasuredFolder(copy).manifest(), "01_d2h_staging"))
+    path = copy / "rows" / "staging.jsonl.gz"
+    path.write_bytes(gzip.compress(b"{}\n" * 300_000, mtime=0))
+    measured_folder.write_digests(copy)
+    parsed = []
+    real = untrusted.parse_json
+    monkeypatch.setattr(untrusted, "parse_json",
+                        lambda *a, **k: parsed.append(1) or real(*a, **k))
+    problem = evidence.measured_copy_problem(run)
+    assert problem and "more than the" in problem
+    assert len(parsed) < expected + 50  # its rows and the record's few JSON files, no more
+
+
+def test_a_rows_part_the_reader_skips_is_refused_not_copied(node, tmp_path):
+    """Before: a listed rows/step.3.jsonl.gz with no .2 was never read as rows, but was read,
+    copied densely and kept (a 256 MiB sparse part became 200 MiB in data/reference/)."""
+    orphan = node / "rows" / "step.3.jsonl.gz"
+    orphan.write_bytes(gzip.compress(b'{"arm": "x"}\n', mtime=0))
+    measured_folder.write_digests(node)
+    with pytest.raises(UserError, match=r"rows/step.3.jsonl.gz is not read as rows"):
+        replay_of(node)
+
+
+def test_a_compressed_rows_part_is_bounded_as_compressed_rows_are(node):
+    """Before: a roll-over part was bounded at 1 GiB like plain rows, not at the 16 MiB of
+    compressed rows: a 256 MiB sparse part was read and copied."""
+    part = node / "rows" / "step.jsonl.gz"
+    with open(part, "wb") as handle:
+        handle.truncate(untrusted.MAX_COMPRESSED_ROWS_BYTES + 1)
+    with pytest.raises(UserError, match=r"more than the 16777216 such a file may hold"):
+        replay_of(node)

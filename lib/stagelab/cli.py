@@ -425,6 +425,7 @@ def main(argv: list[str] | None = None) -> int:
     but torch and the standard library."""
     from stagelab.core.rundir import RecordError
 
-    args = _parser().parse_args(argv)
-    return outcomes.one_line_errors("stagelab", lambda: COMMANDS[args.command](args),
-                                    also=(RecordError,))
+    with outcomes.escaped_output():  # every printed line of every command, escaped
+        args = _parser().parse_args(argv)
+        return outcomes.one_line_errors("stagelab", lambda: COMMANDS[args.command](args),
+                                        also=(RecordError,))

@@ -185,34 +185,32 @@ def _optional_json(folder: Path, name: str) -> Any:
 
 def measured_copy_problem(run_dir: Path) -> str | None:
     """Why the node's record a replay carries (``measured/``) contradicts itself (a file that
-    differs from its digest, rows against its hardware, preflight, the catalogue and physical
+    differs from its digest, a manifest a replay could not use, a rows file holding other rows
+    than its cells recorded, rows against its hardware, preflight, the catalogue and physical
     bounds: :mod:`stagelab.analyse.claims`), or None; read as a stranger's files are
-    (:mod:`stagelab.core.untrusted`)."""
-    copy = Path(run_dir) / MEASURED_COPY
-    if not (copy / "measured.json").is_file():
+    (:mod:`stagelab.core.untrusted`), each rows file no further than its cells account for."""
+    copy = measured.MeasuredFolder(Path(run_dir) / MEASURED_COPY)
+    if not (copy.path / measured.MANIFEST).is_file():
         return None
     try:  # what is kept is the bytes the replay verified, or nothing
-        measured.MeasuredFolder(copy).check_digests()
+        copy.check_digests()
+        manifest = copy.manifest()
+        for entry in manifest["experiments"]:
+            copy.check_rows(entry)
     except UserError as exc:
         return str(exc)
-    manifest = untrusted.load_json(copy / "measured.json", root=copy)
-    hardware, preflight = (_optional_json(copy, name)
+    hardware, preflight = (_optional_json(copy.path, name)
                            for name in (RunFolder.HARDWARE, RunFolder.PREFLIGHT))
     hardware = {} if hardware is None else hardware  # no snapshot: nothing vouches for CUDA
-    if not isinstance(manifest, dict) or not isinstance(hardware, dict):
-        return "measured.json or hardware.json is not a JSON object"
-    for entry in manifest.get("experiments") or []:
-        table = entry.get("table") if isinstance(entry, dict) else None
-        if table not in catalogue.tables():
+    if not isinstance(hardware, dict):
+        return f"{RunFolder.HARDWARE} is not a JSON object"
+    for entry in manifest["experiments"]:
+        if entry["table"] is None:
             continue
-        try:
-            rows = measured.MeasuredFolder(copy).table_rows(table)
-        except FileNotFoundError:
-            continue
-        found = claims.rows_problems(table, rows, entry, hardware,
-                                     preflight if isinstance(preflight, dict) else None)
+        found = claims.rows_problems(entry["table"], copy.measured_rows(entry["table"]), entry,
+                                     hardware, preflight if isinstance(preflight, dict) else None)
         if found:
-            name = measured.MeasuredFolder(copy).rows_path(table).relative_to(copy).as_posix()
+            name = copy.rows_path(entry["table"]).relative_to(copy.path).as_posix()
             return f"{MEASURED_COPY}/{name}: {found[0]}"
     return None
 
@@ -278,6 +276,20 @@ def _refuse_a_kept_measurement(run_dir: Path, root: Path, measured_id: str | Non
                         "measurement is one piece of evidence, however often it is replayed")
 
 
+MAX_TABLE_BYTES = 256 << 20  # a run's table: megabytes for the full profile
+
+
+def evidence_limit(inner: Path) -> int:
+    """The most bytes a kept file may hold, by its place in the run (``inner``): a figure's and
+    a notebook's bound are the report's, a table's :data:`MAX_TABLE_BYTES`, the node's record
+    its own (:func:`stagelab.core.measured.record_limit`), any JSON record 64 MiB."""
+    if inner.parts[0] == MEASURED_COPY:
+        return measured.record_limit(Path(*inner.parts[1:]).as_posix())
+    by_kind = {".png": report.MAX_FIGURE_BYTES, ".ipynb": report.MAX_NOTEBOOK_BYTES,
+               ".parquet": MAX_TABLE_BYTES}
+    return by_kind.get(inner.suffix, untrusted.MAX_JSON_BYTES)
+
+
 def _copy_evidence(run_dir: Path, files: list[Path], dest: Path) -> None:
     """Copy the run's evidence into ``dest``, its pages regenerated, never copied: each
     notebook's HTML from its notebook JSON, sanitised (:mod:`stagelab.present.sanitise`), and
@@ -285,9 +297,13 @@ def _copy_evidence(run_dir: Path, files: list[Path], dest: Path) -> None:
     for path in files:
         if path.suffix == ".html":
             continue
-        target = dest / path.relative_to(run_dir)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(path, target, follow_symlinks=False)
+        inner = path.relative_to(run_dir)
+        try:  # read as a stranger's file, bounded by its kind: a giant sparse file costs nothing
+            data = untrusted.read_regular(path, evidence_limit(inner), root=run_dir)
+        except UserError as exc:
+            raise UserError(f"{run_dir}: not kept: {exc}") from exc
+        (dest / inner).parent.mkdir(parents=True, exist_ok=True)
+        records.write_bytes_atomic(dest / inner, data)
     for page in (p for p in files if p.suffix == ".html" and p.parent == run_dir):
         notebook = dest / f"{page.stem}.ipynb"
         try:

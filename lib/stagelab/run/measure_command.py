@@ -484,7 +484,8 @@ def main(argv: list[str] | None = None) -> int:
         request = checked_request(_parser().parse_args(argv), ["stagelab", "measure", *argv])
         return EXIT_OK if request is None else measure(request)
     try:
-        return outcomes.one_line_errors("stagelab measure", body)
+        with outcomes.escaped_output():  # every printed line, escaped
+            return outcomes.one_line_errors("stagelab measure", body)
     except SystemExit as exc:  # argparse: --help (0) or a malformed command line (2)
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
 
