@@ -196,3 +196,46 @@ def test_runs_and_refusals_under_the_c_locale_print_escapes_not_tracebacks(tmp_p
     assert json.loads(subprocess.run(
         [sys.executable, "-m", "stagelab", "runs", "--root", str(tmp_path), "--json"],
         capture_output=True, env=env, timeout=120).stdout)[0]["profile"] == "quick-é×"
+
+
+# ------------------------------------------------------------ R7, a long value, R10: requests
+
+def test_a_deeply_nested_param_is_one_line_and_exit_2(tmp_path, capsys):
+    """Before: `--param 01_d2h_staging.rounds=[[[[...]]]]` ended in a RecursionError traceback,
+    exit 1."""
+    from stagelab import cli
+
+    deep = "[" * 100_000 + "]" * 100_000
+    for value in (deep, "[" * 100_000):
+        code = cli.main(["run", "--profile", "smoke", "--param", f"01_d2h_staging.rounds={value}",
+                         "--out", str(tmp_path)])
+        err = capsys.readouterr().err
+        assert code == 2 and "nests lists or objects more than 8 deep" in err
+        assert len(err.splitlines()) == 1 and len(err) < 400
+
+
+def test_a_refused_long_value_is_not_echoed_whole(tmp_path, capsys):
+    """Before: a refused 100 KB `--param` value was echoed whole in the refusal."""
+    from stagelab import cli
+
+    code = cli.main(["run", "--profile", "smoke", "--param",
+                     f"01_d2h_staging.rounds={'x' * 100_000}", "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2 and "01_d2h_staging.rounds" in err and len(err) < 1100
+    assert err.rstrip().endswith("...")
+
+
+def test_every_path_a_command_takes_is_resolved_where_given(tmp_path, monkeypatch):
+    """Before: `run --from DIR --out RELATIVE` always failed: the notebooks, which run inside
+    notebooks/, got a relative measured/ path, and the refusal said "not a measured folder"."""
+    from stagelab import cli
+
+    monkeypatch.chdir(tmp_path)
+    parser = cli._parser()
+    args = parser.parse_args(["run", "--from", "node", "--out", "runs"])
+    assert args.from_dir == tmp_path / "node" and args.out == tmp_path / "runs"
+    for argv, field in ((["keep", "run"], "run_dir"), (["report", "run"], "run_dir"),
+                        (["runs", "--root", "r"], "root"), (["compare", "a"], "runs"),
+                        (["measure", "--out", "m"], "out")):
+        value = getattr(parser.parse_args(argv), field)
+        assert all(Path(v).is_absolute() for v in (value if isinstance(value, list) else [value]))

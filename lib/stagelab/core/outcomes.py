@@ -47,6 +47,10 @@ def printable(text: object) -> str:
                             str(text))
 
 
+# A refusal is one line a person reads: one that quotes a value of 100 KB is cut to this.
+MAX_REFUSAL = 1000
+
+
 def clipped(text: object, most: int = 300) -> str:
     """``text`` as :func:`printable` shows it, cut to ``most`` characters (``...`` ending what
     was cut): a refusal that quotes a stranger's value (a member name of megabytes, a
@@ -95,10 +99,10 @@ def one_line_errors(prog: str, body: Callable[[], int],
     try:
         return body()
     except UserError as exc:
-        print(f"{prog}: error: {printable(exc)}", file=sys.stderr)
+        print(f"{prog}: error: {clipped(exc, MAX_REFUSAL)}", file=sys.stderr)
         return EXIT_USAGE
     except also as exc:
-        print(f"{prog}: error: {printable(exc)}", file=sys.stderr)
+        print(f"{prog}: error: {clipped(exc, MAX_REFUSAL)}", file=sys.stderr)
         return EXIT_FAILED
     except OSError as exc:
         if exc.errno != errno.ENAMETOOLONG:

@@ -116,7 +116,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         help="measure only these notebooks of the profile")
     parser.add_argument("--param", action="append", default=[], metavar="NOTEBOOK.KEY=VALUE",
                         help="override a notebook parameter; VALUE is JSON, bare words are text")
-    parser.add_argument("--out", type=Path, help="the folder to create (absent or empty)")
+    parser.add_argument("--out", type=paths.given, help="the folder to create (absent or empty)")
     parser.add_argument("--deadline-s", type=float, default=None, metavar="S",
                         help="stop at the first cell whose predicted end passes S seconds after "
                              "the start; its status is `deadline`, everything measured is kept")

@@ -111,6 +111,9 @@ def parse_overrides(items: Iterable[str]) -> dict[str, dict[str, Any]]:
         if not sep or not dot or not notebook or not key:
             raise UserError(f"--param {item!r}: expected NOTEBOOK.KEY=VALUE, "
                             f"e.g. {catalogue.measuring_notebooks()[0]}.rounds=20")
+        deep = params.nesting_problem(text)
+        if deep:
+            raise UserError(f"--param {target}: its value {deep}")
         try:
             value = parse_value(text) if text else ""
         except ValueError as exc:
