@@ -31,7 +31,7 @@ from stagelab.core.outcomes import (
     PENDING,
     RUNNING,
 )
-from stagelab.core.schema import part_path, read_json_lines
+from stagelab.core.schema import make_rows, part_path, read_json_lines
 
 MANIFEST = "measured.json"
 ROWS_DIR = "rows"
@@ -252,6 +252,7 @@ def gaps(manifest: Mapping[str, Any]) -> list[str]:
 DIGESTS, DIGESTS_FORMAT = "digests.json", "stagelab-digests"  # sha256 and size of each file
 RECORD_FILES = (MANIFEST, "hardware.json", "preflight.json", "inventory.json", DIGESTS)
 RECORD_COPY = "measured"  # the node's record inside a replayed run folder
+RUN_OWNED = ("run_id", "notebook")  # columns a run fills itself, never taken from a node's rows
 
 
 def record_names() -> list[str]:
@@ -529,6 +530,15 @@ class MeasuredFolder:
             return self.table_rows(table, recorded_rows(entry))[:recorded_rows(entry)]
         except FileNotFoundError:
             return []
+
+    def replayed_frame(self, table: str, run_id: str, notebook: str) -> Any:
+        """A measured table as the run that replays it holds it (``data/<table>.parquet``):
+        the rows its cells account for (:meth:`measured_rows`), less the columns a run owns,
+        as one schema frame. The notebook writes this and ``keep`` rebuilds it to compare:
+        one function, so that both build the same table."""
+        rows = [{key: value for key, value in row.items() if key not in RUN_OWNED}
+                for row in self.measured_rows(table)]
+        return make_rows(rows, run_id=run_id, notebook=notebook)
 
     def check_rows(self, entry: Mapping[str, Any]) -> None:
         """A refusal when an experiment's rows file does not hold exactly the rows its cells

@@ -51,6 +51,11 @@ def refusal(run_dir: Path, manifest: dict[str, Any]) -> str | None:
                       if e.get("status") != rundir.OK]
         detail = f" ({', '.join(unfinished)})" if unfinished else ""
         return f"its status is {status}{detail}, not ok"
+    if manifest.get("measured_on"):  # what the verified copy says, not the run's manifest
+        try:
+            manifest = {**manifest, "measured_on": rederive.verified_origin(run_dir)}
+        except UserError as exc:
+            return f"its measured/ cannot be read ({exc})"
     partial = replay_past_no_go(manifest) or replay_gaps(manifest)
     if partial:
         return partial

@@ -17,11 +17,11 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from stagelab.analyse import analysis, verdict
-from stagelab.core import catalogue, forward, paths, records, untrusted
+from stagelab.analyse import analysis, claims, verdict
+from stagelab.core import catalogue, forward, paths, records, schema, untrusted
 from stagelab.core.cells import notebook_parameters
 from stagelab.core.errors import BadRecord, UserError
-from stagelab.core.measured import RECORD_COPY
+from stagelab.core.measured import MANIFEST, RECORD_COPY, MeasuredFolder
 from stagelab.core.records import RunFolder
 
 VERDICT_NOTEBOOK = catalogue.VERDICT_NOTEBOOK
@@ -145,10 +145,135 @@ def hardware_difference(run_dir: Path, manifest: Mapping[str, Any]) -> str | Non
     return None
 
 
+# -------------------------------------------------------------- the tables and their rows
+
+def table_records(frame: Any) -> list[dict[str, Any]]:
+    """A table's rows as plain dicts, a missing value as None (as the node's JSON rows have
+    it): what the claims checks read."""
+    return frame.astype(object).where(frame.notna(), None).to_dict("records")
+
+
+def recorded_notebook_parameters(manifest: Mapping[str, Any], notebook: str) -> dict[str, Any]:
+    """A notebook's parameters as the run ran it: its defaults under the run's recorded ones."""
+    entry = next((e for e in manifest.get("notebooks") or []
+                  if isinstance(e, dict) and e.get("name") == notebook), None) or {}
+    given = entry.get("parameters") if isinstance(entry.get("parameters"), dict) else {}
+    path = paths.NOTEBOOKS_DIR / f"{notebook}.ipynb"
+    return {**(notebook_parameters(path) if path.is_file() else {}), **given}
+
+
+def rounds_problem(table: str, rows: list[dict[str, Any]], parameters: Mapping[str, Any]
+                   ) -> str | None:
+    """Why a table holds more rounds than its notebook's recorded parameters allow (``rounds``,
+    or ``max_rounds`` where rounds run until resolved), or None."""
+    caps = [v for v in (parameters.get("rounds"), parameters.get("max_rounds"))
+            if isinstance(v, int) and not isinstance(v, bool)]
+    if not caps:
+        return None
+    timed = {row.get("round") for row in rows
+             if row.get("status") == "ok" and row.get("metric") == "time"}
+    if len(timed) > max(caps):
+        return (f"data/{table}.parquet holds {len(timed)} rounds, more than the {max(caps)} its "
+                "recorded parameters allow")
+    return None
+
+
+def backing_records(run_dir: Path, manifest: Mapping[str, Any]
+                    ) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The snapshot and preflight a run's tables are checked against: a replay's node record
+    (``measured/``, verified against its digests), or a live run's own manifest snapshot (the
+    same as its hardware.json: :func:`hardware_difference`) and no preflight."""
+    if not manifest.get("measured_on"):
+        hardware = manifest.get("hardware")
+        return (hardware if isinstance(hardware, dict) else {}), None
+    found = []
+    for name in (RunFolder.HARDWARE, RunFolder.PREFLIGHT):
+        try:
+            value = untrusted.load_json(Path(run_dir) / RECORD_COPY / name, root=run_dir)
+        except FileNotFoundError:
+            value = None
+        found.append(value if isinstance(value, dict) else None)
+    return found[0] or {}, found[1]
+
+
+def tables_problem(run_dir: Path, manifest: Mapping[str, Any]) -> str | None:
+    """Why a run's own tables (``data/*.parquet``) contradict the records that back them
+    (:func:`backing_records`): an ok row of an arm that needs CUDA, or on a CUDA device, from a
+    machine whose records do not all say CUDA, an arm the catalogue or the recorded parameters
+    do not have, a timing no timer reads, positions the balanced order cannot give
+    (:mod:`stagelab.analyse.claims`), more rounds than recorded; None where none does."""
+    hardware, preflight = backing_records(run_dir, manifest)
+    folder = RunFolder(run_dir)
+    for table, notebook in sorted(catalogue.tables().items()):
+        if not folder.table_path(table).is_file():
+            continue
+        rows = table_records(schema.read_table(run_dir, table))
+        parameters = recorded_notebook_parameters(manifest, notebook)
+        found = claims.rows_problems(table, rows, {"parameters": parameters}, hardware,
+                                     preflight)
+        found += [p for p in [rounds_problem(table, rows, parameters)] if p]
+        if found:
+            return f"data/{table}.parquet disagrees with the records that back it: {found[0]}"
+    return None
+
+
+def replay_tables_problem(run_dir: Path, manifest: Mapping[str, Any]) -> str | None:
+    """Where a replay's tables are not what its notebooks derive from the verified node rows
+    it carries (``measured/``, rebuilt here by the very function the notebooks call:
+    :meth:`stagelab.core.measured.MeasuredFolder.replayed_frame`); None for a live run and
+    for a replay whose every table is its rows."""
+    if not manifest.get("measured_on"):
+        return None
+    copy = MeasuredFolder(Path(run_dir) / RECORD_COPY)
+    folder = RunFolder(run_dir)
+    run_id = str(manifest.get("run_id") or Path(run_dir).name)
+    for table, notebook in sorted(catalogue.tables().items()):
+        rebuilt = table_records(copy.replayed_frame(table, run_id, notebook))
+        held = (table_records(schema.read_table(run_dir, table))
+                if folder.table_path(table).is_file() else [])
+        if rebuilt != held:
+            return (f"data/{table}.parquet holds {len(held)} rows that are not the "
+                    f"{len(rebuilt)} its notebook derives from the verified "
+                    f"{RECORD_COPY}/ rows; a replay's tables are its node's rows, or nothing")
+    return None
+
+
+ORIGIN_FIELDS = ("measured_id", "profile", "status", "created_utc", "host", "gpu", "device",
+                 "forced", "rehearsal", "preflight", "gaps")
+
+
+def verified_origin(run_dir: Path) -> dict[str, Any]:
+    """Where a replay's measurement was made, read from the verified copy it carries
+    (``measured/measured.json``), never from the run's own manifest."""
+    copy = MeasuredFolder(Path(run_dir) / RECORD_COPY)
+    return copy.origin(copy.manifest())
+
+
+def origin_difference(run_dir: Path, manifest: Mapping[str, Any]) -> str | None:
+    """Where a replay's manifest says of its measurement (``measured_on``) other than its
+    verified copy does; None for a live run and where they agree."""
+    said = manifest.get("measured_on")
+    if not said:
+        return None
+    if not isinstance(said, dict):
+        return "its manifest's measured_on is not an object"
+    verified = verified_origin(run_dir)
+    for name in ORIGIN_FIELDS:
+        if said.get(name) != verified.get(name):
+            return (f"its manifest's measured_on says {name} {said.get(name)!r}, its verified "
+                    f"{RECORD_COPY}/{MANIFEST} {verified.get(name)!r}")
+    return None
+
+
 def problem(run_dir: Path, manifest: Mapping[str, Any]) -> str | None:
     """Why the run's claims are not what its tables and records give (None when they are):
-    its hardware, its verdict.json's decisions, its index.html's verdict."""
-    found = hardware_difference(run_dir, manifest)
+    its hardware, its snapshot's CUDA, a replay's origin and tables against its verified node
+    rows, its tables against the records that back them, its verdict.json, its index.html."""
+    found = (hardware_difference(run_dir, manifest)
+             or claims.snapshot_problem(manifest.get("hardware") or {})
+             or origin_difference(run_dir, manifest)
+             or replay_tables_problem(run_dir, manifest)
+             or tables_problem(run_dir, manifest))
     if found:
         return found
     recorded = RunFolder(run_dir).read_verdict()
