@@ -1209,3 +1209,130 @@ def test_a_compressed_rows_part_is_bounded_as_compressed_rows_are(node):
         handle.truncate(untrusted.MAX_COMPRESSED_ROWS_BYTES + 1)
     with pytest.raises(UserError, match=r"more than the 16777216 such a file may hold"):
         replay_of(node)
+
+
+# ------------------------------------------- K1, K2, R8: tables checked against their records
+
+CPU_BUILD = {"host": {"cpu_model": "Xeon"}, "gpu": None,
+             "torch": {"torch": "2.13.0+cpu", "cuda_build": None, "cuda_available": False}}
+
+
+def _live_run_with_rows(root: Path, hardware: dict, rows: list[dict]) -> Path:
+    from conftest import good_run
+    from stagelab.core import schema
+
+    run = good_run(root, hardware=hardware)
+    schema.write_table(schema.make_rows(rows, run_id=run.name, notebook="01_d2h_staging"),
+                       run, "staging")
+    return run
+
+
+def _pinned_rows(device: str, rounds: int = 240) -> list[dict]:
+    return [{"experiment": "d2h_copy", "arm": arm, "device": device, "rows": 64,
+             "vocab": 152064, "round": r, "seconds": 0.01, "bytes": 10**6, "status": "ok",
+             "metric": "time", "stage": "total"}
+            for r in range(rounds) for arm in ("pageable_fresh", "pinned_grow_only")]
+
+
+def test_keep_refuses_a_live_run_whose_tables_its_machine_cannot_have_measured(
+        tmp_path, verdict_as_recorded):
+    """Before: claims ran only on a replay's measured/, never on a run's data/*.parquet: a run
+    whose tables held 1,920 pinned ok rows on device cpu (its torch 2.13.0+cpu) was kept
+    unforced with "Verdict: PORT"."""
+    from stagelab.present import evidence
+
+    run = _live_run_with_rows(tmp_path / "runs", CPU_BUILD, _pinned_rows("cpu"))
+    with pytest.raises(UserError, match=r"data/staging.parquet disagrees with the records that "
+                                        r"back it: an ok 'pinned_grow_only' row"):
+        evidence.keep_evidence(run, tmp_path / "reference", force=True)
+    assert not list((tmp_path / "reference").rglob("kept.json"))
+
+
+def test_keep_refuses_a_gpu_run_whose_torch_says_no_cuda(tmp_path, verdict_as_recorded):
+    """Before (R8, K1): a run filed under NVIDIA-H200/ with cuda:0 rows while its own snapshot's
+    torch was a CPU build was kept."""
+    from stagelab.present import evidence
+
+    h200 = {**CPU_BUILD, "gpu": {"name": "NVIDIA H200"}}
+    run = _live_run_with_rows(tmp_path / "runs", h200, _pinned_rows("cuda:0"))
+    with pytest.raises(UserError, match=r"names GPU 'NVIDIA H200' while its torch "
+                                        r"\(2.13.0\+cpu\) says CUDA was not available"):
+        evidence.keep_evidence(run, tmp_path / "reference", force=True)
+    assert not (tmp_path / "reference" / "NVIDIA-H200").exists()
+
+
+def test_keep_refuses_more_rounds_than_the_run_recorded(tmp_path, verdict_as_recorded):
+    from stagelab.present import evidence
+
+    run = _live_run_with_rows(tmp_path / "runs", CPU_BUILD, [
+        {**row, "arm": "pageable_fresh"} for row in _pinned_rows("cpu", rounds=400)[::2]])
+    with pytest.raises(UserError, match=r"holds 400 rounds, more than the 12 its recorded"):
+        evidence.keep_evidence(run, tmp_path / "reference", force=True)
+
+
+def test_a_replay_of_a_snapshot_naming_a_gpu_its_torch_denies_is_refused(node):
+    """Before (R8): a snapshot naming an H200 while its torch said no CUDA was accepted when no
+    row needed CUDA."""
+    hardware = json.loads((node / "hardware.json").read_text())
+    hardware["gpu"] = {"name": "NVIDIA H200"}
+    (node / "hardware.json").write_text(json.dumps(hardware))
+    measured_folder.write_digests(node)
+    with pytest.raises(UserError, match=r"names GPU 'NVIDIA H200' while its torch"):
+        replay_of(node)
+
+
+def _replay_like(tmp_path: Path, node: Path) -> Path:
+    """A run that carries the node's verified rows as a replay does, its tables what the
+    notebooks derive from them and its measured_on the verified copy's."""
+    from stagelab.core import catalogue, rundir, schema
+
+    run = replayed_run_carrying(tmp_path, node)
+    copy = measured_folder.MeasuredFolder(run / "measured")
+    for path in (run / "data").glob("*.parquet"):
+        path.unlink()
+    for table, notebook in catalogue.tables().items():
+        frame = copy.replayed_frame(table, run.name, notebook)
+        if len(frame):
+            schema.write_table(frame, run, table)
+    manifest = rundir.read_manifest(run)
+    manifest["measured_on"] = copy.origin(copy.manifest())
+    manifest["hardware"] = json.loads((copy.path / "hardware.json").read_text())
+    rundir.write_manifest(run, manifest)
+    return run
+
+
+def test_keep_refuses_a_replay_whose_tables_are_not_its_verified_rows(node, tmp_path,
+                                                                     verdict_as_recorded):
+    """Before (K2): nothing checked that a replay's tables were what the notebooks derive from
+    measured/: a kept "(measured elsewhere) Verdict: PORT" had 1,920 pinned ok rows in its
+    tables and none in its verified measured/."""
+    from stagelab.core import rundir, schema
+    from stagelab.present import evidence, rederive
+
+    run = _replay_like(tmp_path, node)
+    manifest = rundir.effective_manifest(run)
+    assert rederive.replay_tables_problem(run, manifest) is None  # the honest one holds
+    frame = schema.read_table(run, "staging")
+    frame.loc[frame["arm"] == "pageable_reused", "arm"] = "pinned_grow_only"
+    schema.write_table(frame, run, "staging")
+    assert "not the" in (rederive.replay_tables_problem(run, manifest) or "")
+    with pytest.raises(UserError, match=r"data/staging.parquet holds \d+ rows that are not the "
+                                        r"\d+ its notebook derives from the verified"):
+        evidence.keep_evidence(run, tmp_path / "reference", force=True)
+
+
+def test_keep_reads_measured_on_from_the_verified_copy(node, tmp_path, verdict_as_recorded):
+    """Before (K2): `replay_past_no_go` read measured_on from the run's manifest: a rehearsal
+    whose manifest said otherwise was kept unforced."""
+    from stagelab.core import rundir
+    from stagelab.present import evidence
+
+    run = _replay_like(tmp_path, node)
+    manifest = rundir.read_manifest(run)
+    assert manifest["measured_on"]["forced"] is True  # the smoke measurement was forced
+    manifest["measured_on"].update(forced=False, preflight=None)
+    rundir.write_manifest(run, manifest)
+    assert "forced past a preflight no-go" in evidence.refusal(run, rundir.effective_manifest(run))
+    with pytest.raises(UserError, match=r"its manifest's measured_on says forced False, its "
+                                        r"verified measured/measured.json True"):
+        evidence.keep_evidence(run, tmp_path / "reference", force=True)
