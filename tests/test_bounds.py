@@ -239,3 +239,39 @@ def test_every_path_a_command_takes_is_resolved_where_given(tmp_path, monkeypatc
                         (["measure", "--out", "m"], "out")):
         value = getattr(parser.parse_args(argv), field)
         assert all(Path(v).is_absolute() for v in (value if isinstance(value, list) else [value]))
+
+
+# --------------------------------------------------------------- the Lows: links, .incoming
+
+@pytest.mark.parametrize("href", ["da\tta:text/html,<script>alert(1)</script>",
+                                  "java\nscript:alert(1)", " \x01data:text/html,x",
+                                  "//evil.example/x", "\\\\evil.example/x", "/\\evil.example"])
+def test_a_link_a_browser_reads_as_data_or_another_site_is_removed(href):
+    """Before: a data: URL with a tab inside passed the sanitiser, and protocol-relative links
+    (//host) survived."""
+    from stagelab.present import sanitise
+
+    cleaned = sanitise.sanitised_html(f'<p><a href="{href}">x</a></p>')
+    assert "href" not in cleaned and "x" in cleaned
+
+
+@pytest.mark.parametrize("href", ["https://example.org/a", "#notebook-01", "01_d2h_staging.html",
+                                  "mailto:a@example.org"])
+def test_a_link_to_the_page_or_the_web_stays(href):
+    from stagelab.present import sanitise
+
+    assert f'href="{href}"' in sanitise.sanitised_html(f'<a href="{href}">x</a>')
+
+
+def test_a_keep_killed_mid_copy_leaves_nothing_git_shows():
+    """Before: SIGKILL during `keep` left `.incoming-*` folders that git showed as untracked."""
+    import subprocess
+
+    from stagelab.core import paths
+    from stagelab.present import evidence
+
+    left = f"data/reference/cpu-x/{evidence.INCOMING}run-abc123/kept.json"
+    done = subprocess.run(["git", "check-ignore", "-q", left], cwd=paths.REPO_ROOT)
+    assert done.returncode == 0
+    kept = "data/reference/cpu-x/20261201T000000Z_vm_quick/kept.json"
+    assert subprocess.run(["git", "check-ignore", "-q", kept], cwd=paths.REPO_ROOT).returncode == 1
