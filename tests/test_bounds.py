@@ -275,3 +275,23 @@ def test_a_keep_killed_mid_copy_leaves_nothing_git_shows():
     assert done.returncode == 0
     kept = "data/reference/cpu-x/20261201T000000Z_vm_quick/kept.json"
     assert subprocess.run(["git", "check-ignore", "-q", kept], cwd=paths.REPO_ROOT).returncode == 1
+
+
+def test_the_warm_kernel_imports_nothing_a_notebook_would_not(tmp_path):
+    """Before: the warm-kernel preload imported modules a notebook would not: one imported after
+    `sys.path.insert` (from another folder), or after a cell that stops the notebook."""
+    import nbformat
+    from nbformat.v4 import new_code_cell, new_notebook
+
+    from stagelab.run import kernels
+
+    path = tmp_path / "n.ipynb"
+    nbformat.write(new_notebook(cells=[
+        new_code_cell("rounds = 3\nlabel: str = 'x'"),
+        new_code_cell("import sys\nsys.path.insert(0, '/elsewhere')\nimport planted"),
+        new_code_cell("import json")]), path)
+    assert kernels.notebook_imports(path) == ["sys"]
+    nbformat.write(new_notebook(cells=[
+        new_code_cell("import os"), new_code_cell("raise SystemExit('stop here')"),
+        new_code_cell("import never")]), path)
+    assert kernels.notebook_imports(path) == ["os"]
