@@ -174,7 +174,8 @@ def test_report_and_keep_escape_the_run_folders_name(tmp_path, capsys, verdict_a
 
 def test_runs_and_refusals_under_the_c_locale_print_escapes_not_tracebacks(tmp_path):
     """Before: under the C locale without UTF-8 mode `runs` printed a traceback
-    (UnicodeEncodeError) for a run whose profile was not ASCII."""
+    (UnicodeEncodeError) for a run whose profile was not ASCII, and `run` could not read its
+    own notebooks (their parameters cells hold UTF-8 text)."""
     import json
     import os
     import subprocess
@@ -193,6 +194,10 @@ def test_runs_and_refusals_under_the_c_locale_print_escapes_not_tracebacks(tmp_p
                           capture_output=True, env=env, timeout=120)
     assert done.returncode == 0 and b"Traceback" not in done.stderr, done.stderr[-2000:]
     assert b"quick-\\xe9\\xd7" in done.stdout
+    plan = subprocess.run([sys.executable, "-c", "from stagelab.run import profiles\n"
+                           "print(len(profiles.plan_run('smoke').notebooks))"],
+                          capture_output=True, env=env, timeout=120)
+    assert plan.returncode == 0 and int(plan.stdout) >= 4, plan.stderr[-2000:]  # its notebooks
     assert json.loads(subprocess.run(
         [sys.executable, "-m", "stagelab", "runs", "--root", str(tmp_path), "--json"],
         capture_output=True, env=env, timeout=120).stdout)[0]["profile"] == "quick-é×"

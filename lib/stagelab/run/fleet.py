@@ -178,7 +178,7 @@ def one_line(exc: BaseException) -> str:
 def measured_status(folder: Path) -> str | None:
     """The status a measured folder's manifest records (ok, deadline, failed, ...), if any."""
     try:
-        return json.loads((folder / MEASURED_MANIFEST).read_text()).get("status")
+        return json.loads((folder / MEASURED_MANIFEST).read_text(encoding="utf-8")).get("status")
     except (OSError, ValueError, AttributeError):
         return None
 
@@ -652,7 +652,7 @@ def analysis_params(params: Sequence[str]) -> list[str]:
 
 def _overall_verdict(run_dir: Path) -> str | None:
     try:
-        verdict = json.loads(RunFolder(run_dir).verdict_path.read_text())
+        verdict = json.loads(RunFolder(run_dir).verdict_path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     return (verdict.get("overall") or {}).get("decision") if isinstance(verdict, dict) else None
@@ -764,7 +764,7 @@ def prediction_section(records: Sequence[NodeRecord]) -> str:
     parts = []
     for record in records:
         try:
-            verdict = json.loads(RunFolder(Path(record.run_dir)).verdict_path.read_text())
+            verdict = json.loads(RunFolder(Path(record.run_dir)).verdict_path.read_text(encoding="utf-8"))
         except (TypeError, OSError, ValueError):
             continue
         check = verdict.get("prediction") if isinstance(verdict, dict) else None
@@ -844,7 +844,7 @@ def run_fleet(address: str, plan: FleetPlan, out: Path, accelerator_types: Seque
 
 def summary_line(code: int, records_path: Path) -> str:
     """The command's one line: the count per status and the page."""
-    nodes = json.loads((records_path / FLEET_FILE).read_text())["nodes"]
+    nodes = json.loads((records_path / FLEET_FILE).read_text(encoding="utf-8"))["nodes"]
     counts = ", ".join(f"{sum(n['status'] == s for n in nodes)} {s}" for s in STATUSES
                        if any(n["status"] == s for n in nodes))
     return f"fleet: {len(nodes)} nodes: {counts} (exit {code}); page: {records_path / PAGE}"

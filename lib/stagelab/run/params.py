@@ -114,7 +114,7 @@ def _subset(registry: Callable[[], Iterable[str]], what: str) -> Validator:
 @lru_cache(maxsize=4)
 def model_vocabs(path: Path = paths.MODEL_SHAPES_FILE) -> dict[str, int]:
     """The vocabulary size of each model of ``data/model_shapes.csv``."""
-    with open(path, newline="") as handle:
+    with open(path, newline="", encoding="utf-8") as handle:
         return {row["model"]: int(row["vocab"]) for row in csv.DictReader(handle)}
 
 

@@ -52,7 +52,7 @@ def load_profiles(path: Path | None = None) -> dict[str, Any]:
     ``{profile: {"description": str, "notebooks": {name: {param: value}}}}``."""
     path = path or paths.PROFILES_FILE
     try:
-        document = json.loads(Path(path).read_text())
+        document = json.loads(Path(path).read_text(encoding="utf-8"))
         profiles = document["profiles"]
     except (OSError, KeyError, TypeError, ValueError) as exc:
         raise UserError(f"profiles file {path} cannot be read: {exc}") from exc
