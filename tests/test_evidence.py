@@ -261,3 +261,28 @@ def test_the_committed_kept_runs_sit_under_the_machine_their_manifest_names():
         folder = paths.REFERENCE_DIR / row.path
         manifest = json.loads((folder / "manifest.json").read_text())
         assert folder.parent.name == evidence.machine_slug(manifest), row.path
+
+
+def test_decision_parameters_unlike_the_profile_are_named_on_the_first_screen_and_results(
+        tmp_path, verdict_as_recorded):
+    """Before (R9): the 04_verdict parameters a run recorded (delta 0.02 -> 0.005 turned a
+    CLOSE into INCONCLUSIVE) were used unchecked against the profile and shown nowhere."""
+    from conftest import good_run
+    from stagelab.core import rundir
+    from stagelab.present import evidence, rederive, report
+
+    run = good_run(tmp_path / "runs", notebooks=("04_verdict",))
+    manifest = rundir.read_manifest(run)
+    manifest["profile"] = "smoke"
+    manifest["notebooks"][0]["parameters"] = {"delta": 0.005, "min_samples": 3,
+                                              "decisive_rows": [2, 8],
+                                              "decisive_models": [4096]}
+    rundir.write_manifest(run, manifest)
+    assert rederive.decision_changes(manifest) == ["delta 0.005 (profile smoke: 0.02)"]
+    page = report.write_index(run).read_text()
+    assert "changed from its profile" in page and "delta 0.005 (profile smoke: 0.02)" in page
+    evidence.keep_evidence(run, tmp_path / "reference", force=True)
+    results = evidence.results_markdown(tmp_path / "reference")
+    assert "decided with parameters changed from its profile: delta 0.005" in results
+    manifest["notebooks"][0]["parameters"]["delta"] = 0.02
+    assert rederive.decision_changes(manifest) == []

@@ -338,6 +338,7 @@ class KeptRun:
     forced: bool
     untrusted: bool = False  # kept although its timings were not trustworthy (busy, A/A)
     replayed: bool = False  # measured on another machine (a node), analysed here (run --from)
+    changed: tuple[str, ...] = ()  # the decision's parameters it recorded unlike its profile
 
 
 @contextlib.contextmanager
@@ -399,7 +400,8 @@ def _kept_rows(root: Path | None = None) -> tuple[list[KeptRun], list[str]]:
             profile=manifest.get("profile") or "unknown",
             verdict=(verdict.get("overall") or {}).get("decision") or "no verdict",
             forced=bool(kept.get("forced")), untrusted=bool(kept.get("untrusted")),
-            replayed=bool(manifest.get("measured_on"))))
+            replayed=bool(manifest.get("measured_on")),
+            changed=tuple(rederive.decision_changes(manifest))))
     return sorted(rows, key=lambda r: (r.date, r.path)), skipped
 
 
@@ -446,10 +448,18 @@ def results_file(root: Path) -> Path:
     return Path(root) / RESULTS_FILE
 
 
+# What a kept live run's tables rest on: the run's own word, no node's verified rows.
+LIVE_LABEL = "tables as the run wrote them, not re-derived from verified rows"
+
+
 def _labels(row: KeptRun) -> str:
+    changed = ("decided with parameters changed from its profile: "
+               + inert.markdown_text("; ".join(row.changed)))
     labels = [word for word, on in (("kept with --force", row.forced),
                                     ("timings not trustworthy", row.untrusted),
-                                    ("measured elsewhere", row.replayed)) if on]
+                                    ("measured elsewhere", row.replayed),
+                                    (LIVE_LABEL, not row.replayed),
+                                    (changed, bool(row.changed))) if on]
     return f" **({'; '.join(labels)})**" if labels else ""
 
 

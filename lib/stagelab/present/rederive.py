@@ -13,6 +13,7 @@ measured them (docs/security.md).
 from __future__ import annotations
 
 import html
+import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,36 @@ def recorded_parameters(manifest: Mapping[str, Any]) -> dict[str, Any]:
     if not isinstance(given, dict):
         raise UserError(f"its manifest's {VERDICT_NOTEBOOK} parameters are not an object")
     return {**notebook_parameters(paths.NOTEBOOKS_DIR / f"{VERDICT_NOTEBOOK}.ipynb"), **given}
+
+
+DECIDING = (*PASSED, "decisive_models")  # the parameters that change what the verdict decides
+
+
+def profile_parameters(profile: Any, notebook: str) -> dict[str, Any] | None:
+    """A notebook's parameters as ``profile`` of profiles.json sets them, over the notebook's
+    defaults; None for a profile this checkout does not have."""
+    try:
+        profiles = json.loads(paths.PROFILES_FILE.read_text(encoding="utf-8"))["profiles"]
+        given = profiles[profile]["notebooks"][notebook] or {}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return {**notebook_parameters(paths.NOTEBOOKS_DIR / f"{notebook}.ipynb"), **given}
+
+
+def decision_changes(manifest: Mapping[str, Any]) -> list[str]:
+    """Each parameter of the decision (notebook 04's) that the run recorded other than its
+    profile sets it, in words (``delta 0.005 (profile smoke: 0.02)``); empty where they agree,
+    or where the run records no verdict notebook or names no profile this checkout has."""
+    try:
+        recorded = recorded_parameters(manifest)
+    except UserError:
+        return []
+    profile = manifest.get("profile")
+    wanted = profile_parameters(profile, VERDICT_NOTEBOOK)
+    if wanted is None:
+        return []
+    return [f"{name} {recorded.get(name)!r} (profile {profile}: {wanted.get(name)!r})"
+            for name in DECIDING if recorded.get(name) != wanted.get(name)]
 
 
 def _vocabs(models: Iterable[Any]) -> list[int]:

@@ -170,6 +170,7 @@ def _verdict_section(run_dir: Path, manifest: Mapping[str, Any]) -> str:
              f"{_scope_banner(verdict)}"
              f"{_trust_banner(trust.reasons(run_dir, manifest, verdict), manifest)}"
              f"<p class='decision {decision}'>Staging verdict: {decision}</p>"
+             f"{_changed_decision(manifest)}"
              f"<p>{_prose(overall.get('summary', ''))}</p>"]
     recommendation = verdict.get("recommendation")  # absent in verdicts of older runs
     if recommendation:
@@ -192,6 +193,18 @@ def _verdict_section(run_dir: Path, manifest: Mapping[str, Any]) -> str:
         parts.append(f"<img src='{VERDICT_FIGURE}' alt='key plot of the verdict'>")
     parts.append("</section>")
     return "".join(parts)
+
+
+def _changed_decision(manifest: Mapping[str, Any]) -> str:
+    """A line under the verdict naming each parameter of the decision the run recorded other
+    than its profile sets it (:func:`stagelab.present.rederive.decision_changes`), or ''."""
+    from stagelab.present import rederive
+
+    changed = rederive.decision_changes(manifest)
+    if not changed:
+        return ""
+    return ("<p class='changed' id='changed-decision'><b>Decided with parameters changed from "
+            f"its profile</b>: {_esc('; '.join(changed))}.</p>")
 
 
 def _questions_table(questions: Mapping[str, Any]) -> str:
