@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import errno
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -116,13 +115,15 @@ def test_no_write_access_is_one_line_and_nothing_half_written(tmp_path, referenc
     run_dir = good_run(tmp_path / "runs")
     copies = []
 
-    def refuse_second_copy(src, dst, **kwargs):
-        copies.append(src)
+    write = evidence.records.write_bytes_atomic
+
+    def refuse_second_copy(dst, data):
+        copies.append(dst)
         if len(copies) == 2:
             raise PermissionError(errno.EACCES, "Permission denied", str(dst))
-        return shutil.copy(src, dst)
+        return write(dst, data)
 
-    monkeypatch.setattr(evidence.shutil, "copy2", refuse_second_copy)
+    monkeypatch.setattr(evidence.records, "write_bytes_atomic", refuse_second_copy)
     assert cli.main(["keep", str(run_dir)]) == cli.EXIT_USAGE
     err = capsys.readouterr().err.strip()
     assert "Permission denied" in err and len(err.splitlines()) == 1
@@ -250,7 +251,7 @@ def test_the_results_headline_is_the_newest_unforced_trusted_run_per_machine(tmp
     evidence.keep_evidence(forced, force=True)
     text = evidence.results_markdown(reference)
     assert f"run `{trusted.name}`" in text.split("###")[1]  # the headline, though older
-    assert f"`{forced.name}` (PORT (kept with --force))" in text
+    assert f"`{forced.name}` (PORT (kept with --force; {evidence.LIVE_LABEL}))" in text
     rows = evidence.kept_runs(reference)
     assert evidence.headline_run(rows).path.endswith(trusted.name)
     assert evidence.headline_run([r for r in rows if r.forced]) is None

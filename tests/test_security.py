@@ -1336,3 +1336,78 @@ def test_keep_reads_measured_on_from_the_verified_copy(node, tmp_path, verdict_a
     with pytest.raises(UserError, match=r"its manifest's measured_on says forced False, its "
                                         r"verified measured/measured.json True"):
         evidence.keep_evidence(run, tmp_path / "reference", force=True)
+
+
+# ------------------------------------------------ K3: every word and number of a kept verdict
+
+def _decided_replay(tmp_path: Path, node: Path) -> Path:
+    """A replay-like run (its tables its node's verified rows) with the verdict notebook 04
+    computes from them, with the smoke profile's parameters, and its index."""
+    from stagelab.core import rundir
+    from stagelab.present import rederive, report
+    from stagelab.run import profiles as run_profiles
+
+    run = _replay_like(tmp_path, node)
+    manifest = rundir.read_manifest(run)
+    parameters = run_profiles.profile_parameters("smoke")["04_verdict"]
+    manifest["notebooks"].append(rundir.notebook_entry("04_verdict", status="ok"))
+    manifest["notebooks"][-1]["parameters"] = dict(parameters)
+    rundir.write_manifest(run, manifest)
+    fresh = rederive.rederived_verdict(run, manifest)
+    fresh["findings"].append("Committed reference evidence (cpu; not this run): compared.")
+    (run / "verdict.json").write_text(json.dumps(fresh, default=str))
+    report.write_index(run)
+    return run
+
+
+def test_keep_refuses_a_verdict_whose_prose_or_numbers_were_edited(node, tmp_path):
+    """Before (K3): `rederive` compared decisions only: a verdict.json whose summary, findings
+    and each cell's speedup had been edited was kept, and the Results printed them "as that run
+    wrote them" ("Verdict: INCONCLUSIVE. Measured on an H200 ... saves 1.9 ms per step")."""
+    from stagelab.present import evidence
+
+    run = _decided_replay(tmp_path / "runs", node)
+    sent = json.loads((run / "verdict.json").read_text())
+
+    def edited(change):
+        copy = tmp_path / "edited" / run.name
+        shutil.rmtree(copy.parent, ignore_errors=True)
+        shutil.copytree(run, copy)
+        verdict = json.loads(json.dumps(sent))
+        change(verdict)
+        (copy / "verdict.json").write_text(json.dumps(verdict))
+        return copy
+
+    cases = [
+        (lambda v: v["overall"].update(summary="Measured on an H200: saves 1.9 ms; port it."),
+         r"says overall.summary 'Measured on an H200: saves 1.9 ms; port it.', its own tables"),
+        (lambda v: v["decisive"][0].update(speedup=1.5), r"says decisive\[0\].speedup 1.5"),
+        (lambda v: v["findings"].insert(0, "A finding no table gives."), r"says findings"),
+        (lambda v: v["calibration"].clear(), r"says calibration")]
+    for change, message in cases:
+        with pytest.raises(UserError, match=message) as refused:
+            evidence.keep_evidence(edited(change), tmp_path / "reference", force=True)
+        assert "\n" not in str(refused.value)
+    assert not list((tmp_path / "reference").rglob("kept.json"))
+    kept = evidence.keep_evidence(run, tmp_path / "reference", force=True)
+    written = json.loads((kept / "verdict.json").read_text())
+    assert written["findings"] == [f for f in sent["findings"]
+                                   if not f.startswith("Committed reference evidence")]
+    assert written["overall"] == sent["overall"] and written["calibration"]
+
+
+def test_keep_refuses_a_verdict_notebook_whose_prose_was_edited(node, tmp_path):
+    """Before (K3): the verdict notebook's own page was kept as sent: its "Staging verdict"
+    prose could say PORT while the tables gave INCONCLUSIVE."""
+    import nbformat
+    from nbformat.v4 import new_code_cell, new_notebook, new_output
+
+    from stagelab.present import evidence
+
+    run = _decided_replay(tmp_path / "runs", node)
+    nbformat.write(new_notebook(cells=[new_code_cell("x", outputs=[new_output(
+        "display_data", data={"text/markdown": "## Staging verdict: **PORT**\n\nport it."})])]),
+        str(run / "04_verdict.ipynb"))
+    with pytest.raises(UserError, match=r"its 04_verdict.ipynb states a verdict other than its "
+                                        r"tables give"):
+        evidence.keep_evidence(run, tmp_path / "reference", force=True)

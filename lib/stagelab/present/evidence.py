@@ -168,17 +168,17 @@ def check_evidence(run_dir: Path, manifest: dict[str, Any]) -> None:
 MEASURED_COPY = "measured"  # a replay's copy of the node's record
 
 
-def check_claims(run_dir: Path, manifest: dict[str, Any]) -> None:
-    """UserError, in one line, where what the run claims (its verdict's decisions, its index's
-    verdict, its machine) is not what its own tables and records give, re-derived here
+def check_claims(run_dir: Path, manifest: dict[str, Any]) -> dict[str, Any] | None:
+    """The verdict to keep, re-derived from the run's own tables (None where it has none);
+    UserError, in one line, where what the run claims (its tables against the records that
+    back them, its verdict's decisions, numbers and sentences, its pages' verdict, its
+    machine) is not what its own tables and records give, re-derived here
     (:mod:`stagelab.present.rederive`); not even ``force`` keeps such a run."""
     try:
-        found = rederive.problem(run_dir, manifest)
+        return rederive.kept_verdict(run_dir, manifest)
     except UserError as exc:
-        found = str(exc)
-    if found:
-        raise UserError(f"{run_dir}: not kept: {found}; keep re-derives what a run claims "
-                        "from its own tables and records, and keeps nothing else")
+        raise UserError(f"{run_dir}: not kept: {exc}; keep re-derives what a run claims from "
+                        "its own tables and records, and keeps nothing else") from exc
 
 
 def _optional_json(folder: Path, name: str) -> Any:
@@ -241,7 +241,7 @@ def keep_evidence(run_dir: Path, root: Path | None = None, force: bool = False) 
                         "forced)")
     measured_id = (manifest.get("measured_on") or {}).get("measured_id")
     _refuse_a_kept_measurement(run_dir, root, measured_id)
-    check_claims(run_dir, manifest)
+    fresh = check_claims(run_dir, manifest)
     name = records.plain_name(run_dir.resolve().name, "run folder name", run_dir)
     dest = root / machine_slug(manifest) / name
     if dest.exists():
@@ -250,7 +250,8 @@ def keep_evidence(run_dir: Path, root: Path | None = None, force: bool = False) 
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f"{INCOMING}{name}-", dir=dest.parent))
-        _copy_evidence(run_dir, files, staging)
+        _copy_evidence(run_dir, [f for f in files if f.name != VERDICT or f.parent != run_dir],
+                       staging, fresh)
         records.write_json_atomic(staging / KEPT, {
             "kept_utc": rundir.now_utc(), "forced": bool(why), "status": manifest["status"],
             "refusal": why, "untrusted": trust.reasons(run_dir, manifest)})
@@ -295,10 +296,14 @@ def evidence_limit(inner: Path) -> int:
     return by_kind.get(inner.suffix, untrusted.MAX_JSON_BYTES)
 
 
-def _copy_evidence(run_dir: Path, files: list[Path], dest: Path) -> None:
-    """Copy the run's evidence into ``dest``, its pages regenerated, never copied: each
-    notebook's HTML from its notebook JSON, sanitised (:mod:`stagelab.present.sanitise`), and
-    the index from the records (:func:`stagelab.present.report.write_index`)."""
+def _copy_evidence(run_dir: Path, files: list[Path], dest: Path,
+                   verdict: dict[str, Any] | None) -> None:
+    """Copy the run's evidence into ``dest``, its verdict the re-derived one (``verdict``,
+    written before any page), its pages regenerated, never copied: each notebook's HTML from
+    its notebook JSON, sanitised (:mod:`stagelab.present.sanitise`), and the index from the
+    records (:func:`stagelab.present.report.write_index`)."""
+    if verdict is not None:
+        records.write_json_atomic(dest / VERDICT, verdict)
     for path in files:
         if path.suffix == ".html":
             continue
@@ -439,7 +444,7 @@ RESULTS_START = ("<!-- results: written by `stagelab keep` from the kept runs he
                  "(evidence.results_markdown); edits by hand are overwritten -->")
 RESULTS_END = "<!-- end of results -->"
 RESULTS_HEADING = "## Results"
-ABOUT_OTHER_RUNS = "Committed reference evidence"  # findings about other kept runs, left out
+ABOUT_OTHER_RUNS = rederive.ABOUT_OTHER_RUNS  # findings about other kept runs, left out
 RESULTS_FILE = "README.md"  # in data/reference/, beside the kept runs it describes
 
 
@@ -511,8 +516,9 @@ def results_markdown(root: Path | None = None) -> str:
              "The kept evidence is listed in [`index.html`](index.html). What follows is "
              "generated from it by `stagelab keep` (a test checks that it agrees): per machine "
              "(a GPU, or a CPU model where there is no GPU), the newest kept run that was "
-             "neither forced nor untrusted, its verdict and its findings as that run wrote "
-             "them.", ""]
+             "neither forced nor untrusted, its verdict and its findings as `stagelab keep` "
+             "re-derived them from the run's own tables (a run whose verdict said otherwise "
+             "is never kept).", ""]
     if not rows:
         lines += ["No run is kept yet.", ""]
     elif not any((_verdict_of(root, r).get("hardware") or {}).get("gpu") for r in rows):

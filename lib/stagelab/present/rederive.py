@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import html
 import json
+import math
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from stagelab.analyse import analysis, claims, verdict
-from stagelab.core import catalogue, forward, paths, records, schema, untrusted
+from stagelab.core import catalogue, forward, outcomes, paths, records, schema, untrusted
 from stagelab.core.cells import notebook_parameters
 from stagelab.core.errors import BadRecord, UserError
 from stagelab.core.measured import MANIFEST, RECORD_COPY, MeasuredFolder
@@ -92,17 +93,67 @@ def _vocabs(models: Iterable[Any]) -> list[int]:
 
 def rederived_verdict(run_dir: Path, manifest: Mapping[str, Any]) -> dict[str, Any]:
     """The verdict the run's own tables give, with its recorded parameters: what notebook 04
-    computes, less the calibration's simulations and the comparison with other kept runs,
-    which decide nothing."""
+    computes (its calibration's seeded simulations included), less the comparison with other
+    kept runs, which depends on what is kept at the time and decides nothing."""
     given = recorded_parameters(manifest)
+    trials = given.get("calibration_trials") or 0
     try:
         return verdict.build_verdict(
             run_dir, **{name: given[name] for name in PASSED if name in given},
             decisive_vocabs=_vocabs(given.get("decisive_models") or []),
-            reference_root=None, calibration_trials=0)
+            reference_root=None, calibration_trials=trials)
     except (ValueError, TypeError, KeyError) as exc:
         raise UserError(f"its verdict cannot be re-derived with its recorded parameters "
                         f"({exc})") from exc
+
+
+# What a sent verdict.json may hold that keep does not recompute: the comparison with the
+# runs kept where and when it was made (other evidence, deciding nothing). Left out of the
+# comparison, and of the kept verdict.json.
+NOT_RECOMPUTED = ("reference", "reference_skipped")
+ABOUT_OTHER_RUNS = "Committed reference evidence"  # the findings that compare with them
+
+
+def compared(result: Mapping[str, Any]) -> dict[str, Any]:
+    """A verdict less what keep does not recompute (:data:`NOT_RECOMPUTED`)."""
+    kept = {key: value for key, value in result.items() if key not in NOT_RECOMPUTED}
+    if isinstance(kept.get("findings"), list):
+        kept["findings"] = [f for f in kept["findings"]
+                            if not str(f).startswith(ABOUT_OTHER_RUNS)]
+    return kept
+
+
+def first_difference(said: Any, fresh: Any, where: str = "") -> tuple[str, Any, Any] | None:
+    """The first place (``overall.summary``, ``decisive[0].speedup``) where two JSON values
+    differ, with both values there; None where they are equal. A number differs by any
+    amount: a re-derivation by the same rule from the same tables gives the same bits."""
+    if isinstance(said, dict) and isinstance(fresh, dict):
+        for key in sorted(set(said) | set(fresh), key=str):
+            found = first_difference(said.get(key), fresh.get(key),
+                                     f"{where}.{key}" if where else str(key))
+            if found:
+                return found
+        return None
+    if isinstance(said, list) and isinstance(fresh, list) and len(said) == len(fresh):
+        for index, (one, other) in enumerate(zip(said, fresh)):
+            found = first_difference(one, other, f"{where}[{index}]")
+            if found:
+                return found
+        return None
+    numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (said, fresh))
+    same = (said == fresh and (numbers or type(said) is type(fresh))) or (
+        numbers and math.isnan(said) and math.isnan(fresh))
+    return None if same else (where or "the whole", said, fresh)
+
+
+def as_written(result: Mapping[str, Any]) -> dict[str, Any]:
+    """A verdict as its file holds it (the serialiser of every record), read back: what a
+    verdict.json is compared with, and what keep writes."""
+    return json.loads(json.dumps(result, default=str))
+
+
+def _shown(value: Any) -> str:
+    return outcomes.clipped(repr(value), 120)
 
 
 def decisions(result: Mapping[str, Any]) -> dict[str, Any]:
@@ -123,12 +174,48 @@ def decisions(result: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def verdict_difference(recorded: Mapping[str, Any], fresh: Mapping[str, Any]) -> str | None:
-    """The first decision where the run's verdict.json and the re-derived verdict differ."""
+    """The first decision, number or sentence where the run's verdict.json and the
+    re-derived verdict differ: its decisions named first (the overall decision, the
+    recommended change, each answer and decisive cell), then any other field by its path."""
     ours, theirs = decisions(fresh), decisions(recorded)
     for name in sorted(set(ours) | set(theirs)):
         if ours.get(name) != theirs.get(name):
             return (f"its {RunFolder.VERDICT} says {name} {theirs.get(name)!r}, its own tables "
                     f"give {ours.get(name)!r}")
+    found = first_difference(compared(recorded), compared(as_written(fresh)))
+    if found:
+        where, said, given = found
+        return (f"its {RunFolder.VERDICT} says {where} {_shown(said)}, its own tables give "
+                f"{_shown(given)}")
+    return None
+
+
+VERDICT_HEADING = "Staging verdict:"  # how notebook 04 opens its verdict's prose
+
+
+def notebook_difference(run_dir: Path, fresh: Mapping[str, Any]) -> str | None:
+    """Where the verdict notebook's own page would state another verdict than the re-derived
+    one: each of its outputs that states a verdict (:data:`VERDICT_HEADING`) must hold the
+    re-derived decision and summary, as notebook 04 prints them."""
+    import nbformat
+
+    path = Path(run_dir) / f"{VERDICT_NOTEBOOK}.ipynb"
+    try:
+        notebook = nbformat.reads(untrusted.read_text(path, root=run_dir, limit=32 << 20),
+                                  as_version=4)
+    except FileNotFoundError:
+        return None
+    except Exception as exc:  # nbformat on a stranger's file: any failure refuses
+        return f"its {path.name} cannot be read ({type(exc).__name__})"
+    overall = fresh.get("overall") or {}
+    wanted = f"{VERDICT_HEADING} **{overall.get('decision')}**\n\n{overall.get('summary', '')}"
+    for cell in notebook.get("cells", []):
+        for output in cell.get("outputs", []) if cell.get("cell_type") == "code" else []:
+            for text in (output.get("data") or {}).values():
+                text = "".join(text) if isinstance(text, list) else str(text)
+                if VERDICT_HEADING in text and wanted not in text:
+                    return (f"its {path.name} states a verdict other than its tables give "
+                            f"({overall.get('decision')}: {_shown(overall.get('summary'))})")
     return None
 
 
@@ -188,7 +275,8 @@ def recorded_notebook_parameters(manifest: Mapping[str, Any], notebook: str) -> 
     """A notebook's parameters as the run ran it: its defaults under the run's recorded ones."""
     entry = next((e for e in manifest.get("notebooks") or []
                   if isinstance(e, dict) and e.get("name") == notebook), None) or {}
-    given = entry.get("parameters") if isinstance(entry.get("parameters"), dict) else {}
+    recorded = entry.get("parameters")
+    given: dict[str, Any] = recorded if isinstance(recorded, dict) else {}
     path = paths.NOTEBOOKS_DIR / f"{notebook}.ipynb"
     return {**(notebook_parameters(path) if path.is_file() else {}), **given}
 
@@ -296,19 +384,42 @@ def origin_difference(run_dir: Path, manifest: Mapping[str, Any]) -> str | None:
     return None
 
 
-def problem(run_dir: Path, manifest: Mapping[str, Any]) -> str | None:
-    """Why the run's claims are not what its tables and records give (None when they are):
-    its hardware, its snapshot's CUDA, a replay's origin and tables against its verified node
-    rows, its tables against the records that back them, its verdict.json, its index.html."""
-    found = (hardware_difference(run_dir, manifest)
-             or claims.snapshot_problem(manifest.get("hardware") or {})
-             or origin_difference(run_dir, manifest)
-             or replay_tables_problem(run_dir, manifest)
-             or tables_problem(run_dir, manifest))
+def records_problem(run_dir: Path, manifest: Mapping[str, Any]) -> str | None:
+    """Why the run's records contradict each other (None when they do not): its hardware, its
+    snapshot's CUDA, a replay's origin and tables against its verified node rows, its tables
+    against the records that back them."""
+    return (hardware_difference(run_dir, manifest)
+            or claims.snapshot_problem(manifest.get("hardware") or {})
+            or origin_difference(run_dir, manifest)
+            or replay_tables_problem(run_dir, manifest)
+            or tables_problem(run_dir, manifest))
+
+
+def kept_verdict(run_dir: Path, manifest: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The verdict keep writes for a run: the one re-derived from its tables, as its file holds
+    it (None for a run without a verdict, refused as such); UserError naming the first claim of
+    the run that its tables and records do not give (:func:`records_problem`, then any
+    decision, number or sentence of its verdict.json, its index.html's verdict, its verdict
+    notebook's prose)."""
+    found = records_problem(run_dir, manifest)
     if found:
-        return found
+        raise UserError(found)
     recorded = RunFolder(run_dir).read_verdict()
     if recorded is None:
-        return None  # no verdict: refused as such
-    fresh = rederived_verdict(run_dir, manifest)
-    return verdict_difference(recorded, fresh) or index_difference(run_dir, fresh)
+        return None
+    fresh = as_written(rederived_verdict(run_dir, manifest))
+    found = (verdict_difference(recorded, fresh) or index_difference(run_dir, fresh)
+             or notebook_difference(run_dir, fresh))
+    if found:
+        raise UserError(found)
+    return fresh
+
+
+def problem(run_dir: Path, manifest: Mapping[str, Any]) -> str | None:
+    """Why the run's claims are not what its tables and records give (None when they are):
+    :func:`kept_verdict`'s refusal."""
+    try:
+        kept_verdict(run_dir, manifest)
+    except UserError as exc:
+        return str(exc)
+    return None
