@@ -164,7 +164,7 @@ def test_report_and_keep_escape_the_run_folders_name(tmp_path, capsys, verdict_a
     from stagelab import cli
 
     run = good_run(tmp_path / "runs")
-    named = run.rename(run.parent / f"run\x1b[31mred\u202e")
+    named = run.rename(run.parent / "run\x1b[31mred\u202e")
     assert cli.main(["report", str(named)]) == 0
     cli.main(["keep", str(named)])
     captured = capsys.readouterr()
