@@ -158,10 +158,14 @@ def test_compare_escapes_a_manifests_cpu_model(tmp_path, capsys):
     assert "\\x1b" in captured.out
 
 
-def test_report_and_keep_escape_the_run_folders_name(tmp_path, capsys, verdict_as_recorded):
+def test_report_and_keep_escape_the_run_folders_name(tmp_path, capsys, verdict_as_recorded,
+                                                     monkeypatch):
     """Before: `keep` and `report` printed the run folder's name with its escapes raw."""
     from conftest import good_run
     from stagelab import cli
+    from stagelab.core import paths
+
+    monkeypatch.setattr(paths, "REFERENCE_DIR", tmp_path / "reference")  # never the checkout's
 
     run = good_run(tmp_path / "runs")
     named = run.rename(run.parent / "run\x1b[31mred\u202e")

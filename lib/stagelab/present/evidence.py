@@ -254,7 +254,8 @@ def keep_evidence(run_dir: Path, root: Path | None = None, force: bool = False) 
                        staging, fresh)
         records.write_json_atomic(staging / KEPT, {
             "kept_utc": rundir.now_utc(), "forced": bool(why), "status": manifest["status"],
-            "refusal": why, "untrusted": trust.reasons(run_dir, manifest)})
+            "refusal": why, "untrusted": trust.reasons(run_dir, manifest),
+            "rederived": fresh is not None})
         os.chmod(staging, 0o777 & ~records.umask())
         with keep_lock(root):  # one keep at a time decides whether a measurement is kept
             _refuse_a_kept_measurement(run_dir, root, measured_id)
@@ -344,6 +345,7 @@ class KeptRun:
     untrusted: bool = False  # kept although its timings were not trustworthy (busy, A/A)
     replayed: bool = False  # measured on another machine (a node), analysed here (run --from)
     changed: tuple[str, ...] = ()  # the decision's parameters it recorded unlike its profile
+    rederived: bool = True  # its verdict.json is keep's re-derivation (False: kept before that)
 
 
 @contextlib.contextmanager
@@ -406,7 +408,8 @@ def _kept_rows(root: Path | None = None) -> tuple[list[KeptRun], list[str]]:
             verdict=(verdict.get("overall") or {}).get("decision") or "no verdict",
             forced=bool(kept.get("forced")), untrusted=bool(kept.get("untrusted")),
             replayed=bool(manifest.get("measured_on")),
-            changed=tuple(rederive.decision_changes(manifest))))
+            changed=tuple(rederive.decision_changes(manifest)),
+            rederived=bool(kept.get("rederived"))))
     return sorted(rows, key=lambda r: (r.date, r.path)), skipped
 
 
@@ -455,6 +458,8 @@ def results_file(root: Path) -> Path:
 
 # What a kept live run's tables rest on: the run's own word, no node's verified rows.
 LIVE_LABEL = "tables as the run wrote them, not re-derived from verified rows"
+# A run kept before keep re-derived verdicts: its verdict is its own word.
+AS_WRITTEN_LABEL = "kept before keep re-derived verdicts: its verdict as the run wrote it"
 
 
 def _labels(row: KeptRun) -> str:
@@ -464,6 +469,7 @@ def _labels(row: KeptRun) -> str:
                                     ("timings not trustworthy", row.untrusted),
                                     ("measured elsewhere", row.replayed),
                                     (LIVE_LABEL, not row.replayed),
+                                    (AS_WRITTEN_LABEL, not row.rederived),
                                     (changed, bool(row.changed))) if on]
     return f" **({'; '.join(labels)})**" if labels else ""
 
@@ -518,7 +524,7 @@ def results_markdown(root: Path | None = None) -> str:
              "(a GPU, or a CPU model where there is no GPU), the newest kept run that was "
              "neither forced nor untrusted, its verdict and its findings as `stagelab keep` "
              "re-derived them from the run's own tables (a run whose verdict said otherwise "
-             "is never kept).", ""]
+             "is never kept; runs kept before keep did so are labelled).", ""]
     if not rows:
         lines += ["No run is kept yet.", ""]
     elif not any((_verdict_of(root, r).get("hardware") or {}).get("gpu") for r in rows):
