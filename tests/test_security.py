@@ -607,6 +607,7 @@ def test_two_concurrent_keeps_keep_one_measurement_once(tmp_path, monkeypatch):
 
     from conftest import good_run
     from stagelab.core import rundir
+    from stagelab.core.records import RunFolder
     from stagelab.present import evidence
 
     runs = []
@@ -618,7 +619,8 @@ def test_two_concurrent_keeps_keep_one_measurement_once(tmp_path, monkeypatch):
         runs.append(run.rename(run.with_name(f"20261130T1{len(runs)}0000Z_vm_smoke")))
     from stagelab.present import rederive
 
-    monkeypatch.setattr(rederive, "problem", lambda *_: None)  # these runs' records are stubs
+    monkeypatch.setattr(rederive, "kept_verdict",  # these runs' records are stubs
+                        lambda run_dir, _: RunFolder(run_dir).read_verdict())
     copy = evidence._copy_evidence
     monkeypatch.setattr(evidence, "_copy_evidence",
                         lambda *args: (time.sleep(0.5), copy(*args)))  # widen the race

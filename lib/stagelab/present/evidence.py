@@ -51,8 +51,9 @@ def refusal(run_dir: Path, manifest: dict[str, Any]) -> str | None:
                       if e.get("status") != rundir.OK]
         detail = f" ({', '.join(unfinished)})" if unfinished else ""
         return f"its status is {status}{detail}, not ok"
-    if manifest.get("measured_on"):  # what the verified copy says, not the run's manifest
-        try:
+    if manifest.get("measured_on") and (Path(run_dir) / MEASURED_COPY).exists():
+        try:  # what the verified copy says, not the run's manifest (a replay without its
+            # copy is refused, even forced, for lacking it: rederive.hardware_difference)
             manifest = {**manifest, "measured_on": rederive.verified_origin(run_dir)}
         except UserError as exc:
             return f"its measured/ cannot be read ({exc})"
