@@ -1,13 +1,17 @@
-"""What ``keep`` recomputes before it keeps a run: the verdict from the run's own tables, with
-the parameters the run recorded, through the very function notebook 04 calls
+"""What ``keep`` recomputes before it keeps a run, and keeps: the verdict from the run's own
+tables, with the parameters the run recorded, through the very function notebook 04 calls
 (:func:`stagelab.analyse.verdict.build_verdict`), so that a change of the decision rule changes
-both at once; and the machine the run names, against the records that back it. A run whose
-``verdict.json``, ``index.html`` or hardware claims differ from what its tables and records give
-is refused in one line (:func:`problem`).
+both at once; the run's tables against the records that back them (:mod:`stagelab.analyse.
+claims`), a replay's tables against the verified node rows they come from; and the machine the
+run names, against its snapshot. A run whose ``verdict.json`` differs in any decision, number or
+sentence, whose pages state another verdict, or whose tables or hardware claims differ from what
+its records give is refused in one line (:func:`kept_verdict`); what is kept is the re-derived
+verdict.
 
-What this proves, and what it does not: the kept decision follows from the kept tables by this
-checkout's rule; whether the tables hold what a GPU really measured rests on the node that
-measured them (docs/security.md).
+What this proves, and what it does not: the kept verdict follows from the kept tables by this
+checkout's rule, and the tables agree with their records (a replay's are its node's verified
+rows); whether the numbers are what a GPU really measured rests on the machine that measured
+them (docs/security.md).
 """
 
 from __future__ import annotations
