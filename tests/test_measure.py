@@ -386,7 +386,9 @@ def test_a_replay_is_kept_under_the_measuring_machine(tmp_path, smoke):
     node = tmp_path / "from_a_node"
     shutil.copytree(smoke, node)
     snap = json.loads((node / "hardware.json").read_text())
-    (node / "hardware.json").write_text(json.dumps({**snap, "gpu": {"name": "NVIDIA H200"}}))
+    cuda = {"torch": "2.13.0+cu128", "cuda_build": "12.8", "cuda_available": True}
+    (node / "hardware.json").write_text(json.dumps({**snap, "gpu": {"name": "NVIDIA H200"},
+                                                    "torch": cuda}))  # a snapshot that agrees
     measured_folder.write_digests(node)
     plan = profiles.plan_run("smoke")
     origin = replay.replay_plan(plan, node, [])
