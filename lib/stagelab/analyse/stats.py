@@ -21,7 +21,7 @@ neighbour's load). The statistics keep that pairing.
 * **Tails** (:class:`TailRatio`): a candidate a little faster in most rounds and much slower in
   a few is a net loss the mean only sees when the sample holds the slow rounds. So a PORT needs
   :data:`stagelab.core.design.TAIL_ROUNDS` rounds (149: a 1-in-50 stall shows at least once with
-  95 % probability), and a cell whose candidate's high quantile (p99, :data:`TAIL_QUANTILE`: a
+  95 % probability), and a cell whose candidate's high quantile (p99, :data:`stagelab.analyse.resample.TAIL_QUANTILE`: a
   1-in-50 stall moves quantiles above p98 only, so p95 would never see it) is *shown* heavier
   than the baseline's beyond delta blocks the family: the tail speedup ``p99(baseline) /
   p99(candidate)``, bootstrapped over the same rounds, has its upper bound at the family's
@@ -61,20 +61,15 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from functools import lru_cache
 from typing import Any
 
 import numpy as np
 import pandas as pd
-from scipy import stats as sps
 
+from stagelab.analyse.resample import N_RESAMPLES, RatioOfMeans, Samples, TailRatio
 from stagelab.core import design
 
-Samples = Sequence[float] | np.ndarray  # per-round seconds, paired by index
-
 PORT, CLOSE, INCONCLUSIVE = "PORT", "CLOSE", "INCONCLUSIVE"
-N_RESAMPLES = 2000
-TAIL_QUANTILE = 0.99
 TAIL_HEAVIER, TAIL_NOT_HEAVIER, TAIL_UNRESOLVED = "heavier", "not heavier", "unresolved"
 FAMILY_METHOD = ("Holm step-down across cells for PORT, with every cell's mean non-inferior "
                  "(its one-sided lower bound above 1 - delta, intersection-union), no cell's p99 "
@@ -117,108 +112,6 @@ def _same_lengths(**arrays: np.ndarray | None) -> None:
     if len(set(lengths.values())) > 1:
         listed = ", ".join(f"{name} has {n}" for name, n in lengths.items())
         raise ValueError(f"paired arms need one timing per round each, but {listed} rounds")
-
-
-@lru_cache(maxsize=64)
-def _resample_weights(rounds: int, n_resamples: int, seed: int) -> np.ndarray:
-    """``[n_resamples, rounds]``: how often each bootstrap resample draws each round, divided by
-    the rounds, so that ``weights @ x`` is every resample's mean of ``x``. The same for every
-    comparison with the same seed and number of rounds (so cached, read-only)."""
-    drawn = np.random.default_rng(seed).integers(0, rounds, size=(n_resamples, rounds))
-    flat = (drawn + rounds * np.arange(n_resamples)[:, None]).ravel()
-    weights = np.bincount(flat, minlength=n_resamples * rounds).reshape(n_resamples, rounds)
-    weights = (weights / rounds).astype(np.float32)  # float32: a quarter of the memory and time
-    weights.setflags(write=False)
-    return weights
-
-
-@lru_cache(maxsize=64)
-def _weights_by_round(rounds: int, n_resamples: int, seed: int) -> np.ndarray:
-    """:func:`_resample_weights` as ``[rounds, n_resamples]``, contiguous (cached, read-only)."""
-    by_round = np.ascontiguousarray(_resample_weights(rounds, n_resamples, seed).T)
-    by_round.setflags(write=False)
-    return by_round
-
-
-@lru_cache(maxsize=256)
-def _expanded_level(level: float, rounds: int) -> float:
-    """The percentile at which the expanded percentile bootstrap reads ``level``."""
-    return float(sps.norm.cdf(math.sqrt(rounds / (rounds - 1)) * sps.t.ppf(level, rounds - 1)))
-
-
-class _Bootstrap:
-    """Sorted bootstrap replicates of a paired statistic; bounds read at any level."""
-
-    rounds: int
-    point: float
-    replicates: np.ndarray
-
-    def bound(self, level: float) -> float:
-        """The bound below which the statistic lies with probability ``level``."""
-        position = _expanded_level(level, self.rounds) * (len(self.replicates) - 1)
-        below = int(position)
-        above = min(below + 1, len(self.replicates) - 1)
-        share = position - below
-        return float((1 - share) * self.replicates[below] + share * self.replicates[above])
-
-    def interval(self, confidence: float) -> tuple[float, float]:
-        """The two-sided CI at ``confidence``."""
-        tail = (1 - confidence) / 2
-        return self.bound(tail), self.bound(1 - tail)
-
-
-class RatioOfMeans(_Bootstrap):
-    """The paired speedup ``mean(baseline) / mean(candidate)`` with its bootstrap distribution
-    over whole rounds; :meth:`bound` gives a bound at any level without resampling again.
-
-    The bounds are percentiles of the bootstrap distribution, expanded for few rounds (Hesterberg's
-    expanded percentile: the level ``p`` is read at ``Phi(sqrt(n / (n - 1)) t_{n-1}(p))``), since
-    the plain percentile interval is too narrow at 30 rounds (a bootstrap's variance is ``(n -
-    1)/n`` of the truth, and a normal quantile is not a t one). BCa was tried and dropped: on rounds
-    with rare 3x outliers (2 % of samples) at 30 rounds its 95 % interval covered the true speedup
-    in 81 % of simulated runs, the percentile interval in 92 % (BCa's jackknife acceleration
-    follows the outlier and pushes the interval away from the truth)."""
-
-    def __init__(self, baseline: np.ndarray, candidate: np.ndarray, *,
-                 n_resamples: int = N_RESAMPLES, seed: int = 0) -> None:
-        self.rounds = len(baseline)
-        self.point = float(baseline.mean() / candidate.mean())
-        weights = _resample_weights(self.rounds, n_resamples, seed)
-        means = weights @ np.stack([baseline, candidate], axis=1).astype(np.float32)
-        self.replicates = np.sort(means[:, 0].astype(float) / means[:, 1])
-
-
-def _weighted_quantiles(values: np.ndarray, by_round: np.ndarray, quantile: float) -> np.ndarray:
-    """The high ``quantile`` (inverted CDF: the smallest value whose cumulative weight reaches
-    it) of ``values`` under each row of bootstrap ``weights``. Counted from the top: the value
-    is the j-th largest, j - 1 being how many of the largest carry no more than ``1 - quantile``
-    of the weight; only the largest few rounds are summed (all of them where that is not
-    enough), which keeps a p99 cheap. ``by_round``: the weights as ``[rounds, n_resamples]``."""
-    order = np.argsort(values)[::-1]
-    top = (1 - quantile) + 1e-6
-    for width in (min(len(values), 32), len(values)):
-        above = np.cumsum(by_round[order[:width]], axis=0)
-        if width == len(values) or (above[-1] > top).all():
-            break
-    index = np.minimum((above[:-1] <= top).sum(axis=0), len(values) - 1)
-    return values[order][index]
-
-
-
-class TailRatio(_Bootstrap):
-    """The paired tail speedup ``q(baseline) / q(candidate)`` at a high ``quantile`` (p99), with
-    its bootstrap distribution over the same resampled rounds as :class:`RatioOfMeans`: below 1
-    when the candidate's slow rounds are slower than the baseline's."""
-
-    def __init__(self, baseline: np.ndarray, candidate: np.ndarray, *,
-                 quantile: float = TAIL_QUANTILE, n_resamples: int = N_RESAMPLES,
-                 seed: int = 0) -> None:
-        self.rounds = len(baseline)
-        self.point = float(np.quantile(baseline, quantile, method="inverted_cdf")
-                           / np.quantile(candidate, quantile, method="inverted_cdf"))
-        by_round = _weights_by_round(self.rounds, n_resamples, seed)
-        self.replicates = np.sort(_weighted_quantiles(baseline, by_round, quantile)
-                                  / _weighted_quantiles(candidate, by_round, quantile))
 
 
 def paired_speedup(baseline: Samples, candidate: Samples, *,
@@ -306,6 +199,11 @@ class Decision:
     tail_upper_bound: float | None = None  # its upper bound at the family's one-sided level
     tail: str = ""  # the tail test: heavier, not heavier or unresolved ('' when not measured)
     port_blocked: str = ""  # why this cell keeps the family from PORT ('' when it does not)
+    dependence: float = 1.0  # the CI's widening for rounds that are not independent
+    carry_over_bias: float | None = None  # the speedup divided by 1 + this (carry-over)
+    carry_over_se: float | None = None  # ... whose standard error widened the CI
+    stalls_unexcluded: int | None = None  # a candidate stall rarer than 1 in this many rounds
+    # could be absent from the cell's rounds (design.rarest_unexcluded)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -356,6 +254,8 @@ class _Cell:
     evidence: dict[str, Any]
     effect: RatioOfMeans | None = None
     one_more: RatioOfMeans | None = None  # the effect with one more round like the worst
+    remake: Any = None  # (baseline, candidate, strata) -> the effect, built as ``effect`` was
+    series: tuple[np.ndarray, np.ndarray, np.ndarray | None] | None = None  # b, c, strata
     settled: Decision | None = None  # decided before the family's PORT test (or undecidable)
     blocked: str = ""  # why the cell cannot support a family PORT ('' when it can)
 
@@ -425,19 +325,30 @@ def _prepare(cell: Any, *, min_samples: int, confidence: float, seed: int,
         return _Cell(bar, {}, settled=Decision(
             INCONCLUSIVE, f"fewer rounds than the minimum ({n} < {min_samples})",
             min_speedup=bar, n_rounds=n), blocked="too few rounds")
-    effect = RatioOfMeans(b, c, seed=seed)
+    try:
+        strata, twin_strata = _strata(cell, "regime", n), _strata(cell, "twin_regime", n)
+        bias, bias_se = _carry_over(cell)
+    except (ValueError, KeyError, TypeError) as exc:
+        return _Cell(bar, {}, settled=Decision(INCONCLUSIVE, f"bad input: {exc}",
+                                               min_speedup=bar, n_rounds=n), blocked="bad input")
+    remake = _effect_maker(seed, bias, bias_se)
+    effect = remake(b, c, strata)
     low, high = effect.interval(confidence)
     evidence: dict[str, Any] = dict(
         min_speedup=bar, n_rounds=n, saved_seconds=float(b.mean() - c.mean()),
         speedup=effect.point, ci_low=low, ci_high=high, median_speedup=median_of_ratios(b, c),
-        noninferior_bound=effect.bound(1 - confidence),
-        **_tail_evidence(TailRatio(b, c, seed=seed), bar, confidence))
+        noninferior_bound=effect.bound(1 - confidence), dependence=_dependence(b, c),
+        carry_over_bias=bias if bias_se else None, carry_over_se=bias_se or None,
+        stalls_unexcluded=design.rarest_unexcluded(n),
+        **_tail_evidence(TailRatio(b, c, seed=seed, strata=strata), bar, confidence))
     if t is not None:
-        twin = RatioOfMeans(b, t, seed=seed)
+        pairs = None if strata is None and twin_strata is None else np.char.add(
+            _labels_or(strata, n), _labels_or(twin_strata, n))
+        twin = RatioOfMeans(b, t, seed=seed, strata=pairs, inflation=_dependence(b, t))
         evidence.update(zip(("twin_speedup", "twin_ci_low", "twin_ci_high"),
                             (twin.point, *twin.interval(confidence))))
     evidence["note"] = _median_note(evidence)
-    prepared = _Cell(bar, evidence, effect, _one_more_worst(b, c, seed),
+    prepared = _Cell(bar, evidence, effect, remake=remake, series=(b, c, strata),
                      blocked=_port_blocked(evidence, port_min_rounds))
     if math.isinf(bar):
         prepared.blocked = ""
@@ -454,16 +365,83 @@ def _prepare(cell: Any, *, min_samples: int, confidence: float, seed: int,
     return prepared
 
 
-def _one_more_worst(baseline: np.ndarray, candidate: np.ndarray, seed: int) -> RatioOfMeans:
-    """The speedup with one more round like the candidate's worst (its largest per-round ratio
-    to the baseline): a saving must not rest on a sample that happened to hold a rare slow round
-    fewer times than the candidate has it. A pseudo-count for the rarest rounds: one 4x stall
-    in 160 rounds, where the candidate stalls in 2 % of them, makes the mean look about 4 %
-    faster than it is and its CI too narrow, and no tail test can show one stall heavier; with
-    plain noise one more worst round moves the mean by a tenth of a percent."""
-    worst = int(np.argmax(candidate / baseline))
-    return RatioOfMeans(np.append(baseline, baseline[worst]),
-                        np.append(candidate, candidate[worst]), seed=seed)
+def _dependence(baseline: np.ndarray, candidate: np.ndarray) -> float:
+    """The CI's widening for rounds that are not independent
+    (:func:`stagelab.core.design.dependence_inflation` of the paired residuals)."""
+    ratio = baseline.mean() / candidate.mean()
+    return design.dependence_inflation((baseline - ratio * candidate).tolist())
+
+
+def _effect_maker(seed: int, bias: float, bias_se: float) -> Any:
+    """How a cell's effect is built (for its rounds and for one more round like the worst):
+    the ratio of means over rounds resampled within the baseline's regimes, widened for
+    dependent rounds, and divided by the carry-over bias with its uncertainty."""
+    def remake(b: np.ndarray, c: np.ndarray, strata: np.ndarray | None) -> RatioOfMeans:
+        effect = RatioOfMeans(b, c, seed=seed, strata=strata, inflation=_dependence(b, c))
+        if bias or bias_se:
+            effect.corrected(bias, bias_se)
+        return effect
+    return remake
+
+
+def _strata(cell: Mapping[str, Any], key: str, rounds: int) -> np.ndarray | None:
+    """A cell's per-round regime labels under ``key`` (e.g. whether the baseline's fresh vector
+    was mapped in that round), as strings; None where absent. ValueError where they do not
+    pair with the rounds."""
+    labels = cell.get(key)
+    if labels is None:
+        return None
+    array = np.asarray(labels).astype(str)
+    if array.shape != (rounds,):
+        raise ValueError(f"{key} must hold one label per round ({rounds}), got shape "
+                         f"{array.shape}")
+    return array
+
+
+def _labels_or(strata: np.ndarray | None, rounds: int) -> np.ndarray:
+    return strata if strata is not None else np.full(rounds, "")
+
+
+def _carry_over(cell: Mapping[str, Any]) -> tuple[float, float]:
+    """The carry-over correction a cell carries (``carry_over``: ``bias``, the relative amount by
+    which the order's carry-over moved the speedup, and its standard error ``bias_se``, from
+    :func:`stagelab.analyse.carryover.estimate`); (0, 0) without one."""
+    carry = cell.get("carry_over")
+    if not carry:
+        return 0.0, 0.0
+    bias, se = float(carry["bias"]), float(carry["bias_se"])
+    if not (math.isfinite(bias) and bias > -1 and math.isfinite(se) and se >= 0):
+        raise ValueError(f"carry_over must hold a finite bias above -1 and a standard error "
+                         f">= 0, got {bias!r}, {se!r}")
+    return bias, se
+
+
+def _excess(cell: _Cell) -> float:
+    """How much worse than its typical round the candidate's worst round is, against the
+    baseline: the largest per-round ratio ``candidate / baseline`` over their median (1 for a
+    cell not measured)."""
+    if cell.series is None:
+        return 1.0
+    ratio = cell.series[1] / cell.series[0]
+    return float(ratio.max() / np.median(ratio))
+
+
+def _one_more_worst(cell: _Cell, excess: float) -> RatioOfMeans:
+    """The speedup with one more round like the family's worst: at the cell's worst round, the
+    candidate ``excess`` times its median ratio to the baseline, ``excess`` the largest of any
+    cell of the family (:func:`_excess`; the cell's own worst round where that is worse). A
+    pseudo-count for the rarest rounds: a saving must not rest on a sample that happened to hold
+    a rare stall fewer times than the candidate has it. One 3x stall in 200 calls is absent from
+    a cell of 160 rounds 45 % of the time, but from six such cells 0.8 %: a stall seen in one
+    cell of the family is charged to every cell, since it is the same candidate. With plain
+    noise one more worst round moves the mean by a tenth of a percent."""
+    assert cell.series is not None and cell.remake is not None  # a measured cell
+    baseline, candidate, strata = cell.series
+    ratio = candidate / baseline
+    worst = int(np.argmax(ratio))
+    stalled = max(float(candidate[worst]), float(baseline[worst] * np.median(ratio) * excess))
+    more = None if strata is None else np.append(strata, strata[worst])
+    return cell.remake(np.append(baseline, baseline[worst]), np.append(candidate, stalled), more)
 
 
 def _tail_evidence(tail: TailRatio, bar: float, confidence: float) -> dict[str, Any]:
@@ -608,6 +586,10 @@ def decide_family(cells: Sequence[Mapping[str, Any]], *, min_samples: int = 10,
     _check_common(min_samples, confidence)
     prepared = [_prepare(c, min_samples=min_samples, confidence=confidence, seed=seed,
                          port_min_rounds=port_min_rounds) for c in cells]
+    excess = max(_excess(cell) for cell in prepared)
+    for cell in prepared:
+        if cell.settled is None:
+            cell.one_more = _one_more_worst(cell, excess)
     alpha = (1 - confidence) / 2
     ported, levels = _holm(prepared, alpha)
     decisions = []
@@ -628,6 +610,18 @@ def decide_family(cells: Sequence[Mapping[str, Any]], *, min_samples: int = 10,
     return _family(decisions, confidence)
 
 
+def stall_words(cells: Sequence[Decision]) -> str:
+    """What the rounds cannot show about rare candidate stalls: the rarest stall that the
+    family's rounds together (and one cell's alone) could have missed with more than 5 %
+    chance ('' where no cell was measured)."""
+    rounds = [d.n_rounds for d in cells if d.stalls_unexcluded]
+    if not rounds:
+        return ""
+    return (f"a candidate stall rarer than 1 in {design.rarest_unexcluded(sum(rounds)):,} calls "
+            f"cannot be excluded by the family's {sum(rounds):,} rounds (one cell's "
+            f"{min(rounds)}: 1 in {design.rarest_unexcluded(min(rounds)):,})")
+
+
 def _family(decisions: list[Decision], confidence: float) -> FamilyDecision:
     """The family's one decision from its cells' decisions."""
     answers = [d.decision for d in decisions]
@@ -635,7 +629,8 @@ def _family(decisions: list[Decision], confidence: float) -> FamilyDecision:
     blocked = [i for i, d in enumerate(decisions) if d.port_blocked]
     each = "; ".join(f"cell {i}: {d.decision}" for i, d in enumerate(decisions))
     if ported and not blocked:
-        return FamilyDecision(PORT, f"{port_roles([(d.decision, d.tail) for d in decisions])} ({each})", decisions,
+        roles = port_roles([(d.decision, d.tail) for d in decisions])
+        return FamilyDecision(PORT, f"{roles}; {stall_words(decisions)} ({each})", decisions,
                               confidence=confidence)
     if all(a == CLOSE for a in answers):
         return FamilyDecision(CLOSE, f"all {len(decisions)} cells close: every CI lies below "
