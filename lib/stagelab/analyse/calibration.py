@@ -32,9 +32,11 @@ does (:data:`stagelab.core.design.TAIL_ROUNDS`). What was measured: docs/decisio
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from statistics import NormalDist
 from typing import Any
 
@@ -42,8 +44,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats as sps
 
-from stagelab.analyse import stats
-from stagelab.core import design
+from stagelab.analyse import carryover, stats
+from stagelab.core import design, paths
 
 FamilyRule = Callable[..., stats.FamilyDecision]
 REQUIREMENTS = ("PORT in at most 5 % of runs at a true 1.00 and at the bar, per cell and for the "
@@ -73,6 +75,12 @@ class Noise:
     stall_rate: float = 0.0  # share of one arm's samples that stall
     stall_factor: float = 4.0
     stall_arm: str = "candidate"  # or "baseline"
+    arm_ar1: float = 0.0  # each arm's per-sample noise an AR(1) across rounds, this correlation
+    carry_over: float = 0.0  # the call after a carrying arm is this much slower
+    carry_after: str = "candidate"  # the carrying arm: the candidate, or "baseline" (and twin)
+    regime_share: float = 0.0  # the fresh-vector arms' (baseline, twin) calls in a slow regime
+    regime_factor: float = 1.5  # ... this much slower
+    regime_rounds: bool = False  # the regime hits whole rounds (else each call alone)
 
 
 NOISES = (
@@ -119,24 +127,68 @@ def _ar1(rng: np.random.Generator, trials: int, length: int, spread: float) -> n
     return series
 
 
+@dataclass(frozen=True)
+class Draw:
+    """Simulated cells: timings ``[trials, 3, rounds]`` of baseline, candidate and twin, each
+    arm's position in each round, and whether each call ran in the slow regime."""
+
+    times: np.ndarray
+    place: np.ndarray
+    slow: np.ndarray
+
+
 def simulate(noise: Noise, speedup: float, rounds: int, trials: int, seed: int,
              base_seconds: float = 0.01) -> np.ndarray:
     """Timings ``[trials, 3, rounds]`` of baseline, candidate and twin (in that order), the
     candidate ``speedup`` times faster in expectation, under ``noise``."""
-    if not (speedup > 0 and rounds >= 1 and trials >= 1):
-        raise ValueError(f"speedup, rounds and trials must be positive, got {speedup}, "
-                         f"{rounds}, {trials}")
-    rng = np.random.default_rng(seed)
-    ordered = noise.ar1 or noise.trend or noise.first_penalty
-    place = (positions(trials, rounds, seed) if ordered  # else the order changes nothing
-             else np.broadcast_to(np.arange(len(ARMS))[None, :, None], (trials, len(ARMS), rounds)))
-    sample = np.arange(rounds)[None, None, :] * len(ARMS) + place  # order in the run
-    shape = place.shape
+    return draw(noise, speedup, rounds, trials, seed, base_seconds).times
+
+
+def _per_sample(noise: Noise, rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    """Standardised per-sample draws: normal or Student's t, and with ``arm_ar1`` an AR(1)
+    across each arm's rounds (stationary variance 1)."""
     if noise.t_df:
         draws = rng.standard_t(noise.t_df, shape) / math.sqrt(noise.t_df / (noise.t_df - 2))
     else:
         draws = rng.normal(0.0, 1.0, shape)
-    factor = np.exp(noise.sigma * draws)
+    if noise.arm_ar1:
+        phi, scale = noise.arm_ar1, math.sqrt(1 - noise.arm_ar1 ** 2)
+        for step in range(1, shape[-1]):
+            draws[..., step] = phi * draws[..., step - 1] + scale * draws[..., step]
+    return draws
+
+
+def _slow_regime(noise: Noise, rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    """Which calls of the fresh-vector arms (baseline, twin) ran in the slow regime."""
+    slow = np.zeros(shape, dtype=bool)
+    if noise.regime_share:
+        if noise.regime_rounds:
+            hit = rng.random((shape[0], 1, shape[2])) < noise.regime_share
+            slow[:, [0, 2]] = hit
+        else:
+            slow[:, [0, 2]] = rng.random((shape[0], 2, shape[2])) < noise.regime_share
+    return slow
+
+
+def _carried(noise: Noise, place: np.ndarray) -> np.ndarray:
+    """Per call, whether the arm timed just before it in its round is a carrying arm."""
+    carrying = [1] if noise.carry_after == "candidate" else [0, 2]
+    at = np.argsort(place, axis=1)  # [trials, position, rounds]: the arm at each position
+    before = np.take_along_axis(at, np.maximum(place - 1, 0), axis=1)
+    return (place > 0) & np.isin(before, carrying)
+
+
+def draw(noise: Noise, speedup: float, rounds: int, trials: int, seed: int,
+         base_seconds: float = 0.01) -> Draw:
+    """:func:`simulate`'s timings with the positions and regimes behind them."""
+    if not (speedup > 0 and rounds >= 1 and trials >= 1):
+        raise ValueError(f"speedup, rounds and trials must be positive, got {speedup}, "
+                         f"{rounds}, {trials}")
+    rng = np.random.default_rng(seed)
+    place = positions(trials, rounds, seed)
+    sample = np.arange(rounds)[None, None, :] * len(ARMS) + place  # order in the run
+    shape = place.shape
+    factor = np.exp(noise.sigma * _per_sample(noise, rng, shape))
     if noise.ar1:
         drift = _ar1(rng, trials, rounds * len(ARMS), noise.ar1)
         factor *= np.exp(np.take_along_axis(drift, sample.reshape(trials, -1), axis=1)
@@ -145,13 +197,28 @@ def simulate(noise: Noise, speedup: float, rounds: int, trials: int, seed: int,
     factor *= np.where(rng.random(shape) < noise.slow_share, noise.slow_factor, 1.0)
     factor *= 1.0 + noise.trend * sample / max(rounds * len(ARMS) - 1, 1)
     factor *= np.where(place == 0, 1.0 + noise.first_penalty, 1.0)
-    level = np.array([1.0, 1.0 / speedup, 1.0 + noise.twin_bias])
+    factor *= np.where(_carried(noise, place), 1.0 + noise.carry_over, 1.0)
+    slow = _slow_regime(noise, rng, shape)
+    factor *= np.where(slow, noise.regime_factor, 1.0)
+    fresh = 1 + noise.regime_share * (noise.regime_factor - 1)  # the fresh vector's mean
+    level = np.array([1.0, fresh / speedup, 1.0 + noise.twin_bias])
     if noise.stall_rate:
         arm = ARMS.index(noise.stall_arm)
         stalls = rng.random((trials, rounds)) < noise.stall_rate
         factor[:, arm] *= np.where(stalls, noise.stall_factor, 1.0)
         level[arm] /= 1 + noise.stall_rate * (noise.stall_factor - 1)  # the mean keeps the truth
-    return base_seconds * level[None, :, None] * factor
+    return Draw(base_seconds * level[None, :, None] * factor, place, slow)
+
+
+def rule_cell(drawn: Draw, trial: int, rounds: int, bar: float) -> dict[str, Any]:
+    """One simulated cell as the rule takes it, cut at ``rounds``: the three arms' timings, the
+    fresh vectors' regime per round, and the carry-over correction the order's rows call for
+    (:func:`stagelab.analyse.carryover.correction`)."""
+    times, place = drawn.times[trial, :, :rounds], drawn.place[trial, :, :rounds]
+    calls = carryover.calls_from_arrays(times, place)
+    return {"baseline": times[0], "candidate": times[1], "twin": times[2], "min_speedup": bar,
+            "regime": drawn.slow[trial, 0, :rounds], "twin_regime": drawn.slow[trial, 2, :rounds],
+            "carry_over": carryover.correction(calls, len(ARMS), 0, 1)}
 
 
 def half_widths(baseline: np.ndarray, candidate: np.ndarray, confidence: float) -> np.ndarray:
@@ -311,27 +378,25 @@ def family_port_rate(noise: Noise, speedups: Sequence[float], *, rounds: int, tr
                      delta: float = 0.02, seed: int = 0,
                      rule: FamilyRule = stats.decide_family,
                      max_rounds: int | None = None) -> dict:
-    """How often ``rule`` PORTs a family whose cells have different true ``speedups`` (e.g. one
-    cell slower beside others saving 3 delta), over ``trials`` simulated runs of ``rounds``
-    rounds (with ``max_rounds``: rounds until resolved, each cell cut where the bench's stop
-    rule would stop it, its candidate and A/A twin resolved): the rate and its Wilson interval,
-    and the median rounds run."""
+    """How often ``rule`` PORTs (and CLOSEs) a family whose cells have different true
+    ``speedups`` (e.g. one cell slower beside others saving 3 delta), over ``trials`` simulated
+    runs of ``rounds`` rounds (with ``max_rounds``: rounds until resolved, each cell cut where
+    the bench's stop rule would stop it, its candidate and A/A twin resolved), each cell as the
+    rule takes it (:func:`rule_cell`: regimes and the carry-over correction): the rates and the
+    PORT's Wilson interval, and the median rounds run."""
     bar = 1.0 / (1.0 - delta)
     cap = max(rounds, max_rounds or rounds)
-    per_cell = [simulate(noise, s, cap, trials, seed * 7919 + i) for i, s in enumerate(speedups)]
-    stops = [_resolved_at([(t[:, 0], t[:, 1]), (t[:, 0], t[:, 2])], rounds=rounds,
-                          max_rounds=cap, bar=bar) for t in per_cell]
-    ports = 0
-    for trial in range(trials):
-        cells = [{"baseline": t[trial, 0, :n[trial]], "candidate": t[trial, 1, :n[trial]],
-                  "twin": t[trial, 2, :n[trial]], "min_speedup": bar}
-                 for t, n in zip(per_cell, stops)]
-        ports += rule(cells, seed=0).decision == stats.PORT
+    per_cell = [draw(noise, s, cap, trials, seed * 7919 + i) for i, s in enumerate(speedups)]
+    stops = [_resolved_at([(d.times[:, 0], d.times[:, 1]), (d.times[:, 0], d.times[:, 2])],
+                          rounds=rounds, max_rounds=cap, bar=bar) for d in per_cell]
+    answers = [rule([rule_cell(d, trial, int(n[trial]), bar) for d, n in zip(per_cell, stops)],
+                    seed=0).decision for trial in range(trials)]
+    ports, closes = answers.count(stats.PORT), answers.count(stats.CLOSE)
     low, high = wilson(ports, trials)
     return {"noise": noise.name, "speedups": list(speedups), "rounds": rounds,
             "max_rounds": cap, "median_rounds": float(np.median(stops)),
             "trials": trials, "family_port": ports / trials, "family_port_low": low,
-            "family_port_high": high}
+            "family_port_high": high, "family_close": closes / trials}
 
 
 def recommendation_rates(reuse: float, pinning: float, *, rounds: int, trials: int,
@@ -426,10 +491,48 @@ def summary(rows: Sequence[dict]) -> str:
                else "") + ".")
 
 
-CASE_ROUNDS, CASE_CAP, CASE_CELLS = 160, 300, 6  # the issue's families, and the gate's cap
+def gate_cap(path: Path = paths.PROFILES_FILE) -> int:
+    """The gate profile's cap on a step cell's rounds (``max_rounds`` of notebook 02 in
+    ``profiles.json``): the rounds until resolved that a real gate run can reach."""
+    profile = json.loads(path.read_text())["profiles"]["gate"]
+    return int(profile["notebooks"]["02_logprobs_step"]["max_rounds"])
+
+
+CASE_ROUNDS, CASE_CELLS = 160, 6  # the issue's families
 T3_SHARED = Noise("t(3) 3 % on every arm", 0.03, t_df=3.0)
 T3_SHARED_5 = Noise("t(3) 5 % on every arm", 0.05, t_df=3.0)
 RARE_STALLS = Noise("candidate stalls 1 % at 4x", stall_rate=0.01)
+
+
+def _noise_cases(delta: float) -> list[tuple[str, str, str, Any]]:
+    """The noise a GPU node makes (issue 49): carry-over both ways, noise that persists within
+    an arm, rare stalls, a bimodal baseline."""
+    bar, saving2 = 1 / (1 - delta), 1 / (1 - 2 * delta)
+    out: list[tuple[str, str, str, Any]] = []
+    for tax in (0.02, 0.05, 0.10):
+        out.append((f"carry-over: the call after the candidate {tax:.0%} slower, 6 cells at the "
+                    "bar", "family PORT", "<= 0.05",
+                    ([bar] * 6, Noise(f"carry {tax}", carry_over=tax))))
+        out.append((f"carry-over: the call after the fresh vector {tax:.0%} slower, 6 cells at "
+                    "the bar", "family CLOSE", "<= 0.05",
+                    ([bar] * 6, Noise(f"carry back {tax}", carry_over=tax,
+                                      carry_after="baseline"))))
+    for phi in (0.3, 0.7):
+        out.append((f"AR(1) within each arm across rounds, phi {phi}, 6 cells at the bar",
+                    "family PORT", "<= 0.05", ([bar] * 6, Noise(f"ar {phi}", arm_ar1=phi))))
+    for every in (200, 1000):
+        out.append((f"candidate 3x slower in 1 of {every} rounds, mean at the bar, 6 cells",
+                    "family PORT", "<= 0.05",
+                    ([bar] * 6, Noise(f"stall {every}", stall_rate=1 / every, stall_factor=3))))
+    out.append(("candidate 3x slower in 1 of 200 rounds, mean at the bar, 1 cell", "PORT", "",
+                ([bar], Noise("stall 200", stall_rate=1 / 200, stall_factor=3))))
+    for rounds_hit, words in ((False, "calls"), (True, "rounds")):
+        bimodal = Noise(f"bimodal {words}", regime_share=0.3, regime_rounds=rounds_hit)
+        out.append((f"fresh vector 1.5x slower in 30 % of its {words}, 6 cells saving 2 delta",
+                    "family PORT", ">= 0.80", ([saving2] * 6, bimodal)))
+        out.append((f"fresh vector 1.5x slower in 30 % of its {words}, 6 cells at the bar",
+                    "family PORT", "<= 0.05", ([bar] * 6, bimodal)))
+    return out
 
 
 def _judged(rate: float, trials: int, requirement: str) -> tuple[float, float, bool | None]:
@@ -449,7 +552,7 @@ def _case_specs(delta: float) -> list[tuple[str, str, str, Any]]:
     """(case, what is counted, requirement, how to simulate it: a family's speedups and noise,
     or a (reuse, pinning) split and the change counted)."""
     saving, bar = 1 / (1 - 3 * delta), 1 / (1 - delta)
-    pin2, pin08 = 1 / (1 - 2 * delta), 1 / (1 - 0.8 * delta)
+    pin2, pin08, pin05 = 1 / (1 - 2 * delta), 1 / (1 - 0.8 * delta), 1 / (1 - 0.5 * delta)
     return [
         ("4 cells saving 3 delta beside 2 with no effect, lognormal 2 %", "family PORT", ">= 0.80",
          ([saving] * 4 + [1.0] * 2, NOISES[0])),
@@ -475,15 +578,22 @@ def _case_specs(delta: float) -> list[tuple[str, str, str, Any]]:
          ((saving, pin2), stats.PORT_REUSED)),
         ("reuse 3 delta, pinning at the bar: the pinned scratch", "recommended", "<= 0.05",
          ((saving, bar), stats.PORT_PINNED)),
+        ("reuse 3 delta, pinning 0.5 delta: a reused buffer", "recommended", ">= 0.50",
+         ((saving, pin05), stats.PORT_REUSED)),
         ("reuse 3 delta, pinning 0.8 delta: a reused buffer", "recommended", "",
          ((saving, pin08), stats.PORT_REUSED)),
+        ("reuse 0.5 delta, no pinning effect: close", "recommended", ">= 0.50",
+         ((pin05, 1.0), stats.CLOSE_CHANGE)),
+        ("reuse 0.8 delta, no pinning effect: close", "recommended", "",
+         ((pin08, 1.0), stats.CLOSE_CHANGE)),
         ("reuse 3 delta, no pinning effect: a reused buffer", "recommended", ">= 0.80",
          ((saving, 1.0), stats.PORT_REUSED)),
-    ]
+    ] + _noise_cases(delta)
 
 
 def cases(trials: int = 200, *, delta: float = 0.02, seed: int = 0, rounds: int = CASE_ROUNDS,
-          max_rounds: int = CASE_CAP, until_resolved: bool = True) -> pd.DataFrame:
+          max_rounds: int | None = None, until_resolved: bool = True,
+          only: Sequence[str] | None = None) -> pd.DataFrame:
     """The issue's cases, each over ``trials`` simulated families of six cells (one where said)
     at ``rounds`` fixed rounds and, with ``until_resolved``, with rounds until resolved up to
     ``max_rounds`` (optional stopping, measured): null cells beside saving cells, heavy tails
@@ -492,8 +602,11 @@ def cases(trials: int = 200, *, delta: float = 0.02, seed: int = 0, rounds: int 
     median rounds run, the requirement and whether it is met on the interval."""
     if trials < 1:
         raise ValueError(f"trials must be positive, got {trials}")
+    max_rounds = gate_cap() if max_rounds is None else max_rounds
     rows = []
     for n, (case, counted, requirement, spec) in enumerate(_case_specs(delta)):
+        if only is not None and case not in only:
+            continue
         for cap in (rounds, max_rounds) if until_resolved else (rounds,):
             what, detail = spec
             if counted == "recommended":
@@ -504,7 +617,8 @@ def cases(trials: int = 200, *, delta: float = 0.02, seed: int = 0, rounds: int 
             else:
                 found = family_port_rate(detail, what, rounds=rounds, trials=trials, delta=delta,
                                          seed=seed + n, max_rounds=cap)
-                rate, median = found["family_port"], found["median_rounds"]
+                rate = found["family_close" if counted == "family CLOSE" else "family_port"]
+                median = found["median_rounds"]
             low, high, met = _judged(rate, trials, requirement)
             rows.append({"case": case, "counted": counted,
                          "rounds": (f"{rounds}" if cap == rounds
@@ -513,3 +627,30 @@ def cases(trials: int = 200, *, delta: float = 0.02, seed: int = 0, rounds: int 
                          "rate_low": low, "rate_high": high,
                          "requirement": requirement or "none (reported)", "met": met})
     return pd.DataFrame(rows)
+
+
+TABLE_BEGIN, TABLE_END = "<!-- cases table: begin -->", "<!-- cases table: end -->"
+CASE_COLUMNS = ("case", "rounds", "median_rounds", "trials", "rate", "requirement", "met")
+
+
+def cases_markdown(table: pd.DataFrame, origin: str) -> str:
+    """The cases table as the docs show it: one row per case and rounds, the rate with its 95 %
+    Wilson interval, and where it came from (``origin``: the command, commit and time)."""
+    lines = [f"Generated by {origin}; do not edit.", "",
+             "| case | rounds | median rounds | trials | rate [Wilson 95 %] | requirement | met |",
+             "|---|---|---|---|---|---|---|"]
+    for row in table.itertuples():
+        median = "" if pd.isna(row.median_rounds) else f"{row.median_rounds:.0f}"
+        met = {True: "met", False: "**not met**"}.get(row.met, "not judged")
+        lines.append(f"| {row.case} | {row.rounds} | {median} | {row.trials} | {row.rate:.1%} "
+                     f"[{row.rate_low:.1%}, {row.rate_high:.1%}] | {row.requirement} | {met} |")
+    return "\n".join(lines)
+
+
+def with_table(page: str, table: pd.DataFrame, origin: str) -> str:
+    """``page`` with the text between its table markers replaced by :func:`cases_markdown`;
+    ValueError where the markers are missing."""
+    if TABLE_BEGIN not in page or TABLE_END not in page:
+        raise ValueError(f"page: the markers {TABLE_BEGIN!r} and {TABLE_END!r} are missing")
+    head, rest = page.split(TABLE_BEGIN, 1)
+    return f"{head}{TABLE_BEGIN}\n{cases_markdown(table, origin)}\n{TABLE_END}{rest.split(TABLE_END, 1)[1]}"

@@ -23,11 +23,14 @@ plain bootstrap over rounds gets wrong are put right here:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 from scipy import stats as sps
+
+from stagelab.core import design
 
 Samples = Sequence[float] | np.ndarray  # per-round seconds, paired by index
 Strata = np.ndarray | None  # one label per round: rounds are resampled within each label
@@ -53,19 +56,43 @@ def _plain_weights(rounds: int, n_resamples: int, seed: int) -> np.ndarray:
     return weights
 
 
+@lru_cache(maxsize=256)
+def _blocked_weights(sizes: tuple[int, ...], n_resamples: int, seed: int) -> np.ndarray:
+    """The weights of rounds drawn within consecutive blocks of ``sizes`` rounds (cached,
+    read-only): the strata's rounds once sorted by label."""
+    rng = np.random.default_rng(seed)
+    rounds = sum(sizes)
+    drawn = np.empty((n_resamples, rounds), dtype=np.int64)
+    start = 0
+    for size in sizes:
+        drawn[:, start:start + size] = start + rng.integers(0, size, (n_resamples, size))
+        start += size
+    weights = _counts(drawn, rounds)
+    weights.setflags(write=False)
+    return weights
+
+
 def resample_weights(rounds: int, n_resamples: int, seed: int,
                      strata: Strata = None) -> np.ndarray:
     """``[n_resamples, rounds]``: how often each bootstrap resample draws each round, divided by
     the rounds, so that ``weights @ x`` is every resample's mean of ``x``. With ``strata``, each
     label's rounds are drawn only from that label's rounds (its share fixed at the observed)."""
-    if strata is None or len(set(strata.tolist())) < 2:
+    if strata is None:
         return _plain_weights(rounds, n_resamples, seed)
-    rng = np.random.default_rng(seed)
-    drawn = np.empty((n_resamples, rounds), dtype=np.int64)
-    for label in sorted(set(strata.tolist())):
-        members = np.flatnonzero(strata == label)
-        drawn[:, members] = members[rng.integers(0, len(members), (n_resamples, len(members)))]
-    return _counts(drawn, rounds)
+    labels, sizes = np.unique(strata, return_counts=True)
+    if len(labels) < 2:
+        return _plain_weights(rounds, n_resamples, seed)
+    order = np.argsort(strata, kind="stable")
+    rank = np.argsort(order)  # where each round sits once sorted by label
+    return _blocked_weights(tuple(int(s) for s in sizes), n_resamples, seed)[:, rank]
+
+
+@lru_cache(maxsize=64)
+def _plain_by_round(rounds: int, n_resamples: int, seed: int) -> np.ndarray:
+    """:func:`_plain_weights` as ``[rounds, n_resamples]``, contiguous (cached, read-only)."""
+    by_round = np.ascontiguousarray(_plain_weights(rounds, n_resamples, seed).T)
+    by_round.setflags(write=False)
+    return by_round
 
 
 @lru_cache(maxsize=256)
@@ -161,7 +188,59 @@ class TailRatio(Bootstrap):
         self.rounds = len(baseline)
         self.point = float(np.quantile(baseline, quantile, method="inverted_cdf")
                            / np.quantile(candidate, quantile, method="inverted_cdf"))
-        by_round = np.ascontiguousarray(
-            resample_weights(self.rounds, n_resamples, seed, strata).T)
+        by_round = (_plain_by_round(self.rounds, n_resamples, seed) if strata is None
+                    else np.ascontiguousarray(
+                        resample_weights(self.rounds, n_resamples, seed, strata).T))
         self.replicates = np.sort(_weighted_quantiles(baseline, by_round, quantile)
                                   / _weighted_quantiles(candidate, by_round, quantile))
+
+
+def dependence(baseline: np.ndarray, candidate: np.ndarray) -> float:
+    """The CI's widening for rounds that are not independent
+    (:func:`stagelab.core.design.dependence_inflation` of the paired residuals)."""
+    ratio = baseline.mean() / candidate.mean()
+    return design.dependence_inflation((baseline - ratio * candidate).tolist())
+
+
+def effect_maker(seed: int, bias: float, bias_se: float) -> Callable[[np.ndarray, np.ndarray, Strata], RatioOfMeans]:
+    """How a cell's effect is built (for its rounds and for one more round like the worst):
+    the ratio of means over rounds resampled within the baseline's regimes, widened for
+    dependent rounds, and divided by the carry-over bias with its uncertainty."""
+    def remake(b: np.ndarray, c: np.ndarray, strata: np.ndarray | None) -> RatioOfMeans:
+        effect = RatioOfMeans(b, c, seed=seed, strata=strata, inflation=dependence(b, c))
+        if bias or bias_se:
+            effect.corrected(bias, bias_se)
+        return effect
+    return remake
+
+
+def round_labels(cell: Mapping[str, Any], key: str, rounds: int) -> np.ndarray | None:
+    """A cell's per-round regime labels under ``key`` (e.g. whether the baseline's fresh vector
+    was mapped in that round), as strings; None where absent. ValueError where they do not
+    pair with the rounds."""
+    labels = cell.get(key)
+    if labels is None:
+        return None
+    array = np.asarray(labels).astype(str)
+    if array.shape != (rounds,):
+        raise ValueError(f"{key} must hold one label per round ({rounds}), got shape "
+                         f"{array.shape}")
+    return array
+
+
+def labels_or(strata: np.ndarray | None, rounds: int) -> np.ndarray:
+    return strata if strata is not None else np.full(rounds, "")
+
+
+def carry_over(cell: Mapping[str, Any]) -> tuple[float, float]:
+    """The carry-over correction a cell carries (``carry_over``: ``bias``, the relative amount by
+    which the order's carry-over moved the speedup, and its standard error ``bias_se``, from
+    :func:`stagelab.analyse.carryover.estimate`); (0, 0) without one."""
+    carry = cell.get("carry_over")
+    if not carry:
+        return 0.0, 0.0
+    bias, se = float(carry["bias"]), float(carry["bias_se"])
+    if not (math.isfinite(bias) and bias > -1 and math.isfinite(se) and se >= 0):
+        raise ValueError(f"carry_over must hold a finite bias above -1 and a standard error "
+                         f">= 0, got {bias!r}, {se!r}")
+    return bias, se

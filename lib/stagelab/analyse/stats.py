@@ -66,6 +66,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from stagelab.analyse import regimes, resample
 from stagelab.analyse.resample import N_RESAMPLES, RatioOfMeans, Samples, TailRatio
 from stagelab.core import design
 
@@ -301,7 +302,7 @@ def _series(cell: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray
 
 
 def _prepare(cell: Any, *, min_samples: int, confidence: float, seed: int,
-             port_min_rounds: int) -> _Cell:
+             port_min_rounds: int, mix: regimes.Mix | None = None) -> _Cell:
     """A cell's evidence (speedup, CI, twin, median, tail, non-inferiority bound), or its
     decision where the input cannot be decided (bad input, too few rounds) or the bar is
     infinite; and why it cannot support a family PORT, if so."""
@@ -326,25 +327,30 @@ def _prepare(cell: Any, *, min_samples: int, confidence: float, seed: int,
             INCONCLUSIVE, f"fewer rounds than the minimum ({n} < {min_samples})",
             min_speedup=bar, n_rounds=n), blocked="too few rounds")
     try:
-        strata, twin_strata = _strata(cell, "regime", n), _strata(cell, "twin_regime", n)
-        bias, bias_se = _carry_over(cell)
+        strata, twin_strata = resample.round_labels(cell, "regime", n), resample.round_labels(cell, "twin_regime", n)
+        bias, bias_se = resample.carry_over(cell)
     except (ValueError, KeyError, TypeError) as exc:
         return _Cell(bar, {}, settled=Decision(INCONCLUSIVE, f"bad input: {exc}",
                                                min_speedup=bar, n_rounds=n), blocked="bad input")
-    remake = _effect_maker(seed, bias, bias_se)
+    mix_se = 0.0
+    if mix is not None and strata is not None:
+        mix_se = regimes.mix_error(b, strata, mix)
+        b = regimes.reweighted(b, strata, mix)
+        t = t if t is None or twin_strata is None else regimes.reweighted(t, twin_strata, mix)
+    remake = resample.effect_maker(seed, bias, math.hypot(bias_se, mix_se))
     effect = remake(b, c, strata)
     low, high = effect.interval(confidence)
     evidence: dict[str, Any] = dict(
         min_speedup=bar, n_rounds=n, saved_seconds=float(b.mean() - c.mean()),
         speedup=effect.point, ci_low=low, ci_high=high, median_speedup=median_of_ratios(b, c),
-        noninferior_bound=effect.bound(1 - confidence), dependence=_dependence(b, c),
+        noninferior_bound=effect.bound(1 - confidence), dependence=resample.dependence(b, c),
         carry_over_bias=bias if bias_se else None, carry_over_se=bias_se or None,
         stalls_unexcluded=design.rarest_unexcluded(n),
         **_tail_evidence(TailRatio(b, c, seed=seed, strata=strata), bar, confidence))
     if t is not None:
         pairs = None if strata is None and twin_strata is None else np.char.add(
-            _labels_or(strata, n), _labels_or(twin_strata, n))
-        twin = RatioOfMeans(b, t, seed=seed, strata=pairs, inflation=_dependence(b, t))
+            resample.labels_or(strata, n), resample.labels_or(twin_strata, n))
+        twin = RatioOfMeans(b, t, seed=seed, strata=pairs, inflation=resample.dependence(b, t))
         evidence.update(zip(("twin_speedup", "twin_ci_low", "twin_ci_high"),
                             (twin.point, *twin.interval(confidence))))
     evidence["note"] = _median_note(evidence)
@@ -363,57 +369,6 @@ def _prepare(cell: Any, *, min_samples: int, confidence: float, seed: int,
             INCONCLUSIVE, f"the harness sees a difference between identical arms: the A/A "
             f"twin's speedup {twin_words} lies outside [{1 / bar:.3f}, {bar:.3f}]", **evidence)
     return prepared
-
-
-def _dependence(baseline: np.ndarray, candidate: np.ndarray) -> float:
-    """The CI's widening for rounds that are not independent
-    (:func:`stagelab.core.design.dependence_inflation` of the paired residuals)."""
-    ratio = baseline.mean() / candidate.mean()
-    return design.dependence_inflation((baseline - ratio * candidate).tolist())
-
-
-def _effect_maker(seed: int, bias: float, bias_se: float) -> Any:
-    """How a cell's effect is built (for its rounds and for one more round like the worst):
-    the ratio of means over rounds resampled within the baseline's regimes, widened for
-    dependent rounds, and divided by the carry-over bias with its uncertainty."""
-    def remake(b: np.ndarray, c: np.ndarray, strata: np.ndarray | None) -> RatioOfMeans:
-        effect = RatioOfMeans(b, c, seed=seed, strata=strata, inflation=_dependence(b, c))
-        if bias or bias_se:
-            effect.corrected(bias, bias_se)
-        return effect
-    return remake
-
-
-def _strata(cell: Mapping[str, Any], key: str, rounds: int) -> np.ndarray | None:
-    """A cell's per-round regime labels under ``key`` (e.g. whether the baseline's fresh vector
-    was mapped in that round), as strings; None where absent. ValueError where they do not
-    pair with the rounds."""
-    labels = cell.get(key)
-    if labels is None:
-        return None
-    array = np.asarray(labels).astype(str)
-    if array.shape != (rounds,):
-        raise ValueError(f"{key} must hold one label per round ({rounds}), got shape "
-                         f"{array.shape}")
-    return array
-
-
-def _labels_or(strata: np.ndarray | None, rounds: int) -> np.ndarray:
-    return strata if strata is not None else np.full(rounds, "")
-
-
-def _carry_over(cell: Mapping[str, Any]) -> tuple[float, float]:
-    """The carry-over correction a cell carries (``carry_over``: ``bias``, the relative amount by
-    which the order's carry-over moved the speedup, and its standard error ``bias_se``, from
-    :func:`stagelab.analyse.carryover.estimate`); (0, 0) without one."""
-    carry = cell.get("carry_over")
-    if not carry:
-        return 0.0, 0.0
-    bias, se = float(carry["bias"]), float(carry["bias_se"])
-    if not (math.isfinite(bias) and bias > -1 and math.isfinite(se) and se >= 0):
-        raise ValueError(f"carry_over must hold a finite bias above -1 and a standard error "
-                         f">= 0, got {bias!r}, {se!r}")
-    return bias, se
 
 
 def _excess(cell: _Cell) -> float:
@@ -584,8 +539,9 @@ def decide_family(cells: Sequence[Mapping[str, Any]], *, min_samples: int = 10,
     """
     _check_cells(cells)
     _check_common(min_samples, confidence)
+    mix = regimes.family_mix(cells)
     prepared = [_prepare(c, min_samples=min_samples, confidence=confidence, seed=seed,
-                         port_min_rounds=port_min_rounds) for c in cells]
+                         port_min_rounds=port_min_rounds, mix=mix) for c in cells]
     excess = max(_excess(cell) for cell in prepared)
     for cell in prepared:
         if cell.settled is None:

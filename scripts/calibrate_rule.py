@@ -1,0 +1,54 @@
+#!/usr/bin/env python3
+"""Measure the decision rule's error rates on its cases and write the table into the docs.
+
+Runs :func:`stagelab.analyse.calibration.cases` (families of six simulated cells at 160 rounds
+and until resolved up to the gate's cap, each case's rate with its 95 % Wilson interval and
+whether its requirement is met on it) and writes the table, with the command, the trials, the
+commit and the seconds it took, between the markers of ``docs/decision-rule.md``'s "The rule's
+cases" section (``--write``), and its rows to ``docs/calibration.csv``. Never edit that table
+by hand: ``tests/test_calibration.py`` checks that the page shows the CSV's rows.
+
+    python3 scripts/calibrate_rule.py --trials 200 --write   # the page's table
+    python3 scripts/calibrate_rule.py --trials 20 --only "6 cells at the bar, lognormal 2 %"
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from stagelab.analyse import calibration
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGE, TABLE = ROOT / "docs" / "decision-rule.md", ROOT / "docs" / "calibration.csv"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=200, help="simulated families per row")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--only", action="append", help="a case to run (repeatable)")
+    parser.add_argument("--write", action="store_true", help="write the page's table and CSV")
+    args = parser.parse_args(argv)
+    started = time.monotonic()
+    table = calibration.cases(trials=args.trials, seed=args.seed, only=args.only)
+    took = time.monotonic() - started
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
+                            capture_output=True, check=False).stdout.strip() or "unknown"
+    origin = (f"`python3 scripts/calibrate_rule.py --trials {args.trials} --seed {args.seed}` at "
+              f"commit {commit}, {took:.0f} s")
+    if args.write:
+        table.to_csv(TABLE, index=False)
+        page = PAGE.read_text()
+        PAGE.write_text(calibration.with_table(page, table, origin))
+    print(calibration.cases_markdown(table, origin))
+    missed = table[table["met"].eq(False)]
+    print(f"{len(missed)} of {len(table)} rows short of their requirement", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
