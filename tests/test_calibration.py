@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from stagelab.analyse import calibration, stats
+from stagelab.analyse import calibration, sequence, stats
 from stagelab.core import design
 
 DELTA = 0.02
@@ -299,8 +299,8 @@ def test_reuse_3_delta_with_pinning_2_delta_recommends_the_pinned_scratch():
     trials = 60
     rates = calibration.recommendation_rates(SAVES_3_DELTA, 1 / (1 - 2 * DELTA),
                                              rounds=DONE_ROUNDS, trials=trials, seed=7)
-    pinned = round(rates.get(stats.PORT_PINNED, 0.0) * trials)
-    reused = round(rates.get(stats.PORT_REUSED, 0.0) * trials)
+    pinned = round(rates.get(sequence.PORT_PINNED, 0.0) * trials)
+    reused = round(rates.get(sequence.PORT_REUSED, 0.0) * trials)
     assert calibration.wilson(pinned, trials)[0] >= 0.80
     assert reused == 0  # at most 5 %: 60 trials cannot show it on a Wilson interval (1000 can)
 
@@ -309,7 +309,7 @@ def test_reuse_3_delta_with_pinning_2_delta_recommends_the_pinned_scratch():
 def test_reuse_3_delta_with_pinning_2_delta_recommends_a_reused_buffer_at_most_5_percent():
     rates = calibration.recommendation_rates(SAVES_3_DELTA, 1 / (1 - 2 * DELTA),
                                              rounds=DONE_ROUNDS, trials=300, seed=8)
-    assert calibration.wilson(round(rates.get(stats.PORT_REUSED, 0.0) * 300), 300)[1] <= 0.05
+    assert calibration.wilson(round(rates.get(sequence.PORT_REUSED, 0.0) * 300), 300)[1] <= 0.05
 
 
 @pytest.mark.slow  # make check's fast lane leaves it to make test

@@ -214,3 +214,29 @@ def test_bad_regimes_or_carry_over_make_the_cell_inconclusive(key, value, words)
     cell = {"baseline": b, "candidate": c, "twin": None, "min_speedup": BAR, key: value}
     decision = stats.decide_family([cell]).cells[0]
     assert decision.decision == stats.INCONCLUSIVE and words in decision.reason
+
+
+def test_the_prediction_can_fail_and_says_where():
+    """Before: out_of_sample held intervals and `outside` flags that nothing read."""
+    from stagelab.analyse import predict_check
+
+    def figure(name, measured, low=1.0, high=2.0):
+        return {"name": name, "predicted_ms": 1.5, "low_ms": low, "high_ms": high,
+                "measured_ms": measured, "error": None,
+                "outside": measured is not None and not low <= measured <= high}
+
+    def cell(host, total):
+        return {"rows": 16, "vocab": 152064, "k": 5, "host": host, "notes": [],
+                "stages": [figure("alloc", 1.2)], "arms": [figure("seed_pageable", total)],
+                "questions": [figure("bundle", None)]}
+
+    held = predict_check.falsification([cell("a", 1.9), cell("b", 2.5)])  # one host holds it
+    assert held["held"] is True and held["figures"] == 2 and held["failed_at"] == []
+    failed = predict_check.falsification([cell("a", 2.5), cell("b", 2.6)])
+    assert failed["held"] is False
+    assert failed["failed_at"] == ["seed_pageable at n=16, V=152064, K=5"]
+    assert "the model failed at 1 of 2 figures" in failed["words"]
+    assert predict_check.falsification([])["held"] is None
+    words = predict_check.out_of_sample_words({"falsification": failed, "cells": [],
+                                               "platform": "H200"})
+    assert words[0].startswith("Out of sample, the model failed at 1 of 2 figures")

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from scipy import stats as sps
 
-from stagelab.analyse import calibration, stats
+from stagelab.analyse import calibration, sequence, stats
 
 ONES = np.ones(12)
 # per-round ratios: median 1.10, all within 1 %, in a shuffled order (in rising order they are a
@@ -431,35 +431,35 @@ def _family_of(*decisions):
 
 
 @pytest.mark.parametrize("bundle, pinning, reuse, change, words", [
-    (stats.CLOSE, None, None, stats.CLOSE_CHANGE, "saves less than delta"),
-    (stats.CLOSE, stats.CLOSE, stats.INCONCLUSIVE, stats.CLOSE_CHANGE, "not shown to save more"),
-    (stats.CLOSE, stats.CLOSE, stats.PORT, stats.PORT_REUSED, "pinning takes back what reuse"),
+    (stats.CLOSE, None, None, sequence.CLOSE_CHANGE, "saves less than delta"),
+    (stats.CLOSE, stats.CLOSE, stats.INCONCLUSIVE, sequence.CLOSE_CHANGE, "not shown to save more"),
+    (stats.CLOSE, stats.CLOSE, stats.PORT, sequence.PORT_REUSED, "pinning takes back what reuse"),
     (stats.INCONCLUSIVE, stats.PORT, stats.PORT, stats.INCONCLUSIVE, "not resolved"),
-    (stats.PORT, stats.PORT, None, stats.PORT_PINNED, "pinning adds a saving above delta"),
+    (stats.PORT, stats.PORT, None, sequence.PORT_PINNED, "pinning adds a saving above delta"),
     (stats.PORT, None, stats.PORT, stats.INCONCLUSIVE, "pinning alone was not measured"),
     (stats.PORT, stats.INCONCLUSIVE, stats.PORT, stats.INCONCLUSIVE, "more rounds are needed"),
-    (stats.PORT, stats.CLOSE, stats.PORT, stats.PORT_REUSED, "reuse alone saves more than"),
-    (stats.PORT, stats.CLOSE, stats.CLOSE, stats.PORT_PINNED, "only the two together"),
+    (stats.PORT, stats.CLOSE, stats.PORT, sequence.PORT_REUSED, "reuse alone saves more than"),
+    (stats.PORT, stats.CLOSE, stats.CLOSE, sequence.PORT_PINNED, "only the two together"),
     (stats.PORT, stats.CLOSE, stats.INCONCLUSIVE, stats.INCONCLUSIVE, "is unresolved"),
     (stats.PORT, stats.CLOSE, None, stats.INCONCLUSIVE, "is not measured"),
 ])
 def test_every_answer_the_sequence_can_give(bundle, pinning, reuse, change, words):
-    assert stats.recommend(bundle, pinning, reuse)[0] == change
-    assert words in stats.recommend(bundle, pinning, reuse)[1]
+    assert sequence.recommend(bundle, pinning, reuse)[0] == change
+    assert words in sequence.recommend(bundle, pinning, reuse)[1]
 
 
 def test_the_recommendation_names_the_cells_pinning_would_help():
     names = ["n=16", "n=64", "n=256"]
     helps = _family_of(stats.CLOSE, stats.INCONCLUSIVE, stats.PORT)
-    change, reason = stats.recommend(_family_of(stats.PORT), helps, stats.PORT, cells=names)
-    assert change == stats.PORT_PINNED
+    change, reason = sequence.recommend(_family_of(stats.PORT), helps, stats.PORT, cells=names)
+    assert change == sequence.PORT_PINNED
     assert ("(pinning would help (adds more than delta beyond reuse) in n=256; is shown to add "
             "less than delta in n=16; is unresolved in n=64)") in reason
-    change, reason = stats.recommend(stats.PORT, _family_of(stats.CLOSE, stats.CLOSE,
+    change, reason = sequence.recommend(stats.PORT, _family_of(stats.CLOSE, stats.CLOSE,
                                                             stats.CLOSE), stats.PORT, cells=names)
-    assert change == stats.PORT_REUSED
+    assert change == sequence.PORT_REUSED
     assert "in every cell (pinning would help (adds more than delta beyond reuse) in no cell" in (
         reason)
     straddles = _family_of(stats.CLOSE, stats.INCONCLUSIVE, stats.CLOSE)
-    change, reason = stats.recommend(stats.PORT, straddles, stats.PORT, cells=names)
+    change, reason = sequence.recommend(stats.PORT, straddles, stats.PORT, cells=names)
     assert change == stats.INCONCLUSIVE and "is unresolved in n=64)" in reason

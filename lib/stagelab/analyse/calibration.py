@@ -44,7 +44,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats as sps
 
-from stagelab.analyse import carryover, stats
+from stagelab.analyse import carryover, sequence, stats
 from stagelab.core import design, paths
 
 FamilyRule = Callable[..., stats.FamilyDecision]
@@ -402,7 +402,7 @@ def family_port_rate(noise: Noise, speedups: Sequence[float], *, rounds: int, tr
 def recommendation_rates(reuse: float, pinning: float, *, rounds: int, trials: int,
                          cells: int = 6, delta: float = 0.02, sigma: float = 0.02,
                          seed: int = 0, max_rounds: int | None = None) -> dict[str, float]:
-    """How often each change is recommended (:func:`stagelab.analyse.stats.recommend`) when reuse
+    """How often each change is recommended (:func:`stagelab.analyse.sequence.recommend`) when reuse
     alone has the true speedup ``reuse`` over the fresh vector and pinning ``pinning`` over the
     reused buffer (the bundle: their product), every cell of a family alike, with lognormal
     ``sigma`` noise per sample and an A/A twin of the fresh vector: the three questions decided
@@ -426,7 +426,7 @@ def recommendation_rates(reuse: float, pinning: float, *, rounds: int, trials: i
                        "twin": None if twin is None else cell[twin, :n], "min_speedup": bar}
                       for cell, n in zip(trial, cut)]
             answers[question] = stats.decide_family(family)
-        change = stats.recommend(answers["bundle"], answers["pinning"], answers["reuse"])[0]
+        change = sequence.recommend(answers["bundle"], answers["pinning"], answers["reuse"])[0]
         counts[change] = counts.get(change, 0) + 1
     return {change: n / trials for change, n in counts.items()}
 
@@ -573,21 +573,21 @@ def _case_specs(delta: float) -> list[tuple[str, str, str, Any]]:
         ("1 cell 1.5 delta slower beside 5 saving 3 delta, lognormal 2 %", "family PORT",
          "<= 0.05", ([1 / (1 + 1.5 * delta)] + [saving] * 5, NOISES[0])),
         ("reuse 3 delta, pinning 2 delta: the pinned scratch", "recommended", ">= 0.80",
-         ((saving, pin2), stats.PORT_PINNED)),
+         ((saving, pin2), sequence.PORT_PINNED)),
         ("reuse 3 delta, pinning 2 delta: a reused buffer", "recommended", "<= 0.05",
-         ((saving, pin2), stats.PORT_REUSED)),
+         ((saving, pin2), sequence.PORT_REUSED)),
         ("reuse 3 delta, pinning at the bar: the pinned scratch", "recommended", "<= 0.05",
-         ((saving, bar), stats.PORT_PINNED)),
+         ((saving, bar), sequence.PORT_PINNED)),
         ("reuse 3 delta, pinning 0.5 delta: a reused buffer", "recommended", ">= 0.50",
-         ((saving, pin05), stats.PORT_REUSED)),
+         ((saving, pin05), sequence.PORT_REUSED)),
         ("reuse 3 delta, pinning 0.8 delta: a reused buffer", "recommended", "",
-         ((saving, pin08), stats.PORT_REUSED)),
+         ((saving, pin08), sequence.PORT_REUSED)),
         ("reuse 0.5 delta, no pinning effect: close", "recommended", ">= 0.50",
-         ((pin05, 1.0), stats.CLOSE_CHANGE)),
+         ((pin05, 1.0), sequence.CLOSE_CHANGE)),
         ("reuse 0.8 delta, no pinning effect: close", "recommended", "",
-         ((pin08, 1.0), stats.CLOSE_CHANGE)),
+         ((pin08, 1.0), sequence.CLOSE_CHANGE)),
         ("reuse 3 delta, no pinning effect: a reused buffer", "recommended", ">= 0.80",
-         ((saving, 1.0), stats.PORT_REUSED)),
+         ((saving, 1.0), sequence.PORT_REUSED)),
     ] + _noise_cases(delta)
 
 

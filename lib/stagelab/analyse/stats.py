@@ -1,59 +1,32 @@
-"""Statistics of paired timings and the gate's decision (PORT, CLOSE or INCONCLUSIVE).
+"""Statistics of paired timings and the gate's decision for a family of cells (PORT, CLOSE or
+INCONCLUSIVE). The rule in prose, with its calibration: docs/decision-rule.md.
 
 Timings come in rounds: each round runs every arm once, in a balanced order, so ``baseline[i]``
-and ``candidate[i]`` share whatever the machine was doing in round ``i`` (clock, cache, a
-neighbour's load). The statistics keep that pairing.
+and ``candidate[i]`` share whatever the machine was doing in round ``i``; the statistics keep
+that pairing.
 
-* **The effect** is the speedup ``mean(baseline) / mean(candidate)`` over the paired rounds: the
-  ratio of mean step times, because an engine pays the mean. A candidate a little faster in most
-  rounds and much slower in a few is a net loss; a median of per-round ratios would call it a
-  gain. The median of per-round ratios is reported beside it, and flagged when it falls on the
-  other side of the bar (a few rounds carry the difference).
-* **Its CI** comes from a bootstrap that resamples whole rounds (the same rounds for both arms, so
-  a slowdown shared by a round stays paired): the percentile interval (see :class:`RatioOfMeans`
-  for why not BCa). It is seeded: the same data gives the same answer.
-* **The rule** is equivalence testing against a smallest effect of interest: ``min_speedup`` is the
-  speedup that saves a fraction delta of the step (:func:`min_speedup_for`). CLOSE when the upper
-  bound at one-sided ``1 - confidence`` lies below it; PORT when the CI's lower bound, at the
-  level the family's multiplicity control asks (:func:`decide_family`), lies above it and above
-  the A/A twin's CI; INCONCLUSIVE otherwise. An A/A twin (the baseline measured again as another
-  arm) checks the harness.
-* **Tails** (:class:`TailRatio`): a candidate a little faster in most rounds and much slower in
-  a few is a net loss the mean only sees when the sample holds the slow rounds. So a PORT needs
-  :data:`stagelab.core.design.TAIL_ROUNDS` rounds (149: a 1-in-50 stall shows at least once with
-  95 % probability), and a cell whose candidate's high quantile (p99, :data:`stagelab.analyse.resample.TAIL_QUANTILE`: a
-  1-in-50 stall moves quantiles above p98 only, so p95 would never see it) is *shown* heavier
-  than the baseline's beyond delta blocks the family: the tail speedup ``p99(baseline) /
-  p99(candidate)``, bootstrapped over the same rounds, has its upper bound at the family's
-  one-sided level ``(1 - confidence) / 2`` below ``1 - delta`` (``1 / min_speedup``). A tail
-  neither shown heavier nor shown not heavier (its lower bound at that level above ``1 -
-  delta``) is *unresolved*, reported per cell, and does not block: a p99 of 160 rounds is the
-  second largest round, so under tails shared by every arm its bound is wide whatever the
-  arms do, and a rule that blocked on a wide bound blocked real savings (four saving cells
-  beside two null cells: PORT 56 %; t(3) noise on every arm: 37 %). Rare stalls the tail
-  cannot show are still stopped by the mean: a sample holding its share of them has a mean that
-  could be slower beyond delta (below), one holding fewer by the next check.
-* **A saving must not rest on luck with rare rounds**: a cell carries a PORT only when its
-  lower bound stays above the bar with one more round like the candidate's worst (a
-  pseudo-count, :func:`_one_more_worst`): a sample that holds a rare stall fewer times than the
-  candidate has it shows the candidate faster than it is, and no tail test can call one stall
-  heavier.
-* **A family of cells** gets one decision: Holm's step-down across its cells for PORT (the
-  family-wise rate of a false PORT stays at the one-sided level (1 - confidence)/2 when every
-  cell sits at the bar), and PORT only when no cell could regress: every cell's mean
-  non-inferior (its one-sided lower bound above ``1 / min_speedup``) and no cell's tail shown
-  heavier, an intersection-union test that needs no correction since all must hold;
-  intersection-union for CLOSE (every cell must close). A family PORT names the cells that carry
-  the saving (declared by Holm), those shown harmless (mean non-inferior, tail shown not
-  heavier) and those whose tail is unresolved. :mod:`stagelab.analyse.calibration` measures
-  the error rates by simulation.
-* **The harness check** (:func:`twin_checks`) asks of every A/A twin of a run, as one family,
-  whether identical arms differ by more than delta; Bonferroni keeps a quiet machine's false
-  alarms near ``1 - confidence`` for the whole run rather than for each twin.
+* **The effect** is the speedup ``mean(baseline) / mean(candidate)``, because an engine pays the
+  mean; the median of per-round ratios is reported beside it and flagged when it falls on the
+  other side of the bar. **Its CI** is a seeded bootstrap over whole rounds
+  (:mod:`stagelab.analyse.resample`), widened for rounds that are not independent, resampled
+  within a bimodal baseline's regimes at the family's mix (:mod:`stagelab.analyse.regimes`),
+  and corrected for carry-over with its error where the order's rows show it
+  (:mod:`stagelab.analyse.carryover`).
+* **The rule** is equivalence testing against a smallest effect of interest (``min_speedup``,
+  :func:`min_speedup_for`): CLOSE when the upper bound at one-sided ``1 - confidence`` lies below
+  it; PORT when the lower bound at Holm's level across the family lies above it and above the A/A
+  twin's CI, still with one more round like the family's worst (a pseudo-count for the rarest
+  rounds: a stall one cell holds is charged to every cell), and every cell can support it
+  (:func:`decide_family`: 149 rounds, its mean non-inferior, its p99 tail not shown heavier
+  beyond delta; intersection-union). Every cell and a family PORT state the rarest candidate
+  stall their rounds cannot exclude.
+* **The harness check** (:func:`twin_checks`) asks of every A/A twin of a run, as one family
+  (Bonferroni), whether identical arms differ by more than delta.
 * **Bad input never crashes the decision**: a non-finite, zero or negative time, a missing,
-  non-numeric or wrongly shaped series, or a bad bar makes its cell INCONCLUSIVE with the reason.
+  non-numeric or wrongly shaped series, bad regimes or carry-over, or a bad bar make the cell
+  INCONCLUSIVE with the reason.
 
-The rule in prose, with its calibration: docs/decision-rule.md.
+The three questions' fixed sequence and the change recommended: :mod:`stagelab.analyse.sequence`.
 """
 
 from __future__ import annotations
@@ -635,97 +608,3 @@ def decide(baseline: Samples | None, candidate: Samples | None, *,
             "min_speedup": min_speedup}
     return decide_family([cell], min_samples=min_samples, confidence=confidence,
                          seed=seed, port_min_rounds=port_min_rounds).cells[0]
-
-
-PORT_PINNED = "port the pinned scratch"
-PORT_REUSED = "port a reused pageable buffer"
-CLOSE_CHANGE = "close"
-NOT_A_DECISION = "not a decision"
-SEQUENCE = ("a fixed sequence, each family at the full level and the next tested only when the "
-            "one before it answered: the bundle (pinned grow-only vs the fresh vector) first; "
-            "if it PORTs, pinning alone (pinned grow-only vs grow-only pageable); if pinning "
-            "CLOSEs (shown to add less than delta in every cell), reuse alone (grow-only pageable "
-            "vs the fresh vector); if the bundle CLOSEs, reuse alone too (pinning may take back "
-            "what reuse saves). A fixed sequence keeps the chance of any false answer at the "
-            "level of one test, since a later test can only err once every earlier one has been "
-            "passed")
-
-
-def _word(answer: str | FamilyDecision | None) -> str | None:
-    return answer.decision if isinstance(answer, FamilyDecision) else answer
-
-
-def _cells_where(answer: str | FamilyDecision | None, decision: str,
-                 names: Sequence[str] | None) -> list[str]:
-    """The cells (by ``names``, else ``cell i``) of a family answer whose own decision is
-    ``decision``; none for an answer given only in words."""
-    if not isinstance(answer, FamilyDecision):
-        return []
-    label = list(names) if names is not None else [f"cell {i}" for i in range(len(answer.cells))]
-    return [label[i] for i, cell in enumerate(answer.cells) if cell.decision == decision]
-
-
-def _pinning_words(pinning: str | FamilyDecision | None, names: Sequence[str] | None) -> str:
-    """Which cells pinning would help (adds more than delta beyond reuse), is shown not to, or
-    leaves open; '' for an answer given only in words."""
-    if not isinstance(pinning, FamilyDecision):
-        return ""
-    helps, not_worth = _cells_where(pinning, PORT, names), _cells_where(pinning, CLOSE, names)
-    open_cells = _cells_where(pinning, INCONCLUSIVE, names)
-    parts = [f"pinning would help (adds more than delta beyond reuse) in "
-             f"{', '.join(helps) if helps else 'no cell'}"]
-    if not_worth:
-        parts.append(f"is shown to add less than delta in {', '.join(not_worth)}")
-    if open_cells:
-        parts.append(f"is unresolved in {', '.join(open_cells)}")
-    return " (" + "; ".join(parts) + ")"
-
-
-def recommend(bundle: str | FamilyDecision, pinning: str | FamilyDecision | None,
-              reuse: str | FamilyDecision | None, *,
-              cells: Sequence[str] | None = None) -> tuple[str, str]:
-    """The change to make from the three family answers (each a decision word or the
-    :class:`FamilyDecision` itself), tested as a fixed sequence (:data:`SEQUENCE`): port the
-    pinned scratch, port a reused pageable buffer, close, or INCONCLUSIVE; and why. ``None``:
-    that question was not measured. Given the pinning family itself, the reason names the cells
-    pinning would help, if any (``cells``: the cells' names, in the family's order).
-
-    Every answer it can give: the bundle closes, **close**, unless reuse alone ports (pinning
-    takes back what reuse saves), **port a reused pageable buffer**; the bundle unresolved,
-    INCONCLUSIVE; the bundle ports and pinning ports, **port the pinned scratch**; pinning not
-    measured or unresolved, INCONCLUSIVE; pinning closes and reuse ports, **port a reused
-    pageable buffer**; pinning closes and reuse closes too (neither part alone saves delta,
-    together they do), **port the pinned scratch**; pinning closes and reuse is unresolved or
-    not measured, INCONCLUSIVE."""
-    bundle_word, pinning_word, reuse_word = _word(bundle), _word(pinning), _word(reuse)
-    where = _pinning_words(pinning, cells)
-    if bundle_word == CLOSE and reuse_word == PORT:
-        return PORT_REUSED, ("the bundle (reuse + pinning) saves less than delta of the step in "
-                             "every decisive cell, but reuse alone saves more than delta: pinning "
-                             "takes back what reuse saves, so reuse is worth a change without it")
-    if bundle_word == CLOSE:
-        return CLOSE_CHANGE, ("the bundle (reuse + pinning) saves less than delta of the step in "
-                              "every decisive cell, and reuse alone is not shown to save more")
-    if bundle_word != PORT:
-        return INCONCLUSIVE, "the bundle (reuse + pinning) is not resolved, so nothing follows"
-    if pinning_word == PORT:
-        return PORT_PINNED, ("the bundle ports, and pinning adds a saving above delta beyond a "
-                             f"reused pageable buffer{where}")
-    if pinning_word is None:
-        return INCONCLUSIVE, ("the bundle ports, but pinning alone was not measured (no grow-only "
-                              "pageable arm): whether a reused pageable buffer would do is open")
-    if pinning_word != CLOSE:
-        return INCONCLUSIVE, ("the bundle ports, but whether pinning adds more than delta beyond "
-                              f"a reused pageable buffer is unresolved{where}: more rounds are "
-                              "needed")
-    if reuse_word == PORT:
-        return PORT_REUSED, ("the bundle ports, pinning is shown to add less than delta beyond "
-                             f"reuse in every cell{where}, and reuse alone saves more than delta")
-    if reuse_word == CLOSE:
-        return PORT_PINNED, ("the bundle ports, but neither part alone is shown to save delta: "
-                             "pinning adds less than delta beyond reuse and reuse alone saves "
-                             "less than delta, so only the two together (the pinned scratch) "
-                             "are worth a change")
-    return INCONCLUSIVE, ("the bundle ports and pinning adds less than delta, but whether reuse "
-                          "alone saves more than delta is "
-                          f"{'not measured' if reuse_word is None else 'unresolved'}")

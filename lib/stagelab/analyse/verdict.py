@@ -42,6 +42,7 @@ from stagelab.analyse import (
     goal_rows,
     predict_check,
     prompt_analysis,
+    sequence,
     stats,
     step_analysis,
     summaries,
@@ -365,7 +366,7 @@ def build_verdict(run_dir: Path | str, *, decisive_rows: list[int], decisive_voc
     if short:
         decided = {**decided, "decision": stats.INCONCLUSIVE,
                    "summary": f"{short} {decided['summary']}"}
-        recommendation = {**recommendation, "change": stats.NOT_A_DECISION, "reason": short}
+        recommendation = {**recommendation, "change": sequence.NOT_A_DECISION, "reason": short}
     overlap = overlap_summary(
         step_analysis.where_regime(step_analysis.where_log_softmax(step_all, log_softmax)), named,
         overlap_order, decisive, decided["decision"], recommendation, **kwargs)

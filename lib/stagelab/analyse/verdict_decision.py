@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from stagelab.analyse import stats, step_analysis, timings
+from stagelab.analyse import carryover, sequence, stats, step_analysis, timings
 from stagelab.core import catalogue, design
 
 BASELINE, CANDIDATE, TWIN = catalogue.decisive_arms()
@@ -78,9 +78,41 @@ def cell_evidence(step: pd.DataFrame, rows: int, vocab: int, k: int, candidate: 
             out["reason"] = words + timings.not_measured_reason(cell, arm)
             return out, None
     paired = timings.paired_rounds(cell, *arms)
-    return out, {"baseline": paired[0], "candidate": paired[1],
-                 "twin": paired[2] if twin is not None else None,
-                 "min_speedup": out["min_speedup"]}
+    inputs = {"baseline": paired[0], "candidate": paired[1],
+              "twin": paired[2] if twin is not None else None,
+              "min_speedup": out["min_speedup"], **order_effects(cell, arms)}
+    return out, inputs
+
+
+def order_effects(cell: pd.DataFrame, arms: tuple[str, ...]) -> dict[str, Any]:
+    """What the rule takes from a cell's rows beside the timings: the fresh vectors' regime per
+    paired round (``regime``, ``twin_regime``: whether the vector was mapped fresh, where
+    every paired round recorded it and both regimes occur) and the carry-over correction of the
+    first two arms' comparison (:func:`stagelab.analyse.carryover.correction`, None where the
+    order's rows do not show it)."""
+    rounds = sorted(set.intersection(*(set(timings.by_round(cell, a).index) for a in arms)))
+    calls, names = carryover.calls_from_rows(cell)
+    found: dict[str, Any] = {"carry_over": (
+        carryover.correction(calls, len(names), names.index(arms[0]), names.index(arms[1]))
+        if arms[0] in names and arms[1] in names else None)}
+    for key, arm in zip(("regime", "twin_regime"), (arms[0], arms[2] if len(arms) > 2 else None)):
+        labels = _mapped_by_round(cell, arm, rounds) if arm is not None else None
+        if labels is not None:
+            found[key] = labels
+    return found
+
+
+def _mapped_by_round(cell: pd.DataFrame, arm: str, rounds: list[int]) -> np.ndarray | None:
+    """Whether ``arm``'s fresh vector was mapped fresh in each of ``rounds`` (its ``alloc``
+    rows' ``mapped``); None unless every round has it and both regimes occur."""
+    if "mapped" not in cell:
+        return None
+    alloc = cell[(cell["arm"] == arm) & (cell["stage"] == "alloc") & (cell["status"] == "ok")
+                 & cell["mapped"].notna() & cell["round"].notna()]
+    mapped = alloc.drop_duplicates("round").set_index("round")["mapped"]
+    if not set(rounds) <= set(mapped.index) or mapped.loc[rounds].nunique() < 2:
+        return None
+    return mapped.loc[rounds].astype(bool).to_numpy()
 
 
 def decide_cells(step: pd.DataFrame, named: list[tuple[int, int, int]], candidate: str, *,
@@ -230,7 +262,7 @@ def answer_questions(step: pd.DataFrame, named: list[tuple[int, int, int]], *,
                      **kwargs: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     """The three questions, each a family over the decisive cells
     (:func:`stagelab.analyse.stats.decide_family`): their answers, and the change recommended
-    from them as a fixed sequence (:func:`stagelab.analyse.stats.recommend`). ``bundle``: the
+    from them as a fixed sequence (:func:`stagelab.analyse.sequence.recommend`). ``bundle``: the
     decisive cells, already decided. A question none of whose arms ran is None."""
     answers: dict[str, Any] = {}
     for question, (baseline, candidate, twin) in QUESTIONS.items():
@@ -247,10 +279,10 @@ def answer_questions(step: pd.DataFrame, named: list[tuple[int, int, int]], *,
     pinning_family = None if pinning["decision"] is None else stats.FamilyDecision(
         pinning["decision"], pinning["summary"],
         [stats.Decision(c["decision"], c["reason"] or "") for c in pinning["cells"]])
-    change, reason = stats.recommend(answers["bundle"]["decision"], pinning_family,
+    change, reason = sequence.recommend(answers["bundle"]["decision"], pinning_family,
                                      answers["reuse"]["decision"],
                                      cells=[_cell_name(c) for c in pinning["cells"]])
-    return answers, {"change": change, "reason": reason, "method": stats.SEQUENCE}
+    return answers, {"change": change, "reason": reason, "method": sequence.SEQUENCE}
 
 
 def not_a_decision(decisive: list[dict[str, Any]]) -> str:
@@ -349,7 +381,7 @@ def decide_order(step: pd.DataFrame, named: list[tuple[int, int, int]],
     return {"measured": any(c.get("speedup") is not None for c in bundle),
             "cells": [_cell_name(c) for c in bundle],
             "decision": stats.INCONCLUSIVE if short else decided,
-            "change": stats.NOT_A_DECISION if short else recommendation["change"],
+            "change": sequence.NOT_A_DECISION if short else recommendation["change"],
             "reason": short or recommendation["reason"],
             "answers": {_cell_name(c): c["decision"] for c in bundle}}
 
