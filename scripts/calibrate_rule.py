@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Measure the decision rule's error rates on its cases and write the table into the docs.
 
-Runs :func:`stagelab.analyse.calibration.cases` (families of six simulated cells at 160 rounds
+Runs :func:`stagelab.analyse.calibration_cases.cases` (families of six simulated cells at 160 rounds
 and until resolved up to the gate's cap, each case's rate with its 95 % Wilson interval and
 whether its requirement is met on it) and writes the table, with the command, the trials, the
 commit and the seconds it took, between the markers of ``docs/decision-rule.md``'s "The rule's
@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from stagelab.analyse import calibration
+from stagelab.analyse import calibration_cases
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE, TABLE = ROOT / "docs" / "decision-rule.md", ROOT / "docs" / "calibration.csv"
@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--write", action="store_true", help="write the page's table and CSV")
     args = parser.parse_args(argv)
     started = time.monotonic()
-    table = calibration.cases(trials=args.trials, seed=args.seed, only=args.only)
+    table = calibration_cases.cases(trials=args.trials, seed=args.seed, only=args.only)
     took = time.monotonic() - started
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
                             capture_output=True, check=False).stdout.strip() or "unknown"
@@ -43,8 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.write:
         table.to_csv(TABLE, index=False)
         page = PAGE.read_text()
-        PAGE.write_text(calibration.with_table(page, table, origin))
-    print(calibration.cases_markdown(table, origin))
+        PAGE.write_text(calibration_cases.with_table(page, table, origin))
+    print(calibration_cases.cases_markdown(table, origin))
     missed = table[table["met"].eq(False)]
     print(f"{len(missed)} of {len(table)} rows short of their requirement", file=sys.stderr)
     return 0

@@ -240,3 +240,11 @@ def test_the_prediction_can_fail_and_says_where():
     words = predict_check.out_of_sample_words({"falsification": failed, "cells": [],
                                                "platform": "H200"})
     assert words[0].startswith("Out of sample, the model failed at 1 of 2 figures")
+
+
+def test_the_rounds_a_cheaper_answer_needs_are_stated_and_grow_near_the_bar():
+    at_half, near = design.rounds_to_close(0.5), design.rounds_to_close(0.8)
+    assert at_half <= 200 < near  # the gate's cap reaches 0.5 delta, not 0.8 delta
+    assert near == pytest.approx(at_half * 6.25, rel=0.05)  # the inverse square of the distance
+    with pytest.raises(ValueError, match="saving must lie in"):
+        design.rounds_to_close(1.0)

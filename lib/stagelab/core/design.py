@@ -57,6 +57,25 @@ def rarest_unexcluded(rounds: int, probability: float = STALL_SEEN) -> int:
     return math.floor(1 / (1 - (1 - probability) ** (1 / rounds)))
 
 
+def rounds_to_close(saving: float, *, delta: float = 0.02, noise: float = 0.02, cells: int = 6,
+                    power: float = 0.8, confidence: float = 0.95) -> int:
+    """The rounds per cell at which a family of ``cells`` cells whose true saving is ``saving``
+    deltas (below 1) all CLOSE with probability ``power``: each cell's one-sided ``1 -
+    confidence`` upper bound below the bar ``1 / (1 - delta)`` with probability
+    ``power ** (1 / cells)``, its log speedup's standard error ``noise * sqrt(2 / n)`` (two arms
+    of per-call spread ``noise``, independent rounds). The cheaper answers (CLOSE; "port a reused
+    buffer", which needs pinning's CLOSE) need these rounds; the gate's cap states which it
+    reaches."""
+    if not (0 <= saving < 1 and 0 < delta < 1 and noise > 0 and cells >= 1
+            and 0 < power < 1 and 0 < confidence < 1):
+        raise ValueError(f"saving must lie in [0, 1) deltas and delta, noise, cells, power and "
+                         f"confidence be valid, got {saving!r}, {delta!r}, {noise!r}, "
+                         f"{cells!r}, {power!r}, {confidence!r}")
+    distance = math.log((1 - saving * delta) / (1 - delta))
+    z = NormalDist().inv_cdf(confidence) + NormalDist().inv_cdf(power ** (1 / cells))
+    return math.ceil(2 * (noise * z / distance) ** 2)
+
+
 DEPENDENCE_CAP = 0.95  # the largest lag-1 correlation read (the factor then is 6.2)
 
 
