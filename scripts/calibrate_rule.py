@@ -33,11 +33,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", action="append", help="a case to run (repeatable)")
     parser.add_argument("--write", action="store_true", help="write the page's table and CSV")
     args = parser.parse_args(argv)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
+                            capture_output=True, check=False).stdout.strip() or "unknown"
     started = time.monotonic()
     table = calibration_cases.cases(trials=args.trials, seed=args.seed, only=args.only)
     took = time.monotonic() - started
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
-                            capture_output=True, check=False).stdout.strip() or "unknown"
     origin = (f"`python3 scripts/calibrate_rule.py --trials {args.trials} --seed {args.seed}` at "
               f"commit {commit}, {took:.0f} s")
     if args.write:
