@@ -67,6 +67,10 @@ def cell_evidence(step: pd.DataFrame, rows: int, vocab: int, k: int, candidate: 
         out["logprobs_step_ms"] = logprobs_ms
         out["logprobs_only_min_speedup"] = (
             decode_ms / (decode_ms - delta * logprobs_ms) if logprobs_ms else None)
+        forward_ms = out["forward_ms"] or 0.0
+        out["forward_only_min_speedup"] = (  # the bar for delta of the forward alone
+            decode_ms / (decode_ms - delta * forward_ms) if 0 < delta * forward_ms < decode_ms
+            else None)
     out["stages_ms"] = _stage_split(cell)
     out["vector_regime"] = vector_regime(cell, baseline)
     arms = (baseline, candidate) if twin is None else (baseline, candidate, twin)
@@ -82,6 +86,17 @@ def cell_evidence(step: pd.DataFrame, rows: int, vocab: int, k: int, candidate: 
               "twin": paired[2] if twin is not None else None,
               "min_speedup": out["min_speedup"], **order_effects(cell, arms)}
     return out, inputs
+
+
+def forward_only_answer(cell: dict[str, Any]) -> str | None:
+    """Where the cell's CI lies against the bar for delta of the forward alone (the bar in ms
+    that does not grow with the host step being measured): ``above``, ``below`` or
+    ``straddles``; None where either is unknown."""
+    bar, low, high = (cell.get("forward_only_min_speedup"), cell.get("ci_low"),
+                      cell.get("ci_high"))
+    if bar is None or low is None or high is None:
+        return None
+    return "above" if low > bar else "below" if high < bar else "straddles"
 
 
 def order_effects(cell: pd.DataFrame, arms: tuple[str, ...]) -> dict[str, Any]:
@@ -136,6 +151,7 @@ def decide_cells(step: pd.DataFrame, named: list[tuple[int, int, int]], candidat
             decision.reason += f" (note: {out['failures']})"
         cell = {**out, **decision.to_dict()}
         cell["saved_ms"] = None if cell["saved_seconds"] is None else 1e3 * cell["saved_seconds"]
+        cell["forward_only_answer"] = forward_only_answer(cell)
         for key in ("saved_seconds", "failures"):
             cell.pop(key)
         cells.append(cell)
@@ -375,6 +391,13 @@ def decide_order(step: pd.DataFrame, named: list[tuple[int, int, int]],
         return {"measured": False, "cells": [], "decision": None, "change": None,
                 "reason": "not measured in this order", "answers": {}}
     bundle, _ = decide_cells(step, here, CANDIDATE, **kwargs)
+    if len(here) < len(named):  # a family of some cells is not the decisive family
+        return {"measured": any(c.get("speedup") is not None for c in bundle),
+                "cells": [_cell_name(c) for c in bundle], "decision": None, "change": None,
+                "reason": f"measured at {len(here)} of the {len(named)} decisive cells, not "
+                          "decided: each cell's answer is shown, but a family answer needs "
+                          "every decisive cell measured in this order",
+                "answers": {_cell_name(c): c["decision"] for c in bundle}}
     decided = overall(bundle)["decision"]
     _, recommendation = answer_questions(step, here, bundle=bundle, **kwargs)
     short = not_a_decision(bundle)

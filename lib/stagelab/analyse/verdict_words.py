@@ -151,6 +151,8 @@ def overlap_note(under: dict[str, dict[str, Any]], assumed: str, other: str,
         if not found["cells"]:
             return f"with the forward {order}: not measured in this run"
         cells = ", ".join(found["cells"])
+        if found["decision"] is None:
+            return f"with the forward {order} ({cells}): {found['reason']}"
         return f"with the forward {order} ({cells}): {found['decision']}, {found['change']}"
 
     flipped = (f"; the {other} order changes the answer at {', '.join(flips)}" if flips else "")

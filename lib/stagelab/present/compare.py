@@ -358,8 +358,10 @@ def overlap_words(block: Any) -> dict[tuple[str, str], str]:
         return {}
     out = {}
     for order, found in (block.get("under") or {}).items():
-        change = (f"{found['decision']}, {found['change']} over {len(found['cells'])} cell(s)"
-                  if found.get("measured") else "not measured")
+        change = ("not measured" if not found.get("measured") else
+                  f"measured at {len(found['cells'])} cell(s), not decided"
+                  if found.get("decision") is None else
+                  f"{found['decision']}, {found['change']} over {len(found['cells'])} cell(s)")
         out[("verdict", f"overlap: {order}")] = change + (
             " (decided)" if order == block.get("assumed") else "")
     out[("verdict", "overlap: seed's order")] = (block.get("seed") or {}).get("order") or "unknown"
