@@ -5,7 +5,7 @@ tables. Torch-free."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -238,7 +238,7 @@ def _figures(cell: Mapping[str, Any]) -> list[dict[str, Any]]:
     return [*cell["stages"], *cell["arms"], *cell["questions"]]
 
 
-def falsification(cells: list[Mapping[str, Any]]) -> dict[str, Any]:
+def falsification(cells: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Each figure's pass or fail under :data:`FALSIFICATION_RULE` (per cell of ``rows``,
     ``vocab``, ``k``: ``held`` True when its measured value lies inside the interval of at least
     one host, None where it was not measured), and the overall answer: ``held`` True (the model
