@@ -248,3 +248,15 @@ def test_the_rounds_a_cheaper_answer_needs_are_stated_and_grow_near_the_bar():
     assert near == pytest.approx(at_half * 6.25, rel=0.05)  # the inverse square of the distance
     with pytest.raises(ValueError, match="saving must lie in"):
         design.rounds_to_close(1.0)
+
+
+def test_the_rule_says_whether_carry_over_and_regimes_reach_the_decision():
+    from stagelab.analyse import verdict_decision
+
+    inputs = {"baseline": [1.0], "candidate": [1.0], "carry_over": {"bias": 0.01, "bias_se": 0.0},
+              "regime": [True], "twin_regime": [True]}
+    assert verdict_decision._as_ruled(inputs, verdict_decision.Rule()) == inputs
+    bare = verdict_decision._as_ruled(inputs, verdict_decision.Rule(carry_over=False,
+                                                                    regimes=False))
+    assert set(bare) == {"baseline", "candidate"}
+    assert verdict_decision.Rule().as_dict()["carry_over"] is True

@@ -188,7 +188,8 @@ class TailRatio(Bootstrap):
         self.rounds = len(baseline)
         self.point = float(np.quantile(baseline, quantile, method="inverted_cdf")
                            / np.quantile(candidate, quantile, method="inverted_cdf"))
-        by_round = (_plain_by_round(self.rounds, n_resamples, seed) if strata is None
+        plain = strata is None or len(np.unique(strata)) < 2
+        by_round = (_plain_by_round(self.rounds, n_resamples, seed) if plain
                     else np.ascontiguousarray(
                         resample_weights(self.rounds, n_resamples, seed, strata).T))
         self.replicates = np.sort(_weighted_quantiles(baseline, by_round, quantile)
