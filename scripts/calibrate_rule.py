@@ -15,6 +15,8 @@ by hand: ``tests/test_calibration.py`` checks that the page shows the CSV's rows
 from __future__ import annotations
 
 import argparse
+import functools
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -26,10 +28,16 @@ from pathlib import Path
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from stagelab.analyse import calibration_cases  # noqa: E402 (after the BLAS setting)
+import pandas as pd  # noqa: E402 (after the BLAS setting)
+
+from stagelab.analyse import calibration_cases  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE, TABLE = ROOT / "docs" / "decision-rule.md", ROOT / "docs" / "calibration.csv"
+
+
+def _one_case(name: str, *, trials: int, seed: int) -> pd.DataFrame:
+    return calibration_cases.cases(trials=trials, seed=seed, only=[name])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,11 +46,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--only", action="append", help="a case to run (repeatable)")
     parser.add_argument("--write", action="store_true", help="write the page's table and CSV")
+    parser.add_argument("--jobs", type=int, default=2, help="processes (one case each at a time)")
     args = parser.parse_args(argv)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
                             capture_output=True, check=False).stdout.strip() or "unknown"
     started = time.monotonic()
-    table = calibration_cases.cases(trials=args.trials, seed=args.seed, only=args.only)
+    names = args.only or [spec[0] for spec in calibration_cases._case_specs(0.02)]
+    with multiprocessing.Pool(args.jobs) as pool:  # each case keeps its own seed
+        parts = pool.map(functools.partial(_one_case, trials=args.trials, seed=args.seed), names)
+    table = pd.concat(parts, ignore_index=True)
     took = time.monotonic() - started
     origin = (f"`python3 scripts/calibrate_rule.py --trials {args.trials} --seed {args.seed}` at "
               f"commit {commit}, {took:.0f} s")

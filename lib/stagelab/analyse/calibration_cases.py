@@ -130,14 +130,20 @@ def _case_specs(delta: float) -> list[tuple[str, str, str, Any]]:
     ] + _noise_cases(delta)
 
 
+# the cases whose rows until resolved are simulated beside the fixed ones: those near the bar,
+# where the stop rule looks at the effect (optional stopping) or the cap decides reachability;
+# far from the bar a cell stops at its first check, and the fixed row is the same sample
+STOPPING_MATTERS = ("at the bar", "0.5 delta", "0.8 delta")
+
+
 def cases(trials: int = 200, *, delta: float = 0.02, seed: int = 0, rounds: int = CASE_ROUNDS,
           max_rounds: int | None = None, until_resolved: bool = True,
           only: Sequence[str] | None = None) -> pd.DataFrame:
     """The issue's cases, each over ``trials`` simulated families of six cells (one where said)
-    at ``rounds`` fixed rounds and, with ``until_resolved``, with rounds until resolved up to
-    ``max_rounds`` (optional stopping, measured): null cells beside saving cells, heavy tails
-    shared by every arm, one-arm stalls, a regressing cell, the three questions' split near and
-    far from the bar. One row per case and rounds: the share counted, its Wilson interval, the
+    at ``rounds`` fixed rounds and, with ``until_resolved``, for the cases near the bar
+    (:data:`STOPPING_MATTERS`), with rounds until resolved up to ``max_rounds`` (optional
+    stopping, measured); ``only``: the cases to run, by name (each keeps its own seed). The
+    cases: :func:`_case_specs`. One row per case and rounds: the share counted, its Wilson interval, the
     median rounds run, the requirement and whether it is met on the interval."""
     if trials < 1:
         raise ValueError(f"trials must be positive, got {trials}")
@@ -146,7 +152,8 @@ def cases(trials: int = 200, *, delta: float = 0.02, seed: int = 0, rounds: int 
     for n, (case, counted, requirement, spec) in enumerate(_case_specs(delta)):
         if only is not None and case not in only:
             continue
-        for cap in (rounds, max_rounds) if until_resolved else (rounds,):
+        stopping = until_resolved and any(word in case for word in STOPPING_MATTERS)
+        for cap in (rounds, max_rounds) if stopping else (rounds,):
             what, detail = spec
             if counted == "recommended":
                 rate = recommendation_rates(*what, rounds=rounds, trials=trials,
