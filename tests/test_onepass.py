@@ -79,7 +79,8 @@ def backend(request):
 
 
 def reference(logits: torch.Tensor, k: int, targets: torch.Tensor) -> dict[str, np.ndarray]:
-    """float64 log-softmax; top-K by value descending then id ascending; rank by counting."""
+    """float64 log-softmax; top-K by value descending then id ascending; rank by counting the
+    logits at or above the target's (vLLM's convention), ties by counting the equal ones."""
     x = logits.double().cpu().numpy()
     lse = np.log(np.exp(x - x.max(1, keepdims=True)).sum(1)) + x.max(1)
     logprobs = x - lse[:, None]
@@ -89,7 +90,7 @@ def reference(logits: torch.Tensor, k: int, targets: torch.Tensor) -> dict[str, 
     return dict(values=np.take_along_axis(logprobs, ids.reshape(len(x), k), 1),
                 ids=ids.reshape(len(x), k), logsumexp=lse,
                 target_logprob=logprobs[np.arange(len(x)), t],
-                target_rank=1 + (x > target[:, None]).sum(1),
+                target_rank=(x >= target[:, None]).sum(1),
                 target_ties=(x == target[:, None]).sum(1))
 
 
@@ -136,7 +137,8 @@ def test_ties_come_in_order_of_lower_id_and_count_in_the_rank(backend):
     logits[1] = 1.0  # a whole row tied
     logits[2, 0] = -0.0  # -0.0 ties with 0.0
     result = run(backend, logits, 20, ids(4, 200), tile=32, splits=2)
-    assert result.target_ties[1] == 200 and result.target_rank[1] == 1
+    assert result.target_ties[1] == 200 and result.target_rank[1] == 200
+    assert result.rank_strict()[1] == 1
 
 
 def test_minus_infinity_masks_and_a_row_with_one_finite_logit(backend):
@@ -149,6 +151,30 @@ def test_minus_infinity_masks_and_a_row_with_one_finite_logit(backend):
     assert result.values[1, 0] == 0.0 and result.ids[1, 0] == 77
     assert torch.isinf(result.values[1, 1:]).all()
     assert result.ids[1, 1:].tolist() == list(range(7))  # -inf ties: lowest ids first
+
+
+def vllm_ranks(logits: torch.Tensor, targets: torch.Tensor) -> np.ndarray:
+    """vLLM's rank, restated here: V1's ``batched_count_greater_than`` and MRv2's
+    ``_ranks_kernel`` count, per row, the fp32 logprobs greater than or equal to the target's."""
+    x = logits.float().cpu().numpy()
+    logprobs = x - np.log(np.exp(x - x.max(1, keepdims=True)).sum(1, keepdims=True)) - x.max(
+        1, keepdims=True)
+    target = logprobs[np.arange(len(x)), targets.cpu().numpy()]
+    return (logprobs >= target[:, None]).sum(1)
+
+
+def test_the_rank_is_vllms_on_tied_bf16_rows(backend):
+    """Before: ``target_rank`` was 1 + the logits strictly above the target's, and differed
+    from vLLM's count on every row whose target ties another logit (61 of 64 bf16 rows at
+    V = 32000). Tile and splits are small so that the ties fall across tiles and slices."""
+    logits = randn(16, 4000, seed=7, dtype=torch.bfloat16)
+    targets = ids(16, 4000, seed=8)
+    result = run(backend, logits, 5, targets, tile=256, splits=3)
+    tied = result.target_ties.cpu().numpy() > 1
+    assert tied.sum() >= 12  # the case this test is for: most targets tie another logit
+    np.testing.assert_array_equal(result.target_rank.cpu().numpy(), vllm_ranks(logits, targets))
+    strict = result.rank_strict().cpu().numpy()
+    assert (strict < result.target_rank.cpu().numpy())[tied].all()
 
 
 def test_bf16_logits_are_read_as_they_are(backend):
@@ -208,13 +234,12 @@ def test_without_targets_only_the_top_k_and_logsumexp(backend):
     want = reference(logits, 4, torch.zeros(2, dtype=torch.int64))
     np.testing.assert_array_equal(result.ids.cpu().numpy(), want["ids"])
     with pytest.raises(ValueError, match="targets"):
-        result.rank_counting_ties()
+        result.rank_strict()
 
 
 def test_the_split_plan_leaves_no_slice_empty():
     for vocab, tile, splits in [(300, 64, 3), (300, 64, 5), (65, 64, 7), (1, 64, 4)]:
-        block, _, parts, span = onepass.launch_plan(1, vocab, 5, tile, splits,
-                                                    torch.device("cpu"))
+        block, _, parts, span = onepass.launch_plan(1, vocab, 5, tile, splits, slots=2)
         assert 1 <= parts <= splits and (parts - 1) * span < vocab <= parts * span
         assert span % block == 0
 
@@ -247,7 +272,8 @@ def test_folded_ties_come_in_order_of_lower_id_and_count_in_the_rank(backend):
     logits[1] = 1.0
     logits[2, 0] = -0.0
     result = fold(backend, logits, 20, ids(4, 200), tile=32)
-    assert result.target_ties[1] == 200 and result.target_rank[1] == 1
+    assert result.target_ties[1] == 200 and result.target_rank[1] == 200
+    assert result.rank_strict()[1] == 1
 
 
 def test_folded_minus_infinity_masks_and_a_row_with_one_finite_logit(backend):
