@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 
+from stagelab.core import launches
 from stagelab.measure import logprobs as lp
 from stagelab.measure import onepass
 
@@ -239,7 +240,7 @@ def test_without_targets_only_the_top_k_and_logsumexp(backend):
 
 def test_the_split_plan_leaves_no_slice_empty():
     for vocab, tile, splits in [(300, 64, 3), (300, 64, 5), (65, 64, 7), (1, 64, 4)]:
-        block, _, parts, span = onepass.launch_plan(1, vocab, 5, tile, splits, slots=2)
+        block, _, parts, span = launches.launch_plan(1, vocab, 5, tile, splits, slots=2)
         assert 1 <= parts <= splits and (parts - 1) * span < vocab <= parts * span
         assert span % block == 0
 
@@ -417,3 +418,74 @@ def test_read_rates_on_a_cpu_say_no_kernel_and_no_hbm_ran():
     for row in found:
         assert row["backend"] == "torch" and row["hbm_share"] is None and row["note"]
         assert row["read_gbps"] == pytest.approx(2 * 300 * 4 / row["seconds"] / 1e9)
+
+
+class _RecordingClock:
+    """A host clock that records what happens while it runs: allocations by torch.empty."""
+
+    def __init__(self, log):
+        self.log = log
+
+    def start(self):
+        self.log.append("start")
+
+    def stop(self):
+        self.log.append("stop")
+        return 1.0
+
+
+def test_the_read_rate_interval_holds_the_launches_alone(interpreted, monkeypatch):
+    """Before: the start event was recorded before the host allocated the outputs and launched,
+    so at n <= 64 the read rate timed the host. Now every output is allocated before the
+    interval, and only the kernel's launches run inside it."""
+    name, device = "triton", interpreted
+    logits, targets = randn(2, 300).to(device), ids(2, 300).to(device)
+    log = []
+    real_empty = torch.empty
+
+    def empty(*args, **kwargs):
+        log.append("alloc")
+        return real_empty(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "empty", empty)
+    launches = []
+    real_run = onepass.run_launch
+    monkeypatch.setattr(onepass, "run_launch",
+                        lambda launch, pointers: (log.append("launch"), launches.append(launch),
+                                                  real_run(launch, pointers)))
+    monkeypatch.setattr(onepass, "HostClock", lambda: _RecordingClock(log))
+    onepass._median_call_seconds(logits, 3, targets, name, "warm", repeats=2, warmup=1)
+    first = log.index("start")
+    assert "alloc" in log[:first] and "launch" not in log[:first]
+    inside = [event for event in log[first:] if event not in ("start", "stop")]
+    assert inside and set(inside) == {"launch"}
+    assert len(launches) == 3 * len(launches.triton_launches(2, 300, 3, True, None, None,
+                                                            onepass.program_slots(
+                                                                logits.device)))
+
+
+def test_the_device_clock_queues_a_sleep_before_its_start_event(monkeypatch):
+    """The host's launches sit behind a sleep kernel queued before the start event, so the
+    interval opens on the device only once they are queued."""
+    log = []
+
+    class Event:
+        def __init__(self, enable_timing):
+            self.name = f"event{len(log)}"
+
+        def record(self):
+            log.append(("record", self.name))
+
+        def synchronize(self):
+            log.append(("sync", self.name))
+
+        def elapsed_time(self, other):
+            return 2.0
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: log.append(("sleep", cycles)))
+    clock = onepass.DeviceClock()
+    clock.start()
+    assert log == [("sleep", onepass.SLEEP_CYCLES), ("record", clock.begin.name)]
+    assert clock.stop() == pytest.approx(2e-3)
+    assert log[-2:] == [("record", clock.end.name), ("sync", clock.end.name)]

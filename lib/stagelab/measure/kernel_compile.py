@@ -2,7 +2,7 @@
 
 ``triton.compile`` with an explicit ``GPUTarget`` needs no GPU: Triton's wheel bundles ptxas,
 ``cuobjdump`` and ``nvdisasm``. Each launch the measuring code makes
-(:func:`stagelab.measure.onepass.triton_launches` and the fold's) is compiled as Triton's runtime
+(:func:`stagelab.core.launches.triton_launches` and the fold's) is compiled as Triton's runtime
 would specialise it (an int argument equal to 1 becomes a constant, one divisible by 16 is marked
 so, every pointer 16-byte aligned, as torch allocates), and its cubin is read for: registers per
 thread, spilled bytes (ptxas's local memory; 0 when nothing spills), shared memory, CTAs per SM

@@ -4,8 +4,8 @@ The lease lends an H200 (CUDA sm_90, 132 SMs). At the shapes its profiles and th
 grid take (rows 1/16/64/256; vocabularies 32,000, 152,064 and 262,144; k 0/1/5/20/64/1024;
 fp32, bf16 and fp16 logits; the ``head_fused`` tiles 1024-8192 and the ragged last tile of each
 vocabulary), :func:`launched_variants` lists the launches of
-:func:`stagelab.measure.onepass.triton_launches`, :func:`~stagelab.measure.onepass.fold_launch`
-and :func:`~stagelab.measure.onepass.finish_launch`, typed as the callers type their tensors,
+:func:`stagelab.core.launches.triton_launches`, :func:`~stagelab.core.launches.fold_launch`
+and :func:`~stagelab.core.launches.finish_launch`, typed as the callers type their tensors,
 once per distinct specialisation (shapes repeat specialisations): the input of
 :mod:`stagelab.measure.kernel_compile`.
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from stagelab.measure import onepass
+from stagelab.core import launches
 
 LEASE_SMS = 132  # an H200's SMs
 ROWS = (1, 16, 64, 256)
@@ -45,7 +45,7 @@ KERNEL_POINTERS = dict(
 KERNEL_POINTERS["merge_kernel"] = KERNEL_POINTERS["onepass_kernel"]
 
 
-def spec_of(launch: onepass.Launch, dtype: str) -> dict[str, Any]:
+def spec_of(launch: launches.Launch, dtype: str) -> dict[str, Any]:
     """A compile spec: the launch's kernel, ints, constexprs and warps, its pointers typed."""
     pointers = {name: dtype if POINTER_TYPES[name] == "logits" else POINTER_TYPES[name]
                 for name in KERNEL_POINTERS[launch.kernel]}
@@ -63,19 +63,19 @@ def specialisation(spec: dict[str, Any]) -> str:
                        spec["num_warps"]], sort_keys=True)
 
 
-def step_launches(sms: int = LEASE_SMS) -> list[tuple[str, onepass.Launch]]:
+def step_launches(sms: int = LEASE_SMS) -> list[tuple[str, launches.Launch]]:
     """``(where, launch)`` of every one-pass call at the grid's shapes (with targets)."""
     found = []
     for rows in ROWS:
         for vocab in VOCABS:
             for k in KS:
-                for launch in onepass.triton_launches(rows, vocab, k, True, None, None,
+                for launch in launches.triton_launches(rows, vocab, k, True, None, None,
                                                       2 * sms):
                     found.append((f"n={rows} V={vocab} k={k}", launch))
     return found
 
 
-def fold_launches() -> list[tuple[str, onepass.Launch]]:
+def fold_launches() -> list[tuple[str, launches.Launch]]:
     """``(where, launch)`` of every ``head_fused`` fold and finish at the grid's tiles: each
     full tile, and the ragged last one of each vocabulary."""
     found = []
@@ -85,11 +85,11 @@ def fold_launches() -> list[tuple[str, onepass.Launch]]:
                 widths = {tile, vocab % tile or tile}
                 for width in sorted(widths):
                     found.append((f"V={vocab} tile={tile} width={width} k={k}",
-                                  onepass.fold_launch(HEAD_CHUNK, width, vocab - width, k,
+                                  launches.fold_launch(HEAD_CHUNK, width, vocab - width, k,
                                                       True)))
                 found.append((f"V={vocab} tile={tile} k={k}",
-                              onepass.fold_launch(HEAD_CHUNK, tile, 0, k, True)))
-                found.append((f"k={k}", onepass.finish_launch(HEAD_CHUNK, k, True)))
+                              launches.fold_launch(HEAD_CHUNK, tile, 0, k, True)))
+                found.append((f"k={k}", launches.finish_launch(HEAD_CHUNK, k, True)))
     return found
 
 
