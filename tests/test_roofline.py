@@ -67,3 +67,30 @@ def test_the_committed_figures_predict_every_goal_shape_as_a_model():
         assert 0 < row["model_low"] <= row["model_high"] <= 1 and "model" in row["note"]
         assert row["triton"].startswith(roofline.LEASE_TRITON + ".")
         assert math.isfinite(row["instructions_per_logit"])
+
+
+def test_the_read_rate_table_shows_the_model_beside_the_measured_share(monkeypatch):
+    import pandas as pd
+
+    from stagelab.analyse import step_analysis
+    from stagelab.core import schema
+
+    monkeypatch.setattr(roofline, "compiled_variants",
+                        lambda: (variant(64, 152064, 5, "bf16"),))
+    frame = pd.DataFrame([dict(metric=schema.READ_RATE, status="ok", stage=f"l2_{l2}", rows=64,
+                               vocab=152064, k=k, dtype="bfloat16", bytes=64 * 152064 * 2,
+                               seconds=1e-4, value=0.4, note="")
+                          for l2 in ("warm", "cold") for k in (5, 20)])
+    table = step_analysis.read_rate_table(frame)
+    model = table["model_hbm_percent_h200"].tolist()
+    assert model[0] == model[2] and model[0].endswith(" %") and "-" in model[0]
+    assert model[1].startswith("no model")  # k = 20's variant was not compiled here
+
+
+def test_predict_words_name_the_model_and_skip_gpus_not_modelled(monkeypatch):
+    monkeypatch.setattr(roofline, "compiled_variants",
+                        lambda: tuple(variant(64, 152064, 5, d) for d in ("fp32", "bf16")))
+    words = roofline.one_pass_words("H200", [(64, 152064, 5), (64, 152064, 5)])
+    assert "not measured" in words and words.count("n=64 V=152064 k=5") == 1
+    assert words.count(" %") == 2
+    assert roofline.one_pass_words("L4", [(64, 152064, 5)]) == ""

@@ -30,7 +30,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from stagelab.core import launches, paths
+from stagelab.core import forward, launches, paths
 
 COMPILE_FILE = paths.DATA_DIR / "kernel_compile.json"
 LEASE_TRITON = "3.6"  # the Triton the lease image runs: its cubins are the model's input
@@ -43,7 +43,8 @@ GOAL = 0.70  # issue 44's goal: the model at >= 70 % of HBM at n >= 64, V = 152,
 @dataclass(frozen=True)
 class Gpu:
     """What the model needs of a GPU: its datasheet figures (HBM GB/s, SMs, boost clock GHz)
-    and the compute capability its cubins were compiled for."""
+    and the compute capability its cubins were compiled for; named as ``data/platforms.csv``
+    names its platform."""
 
     name: str
     hbm_gbps: float
@@ -52,8 +53,10 @@ class Gpu:
     arch: int
 
 
-GPUS = {"H200": Gpu("H200", 4800.0, 132, 1.98, 90),
-        "H100 SXM": Gpu("H100 SXM", 3350.0, 132, 1.98, 90)}
+GPUS = {"H200": Gpu("H200", forward.peak_bandwidth_gbps("H200") or 0.0, 132, 1.98, 90),
+        "H100 SXM": Gpu("H100 SXM", forward.peak_bandwidth_gbps("H100 80GB HBM3") or 0.0, 132,
+                        1.98, 90)}
+DTYPE_NAMES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}  # torch's: the model's
 
 
 @cache
@@ -134,3 +137,26 @@ def grid(gpu_name: str = "H200", rows: tuple[int, ...] = (1, 16, 64, 256),
     """:func:`predict_range` over the goal's shapes."""
     return [predict_range(n, vocab, k, dtype, gpu_name, variants)
             for dtype in dtypes for k in ks for n in rows]
+
+
+def percent_range(rows: int, vocab: int, k: int, dtype: str, gpu_name: str = "H200") -> str:
+    """The model's share of HBM as ``"low-high %"`` (``dtype`` torch's name or the model's),
+    or why there is none."""
+    try:
+        found = predict_range(rows, vocab, k, DTYPE_NAMES.get(dtype, dtype), gpu_name)
+    except (LookupError, KeyError) as exc:
+        return f"no model ({exc})"[:120]
+    return f"{100 * found['model_low']:.0f}-{100 * found['model_high']:.0f} %"
+
+
+def one_pass_words(gpu_name: str, cells: list[tuple[int, int, int]]) -> str:
+    """One line for ``stagelab predict``: the one-pass kernel's modelled share of HBM on
+    ``gpu_name`` at each ``(n, V, k)``, fp32 and bf16 logits; empty for a GPU not modelled."""
+    if gpu_name not in GPUS or not compiled_variants():
+        return ""
+    parts = [f"n={n} V={vocab} k={k}: fp32 {percent_range(n, vocab, k, 'fp32', gpu_name)}, "
+             f"bf16 {percent_range(n, vocab, k, 'bf16', gpu_name)}"
+             for n, vocab, k in dict.fromkeys(cells)]
+    return (f"  one-pass kernel, a model from its Triton {LEASE_TRITON} cubins (not measured; "
+            f"latency {min(LATENCY_NS):g}-{max(LATENCY_NS):g} ns assumed), share of HBM: "
+            + "; ".join(parts))
