@@ -56,10 +56,13 @@ def triton_python(version: str, cache: Path = ROOT / ".cache") -> Path:
 
 
 def compile_with(python: Path, specs: list[dict], archs: tuple[int, ...], workers: int,
-                 cache: Path = ROOT / ".cache") -> list[dict]:
-    """The figures of every spec for every architecture, compiled by ``python``'s Triton."""
+                 cache: Path = ROOT / ".cache", out: Path | None = None) -> list[dict]:
+    """The figures of every spec for every architecture, compiled by ``python``'s Triton
+    (appended to ``out`` as JSON lines as they come, where given)."""
     with tempfile.TemporaryDirectory() as folder:
-        specs_path, out_path = Path(folder) / "specs.json", Path(folder) / "out.json"
+        specs_path = Path(folder) / "specs.json"
+        out_path = out or Path(folder) / "out.jsonl"
+        start = len(_lines(out_path))
         specs_path.write_text(json.dumps(specs))
         version = subprocess.run([str(python), "-c", "import triton; print(triton.__version__)"],
                                  check=True, capture_output=True, text=True).stdout.strip()
@@ -69,7 +72,14 @@ def compile_with(python: Path, specs: list[dict], archs: tuple[int, ...], worker
         env.pop("TRITON_INTERPRET", None)
         subprocess.run([str(python), "-m", "stagelab.measure.kernel_compile", str(specs_path),
                         str(out_path), *map(str, archs)], check=True, env=env)
-        return json.loads(out_path.read_text())
+        return _lines(out_path)[start:]
+
+
+def _lines(path: Path) -> list[dict]:
+    """The rows of a JSON-lines file (none where it does not exist)."""
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def failures(found: list[dict]) -> list[str]:
@@ -91,12 +101,17 @@ def variant_label(row: dict) -> str:
 def table(found: list[dict], when: datetime) -> str:
     """The per-variant markdown table, with its date and the Triton versions."""
     versions = sorted({r["triton"] for r in found})
+    from stagelab.measure import kernel_variants
+
+    launched = len(kernel_variants.launched_variants())
+    counts = ", ".join(f"Triton {v}: {sum(r['triton'] == v for r in found)} of {launched}"
+                       for v in versions)
     lines = ["<!-- written by scripts/kernel_compile_check.py --write; never by hand -->",
              "# The one-pass kernels compiled for the lease's GPU",
              "",
              f"Compiled {when:%Y-%m-%d %H:%M} UTC ahead of time (no GPU) by Triton "
-             f"{' and '.join(versions)}: {len(found)} compilations, "
-             f"{len(failures(found))} failed or spilled. Figures read from each cubin with "
+             f"{' and '.join(versions)}: {len(found)} compilations ({counts} launched "
+             f"variants), {len(failures(found))} failed or spilled. Figures read from each cubin with "
              "the cuobjdump Triton bundles; CTAs per SM from the architecture's limits; "
              "loop: the tile loop's SASS instructions, guard: its path without the top-K "
              "merge. Registers and CTAs bound how many bytes an SM keeps in flight "
@@ -113,18 +128,16 @@ def table(found: list[dict], when: datetime) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run_check(archs: tuple[int, ...], workers: int, tritons: tuple[str, ...] | None = None
-              ) -> list[dict]:
-    """Every launched variant compiled by each Triton (None: the installed one and the
-    lease's) for each architecture."""
+def run_check(archs: tuple[int, ...], workers: int, out: Path | None = None) -> list[dict]:
+    """Every launched variant compiled for each architecture by the lease's Triton, then by
+    the installed one (rows appended to ``out`` as they come, where given)."""
     sys.path.insert(0, str(ROOT / "lib"))
     from stagelab.measure import kernel_variants
 
     specs = kernel_variants.launched_variants()
-    pythons = [Path(sys.executable)] + [triton_python(v) for v in (tritons or (LEASE_TRITON,))]
     found = []
-    for python in pythons:
-        found += compile_with(python, specs, archs, workers)
+    for python in (triton_python(LEASE_TRITON), Path(sys.executable)):
+        found += compile_with(python, specs, archs, workers, out=out)
     return found
 
 
@@ -134,8 +147,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--write", action="store_true",
                         help=f"write {DOC.relative_to(ROOT)} and {DATA.relative_to(ROOT)}")
+    parser.add_argument("--rows", type=Path, help="append each row here as it comes (JSON "
+                        "lines); with --from-rows, write the table from such a file instead")
+    parser.add_argument("--from-rows", action="store_true")
     args = parser.parse_args(argv)
-    found = run_check(tuple(args.arch or (90,)), args.workers)
+    found = (_lines(args.rows) if args.from_rows and args.rows
+             else run_check(tuple(args.arch or (90,)), args.workers, args.rows))
     if args.write:
         when = datetime.now(UTC)
         DOC.write_text(table(found, when))

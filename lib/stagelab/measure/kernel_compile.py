@@ -11,7 +11,7 @@ guard's path: the loop without the largest block it branches over, the top-K's m
 
 Imports the standard library and Triton only, so that it runs in a small environment holding
 nothing but another Triton (the lease image's): ``python -m stagelab.measure.kernel_compile
-SPECS.json OUT.json`` with ``lib`` on ``PYTHONPATH``; the specs are made by
+SPECS.json OUT.jsonl`` with ``lib`` on ``PYTHONPATH``; the specs are made by
 :func:`stagelab.measure.kernel_variants.launched_variants`.
 """
 
@@ -147,22 +147,25 @@ def _compile_job(job: tuple[dict[str, Any], int]) -> dict[str, Any]:
     return compile_one(*job)
 
 
-def compile_all(specs: list[dict[str, Any]], archs: tuple[int, ...], workers: int
-                ) -> list[dict[str, Any]]:
-    """Every spec for every architecture, ``workers`` processes at once, in the specs' order."""
+def compile_all(specs: list[dict[str, Any]], archs: tuple[int, ...], workers: int,
+                out: Path) -> None:
+    """Every spec for every architecture, ``workers`` processes at once, in the specs' order,
+    each row appended to ``out`` (JSON lines) as it comes, so that a run cut short keeps what
+    it compiled."""
     jobs = [(spec, arch) for arch in archs for spec in specs]
-    with ProcessPoolExecutor(max_workers=max(1, workers)) as pool:
-        return list(pool.map(_compile_job, jobs))
+    with ProcessPoolExecutor(max_workers=max(1, workers)) as pool, out.open("a") as sink:
+        for row in pool.map(_compile_job, jobs):
+            sink.write(json.dumps(row) + "\n")
+            sink.flush()
 
 
 def main(argv: list[str]) -> int:
-    """``SPECS.json OUT.json [ARCH ...]``: compile, write the figures, exit 0 (a failed
+    """``SPECS.json OUT.jsonl [ARCH ...]``: compile, append the figures, exit 0 (a failed
     compile is a row with ``compiles`` False, for the caller to judge)."""
     specs_path, out_path, *archs = argv
     specs = json.loads(Path(specs_path).read_text())
     workers = int(os.environ.get("STAGELAB_COMPILE_WORKERS", "2"))
-    found = compile_all(specs, tuple(int(a) for a in archs) or (90,), workers)
-    Path(out_path).write_text(json.dumps(found, indent=1))
+    compile_all(specs, tuple(int(a) for a in archs) or (90,), workers, Path(out_path))
     return 0
 
 
