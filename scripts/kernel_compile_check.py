@@ -59,20 +59,41 @@ def compile_with(python: Path, specs: list[dict], archs: tuple[int, ...], worker
                  cache: Path = ROOT / ".cache", out: Path | None = None) -> list[dict]:
     """The figures of every spec for every architecture, compiled by ``python``'s Triton
     (appended to ``out`` as JSON lines as they come, where given)."""
+    from stagelab.measure.kernel_variants import specialisation
+
     with tempfile.TemporaryDirectory() as folder:
         specs_path = Path(folder) / "specs.json"
         out_path = out or Path(folder) / "out.jsonl"
-        start = len(_lines(out_path))
-        specs_path.write_text(json.dumps(specs))
         version = subprocess.run([str(python), "-c", "import triton; print(triton.__version__)"],
                                  check=True, capture_output=True, text=True).stdout.strip()
+        done = {specialisation(row): row for row in _lines(out_path) if row["triton"] == version
+                and row["arch"] in archs}
+        wanted = {specialisation(spec) for spec in specs}
+        specs = [spec for spec in specs if specialisation(spec) not in done]
+        start = len(_lines(out_path))
+        specs_path.write_text(json.dumps(specs))
         env = dict(os.environ, PYTHONPATH=str(ROOT / "lib"), STAGELAB_COMPILE_WORKERS=str(workers),
                    TRITON_CACHE_DIR=str(cache / "triton-compile" / version),
                    TRITON_DEFAULT_FP_FUSION="1")
         env.pop("TRITON_INTERPRET", None)
-        subprocess.run([str(python), "-m", "stagelab.measure.kernel_compile", str(specs_path),
-                        str(out_path), *map(str, archs)], check=True, env=env)
-        return _lines(out_path)[start:]
+        if specs:
+            subprocess.run([str(python), "-m", "stagelab.measure.kernel_compile",
+                            str(specs_path), str(out_path), *map(str, archs)], check=True,
+                           env=env)
+        kept = [row for key, row in done.items() if key in wanted]
+        return kept + _lines(out_path)[start:]
+
+
+def current_rows(path: Path) -> list[dict]:
+    """The rows of ``path`` that compiled a variant launched today (the last of each), the
+    lease's Triton first."""
+    sys.path.insert(0, str(ROOT / "lib"))
+    from stagelab.measure.kernel_variants import launched_variants, specialisation
+
+    wanted = {specialisation(spec) for spec in launched_variants()}
+    latest = {(row["triton"], row["arch"], specialisation(row)): row for row in _lines(path)}
+    return sorted((row for key, row in latest.items() if key[2] in wanted),
+                  key=lambda row: not row["triton"].startswith(LEASE_TRITON + "."))
 
 
 def _lines(path: Path) -> list[dict]:
@@ -151,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
                         "lines); with --from-rows, write the table from such a file instead")
     parser.add_argument("--from-rows", action="store_true")
     args = parser.parse_args(argv)
-    found = (_lines(args.rows) if args.from_rows and args.rows
+    found = (current_rows(args.rows) if args.from_rows and args.rows
              else run_check(tuple(args.arch or (90,)), args.workers, args.rows))
     if args.write:
         when = datetime.now(UTC)

@@ -39,9 +39,14 @@ def launch_plan(rows: int, vocab: int, k: int, tile: int | None, splits: int | N
     return block, k_pad, math.ceil(vocab / span), span
 
 
-def warps_for(block: int) -> int:
-    """Warps per program of a kernel walking ``block``-wide tiles."""
-    return 8 if block >= 4096 else 4
+WIDE_TOP_K = 1024  # from this padded top-K on, a program takes 8 warps
+
+
+def warps_for(block: int, k_pad: int) -> int:
+    """Warps per program of a kernel walking ``block``-wide tiles with a ``k_pad`` top-K: 8
+    for wide tiles, and for the widest top-K, whose keys and tile on 4 warps spilled (Triton
+    3.6, sm_90, fp32, unsplit: 128 registers and 8 bytes of stack, ``docs/kernels.md``)."""
+    return 8 if block >= 4096 or k_pad >= WIDE_TOP_K else 4
 
 
 @dataclass(frozen=True)
@@ -70,7 +75,7 @@ def triton_launches(rows: int, vocab: int, k: int, with_targets: bool, tile: int
     flags = dict(K_PAD=k_pad, TOPK=k > 0, HAS_TARGET=with_targets)
     first = Launch("onepass_kernel", (rows, parts),
                    dict(stride_row=stride_row, vocab=vocab, k=k, span=span),
-                   dict(BLOCK=block, SPLIT=parts > 1, **flags), warps_for(block))
+                   dict(BLOCK=block, SPLIT=parts > 1, **flags), warps_for(block, k_pad))
     if parts == 1:
         return [first]
     return [first, Launch("merge_kernel", (rows,), dict(stride_row=stride_row, k=k, parts=parts),
@@ -87,7 +92,7 @@ def fold_launch(rows: int, width: int, first_id: int, k: int, with_targets: bool
     return Launch("fold_kernel", (rows,),
                   dict(stride_row=stride_row, width=width, first_id=first_id),
                   dict(BLOCK=block, K_PAD=k_pad, TOPK=k > 0, HAS_TARGET=with_targets),
-                  warps_for(block))
+                  warps_for(block, k_pad))
 
 
 def finish_launch(rows: int, k: int, with_targets: bool) -> Launch:
