@@ -128,7 +128,10 @@ def cubin_figures(cubin: bytes, arch: int, warps: int) -> dict[str, int]:
         path.write_bytes(cubin)
         usage = _cuobjdump("--dump-resource-usage", path)
         sass = _cuobjdump("-sass", path)
-    registers, stack, shared, local = (int(v) for v in RESOURCES.search(usage).groups())
+    found = RESOURCES.search(usage)
+    if found is None:
+        raise RuntimeError(f"cuobjdump gave no resource usage: {usage[:200]!r}")
+    registers, stack, shared, local = (int(v) for v in found.groups())
     loop, guard = loop_instructions(sass)
     return dict(registers=registers, spill_bytes=local + stack, shared_bytes=shared,
                 ctas_per_sm=ctas_per_sm(arch, registers, warps, shared),

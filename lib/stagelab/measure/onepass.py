@@ -86,7 +86,7 @@ class OnePass:
     def into(self, out: lp.LogprobsTensors, targets: torch.Tensor) -> lp.LogprobsTensors:
         """Write these results into ``[n, K+1]`` :class:`LogprobsTensors` (column 0 the
         target, its rank vLLM's, as ``target_rank``); returns ``out``."""
-        if self.target_logprob is None:
+        if self.target_logprob is None or self.target_rank is None:
             raise ValueError("into needs the targets: call with targets=")
         out.logprob_token_ids[:, 0] = targets
         out.logprob_token_ids[:, 1:] = self.ids
@@ -571,7 +571,7 @@ def l2_flush(device: torch.device) -> Callable[[], None]:
     sink = torch.empty((), dtype=torch.float32, device=device)
 
     def flush() -> None:
-        torch.sum(buffer, out=sink)
+        torch.sum(buffer, dim=0, out=sink)
 
     return flush
 
