@@ -452,10 +452,10 @@ def test_the_read_rate_interval_holds_the_launches_alone(interpreted, monkeypatc
         return real_empty(*args, **kwargs)
 
     monkeypatch.setattr(torch, "empty", empty)
-    launches = []
+    ran = []
     real_run = onepass.run_launch
     monkeypatch.setattr(onepass, "run_launch",
-                        lambda launch, pointers: (log.append("launch"), launches.append(launch),
+                        lambda launch, pointers: (log.append("launch"), ran.append(launch),
                                                   real_run(launch, pointers)))
     monkeypatch.setattr(onepass, "HostClock", lambda: _RecordingClock(log))
     onepass._median_call_seconds(logits, 3, targets, name, "warm", repeats=2, warmup=1)
@@ -463,7 +463,7 @@ def test_the_read_rate_interval_holds_the_launches_alone(interpreted, monkeypatc
     assert "alloc" in log[:first] and "launch" not in log[:first]
     inside = [event for event in log[first:] if event not in ("start", "stop")]
     assert inside and set(inside) == {"launch"}
-    assert len(launches) == 3 * len(launches.triton_launches(2, 300, 3, True, None, None,
+    assert len(ran) == 3 * len(launches.triton_launches(2, 300, 3, True, None, None,
                                                             onepass.program_slots(
                                                                 logits.device)))
 
