@@ -16,7 +16,7 @@ import argparse
 from collections.abc import Mapping
 from typing import Any
 
-from stagelab.analyse import predict_model, predict_tables
+from stagelab.analyse import predict_model, predict_tables, roofline
 from stagelab.analyse.predict_study import host_choice, model_table, predictions
 from stagelab.core import catalogue, forward, schema
 from stagelab.core.errors import UserError
@@ -176,5 +176,9 @@ def main(args: argparse.Namespace) -> int:
         print(lines)
     for entry in predictions(chosen, cells, choice, args.delta):
         print(format_platform(entry))
+    for platform in chosen:
+        words = roofline.one_pass_words(platform.name, [(c.rows, c.vocab, c.k) for c in cells])
+        if words:
+            print(f"{platform.name}:\n{words}")
     return 0
 
