@@ -107,3 +107,31 @@ def launched_variants(sms: int = LEASE_SMS) -> list[dict[str, Any]]:
                 variants[key] = dict(spec, where=f"{dtype} {where}", shapes=1)
     order = list(KERNEL_POINTERS)  # the step's kernels first: the roofline reads them
     return sorted(variants.values(), key=lambda spec: order.index(spec["kernel"]))
+
+
+def k_class(spec: dict[str, Any]) -> str:
+    """How a spec's top-K shapes its code: none, the merge network at most 64 wide, or the
+    1024-wide one (the registers' worst case)."""
+    flags = spec["constexprs"]
+    if not flags["TOPK"]:
+        return "none"
+    return "wide" if flags["K_PAD"] >= 1024 else "narrow"
+
+
+def representative_key(spec: dict[str, Any]) -> tuple[str, str, bool, str, bool]:
+    """What a representative stands for: the kernel, the logits' dtype, split or not, the
+    k-class (:func:`k_class`) and whether a fold's tile is masked (its width short of BLOCK)."""
+    flags, ints = spec["constexprs"], spec["scalars"]
+    masked = "width" in ints and ints["width"] < flags["BLOCK"]
+    return (spec["kernel"], spec["pointers"].get("x_ptr", ""), bool(flags.get("SPLIT")),
+            k_class(spec), masked)
+
+
+def representative_variants(sms: int = LEASE_SMS) -> list[dict[str, Any]]:
+    """The first launched variant (in :func:`launched_variants`' order) of each distinct
+    :func:`representative_key`: a compile check that sees every kind of code the kernels
+    generate in a fraction of the full list's time."""
+    chosen: dict[tuple[str, str, bool, str, bool], dict[str, Any]] = {}
+    for spec in launched_variants(sms):
+        chosen.setdefault(representative_key(spec), spec)
+    return list(chosen.values())
