@@ -370,7 +370,8 @@ def test_every_stagelab_command_of_the_readme_is_exercised_by_a_test():
 # Where each make target of the README is exercised.
 MAKE_TARGETS = {"run": "scripts/bench_fresh_clone.py", "test": ".ci/run", "check": ".ci/run",
                 "lab": "test_make_lab_as_root_starts_and_answers",
-                "setup": "test_a_fresh_clone_sets_up_lean_with_the_cpu_index_unreachable"}
+                "setup": "test_a_fresh_clone_sets_up_lean_with_the_cpu_index_unreachable",
+                "clean": "test_make_setup_passes_the_torch_index_on"}
 
 
 def test_every_make_target_of_the_readme_exists_and_is_exercised():
@@ -404,3 +405,36 @@ def test_make_help_lists_every_target_with_what_it_does():
     assert set(listed) == set(phony.split()[1:])  # every target, nothing else
     assert all(words.strip() for words in listed.values())
     assert _make("--no-print-directory").stdout == done.stdout  # `make` alone says it too
+
+
+def test_a_torch_index_given_is_where_torch_comes_from_gpu_or_not():
+    cu126 = "https://download.pytorch.org/whl/cu126"
+    for gpu in (True, False):
+        choice = setup_venv.choose_torch(gpu=gpu, cpu_index="http://unused",
+                                         reachable=lambda _url: False, torch_index=cu126)
+        assert (choice.requirement, choice.index_url) == (setup_venv.GPU_TORCH, cu126)
+    cpu = setup_venv.choose_torch(gpu=True, cpu_index="http://unused",
+                                  torch_index="https://download.pytorch.org/whl/cpu/")
+    assert cpu.requirement == setup_venv.CPU_TORCH
+
+
+def test_the_driver_is_read_from_nvidia_smi_and_a_too_new_cuda_build_is_named():
+    header = ("| NVIDIA-SMI 550.54.15    Driver Version: 550.54.15    CUDA Version: 12.4     |")
+    driver = setup_venv.read_driver(header)
+    assert (driver.version, driver.cuda, driver.cuda_major) == ("550.54.15", "12.4", 12)
+    assert setup_venv.read_driver("No devices were found") is None
+    assert setup_venv.driver_fit(driver, "12.8") is None  # minor version compatibility
+    advice = setup_venv.driver_fit(driver, "13.0")
+    assert "driver >= 580" in advice and "TORCH_INDEX=https://download.pytorch.org/whl/cu126" in advice
+
+
+def test_make_setup_passes_the_torch_index_on():
+    dry = subprocess.run(["make", "-n", "-B", "setup", "TORCH_INDEX=http://example.invalid/cu126"],
+                         cwd=paths.REPO_ROOT, capture_output=True, text=True).stdout
+    assert "--torch-index 'http://example.invalid/cu126'" in dry
+    plain = subprocess.run(["make", "-n", "-B", "setup"], cwd=paths.REPO_ROOT,
+                           capture_output=True, text=True).stdout
+    assert "--torch-index" not in plain
+    cleaned = subprocess.run(["make", "-n", "clean", "VENV=/nonexistent/venv"],
+                             cwd=paths.REPO_ROOT, capture_output=True, text=True).stdout
+    assert cleaned.split() == ["rm", "-rf", "/nonexistent/venv"]  # the README's `make clean setup`
