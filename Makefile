@@ -77,7 +77,8 @@ check: $(VENV)/.extra-test ## lint, types and the fast tests, on every core
 
 lab: $(VENV)/.extra-lab ## JupyterLab on notebooks/ with the project's kernel (LAB_ARGS passes options)
 	JUPYTER_CONFIG_PATH="$(CURDIR)/jupyter$${JUPYTER_CONFIG_PATH:+:$$JUPYTER_CONFIG_PATH}" \
-	  $(VENV)/bin/jupyter lab --notebook-dir=notebooks $(ALLOW_ROOT) $(LAB_ARGS)
+	  $(VENV)/bin/jupyter lab --notebook-dir=notebooks $(ALLOW_ROOT) \
+	  --LabApp.app_settings_dir='$(CURDIR)/jupyter/lab' $(LAB_ARGS)
 
 clean: ## remove .venv
 	rm -rf $(VENV)

@@ -214,6 +214,51 @@ def test_the_projects_jupyter_config_strips_outputs_of_tracked_notebooks_on_save
     assert "JUPYTER_CONFIG_PATH=" in _make("-n", "lab", "VENV=/nowhere").stdout
 
 
+def test_saving_a_tracked_notebook_run_in_lab_leaves_it_unchanged_in_git(tmp_path, monkeypatch):
+    """Before: saving in Lab stripped outputs but wrote the kernel's whole ``language_info``,
+    so a tracked notebook showed as modified in git. Each committed notebook, run and viewed as
+    Lab leaves it, is saved byte for byte as committed."""
+    if importlib.util.find_spec("jupyter_server") is None:
+        pytest.skip("jupyter_server is not installed (make lab and make test install it)")
+    import nbformat
+    from jupyter_server.services.contents.filemanager import FileContentsManager
+
+    from stagelab.run import lab
+
+    tracked = tmp_path / "notebooks"
+    tracked.mkdir()
+    monkeypatch.setattr(paths, "NOTEBOOKS_DIR", tracked)
+    manager = FileContentsManager(root_dir=str(tracked), pre_save_hook=lab.strip_outputs)
+    committed = sorted(paths.REPO_ROOT.glob("notebooks/[0-9]*.ipynb"))
+    assert committed
+    for source in committed:
+        notebook = nbformat.read(str(source), as_version=4)
+        notebook.metadata["language_info"] = {
+            "name": "python", "version": "3.11.7", "mimetype": "text/x-python",
+            "codemirror_mode": {"name": "ipython", "version": 3}, "file_extension": ".py"}
+        for cell in notebook.cells:
+            cell.metadata.update(scrolled=True, execution={"iopub.status.idle": "2026"})
+            if cell.cell_type == "code":
+                cell.execution_count = 1
+                cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text="x")]
+        manager.save({"type": "notebook", "format": "json", "content": notebook}, source.name)
+        assert (tracked / source.name).read_bytes() == source.read_bytes(), source.name
+
+
+def test_lab_starts_the_projects_kernel_without_asking_and_never_asks_for_news():
+    """The settings `make lab` gives Lab: the project's kernel as the default, started without
+    a kernel dialog; the news prompt answered "never"."""
+    from stagelab.run import lab
+
+    config = json.loads((lab.CONFIG_DIR / "jupyter_server_config.json").read_text())
+    assert config["MappingKernelManager"]["default_kernel_name"] == setup_venv.KERNEL_NAME
+    overrides = json.loads((lab.CONFIG_DIR / "lab" / "overrides.json").read_text())
+    assert overrides["@jupyterlab/apputils-extension:notification"]["fetchNews"] == "false"
+    assert overrides["@jupyterlab/notebook-extension:tracker"]["autoStartDefaultKernel"] is True
+    shown = _make("-n", "lab", "VENV=/nowhere").stdout
+    assert f"--LabApp.app_settings_dir='{lab.CONFIG_DIR / 'lab'}'" in shown
+
+
 @pytest.mark.serial  # a JupyterLab server
 @pytest.mark.slow
 def test_make_lab_as_root_starts_and_answers(tmp_path):
@@ -245,6 +290,10 @@ def test_make_lab_as_root_starts_and_answers(tmp_path):
         with urllib.request.urlopen(urllib.request.Request(
                 f"http://127.0.0.1:{port}/lab", headers=headers)) as response:
             assert '"news": {"disabled": true}' in response.read().decode()  # no news prompt
+        notification = _wait_for_json(  # the news prompt answered "never", from overrides.json
+            f"http://127.0.0.1:{port}/lab/api/settings/@jupyterlab/apputils-extension:notification",
+            headers, lab, log)
+        assert notification["composite"]["fetchNews"] == "false"
         urllib.request.urlopen(urllib.request.Request(
             f"http://127.0.0.1:{port}/api/shutdown", method="POST", headers=headers)).close()
         assert lab.wait(timeout=60) == 0, log.read_text()[-3000:]
