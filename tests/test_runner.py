@@ -113,6 +113,10 @@ def test_a_signal_marks_the_run_interrupted_quietly_and_keeps_what_was_written(t
     _, err = proc.communicate(timeout=90)
     assert proc.returncode == cli.EXIT_INTERRUPTED, err
     assert "Traceback" not in err and "zmq" not in err.lower()  # the kernel's noise stays out
+    # Before: "Kernel died while waiting for execute reply." and asyncio's "Task was destroyed
+    # but it is pending!" followed the interrupt; one line says it now.
+    assert "Kernel died" not in err and "Task was destroyed" not in err, err
+    assert err.count("interrupted") == 1, err
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["status"] == "interrupted"
     assert [nb["status"] for nb in manifest["notebooks"]] == ["interrupted", "pending"]

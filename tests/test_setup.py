@@ -293,7 +293,7 @@ def test_make_lab_as_root_starts_and_answers(tmp_path):
         notification = _wait_for_json(  # the news prompt answered "never", from overrides.json
             f"http://127.0.0.1:{port}/lab/api/settings/@jupyterlab/apputils-extension:notification",
             headers, lab, log)
-        assert notification["composite"]["fetchNews"] == "false"
+        assert notification["schema"]["properties"]["fetchNews"]["default"] == "false", notification
         urllib.request.urlopen(urllib.request.Request(
             f"http://127.0.0.1:{port}/api/shutdown", method="POST", headers=headers)).close()
         assert lab.wait(timeout=60) == 0, log.read_text()[-3000:]
