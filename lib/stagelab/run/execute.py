@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import keyword
+import logging
 import os
 import re
 import shutil
@@ -138,6 +139,18 @@ def _papermill(notebook: NotebookPlan, output: Path, run_dir: Path, plan: RunPla
     return rundir.OK, None
 
 
+# What a killed kernel makes papermill (its notebook client) and asyncio log: "Kernel died while
+# waiting for execute reply.", "Task was destroyed but it is pending!". After a stop the runner's
+# own line says it; these are silenced.
+STOP_NOISE = ("papermill", "nbclient", "traitlets", "asyncio")
+
+
+def silence_stop_noise() -> None:
+    """After a stop: the loggers that would repeat it in their words say nothing more."""
+    for name in STOP_NOISE:
+        logging.getLogger(name).setLevel(logging.CRITICAL + 1)
+
+
 def execute_notebook(notebook: NotebookPlan, output: Path, run_dir: Path, plan: RunPlan,
                      warm: WarmKernel | None = None) -> tuple[str, str | None]:
     """Execute one notebook into ``output`` in its ``warm`` kernel (stopped once the notebook
@@ -167,6 +180,7 @@ def execute_notebook(notebook: NotebookPlan, output: Path, run_dir: Path, plan: 
                 worker.join(0.2)
                 stops.raise_if_received()  # one a finalizer swallowed stops it too
         except KeyboardInterrupt:
+            silence_stop_noise()
             with DeferredStops(raise_after=False):  # papermill saves what the notebook made
                 kill_kernels(started)
                 worker.join(30)
