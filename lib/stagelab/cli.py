@@ -238,6 +238,12 @@ def _say(text: str, stream=None) -> None:
               file=stream or sys.stderr, flush=True)
 
 
+def _progress(line: str) -> None:
+    """A step of a command that takes seconds (report, keep), on stderr: stdout keeps only the
+    paths the command made, for scripts."""
+    _say(line)
+
+
 def verdict_line(run_dir: Path, manifest: dict) -> str:
     """The run's last words: its verdict in one line (or why there is none), and a warning line
     when its timings are not trustworthy."""
@@ -283,13 +289,13 @@ def cmd_report(args: argparse.Namespace) -> int:
         raise UserError("--out names the single file: add --single-file")
     if args.single_file:  # refuse a bad --out before anything is written
         report.single_file_out(args.run_dir, args.out, args.force)
-    index = execute.rebuild_report(args.run_dir)
+    index = execute.rebuild_report(args.run_dir, _progress)
     note = rundir.read_manifest(args.run_dir).get("note")
     if note:
         print(f"note: the manifest was {note}", file=sys.stderr)
     print(index)
     if args.single_file:
-        print(report.write_single_file(args.run_dir, args.out, args.force))
+        print(report.write_single_file(args.run_dir, args.out, args.force, _progress))
     return EXIT_OK
 
 
@@ -361,7 +367,7 @@ def profile_changes(manifest: dict) -> list[str]:
 def cmd_keep(args: argparse.Namespace) -> int:
     from stagelab.present import evidence
 
-    dest = evidence.keep_evidence(args.run_dir, force=args.force)
+    dest = evidence.keep_evidence(args.run_dir, force=args.force, say=_progress)
     print(dest)
     print(f"index: {dest.parent.parent / evidence.INDEX}", file=sys.stderr)
     return EXIT_OK

@@ -628,11 +628,13 @@ def single_file_out(run_dir: Path, out: Path | None = None, force: bool = False)
     return records.claim_output(out, SINGLE_FILE_COMMAND, force)
 
 
-def write_single_file(run_dir: Path, out: Path | None = None, force: bool = False) -> Path:
+def write_single_file(run_dir: Path, out: Path | None = None, force: bool = False,
+                      say: Callable[[str], None] = lambda _line: None) -> Path:
     """Write one self-contained HTML file of a run: the landing page followed by every executed
     notebook, figures inlined as data: URIs, nothing fetched from elsewhere, so that it can be
     attached to a review and read offline. Default: ``<run_dir>/<run folder name>_report.html``;
-    an existing ``out`` is replaced only as :func:`single_file_out` allows."""
+    an existing ``out`` is replaced only as :func:`single_file_out` allows; ``say`` is told
+    each notebook as it is inlined."""
     from stagelab.core import rundir
 
     run_dir = Path(run_dir)
@@ -649,7 +651,11 @@ def write_single_file(run_dir: Path, out: Path | None = None, force: bool = Fals
     head, _, rest = landing.partition("</head>")
     body, _, tail = rest.rpartition("</body>")
     untrusted = trust.run_trust(run_dir, manifest) == trust.NOT_TRUSTWORTHY
-    sections = "".join(_notebook_section(run_dir, nb, untrusted) for nb in notebooks)
+    sections = ""
+    for number, nb in enumerate(notebooks, 1):
+        say(f"single file: notebook {number}/{len(notebooks)}: {nb['name']}")
+        sections += _notebook_section(run_dir, nb, untrusted)
+    say("single file: inlining the figures")
     page = _inline(f"{head}{records.generator_tag(SINGLE_FILE_COMMAND)}<style>{_NOTEBOOK_STYLE}"
                    f"</style></head>{body}<h2>Notebooks in full</h2>{sections}</body>{tail}",
                    run_dir, anchors)

@@ -544,8 +544,9 @@ def run(plan: RunPlan, root: Path, command: list[str] | None = None,
                   measured)
 
 
-def rebuild_report(run_dir: Path) -> Path:
-    """Re-export every executed notebook of a run folder, record the HTML, rewrite the index.
+def rebuild_report(run_dir: Path, say: Callable[[str], None] = lambda _line: None) -> Path:
+    """Re-export every executed notebook of a run folder, record the HTML, rewrite the index;
+    ``say`` is told each notebook as it is exported (a rebuild takes seconds a notebook).
 
     Refused (UserError) while the run is live: its runner holds the folder's lock and owns its
     record. Under the lock, the manifest is read afresh and only the HTML fields change, so a
@@ -556,18 +557,21 @@ def rebuild_report(run_dir: Path) -> Path:
     if not folder.path.is_dir():
         raise UserError(f"{folder.path}: no such folder")
     if not folder.manifest_path.exists():  # no runner ever held this folder: nothing to lock
-        return _rewrite_report(folder)
+        return _rewrite_report(folder, say)
     with folder.locked():
-        return _rewrite_report(folder)
+        return _rewrite_report(folder, say)
 
 
-def _rewrite_report(folder: RunFolder) -> Path:
+def _rewrite_report(folder: RunFolder, say: Callable[[str], None]) -> Path:
     manifest = rundir.load_or_rebuild_manifest(folder.path)
     if (manifest["status"] == rundir.RUNNING and manifest.get("host") == socket.gethostname()
             and rundir.process_alive(manifest)):  # from another host, the lock decides
         raise UserError(f"{folder.path}: the run is still running (pid {manifest.get('pid')} "
                         f"on {manifest.get('host')}); its runner writes its report")
-    for entry in manifest["notebooks"]:
+    entries = manifest["notebooks"]
+    for number, entry in enumerate(entries, 1):
+        say(f"report: page {number}/{len(entries)}: {entry['name']}")
         export_html(folder.path, entry, manifest)
     rundir.write_manifest(folder.path, manifest)
+    say("report: the index")
     return report.write_index(folder.path)
