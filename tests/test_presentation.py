@@ -326,3 +326,29 @@ def test_a_saved_figure_is_drawn_once_and_shown_as_the_very_png_saved(tmp_path, 
     saved = (tmp_path / "figures" / "03_prompt_logprobs_memory.png").read_bytes()
     assert [type(item).__name__ for item in shown] == ["Image"] and shown[0].data == saved
     assert saved.startswith(b"\x89PNG") and figure.number not in plt.get_fignums()
+
+
+def test_a_rate_column_reads_gb_per_s_and_a_filtered_frame_shows_no_index_column():
+    """Before: the one-pass table's header read "read gb per (ms)" (a ``*_gb_per_s`` column
+    taken for seconds) and notebook 05's filtered tables showed a leaked ``index`` column."""
+    frame = pd.DataFrame({"rows": [1, 2, 3], "read_gb_per_s": [1234.5, 2.0, 3.0],
+                          "pinned_gbps": [50.0, 51.0, 52.0]})
+    shown = tables.readable(frame[frame["rows"] > 1])
+    assert list(shown.columns) == ["n (rows)", "read (GB/s)", "pinned (GB/s)"]
+    assert list(shown["read (GB/s)"]) == ["2.00", "3.00"]
+    named = tables.readable(frame.set_index("rows"))
+    assert list(named.columns)[0] == "n (rows)"  # a named index is a column
+
+
+def test_stages_are_named_in_words_in_every_table():
+    """Before: the prediction tables named stages device/alloc/host_gather beside tables and
+    legends that say log-softmax/zero-fill/host top-K."""
+    frame = pd.DataFrame({"name": ["device", "alloc", "host_gather", "seed_pinned"],
+                          "dominant_term": ["copy", "free", "alloc", "copy"],
+                          "device_ms": [1.0, 2.0, 3.0, 4.0]})
+    shown = tables.readable(frame)
+    assert list(shown["name"]) == ["log-softmax", "zero-fill", "host top-K", "seed_pinned"]
+    assert list(shown["dominant term"]) == ["copy", "free", "zero-fill", "copy"]
+    assert "log-softmax (ms)" in shown.columns
+    raw = set(catalogue.STAGES) - set(catalogue.STAGE_WORDS.values())
+    assert not raw & set(shown.to_numpy().ravel()), raw

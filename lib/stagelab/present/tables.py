@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from stagelab.core import catalogue
+
 SIGNIFICANT = 3
 MIB = 2**20
 # Columns renamed only: what they are, in words.
@@ -32,6 +34,9 @@ YES_NO = {"bitwise_equal": "bitwise equal",  # 1/0 values read as yes/no
 MS_WORDS = {"interval_ms": "model's interval (ms)", "mid_ms": "predicted (ms)",
             "step_ms": "seed step, mean (ms)"}  # the verdict's threshold: a share of it
 TEXT = {"noisy": "noisy (IQR ≥ 10 % of median)", "met": "met"}
+# Columns whose values may name a stage of the step: shown in the stage's words
+# (catalogue.STAGE_WORDS), as every other table, legend and sentence names it.
+STAGE_VALUES = ("stage", "name", "term", "dominant_term", "part")
 # Columns that say which cell and arm a row is about come first.
 LEADING = ("rows", "vocab", "k", "chunk", "arm", "method", "baseline", "candidate", "decision",
            "scenario", "goal")
@@ -156,6 +161,11 @@ def _column(name: str) -> tuple[str, Callable[[Any], str]]:
     joined = _joined_label(name)
     if joined:
         return joined, text
+    if name == "gb_per_s" or name.endswith(("_gb_per_s", "_gbps")):
+        label = name.removesuffix("gb_per_s").removesuffix("gbps").replace("_", " ").strip()
+        return f"{label} (GB/s)" if label else "GB/s", plain
+    if name.removesuffix("_ms") in catalogue.STAGE_WORDS and name.endswith("_ms"):
+        return f"{catalogue.STAGE_WORDS[name.removesuffix('_ms')]} (ms)", plain
     if name in SECONDS or name.endswith("_s"):
         label = name.removesuffix("_seconds").removesuffix("_s").replace("_", " ")
         return f"{label} (ms)", _number(lambda v: significant(1e3 * v))
@@ -164,8 +174,6 @@ def _column(name: str) -> tuple[str, Callable[[Any], str]]:
     if name == "bytes" or name.endswith("_bytes"):
         label = name.removesuffix("_bytes").replace("_", " ") or "size"
         return f"{label} (MiB)", _number(lambda v: significant(v / MIB))
-    if name == "gb_per_s":
-        return "GB/s", plain
     if name in RATIOS:
         return f"{name.replace('_', ' ')} (x)", _number(lambda v: f"{significant(v)}x")
     if name in PERCENTS or name.endswith("_share"):
@@ -173,11 +181,21 @@ def _column(name: str) -> tuple[str, Callable[[Any], str]]:
     return name.replace("_", " "), plain
 
 
+def _stage_words(value: Any) -> Any:
+    """A stage's name in words (``host_gather`` -> "host top-K"); any other value as it is."""
+    return catalogue.STAGE_WORDS.get(value, value) if isinstance(value, str) else value
+
+
 def readable(frame: pd.DataFrame) -> pd.DataFrame:
-    """The frame as text: a flat header, speedups with their CIs, units in the column names."""
+    """The frame as text: a flat header, speedups with their CIs, units in the column names,
+    stages in words; a named index is shown as columns, an unnamed one (row numbers left by a
+    filter) never (before: it showed as a column "index")."""
     frame = frame.copy()
-    if not isinstance(frame.index, pd.RangeIndex):
-        frame = frame.reset_index()
+    named = any(name is not None for name in frame.index.names)
+    frame = frame.reset_index(drop=not named)
+    for name in STAGE_VALUES:
+        if name in frame.columns:
+            frame[name] = frame[name].map(_stage_words)
     if isinstance(frame.columns, pd.MultiIndex):
         frame.columns = [" · ".join(str(part) for part in col if str(part)) for col in
                          frame.columns]
