@@ -534,7 +534,7 @@ def test_progress_lines_name_each_notebook_cell_and_sweep_cell_with_the_time(tmp
             kernel.write("96: 6 ok\n")
     err = capsys.readouterr().err.splitlines()
     assert [re.sub(r" \(\d+ s\)$", "", line) for line in err] == [
-        "[2/5] 01_d2h_staging: cell 2/3",
+        "[2/5] 01_d2h_staging: notebook cell 2/3",  # before "cell 2/3" beside sweep cells
         "[2/5] 01_d2h_staging: staging: cell 1/2 n=1 V=4096: 6 ok, 4 unavailable",
         "[2/5] 01_d2h_staging: staging: cell 2/2 n=8 V=4096: 6 ok"]
     assert all(re.search(r" \(\d+ s\)$", line) for line in err)
@@ -558,6 +558,6 @@ def test_a_long_cell_says_it_is_still_running_at_least_every_10_s(tmp_path, caps
             clock[0] += 1
             lines.poll()
     err = capsys.readouterr().err.splitlines()
-    assert err[0] == "[4/6] 03_prompt_logprobs: cell 2/2 (1 s)"
-    assert err[1:] == ["[4/6] 03_prompt_logprobs: cell 2/2 still running (10 s)",
-                       "[4/6] 03_prompt_logprobs: cell 2/2 still running (19 s)"]
+    assert err[0] == "[4/6] 03_prompt_logprobs: notebook cell 2/2 (1 s)"
+    assert err[1:] == ["[4/6] 03_prompt_logprobs: notebook cell 2/2 still running (10 s)",
+                       "[4/6] 03_prompt_logprobs: notebook cell 2/2 still running (19 s)"]

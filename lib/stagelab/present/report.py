@@ -21,7 +21,7 @@ from stagelab.analyse import predict, trust
 from stagelab.core import catalogue, records
 from stagelab.core.errors import UserError
 from stagelab.core.records import RunFolder
-from stagelab.present import inert, machine, sanitise, tables
+from stagelab.present import inert, machine, next_step, sanitise, tables
 
 VERDICT_FILE = RunFolder.VERDICT
 VERDICT_FIGURE = f"figures/{catalogue.VERDICT_NOTEBOOK}_key.png"  # notebook 04's key plot
@@ -169,22 +169,50 @@ def _verdict_section(run_dir: Path, manifest: Mapping[str, Any]) -> str:
         parts.append(f"<p class='recommendation'>Recommended change: "
                      f"<b>{_esc(recommendation['change'])}</b>: {_prose(recommendation['reason'])}"
                      f"</p>{_questions_table(verdict.get('questions') or {})}")
-    context = (verdict.get("context") or {}).get("words")  # absent in verdicts of older runs
-    if context:
-        parts.append(f"<p class='context'>{_prose(context)}</p>")
-    overlap = (verdict.get("context") or {}).get("overlap")  # a string before both orders
-    if isinstance(overlap, dict) and overlap.get("note"):
-        parts.append(f"<p class='overlap'>{_prose(overlap['note'])}</p>")
+    parts.append(next_step.first_screen(run_dir, verdict, manifest.get("profile")))
     parts.append(_decisive_table(verdict.get("decisive", []), overall.get("summary", "")))
+    parts.append(_findings(verdict.get("findings", [])))
+    parts.append(_context_details(verdict.get("context") or {}))
     parts.append(prediction_html(verdict.get("prediction")))
     parts.append(prediction_html(verdict.get("out_of_sample")))
-    findings = verdict.get("findings", [])
-    if findings:
-        parts.append("<ul>" + "".join(f"<li>{_prose(f)}</li>" for f in findings) + "</ul>")
     if (run_dir / VERDICT_FIGURE).exists():
         parts.append(f"<img src='{VERDICT_FIGURE}' alt='key plot of the verdict'>")
     parts.append("</section>")
     return "".join(parts)
+
+
+FRONT_FINDINGS = 3  # the findings the first screen shows; notebook 04's page has them all
+_SENTENCE_END = re.compile(r"(?<=[a-z0-9%)\]])\. (?=[A-Z])")
+
+
+def first_sentence(text: str) -> str:
+    """A finding's first sentence (its figure is in it): the front page's short form."""
+    return _SENTENCE_END.split(str(text), maxsplit=1)[0].rstrip(".") + "."
+
+
+def _findings(findings: list[str]) -> str:
+    """The first few findings, each its first sentence, and a link to notebook 04's page, where
+    every finding is in full (before: 16 dense bullets on the front page, one of 9 lines)."""
+    if not findings:
+        return ""
+    shown = "".join(f"<li>{_prose(first_sentence(f))}</li>" for f in findings[:FRONT_FINDINGS])
+    page = f"{catalogue.VERDICT_NOTEBOOK}.html"
+    return (f"<ul id='findings'>{shown}</ul><p class='muted'>Every finding in full "
+            f"({len(findings)}): <a href='{page}'>notebook {catalogue.VERDICT_NOTEBOOK}</a>.</p>")
+
+
+def _context_details(context: Mapping[str, Any]) -> str:
+    """What the step included and how the cells were combined, folded under the tables; the
+    forward's overlap order only where a forward was queued (a CPU run queues none)."""
+    words = context.get("words")  # absent in verdicts of older runs
+    if not words:
+        return ""
+    overlap = context.get("overlap")  # a string before both orders
+    queued = any(ms for ms in context.get("forward_ms") or [])
+    note = (f"<p class='overlap'>{_prose(overlap['note'])}</p>"
+            if queued and isinstance(overlap, dict) and overlap.get("note") else "")
+    return (f"<details id='context'><summary>Context: what each timed step includes</summary>"
+            f"<p class='context'>{_prose(words)}</p>{note}</details>")
 
 
 def _questions_table(questions: Mapping[str, Any]) -> str:

@@ -271,8 +271,8 @@ HEARTBEAT_S = 9.0
 
 
 class ProgressLines:
-    """While a notebook runs, one terminal line per notebook cell it starts and per sweep cell it
-    measures (the lines its kernel writes to ``kernel.log``), each with the seconds since the
+    """While a notebook runs, one terminal line per notebook cell it starts ("notebook cell
+    i/N": a cell of the notebook, never a measured size) and per sweep cell it measures (the lines its kernel writes to ``kernel.log``), each with the seconds since the
     notebook started, and a line "still running" when a cell has said nothing for
     :data:`HEARTBEAT_S`. It reads the executed notebook and the log from outside the kernel, so
     nothing of it lands in the notebook or its HTML."""
@@ -316,12 +316,12 @@ class ProgressLines:
         if cell is not None and cell != self._cell:
             self._cell = cell
             self._cells = self._cells or _cell_count(self.output)
-            self._say(f"cell {cell + 1}/{self._cells or '?'}")
+            self._say(f"notebook cell {cell + 1}/{self._cells or '?'}")
         for line in self._new_log_lines():
             if SWEEP_LINE.match(line):
                 self._say(line)
         if self._cell is not None and time.perf_counter() - self._said >= HEARTBEAT_S:
-            self._say(f"cell {self._cell + 1}/{self._cells or '?'} still running")
+            self._say(f"notebook cell {self._cell + 1}/{self._cells or '?'} still running")
 
     def _new_log_lines(self) -> list[str]:
         """The complete lines appended to the log since the last read."""
