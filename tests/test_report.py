@@ -7,7 +7,7 @@ import json
 import re
 
 from conftest import fake_run
-from stagelab.present import report, tables
+from stagelab.present import next_step, report, tables
 
 UNAVAILABLE = "not measured: seed_pinned unavailable: pinned host memory needs a CUDA device"
 
@@ -205,6 +205,14 @@ def test_the_report_shows_the_recommended_change_and_the_three_answers(tmp_path)
     assert "Recommended change: <b>port a reused pageable buffer</b>: why" in page
     assert ("<td>pinning words</td><td>CLOSE</td><td>n=16 V=152064 K=5: CLOSE 1.200x "
             "[1.100, 1.300]") in page
+    held = {**questions["reuse"], "decision": "INCONCLUSIVE", "cells": [
+        {**answer, "decision": "INCONCLUSIVE", "reason": "the Holm-level bound 1.01 is below"}]}
+    (run_dir / "verdict.json").write_text(json.dumps(
+        {"overall": {"decision": "INCONCLUSIVE", "summary": "Held."},
+         "decisive": [decisive_cell(16)], "questions": {"reuse": held},
+         "recommendation": {"change": "INCONCLUSIVE", "reason": "why"}}))
+    assert ("K=5: INCONCLUSIVE 1.200x [1.100, 1.300] (the Holm-level bound 1.01 is below)"
+            in report.write_index(run_dir).read_text())  # before: the reason only in the json
     older = fake_run(tmp_path / "older")
     (older / "verdict.json").write_text(json.dumps(
         {"overall": {"decision": "PORT", "summary": "Ports."}, "decisive": [decisive_cell(16)]}))
@@ -239,3 +247,64 @@ def test_a_wide_table_is_shown_as_narrower_ones_that_repeat_which_row_it_is():
     assert shown._repr_html_().count("<table") == parts
     narrow = tables.show(frame.iloc[:, :8])
     assert not isinstance(narrow, tables.SplitTable)
+
+
+def _answer(platform: str, rows: int, host: str, decision: str, low: float = 1.0,
+            high: float = 3.0) -> dict:
+    return {"platform": platform, "rows": rows, "vocab": 152064, "k": 5, "question": "bundle",
+            "host": host, "decision": decision, "saving_ms": (low + high) / 2,
+            "saving_low_ms": low, "saving_high_ms": high, "bar_ms": 0.3, "bar_low_ms": 0.2,
+            "bar_high_ms": 0.4}
+
+
+PREDICTED = {"answers": [
+    _answer("H200", 16, "host class x86 bare metal", "depends on pageable_gbps", 0.1, 3.2),
+    _answer("H200", 16, "host class x86 VM", "depends on pageable_gbps", 0.1, 5.2),
+    _answer("H200", 64, "host class x86 bare metal", "PORT", 1.15, 23.2),
+    _answer("H200", 64, "host class x86 VM", "PORT", 1.15, 31.3),
+    _answer("L4", 64, "host class x86 bare metal", "PORT"),
+    _answer("L4", 64, "host class x86 VM", "CLOSE"),
+    _answer("H200", 64, "this host", "CLOSE", 0.0, 0.1),  # this run's host: never a platform's
+]}
+
+
+def test_an_undecided_first_screen_gives_each_platforms_predicted_answer_and_the_command(tmp_path):
+    """Before: an INCONCLUSIVE run named no next step; the H200 answer was only in the CLI."""
+    run_dir = fake_run(tmp_path / "runs")
+    (run_dir / "prediction.json").write_text(json.dumps(PREDICTED))
+    (run_dir / "verdict.json").write_text(json.dumps(
+        {"overall": {"decision": "INCONCLUSIVE", "summary": "No GPU."},
+         "decisive": [decisive_cell(16), decisive_cell(64)],
+         "questions": {"bundle": {"words": "bundle", "decision": None, "cells": [],
+                                  "baseline": "a", "candidate": "b", "measured": False},
+                       "reuse": {"words": "reuse alone", "decision": "INCONCLUSIVE",
+                                 "cells": [], "baseline": "a", "candidate": "c",
+                                 "measured": True}}}))
+    page = report.write_index(run_dir).read_text()
+    block = page[page.index("<div id='next-step'>"):page.index("<table id='decisive'>")]
+    assert "Measured here instead: reuse alone: INCONCLUSIVE." in block
+    assert "Not measured: bundle." in block
+    assert "predicted, not measured" in block and "stagelab predict --profile quick" in block
+    rows = dict(re.findall(r"<tr><td>([^<]+)</td>(.*?)</tr>", block))
+    assert set(rows) == {"H200", "L4"}
+    assert "depends on pageable_gbps: saves 0.1-5.2 ms per step" in rows["H200"]
+    assert "PORT: saves 1.15-31.3 ms" in rows["H200"]  # the VM's wider range: CLOSE never
+    assert "depends on the host: PORT on x86 bare metal, CLOSE on x86 VM" in rows["L4"]
+    assert "does not fit: not predicted" in rows["L4"]  # L4 has no n=16 answer
+    assert f"<code>{next_step.CONFIRM}</code>" in block
+    lines = next_step.terminal_lines(run_dir, json.loads((run_dir / "verdict.json").read_text()),
+                                     "quick")
+    assert len(lines) == 2 and lines[1].startswith(f"to confirm on your GPU: {next_step.CONFIRM}")
+    assert "PORT at n=64 on H200" in lines[0] and "predicted on a GPU, not measured" in lines[0]
+
+
+def test_a_decided_run_is_set_beside_its_platforms_prediction(tmp_path):
+    run_dir = fake_run(tmp_path / "runs")
+    (run_dir / "prediction.json").write_text(json.dumps(PREDICTED))
+    verdict = {"overall": {"decision": "PORT", "summary": "Port."},
+               "hardware": {"gpu": "NVIDIA H200"}, "decisive": [decisive_cell(64)]}
+    (run_dir / "verdict.json").write_text(json.dumps(verdict))
+    page = report.write_index(run_dir).read_text()
+    assert re.search(r"Measured <b>PORT</b>; predicted for H200 .*n=64 V=152,064 K=5: PORT", page)
+    assert "id='next-step'" not in page and next_step.terminal_lines(run_dir, verdict, "x") == []
+    assert next_step.platform_of("NVIDIA H100 80GB HBM3", ["H100 SXM", "H200"]) == "H100 SXM"

@@ -197,6 +197,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         _say(line)
     _say(f"report: {run_dir / 'index.html'}", sys.stdout)
     _say(verdict_line(run_dir, manifest), sys.stdout)
+    for line in next_step_lines(run_dir, manifest):
+        _say(line, sys.stdout)
     if origin is not None and (origin["status"] != outcomes.OK or origin["gaps"]):
         _say(f"the measurement replayed is {origin['status']}, not ok: "
              f"{'; '.join(origin['gaps']) or 'see its measured.json'}; keep refuses this run "
@@ -242,6 +244,19 @@ def _progress(line: str) -> None:
     """A step of a command that takes seconds (report, keep), on stderr: stdout keeps only the
     paths the command made, for scripts."""
     _say(line)
+
+
+def next_step_lines(run_dir: Path, manifest: dict) -> list[str]:
+    """After an undecided verdict: what a GPU is predicted to answer and the command that
+    confirms it (:func:`stagelab.present.next_step.terminal_lines`); none without a verdict."""
+    from stagelab.core.records import RunFolder
+    from stagelab.present import next_step
+
+    try:
+        verdict = RunFolder(run_dir).read_verdict()
+    except UserError:
+        return []
+    return next_step.terminal_lines(run_dir, verdict, manifest.get("profile"))
 
 
 def verdict_line(run_dir: Path, manifest: dict) -> str:

@@ -157,9 +157,8 @@ def first_screen(run_dir: Path, verdict: Mapping[str, Any], profile: str | None)
 def _compared(verdict: Mapping[str, Any],
               answers: Mapping[str, Mapping[tuple[int, int, int], Mapping[str, Any]]]) -> str:
     """A decided run beside its platform's predicted answer, one sentence."""
-    gpu = ((verdict.get("hardware") or {}).get("gpu") or {})
-    name = gpu.get("name") if isinstance(gpu, dict) else str(gpu)
-    platform = platform_of(name, list(answers))
+    gpu = (verdict.get("hardware") or {}).get("gpu")  # the GPU's name, None on a CPU
+    platform = platform_of(gpu if isinstance(gpu, str) else None, list(answers))
     if platform is None:
         return ""
     predicted = "; ".join(f"{cell_label(c)}: {a['answer']}"
