@@ -273,7 +273,8 @@ HEARTBEAT_S = 9.0
 class ProgressLines:
     """While a notebook runs, one terminal line per notebook cell it starts ("notebook cell
     i/N": a cell of the notebook, never a measured size) and per sweep cell it measures (the
-    lines its kernel writes to ``kernel.log``), each with the seconds since the notebook started, and a line "still running" when a cell has said nothing for
+    lines its kernel writes to ``kernel.log``), each with the seconds since the notebook
+    started, and a line "still running" when a cell has said nothing for
     :data:`HEARTBEAT_S`. It reads the executed notebook and the log from outside the kernel, so
     nothing of it lands in the notebook or its HTML."""
 
