@@ -168,6 +168,9 @@ def add_predict_arguments(parser: argparse.ArgumentParser) -> None:
                              "32 MiB, either below)")
     parser.add_argument("--delta", type=float, default=0.02,
                         help="the bar: a saving of this share of the decode step (default 0.02)")
+    parser.add_argument("--json", action="store_true",
+                        help="print the answers and arms as JSON (the records notebook 05 writes "
+                             "to prediction.json)")
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -15,13 +15,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from stagelab.analyse import predict_study
 from stagelab.core import records
 from stagelab.core.errors import BadRecord
 
 PREDICTION_FILE = "prediction.json"  # notebook 05's payload (``predict_command.Study``)
 CONFIRM = "make run PROFILE=gate"  # the one command that confirms a prediction on a GPU
 PREFLIGHT = "stagelab preflight --profile gate"
-HOST_CLASS = "host class "  # how a prediction names a platform's usual host (data/hosts.csv)
+HOST_CLASS = predict_study.HOST_CLASS
 QUESTION = "bundle"  # the verdict's decision: the pinned grow-only scratch vs the fresh vector
 UNDECIDED = "INCONCLUSIVE"
 
@@ -38,15 +39,6 @@ def read_prediction(run_dir: Path) -> dict[str, Any] | None:
     except (FileNotFoundError, BadRecord):
         return None
     return payload if isinstance(payload, dict) else None
-
-
-def across_hosts(decisions: Mapping[str, str]) -> str:
-    """One answer over several hosts in words: the answer where every host gives it, else
-    "depends on the host" with each host's answer."""
-    if len(set(decisions.values())) == 1:
-        return next(iter(decisions.values()))
-    return "depends on the host: " + ", ".join(
-        f"{d} on {h.removeprefix(HOST_CLASS)}" for h, d in decisions.items())
 
 
 def _cell(row: Mapping[str, Any]) -> tuple[int, int, int]:
@@ -71,7 +63,7 @@ def platform_answers(prediction: Mapping[str, Any] | None
     out: dict[str, dict[tuple[int, int, int], dict[str, Any]]] = {}
     for platform, cells in by.items():
         out[platform] = {cell: {
-            "answer": across_hosts({r["host"]: r["decision"] for r in rows}),
+            "answer": predict_study.across_hosts({r["host"]: r["decision"] for r in rows}),
             "saving_ms": (min(r["saving_low_ms"] for r in rows),
                           max(r["saving_high_ms"] for r in rows)),
             "bar_ms": (min(r["bar_low_ms"] for r in rows), max(r["bar_high_ms"] for r in rows))}
