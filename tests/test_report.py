@@ -308,3 +308,29 @@ def test_a_decided_run_is_set_beside_its_platforms_prediction(tmp_path):
     assert re.search(r"Measured <b>PORT</b>; predicted for H200 .*n=64 V=152,064 K=5: PORT", page)
     assert "id='next-step'" not in page and next_step.terminal_lines(run_dir, verdict, "x") == []
     assert next_step.platform_of("NVIDIA H100 80GB HBM3", ["H100 SXM", "H200"]) == "H100 SXM"
+
+
+def test_the_front_page_shows_few_short_findings_that_bear_on_the_decision(tmp_path):
+    """Before: 16 dense bullets on the front page, one of 9 lines on glibc's mmap threshold."""
+    findings = [
+        "Seed's step at n=16, V=152064, K=5: 110.49 ms on average, made of the queued forward "
+        "0.00, log-softmax 58.92, zero-filled vector 5.21, copy 20.55, host top-K (C++) 25.43, "
+        "free 0.05 and unattributed 0.33 ms (time outside the timed stages).",
+        "Zero-fill of the seed's fresh vector at n=64: 91.99 ms per step (CI 35.01-157.04); the "
+        "vector is 37.1 MiB, above glibc's largest mmap threshold. More on glibc follows.",
+        "Reuse lever at step level at n=64, V=152064, K=5: 1.07x (CI [0.95, 1.19]), 38.12 ms "
+        "per step.", *[f"Host top-K finding {i}: 2.0x." for i in range(12)]]
+    shown = report.front_findings(findings)
+    assert len(shown) == report.FRONT_FINDINGS
+    assert shown[0].startswith("Reuse lever") and shown[1].startswith("Seed's step")
+    assert all(len(f) <= report.FRONT_CHARS + 2 and re.search(r"\d", f) for f in shown)
+    assert report.first_sentence(findings[1]) == (
+        "Zero-fill of the seed's fresh vector at n=64: 91.99 ms per step (CI 35.01-157.04).")
+    run_dir = fake_run(tmp_path / "runs")
+    (run_dir / "verdict.json").write_text(json.dumps(
+        {"overall": {"decision": "INCONCLUSIVE", "summary": "Undecided."},
+         "decisive": [decisive_cell(16)], "findings": findings}))
+    page = report.write_index(run_dir).read_text()
+    listed = page[page.index("<ul id='findings'>"):page.index("</ul>", page.index("id='findings'"))]
+    assert listed.count("<li>") == report.FRONT_FINDINGS and "mmap" not in listed
+    assert "Every finding in full (15): <a href='04_verdict.html'>" in page

@@ -182,20 +182,41 @@ def _verdict_section(run_dir: Path, manifest: Mapping[str, Any]) -> str:
 
 
 FRONT_FINDINGS = 3  # the findings the first screen shows; notebook 04's page has them all
+# What bears on the staging decision, in the order the front page prefers it: the levers the
+# questions measure, then where the seed's step goes.
+FRONT_TOPICS = ("Reuse lever", "Seed's step")
+FRONT_CHARS = 160  # a front-page finding at most: its first sentence, cut at a clause
 _SENTENCE_END = re.compile(r"(?<=[a-z0-9%)\]])\. (?=[A-Z])")
 
 
-def first_sentence(text: str) -> str:
-    """A finding's first sentence (its figure is in it): the front page's short form."""
-    return _SENTENCE_END.split(str(text), maxsplit=1)[0].rstrip(".") + "."
+def first_sentence(text: str, limit: int = FRONT_CHARS) -> str:
+    """A finding's short form for the front page: its first sentence (its figure is in it),
+    cut before a semicolon once a figure was said, and at a clause within ``limit`` characters."""
+    sentence = _SENTENCE_END.split(str(text), maxsplit=1)[0].rstrip(".")
+    at = sentence.find("; ")
+    if at > 0 and any(ch.isdigit() for ch in sentence[:at]):
+        sentence = sentence[:at]
+    if len(sentence) > limit:
+        return sentence[:sentence.rfind(", ", 0, limit)] + ", …"
+    return sentence + "."
+
+
+def front_findings(findings: list[str], count: int = FRONT_FINDINGS) -> list[str]:
+    """The few findings that bear on the decision (:data:`FRONT_TOPICS` first, in their order),
+    each in its short form."""
+    def rank(finding: str) -> int:
+        return next((i for i, topic in enumerate(FRONT_TOPICS) if str(finding).startswith(topic)),
+                    len(FRONT_TOPICS))
+    return [first_sentence(f) for f in sorted(findings, key=rank)[:count]]
 
 
 def _findings(findings: list[str]) -> str:
-    """The first few findings, each its first sentence, and a link to notebook 04's page, where
-    every finding is in full (before: 16 dense bullets on the front page, one of 9 lines)."""
+    """The few findings that bear on the decision, each short, and a link to notebook 04's
+    page, where every finding is in full (before: 16 dense bullets on the front page, one of
+    9 lines on glibc's mmap threshold)."""
     if not findings:
         return ""
-    shown = "".join(f"<li>{_prose(first_sentence(f))}</li>" for f in findings[:FRONT_FINDINGS])
+    shown = "".join(f"<li>{_prose(f)}</li>" for f in front_findings(findings))
     page = f"{catalogue.VERDICT_NOTEBOOK}.html"
     return (f"<ul id='findings'>{shown}</ul><p class='muted'>Every finding in full "
             f"({len(findings)}): <a href='{page}'>notebook {catalogue.VERDICT_NOTEBOOK}</a>.</p>")

@@ -131,6 +131,7 @@ def _papermill(notebook: NotebookPlan, output: Path, run_dir: Path, plan: RunPla
             shutdown_kernel="immediate",  # its cells are done: no need to wait for its teardown
             **({"km": warm.manager} if warm else {}))
     except TimeoutError:
+        silence_stop_noise()  # the timed-out kernel's pending tasks say nothing at exit
         cell = _last_started_cell(output)
         return rundir.FAILED, (f"timed out after {plan.cell_timeout_s} s in cell "
                                f"{cell if cell is not None else '?'}")
