@@ -62,7 +62,7 @@ def export_html(notebook_path: Path, html_path: Path, banner: str = "",
 # A goal's "met" cell, as present.tables.show marks it.
 _MET_CELL = re.compile(r"(<td\b[^>]*\bclass=\"[^\"]*\b" + tables.GOAL_MET_CLASS
                        + r"\b[^\"]*\"[^>]*>)\s*met\s*(</td>)")
-MET_UNTRUSTED = "met on untrustworthy timings"
+MET_UNTRUSTED = tables.MET_UNTRUSTED
 
 
 def notebook_body(notebook_path: Path, untrusted: bool = False) -> str:
