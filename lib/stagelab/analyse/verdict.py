@@ -131,8 +131,10 @@ def _prompt_summary(prompt: pd.DataFrame | None,
                    & (prompt["status"] == "ok")]
     return {"recommendation": recommendation,
             "peaks": [{"arm": r["arm"], "chunk": int(r["chunk"]), "metric": r["metric"],
-                       "bytes": int(r["bytes"])} for _, r in peaks.iterrows()
-                      if not pd.isna(r["bytes"])]}
+                       "bytes": int(r["bytes"]),
+                       # head_fused's vocabulary tile: before, its tiles' peaks were mixed
+                       **({"tile": int(r["tile"])} if not pd.isna(r.get("tile")) else {})}
+                      for _, r in peaks.iterrows() if not pd.isna(r["bytes"])]}
 
 
 def reference_verdicts(reference_root: Path) -> tuple[list[dict[str, Any]], list[str]]:
