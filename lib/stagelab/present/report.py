@@ -250,11 +250,11 @@ def _questions_table(questions: Mapping[str, Any]) -> str:
 
 
 def _answer_cell(cell: Mapping[str, Any]) -> str:
-    """A cell's answer with its speedup and CI, and, where it is INCONCLUSIVE, why (before: a CI
-    wholly above the bar read INCONCLUSIVE with the reason, the Holm-level bound, only in
-    verdict.json)."""
+    """A cell's answer with its speedup and CI, and, where a measured cell is INCONCLUSIVE, why
+    (before: a CI wholly above the bar read INCONCLUSIVE with the reason, the Holm-level bound,
+    only in verdict.json; an unmeasured cell's reason is the summary's)."""
     measured = _with_ci(cell)
-    why = cell.get("reason") if cell.get("decision") == "INCONCLUSIVE" else None
+    why = cell.get("reason") if cell.get("decision") == "INCONCLUSIVE" and measured else None
     return (f"n={cell['rows']} V={cell['vocab']} K={cell['k']}: {cell['decision']}"
             + (f" {measured}" if measured else "") + (f" ({why})" if why else ""))
 
