@@ -127,22 +127,23 @@ def first_screen(run_dir: Path, verdict: Mapping[str, Any], profile: str | None)
     if decision != UNDECIDED:
         return _compared(verdict, answers)
     source = f"stagelab predict --profile {profile}" if profile else "stagelab predict"
-    parts = [f"<div id='next-step'><p>{_esc(measured_instead(verdict))}</p>"]
+    parts = [f"<div id='next-step'><p>{_esc(measured_instead(verdict))}</p>",
+             f"<p id='confirm'><b>To confirm on your GPU</b>: <code>{CONFIRM}</code> "
+             f"(<code>{PREFLIGHT}</code> first says whether it can; README: "
+             "\"On a GPU machine of your own\").</p>"]
     if answers:
         parts.append(
             "<h3>What a GPU would answer: predicted, not measured</h3>"
-            f"<p class='muted'>The bundle (the pinned grow-only scratch against the fresh vector) "
-            f"per platform and decisive cell, from the cost model on each platform's usual "
-            f"hosts (<code>{_esc(source)}</code> prints the same figures; notebook 05 shows "
-            "them all): PORT where the whole predicted saving clears the bar, CLOSE where none "
-            "does, \"depends on X\" where the range of input X decides.</p>"
-            + predicted_table(answers))
+            + predicted_table(answers)
+            + f"<p class='muted'>The bundle (the pinned grow-only scratch against the fresh "
+            "vector) per platform and decisive cell, from the cost model on each platform's "
+            f"usual hosts (<code>{_esc(source)}</code> prints the same figures; notebook 05 "
+            "shows them all): PORT where the whole predicted saving clears the bar, CLOSE where "
+            "none does, \"depends on X\" where the range of input X decides.</p>")
     else:
         parts.append("<p class='muted'>No prediction per platform in this run (notebook 05 did "
                      f"not write {PREDICTION_FILE}): <code>{_esc(source)}</code> prints it.</p>")
-    parts.append(f"<p id='confirm'><b>To confirm on your GPU</b>: <code>{CONFIRM}</code> "
-                 f"(<code>{PREFLIGHT}</code> first says whether it can; README: "
-                 "\"On a GPU machine of your own\").</p></div>")
+    parts.append("</div>")
     return "".join(parts)
 
 

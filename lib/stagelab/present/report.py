@@ -163,13 +163,13 @@ def _verdict_section(run_dir: Path, manifest: Mapping[str, Any]) -> str:
              f"{_scope_banner(verdict)}"
              f"{_trust_banner(trust.reasons(run_dir, manifest, verdict), manifest)}"
              f"<p class='decision {decision}'>Staging verdict: {decision}</p>"
-             f"<p>{_prose(overall.get('summary', ''))}</p>"]
+             f"<p>{_prose(overall.get('summary', ''))}</p>",
+             next_step.first_screen(run_dir, verdict, manifest.get("profile"))]
     recommendation = verdict.get("recommendation")  # absent in verdicts of older runs
     if recommendation:
         parts.append(f"<p class='recommendation'>Recommended change: "
                      f"<b>{_esc(recommendation['change'])}</b>: {_prose(recommendation['reason'])}"
                      f"</p>{_questions_table(verdict.get('questions') or {})}")
-    parts.append(next_step.first_screen(run_dir, verdict, manifest.get("profile")))
     parts.append(_decisive_table(verdict.get("decisive", []), overall.get("summary", "")))
     parts.append(_findings(verdict.get("findings", [])))
     parts.append(_context_details(verdict.get("context") or {}))
