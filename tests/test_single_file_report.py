@@ -7,6 +7,7 @@ import base64
 import json
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import nbformat
@@ -82,10 +83,11 @@ def test_single_file_inlines_figures_and_links_notebooks_to_their_sections(tmp_p
     assert "cdnjs" not in page and "<script" not in page
 
 
-def test_report_cli_writes_the_single_file_where_out_says(tmp_path, capsys):
+def test_report_cli_writes_the_single_file_where_out_says(tmp_path, capsys, monkeypatch):
     """Before: `report --single-file` (21 s on a quick run) printed nothing while it worked; it
-    says each page and notebook on stderr, stdout keeps the two paths."""
+    says each page and notebook on a terminal's stderr, stdout keeps the two paths."""
     run_dir = _synthetic_run(tmp_path / "run")
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # a person watching
     out = tmp_path / "elsewhere" / "review.html"
     out.parent.mkdir()
     assert cli.main(["report", str(run_dir), "--single-file", "--out", str(out)]) == cli.EXIT_OK

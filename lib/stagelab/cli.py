@@ -244,9 +244,11 @@ def _say(text: str, stream=None) -> None:
 
 
 def _progress(line: str) -> None:
-    """A step of a command that takes seconds (report, keep), on stderr: stdout keeps only the
-    paths the command made, for scripts."""
-    _say(line)
+    """A step of a command that takes seconds (report, keep), on stderr where a person watches
+    it (a terminal): stdout keeps only the paths the command made, and a script's stderr only
+    the error, in one line."""
+    if sys.stderr.isatty():
+        _say(line)
 
 
 def next_step_lines(run_dir: Path, manifest: dict) -> list[str]:
