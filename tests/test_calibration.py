@@ -37,6 +37,7 @@ def test_family_closes_at_least_80_percent_at_1_with_2_percent_noise_at_the_gate
     assert row["family_close_low"] >= 0.80 and row["family_port"] == 0 and row["met"]
 
 
+@pytest.mark.slow  # a long simulation of the rule: make test (family_closes stays fast)
 def test_family_ports_at_least_90_percent_at_3_delta_with_5_percent_noise_until_resolved():
     row = _row(NOISY, "3 delta", trials=100, adaptive=True)
     assert row["true_speedup"] == pytest.approx(1 / (1 - 3 * DELTA))
@@ -153,17 +154,17 @@ def test_the_summary_names_the_worst_false_port_and_the_rows_short_of_their_requ
     table.loc[1, "family_port"] = 0.5  # the worst false PORT, at the bar
     table.loc[2, ["met", "family_port"]] = [False, 0.5]  # a row short of its requirement
     sentence = calibration.summary(table.to_dict("records"))
-    assert sentence.startswith("Calibration of the rule at 30 rounds, 3 simulated families of "
-                               "2 cells per row, 3 rows (noise model x truth): false PORT at "
-                               "most 50.0% for the family")
-    assert ("short of a requirement (on its Wilson interval): lognormal 2 %, 3 delta, 30 rounds "
-            "(family PORT 50%") in sentence
+    head, short = sentence.split("; ")[0], sentence.split("; ")[2]
+    assert all(said in head for said in ("30 rounds", "3 simulated families", "2 cells", "3 rows",
+                                         "50.0%"))  # the worst false PORT
+    assert "short" in short and "lognormal 2 %, 3 delta, 30 rounds (family PORT 50%" in short
     # 3 trials cannot show a rate under 5 % on its Wilson interval: those rows are not judged,
     # whatever their stored verdict says
     table.loc[0, "met"] = False
     sentence = calibration.summary(table.to_dict("records"))
     assert "1.00, 30 rounds" not in sentence
-    assert "; 2 rows not judged: 3 trials cannot show a rate under 5 % (73 or more can)." in sentence
+    assert "; 2 rows not judged: 3 trials" in sentence
+    assert f"({calibration.MIN_TRIALS_FOR_5_PERCENT} or more" in sentence
 
 
 CANDIDATE_STALLS, BASELINE_STALLS = calibration.NOISES[-2], calibration.NOISES[-1]
@@ -238,6 +239,7 @@ def test_each_question_ports_falsely_at_most_5_percent_at_the_bar(reuse, pinning
     assert calibration.wilson(round(ports * trials), trials)[1] <= 0.05 or reuse > AT_BAR
 
 
+@pytest.mark.slow  # a long simulation of the rule: make test (family_closes stays fast)
 def test_a_clear_split_is_recommended_as_such():
     pinned = calibration.recommendation_rates(1.0, SAVES_3_DELTA, rounds=design.TAIL_ROUNDS,
                                               trials=30, cells=3, seed=5)
@@ -257,7 +259,7 @@ def test_too_few_trials_to_show_5_percent_are_not_judged_and_said_so():
     assert table["met"].isna().all()
     assert table["requirement"].str.startswith("none judged: 20 trials").all()
     said = calibration.summary(table.to_dict("records"))
-    assert f"1 rows not judged: 20 trials cannot show a rate under 5 % ({lowest} or more" in said
+    assert "1 rows not judged: 20 trials" in said and f"({lowest} or more" in said
 
 
 DONE_ROUNDS = 160  # the issue's families: six cells at 160 rounds
@@ -273,6 +275,7 @@ def _blocks_on_doubt(cells, **kwargs):
     return family
 
 
+@pytest.mark.slow  # a long simulation of the rule: make test (family_closes stays fast)
 def test_four_saving_cells_beside_two_null_cells_port_at_least_80_percent():
     """Before: every failure was a null cell's p99 bound merely wide (56 % at 2 % noise)."""
     speedups = [SAVES_3_DELTA] * 4 + [1.0] * 2
@@ -295,6 +298,7 @@ def test_six_saving_cells_under_heavy_tails_on_every_arm_port_at_least_80_percen
     assert doubt["family_port_high"] < 0.80
 
 
+@pytest.mark.slow  # a long simulation of the rule: make test (family_closes stays fast)
 def test_reuse_3_delta_with_pinning_2_delta_recommends_the_pinned_scratch():
     trials = 60
     rates = calibration.recommendation_rates(SAVES_3_DELTA, 1 / (1 - 2 * DELTA),

@@ -130,8 +130,8 @@ def _record(host: str, gpu: str | None, verdict: str | None) -> fleet.NodeRecord
 def test_the_page_says_whether_the_answer_differs_between_platforms():
     same = [_record("a", "H100", "PORT"), _record("b", "GH200", "PORT")]
     differs = [_record("a", "H100", "PORT"), _record("b", "GH200", "CLOSE")]
-    assert fleet_page.answer_sentence(same) == "The answer is the same on every platform (H100: PORT; " \
-                                          "GH200: PORT)."
+    assert "same" in fleet_page.answer_sentence(same)
+    assert fleet_page.answer_sentence(same).endswith("(H100: PORT; GH200: PORT).")
     assert fleet_page.answer_sentence(differs).startswith("The answer differs between platforms")
     assert fleet_page.answer_sentence([_record("a", "H100", "PORT"), _record("b", "H100", "PORT")]) \
         .startswith("Only one platform produced a verdict")
@@ -403,7 +403,8 @@ def test_the_fleet_folder_lists_every_node_with_its_status_and_times(cluster, tm
     assert all(node["label"] in page for node in written["nodes"])
     assert "No node produced a verdict" in page
     line = fleet.summary_line(code, folder)
-    assert line == f"fleet: 2 nodes: 2 failed (exit 1); page: {folder / fleet_page.PAGE}"
+    assert line.startswith("fleet: 2 nodes: 2 failed (exit 1)")
+    assert line.endswith(f"page: {folder / fleet_page.PAGE}")
     progress = capsys.readouterr().err
     assert progress.count("started on") == 2 and progress.count(": analysed in") == 2
 
@@ -463,7 +464,8 @@ def test_a_nodes_archive_is_bounded_like_a_measured_folder(tmp_path):
     assert len(big) < 100_000  # zeros compress: a small archive, a large file
     with pytest.raises(ValueError, match="more than the 16777216 B a lease returns"):
         fleet.unpack(big, tmp_path / "big")
-    many = _archive_of([(f"f{i}.json", b"{}") for i in range(measured.LEASE_MAX_FILES + 1)])
+    names = measured.record_names()[:measured.LEASE_MAX_FILES + 1]
+    many = _archive_of([(name, b"{}") for name in names])
     with pytest.raises(ValueError, match="more than the 8 files a measured folder has"):
         fleet.unpack(many, tmp_path / "many")
     deep = _archive_of([("rows/a/b.json", b"{}")])

@@ -159,17 +159,20 @@ def test_the_verdict_states_its_context_in_the_report_and_older_verdicts_lack_it
         {"overall": {"decision": "INCONCLUSIVE", "summary": "Undecided."},
          "decisive": [decisive_cell(16)], "context": {"words": words}}))
     assert f"<p class='context'>{words}</p>" in report.write_index(run_dir).read_text()
-    note = "Recommendation with the forward queued: CLOSE, close (decided); waited: PORT."
+    note = "overlap: recommendation under queued: CLOSE, close (decided); waited: PORT."
     for forward_ms, shown in (([3.2], True), ([0.0], False)):
         # before: the overlap order's paragraph (the seed's sampler.cpp lines) headed the first
         # screen of a CPU run, which queues no forward; it is folded, and only with a forward
         (run_dir / "verdict.json").write_text(json.dumps(
             {"overall": {"decision": "CLOSE", "summary": "Closed."},
              "decisive": [decisive_cell(16)],
-             "context": {"words": words, "forward_ms": forward_ms,
-                         "overlap": {"assumed": "queued", "note": note}}}))
+             "context": {"words": words, "forward_ms": forward_ms},
+             "conditions": {"overlap": {
+                 "column": "overlap_order", "decided": "queued", "values": ["queued"],
+                 "under": {}, "changes_answer": None, "flipped_cells": [], "words": "w",
+                 "note": note}}}))
         page = report.write_index(run_dir).read_text()
-        assert (f"<p class='overlap'>{note}</p>" in page) is shown
+        assert (f"<p class='condition overlap'>{note}</p>" in page) is shown
         assert page.index("<details id='context'>") > page.index("<table id='decisive'>")
     older = fake_run(tmp_path / "older")
     (older / "verdict.json").write_text(json.dumps(

@@ -283,7 +283,8 @@ class ProgressLines:
                  interval_s: float = 0.5) -> None:
         self.prefix, self.output, self.log = prefix, Path(output), Path(log)
         self.enabled, self.interval_s = enabled, interval_s
-        self._offset, self._cell, self._started = 0, None, time.perf_counter()
+        self._offset, self._started = 0, time.perf_counter()
+        self._cell: int | None = None  # the cell now running, as its index
         self._said = self._started
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -447,7 +448,7 @@ def _run(recorder: ManifestRecorder, plan: RunPlan, progress: bool,
                              "hardware": here})
         recorder.save()
         write_index(recorder)
-        with open(run_dir / KERNEL_LOG, "a") as log, WarmKernels(
+        with open(run_dir / KERNEL_LOG, "a", encoding="utf-8") as log, WarmKernels(
                 [(nb.name, nb.path) for nb in plan.notebooks], log, plan.start_timeout_s) as warm:
             start_kernels(recorder, warm, progress)
             for index in range(len(plan.notebooks)):

@@ -19,7 +19,7 @@ from __future__ import annotations
 import shutil
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, overload
 
 from stagelab.analyse import claims
 from stagelab.core import measured as measured_folder
@@ -103,6 +103,9 @@ def _checked_origin(plan: RunPlan, copy: MeasuredFolder, params: Iterable[str]) 
     preflight = read_folder_json(copy, "preflight.json", required=False)
     for entry in replayed:
         check_claims(copy, entry, hardware, preflight)
+    contradiction = claims.snapshot_problem(hardware)  # whether or not a row needs CUDA
+    if contradiction:
+        raise copy.refusal(f"{contradiction}; refused")
     plan.notebooks = kept
     return {**copy.origin(manifest), "hardware": hardware}
 
@@ -117,6 +120,16 @@ def measured_parameters(notebook: NotebookPlan, entry: dict[str, Any],
     profiles.check_parameters(notebook.name, given, declared,
                               f"--from {folder}: {measured_folder.MANIFEST}")
     return dict(given)
+
+
+@overload
+def read_folder_json(folder: MeasuredFolder, name: str,
+                     required: Literal[True] = True) -> dict[str, Any]: ...
+
+
+@overload
+def read_folder_json(folder: MeasuredFolder, name: str,
+                     required: bool) -> dict[str, Any] | None: ...
 
 
 def read_folder_json(folder: MeasuredFolder, name: str,
