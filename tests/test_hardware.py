@@ -2,6 +2,7 @@
 
 import json
 import os
+import sys
 
 import pytest
 import torch
@@ -156,3 +157,57 @@ def test_a_numa_node_of_minus_one_is_unknown_not_another_node(monkeypatch):
     assert hardware.gpu_numa_node("0000:17:00.0") is None
     monkeypatch.setattr(hardware, "_read_text", lambda path: "1\n")
     assert hardware.gpu_numa_node("0000:17:00.0") == 1
+
+
+class _CountingNvml:
+    """A stand-in pynvml that counts its initialisations, handles and shut-downs."""
+
+    NVML_CLOCK_SM = 1
+
+    def __init__(self):
+        self.inits = self.handles = self.shutdowns = self.reads = 0
+
+    def nvmlInit(self):
+        self.inits += 1
+
+    def nvmlShutdown(self):
+        self.shutdowns += 1
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        self.handles += 1
+        return ("handle", index)
+
+    def nvmlDeviceGetClockInfo(self, handle, clock):
+        self.reads += 1
+        return 1980
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle):
+        return 0
+
+
+def test_clock_samples_share_one_nvml_handle(monkeypatch):
+    """Before: NVML was initialised and shut around every SM clock sample (about 240 pairs a
+    gate); now a run's samples share one initialisation and one handle, shut at exit."""
+    fake = _CountingNvml()
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monkeypatch.setattr(hardware.torch.cuda, "is_available", lambda: False)
+    exits = []
+    monkeypatch.setattr(hardware.atexit, "register", exits.append)
+    hardware.nvml_device.cache_clear()
+    try:
+        samples = [hardware.sm_clock_sample(0) for _ in range(7)]
+    finally:
+        hardware.nvml_device.cache_clear()
+    assert samples == [(1980, 0, "")] * 7 and fake.reads == 7
+    assert (fake.inits, fake.handles, fake.shutdowns) == (1, 1, 0)
+    assert exits == [fake.nvmlShutdown]
+
+
+def test_without_nvml_a_clock_sample_says_why(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml raises ImportError
+    hardware.nvml_device.cache_clear()
+    try:
+        assert hardware.sm_clock_sample(0)[:2] == (None, None)
+        assert "NVML cannot be read" in hardware.sm_clock_sample(0)[2]
+    finally:
+        hardware.nvml_device.cache_clear()

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 
+from stagelab.core import launches
 from stagelab.measure import logprobs as lp
 from stagelab.measure import onepass
 
@@ -81,7 +82,8 @@ def backend(request):
 
 
 def reference(logits: torch.Tensor, k: int, targets: torch.Tensor) -> dict[str, np.ndarray]:
-    """float64 log-softmax; top-K by value descending then id ascending; rank by counting."""
+    """float64 log-softmax; top-K by value descending then id ascending; rank by counting the
+    logits at or above the target's (vLLM's convention), ties by counting the equal ones."""
     x = logits.double().cpu().numpy()
     lse = np.log(np.exp(x - x.max(1, keepdims=True)).sum(1)) + x.max(1)
     logprobs = x - lse[:, None]
@@ -91,7 +93,7 @@ def reference(logits: torch.Tensor, k: int, targets: torch.Tensor) -> dict[str, 
     return dict(values=np.take_along_axis(logprobs, ids.reshape(len(x), k), 1),
                 ids=ids.reshape(len(x), k), logsumexp=lse,
                 target_logprob=logprobs[np.arange(len(x)), t],
-                target_rank=1 + (x > target[:, None]).sum(1),
+                target_rank=(x >= target[:, None]).sum(1),
                 target_ties=(x == target[:, None]).sum(1))
 
 
@@ -138,7 +140,8 @@ def test_ties_come_in_order_of_lower_id_and_count_in_the_rank(backend):
     logits[1] = 1.0  # a whole row tied
     logits[2, 0] = -0.0  # -0.0 ties with 0.0
     result = run(backend, logits, 20, ids(4, 200), tile=32, splits=2)
-    assert result.target_ties[1] == 200 and result.target_rank[1] == 1
+    assert result.target_ties[1] == 200 and result.target_rank[1] == 200
+    assert result.rank_strict()[1] == 1
 
 
 def test_minus_infinity_masks_and_a_row_with_one_finite_logit(backend):
@@ -151,6 +154,30 @@ def test_minus_infinity_masks_and_a_row_with_one_finite_logit(backend):
     assert result.values[1, 0] == 0.0 and result.ids[1, 0] == 77
     assert torch.isinf(result.values[1, 1:]).all()
     assert result.ids[1, 1:].tolist() == list(range(7))  # -inf ties: lowest ids first
+
+
+def vllm_ranks(logits: torch.Tensor, targets: torch.Tensor) -> np.ndarray:
+    """vLLM's rank, restated here: V1's ``batched_count_greater_than`` and MRv2's
+    ``_ranks_kernel`` count, per row, the fp32 logprobs greater than or equal to the target's."""
+    x = logits.float().cpu().numpy()
+    logprobs = x - np.log(np.exp(x - x.max(1, keepdims=True)).sum(1, keepdims=True)) - x.max(
+        1, keepdims=True)
+    target = logprobs[np.arange(len(x)), targets.cpu().numpy()]
+    return (logprobs >= target[:, None]).sum(1)
+
+
+def test_the_rank_is_vllms_on_tied_bf16_rows(backend):
+    """Before: ``target_rank`` was 1 + the logits strictly above the target's, and differed
+    from vLLM's count on every row whose target ties another logit (61 of 64 bf16 rows at
+    V = 32000). Tile and splits are small so that the ties fall across tiles and slices."""
+    logits = randn(16, 4000, seed=7, dtype=torch.bfloat16)
+    targets = ids(16, 4000, seed=8)
+    result = run(backend, logits, 5, targets, tile=256, splits=3)
+    tied = result.target_ties.cpu().numpy() > 1
+    assert tied.sum() >= 12  # the case this test is for: most targets tie another logit
+    np.testing.assert_array_equal(result.target_rank.cpu().numpy(), vllm_ranks(logits, targets))
+    strict = result.rank_strict().cpu().numpy()
+    assert (strict < result.target_rank.cpu().numpy())[tied].all()
 
 
 def test_bf16_logits_are_read_as_they_are(backend):
@@ -211,13 +238,12 @@ def test_without_targets_only_the_top_k_and_logsumexp(backend):
     want = reference(logits, 4, torch.zeros(2, dtype=torch.int64))
     np.testing.assert_array_equal(result.ids.cpu().numpy(), want["ids"])
     with pytest.raises(ValueError, match="targets"):
-        result.rank_counting_ties()
+        result.rank_strict()
 
 
 def test_the_split_plan_leaves_no_slice_empty():
     for vocab, tile, splits in [(300, 64, 3), (300, 64, 5), (65, 64, 7), (1, 64, 4)]:
-        block, _, parts, span = onepass.launch_plan(1, vocab, 5, tile, splits,
-                                                    torch.device("cpu"))
+        block, _, parts, span = launches.launch_plan(1, vocab, 5, tile, splits, slots=2)
         assert 1 <= parts <= splits and (parts - 1) * span < vocab <= parts * span
         assert span % block == 0
 
@@ -250,7 +276,8 @@ def test_folded_ties_come_in_order_of_lower_id_and_count_in_the_rank(backend):
     logits[1] = 1.0
     logits[2, 0] = -0.0
     result = fold(backend, logits, 20, ids(4, 200), tile=32)
-    assert result.target_ties[1] == 200 and result.target_rank[1] == 1
+    assert result.target_ties[1] == 200 and result.target_rank[1] == 200
+    assert result.rank_strict()[1] == 1
 
 
 def test_folded_minus_infinity_masks_and_a_row_with_one_finite_logit(backend):
@@ -395,3 +422,74 @@ def test_read_rates_on_a_cpu_say_no_kernel_and_no_hbm_ran():
     for row in found:
         assert row["backend"] == "torch" and row["hbm_share"] is None and row["note"]
         assert row["read_gbps"] == pytest.approx(2 * 300 * 4 / row["seconds"] / 1e9)
+
+
+class _RecordingClock:
+    """A host clock that records what happens while it runs: allocations by torch.empty."""
+
+    def __init__(self, log):
+        self.log = log
+
+    def start(self):
+        self.log.append("start")
+
+    def stop(self):
+        self.log.append("stop")
+        return 1.0
+
+
+def test_the_read_rate_interval_holds_the_launches_alone(interpreted, monkeypatch):
+    """Before: the start event was recorded before the host allocated the outputs and launched,
+    so at n <= 64 the read rate timed the host. Now every output is allocated before the
+    interval, and only the kernel's launches run inside it."""
+    name, device = "triton", interpreted
+    logits, targets = randn(2, 300).to(device), ids(2, 300).to(device)
+    log = []
+    real_empty = torch.empty
+
+    def empty(*args, **kwargs):
+        log.append("alloc")
+        return real_empty(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "empty", empty)
+    ran = []
+    real_run = onepass.run_launch
+    monkeypatch.setattr(onepass, "run_launch",
+                        lambda launch, pointers: (log.append("launch"), ran.append(launch),
+                                                  real_run(launch, pointers)))
+    monkeypatch.setattr(onepass, "HostClock", lambda: _RecordingClock(log))
+    onepass._median_call_seconds(logits, 3, targets, name, "warm", repeats=2, warmup=1)
+    first = log.index("start")
+    assert "alloc" in log[:first] and "launch" not in log[:first]
+    inside = [event for event in log[first:] if event not in ("start", "stop")]
+    assert inside and set(inside) == {"launch"}
+    assert len(ran) == 3 * len(launches.triton_launches(2, 300, 3, True, None, None,
+                                                            onepass.program_slots(
+                                                                logits.device)))
+
+
+def test_the_device_clock_queues_a_sleep_before_its_start_event(monkeypatch):
+    """The host's launches sit behind a sleep kernel queued before the start event, so the
+    interval opens on the device only once they are queued."""
+    log = []
+
+    class Event:
+        def __init__(self, enable_timing):
+            self.name = f"event{len(log)}"
+
+        def record(self):
+            log.append(("record", self.name))
+
+        def synchronize(self):
+            log.append(("sync", self.name))
+
+        def elapsed_time(self, other):
+            return 2.0
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: log.append(("sleep", cycles)))
+    clock = onepass.DeviceClock()
+    clock.start()
+    assert log == [("sleep", onepass.SLEEP_CYCLES), ("record", clock.begin.name)]
+    assert clock.stop() == pytest.approx(2e-3)
+    assert log[-2:] == [("record", clock.end.name), ("sync", clock.end.name)]

@@ -171,3 +171,33 @@ def test_force_cannot_pass_a_failing_pinned_copy(monkeypatch, tmp_path):
     forced = measure_command.Request("gate", {}, {}, tmp_path, force=True, decides=True)
     assert measure_command.refused_no_go(forced, preflight.blocking_reasons(checks),
                                          decisive) is not None
+
+
+def test_what_tritons_first_launch_needs_is_named_when_missing(tmp_path, monkeypatch):
+    """Before: nothing checked that a node can build Triton's launcher (a C compiler, Python.h,
+    libcuda.so.1); its first launch would fail the one-pass arms on the lease."""
+    monkeypatch.delenv("CC", raising=False)
+    header = tmp_path / "Python.h"
+
+    def no_driver(name):
+        raise OSError(f"{name}: cannot open shared object file")
+
+    missing = preflight.triton_launch_missing(which=lambda name: None, python_h=header,
+                                              load=no_driver)
+    assert [m.split(" (")[0] for m in missing] == ["a C compiler", "Python.h", "libcuda.so.1"]
+    header.write_text("")
+    found = preflight.triton_launch_missing(which=lambda name: f"/usr/bin/{name}",
+                                            python_h=header, load=lambda name: object())
+    assert found == []
+    monkeypatch.setenv("CC", "cc")
+    assert preflight.triton_launch_missing(which=lambda name: None, python_h=header,
+                                           load=lambda name: object()) == []
+
+
+def test_the_preflight_says_whether_triton_can_launch(monkeypatch):
+    monkeypatch.setattr(preflight, "triton_launch_missing", lambda: ["libcuda.so.1 (x)"])
+    check = preflight.check_triton_launch()
+    assert check.status in (preflight.UNAVAILABLE, preflight.INFO)
+    if check.status == preflight.UNAVAILABLE:
+        assert check.data["missing"] == ["libcuda.so.1 (x)"] and "libcuda" in check.detail
+    assert "triton_launch" in {c.name for c in preflight.run_checks({})}

@@ -517,3 +517,20 @@ def test_head_fused_is_exact_at_a_real_vocabulary_and_holds_a_third_of_a_chunk()
         method=HEAD_FUSED, k=5, overlap=True)])
     assert peak["hwm_reset"]
     assert 0 < peak["host_extra_bytes"] <= 0.35 * 256 * vocab * 4
+
+
+@pytest.mark.parametrize("method", pl.METHODS)
+def test_every_method_ranks_as_vllm_on_tied_bf16_rows(method):
+    """vLLM's rank (V1's ``batched_count_greater_than``: the logprobs ``>=`` the target's),
+    restated here, on bf16 logits that are small integers (exact in every product, so that
+    ties are ties in every method): a tied target ranks behind every logit it ties."""
+    generator = torch.Generator().manual_seed(5)
+    hidden = torch.randint(-3, 4, (41, 8), generator=generator).to(torch.bfloat16)
+    weight = torch.randint(-3, 4, (300, 8), generator=generator).to(torch.bfloat16)
+    ids = torch.randint(0, 300, (41,), generator=generator)
+    result = pl.prompt_logprobs(hidden, weight, ids, 4, 16, method=method, tile=64)
+    logits = (hidden.float() @ weight.float().T)[:-1]
+    target = logits.gather(1, ids[1:, None])
+    want = (logits >= target).sum(1)
+    assert ((logits == target).sum(1) > 1).float().mean() > 0.9  # ties on most rows
+    assert torch.equal(result.selected_token_ranks.long(), want)

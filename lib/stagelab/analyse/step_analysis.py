@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from stagelab.analyse import stats
+from stagelab.analyse import roofline, stats
 from stagelab.analyse.timings import cells, compare, not_measured_reason, ok_timings
 from stagelab.core import catalogue, forward, schema
 from stagelab.core.catalogue import STAGES, TOTAL
@@ -309,7 +309,9 @@ def host_gather_backends(frame: pd.DataFrame) -> pd.DataFrame:
 def read_rate_table(frame: pd.DataFrame) -> pd.DataFrame:
     """The one-pass kernel's figure of merit per size: GB/s of logits read, L2 warm and cold,
     and the share of the GPU's HBM peak (the step's ``read_rate`` rows, measured once per size
-    outside the timed calls); one line saying why where there are none."""
+    outside the timed calls), beside the share the roofline *model* predicts on an H200 from
+    the kernel's compiled cubins (:mod:`stagelab.analyse.roofline`: not a measurement); one
+    line saying why where there are none."""
     rows = frame[(frame["metric"] == schema.READ_RATE) & (frame["status"] == "ok")]
     if rows.empty:
         failed = frame[(frame["metric"] == schema.READ_RATE) & (frame["status"] != "ok")]
@@ -318,7 +320,10 @@ def read_rate_table(frame: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame([{"read rate": why}])
     table = rows.assign(
         l2=rows["stage"].str.removeprefix("l2_"), read_gb_per_s=rows["bytes"] / rows["seconds"] / 1e9,
-        call_us=rows["seconds"] * 1e6, hbm_percent=rows["value"] * 100)
+        call_us=rows["seconds"] * 1e6, hbm_percent=rows["value"] * 100,
+        model_hbm_percent_h200=[roofline.percent_range(int(r), int(v), int(k), str(d))
+                                for r, v, k, d in zip(rows["rows"], rows["vocab"], rows["k"],
+                                                      rows["dtype"], strict=True)])
     return table[["rows", "vocab", "k", "dtype", "l2", "call_us", "read_gb_per_s", "hbm_percent",
-                  "note"]].reset_index(drop=True)
+                  "model_hbm_percent_h200", "note"]].reset_index(drop=True)
 

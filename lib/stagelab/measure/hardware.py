@@ -7,6 +7,8 @@ returns the host part and lists in ``unavailable`` what could not be read, in pl
 
 from __future__ import annotations
 
+import atexit
+import functools
 import os
 import platform
 import resource
@@ -236,25 +238,37 @@ def snapshot(under_load: bool = False, device_index: int = 0) -> dict[str, Any]:
     return snap
 
 
-def sm_clock_sample(index: int = 0) -> tuple[int | None, int | None, str]:
-    """The GPU's SM clock (MHz) and its current throttle reasons (NVML's bit mask; 0 is none),
-    and why not where NVML cannot say."""
+@functools.cache
+def nvml_device(index: int = 0) -> tuple[Any, Any, str]:
+    """``(pynvml, handle, "")`` of the GPU CUDA calls ``index``, NVML initialised once for the
+    process (and shut at its exit), or ``(None, None, why)``: a run's clock samples share one
+    handle instead of opening and shutting NVML around each (about 240 pairs a gate)."""
     try:
         import pynvml
 
         pynvml.nvmlInit()
     except Exception as exc:  # ImportError, or an NVMLError subclass
         return None, None, f"NVML cannot be read here ({type(exc).__name__}: {exc})"
+    atexit.register(pynvml.nvmlShutdown)
     try:
-        handle = nvml_handle(pynvml, index)
+        return pynvml, nvml_handle(pynvml, index), ""
+    except Exception as exc:
+        return None, None, f"NVML: {type(exc).__name__}: {exc}"
+
+
+def sm_clock_sample(index: int = 0) -> tuple[int | None, int | None, str]:
+    """The GPU's SM clock (MHz) and its current throttle reasons (NVML's bit mask; 0 is none),
+    and why not where NVML cannot say (through the run's one handle, :func:`nvml_device`)."""
+    pynvml, handle, why = nvml_device(index)
+    if handle is None:
+        return None, None, why
+    try:
         mhz = int(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM))
         reasons = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
             pynvml, "nvmlDeviceGetCurrentClocksThrottleReasons", None)
         return mhz, None if reasons is None else int(reasons(handle)), ""
     except Exception as exc:
         return None, None, f"NVML: {type(exc).__name__}: {exc}"
-    finally:
-        pynvml.nvmlShutdown()
 
 
 # ------------------------------------------------------------- the machine under the numbers

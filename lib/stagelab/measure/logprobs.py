@@ -52,7 +52,8 @@ HOST_BACKENDS = ("numpy", "native")
 @dataclass
 class LogprobsTensors:
     """``logprob_token_ids`` int32 ``[N, K+1]``, ``logprobs`` fp32 ``[N, K+1]``,
-    ``selected_token_ranks`` int32 ``[N]``; column 0 is the selected/target token."""
+    ``selected_token_ranks`` int32 ``[N]`` (vLLM's rank: the logprobs ``>=`` the target's, itself
+    included); column 0 is the selected/target token."""
 
     logprob_token_ids: torch.Tensor
     logprobs: torch.Tensor

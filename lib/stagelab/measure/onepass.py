@@ -2,8 +2,13 @@
 
 log-softmax is monotonic per row, so everything a logprobs request needs comes from the raw
 logits and one per-row logsumexp: :func:`topk_logprobs` returns the top-K logprobs (descending,
-ties by lower token id), their ids, the logsumexp, and the target's logprob and rank
-(1 + the number of logits strictly greater than the target's).
+ties by lower token id), their ids, the logsumexp, and the target's logprob and rank.
+
+The rank's tie convention is vLLM's (V1's ``batched_count_greater_than``, MRv2's
+``_ranks_kernel``): the number of logits **greater than or equal to** the target's, itself
+included, so a target tied with others ranks behind all of them (1 is a target above every
+other logit). ``target_ties`` counts the logits equal to it, and :meth:`OnePass.rank_strict`
+gives the other convention, 1 + the logits strictly greater.
 
 Two backends give the same answer:
 
@@ -24,23 +29,29 @@ comparison and top-K is exact and deterministic on both backends (``-0.0`` count
 from __future__ import annotations
 
 import functools
-import math
 import os
 import statistics
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
 
 import torch
 
 from stagelab.core import catalogue, schema
+from stagelab.core.launches import (
+    Launch,
+    finish_launch,
+    fold_launch,
+    pow2_at_least,
+    triton_launches,
+)
 from stagelab.measure import logprobs as lp
 
 BACKENDS = ("triton", "torch")
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 MAX_K = 1024  # the kernel's top-K lives in registers: 1024 int64 keys per program at most
-DEFAULT_TILE = 2048  # vocabulary entries per tile of the kernel (a power of two)
 ID_MASK = 0xFFFFFFFF
 # The torch backend's temporaries per element of a row block: the fp32 values (4), their int64
 # keys (8) and the int32 temporary they are formed from (4), the exponentials (4), a comparison (1).
@@ -53,9 +64,9 @@ BAD_ROWS = "logits contain NaN, +inf, or only -inf"  # the fused path's words (l
 class OnePass:
     """One call's results, on the logits' device. ``values`` fp32 ``[n, k]`` (logprobs,
     descending, ties by lower id) and ``ids`` int64 ``[n, k]``; ``logsumexp`` fp32 ``[n]``;
-    with targets, ``target_logprob`` fp32 ``[n]``, ``target_rank`` int64 ``[n]`` (1 + the
-    logits strictly above the target's) and ``target_ties`` int64 ``[n]`` (the logits equal to
-    it, itself included), else None; ``backend``: the backend that ran."""
+    with targets, ``target_logprob`` fp32 ``[n]``, ``target_rank`` int64 ``[n]`` (vLLM's: the
+    logits ``>=`` the target's, itself included) and ``target_ties`` int64 ``[n]`` (the logits
+    equal to it, itself included), else None; ``backend``: the backend that ran."""
 
     values: torch.Tensor
     ids: torch.Tensor
@@ -65,22 +76,23 @@ class OnePass:
     target_ties: torch.Tensor | None
     backend: str
 
-    def rank_counting_ties(self) -> torch.Tensor:
-        """vLLM V1's rank: the logits ``>=`` the target's (ties count against the target)."""
+    def rank_strict(self) -> torch.Tensor:
+        """The other tie convention: 1 + the logits strictly greater than the target's (a tied
+        target ranks ahead of the logits it ties); ``target_rank`` is vLLM's."""
         if self.target_rank is None or self.target_ties is None:
-            raise ValueError("rank_counting_ties needs the targets: call with targets=")
-        return self.target_rank - 1 + self.target_ties
+            raise ValueError("rank_strict needs the targets: call with targets=")
+        return self.target_rank - self.target_ties + 1
 
     def into(self, out: lp.LogprobsTensors, targets: torch.Tensor) -> lp.LogprobsTensors:
         """Write these results into ``[n, K+1]`` :class:`LogprobsTensors` (column 0 the
-        target, ranks counting ties as vLLM does); returns ``out``."""
-        if self.target_logprob is None:
+        target, its rank vLLM's, as ``target_rank``); returns ``out``."""
+        if self.target_logprob is None or self.target_rank is None:
             raise ValueError("into needs the targets: call with targets=")
         out.logprob_token_ids[:, 0] = targets
         out.logprob_token_ids[:, 1:] = self.ids
         out.logprobs[:, 0] = self.target_logprob
         out.logprobs[:, 1:] = self.values
-        out.selected_token_ranks.copy_(self.rank_counting_ties())
+        out.selected_token_ranks.copy_(self.target_rank)
         return out
 
 
@@ -240,7 +252,7 @@ def _torch_target(x: torch.Tensor, targets: torch.Tensor, out: OnePass, block: s
     assert out.target_logprob is not None and out.target_rank is not None
     assert out.target_ties is not None
     out.target_logprob[block] = target[:, 0] - out.logsumexp[block]
-    out.target_rank[block] = 1 + (x > target).sum(1)
+    out.target_rank[block] = (x >= target).sum(1)
     out.target_ties[block] = (x == target).sum(1)
 
 
@@ -257,67 +269,63 @@ def _empty(rows: int, k: int, with_targets: bool, device: torch.device, backend:
 
 # ------------------------------------------------------------------------------------ triton
 
-def pow2_at_least(value: int) -> int:
-    """The smallest power of two ``>= value`` (1 for 0)."""
-    return 1 << max(0, value - 1).bit_length()
-
-
-def default_splits(rows: int, tiles: int, device: torch.device) -> int:
-    """Slices per row: enough programs for two per SM (per core in the interpreter), never more
-    slices than tiles; 1 once the rows alone fill the device."""
+def program_slots(device: torch.device) -> int:
+    """Programs the device runs at once for the split plan: two per SM on a CUDA device, one
+    per core in the interpreter."""
     if device.type == "cuda":
-        slots = 2 * torch.cuda.get_device_properties(device).multi_processor_count
-    else:
-        slots = os.cpu_count() or 1
-    return max(1, min(tiles, slots // max(rows, 1)))
+        return 2 * torch.cuda.get_device_properties(device).multi_processor_count
+    return os.cpu_count() or 1
 
 
-def launch_plan(rows: int, vocab: int, k: int, tile: int | None, splits: int | None,
-                device: torch.device) -> tuple[int, int, int, int]:
-    """``(BLOCK, K_PAD, slices per row, span of a slice)``: no slice is empty; ``K_PAD`` is at
-    least 2 (Triton's sort and merge need a dimension to work along)."""
-    k_pad = pow2_at_least(max(k, 2))
-    block = max(tile or DEFAULT_TILE, k_pad)
-    tiles = math.ceil(vocab / block)
-    parts = min(tiles, splits or default_splits(rows, tiles, device))
-    span = math.ceil(tiles / parts) * block
-    return block, k_pad, math.ceil(vocab / span), span
+def run_launch(launch: Launch, pointers: dict[str, torch.Tensor]) -> None:
+    """Run ``launch`` with its pointer arguments taken by name from ``pointers``."""
+    kernel = getattr(_import_kernels(), launch.kernel)
+    bound = {name: pointers[name] for name in kernel.arg_names if name.endswith("_ptr")}
+    kernel[launch.grid](**bound, **launch.scalars, **launch.constexprs,
+                        num_warps=launch.num_warps)
+
+
+def result_pointers(out: OnePass) -> dict[str, torch.Tensor]:
+    """The results' pointer arguments of the kernels, by name (a target's result without
+    targets: the logsumexp, which the kernel then leaves alone)."""
+    dummy = out.logsumexp
+    return dict(values_ptr=out.values, ids_ptr=out.ids, lse_ptr=out.logsumexp,
+                target_lp_ptr=out.target_logprob if out.target_logprob is not None else dummy,
+                rank_ptr=out.target_rank if out.target_rank is not None else dummy,
+                ties_ptr=out.target_ties if out.target_ties is not None else dummy)
+
+
+def _partial_pointers(first: Launch, rows: int, device: torch.device
+                      ) -> dict[str, torch.Tensor]:
+    """The split variant's partial states (per row and slice), by pointer name; one-element
+    stand-ins where the row is not split."""
+    parts, k_pad = first.grid[1], int(first.constexprs["K_PAD"])
+    found = {}
+    for name, dtype, width in (("m", torch.float32, 1), ("s", torch.float32, 1),
+                               ("keys", torch.int64, k_pad), ("ge", torch.int64, 1),
+                               ("eq", torch.int64, 1)):
+        size = rows * parts * width if parts > 1 else 1
+        found[f"part_{name}_ptr"] = torch.empty(size, dtype=dtype, device=device)
+    return found
 
 
 def _triton(logits: torch.Tensor, k: int, targets: torch.Tensor | None, tile: int | None,
             splits: int | None) -> OnePass:
     """The Triton backend: one kernel (plus the merge where rows are split)."""
-    module = _import_kernels()
     rows, vocab = logits.shape
     device = logits.device
     if rows == 0:
         return _empty(0, k, targets is not None, device, "triton")
     if logits.stride(1) != 1:
         logits = logits.contiguous()  # the kernel reads rows of consecutive logits
-    block, k_pad, parts, span = launch_plan(rows, vocab, k, tile, splits, device)
+    launches = triton_launches(rows, vocab, k, targets is not None, tile, splits,
+                               program_slots(device), logits.stride(0))
     out = _empty(rows, k, targets is not None, device, "triton")
-    dummy = out.logsumexp
-    results = (out.values, out.ids, out.logsumexp,
-               *(t if t is not None else dummy
-                 for t in (out.target_logprob, out.target_rank, out.target_ties)))
-    tid = targets if targets is not None else dummy
-    flags = dict(K_PAD=k_pad, TOPK=k > 0, HAS_TARGET=targets is not None)
-    warps = 8 if block >= 4096 else 4
-    if parts == 1:
-        module.onepass_kernel[(rows, 1)](logits, logits.stride(0), vocab, tid, *results,
-                                         *([dummy] * 5), k, span, BLOCK=block, SPLIT=False,
-                                         num_warps=warps, **flags)
-        return out
-    partial = (torch.empty(rows * parts, dtype=torch.float32, device=device),
-               torch.empty(rows * parts, dtype=torch.float32, device=device),
-               torch.empty(rows * parts * k_pad, dtype=torch.int64, device=device),
-               torch.empty(rows * parts, dtype=torch.int64, device=device),
-               torch.empty(rows * parts, dtype=torch.int64, device=device))
-    module.onepass_kernel[(rows, parts)](logits, logits.stride(0), vocab, tid, *results,
-                                         *partial, k, span, BLOCK=block, SPLIT=True,
-                                         num_warps=warps, **flags)
-    module.merge_kernel[(rows,)](logits, logits.stride(0), tid, *results, *partial, k, parts,
-                                 num_warps=4, **flags)
+    pointers = dict(result_pointers(out), x_ptr=logits,
+                    targets_ptr=targets if targets is not None else out.logsumexp)
+    pointers.update(_partial_pointers(launches[0], rows, device))
+    for launch in launches:
+        run_launch(launch, pointers)
     return out
 
 
@@ -336,8 +344,8 @@ def fold_backend(device: torch.device) -> str:
 class TileFold:
     """Per-row running statistics of logits that arrive one vocabulary tile at a time (the
     ``head_fused`` prompt method: the lm_head's product, a ``[C, tile]`` block at a time):
-    max, rescaled sum of exponentials, the best ``k`` keys, and the logits above and equal to
-    each row's target logit. :meth:`add` folds a tile in, :meth:`finish` gives the
+    max, rescaled sum of exponentials, the best ``k`` keys, and the logits at or above and
+    equal to each row's target logit. :meth:`add` folds a tile in, :meth:`finish` gives the
     :class:`OnePass` of the whole vocabulary; what is held between tiles is ``O(rows x k)``.
 
     ``"triton"`` folds each tile with the one-pass kernel's state and its split variant's merge
@@ -357,8 +365,8 @@ class TileFold:
         self.k_pad = pow2_at_least(max(k, 2))
         self.peak = torch.full((rows,), float("-inf"), device=device)
         self.total = torch.zeros(rows, device=device)
-        self.greater = torch.zeros(rows, dtype=torch.int64, device=device)
-        self.ties = torch.zeros_like(self.greater)
+        self.at_least = torch.zeros(rows, dtype=torch.int64, device=device)
+        self.ties = torch.zeros_like(self.at_least)
         width = self.k_pad if backend == "triton" else 0
         self.best = torch.full((rows, width), KEY_FLOOR, dtype=torch.int64, device=device)
 
@@ -381,7 +389,7 @@ class TileFold:
                       + (x - safe[:, None]).exp_().sum(dim=1))
         self.peak = new_peak
         if self.target is not None:
-            self.greater += (x > self.target[:, None]).sum(dim=1)
+            self.at_least += (x >= self.target[:, None]).sum(dim=1)
             self.ties += (x == self.target[:, None]).sum(dim=1)
         if self.k:
             low = ID_MASK - torch.arange(first_id, first_id + x.shape[1], device=x.device)
@@ -393,38 +401,31 @@ class TileFold:
         del x
 
     def _add_triton(self, logits: torch.Tensor, first_id: int) -> None:
-        module = _import_kernels()
         if logits.stride(1) != 1:
             logits = logits.contiguous()
-        width = logits.shape[1]
-        block = max(self.k_pad, min(pow2_at_least(width), DEFAULT_TILE))
-        target = self.target if self.target is not None else self.total
-        module.fold_kernel[(self.rows,)](
-            logits, logits.stride(0), width, first_id, target, self.peak, self.total,
-            self.best, self.greater, self.ties, BLOCK=block, K_PAD=self.k_pad,
-            TOPK=self.k > 0, HAS_TARGET=self.target is not None,
-            num_warps=8 if block >= 4096 else 4)
+        launch = fold_launch(self.rows, logits.shape[1], first_id, self.k,
+                             self.target is not None, logits.stride(0))
+        run_launch(launch, dict(x_ptr=logits, **self._state_pointers()))
+
+    def _state_pointers(self) -> dict[str, torch.Tensor]:
+        """The running state's pointer arguments of the fold and finish kernels, by name."""
+        return dict(target_ptr=self.target if self.target is not None else self.total,
+                    state_m_ptr=self.peak, state_s_ptr=self.total, state_keys_ptr=self.best,
+                    state_ge_ptr=self.at_least, state_eq_ptr=self.ties)
 
     def finish(self) -> OnePass:
         """The results over every tile folded in (logprobs, as :func:`topk_logprobs` gives)."""
         out = _empty(self.rows, self.k, self.target is not None, self.device, self.backend)
         if self.backend == "triton" and self.rows:
-            dummy = out.logsumexp
-            results = (out.values, out.ids, out.logsumexp,
-                       *(t if t is not None else dummy
-                         for t in (out.target_logprob, out.target_rank, out.target_ties)))
-            target = self.target if self.target is not None else dummy
-            _import_kernels().finish_kernel[(self.rows,)](
-                target, *results, self.peak, self.total, self.best, self.greater, self.ties,
-                self.k, K_PAD=self.k_pad, TOPK=self.k > 0, HAS_TARGET=self.target is not None,
-                num_warps=4)
+            run_launch(finish_launch(self.rows, self.k, self.target is not None),
+                       dict(result_pointers(out), **self._state_pointers()))
             return out
         out.logsumexp.copy_(self.peak + torch.log(self.total))
         if self.target is not None:
             assert out.target_logprob is not None and out.target_rank is not None
             assert out.target_ties is not None
             out.target_logprob.copy_(self.target - out.logsumexp)
-            out.target_rank.copy_(1 + self.greater)
+            out.target_rank.copy_(self.at_least)
             out.target_ties.copy_(self.ties)
         if self.k:
             values, ids = decode_keys(self.best)
@@ -454,10 +455,12 @@ def read_rates_of(logits: torch.Tensor, k: int, targets: torch.Tensor, *, repeat
                   warmup: int) -> list[dict]:
     """The kernel alone on ``logits``: bytes of logits read per second, median of ``repeats``
     calls, with the L2 warm (the same logits every call) and cold (on a GPU, a buffer twice the
-    L2's size written between calls; on a CPU, a fresh copy of the logits per call, so that no
+    L2's size read between calls; on a CPU, a fresh copy of the logits per call, so that no
     call reads what the last one cached), and where the GPU's datasheet HBM peak is known, the
-    share of it (``hbm_share``). CUDA events time a GPU call, the host clock a CPU one (the
-    torch backend: no HBM, and the share is None, said in ``note``)."""
+    share of it (``hbm_share``). CUDA events time a GPU call, behind a sleep kernel that keeps
+    the host's launches out of the interval, its outputs allocated before it
+    (:func:`time_calls`); the host clock times a CPU one (the torch backend: no HBM, and the
+    share is None, said in ``note``)."""
     from stagelab.core import forward
 
     where = logits.device
@@ -502,32 +505,116 @@ def read_rate_rows(logits: torch.Tensor, k: int, targets: torch.Tensor, *,
     return rows
 
 
+SLEEP_CYCLES = 4_000_000  # about 2 ms of an SM's clock: longer than the host takes to launch
+
+
+def prepare_call(logits: torch.Tensor, k: int, targets: torch.Tensor, backend: str
+                 ) -> Callable[[torch.Tensor], None]:
+    """A call of the kernel on logits shaped as ``logits``, everything it writes allocated
+    here, once: on the Triton backend the call only launches; the torch backend allocates its
+    own temporaries, as it does in use."""
+    if backend != "triton":
+        def eager(source: torch.Tensor) -> None:
+            _torch(source, k, targets)
+
+        return eager
+    rows, vocab = logits.shape
+    launches = triton_launches(rows, vocab, k, True, None, None, program_slots(logits.device),
+                               logits.stride(0))
+    out = _empty(rows, k, True, logits.device, "triton")
+    pointers = dict(result_pointers(out), targets_ptr=targets,
+                    **_partial_pointers(launches[0], rows, logits.device))
+
+    def call(source: torch.Tensor) -> None:
+        pointers["x_ptr"] = source
+        for launch in launches:
+            run_launch(launch, pointers)
+
+    return call
+
+
+class DeviceClock:
+    """CUDA events around a call, the device held by a sleep kernel queued before the start
+    event, so that the host's launches sit behind it and outside the interval."""
+
+    def __init__(self) -> None:
+        self.begin = torch.cuda.Event(enable_timing=True)
+        self.end = torch.cuda.Event(enable_timing=True)
+
+    def start(self) -> None:
+        torch.cuda._sleep(SLEEP_CYCLES)
+        self.begin.record()
+
+    def stop(self) -> float:
+        self.end.record()
+        self.end.synchronize()
+        return self.begin.elapsed_time(self.end) / 1e3
+
+
+class HostClock:
+    """The host's clock around a call (a CPU's kernel runs on the host)."""
+
+    def start(self) -> None:
+        self.began = time.perf_counter()
+
+    def stop(self) -> float:
+        return time.perf_counter() - self.began
+
+
+def l2_flush(device: torch.device) -> Callable[[], None]:
+    """Evict the logits from a GPU's L2 by reading a buffer twice its size (read, not
+    written: a written buffer leaves dirty lines whose write-back would land in the next
+    timed interval)."""
+    size = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0)
+    buffer = torch.ones(2 * (size or L2_FALLBACK_BYTES) // 4, dtype=torch.float32,
+                        device=device)
+    sink = torch.empty((), dtype=torch.float32, device=device)
+
+    def flush() -> None:
+        torch.sum(buffer, dim=0, out=sink)
+
+    return flush
+
+
 def _median_call_seconds(logits: torch.Tensor, k: int, targets: torch.Tensor, backend: str,
                          l2: str, repeats: int, warmup: int) -> float:
-    """The median seconds of one :func:`topk_logprobs` call (``l2``: "warm" or "cold")."""
+    """The median seconds of one kernel call (``l2``: "warm" or "cold"), its outputs
+    allocated before any interval (:func:`prepare_call`)."""
     cuda = logits.device.type == "cuda"
-    flush = None
-    if cuda and l2 == "cold":
-        size = getattr(torch.cuda.get_device_properties(logits.device), "L2_cache_size", 0)
-        flush = torch.empty(2 * (size or L2_FALLBACK_BYTES), dtype=torch.uint8,
-                            device=logits.device)
+    call = prepare_call(logits, k, targets, backend)
+    clock: DeviceClock | HostClock = DeviceClock() if cuda else HostClock()
+    return statistics.median(time_calls(call, clock, _before_call(logits, l2), repeats,
+                                        warmup))
+
+
+def _before_call(logits: torch.Tensor, l2: str) -> Callable[[], torch.Tensor]:
+    """What runs before each timed call and gives it its logits: nothing (L2 warm), an L2
+    flush (cold, GPU), or a fresh copy (cold, CPU: so that no call reads the last one's
+    cache)."""
+    if l2 == "warm":
+        return lambda: logits
+    if logits.device.type != "cuda":
+        return logits.clone
+    flush = l2_flush(logits.device)
+
+    def flushed() -> torch.Tensor:
+        flush()
+        return logits
+
+    return flushed
+
+
+def time_calls(call: Callable[[torch.Tensor], None], clock: DeviceClock | HostClock,
+               before: Callable[[], torch.Tensor], repeats: int, warmup: int) -> list[float]:
+    """Seconds of ``repeats`` calls after ``warmup``: ``before`` (the L2 flush, or a fresh
+    copy) gives each call its logits, outside the interval, then ``clock`` times the call
+    alone."""
     times = []
-    for call in range(warmup + repeats):
-        source = logits.clone() if (l2 == "cold" and not cuda) else logits
-        if flush is not None:
-            flush.zero_()
-        if cuda:
-            start, end = (torch.cuda.Event(enable_timing=True),
-                          torch.cuda.Event(enable_timing=True))
-            start.record()
-            topk_logprobs(source, k, targets, backend=backend, validate=False)
-            end.record()
-            end.synchronize()
-            seconds = start.elapsed_time(end) / 1e3
-        else:
-            began = time.perf_counter()
-            topk_logprobs(source, k, targets, backend=backend, validate=False)
-            seconds = time.perf_counter() - began
-        if call >= warmup:
+    for index in range(warmup + repeats):
+        source = before()
+        clock.start()
+        call(source)
+        seconds = clock.stop()
+        if index >= warmup:
             times.append(seconds)
-    return statistics.median(times)
+    return times

@@ -2,7 +2,8 @@
 
 Each program walks vocabulary tiles of one row (or of one slice of a row: the split variant)
 keeping, in registers, a running max, the sum of exponentials rescaled to it, the counts of
-logits above and equal to the target's, and the best ``K_PAD`` entries so far as int64 keys:
+logits at or above the target's (its rank, vLLM's convention: ties count against the target)
+and equal to it, and the best ``K_PAD`` entries so far as int64 keys:
 the value's bits in an order-preserving integer form in the high 32 bits, the complement of the
 token id in the low 32 bits. Keys are unique per row and order by value, then by lower id, so
 ``tl.topk`` on them gives exactly "descending, ties by lower token id", and merging two lists of
@@ -51,17 +52,17 @@ if triton is not None:
     @triton.jit
     def _merge(best, other):
         """The best K of two descending lists of K unique keys, descending (a bitonic merge)."""
-        return tl.bitonic_merge(tl.maximum(best, tl.flip(other)), descending=True)
+        return tl.bitonic_merge(tl.maximum(best, tl.flip(other, 0)), descending=True)
 
     @triton.jit
     def _tile_state(x_ptr, start, stop, target, first_id, BLOCK: tl.constexpr,
                     K_PAD: tl.constexpr, TOPK: tl.constexpr, HAS_TARGET: tl.constexpr):
         """Walk tiles ``[start, stop)`` of one row, whose column ``c`` is token ``first_id + c``:
-        (max, rescaled sum, best keys, count of logits above the target's, count equal to it)."""
+        (max, rescaled sum, best keys, count of logits ``>=`` the target's, count equal to it)."""
         m = tl.full((), float("-inf"), tl.float32)
         s = tl.zeros((), tl.float32)
-        gt = tl.zeros((), tl.int64)
-        eq = tl.zeros((), tl.int64)
+        ge = tl.zeros((), tl.int32)
+        eq = tl.zeros((), tl.int32)
         best = tl.full((K_PAD,), KEY_FLOOR, tl.int64)
         floor = tl.full((BLOCK,), KEY_FLOOR, tl.int64)
         offsets = tl.arange(0, BLOCK)
@@ -74,16 +75,16 @@ if triton is not None:
             s = s * tl.exp(m - safe) + tl.sum(tl.exp(x - safe), axis=0)
             m = m_new
             if HAS_TARGET:
-                gt += tl.sum((inside & (x > target)).to(tl.int64), axis=0)
-                eq += tl.sum((inside & (x == target)).to(tl.int64), axis=0)
+                ge += tl.sum((inside & (x >= target)).to(tl.int32), axis=0)
+                eq += tl.sum((inside & (x == target)).to(tl.int32), axis=0)
             if TOPK:
                 keys = tl.where(inside, _keys(x, cols + first_id), floor)
                 if tl.max(keys, axis=0) > tl.min(best, axis=0):
                     best = _merge(best, tl.topk(keys, K_PAD))
-        return m, s, best, gt, eq
+        return m, s, best, ge, eq
 
     @triton.jit
-    def _fold(m, s, best, gt, eq, m_part, s_part, best_part, gt_part, eq_part,
+    def _fold(m, s, best, ge, eq, m_part, s_part, best_part, ge_part, eq_part,
               TOPK: tl.constexpr):
         """Two partial states of one row as one (``best_part`` unused without ``TOPK``)."""
         m_new = tl.maximum(m, m_part)
@@ -91,10 +92,10 @@ if triton is not None:
         s = s * tl.exp(m - safe) + s_part * tl.exp(m_part - safe)
         if TOPK:
             best = _merge(best, best_part)
-        return m_new, s, best, gt + gt_part, eq + eq_part
+        return m_new, s, best, ge + ge_part, eq + eq_part
 
     @triton.jit
-    def _finish(row, m, s, best, gt, eq, target, values_ptr, ids_ptr, lse_ptr, target_lp_ptr,
+    def _finish(row, m, s, best, ge, eq, target, values_ptr, ids_ptr, lse_ptr, target_lp_ptr,
                 rank_ptr, ties_ptr, k, K_PAD: tl.constexpr, TOPK: tl.constexpr,
                 HAS_TARGET: tl.constexpr):
         """Write one row's results from its merged state."""
@@ -102,7 +103,7 @@ if triton is not None:
         tl.store(lse_ptr + row, lse)
         if HAS_TARGET:
             tl.store(target_lp_ptr + row, target - lse)
-            tl.store(rank_ptr + row, gt + 1)
+            tl.store(rank_ptr + row, ge)
             tl.store(ties_ptr + row, eq)
         if TOPK:
             values, ids = _decode(best)
@@ -113,7 +114,7 @@ if triton is not None:
     @triton.jit
     def onepass_kernel(x_ptr, stride_row, vocab, targets_ptr, values_ptr, ids_ptr, lse_ptr,
                        target_lp_ptr, rank_ptr, ties_ptr, part_m_ptr, part_s_ptr,
-                       part_keys_ptr, part_gt_ptr, part_eq_ptr, k, span,
+                       part_keys_ptr, part_ge_ptr, part_eq_ptr, k, span,
                        BLOCK: tl.constexpr, K_PAD: tl.constexpr, TOPK: tl.constexpr,
                        HAS_TARGET: tl.constexpr, SPLIT: tl.constexpr):
         """Program ``(row, slice)``: the slice ``[slice * span, (slice + 1) * span)`` of a row;
@@ -127,30 +128,30 @@ if triton is not None:
             target = tl.load(x_row + tl.load(targets_ptr + row)).to(tl.float32)
         start = part * span
         stop = tl.minimum(start + span, vocab)
-        m, s, best, gt, eq = _tile_state(x_row, start, stop, target, 0, BLOCK, K_PAD, TOPK,
+        m, s, best, ge, eq = _tile_state(x_row, start, stop, target, 0, BLOCK, K_PAD, TOPK,
                                          HAS_TARGET)
         if SPLIT:
             at = row * parts + part
             tl.store(part_m_ptr + at, m)
             tl.store(part_s_ptr + at, s)
-            tl.store(part_gt_ptr + at, gt)
+            tl.store(part_ge_ptr + at, ge)
             tl.store(part_eq_ptr + at, eq)
             if TOPK:
                 tl.store(part_keys_ptr + at * K_PAD + tl.arange(0, K_PAD), best)
         else:
-            _finish(row, m, s, best, gt, eq, target, values_ptr, ids_ptr, lse_ptr,
+            _finish(row, m, s, best, ge, eq, target, values_ptr, ids_ptr, lse_ptr,
                     target_lp_ptr, rank_ptr, ties_ptr, k, K_PAD, TOPK, HAS_TARGET)
 
     @triton.jit
     def merge_kernel(x_ptr, stride_row, targets_ptr, values_ptr, ids_ptr, lse_ptr,
                      target_lp_ptr, rank_ptr, ties_ptr, part_m_ptr, part_s_ptr,
-                     part_keys_ptr, part_gt_ptr, part_eq_ptr, k, parts,
+                     part_keys_ptr, part_ge_ptr, part_eq_ptr, k, parts,
                      K_PAD: tl.constexpr, TOPK: tl.constexpr, HAS_TARGET: tl.constexpr):
         """Program ``row``: merge its slices' partial states and write its results."""
         row = tl.program_id(0).to(tl.int64)
         m = tl.full((), float("-inf"), tl.float32)
         s = tl.zeros((), tl.float32)
-        gt = tl.zeros((), tl.int64)
+        ge = tl.zeros((), tl.int64)
         eq = tl.zeros((), tl.int64)
         best = tl.full((K_PAD,), KEY_FLOOR, tl.int64)
         slots = tl.arange(0, K_PAD)
@@ -159,20 +160,20 @@ if triton is not None:
             best_part = best
             if TOPK:
                 best_part = tl.load(part_keys_ptr + at * K_PAD + slots)
-            m, s, best, gt, eq = _fold(m, s, best, gt, eq, tl.load(part_m_ptr + at),
+            m, s, best, ge, eq = _fold(m, s, best, ge, eq, tl.load(part_m_ptr + at),
                                        tl.load(part_s_ptr + at), best_part,
-                                       tl.load(part_gt_ptr + at), tl.load(part_eq_ptr + at),
+                                       tl.load(part_ge_ptr + at), tl.load(part_eq_ptr + at),
                                        TOPK)
         target = 0.0
         if HAS_TARGET:
             target = tl.load(x_ptr + row * stride_row + tl.load(targets_ptr + row))
             target = target.to(tl.float32)
-        _finish(row, m, s, best, gt, eq, target, values_ptr, ids_ptr, lse_ptr, target_lp_ptr,
+        _finish(row, m, s, best, ge, eq, target, values_ptr, ids_ptr, lse_ptr, target_lp_ptr,
                 rank_ptr, ties_ptr, k, K_PAD, TOPK, HAS_TARGET)
 
     @triton.jit
     def fold_kernel(x_ptr, stride_row, width, first_id, target_ptr, state_m_ptr, state_s_ptr,
-                    state_keys_ptr, state_gt_ptr, state_eq_ptr, BLOCK: tl.constexpr,
+                    state_keys_ptr, state_ge_ptr, state_eq_ptr, BLOCK: tl.constexpr,
                     K_PAD: tl.constexpr, TOPK: tl.constexpr, HAS_TARGET: tl.constexpr):
         """Program ``row``: the state of its tile of logits ``[0, width)`` (tokens ``first_id``
         on), merged into the row's running state in place, as the split variant's merge does."""
@@ -180,25 +181,25 @@ if triton is not None:
         target = 0.0
         if HAS_TARGET:
             target = tl.load(target_ptr + row)
-        m, s, best, gt, eq = _tile_state(x_ptr + row * stride_row, 0, width, target, first_id,
+        m, s, best, ge, eq = _tile_state(x_ptr + row * stride_row, 0, width, target, first_id,
                                          BLOCK, K_PAD, TOPK, HAS_TARGET)
         slots = row * K_PAD + tl.arange(0, K_PAD)
         running = best
         if TOPK:
             running = tl.load(state_keys_ptr + slots)
-        m, s, best, gt, eq = _fold(tl.load(state_m_ptr + row), tl.load(state_s_ptr + row),
-                                   running, tl.load(state_gt_ptr + row),
-                                   tl.load(state_eq_ptr + row), m, s, best, gt, eq, TOPK)
+        m, s, best, ge, eq = _fold(tl.load(state_m_ptr + row), tl.load(state_s_ptr + row),
+                                   running, tl.load(state_ge_ptr + row),
+                                   tl.load(state_eq_ptr + row), m, s, best, ge, eq, TOPK)
         tl.store(state_m_ptr + row, m)
         tl.store(state_s_ptr + row, s)
-        tl.store(state_gt_ptr + row, gt)
+        tl.store(state_ge_ptr + row, ge)
         tl.store(state_eq_ptr + row, eq)
         if TOPK:
             tl.store(state_keys_ptr + slots, best)
 
     @triton.jit
     def finish_kernel(target_ptr, values_ptr, ids_ptr, lse_ptr, target_lp_ptr, rank_ptr,
-                      ties_ptr, state_m_ptr, state_s_ptr, state_keys_ptr, state_gt_ptr,
+                      ties_ptr, state_m_ptr, state_s_ptr, state_keys_ptr, state_ge_ptr,
                       state_eq_ptr, k, K_PAD: tl.constexpr, TOPK: tl.constexpr,
                       HAS_TARGET: tl.constexpr):
         """Program ``row``: its results from the running state :func:`fold_kernel` left."""
@@ -210,5 +211,5 @@ if triton is not None:
         if TOPK:
             best = tl.load(state_keys_ptr + row * K_PAD + tl.arange(0, K_PAD))
         _finish(row, tl.load(state_m_ptr + row), tl.load(state_s_ptr + row), best,
-                tl.load(state_gt_ptr + row), tl.load(state_eq_ptr + row), target, values_ptr,
+                tl.load(state_ge_ptr + row), tl.load(state_eq_ptr + row), target, values_ptr,
                 ids_ptr, lse_ptr, target_lp_ptr, rank_ptr, ties_ptr, k, K_PAD, TOPK, HAS_TARGET)

@@ -5,16 +5,20 @@ Each check ends ``go`` (passed), ``no-go`` (blocks the evidence), ``info`` (a fa
 or ``unavailable`` (cannot be read here, and does not block). The decision is ``go`` when no check
 says ``no-go``. Blocking: CUDA itself, a pinned allocation with a copy, CUDA-event timing that
 agrees with the host clock on a synchronous copy, and enough free memory for the profile's largest
-cell. Everything is written to ``preflight.json``.
+cell. Not blocking, but said: whether Triton's first launch can build its launcher (a C
+compiler, ``Python.h``, ``libcuda.so.1``). Everything is written to ``preflight.json``.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
+import shutil
 import socket
 import statistics
 import sys
+import sysconfig
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -193,6 +197,42 @@ def check_nvml() -> Check:
                  f"tx {info['pcie_tx_kb_per_s']} rx {info['pcie_rx_kb_per_s']} KB/s", info)
 
 
+def triton_launch_missing(which: Callable[[str], str | None] = shutil.which,
+                          python_h: Path | None = None,
+                          load: Callable[[str], object] = ctypes.CDLL) -> list[str]:
+    """What Triton's first launch on a node needs and this machine lacks: a C compiler
+    (``$CC``, clang or gcc: Triton builds its launcher), ``Python.h`` (the launcher is a Python
+    extension) and ``libcuda.so.1`` (the driver, which it links)."""
+    missing = []
+    if not (os.environ.get("CC") or which("clang") or which("gcc")):
+        missing.append("a C compiler (CC, clang or gcc)")
+    header = python_h or Path(sysconfig.get_paths()["include"]) / "Python.h"
+    if not header.is_file():
+        missing.append(f"Python.h (not at {header}: the python3-dev package)")
+    try:
+        load("libcuda.so.1")
+    except OSError:
+        missing.append("libcuda.so.1 (the NVIDIA driver's library)")
+    return missing
+
+
+def check_triton_launch() -> Check:
+    """Triton's first launch can build its launcher here (the one-pass and head_fused arms'
+    kernels); where it cannot, those arms fail on a GPU, which does not block the decision."""
+    import importlib.util
+
+    if importlib.util.find_spec("triton") is None:
+        return Check("triton_launch", INFO, "Triton is not installed: the one-pass kernels run "
+                     "their torch backend", {"missing": []})
+    missing = triton_launch_missing()
+    if missing:
+        return Check("triton_launch", UNAVAILABLE, f"missing {'; '.join(missing)}: Triton's "
+                     "first launch would fail, and the one-pass and head_fused arms with it",
+                     {"missing": missing})
+    return Check("triton_launch", GO, "a C compiler, Python.h and libcuda.so.1 found",
+                 {"missing": []})
+
+
 def check_memory(needs: list[CellNeed], on_gpu: bool) -> Check:
     """Free host and device memory against the largest cell of the profile (without a device,
     the device's tensors live on the host too)."""
@@ -303,6 +343,7 @@ def run_checks(parameters: dict[str, dict[str, Any]]) -> list[Check]:
         checks += (_guarded(name, check, blocking) if on_gpu
                    else [Check(name, UNAVAILABLE, "needs a CUDA device")])
     checks += _guarded("nvml", check_nvml, blocking=False)
+    checks += _guarded("triton_launch", check_triton_launch, blocking=False)
     checks += _guarded("memory", lambda: check_memory(largest_cells(parameters), on_gpu),
                        blocking=False)
     decisive = STEP_NOTEBOOK in parameters

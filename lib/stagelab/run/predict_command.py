@@ -17,7 +17,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from stagelab.analyse import predict_model, predict_study, predict_tables
+from stagelab.analyse import predict_model, predict_study, predict_tables, roofline
 from stagelab.analyse.predict_study import host_choice, model_table, predictions
 from stagelab.core import catalogue, forward, schema
 from stagelab.core.errors import UserError
@@ -181,6 +181,10 @@ def main(args: argparse.Namespace) -> int:
         print(lines)
     for entry in found:
         print(format_platform(entry))
+    for platform in chosen:
+        words = roofline.one_pass_words(platform.name, [(c.rows, c.vocab, c.k) for c in cells])
+        if words:
+            print(f"{platform.name}:\n{words}")
     return 0
 
 

@@ -1,0 +1,162 @@
+"""A roofline *model* of the one-pass kernel from its compiled cubins: never a measurement.
+
+What the compile check read from each cubin (``data/kernel_compile.json``, written by
+``scripts/kernel_compile_check.py``: CTAs per SM, the tile loop's SASS instructions and its
+guard's path) and the launch plan (:mod:`stagelab.core.launches`: programs per row, tile,
+warps) predict, per (n, V, k, dtype) on a named GPU, the share of its HBM bandwidth the kernel
+can reach, as the least of three rates:
+
+* **HBM**: the datasheet peak;
+* **memory parallelism** (Little's law, without prefetch: each program waits for its tile, then
+  works it): ``active SMs x resident programs x tile bytes / (latency + a tile's issue time)``,
+  resident programs the least of the cubin's CTAs per SM and the programs per SM the grid
+  gives;
+* **issue**: an SM issues at most 4 warp-instructions a clock (its schedulers), shared by its
+  resident warps; a tile costs its warps the guard's instructions plus, on the share of tiles
+  that merge, the rest of the loop.
+
+The share of tiles that merge is modelled for independent logits: a slice's ``t``-th tile enters
+the top-K merge when one of its values ranks among the best ``k`` of the slice so far, with
+probability ``1 - ((t - 1) / t) ** k`` (1 for the first tile). The memory latency is an assumed
+range (:data:`LATENCY_NS`); every figure is evaluated at both ends. Torch-free.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from stagelab.core import forward, launches, paths
+
+COMPILE_FILE = paths.DATA_DIR / "kernel_compile.json"
+LEASE_TRITON = "3.6"  # the Triton the lease image runs: its cubins are the model's input
+LATENCY_NS = (450.0, 800.0)  # assumed HBM load latency under load, ns (an input, not measured)
+ISSUE_PER_CLOCK = 4  # warp-instructions an SM issues per clock (four schedulers)
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+GOAL = 0.70  # issue 44's goal: the model at >= 70 % of HBM at n >= 64, V = 152,064, k <= 20
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """What the model needs of a GPU: its datasheet figures (HBM GB/s, SMs, boost clock GHz)
+    and the compute capability its cubins were compiled for; named as ``data/platforms.csv``
+    names its platform."""
+
+    name: str
+    hbm_gbps: float
+    sms: int
+    clock_ghz: float
+    arch: int
+
+
+GPUS = {"H200": Gpu("H200", forward.peak_bandwidth_gbps("H200") or 0.0, 132, 1.98, 90),
+        "H100 SXM": Gpu("H100 SXM", forward.peak_bandwidth_gbps("H100 80GB HBM3") or 0.0, 132,
+                        1.98, 90)}
+DTYPE_NAMES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}  # torch's: the model's
+
+
+@cache
+def compiled_variants(path: Path = COMPILE_FILE) -> tuple[dict[str, Any], ...]:
+    """The compile check's rows (empty where it has not been written)."""
+    if not path.exists():
+        return ()
+    return tuple(json.loads(path.read_text())["variants"])
+
+
+def figures_of(launch: launches.Launch, dtype: str, arch: int, triton: str = LEASE_TRITON,
+               variants: tuple[dict[str, Any], ...] | None = None) -> dict[str, Any]:
+    """The compiled figures of ``launch`` on logits of ``dtype`` (a compile check row)."""
+    for row in compiled_variants() if variants is None else variants:
+        if (row["kernel"] == launch.kernel and row["arch"] == arch and row["compiles"]
+                and row["triton"].startswith(triton + ".")
+                and row["pointers"].get("x_ptr") == dtype
+                and row["constexprs"] == dict(launch.constexprs)):
+            return row
+    raise LookupError(f"no compiled {launch.kernel} {dict(launch.constexprs)} {dtype} for "
+                      f"sm_{arch} on Triton {triton}: run scripts/kernel_compile_check.py "
+                      "--write")
+
+
+def merge_share(tiles: int, k: int) -> float:
+    """The share of a slice's ``tiles`` tiles that enter the top-K merge, for independent
+    logits (0 without a top-K)."""
+    if k == 0 or tiles < 1:
+        return 0.0
+    return sum(1.0 - ((t - 1) / t) ** k for t in range(1, tiles + 1)) / tiles
+
+
+def predict(rows: int, vocab: int, k: int, dtype: str, gpu: Gpu, latency_ns: float,
+            variants: tuple[dict[str, Any], ...] | None = None) -> dict[str, Any]:
+    """The model's share of ``gpu``'s HBM for one call at ``latency_ns``, with its inputs."""
+    first = launches.triton_launches(rows, vocab, k, True, None, None, 2 * gpu.sms)[0]
+    row = figures_of(first, dtype, gpu.arch, variants=variants)
+    block, warps = int(first.constexprs["BLOCK"]), first.num_warps
+    programs = first.grid[0] * first.grid[1]
+    active = min(gpu.sms, programs)
+    resident = min(row["ctas_per_sm"], math.ceil(programs / gpu.sms))
+    tiles = math.ceil(first.scalars["span"] / block)
+    share = merge_share(tiles, k)
+    per_tile = row["guard_instructions"] + share * (row["loop_instructions"]
+                                                    - row["guard_instructions"])
+    tile_bytes = block * DTYPE_BYTES[dtype]
+    issue_ns = per_tile / gpu.clock_ghz  # a program's warps issue side by side, one a clock
+    parallel = active * resident * tile_bytes / (latency_ns + issue_ns)
+    issued = (active * min(ISSUE_PER_CLOCK, resident * warps) * gpu.clock_ghz * tile_bytes
+              / (warps * per_tile))
+    rate, bound = min((gpu.hbm_gbps, "hbm"), (parallel, "memory parallelism"),
+                      (issued, "issue"))
+    return dict(rows=rows, vocab=vocab, k=k, dtype=dtype, gpu=gpu.name, latency_ns=latency_ns,
+                programs=programs, resident_per_sm=resident, ctas_per_sm=row["ctas_per_sm"],
+                registers=row["registers"], bytes_in_flight_per_sm=resident * tile_bytes,
+                tile_instructions=round(per_tile, 1), merge_share=round(share, 3),
+                instructions_per_logit=round(per_tile * warps * 32 / block, 1),
+                model_gbps=round(rate, 1), model_hbm_share=round(rate / gpu.hbm_gbps, 3),
+                bound=bound, triton=row["triton"])
+
+
+def predict_range(rows: int, vocab: int, k: int, dtype: str, gpu_name: str = "H200",
+                  variants: tuple[dict[str, Any], ...] | None = None) -> dict[str, Any]:
+    """:func:`predict` at both ends of :data:`LATENCY_NS`: the low end's inputs, and the
+    model's share of HBM as ``model_low`` (the longer latency) and ``model_high``."""
+    gpu = GPUS[gpu_name]
+    slow, fast = (predict(rows, vocab, k, dtype, gpu, latency, variants)
+                  for latency in sorted(LATENCY_NS, reverse=True))
+    return dict(slow, model_low=slow["model_hbm_share"], model_high=fast["model_hbm_share"],
+                latency_ns=f"{min(LATENCY_NS):g}-{max(LATENCY_NS):g}",
+                note="a model from the cubins (never a measurement)")
+
+
+def grid(gpu_name: str = "H200", rows: tuple[int, ...] = (1, 16, 64, 256),
+         vocab: int = 152064, ks: tuple[int, ...] = (0, 5, 20),
+         dtypes: tuple[str, ...] = ("fp32", "bf16"),
+         variants: tuple[dict[str, Any], ...] | None = None) -> list[dict[str, Any]]:
+    """:func:`predict_range` over the goal's shapes."""
+    return [predict_range(n, vocab, k, dtype, gpu_name, variants)
+            for dtype in dtypes for k in ks for n in rows]
+
+
+def percent_range(rows: int, vocab: int, k: int, dtype: str, gpu_name: str = "H200") -> str:
+    """The model's share of HBM as ``"low-high %"`` (``dtype`` torch's name or the model's),
+    or why there is none."""
+    try:
+        found = predict_range(rows, vocab, k, DTYPE_NAMES.get(dtype, dtype), gpu_name)
+    except (LookupError, KeyError) as exc:
+        return f"no model ({exc})"[:120]
+    return f"{100 * found['model_low']:.0f}-{100 * found['model_high']:.0f} %"
+
+
+def one_pass_words(gpu_name: str, cells: list[tuple[int, int, int]]) -> str:
+    """One line for ``stagelab predict``: the one-pass kernel's modelled share of HBM on
+    ``gpu_name`` at each ``(n, V, k)``, fp32 and bf16 logits; empty for a GPU not modelled."""
+    if gpu_name not in GPUS or not compiled_variants():
+        return ""
+    parts = [f"n={n} V={vocab} k={k}: fp32 {percent_range(n, vocab, k, 'fp32', gpu_name)}, "
+             f"bf16 {percent_range(n, vocab, k, 'bf16', gpu_name)}"
+             for n, vocab, k in dict.fromkeys(cells)]
+    return (f"  one-pass kernel, a model from its Triton {LEASE_TRITON} cubins (not measured; "
+            f"latency {min(LATENCY_NS):g}-{max(LATENCY_NS):g} ns assumed), share of HBM: "
+            + "; ".join(parts))

@@ -1,0 +1,103 @@
+"""The launches of the one-pass kernels (:mod:`stagelab.measure.onepass_triton`) as plain data.
+
+How many programs, which tile, which ``tl.constexpr`` flags and how many warps a call makes is
+integer arithmetic on its shape; written once here (standard library only), it is what
+:mod:`stagelab.measure.onepass` launches, what the compile check compiles
+(:mod:`stagelab.measure.kernel_variants`) and what the roofline model reads
+(:mod:`stagelab.analyse.roofline`), so that the three cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+DEFAULT_TILE = 2048  # vocabulary entries per tile of the kernel (a power of two)
+
+
+def pow2_at_least(value: int) -> int:
+    """The smallest power of two ``>= value`` (1 for 0)."""
+    return 1 << max(0, value - 1).bit_length()
+
+
+def default_splits(rows: int, tiles: int, slots: int) -> int:
+    """Slices per row: enough programs to fill ``slots``, never more slices than tiles; 1 once
+    the rows alone fill the device."""
+    return max(1, min(tiles, slots // max(rows, 1)))
+
+
+def launch_plan(rows: int, vocab: int, k: int, tile: int | None, splits: int | None,
+                slots: int) -> tuple[int, int, int, int]:
+    """``(BLOCK, K_PAD, slices per row, span of a slice)`` on a device running ``slots``
+    programs at once: no slice is empty; ``K_PAD`` is at least 2 (Triton's sort and merge
+    need a dimension to work along)."""
+    k_pad = pow2_at_least(max(k, 2))
+    block = max(tile or DEFAULT_TILE, k_pad)
+    tiles = math.ceil(vocab / block)
+    parts = min(tiles, splits or default_splits(rows, tiles, slots))
+    span = math.ceil(tiles / parts) * block
+    return block, k_pad, math.ceil(vocab / span), span
+
+
+WIDE_TOP_K = 1024  # from this padded top-K on, a program takes 8 warps
+
+
+def warps_for(block: int, k_pad: int, split: bool = False) -> int:
+    """Warps per program of a kernel walking ``block``-wide tiles with a ``k_pad`` top-K: 8
+    for wide tiles, and for the widest top-K unless its row is split. Measured by the compile
+    check (Triton 3.6, sm_90, fp32 logits, ``docs/kernels.md``): the unsplit kernel spilled 8
+    bytes on 4 warps and none on 8, the split one none on 4 and 8 on 8."""
+    return 8 if block >= 4096 or (k_pad >= WIDE_TOP_K and not split) else 4
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One launch of a kernel of :mod:`stagelab.measure.onepass_triton`, as Triton
+    specialises it: the kernel's name, its grid, its integer arguments by name, its
+    ``tl.constexpr`` ones and its warps. Pointer arguments are not held: the caller binds
+    them (:func:`stagelab.measure.onepass.run_launch`), and the compile check types them
+    (:mod:`stagelab.measure.kernel_variants`)."""
+
+    kernel: str
+    grid: tuple[int, ...]
+    scalars: dict[str, int]
+    constexprs: dict[str, int | bool]
+    num_warps: int
+
+
+def triton_launches(rows: int, vocab: int, k: int, with_targets: bool, tile: int | None,
+                    splits: int | None, slots: int, stride_row: int | None = None
+                    ) -> list[Launch]:
+    """The launches :func:`stagelab.measure.onepass.topk_logprobs` makes for ``[rows, vocab]`` logits whose rows are
+    ``stride_row`` apart (None: contiguous): the one-pass kernel, then the merge where rows
+    are split."""
+    stride_row = vocab if stride_row is None else stride_row
+    block, k_pad, parts, span = launch_plan(rows, vocab, k, tile, splits, slots)
+    flags = dict(K_PAD=k_pad, TOPK=k > 0, HAS_TARGET=with_targets)
+    first = Launch("onepass_kernel", (rows, parts),
+                   dict(stride_row=stride_row, vocab=vocab, k=k, span=span),
+                   dict(BLOCK=block, SPLIT=parts > 1, **flags),
+                   warps_for(block, k_pad, parts > 1))
+    if parts == 1:
+        return [first]
+    return [first, Launch("merge_kernel", (rows,), dict(stride_row=stride_row, k=k, parts=parts),
+                          flags, 4)]
+
+
+def fold_launch(rows: int, width: int, first_id: int, k: int, with_targets: bool,
+                stride_row: int | None = None) -> Launch:
+    """The launch :meth:`stagelab.measure.onepass.TileFold.add` makes for a ``[rows, width]`` tile whose rows are
+    ``stride_row`` apart (None: contiguous)."""
+    k_pad = pow2_at_least(max(k, 2))
+    block = max(k_pad, min(pow2_at_least(width), DEFAULT_TILE))
+    stride_row = width if stride_row is None else stride_row
+    return Launch("fold_kernel", (rows,),
+                  dict(stride_row=stride_row, width=width, first_id=first_id),
+                  dict(BLOCK=block, K_PAD=k_pad, TOPK=k > 0, HAS_TARGET=with_targets),
+                  warps_for(block, k_pad))
+
+
+def finish_launch(rows: int, k: int, with_targets: bool) -> Launch:
+    """The launch :meth:`stagelab.measure.onepass.TileFold.finish` makes."""
+    return Launch("finish_kernel", (rows,), dict(k=k),
+                  dict(K_PAD=pow2_at_least(max(k, 2)), TOPK=k > 0, HAS_TARGET=with_targets), 4)

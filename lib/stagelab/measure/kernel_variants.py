@@ -1,0 +1,109 @@
+"""Every kernel launch the measuring code makes at the lease's shapes, as compile specs.
+
+The lease lends an H200 (CUDA sm_90, 132 SMs). At the shapes its profiles and the issue's
+grid take (rows 1/16/64/256; vocabularies 32,000, 152,064 and 262,144; k 0/1/5/20/64/1024;
+fp32, bf16 and fp16 logits; the ``head_fused`` tiles 1024-8192 and the ragged last tile of each
+vocabulary), :func:`launched_variants` lists the launches of
+:func:`stagelab.core.launches.triton_launches`, :func:`~stagelab.core.launches.fold_launch`
+and :func:`~stagelab.core.launches.finish_launch`, typed as the callers type their tensors,
+once per distinct specialisation (shapes repeat specialisations): the input of
+:mod:`stagelab.measure.kernel_compile`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from stagelab.core import launches
+
+LEASE_SMS = 132  # an H200's SMs
+ROWS = (1, 16, 64, 256)
+VOCABS = (32000, 152064, 262144)
+KS = (0, 1, 5, 20, 64, 1024)
+DTYPES = ("fp32", "bf16", "fp16")
+HEAD_TILES = (1024, 2048, 4096, 8192)
+HEAD_CHUNK = 256  # rows of a head_fused chunk (not a kernel argument: any count compiles alike)
+# The element type behind each pointer argument, as onepass._empty, onepass._triton and
+# TileFold allocate them; "logits" is the logits' (or the fold tile's) own dtype.
+POINTER_TYPES = dict(
+    x_ptr="logits", targets_ptr="i64", target_ptr="fp32", values_ptr="fp32", ids_ptr="i64",
+    lse_ptr="fp32", target_lp_ptr="fp32", rank_ptr="i64", ties_ptr="i64", part_m_ptr="fp32",
+    part_s_ptr="fp32", part_keys_ptr="i64", part_ge_ptr="i64", part_eq_ptr="i64",
+    state_m_ptr="fp32", state_s_ptr="fp32", state_keys_ptr="i64", state_ge_ptr="i64",
+    state_eq_ptr="i64")
+# Each kernel's pointer arguments (in its own order; checked against the kernels by the test).
+STEP_POINTERS = ("x_ptr", "targets_ptr", "values_ptr", "ids_ptr", "lse_ptr", "target_lp_ptr",
+                 "rank_ptr", "ties_ptr", "part_m_ptr", "part_s_ptr", "part_keys_ptr",
+                 "part_ge_ptr", "part_eq_ptr")
+KERNEL_POINTERS = dict(
+    onepass_kernel=STEP_POINTERS, merge_kernel=STEP_POINTERS,
+    fold_kernel=("x_ptr", "target_ptr", "state_m_ptr", "state_s_ptr", "state_keys_ptr",
+                 "state_ge_ptr", "state_eq_ptr"),
+    finish_kernel=("target_ptr", "values_ptr", "ids_ptr", "lse_ptr", "target_lp_ptr",
+                   "rank_ptr", "ties_ptr", "state_m_ptr", "state_s_ptr", "state_keys_ptr",
+                   "state_ge_ptr", "state_eq_ptr"))
+
+
+def spec_of(launch: launches.Launch, dtype: str) -> dict[str, Any]:
+    """A compile spec: the launch's kernel, ints, constexprs and warps, its pointers typed."""
+    pointers = {name: dtype if POINTER_TYPES[name] == "logits" else POINTER_TYPES[name]
+                for name in KERNEL_POINTERS[launch.kernel]}
+    return dict(kernel=launch.kernel, scalars=dict(launch.scalars),
+                constexprs=dict(launch.constexprs), pointers=pointers,
+                num_warps=launch.num_warps)
+
+
+def specialisation(spec: dict[str, Any]) -> str:
+    """What Triton compiles a spec to: the kernel, pointer types, constexprs, warps, and each
+    int as Triton's runtime sees it (1, divisible by 16, or neither)."""
+    ints = {name: 1 if value == 1 else ("D" if value % 16 == 0 else "")
+            for name, value in spec["scalars"].items()}
+    return json.dumps([spec["kernel"], spec["pointers"], spec["constexprs"], ints,
+                       spec["num_warps"]], sort_keys=True)
+
+
+def step_launches(sms: int = LEASE_SMS) -> list[tuple[str, launches.Launch]]:
+    """``(where, launch)`` of every one-pass call at the grid's shapes (with targets)."""
+    found = []
+    for rows in ROWS:
+        for vocab in VOCABS:
+            for k in KS:
+                for launch in launches.triton_launches(rows, vocab, k, True, None, None,
+                                                      2 * sms):
+                    found.append((f"n={rows} V={vocab} k={k}", launch))
+    return found
+
+
+def fold_launches() -> list[tuple[str, launches.Launch]]:
+    """``(where, launch)`` of every ``head_fused`` fold and finish at the grid's tiles: each
+    full tile, and the ragged last one of each vocabulary."""
+    found = []
+    for vocab in VOCABS:
+        for tile in HEAD_TILES:
+            for k in KS:
+                widths = {tile, vocab % tile or tile}
+                for width in sorted(widths):
+                    found.append((f"V={vocab} tile={tile} width={width} k={k}",
+                                  launches.fold_launch(HEAD_CHUNK, width, vocab - width, k,
+                                                      True)))
+                found.append((f"V={vocab} tile={tile} k={k}",
+                              launches.fold_launch(HEAD_CHUNK, tile, 0, k, True)))
+                found.append((f"k={k}", launches.finish_launch(HEAD_CHUNK, k, True)))
+    return found
+
+
+def launched_variants(sms: int = LEASE_SMS) -> list[dict[str, Any]]:
+    """One compile spec per distinct specialisation of every launch at the grid's shapes, with
+    ``where``: the first shape that makes it and ``shapes``: how many do."""
+    variants: dict[str, dict[str, Any]] = {}
+    for dtype in DTYPES:
+        for where, launch in step_launches(sms) + fold_launches():
+            spec = spec_of(launch, dtype)
+            key = specialisation(spec)
+            if key in variants:
+                variants[key]["shapes"] += 1
+            else:
+                variants[key] = dict(spec, where=f"{dtype} {where}", shapes=1)
+    order = list(KERNEL_POINTERS)  # the step's kernels first: the roofline reads them
+    return sorted(variants.values(), key=lambda spec: order.index(spec["kernel"]))

@@ -1,0 +1,189 @@
+"""Compile every launched one-pass kernel variant for the lease's GPU, with no GPU here.
+
+Each distinct specialisation the measuring code launches at the lease's shapes
+(:func:`stagelab.measure.kernel_variants.launched_variants`) is compiled for CUDA sm_90 (and
+``--arch 80`` for sm_80) by the Triton this environment installs and by the lease image's
+Triton (3.6, in its own small environment under ``.cache/``, made here with uv on first use),
+each in its own process (:mod:`stagelab.measure.kernel_compile`). It fails (exit 1) on any
+compile error or spill, and ``--write`` writes the per-variant table (registers, spills,
+shared memory, CTAs per SM, the loop's SASS instructions) with the date and the Triton
+versions to ``docs/kernels.md``, and the figures to ``data/kernel_compile.json`` (the
+roofline model's input, :mod:`stagelab.analyse.roofline`).
+
+    python scripts/kernel_compile_check.py [--write] [--arch 90 --arch 80] [--workers 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from datetime import UTC, datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LEASE_TRITON = "3.6"  # the lease image's Triton (torch 2.11)
+DOC = ROOT / "docs" / "kernels.md"
+DATA = ROOT / "data" / "kernel_compile.json"
+FIGURES = ("registers", "spill_bytes", "shared_bytes", "ctas_per_sm", "loop_instructions",
+           "guard_instructions")
+
+
+def uv() -> str:
+    """The uv that made this environment (setup_venv installs it beside Python), else PATH's."""
+    beside = Path(sys.executable).parent / "uv"
+    found = str(beside) if beside.exists() else shutil.which("uv")
+    if not found:
+        raise SystemExit("uv is needed to make the lease Triton's environment (make setup)")
+    return found
+
+
+def triton_python(version: str, cache: Path = ROOT / ".cache") -> Path:
+    """The Python of a small environment holding Triton ``version`` alone (made on first use)."""
+    folder = cache / f"triton-{version}"
+    python = folder / "bin" / "python"
+    if not (folder / ".complete").exists():
+        subprocess.run([uv(), "venv", "--quiet", "--allow-existing", "--python",
+                        sys.executable, str(folder)], check=True)
+        subprocess.run([uv(), "pip", "install", "--quiet", "--python", str(python),
+                        f"triton=={version}.*"], check=True)
+        (folder / ".complete").touch()
+    return python
+
+
+def compile_with(python: Path, specs: list[dict], archs: tuple[int, ...], workers: int,
+                 cache: Path = ROOT / ".cache", out: Path | None = None) -> list[dict]:
+    """The figures of every spec for every architecture, compiled by ``python``'s Triton
+    (appended to ``out`` as JSON lines as they come, where given)."""
+    from stagelab.measure.kernel_variants import specialisation
+
+    with tempfile.TemporaryDirectory() as folder:
+        specs_path = Path(folder) / "specs.json"
+        out_path = out or Path(folder) / "out.jsonl"
+        version = subprocess.run([str(python), "-c", "import triton; print(triton.__version__)"],
+                                 check=True, capture_output=True, text=True).stdout.strip()
+        done = {specialisation(row): row for row in _lines(out_path) if row["triton"] == version
+                and row["arch"] in archs}
+        wanted = {specialisation(spec) for spec in specs}
+        specs = [spec for spec in specs if specialisation(spec) not in done]
+        start = len(_lines(out_path))
+        specs_path.write_text(json.dumps(specs))
+        env = dict(os.environ, PYTHONPATH=str(ROOT / "lib"), STAGELAB_COMPILE_WORKERS=str(workers),
+                   TRITON_CACHE_DIR=str(cache / "triton-compile" / version),
+                   TRITON_DEFAULT_FP_FUSION="1")
+        env.pop("TRITON_INTERPRET", None)
+        if specs:
+            subprocess.run([str(python), "-m", "stagelab.measure.kernel_compile",
+                            str(specs_path), str(out_path), *map(str, archs)], check=True,
+                           env=env)
+        kept = [row for key, row in done.items() if key in wanted]
+        return kept + _lines(out_path)[start:]
+
+
+def current_rows(path: Path) -> list[dict]:
+    """The rows of ``path`` that compiled a variant launched today (the last of each), the
+    lease's Triton first."""
+    sys.path.insert(0, str(ROOT / "lib"))
+    from stagelab.measure.kernel_variants import launched_variants, specialisation
+
+    wanted = {specialisation(spec) for spec in launched_variants()}
+    latest = {(row["triton"], row["arch"], specialisation(row)): row for row in _lines(path)}
+    return sorted((row for key, row in latest.items() if key[2] in wanted),
+                  key=lambda row: not row["triton"].startswith(LEASE_TRITON + "."))
+
+
+def _lines(path: Path) -> list[dict]:
+    """The rows of a JSON-lines file (none where it does not exist)."""
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def failures(found: list[dict]) -> list[str]:
+    """One line per variant that did not compile or spilled."""
+    return [f"Triton {r['triton']} sm_{r['arch']} {r['kernel']} {r['where']}: "
+            + (r["error"] if not r["compiles"] else f"{r['spill_bytes']} bytes spilled")
+            for r in found if not r["compiles"] or r["spill_bytes"]]
+
+
+def variant_label(row: dict) -> str:
+    """A variant's constexprs and warps in a few words."""
+    flags = row["constexprs"]
+    words = [f"BLOCK {flags['BLOCK']}" if "BLOCK" in flags else "",
+             f"K_PAD {flags['K_PAD']}" if flags.get("TOPK") else "no top-K",
+             "split" if flags.get("SPLIT") else "", f"{row['num_warps']} warps"]
+    return ", ".join(word for word in words if word)
+
+
+def table(found: list[dict], when: datetime) -> str:
+    """The per-variant markdown table, with its date and the Triton versions."""
+    versions = sorted({r["triton"] for r in found})
+    from stagelab.measure import kernel_variants
+
+    launched = len(kernel_variants.launched_variants())
+    counts = ", ".join(f"Triton {v}: {sum(r['triton'] == v for r in found)} of {launched}"
+                       for v in versions)
+    lines = ["<!-- written by scripts/kernel_compile_check.py --write; never by hand -->",
+             "# The one-pass kernels compiled for the lease's GPU",
+             "",
+             f"Compiled {when:%Y-%m-%d %H:%M} UTC ahead of time (no GPU) by Triton "
+             f"{' and '.join(versions)}: {len(found)} compilations ({counts} launched "
+             f"variants), {len(failures(found))} failed or spilled. Figures read from each cubin with "
+             "the cuobjdump Triton bundles; CTAs per SM from the architecture's limits; "
+             "loop: the tile loop's SASS instructions, guard: its path without the top-K "
+             "merge. Registers and CTAs bound how many bytes an SM keeps in flight "
+             "(`stagelab.analyse.roofline`).",
+             "",
+             "| Triton | arch | kernel | variant | first shape | shapes | compiles | registers "
+             "| spilled B | shared B | CTAs/SM | loop | guard |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in found:
+        figures = [str(r.get(name, "")) for name in FIGURES]
+        lines.append(f"| {r['triton']} | sm_{r['arch']} | {r['kernel']} | {variant_label(r)} "
+                     f"| {r['where']} | {r['shapes']} | {'yes' if r['compiles'] else 'NO'} | "
+                     + " | ".join(figures) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def run_check(archs: tuple[int, ...], workers: int, out: Path | None = None) -> list[dict]:
+    """Every launched variant compiled for each architecture by the lease's Triton, then by
+    the installed one (rows appended to ``out`` as they come, where given)."""
+    sys.path.insert(0, str(ROOT / "lib"))
+    from stagelab.measure import kernel_variants
+
+    specs = kernel_variants.launched_variants()
+    found = []
+    for python in (triton_python(LEASE_TRITON), Path(sys.executable)):
+        found += compile_with(python, specs, archs, workers, out=out)
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", type=int, action="append", choices=(80, 90))
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--write", action="store_true",
+                        help=f"write {DOC.relative_to(ROOT)} and {DATA.relative_to(ROOT)}")
+    parser.add_argument("--rows", type=Path, help="append each row here as it comes (JSON "
+                        "lines); with --from-rows, write the table from such a file instead")
+    parser.add_argument("--from-rows", action="store_true")
+    args = parser.parse_args(argv)
+    found = (current_rows(args.rows) if args.from_rows and args.rows
+             else run_check(tuple(args.arch or (90,)), args.workers, args.rows))
+    if args.write:
+        when = datetime.now(UTC)
+        DOC.write_text(table(found, when))
+        DATA.write_text(json.dumps({"written": when.isoformat(timespec="seconds"),
+                                    "variants": found}, indent=1) + "\n")
+    bad = failures(found)
+    print(f"{len(found)} compilations, {len(bad)} failed or spilled")
+    print("\n".join(bad[:20]))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""The one-pass kernel against its torch reference on the lease's GPU, in one line.
+
+Plain Python (the lease image has torch and Triton, no pytest): on three shapes the Triton
+backend of :func:`stagelab.measure.onepass.topk_logprobs` and the head-fused fold
+(:class:`stagelab.measure.onepass.TileFold`) must give the torch backend's ids, ranks and tie
+counts exactly and its logprobs within 1e-4. Prints one line, ``kernel check: ok ...`` or
+``kernel check: FAILED ...``, and exits 0 or 1; run it first in a lease command:
+
+    PYTHONPATH=lib python3 scripts/lease_kernel_check.py && PYTHONPATH=lib python3 -m stagelab ...
+
+``--small`` takes small shapes and ``--device cpu`` Triton's interpreter (``TRITON_INTERPRET=1``
+set before Triton is imported): how the tests rehearse it without a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+# (rows, vocabulary, k, dtype): decode at n = 1, a batch at n = 64, a large vocabulary at
+# n = 256 with the largest top-K; small ones for the interpreter.
+SHAPES = ((1, 152064, 5, "bfloat16"), (64, 152064, 20, "float32"),
+          (256, 262144, 1024, "bfloat16"))
+SMALL = ((1, 3000, 5, "bfloat16"), (4, 1500, 20, "float32"), (3, 2500, 64, "float16"))
+TOLERANCE = 1e-4
+FOLD_TILE = 1024
+
+
+def compare(mine, reference) -> list[str]:
+    """What differs between two OnePass results (empty where they agree)."""
+    import torch
+
+    wrong = [name for name in ("ids", "target_rank", "target_ties")
+             if not torch.equal(getattr(mine, name), getattr(reference, name))]
+    for name in ("values", "logsumexp", "target_logprob"):
+        got, want = getattr(mine, name), getattr(reference, name)
+        if not torch.allclose(got, want, rtol=0, atol=TOLERANCE, equal_nan=True):
+            wrong.append(f"{name} (max diff {(got - want).abs().max().item():.2e})")
+    return wrong
+
+
+def folded(logits, k: int, targets):
+    """The Triton fold of ``logits`` a tile at a time, as the head-fused method folds."""
+    from stagelab.measure import onepass
+
+    target = logits.gather(1, targets[:, None])[:, 0].float()
+    fold = onepass.TileFold(logits.shape[0], k, target, logits.device, "triton")
+    for start in range(0, logits.shape[1], FOLD_TILE):
+        fold.add(logits[:, start:start + FOLD_TILE].contiguous(), start)
+    return fold.finish()
+
+
+def check_shape(rows: int, vocab: int, k: int, dtype: str, device: str) -> str:
+    """``"<shape> ok"`` or ``"<shape> <what differs>"``."""
+    import torch
+
+    from stagelab.measure import onepass
+
+    generator = torch.Generator(device=device).manual_seed(rows + vocab + k)
+    logits = (3 * torch.randn(rows, vocab, device=device, generator=generator)).to(
+        getattr(torch, dtype))
+    targets = torch.randint(0, vocab, (rows,), device=device, generator=generator)
+    reference = onepass.topk_logprobs(logits, k, targets, backend="torch")
+    kernel = onepass.topk_logprobs(logits, k, targets, backend="triton")
+    wrong = ([] if kernel.backend == "triton" else ["the triton backend did not run"])
+    wrong += compare(kernel, reference) + [f"fold {w}" for w in compare(
+        folded(logits, k, targets), reference)]
+    shape = f"n={rows} V={vocab} k={k} {dtype}"
+    return f"{shape} ok" if not wrong else f"{shape} {', '.join(wrong)}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--small", action="store_true")
+    args = parser.parse_args(argv)
+    began = time.perf_counter()
+    try:
+        import torch
+        import triton
+
+        if args.device == "cuda" and not torch.cuda.is_available():
+            raise RuntimeError("no CUDA device")
+        found = [check_shape(*shape, args.device) for shape in (SMALL if args.small else SHAPES)]
+    except Exception as exc:  # one line whatever happens: the lease's log is read at a glance
+        print(f"kernel check: FAILED ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})")
+        return 1
+    bad = [line for line in found if not line.endswith(" ok")]
+    where = torch.cuda.get_device_name() if args.device == "cuda" else args.device
+    print(f"kernel check: {'ok' if not bad else 'FAILED'} {len(found) - len(bad)}/{len(found)} "
+          f"shapes, Triton {triton.__version__} against torch {torch.__version__} on {where} "
+          f"({time.perf_counter() - began:.1f} s): " + "; ".join(bad or found))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
