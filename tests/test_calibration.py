@@ -3,10 +3,13 @@ controls that show the calibration can fail."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
+import pandas as pd
 import pytest
 
-from stagelab.analyse import calibration, stats
+from stagelab.analyse import calibration, calibration_cases, sequence, stats
 from stagelab.core import design
 
 DELTA = 0.02
@@ -37,6 +40,7 @@ def test_family_closes_at_least_80_percent_at_1_with_2_percent_noise_at_the_gate
     assert row["family_close_low"] >= 0.80 and row["family_port"] == 0 and row["met"]
 
 
+@pytest.mark.slow  # a long simulation of the rule: make test (family_closes stays fast)
 def test_family_ports_at_least_90_percent_at_3_delta_with_5_percent_noise_until_resolved():
     row = _row(NOISY, "3 delta", trials=100, adaptive=True)
     assert row["true_speedup"] == pytest.approx(1 / (1 - 3 * DELTA))
@@ -238,6 +242,7 @@ def test_each_question_ports_falsely_at_most_5_percent_at_the_bar(reuse, pinning
     assert calibration.wilson(round(ports * trials), trials)[1] <= 0.05 or reuse > AT_BAR
 
 
+@pytest.mark.slow  # a long simulation of the rule: make test (family_closes stays fast)
 def test_a_clear_split_is_recommended_as_such():
     pinned = calibration.recommendation_rates(1.0, SAVES_3_DELTA, rounds=design.TAIL_ROUNDS,
                                               trials=30, cells=3, seed=5)
@@ -273,6 +278,7 @@ def _blocks_on_doubt(cells, **kwargs):
     return family
 
 
+@pytest.mark.slow  # a long simulation of the rule: make test (family_closes stays fast)
 def test_four_saving_cells_beside_two_null_cells_port_at_least_80_percent():
     """Before: every failure was a null cell's p99 bound merely wide (56 % at 2 % noise)."""
     speedups = [SAVES_3_DELTA] * 4 + [1.0] * 2
@@ -295,12 +301,13 @@ def test_six_saving_cells_under_heavy_tails_on_every_arm_port_at_least_80_percen
     assert doubt["family_port_high"] < 0.80
 
 
+@pytest.mark.slow  # a long simulation of the rule: make test (family_closes stays fast)
 def test_reuse_3_delta_with_pinning_2_delta_recommends_the_pinned_scratch():
     trials = 60
     rates = calibration.recommendation_rates(SAVES_3_DELTA, 1 / (1 - 2 * DELTA),
                                              rounds=DONE_ROUNDS, trials=trials, seed=7)
-    pinned = round(rates.get(stats.PORT_PINNED, 0.0) * trials)
-    reused = round(rates.get(stats.PORT_REUSED, 0.0) * trials)
+    pinned = round(rates.get(sequence.PORT_PINNED, 0.0) * trials)
+    reused = round(rates.get(sequence.PORT_REUSED, 0.0) * trials)
     assert calibration.wilson(pinned, trials)[0] >= 0.80
     assert reused == 0  # at most 5 %: 60 trials cannot show it on a Wilson interval (1000 can)
 
@@ -309,7 +316,7 @@ def test_reuse_3_delta_with_pinning_2_delta_recommends_the_pinned_scratch():
 def test_reuse_3_delta_with_pinning_2_delta_recommends_a_reused_buffer_at_most_5_percent():
     rates = calibration.recommendation_rates(SAVES_3_DELTA, 1 / (1 - 2 * DELTA),
                                              rounds=DONE_ROUNDS, trials=300, seed=8)
-    assert calibration.wilson(round(rates.get(stats.PORT_REUSED, 0.0) * 300), 300)[1] <= 0.05
+    assert calibration.wilson(round(rates.get(sequence.PORT_REUSED, 0.0) * 300), 300)[1] <= 0.05
 
 
 @pytest.mark.slow  # make check's fast lane leaves it to make test
@@ -333,20 +340,78 @@ def test_rounds_until_resolved_keep_six_cells_at_the_bar_from_porting():
     assert rate["family_port"] <= 0.05 and rate["family_port_high"] <= 0.07
 
 
+FEW_CASES = ("6 cells at the bar, lognormal 2 %", "reuse 0.5 delta, no pinning effect: close",
+             "carry-over: the call after the candidate 5% slower, 6 cells at the bar")
+
+
 def test_the_cases_table_has_a_row_per_case_with_its_wilson_interval_and_requirement():
-    table = calibration.cases(trials=2, until_resolved=False)
-    assert len(table) == 15 and set(table["rounds"]) == {"160"} and (table["trials"] == 2).all()
+    names = [spec[0] for spec in calibration_cases._case_specs(DELTA)]
+    assert len(names) == len(set(names)) == 33 and set(FEW_CASES) <= set(names)
+    table = calibration_cases.cases(trials=2, until_resolved=False, only=FEW_CASES)
+    assert len(table) == 3 and set(table["rounds"]) == {"160"} and (table["trials"] == 2).all()
     assert {"case", "rate", "rate_low", "rate_high", "requirement", "met"} <= set(table.columns)
     assert (table["rate_low"] <= table["rate"]).all() and (table["rate"] <= table["rate_high"]).all()
     at_most = table[table["requirement"] == "<= 0.05"]
     assert at_most["met"].isna().all()  # 2 trials cannot show a rate under 5 %
-    assert table.loc[table["requirement"] == "none (reported)", "met"].isna().all()
     with pytest.raises(ValueError, match="trials must be positive"):
-        calibration.cases(trials=0)
+        calibration_cases.cases(trials=0)
+
+
+def test_the_docs_cases_table_is_the_generated_one():
+    """The table in docs/decision-rule.md is what scripts/calibrate_rule.py wrote from the rows
+    of docs/calibration.csv: never typed. Every case of the code is in it."""
+    root = Path(__file__).resolve().parent.parent
+    page = (root / "docs" / "decision-rule.md").read_text()
+    shown = page.split(calibration_cases.TABLE_BEGIN)[1].split(calibration_cases.TABLE_END)[0]
+    origin = shown.strip().splitlines()[0]
+    assert origin.startswith("Generated by `python3 scripts/calibrate_rule.py --trials ")
+    rows = pd.read_csv(root / "docs" / "calibration.csv")
+    rows["met"] = rows["met"].map({True: True, False: False, "True": True, "False": False})
+    rendered = calibration_cases.cases_markdown(rows, origin.removeprefix("Generated by ")
+                                                .removesuffix("; do not edit."))
+    assert shown.strip() == rendered.strip()
+    assert {spec[0] for spec in calibration_cases._case_specs(DELTA)} == set(rows["case"])
+
+
+def test_the_table_is_written_between_its_markers_and_nowhere_else():
+    table = pd.DataFrame([{"case": "c", "rounds": "160", "median_rounds": 160.0, "trials": 80,
+                           "rate": 0.0, "rate_low": 0.0, "rate_high": 0.046,
+                           "requirement": "<= 0.05", "met": True}])
+    page = f"before\n{calibration_cases.TABLE_BEGIN}\nold\n{calibration_cases.TABLE_END}\nafter"
+    written = calibration_cases.with_table(page, table, "origin")
+    assert written.startswith("before\n") and written.endswith("\nafter") and "old" not in written
+    assert "| c | 160 | 160 | 80 | 0.0% [0.0%, 4.6%] | <= 0.05 | met |" in written
+    with pytest.raises(ValueError, match="markers"):
+        calibration_cases.with_table("no markers", table, "origin")
+
+
+ISSUE_49_BARS = (
+    "carry-over: the call after the candidate 2% slower, 6 cells at the bar",
+    "carry-over: the call after the fresh vector 5% slower, 6 cells at the bar",
+    "AR(1) within each arm across rounds, phi 0.7, 6 cells at the bar",
+    "candidate 3x slower in 1 of 200 rounds, mean at the bar, 6 cells",
+    "fresh vector 1.5x slower in 30 % of its calls, 6 cells saving 2 delta",
+    "reuse 3 delta, pinning 0.5 delta: a reused buffer",
+    "reuse 0.5 delta, no pinning effect: close")
+
+
+@pytest.mark.slow  # the calibration's representatives, in make test
+def test_the_noise_a_gpu_node_makes_keeps_the_rules_stated_error():
+    """Before (issue 49): carry-over of 2 % ported six cells at the bar 44 %, AR(1) at 0.7
+    45.8 %, a 1-in-200 stall 51 %; a bimodal baseline kept a 2 delta saving from porting (0 of
+    18); a reused buffer at 0.5 delta of pinning was out of reach at the gate's cap."""
+    table = calibration_cases.cases(trials=40, only=ISSUE_49_BARS, seed=3)
+    assert len(table) == len(ISSUE_49_BARS) + 6  # until resolved near the bar
+    for row in table.itertuples():
+        sign, level = row.requirement.split()
+        if sign == "<=":  # consistent with the stated 5 %: its Wilson interval reaches under it
+            assert row.rate_low <= float(level) and row.rate <= 0.10, row.case
+        else:
+            assert row.rate_high >= float(level), row.case
 
 
 @pytest.mark.parametrize("rate, trials, requirement, met", [
     (1.0, 20, ">= 0.80", True), (0.9, 20, ">= 0.80", False), (0.0, 100, "<= 0.05", True),
     (0.03, 100, "<= 0.05", False), (0.0, 50, "<= 0.05", None), (0.5, 10, "", None)])
 def test_a_case_is_met_only_on_its_wilson_interval(rate, trials, requirement, met):
-    assert calibration._judged(rate, trials, requirement)[2] == met
+    assert calibration_cases._judged(rate, trials, requirement)[2] == met

@@ -239,8 +239,8 @@ def test_concurrent_keeps_leave_one_whole_copy_and_never_touch_each_others_stagi
     (leftover / "verdict.json").write_text('{"overall": {"decision": "PORT"}}')
     real_copy, inner = evidence._copy_evidence, []
 
-    def copy_while_another_keep_runs(source, files, staging):
-        real_copy(source, files, staging)
+    def copy_while_another_keep_runs(source, files, staging, verdict):
+        real_copy(source, files, staging, verdict)
         if not inner:
             inner.append(None)
             inner[0] = evidence.keep_evidence(run_dir)  # the other keep, meanwhile

@@ -803,16 +803,22 @@ def test_the_verdict_decides_each_overlap_order_alone_and_says_which_the_seed_ha
         build(run, [64], overlap_order="after")
 
 
-def test_the_other_order_measured_at_some_cells_is_decided_over_those_alone(tmp_path):
-    """A lease measures the waited order at one decisive cell: it is decided there, never
-    counted unmeasured (or mixed) at the others, and says which cells it covers."""
+def test_the_other_order_measured_at_some_cells_is_shown_per_cell_not_decided(tmp_path):
+    """A lease measures the waited order at one decisive cell: its answer there is shown, never
+    counted unmeasured (or mixed) at the others, and it says which cells it covers. Before
+    (issue 49): a family of the one cell gave a family answer beside the headline, one the rule
+    would not give for that order."""
     queued = [{**r, "overlap_order": "queued"} for r in step_cell(16, 1.5) + step_cell(64, 1.5)]
     waited = [{**r, "overlap_order": "waited"} for r in step_cell(16, 1.5, seed=3)]
     result = build(write_step(tmp_path / "run", queued + waited), [16, 64])
     under = result["conditions"]["overlap"]["under"]
     assert under["queued"]["cells"] == [f"n=16 V={V} K=5", f"n=64 V={V} K=5"]
     assert under["waited"]["cells"] == [f"n=16 V={V} K=5"]
-    assert under["waited"]["decision"] == under["queued"]["decision"] == "PORT"
+    assert under["queued"]["decision"] == "PORT" and under["waited"]["decision"] is None
+    assert under["waited"]["change"] is None and under["waited"]["answers"] == {
+        f"n=16 V={V} K=5": "PORT"}
+    assert "measured at 1 of the 2 decisive cells" in under["waited"]["reason"]
+    assert "measured at 1 of the 2 decisive cells" in result["conditions"]["overlap"]["note"]
     assert result["conditions"]["overlap"]["changes_answer"] is False
 
 

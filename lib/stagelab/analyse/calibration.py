@@ -42,7 +42,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats as sps
 
-from stagelab.analyse import stats
+from stagelab.analyse import carryover, sequence, stats
 from stagelab.core import design
 
 FamilyRule = Callable[..., stats.FamilyDecision]
@@ -73,6 +73,12 @@ class Noise:
     stall_rate: float = 0.0  # share of one arm's samples that stall
     stall_factor: float = 4.0
     stall_arm: str = "candidate"  # or "baseline"
+    arm_ar1: float = 0.0  # each arm's per-sample noise an AR(1) across rounds, this correlation
+    carry_over: float = 0.0  # the call after a carrying arm is this much slower
+    carry_after: str = "candidate"  # the carrying arm: the candidate, or "baseline" (and twin)
+    regime_share: float = 0.0  # the fresh-vector arms' (baseline, twin) calls in a slow regime
+    regime_factor: float = 1.5  # ... this much slower
+    regime_rounds: bool = False  # the regime hits whole rounds (else each call alone)
 
 
 NOISES = (
@@ -119,24 +125,68 @@ def _ar1(rng: np.random.Generator, trials: int, length: int, spread: float) -> n
     return series
 
 
+@dataclass(frozen=True)
+class Draw:
+    """Simulated cells: timings ``[trials, 3, rounds]`` of baseline, candidate and twin, each
+    arm's position in each round, and whether each call ran in the slow regime."""
+
+    times: np.ndarray
+    place: np.ndarray
+    slow: np.ndarray
+
+
 def simulate(noise: Noise, speedup: float, rounds: int, trials: int, seed: int,
              base_seconds: float = 0.01) -> np.ndarray:
     """Timings ``[trials, 3, rounds]`` of baseline, candidate and twin (in that order), the
     candidate ``speedup`` times faster in expectation, under ``noise``."""
-    if not (speedup > 0 and rounds >= 1 and trials >= 1):
-        raise ValueError(f"speedup, rounds and trials must be positive, got {speedup}, "
-                         f"{rounds}, {trials}")
-    rng = np.random.default_rng(seed)
-    ordered = noise.ar1 or noise.trend or noise.first_penalty
-    place = (positions(trials, rounds, seed) if ordered  # else the order changes nothing
-             else np.broadcast_to(np.arange(len(ARMS))[None, :, None], (trials, len(ARMS), rounds)))
-    sample = np.arange(rounds)[None, None, :] * len(ARMS) + place  # order in the run
-    shape = place.shape
+    return draw(noise, speedup, rounds, trials, seed, base_seconds).times
+
+
+def _per_sample(noise: Noise, rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    """Standardised per-sample draws: normal or Student's t, and with ``arm_ar1`` an AR(1)
+    across each arm's rounds (stationary variance 1)."""
     if noise.t_df:
         draws = rng.standard_t(noise.t_df, shape) / math.sqrt(noise.t_df / (noise.t_df - 2))
     else:
         draws = rng.normal(0.0, 1.0, shape)
-    factor = np.exp(noise.sigma * draws)
+    if noise.arm_ar1:
+        phi, scale = noise.arm_ar1, math.sqrt(1 - noise.arm_ar1 ** 2)
+        for step in range(1, shape[-1]):
+            draws[..., step] = phi * draws[..., step - 1] + scale * draws[..., step]
+    return draws
+
+
+def _slow_regime(noise: Noise, rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    """Which calls of the fresh-vector arms (baseline, twin) ran in the slow regime."""
+    slow = np.zeros(shape, dtype=bool)
+    if noise.regime_share:
+        if noise.regime_rounds:
+            hit = rng.random((shape[0], 1, shape[2])) < noise.regime_share
+            slow[:, [0, 2]] = hit
+        else:
+            slow[:, [0, 2]] = rng.random((shape[0], 2, shape[2])) < noise.regime_share
+    return slow
+
+
+def _carried(noise: Noise, place: np.ndarray) -> np.ndarray:
+    """Per call, whether the arm timed just before it in its round is a carrying arm."""
+    carrying = [1] if noise.carry_after == "candidate" else [0, 2]
+    at = np.argsort(place, axis=1)  # [trials, position, rounds]: the arm at each position
+    before = np.take_along_axis(at, np.maximum(place - 1, 0), axis=1)
+    return (place > 0) & np.isin(before, carrying)
+
+
+def draw(noise: Noise, speedup: float, rounds: int, trials: int, seed: int,
+         base_seconds: float = 0.01) -> Draw:
+    """:func:`simulate`'s timings with the positions and regimes behind them."""
+    if not (speedup > 0 and rounds >= 1 and trials >= 1):
+        raise ValueError(f"speedup, rounds and trials must be positive, got {speedup}, "
+                         f"{rounds}, {trials}")
+    rng = np.random.default_rng(seed)
+    place = positions(trials, rounds, seed)
+    sample = np.arange(rounds)[None, None, :] * len(ARMS) + place  # order in the run
+    shape = place.shape
+    factor = np.exp(noise.sigma * _per_sample(noise, rng, shape))
     if noise.ar1:
         drift = _ar1(rng, trials, rounds * len(ARMS), noise.ar1)
         factor *= np.exp(np.take_along_axis(drift, sample.reshape(trials, -1), axis=1)
@@ -145,13 +195,28 @@ def simulate(noise: Noise, speedup: float, rounds: int, trials: int, seed: int,
     factor *= np.where(rng.random(shape) < noise.slow_share, noise.slow_factor, 1.0)
     factor *= 1.0 + noise.trend * sample / max(rounds * len(ARMS) - 1, 1)
     factor *= np.where(place == 0, 1.0 + noise.first_penalty, 1.0)
-    level = np.array([1.0, 1.0 / speedup, 1.0 + noise.twin_bias])
+    factor *= np.where(_carried(noise, place), 1.0 + noise.carry_over, 1.0)
+    slow = _slow_regime(noise, rng, shape)
+    factor *= np.where(slow, noise.regime_factor, 1.0)
+    fresh = 1 + noise.regime_share * (noise.regime_factor - 1)  # the fresh vector's mean
+    level = np.array([1.0, fresh / speedup, 1.0 + noise.twin_bias])
     if noise.stall_rate:
         arm = ARMS.index(noise.stall_arm)
         stalls = rng.random((trials, rounds)) < noise.stall_rate
         factor[:, arm] *= np.where(stalls, noise.stall_factor, 1.0)
         level[arm] /= 1 + noise.stall_rate * (noise.stall_factor - 1)  # the mean keeps the truth
-    return base_seconds * level[None, :, None] * factor
+    return Draw(base_seconds * level[None, :, None] * factor, place, slow)
+
+
+def rule_cell(drawn: Draw, trial: int, rounds: int, bar: float) -> dict[str, Any]:
+    """One simulated cell as the rule takes it, cut at ``rounds``: the three arms' timings, the
+    fresh vectors' regime per round, and the carry-over correction the order's rows call for
+    (:func:`stagelab.analyse.carryover.correction`)."""
+    times, place = drawn.times[trial, :, :rounds], drawn.place[trial, :, :rounds]
+    calls = carryover.calls_from_arrays(times, place)
+    return {"baseline": times[0], "candidate": times[1], "twin": times[2], "min_speedup": bar,
+            "regime": drawn.slow[trial, 0, :rounds], "twin_regime": drawn.slow[trial, 2, :rounds],
+            "carry_over": carryover.correction(calls, len(ARMS), 0, 1)}
 
 
 def half_widths(baseline: np.ndarray, candidate: np.ndarray, confidence: float) -> np.ndarray:
@@ -161,7 +226,20 @@ def half_widths(baseline: np.ndarray, candidate: np.ndarray, confidence: float) 
     ratio = baseline.mean(axis=1) / mean_c
     residuals = baseline - ratio[:, None] * candidate
     z = NormalDist().inv_cdf(0.5 + confidence / 2)
-    return z * residuals.std(axis=1, ddof=1) / math.sqrt(n) / mean_c
+    return z * residuals.std(axis=1, ddof=1) / math.sqrt(n) / mean_c * dependence(residuals)
+
+
+def dependence(residuals: np.ndarray) -> np.ndarray:
+    """:func:`stagelab.core.design.dependence_inflation` for each row of ``[trials, rounds]``."""
+    n = residuals.shape[1]
+    if n < 10:
+        return np.ones(residuals.shape[0])
+    deviations = residuals - residuals.mean(axis=1, keepdims=True)
+    variance = (deviations ** 2).sum(axis=1)
+    lagged = (deviations[:, 1:] * deviations[:, :-1]).sum(axis=1)
+    rho = np.divide(lagged, variance, out=np.zeros_like(variance), where=variance > 0)
+    rho = np.where(variance > 0, np.clip(rho + (1 + 4 * rho) / n, 0.0, design.DEPENDENCE_CAP), 0)
+    return np.sqrt((1 + rho) / (1 - rho))
 
 
 def stop_rounds(baseline: np.ndarray, candidate: np.ndarray, *, rounds: int, max_rounds: int,
@@ -298,33 +376,31 @@ def family_port_rate(noise: Noise, speedups: Sequence[float], *, rounds: int, tr
                      delta: float = 0.02, seed: int = 0,
                      rule: FamilyRule = stats.decide_family,
                      max_rounds: int | None = None) -> dict:
-    """How often ``rule`` PORTs a family whose cells have different true ``speedups`` (e.g. one
-    cell slower beside others saving 3 delta), over ``trials`` simulated runs of ``rounds``
-    rounds (with ``max_rounds``: rounds until resolved, each cell cut where the bench's stop
-    rule would stop it, its candidate and A/A twin resolved): the rate and its Wilson interval,
-    and the median rounds run."""
+    """How often ``rule`` PORTs (and CLOSEs) a family whose cells have different true
+    ``speedups`` (e.g. one cell slower beside others saving 3 delta), over ``trials`` simulated
+    runs of ``rounds`` rounds (with ``max_rounds``: rounds until resolved, each cell cut where
+    the bench's stop rule would stop it, its candidate and A/A twin resolved), each cell as the
+    rule takes it (:func:`rule_cell`: regimes and the carry-over correction): the rates and the
+    PORT's Wilson interval, and the median rounds run."""
     bar = 1.0 / (1.0 - delta)
     cap = max(rounds, max_rounds or rounds)
-    per_cell = [simulate(noise, s, cap, trials, seed * 7919 + i) for i, s in enumerate(speedups)]
-    stops = [_resolved_at([(t[:, 0], t[:, 1]), (t[:, 0], t[:, 2])], rounds=rounds,
-                          max_rounds=cap, bar=bar) for t in per_cell]
-    ports = 0
-    for trial in range(trials):
-        cells = [{"baseline": t[trial, 0, :n[trial]], "candidate": t[trial, 1, :n[trial]],
-                  "twin": t[trial, 2, :n[trial]], "min_speedup": bar}
-                 for t, n in zip(per_cell, stops)]
-        ports += rule(cells, seed=0).decision == stats.PORT
+    per_cell = [draw(noise, s, cap, trials, seed * 7919 + i) for i, s in enumerate(speedups)]
+    stops = [_resolved_at([(d.times[:, 0], d.times[:, 1]), (d.times[:, 0], d.times[:, 2])],
+                          rounds=rounds, max_rounds=cap, bar=bar) for d in per_cell]
+    answers = [rule([rule_cell(d, trial, int(n[trial]), bar) for d, n in zip(per_cell, stops)],
+                    seed=0).decision for trial in range(trials)]
+    ports, closes = answers.count(stats.PORT), answers.count(stats.CLOSE)
     low, high = wilson(ports, trials)
     return {"noise": noise.name, "speedups": list(speedups), "rounds": rounds,
             "max_rounds": cap, "median_rounds": float(np.median(stops)),
             "trials": trials, "family_port": ports / trials, "family_port_low": low,
-            "family_port_high": high}
+            "family_port_high": high, "family_close": closes / trials}
 
 
 def recommendation_rates(reuse: float, pinning: float, *, rounds: int, trials: int,
                          cells: int = 6, delta: float = 0.02, sigma: float = 0.02,
                          seed: int = 0, max_rounds: int | None = None) -> dict[str, float]:
-    """How often each change is recommended (:func:`stagelab.analyse.stats.recommend`) when reuse
+    """How often each change is recommended (:func:`stagelab.analyse.sequence.recommend`) when reuse
     alone has the true speedup ``reuse`` over the fresh vector and pinning ``pinning`` over the
     reused buffer (the bundle: their product), every cell of a family alike, with lognormal
     ``sigma`` noise per sample and an A/A twin of the fresh vector: the three questions decided
@@ -348,7 +424,7 @@ def recommendation_rates(reuse: float, pinning: float, *, rounds: int, trials: i
                        "twin": None if twin is None else cell[twin, :n], "min_speedup": bar}
                       for cell, n in zip(trial, cut)]
             answers[question] = stats.decide_family(family)
-        change = stats.recommend(answers["bundle"], answers["pinning"], answers["reuse"])[0]
+        change = sequence.recommend(answers["bundle"], answers["pinning"], answers["reuse"])[0]
         counts[change] = counts.get(change, 0) + 1
     return {change: n / trials for change, n in counts.items()}
 
@@ -411,92 +487,3 @@ def summary(rows: Sequence[dict]) -> str:
             + (f"; {int(unjudged.sum())} rows not judged: {first['trials']} trials cannot show "
                f"a rate under 5 % ({MIN_TRIALS_FOR_5_PERCENT} or more can)" if unjudged.any()
                else "") + ".")
-
-
-CASE_ROUNDS, CASE_CAP, CASE_CELLS = 160, 300, 6  # the issue's families, and the gate's cap
-T3_SHARED = Noise("t(3) 3 % on every arm", 0.03, t_df=3.0)
-T3_SHARED_5 = Noise("t(3) 5 % on every arm", 0.05, t_df=3.0)
-RARE_STALLS = Noise("candidate stalls 1 % at 4x", stall_rate=0.01)
-
-
-def _judged(rate: float, trials: int, requirement: str) -> tuple[float, float, bool | None]:
-    """A case's Wilson interval and whether its requirement (``>= x`` or ``<= x``, a share; ''
-    for none) is met on it: None where nothing is required, or too few trials to show a rate
-    under 5 %."""
-    low, high = wilson(round(rate * trials), trials)
-    if not requirement:
-        return low, high, None
-    sign, bound = requirement.split()
-    if sign == "<=":
-        return low, high, (None if wilson(0, trials)[1] > float(bound) else high <= float(bound))
-    return low, high, low >= float(bound)
-
-
-def _case_specs(delta: float) -> list[tuple[str, str, str, Any]]:
-    """(case, what is counted, requirement, how to simulate it: a family's speedups and noise,
-    or a (reuse, pinning) split and the change counted)."""
-    saving, bar = 1 / (1 - 3 * delta), 1 / (1 - delta)
-    pin2, pin08 = 1 / (1 - 2 * delta), 1 / (1 - 0.8 * delta)
-    return [
-        ("4 cells saving 3 delta beside 2 with no effect, lognormal 2 %", "family PORT", ">= 0.80",
-         ([saving] * 4 + [1.0] * 2, NOISES[0])),
-        ("4 cells saving 3 delta beside 2 with no effect, lognormal 5 %", "family PORT", ">= 0.80",
-         ([saving] * 4 + [1.0] * 2, NOISES[1])),
-        ("6 cells saving 3 delta, t(3) 3 % on every arm", "family PORT", ">= 0.80",
-         ([saving] * 6, T3_SHARED)),
-        ("6 cells saving 3 delta, t(3) 5 % on every arm", "family PORT", ">= 0.80",
-         ([saving] * 6, T3_SHARED_5)),
-        ("6 cells at the bar, lognormal 2 %", "family PORT", "<= 0.05", ([bar] * 6, NOISES[0])),
-        ("net loss: 5 % faster, 4x in 2 % of the candidate's rounds, 6 cells", "family PORT",
-         "<= 0.05", ([1.05 / 1.06] * 6, NOISES[-2])),
-        ("candidate stalls 2 % at 4x, at the bar, 1 cell", "PORT", "<= 0.05", ([bar], NOISES[-2])),
-        ("candidate stalls 1 % at 4x, equal means, 6 cells", "family PORT", "<= 0.05",
-         ([1.0] * 6, RARE_STALLS)),
-        ("candidate stalls 1 % at 4x, equal means, 1 cell", "PORT", "<= 0.05",
-         ([1.0], RARE_STALLS)),
-        ("1 cell 1.5 delta slower beside 5 saving 3 delta, lognormal 2 %", "family PORT",
-         "<= 0.05", ([1 / (1 + 1.5 * delta)] + [saving] * 5, NOISES[0])),
-        ("reuse 3 delta, pinning 2 delta: the pinned scratch", "recommended", ">= 0.80",
-         ((saving, pin2), stats.PORT_PINNED)),
-        ("reuse 3 delta, pinning 2 delta: a reused buffer", "recommended", "<= 0.05",
-         ((saving, pin2), stats.PORT_REUSED)),
-        ("reuse 3 delta, pinning at the bar: the pinned scratch", "recommended", "<= 0.05",
-         ((saving, bar), stats.PORT_PINNED)),
-        ("reuse 3 delta, pinning 0.8 delta: a reused buffer", "recommended", "",
-         ((saving, pin08), stats.PORT_REUSED)),
-        ("reuse 3 delta, no pinning effect: a reused buffer", "recommended", ">= 0.80",
-         ((saving, 1.0), stats.PORT_REUSED)),
-    ]
-
-
-def cases(trials: int = 200, *, delta: float = 0.02, seed: int = 0, rounds: int = CASE_ROUNDS,
-          max_rounds: int = CASE_CAP, until_resolved: bool = True) -> pd.DataFrame:
-    """The issue's cases, each over ``trials`` simulated families of six cells (one where said)
-    at ``rounds`` fixed rounds and, with ``until_resolved``, with rounds until resolved up to
-    ``max_rounds`` (optional stopping, measured): null cells beside saving cells, heavy tails
-    shared by every arm, one-arm stalls, a regressing cell, the three questions' split near and
-    far from the bar. One row per case and rounds: the share counted, its Wilson interval, the
-    median rounds run, the requirement and whether it is met on the interval."""
-    if trials < 1:
-        raise ValueError(f"trials must be positive, got {trials}")
-    rows = []
-    for n, (case, counted, requirement, spec) in enumerate(_case_specs(delta)):
-        for cap in (rounds, max_rounds) if until_resolved else (rounds,):
-            what, detail = spec
-            if counted == "recommended":
-                rate = recommendation_rates(*what, rounds=rounds, trials=trials,
-                                            cells=CASE_CELLS, delta=delta, seed=seed + n,
-                                            max_rounds=cap).get(detail, 0.0)
-                median = math.nan
-            else:
-                found = family_port_rate(detail, what, rounds=rounds, trials=trials, delta=delta,
-                                         seed=seed + n, max_rounds=cap)
-                rate, median = found["family_port"], found["median_rounds"]
-            low, high, met = _judged(rate, trials, requirement)
-            rows.append({"case": case, "counted": counted,
-                         "rounds": (f"{rounds}" if cap == rounds
-                                    else f"until resolved, {rounds}-{cap}"),
-                         "median_rounds": median, "trials": trials, "rate": rate,
-                         "rate_low": low, "rate_high": high,
-                         "requirement": requirement or "none (reported)", "met": met})
-    return pd.DataFrame(rows)

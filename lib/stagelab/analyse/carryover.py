@@ -24,6 +24,7 @@ Torch-free.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from statistics import NormalDist
 from typing import Any
 
@@ -35,77 +36,116 @@ METHOD = ("least squares on log seconds: round (demeaned), arm, position and pre
           "against after any other arm")
 
 
-def _calls(cell: pd.DataFrame) -> pd.DataFrame:
-    """The cell's timed calls (stage total, ok, positive seconds) with their round, position
-    and the arm timed just before in the same round (None for the first)."""
+@dataclass(frozen=True)
+class Calls:
+    """A cell's timed calls, one entry per call, as arrays: the arm's index, the round, the
+    position in the round, the arm timed just before in the same round (-1 for the first) and
+    the log seconds."""
+
+    arm: np.ndarray
+    round: np.ndarray
+    position: np.ndarray
+    previous: np.ndarray
+    log_seconds: np.ndarray
+
+
+def calls_from_rows(cell: pd.DataFrame) -> tuple[Calls, list[str]]:
+    """The cell's timed calls (stage total, ok, positive seconds, round and position known) and
+    the arms' names, sorted."""
     timed = cell[(cell["stage"] == "total") & (cell["metric"] == "time")
                  & (cell["status"] == "ok") & (cell["seconds"] > 0)
                  & cell["round"].notna() & cell["position"].notna()]
     timed = timed[["arm", "round", "position", "seconds"]].astype(
         {"arm": str, "round": int, "position": int, "seconds": float})
     timed = timed.sort_values(["round", "position"]).reset_index(drop=True)
-    previous = timed.groupby("round")["arm"].shift(1)
-    return timed.assign(previous=previous.where(previous.notna(), None))
+    arms = sorted(set(timed["arm"]))
+    index = timed["arm"].map({arm: i for i, arm in enumerate(arms)}).to_numpy(int)
+    rounds = timed["round"].to_numpy(int)
+    previous = np.where(np.r_[False, rounds[1:] == rounds[:-1]], np.r_[-1, index[:-1]], -1)
+    return Calls(index, rounds, timed["position"].to_numpy(int), previous,
+                 np.log(timed["seconds"].to_numpy())), arms
 
 
-def _design(calls: pd.DataFrame, arms: list[str]) -> tuple[np.ndarray, dict[str, int]]:
+def calls_from_arrays(seconds: np.ndarray, positions: np.ndarray) -> Calls:
+    """The calls of one cell given as ``[arms, rounds]`` seconds and the position each arm took
+    in each round (0 first), as the calibration simulates them."""
+    arms, rounds = seconds.shape
+    order = np.argsort(positions, axis=0)  # [position, round]: the arm at that position
+    arm = order.T.ravel()
+    previous = np.concatenate([np.full((rounds, 1), -1), order.T[:, :-1]], axis=1).ravel()
+    return Calls(arm, np.repeat(np.arange(rounds), arms), np.tile(np.arange(arms), rounds),
+                 previous, np.log(seconds[arm, np.repeat(np.arange(rounds), arms)]))
+
+
+def _demeaned(values: np.ndarray, rounds: np.ndarray) -> np.ndarray:
+    """``values`` (rows: calls) less their mean over each round's calls."""
+    _, group = np.unique(rounds, return_inverse=True)
+    sums = np.zeros((group.max() + 1, *values.shape[1:]))
+    np.add.at(sums, group, values)
+    counts = np.bincount(group).reshape(-1, *([1] * (values.ndim - 1)))
+    return values - (sums / counts)[group]
+
+
+def _design(calls: Calls, arms: int) -> tuple[np.ndarray, dict[str, int]]:
     """Columns: arms but the first, positions but 0, every previous arm; demeaned per round."""
     columns: dict[str, int] = {}
     blocks = []
-    for arm in arms[1:]:
+    for arm in range(1, arms):
         columns[f"arm:{arm}"] = len(columns)
-        blocks.append((calls["arm"] == arm).to_numpy(float))
-    for position in sorted(set(calls["position"]) - {0}):
+        blocks.append(calls.arm == arm)
+    for position in sorted(set(calls.position.tolist()) - {0}):
         columns[f"position:{position}"] = len(columns)
-        blocks.append((calls["position"] == position).to_numpy(float))
-    for arm in arms:
+        blocks.append(calls.position == position)
+    for arm in range(arms):
         columns[f"after:{arm}"] = len(columns)
-        blocks.append((calls["previous"] == arm).to_numpy(float))
-    x = np.column_stack(blocks) if blocks else np.zeros((len(calls), 0))
-    frame = pd.DataFrame(x).groupby(calls["round"].to_numpy()).transform("mean")
-    return x - frame.to_numpy(), columns
+        blocks.append(calls.previous == arm)
+    x = np.column_stack(blocks).astype(float)
+    return _demeaned(x, calls.round), columns
 
 
-def _fit(y: np.ndarray, x: np.ndarray, rounds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Coefficients (minimum norm: only estimable contrasts are read) and their covariance,
-    clustered by round."""
-    bread = np.linalg.pinv(x.T @ x)
-    beta = bread @ x.T @ y
-    residual = y - x @ beta
-    meat = np.zeros_like(bread)
-    groups = np.unique(rounds)
-    for group in groups:
-        score = x[rounds == group].T @ residual[rounds == group]
-        meat += np.outer(score, score)
-    scale = len(groups) / max(len(groups) - 1, 1)
-    return beta, scale * bread @ meat @ bread
+def _cluster_scale(rounds: np.ndarray) -> float:
+    groups = len(np.unique(rounds))
+    return groups / max(groups - 1, 1)
+
+
+def _clustered(weights: np.ndarray, residual: np.ndarray, rounds: np.ndarray) -> np.ndarray:
+    """The covariance, clustered by round, of linear estimates ``weights @ y`` (rows of
+    ``weights``: one per estimate) given the model's residuals."""
+    _, group = np.unique(rounds, return_inverse=True)
+    scores = np.zeros((group.max() + 1, weights.shape[0]))
+    np.add.at(scores, group, (weights * residual).T)
+    return _cluster_scale(rounds) * scores.T @ scores
+
+
+def _fit(y: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The least-squares map from ``y`` to coefficients (minimum norm: only estimable contrasts
+    are read), ``[columns, calls]``, and the residuals."""
+    hat = np.linalg.pinv(x.T @ x) @ x.T
+    return hat, y - x @ (hat @ y)
 
 
 def estimate(cell: pd.DataFrame, *, delta: float, confidence: float = 0.95,
              baseline: str | None = None, candidate: str | None = None) -> dict[str, Any]:
     """Each arm's first-order carry-over onto the next in one cell, with its CI, whether the
     cell is flagged, and (with ``baseline`` and ``candidate``) how much carry-over moves
-    their comparison. ``estimated`` False, with the reason, where the rows cannot say (fewer
-    than 3 arms or 10 rounds, or no position recorded)."""
-    calls = _calls(cell)
-    arms = sorted(set(calls["arm"]))
-    rounds = calls["round"].nunique()
+    their comparison, with its standard error. ``estimated`` False, with the reason, where the
+    rows cannot say (fewer than 3 arms or 10 rounds, or no position recorded)."""
+    calls, arms = calls_from_rows(cell)
+    rounds = len(np.unique(calls.round))
     if len(arms) < 3 or rounds < 10:
         return {"estimated": False, "flagged": False, "arms": [],
                 "reason": f"{len(arms)} arms and {rounds} rounds with positions: carry-over "
                           "needs at least 3 arms (2 always alternate) and 10 rounds"}
-    y = np.log(calls["seconds"].to_numpy())
-    y = y - pd.Series(y).groupby(calls["round"].to_numpy()).transform("mean").to_numpy()
-    x, columns = _design(calls, arms)
-    beta, cov = _fit(y, x, calls["round"].to_numpy())
+    y = _demeaned(calls.log_seconds, calls.round)
+    x, columns = _design(calls, len(arms))
+    hat, residual = _fit(y, x)
+    beta, cov = hat @ y, _clustered(hat, residual, calls.round)
     z = NormalDist().inv_cdf(0.5 + confidence / 2)
     out = []
-    for arm in arms:
-        contrast = np.zeros(len(columns))
-        contrast[columns[f"after:{arm}"]] = 1.0
-        for other in arms:
-            if other != arm:
-                contrast[columns[f"after:{other}"]] -= 1.0 / (len(arms) - 1)
+    for index, arm in enumerate(arms):
+        contrast = np.full(len(columns), 0.0)
+        for other in range(len(arms)):
+            contrast[columns[f"after:{other}"]] = 1.0 if other == index else -1 / (len(arms) - 1)
         value, se = float(contrast @ beta), math.sqrt(max(float(contrast @ cov @ contrast), 0))
         low, high = value - z * se, value + z * se
         effect = math.expm1(value)
@@ -115,27 +155,56 @@ def estimate(cell: pd.DataFrame, *, delta: float, confidence: float = 0.95,
     result: dict[str, Any] = {"estimated": True, "rounds": int(rounds), "arms": out,
                               "flagged": any(a["flagged"] for a in out), "reason": ""}
     if baseline is not None and candidate is not None and baseline in arms and candidate in arms:
-        result["decisive_bias"] = _bias(calls, y, x, columns, arms, baseline, candidate)
+        result["decisive_bias"] = bias(calls, len(arms), arms.index(baseline),
+                                       arms.index(candidate))
     return result
 
 
-def _bias(calls: pd.DataFrame, y: np.ndarray, x: np.ndarray, columns: dict[str, int],
-          arms: list[str], baseline: str, candidate: str) -> dict[str, float]:
-    """The geometric-mean speedup of ``candidate`` over ``baseline`` with and without the
-    carry-over terms in the model: their ratio is what carry-over moves the comparison by."""
-    def arm_gap(keep: list[int]) -> float:
-        part = x[:, keep]
-        beta = np.linalg.pinv(part.T @ part) @ part.T @ y
-        effect = {arm: 0.0 for arm in arms}
-        for arm in arms[1:]:
-            effect[arm] = float(beta[keep.index(columns[f"arm:{arm}"])])
-        return math.exp(effect[baseline] - effect[candidate])
+def bias(calls: Calls, arms: int, baseline: int, candidate: int) -> dict[str, float]:
+    """How far carry-over moves the comparison of ``candidate`` with ``baseline`` (arm
+    indices): the geometric-mean speedup with the carry-over terms in the model
+    (``speedup_adjusted``: each arm compared after the same arm before it) and without them
+    (``speedup_unadjusted``), ``moved_by`` = their ratio less 1 (the plain speedup's relative
+    bias), and its standard error ``moved_by_se`` (a linear contrast of the log times,
+    clustered by round with the full model's residuals)."""
+    y = _demeaned(calls.log_seconds, calls.round)
+    x, columns = _design(calls, arms)
+    hat, residual = _fit(y, x)
+    plain_columns = [i for name, i in columns.items() if not name.startswith("after:")]
+    plain_hat = np.linalg.pinv(x[:, plain_columns].T @ x[:, plain_columns]) @ x[:, plain_columns].T
 
-    every = list(range(len(columns)))
-    without = [i for name, i in columns.items() if not name.startswith("after:")]
-    adjusted, plain = arm_gap(every), arm_gap(without)
-    return {"speedup_adjusted": adjusted, "speedup_unadjusted": plain,
-            "moved_by": plain / adjusted - 1}
+    def gap(weights: np.ndarray, names: list[str]) -> np.ndarray:
+        """The weights over calls of ``log(baseline) - log(candidate)``'s estimate."""
+        row = np.zeros(weights.shape[1])
+        for arm, sign in ((baseline, 1.0), (candidate, -1.0)):
+            if arm:
+                row += sign * weights[names.index(f"arm:{arm}")]
+        return row
+
+    names = list(columns)
+    adjusted_w = gap(hat, names)
+    plain_w = gap(plain_hat, [names[i] for i in plain_columns])
+    moved = float((plain_w - adjusted_w) @ y)
+    variance = float(_clustered((plain_w - adjusted_w)[None, :], residual, calls.round)[0, 0])
+    return {"speedup_adjusted": math.exp(float(adjusted_w @ y)),
+            "speedup_unadjusted": math.exp(float(plain_w @ y)), "moved_by": math.expm1(moved),
+            "moved_by_se": math.exp(moved) * math.sqrt(max(variance, 0.0))}
+
+
+def correction(calls: Calls, arms: int, baseline: int, candidate: int,
+               confidence: float = 0.95) -> dict[str, float] | None:
+    """The carry-over correction a cell's decision takes (``bias``, ``bias_se``: the plain
+    speedup is divided by ``1 + bias``, and ``bias_se`` widens its CI), or None where the
+    order's rows do not show carry-over moving the comparison: where ``moved_by``'s two-sided
+    ``confidence`` CI includes 0 (a correction everywhere would widen every CI by its error) or
+    the rows cannot estimate it (fewer than 3 arms or 10 rounds)."""
+    if arms < 3 or len(np.unique(calls.round)) < 10:
+        return None
+    moved = bias(calls, arms, baseline, candidate)
+    z = NormalDist().inv_cdf(0.5 + confidence / 2)
+    if abs(moved["moved_by"]) <= z * moved["moved_by_se"]:
+        return None
+    return {"bias": moved["moved_by"], "bias_se": moved["moved_by_se"]}
 
 
 def words(carry: dict[str, Any], delta: float) -> str:

@@ -5,7 +5,7 @@ tables. Torch-free."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -152,10 +152,10 @@ def prior_rates(run_dir: Path | str) -> HostRates | None:
     path = Path(run_dir) / paths.HOST_PRIOR_ROWS
     if not path.is_file():
         return None
-    from stagelab.core import schema
+    from stagelab.core import measured, schema
 
-    rates = host_rates(schema.make_rows(schema.read_json_lines(path, root=run_dir)),
-                       origin=PRIOR_ORIGIN)
+    rows = schema.read_json_lines(path, root=run_dir, most=measured.MAX_TABLE_ROWS)
+    rates = host_rates(schema.make_rows(rows), origin=PRIOR_ORIGIN)
     return rates if rates.samples else None
 
 
@@ -225,7 +225,41 @@ def out_of_sample_run(step: pd.DataFrame | None, gpu_name: str | None,
                           "questions": _question_checks(model, frame), "notes": model.notes})
     return {**empty, "platform": platform.name if platform else CPU_PLATFORM,
             "host": ", ".join(h.origin for h in hosts), "cells": cells,
-            "note": "" if cells else "no timed seed step"}
+            "note": "" if cells else "no timed seed step", "falsification": falsification(cells)}
+
+
+FALSIFICATION_RULE = (
+    "stated before the run: a measured figure (a stage's or an arm's mean step, a question's "
+    "saving) falsifies the model when it lies outside the predicted interval of every host the "
+    "model was fed for its cell; the model held when no figure did")
+
+
+def _figures(cell: Mapping[str, Any]) -> list[dict[str, Any]]:
+    return [*cell["stages"], *cell["arms"], *cell["questions"]]
+
+
+def falsification(cells: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Each figure's pass or fail under :data:`FALSIFICATION_RULE` (per cell of ``rows``,
+    ``vocab``, ``k``: ``held`` True when its measured value lies inside the interval of at least
+    one host, None where it was not measured), and the overall answer: ``held`` True (the model
+    held), False (it failed at the figures named in ``failed_at``), None (nothing measured)."""
+    verdicts: dict[tuple[int, int, int, str], bool | None] = {}
+    for cell in cells:
+        for figure in _figures(cell):
+            key = (cell["rows"], cell["vocab"], cell["k"], figure["name"])
+            inside = None if figure.get("measured_ms") is None else not figure["outside"]
+            figure["held"] = inside
+            if inside is not None:
+                verdicts[key] = bool(verdicts.get(key)) or inside
+    failed = [f"{name} at n={rows}, V={vocab}, K={k}"
+              for (rows, vocab, k, name), inside in verdicts.items() if inside is False]
+    held = None if not verdicts else not failed
+    words = ("nothing measured to check the model against" if held is None else
+             f"the model held: all {len(verdicts)} measured figures lie inside their predicted "
+             "intervals" if held else
+             f"the model failed at {len(failed)} of {len(verdicts)} figures: {'; '.join(failed)}")
+    return {"rule": FALSIFICATION_RULE, "held": held, "failed_at": failed,
+            "figures": len(verdicts), "words": words}
 
 
 def _one_place(step: pd.DataFrame) -> tuple[pd.DataFrame, str]:
@@ -239,8 +273,11 @@ def _one_place(step: pd.DataFrame) -> tuple[pd.DataFrame, str]:
 
 def out_of_sample_words(check: Mapping[str, Any]) -> list[str]:
     """The out-of-sample check in sentences: per cell and host, the seed step and each measured
-    saving, predicted beside measured with the error."""
-    out = []
+    saving, predicted beside measured with the error; first whether the model held or failed
+    (:func:`falsification`)."""
+    verdict = check.get("falsification") or {}
+    out = [f"Out of sample, {verdict['words']} ({verdict['rule']})."] if verdict.get(
+        "held") is not None else []
     for cell in check.get("cells") or []:
         total = next((a for a in cell["arms"] if a["name"] == BASELINE), None)
         parts = []

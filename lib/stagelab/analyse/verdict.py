@@ -43,6 +43,7 @@ from stagelab.analyse import (
     goal_rows,
     predict_check,
     prompt_analysis,
+    sequence,
     stats,
     step_analysis,
     summaries,
@@ -375,7 +376,7 @@ def build_verdict(run_dir: Path | str, *, decisive_rows: list[int], decisive_voc
     if short:
         decided = {**decided, "decision": stats.INCONCLUSIVE,
                    "summary": f"{short} {decided['summary']}"}
-        recommendation = {**recommendation, "change": stats.NOT_A_DECISION, "reason": short}
+        recommendation = {**recommendation, "change": sequence.NOT_A_DECISION, "reason": short}
     step_levers = [] if step is None else step_analysis.lever_savings(step, seed=rule.seed).to_dict(
         "records")
     folder = records.RunFolder(run_dir)

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from stagelab.analyse import stats, step_analysis, timings
+from stagelab.analyse import carryover, sequence, stats, step_analysis, timings
 from stagelab.core import catalogue, design
 
 BASELINE, CANDIDATE, TWIN = catalogue.decisive_arms()
@@ -24,13 +24,18 @@ REUSED = catalogue.REUSE_LEVER[catalogue.STEP]
 class Rule:
     """The decision rule's settings, built once and passed as one value: the smallest effect of
     interest (``delta``, a share of the decode step), the rounds a cell needs before the rule
-    decides it (``min_samples``), the family's ``confidence`` and the bootstrap's ``seed``.
-    Checked when built, before any table is read; the verdict records it as its parameters."""
+    decides it (``min_samples``), the family's ``confidence`` and the bootstrap's ``seed``;
+    whether a cell whose order's rows show carry-over is decided on the corrected speedup
+    (``carry_over``) and whether a fresh vector's recorded regimes are decided at the family's
+    mix (``regimes``; docs/decision-rule.md, issue 49). Checked when built, before any table is
+    read; the verdict records it as its parameters."""
 
     delta: float = 0.02
     min_samples: int = 10
     confidence: float = 0.95
     seed: int = 0
+    carry_over: bool = True
+    regimes: bool = True
 
     def __post_init__(self) -> None:
         delta, confidence, min_samples = self.delta, self.confidence, self.min_samples
@@ -99,6 +104,10 @@ def cell_evidence(step: pd.DataFrame, rows: int, vocab: int, k: int, candidate: 
         out["logprobs_step_ms"] = logprobs_ms
         out["logprobs_only_min_speedup"] = (
             decode_ms / (decode_ms - delta * logprobs_ms) if logprobs_ms else None)
+        forward_ms = out["forward_ms"] or 0.0
+        out["forward_only_min_speedup"] = (  # the bar for delta of the forward alone
+            decode_ms / (decode_ms - delta * forward_ms) if 0 < delta * forward_ms < decode_ms
+            else None)
     out["stages_ms"] = _stage_split(cell)
     out["vector_regime"] = vector_regime(cell, baseline)
     arms = (baseline, candidate) if twin is None else (baseline, candidate, twin)
@@ -110,9 +119,60 @@ def cell_evidence(step: pd.DataFrame, rows: int, vocab: int, k: int, candidate: 
             out["reason"] = words + timings.not_measured_reason(cell, arm)
             return out, None
     paired = timings.paired_rounds(cell, *arms)
-    return out, {"baseline": paired[0], "candidate": paired[1],
-                 "twin": paired[2] if twin is not None else None,
-                 "min_speedup": out["min_speedup"]}
+    inputs = {"baseline": paired[0], "candidate": paired[1],
+              "twin": paired[2] if twin is not None else None,
+              "min_speedup": out["min_speedup"], **order_effects(cell, arms)}
+    return out, inputs
+
+
+def _as_ruled(inputs: dict[str, Any], rule: Rule) -> dict[str, Any]:
+    """A cell's inputs without what ``rule`` leaves out (the carry-over correction, the
+    regimes)."""
+    left_out = (("carry_over",) * (not rule.carry_over)
+                + ("regime", "twin_regime") * (not rule.regimes))
+    return {key: value for key, value in inputs.items() if key not in left_out}
+
+
+def forward_only_answer(cell: dict[str, Any]) -> str | None:
+    """Where the cell's CI lies against the bar for delta of the forward alone (the bar in ms
+    that does not grow with the host step being measured): ``above``, ``below`` or
+    ``straddles``; None where either is unknown."""
+    bar, low, high = (cell.get("forward_only_min_speedup"), cell.get("ci_low"),
+                      cell.get("ci_high"))
+    if bar is None or low is None or high is None:
+        return None
+    return "above" if low > bar else "below" if high < bar else "straddles"
+
+
+def order_effects(cell: pd.DataFrame, arms: tuple[str, ...]) -> dict[str, Any]:
+    """What the rule takes from a cell's rows beside the timings: the fresh vectors' regime per
+    paired round (``regime``, ``twin_regime``: whether the vector was mapped fresh, where
+    every paired round recorded it and both regimes occur) and the carry-over correction of the
+    first two arms' comparison (:func:`stagelab.analyse.carryover.correction`, None where the
+    order's rows do not show it)."""
+    rounds = sorted(set.intersection(*(set(timings.by_round(cell, a).index) for a in arms)))
+    calls, names = carryover.calls_from_rows(cell)
+    found: dict[str, Any] = {"carry_over": (
+        carryover.correction(calls, len(names), names.index(arms[0]), names.index(arms[1]))
+        if arms[0] in names and arms[1] in names else None)}
+    for key, arm in zip(("regime", "twin_regime"), (arms[0], arms[2] if len(arms) > 2 else None)):
+        labels = _mapped_by_round(cell, arm, rounds) if arm is not None else None
+        if labels is not None:
+            found[key] = labels
+    return found
+
+
+def _mapped_by_round(cell: pd.DataFrame, arm: str, rounds: list[int]) -> np.ndarray | None:
+    """Whether ``arm``'s fresh vector was mapped fresh in each of ``rounds`` (its ``alloc``
+    rows' ``mapped``); None unless every round has it and both regimes occur."""
+    if "mapped" not in cell:
+        return None
+    alloc = cell[(cell["arm"] == arm) & (cell["stage"] == "alloc") & (cell["status"] == "ok")
+                 & cell["mapped"].notna() & cell["round"].notna()]
+    mapped = alloc.drop_duplicates("round").set_index("round")["mapped"]
+    if not set(rounds) <= set(mapped.index) or mapped.loc[rounds].nunique() < 2:
+        return None
+    return mapped.loc[rounds].astype(bool).to_numpy()
 
 
 def decide_cells(step: pd.DataFrame, named: list[tuple[int, int, int]], candidate: str,
@@ -122,7 +182,7 @@ def decide_cells(step: pd.DataFrame, named: list[tuple[int, int, int]], candidat
     ones (:func:`stagelab.analyse.stats.decide_family`; None when no cell was measured)."""
     evidence = [cell_evidence(step, n, v, k, candidate, delta=rule.delta, baseline=baseline,
                               twin=twin) for n, v, k in named]
-    measured = [inputs for _, inputs in evidence if inputs is not None]
+    measured = [_as_ruled(inputs, rule) for _, inputs in evidence if inputs is not None]
     family = (stats.decide_family(measured, min_samples=rule.min_samples,
                                   confidence=rule.confidence, seed=rule.seed)
               if measured else None)
@@ -136,6 +196,7 @@ def decide_cells(step: pd.DataFrame, named: list[tuple[int, int, int]], candidat
             decision.reason += f" (note: {out['failures']})"
         cell = {**out, **decision.to_dict()}
         cell["saved_ms"] = None if cell["saved_seconds"] is None else 1e3 * cell["saved_seconds"]
+        cell["forward_only_answer"] = forward_only_answer(cell)
         for key in ("saved_seconds", "failures"):
             cell.pop(key)
         cells.append(cell)
@@ -261,7 +322,7 @@ def answer_questions(step: pd.DataFrame, named: list[tuple[int, int, int]], rule
                      bundle: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
     """The three questions, each a family over the decisive cells
     (:func:`stagelab.analyse.stats.decide_family`): their answers, and the change recommended
-    from them as a fixed sequence (:func:`stagelab.analyse.stats.recommend`). ``bundle``: the
+    from them as a fixed sequence (:func:`stagelab.analyse.sequence.recommend`). ``bundle``: the
     decisive cells, already decided. A question none of whose arms ran is None."""
     answers: dict[str, Any] = {}
     for question, (baseline, candidate, twin) in QUESTIONS.items():
@@ -278,10 +339,10 @@ def answer_questions(step: pd.DataFrame, named: list[tuple[int, int, int]], rule
     pinning_family = None if pinning["decision"] is None else stats.FamilyDecision(
         pinning["decision"], pinning["summary"],
         [stats.Decision(c["decision"], c["reason"] or "") for c in pinning["cells"]])
-    change, reason = stats.recommend(answers["bundle"]["decision"], pinning_family,
+    change, reason = sequence.recommend(answers["bundle"]["decision"], pinning_family,
                                      answers["reuse"]["decision"],
                                      cells=[_cell_name(c) for c in pinning["cells"]])
-    return answers, {"change": change, "reason": reason, "method": stats.SEQUENCE}
+    return answers, {"change": change, "reason": reason, "method": sequence.SEQUENCE}
 
 
 def not_a_decision(decisive: list[dict[str, Any]]) -> str:
@@ -362,7 +423,10 @@ def decide_order(step: pd.DataFrame, named: list[tuple[int, int, int]],
     """The decisive family and the recommended change in one overlap order's rows, over the
     named cells whose seed step was timed in it (a profile may measure the other order at some
     cells only); ``measured``: whether any of them has its speedup (False where none, or no
-    cell, was). Fewer rounds than a decision needs: not a decision."""
+    cell, was). Fewer rounds than a decision needs: not a decision. Measured at only some of the
+    named cells: not decided (``decision`` and ``change`` None, the reason says where it was
+    measured), since the family of the cells measured is not the decisive family and its answer
+    is one the rule would not give (issue 49: the gate's waited order at one cell)."""
     here = [cell for cell in named if not timings.by_round(
         step[(step["rows"] == cell[0]) & (step["vocab"] == cell[1]) & (step["k"] == cell[2])],
         BASELINE).empty]
@@ -370,13 +434,20 @@ def decide_order(step: pd.DataFrame, named: list[tuple[int, int, int]],
         return {"measured": False, "cells": [], "decision": None, "change": None,
                 "reason": "not measured under this value", "answers": {}}
     bundle, _ = decide_cells(step, here, CANDIDATE, rule)
+    if len(here) < len(named):  # a family of some cells is not the decisive family
+        return {"measured": any(c.get("speedup") is not None for c in bundle),
+                "cells": [_cell_name(c) for c in bundle], "decision": None, "change": None,
+                "reason": f"measured at {len(here)} of the {len(named)} decisive cells, not "
+                          "decided: each cell's answer is shown, but a family answer needs "
+                          "every decisive cell measured in this order",
+                "answers": {_cell_name(c): c["decision"] for c in bundle}}
     decided = overall(bundle)["decision"]
     _, recommendation = answer_questions(step, here, rule, bundle=bundle)
     short = not_a_decision(bundle)
     return {"measured": any(c.get("speedup") is not None for c in bundle),
             "cells": [_cell_name(c) for c in bundle],
             "decision": stats.INCONCLUSIVE if short else decided,
-            "change": stats.NOT_A_DECISION if short else recommendation["change"],
+            "change": sequence.NOT_A_DECISION if short else recommendation["change"],
             "reason": short or recommendation["reason"],
             "answers": {_cell_name(c): c["decision"] for c in bundle}}
 

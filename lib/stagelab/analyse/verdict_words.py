@@ -156,7 +156,10 @@ def condition_note(condition: catalogue.Condition, under: dict[str, dict[str, An
         found = under[value]
         if not found["cells"]:
             return f"{value}: not measured in this run"
-        return f"{value} ({', '.join(found['cells'])}): {found['decision']}, {found['change']}"
+        cells = ", ".join(found["cells"])
+        if found["decision"] is None:
+            return f"{value} ({cells}): {found['reason']}"
+        return f"{value} ({cells}): {found['decision']}, {found['change']}"
 
     others = [value for value in under if value != decided]
     flipped = "".join(f"; {value} changes the answer at {', '.join(flips[value])}"

@@ -47,6 +47,57 @@ def rounds_to_see(rate: float = STALL_RATE, probability: float = STALL_SEEN) -> 
 TAIL_ROUNDS = rounds_to_see()  # 149: the rounds a PORT needs
 
 
+def rarest_unexcluded(rounds: int, probability: float = STALL_SEEN) -> int:
+    """``N`` such that a stall of 1 in ``N`` rounds or rarer is absent from ``rounds`` rounds
+    with more than ``1 - probability`` chance: the sample cannot exclude it (the inverse of
+    :func:`rounds_to_see`; 160 rounds exclude stalls down to 1 in 53)."""
+    if rounds < 1 or not 0 < probability < 1:
+        raise ValueError(f"rounds must be positive and probability in (0, 1), got {rounds!r}, "
+                         f"{probability!r}")
+    return math.floor(1 / (1 - (1 - probability) ** (1 / rounds)))
+
+
+def rounds_to_close(saving: float, *, delta: float = 0.02, noise: float = 0.02, cells: int = 6,
+                    power: float = 0.8, confidence: float = 0.95) -> int:
+    """The rounds per cell at which a family of ``cells`` cells whose true saving is ``saving``
+    deltas (below 1) all CLOSE with probability ``power``: each cell's one-sided ``1 -
+    confidence`` upper bound below the bar ``1 / (1 - delta)`` with probability
+    ``power ** (1 / cells)``, its log speedup's standard error ``noise * sqrt(2 / n)`` (two arms
+    of per-call spread ``noise``, independent rounds). The cheaper answers (CLOSE; "port a reused
+    buffer", which needs pinning's CLOSE) need these rounds; the gate's cap states which it
+    reaches."""
+    if not (0 <= saving < 1 and 0 < delta < 1 and noise > 0 and cells >= 1
+            and 0 < power < 1 and 0 < confidence < 1):
+        raise ValueError(f"saving must lie in [0, 1) deltas and delta, noise, cells, power and "
+                         f"confidence be valid, got {saving!r}, {delta!r}, {noise!r}, "
+                         f"{cells!r}, {power!r}, {confidence!r}")
+    distance = math.log((1 - saving * delta) / (1 - delta))
+    z = NormalDist().inv_cdf(confidence) + NormalDist().inv_cdf(power ** (1 / cells))
+    return math.ceil(2 * (noise * z / distance) ** 2)
+
+
+DEPENDENCE_CAP = 0.95  # the largest lag-1 correlation read (the factor then is 6.2)
+
+
+def dependence_inflation(residuals: Sequence[float]) -> float:
+    """The factor by which a CI that takes rounds for independent is too narrow, given the
+    paired residuals per round (``baseline[i] - ratio * candidate[i]``): ``sqrt((1 + rho) / (1 -
+    rho))``, ``rho`` their lag-1 autocorrelation with Kendall's small-sample bias added back
+    (``(1 + 4 rho) / n``), clipped to ``[0, DEPENDENCE_CAP]``; 1 for fewer than 10 rounds or
+    constant residuals. Never below 1: a negative correlation is not taken as extra precision."""
+    n = len(residuals)
+    if n < 10:
+        return 1.0
+    mean = math.fsum(residuals) / n
+    deviations = [x - mean for x in residuals]
+    variance = math.fsum(d * d for d in deviations)
+    if not variance > 0:
+        return 1.0
+    rho = math.fsum(a * b for a, b in zip(deviations, deviations[1:])) / variance
+    rho = min(max(rho + (1 + 4 * rho) / n, 0.0), DEPENDENCE_CAP)
+    return math.sqrt((1 + rho) / (1 - rho))
+
+
 def williams_rows(arms: int) -> list[list[int]]:
     """The rows of a Williams design for ``arms`` arms, as arm indices: ``arms`` rows (one Latin
     square) for an even count, ``2 * arms`` (the square, then its mirror) for an odd one."""
@@ -96,8 +147,9 @@ def speedup_half_width(baseline: Sequence[float], candidate: Sequence[float],
                        confidence: float = 0.95) -> float:
     """Half-width of the ``confidence`` CI of ``mean(baseline) / mean(candidate)`` over paired
     rounds, by the delta method: with ``r`` the ratio and ``d[i] = baseline[i] - r *
-    candidate[i]``, the ratio's standard error is ``stdev(d) / (sqrt(n) * mean(candidate))``.
-    Infinite with fewer than 3 rounds or a non-positive mean."""
+    candidate[i]``, the ratio's standard error is ``stdev(d) / (sqrt(n) * mean(candidate))``,
+    widened by :func:`dependence_inflation` of ``d``. Infinite with fewer than 3 rounds or a
+    non-positive mean."""
     n = len(baseline)
     if n != len(candidate):
         raise ValueError(f"baseline has {n} rounds, candidate {len(candidate)}: they must pair")
@@ -113,7 +165,7 @@ def speedup_half_width(baseline: Sequence[float], candidate: Sequence[float],
     mean_r = math.fsum(residuals) / n
     variance = math.fsum((x - mean_r) ** 2 for x in residuals) / (n - 1)
     z = NormalDist().inv_cdf(0.5 + confidence / 2)
-    return z * math.sqrt(variance / n) / mean_c
+    return z * math.sqrt(variance / n) / mean_c * dependence_inflation(residuals)
 
 
 def resolved(baseline: Sequence[float], candidate: Sequence[float], bar: float,

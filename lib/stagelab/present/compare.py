@@ -359,8 +359,10 @@ def condition_words(blocks: Any) -> dict[tuple[str, str], str]:
     out = {}
     for name, block in blocks.items():
         for value, found in (block.get("under") or {}).items():
-            change = (f"{found['decision']}, {found['change']} over {len(found['cells'])} cell(s)"
-                      if found.get("measured") else "not measured")
+            change = ("not measured" if not found.get("measured") else
+                      f"measured at {len(found['cells'])} cell(s), not decided"
+                      if found.get("decision") is None else
+                      f"{found['decision']}, {found['change']} over {len(found['cells'])} cell(s)")
             out[("verdict", f"{name}: {value}")] = change + (
                 " (decided)" if value == block.get("decided") else "")
         if "seed" in block:
