@@ -5,9 +5,12 @@
 PYTHON ?= python3
 VENV ?= .venv
 PROFILE ?= quick
+# The wheel index torch comes from, for a driver older than PyPI's CUDA build needs, e.g.
+# `make clean setup TORCH_INDEX=https://download.pytorch.org/whl/cu126` (README: own GPU).
+TORCH_INDEX ?=
 # Extra options for JupyterLab, e.g. LAB_ARGS='--no-browser --ServerApp.port=8899'.
 LAB_ARGS ?=
-SETUP := $(PYTHON) scripts/setup_venv.py --venv '$(VENV)'
+SETUP := $(PYTHON) scripts/setup_venv.py --venv '$(VENV)' $(if $(TORCH_INDEX),--torch-index '$(TORCH_INDEX)')
 PY := $(VENV)/bin/python
 # JupyterLab refuses to start as root without this flag (containers, CI).
 ALLOW_ROOT := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
@@ -45,7 +48,7 @@ $(VENV)/.extra-%: $(VENV)/.installed
 	$(SETUP) --extra $*
 	@touch $@
 
-setup: $(VENV)/.installed ## make .venv with torch for this machine and stagelab, nothing run
+setup: $(VENV)/.installed ## make .venv with torch for this machine (TORCH_INDEX=URL: from that index) and stagelab, nothing run
 
 run: setup ## set up, then run the quick profile (PROFILE=name for another) and print the report
 	$(VENV)/bin/stagelab run --profile $(PROFILE)
@@ -74,7 +77,8 @@ check: $(VENV)/.extra-test ## lint, types and the fast tests, on every core
 
 lab: $(VENV)/.extra-lab ## JupyterLab on notebooks/ with the project's kernel (LAB_ARGS passes options)
 	JUPYTER_CONFIG_PATH="$(CURDIR)/jupyter$${JUPYTER_CONFIG_PATH:+:$$JUPYTER_CONFIG_PATH}" \
-	  $(VENV)/bin/jupyter lab --notebook-dir=notebooks $(ALLOW_ROOT) $(LAB_ARGS)
+	  $(VENV)/bin/jupyter lab --notebook-dir=notebooks $(ALLOW_ROOT) \
+	  --LabApp.app_settings_dir='$(CURDIR)/jupyter/lab' $(LAB_ARGS)
 
 clean: ## remove .venv
 	rm -rf $(VENV)

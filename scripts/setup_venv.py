@@ -2,7 +2,10 @@
 """Set up the project's virtual environment (what ``make run``, ``make lab`` and ``make test``
 call): torch that fits the machine, then stagelab, editable, with only the extras asked for.
 
-Torch: where ``nvidia-smi`` finds a GPU, PyPI's default build (CUDA). Elsewhere the CPU build,
+Torch: from the wheel index given (``--torch-index``, ``make setup TORCH_INDEX=URL``), e.g.
+PyTorch's ``https://download.pytorch.org/whl/cu126`` for a driver that runs CUDA 12 but not the
+CUDA build PyPI ships. Else, where ``nvidia-smi`` finds a GPU, PyPI's default build (CUDA), and
+a warning when that build needs a newer driver than the one ``nvidia-smi`` reports. Elsewhere the CPU build,
 from PyTorch's CPU wheel index; when that index cannot be reached, PyPI's default (a CUDA build
 of several GB, unless the machine's pip configuration offers a local CPU wheel). The build that
 was installed is printed. Installs use uv (from PATH, else installed into the environment with
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -36,6 +40,13 @@ CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 CPU_TORCH = "torch==2.13.0"  # the build the suite is developed and tested with
 GPU_TORCH = "torch>=2.4"
 INDEX_TIMEOUT_S = 10.0
+# The oldest Linux driver that runs each CUDA major version's builds (NVIDIA's minor version
+# compatibility table: docs.nvidia.com/deploy/cuda-compatibility), and the PyTorch index to name
+# for it when PyPI's build is too new for the driver.
+MIN_DRIVER = {12: 525, 13: 580}
+CUDA_INDEX = {12: "https://download.pytorch.org/whl/cu126",
+              13: "https://download.pytorch.org/whl/cu130"}
+TORCH_CUDA_PROBE = "import torch; print(torch.version.cuda or '')"
 # Prints e.g. "2.13.0+cpu, a CPU build": what torch says of itself.
 TORCH_BUILD_PROBE = ("import torch; c = torch.version.cuda; "
                      "print(torch.__version__ + (f', a CUDA {c} build' if c else ', a CPU build'))")
@@ -141,8 +152,12 @@ def local_wheel_folders(python: str = sys.executable) -> tuple[str, ...]:
 
 def choose_torch(gpu: bool, cpu_index: str,
                  reachable: Callable[[str], bool] = index_reachable,
-                 find_links: tuple[str, ...] = ()) -> TorchChoice:
+                 find_links: tuple[str, ...] = (), torch_index: str | None = None) -> TorchChoice:
     """The torch requirement for this machine (see the module's docstring)."""
+    if torch_index:
+        requirement = CPU_TORCH if torch_index.rstrip("/").endswith("/cpu") else GPU_TORCH
+        return TorchChoice(requirement, torch_index, f"the index asked for: {torch_index}",
+                           find_links)
     if gpu:
         return TorchChoice(GPU_TORCH, None, "nvidia-smi found a GPU: PyPI's default (CUDA) build")
     if reachable(cpu_index):
@@ -151,6 +166,62 @@ def choose_torch(gpu: bool, cpu_index: str,
     return TorchChoice(CPU_TORCH, None,
                        f"no NVIDIA GPU, and {cpu_index} cannot be reached: PyPI's default build",
                        find_links)
+
+
+@dataclass(frozen=True)
+class Driver:
+    """What ``nvidia-smi`` says of the driver: its version and the newest CUDA it runs."""
+
+    version: str
+    cuda: str
+
+    @property
+    def cuda_major(self) -> int:
+        return int(self.cuda.split(".")[0])
+
+
+def read_driver(smi_header: str) -> Driver | None:
+    """The driver from ``nvidia-smi``'s header ("Driver Version: 550.54.15  CUDA Version: 12.4"),
+    or None where it says neither."""
+    version = re.search(r"Driver Version:\s*([0-9.]+)", smi_header)
+    cuda = re.search(r"CUDA Version:\s*([0-9]+\.[0-9]+)", smi_header)
+    return Driver(version.group(1), cuda.group(1)) if version and cuda else None
+
+
+def driver_fit(driver: Driver, torch_cuda: str) -> str | None:
+    """None when a torch built for CUDA ``torch_cuda`` runs on ``driver``; else what to do (a
+    CUDA build runs on any driver of its major version from the minimum, never on an older
+    major version)."""
+    major = int(torch_cuda.split(".")[0])
+    if major <= driver.cuda_major:
+        return None
+    index = CUDA_INDEX.get(driver.cuda_major)
+    instead = (f"`make clean setup TORCH_INDEX={index}`" if index else
+               f"a driver >= {MIN_DRIVER.get(major, '?')}")
+    return (f"torch is a CUDA {torch_cuda} build, which needs driver >= "
+            f"{MIN_DRIVER.get(major, '?')}; this driver ({driver.version}) runs CUDA "
+            f"{driver.cuda} at most. Use {instead}.")
+
+
+def nvidia_smi_header() -> str:
+    """``nvidia-smi``'s output (its header names the driver), or "" without one."""
+    try:
+        return subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+
+
+def warn_driver_fit(python: Path) -> None:
+    """Say when the installed CUDA build of torch needs a newer driver than this machine's."""
+    driver = read_driver(nvidia_smi_header())
+    torch_cuda = subprocess.run([str(python), "-c", TORCH_CUDA_PROBE], capture_output=True,
+                                text=True).stdout.strip()
+    if driver is None or not torch_cuda:
+        return
+    print(f"driver {driver.version}: runs CUDA {driver.cuda} builds at most", flush=True)
+    advice = driver_fit(driver, torch_cuda)
+    if advice:
+        print(f"warning: {advice}", flush=True)
 
 
 def installed_version(python: Path, distribution: str) -> str | None:
@@ -209,17 +280,22 @@ def ensure_pip(installer: Installer) -> None:
         run([str(installer.python), "-m", "ensurepip", "--default-pip"])
 
 
-def ensure_torch(installer: Installer, cpu_index: str) -> None:
-    """Install torch unless the environment has it, and say which build it is."""
+def ensure_torch(installer: Installer, cpu_index: str, torch_index: str | None = None) -> None:
+    """Install torch unless the environment has it, say which build it is and whether it fits
+    the driver."""
     present = installed_version(installer.python, "torch")
     if present:
-        print(f"torch {present}: already installed", flush=True)
-        return
-    gpu = has_nvidia_gpu()
-    choice = choose_torch(gpu, cpu_index, find_links=() if gpu else local_wheel_folders())
-    print(f"torch: {choice.reason}", flush=True)
-    installer.install([choice.requirement], choice.index_url, choice.find_links)
-    print(f"torch {torch_build(installer.python)}", flush=True)
+        print(f"torch {present}: already installed"
+              + (" (to take it from TORCH_INDEX, `make clean` first)" if torch_index else ""),
+              flush=True)
+    else:
+        gpu = has_nvidia_gpu()
+        choice = choose_torch(gpu, cpu_index, find_links=() if gpu else local_wheel_folders(),
+                              torch_index=torch_index)
+        print(f"torch: {choice.reason}", flush=True)
+        installer.install([choice.requirement], choice.index_url, choice.find_links)
+        print(f"torch {torch_build(installer.python)}", flush=True)
+    warn_driver_fit(installer.python)
 
 
 def compile_bytecode(python: Path, extras: list[str]) -> None:
@@ -246,7 +322,8 @@ def compile_bytecode(python: Path, extras: list[str]) -> None:
           f"{time.monotonic() - started:.0f} s", flush=True)
 
 
-def set_up(venv: Path, extras: list[str], cpu_index: str = CPU_INDEX) -> None:
+def set_up(venv: Path, extras: list[str], cpu_index: str = CPU_INDEX,
+           torch_index: str | None = None) -> None:
     """Create or complete the environment: torch, then stagelab with ``extras`` (none: what a
     headless run needs) and, with the lab extra, the Jupyter kernel that runs the notebooks."""
     started = time.monotonic()
@@ -255,7 +332,7 @@ def set_up(venv: Path, extras: list[str], cpu_index: str = CPU_INDEX) -> None:
     uv = find_uv(venv)
     installer = Installer(python, uv)
     ensure_pip(installer)  # for `pip install` in the activated environment too
-    ensure_torch(installer, cpu_index)
+    ensure_torch(installer, cpu_index, torch_index)
     target = f"{REPO}[{','.join(extras)}]" if extras else str(REPO)
     installer.install(["--editable", target])
     if "lab" in extras:  # `stagelab run` installs the kernel itself; JupyterLab needs it first
@@ -274,8 +351,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="an optional-dependencies group of pyproject.toml (repeatable)")
     parser.add_argument("--cpu-index", default=os.environ.get("TORCH_CPU_INDEX", CPU_INDEX),
                         help="PyTorch's CPU wheel index (default %(default)s)")
+    parser.add_argument("--torch-index", default=os.environ.get("TORCH_INDEX") or None,
+                        help="the wheel index to take torch from, e.g. "
+                             f"{CUDA_INDEX[12]} for a CUDA 12 driver")
     args = parser.parse_args(argv)
-    set_up(args.venv, args.extra, args.cpu_index)
+    set_up(args.venv, args.extra, args.cpu_index, args.torch_index)
     return 0
 
 

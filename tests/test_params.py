@@ -171,3 +171,11 @@ def test_no_suggestion_where_no_value_near_would_be_accepted(given):
     with pytest.raises(UserError) as refused:
         profiles.plan_run("quick", overrides=profiles.parse_overrides([given]))
     assert "write" not in str(refused.value)  # a top-K above every vocabulary; a fraction
+
+
+def test_the_quick_profile_times_a_chunk_of_512_or_more_shorter_than_its_prompt():
+    """Before: quick's 513-token prompt (512 rows) was timed at chunks 64 and 256 only, so the
+    chunk sizes that matter were never measured and a chunk was recommended without them."""
+    prompt = profiles.profile_parameters("quick")["03_prompt_logprobs"]
+    rows = prompt["tokens"] - 1
+    assert [c for c in prompt["chunks"] if 512 <= c < rows], (prompt["chunks"], rows)

@@ -10,6 +10,7 @@ import json
 import math
 import re
 
+import pandas as pd
 import pytest
 
 from stagelab.analyse import predict_check, predict_model, predict_study, predict_tables, verdict
@@ -17,6 +18,7 @@ from stagelab.cli import main as cli_main
 from stagelab.core import forward, paths, records, schema
 from stagelab.core.errors import UserError
 from stagelab.measure import busy, hostrates, priorrates
+from stagelab.run import profiles
 
 QWEN = forward.model_dims("Qwen2.5-7B")
 GEMMA3 = forward.model_dims("Gemma-3-4B")
@@ -327,3 +329,29 @@ def test_host_this_measures_only_through_the_function_the_run_floor_gives():
     choice = predict_study.host_choice(predict_study.HOST_THIS, None, cells, measure_here=measure)
     assert asked == [cells]
     assert (choice.rates.origin, choice.words) == ("a stand-in", "rates from a stand-in")
+
+
+def test_notebook_05_and_predict_give_h200_the_same_answers_for_the_same_inputs(
+        tmp_path, monkeypatch, capsys):
+    """Before: notebook 05 fed the run's own (busy CPU) host rates into every platform: the
+    seed's step at n = 64 on H200 was 104 ms in the report against 16.8 ms from the CLI. The
+    run's rates are now only "this host", and `predict --json` prints the very records."""
+    no_measuring(monkeypatch)
+    run = tmp_path / "run"
+    slow_host = [{**row, "seconds": row["seconds"] * 50} for row in prior_rows(64, 152064)]
+    schema.write_table(schema.make_rows(step_rows() + slow_host), run, "step")
+    quick = profiles.profile_parameters("quick")["05_prediction"]
+    found = predict_study.study(run, ["H200"], quick["decisive_rows"], quick["decisive_models"],
+                                quick["decisive_ks"], quick["delta"])
+    assert cli_main(["predict", "--platform", "H200", "--profile", "quick", "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["predicted"] is True
+    pd.testing.assert_frame_equal(found.answers, pd.DataFrame(printed["answers"]))
+    pd.testing.assert_frame_equal(found.arms, pd.DataFrame(printed["arms"]))
+    step_64 = found.arms[(found.arms["rows"] == 64) & (found.arms["arm"] == "seed_pageable")]
+    assert set(step_64["host"]) == {"host class x86 bare metal", "host class x86 VM"}
+    assert step_64["mid_ms"].max() < 30  # the usual hosts', not the slow host's
+    assert set(found.this_host["host"]) == {predict_study.THIS_HOST}  # shown, never fed in
+    grid = predict_study.answer_grid(found.answers)
+    assert list(grid.columns) == ["platform", "rows", "vocab", "k", "bundle", "reuse", "pinning"]
+    assert grid.set_index("rows").loc[64, "bundle"] == "PORT"

@@ -444,3 +444,18 @@ def test_the_readme_exit_codes_are_the_cli_s():
                   f"**{cli.EXIT_USAGE}** for a bad request",
                   f"**{cli.EXIT_INTERRUPTED}** when interrupted (Ctrl-C, SIGTERM or SIGHUP;"):
         assert words in text, words
+
+
+def test_only_a_tracked_change_makes_a_run_uncommitted(tmp_path):
+    """Before: any untracked file (a scratch notebook, a run folder) made every report say
+    "(uncommitted changes)"; only a change to a tracked file does now."""
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+    git("init", "-q")
+    (tmp_path / "tracked.txt").write_text("one\n")
+    git("add", "tracked.txt")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
+    (tmp_path / "untracked.ipynb").write_text("{}")
+    assert rundir.git_state(tmp_path)["dirty"] is False
+    (tmp_path / "tracked.txt").write_text("two\n")
+    assert rundir.git_state(tmp_path)["dirty"] is True

@@ -7,7 +7,7 @@ import json
 import re
 
 from conftest import fake_run
-from stagelab.present import report, tables
+from stagelab.present import next_step, report, tables
 
 UNAVAILABLE = "not measured: seed_pinned unavailable: pinned host memory needs a CUDA device"
 
@@ -160,13 +160,20 @@ def test_the_verdict_states_its_context_in_the_report_and_older_verdicts_lack_it
          "decisive": [decisive_cell(16)], "context": {"words": words}}))
     assert f"<p class='context'>{words}</p>" in report.write_index(run_dir).read_text()
     note = "overlap: recommendation under queued: CLOSE, close (decided); waited: PORT."
-    (run_dir / "verdict.json").write_text(json.dumps(
-        {"overall": {"decision": "CLOSE", "summary": "Closed."}, "decisive": [decisive_cell(16)],
-         "context": {"words": words}, "conditions": {"overlap": {
-             "column": "overlap_order", "decided": "queued", "values": ["queued"],
-             "under": {}, "changes_answer": None, "flipped_cells": [], "words": "w",
-             "note": note}}}))
-    assert f"<p class='condition overlap'>{note}</p>" in report.write_index(run_dir).read_text()
+    for forward_ms, shown in (([3.2], True), ([0.0], False)):
+        # before: the overlap order's paragraph (the seed's sampler.cpp lines) headed the first
+        # screen of a CPU run, which queues no forward; it is folded, and only with a forward
+        (run_dir / "verdict.json").write_text(json.dumps(
+            {"overall": {"decision": "CLOSE", "summary": "Closed."},
+             "decisive": [decisive_cell(16)],
+             "context": {"words": words, "forward_ms": forward_ms},
+             "conditions": {"overlap": {
+                 "column": "overlap_order", "decided": "queued", "values": ["queued"],
+                 "under": {}, "changes_answer": None, "flipped_cells": [], "words": "w",
+                 "note": note}}}))
+        page = report.write_index(run_dir).read_text()
+        assert (f"<p class='condition overlap'>{note}</p>" in page) is shown
+        assert page.index("<details id='context'>") > page.index("<table id='decisive'>")
     older = fake_run(tmp_path / "older")
     (older / "verdict.json").write_text(json.dumps(
         {"overall": {"decision": "INCONCLUSIVE", "summary": "Undecided."},
@@ -201,6 +208,14 @@ def test_the_report_shows_the_recommended_change_and_the_three_answers(tmp_path)
     assert "Recommended change: <b>port a reused pageable buffer</b>: why" in page
     assert ("<td>pinning words</td><td>CLOSE</td><td>n=16 V=152064 K=5: CLOSE 1.200x "
             "[1.100, 1.300]") in page
+    held = {**questions["reuse"], "decision": "INCONCLUSIVE", "cells": [
+        {**answer, "decision": "INCONCLUSIVE", "reason": "the Holm-level bound 1.01 is below"}]}
+    (run_dir / "verdict.json").write_text(json.dumps(
+        {"overall": {"decision": "INCONCLUSIVE", "summary": "Held."},
+         "decisive": [decisive_cell(16)], "questions": {"reuse": held},
+         "recommendation": {"change": "INCONCLUSIVE", "reason": "why"}}))
+    assert ("K=5: INCONCLUSIVE 1.200x [1.100, 1.300] (the Holm-level bound 1.01 is below)"
+            in report.write_index(run_dir).read_text())  # before: the reason only in the json
     older = fake_run(tmp_path / "older")
     (older / "verdict.json").write_text(json.dumps(
         {"overall": {"decision": "PORT", "summary": "Ports."}, "decisive": [decisive_cell(16)]}))
@@ -235,3 +250,90 @@ def test_a_wide_table_is_shown_as_narrower_ones_that_repeat_which_row_it_is():
     assert shown._repr_html_().count("<table") == parts
     narrow = tables.show(frame.iloc[:, :8])
     assert not isinstance(narrow, tables.SplitTable)
+
+
+def _answer(platform: str, rows: int, host: str, decision: str, low: float = 1.0,
+            high: float = 3.0) -> dict:
+    return {"platform": platform, "rows": rows, "vocab": 152064, "k": 5, "question": "bundle",
+            "host": host, "decision": decision, "saving_ms": (low + high) / 2,
+            "saving_low_ms": low, "saving_high_ms": high, "bar_ms": 0.3, "bar_low_ms": 0.2,
+            "bar_high_ms": 0.4}
+
+
+PREDICTED = {"answers": [
+    _answer("H200", 16, "host class x86 bare metal", "depends on pageable_gbps", 0.1, 3.2),
+    _answer("H200", 16, "host class x86 VM", "depends on pageable_gbps", 0.1, 5.2),
+    _answer("H200", 64, "host class x86 bare metal", "PORT", 1.15, 23.2),
+    _answer("H200", 64, "host class x86 VM", "PORT", 1.15, 31.3),
+    _answer("L4", 64, "host class x86 bare metal", "PORT"),
+    _answer("L4", 64, "host class x86 VM", "CLOSE"),
+    _answer("H200", 64, "this host", "CLOSE", 0.0, 0.1),  # this run's host: never a platform's
+]}
+
+
+def test_an_undecided_first_screen_gives_each_platforms_predicted_answer_and_the_command(tmp_path):
+    """Before: an INCONCLUSIVE run named no next step; the H200 answer was only in the CLI."""
+    run_dir = fake_run(tmp_path / "runs")
+    (run_dir / "prediction.json").write_text(json.dumps(PREDICTED))
+    (run_dir / "verdict.json").write_text(json.dumps(
+        {"overall": {"decision": "INCONCLUSIVE", "summary": "No GPU."},
+         "decisive": [decisive_cell(16), decisive_cell(64)],
+         "questions": {"bundle": {"words": "bundle", "decision": None, "cells": [],
+                                  "baseline": "a", "candidate": "b", "measured": False},
+                       "reuse": {"words": "reuse alone", "decision": "INCONCLUSIVE",
+                                 "cells": [], "baseline": "a", "candidate": "c",
+                                 "measured": True}}}))
+    page = report.write_index(run_dir).read_text()
+    block = page[page.index("<div id='next-step'>"):page.index("<table id='decisive'>")]
+    assert "Measured here instead: reuse alone: INCONCLUSIVE." in block
+    assert "Not measured: bundle." in block
+    assert "predicted, not measured" in block and "stagelab predict --profile quick" in block
+    rows = dict(re.findall(r"<tr><td>([^<]+)</td>(.*?)</tr>", block))
+    assert set(rows) == {"H200", "L4"}
+    assert "depends on pageable_gbps: saves 0.1-5.2 ms per step" in rows["H200"]
+    assert "PORT: saves 1.15-31.3 ms" in rows["H200"]  # the VM's wider range: CLOSE never
+    assert "depends on the host: PORT on x86 bare metal, CLOSE on x86 VM" in rows["L4"]
+    assert "does not fit: not predicted" in rows["L4"]  # L4 has no n=16 answer
+    assert f"<code>{next_step.CONFIRM}</code>" in block
+    lines = next_step.terminal_lines(run_dir, json.loads((run_dir / "verdict.json").read_text()),
+                                     "quick")
+    assert len(lines) == 2 and lines[1].startswith(f"to confirm on your GPU: {next_step.CONFIRM}")
+    assert "PORT at n=64 on H200" in lines[0] and "predicted on a GPU, not measured" in lines[0]
+
+
+def test_a_decided_run_is_set_beside_its_platforms_prediction(tmp_path):
+    run_dir = fake_run(tmp_path / "runs")
+    (run_dir / "prediction.json").write_text(json.dumps(PREDICTED))
+    verdict = {"overall": {"decision": "PORT", "summary": "Port."},
+               "hardware": {"gpu": "NVIDIA H200"}, "decisive": [decisive_cell(64)]}
+    (run_dir / "verdict.json").write_text(json.dumps(verdict))
+    page = report.write_index(run_dir).read_text()
+    assert re.search(r"Measured <b>PORT</b>; predicted for H200 .*n=64 V=152,064 K=5: PORT", page)
+    assert "id='next-step'" not in page and next_step.terminal_lines(run_dir, verdict, "x") == []
+    assert next_step.platform_of("NVIDIA H100 80GB HBM3", ["H100 SXM", "H200"]) == "H100 SXM"
+
+
+def test_the_front_page_shows_few_short_findings_that_bear_on_the_decision(tmp_path):
+    """Before: 16 dense bullets on the front page, one of 9 lines on glibc's mmap threshold."""
+    findings = [
+        "Seed's step at n=16, V=152064, K=5: 110.49 ms on average, made of the queued forward "
+        "0.00, log-softmax 58.92, zero-filled vector 5.21, copy 20.55, host top-K (C++) 25.43, "
+        "free 0.05 and unattributed 0.33 ms (time outside the timed stages).",
+        "Zero-fill of the seed's fresh vector at n=64: 91.99 ms per step (CI 35.01-157.04); the "
+        "vector is 37.1 MiB, above glibc's largest mmap threshold. More on glibc follows.",
+        "Reuse lever at step level at n=64, V=152064, K=5: 1.07x (CI [0.95, 1.19]), 38.12 ms "
+        "per step.", *[f"Host top-K finding {i}: 2.0x." for i in range(12)]]
+    shown = report.front_findings(findings)
+    assert len(shown) == report.FRONT_FINDINGS
+    assert shown[0].startswith("Reuse lever") and shown[1].startswith("Seed's step")
+    assert all(len(f) <= report.FRONT_CHARS + 2 and re.search(r"\d", f) for f in shown)
+    assert report.first_sentence(findings[1]) == (
+        "Zero-fill of the seed's fresh vector at n=64: 91.99 ms per step (CI 35.01-157.04).")
+    run_dir = fake_run(tmp_path / "runs")
+    (run_dir / "verdict.json").write_text(json.dumps(
+        {"overall": {"decision": "INCONCLUSIVE", "summary": "Undecided."},
+         "decisive": [decisive_cell(16)], "findings": findings}))
+    page = report.write_index(run_dir).read_text()
+    listed = page[page.index("<ul id='findings'>"):page.index("</ul>", page.index("id='findings'"))]
+    assert listed.count("<li>") == report.FRONT_FINDINGS and "mmap" not in listed
+    assert "Every finding in full (15): <a href='04_verdict.html'>" in page

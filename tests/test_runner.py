@@ -114,6 +114,10 @@ def test_a_signal_marks_the_run_interrupted_quietly_and_keeps_what_was_written(t
     _, err = proc.communicate(timeout=90)
     assert proc.returncode == cli.EXIT_INTERRUPTED, err
     assert "Traceback" not in err and "zmq" not in err.lower()  # the kernel's noise stays out
+    # Before: "Kernel died while waiting for execute reply." and asyncio's "Task was destroyed
+    # but it is pending!" followed the interrupt; one line says it now.
+    assert "Kernel died" not in err and "Task was destroyed" not in err, err
+    assert err.count("interrupted") == 1, err
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["status"] == "interrupted"
     assert [nb["status"] for nb in manifest["notebooks"]] == ["interrupted", "pending"]
@@ -531,7 +535,7 @@ def test_progress_lines_name_each_notebook_cell_and_sweep_cell_with_the_time(tmp
             kernel.write("96: 6 ok\n")
     err = capsys.readouterr().err.splitlines()
     assert [re.sub(r" \(\d+ s\)$", "", line) for line in err] == [
-        "[2/5] 01_d2h_staging: cell 2/3",
+        "[2/5] 01_d2h_staging: notebook cell 2/3",  # before "cell 2/3" beside sweep cells
         "[2/5] 01_d2h_staging: staging: cell 1/2 n=1 V=4096: 6 ok, 4 unavailable",
         "[2/5] 01_d2h_staging: staging: cell 2/2 n=8 V=4096: 6 ok"]
     assert all(re.search(r" \(\d+ s\)$", line) for line in err)
@@ -555,6 +559,6 @@ def test_a_long_cell_says_it_is_still_running_at_least_every_10_s(tmp_path, caps
             clock[0] += 1
             lines.poll()
     err = capsys.readouterr().err.splitlines()
-    assert err[0] == "[4/6] 03_prompt_logprobs: cell 2/2 (1 s)"
-    assert err[1:] == ["[4/6] 03_prompt_logprobs: cell 2/2 still running (10 s)",
-                       "[4/6] 03_prompt_logprobs: cell 2/2 still running (19 s)"]
+    assert err[0] == "[4/6] 03_prompt_logprobs: notebook cell 2/2 (1 s)"
+    assert err[1:] == ["[4/6] 03_prompt_logprobs: notebook cell 2/2 still running (10 s)",
+                       "[4/6] 03_prompt_logprobs: notebook cell 2/2 still running (19 s)"]

@@ -214,6 +214,51 @@ def test_the_projects_jupyter_config_strips_outputs_of_tracked_notebooks_on_save
     assert "JUPYTER_CONFIG_PATH=" in _make("-n", "lab", "VENV=/nowhere").stdout
 
 
+def test_saving_a_tracked_notebook_run_in_lab_leaves_it_unchanged_in_git(tmp_path, monkeypatch):
+    """Before: saving in Lab stripped outputs but wrote the kernel's whole ``language_info``,
+    so a tracked notebook showed as modified in git. Each committed notebook, run and viewed as
+    Lab leaves it, is saved byte for byte as committed."""
+    if importlib.util.find_spec("jupyter_server") is None:
+        pytest.skip("jupyter_server is not installed (make lab and make test install it)")
+    import nbformat
+    from jupyter_server.services.contents.filemanager import FileContentsManager
+
+    from stagelab.run import lab
+
+    tracked = tmp_path / "notebooks"
+    tracked.mkdir()
+    monkeypatch.setattr(paths, "NOTEBOOKS_DIR", tracked)
+    manager = FileContentsManager(root_dir=str(tracked), pre_save_hook=lab.strip_outputs)
+    committed = sorted(paths.REPO_ROOT.glob("notebooks/[0-9]*.ipynb"))
+    assert committed
+    for source in committed:
+        notebook = nbformat.read(str(source), as_version=4)
+        notebook.metadata["language_info"] = {
+            "name": "python", "version": "3.11.7", "mimetype": "text/x-python",
+            "codemirror_mode": {"name": "ipython", "version": 3}, "file_extension": ".py"}
+        for cell in notebook.cells:
+            cell.metadata.update(scrolled=True, execution={"iopub.status.idle": "2026"})
+            if cell.cell_type == "code":
+                cell.execution_count = 1
+                cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text="x")]
+        manager.save({"type": "notebook", "format": "json", "content": notebook}, source.name)
+        assert (tracked / source.name).read_bytes() == source.read_bytes(), source.name
+
+
+def test_lab_starts_the_projects_kernel_without_asking_and_never_asks_for_news():
+    """The settings `make lab` gives Lab: the project's kernel as the default, started without
+    a kernel dialog; the news prompt answered "never"."""
+    from stagelab.run import lab
+
+    config = json.loads((lab.CONFIG_DIR / "jupyter_server_config.json").read_text())
+    assert config["MappingKernelManager"]["default_kernel_name"] == setup_venv.KERNEL_NAME
+    overrides = json.loads((lab.CONFIG_DIR / "lab" / "overrides.json").read_text())
+    assert overrides["@jupyterlab/apputils-extension:notification"]["fetchNews"] == "false"
+    assert overrides["@jupyterlab/notebook-extension:tracker"]["autoStartDefaultKernel"] is True
+    shown = _make("-n", "lab", "VENV=/nowhere").stdout
+    assert f"--LabApp.app_settings_dir='{lab.CONFIG_DIR / 'lab'}'" in shown
+
+
 @pytest.mark.serial  # a JupyterLab server
 @pytest.mark.slow
 def test_make_lab_as_root_starts_and_answers(tmp_path):
@@ -245,6 +290,10 @@ def test_make_lab_as_root_starts_and_answers(tmp_path):
         with urllib.request.urlopen(urllib.request.Request(
                 f"http://127.0.0.1:{port}/lab", headers=headers)) as response:
             assert '"news": {"disabled": true}' in response.read().decode()  # no news prompt
+        notification = _wait_for_json(  # the news prompt answered "never", from overrides.json
+            f"http://127.0.0.1:{port}/lab/api/settings/@jupyterlab/apputils-extension:notification",
+            headers, lab, log)
+        assert notification["schema"]["properties"]["fetchNews"]["default"] == "false", notification
         urllib.request.urlopen(urllib.request.Request(
             f"http://127.0.0.1:{port}/api/shutdown", method="POST", headers=headers)).close()
         assert lab.wait(timeout=60) == 0, log.read_text()[-3000:]
@@ -370,7 +419,8 @@ def test_every_stagelab_command_of_the_readme_is_exercised_by_a_test():
 # Where each make target of the README is exercised.
 MAKE_TARGETS = {"run": "scripts/bench_fresh_clone.py", "test": ".ci/run", "check": ".ci/run",
                 "lab": "test_make_lab_as_root_starts_and_answers",
-                "setup": "test_a_fresh_clone_sets_up_lean_with_the_cpu_index_unreachable"}
+                "setup": "test_a_fresh_clone_sets_up_lean_with_the_cpu_index_unreachable",
+                "clean": "test_make_setup_passes_the_torch_index_on"}
 
 
 def test_every_make_target_of_the_readme_exists_and_is_exercised():
@@ -404,3 +454,36 @@ def test_make_help_lists_every_target_with_what_it_does():
     assert set(listed) == set(phony.split()[1:])  # every target, nothing else
     assert all(words.strip() for words in listed.values())
     assert _make("--no-print-directory").stdout == done.stdout  # `make` alone says it too
+
+
+def test_a_torch_index_given_is_where_torch_comes_from_gpu_or_not():
+    cu126 = "https://download.pytorch.org/whl/cu126"
+    for gpu in (True, False):
+        choice = setup_venv.choose_torch(gpu=gpu, cpu_index="http://unused",
+                                         reachable=lambda _url: False, torch_index=cu126)
+        assert (choice.requirement, choice.index_url) == (setup_venv.GPU_TORCH, cu126)
+    cpu = setup_venv.choose_torch(gpu=True, cpu_index="http://unused",
+                                  torch_index="https://download.pytorch.org/whl/cpu/")
+    assert cpu.requirement == setup_venv.CPU_TORCH
+
+
+def test_the_driver_is_read_from_nvidia_smi_and_a_too_new_cuda_build_is_named():
+    header = ("| NVIDIA-SMI 550.54.15    Driver Version: 550.54.15    CUDA Version: 12.4     |")
+    driver = setup_venv.read_driver(header)
+    assert (driver.version, driver.cuda, driver.cuda_major) == ("550.54.15", "12.4", 12)
+    assert setup_venv.read_driver("No devices were found") is None
+    assert setup_venv.driver_fit(driver, "12.8") is None  # minor version compatibility
+    advice = setup_venv.driver_fit(driver, "13.0")
+    assert "driver >= 580" in advice and "TORCH_INDEX=https://download.pytorch.org/whl/cu126" in advice
+
+
+def test_make_setup_passes_the_torch_index_on():
+    dry = subprocess.run(["make", "-n", "-B", "setup", "TORCH_INDEX=http://example.invalid/cu126"],
+                         cwd=paths.REPO_ROOT, capture_output=True, text=True).stdout
+    assert "--torch-index 'http://example.invalid/cu126'" in dry
+    plain = subprocess.run(["make", "-n", "-B", "setup"], cwd=paths.REPO_ROOT,
+                           capture_output=True, text=True).stdout
+    assert "--torch-index" not in plain
+    cleaned = subprocess.run(["make", "-n", "clean", "VENV=/nonexistent/venv"],
+                             cwd=paths.REPO_ROOT, capture_output=True, text=True).stdout
+    assert cleaned.split() == ["rm", "-rf", "/nonexistent/venv"]  # the README's `make clean setup`

@@ -7,6 +7,7 @@ import base64
 import json
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import nbformat
@@ -82,12 +83,20 @@ def test_single_file_inlines_figures_and_links_notebooks_to_their_sections(tmp_p
     assert "cdnjs" not in page and "<script" not in page
 
 
-def test_report_cli_writes_the_single_file_where_out_says(tmp_path):
+def test_report_cli_writes_the_single_file_where_out_says(tmp_path, capsys, monkeypatch):
+    """Before: `report --single-file` (21 s on a quick run) printed nothing while it worked; it
+    says each page and notebook on a terminal's stderr, stdout keeps the two paths."""
     run_dir = _synthetic_run(tmp_path / "run")
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # a person watching
     out = tmp_path / "elsewhere" / "review.html"
     out.parent.mkdir()
     assert cli.main(["report", str(run_dir), "--single-file", "--out", str(out)]) == cli.EXIT_OK
     assert out.exists() and report.external_references(out.read_text()) == []
+    printed = capsys.readouterr()
+    assert printed.out.split() == [str(run_dir / "index.html"), str(out)]
+    steps = printed.err.splitlines()
+    assert sum(line.startswith("report: page ") for line in steps) >= 1
+    assert sum(line.startswith("single file: notebook ") for line in steps) >= 1
     assert not (run_dir / f"run{report.SINGLE_FILE_SUFFIX}").exists()
 
 

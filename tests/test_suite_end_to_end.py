@@ -238,6 +238,8 @@ def test_screenshots_of_the_report_and_notebooks_02_and_03(tiny_run):
 # see that every page says its timings are not trustworthy), and where to put them.
 SCREENSHOT_RUN, SCREENSHOT_DIR = "STAGELAB_SCREENSHOT_RUN", "STAGELAB_SCREENSHOT_DIR"
 SCREEN = {"width": 1366, "height": 768}  # the laptop screen a reviewer reads the report on
+STAGE_PAGES = ("02_logprobs_step.html", "04_verdict.html", "05_prediction.html")
+PAGE_HEIGHT_PX = 20_000  # the tallest page a reviewer scrolls through (nb 05 was 35,000 px)
 READ_PAGES = ("index.html", "01_d2h_staging.html", "02_logprobs_step.html",
               "03_prompt_logprobs.html", "04_verdict.html", "05_prediction.html")
 RAW_CELL = re.compile(r"^(True|False|None|nan|NaN)$")
@@ -251,6 +253,14 @@ PAGE_FACTS = """() => ({
   headers: Array.from(document.querySelectorAll('th')).map(e => e.innerText.trim()),
   cells: Array.from(document.querySelectorAll('td')).map(e => e.innerText.trim()),
   stderr: document.querySelectorAll('.output_stderr').length,
+  height: document.documentElement.scrollHeight,
+  noAlt: Array.from(document.querySelectorAll('img'))
+              .filter(e => !(e.getAttribute('alt') || '').trim()).length,
+  predicted: Array.from(document.querySelectorAll('#predicted tr'))
+                  .map(e => Array.from(e.children).map(c => c.innerText.trim())),
+  confirm: (document.querySelector('#confirm') || {innerText: ''}).innerText,
+  firstScreen: Array.from(document.querySelectorAll('#predicted, #confirm'))
+                    .map(e => e.getBoundingClientRect().top),
   scrolled: Array.from(document.querySelectorAll('table'))
                  .filter(e => e.scrollWidth > e.clientWidth + 1).map(e => e.innerText.slice(0, 80))})"""
 
@@ -296,7 +306,21 @@ def test_screenshots_at_1366_px_say_trust_first_with_no_raw_cell_nor_stderr_box(
         assert f"timings {state}" in seen["top"].replace("\n", " "), (name, seen["top"])
         if state == trust.NOT_TRUSTWORTHY:
             assert "TIMINGS NOT TRUSTWORTHY" in seen["top"] or name == "index.html", name
+    for name, seen in facts.items():  # issue 45's page defects, each where a page shows it
+        assert seen["noAlt"] == 0, (name, "an image without alt text")
+        assert seen["height"] <= PAGE_HEIGHT_PX, (name, seen["height"])  # nb 05 was 35,000 px
+        assert not [h for h in seen["headers"] if "gb per" in h or h == "index"], name
+        raw = {"device", "alloc", "host_gather", "host gather"}
+        if name in STAGE_PAGES:  # (the machine table's "device" is a torch device, no stage)
+            assert not raw & set(seen["cells"]), (name, "a stage named outside STAGE_WORDS")
     front = facts["index.html"]
+    # an undecided CPU run: each platform's predicted answer, and the command that confirms it
+    header, *platforms = front["predicted"]
+    assert header[0] == "platform" and {row[0] for row in platforms} >= {"H200", "H100 SXM"}
+    assert all(re.match(r"(PORT|CLOSE|depends on)", cell) for row in platforms
+               for cell in row[1:] if not cell.startswith("does not fit")), platforms
+    assert "make run PROFILE=gate" in front["confirm"]
+    assert front["firstScreen"] and max(front["firstScreen"]) < 2 * SCREEN["height"]
     assert not front["scrolled"], front["scrolled"]  # the front page's tables fit, unscrolled
     assert not [h for h in front["headers"] if SNAKE_CASE.search(h)], front["headers"]
     assert not [c for c in front["cells"] if RAW_CELL.match(c)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import subprocess
 import sys
@@ -116,6 +117,20 @@ def test_headless_progress_is_one_line_per_cell_on_the_process_stderr(monkeypatc
     err = capfd.readouterr().err.strip().splitlines()
     assert err == [f"demo: cell {i + 1}/3 cell {i}: 1 ok" for i in range(3)]
     assert notebook_output.getvalue() == ""
+
+
+def test_lab_progress_without_ipywidgets_is_plain_text_on_stdout(monkeypatch, capsys):
+    """Before: tqdm.auto without ipywidgets fell back to a text bar on stderr, which JupyterLab
+    shows as a red error box; the bar is plain text on stdout now."""
+    monkeypatch.delenv(paths.HEADLESS_ENV, raising=False)
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "ipywidgets" else real_find_spec(name, *a))
+    sweep.run(cells(2), lambda cell: plan({"a": lambda r: None}), rounds=1, warmup=0,
+              device="cpu", label="demo")
+    out, err = capsys.readouterr()
+    assert "demo" in out and "2/2" in out
+    assert "demo" not in err
 
 
 @pytest.mark.parametrize("event, host, agree", [(0.010, 0.0102, True), (0.010, 0.0125, False),

@@ -751,6 +751,7 @@ def test_the_verdict_states_the_forward_and_each_condition_in_one_block(tmp_path
     assert context["forward"]["context_tokens"] == 2048
     conditions = made["conditions"]
     assert set(conditions) == {c.name for c in catalogue.CONDITIONS} and made["format"] == 2
+    assert len(verdict_words.condition_notes(made)) == 3 and verdict_words.condition_notes({}) == []
     overlap = conditions["overlap"]
     assert (overlap["decided"], overlap["values"], list(overlap["under"])) == (
         "queued", ["queued"], ["queued", "waited"])

@@ -168,6 +168,9 @@ def add_predict_arguments(parser: argparse.ArgumentParser) -> None:
                              "32 MiB, either below)")
     parser.add_argument("--delta", type=float, default=0.02,
                         help="the bar: a saving of this share of the decode step (default 0.02)")
+    parser.add_argument("--json", action="store_true",
+                        help="print the answers and arms as JSON (the records notebook 05 writes "
+                             "to prediction.json)")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -197,6 +200,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         _say(line)
     _say(f"report: {run_dir / 'index.html'}", sys.stdout)
     _say(verdict_line(run_dir, manifest), sys.stdout)
+    for line in next_step_lines(run_dir, manifest):
+        _say(line, sys.stdout)
     if origin is not None and (origin["status"] != outcomes.OK or origin["gaps"]):
         _say(f"the measurement replayed is {origin['status']}, not ok: "
              f"{'; '.join(origin['gaps']) or 'see its measured.json'}; keep refuses this run "
@@ -236,6 +241,27 @@ def _say(text: str, stream=None) -> None:
     with contextlib.suppress(OSError):
         print("\n".join(outcomes.printable(line) for line in str(text).split("\n")),
               file=stream or sys.stderr, flush=True)
+
+
+def _progress(line: str) -> None:
+    """A step of a command that takes seconds (report, keep), on stderr where a person watches
+    it (a terminal): stdout keeps only the paths the command made, and a script's stderr only
+    the error, in one line."""
+    if sys.stderr.isatty():
+        _say(line)
+
+
+def next_step_lines(run_dir: Path, manifest: dict) -> list[str]:
+    """After an undecided verdict: what a GPU is predicted to answer and the command that
+    confirms it (:func:`stagelab.present.next_step.terminal_lines`); none without a verdict."""
+    from stagelab.core.records import RunFolder
+    from stagelab.present import next_step
+
+    try:
+        verdict = RunFolder(run_dir).read_verdict()
+    except UserError:
+        return []
+    return next_step.terminal_lines(run_dir, verdict, manifest.get("profile"))
 
 
 def verdict_line(run_dir: Path, manifest: dict) -> str:
@@ -283,13 +309,13 @@ def cmd_report(args: argparse.Namespace) -> int:
         raise UserError("--out names the single file: add --single-file")
     if args.single_file:  # refuse a bad --out before anything is written
         report.single_file_out(args.run_dir, args.out, args.force)
-    index = execute.rebuild_report(args.run_dir)
+    index = execute.rebuild_report(args.run_dir, _progress)
     note = rundir.read_manifest(args.run_dir).get("note")
     if note:
         print(f"note: the manifest was {note}", file=sys.stderr)
     print(index)
     if args.single_file:
-        print(report.write_single_file(args.run_dir, args.out, args.force))
+        print(report.write_single_file(args.run_dir, args.out, args.force, _progress))
     return EXIT_OK
 
 
@@ -361,7 +387,7 @@ def profile_changes(manifest: dict) -> list[str]:
 def cmd_keep(args: argparse.Namespace) -> int:
     from stagelab.present import evidence
 
-    dest = evidence.keep_evidence(args.run_dir, force=args.force)
+    dest = evidence.keep_evidence(args.run_dir, force=args.force, say=_progress)
     print(dest)
     print(f"index: {dest.parent.parent / evidence.INDEX}", file=sys.stderr)
     return EXIT_OK

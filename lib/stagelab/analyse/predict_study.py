@@ -147,6 +147,63 @@ def predictions(platforms: list[predict_tables.Platform], cells: list[predict_ta
     return out
 
 
+def answer_records(found: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Every predicted answer of :func:`predictions`, one record per platform, cell, host and
+    question: what notebook 05 shows, ``prediction.json`` holds and ``stagelab predict --json``
+    prints (one prediction, one shape)."""
+    return [{"platform": c["platform"], "rows": c["rows"], "vocab": c["vocab"], "k": c["k"], **a}
+            for e in found for c in e["cells"] if c["fits"] for a in c["answers"]]
+
+
+def arm_records(found: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Every arm's predicted step (ms, interval) per platform, host and cell."""
+    return [{"platform": c["platform"], "host": c["host"], "rows": c["rows"],
+             "vocab": c["vocab"], "k": c["k"], "arm": arm, "mid_ms": a["mid_ms"],
+             "low_ms": a["low_ms"], "high_ms": a["high_ms"]}
+            for e in found for c in e["cells"] if c["fits"] for arm, a in c["arms"].items()]
+
+
+HOST_CLASS = "host class "  # how an answer names a platform's usual host (data/hosts.csv)
+
+
+def across_hosts(decisions: Mapping[str, str]) -> str:
+    """One question's answers on several hosts (host -> answer) as one answer: the answer where
+    every host gives it, else "depends on the host" with each host's."""
+    if len(set(decisions.values())) == 1:
+        return next(iter(decisions.values()))
+    return "depends on the host: " + ", ".join(
+        f"{d} on {h.removeprefix(HOST_CLASS)}" for h, d in decisions.items())
+
+
+CELL_KEYS = ["platform", "rows", "vocab", "k"]
+
+
+def answer_grid(answers: pd.DataFrame) -> pd.DataFrame:
+    """One row per platform and cell, one column per question: its answer across the hosts
+    (:func:`across_hosts`); what notebook 05 leads with (before: one row per platform, cell,
+    host and question, 108 rows for the quick profile)."""
+    if answers.empty:
+        return answers
+    rows = []
+    for key, part in answers.groupby(CELL_KEYS, sort=True):
+        row = dict(zip(CELL_KEYS, key))
+        for question, asked in part.groupby("question", sort=False):
+            row[question] = across_hosts(dict(zip(asked["host"], asked["decision"])))
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def arm_grid(arms: pd.DataFrame) -> pd.DataFrame:
+    """Each arm's predicted step (ms, best value) as one column per arm, one row per platform,
+    host and cell."""
+    if arms.empty:
+        return arms
+    keys = ["platform", "host", "rows", "vocab", "k"]
+    grid = arms.pivot_table(index=keys, columns="arm", values="mid_ms", sort=False)
+    grid.columns = [f"{arm}_ms" for arm in grid.columns]
+    return grid.reset_index()
+
+
 def curves(platforms: list[predict_tables.Platform], cells: list[predict_tables.Cell],
            choice: HostChoice | predict_tables.HostRates, delta: float) -> pd.DataFrame:
     """The predicted saving per step against n x V, per platform, host and vocabulary (the
@@ -170,8 +227,9 @@ def curves(platforms: list[predict_tables.Platform], cells: list[predict_tables.
 @dataclass
 class Study:
     """What notebook 05 shows: which host the answers assume, the host rates, each platform's
-    answers per cell and host, the sensitivity table, the crossings, the saving curves, and this
-    run's two checks (in sample: additivity; out of sample: inputs the run did not produce)."""
+    answers per cell and host, the sensitivity table, the crossings, the saving curves, this
+    run's two checks (in sample: additivity; out of sample: inputs the run did not produce) and
+    the rates this run recorded on its own host ("this host", never in a platform's answer)."""
 
     origin: str
     host: pd.DataFrame
@@ -183,6 +241,7 @@ class Study:
     sensitivity: pd.DataFrame = field(default_factory=pd.DataFrame)
     out_of_sample: dict[str, Any] = field(default_factory=dict)
     unfit: pd.DataFrame = field(default_factory=pd.DataFrame)
+    this_host: pd.DataFrame = field(default_factory=pd.DataFrame)  # the run's own host rates
 
     def payload(self) -> dict[str, Any]:
         """JSON-ready, for ``prediction.json``."""
@@ -191,7 +250,8 @@ class Study:
                 "crossings": self.crossings.to_dict("records"),
                 "sensitivity": self.sensitivity.to_dict("records"),
                 "unfit": self.unfit.to_dict("records"), "check": self.check,
-                "out_of_sample": self.out_of_sample}
+                "out_of_sample": self.out_of_sample,
+                "this_host": self.this_host.to_dict("records")}
 
 
 def cells_of(rows: list[int], models: list[str | int], ks: list[int]) -> list[predict_tables.Cell]:
@@ -225,19 +285,31 @@ def _run_gpu(data_dir: Path | str | None) -> str | None:
             ).get("name")
 
 
-def study_choice(step: pd.DataFrame | None, data_dir: Path | str | None, cells: list[predict_tables.Cell],
-                 rates_dir: str | Path = "", host: str = "",
+def study_choice(cells: list[predict_tables.Cell], rates_dir: str | Path = "", host: str = "",
                  measure_here: MeasureHere | None = None) -> HostChoice:
-    """The host notebook 05 assumes: ``rates_dir``'s, ``host`` (a class or ``this``, measured
-    by ``measure_here``), else the run's own recorded rates (a run made on this host), else each
-    platform's host classes."""
+    """The host notebook 05's platform answers assume: ``rates_dir``'s or ``host`` (a class or
+    ``this``, measured by ``measure_here``) where asked, else each platform's usual host
+    classes, as ``stagelab predict`` does. Before: a run that recorded host rates fed them into
+    every platform, so a busy CPU's rates gave H200 a 104 ms step where ``predict`` said 16.8."""
     if rates_dir or host:
         return host_choice(host or None, Path(rates_dir) if rates_dir else None, cells,
                            measure_here=measure_here)
-    if step is not None and predict_tables.host_rates(step).samples:
-        return HostChoice(rates=predict_tables.host_rates(step, origin="this run's host"),
-                          words=f"host rates recorded by run {Path(str(data_dir)).name}")
     return host_choice(None, None, cells)
+
+
+THIS_HOST = "this host"  # the run's own machine, named so wherever its rates are shown
+
+
+def this_host_table(step: pd.DataFrame | None, data_dir: Path | str | None) -> pd.DataFrame:
+    """The host rates the run recorded on its own machine, as "this host" rows (its regime per
+    size): shown beside the host classes, never fed into a platform's answer; empty where the
+    run recorded none."""
+    if step is None or not predict_tables.host_rates(step).samples:
+        return pd.DataFrame()
+    rates = predict_tables.host_rates(step, origin=f"{THIS_HOST} (run {Path(str(data_dir)).name})")
+    table = predict_tables.host_table(rates)
+    table.insert(0, "host", THIS_HOST)
+    return table
 
 
 def study(data_dir: Path | str | None, platforms: list[str], rows: list[int],
@@ -254,15 +326,11 @@ def study(data_dir: Path | str | None, platforms: list[str], rows: list[int],
         raise UserError(str(exc)) from exc
     cells = cells_of(rows, models, ks)
     step = _run_step(data_dir)
-    choice = study_choice(step, data_dir, cells, rates_dir, host, measure_here)
+    choice = study_choice(cells, rates_dir, host, measure_here)
     found = predictions(chosen, cells, choice, delta)
     fit = [c for e in found for c in e["cells"] if c["fits"]]
-    answers = pd.DataFrame([{"platform": c["platform"], "rows": c["rows"], "vocab": c["vocab"],
-                             "k": c["k"], **a} for c in fit for a in c["answers"]])
-    arms = pd.DataFrame([{"platform": c["platform"], "host": c["host"], "rows": c["rows"],
-                          "vocab": c["vocab"], "k": c["k"], "arm": arm, "mid_ms": a["mid_ms"],
-                          "low_ms": a["low_ms"], "high_ms": a["high_ms"]}
-                         for c in fit for arm, a in c["arms"].items()])
+    answers = pd.DataFrame(answer_records(found))
+    arms = pd.DataFrame(arm_records(found))
     sensitivity = pd.DataFrame([{"platform": c["platform"], "host": c["host"], "rows": c["rows"],
                                  "vocab": c["vocab"], "k": c["k"], **row,
                                  "words": predict_model.sensitivity_words(row)}
@@ -277,7 +345,8 @@ def study(data_dir: Path | str | None, platforms: list[str], rows: list[int],
                  predict_tables.host_table(choice.rates) if choice.rates else host_class_table(found),
                  answers, arms, crossings, curves(chosen, cells, choice, delta),
                  predict_check.check_run(step, gpu), sensitivity,
-                 predict_check.out_of_sample_run(step, gpu, prior), unfit)
+                 predict_check.out_of_sample_run(step, gpu, prior), unfit,
+                 this_host_table(step, data_dir))
 
 
 def host_class_table(found: Sequence[Mapping[str, Any]]) -> pd.DataFrame:

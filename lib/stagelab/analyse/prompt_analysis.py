@@ -52,7 +52,8 @@ def overlap_effect(frame: pd.DataFrame) -> pd.DataFrame:
 
 def recommend_chunk(frame: pd.DataFrame, arm: str = catalogue.PROMPT_RECOMMENDED_ARM,
                     tolerance: float = 0.05, confidence: float = 0.95,
-                    seed: int = 0, tile: int | None = None) -> dict[str, Any]:
+                    seed: int = 0, tile: int | None = None,
+                    trusted: bool = True) -> dict[str, Any]:
     """The smallest chunk the run timed (shorter than the prompt) not shown to be more than
     ``tolerance`` slower than the fastest configuration of that arm (unchunked included), with
     the times behind the choice.
@@ -64,7 +65,13 @@ def recommend_chunk(frame: pd.DataFrame, arm: str = catalogue.PROMPT_RECOMMENDED
     unchunked prompt is the reference, never the recommendation: where no timed chunk qualifies,
     the fastest timed chunk is named and the reason says that chunking bought no time here, only
     bounded memory, at what cost. ``tile``: the head-fused tile whose configurations decide (None:
-    those without a tile, or an arm's smallest tile where all of its configurations have one)."""
+    those without a tile, or an arm's smallest tile where all of its configurations have one).
+
+    No recommendation from noise (``chunk`` None, the reason and ``needs`` say why and what would
+    give one): not where the timings are not trustworthy (``trusted`` False: a busy machine), nor
+    where a chunk's 5 % question is unresolved (:func:`unresolved`: its CI straddles
+    ``1 + tolerance``, or fewer than two paired rounds). Before: 3 rounds on a busy machine
+    recommended chunk 256 and tile 1024 (measured 2.5x slower than 2048, CI 0.78-6.13)."""
     timed = _tiles_filled(ok_timings(frame))
     timed = timed[timed["arm"] == arm]
     if tile is None and not timed.empty and not (timed["tile"] == NO_TILE).any():
@@ -85,6 +92,11 @@ def recommend_chunk(frame: pd.DataFrame, arm: str = catalogue.PROMPT_RECOMMENDED
                           "was not measured"}
     within = [c for c, (_, low, _) in ratios.items() if low <= 1 + tolerance]
     chunk = min(within) if within else min(ratios, key=lambda c: ratios[c][0])
+    held = no_recommendation("chunk", ratios, chunk, tolerance, trusted,
+                             per_round.shape[0], rows)
+    if held:
+        return {"arm": arm, "chunk": None, "unchunked_rows": rows, "tolerance": tolerance,
+                **held}
     ratio, low, high = ratios[chunk]
     best_ms = f"{1e3 * float(means[best_chunk]):#.3g}".rstrip(".")  # as tables show it
     where = "the whole prompt" if best_chunk >= rows else f"chunk {best_chunk}"
@@ -104,6 +116,62 @@ def recommend_chunk(frame: pd.DataFrame, arm: str = catalogue.PROMPT_RECOMMENDED
             "unchunked_rows": rows, "tolerance": tolerance, "reason": reason}
 
 
+MATTERING_CHUNK = 512  # chunk sizes from which prompt logprobs' memory bound matters
+
+
+def unresolved(ratios: dict[int, tuple[float, float, float]], pick: int,
+               tolerance: float) -> list[int]:
+    """The configurations (chunks or tiles) whose question "more than ``tolerance`` slower than
+    the fastest?" the rounds leave open and which the choice of ``pick`` rests on: ``pick``
+    itself and every smaller one (the choice passes over them as slower): those whose CI
+    straddles ``1 + tolerance``."""
+    bar = 1 + tolerance
+    return [c for c, (_, low, high) in sorted(ratios.items()) if c <= pick and low <= bar < high]
+
+
+def rounds_to_resolve(ratios: dict[int, tuple[float, float, float]], open_: list[int],
+                      tolerance: float, rounds: int) -> int | None:
+    """Paired rounds that would resolve each open question, were the spread what it was
+    (a CI's half-width shrinks as one over the square root of the rounds): the most of them;
+    None where a ratio sits on the bar itself."""
+    needed = []
+    for c in open_:
+        point, low, high = ratios[c]
+        margin = abs(point - (1 + tolerance))
+        if margin <= 0:
+            return None
+        needed.append(int(np.ceil(rounds * ((high - low) / 2 / margin) ** 2)))
+    return max(needed, default=None)
+
+
+def no_recommendation(what: str, ratios: dict[int, tuple[float, float, float]], pick: int,
+                      tolerance: float, trusted: bool, rounds: int,
+                      prompt_rows: int) -> dict[str, Any] | None:
+    """Why no ``what`` (chunk or tile) is recommended and what would give one, or None where the
+    timings can decide: trustworthy, and every question the choice rests on resolved."""
+    open_ = unresolved(ratios, pick, tolerance)
+    if rounds < 2:
+        open_ = sorted(ratios)
+    if trusted and not open_:
+        return None
+    needs = []
+    if not trusted:
+        needs.append("a quiet machine (these timings are not trustworthy)")
+    if open_:
+        more = rounds_to_resolve(ratios, open_, tolerance, max(rounds, 2))
+        needs.append(f"about {more} paired rounds (this run: {rounds})" if more
+                     else f"more paired rounds than this run's {rounds}")
+    if what == "chunk" and not any(MATTERING_CHUNK <= c < prompt_rows for c in ratios):
+        needs.append(f"chunks of {MATTERING_CHUNK} rows or more, shorter than the prompt "
+                     f"({prompt_rows} rows)")
+    why = ("the timings are not trustworthy (a busy machine)" if not trusted else
+           f"the rounds leave open whether {what} "
+           f"{', '.join(str(c) for c in open_)} is more than {tolerance:.0%} slower than the "
+           "fastest (its CI straddles the bar)")
+    return {"recommended": False, "needs": needs,
+            "reason": f"no recommendation: {why}; what would give one: {'; '.join(needs)}"}
+
+
 def _ratio_to(per_round: pd.DataFrame, means: pd.Series, chunk: int, best: int,
               confidence: float, seed: int) -> tuple[float, float, float]:
     """A chunk's mean time over the fastest's, paired by round, with its CI (the point alone
@@ -121,10 +189,11 @@ def recommendation_sentence(recommendation: dict[str, Any]) -> str:
     """A :func:`recommend_chunk` or :func:`recommend_tile` result in one sentence, as notebook 03
     and the verdict say it."""
     rec = recommendation
-    if "tile" in rec:
-        at = f", at chunk {rec['chunk']}" if rec.get("chunk") is not None else ""
-        return f"Recommended tile: **{rec['tile']}** ({rec.get('arm')}{at}): {rec.get('reason')}."
-    return f"Recommended chunk: **{rec.get('chunk')}** ({rec.get('arm')}): {rec.get('reason')}."
+    what = "tile" if "tile" in rec else "chunk"
+    at = f", at chunk {rec['chunk']}" if what == "tile" and rec.get("chunk") is not None else ""
+    if rec.get(what) is None:
+        return f"No recommended {what} ({rec.get('arm')}{at}): {rec.get('reason')}."
+    return f"Recommended {what}: **{rec[what]}** ({rec.get('arm')}{at}): {rec.get('reason')}."
 
 
 # The head-fused method's memory bound: its peak extra memory at most this share of one
@@ -136,7 +205,7 @@ EXACT_ATOL = 5e-5  # logprobs within fp32 tolerance of the reference, ids equal:
 def recommend_tile(frame: pd.DataFrame, arm: str | None = None, chunk: int | None = None,
                    tolerance: float = 0.05, confidence: float = 0.95, seed: int = 0,
                    share: float = HEAD_FUSED_MEMORY_SHARE,
-                   atol: float = EXACT_ATOL) -> dict[str, Any]:
+                   atol: float = EXACT_ATOL, trusted: bool = True) -> dict[str, Any]:
     """The head-fused method's vocabulary tile, chosen as :func:`recommend_chunk` chooses a chunk:
     the smallest eligible tile not shown to be more than ``tolerance`` slower than the fastest
     tile timed (paired rounds, a bootstrap CI: a tile qualifies unless its whole CI lies above
@@ -146,7 +215,8 @@ def recommend_tile(frame: pd.DataFrame, arm: str | None = None, chunk: int | Non
     the memory bound (the measured peak, the model's where none was measured, at most ``share``
     of one fp32 ``[C, V]`` chunk). Tiles are compared at ``chunk`` (None: the largest chunk
     shorter than the prompt timed with every tile). ``arm`` None: the head-fused arm timed with
-    the most tiles, ``+overlap`` first. ``candidates`` holds each tile's figures."""
+    the most tiles, ``+overlap`` first. ``candidates`` holds each tile's figures. No
+    recommendation from noise, as for a chunk (:func:`no_recommendation`)."""
     timed = ok_timings(frame)
     timed = timed[timed["tile"].notna()] if "tile" in timed else timed.iloc[0:0]
     arm = arm or _tiled_arm(timed)
@@ -176,6 +246,12 @@ def recommend_tile(frame: pd.DataFrame, arm: str | None = None, chunk: int | Non
     within = [c for c in eligible if c["ratio_ci_low"] <= 1 + tolerance]
     pick = (min(within, key=lambda c: c["tile"]) if within
             else min(eligible, key=lambda c: c["mean_seconds"]))
+    ratios = {c["tile"]: (c["ratio_to_best"], c["ratio_ci_low"], c["ratio_ci_high"])
+              for c in eligible}
+    held = no_recommendation("tile", ratios, pick["tile"], tolerance, trusted,
+                             per_round.shape[0], rows)
+    if held:
+        return {**found, "tile": None, **held}
     return {**found, "tile": pick["tile"], "mean_seconds": pick["mean_seconds"],
             "ratio_to_best": pick["ratio_to_best"], "reason": _tile_reason(
                 pick, best, float(means[best]), bool(within), tolerance, share)}

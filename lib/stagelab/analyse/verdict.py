@@ -48,6 +48,7 @@ from stagelab.analyse import (
     step_analysis,
     summaries,
     timings,
+    trust,
 )
 from stagelab.analyse.verdict_decision import (
     BASELINE,
@@ -118,17 +119,23 @@ def _copy_cells(staging: pd.DataFrame, seed: int) -> list[dict[str, Any]]:
     return out
 
 
-def _prompt_summary(prompt: pd.DataFrame | None) -> dict[str, Any] | None:
-    """The recommended chunk (computed from the table, its one source) and the measured peaks."""
+def _prompt_summary(prompt: pd.DataFrame | None,
+                    manifest: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The recommended chunk (computed from the table, its one source; none where the prompt
+    notebook ran on a busy machine, as the run's record says) and the measured peaks."""
     if prompt is None:
         return None
-    recommendation = prompt_analysis.recommend_chunk(prompt)
+    busy = [r for r in trust.load_reasons(manifest or {})
+            if r.startswith(catalogue.notebook_of(catalogue.PROMPT).name)]
+    recommendation = prompt_analysis.recommend_chunk(prompt, trusted=not busy)
     peaks = prompt[prompt["metric"].isin(["peak_device_bytes", "peak_host_bytes"])
                    & (prompt["status"] == "ok")]
     return {"recommendation": recommendation,
             "peaks": [{"arm": r["arm"], "chunk": int(r["chunk"]), "metric": r["metric"],
-                       "bytes": int(r["bytes"])} for _, r in peaks.iterrows()
-                      if not pd.isna(r["bytes"])]}
+                       "bytes": int(r["bytes"]),
+                       # head_fused's vocabulary tile: before, its tiles' peaks were mixed
+                       **({"tile": int(r["tile"])} if not pd.isna(r.get("tile")) else {})}
+                      for _, r in peaks.iterrows() if not pd.isna(r["bytes"])]}
 
 
 def reference_verdicts(reference_root: Path) -> tuple[list[dict[str, Any]], list[str]]:
@@ -418,7 +425,7 @@ def build_verdict(run_dir: Path | str, *, decisive_rows: list[int], decisive_voc
         "goals": goals,
         "clock_check": {"checked": sum(c["checked"] for c in clocks),
                         "disagree": sum(c["disagree"] for c in clocks)},
-        "prompt_logprobs": _prompt_summary(tables.get("prompt_logprobs")),
+        "prompt_logprobs": _prompt_summary(tables.get("prompt_logprobs"), manifest),
         "calibration": calibrate_rule(decisive, calibration_trials, rule),
         "calibration_requirements": calibration.REQUIREMENTS,
         "missing": missing,

@@ -143,6 +143,11 @@ SEED_OVERLAP = {
 }
 
 
+def condition_notes(verdict: dict[str, Any]) -> list[str]:
+    """Each step condition's note, in the catalogue's order (none in a verdict of format 1)."""
+    return [block["note"] for block in (verdict.get("conditions") or {}).values()]
+
+
 def condition_note(condition: catalogue.Condition, under: dict[str, dict[str, Any]],
                    decided: str, flips: dict[str, list[str]]) -> str:
     """The recommendation under each value of a step condition, the decided one first, and the

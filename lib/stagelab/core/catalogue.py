@@ -319,8 +319,8 @@ NOTEBOOKS = {nb.name: nb for nb in (
     Notebook(VERDICT_NOTEBOOK,
              "PORT, CLOSE or INCONCLUSIVE per decisive cell and overall"),
     Notebook("05_prediction",
-             "the predicted answers per GPU platform, before any lease, from this run's host "
-             "rates and published link figures"),
+             "the predicted answers per GPU platform, before any lease, on each platform's "
+             "usual hosts and published link figures"),
 )}
 
 

@@ -105,12 +105,14 @@ def package_versions() -> dict[str, str | None]:
 
 
 def git_state(repo: Path = paths.REPO_ROOT) -> dict[str, Any]:
-    """The commit the code came from and whether the tree had uncommitted changes."""
+    """The commit the code came from and whether a tracked file had uncommitted changes (an
+    untracked file, a scratch notebook or a run's own folder, changes no result: before, any
+    untracked file made every report say "uncommitted changes")."""
     def git(*args: str) -> str:
         return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True,
                               check=True, timeout=30).stdout.strip()
     try:
-        return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain"))}
+        return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
     except (OSError, subprocess.SubprocessError):
         return {"commit": None, "dirty": None}
 

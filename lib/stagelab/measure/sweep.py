@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import gc
+import importlib.util
 import os
 import sys
 import time
@@ -189,14 +190,19 @@ def watching(watcher: Watcher) -> Iterator[Watcher]:
 
 
 def _progress_bar(total: int, label: str, shown: bool) -> Any:
-    """tqdm's bar where tqdm is importable and a bar is wanted, else None."""
+    """tqdm's bar where tqdm is importable and a bar is wanted, else None: a widget where
+    ipywidgets can draw one, else plain text on stdout (before: tqdm's text fallback wrote to
+    stderr, which JupyterLab shows as a red error box)."""
     if not shown:
         return None
     try:
-        from tqdm.auto import tqdm
+        from tqdm.std import tqdm as text_bar
     except ImportError:
         return None
-    return tqdm(total=total, desc=label)
+    if importlib.util.find_spec("ipywidgets") is not None:
+        from tqdm.auto import tqdm as widget_bar
+        return widget_bar(total=total, desc=label)
+    return text_bar(total=total, desc=label, file=sys.stdout)
 
 
 def run(cells: list[Cell], prepare: Callable[[Cell], CellPlan], *, rounds: int,

@@ -415,7 +415,9 @@ def _run_rows(run: RunFacts, detail: bool) -> dict[tuple[str, str], Any]:
             rows[("prompt logprobs", "why")] = rec.get("reason")
         for peak in run.prompt.get("peaks") or []:
             where = peak["metric"].removeprefix("peak_").removesuffix("_bytes")
-            rows[("prompt logprobs", f"peak {where} MiB {peak['arm']} chunk {peak['chunk']}")] = (
+            tile = f" tile {peak['tile']}" if peak.get("tile") is not None else ""  # never mixed
+            rows[("prompt logprobs",
+                  f"peak {where} MiB {peak['arm']}{tile} chunk {peak['chunk']}")] = (
                 peak["bytes"] / 2**20)
     return rows
 

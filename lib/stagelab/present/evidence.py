@@ -22,7 +22,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -221,17 +221,19 @@ def measured_copy_problem(run_dir: Path) -> str | None:
     return None
 
 
-def keep_evidence(run_dir: Path, root: Path | None = None, force: bool = False) -> Path:
+def keep_evidence(run_dir: Path, root: Path | None = None, force: bool = False,
+                  say: Callable[[str], None] = lambda _line: None) -> Path:
     """Copy a good run's evidence to ``<root>/<machine>/<run id>/``; never overwrite.
 
     Refuses (UserError naming why) a run that is not ``ok``, has no verdict or whose timings are
     not trustworthy, unless ``force``; then the copy is labelled forced. A symlink, a damaged
     table or a wrongly shaped verdict is refused even then. The copy is assembled in a staging
     folder of its own (concurrent keeps never touch each other's) and renamed into place.
-    Regenerates ``<root>/index.html``.
+    Regenerates ``<root>/index.html``. ``say`` is told each step (a keep takes seconds).
     """
     run_dir = Path(run_dir)
     root = Path(root or paths.REFERENCE_DIR)
+    say("keep: checking the run's tables and verdict")
     manifest = rundir.effective_manifest(run_dir)
     files = evidence_files(run_dir)
     check_evidence(run_dir, manifest)
@@ -242,6 +244,7 @@ def keep_evidence(run_dir: Path, root: Path | None = None, force: bool = False) 
                         "forced)")
     measured_id = (manifest.get("measured_on") or {}).get("measured_id")
     _refuse_a_kept_measurement(run_dir, root, measured_id)
+    say("keep: deriving its claims again from its tables")
     fresh = check_claims(run_dir, manifest)
     name = records.plain_name(run_dir.resolve().name, "run folder name", run_dir)
     dest = root / machine_slug(manifest) / name
@@ -251,6 +254,7 @@ def keep_evidence(run_dir: Path, root: Path | None = None, force: bool = False) 
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f"{INCOMING}{name}-", dir=dest.parent))
+        say(f"keep: copying {len(files)} files")
         _copy_evidence(run_dir, [f for f in files if f.name != VERDICT or f.parent != run_dir],
                        staging, fresh)
         records.write_json_atomic(staging / KEPT, {
@@ -262,6 +266,7 @@ def keep_evidence(run_dir: Path, root: Path | None = None, force: bool = False) 
             _refuse_a_kept_measurement(run_dir, root, measured_id)
             os.rename(staging, dest)
             staging = None
+            say("keep: rewriting the index and Results")
             write_evidence_index(root)
             write_results(root)
     except OSError as exc:

@@ -50,7 +50,8 @@ def recorded_parameters(manifest: Mapping[str, Any]) -> dict[str, Any]:
     return {**notebook_parameters(paths.NOTEBOOKS_DIR / f"{VERDICT_NOTEBOOK}.ipynb"), **given}
 
 
-DECIDING = (*PASSED, "decisive_models")  # the parameters that change what the verdict decides
+# the parameters that change what the verdict decides: the cells, the rule, each condition's value
+DECIDING = (*PASSED, "decisive_models", *verdict.RULE_PARAMETERS, *verdict.DECIDED_BY)
 
 
 def profile_parameters(profile: Any, notebook: str) -> dict[str, Any] | None:

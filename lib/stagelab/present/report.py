@@ -22,7 +22,7 @@ from stagelab.core import catalogue, records
 from stagelab.core import untrusted as stranger  # a run's files, read as a stranger's
 from stagelab.core.errors import UserError
 from stagelab.core.records import RunFolder
-from stagelab.present import inert, machine, sanitise, tables
+from stagelab.present import inert, machine, next_step, sanitise, tables
 
 VERDICT_FILE = RunFolder.VERDICT
 VERDICT_FIGURE = f"figures/{catalogue.VERDICT_NOTEBOOK}_key.png"  # notebook 04's key plot
@@ -69,7 +69,7 @@ def export_html(notebook_path: Path, html_path: Path, banner: str = "",
 # A goal's "met" cell, as present.tables.show marks it.
 _MET_CELL = re.compile(r"(<td\b[^>]*\bclass=\"[^\"]*\b" + tables.GOAL_MET_CLASS
                        + r"\b[^\"]*\"[^>]*>)\s*met\s*(</td>)")
-MET_UNTRUSTED = "met on untrustworthy timings"
+MET_UNTRUSTED = tables.MET_UNTRUSTED
 
 
 def notebook_body(notebook_path: Path, untrusted: bool = False) -> str:
@@ -171,27 +171,78 @@ def _verdict_section(run_dir: Path, manifest: Mapping[str, Any]) -> str:
              f"{_trust_banner(trust.reasons(run_dir, manifest, verdict), manifest)}"
              f"<p class='decision {decision}'>Staging verdict: {decision}</p>"
              f"{_changed_decision(manifest)}"
-             f"<p>{_prose(overall.get('summary', ''))}</p>"]
+             f"<p>{_prose(overall.get('summary', ''))}</p>",
+             next_step.first_screen(run_dir, verdict, manifest.get("profile"))]
     recommendation = verdict.get("recommendation")  # absent in verdicts of older runs
     if recommendation:
         parts.append(f"<p class='recommendation'>Recommended change: "
                      f"<b>{_esc(recommendation['change'])}</b>: {_prose(recommendation['reason'])}"
                      f"</p>{_questions_table(verdict.get('questions') or {})}")
-    context = (verdict.get("context") or {}).get("words")  # absent in verdicts of older runs
-    if context:
-        parts.append(f"<p class='context'>{_prose(context)}</p>")
-    for name, condition in (verdict.get("conditions") or {}).items():  # format 2 on
-        parts.append(f"<p class='condition {_esc(name)}'>{_prose(condition['note'])}</p>")
     parts.append(_decisive_table(verdict.get("decisive", []), overall.get("summary", "")))
+    parts.append(_findings(verdict.get("findings", [])))
+    parts.append(_context_details(verdict.get("context") or {}, verdict.get("conditions") or {}))
     parts.append(prediction_html(verdict.get("prediction")))
     parts.append(prediction_html(verdict.get("out_of_sample")))
-    findings = verdict.get("findings", [])
-    if findings:
-        parts.append("<ul>" + "".join(f"<li>{_prose(f)}</li>" for f in findings) + "</ul>")
     if (run_dir / VERDICT_FIGURE).exists():
         parts.append(f"<img src='{VERDICT_FIGURE}' alt='key plot of the verdict'>")
     parts.append("</section>")
     return "".join(parts)
+
+
+FRONT_FINDINGS = 3  # the findings the first screen shows; notebook 04's page has them all
+# What bears on the staging decision, in the order the front page prefers it: the levers the
+# questions measure, then where the seed's step goes.
+FRONT_TOPICS = ("Reuse lever", "Seed's step")
+FRONT_CHARS = 160  # a front-page finding at most: its first sentence, cut at a clause
+_SENTENCE_END = re.compile(r"(?<=[a-z0-9%)\]])\. (?=[A-Z])")
+
+
+def first_sentence(text: str, limit: int = FRONT_CHARS) -> str:
+    """A finding's short form for the front page: its first sentence (its figure is in it),
+    cut before a semicolon once a figure was said, and at a clause within ``limit`` characters."""
+    sentence = _SENTENCE_END.split(str(text), maxsplit=1)[0].rstrip(".")
+    at = sentence.find("; ")
+    if at > 0 and any(ch.isdigit() for ch in sentence[:at]):
+        sentence = sentence[:at]
+    if len(sentence) > limit:
+        return sentence[:sentence.rfind(", ", 0, limit)] + ", …"
+    return sentence + "."
+
+
+def front_findings(findings: list[str], count: int = FRONT_FINDINGS) -> list[str]:
+    """The few findings that bear on the decision (:data:`FRONT_TOPICS` first, in their order),
+    each in its short form."""
+    def rank(finding: str) -> int:
+        return next((i for i, topic in enumerate(FRONT_TOPICS) if str(finding).startswith(topic)),
+                    len(FRONT_TOPICS))
+    return [first_sentence(f) for f in sorted(findings, key=rank)[:count]]
+
+
+def _findings(findings: list[str]) -> str:
+    """The few findings that bear on the decision, each short, and a link to notebook 04's
+    page, where every finding is in full (before: 16 dense bullets on the front page, one of
+    9 lines on glibc's mmap threshold)."""
+    if not findings:
+        return ""
+    shown = "".join(f"<li>{_prose(f)}</li>" for f in front_findings(findings))
+    page = f"{catalogue.VERDICT_NOTEBOOK}.html"
+    return (f"<ul id='findings'>{shown}</ul><p class='muted'>Every finding in full "
+            f"({len(findings)}): <a href='{page}'>notebook {catalogue.VERDICT_NOTEBOOK}</a>.</p>")
+
+
+def _context_details(context: Mapping[str, Any], conditions: Mapping[str, Any]) -> str:
+    """What the step included and each step condition's note, folded under the tables; the
+    forward's overlap order only where a forward was queued (a CPU run queues none: before, its
+    paragraph on the seed's sampler.cpp lines headed a CPU run's first screen)."""
+    words = context.get("words")  # absent in verdicts of older runs
+    if not words:
+        return ""
+    queued = any(ms for ms in context.get("forward_ms") or [])
+    notes = "".join(f"<p class='condition {_esc(name)}'>{_prose(condition['note'])}</p>"
+                    for name, condition in conditions.items()  # format 2 on
+                    if condition.get("note") and (queued or name != catalogue.OVERLAP.name))
+    return (f"<details id='context'><summary>Context: what each timed step includes</summary>"
+            f"<p class='context'>{_prose(words)}</p>{notes}</details>")
 
 
 def _changed_decision(manifest: Mapping[str, Any]) -> str:
@@ -220,9 +271,13 @@ def _questions_table(questions: Mapping[str, Any]) -> str:
 
 
 def _answer_cell(cell: Mapping[str, Any]) -> str:
+    """A cell's answer with its speedup and CI, and, where a measured cell is INCONCLUSIVE, why
+    (before: a CI wholly above the bar read INCONCLUSIVE with the reason, the Holm-level bound,
+    only in verdict.json; an unmeasured cell's reason is the summary's)."""
     measured = _with_ci(cell)
+    why = cell.get("reason") if cell.get("decision") == "INCONCLUSIVE" and measured else None
     return (f"n={cell['rows']} V={cell['vocab']} K={cell['k']}: {cell['decision']}"
-            + (f" {measured}" if measured else ""))
+            + (f" {measured}" if measured else "") + (f" ({why})" if why else ""))
 
 
 def prediction_html(check: Mapping[str, Any] | None) -> str:
@@ -649,11 +704,13 @@ def single_file_out(run_dir: Path, out: Path | None = None, force: bool = False)
     return records.claim_output(out, SINGLE_FILE_COMMAND, force)
 
 
-def write_single_file(run_dir: Path, out: Path | None = None, force: bool = False) -> Path:
+def write_single_file(run_dir: Path, out: Path | None = None, force: bool = False,
+                      say: Callable[[str], None] = lambda _line: None) -> Path:
     """Write one self-contained HTML file of a run: the landing page followed by every executed
     notebook, figures inlined as data: URIs, nothing fetched from elsewhere, so that it can be
     attached to a review and read offline. Default: ``<run_dir>/<run folder name>_report.html``;
-    an existing ``out`` is replaced only as :func:`single_file_out` allows."""
+    an existing ``out`` is replaced only as :func:`single_file_out` allows; ``say`` is told
+    each notebook as it is inlined."""
     from stagelab.core import rundir
 
     run_dir = Path(run_dir)
@@ -670,7 +727,11 @@ def write_single_file(run_dir: Path, out: Path | None = None, force: bool = Fals
     head, _, rest = landing.partition("</head>")
     body, _, tail = rest.rpartition("</body>")
     untrusted = trust.run_trust(run_dir, manifest) == trust.NOT_TRUSTWORTHY
-    sections = "".join(_notebook_section(run_dir, nb, untrusted) for nb in notebooks)
+    sections = ""
+    for number, nb in enumerate(notebooks, 1):
+        say(f"single file: notebook {number}/{len(notebooks)}: {nb['name']}")
+        sections += _notebook_section(run_dir, nb, untrusted)
+    say("single file: inlining the figures")
     page = _inline(f"{head}{records.generator_tag(SINGLE_FILE_COMMAND)}<style>{_NOTEBOOK_STYLE}"
                    f"</style></head>{body}<h2>Notebooks in full</h2>{sections}</body>{tail}",
                    run_dir, anchors)

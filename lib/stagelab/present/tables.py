@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from stagelab.core import catalogue
+
 SIGNIFICANT = 3
 MIB = 2**20
 # Columns renamed only: what they are, in words.
@@ -32,6 +34,9 @@ YES_NO = {"bitwise_equal": "bitwise equal",  # 1/0 values read as yes/no
 MS_WORDS = {"interval_ms": "model's interval (ms)", "mid_ms": "predicted (ms)",
             "step_ms": "seed step, mean (ms)"}  # the verdict's threshold: a share of it
 TEXT = {"noisy": "noisy (IQR ≥ 10 % of median)", "met": "met"}
+# Columns whose values may name a stage of the step: shown in the stage's words
+# (catalogue.STAGE_WORDS), as every other table, legend and sentence names it.
+STAGE_VALUES = ("stage", "name", "term", "dominant_term", "part")
 # Columns that say which cell and arm a row is about come first.
 LEADING = ("rows", "vocab", "k", "chunk", "arm", "method", "baseline", "candidate", "decision",
            "scenario", "goal")
@@ -156,6 +161,11 @@ def _column(name: str) -> tuple[str, Callable[[Any], str]]:
     joined = _joined_label(name)
     if joined:
         return joined, text
+    if name == "gb_per_s" or name.endswith(("_gb_per_s", "_gbps")):
+        label = name.removesuffix("gb_per_s").removesuffix("gbps").replace("_", " ").strip()
+        return f"{label} (GB/s)" if label else "GB/s", plain
+    if name.removesuffix("_ms") in catalogue.STAGE_WORDS and name.endswith("_ms"):
+        return f"{catalogue.STAGE_WORDS[name.removesuffix('_ms')]} (ms)", plain
     if name in SECONDS or name.endswith("_s"):
         label = name.removesuffix("_seconds").removesuffix("_s").replace("_", " ")
         return f"{label} (ms)", _number(lambda v: significant(1e3 * v))
@@ -164,8 +174,6 @@ def _column(name: str) -> tuple[str, Callable[[Any], str]]:
     if name == "bytes" or name.endswith("_bytes"):
         label = name.removesuffix("_bytes").replace("_", " ") or "size"
         return f"{label} (MiB)", _number(lambda v: significant(v / MIB))
-    if name == "gb_per_s":
-        return "GB/s", plain
     if name in RATIOS:
         return f"{name.replace('_', ' ')} (x)", _number(lambda v: f"{significant(v)}x")
     if name in PERCENTS or name.endswith("_share"):
@@ -173,11 +181,21 @@ def _column(name: str) -> tuple[str, Callable[[Any], str]]:
     return name.replace("_", " "), plain
 
 
+def _stage_words(value: Any) -> Any:
+    """A stage's name in words (``host_gather`` -> "host top-K"); any other value as it is."""
+    return catalogue.STAGE_WORDS.get(value, value) if isinstance(value, str) else value
+
+
 def readable(frame: pd.DataFrame) -> pd.DataFrame:
-    """The frame as text: a flat header, speedups with their CIs, units in the column names."""
+    """The frame as text: a flat header, speedups with their CIs, units in the column names,
+    stages in words; a named index is shown as columns, an unnamed one (row numbers left by a
+    filter) never (before: it showed as a column "index")."""
     frame = frame.copy()
-    if not isinstance(frame.index, pd.RangeIndex):
-        frame = frame.reset_index()
+    named = any(name is not None for name in frame.index.names)
+    frame = frame.reset_index(drop=not named)
+    for name in STAGE_VALUES:
+        if name in frame.columns:
+            frame[name] = frame[name].map(_stage_words)
     if isinstance(frame.columns, pd.MultiIndex):
         frame.columns = [" · ".join(str(part) for part in col if str(part)) for col in
                          frame.columns]
@@ -198,7 +216,11 @@ def readable(frame: pd.DataFrame) -> pd.DataFrame:
     return table.loc[:, (table != "").any()]  # a column with nothing in it is left out
 
 
-GOAL_MET_CLASS = "goal-met"  # a goal's "met", which the report reads as met on untrustworthy
+# A goal judged on memory (named so: "... peak extra memory") is met or not whatever the
+# timings' trust: only the other goals' "met" is qualified on untrustworthy timings.
+MEMORY_GOAL = "memory"
+MET_UNTRUSTED = "met on untrustworthy timings"
+GOAL_MET_CLASS = "goal-met"  # a timing goal's "met", which the report reads as met on untrustworthy
 # timings when the run's timings are not trustworthy (known only once the notebook has run)
 # A table of more columns is shown as several, each repeating the columns that say which row it
 # is, so that every page fits a 1,366 px screen (a 23-column table was 2,028 px wide).
@@ -250,21 +272,35 @@ def column_groups(table: pd.DataFrame, limit: int = MAX_COLUMNS) -> list[list[st
     return [ident + rest[at:at + step] for at in range(0, len(rest), step)]
 
 
-def _styled(table: pd.DataFrame) -> Any:
+def _timing_goal(table: pd.DataFrame) -> pd.Series:
+    """Which rows are goals judged on timings (every goal not named for memory)."""
+    if "goal" not in table.columns:
+        return pd.Series(True, index=table.index)
+    return ~table["goal"].astype(str).str.contains(MEMORY_GOAL)
+
+
+def _styled(table: pd.DataFrame, untrusted: bool = False) -> Any:
+    if "status" in table.columns:
+        timing_met = (table["status"] == "met") & _timing_goal(table)
+        if untrusted:
+            table = table.assign(status=table["status"].where(~timing_met, MET_UNTRUSTED))
     styler = table.style.format(escape="html").format_index(escape="html", axis=1)
     if "status" in table.columns:
         classes = pd.DataFrame("", index=table.index, columns=table.columns)
-        classes.loc[table["status"] == "met", "status"] = GOAL_MET_CLASS
+        classes.loc[timing_met & ~pd.Series(untrusted, index=table.index), "status"] = (
+            GOAL_MET_CLASS)
         styler = styler.set_td_classes(classes)
     return styler.hide(axis="index")  # a record's text is shown, never taken as markup
 
 
-def show(frame: pd.DataFrame) -> Any:
+def show(frame: pd.DataFrame, untrusted: bool = False) -> Any:
     """A frame as an HTML table (a pandas Styler, without its index) a reader can take in; a
-    table wider than :data:`MAX_COLUMNS` as several (:class:`SplitTable`); a goal's status
-    "met" carries :data:`GOAL_MET_CLASS`."""
+    table wider than :data:`MAX_COLUMNS` as several (:class:`SplitTable`); a timing goal's
+    status "met" carries :data:`GOAL_MET_CLASS`, or, with ``untrusted`` (the notebook knows its
+    timings were taken on a busy machine), reads :data:`MET_UNTRUSTED` there and then, as in
+    JupyterLab; a memory goal's is its own."""
     table = readable(frame)
     groups = column_groups(table)
     if len(groups) == 1:
-        return _styled(table)
-    return SplitTable([_styled(table[group]) for group in groups])
+        return _styled(table, untrusted)
+    return SplitTable([_styled(table[group], untrusted) for group in groups])

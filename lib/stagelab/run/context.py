@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from stagelab.core import paths, phases, rundir, untrusted
+from stagelab.core.errors import UserError
 from stagelab.core.records import RunFolder, atomic_target
 from stagelab.core.schema import TableSink, write_table
 
@@ -94,11 +95,13 @@ class NotebookContext:
         it again at the cell's end; it is closed instead). Returns nothing, so that a cell
         ending with it shows no path. A figure with nothing drawn
         (:func:`stagelab.present.plots.empty_reason`) is not saved nor shown: the notebook says
-        in one sentence why instead of an empty frame."""
+        in one sentence why instead of an empty frame. The image carries its caption as alt
+        text, which the exported page keeps (before: every figure in a notebook's page had
+        none)."""
         import matplotlib.pyplot as plt
         from IPython.display import Image, Markdown, display
 
-        from stagelab.present import plots  # a notebook that saves a figure has imported it
+        from stagelab.present import plots, report  # a notebook that saves a figure has them
 
         reason = plots.empty_reason(figure)
         if reason is not None:
@@ -110,7 +113,15 @@ class NotebookContext:
         with atomic_target(path) as temporary:
             figure.savefig(temporary, dpi=110, bbox_inches="tight", format="png")
         plt.close(figure)
-        display(Image(data=path.read_bytes(), format="png"))
+        caption = report.figure_caption(path.name, gpu=self._has_gpu())
+        display(Image(data=path.read_bytes(), format="png", metadata={"alt": caption}))
+
+    def _has_gpu(self) -> bool:
+        """Whether this run's machine has a GPU (some captions name the link it draws)."""
+        try:
+            return bool((rundir.read_manifest(self.run_dir).get("hardware") or {}).get("gpu"))
+        except (OSError, UserError):  # no manifest yet: say what a GPU run's figure draws
+            return True
 
     def write_verdict(self, payload: Any) -> None:
         """Write the run's verdict (checked against its schema by the run folder); returns

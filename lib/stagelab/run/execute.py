@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import keyword
+import logging
 import os
 import re
 import shutil
@@ -130,12 +131,25 @@ def _papermill(notebook: NotebookPlan, output: Path, run_dir: Path, plan: RunPla
             shutdown_kernel="immediate",  # its cells are done: no need to wait for its teardown
             **({"km": warm.manager} if warm else {}))
     except TimeoutError:
+        silence_stop_noise()  # the timed-out kernel's pending tasks say nothing at exit
         cell = _last_started_cell(output)
         return rundir.FAILED, (f"timed out after {plan.cell_timeout_s} s in cell "
                                f"{cell if cell is not None else '?'}")
     except Exception as exc:  # papermill or the kernel failed: record it, keep going
         return rundir.FAILED, error_summary(exc)
     return rundir.OK, None
+
+
+# What a killed kernel makes papermill (its notebook client) and asyncio log: "Kernel died while
+# waiting for execute reply.", "Task was destroyed but it is pending!". After a stop the runner's
+# own line says it; these are silenced.
+STOP_NOISE = ("papermill", "nbclient", "traitlets", "asyncio")
+
+
+def silence_stop_noise() -> None:
+    """After a stop: the loggers that would repeat it in their words say nothing more."""
+    for name in STOP_NOISE:
+        logging.getLogger(name).setLevel(logging.CRITICAL + 1)
 
 
 def execute_notebook(notebook: NotebookPlan, output: Path, run_dir: Path, plan: RunPlan,
@@ -167,6 +181,7 @@ def execute_notebook(notebook: NotebookPlan, output: Path, run_dir: Path, plan: 
                 worker.join(0.2)
                 stops.raise_if_received()  # one a finalizer swallowed stops it too
         except KeyboardInterrupt:
+            silence_stop_noise()
             with DeferredStops(raise_after=False):  # papermill saves what the notebook made
                 kill_kernels(started)
                 worker.join(30)
@@ -257,9 +272,10 @@ HEARTBEAT_S = 9.0
 
 
 class ProgressLines:
-    """While a notebook runs, one terminal line per notebook cell it starts and per sweep cell it
-    measures (the lines its kernel writes to ``kernel.log``), each with the seconds since the
-    notebook started, and a line "still running" when a cell has said nothing for
+    """While a notebook runs, one terminal line per notebook cell it starts ("notebook cell
+    i/N": a cell of the notebook, never a measured size) and per sweep cell it measures (the
+    lines its kernel writes to ``kernel.log``), each with the seconds since the notebook
+    started, and a line "still running" when a cell has said nothing for
     :data:`HEARTBEAT_S`. It reads the executed notebook and the log from outside the kernel, so
     nothing of it lands in the notebook or its HTML."""
 
@@ -303,12 +319,12 @@ class ProgressLines:
         if cell is not None and cell != self._cell:
             self._cell = cell
             self._cells = self._cells or _cell_count(self.output)
-            self._say(f"cell {cell + 1}/{self._cells or '?'}")
+            self._say(f"notebook cell {cell + 1}/{self._cells or '?'}")
         for line in self._new_log_lines():
             if SWEEP_LINE.match(line):
                 self._say(line)
         if self._cell is not None and time.perf_counter() - self._said >= HEARTBEAT_S:
-            self._say(f"cell {self._cell + 1}/{self._cells or '?'} still running")
+            self._say(f"notebook cell {self._cell + 1}/{self._cells or '?'} still running")
 
     def _new_log_lines(self) -> list[str]:
         """The complete lines appended to the log since the last read."""
@@ -531,8 +547,9 @@ def run(plan: RunPlan, root: Path, command: list[str] | None = None,
                   measured)
 
 
-def rebuild_report(run_dir: Path) -> Path:
-    """Re-export every executed notebook of a run folder, record the HTML, rewrite the index.
+def rebuild_report(run_dir: Path, say: Callable[[str], None] = lambda _line: None) -> Path:
+    """Re-export every executed notebook of a run folder, record the HTML, rewrite the index;
+    ``say`` is told each notebook as it is exported (a rebuild takes seconds a notebook).
 
     Refused (UserError) while the run is live: its runner holds the folder's lock and owns its
     record. Under the lock, the manifest is read afresh and only the HTML fields change, so a
@@ -543,18 +560,21 @@ def rebuild_report(run_dir: Path) -> Path:
     if not folder.path.is_dir():
         raise UserError(f"{folder.path}: no such folder")
     if not folder.manifest_path.exists():  # no runner ever held this folder: nothing to lock
-        return _rewrite_report(folder)
+        return _rewrite_report(folder, say)
     with folder.locked():
-        return _rewrite_report(folder)
+        return _rewrite_report(folder, say)
 
 
-def _rewrite_report(folder: RunFolder) -> Path:
+def _rewrite_report(folder: RunFolder, say: Callable[[str], None]) -> Path:
     manifest = rundir.load_or_rebuild_manifest(folder.path)
     if (manifest["status"] == rundir.RUNNING and manifest.get("host") == socket.gethostname()
             and rundir.process_alive(manifest)):  # from another host, the lock decides
         raise UserError(f"{folder.path}: the run is still running (pid {manifest.get('pid')} "
                         f"on {manifest.get('host')}); its runner writes its report")
-    for entry in manifest["notebooks"]:
+    entries = manifest["notebooks"]
+    for number, entry in enumerate(entries, 1):
+        say(f"report: page {number}/{len(entries)}: {entry['name']}")
         export_html(folder.path, entry, manifest)
     rundir.write_manifest(folder.path, manifest)
+    say("report: the index")
     return report.write_index(folder.path)

@@ -13,10 +13,11 @@ folder, a kept run or a ``stagelab measure`` folder). The GPU terms come from
 from __future__ import annotations
 
 import argparse
+import json
 from collections.abc import Mapping
 from typing import Any
 
-from stagelab.analyse import predict_model, predict_tables, roofline
+from stagelab.analyse import predict_model, predict_study, predict_tables, roofline
 from stagelab.analyse.predict_study import host_choice, model_table, predictions
 from stagelab.core import catalogue, forward, schema
 from stagelab.core.errors import UserError
@@ -64,12 +65,12 @@ def load_words(summary: Mapping[str, Any] | None) -> str:
 
 
 def across_hosts(answers: list[Mapping[str, Any]]) -> str:
-    """One question's answers on several hosts in words: the same on every host, or "depends
-    on the host" with each host's answer."""
+    """One question's answers on several hosts in words (:func:`predict_study.across_hosts`),
+    naming the hosts where every one gives the same."""
     decisions = {a["host"]: a["decision"] for a in answers}
-    if len(set(decisions.values())) == 1:
-        return f"{next(iter(decisions.values()))} on every host ({', '.join(decisions)})"
-    return "depends on the host: " + ", ".join(f"{d} on {h}" for h, d in decisions.items())
+    said = predict_study.across_hosts(decisions)
+    return (f"{said} on every host ({', '.join(decisions)})" if len(set(decisions.values())) == 1
+            else said)
 
 
 NEAR_FLIP = 2.0  # the command prints flips within this factor of a knob's range (all in nb 05)
@@ -165,6 +166,10 @@ def main(args: argparse.Namespace) -> int:
     choice = host_choice(getattr(args, "host", None), args.rates, cells,
                          getattr(args, "thp", None), getattr(args, "regime", None),
                          measure_here=rates_measured_here)
+    found = predictions(chosen, cells, choice, args.delta)
+    if getattr(args, "json", False):
+        print(json.dumps(predicted_json(choice.words, found), indent=1, default=str))
+        return 0
     print(f"Predicted, not measured: {choice.words}; GPU terms from data/platforms.csv "
           "(published figures, and ranges where none is published; docs/prediction.md says "
           "which are which); forward = (active bf16 weights + KV cache at "
@@ -174,11 +179,22 @@ def main(args: argparse.Namespace) -> int:
     lines = regime_lines(choice.rates)
     if lines:
         print(lines)
-    for entry in predictions(chosen, cells, choice, args.delta):
+    for entry in found:
         print(format_platform(entry))
     for platform in chosen:
         words = roofline.one_pass_words(platform.name, [(c.rows, c.vocab, c.k) for c in cells])
         if words:
             print(f"{platform.name}:\n{words}")
     return 0
+
+
+def predicted_json(origin: str, found: list[dict[str, Any]]) -> dict[str, Any]:
+    """``stagelab predict --json``: the answers and arms in the records notebook 05 writes to
+    ``prediction.json`` (:func:`predict_study.answer_records`), labelled predicted."""
+    return {"predicted": True, "origin": origin,
+            "answers": predict_study.answer_records(found),
+            "arms": predict_study.arm_records(found),
+            "unfit": [{"platform": c["platform"], "rows": c["rows"], "vocab": c["vocab"],
+                       "k": c["k"], "why": c["notes"][0]}
+                      for e in found for c in e["cells"] if not c["fits"]]}
 
