@@ -13,9 +13,10 @@ roofline model's input, :mod:`stagelab.analyse.roofline`).
 
     python scripts/kernel_compile_check.py [--write] [--arch 90 --arch 80] [--workers 2]
 
-The full check is 144 variants on each Triton: about 5-10 s of CPU a compile, so some 40
-minutes on two cores for both. The slow test (``tests/test_kernel_compile.py``) compiles the
-representatives alone (:func:`stagelab.measure.kernel_variants.representative_variants`).
+The full check is 144 variants on each Triton: some 3.5 s of two cores a compile, so about 17
+minutes for both (docs/kernels.md says how that was estimated). The slow test
+(``tests/test_kernel_compile.py``) compiles the representatives alone
+(:func:`stagelab.measure.kernel_variants.representative_variants`) and the known spills.
 """
 
 from __future__ import annotations
@@ -45,8 +46,10 @@ KNOWN_SPILLS = {
 RUNNING = (
     "The full check: `python scripts/kernel_compile_check.py --write` (`--arch 80` adds sm_80; "
     "`--rows FILE` keeps each row as it comes, so a stopped run resumes where it stopped) "
-    "compiles all {launched} launched variants on each Triton, each in its own process: at "
-    "5-10 s of CPU a compile, about 15-25 minutes on two cores. It fails on any compile error "
+    "compiles all {launched} launched variants on each Triton: some 3.5 s of two cores a "
+    "compile, so about 17 minutes for both (estimated in proportion from the slow test's "
+    "46 compiles, 2 min 43 s and 165 s of CPU under cpu-lock on 2026-12-02; the full run "
+    "not timed). It fails on any compile error "
     "or spill but the known spills it declares (`KNOWN_SPILLS`: {known}), and on a known "
     "spill that no longer spills. `make test` runs the slow test "
     "`tests/test_kernel_compile.py::test_the_representative_variants_compile_for_sm_90_on_"
