@@ -57,7 +57,12 @@ TOTAL = "total"
 # line (the "device" stage is the log-softmax, wherever it runs; "alloc" the seed's zero-fill).
 STAGE_WORDS = {"forward": "forward", "device": "log-softmax", "alloc": "zero-fill",
                "copy": "copy", "host_gather": "host top-K", "free": "free",
-               "unattributed": "unattributed", TOTAL: "total"}
+               "unattributed": "unattributed", TOTAL: "total",
+               "wait": "wait", "host_softmax": "host log-softmax"}
+# A step's timeline (notebook 02): each arm's short sequence and each of its stages is a range
+# of these names in the Chrome trace (measure/timeline.py writes them, analyse/timeline.py reads).
+TIMELINE_ARM_PREFIX, TIMELINE_STAGE_PREFIX = "stagelab.arm:", "stagelab.stage:"
+TIMELINE_TABLE = "step_timeline"  # the trace's name in the run folder: data/<it>.trace.json.gz
 SEED_STAGES = STAGES  # the seed's step: the whole [n, V] fp32 logprobs staged on the host
 DEVICE_STAGES = ("device", "copy")  # top-K on the device: only [n, K+1] results are copied
 

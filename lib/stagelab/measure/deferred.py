@@ -25,7 +25,7 @@ import torch
 import stagelab.measure.device
 from stagelab.core import forward
 from stagelab.measure import logprobs as lp
-from stagelab.measure import native, staging
+from stagelab.measure import native, staging, timeline
 
 SLOTS = 2  # step i's copy goes to slot i mod 2 while the host reads slot (i - 1) mod 2
 LOG_SOFTMAX = ("device", "host")  # where the log-softmax runs, as in the seed's other arms
@@ -200,20 +200,23 @@ class DeferredStep:
              host_token_ids: torch.Tensor) -> tuple[lp.LogprobsTensors | None, Stages]:
         """Queue this step; return the previous step's results and this call's stage seconds."""
         clock = LogSoftmaxClock(logits.device)
-        if self.log_softmax == "device":
-            staged = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
-        else:
-            staged = logits.float()
+        with timeline.stage("device"):
+            if self.log_softmax == "device":
+                staged = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
+            else:
+                staged = logits.float()
         clock.stop()
         if self.overlap == forward.WAITED:  # outside every stage, as in every arm
             stagelab.measure.device.synchronize(logits.device)
         start = time.perf_counter()
-        host = slot_view(self.slots[self.queued % SLOTS], staged.shape)
+        with timeline.stage("alloc"):
+            host = slot_view(self.slots[self.queued % SLOTS], staged.shape)
         stages = {"alloc": time.perf_counter() - start}
         if self.lane is None:
             self.lane = self.make_lane(logits.device)
-        self.pending.append(Pending(self.lane.copy(host, staged), clock, host, num_logprobs,
-                                    host_token_ids))
+        with timeline.stage("copy"):
+            completion = self.lane.copy(host, staged)
+        self.pending.append(Pending(completion, clock, host, num_logprobs, host_token_ids))
         self.queued += 1
         if len(self.pending) < SLOTS:
             return None, {**stages, **dict.fromkeys(FINISH_STAGES, 0.0)}
@@ -224,17 +227,21 @@ class DeferredStep:
         """Wait for the oldest pending copy, then run the host top-K on its slot."""
         oldest = self.pending.popleft()
         start = time.perf_counter()
-        oldest.completion.wait()
+        with timeline.stage("wait"):
+            oldest.completion.wait()
         waited = time.perf_counter() - start
         stages = {"device": oldest.log_softmax.seconds(),
                   "copy": oldest.completion.copy_seconds(), "wait": waited}
         if self.log_softmax == "host":
             start = time.perf_counter()
-            oldest.host.sub_(torch.logsumexp(oldest.host, dim=-1, keepdim=True))
+            with timeline.stage("host_softmax"):
+                oldest.host.sub_(torch.logsumexp(oldest.host, dim=-1, keepdim=True))
             stages["host_softmax"] = time.perf_counter() - start
         start = time.perf_counter()
-        result = lp.gather_logprobs_host(oldest.host, oldest.num_logprobs, oldest.host_token_ids,
-                                         backend=self.backend, validate=False)
+        with timeline.stage("host_gather"):
+            result = lp.gather_logprobs_host(oldest.host, oldest.num_logprobs,
+                                             oldest.host_token_ids, backend=self.backend,
+                                             validate=False)
         return result, {**stages, "host_gather": time.perf_counter() - start, "free": 0.0}
 
     def drain(self) -> tuple[lp.LogprobsTensors | None, Stages]:

@@ -16,6 +16,7 @@ from typing import Protocol
 import torch
 
 from stagelab.measure import logprobs as lp
+from stagelab.measure import timeline
 from stagelab.measure.deferred import DeferredStep, Stages
 
 DEFAULT_STEPS = 8  # the drained last step is then an eighth of a deferred arm's figure
@@ -47,7 +48,8 @@ def run(pipeline: Steps | DeferredStep, queue_forward: Callable[[], None],
         raise ValueError("inputs is empty: a sequence has at least one step")
     totals: Stages = {}
     for logits, token_ids, host_token_ids in inputs:
-        queue_forward()
+        with timeline.stage("forward"):
+            queue_forward()
         if isinstance(pipeline, DeferredStep):
             _, stages = pipeline.step(logits, num_logprobs, token_ids, host_token_ids)
         else:

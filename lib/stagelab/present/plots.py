@@ -441,3 +441,38 @@ def prediction_bands(curves: pd.DataFrame) -> plt.Figure:
                     y=1.08)
     figure.tight_layout()
     return figure
+
+
+# One colour per stage of a step in the timeline, fixed by the suite's stage names.
+_STAGE_ORDER = ("forward", "device", "alloc", "copy", "wait", "host_softmax", "host_gather",
+                "free")
+STAGE_COLORS = dict(zip(_STAGE_ORDER, sns.color_palette("Set2", len(_STAGE_ORDER)).as_hex()))
+
+
+def timeline(frame: pd.DataFrame) -> plt.Figure:
+    """The step's timeline (:mod:`stagelab.analyse.timeline`): one panel per arm, a host row
+    and (where there is a device) a device row, each span a bar from its start to its end,
+    coloured by stage and named in the suite's stage words, so that a reader sees whether the
+    copy and the host top-K ran beside the next forward."""
+    arms = list(dict.fromkeys(frame["arm"])) if not frame.empty else []
+    fig, axes = plt.subplots(max(1, len(arms)), 1, figsize=(10, 0.4 + 1.1 * max(1, len(arms))),
+                             squeeze=False)
+    if not arms:
+        nothing(axes[0][0], "No timeline was recorded in this run")
+        return fig
+    lanes = [lane for lane in ("device", "host") if (frame["lane"] == lane).any()]
+    for ax, arm in zip(axes[:, 0], arms):
+        spans = frame[frame["arm"] == arm]
+        for y, lane in enumerate(lanes):
+            for stage, group in spans[spans["lane"] == lane].groupby("stage"):
+                ax.broken_barh(list(zip(group["start_ms"], group["end_ms"] - group["start_ms"])),
+                               (y - 0.4, 0.8), color=STAGE_COLORS.get(str(stage), "#999999"))
+        ax.set_yticks(range(len(lanes)), lanes)
+        ax.set_title(arm, loc="left", fontsize=9)
+    axes[-1][0].set_xlabel("ms from the start of the arm's sequence")
+    shown = [s for s in _STAGE_ORDER if s in set(frame["stage"])]
+    fig.tight_layout()
+    fig.legend([mpatches.Patch(color=STAGE_COLORS[s]) for s in shown],
+               [catalogue.STAGE_WORDS.get(s, s) for s in shown], title="stage",
+               loc="lower center", ncol=len(shown), bbox_to_anchor=(0.5, 1.0))
+    return fig
