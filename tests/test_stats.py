@@ -460,3 +460,14 @@ def test_the_recommendation_names_the_cells_pinning_would_help():
     straddles = _family_of(stats.CLOSE, stats.INCONCLUSIVE, stats.CLOSE)
     change, reason = stats.recommend(stats.PORT, straddles, stats.PORT, cells=names)
     assert change == stats.INCONCLUSIVE and "is unresolved in n=64)" in reason
+
+
+def test_deferring_the_wait_is_tested_last_and_only_where_the_pinned_scratch_is_ported():
+    ported, why = stats.PORT_PINNED, "the bundle ports"
+    assert stats.recommend_deferral(ported, why, stats.PORT)[0] == stats.PORT_PINNED_DEFERRED
+    assert "one step late" in stats.recommend_deferral(ported, why, stats.PORT)[1]
+    for answer in (stats.CLOSE, stats.INCONCLUSIVE, None):
+        change, reason = stats.recommend_deferral(ported, why, answer)
+        assert change == stats.PORT_PINNED and reason.startswith(why) and reason != why
+    for change in (stats.PORT_REUSED, stats.CLOSE_CHANGE, stats.INCONCLUSIVE):
+        assert stats.recommend_deferral(change, why, stats.PORT) == (change, why)
