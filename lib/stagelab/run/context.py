@@ -115,6 +115,14 @@ class NotebookContext:
         plt.close(figure)
         display(Image(data=path.read_bytes(), format="png"))
 
+    def save_trace(self, packed: bytes, name: str) -> Path:
+        """Write a compressed Chrome trace (:meth:`RunFolder.trace_path`) atomically; its path."""
+        path = RunFolder(self.run_dir).trace_path(name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_target(path) as temporary:
+            Path(temporary).write_bytes(packed)
+        return path
+
     def write_verdict(self, payload: Any) -> None:
         """Write the run's verdict (checked against its schema by the run folder); returns
         nothing, so that a notebook cell ending with it shows no path."""
