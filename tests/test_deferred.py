@@ -187,3 +187,10 @@ def test_a_pipelined_arm_gains_nothing_from_idle_time_between_its_calls(monkeypa
     # finished it, 3.0 where the next call met it: the gain the drain removes
     assert timed(100.0, False) == pytest.approx([2.4] * 4)
     assert timed(0.0, False) == pytest.approx([2.4, 3.0, 3.0, 3.0])
+
+
+def test_a_calls_steps_take_the_rotating_sources_in_turn_across_rounds():
+    sources = [torch.full((1,), float(i)) for i in range(3)]
+    picked = [[float(x[0]) for x, _, _ in sequence.inputs(sources, sources, sources, r, 2)]
+              for r in range(3)]
+    assert picked == [[0.0, 1.0], [2.0, 0.0], [1.0, 2.0]]

@@ -68,3 +68,13 @@ def _add(totals: Stages, stages: Stages) -> None:
 def per_step(seconds: float | None, steps: int) -> float | None:
     """A timed call's seconds as seconds per step (None stays None)."""
     return None if seconds is None else seconds / steps
+
+
+def inputs(logits: Sequence[torch.Tensor], token_ids: Sequence[torch.Tensor],
+           host_token_ids: Sequence[torch.Tensor], round_index: int,
+           steps: int) -> list[StepInputs]:
+    """The ``steps`` consecutive steps of one call in round ``round_index``: the rotating
+    sources taken in turn, so that consecutive steps (and rounds) never reread one."""
+    first = round_index * steps
+    return [(logits[i % len(logits)], token_ids[i % len(token_ids)],
+             host_token_ids[i % len(host_token_ids)]) for i in range(first, first + steps)]
