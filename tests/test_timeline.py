@@ -96,3 +96,9 @@ def test_the_figure_has_a_panel_per_arm_and_a_legend_in_the_stage_words():
     legend = [t.get_text() for t in figure.legends[0].get_texts()]
     assert legend == ["forward", "log-softmax", "copy", "host top-K"]
     assert plots.empty_reason(plots.timeline(frame.iloc[0:0])) is not None
+
+
+def test_no_trace_reads_as_no_spans_and_says_so():
+    frame = read_timeline.read(None)
+    assert list(frame.columns) == read_timeline.COLUMNS and frame.empty
+    assert "stagelab measure" in read_timeline.overlap_words(frame)

@@ -67,8 +67,10 @@ def spans(trace: dict[str, Any]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
-def read(path: Path | str) -> pd.DataFrame:
-    """A compressed Chrome trace's spans (:func:`spans`)."""
+def read(path: Path | str | None) -> pd.DataFrame:
+    """A compressed Chrome trace's spans (:func:`spans`); none where there is no trace."""
+    if path is None:
+        return pd.DataFrame(columns=COLUMNS)
     with gzip.open(path, "rt", encoding="utf-8") as handle:
         return spans(json.load(handle))
 
@@ -101,7 +103,8 @@ def overlap_words(frame: pd.DataFrame) -> str:
     """What the timeline shows, in one paragraph: no overlap on a CPU, else the share of each
     arm's host top-K that ran beside the device's forward."""
     if frame.empty:
-        return "No timeline was recorded."
+        return ("No timeline was recorded: a run over a measured folder reads the node's rows, "
+                "and `stagelab measure` records no timeline.")
     if not (frame.lane == DEVICE).any():
         return NO_OVERLAP_ON_CPU
     shares = overlap(frame)
