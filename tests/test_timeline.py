@@ -102,3 +102,17 @@ def test_no_trace_reads_as_no_spans_and_says_so():
     frame = read_timeline.read(None)
     assert list(frame.columns) == read_timeline.COLUMNS and frame.empty
     assert "stagelab measure" in read_timeline.overlap_words(frame)
+
+
+@pytest.mark.skipif(not NATIVE_OK, reason=f"the native path cannot be built here: {NATIVE_WHY}")
+def test_the_step_timeline_has_each_arm_that_runs_here_and_one_forward_per_step():
+    from stagelab.measure import shapes, step_timeline
+
+    packed = step_timeline.record(shapes.resolve_vocabs([500])[0], 2, 3, torch.float32,
+                                  ["seed_pageable", "fused"], steps=2)
+    frame = read_timeline.spans(json.loads(gzip.decompress(packed)))
+    assert set(frame.arm) == {"seed_pageable", "fused"}
+    forwards = frame[frame.stage == "forward"].groupby("arm").size()
+    assert forwards.to_dict() == {"fused": 2, "seed_pageable": 2}
+    with pytest.raises(ValueError, match="timeline_steps"):
+        step_timeline.record(shapes.resolve_vocabs([500])[0], 2, 3, torch.float32, None, steps=0)

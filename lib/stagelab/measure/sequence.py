@@ -31,10 +31,10 @@ class Steps(Protocol):
         """One step: its results and its stage seconds."""
 
 
-def check_steps(steps: object) -> int:
-    """``steps`` if it is an integer >= 1, else a ValueError naming the parameter."""
+def check_steps(steps: object, name: str = "steps_per_call") -> int:
+    """``steps`` if it is an integer >= 1, else a ValueError naming the parameter ``name``."""
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps_per_call: {steps!r} must be an integer >= 1")
+        raise ValueError(f"{name}: {steps!r} must be an integer >= 1")
     return steps
 
 
