@@ -4,6 +4,8 @@ timed calls run them (:mod:`stagelab.measure.sequence`), recorded under ``torch.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from stagelab.measure import sequence, step, timeline
@@ -34,5 +36,5 @@ def record(shape: ModelShape, rows: int, k: int, logits_dtype: torch.dtype,
             logits_dtype)
         tokens = torch.randint(0, shape.vocab, (rows,), device=device, generator=generator)
         inputs.append((logits, tokens, tokens.cpu()))
-    return timeline.record({name: (lambda p=pipeline: sequence.run(p, load.queue, inputs, k))
+    return timeline.record({name: functools.partial(sequence.run, pipeline, load.queue, inputs, k)
                             for name, pipeline in built.items()}, device)
