@@ -34,7 +34,7 @@ def main() -> int:
                         help="a folder made by `stagelab measure` (default: measure now)")
     parser.add_argument("--profile", default="quick")
     args = parser.parse_args()
-    from stagelab.analyse import predict
+    from stagelab.analyse import predict_check, predict_tables
     from stagelab.core import schema
 
     folder = args.from_dir
@@ -42,13 +42,13 @@ def main() -> int:
         folder = Path(tempfile.mkdtemp(prefix="bench_prediction_")) / "measured"
         measure(args.profile, folder)
     step = schema.make_rows(schema.read_json_lines(folder / "rows" / "step.jsonl"))
-    check = predict.check_run(step, None)
+    check = predict_check.check_run(step, None)
     print(f"folder: {folder}; load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; "
           f"cores: {os.cpu_count()}")
-    print(predict.check_table(check).to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+    print(predict_check.check_table(check).to_string(index=False, float_format=lambda v: f"{v:.3g}"))
     met = True
     for cell in check["cells"]:
-        total = next(a for a in cell["arms"] if a["name"] == predict.BASELINE)
+        total = next(a for a in cell["arms"] if a["name"] == predict_tables.BASELINE)
         ratio = cell["reuse_ratio"]
         for what, error in (("seed step total", total["error"]), ("reuse ratio", ratio["error"])):
             ok = error is not None and abs(error) <= GOAL

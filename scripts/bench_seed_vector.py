@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from stagelab.measure import native, step
+from stagelab.measure import native, step_pipelines
 
 
 def median_ms(call, calls: int) -> float:
@@ -49,9 +49,9 @@ def main(rows: int = 16, vocab: int = 152064, calls: int = 200) -> None:
         native.seed_vector(numel).free()
 
     def bookkeeping() -> None:
-        before = step.minor_faults()
+        before = step_pipelines.minor_faults()
         vector = native.seed_vector(numel)
-        _ = step.minor_faults() - before, vector.mapped
+        _ = step_pipelines.minor_faults() - before, vector.mapped
         vector.free()
 
     def maps_per_call() -> None:

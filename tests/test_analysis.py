@@ -6,7 +6,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from stagelab.analyse import analysis
+from stagelab.analyse import (
+    copy_analysis,
+    goal_rows,
+    prompt_analysis,
+    step_analysis,
+    summaries,
+    timings,
+)
 from stagelab.core import schema
 
 
@@ -23,7 +30,7 @@ def test_compare_pairs_by_round():
     cand = _timings_frame({"pinned": [d / 2 for d in drift[:4]][::-1]}, [3, 2, 1, 0], rows=8)
     other = _timings_frame({"fresh": [1.0, 1.0], "pinned": [0.25, 0.25]}, [0, 1], rows=64)
     frame = pd.concat([base, cand, other]).sample(frac=1.0, random_state=0)
-    out = analysis.compare(frame, "fresh", "pinned", ["rows"], twin=True)
+    out = timings.compare(frame, "fresh", "pinned", ["rows"], twin=True)
     small = out.set_index("rows").loc[8]
     assert small["n_rounds"] == 4 and small["speedup"] == 2.0
     assert (small["ci_low"], small["ci_high"]) == (2.0, 2.0)  # paired: the drift cancels
@@ -36,8 +43,8 @@ def test_compare_refuses_two_timings_of_one_round_in_a_cell():
     frame = pd.concat([_timings_frame({"a": [1.0, 1.0], "b": [1.0, 1.0]}, [0, 1], rows=r)
                        for r in (8, 64)])
     with pytest.raises(ValueError, match=r"arm 'a' has several timings for one round"):
-        analysis.compare(frame.assign(k=5), "a", "b", ["k"])
-    assert len(analysis.compare(frame.assign(k=5), "a", "b", ["k", "rows"])) == 2
+        timings.compare(frame.assign(k=5), "a", "b", ["k"])
+    assert len(timings.compare(frame.assign(k=5), "a", "b", ["k", "rows"])) == 2
 
 
 
@@ -78,9 +85,9 @@ def test_ok_timings_keeps_ok_timings_of_one_stage():
                  dict(arm="c", seconds=3.0, status="failed", note="boom"),
                  dict(arm="d", metric="peak_host_bytes", bytes=10),
                  dict(arm="e", status="unavailable", note="no GPU"))
-    assert analysis.ok_timings(frame)["arm"].tolist() == ["a"]
-    assert analysis.ok_timings(frame, stage=None)["arm"].tolist() == ["a", "b"]
-    assert analysis.ok_timings(frame, stage="copy")["arm"].tolist() == ["b"]
+    assert timings.ok_timings(frame)["arm"].tolist() == ["a"]
+    assert timings.ok_timings(frame, stage=None)["arm"].tolist() == ["a", "b"]
+    assert timings.ok_timings(frame, stage="copy")["arm"].tolist() == ["b"]
 
 
 def test_paired_rounds_aligns_by_round_and_drops_incomplete_rounds():
@@ -89,21 +96,21 @@ def test_paired_rounds_aligns_by_round_and_drops_incomplete_rounds():
                  *timed("b", [99.0], stage="copy"),
                  dict(arm="c", round=0, seconds=7.0), dict(arm="c", round=2, seconds=9.0),
                  dict(arm="c", round=3, seconds=5.0, status="failed", note="x"))
-    a, b = analysis.paired_rounds(frame.iloc[::-1], "a", "b")
+    a, b = timings.paired_rounds(frame.iloc[::-1], "a", "b")
     assert a.tolist() == [1.0, 2.0, 3.0, 4.0] and b.tolist() == [10.0, 20.0, 30.0, 40.0]
-    a, b, c = analysis.paired_rounds(frame, "a", "b", "c")
+    a, b, c = timings.paired_rounds(frame, "a", "b", "c")
     assert (a.tolist(), b.tolist(), c.tolist()) == ([1.0, 3.0], [10.0, 30.0], [7.0, 9.0])
-    (copy,) = analysis.paired_rounds(frame, "b", stage="copy")
+    (copy,) = timings.paired_rounds(frame, "b", stage="copy")
     assert copy.tolist() == [99.0]
-    missing = analysis.paired_rounds(frame, "a", "nobody")
+    missing = timings.paired_rounds(frame, "a", "nobody")
     assert [len(x) for x in missing] == [0, 0]
 
 
 def test_not_measured_reason_quotes_the_row_or_says_nothing_ran():
     frame = rows(dict(arm="seed_pinned", status="unavailable", note="needs a CUDA device"))
-    assert analysis.not_measured_reason(frame, "seed_pinned") == (
+    assert timings.not_measured_reason(frame, "seed_pinned") == (
         "seed_pinned unavailable: needs a CUDA device")
-    assert analysis.not_measured_reason(frame, "fused") == "fused was not measured in this run"
+    assert timings.not_measured_reason(frame, "fused") == "fused was not measured in this run"
 
 
 def test_decomposition_gives_mean_stages_and_their_shares():
@@ -111,17 +118,17 @@ def test_decomposition_gives_mean_stages_and_their_shares():
                  *step_arm("seed_pinned", 2.0, [1.0, 1.0, 1.0], **CELL),
                  *timed("seed_pageable", [5.0], stage="copy", first_round=9,
                         status="failed", note="x", **CELL))
-    parts = analysis.decomposition(frame).set_index("arm")
+    parts = step_analysis.decomposition(frame).set_index("arm")
     seed = parts.loc["seed_pageable"]  # mean drift 2: every stage twice SEED_STAGES
-    assert [seed[s] for s in (*analysis.SPLIT, "total")] == pytest.approx(
+    assert [seed[s] for s in (*step_analysis.SPLIT, "total")] == pytest.approx(
         [0.0, 2e-3, 4e-3, 6e-3, 8e-3, 0.0, 0.0, 20e-3])  # no forward recorded: 0
-    assert [seed[f"{s}_share"] for s in analysis.SPLIT] == pytest.approx(
+    assert [seed[f"{s}_share"] for s in step_analysis.SPLIT] == pytest.approx(
         [0.0, 0.1, 0.2, 0.3, 0.4, 0.0, 0.0])
     assert parts.loc["seed_pinned", "total"] == pytest.approx(5e-3)
     assert parts.loc["seed_pinned", "copy_share"] == pytest.approx(0.3)
-    empty = analysis.decomposition(rows(dict(arm="a", status="skipped", note="too big", **CELL)))
+    empty = step_analysis.decomposition(rows(dict(arm="a", status="skipped", note="too big", **CELL)))
     assert empty.empty and list(empty.columns) == ["rows", "vocab", "k", "arm",
-                                                   *analysis.SPLIT, "total"]
+                                                   *step_analysis.SPLIT, "total"]
 
 
 def test_decomposition_parts_add_up_to_the_total_with_unattributed_time():
@@ -130,27 +137,27 @@ def test_decomposition_parts_add_up_to_the_total_with_unattributed_time():
     rng = np.random.default_rng(3)
     records = []
     for round_ in range(15):
-        stages = {s: float(rng.lognormal(-6, 1)) for s in analysis.STAGES}
+        stages = {s: float(rng.lognormal(-6, 1)) for s in step_analysis.STAGES}
         total = sum(stages.values()) + (2e-3 if round_ % 3 else -1e-3)  # gaps, sometimes overlap
         records += [dict(arm="seed_pageable", stage=s, round=round_, seconds=v, **CELL)
                     for s, v in {**stages, "total": total}.items()]
     records += [dict(arm="fused", stage=s, round=r, seconds=v, **CELL)  # no alloc, free, ...
                 for r in range(3) for s, v in (("device", 1e-3), ("total", 1.5e-3))]
-    parts = analysis.decomposition(rows(*records)).set_index("arm")
+    parts = step_analysis.decomposition(rows(*records)).set_index("arm")
     for arm in ("seed_pageable", "fused"):
         row = parts.loc[arm]
-        assert sum(row[s] for s in analysis.SPLIT) == pytest.approx(row["total"], rel=1e-12)
-        assert sum(row[f"{s}_share"] for s in analysis.SPLIT) == pytest.approx(1.0)
+        assert sum(row[s] for s in step_analysis.SPLIT) == pytest.approx(row["total"], rel=1e-12)
+        assert sum(row[f"{s}_share"] for s in step_analysis.SPLIT) == pytest.approx(1.0)
     assert parts.loc["seed_pageable", "unattributed"] == pytest.approx(1e-3)  # (10*2 - 5*1) / 15
     assert parts.loc["fused", "unattributed"] == pytest.approx(0.5e-3)
     medians = rows(*records).query("arm == 'seed_pageable'").groupby("stage")["seconds"].median()
-    assert sum(medians[s] for s in analysis.STAGES) != pytest.approx(medians["total"], rel=1e-3)
+    assert sum(medians[s] for s in step_analysis.STAGES) != pytest.approx(medians["total"], rel=1e-3)
 
 
 def test_copy_dwarfed_answers_per_cell():
     small = step_arm("seed_pageable", 1.0, [1.0], gather=50.0, rows=16, vocab=V, k=5)  # 3/56
     big = step_arm("seed_pageable", 1.0, [1.0], **CELL)  # copy 3 of 10 ms
-    sentences = analysis.copy_dwarfed(rows(*small, *big))
+    sentences = step_analysis.copy_dwarfed(rows(*small, *big))
     assert sentences == [
         f"n=16, V={V}, K=5: the copy took 3.00 ms of a 56.00 ms step (5.4% (one round: no CI)); "
         "zero-fill 2.00 ms, host top-K 50.00 ms (89%), free 0.00 ms, log-softmax 1.00 ms, "
@@ -164,7 +171,7 @@ def test_copy_dwarfed_answers_per_cell():
         "are 50.0% (one round: no CI) of the step."]
     unavailable = rows(dict(arm="seed_pageable", status="unavailable",
                             note="the native build failed: no compiler", **CELL))
-    assert analysis.copy_dwarfed(unavailable) == [
+    assert step_analysis.copy_dwarfed(unavailable) == [
         "The seed's step (seed_pageable) was not timed in this run: seed_pageable unavailable: "
         "the native build failed: no compiler."]
 
@@ -175,20 +182,20 @@ def test_lever_savings_compares_every_lever_with_the_seed_by_round():
                  *step_arm("seed_pageable~aa", 1.0, drift, **CELL),
                  *step_arm("seed_pinned", 2.0, drift, **CELL),
                  *step_arm("fused", 10.0, drift, **CELL))
-    levers = analysis.lever_savings(frame).set_index("candidate")
+    levers = step_analysis.lever_savings(frame).set_index("candidate")
     assert levers.index.tolist() == ["fused", "seed_pinned"]  # the twin is not a lever
     assert levers.loc["seed_pinned", ["speedup", "ci_low", "ci_high"]].tolist() == [2.0, 2.0, 2.0]
     assert levers.loc["fused", "speedup"] == pytest.approx(10.0)
     assert levers.loc["seed_pinned", "saved_ms"] == pytest.approx(10.0)  # 20 ms - 10 ms
     assert (levers["n_rounds"] == 3).all() and set(levers["baseline"]) == {"seed_pageable"}
-    assert analysis.lever_savings(rows(*step_arm("seed_pageable", 1.0, drift, **CELL))).empty
+    assert step_analysis.lever_savings(rows(*step_arm("seed_pageable", 1.0, drift, **CELL))).empty
 
 
 def test_host_gather_backends_per_cell_in_ms():
     frame = rows(*step_arm("seed_pageable", 1.0, [1.0, 1.0, 1.0], **CELL),
                  *step_arm("seed_pageable_numpy", 1.0, [1.0, 1.0, 1.0], gather=14.0, **CELL),
                  *step_arm("seed_pageable", 1.0, [1.0], rows=256, vocab=V, k=5))
-    out = analysis.host_gather_backends(frame)
+    out = step_analysis.host_gather_backends(frame)
     assert len(out) == 1  # the numpy arm was timed at n=64 only
     row = out.iloc[0]
     assert (row["rows"], row["native_ms"], row["numpy_ms"]) == (64, pytest.approx(4.0),
@@ -203,8 +210,8 @@ def test_clock_disagreements_count_only_cross_checked_ok_totals():
                  dict(arm="a", seconds=1.0),
                  dict(arm="a", seconds=1.0, stage="copy", clock_agrees=False),
                  dict(arm="b", status="failed", note="x", clock_agrees=False))
-    assert analysis.clock_disagreements(frame) == {"checked": 3, "disagree": 2}
-    assert analysis.clock_disagreements(rows(dict(arm="a", seconds=1.0))) == {
+    assert summaries.clock_disagreements(frame) == {"checked": 3, "disagree": 2}
+    assert summaries.clock_disagreements(rows(dict(arm="a", seconds=1.0))) == {
         "checked": 0, "disagree": 0}
 
 
@@ -216,13 +223,13 @@ def test_nothing_measured_names_the_cells_and_the_reason():
     expected = (f"Nothing was measured in notebook 02 (cells n=64 V={V}, n=256 V={V}). Why: "
                 "skipped: would not fit: 9 GB. Change the sizes or arms in the parameters "
                 "(smaller rows or vocabularies, arms that exist on this machine) and run it again.")
-    assert analysis.nothing_measured(skipped, "notebook 02") == expected
-    assert analysis.measured_summary(skipped, "notebook 02") == f"**{expected}**"
-    assert analysis.closing(skipped, "notebook 02") == f"**{expected}**"
-    assert analysis.nothing_measured(rows(), "notebook 02") == (
+    assert summaries.nothing_measured(skipped, "notebook 02") == expected
+    assert summaries.measured_summary(skipped, "notebook 02") == f"**{expected}**"
+    assert summaries.closing(skipped, "notebook 02") == f"**{expected}**"
+    assert summaries.nothing_measured(rows(), "notebook 02") == (
         "Nothing was measured in notebook 02: no cell was given.")
     measured = pd.concat([skipped, rows(dict(arm="fused", seconds=1.0, **CELL))])
-    assert analysis.nothing_measured(measured, "notebook 02") is None
+    assert summaries.nothing_measured(measured, "notebook 02") is None
 
 
 def test_measured_summary_names_the_device_the_arms_timed_and_the_rest():
@@ -230,7 +237,7 @@ def test_measured_summary_names_the_device_the_arms_timed_and_the_rest():
                  dict(arm="seed_pinned", status="unavailable", note="needs a CUDA device"),
                  dict(arm="seed_pinned", status="unavailable", note="needs a CUDA device"),
                  device="cpu")
-    assert analysis.measured_summary(frame, "notebook 02") == (
+    assert summaries.measured_summary(frame, "notebook 02") == (
         "**Device:** `cpu` · **arms timed:** fused, seed_pageable\n"
         "- `seed_pinned` unavailable: needs a CUDA device")
 
@@ -239,10 +246,10 @@ def test_closing_counts_calls_cells_and_arms_and_names_failures():
     frame = rows(*timed("a", [1.0, 1.0], **CELL), *timed("b", [1.0], **CELL),
                  *timed("a", [1.0], rows=256, vocab=V, k=5),
                  dict(arm="c", status="failed", note="raised", **CELL))
-    assert analysis.closing(frame, "notebook 02") == (
+    assert summaries.closing(frame, "notebook 02") == (
         "Measured in notebook 02: 4 timed calls over 2 cell(s) and 2 arm(s). Failed: c (see the "
         "table above).")
-    assert analysis.closing(frame[frame["status"] == "ok"], "notebook 02") == (
+    assert summaries.closing(frame[frame["status"] == "ok"], "notebook 02") == (
         "Measured in notebook 02: 4 timed calls over 2 cell(s) and 2 arm(s).")
 
 
@@ -250,7 +257,7 @@ def test_spread_flags_noisy_cells():
     frame = rows(*timed("steady", [1.0, 1.0, 1.0, 1.0, 1.0], rows=8, vocab=V),
                  *timed("noisy", [1.0, 2.0, 3.0, 4.0, 5.0], rows=8, vocab=V),
                  dict(arm="steady", seconds=100.0, status="failed", note="x", rows=8, vocab=V))
-    out = analysis.spread(frame).set_index("arm")
+    out = timings.spread(frame).set_index("arm")
     assert out.loc["noisy", "median"] == 3.0 and out.loc["noisy", "iqr"] == 2.0
     assert out.loc["noisy", "iqr_over_median"] == pytest.approx(2 / 3)
     assert out.loc["steady", "n"] == 5 and out.loc["steady", "iqr"] == 0.0
@@ -268,18 +275,18 @@ def staging_frame(**arms: float) -> pd.DataFrame:
 def test_copy_comparisons_measure_every_timed_arm_against_the_fresh_buffer():
     frame = staging_frame(**{"pageable_fresh": 10.0, "pageable_fresh~aa": 10.0,
                              "pinned_grow_only": 2.0, "pageable_reused": 5.0})
-    out = analysis.copy_comparisons(frame)
+    out = copy_analysis.copy_comparisons(frame)
     assert out["candidate"].tolist() == ["pageable_reused", "pinned_grow_only"]  # catalogue order
     assert out["speedup"].tolist() == [2.0, 5.0]
     assert out["twin_speedup"].tolist() == [1.0, 1.0]
     assert out["saved_ms"].tolist() == pytest.approx([35 / 3, 56 / 3])  # mean fresh 70/3 ms
-    assert analysis.copy_comparisons(staging_frame(pageable_reused=5.0)).empty
+    assert copy_analysis.copy_comparisons(staging_frame(pageable_reused=5.0)).empty
 
 
 def test_the_copy_finding_states_the_largest_cell_the_twin_and_what_was_not_measured():
     frame = staging_frame(**{"pageable_fresh": 10.0, "pageable_fresh~aa": 10.0,
                              "pageable_reused": 5.0})
-    finding = analysis.copy_finding(frame, analysis.copy_comparisons(frame))
+    finding = copy_analysis.copy_finding(frame, copy_analysis.copy_comparisons(frame))
     assert finding == (
         f"**Finding at the largest copy measured (n=64, V={V}):** against the seed's fresh "
         "zero-filled buffer (its time over the arm's; above 1 the arm is faster): "
@@ -289,8 +296,8 @@ def test_the_copy_finding_states_the_largest_cell_the_twin_and_what_was_not_meas
         "whether it matters for the engine is decided on the whole step (notebook 02, decided "
         "in 04).")
     alone = staging_frame(pageable_fresh=10.0)
-    assert "nothing can be compared" in analysis.copy_finding(
-        alone, analysis.copy_comparisons(alone))
+    assert "nothing can be compared" in copy_analysis.copy_finding(
+        alone, copy_analysis.copy_comparisons(alone))
 
 
 def prompt_frame(medians: dict[int, float], arm: str = "fused+overlap",
@@ -303,7 +310,7 @@ def prompt_frame(medians: dict[int, float], arm: str = "fused+overlap",
 def test_recommend_chunk_picks_the_smallest_chunk_within_tolerance():
     frame = rows(*prompt_frame({256: 1.10, 512: 1.04, 1024: 1.00, 2048: 1.02}),
                  *prompt_frame({256: 0.1}, arm="fused"))
-    rec = analysis.recommend_chunk(frame)
+    rec = prompt_analysis.recommend_chunk(frame)
     mean_factor = (0.9 + 1.0 + 1.3) / 3  # each chunk's rounds, scaled alike: paired ratios exact
     assert rec == {"arm": "fused+overlap", "chunk": 512,
                    "mean_seconds": pytest.approx(1.04e-3 * mean_factor),
@@ -314,8 +321,8 @@ def test_recommend_chunk_picks_the_smallest_chunk_within_tolerance():
                    "reason": "the smallest chunk timed not shown to be more than 5% slower than "
                              "the fastest (1.07 ms on average, chunk 1024): 1.040x of its mean "
                              "(CI 1.040-1.040); a smaller chunk holds less memory"}
-    assert analysis.recommend_chunk(frame, tolerance=0.01)["chunk"] == 1024
-    assert analysis.recommend_chunk(frame, tolerance=0.2)["chunk"] == 256
+    assert prompt_analysis.recommend_chunk(frame, tolerance=0.01)["chunk"] == 1024
+    assert prompt_analysis.recommend_chunk(frame, tolerance=0.2)["chunk"] == 256
 
 
 def test_recommend_chunk_keeps_a_smaller_chunk_whose_ci_reaches_the_tolerance():
@@ -326,26 +333,26 @@ def test_recommend_chunk_keeps_a_smaller_chunk_whose_ci_reaches_the_tolerance():
     records = [dict(arm="fused+overlap", chunk=chunk, rows=2048, vocab=V, overlap=True,
                     dtype="float32", round=r, seconds=ms * noise[i, r] / 1e3)
                for i, (chunk, ms) in enumerate({512: 1.08, 1024: 1.00}.items()) for r in range(12)]
-    rec = analysis.recommend_chunk(rows(*records))
+    rec = prompt_analysis.recommend_chunk(rows(*records))
     assert rec["ratio_to_best"] > 1.05 and rec["ratio_ci_low"] <= 1.05 and rec["chunk"] == 512
     quiet = [{**r, "seconds": (1.08 if r["chunk"] == 512 else 1.0) / 1e3} for r in records]
-    assert analysis.recommend_chunk(rows(*quiet))["chunk"] == 1024  # clearly 8 % slower
+    assert prompt_analysis.recommend_chunk(rows(*quiet))["chunk"] == 1024  # clearly 8 % slower
 
 
 def test_recommend_chunk_says_when_the_whole_prompt_wins_or_nothing_was_timed():
     """Before: the unchunked prompt (chunk 2048 of a 2048-row prompt) was recommended, a chunk
     the profile never timed, while the sentence argued for a smaller one."""
     frame = rows(*prompt_frame({256: 2.0, 512: 1.5, 2048: 1.0}))
-    rec = analysis.recommend_chunk(frame)
+    rec = prompt_analysis.recommend_chunk(frame)
     assert rec["chunk"] == 512 and rec["best_chunk"] == 2048
     assert rec["ratio_to_best"] == pytest.approx(1.5)
     assert rec["reason"].startswith(
         "every chunk timed is more than 5% slower than the whole prompt: chunking bought no time "
         "here, only bounded memory, and chunk 512 costs least against the fastest (")
     assert "whole prompt): 1.500x of its mean" in rec["reason"]
-    whole = analysis.recommend_chunk(rows(*prompt_frame({2048: 1.0})))
+    whole = prompt_analysis.recommend_chunk(rows(*prompt_frame({2048: 1.0})))
     assert whole["chunk"] is None and "no chunk shorter than the prompt" in whole["reason"]
-    assert analysis.recommend_chunk(frame, arm="chunked") == {
+    assert prompt_analysis.recommend_chunk(frame, arm="chunked") == {
         "arm": "chunked", "chunk": None, "reason": "chunked was not timed in this run"}
 
 
@@ -353,7 +360,7 @@ def test_the_recommended_chunk_is_one_the_run_timed_even_beside_a_faster_whole_p
     """Before: a 513-token prompt (512 rows) timed at chunks 64 and 256 recommended 512, the
     whole prompt, although chunk 256 was within the tolerance."""
     frame = rows(*prompt_frame({64: 1.2, 256: 1.02, 512: 1.0}, prompt_rows=512))
-    rec = analysis.recommend_chunk(frame)
+    rec = prompt_analysis.recommend_chunk(frame)
     assert rec["chunk"] == 256 and "a smaller chunk holds less memory" in rec["reason"]
 
 
@@ -361,7 +368,7 @@ def test_prompt_time_relative_divides_by_the_same_arms_unchunked_time():
     records = (prompt_frame({2048: 2.0, 512: 3.0}, arm="a")
                + prompt_frame({512: 1.0, 2048: 4.0}, arm="b"))
     for order in (records, records[::-1]):
-        out = analysis.prompt_time_relative(rows(*order)).set_index(["arm", "chunk"])
+        out = prompt_analysis.prompt_time_relative(rows(*order)).set_index(["arm", "chunk"])
         assert out["relative"].to_dict() == pytest.approx(
             {("a", 512): 1.5, ("a", 2048): 1.0, ("b", 512): 0.25, ("b", 2048): 1.0})
         assert out.loc[("b", 512), "mean_seconds"] == pytest.approx(1e-3 * (0.9 + 1.0 + 1.3) / 3)
@@ -392,19 +399,19 @@ def tiled(medians: dict[int, float], chunk: int = 256, prompt_rows: int = 512,
 def test_recommend_tile_picks_the_smallest_exact_tile_within_the_bound_and_tolerance():
     frame = rows(*tiled({512: 1.10, 1024: 1.04, 2048: 1.00, 4096: 1.02}),
                  *prompt_frame({256: 0.5}, prompt_rows=512))
-    rec = analysis.recommend_tile(frame)
+    rec = prompt_analysis.recommend_tile(frame)
     assert (rec["arm"], rec["tile"], rec["chunk"], rec["best_tile"]) == (HF, 1024, 256, 2048)
     assert rec["ratio_to_best"] == pytest.approx(1.04)
     assert rec["bound_bytes"] == int(0.35 * 256 * 32768 * 4)
     assert rec["reason"].startswith(
         "the smallest exact tile within the memory bound not shown to be more than 5% slower "
         "than the fastest tile (1.07 ms on average, tile 2048): 1.040x of its mean")
-    assert analysis.recommendation_sentence(rec).startswith(
+    assert prompt_analysis.recommendation_sentence(rec).startswith(
         f"Recommended tile: **1024** ({HF}, at chunk 256): the smallest exact tile")
-    table = analysis.tile_table(rec)
+    table = prompt_analysis.tile_table(rec)
     assert table["tile"].tolist() == [512, 1024, 2048, 4096] and table["exact"].all()
     assert table["chunk_share"].tolist() == pytest.approx([0.035] * 4)
-    assert analysis.recommend_tile(frame, tolerance=0.01)["tile"] == 2048
+    assert prompt_analysis.recommend_tile(frame, tolerance=0.01)["tile"] == 2048
 
 
 def test_recommend_tile_passes_over_a_tile_that_is_not_exact_or_breaks_the_bound():
@@ -412,62 +419,62 @@ def test_recommend_tile_passes_over_a_tile_that_is_not_exact_or_breaks_the_bound
     frame = rows(*tiled({512: 1.0, 1024: 1.0, 2048: 1.0, 4096: 0.9},
                         errors={512: (3.0, 0.0), 1024: (0.0, 1e-3)},
                         peaks={4096: int(bound) + 1}))
-    rec = analysis.recommend_tile(frame)
-    table = analysis.tile_table(rec).set_index("tile")
+    rec = prompt_analysis.recommend_tile(frame)
+    table = prompt_analysis.tile_table(rec).set_index("tile")
     assert table["exact"].to_dict() == {512: False, 1024: False, 2048: True, 4096: True}
     assert table["within_bound"].to_dict() == {512: True, 1024: True, 2048: True, 4096: False}
     # 2048 is 11 % slower than the fastest tile (4096, outside the bound): still the choice
     assert rec["tile"] == 2048 and rec["best_tile"] == 4096
     assert rec["reason"].startswith("every exact tile within the memory bound is more than 5% "
                                     "slower than the fastest tile")
-    none = analysis.recommend_tile(rows(*tiled({1024: 1.0}, errors={1024: (1.0, 0.0)})))
+    none = prompt_analysis.recommend_tile(rows(*tiled({1024: 1.0}, errors={1024: (1.0, 0.0)})))
     assert none["tile"] is None and "no tile timed is both exact" in none["reason"]
-    assert analysis.recommendation_sentence(none).startswith("Recommended tile: **None**")
+    assert prompt_analysis.recommendation_sentence(none).startswith("Recommended tile: **None**")
 
 
 def test_recommend_tile_compares_at_the_largest_chunk_every_tile_ran_and_says_when_none_ran():
     frame = rows(*tiled({1024: 1.0, 2048: 2.0}, chunk=64), *tiled({1024: 2.0}, chunk=256),
                  *tiled({1024: 3.0, 2048: 3.0}, chunk=512))  # 512: the whole prompt
-    rec = analysis.recommend_tile(frame)
+    rec = prompt_analysis.recommend_tile(frame)
     assert rec["chunk"] == 64 and rec["tile"] == 1024
-    assert analysis.recommend_tile(frame, chunk=512)["tile"] == 1024
-    nothing = analysis.recommend_tile(rows(*prompt_frame({256: 1.0}, prompt_rows=512)))
+    assert prompt_analysis.recommend_tile(frame, chunk=512)["tile"] == 1024
+    nothing = prompt_analysis.recommend_tile(rows(*prompt_frame({256: 1.0}, prompt_rows=512)))
     assert nothing == {"arm": None, "tile": None, "chunk": None,
                        "reason": "head_fused was not timed at any tile in this run"}
-    assert analysis.tile_table(nothing).empty
+    assert prompt_analysis.tile_table(nothing).empty
 
 
 def test_prompt_tables_keep_each_tile_apart_and_the_methods_without_one():
     """Before: head_fused's tiles were averaged into one configuration per chunk."""
     frame = rows(*tiled({1024: 1.0, 2048: 3.0}, chunk=512), *tiled({1024: 2.0}, chunk=256),
                  *prompt_frame({256: 1.0, 512: 2.0}, prompt_rows=512))
-    relative = analysis.prompt_time_relative(frame)
+    relative = prompt_analysis.prompt_time_relative(frame)
     keyed = {(r.arm, None if pd.isna(r.tile) else int(r.tile), r.chunk): r.relative
              for r in relative.itertuples()}
     assert keyed == pytest.approx({(HF, 1024, 256): 2.0, (HF, 1024, 512): 1.0,
                                    (HF, 2048, 512): 1.0, ("fused+overlap", None, 256): 0.5,
                                    ("fused+overlap", None, 512): 1.0})
-    peaks = analysis.prompt_peaks(frame)
+    peaks = prompt_analysis.prompt_peaks(frame)
     assert sorted(peaks.dropna(subset=["tile"])["tile"].tolist()) == [1024, 1024, 2048]
-    effect = analysis.overlap_effect(frame)
+    effect = prompt_analysis.overlap_effect(frame)
     assert len(effect) == 5 and effect["tile"].isna().sum() == 2
-    checks = analysis.checks_table(frame, ["id_mismatches"], ["chunk", "tile"])
+    checks = timings.checks_table(frame, ["id_mismatches"], ["chunk", "tile"])
     assert len(checks) == 3  # the fused rows carry no checks here
-    assert analysis.prompt_series(frame).drop_duplicates().tolist() == [
+    assert prompt_analysis.prompt_series(frame).drop_duplicates().tolist() == [
         f"{HF} · tile 1024", f"{HF} · tile 2048", "fused+overlap"]
-    assert analysis.recommend_chunk(frame, arm=HF)["chunk"] == 256  # decided at tile 1024
-    assert analysis.recommend_chunk(frame, arm=HF, tile=2048)["chunk"] is None
+    assert prompt_analysis.recommend_chunk(frame, arm=HF)["chunk"] == 256  # decided at tile 1024
+    assert prompt_analysis.recommend_chunk(frame, arm=HF, tile=2048)["chunk"] is None
 
 
 def test_overlap_effect_pairs_each_method_with_its_overlapped_arm():
     frame = rows(*prompt_frame({512: 3.0, 1024: 2.0}, arm="fused", overlap=False),
                  *prompt_frame({512: 2.0, 1024: 1.5}, arm="fused+overlap", overlap=True))
-    out = analysis.overlap_effect(frame).set_index(["method", "chunk"])
+    out = prompt_analysis.overlap_effect(frame).set_index(["method", "chunk"])
     mean_factor = (0.9 + 1.0 + 1.3) / 3  # prompt_frame's rounds
     assert out["overlap_saves_mean_ms"].to_dict() == pytest.approx(
         {("fused", 512): mean_factor, ("fused", 1024): 0.5 * mean_factor})
     assert out.loc[("fused", 512), "plain_mean_s"] == pytest.approx(3e-3 * mean_factor)
-    only_plain = analysis.overlap_effect(
+    only_plain = prompt_analysis.overlap_effect(
         rows(*prompt_frame({512: 3.0}, arm="fused", overlap=False)))
     assert "overlap_saves_mean_ms" not in only_plain
 
@@ -475,16 +482,16 @@ def test_overlap_effect_pairs_each_method_with_its_overlapped_arm():
 def test_staging_goals_without_a_gpu():
     frame = staging_frame(**{"pageable_fresh": 10.0, "pageable_fresh~aa": 10.0,
                              "pageable_reused": 5.0})
-    goals = analysis.staging_goals(frame, {})
+    goals = goal_rows.staging_goals(frame, {})
     assert [g["status"] for g in goals] == ["not measured", "not measured", "met", "met"]
     assert goals[0]["note"] == "no CUDA device: pinned memory does not exist here"
     assert goals[1]["note"] == ("no GPU link to compare with (the raw ceiling here is a "
                                 "host-to-host copy)")
     assert goals[2]["measured"] == f"widest at n=64, V={V}: half-width 0.0% (CI 1.000-1.000)"
-    assert goals[3] == analysis.goal(
+    assert goals[3] == goal_rows.goal(
         "reuse lever: reused vs fresh pageable", "CI above 1 at the largest cell",
         f"2.00x [2.00, 2.00], 11.67 ms per copy at n=64, V={V}", True)
-    without_reuse = analysis.staging_goals(
+    without_reuse = goal_rows.staging_goals(
         staging_frame(**{"pageable_fresh": 10.0, "pageable_fresh~aa": 10.0}), {})
     assert without_reuse[3]["status"] == "not measured"
     assert without_reuse[3]["note"] == "pageable_fresh and pageable_reused not both timed"
@@ -496,7 +503,7 @@ def test_staging_goals_ignore_a_cell_that_was_skipped():
                          "pageable_reused": 5.0}),
         rows(*[dict(arm=arm, rows=4096, vocab=V, status="skipped", note="would not fit")
                for arm in ("pageable_fresh", "pageable_fresh~aa", "pageable_reused")])])
-    harness, reuse = analysis.staging_goals(frame, {})[2:]
+    harness, reuse = goal_rows.staging_goals(frame, {})[2:]
     assert harness["status"] == "met" and "n=64" in harness["measured"]
     assert reuse["measured"] == f"2.00x [2.00, 2.00], 11.67 ms per copy at n=64, V={V}"
 
@@ -504,19 +511,19 @@ def test_staging_goals_ignore_a_cell_that_was_skipped():
 def test_harness_goal_met_not_met_and_not_measured():
     close = pd.DataFrame([dict(rows=64, vocab=V, baseline="pageable_fresh", twin_speedup=1.0,
                                twin_ci_low=0.99, twin_ci_high=1.01)])
-    assert analysis.harness_goal(close)["status"] == "met"
+    assert goal_rows.harness_goal(close)["status"] == "met"
     far = pd.concat([close, pd.DataFrame([dict(rows=256, vocab=V, baseline="pageable_fresh",
                                                twin_speedup=1.05, twin_ci_low=1.03,
                                                twin_ci_high=1.07)])])
-    out = analysis.harness_goal(far)
+    out = goal_rows.harness_goal(far)
     assert out["status"] == "not met"
     assert out["measured"] == f"widest at n=256, V={V}: half-width 2.0% (CI 1.030-1.070)"
     assert "1.05" not in out["measured"]  # the twin's ratio would read as a difference
     assert "not a finding that identical arms differ" in out["note"]
-    wide = analysis.harness_goal(pd.DataFrame([dict(rows=8, vocab=V, twin_speedup=1.0,
+    wide = goal_rows.harness_goal(pd.DataFrame([dict(rows=8, vocab=V, twin_speedup=1.0,
                                                     twin_ci_low=0.95, twin_ci_high=1.06)]))
     assert wide["status"] == "not met"  # centred on 1 but too wide: imprecise, not different
-    none = analysis.harness_goal(pd.DataFrame([dict(rows=64, vocab=V, speedup=2.0)]))
+    none = goal_rows.harness_goal(pd.DataFrame([dict(rows=64, vocab=V, speedup=2.0)]))
     assert (none["status"], none["note"]) == ("not measured", "no twin was timed")
 
 
@@ -525,7 +532,7 @@ def test_fused_goal_met_or_not(fused_scale, status):
     drift = [1.0, 2.0, 3.0]
     frame = rows(*step_arm("seed_pageable", 1.0, drift, **CELL),
                  *step_arm("fused", fused_scale, drift, **CELL))
-    out = analysis.fused_goal(frame)
+    out = goal_rows.fused_goal(frame)
     assert out["status"] == status
     assert out["measured"] == (f"{fused_scale:.1f}x (CI {fused_scale:.1f}-{fused_scale:.1f}x) "
                                f"at the goal's cell n=64, V={V}, K=5")
@@ -536,10 +543,10 @@ def test_fused_goal_at_the_nearest_cell_or_not_measured():
     cell = dict(rows=16, vocab=V, k=5)
     frame = rows(*step_arm("seed_pageable", 1.0, drift, **cell),
                  *step_arm("fused", 12.0, drift, **cell))
-    out = analysis.fused_goal(frame)
+    out = goal_rows.fused_goal(frame)
     assert out["status"] == "met" and out["measured"].endswith(
         f"at the nearest measured cell n=16, V={V}, K=5")
-    seed_only = analysis.fused_goal(rows(*step_arm("seed_pageable", 1.0, drift, **cell)))
+    seed_only = goal_rows.fused_goal(rows(*step_arm("seed_pageable", 1.0, drift, **cell)))
     assert (seed_only["status"], seed_only["note"]) == (
         "not measured", "the fused and seed arms were not both timed")
 
@@ -549,7 +556,7 @@ def test_prompt_goals_peak_ratio_and_chunked_time():
                   metric="peak_host_bytes", bytes=int(ratio * c * V * 4))
              for c, ratio in ((512, 1.10), (1024, 1.20))]
     frame = rows(*prompt_frame({256: 1.0, 512: 1.03, 1024: 1.10, 2048: 1.00}), *peaks)
-    goals = analysis.prompt_goals(frame)
+    goals = goal_rows.prompt_goals(frame)
     assert [(g["goal"], g["measured"], g["status"]) for g in goals] == [
         ("fused peak extra memory, chunk 512 (fused+overlap)",
          f"1.10 x ({int(1.1 * 512 * V * 4) / 2**20:.1f} MiB, host RSS)", "met"),
@@ -559,9 +566,9 @@ def test_prompt_goals_peak_ratio_and_chunked_time():
         ("chunked time, chunk 1024 (fused+overlap)", "1.100 x", "not met")]
     on_gpu = rows(*[{**p, "metric": "peak_device_bytes", "bytes": 512 * V * 4} for p in peaks],
                   *peaks, *prompt_frame({2048: 1.0}))
-    assert [g["measured"].endswith("device)") for g in analysis.prompt_goals(on_gpu)] == [
+    assert [g["measured"].endswith("device)") for g in goal_rows.prompt_goals(on_gpu)] == [
         True, True, False]  # the device peak decides where one was measured, not the host RSS
-    nothing = analysis.prompt_goals(rows(*prompt_frame({256: 1.0, 2048: 1.0})))
+    nothing = goal_rows.prompt_goals(rows(*prompt_frame({256: 1.0, 2048: 1.0})))
     assert [(g["goal"], g["status"], g["note"]) for g in nothing] == [
         ("fused peak extra memory", "not measured", "no peak of the fused path was measured"),
         ("chunked time, chunks of 512 or more", "not measured",
@@ -569,19 +576,19 @@ def test_prompt_goals_peak_ratio_and_chunked_time():
 
 
 def test_goal_rows_have_one_shape():
-    assert analysis.goal("g", "t", "m", True) == {
+    assert goal_rows.goal("g", "t", "m", True) == {
         "goal": "g", "target": "t", "measured": "m", "status": "met", "note": ""}
-    assert analysis.goal("g", "t", "m", False, "why")["status"] == "not met"
-    assert analysis.goal("g", "t", "-", None)["status"] == "not measured"
-    frame = analysis.goals_frame([analysis.goal("g", "t", "m", True)])
-    assert list(frame.columns) == list(analysis.GOAL_COLUMNS) and len(frame) == 1
+    assert goal_rows.goal("g", "t", "m", False, "why")["status"] == "not met"
+    assert goal_rows.goal("g", "t", "-", None)["status"] == "not measured"
+    frame = goal_rows.goals_frame([goal_rows.goal("g", "t", "m", True)])
+    assert list(frame.columns) == list(goal_rows.GOAL_COLUMNS) and len(frame) == 1
 
 
 def test_prompt_goals_on_a_table_whose_timings_were_all_skipped():
     skipped = rows(dict(arm="fused+overlap", chunk=512, rows=2048, vocab=V, status="skipped",
                         note="would not fit"))
-    assert analysis.prompt_time_relative(skipped).empty
-    assert {g["status"] for g in analysis.prompt_goals(skipped)} == {"not measured"}
+    assert prompt_analysis.prompt_time_relative(skipped).empty
+    assert {g["status"] for g in goal_rows.prompt_goals(skipped)} == {"not measured"}
 
 
 def test_sync_warnings_are_summed_up_per_arm_and_absent_without_cuda():
@@ -589,11 +596,11 @@ def test_sync_warnings_are_summed_up_per_arm_and_absent_without_cuda():
         dict(arm="fused", metric="sync_warnings", value=0.0, rows=16),
         dict(arm="fused", metric="sync_warnings", value=2.0, rows=64, note="a.py:3: sync"),
         dict(arm="seed_pageable", metric="sync_warnings", value=1.0, rows=16)])
-    sentence = analysis.sync_warnings(frame)
+    sentence = summaries.sync_warnings(frame)
     assert sentence.endswith("fused 2 (a.py:3: sync); seed_pageable 1.")
     unavailable = schema.make_rows([dict(arm="sync_debug", metric="sync_warnings",
                                          status="unavailable", note="needs CUDA")])
-    assert analysis.sync_warnings(unavailable) is None
+    assert summaries.sync_warnings(unavailable) is None
 
 
 def test_the_two_overlap_orders_are_told_apart_and_never_compared_as_one_cell():
@@ -601,21 +608,21 @@ def test_the_two_overlap_orders_are_told_apart_and_never_compared_as_one_cell():
     waited = timed("seed_pageable", [3e-3, 3e-3], rows=64, vocab=V, k=5, overlap_order="waited")
     older = timed("seed_pageable", [1e-3], rows=16, vocab=V, k=5)  # kept before the order
     frame = rows(*queued, *waited, *older)
-    assert len(analysis.where_overlap(frame, "queued")) == 3  # the older row queued its forward
-    assert len(analysis.where_overlap(frame, "waited")) == 2
-    assert analysis.overlap_orders(frame) == ["queued", "waited"]
-    assert analysis.overlap_orders(rows(*older)) == ["queued"]
-    table = analysis.overlap_table(frame)
+    assert len(step_analysis.where_overlap(frame, "queued")) == 3  # the older row queued its forward
+    assert len(step_analysis.where_overlap(frame, "waited")) == 2
+    assert step_analysis.overlap_orders(frame) == ["queued", "waited"]
+    assert step_analysis.overlap_orders(rows(*older)) == ["queued"]
+    table = step_analysis.overlap_table(frame)
     assert len(table) == 1  # the older cell has one order only
     assert (table.iloc[0]["queued_ms"], table.iloc[0]["waited_ms"]) == pytest.approx((2.0, 3.0))
     assert table.iloc[0]["waited_over_queued"] == pytest.approx(1.5)
-    assert analysis.overlap_table(rows(*queued)).empty
+    assert step_analysis.overlap_table(rows(*queued)).empty
     stranger = timed("seed_pageable", [9e-3], rows=64, vocab=V, k=5, overlap_order="<b>x</b>")
-    assert analysis.overlap_table(rows(*queued, *stranger)).empty  # an unknown order: not one
-    assert len(analysis.overlap_table(rows(*queued, *waited, *stranger))) == 1
+    assert step_analysis.overlap_table(rows(*queued, *stranger)).empty  # an unknown order: not one
+    assert len(step_analysis.overlap_table(rows(*queued, *waited, *stranger))) == 1
     pinned = [timed("seed_pinned", [1e-3, 1e-3], rows=64, vocab=V, k=5, overlap_order=order)
               for order in ("queued", "waited")]
-    compared = analysis.compare(rows(*queued, *waited, *pinned[0], *pinned[1]), "seed_pageable",
+    compared = timings.compare(rows(*queued, *waited, *pinned[0], *pinned[1]), "seed_pageable",
                                 "seed_pinned", ["rows", "vocab", "k"])
     assert dict(zip(compared["overlap_order"], compared["speedup"])) == pytest.approx(
         {"queued": 2.0, "waited": 3.0})
@@ -626,16 +633,16 @@ def test_the_two_places_of_the_log_softmax_are_told_apart():
     host = timed("seed_pageable", [3e-3, 3e-3], rows=64, vocab=V, k=5, log_softmax="host")
     older = timed("seed_pageable", [1e-3], rows=16, vocab=V, k=5)  # kept before the choice
     frame = rows(*device, *host, *older)
-    assert len(analysis.where_log_softmax(frame, "device")) == 3  # the older row ran on device
-    assert len(analysis.where_log_softmax(frame, "host")) == 2
-    places = analysis.log_softmax_places(frame).iloc[0]
+    assert len(step_analysis.where_log_softmax(frame, "device")) == 3  # the older row ran on device
+    assert len(step_analysis.where_log_softmax(frame, "host")) == 2
+    places = step_analysis.log_softmax_places(frame).iloc[0]
     assert (places["device_ms"], places["host_ms"]) == pytest.approx((2.0, 3.0))
     assert places["host_over_device"] == pytest.approx(1.5)
-    assert analysis.log_softmax_places(rows(*device)).empty
+    assert step_analysis.log_softmax_places(rows(*device)).empty
     both = rows(*device, *host, *timed("seed_pinned", [1e-3, 1e-3], rows=64, vocab=V, k=5,
                                         log_softmax="device"),
                 *timed("seed_pinned", [1e-3, 1e-3], rows=64, vocab=V, k=5, log_softmax="host"))
-    compared = analysis.compare(both, "seed_pageable", "seed_pinned", ["rows", "vocab", "k"])
+    compared = timings.compare(both, "seed_pageable", "seed_pinned", ["rows", "vocab", "k"])
     assert sorted(compared["speedup"]) == pytest.approx([2.0, 3.0])  # one row per place
 
 
@@ -644,21 +651,21 @@ def test_the_link_goal_sits_below_the_practical_pcie_ceiling_and_numa_minus_one_
     frame = rows(*timed("raw_ceiling", [nbytes / 41e9] * 3, rows=256, vocab=V, bytes=nbytes))
     snap = {"gpu": {"name": "H200"}, "nvml": {"pcie_max_gbps_per_direction": 50.0,
                                               "numa_node": -1}}
-    link = analysis.staging_goals(frame, snap)[1]
+    link = goal_rows.staging_goals(frame, snap)[1]
     assert link["target"] == ">= 80 % (practical ceiling about 87 %)"
     assert (link["status"], link["measured"]) == ("met", "82.0% of 50.0 GB/s")  # 85 % failed it
     slow = rows(*timed("raw_ceiling", [nbytes / 30e9] * 3, rows=256, vocab=V, bytes=nbytes))
-    note = analysis.staging_goals(slow, snap)[1]["note"]
+    note = goal_rows.staging_goals(slow, snap)[1]["note"]
     assert "NUMA" not in note and note.startswith("the buffer size")
-    assert "NUMA node 1" in analysis.likely_link_cause({"nvml": {"numa_node": 1}})
+    assert "NUMA node 1" in goal_rows.likely_link_cause({"nvml": {"numa_node": 1}})
 def test_the_queued_forward_is_its_own_part_of_the_step_not_unattributed():
     common = dict(experiment="step", rows=4, vocab=100, k=1)
     records = [dict(arm="seed_pageable", stage=stage, round=r, seconds=seconds, **common)
                for r in range(3) for stage, seconds in (("copy", 0.002), ("total", 0.010))]
     records.append(dict(arm="forward", metric="forward_ms", value=5.0, **common))
-    seed = analysis.decomposition(schema.make_rows(records)).iloc[0]
+    seed = step_analysis.decomposition(schema.make_rows(records)).iloc[0]
     assert seed["forward"] == pytest.approx(0.005) and seed["unattributed"] == pytest.approx(0.003)
     measured = records + [dict(arm="forward", metric="forward_measured_ms", value=6.0, **common)]
-    seed = analysis.decomposition(schema.make_rows(measured)).iloc[0]
+    seed = step_analysis.decomposition(schema.make_rows(measured)).iloc[0]
     assert seed["forward"] == pytest.approx(0.006)  # the measured duration, where recorded
-    assert sum(seed[s] for s in analysis.SPLIT) == pytest.approx(seed["total"])
+    assert sum(seed[s] for s in step_analysis.SPLIT) == pytest.approx(seed["total"])

@@ -191,10 +191,10 @@ def _goals_notebook(path: Path) -> None:
     """An executed notebook that shows a goals table as the measuring notebooks do."""
     import nbformat
 
-    from stagelab.analyse import analysis
+    from stagelab.analyse import goal_rows
     from stagelab.present import tables
 
-    shown = tables.show(analysis.goals_frame([analysis.goal("reuse lever", "CI above 1", "2x",
+    shown = tables.show(goal_rows.goals_frame([goal_rows.goal("reuse lever", "CI above 1", "2x",
                                                              True)])).to_html()
     cell = nbformat.v4.new_code_cell("show()", outputs=[nbformat.v4.new_output(
         "display_data", data={"text/html": shown, "text/plain": "table"})])

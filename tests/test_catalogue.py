@@ -8,7 +8,7 @@ import torch
 
 from stagelab.core import catalogue, paths
 from stagelab.core.errors import NativeUnavailable, PinnedMemoryUnavailable, UserError
-from stagelab.measure import prompt_logprobs, shapes, staging, step
+from stagelab.measure import prompt_logprobs, shapes, staging, step, step_pipelines
 from stagelab.run import params
 
 
@@ -18,8 +18,8 @@ def test_every_staging_arm_class_has_an_entry_and_every_entry_a_class():
 
 
 def test_every_step_builder_has_an_entry_and_every_entry_a_builder():
-    assert set(step.BUILDERS) == set(catalogue.arm_names(catalogue.STEP))
-    assert step.STEP_ARMS == catalogue.arm_names(catalogue.STEP)
+    assert set(step_pipelines.BUILDERS) == set(catalogue.arm_names(catalogue.STEP))
+    assert step_pipelines.STEP_ARMS == catalogue.arm_names(catalogue.STEP)
 
 
 def test_prompt_methods_are_the_catalogues():
@@ -58,7 +58,7 @@ def test_a_staging_arm_needs_cuda_exactly_where_the_catalogue_says(name):
 def test_a_step_arm_needs_cuda_exactly_where_the_catalogue_says(name):
     needs_cuda = catalogue.arm(catalogue.STEP, name).needs_cuda
     try:
-        built = step.make_pipeline(name)
+        built = step_pipelines.make_pipeline(name)
     except PinnedMemoryUnavailable:
         assert needs_cuda and not CUDA
     except NativeUnavailable:

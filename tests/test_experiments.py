@@ -166,7 +166,7 @@ def _code_strings(source: str) -> list[tuple[int, str]]:
 
 def _arm_owners() -> dict[str, set[str]]:
     """Where an arm's name may be spelled: the catalogue, and the module of its own class."""
-    own = {catalogue.STAGING: "measure/staging.py", catalogue.STEP: "measure/step.py",
+    own = {catalogue.STAGING: "measure/staging.py", catalogue.STEP: "measure/step_pipelines.py",
            catalogue.PROMPT: "measure/prompt_logprobs.py"}
     owners: dict[str, set[str]] = {}
     for entry in catalogue.ARMS:

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from stagelab import cli
+from stagelab.present import fleet_page
 from stagelab.run import fleet, fleet_node
 
 pytestmark = pytest.mark.serial  # Ray clusters on this machine's loopback address
@@ -129,12 +130,12 @@ def _record(host: str, gpu: str | None, verdict: str | None) -> fleet.NodeRecord
 def test_the_page_says_whether_the_answer_differs_between_platforms():
     same = [_record("a", "H100", "PORT"), _record("b", "GH200", "PORT")]
     differs = [_record("a", "H100", "PORT"), _record("b", "GH200", "CLOSE")]
-    assert fleet.answer_sentence(same) == "The answer is the same on every platform (H100: PORT; " \
+    assert fleet_page.answer_sentence(same) == "The answer is the same on every platform (H100: PORT; " \
                                           "GH200: PORT)."
-    assert fleet.answer_sentence(differs).startswith("The answer differs between platforms")
-    assert fleet.answer_sentence([_record("a", "H100", "PORT"), _record("b", "H100", "PORT")]) \
+    assert fleet_page.answer_sentence(differs).startswith("The answer differs between platforms")
+    assert fleet_page.answer_sentence([_record("a", "H100", "PORT"), _record("b", "H100", "PORT")]) \
         .startswith("Only one platform produced a verdict")
-    assert fleet.answer_sentence([_record("a", None, None)]).startswith("No node produced")
+    assert fleet_page.answer_sentence([_record("a", None, None)]).startswith("No node produced")
 
 
 def test_the_shipped_checkout_holds_what_measure_reads(tmp_path):
@@ -398,11 +399,11 @@ def test_the_fleet_folder_lists_every_node_with_its_status_and_times(cluster, tm
         assert node["started_utc"] and node["finished_utc"] and node["host"]
         assert {"dispatch", "measure", "return", "analysis"} <= set(node["seconds"])
         assert (folder / fleet.NODES_DIR / node["label"] / "measured" / "measured.json").is_file()
-    page = (folder / fleet.PAGE).read_text()
+    page = (folder / fleet_page.PAGE).read_text()
     assert all(node["label"] in page for node in written["nodes"])
     assert "No node produced a verdict" in page
     line = fleet.summary_line(code, folder)
-    assert line == f"fleet: 2 nodes: 2 failed (exit 1); page: {folder / fleet.PAGE}"
+    assert line == f"fleet: 2 nodes: 2 failed (exit 1); page: {folder / fleet_page.PAGE}"
     progress = capsys.readouterr().err
     assert progress.count("started on") == 2 and progress.count(": analysed in") == 2
 
@@ -439,9 +440,9 @@ def test_smoke_on_two_nodes_with_one_lost_mid_measure(cluster, tmp_path):
     assert lost["status"] == fleet.FAILED and lost["error"]
     assert kept["status"] == fleet.OK and kept["verdict"]
     assert (Path(kept["run_dir"]) / "verdict.json").is_file()
-    page = (folder / fleet.PAGE).read_text()
+    page = (folder / fleet_page.PAGE).read_text()
     assert removed[0] in page and kept["label"] in page
-    assert (folder / fleet.COMPARE_PAGE).is_file()
+    assert (folder / fleet_page.COMPARE_PAGE).is_file()
 
 
 def _archive_of(entries: list[tuple[str, bytes]]) -> bytes:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from stagelab.analyse import predict, verdict
+from stagelab.analyse import predict_check, predict_model, predict_tables, verdict
 from stagelab.cli import main as cli_main
 from stagelab.core import forward, paths, records, schema
 from stagelab.core.errors import NativeUnavailable
@@ -42,19 +42,19 @@ def test_every_platform_figure_has_a_source_or_says_range_not_published():
         for kind in ("pinned", "pageable"):
             low, high = float(row[f"{kind}_d2h_gbps_low"]), float(row[f"{kind}_d2h_gbps_high"])
             assert 0 < low <= high, (row["platform"], kind)
-    loaded = predict.load_platforms()
-    assert predict.platform_of_gpu("NVIDIA H200", loaded).name == "H200"
-    assert predict.platform_of_gpu("NVIDIA H100 PCIe", loaded).name == "H100 PCIe"
-    assert predict.platform_of_gpu("NVIDIA H100 80GB HBM3", loaded).name == "H100 SXM"
-    assert predict.platform_of_gpu("NVIDIA A100-SXM4-80GB", loaded).name == "A100 SXM"
-    assert predict.platform_of_gpu("Tesla T4", loaded) is None
-    assert predict.platform_of_gpu("NVIDIA GH200 480GB", loaded).name == "GH200"
-    assert predict.platform_of_gpu("NVIDIA L40S", loaded).name == "L40S"
-    assert predict.platform_of_gpu("NVIDIA L4", loaded).name == "L4"
-    assert predict.platform_of_gpu("NVIDIA L40", loaded) is None  # no row: not the L4's
-    assert predict.platform_of_gpu("NVIDIA A100-PCIE-40GB", loaded).name == "A100 PCIe"
+    loaded = predict_tables.load_platforms()
+    assert predict_tables.platform_of_gpu("NVIDIA H200", loaded).name == "H200"
+    assert predict_tables.platform_of_gpu("NVIDIA H100 PCIe", loaded).name == "H100 PCIe"
+    assert predict_tables.platform_of_gpu("NVIDIA H100 80GB HBM3", loaded).name == "H100 SXM"
+    assert predict_tables.platform_of_gpu("NVIDIA A100-SXM4-80GB", loaded).name == "A100 SXM"
+    assert predict_tables.platform_of_gpu("Tesla T4", loaded) is None
+    assert predict_tables.platform_of_gpu("NVIDIA GH200 480GB", loaded).name == "GH200"
+    assert predict_tables.platform_of_gpu("NVIDIA L40S", loaded).name == "L40S"
+    assert predict_tables.platform_of_gpu("NVIDIA L4", loaded).name == "L4"
+    assert predict_tables.platform_of_gpu("NVIDIA L40", loaded) is None  # no row: not the L4's
+    assert predict_tables.platform_of_gpu("NVIDIA A100-PCIE-40GB", loaded).name == "A100 PCIe"
     with pytest.raises(ValueError, match="platform: unknown 'Z9'"):
-        predict.platform_named("Z9", loaded)
+        predict_tables.platform_named("Z9", loaded)
 
 
 # ------------------------------------------------------------------------------ host rates
@@ -111,8 +111,8 @@ def test_host_rates_refuse_bad_sizes_by_name(args, message):
 
 # ------------------------------------------------------------------------ the model itself
 
-def rates_of(samples_ms: dict[str, list[float]], nbytes: int) -> predict.HostRates:
-    return predict.HostRates({nbytes: {t: [v / 1e3 for v in vs] for t, vs in samples_ms.items()}})
+def rates_of(samples_ms: dict[str, list[float]], nbytes: int) -> predict_tables.HostRates:
+    return predict_tables.HostRates({nbytes: {t: [v / 1e3 for v in vs] for t, vs in samples_ms.items()}})
 
 
 CPU_TERMS = {"log_softmax": [2.0], "fresh_vector": [1.0], "copy_fresh": [0.5],
@@ -120,30 +120,30 @@ CPU_TERMS = {"log_softmax": [2.0], "fresh_vector": [1.0], "copy_fresh": [0.5],
 
 
 def test_on_a_cpu_each_arm_is_the_sum_of_its_measured_terms():
-    cell = predict.Cell(4, 1000, 5)
-    model = predict.cpu_model(cell, rates_of(CPU_TERMS, cell.nbytes))
-    mid, low, high = model.interval(predict.BASELINE)
+    cell = predict_tables.Cell(4, 1000, 5)
+    model = predict_model.cpu_model(cell, rates_of(CPU_TERMS, cell.nbytes))
+    mid, low, high = model.interval(predict_tables.BASELINE)
     assert mid == pytest.approx(2.0 + 1.0 + 0.5 + 3.0 + 0.1) and low == mid == high
-    assert model.interval(predict.REUSED)[0] == pytest.approx(2.0 + 0.25 + 3.0)
-    assert math.isnan(model.interval(predict.CANDIDATE)[0])  # no pinned memory on a CPU
-    predicted = predict.predict_cell(model, delta=0.02)
-    assert set(predicted["arms"]) == {predict.BASELINE, predict.REUSED}
+    assert model.interval(predict_tables.REUSED)[0] == pytest.approx(2.0 + 0.25 + 3.0)
+    assert math.isnan(model.interval(predict_tables.CANDIDATE)[0])  # no pinned memory on a CPU
+    predicted = predict_model.predict_cell(model, delta=0.02)
+    assert set(predicted["arms"]) == {predict_tables.BASELINE, predict_tables.REUSED}
     assert [a["question"] for a in predicted["answers"]] == ["reuse"]
     reuse = predicted["answers"][0]
     assert reuse["saving_ms"] == pytest.approx(6.6 - 5.25)
-    assert reuse["decision"] == predict.PORT and reuse["dominant_term"] == "alloc"
+    assert reuse["decision"] == predict_model.PORT and reuse["dominant_term"] == "alloc"
 
 
 def test_the_repeats_spread_is_the_interval_and_the_median_the_point():
-    cell = predict.Cell(4, 1000, 5)
+    cell = predict_tables.Cell(4, 1000, 5)
     spread = {**CPU_TERMS, "top_k": [2.0, 3.0, 7.0]}
-    mid, low, high = predict.cpu_model(cell, rates_of(spread, cell.nbytes)).interval(
-        predict.BASELINE)
+    mid, low, high = predict_model.cpu_model(cell, rates_of(spread, cell.nbytes)).interval(
+        predict_tables.BASELINE)
     assert (mid, low, high) == pytest.approx((6.6, 5.6, 10.6))
 
 
 def test_host_terms_are_interpolated_per_byte_and_flagged_beyond_the_measured_sizes():
-    rates = predict.HostRates({1000: {"top_k": [1e-3]}, 4000: {"top_k": [8e-3]}})
+    rates = predict_tables.HostRates({1000: {"top_k": [1e-3]}, 4000: {"top_k": [8e-3]}})
     assert rates.term_ms("top_k", 1000)[:3] == pytest.approx((1.0, 1.0, 1.0))
     median, _, _, outside = rates.term_ms("top_k", 2000)  # halfway in log size: 1.5 us/B
     assert median == pytest.approx(2000 * 1.5e-3) and not outside
@@ -151,71 +151,71 @@ def test_host_terms_are_interpolated_per_byte_and_flagged_beyond_the_measured_si
     assert rates.term_ms("top_k", 16000)[3] and rates.term_ms("free", 1000) is None
 
 
-def platform(pinned=(50.0, 50.0), pageable=(20.0, 20.0), hbm=4000.0) -> predict.Platform:
-    return predict.Platform("Test", ("Test",), "PCIe", pinned, "x", pageable, "x", hbm, "x", "x")
+def platform(pinned=(50.0, 50.0), pageable=(20.0, 20.0), hbm=4000.0) -> predict_tables.Platform:
+    return predict_tables.Platform("Test", ("Test",), "PCIe", pinned, "x", pageable, "x", hbm, "x", "x")
 
 
 GPU_TERMS = {"fresh_vector": [1.0], "top_k": [3.0], "free": [0.1]}
 
 
 def test_on_a_gpu_the_fresh_vector_hides_behind_the_queued_forward_and_copies_follow_the_link():
-    cell = predict.Cell(16, 100_000, 5)  # 6.4 MB
-    model = predict.gpu_model(platform(), cell, rates_of(GPU_TERMS, cell.nbytes), forward_ms=4.0)
-    parts = model.parts_mid(predict.BASELINE)
+    cell = predict_tables.Cell(16, 100_000, 5)  # 6.4 MB
+    model = predict_model.gpu_model(platform(), cell, rates_of(GPU_TERMS, cell.nbytes), forward_ms=4.0)
+    parts = model.parts_mid(predict_tables.BASELINE)
     assert parts["alloc"] == 0.0  # 1 ms of fill under 4 ms of forward
     assert parts["copy"] == pytest.approx(6.4e6 / 20e9 * 1e3)
-    assert model.parts_mid(predict.CANDIDATE)["copy"] == pytest.approx(6.4e6 / 50e9 * 1e3)
-    slow = predict.gpu_model(platform(), cell, rates_of({**GPU_TERMS, "fresh_vector": [9.0]},
+    assert model.parts_mid(predict_tables.CANDIDATE)["copy"] == pytest.approx(6.4e6 / 50e9 * 1e3)
+    slow = predict_model.gpu_model(platform(), cell, rates_of({**GPU_TERMS, "fresh_vector": [9.0]},
                                                         cell.nbytes), forward_ms=4.0)
-    softmax = slow.parts_mid(predict.BASELINE)["device"]
-    assert slow.parts_mid(predict.BASELINE)["alloc"] == pytest.approx(9.0 - 4.0 - softmax)
+    softmax = slow.parts_mid(predict_tables.BASELINE)["device"]
+    assert slow.parts_mid(predict_tables.BASELINE)["alloc"] == pytest.approx(9.0 - 4.0 - softmax)
 
 
 def test_the_one_pass_arm_reads_the_logits_once_and_copies_only_the_results():
-    cell = predict.Cell(64, 152_064, 5)
-    model = predict.gpu_model(platform(), cell, rates_of(GPU_TERMS, cell.nbytes), forward_ms=4.0)
-    parts = model.parts_mid(predict.ONE_PASS)
-    fixed = predict.Knob(*predict.DEVICE_TOP_K_FIXED_MS, "").mid
-    hbm = 4000e9 * predict.Knob(*predict.HBM_EFFICIENCY, "").mid
+    cell = predict_tables.Cell(64, 152_064, 5)
+    model = predict_model.gpu_model(platform(), cell, rates_of(GPU_TERMS, cell.nbytes), forward_ms=4.0)
+    parts = model.parts_mid(predict_tables.ONE_PASS)
+    fixed = predict_tables.Knob(*predict_tables.DEVICE_TOP_K_FIXED_MS, "").mid
+    hbm = 4000e9 * predict_tables.Knob(*predict_tables.HBM_EFFICIENCY, "").mid
     assert parts["device"] == pytest.approx(fixed + 1e3 * 64 * 152_064 * 2 / hbm)
-    assert parts["copy"] == model.parts_mid(predict.DEVICE_TOP_K)["copy"]
-    assert parts["device"] < model.parts_mid(predict.DEVICE_TOP_K)["device"]
-    assert predict.ONE_PASS in predict.predict_cell(model, delta=0.02)["arms"]
-    cpu = predict.cpu_model(predict.Cell(4, 1000, 5), rates_of(CPU_TERMS, 16000))
-    assert predict.ONE_PASS not in predict.predict_cell(cpu, delta=0.02)["arms"]
+    assert parts["copy"] == model.parts_mid(predict_tables.DEVICE_TOP_K)["copy"]
+    assert parts["device"] < model.parts_mid(predict_tables.DEVICE_TOP_K)["device"]
+    assert predict_tables.ONE_PASS in predict_model.predict_cell(model, delta=0.02)["arms"]
+    cpu = predict_model.cpu_model(predict_tables.Cell(4, 1000, 5), rates_of(CPU_TERMS, 16000))
+    assert predict_tables.ONE_PASS not in predict_model.predict_cell(cpu, delta=0.02)["arms"]
 
 
 def test_answers_port_close_or_name_the_range_that_spans_the_bar():
-    cell = predict.Cell(256, 152_064, 5, QWEN)  # 156 MB a step
+    cell = predict_tables.Cell(256, 152_064, 5, QWEN)  # 156 MB a step
     rates = rates_of(GPU_TERMS, cell.nbytes)
-    wide = predict.predict_cell(predict.gpu_model(platform(pageable=(2.0, 60.0)), cell, rates),
+    wide = predict_model.predict_cell(predict_model.gpu_model(platform(pageable=(2.0, 60.0)), cell, rates),
                                 0.02)
     pinning = next(a for a in wide["answers"] if a["question"] == "pinning")
     assert pinning["decision"] == "depends on pageable_gbps"
     assert pinning["saving_low_ms"] < pinning["bar_ms"] < pinning["saving_high_ms"]
-    slow_link = predict.predict_cell(predict.gpu_model(platform(pageable=(5.0, 6.0)), cell,
+    slow_link = predict_model.predict_cell(predict_model.gpu_model(platform(pageable=(5.0, 6.0)), cell,
                                                        rates), 0.02)
-    assert {a["question"]: a["decision"] for a in slow_link["answers"]}["bundle"] == predict.PORT
-    same = predict.predict_cell(predict.gpu_model(platform(pageable=(50.0, 50.0)), cell, rates),
+    assert {a["question"]: a["decision"] for a in slow_link["answers"]}["bundle"] == predict_model.PORT
+    same = predict_model.predict_cell(predict_model.gpu_model(platform(pageable=(50.0, 50.0)), cell, rates),
                                 0.02)
-    assert {a["question"]: a["decision"] for a in same["answers"]}["pinning"] == predict.CLOSE
+    assert {a["question"]: a["decision"] for a in same["answers"]}["pinning"] == predict_model.CLOSE
 
 
 def test_every_corner_of_the_ranged_inputs_is_evaluated():
-    knobs = {"a": predict.Knob(1, 2, "x"), "b": predict.Knob(3, 3, "x"),
-             "c": predict.Knob(0, 1, "x")}
-    grid = predict.corners(knobs)
+    knobs = {"a": predict_tables.Knob(1, 2, "x"), "b": predict_tables.Knob(3, 3, "x"),
+             "c": predict_tables.Knob(0, 1, "x")}
+    grid = predict_tables.corners(knobs)
     assert len(grid["a"]) == 4 and set(zip(grid["a"], grid["c"])) == {(1, 0), (1, 1), (2, 0),
                                                                      (2, 1)}
     assert np.all(grid["b"] == 3)
 
 
 def test_the_crossing_lies_where_the_saving_passes_the_bar():
-    rates = predict.HostRates({4 * 152_064 * n: {"fresh_vector": [0.02 * n / 1e3],
+    rates = predict_tables.HostRates({4 * 152_064 * n: {"fresh_vector": [0.02 * n / 1e3],
                                                  "top_k": [0.05 * n / 1e3], "free": [0.0]}
                                for n in (1, 1024)})
-    found = predict.crossing(platform(pageable=(10.0, 20.0)), 152_064, 5, QWEN, rates, 0.02)
-    curve = predict.saving_curve(platform(pageable=(10.0, 20.0)), 152_064, 5, QWEN, rates, 0.02)
+    found = predict_model.crossing(platform(pageable=(10.0, 20.0)), 152_064, 5, QWEN, rates, 0.02)
+    curve = predict_model.saving_curve(platform(pageable=(10.0, 20.0)), 152_064, 5, QWEN, rates, 0.02)
     assert found["may_port_from_nv"] <= found["port_from_nv"]
     first = curve[curve["n_x_v"] == found["port_from_nv"]].iloc[0]
     assert first["saving_low_ms"] > first["bar_ms"] * 0.99
@@ -245,8 +245,8 @@ def synthetic_step(nbytes_rows=4, vocab=1000, k=5) -> list[dict]:
 
 
 def test_a_cpu_run_is_checked_stage_by_stage_with_errors_and_disagreements():
-    check = predict.check_run(schema.make_rows(synthetic_step()), None)
-    assert check["platform"] == predict.CPU_PLATFORM and len(check["cells"]) == 1
+    check = predict_check.check_run(schema.make_rows(synthetic_step()), None)
+    assert check["platform"] == predict_tables.CPU_PLATFORM and len(check["cells"]) == 1
     cell = check["cells"][0]
     by_name = {c["name"]: c for c in cell["stages"] + cell["arms"]}
     assert by_name["alloc"]["error"] == pytest.approx(0.0)
@@ -255,7 +255,7 @@ def test_a_cpu_run_is_checked_stage_by_stage_with_errors_and_disagreements():
     assert by_name["seed_pageable"]["outside"] and not by_name["alloc"]["outside"]
     assert cell["reuse_ratio"]["predicted"] == pytest.approx(6.6 / 5.25)
     assert cell["reuse_ratio"]["measured"] == pytest.approx(8.0 / 5.0)
-    words = predict.check_words(check)
+    words = predict_check.check_words(check)
     assert "measured 8.00 ms (error -18%)" in words[0] and "Outside the interval" in words[0]
 
 
@@ -273,7 +273,7 @@ def test_the_verdict_sets_the_prediction_beside_the_measurement_in_its_schema(tm
 
 
 def test_a_gpu_without_a_row_in_the_table_is_not_checked():
-    check = predict.check_run(schema.make_rows(synthetic_step()), "Tesla T4")
+    check = predict_check.check_run(schema.make_rows(synthetic_step()), "Tesla T4")
     assert check["cells"] == [] and "Tesla T4 has no row" in check["note"]
 
 
@@ -284,7 +284,7 @@ def test_a_measured_step_records_host_rates_and_the_prediction_runs_with_errors_
                             progress=False)
     frame = schema.make_rows(measured)
     assert set(frame[frame["metric"] == "host_rate"]["rows"]) == {2, 4}
-    check = predict.check_run(frame, None)
+    check = predict_check.check_run(frame, None)
     assert [(c["rows"], c["vocab"]) for c in check["cells"]] == [(2, 2000), (4, 2000)]
     for cell in check["cells"]:
         assert {c["name"] for c in cell["stages"]} == {"device", "alloc", "copy",
@@ -331,8 +331,8 @@ def test_the_plot_draws_one_panel_per_platform_with_its_band_and_bar():
     from stagelab.present import plots
 
     rates = rates_of(GPU_TERMS, 4 * 152_064 * 16)
-    curves = pd_concat([predict.saving_curve(p, 152_064, 5, QWEN, rates, 0.02)
-                        for p in (platform(), predict.platform_named("H200"))])
+    curves = pd_concat([predict_model.saving_curve(p, 152_064, 5, QWEN, rates, 0.02)
+                        for p in (platform(), predict_tables.platform_named("H200"))])
     figure = plots.prediction_bands(curves)
     panels = [ax for ax in figure.axes if ax.axison]
     assert [ax.get_title() for ax in panels] == ["H200", "Test"]
@@ -350,10 +350,10 @@ def pd_concat(frames):
 def test_the_report_and_the_fleet_page_show_prediction_beside_measurement(tmp_path):
     import json
 
-    from stagelab.present import report
+    from stagelab.present import fleet_page, report
     from stagelab.run import fleet
 
-    check = predict.check_run(schema.make_rows(synthetic_step()), None)
+    check = predict_check.check_run(schema.make_rows(synthetic_step()), None)
     shown = re.sub(r"<(t[dh])\b[^>]*>", r"<\1>", report.prediction_html(check))  # cells' text
     assert "Predicted beside measured (this CPU" in shown
     assert "<td>seed_pageable</td>" in shown and "<th>measured (ms)</th>" in shown
@@ -366,11 +366,11 @@ def test_the_report_and_the_fleet_page_show_prediction_beside_measurement(tmp_pa
     (run / "verdict.json").write_text(json.dumps({"prediction": check}))
     node = fleet.NodeRecord(fleet.Target("node-a", "a", "x", None, 1), status=fleet.OK,
                             run_dir=str(run))
-    section = fleet.prediction_section([node, fleet.NodeRecord(
+    section = fleet_page.prediction_section([node, fleet.NodeRecord(
         fleet.Target("node-b", "b", "x", None, 1), status=fleet.OK)])
     assert "node-a</h3>" in section and "node-b" not in section  # node-b has no verdict
     assert "lies outside the predicted" in section
-    assert fleet.prediction_section([]) == "<p>No analysed node has a prediction to check.</p>"
+    assert fleet_page.prediction_section([]) == "<p>No analysed node has a prediction to check.</p>"
 
 
 def test_a_gpu_run_is_checked_against_its_platform_with_the_stages_own_durations():
@@ -380,21 +380,21 @@ def test_a_gpu_run_is_checked_against_its_platform_with_the_stages_own_durations
     rows.append({**{k: rows[0][k] for k in ("experiment", "rows", "vocab", "k", "dtype")},
                  "arm": "forward", "metric": "forward_ms", "value": 4.0})
     table = {"Test": platform()}
-    check = predict.check_run(schema.make_rows(rows), "Test GPU", table)
+    check = predict_check.check_run(schema.make_rows(rows), "Test GPU", table)
     cell = check["cells"][0]
     stages = {c["name"]: c for c in cell["stages"]}
     assert check["platform"] == "Test" and stages["alloc"]["predicted_ms"] == pytest.approx(1.0)
     assert stages["copy"]["predicted_ms"] == pytest.approx(6.4e6 / 20e9 * 1e3)
-    total = next(a for a in cell["arms"] if a["name"] == predict.BASELINE)
+    total = next(a for a in cell["arms"] if a["name"] == predict_tables.BASELINE)
     softmax = 16 * 100_000 * 6 / (4000e9 * 0.75) * 1e3
     wait = 0.0125
     assert total["predicted_ms"] == pytest.approx(4.0 + softmax + 0.32 + wait + 3.0 + 0.1)
 
 
 def test_the_host_table_names_the_fresh_vectors_regime_at_each_size():
-    rates = predict.HostRates({1000: {"fresh_vector": [1e-4], "warm_fill": [1e-4]},
+    rates = predict_tables.HostRates({1000: {"fresh_vector": [1e-4], "warm_fill": [1e-4]},
                                9000: {"fresh_vector": [9e-3, 1e-2, 2e-2], "warm_fill": [1e-3]}})
-    table = predict.host_table(rates).set_index("bytes")
+    table = predict_tables.host_table(rates).set_index("bytes")
     assert table.loc[1000, "regime"] == "pages found mapped"
     assert table.loc[9000, "regime"] == "faulted afresh"
     assert table.loc[9000, "faults_ms"] == pytest.approx(10.0 - 1.0)

@@ -12,7 +12,7 @@ import re
 
 import pytest
 
-from stagelab.analyse import predict, verdict
+from stagelab.analyse import predict_check, predict_model, predict_tables, verdict
 from stagelab.cli import main as cli_main
 from stagelab.core import forward, paths, records, schema
 from stagelab.measure import busy, hostrates, priorrates
@@ -37,23 +37,23 @@ def test_every_host_figure_has_a_source_or_says_range_with_the_reason():
         rows = list(csv.DictReader(handle))
     assert [r["host"] for r in rows] == ["x86 bare metal", "x86 VM", "Grace"]
     for row in rows:
-        for rate in (*predict.HOST_RATES, "cores"):
+        for rate in (*predict_tables.HOST_RATES, "cores"):
             low, high = float(row[f"{rate}_gbps_low" if rate != "cores" else "cores_low"]), float(
                 row[f"{rate}_gbps_high" if rate != "cores" else "cores_high"])
             assert 0 < low <= high, (row["host"], rate)
             said = row[f"{rate}_source"]
             assert "http" in said or "measured" in said or said.startswith(("range:", "derived")), (
                 row["host"], rate, said)
-        assert set(row["thp"].split("|")) <= set(predict.THP_MODES)
-    hosts = predict.load_hosts()
-    for platform in predict.load_platforms().values():
+        assert set(row["thp"].split("|")) <= set(predict_tables.THP_MODES)
+    hosts = predict_tables.load_hosts()
+    for platform in predict_tables.load_platforms().values():
         assert platform.host_classes and all(h in hosts for h in platform.host_classes)
         assert math.isfinite(platform.memory_gb) and "http" in platform.memory_source
-    assert predict.platform_named("GH200").host_classes == ("Grace",)
+    assert predict_tables.platform_named("GH200").host_classes == ("Grace",)
 
 
 def test_thp_and_the_allocator_regime_are_inputs_of_the_host_class():
-    metal = predict.host_named("x86 bare metal")
+    metal = predict_tables.host_named("x86 bare metal")
     assert metal.first_touch() == (1.6, 10.5)  # always|madvise: both page sizes
     assert metal.options(thp="always").first_touch() == metal.gbps["first_touch_thp"]
     assert metal.options(thp="madvise").first_touch() == metal.gbps["first_touch_4k"]
@@ -67,8 +67,8 @@ def test_thp_and_the_allocator_regime_are_inputs_of_the_host_class():
 def test_a_host_class_gives_the_fresh_vector_its_faults_or_a_warm_fill_by_regime():
     k = {"first_touch_gbps": 2.0, "warm_fill_gbps": 10.0, "top_k_gbps": 4.0, "free_gbps": 20.0,
          "free_mapped_gbps": 1000.0}
-    faulted = predict.class_terms_ms(10**7, {**k, "faulted_share": 1.0})
-    mapped = predict.class_terms_ms(10**7, {**k, "faulted_share": 0.0})
+    faulted = predict_tables.class_terms_ms(10**7, {**k, "faulted_share": 1.0})
+    mapped = predict_tables.class_terms_ms(10**7, {**k, "faulted_share": 0.0})
     assert faulted["fresh_vector"] == pytest.approx(5.0) and mapped["fresh_vector"] == 1.0
     assert faulted["free"] == pytest.approx(0.5) and mapped["free"] == pytest.approx(0.01)
     assert faulted["top_k"] == pytest.approx(2.5)
@@ -145,26 +145,26 @@ def test_the_sliding_window_cuts_gemma3s_kv_read_on_five_of_six_layers():
 
 
 def test_point_figures_are_widened_to_a_stated_range():
-    sxm = predict.platform_named("A100 SXM")
+    sxm = predict_tables.platform_named("A100 SXM")
     assert sxm.pageable_gbps == pytest.approx((9.72, 11.88))
     assert "point figure widened" in sxm.pageable_source
-    assert predict.platform_named("H200").pinned_gbps == (45.0, 57.0)  # a range stays
+    assert predict_tables.platform_named("H200").pinned_gbps == (45.0, 57.0)  # a range stays
 
 
 def test_the_sensitivity_names_the_value_where_an_answer_flips():
-    link = predict.Platform("Test", ("Test",), "PCIe", (50.0, 50.0), "x", (2.0, 60.0), "x",
+    link = predict_tables.Platform("Test", ("Test",), "PCIe", (50.0, 50.0), "x", (2.0, 60.0), "x",
                             4000.0, "x", "x")
-    rates = predict.HostRates({16 * 100_000 * 4: {"fresh_vector": [1e-3], "top_k": [3e-3],
+    rates = predict_tables.HostRates({16 * 100_000 * 4: {"fresh_vector": [1e-3], "top_k": [3e-3],
                                                   "free": [1e-4]}})
-    model = predict.gpu_model(link, predict.Cell(16, 100_000, 5), rates, forward_ms=4.0)
-    row = next(r for r in predict.sensitivity(model, "pinning", 0.02)
+    model = predict_model.gpu_model(link, predict_tables.Cell(16, 100_000, 5), rates, forward_ms=4.0)
+    row = next(r for r in predict_model.sensitivity(model, "pinning", 0.02)
                if r["knob"] == "pageable_gbps")
     x = row["flips_at"]
     # CLOSE at the range's midpoint (31 GB/s pageable against 50 pinned), PORT on a slow link
     assert row["within_range"] and row["flips_when"] == "below" and row["flips_to"] == "PORT"
-    assert predict._margin_at(model, "pinning", 0.02, pageable_gbps=x * 0.99) > 0
-    assert predict._margin_at(model, "pinning", 0.02, pageable_gbps=x * 1.01) < 0
-    assert predict.sensitivity_words(row).startswith("flips to PORT if pageable_gbps < ")
+    assert predict_model._margin_at(model, "pinning", 0.02, pageable_gbps=x * 0.99) > 0
+    assert predict_model._margin_at(model, "pinning", 0.02, pageable_gbps=x * 1.01) < 0
+    assert predict_model.sensitivity_words(row).startswith("flips to PORT if pageable_gbps < ")
 
 
 # ------------------------------------------------------------------------------ bounds
@@ -176,17 +176,17 @@ def test_impossible_host_rates_are_refused_before_use():
              "seconds": s, "bytes": nbytes, "rows": 16, "vocab": 152_064, "k": 5}
             for i, s in enumerate([-1.0, 0.0, 1e-12, 2e-3, 3e-3])]
     rows.append({**rows[0], "stage": "top_k", "seconds": 3e-3})
-    rates = predict.host_rates(schema.make_rows(rows))
+    rates = predict_tables.host_rates(schema.make_rows(rows))
     assert rates.samples[nbytes]["fresh_vector"] == [2e-3, 3e-3]
     assert "3 row(s) refused by the physical bounds" in rates.notes[0]
-    cell = predict.predict_cell(predict.gpu_model(predict.platform_named("H200"),
-                                                  predict.Cell(16, 152_064, 5, QWEN), rates),
+    cell = predict_model.predict_cell(predict_model.gpu_model(predict_tables.platform_named("H200"),
+                                                  predict_tables.Cell(16, 152_064, 5, QWEN), rates),
                                 0.02)
     assert all(a["bar_low_ms"] > 0 for a in cell["answers"])
     assert any("refused by the physical bounds" in n for n in cell["notes"])
-    raw = predict.HostRates({nbytes: {"fresh_vector": [1e-3], "top_k": [-1.0], "free": [0.0]}})
+    raw = predict_tables.HostRates({nbytes: {"fresh_vector": [1e-3], "top_k": [-1.0], "free": [0.0]}})
     with pytest.raises(ValueError, match="a negative step"):
-        predict.predict_cell(predict.cpu_model(predict.Cell(16, 152_064, 5), raw), 0.02)
+        predict_model.predict_cell(predict_model.cpu_model(predict_tables.Cell(16, 152_064, 5), raw), 0.02)
 
 
 @pytest.mark.parametrize("forward_ms, why", [(-20.0, "not a positive time"),
@@ -194,12 +194,12 @@ def test_impossible_host_rates_are_refused_before_use():
 def test_an_impossible_forward_is_refused_and_the_models_own_used(forward_ms, why):
     """Before: a folder's forward_ms went into the step unchecked; a negative one gave a
     negative decode step and a negative bar beside a PORT."""
-    rates = predict.HostRates({16 * 152_064 * 4: {"fresh_vector": [1e-3], "top_k": [1e-3],
+    rates = predict_tables.HostRates({16 * 152_064 * 4: {"fresh_vector": [1e-3], "top_k": [1e-3],
                                                   "free": [1e-4]}})
-    model = predict.gpu_model(predict.platform_named("H200"), predict.Cell(16, 152_064, 5, QWEN),
+    model = predict_model.gpu_model(predict_tables.platform_named("H200"), predict_tables.Cell(16, 152_064, 5, QWEN),
                               rates, forward_ms=forward_ms)
     assert "forward_ms" not in model.knobs and any(why in n for n in model.notes)
-    assert model.parts_mid(predict.BASELINE)["forward"] > 3.0  # 15 GB of weights at 4.8 TB/s
+    assert model.parts_mid(predict_tables.BASELINE)["forward"] > 3.0  # 15 GB of weights at 4.8 TB/s
 
 
 # ---------------------------------------------------------------------- out of sample
@@ -241,7 +241,7 @@ def test_the_verdict_checks_the_model_out_of_sample_on_rates_measured_before_the
     made = verdict.build_verdict(run, decisive_rows=[4], decisive_vocabs=[1000], decisive_ks=[5])
     assert records.shape_errors(made, records.schema("verdict")) == []
     cell = made["out_of_sample"]["cells"][0]
-    assert cell["host"] == predict.PRIOR_ORIGIN
+    assert cell["host"] == predict_check.PRIOR_ORIGIN
     alloc = next(s for s in cell["stages"] if s["name"] == "alloc")
     assert alloc["error"] == pytest.approx(1.2 / 1.0 - 1)
     reuse = cell["questions"][0]
@@ -255,10 +255,10 @@ def test_the_verdict_checks_the_model_out_of_sample_on_rates_measured_before_the
 
 def test_a_gpu_run_is_checked_out_of_sample_on_its_host_classes_pinning_saving_included():
     rows = step_rows(16, 100_000, pinned=True)
-    table = {"Test": predict.Platform("Test", ("Test",), "PCIe", (50.0, 50.0), "x",
+    table = {"Test": predict_tables.Platform("Test", ("Test",), "PCIe", (50.0, 50.0), "x",
                                       (20.0, 20.0), "x", 4000.0, "x", "x",
                                       host_classes=("x86 bare metal", "x86 VM"))}
-    check = predict.out_of_sample_run(schema.make_rows(rows), "Test GPU", None, table)
+    check = predict_check.out_of_sample_run(schema.make_rows(rows), "Test GPU", None, table)
     assert [c["host"] for c in check["cells"]] == ["host class x86 bare metal",
                                                    "host class x86 VM"]
     questions = {q["name"]: q for q in check["cells"][0]["questions"]}
@@ -266,7 +266,7 @@ def test_a_gpu_run_is_checked_out_of_sample_on_its_host_classes_pinning_saving_i
     assert questions["pinning"]["measured_ms"] == pytest.approx(0.5)
     assert questions["pinning"]["error_ms"] == pytest.approx(
         questions["pinning"]["predicted_ms"] - 0.5)
-    words = predict.out_of_sample_words(check)
+    words = predict_check.out_of_sample_words(check)
     assert words[0].startswith("Out of sample (Test, host class x86 bare metal, n=16")
 
 
@@ -274,9 +274,9 @@ def test_the_report_shows_the_out_of_sample_check_beside_the_additivity_one():
     from stagelab.present import report
 
     step = schema.make_rows(step_rows())
-    prior = predict.host_rates(schema.make_rows(prior_rows()), origin=predict.PRIOR_ORIGIN)
-    outside = report.prediction_html(predict.out_of_sample_run(step, None, prior))
-    inside = report.prediction_html(predict.check_run(step, None))
+    prior = predict_tables.host_rates(schema.make_rows(prior_rows()), origin=predict_check.PRIOR_ORIGIN)
+    outside = report.prediction_html(predict_check.out_of_sample_run(step, None, prior))
+    inside = report.prediction_html(predict_check.check_run(step, None))
     assert "out of sample: the model fed host rates measured before the run" in outside
     cells = re.sub(r"<(t[dh])\b[^>]*>", r"<\1>", outside)  # the cells' text, not their ids
     assert "in sample (additivity)" in inside and "<td>reuse</td>" in cells
@@ -295,8 +295,8 @@ def test_the_prior_probe_plans_the_step_notebooks_cells_and_skips_the_huge():
 def test_the_prior_probe_measures_in_a_child_process_into_the_run_folder(tmp_path):
     summary = priorrates.measure_before(tmp_path, cells=[(2, 1000, 3)])
     assert summary["error"] == "" and summary["cells"] == [[2, 1000, 3]]
-    rates = predict.prior_rates(tmp_path)
-    assert rates is not None and rates.sizes == [8000] and rates.origin == predict.PRIOR_ORIGIN
+    rates = predict_check.prior_rates(tmp_path)
+    assert rates is not None and rates.sizes == [8000] and rates.origin == predict_check.PRIOR_ORIGIN
     lines = (tmp_path / paths.HOST_PRIOR_ROWS).read_text().splitlines()
     assert all(json.loads(line)["note"].endswith(priorrates.NOTE) for line in lines)
 

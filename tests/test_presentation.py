@@ -15,7 +15,7 @@ matplotlib.use("Agg")
 
 from matplotlib.colors import to_hex  # noqa: E402
 
-from stagelab.analyse import analysis  # noqa: E402
+from stagelab.analyse import prompt_analysis, timings  # noqa: E402
 from stagelab.core import catalogue, schema  # noqa: E402
 from stagelab.present import machine, plots, tables  # noqa: E402
 
@@ -95,11 +95,11 @@ def test_the_copy_and_step_figures_colour_arms_from_the_palette():
 def test_the_chunk_recommendation_quotes_the_means_its_table_and_figure_show():
     frame = _prompt_rows({"fused+overlap": {64: 2.0, 256: 1.2, 1024: 1.0},
                           "fused": {64: 2.2, 256: 1.3, 1024: 1.1}})
-    timed = analysis.ok_timings(frame)
+    timed = timings.ok_timings(frame)
     means = timed.groupby(["arm", "chunk"])["seconds"].mean()
     assert not np.allclose(means, timed.groupby(["arm", "chunk"])["seconds"].median())
-    rec = analysis.recommend_chunk(frame)
-    table = analysis.prompt_time_relative(frame).set_index(["arm", "chunk"])
+    rec = prompt_analysis.recommend_chunk(frame)
+    table = prompt_analysis.prompt_time_relative(frame).set_index(["arm", "chunk"])
     arm = rec["arm"]
     assert rec["mean_seconds"] == pytest.approx(table.loc[(arm, rec["chunk"]), "mean_seconds"])
     assert rec["best_seconds"] == pytest.approx(table.loc[(arm, rec["best_chunk"]),
@@ -123,8 +123,8 @@ def test_the_chunk_recommendation_quotes_the_means_its_table_and_figure_show():
 
 def test_the_overlap_table_uses_means_too():
     frame = _prompt_rows({"fused": {256: 2.0}, "fused+overlap": {256: 1.5}})
-    out = analysis.overlap_effect(frame).set_index(["method", "chunk"])
-    timed = analysis.ok_timings(frame)
+    out = prompt_analysis.overlap_effect(frame).set_index(["method", "chunk"])
+    timed = timings.ok_timings(frame)
     means = timed.groupby("arm")["seconds"].mean()
     assert out.loc[("fused", 256), "plain_mean_s"] == pytest.approx(means["fused"])
     assert out.loc[("fused", 256), "overlap_saves_mean_ms"] == pytest.approx(
@@ -227,7 +227,7 @@ def test_a_low_and_high_pair_reads_as_one_range_where_the_low_one_was():
 
 
 def test_the_prediction_check_is_a_table_per_level_in_reading_order_the_ratio_not_in_ms():
-    from stagelab.analyse import predict
+    from stagelab.analyse import predict_check
 
     def entry(name, **extra):
         return {"name": name, "predicted_ms": 2.0, "low_ms": 1.0, "high_ms": 3.0,
@@ -238,14 +238,14 @@ def test_the_prediction_check_is_a_table_per_level_in_reading_order_the_ratio_no
             "reuse_ratio": {"predicted": 1.1, "low": 1.0, "high": 1.2, "measured": 1.05,
                             "error": 0.05, "outside": False}}
     check = {"cells": [{key: cell[key] for key in sorted(cell)}]}  # as verdict.json sorts them
-    assert list(predict.check_table(check).columns) == [
+    assert list(predict_check.check_table(check).columns) == [
         "rows", "vocab", "k", "level", "name", "predicted_ms", "low_ms", "high_ms",
         "measured_ms", "error", "outside", "error_ms"]
-    titled = predict.check_tables(check)
-    assert list(titled) == [predict.LEVEL_TITLES[level]
+    titled = predict_check.check_tables(check)
+    assert list(titled) == [predict_check.LEVEL_TITLES[level]
                             for level in ("stage", "arm", "question", "ratio")]
-    assert "error_ms" not in titled[predict.LEVEL_TITLES["stage"]]  # only a saving has it
-    ratio = tables.readable(titled[predict.LEVEL_TITLES["ratio"]])
+    assert "error_ms" not in titled[predict_check.LEVEL_TITLES["stage"]]  # only a saving has it
+    ratio = tables.readable(titled[predict_check.LEVEL_TITLES["ratio"]])
     assert not [c for c in ratio.columns if "(ms)" in c], list(ratio.columns)
     html = tables.sections(titled).to_html()
     assert html.count("<h4>") == 4 and html.count("<table") == 4

@@ -80,13 +80,13 @@ def test_a_tall_arm_is_cut_and_labelled_so_the_seed_bars_stay_readable():
     matplotlib.use("Agg")
     import pandas as pd
 
-    from stagelab.analyse import analysis
+    from stagelab.analyse import step_analysis
     from stagelab.present import plots
 
     base = {"rows": 16, "vocab": 1000, "k": 5}
     parts = pd.DataFrame([
-        {**base, "arm": "seed_pageable", **{s: 1e-3 for s in analysis.SPLIT}, "total": 6e-3},
-        {**base, "arm": "fused", **{s: 0.0 for s in analysis.SPLIT}, "device": 60e-3,
+        {**base, "arm": "seed_pageable", **{s: 1e-3 for s in step_analysis.SPLIT}, "total": 6e-3},
+        {**base, "arm": "fused", **{s: 0.0 for s in step_analysis.SPLIT}, "device": 60e-3,
          "total": 60e-3}])
     ax = plots.stage_bars(parts).axes[0]
     assert ax.get_ylim()[1] == plots.CLIP_OVER_BASELINE * 6.0
@@ -115,7 +115,7 @@ def test_tables_show_units_three_significant_digits_and_a_speedup_with_its_ci():
 def test_holdings_put_counts_and_bytes_in_their_own_named_columns():
     import pandas as pd
 
-    from stagelab.analyse import analysis
+    from stagelab.analyse import copy_analysis
     from stagelab.core import schema
 
     # Before: bytes under "allocations", and one column per arm and metric, off the page.
@@ -125,7 +125,7 @@ def test_holdings_put_counts_and_bytes_in_their_own_named_columns():
         records += [dict(arm=arm, metric="pinned_bytes_held", bytes=pinned, rows=1, vocab=8),
                     dict(arm=arm, metric="allocations", value=float(count), bytes=capacity,
                          rows=1, vocab=8)]
-    table = analysis.holdings(schema.make_rows(records))
+    table = copy_analysis.holdings(schema.make_rows(records))
     assert list(table.columns) == ["rows", "vocab", "arm", "allocations", "pinned_held_bytes",
                                    "buffer_capacity_bytes"]
     assert table[["arm", "allocations", "pinned_held_bytes"]].values.tolist() == [

@@ -19,7 +19,7 @@ import pytest
 
 from conftest import made_once
 from stagelab import cli
-from stagelab.analyse import predict
+from stagelab.analyse import predict_tables
 from stagelab.core import measured as measured_folder
 from stagelab.core import untrusted
 from stagelab.core.errors import BadRecord, UserError
@@ -320,7 +320,7 @@ def test_a_copy_faster_than_the_recorded_link_is_refused(node):
         row = next(r for r in rows if r.get("metric") == "time" and r.get("status") == "ok")
         row.update(device="cuda:0 NVIDIA H200", bytes=10**9, seconds=1e-3)  # 1000 GB/s
     edit_rows(node, "staging", impossible)
-    h200 = predict.platform_of_gpu("NVIDIA H200").pinned_gbps[1]  # above the PCIe rate
+    h200 = predict_tables.platform_of_gpu("NVIDIA H200").pinned_gbps[1]  # above the PCIe rate
     with pytest.raises(UserError, match=rf"1000.0 GB/s, faster than the {h200:.1f} GB/s link"):
         replay_of(node)
 
@@ -333,7 +333,7 @@ def test_a_gh200_copy_over_its_c2c_link_is_believed():
     hardware = {"gpu": {"name": "NVIDIA GH200 480GB"},
                 "nvml": {"pcie_max_gbps_per_direction": 63.0}}
     link = claims.link_gb_per_s(hardware)
-    assert link == predict.platform_of_gpu("NVIDIA GH200 480GB").pinned_gbps[1] > 250
+    assert link == predict_tables.platform_of_gpu("NVIDIA GH200 480GB").pinned_gbps[1] > 250
     row = {"device": "cuda:0 NVIDIA GH200 480GB", "bytes": 250 * 10**6, "seconds": 1e-3}
     assert claims.timing_problem("staging", "pinned_grow_only", row, link, 60.0) is None
     pcie_only = {"nvml": {"pcie_max_gbps_per_direction": 31.5}}  # no GPU name: PCIe alone

@@ -13,19 +13,19 @@ from reference import assert_matches_reference
 from stagelab.core import catalogue, paths, schema
 from stagelab.core.errors import NativeUnavailable
 from stagelab.measure import logprobs as lp
-from stagelab.measure import native, shapes, staging, step
+from stagelab.measure import native, shapes, staging, step, step_pipelines
 from stagelab.measure.testing import SyncCounter
 
 CUDA = torch.cuda.is_available()
 NATIVE_OK, NATIVE_WHY = native.status()
 
 
-def pipelines() -> dict[str, step.SeedStep | step.DeviceStep]:
+def pipelines() -> dict[str, step_pipelines.SeedStep | step_pipelines.DeviceStep]:
     """Every arm that can exist on this machine; the pinned scratch from a recording allocator."""
-    arms = {name: step.make_pipeline(name) for name in
+    arms = {name: step_pipelines.make_pipeline(name) for name in
             ("seed_pageable", "seed_pageable_reused", "seed_pageable_numpy", "device_gather",
              "fused")}
-    arms["seed_pinned"] = step.SeedStep("seed_pinned", step.Scratch(
+    arms["seed_pinned"] = step_pipelines.SeedStep("seed_pinned", step_pipelines.Scratch(
         staging.PinnedGrowOnly(allocator=RecordingAllocator())), "native")
     return arms
 
@@ -47,8 +47,8 @@ def test_every_arm_agrees_with_float64_and_reports_its_stages(arm):
 @pytest.mark.skipif(not NATIVE_OK, reason=f"the native path cannot be built here: {NATIVE_WHY}")
 def test_the_pinned_seed_arm_copies_into_its_allocators_buffer_and_only_grows():
     allocator = RecordingAllocator()
-    scratch = step.Scratch(staging.PinnedGrowOnly(allocator=allocator))
-    pipeline = step.SeedStep("seed_pinned", scratch, "native")
+    scratch = step_pipelines.Scratch(staging.PinnedGrowOnly(allocator=allocator))
+    pipeline = step_pipelines.SeedStep("seed_pinned", scratch, "native")
     for n in (4, 2, 8, 8):
         tokens = make_tokens(n, 1000)
         pipeline.run(make_logits(n, 1000, torch.bfloat16), 3, tokens, tokens)
@@ -62,7 +62,7 @@ def test_native_unavailable_makes_its_arms_unavailable_and_keeps_the_numpy_arm(m
         raise NativeUnavailable("no C++ compiler found (tried c++, g++, clang++)")
 
     monkeypatch.setattr(native, "require", refuse)
-    built, unavailable = step.build_pipelines(["seed_pageable", "seed_pageable_reused",
+    built, unavailable = step_pipelines.build_pipelines(["seed_pageable", "seed_pageable_reused",
                                                "seed_pageable_numpy", "fused"])
     assert set(built) == {"seed_pageable_numpy", "fused"}
     assert unavailable == {arm: "no C++ compiler found (tried c++, g++, clang++)"
@@ -71,7 +71,7 @@ def test_native_unavailable_makes_its_arms_unavailable_and_keeps_the_numpy_arm(m
 
 def test_measure_times_each_arm_with_a_twin_and_records_what_cannot_run():
     frame = schema.make_rows(step.measure(shapes.resolve_vocabs([1000]), [3], [2],
-                                          torch.float32, list(step.STEP_ARMS), rounds=3,
+                                          torch.float32, list(step_pipelines.STEP_ARMS), rounds=3,
                                           warmup=1, progress=False))
     totals = frame[(frame.metric == "time") & (frame.stage == "total") & (frame.status == "ok")]
     expected = {"seed_pageable_numpy", "device_gather", "fused", "onepass"}
@@ -129,7 +129,7 @@ def test_the_log_softmax_on_the_host_gives_the_same_answer_and_its_own_stage():
 def test_the_one_pass_kernel_s_read_rate_is_a_row_of_each_size_it_was_timed_at():
     """Before: notebook 02 measured the read rate beside the sweep, so a replay or a kept run
     of a lease had no share of HBM (issue 39). Now rows of the step's table, once per size."""
-    from stagelab.analyse import analysis
+    from stagelab.analyse import step_analysis
 
     frame = schema.make_rows(step.measure(
         shapes.resolve_vocabs([1000]), [3, 5], [2], torch.float32, ["fused", "onepass"],
@@ -140,7 +140,7 @@ def test_the_one_pass_kernel_s_read_rate_is_a_row_of_each_size_it_was_timed_at()
     assert (read["arm"] == "onepass").all() and (read["status"] == "ok").all()
     assert list(read["bytes"]) == [3 * 1000 * 4] * 2 + [5 * 1000 * 4] * 2
     assert read["value"].isna().all() and read["note"].str.contains("backend torch").all()
-    table = analysis.read_rate_table(frame)
+    table = step_analysis.read_rate_table(frame)
     assert list(table["l2"]) == ["warm", "cold", "warm", "cold"]
     assert table["read_gb_per_s"].tolist() == pytest.approx(
         (read["bytes"] / read["seconds"] / 1e9).tolist())
@@ -148,7 +148,7 @@ def test_the_one_pass_kernel_s_read_rate_is_a_row_of_each_size_it_was_timed_at()
         shapes.resolve_vocabs([1000]), [3], [2], torch.float32, ["fused"], aa_arm=None,
         rounds=2, warmup=0, progress=False))
     assert not (without.metric == schema.READ_RATE).any()
-    assert analysis.read_rate_table(without).iloc[0, 0] == (
+    assert step_analysis.read_rate_table(without).iloc[0, 0] == (
         "not measured: the run did not time the onepass arm")
 
 
@@ -237,7 +237,7 @@ def test_measure_skips_a_k_larger_than_the_vocabulary_and_says_why():
 
 def test_unknown_arm_is_named():
     with pytest.raises(ValueError, match="unknown step arm 'x'"):
-        step.make_pipeline("x")
+        step_pipelines.make_pipeline("x")
 
 
 @pytest.mark.skipif(not NATIVE_OK, reason=f"the native path cannot be built here: {NATIVE_WHY}")
@@ -268,7 +268,7 @@ def test_the_waited_order_waits_once_more_before_the_host_staging(arm, order, wa
     logits, tokens = make_logits(8, 3001, torch.bfloat16), make_tokens(8, 3001)
     pipeline.run(logits, 5, tokens, tokens)
     seen: list[int] = []
-    owner, name = ((pipeline.destination, "acquire") if isinstance(pipeline, step.SeedStep)
+    owner, name = ((pipeline.destination, "acquire") if isinstance(pipeline, step_pipelines.SeedStep)
                    else (pipeline, "destination"))
     staging_call = getattr(owner, name)
 

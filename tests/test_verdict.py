@@ -13,7 +13,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stagelab.analyse import analysis, verdict
+from stagelab.analyse import (
+    prompt_analysis,
+    step_analysis,
+    verdict,
+    verdict_decision,
+    verdict_words,
+)
 from stagelab.core import schema
 from stagelab.core.errors import SchemaError
 
@@ -262,7 +268,7 @@ def test_where_the_effect_lies_counts_a_size_as_port_only_when_every_k_is():
              {"rows": 64, "vocab": 1000, "k": 20, "decision": "PORT"},
              {"rows": 256, "vocab": 1000, "k": 5, "decision": "PORT"},
              {"rows": 16, "vocab": 1000, "k": 5, "decision": "CLOSE"}]
-    assert verdict.effect_location(cells) == (
+    assert verdict_decision.effect_location(cells) == (
         "PORT from n x V >= 256,000; CLOSE/INCONCLUSIVE/PORT below.")
 
 
@@ -458,7 +464,7 @@ def test_the_zero_fill_finding_comes_from_the_native_vector_with_its_ci(full_ver
 
 def test_without_the_native_step_the_zero_fill_finding_is_the_labelled_copy_level_stand_in(
         full_verdict):
-    stand_in = verdict._zero_fill_findings(full_verdict, None)
+    stand_in = verdict_words._zero_fill_findings(full_verdict, None)
     cell = next(c for c in full_verdict["copy_cells"]
                 if (c["rows"], c["candidate"]) == (256, "pageable_fresh_empty"))
     assert stand_in == [
@@ -495,7 +501,7 @@ def test_the_recommendation_has_one_source_the_table(tmp_path):
     stray = {"arm": "fused", "chunk": 1024, "reason": "written by an older notebook 03"}
     (run / "prompt_chunk_recommendation.json").write_text(json.dumps(stray))
     result = build(run, [64])
-    expected = analysis.recommend_chunk(schema.read_table(run, "prompt_logprobs"))
+    expected = prompt_analysis.recommend_chunk(schema.read_table(run, "prompt_logprobs"))
     assert result["prompt_logprobs"]["recommendation"] == expected and expected["chunk"] == 512
 
 
@@ -533,7 +539,7 @@ def test_reference_evidence_is_listed_with_its_hardware(tmp_path):
             "decided CLOSE.") in result["findings"]
     assert ("Committed reference evidence (CPU only, Xeon; not this run): run "
             "20270102T000000Z_quick decided INCONCLUSIVE.") in result["findings"]
-    table = verdict.reference_table(result)
+    table = verdict_words.reference_table(result)
     assert list(table.columns) == ["path", "gpu", "cpu", "decision", "summary"]
     assert table["gpu"].fillna("-").tolist() == ["NVIDIA H200", "-"]
     assert table["cpu"].fillna("-").tolist() == ["-", "Xeon"]
@@ -544,34 +550,34 @@ def test_reference_evidence_is_listed_with_its_hardware(tmp_path):
 # --------------------------------------------------------------------------- table helpers
 
 def test_the_decisive_table_holds_the_evidence_and_the_stage_split(full_verdict):
-    table = verdict.decisive_table(full_verdict)
+    table = verdict_words.decisive_table(full_verdict)
     stage_columns = [f"{s}_ms" for s in (*STAGE_MS, "unattributed", "total")]
-    assert list(table.columns) == [*verdict.DECISIVE_COLUMNS, *stage_columns]
+    assert list(table.columns) == [*verdict_words.DECISIVE_COLUMNS, *stage_columns]
     assert table["rows"].tolist() == [64, 256]
     assert table["decision"].tolist() == ["PORT", "PORT"]
     first = full_verdict["decisive"][0]
     assert table.loc[0, "copy_ms"] == first["stages_ms"]["copy"]
     assert table.loc[0, "speedup"] == first["speedup"]
-    empty = verdict.decisive_table({"decisive": []})
-    assert list(empty.columns) == verdict.DECISIVE_COLUMNS and empty.empty
+    empty = verdict_words.decisive_table({"decisive": []})
+    assert list(empty.columns) == verdict_words.DECISIVE_COLUMNS and empty.empty
 
 
 def test_the_levers_copy_and_reference_tables(full_verdict):
-    levers = verdict.levers_table(full_verdict)
+    levers = verdict_words.levers_table(full_verdict)
     assert len(levers) == 8 and set(levers["baseline"]) == {"seed_pageable"}
-    copies = verdict.copy_table(full_verdict)
+    copies = verdict_words.copy_table(full_verdict)
     assert len(copies) == 6
     assert sorted(set(copies["candidate"])) == [
         "pageable_fresh_empty", "pageable_reused", "pinned_grow_only"]
-    assert verdict.reference_table(full_verdict).empty
+    assert verdict_words.reference_table(full_verdict).empty
 
 
 def test_the_prompt_sentence(full_verdict):
-    assert verdict.prompt_sentence(full_verdict) == (
+    assert verdict_words.prompt_sentence(full_verdict) == (
         "Recommended chunk: **512** (fused+overlap): the smallest chunk timed not shown to be "
         "more than 5% slower than the fastest (1.00 ms on average, chunk 1024): 1.030x of its "
         "mean (CI 1.030-1.030); a smaller chunk holds less memory.")
-    assert verdict.prompt_sentence({"prompt_logprobs": None}) == (
+    assert verdict_words.prompt_sentence({"prompt_logprobs": None}) == (
         "Notebook 03's data is missing from this run.")
 
 
@@ -617,7 +623,7 @@ def test_a_cpu_run_says_its_log_softmax_runs_on_the_host(tmp_path):
         words = build(run, [64])["context"]["words"]
         assert expected in words, words
         frame = schema.read_table(run, "step")
-        assert expected.split(" (")[0] in analysis.step_context(frame, 0.02)
+        assert expected.split(" (")[0] in step_analysis.step_context(frame, 0.02)
 
 
 def test_forward_ms_moves_the_logprobs_only_bar_and_the_other_log_softmax_is_decided(tmp_path):

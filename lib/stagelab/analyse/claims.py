@@ -16,7 +16,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from stagelab.analyse import predict
+from stagelab.analyse import predict_tables
 from stagelab.core import catalogue
 
 # A measured copy may beat the link's nominal rate by this much (rounding of the nominal rate,
@@ -56,7 +56,7 @@ def link_gb_per_s(hardware: Mapping[str, Any]) -> float | None:
     if not rates:
         return None
     name = _part(hardware, "gpu").get("name")
-    platform = predict.platform_of_gpu(name) if isinstance(name, str) else None
+    platform = predict_tables.platform_of_gpu(name) if isinstance(name, str) else None
     return max(rates + ([platform.pinned_gbps[1]] if platform else []))
 
 

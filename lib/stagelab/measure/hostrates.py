@@ -1,5 +1,5 @@
 """The host's own costs of the seed's step, measured apart at one cell's size: the inputs of the
-cost model (:mod:`stagelab.analyse.predict`).
+cost model (:mod:`stagelab.analyse.predict_model`).
 
 Each term is timed alone, repeated (every repeat kept), at the very ``n x V`` of a step cell, so
 that the allocator regime (glibc's mmap threshold moves with what was freed before) and the cache

@@ -4,7 +4,7 @@ At the start of a run (notebook 00, beside the machine snapshot) a child Python 
 host terms (:func:`stagelab.measure.hostrates.measure_rates`, a few repeats) at the step
 notebook's cells and writes its rows to ``data/host_prior.jsonl`` in the run folder. Measured in
 another process and before the step, these rates are not the run's own: the verdict's
-``out_of_sample`` check feeds them to the model (:mod:`stagelab.analyse.predict`) against the
+``out_of_sample`` check feeds them to the model (:mod:`stagelab.analyse.predict_model`) against the
 run's measured stages, where the in-sample check (the cell's own rates) tests additivity only.
 
 Kept cheap and bounded: 3 repeats after one warm-up per size, sizes up to :data:`MAX_BYTES`, a

@@ -24,14 +24,14 @@ from typing import Any
 
 import pandas as pd
 
-from stagelab.analyse import analysis, trust
+from stagelab.analyse import step_analysis, summaries, timings, trust
 from stagelab.core import catalogue, paths, records, rundir, schema
 from stagelab.core.errors import SchemaError, UserError
 from stagelab.core.records import RunFolder
 from stagelab.present import tables
 
 VERDICT_FILE = RunFolder.VERDICT
-STAGES = (*analysis.SPLIT, catalogue.TOTAL)
+STAGES = (*step_analysis.SPLIT, catalogue.TOTAL)
 NOT_MEASURED = "-"
 INDEX_NAMES = ("section", "quantity")
 BANDWIDTH_COLUMNS = ("arm", "stage", "metric", "status", "rows", "vocab", "gb_per_s")
@@ -113,7 +113,7 @@ def _hardware(run: RunFacts, verdict: dict[str, Any] | None) -> dict[str, Any]:
         except UserError as exc:
             run.notes.append(f"{run.run_id}: {exc}")
     if snapshot:
-        return analysis.hardware_summary(snapshot)
+        return summaries.hardware_summary(snapshot)
     if verdict and verdict.get("hardware"):
         return {key: verdict["hardware"].get(key) for key in ("gpu", "link_gbps", "cpu", "torch")}
     run.lacks("hardware", f"no hardware snapshot ({RunFolder.MANIFEST}, {RunFolder.HARDWARE} or "
@@ -143,7 +143,7 @@ def _read_verdict(run: RunFacts) -> dict[str, Any] | None:
 def copy_bandwidth(staging: pd.DataFrame) -> tuple[tuple[int, int] | None, dict[str, float]]:
     """The largest copy cell ``(rows, vocab)`` of a staging table and, per arm (A/A twins left
     out), the median GB/s of its ok ``total`` timings there."""
-    timed = analysis.ok_timings(staging)
+    timed = timings.ok_timings(staging)
     timed = timed[~timed["arm"].str.endswith(catalogue.AA_SUFFIX) & timed["gb_per_s"].notna()]
     if timed.empty:
         return None, {}

@@ -16,7 +16,7 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.lines import Line2D
 
-from stagelab.analyse import analysis
+from stagelab.analyse import prompt_analysis, step_analysis, timings
 from stagelab.core import catalogue
 
 DECISION_COLORS = {"PORT": "tab:green", "CLOSE": "tab:gray", "INCONCLUSIVE": "tab:orange"}
@@ -114,7 +114,7 @@ def bandwidth(frame: pd.DataFrame, link_gbps: float | None = None,
               ax: plt.Axes | None = None) -> plt.Axes:
     """Median GB/s per arm against bytes per copy (band: interquartile range), the link dashed."""
     ax = _axes(ax, (8, 4.5))
-    timed = analysis.ok_timings(frame)
+    timed = timings.ok_timings(frame)
     if timed.empty:
         return nothing(ax, "No copy was timed in this run")
     timed, palette = in_words(timed, "arm")
@@ -165,7 +165,7 @@ def speedups(compared: pd.DataFrame, ax: plt.Axes | None = None,
 def saved_ms(compared: pd.DataFrame, ax: plt.Axes | None = None,
              title: str = "Saving over the baseline") -> plt.Axes:
     """Milliseconds each candidate saves per call on average (difference of mean times, as
-    :func:`stagelab.analyse.analysis.compare` computes it), per cell."""
+    :func:`stagelab.analyse.timings.compare` computes it), per cell."""
     ax = _axes(ax, (8, 4))
     if "saved_ms" not in compared or compared["saved_ms"].isna().all():
         return nothing(ax, "Nothing to compare: no pair of arms was timed")
@@ -206,7 +206,7 @@ def stage_bars(parts: pd.DataFrame) -> plt.Figure:
     for ax, (_, cell) in zip(axes.flat, cells.iterrows()):
         sub = parts[(parts["rows"] == cell["rows"]) & (parts["vocab"] == cell["vocab"])
                     & (parts["k"] == cell["k"])].set_index("arm")
-        (1e3 * sub[list(analysis.SPLIT)]).rename(columns=catalogue.STAGE_WORDS).plot.bar(
+        (1e3 * sub[list(step_analysis.SPLIT)]).rename(columns=catalogue.STAGE_WORDS).plot.bar(
             stacked=True, ax=ax, legend=False, rot=60)
         ax.set(title=f"n={cell['rows']} V={cell['vocab']} K={cell['k']}", ylabel="ms (mean)",
                xlabel="")
@@ -246,7 +246,7 @@ def copy_share(parts: pd.DataFrame, arm: str = catalogue.baseline(catalogue.STEP
         return nothing(ax, f"{arm} was not timed in this run")
     sns.barplot(data=seed.assign(cell=_cell_label(seed)), x="cell", y="copy_share", ax=ax,
                 color=arm_color(arm), saturation=1)
-    ax.axhline(analysis.DWARFED_SHARE, ls="--", color="k", lw=1)
+    ax.axhline(step_analysis.DWARFED_SHARE, ls="--", color="k", lw=1)
     ax.set(ylabel="copy share of the seed's step", xlabel="n × V, K",
            title="The copy's share of the seed's step")
     ax.tick_params(axis="x", rotation=45)
@@ -261,13 +261,13 @@ TILE_MARKERS = ("o", "s", "^", "D", "v", "P")  # head_fused's tiles, in the orde
 
 
 def series_colors(frame: pd.DataFrame) -> dict[str, str]:
-    """Each prompt configuration's colour (:func:`stagelab.analyse.analysis.prompt_series`):
+    """Each prompt configuration's colour (:func:`stagelab.analyse.prompt_analysis.prompt_series`):
     its arm's for its smallest tile, darker for each larger head-fused tile, so that tiles of
     one arm stay apart and keep their colour in every figure."""
     colors: dict[str, str] = {}
     shades: dict[str, int] = {}
     tiles = frame["tile"].astype("Int64").fillna(0) if "tile" in frame else 0
-    ordered = frame.assign(series=analysis.prompt_series(frame), order=tiles)
+    ordered = frame.assign(series=prompt_analysis.prompt_series(frame), order=tiles)
     ordered = ordered.sort_values("order", kind="stable")
     for arm, series in dict.fromkeys(zip(ordered["arm"], ordered["series"])):
         shade = shades[arm] = shades.get(arm, -1) + 1
@@ -284,7 +284,7 @@ def prompt_memory(frame: pd.DataFrame, ax: plt.Axes | None = None) -> plt.Axes:
     mem = frame[frame["metric"].isin([*MEASURED_PEAKS, MODEL_PEAK]) & (frame["status"] == "ok")]
     if not mem["metric"].isin(MEASURED_PEAKS).any():
         return nothing(ax, "Peak memory was not measured in this run")
-    mem = mem.assign(MiB=mem["bytes"].astype(float) / 2**20, series=analysis.prompt_series(mem))
+    mem = mem.assign(MiB=mem["bytes"].astype(float) / 2**20, series=prompt_analysis.prompt_series(mem))
     where = "device" if (mem["metric"] == "peak_device_bytes").any() else "host"
     colors = series_colors(mem)
     tiles = list(dict.fromkeys(mem["tile"].dropna().astype(int)))
@@ -301,7 +301,7 @@ def prompt_memory(frame: pd.DataFrame, ax: plt.Axes | None = None) -> plt.Axes:
                       label=catalogue.arm_words(series)) for series, color in colors.items()]
     if tiles:
         chunks = np.array(sorted(mem["chunk"].astype(int).unique()), dtype=float)
-        share = analysis.HEAD_FUSED_MEMORY_SHARE
+        share = prompt_analysis.HEAD_FUSED_MEMORY_SHARE
         ax.plot(chunks, share * chunks * float(mem["vocab"].iloc[0]) * 4 / 2**20, ":",
                 color="k")
         handles.append(Line2D([], [], color="k", ls=":",
@@ -320,12 +320,12 @@ def prompt_time(frame: pd.DataFrame) -> plt.Figure:
     """Mean time per prompt against chunk size (band: 95 % CI of the mean over rounds), and
     relative to the same arm unchunked: means, as the chunk recommendation compares them."""
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.2))
-    timed = analysis.ok_timings(frame)
+    timed = timings.ok_timings(frame)
     if timed.empty:
         nothing(axes[0], "No prompt configuration was timed")
         nothing(axes[1], "")
         return fig
-    timed = timed.assign(configuration=analysis.prompt_series(timed))
+    timed = timed.assign(configuration=prompt_analysis.prompt_series(timed))
     palette = series_colors(timed)
     sns.lineplot(data=timed.assign(ms=1e3 * timed["seconds"]), x="chunk", y="ms",
                  hue="configuration",
@@ -334,8 +334,8 @@ def prompt_time(frame: pd.DataFrame) -> plt.Figure:
     axes[0].set(xscale="log", xlabel="chunk rows C", ylabel="ms per prompt (mean, 95 % CI)",
                 title="Time per prompt")
     chunk_ticks(axes[0], timed["chunk"])
-    relative = analysis.prompt_time_relative(frame)
-    sns.lineplot(data=relative.assign(configuration=analysis.prompt_series(relative)),
+    relative = prompt_analysis.prompt_time_relative(frame)
+    sns.lineplot(data=relative.assign(configuration=prompt_analysis.prompt_series(relative)),
                  x="chunk", y="relative", hue="configuration", marker="o", ax=axes[1],
                  palette=palette)
     axes[1].axhline(1.05, ls="--", color="k", lw=1)

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from stagelab.analyse import analysis, verdict
+from stagelab.analyse import summaries, verdict
 from stagelab.core import catalogue, forward, paths, records, untrusted
 from stagelab.core.cells import notebook_parameters
 from stagelab.core.errors import BadRecord, UserError
@@ -114,7 +114,7 @@ def index_difference(run_dir: Path, fresh: Mapping[str, Any]) -> str | None:
 
 
 def _facts(snapshot: Any) -> dict[str, Any]:
-    return analysis.hardware_summary(snapshot if isinstance(snapshot, dict) else {})
+    return summaries.hardware_summary(snapshot if isinstance(snapshot, dict) else {})
 
 
 def hardware_difference(run_dir: Path, manifest: Mapping[str, Any]) -> str | None:

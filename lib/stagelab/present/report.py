@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from stagelab.analyse import predict, trust
+from stagelab.analyse import predict_check, trust
 from stagelab.core import catalogue, records
 from stagelab.core.errors import UserError
 from stagelab.core.records import RunFolder
@@ -212,7 +212,7 @@ def prediction_html(check: Mapping[str, Any] | None) -> str:
     if not check:
         return ""
     titled = {title: table.drop(columns="host") if "host" in table and table["host"].nunique() <= 1
-              else table for title, table in predict.check_tables(check).items()}  # host: said once
+              else table for title, table in predict_check.check_tables(check).items()}  # host: said once
     outside = str(check.get("kind") or "").startswith("out of sample")
     what = (f"out of sample: the model fed {check.get('host')}, not this run's own rates" if outside
             else "in sample (additivity): the model fed this run's own host rates")

@@ -1,5 +1,5 @@
 """``stagelab predict``: the verdict's three answers per GPU platform and decisive cell, before
-any lease, from the cost model (:mod:`stagelab.analyse.predict`).
+any lease, from the cost model (:mod:`stagelab.analyse.predict_model`).
 
 The host rates are, by default, those of each platform's usual hosts (``data/hosts.csv``, the
 platform's ``host_classes``): nothing is measured here, so two calls print the same answers, and
@@ -20,13 +20,13 @@ from typing import Any
 
 import pandas as pd
 
-from stagelab.analyse import predict
+from stagelab.analyse import predict_check, predict_model, predict_tables
 from stagelab.core import catalogue, forward, measured, schema
 from stagelab.core.errors import UserError
 from stagelab.run import profiles
 
 
-def decisive_cells(profile: str) -> list[predict.Cell]:
+def decisive_cells(profile: str) -> list[predict_tables.Cell]:
     """The profile's decisive cells (its verdict notebook's rows x models x K), each with its
     model's forward dimensions."""
     values = profiles.profile_parameters(profile).get(catalogue.VERDICT_NOTEBOOK)
@@ -38,7 +38,7 @@ def decisive_cells(profile: str) -> list[predict.Cell]:
     for model in values["decisive_models"]:
         vocab, dims = (shapes[model] if isinstance(model, str) and model in shapes
                        else (int(model), None))
-        cells += [predict.Cell(n, vocab, k, dims) for n in values["decisive_rows"]
+        cells += [predict_tables.Cell(n, vocab, k, dims) for n in values["decisive_rows"]
                   for k in values["decisive_ks"]]
     return cells
 
@@ -49,7 +49,7 @@ def model_table() -> dict[str, tuple[int, forward.ModelDims]]:
             for name, row in forward.model_table().items()}
 
 
-def rates_from_folder(folder: Path) -> tuple[predict.HostRates, str]:
+def rates_from_folder(folder: Path) -> tuple[predict_tables.HostRates, str]:
     """The host rates a folder recorded (a measured folder, a replay's ``measured/`` copy or a
     run's step table), and where they came from; UserError when it has none. A measured folder
     is read as a stranger's files are."""
@@ -67,14 +67,14 @@ def rates_from_folder(folder: Path) -> tuple[predict.HostRates, str]:
         except FileNotFoundError:
             raise UserError(f"--rates {folder}: no step table (rows/step.jsonl.gz or "
                             "data/step.parquet) to read host rates from") from None
-    rates = predict.host_rates(frame)
+    rates = predict_tables.host_rates(frame)
     if not rates.samples:
         raise UserError(f"--rates {folder}: its step table has no host_rate rows (recorded "
                         "since issue 29; measure again, or leave --rates out to measure here)")
     return rates, f"host rates recorded in {folder}"
 
 
-def rates_measured_here(cells: list[predict.Cell]) -> tuple[predict.HostRates, str]:
+def rates_measured_here(cells: list[predict_tables.Cell]) -> tuple[predict_tables.HostRates, str]:
     """The host rates of this machine, measured now at the cells' sizes (torch, no GPU), with
     the machine's load watched as the timing notebooks watch it: busy is said, never hidden."""
     from stagelab.measure import busy, hostrates
@@ -83,7 +83,7 @@ def rates_measured_here(cells: list[predict.Cell]) -> tuple[predict.HostRates, s
     with busy.LoadWatch() as watch:
         for rows_, vocab in sorted({(c.rows, c.vocab) for c in cells}):
             rows += hostrates.measure_rates(rows_, vocab, max(c.k for c in cells), repeats=3)
-    return (predict.host_rates(schema.make_rows(rows), origin="this machine, measured now"),
+    return (predict_tables.host_rates(schema.make_rows(rows), origin="this machine, measured now"),
             f"host rates measured on this machine now (repeats=3 per size; {load_words(watch.summary)})")
 
 
@@ -107,26 +107,26 @@ class HostChoice:
     as stated (None: as the host table says)."""
 
     name: str | None = None
-    rates: predict.HostRates | None = None
+    rates: predict_tables.HostRates | None = None
     thp: str | None = None
     regime: str | None = None
     words: str = "each platform's usual host classes (data/hosts.csv; nothing measured here)"
-    classes: Mapping[str, predict.HostClass] = field(default_factory=dict)
+    classes: Mapping[str, predict_tables.HostClass] = field(default_factory=dict)
 
-    def hosts(self, platform: predict.Platform) -> list[predict.HostRates | predict.HostClass]:
+    def hosts(self, platform: predict_tables.Platform) -> list[predict_tables.HostRates | predict_tables.HostClass]:
         """The hosts one platform's answers are given on."""
         if self.rates is not None:
             return [self.rates]
-        table = self.classes or predict.load_hosts()
+        table = self.classes or predict_tables.load_hosts()
         try:
-            chosen = ([predict.host_named(self.name, table)] if self.name
-                      else predict.hosts_of(platform, table))
+            chosen = ([predict_tables.host_named(self.name, table)] if self.name
+                      else predict_tables.hosts_of(platform, table))
             return [host.options(self.thp, self.regime) for host in chosen]
         except ValueError as exc:
             raise UserError(str(exc)) from exc
 
 
-def host_choice(host: str | None, rates_dir: Path | None, cells: list[predict.Cell],
+def host_choice(host: str | None, rates_dir: Path | None, cells: list[predict_tables.Cell],
                 thp: str | None = None, regime: str | None = None) -> HostChoice:
     """What ``--host``, ``--rates``, ``--thp`` and ``--regime`` ask for; UserError for a host
     that is not a class of data/hosts.csv nor ``this``."""
@@ -139,11 +139,11 @@ def host_choice(host: str | None, rates_dir: Path | None, cells: list[predict.Ce
         rates, origin = rates_measured_here(cells)
         return HostChoice(rates=rates, words=origin)
     try:
-        classes = predict.load_hosts()
+        classes = predict_tables.load_hosts()
         if host:
-            predict.host_named(host, classes)
-        for name, value, known in (("--thp", thp, predict.THP_MODES),
-                                   ("--regime", regime, predict.REGIMES)):
+            predict_tables.host_named(host, classes)
+        for name, value, known in (("--thp", thp, predict_tables.THP_MODES),
+                                   ("--regime", regime, predict_tables.REGIMES)):
             if value is not None and value not in known:
                 raise ValueError(f"{name} {value!r}: give one of {', '.join(known)}")
     except ValueError as exc:
@@ -154,30 +154,30 @@ def host_choice(host: str | None, rates_dir: Path | None, cells: list[predict.Ce
     return HostChoice(host or None, None, thp, regime, words, classes)
 
 
-def unfit_cell(platform: predict.Platform, cell: predict.Cell, why: str) -> dict[str, Any]:
+def unfit_cell(platform: predict_tables.Platform, cell: predict_tables.Cell, why: str) -> dict[str, Any]:
     """A cell whose configuration exceeds the GPU's memory: marked, with no figure."""
     return {"platform": platform.name, "rows": cell.rows, "vocab": cell.vocab, "k": cell.k,
             "log_softmax": cell.log_softmax, "host": None, "fits": False, "arms": {},
             "answers": [], "notes": [why], "sensitivity": [], "knobs": {}}
 
 
-def predictions(platforms: list[predict.Platform], cells: list[predict.Cell],
-                choice: HostChoice | predict.HostRates, delta: float) -> list[dict[str, Any]]:
+def predictions(platforms: list[predict_tables.Platform], cells: list[predict_tables.Cell],
+                choice: HostChoice | predict_tables.HostRates, delta: float) -> list[dict[str, Any]]:
     """Per platform: every cell's prediction on each of its hosts (a cell that does not fit
     the GPU's memory marked instead), and the crossing n x V per vocabulary and host."""
-    if isinstance(choice, predict.HostRates):
+    if isinstance(choice, predict_tables.HostRates):
         choice = HostChoice(rates=choice, words="")
     out = []
     for platform in platforms:
         hosts = choice.hosts(platform)
         predicted = []
         for cell in cells:
-            why = predict.memory_fault(platform, cell)
+            why = predict_model.memory_fault(platform, cell)
             predicted += ([unfit_cell(platform, cell, why)] if why else
-                          [predict.predict_cell(predict.gpu_model(platform, cell, host), delta)
+                          [predict_model.predict_cell(predict_model.gpu_model(platform, cell, host), delta)
                            for host in hosts])
         by_vocab = {(c.vocab, c.k): c.model for c in cells}
-        crossings = [predict.crossing(platform, vocab, k, model, host, delta)
+        crossings = [predict_model.crossing(platform, vocab, k, model, host, delta)
                      for (vocab, k), model in sorted(by_vocab.items()) for host in hosts]
         out.append({"platform": platform, "hosts": [h.origin for h in hosts],
                     "cells": predicted, "crossings": crossings})
@@ -200,7 +200,7 @@ LINK_KNOBS = ("pinned_gbps", "pageable_gbps")  # unmeasured on most platforms: f
 def flip_words(cell: Mapping[str, Any], question: str) -> list[str]:
     """The knobs whose flip value lies within :data:`NEAR_FLIP` of their range, and the link's
     wherever it flips (a decade either side), in words."""
-    return [predict.sensitivity_words(row) for row in cell["sensitivity"]
+    return [predict_model.sensitivity_words(row) for row in cell["sensitivity"]
             if row["question"] == question and row["flips_at"] is not None
             and (row["knob"] in LINK_KNOBS
                  or row["low"] / NEAR_FLIP <= row["flips_at"] <= row["high"] * NEAR_FLIP)]
@@ -213,7 +213,7 @@ def _ms(low: float, high: float) -> str:
 def format_platform(entry: Mapping[str, Any]) -> str:
     """One platform's prediction in plain lines: per cell, each host's arms and answers (with
     the host named where there are several), the answers across the host range, the flips."""
-    p: predict.Platform = entry["platform"]
+    p: predict_tables.Platform = entry["platform"]
     several = len(entry.get("hosts") or []) > 1
     lines = [f"{p.name}: {p.link}; pinned D2H {p.pinned_gbps[0]:.3g}-{p.pinned_gbps[1]:.3g} "
              f"GB/s, pageable {p.pageable_gbps[0]:.3g}-{p.pageable_gbps[1]:.3g} GB/s, HBM "
@@ -228,7 +228,7 @@ def format_platform(entry: Mapping[str, Any]) -> str:
         lines.append(f"  n={rows} V={vocab} K={k}:")
         lines += [line for cell in predicted for line in _cell_lines(cell, several)]
         if several:
-            for question in predict.QUESTIONS:
+            for question in predict_model.QUESTIONS:
                 answers = [a for c in predicted for a in c["answers"] if a["question"] == question]
                 lines.append(f"    across hosts: {question} {across_hosts(answers)}")
     for c in entry["crossings"]:
@@ -258,12 +258,12 @@ def _cell_lines(cell: Mapping[str, Any], several: bool) -> list[str]:
     return lines
 
 
-def regime_lines(rates: predict.HostRates | None) -> str:
+def regime_lines(rates: predict_tables.HostRates | None) -> str:
     """The fresh vector's regime at each measured size, one line each (nothing for a class)."""
     lines: list[str] = []
     if rates is None:
         return ""
-    for row in predict.host_table(rates).to_dict("records"):
+    for row in predict_tables.host_table(rates).to_dict("records"):
         if "regime" in row:
             lines.append(f"host: {row['bytes'] / 1e6:.1f} MB fresh vector "
                          f"{row['fresh_vector_ms']:.3g} ms ({row['regime']}: faults "
@@ -276,9 +276,9 @@ def main(args: argparse.Namespace) -> int:
     """``stagelab predict``: prints the predictions; 0, or 2 (UserError) for a bad request."""
     if not 0 < args.delta < 1:
         raise UserError(f"--delta {args.delta}: give a share in (0, 1)")
-    table = predict.load_platforms()
+    table = predict_tables.load_platforms()
     try:
-        chosen = ([predict.platform_named(name, table) for name in args.platform]
+        chosen = ([predict_tables.platform_named(name, table) for name in args.platform]
                   if args.platform else list(table.values()))
     except ValueError as exc:
         raise UserError(str(exc)) from exc
@@ -299,18 +299,18 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def curves(platforms: list[predict.Platform], cells: list[predict.Cell],
-           choice: HostChoice | predict.HostRates, delta: float) -> pd.DataFrame:
+def curves(platforms: list[predict_tables.Platform], cells: list[predict_tables.Cell],
+           choice: HostChoice | predict_tables.HostRates, delta: float) -> pd.DataFrame:
     """The predicted saving per step against n x V, per platform, host and vocabulary (the
     plot's data; a platform on several hosts is drawn once per host)."""
-    if isinstance(choice, predict.HostRates):
+    if isinstance(choice, predict_tables.HostRates):
         choice = HostChoice(rates=choice, words="")
     by_vocab = {(c.vocab, c.k): c.model for c in cells}
     frames = []
     for p in platforms:
         hosts = choice.hosts(p)
         for host in hosts:
-            frame = pd.concat([predict.saving_curve(p, vocab, k, model, host, delta)
+            frame = pd.concat([predict_model.saving_curve(p, vocab, k, model, host, delta)
                                for (vocab, k), model in sorted(by_vocab.items())],
                               ignore_index=True)
             if len(hosts) > 1:
@@ -346,7 +346,7 @@ class Study:
                 "out_of_sample": self.out_of_sample}
 
 
-def cells_of(rows: list[int], models: list[str | int], ks: list[int]) -> list[predict.Cell]:
+def cells_of(rows: list[int], models: list[str | int], ks: list[int]) -> list[predict_tables.Cell]:
     """Cells from rows x models (names of data/model_shapes.csv or vocabulary sizes) x K."""
     shapes = model_table()
     out = []
@@ -355,7 +355,7 @@ def cells_of(rows: list[int], models: list[str | int], ks: list[int]) -> list[pr
             raise UserError(f"decisive_models: unknown model {model!r}; known: "
                             f"{', '.join(shapes)} (or a vocabulary size)")
         vocab, dims = shapes[model] if isinstance(model, str) else (int(model), None)
-        out += [predict.Cell(n, vocab, k, dims) for n in rows for k in ks]
+        out += [predict_tables.Cell(n, vocab, k, dims) for n in rows for k in ks]
     return out
 
 
@@ -377,14 +377,14 @@ def _run_gpu(data_dir: Path | str | None) -> str | None:
             ).get("name")
 
 
-def study_choice(step: pd.DataFrame | None, data_dir: Path | str | None, cells: list[predict.Cell],
+def study_choice(step: pd.DataFrame | None, data_dir: Path | str | None, cells: list[predict_tables.Cell],
                  rates_dir: str | Path = "", host: str = "") -> HostChoice:
     """The host notebook 05 assumes: ``rates_dir``'s, ``host`` (a class or ``this``), else the
     run's own recorded rates (a run made on this host), else each platform's host classes."""
     if rates_dir or host:
         return host_choice(host or None, Path(rates_dir) if rates_dir else None, cells)
-    if step is not None and predict.host_rates(step).samples:
-        return HostChoice(rates=predict.host_rates(step, origin="this run's host"),
+    if step is not None and predict_tables.host_rates(step).samples:
+        return HostChoice(rates=predict_tables.host_rates(step, origin="this run's host"),
                           words=f"host rates recorded by run {Path(str(data_dir)).name}")
     return host_choice(None, None, cells)
 
@@ -394,9 +394,9 @@ def study(data_dir: Path | str | None, platforms: list[str], rows: list[int],
           rates_dir: str | Path = "", host: str = "") -> Study:
     """Notebook 05's figures: the host of :func:`study_choice`; every chosen platform (all when
     none is named); the run's in-sample and out-of-sample checks."""
-    table = predict.load_platforms()
+    table = predict_tables.load_platforms()
     try:
-        chosen = ([predict.platform_named(n, table) for n in platforms] if platforms
+        chosen = ([predict_tables.platform_named(n, table) for n in platforms] if platforms
                   else list(table.values()))
     except ValueError as exc:
         raise UserError(str(exc)) from exc
@@ -413,25 +413,25 @@ def study(data_dir: Path | str | None, platforms: list[str], rows: list[int],
                          for c in fit for arm, a in c["arms"].items()])
     sensitivity = pd.DataFrame([{"platform": c["platform"], "host": c["host"], "rows": c["rows"],
                                  "vocab": c["vocab"], "k": c["k"], **row,
-                                 "words": predict.sensitivity_words(row)}
+                                 "words": predict_model.sensitivity_words(row)}
                                 for c in fit for row in c["sensitivity"]])
     unfit = pd.DataFrame([{"platform": c["platform"], "rows": c["rows"], "vocab": c["vocab"],
                            "k": c["k"], "why": c["notes"][0]}
                           for e in found for c in e["cells"] if not c["fits"]])
     crossings = pd.DataFrame([c for e in found for c in e["crossings"]])
     gpu = _run_gpu(data_dir)
-    prior = predict.prior_rates(data_dir) if data_dir else None
+    prior = predict_check.prior_rates(data_dir) if data_dir else None
     return Study(choice.words,
-                 predict.host_table(choice.rates) if choice.rates else host_class_table(found),
+                 predict_tables.host_table(choice.rates) if choice.rates else host_class_table(found),
                  answers, arms, crossings, curves(chosen, cells, choice, delta),
-                 predict.check_run(step, gpu), sensitivity,
-                 predict.out_of_sample_run(step, gpu, prior), unfit)
+                 predict_check.check_run(step, gpu), sensitivity,
+                 predict_check.out_of_sample_run(step, gpu, prior), unfit)
 
 
 def host_class_table(found: list[Mapping[str, Any]]) -> pd.DataFrame:
     """The host classes the answers assume: each rate's range (GB/s) and its source."""
     names = {h.removeprefix("host class ") for e in found for h in e["hosts"]}
-    classes = predict.load_hosts()
+    classes = predict_tables.load_hosts()
     return pd.DataFrame([{"host": name, "thp": "|".join(classes[name].thp), "rate": rate,
                           "low_gbps": low, "high_gbps": high,
                           "source": classes[name].sources[rate]}

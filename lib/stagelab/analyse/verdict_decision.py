@@ -1,0 +1,355 @@
+"""The decision from the step's rows: each decisive cell's evidence and answer, the family's
+answer over them, the three questions and the change they recommend, and the A/A harness check.
+
+The rule itself (the bars, the family, the tail, the rounds a decision needs) is
+:mod:`stagelab.analyse.stats`; this module applies it to a run's cells. Torch-free.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from stagelab.analyse import stats, step_analysis, timings
+from stagelab.core import catalogue, design
+
+BASELINE, CANDIDATE, TWIN = catalogue.decisive_arms()
+REUSED = catalogue.REUSE_LEVER[catalogue.STEP]
+
+
+def _num(value: Any) -> float | None:
+    return None if value is None or pd.isna(value) else float(value)
+
+
+def _measured(value: Any) -> bool:
+    return _num(value) is not None
+
+
+def _context(cell: pd.DataFrame) -> dict[str, Any]:
+    """The step's context in one cell: the device work queued before each step (``forward_ms``,
+    0 when not recorded) and where the seed arms ran the log-softmax."""
+    forward = cell[(cell["metric"] == "forward_ms") & (cell["status"] == "ok")]["value"].dropna()
+    where = cell["log_softmax"].dropna().unique() if "log_softmax" in cell else []
+    return {"forward_ms": float(forward.iloc[0]) if len(forward) else 0.0,
+            "log_softmax": str(where[0]) if len(where) else "device"}
+
+
+def _mean_ms(values: np.ndarray) -> float | None:
+    """Mean milliseconds of the positive, finite values; None when there are none."""
+    good = values[np.isfinite(values) & (values > 0)]
+    return 1e3 * float(good.mean()) if len(good) else None
+
+
+def cell_evidence(step: pd.DataFrame, rows: int, vocab: int, k: int, candidate: str, *,
+                  delta: float, baseline: str = BASELINE,
+                  twin: str | None = TWIN) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """One ``(n, V, K)`` cell of the step table: what the verdict says about it before deciding
+    (sizes, context, the bars, the stage split), and the rule's input (None with the reason in
+    the first dict when it cannot be decided: not measured, or no A/A twin).
+
+    delta is a share of the **decode step**, the forward pass and the logprobs step together,
+    which is what each timed call measures when ``forward_ms`` of device work is queued before
+    it: the bar is ``1 / (1 - delta)`` on the measured step. Beside it, the logprobs-only bar:
+    the speedup of the measured step that saves delta of the logprobs step alone. ``baseline``
+    and ``twin`` (None: no A/A twin in this comparison) name the other arms compared."""
+    cell = step[(step["rows"] == rows) & (step["vocab"] == vocab) & (step["k"] == k)]
+    out: dict[str, Any] = {"rows": rows, "vocab": vocab, "k": k, "candidate": candidate,
+                           "delta": delta, **_context(cell)}
+    step_rounds = timings.by_round(cell, baseline)
+    out["baseline_rounds"] = len(step_rounds)
+    out["min_speedup"] = 1 / (1 - delta)
+    decode_ms = _mean_ms(step_rounds.to_numpy(dtype=float))
+    out["step_ms"] = decode_ms
+    if decode_ms is not None:
+        logprobs_ms = max(decode_ms - out["forward_ms"], 0.0)
+        out["logprobs_step_ms"] = logprobs_ms
+        out["logprobs_only_min_speedup"] = (
+            decode_ms / (decode_ms - delta * logprobs_ms) if logprobs_ms else None)
+    out["stages_ms"] = _stage_split(cell)
+    out["vector_regime"] = vector_regime(cell, baseline)
+    arms = (baseline, candidate) if twin is None else (baseline, candidate, twin)
+    failures = _failures(cell, arms)
+    out["failures"] = failures
+    for arm, words in ((baseline, "not measured: "), (candidate, "not measured: "),
+                       (twin, "the A/A check is missing: ")):
+        if arm is not None and timings.by_round(cell, arm).empty:
+            out["reason"] = words + timings.not_measured_reason(cell, arm)
+            return out, None
+    paired = timings.paired_rounds(cell, *arms)
+    return out, {"baseline": paired[0], "candidate": paired[1],
+                 "twin": paired[2] if twin is not None else None,
+                 "min_speedup": out["min_speedup"]}
+
+
+def decide_cells(step: pd.DataFrame, named: list[tuple[int, int, int]], candidate: str, *,
+                 delta: float, min_samples: int, confidence: float, seed: int,
+                 baseline: str = BASELINE, twin: str | None = TWIN,
+                 ) -> tuple[list[dict[str, Any]], stats.FamilyDecision | None]:
+    """Every named decisive cell with its decision, and the family's decision over the measured
+    ones (:func:`stagelab.analyse.stats.decide_family`; None when no cell was measured)."""
+    evidence = [cell_evidence(step, n, v, k, candidate, delta=delta, baseline=baseline,
+                              twin=twin) for n, v, k in named]
+    measured = [inputs for _, inputs in evidence if inputs is not None]
+    family = (stats.decide_family(measured, min_samples=min_samples, confidence=confidence,
+                                  seed=seed) if measured else None)
+    decided = iter(family.cells if family else [])
+    cells = []
+    for out, inputs in evidence:
+        decision = (next(decided) if inputs is not None else
+                    stats.Decision(stats.INCONCLUSIVE, out.pop("reason"),
+                                   min_speedup=out["min_speedup"]))
+        if out["failures"]:
+            decision.reason += f" (note: {out['failures']})"
+        cell = {**out, **decision.to_dict()}
+        cell["saved_ms"] = None if cell["saved_seconds"] is None else 1e3 * cell["saved_seconds"]
+        for key in ("saved_seconds", "failures"):
+            cell.pop(key)
+        cells.append(cell)
+    return cells, family
+
+
+def vector_regime(cell: pd.DataFrame, baseline: str = BASELINE) -> dict[str, Any]:
+    """Which regime the baseline's fresh vector met in a cell's timed steps: how many of its
+    ``alloc`` rows were mapped fresh and their median minor faults, in words; ``recorded``
+    False for rows that predate the columns."""
+    alloc = cell[(cell["arm"] == baseline) & (cell["stage"] == "alloc")
+                 & (cell["status"] == "ok")] if "mapped" in cell else cell.iloc[0:0]
+    faults = alloc["minor_faults"].dropna() if "minor_faults" in alloc else alloc.iloc[0:0]
+    if faults.empty:
+        return {"recorded": False, "words": "the vector's regime was not recorded (rows "
+                                             "before the mapped and minor_faults columns)"}
+    mapped = alloc["mapped"].dropna()
+    fresh = int(mapped.sum())
+    median = float(faults.median())
+    regime = ("mapped fresh (faulted in) every step" if len(mapped) and fresh == len(mapped)
+              else "warm from the heap every step" if len(mapped) and fresh == 0
+              else f"mapped fresh in {fresh} of {len(mapped)} steps" if len(mapped)
+              else "under a malloc whose mapping is not read")
+    return {"recorded": True, "steps": int(len(alloc)), "mapped_steps": fresh,
+            "median_minor_faults": median,
+            "words": f"the seed's vector was {regime}, {median:g} minor faults per step (median)"}
+
+
+def _failures(cell: pd.DataFrame, arms: tuple[str, ...]) -> str:
+    """The failed rows of the decision's arms in a cell, in words (empty when none failed)."""
+    failed = cell[cell["arm"].isin(arms) & (cell["status"] == "failed")]
+    return "; ".join(f"{r.arm} failed after {r.round} rounds: {r.note}"
+                     for r in failed.itertuples())
+
+
+def _stage_split(cell: pd.DataFrame) -> dict[str, float] | None:
+    """The seed step's mean ms per part (forward, device, alloc, copy, host top-K, free,
+    unattributed)
+    and in total, in one cell: the parts add up to the total."""
+    parts = step_analysis.decomposition(cell)
+    seed = parts[parts["arm"] == BASELINE]
+    if seed.empty:
+        return None
+    row = seed.iloc[0]
+    return {stage: 1e3 * float(row[stage]) for stage in (*step_analysis.SPLIT, catalogue.TOTAL)}
+
+
+def _cell_name(cell: dict[str, Any]) -> str:
+    return f"n={cell['rows']} V={cell['vocab']} K={cell['k']}"
+
+
+def _answer_words(cell: dict[str, Any]) -> str:
+    """A cell's answer in a few words: its decision and speedup with CI."""
+    if cell.get("speedup") is None:
+        return f"{_cell_name(cell)} {cell['decision']} (not measured)"
+    return (f"{_cell_name(cell)} {cell['decision']} {cell['speedup']:.3f}x "
+            f"[{cell['ci_low']:.3f}, {cell['ci_high']:.3f}]")
+
+
+def _blocks_port(cell: dict[str, Any]) -> str:
+    """Why a decisive cell keeps the family from PORT ('' when it does not)."""
+    if cell.get("speedup") is None:
+        return "not measured"
+    return cell.get("port_blocked") or ""
+
+
+def overall(decisive: list[dict[str, Any]]) -> dict[str, str]:
+    """One decision over the decisive cells, a summary and where the effect lies. PORT needs a
+    cell that ports and every cell able to support it (measured, non-inferior in mean and tail,
+    with the rounds a PORT needs): intersection-union, so no decisive cell is left to regress."""
+    if not decisive:
+        return {"decision": stats.INCONCLUSIVE, "where": "",
+                "summary": "No decisive cell was named or measured: nothing to decide from."}
+    decisions = [c["decision"] for c in decisive]
+    ported = [c for c in decisive if c["decision"] == stats.PORT]
+    blocked = [c for c in decisive if _blocks_port(c)]
+    where = effect_location(decisive)
+    if ported and not blocked:
+        best = max(ported, key=lambda c: c["saved_ms"] or 0)
+        each = "; ".join(_answer_words(c) for c in decisive)
+        roles = stats.port_roles([(c["decision"], c.get("tail") or "") for c in decisive],
+                                 [_cell_name(c) for c in decisive])
+        return {"decision": stats.PORT, "where": where, "summary": (
+            f"Pinned grow-only staging saves more than delta of the seed's step: {roles}; "
+            f"the largest saving is "
+            f"{best['saved_ms']:.2f} ms per step at n={best['rows']}, V={best['vocab']}, "
+            f"K={best['k']} ({best['speedup']:.3f}x, CI [{best['ci_low']:.3f}, "
+            f"{best['ci_high']:.3f}]). Each cell: {each}. {where}".strip())}
+    if all(d == stats.CLOSE for d in decisions):
+        return {"decision": stats.CLOSE, "where": where, "summary": (
+            f"In all {len(decisive)} decisive cells any benefit of pinned grow-only staging is "
+            f"smaller than delta ({decisive[0]['delta']:.0%}) of the seed's step, or it is "
+            "slower: close without porting.")}
+    unmeasured = [c for c in decisive if c["reason"].startswith("not measured")]
+    if len(unmeasured) == len(decisive):
+        return {"decision": stats.INCONCLUSIVE, "where": "", "summary": (
+            "No decisive cell was measured (" + unmeasured[0]["reason"].removeprefix(
+                "not measured: ") + "), so whether pinned staging helps cannot be decided "
+            "here. See the findings for what was measured instead.")}
+    counts = {d: decisions.count(d) for d in sorted(set(decisions))}
+    extra = (" a PORT is blocked by " + "; ".join(
+        f"{_cell_name(c)}: {_blocks_port(c)}" for c in blocked) + ";") if ported else ""
+    return {"decision": stats.INCONCLUSIVE, "where": where, "summary": (
+        f"The decisive cells disagree or are unresolved ({counts});{extra} see the per-cell "
+        f"reasons. {where}").strip()}
+
+
+QUESTIONS = {  # question: (baseline, candidate, A/A twin)
+    "bundle": (BASELINE, CANDIDATE, TWIN),
+    "reuse": (BASELINE, REUSED, TWIN),
+    "pinning": (REUSED, CANDIDATE, None),
+}
+QUESTION_WORDS = {
+    "bundle": "reuse + pinning: pinned grow-only scratch vs a fresh zero-filled vector",
+    "reuse": "reuse alone: grow-only pageable buffer vs a fresh zero-filled vector",
+    "pinning": "pinning alone: pinned grow-only scratch vs grow-only pageable buffer",
+}
+ANSWER_KEYS = ("decision", "speedup", "ci_low", "ci_high", "tail_speedup", "tail_bound",
+               "tail_upper_bound", "tail", "noninferior_bound", "saved_ms", "n_rounds", "reason")
+
+
+def answer_questions(step: pd.DataFrame, named: list[tuple[int, int, int]], *,
+                     bundle: list[dict[str, Any]],
+                     **kwargs: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The three questions, each a family over the decisive cells
+    (:func:`stagelab.analyse.stats.decide_family`): their answers, and the change recommended
+    from them as a fixed sequence (:func:`stagelab.analyse.stats.recommend`). ``bundle``: the
+    decisive cells, already decided. A question none of whose arms ran is None."""
+    answers: dict[str, Any] = {}
+    for question, (baseline, candidate, twin) in QUESTIONS.items():
+        cells = bundle if question == "bundle" else decide_cells(
+            step, named, candidate, baseline=baseline, twin=twin, **kwargs)[0]
+        measured = any(c.get("speedup") is not None for c in cells)
+        answers[question] = {
+            "baseline": baseline, "candidate": candidate, "words": QUESTION_WORDS[question],
+            "measured": measured, **(overall(cells) if measured else {
+                "decision": None, "where": "", "summary": cells[0]["reason"] if cells else ""}),
+            "cells": [{"rows": c["rows"], "vocab": c["vocab"], "k": c["k"],
+                       **{key: c.get(key) for key in ANSWER_KEYS}} for c in cells]}
+    pinning = answers["pinning"]
+    pinning_family = None if pinning["decision"] is None else stats.FamilyDecision(
+        pinning["decision"], pinning["summary"],
+        [stats.Decision(c["decision"], c["reason"] or "") for c in pinning["cells"]])
+    change, reason = stats.recommend(answers["bundle"]["decision"], pinning_family,
+                                     answers["reuse"]["decision"],
+                                     cells=[_cell_name(c) for c in pinning["cells"]])
+    return answers, {"change": change, "reason": reason, "method": stats.SEQUENCE}
+
+
+def not_a_decision(decisive: list[dict[str, Any]]) -> str:
+    """Why this run's rounds cannot decide ('' when they can): a decisive cell measured with
+    fewer rounds than a PORT needs (a smoke profile), whose PORT or CLOSE would not be one."""
+    short = [c for c in decisive if c.get("n_rounds") and c["n_rounds"] < design.TAIL_ROUNDS]
+    if not short:
+        return ""
+    fewest = min(c["n_rounds"] for c in short)
+    return (f"Not a decision: {len(short)} decisive cell(s) have as few as {fewest} rounds, "
+            f"fewer than the {design.TAIL_ROUNDS} a decision needs (to have seen a 1-in-50 stall "
+            "with 95 % probability); the answers below show the machinery, not the verdict.")
+
+
+def effect_location(decisive: list[dict[str, Any]]) -> str:
+    """One sentence on where the effect lies: PORT from which n x V up (a size counts as PORT
+    only when every K there is), and what lies below."""
+    by_size: dict[int, set[str]] = {}
+    for cell in decisive:
+        by_size.setdefault(cell["rows"] * cell["vocab"], set()).add(cell["decision"])
+    sizes = sorted(by_size)
+    start = len(sizes)
+    while start > 0 and by_size[sizes[start - 1]] == {stats.PORT}:
+        start -= 1
+    if start == len(sizes):
+        return ""
+    below = sorted(set().union(*(by_size[size] for size in sizes[:start])))
+    rest = f"; {'/'.join(below)} below" if below else ""
+    return f"PORT from n x V >= {sizes[start]:,}{rest}."
+
+
+def decisive_cells(rows: list[int], vocabs: list[int],
+                   ks: list[int]) -> list[tuple[int, int, int]]:
+    """The cells the profile names as decisive (each is decided, measured or not)."""
+    return [(n, v, k) for v in vocabs for n in rows for k in ks]
+
+
+def harness_check(staging: pd.DataFrame | None, step: pd.DataFrame | None,
+                  named: list[tuple[int, int, int]], *, delta: float, confidence: float,
+                  seed: int) -> dict[str, Any]:
+    """The run's A/A harness check, every twin as one family (:func:`stagelab.analyse.stats.twin_checks`):
+    the seed's step against its twin in each decisive cell, and the fresh pageable copy against
+    its twin in each copy cell. :mod:`stagelab.analyse.trust` reads it."""
+    labelled: list[tuple[dict[str, Any], list[np.ndarray]]] = []
+    if step is not None:
+        for n, v, k in named:
+            cell = step[(step["rows"] == n) & (step["vocab"] == v) & (step["k"] == k)]
+            labelled.append(({"level": "step", "rows": n, "vocab": v, "k": k},
+                             timings.paired_rounds(cell, BASELINE, TWIN)))
+    if staging is not None:
+        fresh = catalogue.baseline(catalogue.STAGING)
+        for key, part in timings.cells(staging, ["rows", "vocab"]):
+            labelled.append(({"level": "copy", **key},
+                             timings.paired_rounds(part, fresh, catalogue.aa_name(fresh))))
+    level, checks = stats.twin_checks([(pair[0], pair[1]) for _, pair in labelled if len(pair[0])],
+                                      delta=delta, confidence=confidence, seed=seed)
+    found = iter(checks)  # a cell without twin rounds is listed, unchecked, and not counted in m
+    unchecked = {"n_rounds": 0, "twin_speedup": None, "twin_ci_low": None, "twin_ci_high": None,
+                 "differs": None, "note": "no round timed both the baseline and its twin"}
+    return {"method": stats.TWIN_METHOD, "confidence": level, "family_confidence": confidence,
+            "delta": delta, "checks": [{**label, **(next(found) if len(pair[0]) else unchecked)}
+                                       for label, pair in labelled]}
+
+
+def check_parameters(delta: float, min_samples: int, confidence: float, decisive_rows: list[int],
+                     decisive_vocabs: list[int], decisive_ks: list[int]) -> None:
+    """Every parameter of :func:`build_verdict`, checked before any table is read."""
+    if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not 0 < delta < 1:
+        raise ValueError(f"delta must be in (0, 1), got {delta!r}")
+    if isinstance(confidence, bool) or not isinstance(confidence, float) or not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
+    if isinstance(min_samples, bool) or not isinstance(min_samples, int) or min_samples < 2:
+        raise ValueError(f"min_samples must be an integer of at least 2, got {min_samples!r}")
+    for name, values in (("decisive_rows", decisive_rows), ("decisive_vocabs", decisive_vocabs),
+                         ("decisive_ks", decisive_ks)):
+        if not values:
+            raise ValueError(f"{name} is empty: name the cells that decide")
+
+
+def decide_order(step: pd.DataFrame, named: list[tuple[int, int, int]],
+                 **kwargs: Any) -> dict[str, Any]:
+    """The decisive family and the recommended change in one overlap order's rows, over the
+    named cells whose seed step was timed in it (a profile may measure the other order at some
+    cells only); ``measured``: whether any of them has its speedup (False where none, or no
+    cell, was). Fewer rounds than a decision needs: not a decision."""
+    here = [cell for cell in named if not timings.by_round(
+        step[(step["rows"] == cell[0]) & (step["vocab"] == cell[1]) & (step["k"] == cell[2])],
+        BASELINE).empty]
+    if not here:
+        return {"measured": False, "cells": [], "decision": None, "change": None,
+                "reason": "not measured in this order", "answers": {}}
+    bundle, _ = decide_cells(step, here, CANDIDATE, **kwargs)
+    decided = overall(bundle)["decision"]
+    _, recommendation = answer_questions(step, here, bundle=bundle, **kwargs)
+    short = not_a_decision(bundle)
+    return {"measured": any(c.get("speedup") is not None for c in bundle),
+            "cells": [_cell_name(c) for c in bundle],
+            "decision": stats.INCONCLUSIVE if short else decided,
+            "change": stats.NOT_A_DECISION if short else recommendation["change"],
+            "reason": short or recommendation["reason"],
+            "answers": {_cell_name(c): c["decision"] for c in bundle}}
+
