@@ -1,5 +1,5 @@
 """The decision from the step's rows: each decisive cell's evidence and answer, the family's
-answer over them, the three questions and the change they recommend, and the A/A harness check.
+answer over them, the four questions and the change they recommend, and the A/A harness check.
 
 The rule itself (the bars, the family, the tail, the rounds a decision needs) is
 :mod:`stagelab.analyse.stats`; this module applies it to a run's cells. Torch-free.
@@ -17,6 +17,7 @@ from stagelab.core import catalogue, design
 
 BASELINE, CANDIDATE, TWIN = catalogue.decisive_arms()
 REUSED = catalogue.REUSE_LEVER[catalogue.STEP]
+DEFERRED = catalogue.DEFERRED_WAIT
 
 
 def _num(value: Any) -> float | None:
@@ -215,11 +216,14 @@ QUESTIONS = {  # question: (baseline, candidate, A/A twin)
     "bundle": (BASELINE, CANDIDATE, TWIN),
     "reuse": (BASELINE, REUSED, TWIN),
     "pinning": (REUSED, CANDIDATE, None),
+    "deferral": (CANDIDATE, DEFERRED, None),  # tested last, only where the scratch is ported
 }
 QUESTION_WORDS = {
     "bundle": "reuse + pinning: pinned grow-only scratch vs a fresh zero-filled vector",
     "reuse": "reuse alone: grow-only pageable buffer vs a fresh zero-filled vector",
     "pinning": "pinning alone: pinned grow-only scratch vs grow-only pageable buffer",
+    "deferral": "deferring the wait, given pinning: the pinned scratch with its wait one step "
+                "late vs the pinned scratch",
 }
 ANSWER_KEYS = ("decision", "speedup", "ci_low", "ci_high", "tail_speedup", "tail_bound",
                "tail_upper_bound", "tail", "noninferior_bound", "saved_ms", "n_rounds", "reason")
@@ -228,7 +232,7 @@ ANSWER_KEYS = ("decision", "speedup", "ci_low", "ci_high", "tail_speedup", "tail
 def answer_questions(step: pd.DataFrame, named: list[tuple[int, int, int]], *,
                      bundle: list[dict[str, Any]],
                      **kwargs: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The three questions, each a family over the decisive cells
+    """The four questions, each a family over the decisive cells
     (:func:`stagelab.analyse.stats.decide_family`): their answers, and the change recommended
     from them as a fixed sequence (:func:`stagelab.analyse.stats.recommend`). ``bundle``: the
     decisive cells, already decided. A question none of whose arms ran is None."""
@@ -250,7 +254,9 @@ def answer_questions(step: pd.DataFrame, named: list[tuple[int, int, int]], *,
     change, reason = stats.recommend(answers["bundle"]["decision"], pinning_family,
                                      answers["reuse"]["decision"],
                                      cells=[_cell_name(c) for c in pinning["cells"]])
-    return answers, {"change": change, "reason": reason, "method": stats.SEQUENCE}
+    change, reason = stats.recommend_deferral(change, reason, answers["deferral"]["decision"])
+    return answers, {"change": change, "reason": reason,
+                     "method": f"{stats.SEQUENCE}; {stats.DEFERRAL_SEQUENCE}"}
 
 
 def not_a_decision(decisive: list[dict[str, Any]]) -> str:
