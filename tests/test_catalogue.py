@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from stagelab.core import catalogue, paths
+from stagelab.core import catalogue, forward, paths, schema
 from stagelab.core.errors import NativeUnavailable, PinnedMemoryUnavailable, UserError
-from stagelab.measure import prompt_logprobs, shapes, staging, step, step_pipelines
+from stagelab.measure import native, prompt_logprobs, shapes, staging, step, step_pipelines
 from stagelab.run import params
 
 
@@ -139,3 +139,50 @@ def test_without_a_list_of_arms_every_arm_of_the_catalogue_is_timed():
     params.validate("01_d2h_staging", {"arms": None, "aa_arm": "raw_ceiling"})
     with pytest.raises(UserError, match="01_d2h_staging.aa_arm: unknown arm 'nope'"):
         params.validate("01_d2h_staging", {"arms": None, "aa_arm": "nope"})
+
+
+def condition_faults(condition: catalogue.Condition) -> list[str]:
+    """What a step condition's declaration lacks: a row column, words for each value, a rule
+    for rows written before its column, a deciding value among its values."""
+    faults = []
+    if condition.column not in schema.COLUMNS or condition.column not in schema.ADDED_COLUMNS:
+        faults.append(f"{condition.name}: column {condition.column!r} is not a row column added "
+                      "after the first tables (core/schema.py)")
+    if len(set(condition.values)) < 2 or condition.decides not in condition.values:
+        faults.append(f"{condition.name}: needs two values or more, the deciding one among them")
+    if set(condition.words) != set(condition.values) or not all(condition.words.values()):
+        faults.append(f"{condition.name}: needs words for each value")
+    if condition.old_rows not in condition.values:
+        faults.append(f"{condition.name}: needs a value for rows written before its column")
+    return faults
+
+
+@pytest.mark.parametrize("condition", catalogue.CONDITIONS, ids=lambda c: c.name)
+def test_every_step_condition_has_a_column_words_and_an_old_row_rule(condition):
+    assert condition_faults(condition) == []
+    assert catalogue.condition(condition.name) is condition
+    assert condition.reads(None) == condition.reads(float("nan")) == condition.old_rows
+    assert [condition.reads(value) for value in condition.values] == list(condition.values)
+
+
+def test_a_condition_without_a_column_words_or_an_old_row_rule_is_found():
+    broken = catalogue.Condition("thp", "thp_mode", ("always", "never"), "always",
+                                 {"always": "THP always"}, old_rows="")
+    faults = " ".join(condition_faults(broken))
+    assert "column 'thp_mode'" in faults and "words" in faults and "rows written before" in faults
+
+
+def test_the_measuring_code_takes_each_conditions_values_from_the_catalogue():
+    assert step_pipelines.LOG_SOFTMAX == catalogue.LOG_SOFTMAX.values
+    assert (native.MALLOC, native.MAPPED) == catalogue.ALLOCATOR.values
+    assert forward.OVERLAP_ORDERS == catalogue.OVERLAP.values
+    with pytest.raises(ValueError, match="known: log_softmax, allocator, overlap"):
+        catalogue.condition("thp")
+
+
+def test_a_recorded_value_reads_by_the_conditions_rule():
+    """The allocator's rows name the process's malloc (glibc, jemalloc): they read as malloc;
+    another condition's unknown value (a stranger's) is none of its values."""
+    assert catalogue.ALLOCATOR.reads("jemalloc") == catalogue.MALLOC
+    assert catalogue.ALLOCATOR.reads(catalogue.MAPPED_FRESH) == catalogue.MAPPED_FRESH
+    assert catalogue.OVERLAP.reads("sideways") is None

@@ -12,11 +12,11 @@ import re
 
 import pytest
 
-from stagelab.analyse import predict_check, predict_model, predict_tables, verdict
+from stagelab.analyse import predict_check, predict_model, predict_study, predict_tables, verdict
 from stagelab.cli import main as cli_main
 from stagelab.core import forward, paths, records, schema
+from stagelab.core.errors import UserError
 from stagelab.measure import busy, hostrates, priorrates
-from stagelab.run import predict_command
 
 QWEN = forward.model_dims("Qwen2.5-7B")
 GEMMA3 = forward.model_dims("Gemma-3-4B")
@@ -303,10 +303,27 @@ def test_the_prior_probe_measures_in_a_child_process_into_the_run_folder(tmp_pat
 
 def test_notebook_05s_study_uses_the_host_classes_without_a_run(monkeypatch):
     no_measuring(monkeypatch)
-    found = predict_command.study("", ["L4"], [16, 256], ["Qwen2.5-7B"], [5], 0.02)
+    found = predict_study.study("", ["L4"], [16, 256], ["Qwen2.5-7B"], [5], 0.02)
     assert found.origin.startswith("each platform's usual host classes")
     assert found.unfit["rows"].tolist() == [256]
     assert set(found.answers["host"]) == {"host class x86 bare metal", "host class x86 VM"}
     assert {"knob", "flips_at", "words"} <= set(found.sensitivity.columns)
     assert set(found.host["host"]) == {"x86 bare metal", "x86 VM"}
     assert json.dumps(found.payload(), default=str)
+
+
+def test_host_this_measures_only_through_the_function_the_run_floor_gives():
+    """The study sits on the torch-free floor: host ``this`` is measured by the function
+    ``stagelab predict`` and notebook 05 pass it, and without one it is refused, naming it."""
+    cells = predict_study.cells_of([16], ["Qwen2.5-7B"], [5])
+    with pytest.raises(UserError, match="measure_here"):
+        predict_study.host_choice(predict_study.HOST_THIS, None, cells)
+    asked = []
+
+    def measure(given):
+        asked.append(given)
+        return predict_tables.HostRates(origin="a stand-in"), "rates from a stand-in"
+
+    choice = predict_study.host_choice(predict_study.HOST_THIS, None, cells, measure_here=measure)
+    assert asked == [cells]
+    assert (choice.rates.origin, choice.words) == ("a stand-in", "rates from a stand-in")

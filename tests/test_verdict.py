@@ -7,6 +7,7 @@ and optionally the ``staging`` and ``prompt_logprobs`` tables.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -336,6 +337,21 @@ def test_bad_parameters_raise_naming_the_parameter_before_reading(tmp_path, kwar
     with pytest.raises(ValueError, match=rf"^{parameter} ") as raised:
         verdict.build_verdict(run, **arguments)
     assert not isinstance(raised.value, SchemaError)
+
+
+
+def test_the_rule_is_one_frozen_value_checked_when_built_and_recorded_whole(tmp_path):
+    """The decision's settings travel as one Rule: built once (a bad value refused there, named),
+    never changed after, and the verdict's parameters hold every one of its fields."""
+    rule = verdict_decision.Rule(delta=0.05, min_samples=12, confidence=0.9, seed=7)
+    assert rule.min_speedup == pytest.approx(1 / 0.95)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        rule.delta = 0.1  # type: ignore[misc]
+    with pytest.raises(ValueError, match=r"^confidence "):
+        verdict_decision.Rule(confidence=1)
+    made = build(write_step(tmp_path / "run", step_cell(64, 1.5)), [64])
+    assert {k: made["parameters"][k] for k in dataclasses.asdict(rule)} == dataclasses.asdict(
+        verdict_decision.Rule())
 
 
 # ------------------------------------------------------------------------ a full run folder

@@ -20,29 +20,44 @@ SPLIT = (FORWARD, *STAGES, UNATTRIBUTED)  # the parts of a step that add up to i
 DWARFED_SHARE = 0.10  # the copy counts as dwarfed below this share of the seed's step
 
 
+def read_condition(frame: pd.DataFrame, condition: catalogue.Condition) -> pd.Series:
+    """Each row's value of a step condition, read by the condition's rule: a row written before
+    its column existed reads as its ``old_rows`` value, a value it does not know as missing."""
+    if condition.column not in frame:
+        return pd.Series(condition.old_rows, index=frame.index, dtype=object)
+    return frame[condition.column].map(condition.reads).astype(object)
+
+
+def where_condition(frame: pd.DataFrame, condition: catalogue.Condition,
+                    value: str) -> pd.DataFrame:
+    """The step rows measured with ``condition`` at ``value`` (rows read by its rule)."""
+    return frame[read_condition(frame, condition) == value]
+
+
+def condition_values(frame: pd.DataFrame, condition: catalogue.Condition) -> list[str]:
+    """The values of a condition the rows record, in the catalogue's order (the deciding value
+    first); empty for a table without rows."""
+    found = set(read_condition(frame, condition).dropna())
+    return [value for value in condition.values if value in found]
+
+
 def where_log_softmax(frame: pd.DataFrame, place: str) -> pd.DataFrame:
     """The step rows measured with the log-softmax on ``place`` (``device`` or ``host``); rows
     that do not say (tables kept before the choice existed) ran it on the device."""
-    return frame[frame["log_softmax"].fillna("device") == place]
+    return where_condition(frame, catalogue.LOG_SOFTMAX, place)
 
 
 def where_overlap(frame: pd.DataFrame, order: str) -> pd.DataFrame:
     """The step rows measured in overlap ``order`` (``queued`` or ``waited``,
     :data:`stagelab.core.forward.OVERLAP_ORDERS`); rows that do not say (tables kept before the
     order was recorded) queued the forward and are read as ``queued``."""
-    if "overlap_order" not in frame:
-        return frame if order == forward.QUEUED else frame.iloc[0:0]
-    return frame[frame["overlap_order"].fillna(forward.QUEUED) == order]
+    return where_condition(frame, catalogue.OVERLAP, order)
 
 
 def overlap_orders(frame: pd.DataFrame) -> list[str]:
     """The overlap orders the step rows record, ``queued`` first (rows that do not say count
     as ``queued``); empty for a table without rows."""
-    if frame.empty:
-        return []
-    found = (set(frame["overlap_order"].fillna(forward.QUEUED)) if "overlap_order" in frame
-             else {forward.QUEUED})
-    return [order for order in forward.OVERLAP_ORDERS if order in found]
+    return condition_values(frame, catalogue.OVERLAP)
 
 
 def overlap_table(frame: pd.DataFrame) -> pd.DataFrame:
@@ -64,7 +79,7 @@ def overlap_table(frame: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(means, columns=columns)
 
 
-MAPPED_FRESH = "mapped fresh"  # the seed vector's regime that never touches the process's heap
+MAPPED_FRESH = catalogue.MAPPED_FRESH  # the seed vector's regime that never touches the process's heap
 
 
 def regimes(frame: pd.DataFrame) -> list[str]:

@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from stagelab.analyse import stats
+from stagelab.core import catalogue
 from stagelab.core.catalogue import aa_name
 
 # ------------------------------------------------------------------------------- selecting
@@ -78,9 +79,9 @@ def compare(frame: pd.DataFrame, baseline: str, candidate: str, by: Sequence[str
     with its CI, the ms it saves per call on average, and, with ``twin``, the A/A speedup of the
     baseline over its twin. A cell whose timings are not positive and finite gets no speedup and
     a ``note`` saying why."""
-    for column in ("log_softmax", "overlap_order"):  # two places, two orders: two cells each
-        if column in frame and frame[column].nunique() > 1:
-            by = [*by, column]
+    for condition in catalogue.CONDITIONS:  # two places, two orders...: two cells each
+        if condition.column in frame and frame[condition.column].nunique() > 1:
+            by = [*by, condition.column]
     out = []
     for key, part in cells(frame, by):
         base, cand = paired_rounds(part, baseline, candidate, stage=stage)

@@ -50,6 +50,7 @@ from stagelab.analyse import (
 from stagelab.analyse.verdict_decision import (
     BASELINE,
     CANDIDATE,
+    Rule,
     _cell_name,
     _num,
     answer_questions,
@@ -153,8 +154,8 @@ def reference_verdicts(reference_root: Path) -> tuple[list[dict[str, Any]], list
     return found, skipped
 
 
-def calibrate_rule(decisive: list[dict[str, Any]], trials: int, delta: float,
-                   seed: int) -> list[dict[str, Any]]:
+def calibrate_rule(decisive: list[dict[str, Any]], trials: int,
+                   rule: Rule) -> list[dict[str, Any]]:
     """The rule's simulated error rates at the rounds this run's decisive cells have (the fewest)
     and for a family of as many cells, under every noise model at fixed rounds (rounds until
     resolved are calibrated in docs/decision-rule.md); none where no trials were asked for or no
@@ -162,7 +163,7 @@ def calibrate_rule(decisive: list[dict[str, Any]], trials: int, delta: float,
     rounds = [c["baseline_rounds"] for c in decisive if c["baseline_rounds"] >= 2]
     if not trials or not rounds:
         return []
-    return calibration.calibrate(trials=trials, rounds=min(rounds), delta=delta, seed=seed,
+    return calibration.calibrate(trials=trials, rounds=min(rounds), delta=rule.delta, seed=rule.seed,
                                  cells=len(decisive), adaptive=[False]).to_dict("records")
 
 
@@ -191,7 +192,7 @@ def context_summary(decisive: list[dict[str, Any]], delta: float, log_softmax: s
 
 def overlap_summary(step: pd.DataFrame, named: list[tuple[int, int, int]], assumed: str,
                     decisive: list[dict[str, Any]], decided: str,
-                    recommendation: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+                    recommendation: dict[str, Any], rule: Rule) -> dict[str, Any]:
     """The overlap order decided (``assumed``) and the other beside it, each with its family
     decision and recommended change (never a comparison across orders), whether the other
     changes any cell's answer, and which order the seed's sampler has (:data:`SEED_OVERLAP`).
@@ -203,7 +204,7 @@ def overlap_summary(step: pd.DataFrame, named: list[tuple[int, int, int]], assum
                        "answers": {_cell_name(c): c["decision"] for c in decisive}}}
     for order in forward.OVERLAP_ORDERS:
         if order != assumed:
-            under[order] = decide_order(step_analysis.where_overlap(step, order), named, **kwargs)
+            under[order] = decide_order(step_analysis.where_overlap(step, order), named, rule)
     other = next(order for order in forward.OVERLAP_ORDERS if order != assumed)
     flips = [name for name, answer in under[other]["answers"].items()
              if under[assumed]["answers"].get(name) not in (None, answer)]
@@ -232,7 +233,7 @@ def forward_summary(step: pd.DataFrame) -> dict[str, Any]:
 
 
 def allocator_summary(step: pd.DataFrame, named: list[tuple[int, int, int]], decided: str,
-                      **kwargs: Any) -> dict[str, Any]:
+                      rule: Rule) -> dict[str, Any]:
     """The seed vector's allocation regimes this run recorded (the process's malloc assumed, as
     the engine gets it), glibc's threshold in words, and whether the other regime, where it was
     measured, changes the answer (the decisive family decided under it)."""
@@ -244,7 +245,7 @@ def allocator_summary(step: pd.DataFrame, named: list[tuple[int, int, int]], dec
                        "assumed)")
         return out
     for regime in recorded[1:]:
-        cells, _ = decide_cells(step_analysis.where_regime(step, regime), named, CANDIDATE, **kwargs)
+        cells, _ = decide_cells(step_analysis.where_regime(step, regime), named, CANDIDATE, rule)
         answer = overall(cells)["decision"]
         out["other"].append({"regime": regime, "decision": answer,
                              "changes_answer": answer != decided,
@@ -302,7 +303,7 @@ def machine_context(snapshot: dict[str, Any]) -> dict[str, Any]:
 
 
 def _other_assumption(step: pd.DataFrame, named: list[tuple[int, int, int]], assumed: str,
-                      decided: str, **kwargs: Any) -> dict[str, Any]:
+                      decided: str, rule: Rule) -> dict[str, Any]:
     """Whether the other place of the log-softmax, where this run measured it, would change the
     answer."""
     other = "host" if assumed == "device" else "device"
@@ -311,7 +312,7 @@ def _other_assumption(step: pd.DataFrame, named: list[tuple[int, int, int]], ass
         return {"log_softmax": other, "measured": False, "decision": None,
                 "changes_answer": None, "note": f"the log-softmax on the {other} was not "
                                                 "measured in this run (the full profile does)"}
-    cells, _ = decide_cells(rows, named, CANDIDATE, **kwargs)
+    cells, _ = decide_cells(rows, named, CANDIDATE, rule)
     answer = overall(cells)["decision"]
     return {"log_softmax": other, "measured": True, "decision": answer,
             "changes_answer": answer != decided,
@@ -338,12 +339,11 @@ def build_verdict(run_dir: Path | str, *, decisive_rows: list[int], decisive_voc
     if overlap_order not in forward.OVERLAP_ORDERS:
         raise ValueError(f"overlap_order must be one of {list(forward.OVERLAP_ORDERS)}, got "
                          f"{overlap_order!r}")
-    check_parameters(delta, min_samples, confidence, decisive_rows, decisive_vocabs, decisive_ks)
+    rule = Rule(delta=delta, min_samples=min_samples, confidence=confidence, seed=seed)
+    check_parameters(decisive_rows, decisive_vocabs, decisive_ks)
     run_dir = Path(run_dir)
     tables, missing = load_tables(run_dir)
     staging, step = tables.get("staging"), tables.get("step")
-    kwargs: dict[str, Any] = dict(delta=delta, min_samples=min_samples, confidence=confidence,
-                                  seed=seed)
     named = decisive_cells(decisive_rows, decisive_vocabs, decisive_ks)
     step_all = step if step is not None else schema.make_rows([])
     if step is not None:  # every step figure below: the assumed place, regime and order's rows
@@ -352,15 +352,14 @@ def build_verdict(run_dir: Path | str, *, decisive_rows: list[int], decisive_voc
     in_order = step_analysis.where_overlap(step_all, overlap_order)
     at_place = step_analysis.where_log_softmax(in_order, log_softmax)
     assumed_rows = step_analysis.where_regime(at_place)
-    decisive, family = decide_cells(assumed_rows, named, CANDIDATE, **kwargs)
+    decisive, family = decide_cells(assumed_rows, named, CANDIDATE, rule)
     decided = overall(decisive)
-    questions, recommendation = answer_questions(assumed_rows, named, bundle=decisive, **kwargs)
+    questions, recommendation = answer_questions(assumed_rows, named, rule, bundle=decisive)
     for index, cell in enumerate(decisive):
         cell["answers"] = {q: {key: answer["cells"][index].get(key) for key in
                                ("decision", "speedup", "ci_low", "ci_high")}
                            for q, answer in questions.items()}
-    carry_over = carry_over_summary(assumed_rows, decisive, delta=delta,
-                                    confidence=confidence)
+    carry_over = carry_over_summary(assumed_rows, decisive, rule)
     short = not_a_decision(decisive)
     if short:
         decided = {**decided, "decision": stats.INCONCLUSIVE,
@@ -368,8 +367,8 @@ def build_verdict(run_dir: Path | str, *, decisive_rows: list[int], decisive_voc
         recommendation = {**recommendation, "change": stats.NOT_A_DECISION, "reason": short}
     overlap = overlap_summary(
         step_analysis.where_regime(step_analysis.where_log_softmax(step_all, log_softmax)), named,
-        overlap_order, decisive, decided["decision"], recommendation, **kwargs)
-    step_levers = [] if step is None else step_analysis.lever_savings(step, seed=seed).to_dict(
+        overlap_order, decisive, decided["decision"], recommendation, rule)
+    step_levers = [] if step is None else step_analysis.lever_savings(step, seed=rule.seed).to_dict(
         "records")
     folder = records.RunFolder(run_dir)
     manifest = folder.read_manifest() if folder.manifest_path.exists() else {}
@@ -386,32 +385,31 @@ def build_verdict(run_dir: Path | str, *, decisive_rows: list[int], decisive_voc
     verdict = {
         "run_id": run_dir.name,
         "hardware": summaries.hardware_summary(hardware),
-        "parameters": {**kwargs, "decisive_rows": decisive_rows,
+        "parameters": {**rule.as_dict(), "decisive_rows": decisive_rows,
                        "decisive_vocabs": decisive_vocabs, "decisive_ks": decisive_ks,
                        "log_softmax": log_softmax, "overlap_order": overlap_order},
         "overall": decided,
         "recommendation": recommendation,
         "questions": questions,
         "context": with_machine({
-            **context_summary(decisive, delta, log_softmax, family,
+            **context_summary(decisive, rule.delta, log_softmax, family,
                               on_cpu=step_analysis.measured_on_cpu(step_all),
                               overlap_order=overlap_order),
             "forward": forward_summary(assumed_rows), "overlap": overlap,
-            "allocator": allocator_summary(at_place, named, decided["decision"], **kwargs)},
+            "allocator": allocator_summary(at_place, named, decided["decision"], rule)},
             hardware),
         "other_log_softmax": _other_assumption(step_analysis.where_regime(in_order), named,
-                                               log_softmax, decided["decision"], **kwargs),
+                                               log_softmax, decided["decision"], rule),
         "decisive": decisive,
         "carry_over": carry_over,
         "step_levers": step_levers,
-        "copy_cells": [] if staging is None else _copy_cells(staging, seed),
-        "harness": harness_check(staging, step, named, delta=delta, confidence=confidence,
-                                 seed=seed),
+        "copy_cells": [] if staging is None else _copy_cells(staging, rule.seed),
+        "harness": harness_check(staging, step, named, rule),
         "goals": goals,
         "clock_check": {"checked": sum(c["checked"] for c in clocks),
                         "disagree": sum(c["disagree"] for c in clocks)},
         "prompt_logprobs": _prompt_summary(tables.get("prompt_logprobs")),
-        "calibration": calibrate_rule(decisive, calibration_trials, delta, seed),
+        "calibration": calibrate_rule(decisive, calibration_trials, rule),
         "calibration_requirements": calibration.REQUIREMENTS,
         "missing": missing,
         "measured_on": measured_origin(manifest),
@@ -435,21 +433,21 @@ def build_verdict(run_dir: Path | str, *, decisive_rows: list[int], decisive_voc
     return verdict
 
 
-def carry_over_summary(step: pd.DataFrame, decisive: list[dict[str, Any]], *, delta: float,
-                       confidence: float) -> dict[str, Any]:
+def carry_over_summary(step: pd.DataFrame, decisive: list[dict[str, Any]],
+                       rule: Rule) -> dict[str, Any]:
     """Each decisive cell's first-order carry-over (:mod:`stagelab.analyse.carryover`); a
     flagged cell's answer says so in its reason (``carry_over_flagged`` on the cell)."""
     cells = []
     for cell in decisive:
         rows = step[(step["rows"] == cell["rows"]) & (step["vocab"] == cell["vocab"])
                     & (step["k"] == cell["k"])]
-        found = carryover.estimate(rows, delta=delta, confidence=confidence,
+        found = carryover.estimate(rows, delta=rule.delta, confidence=rule.confidence,
                                    baseline=BASELINE, candidate=CANDIDATE)
         cell["carry_over_flagged"] = found["flagged"]
         if found["flagged"]:
-            cell["reason"] = f"{cell['reason']}; {carryover.words(found, delta)}"
+            cell["reason"] = f"{cell['reason']}; {carryover.words(found, rule.delta)}"
         cells.append({"rows": cell["rows"], "vocab": cell["vocab"], "k": cell["k"], **found})
-    return {"method": carryover.METHOD, "bar": delta / 2, "cells": cells,
+    return {"method": carryover.METHOD, "bar": rule.delta / 2, "cells": cells,
             "flagged": [_cell_name(c) for c in cells if c["flagged"]]}
 
 

@@ -7,6 +7,7 @@ The rule itself (the bars, the family, the tail, the rounds a decision needs) is
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,37 @@ from stagelab.core import catalogue, design
 BASELINE, CANDIDATE, TWIN = catalogue.decisive_arms()
 REUSED = catalogue.REUSE_LEVER[catalogue.STEP]
 DEFERRED = catalogue.DEFERRED_WAIT
+
+
+@dataclass(frozen=True)
+class Rule:
+    """The decision rule's settings, built once and passed as one value: the smallest effect of
+    interest (``delta``, a share of the decode step), the rounds a cell needs before the rule
+    decides it (``min_samples``), the family's ``confidence`` and the bootstrap's ``seed``.
+    Checked when built, before any table is read; the verdict records it as its parameters."""
+
+    delta: float = 0.02
+    min_samples: int = 10
+    confidence: float = 0.95
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        delta, confidence, min_samples = self.delta, self.confidence, self.min_samples
+        if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not 0 < delta < 1:
+            raise ValueError(f"delta must be in (0, 1), got {delta!r}")
+        if isinstance(confidence, bool) or not isinstance(confidence, float) or not 0 < confidence < 1:
+            raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
+        if isinstance(min_samples, bool) or not isinstance(min_samples, int) or min_samples < 2:
+            raise ValueError(f"min_samples must be an integer of at least 2, got {min_samples!r}")
+
+    @property
+    def min_speedup(self) -> float:
+        """The bar on the ratio of mean step times: a saving of delta of the decode step."""
+        return 1 / (1 - self.delta)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready, for the verdict's ``parameters``."""
+        return asdict(self)
 
 
 def _num(value: Any) -> float | None:
@@ -84,17 +116,17 @@ def cell_evidence(step: pd.DataFrame, rows: int, vocab: int, k: int, candidate: 
                  "min_speedup": out["min_speedup"]}
 
 
-def decide_cells(step: pd.DataFrame, named: list[tuple[int, int, int]], candidate: str, *,
-                 delta: float, min_samples: int, confidence: float, seed: int,
-                 baseline: str = BASELINE, twin: str | None = TWIN,
+def decide_cells(step: pd.DataFrame, named: list[tuple[int, int, int]], candidate: str,
+                 rule: Rule, *, baseline: str = BASELINE, twin: str | None = TWIN,
                  ) -> tuple[list[dict[str, Any]], stats.FamilyDecision | None]:
     """Every named decisive cell with its decision, and the family's decision over the measured
     ones (:func:`stagelab.analyse.stats.decide_family`; None when no cell was measured)."""
-    evidence = [cell_evidence(step, n, v, k, candidate, delta=delta, baseline=baseline,
+    evidence = [cell_evidence(step, n, v, k, candidate, delta=rule.delta, baseline=baseline,
                               twin=twin) for n, v, k in named]
     measured = [inputs for _, inputs in evidence if inputs is not None]
-    family = (stats.decide_family(measured, min_samples=min_samples, confidence=confidence,
-                                  seed=seed) if measured else None)
+    family = (stats.decide_family(measured, min_samples=rule.min_samples,
+                                  confidence=rule.confidence, seed=rule.seed)
+              if measured else None)
     decided = iter(family.cells if family else [])
     cells = []
     for out, inputs in evidence:
@@ -229,9 +261,8 @@ ANSWER_KEYS = ("decision", "speedup", "ci_low", "ci_high", "tail_speedup", "tail
                "tail_upper_bound", "tail", "noninferior_bound", "saved_ms", "n_rounds", "reason")
 
 
-def answer_questions(step: pd.DataFrame, named: list[tuple[int, int, int]], *,
-                     bundle: list[dict[str, Any]],
-                     **kwargs: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+def answer_questions(step: pd.DataFrame, named: list[tuple[int, int, int]], rule: Rule, *,
+                     bundle: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
     """The four questions, each a family over the decisive cells
     (:func:`stagelab.analyse.stats.decide_family`): their answers, and the change recommended
     from them as a fixed sequence (:func:`stagelab.analyse.stats.recommend`). ``bundle``: the
@@ -239,7 +270,7 @@ def answer_questions(step: pd.DataFrame, named: list[tuple[int, int, int]], *,
     answers: dict[str, Any] = {}
     for question, (baseline, candidate, twin) in QUESTIONS.items():
         cells = bundle if question == "bundle" else decide_cells(
-            step, named, candidate, baseline=baseline, twin=twin, **kwargs)[0]
+            step, named, candidate, rule, baseline=baseline, twin=twin)[0]
         measured = any(c.get("speedup") is not None for c in cells)
         answers[question] = {
             "baseline": baseline, "candidate": candidate, "words": QUESTION_WORDS[question],
@@ -295,8 +326,7 @@ def decisive_cells(rows: list[int], vocabs: list[int],
 
 
 def harness_check(staging: pd.DataFrame | None, step: pd.DataFrame | None,
-                  named: list[tuple[int, int, int]], *, delta: float, confidence: float,
-                  seed: int) -> dict[str, Any]:
+                  named: list[tuple[int, int, int]], rule: Rule) -> dict[str, Any]:
     """The run's A/A harness check, every twin as one family (:func:`stagelab.analyse.stats.twin_checks`):
     the seed's step against its twin in each decisive cell, and the fresh pageable copy against
     its twin in each copy cell. :mod:`stagelab.analyse.trust` reads it."""
@@ -312,24 +342,21 @@ def harness_check(staging: pd.DataFrame | None, step: pd.DataFrame | None,
             labelled.append(({"level": "copy", **key},
                              timings.paired_rounds(part, fresh, catalogue.aa_name(fresh))))
     level, checks = stats.twin_checks([(pair[0], pair[1]) for _, pair in labelled if len(pair[0])],
-                                      delta=delta, confidence=confidence, seed=seed)
+                                      delta=rule.delta, confidence=rule.confidence,
+                                      seed=rule.seed)
     found = iter(checks)  # a cell without twin rounds is listed, unchecked, and not counted in m
     unchecked = {"n_rounds": 0, "twin_speedup": None, "twin_ci_low": None, "twin_ci_high": None,
                  "differs": None, "note": "no round timed both the baseline and its twin"}
-    return {"method": stats.TWIN_METHOD, "confidence": level, "family_confidence": confidence,
-            "delta": delta, "checks": [{**label, **(next(found) if len(pair[0]) else unchecked)}
-                                       for label, pair in labelled]}
+    return {"method": stats.TWIN_METHOD, "confidence": level,
+            "family_confidence": rule.confidence, "delta": rule.delta,
+            "checks": [{**label, **(next(found) if len(pair[0]) else unchecked)}
+                       for label, pair in labelled]}
 
 
-def check_parameters(delta: float, min_samples: int, confidence: float, decisive_rows: list[int],
-                     decisive_vocabs: list[int], decisive_ks: list[int]) -> None:
-    """Every parameter of :func:`build_verdict`, checked before any table is read."""
-    if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not 0 < delta < 1:
-        raise ValueError(f"delta must be in (0, 1), got {delta!r}")
-    if isinstance(confidence, bool) or not isinstance(confidence, float) or not 0 < confidence < 1:
-        raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
-    if isinstance(min_samples, bool) or not isinstance(min_samples, int) or min_samples < 2:
-        raise ValueError(f"min_samples must be an integer of at least 2, got {min_samples!r}")
+def check_parameters(decisive_rows: list[int], decisive_vocabs: list[int],
+                     decisive_ks: list[int]) -> None:
+    """The decisive cells :func:`build_verdict` is given, checked before any table is read (its
+    :class:`Rule` checks itself when built)."""
     for name, values in (("decisive_rows", decisive_rows), ("decisive_vocabs", decisive_vocabs),
                          ("decisive_ks", decisive_ks)):
         if not values:
@@ -337,7 +364,7 @@ def check_parameters(delta: float, min_samples: int, confidence: float, decisive
 
 
 def decide_order(step: pd.DataFrame, named: list[tuple[int, int, int]],
-                 **kwargs: Any) -> dict[str, Any]:
+                 rule: Rule) -> dict[str, Any]:
     """The decisive family and the recommended change in one overlap order's rows, over the
     named cells whose seed step was timed in it (a profile may measure the other order at some
     cells only); ``measured``: whether any of them has its speedup (False where none, or no
@@ -348,9 +375,9 @@ def decide_order(step: pd.DataFrame, named: list[tuple[int, int, int]],
     if not here:
         return {"measured": False, "cells": [], "decision": None, "change": None,
                 "reason": "not measured in this order", "answers": {}}
-    bundle, _ = decide_cells(step, here, CANDIDATE, **kwargs)
+    bundle, _ = decide_cells(step, here, CANDIDATE, rule)
     decided = overall(bundle)["decision"]
-    _, recommendation = answer_questions(step, here, bundle=bundle, **kwargs)
+    _, recommendation = answer_questions(step, here, rule, bundle=bundle)
     short = not_a_decision(bundle)
     return {"measured": any(c.get("speedup") is not None for c in bundle),
             "cells": [_cell_name(c) for c in bundle],

@@ -237,6 +237,69 @@ def candidate(experiment: str) -> str:
     return only_with_role(experiment, CANDIDATE)
 
 
+# --------------------------------------------------------------------------- step conditions
+
+@dataclass(frozen=True)
+class Condition:
+    """A condition the engine's step may meet (a "what if"), declared once: the step measures
+    the values it is asked for, each row records its value in ``column``, and the verdict decides
+    under ``decides`` and says beside it, for each other value measured, whether it changes the
+    answer. ``words``: each value in a sentence. ``old_rows``: the value a row written before
+    the column existed reads as. ``by_name``: rows name the deciding value by what provides it
+    (the process's malloc: glibc, jemalloc...), so any value not in ``values`` reads as
+    ``decides``; otherwise such a value (a stranger's) is no value of the condition."""
+
+    name: str
+    column: str
+    values: tuple[str, ...]
+    decides: str
+    words: dict[str, str]
+    old_rows: str
+    by_name: bool = False
+
+    def reads(self, recorded: object) -> str | None:
+        """The condition's value a row's recorded value reads as (None: none of its values)."""
+        if not isinstance(recorded, str):  # missing (None, NaN, pandas' NA): an older row
+            return self.old_rows
+        if recorded in self.values:
+            return str(recorded)
+        return self.decides if self.by_name else None
+
+
+DEVICE, HOST = "device", "host"  # where the seed arms run the log-softmax
+MALLOC, MAPPED_FRESH = "malloc", "mapped fresh"  # the fresh vector's allocator regimes
+# How a timed step meets the forward queued before it (its overlap order): ``queued``, the host
+# allocates the fresh vector (and zero-fills it) while the forward runs, first waiting at the
+# copy; ``waited``, the device is waited on before the allocation begins, so the fill is paid in
+# full (the other bound). Either way each timed call is the decode step: forward + step.
+QUEUED, WAITED = "queued", "waited"
+
+LOG_SOFTMAX = Condition(
+    "log_softmax", "log_softmax", (DEVICE, HOST), DEVICE,
+    {DEVICE: "the log-softmax runs on the device, before the copy",
+     HOST: "the log-softmax runs on the host, after the copy (the device only casts the logits)"},
+    old_rows=DEVICE)
+ALLOCATOR = Condition(
+    "allocator", "regime", (MALLOC, MAPPED_FRESH), MALLOC,
+    {MALLOC: "the fresh vector comes from the process's malloc, as the engine gets it",
+     MAPPED_FRESH: "the fresh vector is mapped fresh every step (its pages faulted in anew)"},
+    old_rows=MALLOC, by_name=True)
+OVERLAP = Condition(
+    "overlap", "overlap_order", (QUEUED, WAITED), QUEUED,
+    {QUEUED: "the fresh vector's allocation and zero-fill overlap the queued forward",
+     WAITED: "the forward is waited on before the allocation, so the zero-fill is paid in full"},
+    old_rows=QUEUED)
+CONDITIONS = (LOG_SOFTMAX, ALLOCATOR, OVERLAP)
+
+
+def condition(name: str) -> Condition:
+    """The condition named ``name``; ValueError naming the known ones otherwise."""
+    for found in CONDITIONS:
+        if found.name == name:
+            return found
+    raise ValueError(f"no step condition {name!r}; known: {', '.join(c.name for c in CONDITIONS)}")
+
+
 # --------------------------------------------------------------------------------- notebooks
 
 @dataclass(frozen=True)

@@ -33,22 +33,16 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from stagelab.core import paths
+from stagelab.core import catalogue, paths
 
 DEFAULT_CONTEXT = 2048
 ACHIEVABLE_FRACTION = 0.8
 BYTES_PER_VALUE = 2  # bf16 weights and KV cache
 
-# How a timed step meets the forward queued before it (its overlap order): ``queued``, the host
-# allocates the fresh vector (and zero-fills it) while the forward runs, first waiting at the
-# copy; ``waited``, the device is waited on before the allocation begins, so the fill is paid in
-# full (the other bound). Either way each timed call is the decode step: forward + step.
-QUEUED, WAITED = "queued", "waited"
-OVERLAP_ORDERS = (QUEUED, WAITED)
-ORDER_WORDS = {
-    QUEUED: "the fresh vector's allocation and zero-fill overlap the queued forward",
-    WAITED: "the forward is waited on before the allocation, so the zero-fill is paid in full",
-}
+# How a timed step meets the forward queued before it: the overlap condition of the catalogue.
+QUEUED, WAITED = catalogue.QUEUED, catalogue.WAITED
+OVERLAP_ORDERS = catalogue.OVERLAP.values
+ORDER_WORDS = catalogue.OVERLAP.words
 
 # Datasheet peak memory bandwidth (GB/s) by the exact name CUDA reports, less "NVIDIA ".
 PEAK_BANDWIDTH_GBPS = {

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from stagelab.core import paths, records
+from stagelab.core import catalogue, paths, records
 from stagelab.core.errors import NativeUnavailable
 
 SOURCE = Path(__file__).with_name("csrc") / "seed_host.cpp"
@@ -282,7 +282,7 @@ def library() -> ctypes.CDLL:
     return _load()
 
 
-MALLOC, MAPPED = "malloc", "mapped fresh"  # the two regimes the native vector can take
+MALLOC, MAPPED = catalogue.ALLOCATOR.values  # the two regimes the native vector can take
 REGIME_CODES = {MALLOC: 0, MAPPED: 1}
 PRELOADABLE = {"jemalloc": ("libjemalloc.so.2", "libjemalloc.so"),
                "tcmalloc": ("libtcmalloc.so.4", "libtcmalloc_minimal.so.4", "libtcmalloc.so")}

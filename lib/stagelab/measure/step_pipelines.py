@@ -39,7 +39,7 @@ from stagelab.measure.device import PinnedMemoryUnavailable
 STEP_ARMS = catalogue.arm_names(catalogue.STEP)
 BASELINE = catalogue.baseline(catalogue.STEP)
 CANDIDATE = catalogue.candidate(catalogue.STEP)
-LOG_SOFTMAX = ("device", "host")  # where the seed arms run the log-softmax
+LOG_SOFTMAX = catalogue.LOG_SOFTMAX.values  # where the seed arms run the log-softmax
 OVERLAP_ORDERS = forward.OVERLAP_ORDERS  # how a step meets the forward queued before it
 # The allocating thread's own faults where the kernel counts per thread (Linux), else the
 # process's: a CUDA driver thread's faults are not the seed's fill.
