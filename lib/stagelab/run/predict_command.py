@@ -174,7 +174,12 @@ def main(args: argparse.Namespace) -> int:
     lines = regime_lines(choice.rates)
     if lines:
         print(lines)
-    for entry in predictions(chosen, cells, choice, args.delta):
+    entries = predictions(chosen, cells, choice, args.delta)
+    for entry in entries:
         print(format_platform(entry))
+    deferral = predict_model.where_deferral_matters(
+        [cell for entry in entries for cell in entry["cells"] if cell["fits"]])
+    if deferral:
+        print(deferral)
     return 0
 
