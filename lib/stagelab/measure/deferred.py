@@ -176,8 +176,9 @@ class DeferredStep:
     Stages:
     ``device`` (the log-softmax, queued), ``alloc`` (the slot), ``copy`` (on CUDA the copy's
     own events on the side stream, beside the next forward), ``host_gather`` (the C++ top-K) and
-    ``free`` (nothing to free); the host's wait for the previous step's copy is outside every
-    stage, as the other seed arms' wait (a range of the timeline only); with
+    ``free`` (the step's view of its slot dropped; the slot is kept); the host's wait for the
+    previous step's copy is outside every stage, as the other seed arms' wait (a range of the
+    timeline only); with
     the log-softmax on the host, the fp32 logits are copied and normalised in the slot after the
     wait (``host_softmax``), as the seed's other arms do."""
 
@@ -241,7 +242,11 @@ class DeferredStep:
             result = lp.gather_logprobs_host(oldest.host, oldest.num_logprobs,
                                              oldest.host_token_ids, backend=self.backend,
                                              validate=False)
-        return result, {**stages, "host_gather": time.perf_counter() - start, "free": 0.0}
+        stages["host_gather"] = time.perf_counter() - start
+        start = time.perf_counter()
+        with timeline.stage("free"):
+            del oldest  # the slot's view and its completion: the slot itself is kept
+        return result, {**stages, "free": time.perf_counter() - start}
 
     def drain(self) -> tuple[lp.LogprobsTensors | None, Stages]:
         """Finish every pending step (the last of a sequence); the last results, or None."""
