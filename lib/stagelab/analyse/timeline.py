@@ -5,7 +5,8 @@ overlapped the device's. Torch-free.
 Each span is a row: ``arm``, ``lane`` (``host``: the stage ranges the arm's code names;
 ``device``: the kernels and copies the profiler saw on the GPU), ``stage`` (the suite's stage
 names: ``forward``, ``device`` for the log-softmax or the device top-K, ``copy``, ``wait``,
-``host_gather`` ...), ``start_ms`` and ``end_ms`` from the start of the arm's sequence.
+``host_gather`` ...), ``start_ms`` and ``end_ms`` from the arm's first span (the profiler's
+own start-up, before it, is left out).
 """
 
 from __future__ import annotations
@@ -60,11 +61,12 @@ def spans(trace: dict[str, Any]) -> pd.DataFrame:
             continue
         for arm, arm_start, arm_end in arms:
             if arm_start <= start <= arm_end:
-                rows.append({"arm": arm, "lane": lane, "stage": stage,
-                             "start_ms": (start - arm_start) / 1e3,
-                             "end_ms": (end - arm_start) / 1e3})
+                rows.append({"arm": arm, "lane": lane, "stage": stage, "start_ms": start / 1e3,
+                             "end_ms": end / 1e3})
                 break
-    return pd.DataFrame(rows, columns=COLUMNS)
+    frame = pd.DataFrame(rows, columns=COLUMNS)
+    first = frame.groupby("arm")["start_ms"].transform("min")  # the arm's first span at 0
+    return frame.assign(start_ms=frame.start_ms - first, end_ms=frame.end_ms - first)
 
 
 def read(path: Path | str | None) -> pd.DataFrame:

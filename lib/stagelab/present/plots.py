@@ -456,7 +456,7 @@ def timeline(frame: pd.DataFrame) -> plt.Figure:
     copy and the host top-K ran beside the next forward."""
     arms = list(dict.fromkeys(frame["arm"])) if not frame.empty else []
     fig, axes = plt.subplots(max(1, len(arms)), 1, figsize=(10, 0.4 + 1.1 * max(1, len(arms))),
-                             squeeze=False)
+                             squeeze=False, sharex=True)  # one time scale: arms compared
     if not arms:
         nothing(axes[0][0], "No timeline was recorded in this run")
         return fig
@@ -469,7 +469,7 @@ def timeline(frame: pd.DataFrame) -> plt.Figure:
                                (y - 0.4, 0.8), color=STAGE_COLORS.get(str(stage), "#999999"))
         ax.set_yticks(range(len(lanes)), lanes)
         ax.set_title(arm, loc="left", fontsize=9)
-    axes[-1][0].set_xlabel("ms from the start of the arm's sequence")
+    axes[-1][0].set_xlabel("ms from the arm's first step")
     shown = [s for s in _STAGE_ORDER if s in set(frame["stage"])]
     fig.tight_layout()
     fig.legend([mpatches.Patch(color=STAGE_COLORS[s]) for s in shown],
