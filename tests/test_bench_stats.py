@@ -130,7 +130,7 @@ def test_rounds_until_resolved_stop_once_every_comparison_is_on_one_side_of_the_
     records = bench.interleaved(_arms({"b": 1.10, "c": 1.035}), rounds=10, warmup=0,
                                 precision=precision)
     done, note = _stop(records)
-    assert note.startswith("resolved: every comparison's CI lies on one side of the bar 1.0200")
+    assert note.startswith("resolved: ") and "1.0200" in note  # the bar
     assert 30 <= done < 2000 and (done - 10) % 5 == 0
     for name in ("b", "c"):
         assert design.resolved(*bench._paired_totals(records, "a", name), 1.02)

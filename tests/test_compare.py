@@ -85,7 +85,7 @@ def test_a_run_lacking_its_verdict_is_named_and_the_others_compared(cpu_and_h200
     captured = capsys.readouterr()
     notes = captured.err.splitlines()
     assert any(line.startswith("note: C_noverdict: no verdict.json") for line in notes)
-    assert any(line.startswith("note: D_older: verdict.json is of an older format")
+    assert any(line.startswith("note: D_older:") and "verdict.json" in line and "older" in line
                for line in notes)
     assert any(line.startswith("note: D_older: no data/staging.parquet") for line in notes)
     assert not any("A_cpu" in line or "B_h200" in line for line in notes)
@@ -93,7 +93,8 @@ def test_a_run_lacking_its_verdict_is_named_and_the_others_compared(cpu_and_h200
     comparison = compare.compare([a, b, bare, older])
     missing = comparison.table.loc[("run", "missing")]
     assert missing["C_noverdict"] == "no verdict.json"
-    assert missing["D_older"] == "older verdict.json; no prompt data; no staging table"
+    older_verdict, no_prompt, no_staging = missing["D_older"].split("; ")
+    assert "verdict.json" in older_verdict and "prompt" in no_prompt and "staging" in no_staging
     assert missing["A_cpu"] is None
     assert comparison.table.loc[("verdict", "overall"), "D_older"] == "CLOSE (older format)"
     # the bare run's bandwidth is still compared (1 GB/s against 2), the older run has none
@@ -119,8 +120,8 @@ def test_a_path_that_is_not_a_run_folder_is_refused_in_one_line(cpu_and_h200, tm
     assert cli.main(["compare", str(cpu_and_h200[0]), str(stray),
                      "--out", str(tmp_path / "c.html")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"stagelab: error: {stray} is not a run folder (no manifest.json or "
-                   "verdict.json)"]
+    assert len(err) == 1 and err[0].startswith(f"stagelab: error: {stray} ")
+    assert "manifest.json" in err[0] and "verdict.json" in err[0]  # what a run folder holds
 
 
 def test_runs_with_the_same_id_get_distinct_columns(cpu_and_h200):
@@ -160,8 +161,8 @@ def test_a_staging_table_of_an_older_schema_still_gives_its_bandwidth(cpu_and_h2
     comparison = compare.compare([a, older, broken])
     assert comparison.ratios.loc[PINNED_GBPS, "K_older / A_cpu"] == pytest.approx(1.0)
     assert math.isnan(comparison.ratios.loc[PINNED_GBPS, "L_broken / A_cpu"])
-    assert comparison.table.loc[("run", "missing"), "L_broken"] == (
-        "no verdict.json; staging table of another schema")
+    no_verdict, other_schema = comparison.table.loc[("run", "missing"), "L_broken"].split("; ")
+    assert "verdict.json" in no_verdict and "staging" in other_schema and "schema" in other_schema
 
 
 def test_a_single_run_is_shown_without_ratios(cpu_and_h200, capsys, tmp_path):
@@ -169,7 +170,7 @@ def test_a_single_run_is_shown_without_ratios(cpu_and_h200, capsys, tmp_path):
     out = capsys.readouterr().out
     assert out.splitlines()[0].split() == ["B_h200"]
     assert "/" not in out.splitlines()[0]
-    assert "No quantity was measured as a number in the first run and another." in out
+    assert compare.compare([cpu_and_h200[1]]).ratios.empty and compare.NO_RATIO in out
 
 
 def test_figures_have_three_significant_digits_whatever_their_size():
@@ -187,10 +188,10 @@ def test_a_run_with_untrustworthy_timings_is_flagged_in_its_column_and_a_note(cp
     (b / "verdict.json").write_text(json.dumps(verdict))
     assert cli.main(["compare", str(a), str(b), "--out", str(tmp_path / "c.html")]) == 0
     captured = capsys.readouterr()
-    assert any(line.startswith("note: B_h200: timings not trustworthy: the A/A check")
+    assert any(line.startswith("note: B_h200:") and "A/A" in line
                for line in captured.err.splitlines())
     timings = compare.compare([a, b]).table.loc[("verdict", "timings")]
-    assert timings["B_h200"] == "NOT TRUSTWORTHY (A/A check failed; see the note)"
+    assert timings["B_h200"].startswith("NOT TRUSTWORTHY") and "A/A" in timings["B_h200"]
     assert timings["A_cpu"] == "A/A passed; load not recorded"
     bare = make_run(tmp_path, "C_bare", verdict="none")
     assert compare.compare([a, bare]).table.loc[("verdict", "timings"), "C_bare"] == (
@@ -232,8 +233,9 @@ def test_the_comparison_shows_each_decisive_cells_carry_over(tmp_path):
     (run / "verdict.json").write_text(json.dumps(data))
     table = compare.compare([run]).table
     name = f"n={cell['rows']} V={cell['vocab']} K={cell['k']} carry-over"
-    assert table.loc[("decisive cells", name), "R"] == (
-        "FLAGGED after seed_pageable +5.0% [+4.0%, +6.0%]")
+    shown = table.loc[("decisive cells", name), "R"]
+    assert shown.startswith("FLAGGED") and "seed_pageable" in shown and "seed_pinned" not in shown
+    assert all(figure in shown for figure in ("+5.0%", "+4.0%", "+6.0%"))
 
 
 def test_the_comparison_shows_the_recommendation_under_each_overlap_order(tmp_path):
@@ -247,9 +249,10 @@ def test_the_comparison_shows_the_recommendation_under_each_overlap_order(tmp_pa
                        "change": "port the pinned scratch"}}}}
     (run / "verdict.json").write_text(json.dumps(data))
     table = compare.compare([run]).table
-    assert table.loc[("verdict", "overlap: queued"), "R"] == "CLOSE, close over 2 cell(s) (decided)"
-    assert table.loc[("verdict", "overlap: waited"), "R"] == (
-        "PORT, port the pinned scratch over 1 cell(s)")
+    queued, waited = (table.loc[("verdict", f"overlap: {o}"), "R"] for o in ("queued", "waited"))
+    assert queued.startswith("CLOSE") and "2 cell" in queued and "decided" in queued
+    assert waited.startswith("PORT") and "port the pinned scratch" in waited and "1 cell" in waited
+    assert "decided" not in waited
     assert table.loc[("verdict", "overlap: seed's order"), "R"] == "unknown"
     data["context"]["overlap"] = "assumed: an older verdict's words"
     (run / "verdict.json").write_text(json.dumps(data))
@@ -291,9 +294,9 @@ def test_compare_flags_a_figure_two_trusted_runs_disagree_on_and_the_factor_that
     comparison = compare.compare([a, b])
     assert [run.trusted for run in comparison.runs] == [True, True]
     apart, why = comparison.flags
-    assert apart.startswith(f"{LEVER}: 1.440x [1.310, 1.570] in A against 0.980x")
-    assert "beyond both CIs" in apart
-    assert why == "A vs B: machine factors that differ: logical cores (2 vs 4)"
+    assert apart.startswith(f"{LEVER}: ") and "beyond both CIs" in apart
+    assert all(figure in apart for figure in ("1.440x [1.310, 1.570]", "0.980x [0.900, 1.040]"))
+    assert why.startswith("A vs B: ") and why.endswith("logical cores (2 vs 4)")
     # the decisive speedups agree within their CIs (the same in both): not flagged
     assert not any(line.startswith("step speedup") for line in comparison.flags)
     assert cli.main(["compare", str(a), str(b), "--out", str(tmp_path / "c.html")]) == 0
@@ -306,8 +309,8 @@ def test_compare_flags_a_figure_two_trusted_runs_disagree_on_and_the_factor_that
 def test_compare_says_when_no_machine_factor_differs_and_flags_nothing_within_the_cis(tmp_path):
     a = _trusted(make_run(tmp_path, "A"), (1.44, 1.31, 1.57))
     b = _trusted(make_run(tmp_path, "B"), (1.20, 1.10, 1.30))
-    assert compare.compare([a, b]).flags[-1].startswith(
-        "A vs B: no recorded machine factor differs")
+    (alike,) = compare.compare([a, b]).flags[1:]
+    assert alike.startswith("A vs B: ") and "no recorded machine factor" in alike
     c = _trusted(make_run(tmp_path, "C"), (1.35, 1.25, 1.45))
     assert compare.compare([a, c]).flags == []  # the CIs overlap
 
@@ -317,8 +320,8 @@ def test_compare_does_not_judge_runs_that_are_not_trustworthy_or_too_short(tmp_p
     short = _trusted(make_run(tmp_path, "S"), (0.98, 0.90, 1.04), rounds=3)
     comparison = compare.compare([a, short])
     assert comparison.flags == []
-    assert comparison.table.loc[("verdict", "timings"), "S"] == (
-        "not a decision, not a trust check (3 rounds per cell)")
+    timings = comparison.table.loc[("verdict", "timings"), "S"]
+    assert timings.startswith("not a decision") and "3 rounds" in timings
     busy = _trusted(make_run(tmp_path, "busy"), (0.98, 0.90, 1.04))
     manifest = json.loads((busy / "manifest.json").read_text())
     manifest["notebooks"][0]["load"] = {"busy": True, "why": ["others took 1.6 cores"]}

@@ -130,8 +130,8 @@ def _record(host: str, gpu: str | None, verdict: str | None) -> fleet.NodeRecord
 def test_the_page_says_whether_the_answer_differs_between_platforms():
     same = [_record("a", "H100", "PORT"), _record("b", "GH200", "PORT")]
     differs = [_record("a", "H100", "PORT"), _record("b", "GH200", "CLOSE")]
-    assert fleet_page.answer_sentence(same) == "The answer is the same on every platform (H100: PORT; " \
-                                          "GH200: PORT)."
+    assert "same" in fleet_page.answer_sentence(same)
+    assert fleet_page.answer_sentence(same).endswith("(H100: PORT; GH200: PORT).")
     assert fleet_page.answer_sentence(differs).startswith("The answer differs between platforms")
     assert fleet_page.answer_sentence([_record("a", "H100", "PORT"), _record("b", "H100", "PORT")]) \
         .startswith("Only one platform produced a verdict")
@@ -403,7 +403,8 @@ def test_the_fleet_folder_lists_every_node_with_its_status_and_times(cluster, tm
     assert all(node["label"] in page for node in written["nodes"])
     assert "No node produced a verdict" in page
     line = fleet.summary_line(code, folder)
-    assert line == f"fleet: 2 nodes: 2 failed (exit 1); page: {folder / fleet_page.PAGE}"
+    assert line.startswith("fleet: 2 nodes: 2 failed (exit 1)")
+    assert line.endswith(f"page: {folder / fleet_page.PAGE}")
     progress = capsys.readouterr().err
     assert progress.count("started on") == 2 and progress.count(": analysed in") == 2
 

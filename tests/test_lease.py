@@ -148,9 +148,10 @@ def test_return_problems_name_what_a_lease_would_not_return(tmp_path):
     for i in range(7):
         (tmp_path / f"f{i}.json").write_text("{}")
     problems = measured_folder.return_problems(tmp_path)
-    assert problems == ["9 files, more than the 8 a lease returns",
-                        "a/b/deep.json: deeper than a lease returns",
-                        f"big.bin: {(16 << 20) + 1} B, over {16 << 20} B"]
+    too_many, too_deep, too_big = problems
+    assert too_many.startswith("9 files") and "8" in too_many
+    assert too_deep.startswith("a/b/deep.json: ") and too_big.startswith("big.bin: ")
+    assert f"{(16 << 20) + 1} B" in too_big and f"{16 << 20} B" in too_big
 
 
 @pytest.mark.slow  # make check's fast lane leaves it to make test
@@ -164,8 +165,8 @@ def test_a_table_at_the_size_limit_stops_with_a_status_and_keeps_its_cells(tmp_p
     (prompt,) = manifest["experiments"]
     assert code == measure_command.EXIT_PARTIAL and manifest["status"] == "failed"
     assert prompt["status"] == "failed" and prompt["cells"] == []
-    assert prompt["error"].startswith("stopped before a cell that would not come back: "
-                                      "prompt_logprobs.jsonl.gz: ")
+    assert prompt["error"].startswith("stopped before a cell") and (
+        "prompt_logprobs.jsonl.gz: " in prompt["error"])
     assert measured_folder.MeasuredFolder(out).measured_rows("prompt_logprobs") == []
 
 
@@ -184,27 +185,23 @@ def test_a_replay_keeps_rows_compressed_even_from_a_plain_folder(tmp_path):
 
 # ------------------------------------------------------------------------ a GPU is required
 
-@pytest.mark.serial  # a wall-time bound
 @no_cuda
-def test_force_never_passes_no_cuda_exit_3_within_seconds(tmp_path):
+def test_force_never_passes_no_cuda_exit_3_before_the_first_cell(tmp_path):
+    """A forced CPU gate stops before its first cell (it used to measure for 350-395 s): what it
+    left says so, whatever the machine's load (before: a 60 s wall-clock bound, run serially)."""
     out = tmp_path / "evidence"
     env = {**os.environ, "PYTHONPATH": str(REPO / "lib")}
-    started = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "stagelab", "measure", "--profile", "gate",
                            "--force", "--out", str(out)], capture_output=True, text=True,
-                          cwd=REPO, env=env, timeout=120)
-    elapsed = time.monotonic() - started
+                          cwd=REPO, env=env, timeout=600)
     assert done.returncode == measure_command.EXIT_NO_GO, done.stderr[-2000:]
-    # before the first cell: 4.3 s on this machine when quiet; a forced CPU gate used to
-    # measure for 350-395 s. The bound is loose (a shared machine), the stop is exact:
-    assert elapsed < 60
     manifest = measured_folder.MeasuredFolder(out).manifest()
     assert manifest["status"] == "no-go" and manifest["forced"] is True
     assert manifest["preflight"]["decisive"][0].startswith("cuda: ")
     assert all(e["status"] == "pending" and e["cells"] == [] and "started_utc" not in e
                for e in manifest["experiments"] if e["table"])
     assert list((out / "rows").iterdir()) == []
-    assert "--force does not pass this; --rehearse-on-cpu" in done.stderr
+    assert "--force" in done.stderr and "--rehearse-on-cpu" in done.stderr  # what would pass
 
 
 def replayed(measured_on: dict) -> dict:
@@ -215,11 +212,9 @@ def replayed(measured_on: dict) -> dict:
 def test_keep_refuses_a_replay_of_a_rehearsal_or_a_forced_no_go():
     no_go = {"decision": "no-go", "blocking": ["cuda: no CUDA device"]}
     rehearsal = evidence.replay_past_no_go(replayed({"rehearsal": True, "preflight": no_go}))
-    assert rehearsal == ("it replays a rehearsal (--rehearse-on-cpu) on a machine whose "
-                         "preflight said no-go (cuda: no CUDA device)")
+    assert "--rehearse-on-cpu" in rehearsal and rehearsal.endswith("(cuda: no CUDA device)")
     forced = evidence.replay_past_no_go(replayed({"forced": True, "preflight": no_go}))
-    assert forced == ("it replays a measurement forced past a preflight no-go (cuda: no CUDA "
-                      "device)")
+    assert "forced" in forced and forced.endswith("(cuda: no CUDA device)")
     go = {"decision": "go", "blocking": []}
     assert evidence.replay_past_no_go(replayed({"forced": True, "preflight": go})) is None
     assert evidence.refusal(Path("nowhere"), replayed({"rehearsal": True,
@@ -261,8 +256,8 @@ def test_the_source_tree_id_is_git_s_and_matches_its_commit(tmp_path):
     assert provenance.matching_commit(tree) == head
     assert provenance.matching_commit("0" * 40) is None
     origin = {"source": {"tree": tree, "matched_commit": head}}
-    assert replay.source_line(origin) == (f"the measured source (lib/stagelab tree {tree[:12]}) "
-                                          f"is commit {head}")
+    line = replay.source_line(origin)
+    assert f"tree {tree[:12]}" in line and line.endswith(f"is commit {head}")
 
 
 def test_a_commit_named_in_the_environment_is_honoured_without_git(monkeypatch):
@@ -274,7 +269,8 @@ def test_a_commit_named_in_the_environment_is_honoured_without_git(monkeypatch):
     monkeypatch.delenv(provenance.COMMIT_ENV)
     assert measured_folder.commit_state() == {"commit": None, "dirty": None}
     origin = {"source": {"tree": "f" * 40, "matched_commit": None, "commit_env": "abc123"}}
-    assert replay.source_line(origin).endswith("matches no commit here; it names commit abc123")
+    line = replay.source_line(origin)
+    assert "matches no commit" in line and line.endswith("commit abc123")
 
 
 def test_the_manifest_records_the_source_tree_of_this_checkout(tmp_path, monkeypatch):

@@ -120,8 +120,12 @@ time.sleep(0.2)  # analysis
 
 
 @pytest.mark.slow  # a real kernel: several seconds
-def test_a_real_run_records_each_notebook_s_phases_summing_to_its_duration(tmp_path):
-    """A notebook that measures 0.6 s and analyses 0.2 s, through the runner and a real kernel."""
+def test_a_real_run_records_each_notebook_s_phases_within_its_duration(tmp_path):
+    """A notebook that measures 0.6 s and analyses 0.2 s, through the runner and a real kernel.
+
+    Before: it asserted the measurement under 1.6 s, and the phases within 0.1 s of the
+    duration: wall-clock bounds that a loaded machine broke (1.84 s; 0.12 s), and make test
+    from a fresh clone failed."""
     notebooks = tmp_path / "notebooks"
     notebooks.mkdir()
     write_notebook(notebooks / "40_measures.ipynb", 'run_dir = ""\nseconds = 0.6', MEASURES)
@@ -135,10 +139,14 @@ def test_a_real_run_records_each_notebook_s_phases_summing_to_its_duration(tmp_p
     assert entry["status"] == "ok", entry["error"]
     found = entry["phases"]
     assert set(found) == set(phases.NAMES) and None not in found.values()
-    assert 0.6 <= found["measure_s"] < 0.6 + 1.0
+    # a recorded figure checked for sense, never for speed (before: an upper bound of 1.6 s
+    # failed make test at 1.84 s under a load of 12): at least the sleep, within the notebook
+    assert 0.6 <= found["measure_s"] < entry["duration_s"]
     assert found["analysis_s"] >= 0.2 and found["kernel_start_s"] > 0
-    # the export comes once the run has ended, after the entry's duration was taken
-    assert sum(found.values()) - found["export_s"] == pytest.approx(entry["duration_s"], abs=0.1)
+    # the export comes once the run has ended, after the entry's duration was taken; the
+    # duration also holds the runner's own reading after papermill returned, which a loaded
+    # machine lengthens (0.12 s measured): the phases fit in it, up to their rounding
+    assert sum(found.values()) - found["export_s"] <= entry["duration_s"] + 0.05
     assert rundir.read_manifest(run_dir)["notebooks"][0]["phases"] == found
     assert phases.PHASES_ENV not in os.environ  # the runner named its file to this kernel only
 

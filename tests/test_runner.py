@@ -88,7 +88,8 @@ def test_a_cell_that_runs_too_long_times_out_and_the_next_notebook_runs(tiny_sui
     assert sleeps["status"] == "failed"
     # cells of the executed notebook: parameters (0), injected parameters (1), the sleep (2)
     assert sleeps["error"] == "timed out after 10 s in cell 2"
-    assert sleeps["duration_s"] < 60 and ok["status"] == "ok"
+    # its duration is a recorded figure, checked for sense (at least the timeout), not speed
+    assert sleeps["duration_s"] >= manifest["cell_timeout_s"] and ok["status"] == "ok"
     assert manifest["status"] == "failed"
 
 
@@ -202,7 +203,7 @@ def test_a_corrupt_manifest_is_rebuilt_from_the_notebooks_with_a_note(tmp_path, 
         rundir.read_manifest(run_dir)
     assert cli.main(["report", str(run_dir)]) == 0
     err = capsys.readouterr().err
-    assert "note: the manifest was rebuilt from the folder's notebooks" in err
+    assert any(line.startswith("note: ") and "rebuilt" in line for line in err.splitlines())
     manifest = rundir.read_manifest(run_dir)
     assert "rebuilt from the folder's notebooks" in manifest["note"]
     assert [(e["name"], e["status"]) for e in manifest["notebooks"]] == [
@@ -322,7 +323,7 @@ def test_a_record_write_that_fails_once_leaves_a_failed_manifest_naming_the_caus
     (run_dir,) = quick_tiny["root"].iterdir()
     manifest = rundir.read_manifest(run_dir)
     assert manifest["status"] == "failed"
-    assert manifest["error"] == "the run's record could not be written: No space left on device"
+    assert "record" in manifest["error"] and manifest["error"].endswith(": No space left on device")
     assert manifest["notebooks"][0]["status"] == "ok"  # it did finish; the record did not
     assert "failed" in (run_dir / "index.html").read_text()
     assert not [p for p in run_dir.iterdir() if p.name.endswith(".tmp")]
@@ -356,8 +357,8 @@ def test_run_ends_with_the_verdict_line_and_says_when_timings_are_not_trustworth
     monkeypatch.setattr(execute, "execute_notebook", verdict_notebook)
     assert cli.main(["run", "--profile", "okonly", "--out", str(quick_tiny["root"])]) == 0
     out = capsys.readouterr().out.strip().splitlines()
-    assert out[-2] == "verdict: CLOSE - any benefit is smaller than delta."
-    assert out[-1].startswith("TIMINGS NOT TRUSTWORTHY: the A/A check at step level, n=64")
+    assert out[-2].startswith("verdict: CLOSE")
+    assert out[-1].startswith("TIMINGS NOT TRUSTWORTHY") and "A/A" in out[-1] and "n=64" in out[-1]
     (run_dir,) = quick_tiny["root"].iterdir()
     load = rundir.read_manifest(run_dir)["notebooks"][0]["load"]
     assert load["busy"] in (True, False) and load["seconds"] >= 0  # the load was recorded
@@ -456,8 +457,8 @@ def test_the_verdict_by_hand_reads_the_newest_run_with_data_and_names_it(tmp_pat
     assert preferred.data_dir == runs / "20261130T090000Z_vm_interactive"
     assert ctx.run_dir != ctx.data_dir and ctx.run_dir.parent == runs
     assert rundir.read_manifest(ctx.run_dir)["status"] == rundir.INTERACTIVE
-    assert "`20261130T110000Z_vm_quick`, the newest run folder under `runs/` with the data" in (
-        ctx.reading())
+    reading = ctx.reading()
+    assert "`20261130T110000Z_vm_quick`" in reading and "newest" in reading and "`runs/`" in reading
     given = context.reading_context("04_verdict", str(runs / "20261130T100000Z_vm_quick"))
     assert given.data_dir == given.run_dir == runs / "20261130T100000Z_vm_quick"
 
@@ -498,8 +499,8 @@ def test_a_deciding_profile_is_refused_in_one_line_where_its_decisive_arms_canno
     err = capsys.readouterr().err.strip()
     assert code == cli.EXIT_USAGE and not started and not (tmp_path / "runs").exists()
     assert len(err.splitlines()) == 1
-    assert err.startswith("stagelab: error: profile 'gate' decides, but its decisive arms cannot "
-                          "run here (cuda: no CUDA device (a test))")
+    assert err.startswith("stagelab: error: profile 'gate' ") and "decisive" in err
+    assert "(cuda: no CUDA device (a test))" in err  # the preflight's own reason
     assert "--rehearse-on-cpu" in err
     # asked to rehearse, it runs; a profile that does not decide never asks the preflight
     assert cli.main(["run", "--profile", "gate", "--rehearse-on-cpu", "--out",

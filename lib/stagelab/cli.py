@@ -342,7 +342,7 @@ def profile_changes(manifest: dict) -> list[str]:
     from stagelab.run import profiles
 
     try:
-        profile = (profiles.load_profiles().get(manifest.get("profile")) or {}).get("notebooks")
+        profile = (profiles.load_profiles().get(manifest.get("profile", "")) or {}).get("notebooks")
     except UserError:
         return []
     if not profile:

@@ -59,7 +59,8 @@ def cpu_seconds(proc: Path = PROC, cpus: frozenset[int] | None = None) -> tuple[
     else:
         chosen = [line for line in lines if line.startswith("cpu") and line[3:4].isdigit()
                   and int(line.split()[0][3:]) in cpus]
-    busy, steal, hz = 0, 0, _ticks_per_s()
+    busy, hz = 0, _ticks_per_s()
+    steal: int | None = 0
     for line in chosen:
         ticks = [int(x) for x in line.split()[1:]]
         user, nice, system, _idle, _iowait, irq, softirq = (ticks + [0] * 7)[:7]

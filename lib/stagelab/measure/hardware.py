@@ -329,11 +329,11 @@ def cgroup_limits(root: Path = Path("/")) -> dict[str, Any]:
     limits: dict[str, Any] = {"version": None, "cpu_quota_cores": None, "memory_max_bytes": None}
     if v2 is not None:
         folder = root / "sys/fs/cgroup" / v2.lstrip("/")
-        quota = _read_text(str(folder / "cpu.max")).split()
+        quota_period = _read_text(str(folder / "cpu.max")).split()
         memory = _read_text(str(folder / "memory.max")).strip()
         limits["version"] = 2
-        if len(quota) == 2 and quota[0].isdigit():
-            limits["cpu_quota_cores"] = round(int(quota[0]) / int(quota[1]), 3)
+        if len(quota_period) == 2 and quota_period[0].isdigit():
+            limits["cpu_quota_cores"] = round(int(quota_period[0]) / int(quota_period[1]), 3)
         limits["memory_max_bytes"] = int(memory) if memory.isdigit() else None
         return limits
     quota = _read_text(str(root / "sys/fs/cgroup/cpu/cpu.cfs_quota_us")).strip()

@@ -43,6 +43,7 @@ import itertools
 import resource
 import time
 from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 import torch
 
@@ -55,6 +56,7 @@ TERMS = ("log_softmax", "host_softmax", "fresh_vector", "warm_fill", "copy_fresh
          "top_k", "free")
 NATIVE_TERMS = ("fresh_vector", "copy_fresh", "top_k", "free")
 _FAULTS_OF = getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF)
+T = TypeVar("T")
 
 
 @contextlib.contextmanager
@@ -68,7 +70,7 @@ def one_thread() -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def _timed(call: Callable[[], object]) -> tuple[float, object]:
+def _timed(call: Callable[[], T]) -> tuple[float, T]:
     start = time.perf_counter()
     result = call()
     return time.perf_counter() - start, result

@@ -30,7 +30,7 @@ import functools
 import operator
 import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, SupportsIndex
 
 import torch
 
@@ -132,12 +132,10 @@ def check_scores(scores: torch.Tensor, name: str = "logits") -> tuple[int, int]:
 def as_int(value: object, name: str) -> int:
     """``value`` as a Python int: ints and numpy integers, never bools or floats."""
     numpy = sys.modules.get("numpy")  # a numpy bool exists only where numpy was imported
-    if isinstance(value, bool) or (numpy is not None and isinstance(value, numpy.bool_)):
+    if (isinstance(value, bool) or (numpy is not None and isinstance(value, numpy.bool_))
+            or not isinstance(value, SupportsIndex)):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}") from None
+    return operator.index(value)
 
 
 def check_num_logprobs(num_logprobs: int, vocab: int) -> int:
@@ -236,7 +234,7 @@ def gather_logprobs(logprobs: torch.Tensor, num_logprobs: int, token_ids: torch.
     _, vocab, num_logprobs = check_call(logprobs, num_logprobs, token_ids, "logprobs")
     targets, bad_ids = device_targets(token_ids, logprobs.device, vocab, validate)
     out = gather_unchecked(logprobs, num_logprobs, targets)
-    if validate:
+    if bad_ids is not None:  # validating
         raise_flagged(bad_ids, token_ids, vocab, nan_rows(logprobs), "logprobs contain NaN")
     return out
 
@@ -290,7 +288,7 @@ def logprobs_from_logits(logits: torch.Tensor, num_logprobs: int, token_ids: tor
     _, vocab, num_logprobs = check_call(logits, num_logprobs, token_ids)
     targets, bad_ids = device_targets(token_ids, logits.device, vocab, validate)
     out, lse = fused_unchecked(logits, num_logprobs, targets, budget_bytes)
-    if validate:
+    if bad_ids is not None:  # validating
         raise_flagged(bad_ids, token_ids, vocab, ~torch.isfinite(lse),
                       "logits contain NaN, +inf, or only -inf")
     return out

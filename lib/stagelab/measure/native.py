@@ -277,9 +277,12 @@ def require() -> None:
 
 
 def library() -> ctypes.CDLL:
-    """The loaded library (raises NativeUnavailable)."""
-    require()
-    return _load()
+    """The loaded library (raises NativeUnavailable with the reason where it is not)."""
+    require()  # what status() says (tests replace it)
+    loaded = _load()
+    if isinstance(loaded, str):  # the reason, where status() was not asked
+        raise NativeUnavailable(loaded)
+    return loaded
 
 
 MALLOC, MAPPED = catalogue.ALLOCATOR.values  # the two regimes the native vector can take
@@ -365,7 +368,7 @@ class _Vector:
         self._handle = self._library.sl_vector_new(numel, self._code, ctypes.byref(data))
         if not self._handle:
             raise MemoryError(f"std::vector<float>({numel}) could not be allocated")
-        self.address = data.value
+        self.address: int = data.value or 0  # null only for an empty vector
 
     @property
     def deleted(self) -> bool:
@@ -408,7 +411,9 @@ class SeedVector:
         self._tensor = torch.empty(0, dtype=torch.float32)
         if numel:
             memory = (ctypes.c_float * numel).from_address(self.address)
-            memory.owner = self._vector  # the tensor keeps the vector alive (no cycle)
+            # the tensor keeps the vector alive (no cycle); a ctypes array takes attributes,
+            # which typeshed's stubs do not declare
+            memory.owner = self._vector  # type: ignore[attr-defined]
             self._tensor = torch.frombuffer(memory, dtype=torch.float32)
 
     @property
@@ -429,7 +434,7 @@ class SeedVector:
 
     def free(self) -> None:
         """Delete the vector (its destructor frees the memory); a second call does nothing."""
-        self._tensor = None
+        self._tensor = torch.empty(0, dtype=torch.float32)  # lets go of the vector's memory
         self._vector.delete()
 
     def __enter__(self) -> SeedVector:

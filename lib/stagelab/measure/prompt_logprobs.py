@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Protocol
+from typing import Protocol, TypeAlias
 
 import torch
 
 from stagelab.core import catalogue
 from stagelab.core.schema import RowSink
+from stagelab.measure import bench, memory, onepass, sweep
 from stagelab.measure import logprobs as lp
-from stagelab.measure import memory, onepass, sweep
 from stagelab.measure.device import default_device, device_label
 from stagelab.measure.shapes import ModelShape, torch_dtype
 
@@ -38,7 +38,7 @@ HEAD_TILE = 1024
 HEAD_TILE_TEMP_BYTES = 12
 # Columns of the product that gives the targets' logits (weight rows gathered: TARGET_COLUMNS x H).
 TARGET_COLUMNS = 256
-LmHead = "torch.Tensor | Callable[[torch.Tensor], torch.Tensor]"
+LmHead: TypeAlias = "torch.Tensor | Callable[[torch.Tensor], torch.Tensor]"
 
 
 # --------------------------------------------------------------------------------- copying
@@ -234,6 +234,7 @@ def prompt_logprobs(hidden_states: torch.Tensor, lm_head: LmHead,
         raise memory.InsufficientMemory(f"{exc}; choose a smaller chunk_rows") from None
     on_gpu = device.type == "cuda"
     out = lp.LogprobsTensors.empty_host(rows, num_logprobs, pinned=on_gpu)
+    copier: DoubleBufferCopier | DirectCopier
     if overlap:
         engine = copy_engine or (CudaStreamEngine(device) if on_gpu else ImmediateEngine())
         copier = DoubleBufferCopier(engine, chunk, num_logprobs, pinned=on_gpu)
@@ -244,7 +245,7 @@ def prompt_logprobs(hidden_states: torch.Tensor, lm_head: LmHead,
     score = _fused_chunk if method == catalogue.FUSED else _logsoftmax_chunk
     for start in range(0, rows, chunk):
         end = min(start + chunk, rows)
-        if method == catalogue.HEAD_FUSED:
+        if method == catalogue.HEAD_FUSED and isinstance(lm_head, torch.Tensor):  # checked above
             result = _head_fused_chunk(hidden_states[start:end], lm_head, num_logprobs,
                                        targets[start:end], bad_rows[start:end], validate, tile)
             copier.submit(result, out.rows(start, end))
@@ -575,7 +576,10 @@ def measure(tokens: int, shape: ModelShape, hidden: int, chunks: list[int], dtyp
                 records += [annotate({"arm": key, **record}) for record in found]
             return records
 
-        return sweep.CellPlan(calls={key: (lambda r, c=c: run(c)) for key, c in configs.items()},
+        def timed(config: Config) -> bench.ArmCall:
+            return lambda _round: run(config)
+
+        return sweep.CellPlan(calls={key: timed(c) for key, c in configs.items()},
                               annotate=annotate, after=after)
 
     def annotate(record: dict) -> dict:

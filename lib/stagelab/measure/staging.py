@@ -15,6 +15,7 @@ results pass ``copy=True``.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol
 
 import torch
 
@@ -98,11 +99,17 @@ class StagingArm:
                 f"capacity_bytes={self.capacity_bytes})")
 
 
+class FreshMaker(Protocol):
+    """How a fresh-buffer arm makes its buffer: ``torch.empty``'s call (shape, then dtype)."""
+
+    def __call__(self, size: torch.Size, /, *, dtype: torch.dtype) -> torch.Tensor: ...
+
+
 class _FreshPerCall(StagingArm):
     """A new pageable buffer every call, made by ``_make(shape, dtype=...)``. The sweep drops it
     inside the timed call, so its free is timed too, as at the end of the seed's step."""
 
-    _make = staticmethod(torch.empty)
+    _make: FreshMaker = staticmethod(torch.empty)
 
     def _stage(self, src: torch.Tensor) -> torch.Tensor:
         out = self._make(src.shape, dtype=src.dtype)
@@ -151,7 +158,7 @@ class PageableFreshEmpty(_FreshPerCall):
     _make = staticmethod(torch.empty)
 
 
-class _GrowOnly(StagingArm):
+class GrowOnly(StagingArm):
     """A grow-only byte buffer: allocated again only when a larger copy arrives, never shrunk."""
 
     def __init__(self, allocator: Allocator) -> None:
@@ -178,7 +185,7 @@ class _GrowOnly(StagingArm):
         return out
 
 
-class PageableReused(_GrowOnly):
+class PageableReused(GrowOnly):
     """A grow-only pageable buffer: the reuse lever alone."""
 
     name = "pageable_reused"
@@ -187,7 +194,7 @@ class PageableReused(_GrowOnly):
         super().__init__(lambda nbytes: torch.empty(nbytes, dtype=torch.uint8))
 
 
-class PinnedGrowOnly(_GrowOnly):
+class PinnedGrowOnly(GrowOnly):
     """A grow-only pinned scratch (the seed's ``GreedyArgmaxScratch`` pattern): reuse and pinning.
 
     ``allocator(nbytes) -> uint8 Tensor`` defaults to torch's pinned allocation; a test may inject
@@ -422,9 +429,11 @@ def measure(shapes: list[ModelShape], rows: list[int], dtype: torch.dtype, arms:
         def after() -> list[dict]:
             return [*_pcie_records(pcie), *_holdings(built)]
 
+        def timed(arm: StagingArm) -> bench.ArmCall:
+            return lambda r: _stage_and_release(arm, bench.pick(srcs, r))
+
         return sweep.CellPlan(
-            calls={name: (lambda r, arm=arm: _stage_and_release(arm, bench.pick(srcs, r)))
-                   for name, arm in built.items()},
+            calls={name: timed(arm) for name, arm in built.items()},
             unavailable=unavailable, monitor=pcie, after=after)
 
     return sweep.run(todo, prepare, rounds=rounds, warmup=warmup, seed=seed, device=device,

@@ -182,7 +182,9 @@ class ClockSampler:
             from stagelab.measure import hardware
 
             read = functools.partial(hardware.sm_clock_sample, index)
-        self.read, self.mhz, self.reasons, self.why = read, [], set(), ""
+        self.read, self.why = read, ""
+        self.mhz: list[int] = []
+        self.reasons: set[int] = set()  # NVML's throttle bit masks seen
         self.rounds = itertools.count()
 
     def sample(self) -> None:
@@ -449,8 +451,7 @@ def measure(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dty
                     *read_rates_once(built, read_sizes, logits[0], k, tokens[0])]
 
         return sweep.CellPlan(
-            calls={name: (lambda r, name=name, p=p: call(name, p, r))
-                   for name, p in built.items()},
+            calls={name: functools.partial(call, name, p) for name, p in built.items()},
             unavailable=unavailable, annotate=annotate, after=after,
             between_rounds=sweep.both(clocks.between_rounds,
                                       host_rates.every(warmup + rounds, HOST_RATE_REPEATS)
@@ -522,7 +523,7 @@ def sync_debug(pipelines: dict[str, Pipeline], logits: torch.Tensor, k: int,
     rows = []
     for name, pipeline in pipelines.items():
         found = stagelab.measure.device.sync_warnings(
-            lambda p=pipeline: p.run(logits, k, tokens, host_tokens))
+            functools.partial(pipeline.run, logits, k, tokens, host_tokens))
         rows.append({"arm": name, "metric": "sync_warnings", "value": float(len(found)),
                      "note": f"a bare synchronize gives {bare}; " + " | ".join(found[:3])})
     return rows

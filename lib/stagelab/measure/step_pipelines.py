@@ -120,7 +120,7 @@ class FreshZeros:
 class Scratch:
     """A grow-only scratch (pinned or pageable) reused by every step; nothing to free."""
 
-    def __init__(self, arm: staging.StagingArm) -> None:
+    def __init__(self, arm: staging.GrowOnly) -> None:
         self.arm = arm
 
     def acquire(self, shape: torch.Size) -> tuple[torch.Tensor, Callable[[], None]]:
@@ -253,7 +253,7 @@ class DeviceStep:
                                                    logits.device), token_ids)
 
 
-def _native_scratch(arm: Callable[[], staging.StagingArm]) -> Scratch:
+def _native_scratch(arm: Callable[[], staging.GrowOnly]) -> Scratch:
     """A grow-only scratch for an arm whose host top-K is the seed's C++ (checked first, so that
     a machine without a compiler says so before any pinned memory is taken)."""
     native.require()

@@ -29,16 +29,26 @@ class NodeTarget(Protocol):
 
 class NodeRecord(Protocol):
     """What the page reads of a node's record (:class:`stagelab.run.fleet.NodeRecord`): the
-    fleet's records live on the run floor, above this one."""
+    fleet's records live on the run floor, above this one. Read-only, so that the record's
+    own, narrower types (its target is a ``Target``) match."""
 
-    target: NodeTarget
-    status: str | None
-    error: str | None
-    attempts: int
-    gpu: str | None
-    run_dir: Any  # its run folder where analysed, else None
-    verdict: str | None
-    seconds: dict[str, float]
+    @property
+    def target(self) -> NodeTarget: ...
+    @property
+    def status(self) -> str | None: ...
+    @property
+    def error(self) -> str | None: ...
+    @property
+    def attempts(self) -> int: ...
+    @property
+    def gpu(self) -> str | None: ...
+    @property
+    def run_dir(self) -> str | None: ...  # its run folder where analysed
+    @property
+    def verdict(self) -> str | None: ...
+    @property
+    def seconds(self) -> dict[str, float]: ...
+
 
 def platform_of(record: NodeRecord) -> str:
     """A node's platform: its GPU's name where torch told it, else Ray's accelerator type."""
@@ -95,9 +105,11 @@ def labelled_comparison(analysed: Sequence[NodeRecord]) -> Any:
     its node; UserError when none has anything to compare."""
     from stagelab.present import compare
 
-    runs = [compare.load_run(record.run_dir) for record in analysed]
-    for run, record in zip(runs, analysed):
-        run.run_id = record.target.label
+    runs = []
+    for record in analysed:
+        if record.run_dir:
+            runs.append(compare.load_run(record.run_dir))
+            runs[-1].run_id = record.target.label
     if not any(run.usable for run in runs):
         raise UserError("no analysed node has anything to compare")
     table = compare.side_by_side(runs)
@@ -143,9 +155,11 @@ def prediction_section(records: Sequence[NodeRecord]) -> str:
 
     parts = []
     for record in records:
+        if not record.run_dir:
+            continue
         try:
             verdict = json.loads(RunFolder(Path(record.run_dir)).verdict_path.read_text())
-        except (TypeError, OSError, ValueError):
+        except (OSError, ValueError):
             continue
         check = verdict.get("prediction") if isinstance(verdict, dict) else None
         if check:

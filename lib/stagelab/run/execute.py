@@ -267,7 +267,8 @@ class ProgressLines:
                  interval_s: float = 0.5) -> None:
         self.prefix, self.output, self.log = prefix, Path(output), Path(log)
         self.enabled, self.interval_s = enabled, interval_s
-        self._offset, self._cell, self._started = 0, None, time.perf_counter()
+        self._offset, self._started = 0, time.perf_counter()
+        self._cell: int | None = None  # the cell now running, as its index
         self._said = self._started
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None

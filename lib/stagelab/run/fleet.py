@@ -402,9 +402,18 @@ def unpack(archive: bytes, dest: Path) -> Path:
                 (root / member.name).mkdir(parents=True, exist_ok=True)
             else:
                 (root / member.name).parent.mkdir(parents=True, exist_ok=True)
-                with tar.extractfile(member) as source, open(root / member.name, "wb") as out:
-                    shutil.copyfileobj(source, out)
+                _extract_file(tar, member, root / member.name)
     return dest
+
+
+def _extract_file(tar: tarfile.TarFile, member: tarfile.TarInfo, dest: Path) -> None:
+    """One regular file of the archive written to ``dest`` (ValueError for anything else:
+    :func:`_checked_members` lets no other kind through)."""
+    source = tar.extractfile(member)
+    if source is None:
+        raise ValueError(f"a node's archive entry is not a file: {member.name!r}")
+    with source, open(dest, "wb") as out:
+        shutil.copyfileobj(source, out)
 
 
 # ---------------------------------------------------------------------------- on the cluster

@@ -91,7 +91,7 @@ class Request:
     profile: str
     notebooks: dict[str, dict[str, Any]]
     all_parameters: dict[str, dict[str, Any]]
-    out: Path | None
+    out: Path  # checked by check_out: absent or an empty folder
     deadline_s: float | None = None
     force: bool = False
     command: list[str] = field(default_factory=list)

@@ -194,7 +194,7 @@ def _timeout(entry: Mapping[str, Any], key: str, default: int, profile: str) -> 
     return math.ceil(value)
 
 
-def _profile_entry(profiles: Mapping[str, Any], profile: str) -> dict[str, dict]:
+def _profile_entry(profiles: Mapping[str, Any], profile: str) -> Mapping[str, Mapping | None]:
     """A profile's notebooks and their parameters; UserError in one line for a wrong shape."""
     entry = profiles[profile] or {}
     if not isinstance(entry, Mapping):

@@ -19,7 +19,7 @@ from __future__ import annotations
 import shutil
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, overload
 
 from stagelab.analyse import claims
 from stagelab.core import measured as measured_folder
@@ -117,6 +117,16 @@ def measured_parameters(notebook: NotebookPlan, entry: dict[str, Any],
     profiles.check_parameters(notebook.name, given, declared,
                               f"--from {folder}: {measured_folder.MANIFEST}")
     return dict(given)
+
+
+@overload
+def read_folder_json(folder: MeasuredFolder, name: str,
+                     required: Literal[True] = True) -> dict[str, Any]: ...
+
+
+@overload
+def read_folder_json(folder: MeasuredFolder, name: str,
+                     required: bool) -> dict[str, Any] | None: ...
 
 
 def read_folder_json(folder: MeasuredFolder, name: str,
