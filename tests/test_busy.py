@@ -51,7 +51,7 @@ def test_the_load_is_read_from_the_process_s_own_cores_where_it_has_fewer(tmp_pa
     assert busy.own_cpus(tmp_path) == frozenset({1, 3})
     reading = busy.read_machine(os.getpid(), tmp_path)
     assert (reading.cpus, reading.busy_cpu_s) == (2, 300 / hz)
-    assert reading.source == "this process's 2 cores (affinity; /proc/stat per core)"
+    assert "2 cores" in reading.source and "affinity" in reading.source
     monkeypatch.setattr(busy.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
     assert busy.own_cpus(tmp_path) is None
     assert busy.read_machine(os.getpid(), tmp_path).source == "the whole host (/proc/stat)"
@@ -61,13 +61,15 @@ def test_other_processes_taking_cores_make_it_busy():
     summary = busy.assess(reading(0, 100, 50), reading(10, 126, 60, load=3.1))
     assert summary["others_cpu_s"] == 16 and summary["others_cores"] == 1.6
     assert summary["busy"] is True and summary["load_avg_max"] == 3.1
-    assert summary["why"] == ["other processes took 1.60 of 2 cores on average (limit 0.5)"]
+    (why,) = summary["why"]
+    assert "other processes" in why and "1.60 of 2 cores" in why and "(limit 0.5)" in why
 
 
 def test_stolen_time_makes_it_busy_and_is_unknown_where_not_reported():
     stolen = busy.assess(reading(0, 100, 50, steal=5.0), reading(10, 110, 60, steal=7.0))
     assert stolen["steal_share"] == 0.1 and stolen["busy"] is True
-    assert stolen["why"] == ["the hypervisor stole 10% of the CPU time (limit 5%)"]
+    (why,) = stolen["why"]
+    assert "stole" in why and "10%" in why and "(limit 5%)" in why
     unknown = busy.assess(reading(0, 100, 50, steal=None), reading(10, 110, 60, steal=None))
     assert unknown["steal_share"] is None and unknown["busy"] is False
 
@@ -144,11 +146,10 @@ def test_trust_names_busy_timing_notebooks_and_failed_aa_checks(tmp_path):
          "twin_ci_high": 1.04}],
         "copy_cells": [{"rows": 1, "vocab": 1000, "twin_speedup": 0.95, "twin_ci_low": 0.75,
                         "twin_ci_high": 1.3}]}
-    assert trust.reasons(tmp_path, manifest, verdict) == [
-        "02_logprobs_step ran on a busy machine: other processes took 1.60 of 2 cores on average "
-        "(limit 0.5)",
-        "the A/A check at step level, n=64, V=1000, K=5, saw identical arms differ: 0.900x "
-        "[0.850, 0.950], beyond 1 +- 2%"]
+    busy_reason, twin_reason = trust.reasons(tmp_path, manifest, verdict)
+    assert busy_reason.startswith("02_logprobs_step ") and "1.60 of 2 cores" in busy_reason
+    assert "A/A" in twin_reason and "n=64, V=1000, K=5" in twin_reason
+    assert "0.900x [0.850, 0.950]" in twin_reason and twin_reason.endswith("1 +- 2%")
     manifest["notebooks"][0]["name"] = "00_environment"  # no timings there: not a reason
     assert trust.reasons(tmp_path, manifest, {}) == []
 
@@ -165,9 +166,10 @@ def test_the_harness_block_decides_over_each_cells_own_ci(tmp_path):
             {"level": "step", "rows": 64, "vocab": 1000, "k": 5, "twin_speedup": 0.9,
              "twin_ci_low": 0.84, "twin_ci_high": 0.96, "differs": True},
             {"level": "step", "rows": 16, "vocab": 1000, "k": 5, "differs": None}]}}
-    assert trust.harness_reasons(verdict) == [
-        "the A/A check at step level, n=64, V=1000, K=5, saw identical arms differ: 0.900x "
-        "[0.840, 0.960] (97.5% CI, Bonferroni over 2 A/A checks), beyond 1 +- 2%"]
+    (differs,) = trust.harness_reasons(verdict)  # the one twin that differs, not the lone CI
+    assert "step level" in differs and "n=64, V=1000, K=5" in differs
+    assert "0.900x [0.840, 0.960] (97.5% CI" in differs and "Bonferroni over 2" in differs
+    assert differs.endswith("1 +- 2%")
     assert trust.harness_checked(verdict)
     assert trust.harness_reasons({**verdict, "harness": {**verdict["harness"], "checks": []}}) == []
     del verdict["harness"]  # a verdict written before the block: each cell's own CI

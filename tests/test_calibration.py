@@ -37,6 +37,7 @@ def test_family_closes_at_least_80_percent_at_1_with_2_percent_noise_at_the_gate
     assert row["family_close_low"] >= 0.80 and row["family_port"] == 0 and row["met"]
 
 
+@pytest.mark.slow  # a long simulation of the rule: make test (family_closes stays fast)
 def test_family_ports_at_least_90_percent_at_3_delta_with_5_percent_noise_until_resolved():
     row = _row(NOISY, "3 delta", trials=100, adaptive=True)
     assert row["true_speedup"] == pytest.approx(1 / (1 - 3 * DELTA))
@@ -238,6 +239,7 @@ def test_each_question_ports_falsely_at_most_5_percent_at_the_bar(reuse, pinning
     assert calibration.wilson(round(ports * trials), trials)[1] <= 0.05 or reuse > AT_BAR
 
 
+@pytest.mark.slow  # a long simulation of the rule: make test (family_closes stays fast)
 def test_a_clear_split_is_recommended_as_such():
     pinned = calibration.recommendation_rates(1.0, SAVES_3_DELTA, rounds=design.TAIL_ROUNDS,
                                               trials=30, cells=3, seed=5)
@@ -273,6 +275,7 @@ def _blocks_on_doubt(cells, **kwargs):
     return family
 
 
+@pytest.mark.slow  # a long simulation of the rule: make test (family_closes stays fast)
 def test_four_saving_cells_beside_two_null_cells_port_at_least_80_percent():
     """Before: every failure was a null cell's p99 bound merely wide (56 % at 2 % noise)."""
     speedups = [SAVES_3_DELTA] * 4 + [1.0] * 2
@@ -295,6 +298,7 @@ def test_six_saving_cells_under_heavy_tails_on_every_arm_port_at_least_80_percen
     assert doubt["family_port_high"] < 0.80
 
 
+@pytest.mark.slow  # a long simulation of the rule: make test (family_closes stays fast)
 def test_reuse_3_delta_with_pinning_2_delta_recommends_the_pinned_scratch():
     trials = 60
     rates = calibration.recommendation_rates(SAVES_3_DELTA, 1 / (1 - 2 * DELTA),

@@ -238,15 +238,23 @@ def test_the_comparison_shows_each_decisive_cells_carry_over(tmp_path):
     assert all(figure in shown for figure in ("+5.0%", "+4.0%", "+6.0%"))
 
 
-def test_the_comparison_shows_the_recommendation_under_each_overlap_order(tmp_path):
+def test_the_comparison_shows_the_recommendation_under_each_value_of_each_condition(tmp_path):
     run = make_run(tmp_path, "R")
     data = json.loads((run / "verdict.json").read_text())
-    data["context"] = {**(data.get("context") or {}), "overlap": {
-        "assumed": "queued", "seed": {"order": "unknown", "words": "w"}, "under": {
+    def block(column: str, decided: str, under: dict) -> dict:
+        return {"column": column, "decided": decided, "values": list(under), "changes_answer": None,
+                "flipped_cells": [], "words": "w", "note": "n",
+                "under": {value: {**found, "reason": ""} for value, found in under.items()}}
+
+    data["conditions"] = {"overlap": {**block("overlap_order", "queued", {
             "queued": {"measured": True, "cells": ["a", "b"], "decision": "CLOSE",
                        "change": "close"},
             "waited": {"measured": True, "cells": ["a"], "decision": "PORT",
-                       "change": "port the pinned scratch"}}}}
+                       "change": "port the pinned scratch"}}),
+        "seed": {"order": "unknown", "words": "w"}},
+        "log_softmax": block("log_softmax", "device", {
+            "device": {"measured": True, "cells": ["a"], "decision": "CLOSE", "change": "close"},
+            "host": {"measured": False, "cells": [], "decision": None, "change": None}})}
     (run / "verdict.json").write_text(json.dumps(data))
     table = compare.compare([run]).table
     queued, waited = (table.loc[("verdict", f"overlap: {o}"), "R"] for o in ("queued", "waited"))
@@ -254,7 +262,8 @@ def test_the_comparison_shows_the_recommendation_under_each_overlap_order(tmp_pa
     assert waited.startswith("PORT") and "port the pinned scratch" in waited and "1 cell" in waited
     assert "decided" not in waited
     assert table.loc[("verdict", "overlap: seed's order"), "R"] == "unknown"
-    data["context"]["overlap"] = "assumed: an older verdict's words"
+    assert table.loc[("verdict", "log_softmax: host"), "R"] == "not measured"
+    del data["conditions"]  # an older verdict (format 1): no condition rows
     (run / "verdict.json").write_text(json.dumps(data))
     assert not any(q.startswith("overlap") for _, q in compare.compare([run]).table.index)
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import errno
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -116,13 +115,15 @@ def test_no_write_access_is_one_line_and_nothing_half_written(tmp_path, referenc
     run_dir = good_run(tmp_path / "runs")
     copies = []
 
-    def refuse_second_copy(src, dst, **kwargs):
-        copies.append(src)
+    write = evidence.records.write_bytes_atomic
+
+    def refuse_second_copy(dst, data):
+        copies.append(dst)
         if len(copies) == 2:
             raise PermissionError(errno.EACCES, "Permission denied", str(dst))
-        return shutil.copy(src, dst)
+        return write(dst, data)
 
-    monkeypatch.setattr(evidence.shutil, "copy2", refuse_second_copy)
+    monkeypatch.setattr(evidence.records, "write_bytes_atomic", refuse_second_copy)
     assert cli.main(["keep", str(run_dir)]) == cli.EXIT_USAGE
     err = capsys.readouterr().err.strip()
     assert "Permission denied" in err and len(err.splitlines()) == 1
@@ -250,7 +251,7 @@ def test_the_results_headline_is_the_newest_unforced_trusted_run_per_machine(tmp
     evidence.keep_evidence(forced, force=True)
     text = evidence.results_markdown(reference)
     assert f"run `{trusted.name}`" in text.split("###")[1]  # the headline, though older
-    assert f"`{forced.name}` (PORT (kept with --force))" in text
+    assert f"`{forced.name}` (PORT (kept with --force; {evidence.LIVE_LABEL}))" in text
     rows = evidence.kept_runs(reference)
     assert evidence.headline_run(rows).path.endswith(trusted.name)
     assert evidence.headline_run([r for r in rows if r.forced]) is None
@@ -261,3 +262,28 @@ def test_the_committed_kept_runs_sit_under_the_machine_their_manifest_names():
         folder = paths.REFERENCE_DIR / row.path
         manifest = json.loads((folder / "manifest.json").read_text())
         assert folder.parent.name == evidence.machine_slug(manifest), row.path
+
+
+def test_decision_parameters_unlike_the_profile_are_named_on_the_first_screen_and_results(
+        tmp_path, verdict_as_recorded):
+    """Before (R9): the 04_verdict parameters a run recorded (delta 0.02 -> 0.005 turned a
+    CLOSE into INCONCLUSIVE) were used unchecked against the profile and shown nowhere."""
+    from conftest import good_run
+    from stagelab.core import rundir
+    from stagelab.present import evidence, rederive, report
+
+    run = good_run(tmp_path / "runs", notebooks=("04_verdict",))
+    manifest = rundir.read_manifest(run)
+    manifest["profile"] = "smoke"
+    manifest["notebooks"][0]["parameters"] = {"delta": 0.005, "min_samples": 3,
+                                              "decisive_rows": [2, 8],
+                                              "decisive_models": [4096]}
+    rundir.write_manifest(run, manifest)
+    assert rederive.decision_changes(manifest) == ["delta 0.005 (profile smoke: 0.02)"]
+    page = report.write_index(run).read_text()
+    assert "changed from its profile" in page and "delta 0.005 (profile smoke: 0.02)" in page
+    evidence.keep_evidence(run, tmp_path / "reference", force=True)
+    results = evidence.results_markdown(tmp_path / "reference")
+    assert "decided with parameters changed from its profile: delta 0.005" in results
+    manifest["notebooks"][0]["parameters"]["delta"] = 0.02
+    assert rederive.decision_changes(manifest) == []

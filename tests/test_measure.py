@@ -90,7 +90,8 @@ def test_the_smoke_profile_is_measured_with_torch_alone(smoke):
 def test_the_stagelab_command_refuses_a_bad_measure_request_in_one_line(tmp_path, capsys):
     assert cli.main(["measure", "--profile", "nope", "--out", str(tmp_path / "m")]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == "stagelab: error: unknown profile 'nope'; valid: smoke, quick, gate, full"
+    assert err.startswith("stagelab: error: ") and "'nope'" in err
+    assert err.endswith("smoke, quick, gate, full")  # the valid profiles, named
     assert not (tmp_path / "m").exists()
 
 
@@ -128,16 +129,16 @@ def test_the_gate_estimate_stays_within_the_lease_budget(capsys):
     sizes = {line.split()[0]: int(line.split()[1]) for line in out if line.startswith("rows/")}
     assert set(sizes) == {"rows/staging.jsonl.gz", "rows/step.jsonl.gz"}
     assert all(0 < size <= measured_folder.LEASE_MAX_FILE_BYTES for size in sizes.values())
-    assert out[-1] == "files at most: 7 of the 8 a lease returns"  # digests.json is one
+    assert out[-1].startswith("files at most: 7 of the 8 ")  # digests.json is one
+    assert "stop" not in out[-1]
 
 
 def test_the_gate_estimate_states_the_round_cap_and_its_device_time(capsys):
     assert cli.main(["measure", "--profile", "gate", "--estimate", "cuda"]) == 0
     out = capsys.readouterr().out.splitlines()
     line = next(line for line in out if "rounds until resolved" in line)
-    assert line.startswith("02_logprobs_step: rounds until resolved: 150 rounds per cell (a PORT "
-                           "needs 149), more while a question's CI straddles its bar, up to 200 "
-                           "rounds or 60 s of timing per cell; its 7 cells take ")
+    assert line.startswith("02_logprobs_step: rounds until resolved: 150 rounds per cell")
+    assert all(figure in line for figure in ("149", "200 rounds", "60 s", "7 cells"))
     # the six decisive cells queued, and the forward-waited order at n=16 on Qwen2.5-7B alone
     waited = [row for row in out if row.startswith("02_logprobs_step ") and "waited" in row]
     assert [row.split()[1:3] for row in waited] == [["n=16", "V=152064"]]
@@ -162,7 +163,8 @@ def test_the_lease_deadline_starts_every_gate_cell_on_the_estimate(capsys):
     assert cli.main(["measure", "--profile", "gate", "--estimate", "cuda",
                      "--deadline-s", deadline]) == 0
     out = capsys.readouterr().out
-    assert f"--deadline-s {deadline}: every cell is started on this estimate (10 cells" in out
+    line = next(line for line in out.splitlines() if line.startswith(f"--deadline-s {deadline}: "))
+    assert "every cell" in line and "(10 cells" in line
     assert float(deadline) <= 600 - 60  # a lease command runs 600 s at most; 60 s to close
 
 
@@ -204,8 +206,7 @@ def test_the_estimate_says_when_a_profile_at_its_round_cap_passes_what_a_lease_r
     step = next(line for line in out if line.startswith("rows/step.jsonl.gz"))
     files = int(step.split("(in ")[1].split()[0])
     assert files > 2 and step.endswith(f"(in {files} files: rolls over at 16777216 B)")
-    assert out[-1] == (f"files at most: {7 + files} of the 8 a lease returns: the last cells "
-                       "would stop")
+    assert out[-1].startswith(f"files at most: {7 + files} of the 8 ") and "stop" in out[-1]
 
 
 def test_a_cell_prediction_follows_its_basis():
@@ -260,9 +261,9 @@ def test_deadline_stops_at_a_cell_boundary_and_keeps_what_was_measured(tmp_path,
     assert {r["rows"] for r in rows_of(out, "step")} == {2}
     assert prompt["cells"] == [] and rows_of(out, "prompt_logprobs") == []
     step_gap, prompt_gap = measured_folder.gaps(manifest)
-    assert step_gap.startswith("02_logprobs_step: deadline, 1 of 3 cells measured (step: not "
-                               "started before the deadline: n=3 V=4096 K=5")
-    assert prompt_gap == "03_prompt_logprobs: deadline (not started: the deadline came first)"
+    assert step_gap.startswith("02_logprobs_step: deadline, 1 of 3 cells measured")
+    assert "n=3 V=4096 K=5" in step_gap  # the first cell not started
+    assert prompt_gap.startswith("03_prompt_logprobs: deadline") and "not started" in prompt_gap
 
 
 @no_cuda
@@ -389,7 +390,9 @@ def test_a_replay_is_kept_under_the_measuring_machine(tmp_path, smoke):
     node = tmp_path / "from_a_node"
     shutil.copytree(smoke, node)
     snap = json.loads((node / "hardware.json").read_text())
-    (node / "hardware.json").write_text(json.dumps({**snap, "gpu": {"name": "NVIDIA H200"}}))
+    cuda = {"torch": "2.13.0+cu128", "cuda_build": "12.8", "cuda_available": True}
+    (node / "hardware.json").write_text(json.dumps({**snap, "gpu": {"name": "NVIDIA H200"},
+                                                    "torch": cuda}))  # a snapshot that agrees
     measured_folder.write_digests(node)
     plan = profiles.plan_run("smoke")
     origin = replay.replay_plan(plan, node, [])
@@ -413,10 +416,8 @@ def live_verdict(run_dir: Path, parameters: dict) -> dict:
     return verdict.build_verdict(
         run_dir, decisive_rows=parameters["decisive_rows"],
         decisive_vocabs=shapes.vocabs(parameters["decisive_models"], "decisive_models"),
-        decisive_ks=parameters["decisive_ks"], delta=parameters["delta"],
-        min_samples=parameters["min_samples"], confidence=parameters["confidence"],
-        seed=parameters["seed"], reference_root=None,
-        calibration_trials=parameters["calibration_trials"])
+        decisive_ks=parameters["decisive_ks"], **verdict.arguments(parameters),
+        reference_root=None, calibration_trials=parameters["calibration_trials"])
 
 
 @pytest.mark.slow
@@ -571,10 +572,9 @@ def test_a_replay_judges_trust_by_the_node_s_load_not_the_analysing_host_s(tmp_p
     staging, step = manifest["notebooks"]
     assert staging["load"] == node["01_d2h_staging"] and step["load"]["busy"] is None
     assert staging["analysis_load"]["why"] == ["the analysing host was busy"]
-    assert trust.load_reasons(manifest) == [  # an unknown load is not a quiet one
-        "01_d2h_staging ran on a busy machine: the node was busy",
-        "02_logprobs_step: the load of the machine that timed it is unknown (the measurement "
-        "did not record the node's load); trust needs a measured load"]
+    busy_node, unknown = trust.load_reasons(manifest)  # an unknown load is not a quiet one
+    assert busy_node.startswith("01_d2h_staging ") and busy_node.endswith("the node was busy")
+    assert unknown.startswith("02_logprobs_step: ") and "unknown" in unknown
 
 
 def test_no_torch_or_an_old_torch_is_one_line_before_anything_is_made(tmp_path, monkeypatch,
@@ -591,7 +591,8 @@ def test_no_torch_or_an_old_torch_is_one_line_before_anything_is_made(tmp_path, 
     monkeypatch.setattr(torch, "__version__", "2.3.1+cu121")
     out = tmp_path / "old"
     assert measure_command.main(["--profile", "smoke", "--out", str(out)]) == measure_command.EXIT_USAGE
-    assert "torch 2.3.1+cu121: stagelab measure needs torch >= 2.4" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "torch 2.3.1+cu121" in err and ">= 2.4" in err
     assert not out.exists()
 
 
@@ -603,7 +604,8 @@ def test_an_out_that_cannot_be_made_is_one_line_exit_2(tmp_path, monkeypatch, ca
     assert measure_command.main(["--profile", "smoke", "--out", str(out),
                                  "--rehearse-on-cpu"]) == measure_command.EXIT_USAGE
     err = capsys.readouterr().err.strip()
-    assert err == f"stagelab measure: error: --out {out}: cannot be created (Not a directory)"
+    assert err.startswith(f"stagelab measure: error: --out {out}: ")
+    assert err.endswith("(Not a directory)") and len(err.splitlines()) == 1
 
 
 def test_run_from_refuses_a_folder_measured_with_another_profile(tmp_path, smoke, capsys):
@@ -611,7 +613,7 @@ def test_run_from_refuses_a_folder_measured_with_another_profile(tmp_path, smoke
                      str(tmp_path / "runs")])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1, err
-    assert "measured with profile 'smoke', not 'gate'; replay it with --profile smoke" in err
+    assert "'smoke'" in err and "'gate'" in err and err.rstrip().endswith("--profile smoke")
     assert not (tmp_path / "runs").exists()
 
 

@@ -70,7 +70,9 @@ def interpreted(monkeypatch):
     _rebuild_kernels()
 
 
-@pytest.fixture(params=["torch", "triton"])
+# Triton's interpreter runs every program in Python: its cases leave make check for make test,
+# but for test_one_row's, their representative in the fast lane
+@pytest.fixture(params=["torch", pytest.param("triton", marks=pytest.mark.slow)])
 def backend(request):
     """Each backend, with the device its logits go to."""
     if request.param == "triton":
@@ -184,6 +186,7 @@ def test_targets_at_the_top_and_at_the_bottom(backend):
     assert result.target_rank.tolist() == [1, 257]
 
 
+@pytest.mark.parametrize("backend", ["torch", "triton"], indirect=True)  # both, in make check
 def test_one_row(backend):
     """n = 1 splits its row across programs by default (the split variant for small n)."""
     run(backend, randn(1, 700), 10, ids(1, 700), tile=64)
@@ -289,6 +292,7 @@ def test_fold_backend_is_torch_on_a_cpu_and_triton_is_refused_where_it_cannot_ru
         onepass.TileFold(2, 3, None, torch.device("cpu"), "numpy")
 
 
+@pytest.mark.slow  # the kernels' fold in the interpreter: make test
 @pytest.mark.parametrize(("dtype", "k", "tile"), [(torch.float32, 6, 100),
                                                   (torch.bfloat16, 0, 64)])
 def test_head_fused_on_the_kernels_fold_equals_the_unchunked_reference(interpreted, monkeypatch,

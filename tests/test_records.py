@@ -19,6 +19,7 @@ import pytest
 from conftest import fake_run, good_run, make_run, start_sleepy, tiny_cli, write_notebook
 from stagelab import cli
 from stagelab.analyse import verdict as verdict_module
+from stagelab.analyse import verdict_decision
 from stagelab.core import paths, records, rundir, schema
 from stagelab.core.errors import BadRecord, UserError
 from stagelab.core.records import RunFolder
@@ -92,7 +93,8 @@ def test_a_real_verdict_follows_its_documented_schema(tmp_path):
     shutil.copy(KEPT_CPU_RUN / "manifest.json", run_dir / "manifest.json")
     built = verdict_module.build_verdict(
         run_dir, decisive_rows=[16, 64], decisive_vocabs=[152064], decisive_ks=[5],
-        min_samples=10, reference_root=paths.REFERENCE_DIR, calibration_trials=20)
+        rule=verdict_decision.Rule(min_samples=10), reference_root=paths.REFERENCE_DIR,
+        calibration_trials=20)
     written = RunFolder(run_dir).write_json("verdict.json", built)
     payload = json.loads(written.read_text())
     documented = records.schema("verdict")["properties"]
@@ -237,8 +239,8 @@ def test_concurrent_keeps_leave_one_whole_copy_and_never_touch_each_others_stagi
     (leftover / "verdict.json").write_text('{"overall": {"decision": "PORT"}}')
     real_copy, inner = evidence._copy_evidence, []
 
-    def copy_while_another_keep_runs(source, files, staging):
-        real_copy(source, files, staging)
+    def copy_while_another_keep_runs(source, files, staging, verdict):
+        real_copy(source, files, staging, verdict)
         if not inner:
             inner.append(None)
             inner[0] = evidence.keep_evidence(run_dir)  # the other keep, meanwhile

@@ -159,11 +159,14 @@ def test_the_verdict_states_its_context_in_the_report_and_older_verdicts_lack_it
         {"overall": {"decision": "INCONCLUSIVE", "summary": "Undecided."},
          "decisive": [decisive_cell(16)], "context": {"words": words}}))
     assert f"<p class='context'>{words}</p>" in report.write_index(run_dir).read_text()
-    note = "Recommendation with the forward queued: CLOSE, close (decided); waited: PORT."
+    note = "overlap: recommendation under queued: CLOSE, close (decided); waited: PORT."
     (run_dir / "verdict.json").write_text(json.dumps(
         {"overall": {"decision": "CLOSE", "summary": "Closed."}, "decisive": [decisive_cell(16)],
-         "context": {"words": words, "overlap": {"assumed": "queued", "note": note}}}))
-    assert f"<p class='overlap'>{note}</p>" in report.write_index(run_dir).read_text()
+         "context": {"words": words}, "conditions": {"overlap": {
+             "column": "overlap_order", "decided": "queued", "values": ["queued"],
+             "under": {}, "changes_answer": None, "flipped_cells": [], "words": "w",
+             "note": note}}}))
+    assert f"<p class='condition overlap'>{note}</p>" in report.write_index(run_dir).read_text()
     older = fake_run(tmp_path / "older")
     (older / "verdict.json").write_text(json.dumps(
         {"overall": {"decision": "INCONCLUSIVE", "summary": "Undecided."},

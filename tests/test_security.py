@@ -607,6 +607,7 @@ def test_two_concurrent_keeps_keep_one_measurement_once(tmp_path, monkeypatch):
 
     from conftest import good_run
     from stagelab.core import rundir
+    from stagelab.core.records import RunFolder
     from stagelab.present import evidence
 
     runs = []
@@ -618,7 +619,8 @@ def test_two_concurrent_keeps_keep_one_measurement_once(tmp_path, monkeypatch):
         runs.append(run.rename(run.with_name(f"20261130T1{len(runs)}0000Z_vm_smoke")))
     from stagelab.present import rederive
 
-    monkeypatch.setattr(rederive, "problem", lambda *_: None)  # these runs' records are stubs
+    monkeypatch.setattr(rederive, "kept_verdict",  # these runs' records are stubs
+                        lambda run_dir, _: RunFolder(run_dir).read_verdict())
     copy = evidence._copy_evidence
     monkeypatch.setattr(evidence, "_copy_evidence",
                         lambda *args: (time.sleep(0.5), copy(*args)))  # widen the race
@@ -675,8 +677,10 @@ def test_fleet_param_for_a_measured_notebook_is_left_to_the_node():
     assert plan.profile == "smoke"
 
 
-def _serve_once(answer: bytes | None):
-    """A loopback TCP server that accepts one connection and sends ``answer`` (or nothing)."""
+def _serve_once(answer: bytes | None, held=None):
+    """A loopback TCP server that accepts one connection and sends ``answer`` (or nothing), then
+    holds it open: 8 s, or until the event ``held`` is set (``held.let_go`` is set where it
+    stopped waiting on its own, after 120 s)."""
     import socket
     import threading
 
@@ -690,25 +694,33 @@ def _serve_once(answer: bytes | None):
             connection.recv(64)
             if answer is not None:
                 connection.sendall(answer)
-            threading.Event().wait(8)
+            if held is None:
+                threading.Event().wait(8)
+            elif not held.wait(120):
+                held.let_go.set()
     threading.Thread(target=serve, daemon=True).start()
     return server
 
 
-@pytest.mark.serial  # a wall-time bound
-@pytest.mark.slow  # make check's fast lane leaves it to make test
 @pytest.mark.parametrize("answer", [None, b"HTTP/1.1 400 Bad Request\r\n\r\n"])
-def test_a_port_that_is_not_ray_fails_within_seconds(answer):
-    import time
+def test_a_port_that_is_not_ray_fails_on_its_own_timeout(answer, monkeypatch):
+    """The check gives up after its own timeout (shortened here), while the server still holds
+    the connection open (before: a wall-clock bound of the timeout + 2 s, run alone)."""
+    import threading
 
     from stagelab.run import fleet
 
-    server = _serve_once(answer)
-    began = time.monotonic()
-    with pytest.raises(UserError, match="something listens there, but not a Ray cluster"):
-        fleet.check_address(f"127.0.0.1:{server.getsockname()[1]}")
-    assert time.monotonic() - began < fleet.CONNECT_CHECK_S + 2
-    server.close()
+    monkeypatch.setattr(fleet, "CONNECT_CHECK_S", 0.2)
+    held = threading.Event()
+    held.let_go = threading.Event()
+    server = _serve_once(answer, held)
+    try:
+        with pytest.raises(UserError, match="something listens there, but not a Ray cluster"):
+            fleet.check_address(f"127.0.0.1:{server.getsockname()[1]}")
+        assert not held.let_go.is_set()  # it did not wait for the server to let go
+    finally:
+        held.set()
+        server.close()
 
 
 def test_a_grpc_server_passes_the_address_check():
@@ -1152,3 +1164,262 @@ def test_a_wrongly_typed_field_of_the_snapshot_is_refused_before_use(node, where
     measured_folder.write_digests(node)
     with pytest.raises(UserError, match=rf"hardware.json\.{'.'.join(where)}.* is str"):
         replay_of(node)
+
+
+# ------------------------------------------------------- lines, not rows; parts the reader reads
+
+def test_blank_lines_count_against_the_line_budget(node):
+    """Before: blank lines were not rows, so the row budget never limited them: 256 MiB of
+    newlines were walked line by line (236 s), at least twice per replay."""
+    from stagelab.core import schema
+
+    path = node / "rows" / "staging.jsonl"
+    rows = path.read_text()
+    path.write_text("\n" * 5_000_000 + rows)
+    measured_folder.write_digests(node)
+    assert schema.read_json_lines(path, root=node, most=10) == []  # 11 lines read, no further
+    with pytest.raises(UserError, match=r"holds 0 rows, fewer than the"):
+        replay_of(node)
+
+
+def test_keep_rechecks_the_node_rows_with_a_budget(node, tmp_path, monkeypatch):
+    """Before: `keep` re-checked `measured/` rows with no `most`: every row of a rows file was
+    parsed before its count was compared (300,000 `{}` rows: 4.6 s; at 16 MiB, hours)."""
+    from stagelab.present import evidence
+
+    run = replayed_run_carrying(tmp_path, node)
+    copy = run / "measured"
+    expected = measured_folder.recorded_rows(experiment(
+        measured_folder.MeasuredFolder(copy).manifest(), "01_d2h_staging"))
+    path = copy / "rows" / "staging.jsonl.gz"
+    path.write_bytes(gzip.compress(b"{}\n" * 300_000, mtime=0))
+    measured_folder.write_digests(copy)
+    parsed = []
+    real = untrusted.parse_json
+    monkeypatch.setattr(untrusted, "parse_json",
+                        lambda *a, **k: parsed.append(1) or real(*a, **k))
+    problem = evidence.measured_copy_problem(run)
+    assert problem and "more than the" in problem
+    assert len(parsed) < expected + 50  # its rows and the record's few JSON files, no more
+
+
+def test_a_rows_part_the_reader_skips_is_refused_not_copied(node, tmp_path):
+    """Before: a listed rows/step.3.jsonl.gz with no .2 was never read as rows, but was read,
+    copied densely and kept (a 256 MiB sparse part became 200 MiB in data/reference/)."""
+    orphan = node / "rows" / "step.3.jsonl.gz"
+    orphan.write_bytes(gzip.compress(b'{"arm": "x"}\n', mtime=0))
+    measured_folder.write_digests(node)
+    with pytest.raises(UserError, match=r"rows/step.3.jsonl.gz is not read as rows"):
+        replay_of(node)
+
+
+def test_a_compressed_rows_part_is_bounded_as_compressed_rows_are(node):
+    """Before: a roll-over part was bounded at 1 GiB like plain rows, not at the 16 MiB of
+    compressed rows: a 256 MiB sparse part was read and copied."""
+    part = node / "rows" / "step.jsonl.gz"
+    with open(part, "wb") as handle:
+        handle.truncate(untrusted.MAX_COMPRESSED_ROWS_BYTES + 1)
+    with pytest.raises(UserError, match=r"more than the 16777216 such a file may hold"):
+        replay_of(node)
+
+
+# ------------------------------------------- K1, K2, R8: tables checked against their records
+
+CPU_BUILD = {"host": {"cpu_model": "Xeon"}, "gpu": None,
+             "torch": {"torch": "2.13.0+cpu", "cuda_build": None, "cuda_available": False}}
+
+
+def _live_run_with_rows(root: Path, hardware: dict, rows: list[dict]) -> Path:
+    from conftest import good_run
+    from stagelab.core import schema
+
+    run = good_run(root, hardware=hardware)
+    schema.write_table(schema.make_rows(rows, run_id=run.name, notebook="01_d2h_staging"),
+                       run, "staging")
+    return run
+
+
+def _pinned_rows(device: str, rounds: int = 240) -> list[dict]:
+    return [{"experiment": "d2h_copy", "arm": arm, "device": device, "rows": 64,
+             "vocab": 152064, "round": r, "seconds": 0.01, "bytes": 10**6, "status": "ok",
+             "metric": "time", "stage": "total"}
+            for r in range(rounds) for arm in ("pageable_fresh", "pinned_grow_only")]
+
+
+def test_keep_refuses_a_live_run_whose_tables_its_machine_cannot_have_measured(
+        tmp_path, verdict_as_recorded):
+    """Before: claims ran only on a replay's measured/, never on a run's data/*.parquet: a run
+    whose tables held 1,920 pinned ok rows on device cpu (its torch 2.13.0+cpu) was kept
+    unforced with "Verdict: PORT"."""
+    from stagelab.present import evidence
+
+    run = _live_run_with_rows(tmp_path / "runs", CPU_BUILD, _pinned_rows("cpu"))
+    with pytest.raises(UserError, match=r"data/staging.parquet disagrees with the records that "
+                                        r"back it: an ok 'pinned_grow_only' row"):
+        evidence.keep_evidence(run, tmp_path / "reference", force=True)
+    assert not list((tmp_path / "reference").rglob("kept.json"))
+
+
+def test_keep_refuses_a_gpu_run_whose_torch_says_no_cuda(tmp_path, verdict_as_recorded):
+    """Before (R8, K1): a run filed under NVIDIA-H200/ with cuda:0 rows while its own snapshot's
+    torch was a CPU build was kept."""
+    from stagelab.present import evidence
+
+    h200 = {**CPU_BUILD, "gpu": {"name": "NVIDIA H200"}}
+    run = _live_run_with_rows(tmp_path / "runs", h200, _pinned_rows("cuda:0"))
+    with pytest.raises(UserError, match=r"names GPU 'NVIDIA H200' while its torch "
+                                        r"\(2.13.0\+cpu\) says CUDA was not available"):
+        evidence.keep_evidence(run, tmp_path / "reference", force=True)
+    assert not (tmp_path / "reference" / "NVIDIA-H200").exists()
+
+
+def test_keep_refuses_more_rounds_than_the_run_recorded(tmp_path, verdict_as_recorded):
+    from stagelab.present import evidence
+
+    run = _live_run_with_rows(tmp_path / "runs", CPU_BUILD, [
+        {**row, "arm": "pageable_fresh"} for row in _pinned_rows("cpu", rounds=400)[::2]])
+    with pytest.raises(UserError, match=r"holds 400 rounds, more than the 12 its recorded"):
+        evidence.keep_evidence(run, tmp_path / "reference", force=True)
+
+
+def test_a_replay_of_a_snapshot_naming_a_gpu_its_torch_denies_is_refused(node):
+    """Before (R8): a snapshot naming an H200 while its torch said no CUDA was accepted when no
+    row needed CUDA."""
+    hardware = json.loads((node / "hardware.json").read_text())
+    hardware["gpu"] = {"name": "NVIDIA H200"}
+    (node / "hardware.json").write_text(json.dumps(hardware))
+    measured_folder.write_digests(node)
+    with pytest.raises(UserError, match=r"names GPU 'NVIDIA H200' while its torch"):
+        replay_of(node)
+
+
+def _replay_like(tmp_path: Path, node: Path) -> Path:
+    """A run that carries the node's verified rows as a replay does, its tables what the
+    notebooks derive from them and its measured_on the verified copy's."""
+    from stagelab.core import catalogue, rundir, schema
+
+    run = replayed_run_carrying(tmp_path, node)
+    copy = measured_folder.MeasuredFolder(run / "measured")
+    for path in (run / "data").glob("*.parquet"):
+        path.unlink()
+    for table, notebook in catalogue.tables().items():
+        frame = copy.replayed_frame(table, run.name, notebook)
+        if len(frame):
+            schema.write_table(frame, run, table)
+    manifest = rundir.read_manifest(run)
+    manifest["measured_on"] = copy.origin(copy.manifest())
+    manifest["hardware"] = json.loads((copy.path / "hardware.json").read_text())
+    rundir.write_manifest(run, manifest)
+    return run
+
+
+def test_keep_refuses_a_replay_whose_tables_are_not_its_verified_rows(node, tmp_path,
+                                                                     verdict_as_recorded):
+    """Before (K2): nothing checked that a replay's tables were what the notebooks derive from
+    measured/: a kept "(measured elsewhere) Verdict: PORT" had 1,920 pinned ok rows in its
+    tables and none in its verified measured/."""
+    from stagelab.core import rundir, schema
+    from stagelab.present import evidence, rederive
+
+    run = _replay_like(tmp_path, node)
+    manifest = rundir.effective_manifest(run)
+    assert rederive.replay_tables_problem(run, manifest) is None  # the honest one holds
+    frame = schema.read_table(run, "staging")
+    frame.loc[frame["arm"] == "pageable_reused", "arm"] = "pinned_grow_only"
+    schema.write_table(frame, run, "staging")
+    assert "not the" in (rederive.replay_tables_problem(run, manifest) or "")
+    with pytest.raises(UserError, match=r"data/staging.parquet holds \d+ rows that are not the "
+                                        r"\d+ its notebook derives from the verified"):
+        evidence.keep_evidence(run, tmp_path / "reference", force=True)
+
+
+def test_keep_reads_measured_on_from_the_verified_copy(node, tmp_path, verdict_as_recorded):
+    """Before (K2): `replay_past_no_go` read measured_on from the run's manifest: a rehearsal
+    whose manifest said otherwise was kept unforced."""
+    from stagelab.core import rundir
+    from stagelab.present import evidence
+
+    run = _replay_like(tmp_path, node)
+    manifest = rundir.read_manifest(run)
+    assert manifest["measured_on"]["forced"] is True  # the smoke measurement was forced
+    manifest["measured_on"].update(forced=False, preflight=None)
+    rundir.write_manifest(run, manifest)
+    assert "forced past a preflight no-go" in evidence.refusal(run, rundir.effective_manifest(run))
+    with pytest.raises(UserError, match=r"its manifest's measured_on says forced False, its "
+                                        r"verified measured/measured.json True"):
+        evidence.keep_evidence(run, tmp_path / "reference", force=True)
+
+
+# ------------------------------------------------ K3: every word and number of a kept verdict
+
+def _decided_replay(tmp_path: Path, node: Path) -> Path:
+    """A replay-like run (its tables its node's verified rows) with the verdict notebook 04
+    computes from them, with the smoke profile's parameters, and its index."""
+    from stagelab.core import rundir
+    from stagelab.present import rederive, report
+    from stagelab.run import profiles as run_profiles
+
+    run = _replay_like(tmp_path, node)
+    manifest = rundir.read_manifest(run)
+    parameters = run_profiles.profile_parameters("smoke")["04_verdict"]
+    manifest["notebooks"].append(rundir.notebook_entry("04_verdict", status="ok"))
+    manifest["notebooks"][-1]["parameters"] = dict(parameters)
+    rundir.write_manifest(run, manifest)
+    fresh = rederive.rederived_verdict(run, manifest)
+    fresh["findings"].append("Committed reference evidence (cpu; not this run): compared.")
+    (run / "verdict.json").write_text(json.dumps(fresh, default=str))
+    report.write_index(run)
+    return run
+
+
+def test_keep_refuses_a_verdict_whose_prose_or_numbers_were_edited(node, tmp_path):
+    """Before (K3): `rederive` compared decisions only: a verdict.json whose summary, findings
+    and each cell's speedup had been edited was kept, and the Results printed them "as that run
+    wrote them" ("Verdict: INCONCLUSIVE. Measured on an H200 ... saves 1.9 ms per step")."""
+    from stagelab.present import evidence
+
+    run = _decided_replay(tmp_path / "runs", node)
+    sent = json.loads((run / "verdict.json").read_text())
+
+    def edited(change):
+        copy = tmp_path / "edited" / run.name
+        shutil.rmtree(copy.parent, ignore_errors=True)
+        shutil.copytree(run, copy)
+        verdict = json.loads(json.dumps(sent))
+        change(verdict)
+        (copy / "verdict.json").write_text(json.dumps(verdict))
+        return copy
+
+    cases = [
+        (lambda v: v["overall"].update(summary="Measured on an H200: saves 1.9 ms; port it."),
+         r"says overall.summary 'Measured on an H200: saves 1.9 ms; port it.', its own tables"),
+        (lambda v: v["decisive"][0].update(speedup=1.5), r"says decisive\[0\].speedup 1.5"),
+        (lambda v: v["findings"].insert(0, "A finding no table gives."), r"says findings"),
+        (lambda v: v["calibration"].clear(), r"says calibration")]
+    for change, message in cases:
+        with pytest.raises(UserError, match=message) as refused:
+            evidence.keep_evidence(edited(change), tmp_path / "reference", force=True)
+        assert "\n" not in str(refused.value)
+    assert not list((tmp_path / "reference").rglob("kept.json"))
+    kept = evidence.keep_evidence(run, tmp_path / "reference", force=True)
+    written = json.loads((kept / "verdict.json").read_text())
+    assert written["findings"] == [f for f in sent["findings"]
+                                   if not f.startswith("Committed reference evidence")]
+    assert written["overall"] == sent["overall"] and written["calibration"]
+
+
+def test_keep_refuses_a_verdict_notebook_whose_prose_was_edited(node, tmp_path):
+    """Before (K3): the verdict notebook's own page was kept as sent: its "Staging verdict"
+    prose could say PORT while the tables gave INCONCLUSIVE."""
+    import nbformat
+    from nbformat.v4 import new_code_cell, new_notebook, new_output
+
+    from stagelab.present import evidence
+
+    run = _decided_replay(tmp_path / "runs", node)
+    nbformat.write(new_notebook(cells=[new_code_cell("x", outputs=[new_output(
+        "display_data", data={"text/markdown": "## Staging verdict: **PORT**\n\nport it."})])]),
+        str(run / "04_verdict.ipynb"))
+    with pytest.raises(UserError, match=r"its 04_verdict.ipynb states a verdict other than its "
+                                        r"tables give"):
+        evidence.keep_evidence(run, tmp_path / "reference", force=True)

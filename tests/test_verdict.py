@@ -21,7 +21,7 @@ from stagelab.analyse import (
     verdict_decision,
     verdict_words,
 )
-from stagelab.core import schema
+from stagelab.core import catalogue, records, schema
 from stagelab.core.errors import SchemaError
 
 V = 152_064
@@ -78,8 +78,11 @@ def write_step(run: Path, records: list[dict]) -> Path:
 
 
 def build(run: Path, rows: list[int], **kwargs) -> dict:
+    """The verdict as notebook 04 builds it, its parameters by name (delta, log_softmax...)."""
+    chosen = {k: kwargs.pop(k) for k in list(kwargs)
+              if k in verdict.RULE_PARAMETERS or k in verdict.DECIDED_BY}
     return verdict.build_verdict(run, decisive_rows=rows, decisive_vocabs=[V], decisive_ks=[5],
-                                 **kwargs)
+                                 **verdict.arguments(chosen), **kwargs)
 
 
 def means_ms(records: list[dict], arm: str, stage: str) -> float:
@@ -333,9 +336,10 @@ def test_bad_parameters_raise_naming_the_parameter_before_reading(tmp_path, kwar
     run = tmp_path / "run"
     (run / "data").mkdir(parents=True)
     (run / "data" / "step.parquet").write_bytes(b"corrupt: never read")
-    arguments = {**dict(decisive_rows=[64], decisive_vocabs=[V], decisive_ks=[5]), **kwargs}
+    given = {**dict(decisive_rows=[64], decisive_vocabs=[V], decisive_ks=[5]), **kwargs}
+    cells = {k: v for k, v in given.items() if k.startswith("decisive_")}
     with pytest.raises(ValueError, match=rf"^{parameter} ") as raised:
-        verdict.build_verdict(run, **arguments)
+        verdict.build_verdict(run, **cells, **verdict.arguments(given))
     assert not isinstance(raised.value, SchemaError)
 
 
@@ -626,7 +630,7 @@ def test_the_verdict_states_its_context(tmp_path):
     assert context["min_speedup"] == pytest.approx(MIN_SPEEDUP)
     assert context["logprobs_only_min_speedup"] == pytest.approx([MIN_SPEEDUP] * 2)
     assert "forward_ms = 0" in context["words"] and "Holm" in context["family"]
-    assert result["other_log_softmax"]["measured"] is False
+    assert result["conditions"]["log_softmax"]["under"]["host"]["measured"] is False
 
 
 def test_a_cpu_run_says_its_log_softmax_runs_on_the_host(tmp_path):
@@ -656,8 +660,9 @@ def test_forward_ms_moves_the_logprobs_only_bar_and_the_other_log_softmax_is_dec
     assert cell["logprobs_only_min_speedup"] == pytest.approx(
         step_ms / (step_ms - 0.02 * logprobs_ms))
     assert cell["decision"] == "PORT"
-    other = result["other_log_softmax"]
-    assert other["measured"] and other["decision"] == "CLOSE" and other["changes_answer"]
+    block = result["conditions"]["log_softmax"]
+    other = block["under"]["host"]
+    assert other["measured"] and other["decision"] == "CLOSE" and block["changes_answer"]
     on_host = build(write_step(tmp_path / "host", device + host + forward), [64],
                     log_softmax="host")
     assert on_host["overall"]["decision"] == "CLOSE"
@@ -754,22 +759,32 @@ def test_without_the_reused_arm_pinning_alone_is_not_measured_and_the_change_is_
     assert "pinning alone was not measured" in result["recommendation"]["reason"]
 
 
-def test_the_verdict_states_the_forward_the_overlap_and_the_allocator(tmp_path):
-    records = step_cell(64, 1.5) + [dict(experiment="step", arm="forward", metric="forward_ms",
+def test_the_verdict_states_the_forward_and_each_condition_in_one_block(tmp_path):
+    """Each condition of the catalogue has its block, of one shape, which the schema requires
+    of a verdict of format 2 (and not of an older one, which has no format)."""
+    rows = step_cell(64, 1.5) + [dict(experiment="step", arm="forward", metric="forward_ms",
                                          value=4.45, note="(15.22 GB ...) = 4.45 ms", rows=64,
                                          vocab=V, k=5)]
-    context = build(write_step(tmp_path / "run", records), [64])["context"]
+    made = build(write_step(tmp_path / "run", rows), [64])
+    context = made["context"]
     assert context["forward"]["nominal_ms"] == [4.45] and context["forward"]["measured_ms"] is None
     assert context["forward"]["context_tokens"] == 2048
-    overlap = context["overlap"]
-    assert (overlap["assumed"], overlap["recorded"], overlap["other"]) == ("queued", ["queued"],
-                                                                           "waited")
-    assert overlap["words"].startswith("Overlap order decided: queued: the forward is queued "
-                                       "without a wait")
+    conditions = made["conditions"]
+    assert set(conditions) == {c.name for c in catalogue.CONDITIONS} and made["format"] == 2
+    overlap = conditions["overlap"]
+    assert (overlap["decided"], overlap["values"], list(overlap["under"])) == (
+        "queued", ["queued"], ["queued", "waited"])
+    assert overlap["words"] == catalogue.OVERLAP.words["queued"]
     assert overlap["under"]["waited"]["measured"] is False and overlap["changes_answer"] is None
-    assert "with the forward waited: not measured in this run" in overlap["note"]
+    assert "waited: not measured in this run" in overlap["note"]
     assert "Overlap order queued: the forward is queued" in context["words"]
-    assert context["allocator"]["regimes"] == [] and "not recorded" in context["allocator"]["note"]
+    allocator = conditions["allocator"]  # rows without a regime read as the process's malloc
+    assert (allocator["decided"], allocator["values"]) == ("malloc", ["malloc"])
+    assert allocator["under"]["mapped fresh"]["measured"] is False
+    assert not records.shape_errors(made, records.schema("verdict"))
+    assert records.shape_errors({**made, "conditions": None}, records.schema("verdict"))
+    assert "conditions is missing" in records.shape_errors(
+        {k: v for k, v in made.items() if k != "conditions"}, records.schema("verdict"))
 
 
 def test_the_verdict_decides_each_overlap_order_alone_and_says_which_the_seed_has(tmp_path):
@@ -785,26 +800,25 @@ def test_the_verdict_decides_each_overlap_order_alone_and_says_which_the_seed_ha
     for order, other, answer, theirs in (("queued", "waited", "CLOSE", "PORT"),
                                          ("waited", "queued", "PORT", "CLOSE")):
         result = build(run, [64], overlap_order=order)
-        overlap = result["context"]["overlap"]
+        overlap = result["conditions"]["overlap"]
         (cell,) = result["decisive"]
         assert result["parameters"]["overlap_order"] == order
         assert result["overall"]["decision"] == answer and cell["decision"] == answer
         assert cell["speedup"] == pytest.approx(1.01 if order == "queued" else 1.5, rel=0.01)
-        assert (overlap["assumed"], overlap["other"], overlap["recorded"]) == (
-            order, other, ["queued", "waited"])
+        assert (overlap["decided"], overlap["values"]) == (order, ["queued", "waited"])
         assert overlap["under"][order]["decision"] == answer
         assert overlap["under"][other]["decision"] == theirs
         assert overlap["under"][other]["answers"] == {name: theirs}
         assert overlap["changes_answer"] is True and overlap["flipped_cells"] == [name]
-        assert f"the {other} order changes the answer at {name}" in overlap["note"]
+        assert f"{other} changes the answer at {name}" in overlap["note"]
         assert f"Overlap order {order}:" in result["context"]["words"]
         decided[order] = {o: overlap["under"][o]["change"] for o in ("queued", "waited")}
     assert decided["queued"] == decided["waited"]  # the same recommendation per order either way
     assert decided["queued"] == {"queued": "close", "waited": "port the pinned scratch"}
-    seed = result["context"]["overlap"]["seed"]
+    seed = result["conditions"]["overlap"]["seed"]
     assert seed["order"] == "unknown" and seed["lead"] == "waited"
     assert all(line in seed["words"] for line in ("sampler.cpp:289", ":296", ":405", ":412"))
-    with pytest.raises(ValueError, match="overlap_order must be one of"):
+    with pytest.raises(ValueError, match="overlap must be one of"):
         build(run, [64], overlap_order="after")
 
 
@@ -814,24 +828,22 @@ def test_the_other_order_measured_at_some_cells_is_decided_over_those_alone(tmp_
     queued = [{**r, "overlap_order": "queued"} for r in step_cell(16, 1.5) + step_cell(64, 1.5)]
     waited = [{**r, "overlap_order": "waited"} for r in step_cell(16, 1.5, seed=3)]
     result = build(write_step(tmp_path / "run", queued + waited), [16, 64])
-    under = result["context"]["overlap"]["under"]
+    under = result["conditions"]["overlap"]["under"]
     assert under["queued"]["cells"] == [f"n=16 V={V} K=5", f"n=64 V={V} K=5"]
     assert under["waited"]["cells"] == [f"n=16 V={V} K=5"]
     assert under["waited"]["decision"] == under["queued"]["decision"] == "PORT"
-    assert result["context"]["overlap"]["changes_answer"] is False
+    assert result["conditions"]["overlap"]["changes_answer"] is False
 
 
 def test_the_verdict_says_whether_the_allocators_regime_changes_the_answer(tmp_path):
     heap = [{**r, "regime": "glibc"} for r in step_cell(64, 1.01)]  # heap reused: too small
     mapped = [{**r, "regime": "mapped fresh"} for r in step_cell(64, 1.5, seed=2)]
     result = build(write_step(tmp_path / "run", heap + mapped), [64])
-    allocator = result["context"]["allocator"]
-    assert allocator["regimes"] == ["glibc", "mapped fresh"] and allocator["assumed"] == "glibc"
+    allocator = result["conditions"]["allocator"]
+    assert allocator["values"] == ["malloc", "mapped fresh"] and allocator["decided"] == "malloc"
     assert result["overall"]["decision"] == "CLOSE"  # decided under the process's malloc
-    (other,) = allocator["other"]
-    assert (other["regime"], other["decision"], other["changes_answer"]) == (
-        "mapped fresh", "PORT", True)
-    assert allocator["note"] == "the regime changes the answer"
+    assert allocator["under"]["mapped fresh"]["decision"] == "PORT"
+    assert allocator["changes_answer"] is True and allocator["flipped_cells"] == [f"n=64 V={V} K=5"]
     assert "32 MiB" in allocator["threshold"]
 
 
@@ -848,3 +860,16 @@ def test_each_decisive_cell_names_the_regime_its_vector_met(tmp_path):
     (old,) = build(write_step(tmp_path / "old", step_cell(64, 1.5, rounds=20)), [64],
                    min_samples=10)["decisive"]
     assert old["vector_regime"]["recorded"] is False
+
+
+def test_notebook_04s_parameters_give_one_rule_and_one_conditions_mapping():
+    """build_verdict takes the rule and the conditions as two values: notebook 04's parameters
+    (and keep's re-derivation) become them by name; an unknown condition or value is refused."""
+    assert verdict.decided_conditions(None) == {c.name: c.decides for c in catalogue.CONDITIONS}
+    assert verdict.decided_conditions({"overlap": "waited"})["overlap"] == "waited"
+    with pytest.raises(ValueError, match=r"no step condition \['thp'\]"):
+        verdict.decided_conditions({"thp": "always"})
+    with pytest.raises(ValueError, match="log_softmax must be one of"):
+        verdict.decided_conditions({"log_softmax": "gpu"})
+    assert verdict.arguments({"delta": 0.05, "overlap_order": "waited", "decisive_rows": [1]}) == {
+        "rule": verdict_decision.Rule(delta=0.05), "conditions": {"overlap": "waited"}}

@@ -42,9 +42,9 @@ def _parser() -> argparse.ArgumentParser:
                      help="run only these notebooks of the profile")
     run.add_argument("--param", action="append", default=[], metavar="NOTEBOOK.KEY=VALUE",
                      help="override a notebook parameter; VALUE is JSON, bare words are text (repeatable)")
-    run.add_argument("--out", type=Path, default=paths.RUNS_DIR,
+    run.add_argument("--out", type=paths.given, default=paths.RUNS_DIR,
                      help="folder in which the run folder is created (default papermill_runs/)")
-    run.add_argument("--from", dest="from_dir", type=Path, default=None, metavar="DIR",
+    run.add_argument("--from", dest="from_dir", type=paths.given, default=None, metavar="DIR",
                      help="analyse the rows of a folder made by `stagelab measure` instead of "
                           "measuring (the measuring notebooks read them)")
     run.add_argument("--rehearse-on-cpu", action="store_true",
@@ -59,21 +59,21 @@ def _parser() -> argparse.ArgumentParser:
                      help="read the PCIe link while copies keep it busy (GPU only)")
     rep = sub.add_parser("report", help="(re)build the HTML of a run folder (and its manifest, "
                          "from the notebooks, if it is lost or corrupt)")
-    rep.add_argument("run_dir", type=Path)
+    rep.add_argument("run_dir", type=paths.given)
     rep.add_argument("--single-file", action="store_true",
                      help="also write one self-contained HTML file that opens offline")
-    rep.add_argument("--out", type=Path, help="where the single file goes "
+    rep.add_argument("--out", type=paths.given, help="where the single file goes "
                      "(default <run_dir>/<run id>_report.html); an existing file is replaced "
                      "only if it is an earlier single-file report")
     rep.add_argument("--force", action="store_true",
                      help="let --out replace an existing file (never a run's record files)")
     runs = sub.add_parser("runs", help="list run folders: profile (* where the run's notebooks "
                           "or parameters differ from it), device, trust, status")
-    runs.add_argument("--root", type=Path, default=paths.RUNS_DIR)
+    runs.add_argument("--root", type=paths.given, default=paths.RUNS_DIR)
     runs.add_argument("--json", action="store_true", help="print JSON instead of a table")
     keep = sub.add_parser("keep", help="copy an ok run's evidence under data/reference/ to commit "
                           "it, and regenerate data/reference/index.html")
-    keep.add_argument("run_dir", type=Path)
+    keep.add_argument("run_dir", type=paths.given)
     keep.add_argument("--force", action="store_true",
                       help="keep a run that is not ok or has no verdict, labelled forced")
     pre = sub.add_parser(
@@ -84,14 +84,14 @@ def _parser() -> argparse.ArgumentParser:
         "Exit status: 0 go, 3 no-go (the blocking reasons are printed), 2 a bad request.")
     pre.add_argument("--profile", default="quick",
                      help=f"the profile whose largest cell must fit in free memory: {names}")
-    pre.add_argument("--out", type=Path, default=None,
+    pre.add_argument("--out", type=paths.given, default=None,
                      help="preflight.json's path, or a folder for it "
                           "(default papermill_runs/preflight.json)")
     cmp = sub.add_parser("compare", help="put runs side by side (hardware, verdicts, stage "
                          "split, copy bandwidth, prompt peaks) with ratios to the first run")
-    cmp.add_argument("runs", type=Path, nargs="+", metavar="RUN",
+    cmp.add_argument("runs", type=paths.given, nargs="+", metavar="RUN",
                      help="run folders (papermill_runs/<id>/) or kept runs (data/reference/...)")
-    cmp.add_argument("--out", type=Path, default=None,
+    cmp.add_argument("--out", type=paths.given, default=None,
                      help="the HTML page (default papermill_runs/compare_<UTC time>.html); an "
                           "existing file is replaced only if it is an earlier compare page")
     cmp.add_argument("--force", action="store_true",
@@ -114,7 +114,7 @@ def _parser() -> argparse.ArgumentParser:
     fleet.add_argument("--profile", default="gate", help="the profile every node measures")
     fleet.add_argument("--param", action="append", default=[], metavar="NOTEBOOK.KEY=VALUE",
                        help="override a notebook parameter on every node (repeatable)")
-    fleet.add_argument("--out", type=Path, default=paths.RUNS_DIR,
+    fleet.add_argument("--out", type=paths.given, default=paths.RUNS_DIR,
                        help="where the fleet folder is created (default papermill_runs/)")
     fleet.add_argument("--timeout-s", type=float, default=1800.0, metavar="S",
                        help="per node, from its start: it stops and sends what it measured "
@@ -152,7 +152,7 @@ def add_predict_arguments(parser: argparse.ArgumentParser) -> None:
                              "default: every platform)")
     parser.add_argument("--profile", default="gate",
                         help="the profile whose decisive cells are predicted (default gate)")
-    parser.add_argument("--rates", type=Path, default=None, metavar="DIR",
+    parser.add_argument("--rates", type=paths.given, default=None, metavar="DIR",
                         help="take the host rates from a run, kept run or measured folder "
                              "(that run's own host)")
     parser.add_argument("--host", default=None, metavar="NAME",
@@ -425,6 +425,7 @@ def main(argv: list[str] | None = None) -> int:
     but torch and the standard library."""
     from stagelab.core.rundir import RecordError
 
-    args = _parser().parse_args(argv)
-    return outcomes.one_line_errors("stagelab", lambda: COMMANDS[args.command](args),
-                                    also=(RecordError,))
+    with outcomes.escaped_output():  # every printed line of every command, escaped
+        args = _parser().parse_args(argv)
+        return outcomes.one_line_errors("stagelab", lambda: COMMANDS[args.command](args),
+                                        also=(RecordError,))

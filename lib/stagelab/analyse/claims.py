@@ -44,6 +44,29 @@ def node_has_cuda(hardware: Mapping[str, Any], preflight: Mapping[str, Any] | No
     return all(says)
 
 
+def snapshot_problem(hardware: Mapping[str, Any]) -> str | None:
+    """Why a hardware snapshot contradicts itself about CUDA, or None: a GPU named while its
+    torch says CUDA was not available, CUDA available with no GPU seen, or CUDA available from
+    a torch built without it (``+cpu``, no CUDA build). Such a snapshot backs no machine, so a
+    run or folder resting on it is refused whether or not a row needs CUDA."""
+    torch_info = _part(hardware, "torch")
+    gpu = _part(hardware, "gpu").get("name") or hardware.get("gpu")
+    if not isinstance(torch_info.get("cuda_available"), bool):
+        return None  # its torch said nothing of CUDA: no row needing CUDA is believed anyway
+    available = torch_info["cuda_available"]
+    version = str(torch_info.get("torch") or "")
+    if gpu and not available:
+        return (f"hardware.json names GPU {gpu!r} while its torch ({version or 'unknown'}) says "
+                "CUDA was not available")
+    if available and not gpu:
+        return "hardware.json says torch had CUDA while it saw no GPU"
+    if available and (version.endswith("+cpu") or ("cuda_build" in torch_info
+                                                   and not torch_info["cuda_build"])):
+        return (f"hardware.json says CUDA was available from torch {version!r}, a build "
+                "without CUDA")
+    return None
+
+
 def link_gb_per_s(hardware: Mapping[str, Any]) -> float | None:
     """The fastest device-to-host rate the node's link allows (GB/s), None when unknown: the
     per-direction PCIe rate it recorded, or, where its GPU is a platform of

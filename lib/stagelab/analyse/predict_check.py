@@ -152,10 +152,10 @@ def prior_rates(run_dir: Path | str) -> HostRates | None:
     path = Path(run_dir) / paths.HOST_PRIOR_ROWS
     if not path.is_file():
         return None
-    from stagelab.core import schema
+    from stagelab.core import measured, schema
 
-    rates = host_rates(schema.make_rows(schema.read_json_lines(path, root=run_dir)),
-                       origin=PRIOR_ORIGIN)
+    rows = schema.read_json_lines(path, root=run_dir, most=measured.MAX_TABLE_ROWS)
+    rates = host_rates(schema.make_rows(rows), origin=PRIOR_ORIGIN)
     return rates if rates.samples else None
 
 

@@ -125,7 +125,7 @@ def _per_cell_harness_reasons(verdict: Mapping[str, Any]) -> list[str]:
 
 def _read(path: Path) -> dict[str, Any]:
     try:
-        payload = json.loads(path.read_text())
+        payload = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
     return payload if isinstance(payload, dict) else {}

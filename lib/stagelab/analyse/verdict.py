@@ -30,6 +30,7 @@ allocator regimes, the forward model, the calibration): docs/decision-rule.md.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -64,12 +65,11 @@ from stagelab.analyse.verdict_decision import (
 )
 from stagelab.analyse.verdict_words import (
     GLIBC_THRESHOLD_WORDS,
-    OVERLAP_WORDS,
     SEED_OVERLAP,
     _fault_path,
+    condition_note,
     context_words,
     findings,
-    overlap_note,
 )
 from stagelab.core import catalogue, forward, records, schema
 from stagelab.core.errors import UserError
@@ -163,7 +163,8 @@ def calibrate_rule(decisive: list[dict[str, Any]], trials: int,
     rounds = [c["baseline_rounds"] for c in decisive if c["baseline_rounds"] >= 2]
     if not trials or not rounds:
         return []
-    return calibration.calibrate(trials=trials, rounds=min(rounds), delta=rule.delta, seed=rule.seed,
+    return calibration.calibrate(trials=trials, rounds=min(rounds), delta=rule.delta,
+                                 seed=rule.seed,
                                  cells=len(decisive), adaptive=[False]).to_dict("records")
 
 
@@ -190,34 +191,6 @@ def context_summary(decisive: list[dict[str, Any]], delta: float, log_softmax: s
                                    overlap_order)}
 
 
-def overlap_summary(step: pd.DataFrame, named: list[tuple[int, int, int]], assumed: str,
-                    decisive: list[dict[str, Any]], decided: str,
-                    recommendation: dict[str, Any], rule: Rule) -> dict[str, Any]:
-    """The overlap order decided (``assumed``) and the other beside it, each with its family
-    decision and recommended change (never a comparison across orders), whether the other
-    changes any cell's answer, and which order the seed's sampler has (:data:`SEED_OVERLAP`).
-    ``step``: the rows of every order, at the assumed place and regime."""
-    under = {assumed: {"measured": bool(decisive) and any(
-                           c.get("speedup") is not None for c in decisive),
-                       "cells": [_cell_name(c) for c in decisive], "decision": decided,
-                       "change": recommendation["change"], "reason": recommendation["reason"],
-                       "answers": {_cell_name(c): c["decision"] for c in decisive}}}
-    for order in forward.OVERLAP_ORDERS:
-        if order != assumed:
-            under[order] = decide_order(step_analysis.where_overlap(step, order), named, rule)
-    other = next(order for order in forward.OVERLAP_ORDERS if order != assumed)
-    flips = [name for name, answer in under[other]["answers"].items()
-             if under[assumed]["answers"].get(name) not in (None, answer)]
-    changes = (None if not (under[other]["measured"] and under[assumed]["measured"]) else
-               bool(flips) or (under[other]["cells"] == under[assumed]["cells"]
-                               and under[other]["change"] != under[assumed]["change"]))
-    return {"assumed": assumed, "recorded": step_analysis.overlap_orders(step), "under": under,
-            "other": other, "changes_answer": changes, "flipped_cells": flips,
-            "seed": SEED_OVERLAP,
-            "words": f"Overlap order decided: {assumed}: {OVERLAP_WORDS[assumed]}.",
-            "note": overlap_note(under, assumed, other, flips)}
-
-
 def forward_summary(step: pd.DataFrame) -> dict[str, Any]:
     """The decode forward queued before each step: its nominal ms (per distinct value, with how
     it was reached) and the measured duration of the queued device work where recorded
@@ -230,30 +203,6 @@ def forward_summary(step: pd.DataFrame) -> dict[str, Any]:
             "measured_ms": None if measured.empty else float(measured.mean()),
             "context_tokens": forward.DEFAULT_CONTEXT,
             "achievable_fraction": forward.ACHIEVABLE_FRACTION}
-
-
-def allocator_summary(step: pd.DataFrame, named: list[tuple[int, int, int]], decided: str,
-                      rule: Rule) -> dict[str, Any]:
-    """The seed vector's allocation regimes this run recorded (the process's malloc assumed, as
-    the engine gets it), glibc's threshold in words, and whether the other regime, where it was
-    measured, changes the answer (the decisive family decided under it)."""
-    recorded = step_analysis.regimes(step)
-    out: dict[str, Any] = {"regimes": recorded, "assumed": recorded[0] if recorded else None,
-                           "threshold": GLIBC_THRESHOLD_WORDS, "other": []}
-    if not recorded:
-        out["note"] = ("not recorded: this run's rows predate the regime (glibc's malloc, "
-                       "assumed)")
-        return out
-    for regime in recorded[1:]:
-        cells, _ = decide_cells(step_analysis.where_regime(step, regime), named, CANDIDATE, rule)
-        answer = overall(cells)["decision"]
-        out["other"].append({"regime": regime, "decision": answer,
-                             "changes_answer": answer != decided,
-                             "note": f"with the seed vector {regime} the family decides {answer}"})
-    out["note"] = ("the regime changes the answer" if any(o["changes_answer"] for o in out["other"])
-                   else "the regime does not change the answer" if out["other"] else
-                   f"one regime measured ({recorded[0]}); the full profile measures both")
-    return out
 
 
 def with_machine(context: dict[str, Any], snapshot: dict[str, Any]) -> dict[str, Any]:
@@ -302,56 +251,118 @@ def machine_context(snapshot: dict[str, Any]) -> dict[str, Any]:
             "words": words}
 
 
-def _other_assumption(step: pd.DataFrame, named: list[tuple[int, int, int]], assumed: str,
-                      decided: str, rule: Rule) -> dict[str, Any]:
-    """Whether the other place of the log-softmax, where this run measured it, would change the
-    answer."""
-    other = "host" if assumed == "device" else "device"
-    rows = step_analysis.where_log_softmax(step, other)
-    if timings.ok_timings(rows).empty:
-        return {"log_softmax": other, "measured": False, "decision": None,
-                "changes_answer": None, "note": f"the log-softmax on the {other} was not "
-                                                "measured in this run (the full profile does)"}
-    cells, _ = decide_cells(rows, named, CANDIDATE, rule)
-    answer = overall(cells)["decision"]
-    return {"log_softmax": other, "measured": True, "decision": answer,
-            "changes_answer": answer != decided,
-            "note": f"with the log-softmax on the {other} the family decides {answer}"}
+FORMAT = 2  # 1: before issue 47, the conditions were three blocks (see the schema's format)
+CONDITION_CONTEXT: dict[str, dict[str, Any]] = {  # what a condition's block says beside it
+    catalogue.OVERLAP.name: {"seed": SEED_OVERLAP},
+    catalogue.ALLOCATOR.name: {"threshold": GLIBC_THRESHOLD_WORDS},
+}
+
+
+def at_values(step: pd.DataFrame, decided: dict[str, str], but: str = "") -> pd.DataFrame:
+    """The step rows at each condition's decided value (every value of the condition ``but``)."""
+    for condition in catalogue.CONDITIONS:
+        if condition.name != but:
+            step = step_analysis.where_condition(step, condition, decided[condition.name])
+    return step
+
+
+def _flips(under: dict[str, dict[str, Any]], decided: str) -> dict[str, list[str]]:
+    """Per other value of a condition, the cells whose answer differs from the decided value's."""
+    return {value: [name for name, answer in found["answers"].items()
+                    if under[decided]["answers"].get(name) not in (None, answer)]
+            for value, found in under.items() if value != decided}
+
+
+def _changes(under: dict[str, dict[str, Any]], decided: str, flips: dict[str, list[str]]
+             ) -> bool | None:
+    """Whether another measured value of a condition changes the answer: a cell flips, or over
+    the same cells the recommended change differs (None where no other value was measured)."""
+    measured = [value for value in flips if under[value]["measured"]]
+    if not measured or not under[decided]["measured"]:
+        return None
+    return any(flips[value] or (under[value]["cells"] == under[decided]["cells"]
+                                and under[value]["change"] != under[decided]["change"])
+               for value in measured)
+
+
+def condition_summary(step: pd.DataFrame, named: list[tuple[int, int, int]],
+                      condition: catalogue.Condition, decided: dict[str, str],
+                      rule: Rule) -> dict[str, Any]:
+    """One step condition in the verdict: the value decided, the values the rows record, under
+    each value its family decision and recommended change over the decisive cells measured
+    there (the other conditions at their decided values; never a comparison across values),
+    whether another value changes the answer, and the cells it flips. ``step``: every row."""
+    rows = at_values(step, decided, but=condition.name)
+    value = decided[condition.name]
+    under = {v: decide_order(step_analysis.where_condition(rows, condition, v), named, rule)
+             for v in dict.fromkeys((value, *condition.values))}
+    flips = _flips(under, value)
+    return {"column": condition.column, "decided": value,
+            "values": step_analysis.condition_values(rows, condition), "under": under,
+            "changes_answer": _changes(under, value, flips),
+            "flipped_cells": sorted({cell for cells in flips.values() for cell in cells}),
+            "words": condition.words[value], "note": condition_note(condition, under, value, flips),
+            **CONDITION_CONTEXT.get(condition.name, {})}
+
+
+# Notebook 04's parameters that choose a step condition's decided value (the allocator's is the
+# process's malloc, as the engine gets it), and those that build its rule.
+DECIDED_BY = {"log_softmax": catalogue.LOG_SOFTMAX, "overlap_order": catalogue.OVERLAP}
+RULE_PARAMETERS = ("delta", "min_samples", "confidence", "seed")
+
+
+def decided_conditions(chosen: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Each step condition's decided value: its catalogue default, under ``chosen`` (by
+    condition name); ValueError naming an unknown condition or value."""
+    chosen = dict(chosen or {})
+    unknown = set(chosen) - {c.name for c in catalogue.CONDITIONS}
+    if unknown:
+        raise ValueError(f"conditions: no step condition {sorted(unknown)}; known: "
+                         f"{[c.name for c in catalogue.CONDITIONS]}")
+    for condition in catalogue.CONDITIONS:
+        value = chosen.setdefault(condition.name, condition.decides)
+        if value not in condition.values:
+            raise ValueError(f"conditions: {condition.name} must be one of "
+                             f"{list(condition.values)}, got {value!r}")
+    return chosen
+
+
+def arguments(parameters: Mapping[str, Any]) -> dict[str, Any]:
+    """:func:`build_verdict`'s rule and conditions from notebook 04's parameters of those names
+    (the notebook's call and ``keep``'s re-derivation read them alike)."""
+    return {"rule": Rule(**{k: parameters[k] for k in RULE_PARAMETERS if k in parameters}),
+            "conditions": {condition.name: parameters[name] for name, condition in
+                           DECIDED_BY.items() if name in parameters}}
 
 
 def build_verdict(run_dir: Path | str, *, decisive_rows: list[int], decisive_vocabs: list[int],
-                  decisive_ks: list[int], delta: float = 0.02, min_samples: int = 10,
-                  confidence: float = 0.95, seed: int = 0, reference_root: Path | None = None,
-                  calibration_trials: int = 0, log_softmax: str = "device",
-                  overlap_order: str = forward.QUEUED) -> dict[str, Any]:
+                  decisive_ks: list[int], rule: Rule | None = None,
+                  conditions: Mapping[str, str] | None = None,
+                  reference_root: Path | None = None,
+                  calibration_trials: int = 0) -> dict[str, Any]:
     """The verdict of a run folder as a JSON-ready dict (deterministic for the same folder).
 
-    The decisive cells are decided as one family (:func:`stagelab.analyse.stats.decide_family`) under
-    the assumption ``log_softmax`` (where the seed's log-softmax runs: ``device`` or ``host``);
-    where the run also measured the other place, the verdict says whether it would change the
-    answer. Likewise ``overlap_order`` (how the step meets the queued forward: ``queued`` or
-    ``waited``): every figure is of that order's rows alone, and the other order's family and
-    recommended change are given beside it (``context.overlap``, :func:`overlap_summary`).
-    With ``calibration_trials``, the rule's error rates are simulated at this run's own number
-    of rounds (the fewest the baseline has in a decisive cell) and its delta."""
-    if log_softmax not in ("device", "host"):
-        raise ValueError(f"log_softmax must be 'device' or 'host', got {log_softmax!r}")
-    if overlap_order not in forward.OVERLAP_ORDERS:
-        raise ValueError(f"overlap_order must be one of {list(forward.OVERLAP_ORDERS)}, got "
-                         f"{overlap_order!r}")
-    rule = Rule(delta=delta, min_samples=min_samples, confidence=confidence, seed=seed)
+    The decisive cells are decided as one family (:func:`stagelab.analyse.stats.decide_family`)
+    by ``rule`` (:class:`Rule`'s defaults where None), under each step condition's decided value
+    (``conditions``, by name, over the catalogue's defaults: where the seed's log-softmax runs,
+    the fresh vector's allocator, the overlap order): every figure is of those rows alone, and
+    each condition's other values, their family and recommended change, are given beside it
+    (``conditions``, :func:`condition_summary`). With ``calibration_trials``, the rule's error
+    rates are simulated at this run's own number of rounds (the fewest the baseline has in a
+    decisive cell) and its delta."""
+    rule = rule or Rule()
+    decided_values = decided_conditions(conditions)
+    log_softmax = decided_values[catalogue.LOG_SOFTMAX.name]
+    overlap_order = decided_values[catalogue.OVERLAP.name]
     check_parameters(decisive_rows, decisive_vocabs, decisive_ks)
     run_dir = Path(run_dir)
     tables, missing = load_tables(run_dir)
     staging, step = tables.get("staging"), tables.get("step")
     named = decisive_cells(decisive_rows, decisive_vocabs, decisive_ks)
     step_all = step if step is not None else schema.make_rows([])
-    if step is not None:  # every step figure below: the assumed place, regime and order's rows
-        step = tables["step"] = step_analysis.where_overlap(step_analysis.where_regime(
-            step_analysis.where_log_softmax(step, log_softmax)), overlap_order)
-    in_order = step_analysis.where_overlap(step_all, overlap_order)
-    at_place = step_analysis.where_log_softmax(in_order, log_softmax)
-    assumed_rows = step_analysis.where_regime(at_place)
+    assumed_rows = at_values(step_all, decided_values)
+    if step is not None:  # every step figure below: each condition's decided value's rows
+        step = tables["step"] = assumed_rows
     decisive, family = decide_cells(assumed_rows, named, CANDIDATE, rule)
     decided = overall(decisive)
     questions, recommendation = answer_questions(assumed_rows, named, rule, bundle=decisive)
@@ -365,9 +376,6 @@ def build_verdict(run_dir: Path | str, *, decisive_rows: list[int], decisive_voc
         decided = {**decided, "decision": stats.INCONCLUSIVE,
                    "summary": f"{short} {decided['summary']}"}
         recommendation = {**recommendation, "change": stats.NOT_A_DECISION, "reason": short}
-    overlap = overlap_summary(
-        step_analysis.where_regime(step_analysis.where_log_softmax(step_all, log_softmax)), named,
-        overlap_order, decisive, decided["decision"], recommendation, rule)
     step_levers = [] if step is None else step_analysis.lever_savings(step, seed=rule.seed).to_dict(
         "records")
     folder = records.RunFolder(run_dir)
@@ -383,11 +391,13 @@ def build_verdict(run_dir: Path | str, *, decisive_rows: list[int], decisive_voc
     timed = [t for t in (staging, step) if t is not None]
     clocks = [summaries.clock_disagreements(t) for t in timed]
     verdict = {
+        "format": FORMAT,
         "run_id": run_dir.name,
         "hardware": summaries.hardware_summary(hardware),
         "parameters": {**rule.as_dict(), "decisive_rows": decisive_rows,
                        "decisive_vocabs": decisive_vocabs, "decisive_ks": decisive_ks,
-                       "log_softmax": log_softmax, "overlap_order": overlap_order},
+                       "log_softmax": log_softmax, "overlap_order": overlap_order,
+                       "conditions": decided_values},
         "overall": decided,
         "recommendation": recommendation,
         "questions": questions,
@@ -395,11 +405,10 @@ def build_verdict(run_dir: Path | str, *, decisive_rows: list[int], decisive_voc
             **context_summary(decisive, rule.delta, log_softmax, family,
                               on_cpu=step_analysis.measured_on_cpu(step_all),
                               overlap_order=overlap_order),
-            "forward": forward_summary(assumed_rows), "overlap": overlap,
-            "allocator": allocator_summary(at_place, named, decided["decision"], rule)},
-            hardware),
-        "other_log_softmax": _other_assumption(step_analysis.where_regime(in_order), named,
-                                               log_softmax, decided["decision"], rule),
+            "forward": forward_summary(assumed_rows)}, hardware),
+        "conditions": {condition.name: condition_summary(step_all, named, condition,
+                                                         decided_values, rule)
+                       for condition in catalogue.CONDITIONS},
         "decisive": decisive,
         "carry_over": carry_over,
         "step_levers": step_levers,

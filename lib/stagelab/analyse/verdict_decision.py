@@ -374,7 +374,7 @@ def decide_order(step: pd.DataFrame, named: list[tuple[int, int, int]],
         BASELINE).empty]
     if not here:
         return {"measured": False, "cells": [], "decision": None, "change": None,
-                "reason": "not measured in this order", "answers": {}}
+                "reason": "not measured under this value", "answers": {}}
     bundle, _ = decide_cells(step, here, CANDIDATE, rule)
     decided = overall(bundle)["decision"]
     _, recommendation = answer_questions(step, here, rule, bundle=bundle)

@@ -143,19 +143,22 @@ SEED_OVERLAP = {
 }
 
 
-def overlap_note(under: dict[str, dict[str, Any]], assumed: str, other: str,
-                 flips: list[str]) -> str:
-    """The recommendation under each overlap order, and the seed's, in sentences."""
-    def one(order: str) -> str:
-        found = under[order]
+def condition_note(condition: catalogue.Condition, under: dict[str, dict[str, Any]],
+                   decided: str, flips: dict[str, list[str]]) -> str:
+    """The recommendation under each value of a step condition, the decided one first, and the
+    cells another value flips, in sentences (the seed's overlap order after the overlap's)."""
+    def one(value: str) -> str:
+        found = under[value]
         if not found["cells"]:
-            return f"with the forward {order}: not measured in this run"
-        cells = ", ".join(found["cells"])
-        return f"with the forward {order} ({cells}): {found['decision']}, {found['change']}"
+            return f"{value}: not measured in this run"
+        return f"{value} ({', '.join(found['cells'])}): {found['decision']}, {found['change']}"
 
-    flipped = (f"; the {other} order changes the answer at {', '.join(flips)}" if flips else "")
-    return (f"Recommendation {one(assumed)} (decided); {one(other)}{flipped}. "
-            f"{SEED_OVERLAP['words']}")
+    others = [value for value in under if value != decided]
+    flipped = "".join(f"; {value} changes the answer at {', '.join(flips[value])}"
+                      for value in others if flips.get(value))
+    seed = f" {SEED_OVERLAP['words']}" if condition is catalogue.OVERLAP else ""
+    return (f"{condition.name}: recommendation under {one(decided)} (decided); "
+            + "; ".join(one(value) for value in others) + f"{flipped}.{seed}")
 
 
 GLIBC_THRESHOLD_WORDS = ("glibc maps a block above its mmap threshold fresh every step (zero "

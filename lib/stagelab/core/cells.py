@@ -18,7 +18,7 @@ def notebook_parameters(path: Path) -> dict[str, Any]:
     """The defaults of a notebook's ``parameters`` cell, as Python values (a default that is not
     a literal reads as None). Read with the standard library: the measuring floor needs it."""
     try:
-        cells = json.loads(Path(path).read_text())["cells"]
+        cells = json.loads(Path(path).read_text(encoding="utf-8"))["cells"]
     except (OSError, KeyError, TypeError, ValueError) as exc:
         raise UserError(f"notebook {path} cannot be read: {exc}") from exc
     tagged = [cell for cell in cells if cell.get("cell_type") == "code"

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import itertools
 import json
 import os
 import shutil
 import socket
 import tempfile
 import uuid
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ from stagelab.core.outcomes import (
     PENDING,
     RUNNING,
 )
-from stagelab.core.schema import part_path, read_json_lines
+from stagelab.core.schema import make_rows, part_path, read_json_lines
 
 MANIFEST = "measured.json"
 ROWS_DIR = "rows"
@@ -251,6 +252,7 @@ def gaps(manifest: Mapping[str, Any]) -> list[str]:
 DIGESTS, DIGESTS_FORMAT = "digests.json", "stagelab-digests"  # sha256 and size of each file
 RECORD_FILES = (MANIFEST, "hardware.json", "preflight.json", "inventory.json", DIGESTS)
 RECORD_COPY = "measured"  # the node's record inside a replayed run folder
+RUN_OWNED = ("run_id", "notebook")  # columns a run fills itself, never taken from a node's rows
 
 
 def record_names() -> list[str]:
@@ -308,8 +310,28 @@ def _says_running(manifest: bytes) -> bool:
     return isinstance(parsed, dict) and parsed.get("status") == RUNNING
 
 
-def _record_limit(name: str) -> int:
+def record_limit(name: str) -> int:
+    """The most bytes a file of the record may hold: compressed rows what a lease returns,
+    plain rows (older folders) a GiB, the JSON records 64 MiB."""
+    if name.endswith(ROWS_SUFFIX):
+        return untrusted.MAX_COMPRESSED_ROWS_BYTES
     return untrusted.MAX_ROWS_BYTES if name.startswith(ROWS_DIR) else untrusted.MAX_JSON_BYTES
+
+
+def read_rows_names(table: str, present: Collection[str]) -> list[str]:
+    """Of a table's rows names, those the reader reads when ``present`` are there: its
+    compressed file and each part after it up to the first missing one, or else its plain
+    file (:meth:`MeasuredFolder.rows_paths` reads the same)."""
+    *parts, plain = rows_names(table)
+    read = list(itertools.takewhile(lambda name: name in present, parts))
+    return read or ([plain] if plain in present else [])
+
+
+def unread_rows(present: Collection[str]) -> list[str]:
+    """The rows files among ``present`` that no reader reads (a part after a missing one, a
+    plain file beside compressed ones): never rows, so never copied nor kept."""
+    read = {name for table in TABLES.values() for name in read_rows_names(table, present)}
+    return [name for name in present if name.startswith(f"{ROWS_DIR}/") and name not in read]
 
 
 class MeasuredFolder:
@@ -368,7 +390,7 @@ class MeasuredFolder:
 
     def _read(self, name: str) -> bytes | None:
         try:
-            return untrusted.read_regular(self.path / name, _record_limit(name), root=self.path)
+            return untrusted.read_regular(self.path / name, record_limit(name), root=self.path)
         except FileNotFoundError:
             return None
         except UserError as exc:
@@ -411,6 +433,9 @@ class MeasuredFolder:
                 continue
             if name != DIGESTS:
                 found[name] = data
+        for name in unread_rows(found):
+            raise self.refusal(f"{name} is not read as rows (a part after a missing one, or "
+                               "plain rows beside compressed ones); refused")
         manifest = found.get(MANIFEST, b"")
         if file_digest(manifest) not in (files[MANIFEST], digests.get("manifest_before")):
             raise self.refusal(f"{MANIFEST} differs from its digest in {DIGESTS}; refused")
@@ -479,16 +504,17 @@ class MeasuredFolder:
         found = self.rows_paths(table)
         return found[0] if found else self.path / rows_names(table)[0]
 
-    def table_rows(self, table: str, most: int | None = None) -> list[dict[str, Any]]:
-        """Every row of a measured table's files, read as a stranger's files are (with
-        ``most``, parsing stops at ``most + 1`` rows); FileNotFoundError where it has none."""
+    def table_rows(self, table: str, most: int = MAX_TABLE_ROWS) -> list[dict[str, Any]]:
+        """The rows of a measured table's files, read as a stranger's files are: reading stops
+        after ``most + 1`` lines (by default the most a measured table holds, never
+        unbounded); FileNotFoundError where it has none."""
         found = self.rows_paths(table)
         if not found:
             raise FileNotFoundError(self.rows_path(table))
         rows: list[dict[str, Any]] = []
         for path in found:
-            left = None if most is None else most - len(rows)
-            if left is not None and left < 0:
+            left = most - len(rows)
+            if left < 0:
                 break
             rows += read_json_lines(path, root=self.path, most=left)
         return rows
@@ -504,6 +530,15 @@ class MeasuredFolder:
             return self.table_rows(table, recorded_rows(entry))[:recorded_rows(entry)]
         except FileNotFoundError:
             return []
+
+    def replayed_frame(self, table: str, run_id: str, notebook: str) -> Any:
+        """A measured table as the run that replays it holds it (``data/<table>.parquet``):
+        the rows its cells account for (:meth:`measured_rows`), less the columns a run owns,
+        as one schema frame. The notebook writes this and ``keep`` rebuilds it to compare:
+        one function, so that both build the same table."""
+        rows = [{key: value for key, value in row.items() if key not in RUN_OWNED}
+                for row in self.measured_rows(table)]
+        return make_rows(rows, run_id=run_id, notebook=notebook)
 
     def check_rows(self, entry: Mapping[str, Any]) -> None:
         """A refusal when an experiment's rows file does not hold exactly the rows its cells

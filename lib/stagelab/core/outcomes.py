@@ -6,10 +6,12 @@ Standard library only (the ground floor): ``stagelab measure`` on a bare node us
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from stagelab.core.errors import UserError
 
@@ -45,6 +47,49 @@ def printable(text: object) -> str:
                             str(text))
 
 
+# A refusal is one line a person reads: one that quotes a value of 100 KB is cut to this.
+MAX_REFUSAL = 1000
+
+
+def clipped(text: object, most: int = 300) -> str:
+    """``text`` as :func:`printable` shows it, cut to ``most`` characters (``...`` ending what
+    was cut): a refusal that quotes a stranger's value (a member name of megabytes, a
+    ``--param`` value of 100 KB) stays one short line."""
+    shown = printable(text)
+    return shown if len(shown) <= most else shown[:most - 3] + "..."
+
+
+class EscapedStream:
+    """A text stream that shows what is written to it as :func:`printable` does, line by line
+    (the newline is kept), and writes what its encoding cannot hold as escapes: no command's
+    output can rewrite a terminal, and a terminal without UTF-8 (the C locale) gets escapes,
+    never a UnicodeEncodeError."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        shown = "\n".join(printable(line) for line in text.split("\n"))
+        encoding = getattr(self._stream, "encoding", None) or "utf-8"
+        self._stream.write(shown.encode(encoding, "backslashreplace").decode(encoding))
+        return len(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+@contextlib.contextmanager
+def escaped_output() -> Iterator[None]:
+    """Every line a command prints, to stdout and stderr, shown through :class:`EscapedStream`
+    while the block runs."""
+    streams = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = EscapedStream(sys.stdout), EscapedStream(sys.stderr)
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = streams
+
+
 def one_line_errors(prog: str, body: Callable[[], int],
                     also: tuple[type[Exception], ...] = ()) -> int:
     """Run a command's ``body``; a :class:`UserError` prints ``prog: error: ...`` in one line
@@ -54,10 +99,10 @@ def one_line_errors(prog: str, body: Callable[[], int],
     try:
         return body()
     except UserError as exc:
-        print(f"{prog}: error: {printable(exc)}", file=sys.stderr)
+        print(f"{prog}: error: {clipped(exc, MAX_REFUSAL)}", file=sys.stderr)
         return EXIT_USAGE
     except also as exc:
-        print(f"{prog}: error: {printable(exc)}", file=sys.stderr)
+        print(f"{prog}: error: {clipped(exc, MAX_REFUSAL)}", file=sys.stderr)
         return EXIT_FAILED
     except OSError as exc:
         if exc.errno != errno.ENAMETOOLONG:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -18,3 +19,10 @@ HOSTS_FILE = DATA_DIR / "hosts.csv"  # host classes: the host-side rates of each
 HOST_PRIOR_ROWS = Path("data") / "host_prior.jsonl"
 # Set by the runner for the kernels it starts: progress as one line per finished cell, no bars.
 HEADLESS_ENV = "STAGELAB_HEADLESS"
+
+
+def given(text: str) -> Path:
+    """A path from the command line, made absolute once, where it is given: every folder a
+    command passes on (to a notebook that runs in ``notebooks/``, to a child process) then
+    names the same place. Links are not followed (the readers refuse them)."""
+    return Path(os.path.abspath(text))

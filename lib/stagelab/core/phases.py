@@ -48,7 +48,7 @@ def _marks_file() -> Path | None:
 
 def _read(path: Path) -> dict[str, Any]:
     try:
-        marks = json.loads(path.read_text())
+        marks = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
     return marks if isinstance(marks, dict) else {}
@@ -100,7 +100,7 @@ def _epoch(text: Any) -> float | None:
 def cell_span(notebook_path: Path) -> tuple[float | None, float | None]:
     """When papermill started the executed notebook's first cell and ended its last (epoch s)."""
     try:
-        cells = json.loads(Path(notebook_path).read_text()).get("cells", [])
+        cells = json.loads(Path(notebook_path).read_text(encoding="utf-8")).get("cells", [])
     except (OSError, ValueError, AttributeError):
         return None, None
     times = [cell.get("metadata", {}).get("papermill", {}) for cell in cells]

@@ -129,9 +129,18 @@ def _is(value: Any, kind: str) -> bool:
     return isinstance(value, _TYPES[kind])
 
 
+def _required(value: dict[str, Any], schema: dict[str, Any]) -> list[str]:
+    """The keys ``schema`` requires of ``value``: ``required``, and ``dependentRequired``'s for
+    each key present (how a record of a newer format requires what older ones lack)."""
+    dependent = schema.get("dependentRequired", {})
+    return [*schema.get("required", []),
+            *(key for present in dependent if present in value for key in dependent[present])]
+
+
 def shape_errors(value: Any, schema: dict[str, Any], where: str = "") -> list[str]:
     """Where ``value`` breaks ``schema`` (the JSON Schema keywords the record schemas use:
-    type, enum, pattern, minimum, required, properties, additionalProperties, items)."""
+    type, enum, pattern, minimum, required, dependentRequired, properties, additionalProperties,
+    items)."""
     here = where or "the document"
     kinds = schema.get("type")
     if kinds is not None:
@@ -147,7 +156,7 @@ def shape_errors(value: Any, schema: dict[str, Any], where: str = "") -> list[st
     errors: list[str] = []
     if isinstance(value, dict):
         errors += [f"{where + '.' if where else ''}{key} is missing"
-                   for key in schema.get("required", []) if key not in value]
+                   for key in _required(value, schema) if key not in value]
         properties = schema.get("properties", {})
         extra = schema.get("additionalProperties", True)
         for key, item in value.items():

@@ -370,8 +370,9 @@ def read_json_lines(path: Path | str, root: Path | str | None = None,
     last line or member cut short by a kill is left out, any other damaged line names the file
     and line. Read as :func:`stagelab.core.untrusted.read_text` reads (a regular file of
     bounded size, no link, none between ``root`` and it); a row must be a JSON object of
-    bounded depth. With ``most``, parsing stops at ``most + 1`` rows: a caller that expects
-    ``most`` learns there are more without parsing the rest."""
+    bounded depth. With ``most``, reading stops after ``most + 1`` lines, blank ones counted
+    (``measure`` writes none): a caller that expects ``most`` rows learns there are more, or
+    that some lines are not rows, without reading the rest."""
     path = Path(path)
     if path.name.endswith(".gz"):
         text = gzip_members_text(
@@ -382,7 +383,7 @@ def read_json_lines(path: Path | str, root: Path | str | None = None,
         text = untrusted.read_text(path, root)
     rows: list[dict[str, Any]] = []
     for number, line, whole in _lines(text):
-        if most is not None and len(rows) > most:
+        if most is not None and number > most + 1:
             break
         if not line.strip():
             continue

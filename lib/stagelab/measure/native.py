@@ -165,7 +165,7 @@ def verified(library: Path) -> str | None:
         if problem:
             return problem
     try:
-        stamp = json.loads(_stamp_path(library).read_text())
+        stamp = json.loads(_stamp_path(library).read_text(encoding="utf-8"))
         size = library.stat().st_size
     except (OSError, ValueError) as exc:
         return f"no readable build stamp ({exc})"

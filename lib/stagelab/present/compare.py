@@ -51,8 +51,8 @@ class RunFacts:
     recommendation: str | None = None
     decisive: list[dict[str, Any]] = field(default_factory=list)
     carry_over: dict[str, str] = field(default_factory=dict)  # per decisive cell, in words
-    # the change under each overlap order, as its rows of the verdict section
-    overlap: dict[tuple[str, str], str] = field(default_factory=dict)
+    # the change under each value of each step condition, as its rows of the verdict section
+    conditions: dict[tuple[str, str], str] = field(default_factory=dict)
     copy_cell: tuple[int, int] | None = None
     copy_gbps: dict[str, float] = field(default_factory=dict)
     prompt: dict[str, Any] | None = None
@@ -211,7 +211,7 @@ def load_run(path: Path | str) -> RunFacts:
         run.recommendation = (verdict.get("recommendation") or {}).get("change")
         run.decisive = verdict.get("decisive") or []
         run.carry_over = carry_over_words(verdict.get("carry_over"))
-        run.overlap = overlap_words((verdict.get("context") or {}).get("overlap"))
+        run.conditions = condition_words(verdict.get("conditions"))
         run.prompt = verdict.get("prompt_logprobs")
         if run.prompt is None:
             run.lacks("no prompt data", f"no prompt-logprob figures in {RunFolder.VERDICT} "
@@ -350,19 +350,21 @@ def carry_over_words(block: dict[str, Any] | None) -> dict[str, str]:
     return out
 
 
-def overlap_words(block: Any) -> dict[tuple[str, str], str]:
-    """The recommended change under each overlap order (the decided one marked) and the seed
-    sampler's order, as rows ``("verdict", "overlap: <order>")``; empty for a verdict before
-    both orders were measured."""
-    if not isinstance(block, dict):
+def condition_words(blocks: Any) -> dict[tuple[str, str], str]:
+    """The recommended change under each value of each step condition (the decided one marked)
+    and the seed sampler's overlap order, as rows ``("verdict", "<condition>: <value>")``;
+    empty for a verdict before the conditions block (format 1)."""
+    if not isinstance(blocks, dict):
         return {}
     out = {}
-    for order, found in (block.get("under") or {}).items():
-        change = (f"{found['decision']}, {found['change']} over {len(found['cells'])} cell(s)"
-                  if found.get("measured") else "not measured")
-        out[("verdict", f"overlap: {order}")] = change + (
-            " (decided)" if order == block.get("assumed") else "")
-    out[("verdict", "overlap: seed's order")] = (block.get("seed") or {}).get("order") or "unknown"
+    for name, block in blocks.items():
+        for value, found in (block.get("under") or {}).items():
+            change = (f"{found['decision']}, {found['change']} over {len(found['cells'])} cell(s)"
+                      if found.get("measured") else "not measured")
+            out[("verdict", f"{name}: {value}")] = change + (
+                " (decided)" if value == block.get("decided") else "")
+        if "seed" in block:
+            out[("verdict", f"{name}: seed's order")] = block["seed"].get("order") or "unknown"
     return out
 
 
@@ -380,7 +382,7 @@ def _run_rows(run: RunFacts, detail: bool) -> dict[tuple[str, str], Any]:
         ("verdict", "recommendation"): run.recommendation,
         ("verdict", "timings"): run.timings,
     }
-    rows.update(run.overlap)
+    rows.update(run.conditions)
     for cell in run.decisive:
         name = _cell_name(cell)
         rows[("decisive cells", f"{name} verdict")] = _verdict_text(cell)

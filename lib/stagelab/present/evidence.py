@@ -51,6 +51,12 @@ def refusal(run_dir: Path, manifest: dict[str, Any]) -> str | None:
                       if e.get("status") != rundir.OK]
         detail = f" ({', '.join(unfinished)})" if unfinished else ""
         return f"its status is {status}{detail}, not ok"
+    if manifest.get("measured_on") and (Path(run_dir) / MEASURED_COPY).exists():
+        try:  # what the verified copy says, not the run's manifest (a replay without its
+            # copy is refused, even forced, for lacking it: rederive.hardware_difference)
+            manifest = {**manifest, "measured_on": rederive.verified_origin(run_dir)}
+        except UserError as exc:
+            return f"its measured/ cannot be read ({exc})"
     partial = replay_past_no_go(manifest) or replay_gaps(manifest)
     if partial:
         return partial
@@ -163,17 +169,17 @@ def check_evidence(run_dir: Path, manifest: dict[str, Any]) -> None:
 MEASURED_COPY = "measured"  # a replay's copy of the node's record
 
 
-def check_claims(run_dir: Path, manifest: dict[str, Any]) -> None:
-    """UserError, in one line, where what the run claims (its verdict's decisions, its index's
-    verdict, its machine) is not what its own tables and records give, re-derived here
+def check_claims(run_dir: Path, manifest: dict[str, Any]) -> dict[str, Any] | None:
+    """The verdict to keep, re-derived from the run's own tables (None where it has none);
+    UserError, in one line, where what the run claims (its tables against the records that
+    back them, its verdict's decisions, numbers and sentences, its pages' verdict, its
+    machine) is not what its own tables and records give, re-derived here
     (:mod:`stagelab.present.rederive`); not even ``force`` keeps such a run."""
     try:
-        found = rederive.problem(run_dir, manifest)
+        return rederive.kept_verdict(run_dir, manifest)
     except UserError as exc:
-        found = str(exc)
-    if found:
-        raise UserError(f"{run_dir}: not kept: {found}; keep re-derives what a run claims "
-                        "from its own tables and records, and keeps nothing else")
+        raise UserError(f"{run_dir}: not kept: {exc}; keep re-derives what a run claims from "
+                        "its own tables and records, and keeps nothing else") from exc
 
 
 def _optional_json(folder: Path, name: str) -> Any:
@@ -185,34 +191,32 @@ def _optional_json(folder: Path, name: str) -> Any:
 
 def measured_copy_problem(run_dir: Path) -> str | None:
     """Why the node's record a replay carries (``measured/``) contradicts itself (a file that
-    differs from its digest, rows against its hardware, preflight, the catalogue and physical
+    differs from its digest, a manifest a replay could not use, a rows file holding other rows
+    than its cells recorded, rows against its hardware, preflight, the catalogue and physical
     bounds: :mod:`stagelab.analyse.claims`), or None; read as a stranger's files are
-    (:mod:`stagelab.core.untrusted`)."""
-    copy = Path(run_dir) / MEASURED_COPY
-    if not (copy / "measured.json").is_file():
+    (:mod:`stagelab.core.untrusted`), each rows file no further than its cells account for."""
+    copy = measured.MeasuredFolder(Path(run_dir) / MEASURED_COPY)
+    if not (copy.path / measured.MANIFEST).is_file():
         return None
     try:  # what is kept is the bytes the replay verified, or nothing
-        measured.MeasuredFolder(copy).check_digests()
+        copy.check_digests()
+        manifest = copy.manifest()
+        for entry in manifest["experiments"]:
+            copy.check_rows(entry)
     except UserError as exc:
         return str(exc)
-    manifest = untrusted.load_json(copy / "measured.json", root=copy)
-    hardware, preflight = (_optional_json(copy, name)
+    hardware, preflight = (_optional_json(copy.path, name)
                            for name in (RunFolder.HARDWARE, RunFolder.PREFLIGHT))
     hardware = {} if hardware is None else hardware  # no snapshot: nothing vouches for CUDA
-    if not isinstance(manifest, dict) or not isinstance(hardware, dict):
-        return "measured.json or hardware.json is not a JSON object"
-    for entry in manifest.get("experiments") or []:
-        table = entry.get("table") if isinstance(entry, dict) else None
-        if table not in catalogue.tables():
+    if not isinstance(hardware, dict):
+        return f"{RunFolder.HARDWARE} is not a JSON object"
+    for entry in manifest["experiments"]:
+        if entry["table"] is None:
             continue
-        try:
-            rows = measured.MeasuredFolder(copy).table_rows(table)
-        except FileNotFoundError:
-            continue
-        found = claims.rows_problems(table, rows, entry, hardware,
-                                     preflight if isinstance(preflight, dict) else None)
+        found = claims.rows_problems(entry["table"], copy.measured_rows(entry["table"]), entry,
+                                     hardware, preflight if isinstance(preflight, dict) else None)
         if found:
-            name = measured.MeasuredFolder(copy).rows_path(table).relative_to(copy).as_posix()
+            name = copy.rows_path(entry["table"]).relative_to(copy.path).as_posix()
             return f"{MEASURED_COPY}/{name}: {found[0]}"
     return None
 
@@ -238,7 +242,7 @@ def keep_evidence(run_dir: Path, root: Path | None = None, force: bool = False) 
                         "forced)")
     measured_id = (manifest.get("measured_on") or {}).get("measured_id")
     _refuse_a_kept_measurement(run_dir, root, measured_id)
-    check_claims(run_dir, manifest)
+    fresh = check_claims(run_dir, manifest)
     name = records.plain_name(run_dir.resolve().name, "run folder name", run_dir)
     dest = root / machine_slug(manifest) / name
     if dest.exists():
@@ -247,10 +251,12 @@ def keep_evidence(run_dir: Path, root: Path | None = None, force: bool = False) 
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f"{INCOMING}{name}-", dir=dest.parent))
-        _copy_evidence(run_dir, files, staging)
+        _copy_evidence(run_dir, [f for f in files if f.name != VERDICT or f.parent != run_dir],
+                       staging, fresh)
         records.write_json_atomic(staging / KEPT, {
             "kept_utc": rundir.now_utc(), "forced": bool(why), "status": manifest["status"],
-            "refusal": why, "untrusted": trust.reasons(run_dir, manifest)})
+            "refusal": why, "untrusted": trust.reasons(run_dir, manifest),
+            "rederived": fresh is not None})
         os.chmod(staging, 0o777 & ~records.umask())
         with keep_lock(root):  # one keep at a time decides whether a measurement is kept
             _refuse_a_kept_measurement(run_dir, root, measured_id)
@@ -278,16 +284,38 @@ def _refuse_a_kept_measurement(run_dir: Path, root: Path, measured_id: str | Non
                         "measurement is one piece of evidence, however often it is replayed")
 
 
-def _copy_evidence(run_dir: Path, files: list[Path], dest: Path) -> None:
-    """Copy the run's evidence into ``dest``, its pages regenerated, never copied: each
-    notebook's HTML from its notebook JSON, sanitised (:mod:`stagelab.present.sanitise`), and
-    the index from the records (:func:`stagelab.present.report.write_index`)."""
+MAX_TABLE_BYTES = 256 << 20  # a run's table: megabytes for the full profile
+
+
+def evidence_limit(inner: Path) -> int:
+    """The most bytes a kept file may hold, by its place in the run (``inner``): a figure's and
+    a notebook's bound are the report's, a table's :data:`MAX_TABLE_BYTES`, the node's record
+    its own (:func:`stagelab.core.measured.record_limit`), any JSON record 64 MiB."""
+    if inner.parts[0] == MEASURED_COPY:
+        return measured.record_limit(Path(*inner.parts[1:]).as_posix())
+    by_kind = {".png": report.MAX_FIGURE_BYTES, ".ipynb": report.MAX_NOTEBOOK_BYTES,
+               ".parquet": MAX_TABLE_BYTES}
+    return by_kind.get(inner.suffix, untrusted.MAX_JSON_BYTES)
+
+
+def _copy_evidence(run_dir: Path, files: list[Path], dest: Path,
+                   verdict: dict[str, Any] | None) -> None:
+    """Copy the run's evidence into ``dest``, its verdict the re-derived one (``verdict``,
+    written before any page), its pages regenerated, never copied: each notebook's HTML from
+    its notebook JSON, sanitised (:mod:`stagelab.present.sanitise`), and the index from the
+    records (:func:`stagelab.present.report.write_index`)."""
+    if verdict is not None:
+        records.write_json_atomic(dest / VERDICT, verdict)
     for path in files:
         if path.suffix == ".html":
             continue
-        target = dest / path.relative_to(run_dir)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(path, target, follow_symlinks=False)
+        inner = path.relative_to(run_dir)
+        try:  # read as a stranger's file, bounded by its kind: a giant sparse file costs nothing
+            data = untrusted.read_regular(path, evidence_limit(inner), root=run_dir)
+        except UserError as exc:
+            raise UserError(f"{run_dir}: not kept: {exc}") from exc
+        (dest / inner).parent.mkdir(parents=True, exist_ok=True)
+        records.write_bytes_atomic(dest / inner, data)
     for page in (p for p in files if p.suffix == ".html" and p.parent == run_dir):
         notebook = dest / f"{page.stem}.ipynb"
         try:
@@ -317,6 +345,8 @@ class KeptRun:
     forced: bool
     untrusted: bool = False  # kept although its timings were not trustworthy (busy, A/A)
     replayed: bool = False  # measured on another machine (a node), analysed here (run --from)
+    changed: tuple[str, ...] = ()  # the decision's parameters it recorded unlike its profile
+    rederived: bool = True  # its verdict.json is keep's re-derivation (False: kept before that)
 
 
 @contextlib.contextmanager
@@ -378,7 +408,9 @@ def _kept_rows(root: Path | None = None) -> tuple[list[KeptRun], list[str]]:
             profile=manifest.get("profile") or "unknown",
             verdict=(verdict.get("overall") or {}).get("decision") or "no verdict",
             forced=bool(kept.get("forced")), untrusted=bool(kept.get("untrusted")),
-            replayed=bool(manifest.get("measured_on"))))
+            replayed=bool(manifest.get("measured_on")),
+            changed=tuple(rederive.decision_changes(manifest)),
+            rederived=bool(kept.get("rederived"))))
     return sorted(rows, key=lambda r: (r.date, r.path)), skipped
 
 
@@ -416,7 +448,7 @@ RESULTS_START = ("<!-- results: written by `stagelab keep` from the kept runs he
                  "(evidence.results_markdown); edits by hand are overwritten -->")
 RESULTS_END = "<!-- end of results -->"
 RESULTS_HEADING = "## Results"
-ABOUT_OTHER_RUNS = "Committed reference evidence"  # findings about other kept runs, left out
+ABOUT_OTHER_RUNS = rederive.ABOUT_OTHER_RUNS  # findings about other kept runs, left out
 RESULTS_FILE = "README.md"  # in data/reference/, beside the kept runs it describes
 
 
@@ -425,10 +457,21 @@ def results_file(root: Path) -> Path:
     return Path(root) / RESULTS_FILE
 
 
+# What a kept live run's tables rest on: the run's own word, no node's verified rows.
+LIVE_LABEL = "tables as the run wrote them, not re-derived from verified rows"
+# A run kept before keep re-derived verdicts: its verdict is its own word.
+AS_WRITTEN_LABEL = "kept before keep re-derived verdicts: its verdict as the run wrote it"
+
+
 def _labels(row: KeptRun) -> str:
+    changed = ("decided with parameters changed from its profile: "
+               + inert.markdown_text("; ".join(row.changed)))
     labels = [word for word, on in (("kept with --force", row.forced),
                                     ("timings not trustworthy", row.untrusted),
-                                    ("measured elsewhere", row.replayed)) if on]
+                                    ("measured elsewhere", row.replayed),
+                                    (LIVE_LABEL, not row.replayed),
+                                    (AS_WRITTEN_LABEL, not row.rederived),
+                                    (changed, bool(row.changed))) if on]
     return f" **({'; '.join(labels)})**" if labels else ""
 
 
@@ -480,8 +523,9 @@ def results_markdown(root: Path | None = None) -> str:
              "The kept evidence is listed in [`index.html`](index.html). What follows is "
              "generated from it by `stagelab keep` (a test checks that it agrees): per machine "
              "(a GPU, or a CPU model where there is no GPU), the newest kept run that was "
-             "neither forced nor untrusted, its verdict and its findings as that run wrote "
-             "them.", ""]
+             "neither forced nor untrusted, its verdict and its findings as `stagelab keep` "
+             "re-derived them from the run's own tables (a run whose verdict said otherwise "
+             "is never kept; runs kept before keep did so are labelled).", ""]
     if not rows:
         lines += ["No run is kept yet.", ""]
     elif not any((_verdict_of(root, r).get("hardware") or {}).get("gpu") for r in rows):

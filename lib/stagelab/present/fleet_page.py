@@ -158,7 +158,8 @@ def prediction_section(records: Sequence[NodeRecord]) -> str:
         if not record.run_dir:
             continue
         try:
-            verdict = json.loads(RunFolder(Path(record.run_dir)).verdict_path.read_text())
+            verdict = json.loads(RunFolder(Path(record.run_dir)).verdict_path.read_text(
+                encoding="utf-8"))
         except (OSError, ValueError):
             continue
         check = verdict.get("prediction") if isinstance(verdict, dict) else None

@@ -19,12 +19,19 @@ from urllib.parse import unquote, urlsplit
 
 from stagelab.analyse import predict_check, trust
 from stagelab.core import catalogue, records
+from stagelab.core import untrusted as stranger  # a run's files, read as a stranger's
 from stagelab.core.errors import UserError
 from stagelab.core.records import RunFolder
 from stagelab.present import inert, machine, sanitise, tables
 
 VERDICT_FILE = RunFolder.VERDICT
 VERDICT_FIGURE = f"figures/{catalogue.VERDICT_NOTEBOOK}_key.png"  # notebook 04's key plot
+# What a run's pages take in, bounded: a figure is about 100 KB, an executed notebook under
+# 1 MiB, a single-file report a few MiB. A sent run's file past its bound is refused in one
+# line before it is read (a giant sparse figure costs nothing), and so is a page past its own.
+MAX_FIGURE_BYTES = 8 << 20
+MAX_NOTEBOOK_BYTES = 32 << 20
+MAX_PAGE_BYTES = 64 << 20
 
 _STYLE = """
 body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;max-width:1100px;margin:2em auto;
@@ -71,8 +78,8 @@ def notebook_body(notebook_path: Path, untrusted: bool = False) -> str:
     ``untrusted``, each goal met reads as met on untrustworthy timings."""
     import nbformat
 
-    notebook = sanitise.shown_outputs(inert.inert_notebook(
-        nbformat.read(str(notebook_path), as_version=4)))
+    text = stranger.read_text(notebook_path, limit=MAX_NOTEBOOK_BYTES)
+    notebook = sanitise.shown_outputs(inert.inert_notebook(nbformat.reads(text, as_version=4)))
     body, _ = _exporter().from_notebook_node(notebook)  # records' text in it is data, not markup
     body = sanitise.sanitised_html(body)
     return _MET_CELL.sub(rf"\1{MET_UNTRUSTED}\2", body) if untrusted else body
@@ -163,6 +170,7 @@ def _verdict_section(run_dir: Path, manifest: Mapping[str, Any]) -> str:
              f"{_scope_banner(verdict)}"
              f"{_trust_banner(trust.reasons(run_dir, manifest, verdict), manifest)}"
              f"<p class='decision {decision}'>Staging verdict: {decision}</p>"
+             f"{_changed_decision(manifest)}"
              f"<p>{_prose(overall.get('summary', ''))}</p>"]
     recommendation = verdict.get("recommendation")  # absent in verdicts of older runs
     if recommendation:
@@ -172,9 +180,8 @@ def _verdict_section(run_dir: Path, manifest: Mapping[str, Any]) -> str:
     context = (verdict.get("context") or {}).get("words")  # absent in verdicts of older runs
     if context:
         parts.append(f"<p class='context'>{_prose(context)}</p>")
-    overlap = (verdict.get("context") or {}).get("overlap")  # a string before both orders
-    if isinstance(overlap, dict) and overlap.get("note"):
-        parts.append(f"<p class='overlap'>{_prose(overlap['note'])}</p>")
+    for name, condition in (verdict.get("conditions") or {}).items():  # format 2 on
+        parts.append(f"<p class='condition {_esc(name)}'>{_prose(condition['note'])}</p>")
     parts.append(_decisive_table(verdict.get("decisive", []), overall.get("summary", "")))
     parts.append(prediction_html(verdict.get("prediction")))
     parts.append(prediction_html(verdict.get("out_of_sample")))
@@ -185,6 +192,18 @@ def _verdict_section(run_dir: Path, manifest: Mapping[str, Any]) -> str:
         parts.append(f"<img src='{VERDICT_FIGURE}' alt='key plot of the verdict'>")
     parts.append("</section>")
     return "".join(parts)
+
+
+def _changed_decision(manifest: Mapping[str, Any]) -> str:
+    """A line under the verdict naming each parameter of the decision the run recorded other
+    than its profile sets it (:func:`stagelab.present.rederive.decision_changes`), or ''."""
+    from stagelab.present import rederive
+
+    changed = rederive.decision_changes(manifest)
+    if not changed:
+        return ""
+    return ("<p class='changed' id='changed-decision'><b>Decided with parameters changed from "
+            f"its profile</b>: {_esc('; '.join(changed))}.</p>")
 
 
 def _questions_table(questions: Mapping[str, Any]) -> str:
@@ -474,9 +493,11 @@ def _inside(run_dir: Path, reference: str) -> Path | None:
     return path if path.is_file() and path.is_relative_to(run_dir.resolve()) else None
 
 
-def _data_uri(path: Path) -> str:
+def _data_uri(path: Path, run_dir: Path) -> str:
+    """A run's file as a data: URI, read as a stranger's file is, at most a figure's bound."""
     kind = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
-    return f"data:{kind};base64,{base64.b64encode(path.read_bytes()).decode('ascii')}"
+    data = stranger.read_regular(path, MAX_FIGURE_BYTES, root=run_dir.resolve())
+    return f"data:{kind};base64,{base64.b64encode(data).decode('ascii')}"
 
 
 def _is_local(reference: str) -> bool:
@@ -543,7 +564,7 @@ def _inline(page: str, run_dir: Path, anchors: Mapping[str, str]) -> str:
             return anchors.get(unquote(value), _AttributeRewriter.DROP)
         if name in _FETCHING_ATTRIBUTES or name == "href":
             local = _inside(run_dir, value) if name == "src" else None
-            return _data_uri(local) if local else _AttributeRewriter.DROP
+            return _data_uri(local, run_dir) if local else _AttributeRewriter.DROP
         return value
 
     rewriter = _AttributeRewriter(rewrite)
@@ -656,4 +677,7 @@ def write_single_file(run_dir: Path, out: Path | None = None, force: bool = Fals
     leftover = external_references(page)
     if leftover:
         raise RuntimeError(f"the single-file report would still load {leftover[:5]}")
+    if len(page) > MAX_PAGE_BYTES:
+        raise UserError(f"{run_dir}: its single-file report would hold {len(page)} characters, "
+                        f"more than the {MAX_PAGE_BYTES} a report may; not written")
     return records.write_text_atomic(out, page)

@@ -12,6 +12,7 @@ frame, no form, no event handler, no URL but a page's own, a web address or a fi
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import bleach
@@ -30,13 +31,33 @@ FIGURES = ("data:image/png;base64,", "data:image/jpeg;base64,")
 PROTOCOLS = frozenset({"http", "https", "mailto", "data"})  # data: for a figure's src alone
 
 
+LINK_SCHEMES = ("http", "https", "mailto")  # what a link may name besides the page's own
+# What a browser removes from a URL before reading it: tab, newline and carriage return
+# anywhere, C0 controls and spaces at either end ("da\tta:" is "data:" to it).
+_URL_IGNORED = re.compile("[\t\n\r]")
+_URL_EDGES = "".join(chr(c) for c in range(0x21))
+
+
+def link_allowed(value: str) -> bool:
+    """Whether a link's ``href`` names a page of the run (a relative name, a ``#`` fragment)
+    or a web address, read as a browser reads it: no ``data:`` or ``javascript:`` hidden by a
+    tab, and no protocol-relative ``//host`` (another site, whatever the page's scheme)."""
+    url = _URL_IGNORED.sub("", value).strip(_URL_EDGES)
+    if url[:2].replace("\\", "/") == "//":
+        return False
+    scheme, colon, _ = url.partition(":")
+    if colon and not any(mark in scheme for mark in "/?#"):
+        return scheme.lower() in LINK_SCHEMES
+    return True
+
+
 def _attribute_allowed(tag: str, name: str, value: str) -> bool:
     if name in PLAIN_ATTRIBUTES:
         return True
     if tag == "img" and name == "src":
         return value.startswith(FIGURES)
     if tag == "a" and name == "href":
-        return not value.strip().lower().startswith("data:")
+        return link_allowed(value)
     return False
 
 

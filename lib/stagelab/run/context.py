@@ -21,7 +21,7 @@ from typing import Any
 
 from stagelab.core import paths, phases, rundir, untrusted
 from stagelab.core.records import RunFolder, atomic_target
-from stagelab.core.schema import TableSink, make_rows, write_table
+from stagelab.core.schema import TableSink, write_table
 
 INTERACTIVE_PROFILE = "interactive"
 
@@ -72,10 +72,7 @@ class NotebookContext:
             return sink.frame()
         from stagelab.core.measured import MeasuredFolder
 
-        owned = ("run_id", "notebook")
-        rows = [{key: value for key, value in row.items() if key not in owned}
-                for row in MeasuredFolder(measured).measured_rows(table)]
-        frame = make_rows(rows, run_id=self.run_id, notebook=self.notebook)
+        frame = MeasuredFolder(measured).replayed_frame(table, self.run_id, self.notebook)
         write_table(frame, self.run_dir, table)
         return frame
 

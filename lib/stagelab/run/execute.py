@@ -432,7 +432,7 @@ def _run(recorder: ManifestRecorder, plan: RunPlan, progress: bool,
                              "hardware": here})
         recorder.save()
         write_index(recorder)
-        with open(run_dir / KERNEL_LOG, "a") as log, WarmKernels(
+        with open(run_dir / KERNEL_LOG, "a", encoding="utf-8") as log, WarmKernels(
                 [(nb.name, nb.path) for nb in plan.notebooks], log, plan.start_timeout_s) as warm:
             start_kernels(recorder, warm, progress)
             for index in range(len(plan.notebooks)):

@@ -178,7 +178,7 @@ def one_line(exc: BaseException) -> str:
 def measured_status(folder: Path) -> str | None:
     """The status a measured folder's manifest records (ok, deadline, failed, ...), if any."""
     try:
-        return json.loads((folder / MEASURED_MANIFEST).read_text()).get("status")
+        return json.loads((folder / MEASURED_MANIFEST).read_text(encoding="utf-8")).get("status")
     except (OSError, ValueError, AttributeError):
         return None
 
@@ -362,29 +362,79 @@ def stage_checkout(dest: Path) -> Path:
     return dest
 
 
+# A pax record or GNU long name of a measured folder's entry takes a few dozen bytes (its
+# mtime, a name such as rows/step.2.jsonl.gz): one past this is refused before it is read.
+MAX_EXTENDED_HEADER_BYTES = 4096
+MAX_EXTENDED_CHAIN = 4  # a pax record, a global one, a long name and a long link, at most
+_EXTENDED = (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile.XHDTYPE,
+             tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE)
+_PLAIN = (tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.DIRTYPE)
+
+
+class _BoundedTarInfo(tarfile.TarInfo):
+    """A tar header checked before tarfile processes it: an extended header (a GNU long name,
+    a pax record) larger than :data:`MAX_EXTENDED_HEADER_BYTES` and any kind of entry other
+    than a file or a folder are refused here, since tarfile reads an extended header whole
+    into memory before any member check could see it."""
+
+    def _proc_member(self, tarfile_: tarfile.TarFile) -> tarfile.TarInfo:
+        if self.type in _EXTENDED and self.size > MAX_EXTENDED_HEADER_BYTES:
+            raise ValueError(f"a node's archive has an extended header of {self.size} B, more "
+                             f"than the {MAX_EXTENDED_HEADER_BYTES} B a measured folder's "
+                             "names need; not read")
+        if self.type not in _EXTENDED + _PLAIN:
+            raise ValueError(f"unsafe entry in a node's archive: {_shown(self.name)} (type "
+                             f"{self.type!r})")
+        chain = getattr(tarfile_, "_extended_chain", 0) + 1 if self.type in _EXTENDED else 0
+        if chain > MAX_EXTENDED_CHAIN:  # tarfile reads a chain of them by recursion
+            raise ValueError(f"a node's archive chains more than {MAX_EXTENDED_CHAIN} extended "
+                             "headers before an entry")
+        tarfile_._extended_chain = chain  # type: ignore[attr-defined]
+        return super()._proc_member(tarfile_)  # type: ignore[misc]
+
+
+def _shown(name: str) -> str:
+    """A member's name as a refusal quotes it: escaped and cut short."""
+    return outcomes.clipped(repr(name), 80)
+
+
 def _checked_members(tar: tarfile.TarFile, root: Path) -> list[tarfile.TarInfo]:
     """The archive's entries, read one header at a time and refused (ValueError) as soon as
-    one would land outside ``root``, is a link or a device, lies deeper than a measured folder
-    goes, is larger than a file a lease returns, or is one file more than a lease returns:
-    a node's folder is bounded as a measured folder is, before a byte of it is written."""
+    one is not a file of a measured folder by its known name (or its ``rows/`` folder), is
+    there twice, is a link or a device, is larger than a file a lease returns, or is one file
+    more than a lease returns: a node's folder is bounded as a measured folder is, before a
+    byte of it is written."""
     members: list[tarfile.TarInfo] = []
-    files = 0
+    known, seen, files = set(measured.record_names()), set(), 0
     while (member := tar.next()) is not None:
         members.append(member)
         where = (root / member.name).resolve()
         if not (member.isfile() or member.isdir()) or not where.is_relative_to(root):
-            raise ValueError(f"unsafe entry in a node's archive: {member.name!r}")
+            raise ValueError(f"unsafe entry in a node's archive: {_shown(member.name)}")
         if len(Path(member.name).parts) > measured.LEASE_MAX_FOLDERS_BELOW_OUT + 1:
             raise ValueError(f"a node's archive entry lies deeper than a measured folder goes: "
-                             f"{member.name!r}")
+                             f"{_shown(member.name)}")
         files += member.isfile()
         if files > measured.LEASE_MAX_FILES or len(members) > 2 * measured.LEASE_MAX_FILES:
             raise ValueError(f"a node's archive holds more than the {measured.LEASE_MAX_FILES} "
                              "files a measured folder has")
+        name = Path(member.name).as_posix()
+        if name not in (known if member.isfile() else {measured.ROWS_DIR}):
+            raise ValueError(f"a node's archive entry {_shown(member.name)} is not a file of a "
+                             "measured folder")
+        if name in seen:
+            raise ValueError(f"a node's archive holds {_shown(member.name)} twice")
+        seen.add(name)
         if member.size > measured.LEASE_MAX_FILE_BYTES:
-            raise ValueError(f"a node's archive entry {member.name!r} holds {member.size} B, "
-                             f"more than the {measured.LEASE_MAX_FILE_BYTES} B a lease returns")
+            raise ValueError(f"a node's archive entry {_shown(member.name)} holds {member.size} "
+                             f"B, more than the {measured.LEASE_MAX_FILE_BYTES} B a lease returns")
     return members
+
+
+def archive_error(exc: BaseException) -> str:
+    """What a node's record says of an archive that cannot be read: one short, escaped line
+    (an error may quote a name of megabytes)."""
+    return outcomes.clipped(f"the node's archive cannot be read: {exc}")
 
 
 def unpack(archive: bytes, dest: Path) -> Path:
@@ -395,7 +445,8 @@ def unpack(archive: bytes, dest: Path) -> Path:
 
     dest.mkdir(parents=True, exist_ok=True)
     root = dest.resolve()
-    with tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz") as tar:
+    with tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz",
+                      tarinfo=_BoundedTarInfo) as tar:
         members = _checked_members(tar, root)
         for member in members:
             if member.isdir():
@@ -467,7 +518,7 @@ def _receive(record: NodeRecord, item: dict[str, Any], get_s: float, node_dir: P
             record.measured_dir = str(folder)
             manifest_status = measured_status(folder)
         except (ValueError, tarfile.TarError, OSError) as exc:
-            record.status, record.error = FAILED, f"the node's archive cannot be read: {exc}"
+            record.status, record.error = FAILED, archive_error(exc)
     if record.status is None:
         record.status, record.error = classify(item, manifest_status, plan.timeout_s)
     record.seconds["return"] = round(float(item.get("pack_s") or 0.0) + get_s
@@ -610,7 +661,7 @@ def analysis_params(params: Sequence[str]) -> list[str]:
 
 def _overall_verdict(run_dir: Path) -> str | None:
     try:
-        verdict = json.loads(RunFolder(run_dir).verdict_path.read_text())
+        verdict = json.loads(RunFolder(run_dir).verdict_path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     return (verdict.get("overall") or {}).get("decision") if isinstance(verdict, dict) else None
@@ -684,7 +735,7 @@ def run_fleet(address: str, plan: FleetPlan, out: Path, accelerator_types: Seque
 
 def summary_line(code: int, records_path: Path) -> str:
     """The command's one line: the count per status and the page."""
-    nodes = json.loads((records_path / FLEET_FILE).read_text())["nodes"]
+    nodes = json.loads((records_path / FLEET_FILE).read_text(encoding="utf-8"))["nodes"]
     counts = ", ".join(f"{sum(n['status'] == s for n in nodes)} {s}" for s in STATUSES
                        if any(n["status"] == s for n in nodes))
     return f"fleet: {len(nodes)} nodes: {counts} (exit {code}); page: {records_path / PAGE}"

@@ -147,12 +147,15 @@ def kernel_sockets() -> Iterator[Path]:
 
 def notebook_imports(notebook: Path) -> list[str]:
     """The modules a notebook's cells import at their top level, in order, each once, up to the
-    first cell or statement that could change how a later import behaves: ``import a.b`` gives
-    ``a.b``; ``from a import b`` gives ``a`` and ``a.b`` (b may be a module). An import inside a
-    function, an ``if`` or a ``try`` is the notebook's own business and is left to it; so is
-    everything after a cell that is not Python (an IPython magic such as ``%env``) or a
-    statement that names the environment (``os.environ``, ``putenv``: a variable a module reads
-    when it is imported, such as ``TRITON_INTERPRET``). Relative imports have no package here."""
+    first cell or statement that could change how a later import behaves, or whether it runs:
+    ``import a.b`` gives ``a.b``; ``from a import b`` gives ``a`` and ``a.b`` (b may be a
+    module). An import inside a function, an ``if`` or a ``try`` is the notebook's own business
+    and is left to it; so is everything after a cell that is not Python (an IPython magic such
+    as ``%env``), after a statement that names the environment (``os.environ``, ``putenv``: a
+    variable a module reads when it is imported, such as ``TRITON_INTERPRET``), and after any
+    statement but an import or a literal assignment (a call may change ``sys.path`` or stop the
+    notebook: the kernel must not import what the notebook would not). Relative imports have
+    no package here."""
     found: dict[str, None] = {}
     for cell in json.loads(Path(notebook).read_text(encoding="utf-8")).get("cells", []):
         if cell.get("cell_type") != "code":
@@ -162,7 +165,7 @@ def notebook_imports(notebook: Path) -> list[str]:
         except SyntaxError:
             break
         for node in tree.body:
-            if _names_the_environment(node):
+            if _names_the_environment(node) or not _leaves_imports_alone(node):
                 return list(found)
             if isinstance(node, ast.Import):
                 found.update(dict.fromkeys(alias.name for alias in node.names))
@@ -171,6 +174,25 @@ def notebook_imports(notebook: Path) -> list[str]:
                 found.update(dict.fromkeys(f"{node.module}.{alias.name}" for alias in node.names
                                            if alias.name != "*"))
     return list(found)
+
+
+def _leaves_imports_alone(node: ast.stmt) -> bool:
+    """Whether a top-level statement can neither change a later import nor stop the notebook:
+    an import, or a name given a literal (a parameters cell), or a bare literal (a docstring)."""
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        return True
+    value = getattr(node, "value", None)
+    if isinstance(node, ast.Assign):
+        targets_plain = all(isinstance(target, ast.Name) for target in node.targets)
+    elif isinstance(node, (ast.AnnAssign, ast.Expr)):
+        targets_plain = isinstance(getattr(node, "target", None), (ast.Name, type(None)))
+    else:
+        return False
+    try:
+        ast.literal_eval(value) if value is not None else None
+    except ValueError:
+        return False
+    return targets_plain
 
 
 def _names_the_environment(node: ast.stmt) -> bool:

@@ -116,7 +116,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         help="measure only these notebooks of the profile")
     parser.add_argument("--param", action="append", default=[], metavar="NOTEBOOK.KEY=VALUE",
                         help="override a notebook parameter; VALUE is JSON, bare words are text")
-    parser.add_argument("--out", type=Path, help="the folder to create (absent or empty)")
+    parser.add_argument("--out", type=paths.given, help="the folder to create (absent or empty)")
     parser.add_argument("--deadline-s", type=float, default=None, metavar="S",
                         help="stop at the first cell whose predicted end passes S seconds after "
                              "the start; its status is `deadline`, everything measured is kept")
@@ -484,7 +484,8 @@ def main(argv: list[str] | None = None) -> int:
         request = checked_request(_parser().parse_args(argv), ["stagelab", "measure", *argv])
         return EXIT_OK if request is None else measure(request)
     try:
-        return outcomes.one_line_errors("stagelab measure", body)
+        with outcomes.escaped_output():  # every printed line, escaped
+            return outcomes.one_line_errors("stagelab measure", body)
     except SystemExit as exc:  # argparse: --help (0) or a malformed command line (2)
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
 

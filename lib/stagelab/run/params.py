@@ -27,6 +27,22 @@ Validator = Callable[[Any, Mapping[str, Any]], None]
 
 # ----------------------------------------------------------------------------- words for values
 
+MAX_VALUE_DEPTH = 8  # a parameter is a number, a word, or a list of them: 8 is ample
+
+
+def nesting_problem(text: str) -> str | None:
+    """Why a ``--param`` value nests too deep to be parsed (lists and objects more than
+    :data:`MAX_VALUE_DEPTH` deep: the parsers recurse, and a deep value would end in a
+    RecursionError), counted on its brackets before any parse; None otherwise."""
+    level = deepest = 0
+    for char in text:
+        level += (char in "[{") - (char in "]}")
+        deepest = max(deepest, level)
+        if deepest > MAX_VALUE_DEPTH:
+            return f"nests lists or objects more than {MAX_VALUE_DEPTH} deep; not a parameter"
+    return None
+
+
 def describe_type(value: Any) -> str:
     """The kind of a value in words, e.g. ``'a str'``."""
     if value is None:
@@ -98,7 +114,7 @@ def _subset(registry: Callable[[], Iterable[str]], what: str) -> Validator:
 @lru_cache(maxsize=4)
 def model_vocabs(path: Path = paths.MODEL_SHAPES_FILE) -> dict[str, int]:
     """The vocabulary size of each model of ``data/model_shapes.csv``."""
-    with open(path, newline="") as handle:
+    with open(path, newline="", encoding="utf-8") as handle:
         return {row["model"]: int(row["vocab"]) for row in csv.DictReader(handle)}
 
 

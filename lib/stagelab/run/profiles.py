@@ -52,7 +52,7 @@ def load_profiles(path: Path | None = None) -> dict[str, Any]:
     ``{profile: {"description": str, "notebooks": {name: {param: value}}}}``."""
     path = path or paths.PROFILES_FILE
     try:
-        document = json.loads(Path(path).read_text())
+        document = json.loads(Path(path).read_text(encoding="utf-8"))
         profiles = document["profiles"]
     except (OSError, KeyError, TypeError, ValueError) as exc:
         raise UserError(f"profiles file {path} cannot be read: {exc}") from exc
@@ -111,6 +111,9 @@ def parse_overrides(items: Iterable[str]) -> dict[str, dict[str, Any]]:
         if not sep or not dot or not notebook or not key:
             raise UserError(f"--param {item!r}: expected NOTEBOOK.KEY=VALUE, "
                             f"e.g. {catalogue.measuring_notebooks()[0]}.rounds=20")
+        deep = params.nesting_problem(text)
+        if deep:
+            raise UserError(f"--param {target}: its value {deep}")
         try:
             value = parse_value(text) if text else ""
         except ValueError as exc:

@@ -103,6 +103,9 @@ def _checked_origin(plan: RunPlan, copy: MeasuredFolder, params: Iterable[str]) 
     preflight = read_folder_json(copy, "preflight.json", required=False)
     for entry in replayed:
         check_claims(copy, entry, hardware, preflight)
+    contradiction = claims.snapshot_problem(hardware)  # whether or not a row needs CUDA
+    if contradiction:
+        raise copy.refusal(f"{contradiction}; refused")
     plan.notebooks = kept
     return {**copy.origin(manifest), "hardware": hardware}
 
