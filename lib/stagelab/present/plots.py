@@ -43,7 +43,9 @@ def _catalogue_arm_names() -> tuple[str, ...]:
 # colours by position among the arms drawn, which changes from panel to panel).
 # tab20's strong colours first, then its light ones: the ten arms read most get strong hues.
 _TAB20 = sns.color_palette("tab20", 20).as_hex()
-ARM_COLORS = dict(zip(_catalogue_arm_names(), _TAB20[0::2] + _TAB20[1::2]))
+# Past twenty arms, tab20b's darkest hues, one per group.
+ARM_COLORS = dict(zip(_catalogue_arm_names(), _TAB20[0::2] + _TAB20[1::2]
+                      + sns.color_palette("tab20b", 20).as_hex()[0::4]))
 UNKNOWN_ARM_COLOR = "#000000"  # an arm the catalogue does not name (an older table)
 
 
