@@ -75,6 +75,20 @@ def test_interleaved_records_stages_an_arm_reports():
     assert {r["seconds"] for r in timed if r["stage"] == "copy"} == {0.5}
 
 
+def test_a_call_of_several_steps_records_its_total_per_step_and_its_stages_as_given():
+    """Each call's total is divided by its steps (the host clock too, on a GPU); the stages an
+    arm reports are its own per-step figures, left as they are."""
+    records = bench.interleaved({"x": lambda r: {"copy": 0.5}}, rounds=2, warmup=0, steps=4)
+    total = bench._round_records("x", 0, 0, 4e-3, 5e-3, {"copy": 0.5}, "cuda_event", steps=4)
+    assert total[0]["seconds"] == 1e-3 and total[0]["host_seconds"] == pytest.approx(1.25e-3)
+    # 1 ms apart over the whole call is past its slack (0.9 ms); per step it would pass
+    assert total[0]["clock_agrees"] is False
+    assert [r["seconds"] for r in total[1:]] == [0.5]
+    assert {r["seconds"] for r in records if r.get("stage") == "copy"} == {0.5}
+    with pytest.raises(ValueError, match="steps"):
+        bench.interleaved({"x": lambda r: None}, rounds=1, steps=0)
+
+
 def test_a_failing_arm_drops_out_and_the_others_keep_contiguous_positions():
     def broken(r):
         raise RuntimeError("no")

@@ -231,6 +231,10 @@ def test_a_cell_prediction_follows_its_basis():
     assert seed == pytest.approx(expected + fused + 3 * expected + basis.cell_overhead_s
                                  + host_rates)
     assert 4 * elements / basis.fresh_bytes_per_s == pytest.approx(0.179, abs=1e-3)  # the issue's
+    # a call of a sequence of eight steps costs eight steps; the checks after still run one
+    eight = estimate.cell_seconds({**sizes, "steps": 8}, ["seed_pageable"], rounds=1, warmup=0,
+                                  kind="cuda", sources=0)
+    assert eight - seed == pytest.approx(7 * expected)
     with pytest.raises(ValueError, match="no prediction for experiment 'nope'"):
         estimate.cell_seconds(dict(experiment="nope", rows=1, vocab=1), [], rounds=1, warmup=0,
                               kind="cpu")

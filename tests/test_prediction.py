@@ -297,7 +297,7 @@ def test_a_measured_step_records_host_rates_and_the_prediction_runs_with_errors_
 
 @pytest.mark.parametrize("sink_class, name", [(schema.GzipJsonLinesSink, "step.jsonl.gz"),
                                               (schema.JsonLinesSink, "step.jsonl")])
-def test_predict_for_h200_prints_three_answers_per_decisive_cell_and_the_crossing(
+def test_predict_for_h200_prints_four_answers_per_decisive_cell_and_the_crossing(
         tmp_path, capsys, sink_class, name):
     """From a measured folder's rows as ``stagelab measure`` writes them (compressed), or as
     older folders did (plain)."""
@@ -313,9 +313,10 @@ def test_predict_for_h200_prints_three_answers_per_decisive_cell_and_the_crossin
     out = capsys.readouterr().out
     assert out.startswith("Predicted, not measured: host rates recorded in")
     assert out.count("  n=") == 6  # the gate's decisive cells: 3 rows x 2 models
-    for question in ("bundle", "reuse", "pinning"):
+    for question in ("bundle", "reuse", "pinning", "deferral"):
         assert out.count(f"    {question} ") == 6
-    assert out.count("dominating term:") == 18 and out.count("crossing (bundle, V=") == 2
+    assert out.count("dominating term:") == 24 and out.count("crossing (bundle, V=") == 2
+    assert out.count("Deferring the wait matters most on H200 at n=") == 1
     assert "note: host term fresh_vector extrapolated" in out  # Gemma's cells lie beyond
 
 
@@ -442,3 +443,29 @@ def test_host_rates_that_fail_cost_the_step_cell_nothing_but_their_own_row(monke
     failed = frame[frame["arm"] == "host_rates"]
     assert failed["status"].tolist() == ["failed"]
     assert "host rates failed between rounds: MemoryError" in failed["note"].iloc[0]
+
+
+def test_the_deferred_arm_on_a_gpu_is_its_longest_path_and_on_a_cpu_the_pinned_step():
+    t = {name: np.array([value]) for name, value in dict(
+        forward=4.0, log_softmax=1.0, copy_pinned=2.0, wait=0.01, top_k=3.0, host_softmax=0.0,
+        alloc=0.5, copy_fresh=6.0, copy_reused=5.0, free=0.2, device_top_k=1.0,
+        copy_results=0.01, one_pass=1.0).items()}
+    deferred = predict_model.DEFERRED
+    assert predict_model.arm_total(deferred, t, concurrent=True)[0] == pytest.approx(5.0)
+    t["top_k"] = np.array([7.0])  # the host top-K now outlasts the device's path
+    assert predict_model.arm_total(deferred, t, concurrent=True)[0] == pytest.approx(7.01)
+    t["copy_pinned"] = np.array([9.0])  # the copy engine's path the longest
+    assert predict_model.arm_total(deferred, t, concurrent=True)[0] == pytest.approx(9.0)
+    assert predict_model.arm_total(deferred, t, concurrent=False)[0] == pytest.approx(
+        predict_model.arm_total(predict_model.CANDIDATE, t, concurrent=False)[0])
+
+
+def test_where_deferral_matters_names_the_largest_and_smallest_share_of_the_pinned_step():
+    def cell(platform: str, pinned_ms: float, saving_ms: float) -> dict:
+        return {"platform": platform, "rows": 16, "vocab": 152064, "k": 5, "host": "",
+                "arms": {predict_model.CANDIDATE: {"mid_ms": pinned_ms}},
+                "answers": [{"question": "deferral", "saving_ms": saving_ms,
+                             "decision": "PORT"}]}
+    words = predict_model.where_deferral_matters([cell("L4", 10.0, 1.0), cell("H200", 8.0, 4.0)])
+    assert words.index("H200") < words.index("L4") and "50 %" in words and "10 %" in words
+    assert predict_model.where_deferral_matters([]) == ""

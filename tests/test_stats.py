@@ -464,3 +464,14 @@ def test_the_recommendation_names_the_cells_pinning_would_help():
     straddles = _family_of(stats.CLOSE, stats.INCONCLUSIVE, stats.CLOSE)
     change, reason = sequence.recommend(stats.PORT, straddles, stats.PORT, cells=names)
     assert change == stats.INCONCLUSIVE and "is unresolved in n=64)" in reason
+
+
+def test_deferring_the_wait_is_tested_last_and_only_where_the_pinned_scratch_is_ported():
+    ported, why = sequence.PORT_PINNED, "the bundle ports"
+    assert sequence.recommend_deferral(ported, why, stats.PORT)[0] == sequence.PORT_PINNED_DEFERRED
+    assert "one step late" in sequence.recommend_deferral(ported, why, stats.PORT)[1]
+    for answer in (stats.CLOSE, stats.INCONCLUSIVE, None):
+        change, reason = sequence.recommend_deferral(ported, why, answer)
+        assert change == sequence.PORT_PINNED and reason.startswith(why) and reason != why
+    for change in (sequence.PORT_REUSED, sequence.CLOSE_CHANGE, stats.INCONCLUSIVE):
+        assert sequence.recommend_deferral(change, why, stats.PORT) == (change, why)

@@ -13,7 +13,7 @@ from reference import assert_matches_reference
 from stagelab.core import catalogue, paths, schema
 from stagelab.core.errors import NativeUnavailable
 from stagelab.measure import logprobs as lp
-from stagelab.measure import native, shapes, staging, step, step_pipelines
+from stagelab.measure import native, sequence, shapes, staging, step, step_pipelines
 from stagelab.measure.testing import SyncCounter
 
 CUDA = torch.cuda.is_available()
@@ -76,10 +76,13 @@ def test_measure_times_each_arm_with_a_twin_and_records_what_cannot_run():
     totals = frame[(frame.metric == "time") & (frame.stage == "total") & (frame.status == "ok")]
     expected = {"seed_pageable_numpy", "device_gather", "fused", "onepass"}
     if NATIVE_OK:
-        expected |= {"seed_pageable", "seed_pageable~aa", "seed_pageable_reused"}
+        # the deferred arm runs on a CPU too: pageable slots, each copy complete at once
+        expected |= {"seed_pageable", "seed_pageable~aa", "seed_pageable_reused",
+                     "seed_pinned_deferred"}
     if CUDA:
         expected.add("seed_pinned")
     assert set(totals.arm) == expected
+    assert set(frame.steps.dropna()) == {sequence.DEFAULT_STEPS}
     assert all(sorted(r) == [0, 1, 2] for r in totals.groupby("arm")["round"].apply(list))
     copies = frame[(frame.stage == "copy") & (frame.status == "ok")].set_index("arm")["bytes"]
     assert copies.loc["seed_pageable_numpy"].eq(3 * 1000 * 4).all()

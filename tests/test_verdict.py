@@ -730,6 +730,26 @@ def test_the_verdict_recommends_one_change_from_three_answers(tmp_path, pinned, 
             in result["recommendation"]["reason"]) == (answers[0] == "PORT")
 
 
+@pytest.mark.parametrize("deferred, change, answer", [
+    (1.8, "port the pinned scratch and defer its wait one step", "PORT"),
+    (1.5, "port the pinned scratch", "CLOSE"),
+    (None, "port the pinned scratch", None),
+], ids=["deferring-saves", "deferring-adds-nothing", "not-measured"])
+def test_deferring_the_wait_is_the_fourth_question_decided_after_the_pinned_scratch(
+        tmp_path, deferred, change, answer):
+    extra = {"seed_pageable_reused": 1.2, **({"seed_pinned_deferred": deferred} if deferred
+                                             else {})}
+    result = build(write_step(tmp_path / "run", step_cell(64, 1.5, extra=extra)), [64])
+    deferral = result["questions"]["deferral"]
+    assert (deferral["baseline"], deferral["candidate"]) == ("seed_pinned", "seed_pinned_deferred")
+    assert deferral["decision"] == answer and deferral["measured"] is (deferred is not None)
+    assert result["recommendation"]["change"] == change
+    assert ("one step late" in result["recommendation"]["reason"]) is (answer == "PORT")
+    if deferred:
+        assert deferral["cells"][0]["speedup"] == pytest.approx(deferred / 1.5, rel=0.005)
+        assert result["decisive"][0]["answers"]["deferral"]["decision"] == answer
+
+
 def test_without_the_reused_arm_pinning_alone_is_not_measured_and_the_change_is_open(tmp_path):
     result = build(write_step(tmp_path / "run", step_cell(64, 1.5)), [64])
     assert result["questions"]["pinning"]["measured"] is False

@@ -7,6 +7,9 @@ Each arm's step is a sum of named terms (ms)::
     seed_pageable        overlap(forward + log_softmax, alloc) + copy_fresh + wait + top_k + free
     seed_pageable_reused forward + log_softmax + copy_reused + wait + top_k
     seed_pinned          forward + log_softmax + copy_pinned + wait + top_k
+    seed_pinned_deferred max(forward + log_softmax, copy_pinned, wait + top_k) on a GPU (the
+                         copy beside the next forward, the host top-K of the step before beside
+                         it too); as seed_pinned where nothing runs concurrently
     device_gather        forward + log_softmax + device_top_k + copy_results + wait
     onepass              forward + one_pass + copy_results + wait
 
@@ -46,6 +49,7 @@ from stagelab.analyse.predict_tables import (
     BASELINE,
     CANDIDATE,
     CPU_PLATFORM,
+    DEFERRED,
     DEVICE_TOP_K,
     LOGITS_BYTES,
     MODEL_ARMS,
@@ -66,7 +70,7 @@ from stagelab.core import forward
 
 # The questions the verdict asks, each as (baseline, candidate).
 QUESTIONS = {"bundle": (BASELINE, CANDIDATE), "reuse": (BASELINE, REUSED),
-             "pinning": (REUSED, CANDIDATE)}
+             "pinning": (REUSED, CANDIDATE), "deferral": (CANDIDATE, DEFERRED)}
 PORT, CLOSE = "PORT", "CLOSE"
 
 
@@ -121,6 +125,8 @@ def arm_parts(arm: str, t: Mapping[str, np.ndarray], concurrent: bool,
     if arm == ONE_PASS:
         return {"forward": t["forward"], "device": t["one_pass"], "copy": t["copy_results"],
                 "wait": t["wait"]}
+    if arm == DEFERRED and concurrent:
+        return deferred_parts(t, softmax, after)
     parts = {"forward": t["forward"], "device": softmax}
     if arm == BASELINE:
         hidden = t["forward"] + softmax if concurrent else 0.0 * softmax  # the fill overlaps
@@ -128,12 +134,27 @@ def arm_parts(arm: str, t: Mapping[str, np.ndarray], concurrent: bool,
                      free=t["free"])
     elif arm == REUSED:
         parts["copy"] = t["copy_reused"]
-    elif arm == CANDIDATE:
+    elif arm in (CANDIDATE, DEFERRED):  # deferred: nothing overlaps on a CPU
         parts["copy"] = t["copy_pinned"]
     else:
         raise ValueError(f"arm: the model has no arm {arm!r}; modelled: {', '.join(MODEL_ARMS)}")
     parts.update(wait=t["wait"], host_softmax=after, host_gather=t["top_k"])
     return parts
+
+
+def deferred_parts(t: Mapping[str, np.ndarray], softmax: np.ndarray,
+                   after: np.ndarray) -> dict[str, np.ndarray]:
+    """The deferred arm's step on a GPU, the longest of three paths that run beside each
+    other: the device's (forward, log-softmax), the copy engine's (the pinned copy, beside the
+    next forward) and the host's (the wait, the host log-softmax, the top-K of the step before,
+    beside it too). Its parts add up to that longest: the copy and the host work count only
+    where they outlast the paths before them."""
+    device_path = t["forward"] + softmax
+    host_path = t["wait"] + after + t["top_k"]
+    copy_out = np.maximum(t["copy_pinned"] - device_path, 0.0)
+    host_out = np.maximum(host_path - np.maximum(device_path, t["copy_pinned"]), 0.0)
+    return {"forward": t["forward"], "device": softmax, "copy": copy_out,
+            "host_gather": host_out}
 
 
 def arm_total(arm: str, t: Mapping[str, np.ndarray], concurrent: bool,
@@ -381,3 +402,28 @@ def saving_curve(platform: Platform, vocab: int, k: int, model: forward.ModelDim
                     "extrapolated": any("extrapolated" in note for note in predicted.notes)})
     return pd.DataFrame(out)
 
+
+
+def where_deferral_matters(cells: Iterable[Mapping[str, Any]]) -> str:
+    """Where deferring the wait saves the most, in one sentence: among predicted cells
+    (:func:`predict_cell`'s, any platforms), the largest and the smallest saving of the
+    ``deferral`` question per step, as a share of the pinned scratch's step; '' where none
+    predicts it (a CPU: nothing overlaps there)."""
+    found = []
+    for cell in cells:
+        pinned = cell.get("arms", {}).get(CANDIDATE)
+        for ans in cell.get("answers", []):
+            if ans["question"] == "deferral" and pinned and pinned["mid_ms"] > 0:
+                found.append((ans["saving_ms"] / pinned["mid_ms"], ans["saving_ms"], cell, ans))
+    if not found:
+        return ""
+    found.sort(key=lambda item: item[0])
+
+    def words(item: tuple[float, float, Mapping[str, Any], Mapping[str, Any]]) -> str:
+        share, saving, cell, ans = item
+        on = f" ({cell['host']})" if cell.get("host") else ""
+        return (f"{cell['platform']} at n={cell['rows']} V={cell['vocab']} K={cell['k']}{on}: "
+                f"{saving:.3g} ms per step, {100 * share:.0f} % of the pinned scratch's step "
+                f"({ans['decision']})")
+    return (f"Deferring the wait matters most on {words(found[-1])}; least on {words(found[0])} "
+            "(predicted, never measured).")

@@ -23,7 +23,8 @@ BASELINE, CANDIDATE = catalogue.baseline(catalogue.STEP), catalogue.candidate(ca
 REUSED = catalogue.REUSE_LEVER[catalogue.STEP]
 DEVICE_TOP_K = catalogue.DEVICE_TOP_K
 ONE_PASS = catalogue.ONE_PASS
-MODEL_ARMS = (BASELINE, REUSED, CANDIDATE, DEVICE_TOP_K, ONE_PASS)
+DEFERRED = catalogue.DEFERRED_WAIT
+MODEL_ARMS = (BASELINE, REUSED, CANDIDATE, DEFERRED, DEVICE_TOP_K, ONE_PASS)
 CPU_PLATFORM = "this CPU"
 # Assumed, stated in docs/prediction.md: what share of peak HBM bandwidth a memory-bound kernel
 # reaches, the cost of one synchronize, a top-K kernel's fixed cost.

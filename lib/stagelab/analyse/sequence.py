@@ -102,3 +102,34 @@ def recommend(bundle: str | FamilyDecision, pinning: str | FamilyDecision | None
     return INCONCLUSIVE, ("the bundle ports and pinning adds less than delta, but whether reuse "
                           "alone saves more than delta is "
                           f"{'not measured' if reuse_word is None else 'unresolved'}")
+
+
+PORT_PINNED_DEFERRED = "port the pinned scratch and defer its wait one step"
+DEFERRAL_COST = ("what deferring costs an engine: each step's logprobs reach the host one step "
+                 "late (the sampled token does not), the last step of a sequence is drained, "
+                 "and the scratch holds two slots of pinned memory instead of one")
+DEFERRAL_SEQUENCE = ("then, only where the pinned scratch is ported, deferring its wait "
+                     "(the pinned scratch with its wait one step late vs the pinned scratch): "
+                     "the sequence's fourth and last test")
+
+
+def recommend_deferral(change: str, reason: str,
+                       deferral: str | FamilyDecision | None) -> tuple[str, str]:
+    """The change after the fourth family, deferring the wait given pinning, tested last in
+    the fixed sequence (:data:`DEFERRAL_SEQUENCE`) and only where :func:`recommend` ports the
+    pinned scratch: it PORTs, **port the pinned scratch and defer its wait one step** (the
+    reason says what that costs, :data:`DEFERRAL_COST`); else the change stays, and the reason
+    says whether deferring was not measured, shown to save less than delta, or unresolved."""
+    if change != PORT_PINNED:
+        return change, reason
+    word = _word(deferral)
+    if word == PORT:
+        return PORT_PINNED_DEFERRED, (f"{reason}; deferring its wait one step saves more than "
+                                      f"delta beyond the pinned scratch ({DEFERRAL_COST})")
+    if word is None:
+        return change, f"{reason}; deferring its wait was not measured (the full profile times it)"
+    if word == CLOSE:
+        return change, (f"{reason}; deferring its wait one step is shown to save less than delta "
+                        "beyond the pinned scratch")
+    return change, (f"{reason}; whether deferring its wait one step saves more than delta "
+                    "beyond the pinned scratch is unresolved")

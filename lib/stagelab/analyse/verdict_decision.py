@@ -1,5 +1,5 @@
 """The decision from the step's rows: each decisive cell's evidence and answer, the family's
-answer over them, the three questions and the change they recommend, and the A/A harness check.
+answer over them, the four questions and the change they recommend, and the A/A harness check.
 
 The rule itself (the bars, the family, the tail, the rounds a decision needs) is
 :mod:`stagelab.analyse.stats`; this module applies it to a run's cells. Torch-free.
@@ -18,6 +18,7 @@ from stagelab.core import catalogue, design
 
 BASELINE, CANDIDATE, TWIN = catalogue.decisive_arms()
 REUSED = catalogue.REUSE_LEVER[catalogue.STEP]
+DEFERRED = catalogue.DEFERRED_WAIT
 
 
 @dataclass(frozen=True)
@@ -308,11 +309,14 @@ QUESTIONS = {  # question: (baseline, candidate, A/A twin)
     "bundle": (BASELINE, CANDIDATE, TWIN),
     "reuse": (BASELINE, REUSED, TWIN),
     "pinning": (REUSED, CANDIDATE, None),
+    "deferral": (CANDIDATE, DEFERRED, None),  # tested last, only where the scratch is ported
 }
 QUESTION_WORDS = {
     "bundle": "reuse + pinning: pinned grow-only scratch vs a fresh zero-filled vector",
     "reuse": "reuse alone: grow-only pageable buffer vs a fresh zero-filled vector",
     "pinning": "pinning alone: pinned grow-only scratch vs grow-only pageable buffer",
+    "deferral": "deferring the wait, given pinning: the pinned scratch with its wait one step "
+                "late vs the pinned scratch",
 }
 ANSWER_KEYS = ("decision", "speedup", "ci_low", "ci_high", "tail_speedup", "tail_bound",
                "tail_upper_bound", "tail", "noninferior_bound", "saved_ms", "n_rounds", "reason")
@@ -320,7 +324,7 @@ ANSWER_KEYS = ("decision", "speedup", "ci_low", "ci_high", "tail_speedup", "tail
 
 def answer_questions(step: pd.DataFrame, named: list[tuple[int, int, int]], rule: Rule, *,
                      bundle: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The three questions, each a family over the decisive cells
+    """The four questions, each a family over the decisive cells
     (:func:`stagelab.analyse.stats.decide_family`): their answers, and the change recommended
     from them as a fixed sequence (:func:`stagelab.analyse.sequence.recommend`). ``bundle``: the
     decisive cells, already decided. A question none of whose arms ran is None."""
@@ -342,7 +346,9 @@ def answer_questions(step: pd.DataFrame, named: list[tuple[int, int, int]], rule
     change, reason = sequence.recommend(answers["bundle"]["decision"], pinning_family,
                                      answers["reuse"]["decision"],
                                      cells=[_cell_name(c) for c in pinning["cells"]])
-    return answers, {"change": change, "reason": reason, "method": sequence.SEQUENCE}
+    change, reason = sequence.recommend_deferral(change, reason, answers["deferral"]["decision"])
+    return answers, {"change": change, "reason": reason,
+                     "method": f"{sequence.SEQUENCE}; {sequence.DEFERRAL_SEQUENCE}"}
 
 
 def not_a_decision(decisive: list[dict[str, Any]]) -> str:

@@ -57,7 +57,12 @@ TOTAL = "total"
 # line (the "device" stage is the log-softmax, wherever it runs; "alloc" the seed's zero-fill).
 STAGE_WORDS = {"forward": "forward", "device": "log-softmax", "alloc": "zero-fill",
                "copy": "copy", "host_gather": "host top-K", "free": "free",
-               "unattributed": "unattributed", TOTAL: "total"}
+               "unattributed": "unattributed", TOTAL: "total",
+               "wait": "wait", "host_softmax": "host log-softmax"}
+# A step's timeline (notebook 02): each arm's short sequence and each of its stages is a range
+# of these names in the Chrome trace (measure/timeline.py writes them, analyse/timeline.py reads).
+TIMELINE_ARM_PREFIX, TIMELINE_STAGE_PREFIX = "stagelab.arm:", "stagelab.stage:"
+TIMELINE_TABLE = "step_timeline"  # the trace's name in the run folder: data/<it>.trace.json.gz
 SEED_STAGES = STAGES  # the seed's step: the whole [n, V] fp32 logprobs staged on the host
 DEVICE_STAGES = ("device", "copy")  # top-K on the device: only [n, K+1] results are copied
 
@@ -121,6 +126,12 @@ ARMS = (
     Arm("seed_pinned", STEP, CANDIDATE,
         "the seed's step staged through the pinned grow-only scratch", needs_cuda=True,
         stages=SEED_STAGES, buffer=PINNED, host_top_k=NATIVE_TOP_K),
+    Arm("seed_pinned_deferred", STEP, LEVER,
+        "the seed's step through two pinned grow-only slots with its wait deferred one step: step "
+        "i's log-softmax and copy queued into slot i mod 2 with an event, the host waiting for "
+        "step i - 1's and sorting its slot beside the next forward (logprobs one step late); on "
+        "a CPU the slots are pageable and each copy completes at once: no overlap",
+        stages=SEED_STAGES, buffer=PINNED, host_top_k=NATIVE_TOP_K),
     Arm("seed_pageable_reused", STEP, LEVER,
         "the seed's step staged through a grow-only pageable buffer: the reuse lever alone",
         stages=SEED_STAGES, buffer=REUSED, host_top_k=NATIVE_TOP_K),
@@ -152,6 +163,7 @@ ZERO_FILL_LEVER = "pageable_fresh_empty"  # against the baseline: what zero-fill
 PIN_PER_CALL = "pinned_fresh"  # pins fresh memory every copy: the one arm cudaHostRegister serves
 NUMPY_TOP_K = "seed_pageable_numpy"  # the baseline's step with numpy's host top-K
 DEVICE_TOP_K = "device_gather"  # log-softmax and top-K on the device, only [n, K+1] copied
+DEFERRED_WAIT = "seed_pinned_deferred"  # the pinned scratch with its wait one step late (step)
 FUSED = "fused"  # the fused device path (step) and method (prompt logprobs)
 ONE_PASS = "onepass"  # top-K, logsumexp and rank in one read of the logits (step)
 HEAD_FUSED = "head_fused"  # the lm_head folded tile by tile into running statistics (prompt)

@@ -258,6 +258,9 @@ def claim_output(out: Path, command: str, force: bool = False) -> Path:
 
 # ------------------------------------------------------------------------------- run folder
 
+TRACE_SUFFIX = ".trace.json.gz"  # a compressed Chrome trace (Perfetto opens it)
+
+
 class RunFolder:
     """A run folder: where its manifest, tables, figures, verdict, hardware snapshot, notebooks
     and their HTML live, read and written in one place."""
@@ -315,6 +318,11 @@ class RunFolder:
     def figure_path(self, notebook: str, name: str) -> Path:
         """Where a notebook's figure lives: ``figures/<notebook>_<name>.png``."""
         return self.figures_dir / f"{notebook}_{name}.png"
+
+    def trace_path(self, name: str) -> Path:
+        """Where a compressed Chrome trace lives (a step's timeline):
+        ``data/<name>.trace.json.gz``."""
+        return self.data_dir / f"{name}{TRACE_SUFFIX}"
 
     def tables(self) -> list[Path]:
         """The tables found in ``data/``, sorted."""

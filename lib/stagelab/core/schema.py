@@ -58,6 +58,10 @@ overlap_order str  how the step met the forward queued before it (the step):
                    ``waited`` (the device waited on before the allocation: the fill paid in
                    full; the wait is inside the timed call, outside every stage); missing in
                    tables kept before it (read as ``queued``) and elsewhere
+steps      int     consecutive decode steps per timed call (the step: forward queued, step,
+                   next forward ...; a deferred arm drained at the call's end): ``seconds``
+                   and ``host_seconds`` are the call's divided by it, stages per step;
+                   missing in tables kept before it (one step per call) and elsewhere
 mapped     bool    whether the step's fresh seed vector was a fresh mapping (its pages faulted
                    in) rather than heap memory back from an earlier step, read from glibc's
                    chunk header after the timed ``alloc`` stage (row stage ``alloc`` of an arm
@@ -120,6 +124,7 @@ COLUMN_DTYPES: dict[str, str] = {
     "log_softmax": "string",
     "regime": "string",
     "overlap_order": "string",
+    "steps": "Int64",
     "mapped": "boolean",
     "minor_faults": "Int64",
     "round": "Int64",
@@ -139,7 +144,7 @@ COLUMNS: tuple[str, ...] = tuple(COLUMN_DTYPES)
 LEGACY_COLUMNS: dict[str, str] = {"repeat": "round"}
 # Columns added since evidence was first kept: missing in older tables, read as missing values.
 ADDED_COLUMNS: tuple[str, ...] = ("position", "log_softmax", "regime", "mapped",
-                                  "minor_faults", "tile", "overlap_order")
+                                  "minor_faults", "tile", "overlap_order", "steps")
 STATUSES = (OK, "unavailable", "skipped", FAILED)
 READ_RATE = "read_rate"  # the metric of the one-pass kernel's read-rate rows (the step)
 _DEFAULTS: dict[str, Any] = {"stage": "total", "metric": "time", "model": "", "timer": "",

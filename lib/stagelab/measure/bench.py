@@ -150,9 +150,22 @@ def quiet_rounds() -> Iterator[None]:
         gc.unfreeze()
 
 
+def _check_schedule(arms: Mapping[str, ArmCall], rounds: int, warmup: int, steps: int) -> None:
+    """A ValueError naming the parameter that cannot be timed: no arm, no round, a negative
+    warm-up, a sequence of no step."""
+    if rounds <= 0:
+        raise ValueError(f"rounds must be positive, got {rounds}")
+    if warmup < 0:
+        raise ValueError(f"warmup must be >= 0, got {warmup}")
+    if not arms:
+        raise ValueError("arms is empty: nothing to time")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
+
+
 def interleaved(arms: Mapping[str, ArmCall], *, rounds: int, warmup: int = 2, seed: int = 0,
                 device: torch.device | str | None = None, precision: Precision | None = None,
-                after_round: Callable[[], None] | None = None) -> list[dict]:
+                after_round: Callable[[], None] | None = None, steps: int = 1) -> list[dict]:
     """Run every arm ``warmup + rounds`` times in a balanced order (more rounds with a
     ``precision``); return timing records. ``after_round`` is called between rounds (``stagelab
     measure`` raises there a stop request that a finalizer swallowed).
@@ -160,14 +173,11 @@ def interleaved(arms: Mapping[str, ArmCall], *, rounds: int, warmup: int = 2, se
     ``arms[name](round_index)`` performs one round (the index lets it rotate its sources). Each
     record has ``arm``, ``stage``, ``round``, ``position``, ``seconds``, ``host_seconds`` and
     ``timer``, ready for :func:`stagelab.core.schema.make_rows`; one more records the order's seed, and
-    with a ``precision`` one the rounds done and why they stopped.
+    with a ``precision`` one the rounds done and why they stopped. ``steps``: the consecutive
+    steps each call runs (the step experiment's sequence): its ``total`` is recorded per step,
+    the call's seconds divided by it (the clocks compared before).
     """
-    if rounds <= 0:
-        raise ValueError(f"rounds must be positive, got {rounds}")
-    if warmup < 0:
-        raise ValueError(f"warmup must be >= 0, got {warmup}")
-    if not arms:
-        raise ValueError("arms is empty: nothing to time")
+    _check_schedule(arms, rounds, warmup, steps)
     cap = rounds if precision is None else precision.max_rounds
     if cap < rounds:
         raise ValueError(f"precision.max_rounds ({cap}) must be at least rounds ({rounds})")
@@ -193,7 +203,7 @@ def interleaved(arms: Mapping[str, ArmCall], *, rounds: int, warmup: int = 2, se
                     continue
                 if measured >= 0:
                     records += _round_records(name, measured, position, seconds, host, result,
-                                              timer.name)
+                                              timer.name, steps)
             if after_round is not None:
                 after_round()
             done = measured + 1
@@ -209,10 +219,12 @@ def interleaved(arms: Mapping[str, ArmCall], *, rounds: int, warmup: int = 2, se
 
 
 def _round_records(name: str, round_index: int, position: int, seconds: float,
-                   host: float | None, result: object, timer: str) -> list[dict]:
-    """The ``total`` record of one timed call, and one per stage the arm reported."""
+                   host: float | None, result: object, timer: str, steps: int = 1) -> list[dict]:
+    """The ``total`` record of one timed call (per step of its ``steps``), and one per stage
+    the arm reported."""
     records = [{"arm": name, "stage": "total", "round": round_index, "position": position,
-                "seconds": seconds, "host_seconds": host, "timer": timer,
+                "seconds": seconds / steps, "host_seconds": None if host is None else host / steps,
+                "timer": timer,
                 "clock_agrees": None if host is None else clocks_agree(seconds, host)}]
     if isinstance(result, Mapping):
         records += [{"arm": name, "stage": stage, "round": round_index, "position": position,

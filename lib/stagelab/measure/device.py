@@ -15,7 +15,7 @@ import torch
 from stagelab.core.errors import PinnedMemoryUnavailable
 
 __all__ = ["PinnedMemoryUnavailable", "cuda_present", "default_device", "device_label",
-           "pinned_allocator", "require_cuda", "sync_warnings", "synchronize"]
+           "pinned_allocator", "require_cuda", "sync_warnings", "synchronize", "wait_event"]
 
 
 def torch_version() -> str:
@@ -70,6 +70,13 @@ def synchronize(device: torch.device | str) -> None:
     device = torch.device(device)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def wait_event(event: torch.cuda.Event) -> None:
+    """The library's other explicit host wait: until one recorded CUDA event is reached (a
+    deferred copy's end), never for the work queued after it (the next forward). Call it as
+    ``device.wait_event``, so that :class:`stagelab.measure.testing.SyncCounter` counts it."""
+    event.synchronize()
 
 
 def sync_warnings(call: Callable[[], object]) -> list[str]:

@@ -142,7 +142,8 @@ def cell_seconds(sizes: Mapping[str, Any], arms: Sequence[str], *, rounds: int, 
                  max_rounds: int | None = None, max_seconds: float = math.inf) -> float:
     """Predicted seconds of one sweep cell on a machine of ``kind`` (``cpu`` or ``cuda``).
 
-    ``sizes`` are the cell's schema fields (``experiment``, ``rows``, ``vocab``, ``bytes``...),
+    ``sizes`` are the cell's schema fields (``experiment``, ``rows``, ``vocab``, ``bytes``, a
+    step cell's ``steps`` per timed call: its calls cost that many steps each...),
     ``arms`` every arm it times (twins included), ``memory_probes`` the fresh processes it
     starts to measure peaks, ``forward_s`` the device work queued before each step call. With
     ``max_rounds`` (rounds until resolved) the timing is the most it may take: up to
@@ -154,9 +155,10 @@ def cell_seconds(sizes: Mapping[str, Any], arms: Sequence[str], *, rounds: int, 
     if experiment == catalogue.STAGING:
         per_round = sum(_staging_call_s(arm, sizes["bytes"], basis) for arm in arms)
     elif experiment == catalogue.STEP:
-        per_round = sum(_step_call_s(arm, n, vocab, basis) + forward_s for arm in arms)
+        one_step = sum(_step_call_s(arm, n, vocab, basis) + forward_s for arm in arms)
+        per_round = sizes.get("steps", 1) * one_step  # each call a sequence of steps
         after_s = (_step_call_s(catalogue.FUSED, n, vocab, basis)
-                   + STEP_AFTER_CALLS_PER_ARM * per_round)
+                   + STEP_AFTER_CALLS_PER_ARM * one_step)  # the checks run single steps
         host_rates = host_rates_s(n, vocab)
     elif experiment == catalogue.PROMPT:
         per_round = len(arms) * _prompt_call_s(sizes, basis)

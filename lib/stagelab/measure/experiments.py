@@ -129,7 +129,8 @@ def _step_sizes(p: Parameters) -> tuple[tuple[Any, ...], dict[str, Any]]:
                  log_softmax=p.get("log_softmax", ["device"]),
                  seed_regimes=p.get("seed_regimes", ["malloc"]),
                  overlap_orders=p.get("overlap_orders", ["queued"]),
-                 overlap_only=p.get("overlap_only")))
+                 overlap_only=p.get("overlap_only"),
+                 steps_per_call=p.get("steps_per_call", 1)))  # one step: before sequences
 
 
 def _step_call(p: Parameters) -> Call:

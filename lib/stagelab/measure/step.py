@@ -17,7 +17,7 @@ import stagelab.measure.device
 from stagelab.core import catalogue, design, forward, schema
 from stagelab.core.catalogue import aa_name
 from stagelab.core.schema import RowSink
-from stagelab.measure import bench, hostrates, native, onepass, sweep
+from stagelab.measure import bench, hostrates, native, onepass, sequence, sweep
 from stagelab.measure import logprobs as lp
 from stagelab.measure.device import default_device, device_label
 from stagelab.measure.shapes import ModelShape, positive_ints
@@ -28,6 +28,7 @@ from stagelab.measure.step_pipelines import (
     OVERLAP_ORDERS,
     STEP_ARMS,
     DeviceStep,
+    Pipeline,
     SeedStep,
     build_pipelines,
     check_overlap_order,
@@ -271,15 +272,19 @@ def cells(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dtype
           log_softmax: Dimension = ("device",),
           seed_regimes: Dimension = (native.MALLOC,),
           overlap_orders: Dimension = (forward.QUEUED,),
-          overlap_only: OverlapCells | None = None) -> list[sweep.Cell]:
+          overlap_only: OverlapCells | None = None,
+          steps_per_call: int = sequence.DEFAULT_STEPS) -> list[sweep.Cell]:
     """The sweep's cells, one per ``(n, V, K)``, place of the log-softmax, allocation regime
     of the seed's vector and overlap order (:func:`in_order`: ``overlap_only`` limits the
-    orders after the first to some ``[n, model]`` cells), with the memory each needs; a K
+    orders after the first to some ``[n, model]`` cells), with the memory each needs (the
+    deferred arm holds a second slot and a pending copy) and the steps of each timed call
+    (:mod:`stagelab.measure.sequence`, column ``steps``); a K
     beyond the vocabulary is a cell recorded as skipped, with the reason. In the order of
     ``rows``, and for each ``n`` every model, the largest vocabulary first: a profile that lists
     its rows largest first (a lease's) starts its costliest cells across every model while the
     most time is left before a deadline; the order within one size is the parameters' own."""
     _check_dimensions(log_softmax, seed_regimes, overlap_orders)
+    sequence.check_steps(steps_per_call)
     labels = {regime: native.regime_label(regime) for regime in seed_regimes}
     positive_ints(rows, "rows")
     positive_ints([sources], "sources")
@@ -291,6 +296,7 @@ def cells(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dtype
     itemsize = torch.empty((), dtype=logits_dtype).element_size()
     every_arm = [*arms, *([aa_name(aa_arm)] if aa_arm else [])]
     on_cpu = torch.device(device).type == "cpu"
+    deferred_slots = 2 if catalogue.DEFERRED_WAIT in arms else 0  # its second slot, its pending copy
     out = []
     for shape, n, k, where, regime, order in itertools.product(shapes, rows, ks, log_softmax,
                                                                seed_regimes, overlap_orders):
@@ -300,14 +306,15 @@ def cells(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dtype
         label = (f"n={n} V={shape.vocab} K={k} log-softmax on {where}"
                  + (", seed vector mapped fresh" if regime == native.MAPPED else "")
                  + (", forward waited on" if order == forward.WAITED else ""))
-        device_bytes = sources * logits_bytes + 3 * fp32_bytes
+        device_bytes = sources * logits_bytes + (3 + deferred_slots) * fp32_bytes
         out.append(sweep.Cell(
             sizes=dict(experiment=catalogue.STEP, device=device_label(device), model=shape.model,
                        rows=n, vocab=shape.vocab, k=k, log_softmax=where, regime=labels[regime],
-                       overlap_order=order, dtype=str(logits_dtype).removeprefix("torch.")),
+                       overlap_order=order, steps=steps_per_call,
+                       dtype=str(logits_dtype).removeprefix("torch.")),
             arms=every_arm, label=label,
             words=label.replace("on device", "on the host (a CPU run)") if on_cpu else "",
-            host_bytes=3 * fp32_bytes + (device_bytes if on_cpu else 0),
+            host_bytes=(3 + deferred_slots) * fp32_bytes + (device_bytes if on_cpu else 0),
             device_bytes=0 if on_cpu else device_bytes,
             invalid="" if k <= shape.vocab else
             f"K={k} exceeds the vocabulary V={shape.vocab}: no top-K to take"))
@@ -316,15 +323,17 @@ def cells(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dtype
 
 def precision_for(arms: list[str], aa_arm: str | None, *, delta: float, max_rounds: int,
                   max_seconds: float) -> bench.Precision:
-    """Rounds until resolved for the three questions: ``seed_pinned`` and the grow-only pageable
-    buffer against the seed's step, and ``seed_pinned`` against the grow-only pageable buffer,
+    """Rounds until resolved for the four questions: ``seed_pinned`` and the grow-only pageable
+    buffer against the seed's step, ``seed_pinned`` against the grow-only pageable buffer, the
+    deferred wait against ``seed_pinned``,
     each while its CI straddles the bar ``1 / (1 - delta)``, and the A/A twin against the seed's
     step (what is resolved where the others cannot run, with no GPU). A comparison whose arm was
     not timed is left out when the rounds are checked. Never stopping before the rounds a PORT
     needs (:data:`stagelab.core.design.TAIL_ROUNDS`, or the cap)."""
-    reused = catalogue.REUSE_LEVER[catalogue.STEP]
+    reused, deferred = catalogue.REUSE_LEVER[catalogue.STEP], catalogue.DEFERRED_WAIT
     questions = tuple((b, c) for b, c in ((BASELINE, CANDIDATE), (BASELINE, reused),
-                                          (reused, CANDIDATE)) if b in arms and c in arms)
+                                          (reused, CANDIDATE), (CANDIDATE, deferred))
+                      if b in arms and c in arms)
     twin = ((BASELINE, aa_name(aa_arm)),) if aa_arm else ()
     return bench.Precision(questions + twin or ((BASELINE, CANDIDATE),), bar=1 / (1 - delta),
                            max_rounds=max_rounds, max_seconds=max_seconds,
@@ -341,10 +350,16 @@ def measure(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dty
             max_seconds: float = math.inf,
             seed_regimes: Dimension = (native.MALLOC,),
             overlap_orders: Dimension = (forward.QUEUED,),
-            overlap_only: OverlapCells | None = None) -> list[dict]:
+            overlap_only: OverlapCells | None = None,
+            steps_per_call: int = sequence.DEFAULT_STEPS) -> list[dict]:
     """Time every arm's whole step per ``(n, V, K)`` cell and place of the log-softmax,
     interleaved in a balanced order, with an A/A twin of ``aa_arm``; schema records out (written
     per cell into ``sink``).
+
+    Each timed call is ``steps_per_call`` consecutive decode steps, the same for every arm
+    (:func:`stagelab.measure.sequence.run`: forward queued, step, next forward ...; the
+    deferred arm drained at the call's end, so that it gains nothing from the idle time between
+    calls); its total and its stages are recorded per step (column ``steps``).
 
     ``seed_regimes``: the seed vector's allocation regimes, each its own cells (the process's
     malloc, ``malloc``, as the engine gets it; ``mapped fresh``: every vector its own mapping),
@@ -372,7 +387,8 @@ def measure(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dty
     device, arms = device or default_device(), chosen_arms(arms)
     todo = cells(shapes, rows, ks, logits_dtype, arms, aa_arm=aa_arm, sources=sources,
                  device=device, log_softmax=log_softmax, seed_regimes=seed_regimes,
-                 overlap_orders=overlap_orders, overlap_only=overlap_only)
+                 overlap_orders=overlap_orders, overlap_only=overlap_only,
+                 steps_per_call=steps_per_call)
     regime_of = {native.regime_label(regime): regime for regime in seed_regimes}
     if forward_ms is not None:
         ForwardLoad(forward_ms, device)  # refuses a bad value before anything is measured
@@ -407,10 +423,10 @@ def measure(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dty
 
         facts: dict[tuple[str, int], dict[str, Any]] = {}  # per (arm, round): its alloc's
 
-        def call(name: str, pipeline: SeedStep | DeviceStep, r: int) -> dict[str, float]:
-            load.queue()  # the decode forward the step follows in the engine
-            stages = pipeline.run(bench.pick(logits, r), k, bench.pick(tokens, r),
-                                  bench.pick(host_tokens, r))[1]
+        def call(name: str, pipeline: Pipeline, r: int) -> dict[str, float]:
+            # each step after the decode forward it follows in the engine
+            stages = sequence.run(pipeline, load.queue, sequence.inputs(
+                logits, tokens, host_tokens, r, steps_per_call), k)
             if isinstance(pipeline, SeedStep):
                 facts[(name, r - warmup)] = pipeline.facts  # the record's round: r - warm-up
             return stages
@@ -439,7 +455,7 @@ def measure(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dty
             unavailable=unavailable, annotate=annotate, after=after,
             between_rounds=sweep.both(clocks.between_rounds,
                                       host_rates.every(warmup + rounds, HOST_RATE_REPEATS)
-                                      if host_rates else None))
+                                      if host_rates else None), steps=steps_per_call)
 
     precision = (precision_for(arms, aa_arm, delta=delta, max_rounds=max_rounds,
                                max_seconds=max_seconds)
@@ -479,7 +495,7 @@ def _host_sampler(n: int, vocab: int, k: int, seed: int, sources: int,
         return None, [{"arm": hostrates.ARM, "status": "failed", "note": bench.first_line(exc)}]
 
 
-def agreement(pipelines: dict[str, SeedStep | DeviceStep], logits: torch.Tensor, k: int,
+def agreement(pipelines: dict[str, Pipeline], logits: torch.Tensor, k: int,
               tokens: torch.Tensor, host_tokens: torch.Tensor) -> list[dict]:
     """Each arm's largest logprob difference from the fused arm's, and its rank mismatches."""
     reference, _ = DeviceStep(catalogue.FUSED).run(logits, k, tokens, host_tokens)
@@ -493,7 +509,7 @@ def agreement(pipelines: dict[str, SeedStep | DeviceStep], logits: torch.Tensor,
     return rows
 
 
-def sync_debug(pipelines: dict[str, SeedStep | DeviceStep], logits: torch.Tensor, k: int,
+def sync_debug(pipelines: dict[str, Pipeline], logits: torch.Tensor, k: int,
                tokens: torch.Tensor, host_tokens: torch.Tensor) -> list[dict]:
     """On CUDA, one call of each arm under ``set_sync_debug_mode("warn")``: how many
     synchronizing operations torch flags (metric ``sync_warnings``; the first texts in the note).

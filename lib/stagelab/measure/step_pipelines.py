@@ -32,8 +32,8 @@ import torch
 import stagelab.measure.device
 from stagelab.core import catalogue, forward
 from stagelab.core.errors import ExtraUnavailable, NativeUnavailable
+from stagelab.measure import deferred, native, onepass, staging, timeline
 from stagelab.measure import logprobs as lp
-from stagelab.measure import native, onepass, staging
 from stagelab.measure.device import PinnedMemoryUnavailable
 
 STEP_ARMS = catalogue.arm_names(catalogue.STEP)
@@ -63,7 +63,8 @@ class StageClock:
     @contextlib.contextmanager
     def host_stage(self, name: str) -> Iterator[None]:
         start = time.perf_counter()
-        yield
+        with timeline.stage(name):  # a range only while a timeline is recorded
+            yield
         self.host[name] = time.perf_counter() - start
 
     @contextlib.contextmanager
@@ -74,7 +75,8 @@ class StageClock:
             return
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        yield
+        with timeline.stage(name):
+            yield
         end.record()
         self.events.append((name, start, end))
 
@@ -185,7 +187,8 @@ class SeedStep:
                       "mapped": self.destination.mapped()}
         with clock.device_stage("copy"):
             host.copy_(staged, non_blocking=True)
-        stagelab.measure.device.synchronize(logits.device)  # the engine's b.Synchronize(q): its one wait
+        with timeline.stage("wait"):  # the engine's b.Synchronize(q): its one wait
+            stagelab.measure.device.synchronize(logits.device)
         if self.log_softmax == "host":
             with clock.host_stage("host_softmax"):
                 host.sub_(torch.logsumexp(host, dim=-1, keepdim=True))
@@ -234,7 +237,8 @@ class DeviceStep:
         result = self.destination(logits.shape[0], num_logprobs, logits.device)
         with clock.device_stage("copy"):
             result.copy_(on_device, non_blocking=True)
-        stagelab.measure.device.synchronize(logits.device)  # hands the results over: its one wait
+        with timeline.stage("wait"):  # hands the results over: its one wait
+            stagelab.measure.device.synchronize(logits.device)
         return result, clock.seconds()
 
     def one_pass(self, logits: torch.Tensor, num_logprobs: int,
@@ -262,9 +266,12 @@ def _numpy_step(name: str, where: str) -> SeedStep:
     return SeedStep(name, FreshZeros(), "numpy", where)
 
 
+Pipeline = SeedStep | DeviceStep | deferred.DeferredStep  # a step arm, as the sweep calls it
+
+
 # How each step arm of the catalogue is built (with where its log-softmax runs); the catalogue
 # says what each one is.
-BUILDERS: dict[str, Callable[[str, str, str], SeedStep | DeviceStep]] = {
+BUILDERS: dict[str, Callable[[str, str, str], Pipeline]] = {
     "seed_pageable": lambda name, where, regime: SeedStep(name, FreshVector(regime), "native",
                                                           where),
     "seed_pinned": lambda name, where, regime: SeedStep(
@@ -275,11 +282,12 @@ BUILDERS: dict[str, Callable[[str, str, str], SeedStep | DeviceStep]] = {
     "device_gather": lambda name, where, regime: DeviceStep(name),
     "fused": lambda name, where, regime: DeviceStep(name),
     "onepass": lambda name, where, regime: DeviceStep(name),
+    "seed_pinned_deferred": lambda name, where, regime: deferred.build(name, where),
 }
 
 
 def make_pipeline(name: str, log_softmax: str = "device", regime: str = native.MALLOC,
-                  overlap: str = forward.QUEUED) -> SeedStep | DeviceStep:
+                  overlap: str = forward.QUEUED) -> Pipeline:
     """An arm by name (``regime``: the seed vector's allocation, for the arm that allocates one;
     ``overlap``: how it meets the forward queued before it); raises PinnedMemoryUnavailable or
     NativeUnavailable where it cannot exist."""
@@ -293,7 +301,7 @@ def make_pipeline(name: str, log_softmax: str = "device", regime: str = native.M
 
 def build_pipelines(names: list[str], log_softmax: str = "device", regime: str = native.MALLOC,
                     overlap: str = forward.QUEUED
-                    ) -> tuple[dict[str, SeedStep | DeviceStep], dict[str, str]]:
+                    ) -> tuple[dict[str, Pipeline], dict[str, str]]:
     """The named arms that can run here, and the reason for each that cannot."""
     built, unavailable = {}, {}
     for name in names:

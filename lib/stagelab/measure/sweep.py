@@ -73,6 +73,7 @@ class CellPlan:
     after: Callable[[], list[dict]] | None = None
     annotate: Callable[[dict], dict] | None = None  # adds per-arm fields to a timing record
     between_rounds: Callable[[], None] | None = None  # untimed work between two rounds
+    steps: int = 1  # consecutive steps per call: each call's total is recorded per step
 
 
 def rows_for_arms(cell: Cell, arms: Iterable[str], status: str, note: str) -> list[dict]:
@@ -130,7 +131,7 @@ def measure_cell(cell: Cell, prepare: Callable[[Cell], CellPlan], *, rounds: int
             timings = bench.interleaved(
                 plan.calls, rounds=rounds, warmup=warmup, device=device, precision=precision,
                 seed=design.order_seed(f"{run}:{seed}", cell.label),
-                after_round=both(plan.between_rounds, after_round))
+                after_round=both(plan.between_rounds, after_round), steps=plan.steps)
         annotate = plan.annotate or (lambda record: record)
         records += [annotate({**cell.sizes, **timing}) if timing["arm"] in plan.calls
                     else {**cell.sizes, **timing} for timing in timings]  # not the order's row

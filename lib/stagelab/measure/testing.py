@@ -94,6 +94,7 @@ class SyncCounter(TorchDispatchMode):
 
     def __enter__(self) -> SyncCounter:
         self._wrap(device, "synchronize", self._count_explicit)
+        self._wrap(device, "wait_event", self._count_explicit)
         self._wrap(torch.Tensor, "tolist", self._count_tolist)
         return super().__enter__()
 

@@ -38,8 +38,8 @@ KEPT = RunFolder.KEPT
 INDEX = RunFolder.INDEX
 INCOMING = ".incoming-"  # a keep's staging folder, beside its destination
 # measured/: a replay's copy of the node's own record (manifest, preflight, inventory, rows).
-EVIDENCE_PATTERNS = ("*.json", "*.html", "*.ipynb", "data/*.parquet", "figures/*.png",
-                     "measured/*.json", "measured/rows/*.jsonl.gz", "measured/rows/*.jsonl")
+EVIDENCE_PATTERNS = ("*.json", "*.html", "*.ipynb", "data/*.parquet", "data/*.trace.json.gz",
+                     "figures/*.png", "measured/*.json", "measured/rows/*.jsonl.gz", "measured/rows/*.jsonl")
 
 
 def refusal(run_dir: Path, manifest: dict[str, Any]) -> str | None:

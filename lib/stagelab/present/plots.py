@@ -43,7 +43,9 @@ def _catalogue_arm_names() -> tuple[str, ...]:
 # colours by position among the arms drawn, which changes from panel to panel).
 # tab20's strong colours first, then its light ones: the ten arms read most get strong hues.
 _TAB20 = sns.color_palette("tab20", 20).as_hex()
-ARM_COLORS = dict(zip(_catalogue_arm_names(), _TAB20[0::2] + _TAB20[1::2]))
+# Past twenty arms, tab20b's darkest hues, one per group.
+ARM_COLORS = dict(zip(_catalogue_arm_names(), _TAB20[0::2] + _TAB20[1::2]
+                      + sns.color_palette("tab20b", 20).as_hex()[0::4]))
 UNKNOWN_ARM_COLOR = "#000000"  # an arm the catalogue does not name (an older table)
 
 
@@ -441,3 +443,38 @@ def prediction_bands(curves: pd.DataFrame) -> plt.Figure:
                     y=1.08)
     figure.tight_layout()
     return figure
+
+
+# One colour per stage of a step in the timeline, fixed by the suite's stage names.
+_STAGE_ORDER = ("forward", "device", "alloc", "copy", "wait", "host_softmax", "host_gather",
+                "free")
+STAGE_COLORS = dict(zip(_STAGE_ORDER, sns.color_palette("Set2", len(_STAGE_ORDER)).as_hex()))
+
+
+def timeline(frame: pd.DataFrame) -> plt.Figure:
+    """The step's timeline (:mod:`stagelab.analyse.timeline`): one panel per arm, a host row
+    and (where there is a device) a device row, each span a bar from its start to its end,
+    coloured by stage and named in the suite's stage words, so that a reader sees whether the
+    copy and the host top-K ran beside the next forward."""
+    arms = list(dict.fromkeys(frame["arm"])) if not frame.empty else []
+    fig, axes = plt.subplots(max(1, len(arms)), 1, figsize=(10, 0.4 + 1.1 * max(1, len(arms))),
+                             squeeze=False, sharex=True)  # one time scale: arms compared
+    if not arms:
+        nothing(axes[0][0], "No timeline was recorded in this run")
+        return fig
+    lanes = [lane for lane in ("device", "host") if (frame["lane"] == lane).any()]
+    for ax, arm in zip(axes[:, 0], arms):
+        spans = frame[frame["arm"] == arm]
+        for y, lane in enumerate(lanes):
+            for stage, group in spans[spans["lane"] == lane].groupby("stage"):
+                ax.broken_barh(list(zip(group["start_ms"], group["end_ms"] - group["start_ms"])),
+                               (y - 0.4, 0.8), color=STAGE_COLORS.get(str(stage), "#999999"))
+        ax.set_yticks(range(len(lanes)), lanes)
+        ax.set_title(arm, loc="left", fontsize=9)
+    axes[-1][0].set_xlabel("ms from the arm's first step")
+    shown = [s for s in _STAGE_ORDER if s in set(frame["stage"])]
+    fig.tight_layout()
+    fig.legend([mpatches.Patch(color=STAGE_COLORS[s]) for s in shown],
+               [catalogue.STAGE_WORDS.get(s, s) for s in shown], title="stage",
+               loc="lower center", ncol=len(shown), bbox_to_anchor=(0.5, 1.0))
+    return fig

@@ -305,6 +305,9 @@ FIGURE_CAPTIONS = {
                                "copy size (ratio of mean times, 95 % CI)",
     "01_d2h_staging_saved_ms": "Milliseconds each arm saves per copy (difference of mean times)",
     "01_d2h_staging_pcie": "PCIe throughput sampled by NVML during the copy loop",
+    "02_logprobs_step_timeline": "Each step arm's short sequence on a timeline: host and device "
+                                 "rows, coloured by stage (does the copy and the host top-K run "
+                                 "beside the next forward?)",
     "02_logprobs_step_stages": "Where the seed's step goes, per arm and cell (mean ms per part, "
                                "stacked to the total)",
     "02_logprobs_step_copy_share": "The copy's share of the seed's step per cell (means; dashed: "

@@ -123,6 +123,24 @@ class NotebookContext:
         except (OSError, UserError):  # no manifest yet: say what a GPU run's figure draws
             return True
 
+    def save_trace(self, packed: bytes, name: str) -> Path:
+        """Write a compressed Chrome trace (:meth:`RunFolder.trace_path`) atomically; its path."""
+        path = RunFolder(self.run_dir).trace_path(name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_target(path) as temporary:
+            Path(temporary).write_bytes(packed)
+        return path
+
+    def trace(self, name: str, measured: str | Path, record: Callable[..., bytes],
+              *args: Any, **kwargs: Any) -> Path | None:
+        """A trace recorded here by ``record(*args, **kwargs)`` and kept in the run folder
+        (:meth:`save_trace`); None where ``measured`` names a measured folder (``stagelab
+        measure`` records no timeline: the node's is not there to read)."""
+        if measured:
+            return None
+        with phases.measuring():
+            return self.save_trace(record(*args, **kwargs), name)
+
     def write_verdict(self, payload: Any) -> None:
         """Write the run's verdict (checked against its schema by the run folder); returns
         nothing, so that a notebook cell ending with it shows no path."""

@@ -185,6 +185,10 @@ def main(args: argparse.Namespace) -> int:
         words = roofline.one_pass_words(platform.name, [(c.rows, c.vocab, c.k) for c in cells])
         if words:
             print(f"{platform.name}:\n{words}")
+    deferral = predict_model.where_deferral_matters(
+        [cell for entry in found for cell in entry["cells"] if cell["fits"]])
+    if deferral:
+        print(deferral)
     return 0
 
 
