@@ -269,7 +269,8 @@ def test_a_gpu_run_is_checked_out_of_sample_on_its_host_classes_pinning_saving_i
     assert questions["pinning"]["error_ms"] == pytest.approx(
         questions["pinning"]["predicted_ms"] - 0.5)
     words = predict_check.out_of_sample_words(check)
-    assert words[0].startswith("Out of sample (Test, host class x86 bare metal, n=16")
+    assert check["falsification"]["held"] is not None  # the falsification line comes first
+    assert words[1].startswith("Out of sample (Test, host class x86 bare metal, n=16")
 
 
 def test_the_report_shows_the_out_of_sample_check_beside_the_additivity_one():
@@ -353,5 +354,6 @@ def test_notebook_05_and_predict_give_h200_the_same_answers_for_the_same_inputs(
     assert step_64["mid_ms"].max() < 30  # the usual hosts', not the slow host's
     assert set(found.this_host["host"]) == {predict_study.THIS_HOST}  # shown, never fed in
     grid = predict_study.answer_grid(found.answers)
-    assert list(grid.columns) == ["platform", "rows", "vocab", "k", "bundle", "reuse", "pinning"]
+    assert list(grid.columns) == ["platform", "rows", "vocab", "k", "bundle", "reuse", "pinning",
+                                  "deferral"]
     assert grid.set_index("rows").loc[64, "bundle"] == "PORT"

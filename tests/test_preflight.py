@@ -67,7 +67,7 @@ def test_an_out_path_that_cannot_be_made_is_refused_before_any_check(tmp_path):
 
 def test_profile_parameters_are_the_notebook_defaults_then_the_profile():
     params = profiles.profile_parameters("quick")
-    assert params["03_prompt_logprobs"]["tokens"] == 513  # the profile's
+    assert params["03_prompt_logprobs"]["tokens"] == 769  # the profile's
     assert params["03_prompt_logprobs"]["k"] == 5  # the notebook's default
     assert params["01_d2h_staging"]["sources"] == 3
 

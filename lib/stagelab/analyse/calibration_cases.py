@@ -27,14 +27,14 @@ from stagelab.analyse.calibration import (
     recommendation_rates,
     wilson,
 )
-from stagelab.core import paths
+from stagelab.core import catalogue, paths
 
 
 def gate_cap(path: Path = paths.PROFILES_FILE) -> int:
     """The gate profile's cap on a step cell's rounds (``max_rounds`` of notebook 02 in
     ``profiles.json``): the rounds until resolved that a real gate run can reach."""
     profile = json.loads(path.read_text())["profiles"]["gate"]
-    return int(profile["notebooks"]["02_logprobs_step"]["max_rounds"])
+    return int(profile["notebooks"][catalogue.notebook_of(catalogue.STEP).name]["max_rounds"])
 
 
 CASE_ROUNDS, CASE_CELLS = 160, 6  # the issue's families

@@ -227,8 +227,8 @@ def check_triton_launch() -> Check:
     missing = triton_launch_missing()
     if missing:
         return Check("triton_launch", UNAVAILABLE, f"missing {'; '.join(missing)}: Triton's "
-                     "first launch would fail, and the one-pass and head_fused arms with it",
-                     {"missing": missing})
+                     f"first launch would fail, and the one-pass and {catalogue.HEAD_FUSED} "
+                     "arms with it", {"missing": missing})
     return Check("triton_launch", GO, "a C compiler, Python.h and libcuda.so.1 found",
                  {"missing": []})
 
