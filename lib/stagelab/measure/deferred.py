@@ -203,10 +203,7 @@ class DeferredStep:
         """Queue this step; return the previous step's results and this call's stage seconds."""
         clock = LogSoftmaxClock(logits.device)
         with timeline.stage("device"):
-            if self.log_softmax == "device":
-                staged = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
-            else:
-                staged = logits.float()
+            staged = lp.staged_for_copy(logits, self.log_softmax)
         clock.stop()
         if self.overlap == forward.WAITED:  # outside every stage, as in every arm
             stagelab.measure.device.synchronize(logits.device)

@@ -225,6 +225,14 @@ def compute_logprobs(logits: torch.Tensor) -> torch.Tensor:
     return torch.log_softmax(logits, dim=-1, dtype=torch.float32)
 
 
+def staged_for_copy(logits: torch.Tensor, log_softmax: str) -> torch.Tensor:
+    """What the seed's step copies to the host: fp32 logprobs where the log-softmax runs on the
+    device (``log_softmax == "device"``), else the logits upcast to fp32 for the host's own."""
+    if log_softmax == "device":
+        return torch.log_softmax(logits, dim=-1, dtype=torch.float32)
+    return logits.float()
+
+
 def gather_logprobs(logprobs: torch.Tensor, num_logprobs: int, token_ids: torch.Tensor, *,
                     validate: bool = True) -> LogprobsTensors:
     """Top-K, the target and its rank from ``[N, V]`` logprobs, on the tensors' device.

@@ -175,10 +175,7 @@ class SeedStep:
         the engine's host loop reads them. Inputs are validated once per cell by the caller."""
         clock = StageClock(logits.device)
         with clock.device_stage("device"):
-            if self.log_softmax == "device":
-                staged = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
-            else:
-                staged = logits.float()
+            staged = lp.staged_for_copy(logits, self.log_softmax)
         wait_in_order(self.overlap, logits.device)  # outside every stage: the same in every arm
         faults = minor_faults()
         with clock.host_stage("alloc"):
