@@ -484,6 +484,7 @@ def test_make_setup_passes_the_torch_index_on():
     plain = subprocess.run(["make", "-n", "-B", "setup"], cwd=paths.REPO_ROOT,
                            capture_output=True, text=True).stdout
     assert "--torch-index" not in plain
-    cleaned = subprocess.run(["make", "-n", "clean", "VENV=/nonexistent/venv"],
+    cleaned = subprocess.run(["make", "--no-print-directory", "-n", "clean",
+                              "VENV=/nonexistent/venv"],
                              cwd=paths.REPO_ROOT, capture_output=True, text=True).stdout
     assert cleaned.split() == ["rm", "-rf", "/nonexistent/venv"]  # the README's `make clean setup`
