@@ -11,8 +11,8 @@ import shutil
 import pytest
 
 from conftest import TINY
-from stagelab.analyse import verdict, verdict_decision
-from stagelab.core import paths, records, rundir
+from stagelab.analyse import timeline, verdict, verdict_decision
+from stagelab.core import catalogue, paths, records, rundir
 from stagelab.core.records import RunFolder
 from stagelab.run import execute, profiles
 
@@ -46,6 +46,12 @@ def test_every_notebook_runs_and_writes_its_outputs(tiny_run):
     assert (run_dir / "figures" / "04_verdict_key.png").exists()
     assert (run_dir / "figures" / "05_prediction_prediction.png").exists()
     assert manifest["notebooks"][1]["parameters"]["rounds"] == 4
+    # issue 48: each step arm's short sequence, kept as a trace, read back and drawn
+    trace = run_dir / "data" / f"{catalogue.TIMELINE_TABLE}.trace.json.gz"
+    spans = timeline.read(trace)
+    assert set(spans["arm"]) >= {catalogue.baseline(catalogue.STEP), catalogue.DEFERRED_WAIT}
+    assert (run_dir / "figures" / "02_logprobs_step_timeline.png").exists()
+    assert timeline.NO_OVERLAP_ON_CPU in (run_dir / "02_logprobs_step.html").read_text()
 
 
 def test_cpu_verdict_is_inconclusive_and_says_why(tiny_run):
