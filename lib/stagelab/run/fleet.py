@@ -274,7 +274,7 @@ def host_and_port(address: str) -> tuple[str, int] | None:
     return (match.group(1), int(match.group(2))) if match else None
 
 
-def keep_loopback(address: str) -> dict[str, str]:
+def keep_loopback(address: str) -> dict[str, Any]:
     """For a loopback ``address``, the ``ray.init`` options that keep the driver on loopback.
 
     Ray swaps a loopback address for the machine's network address, where a cluster bound to
