@@ -107,10 +107,16 @@ def test_only_a_ready_live_kernel_is_handed_out_and_a_dead_one_is_said(tmp_path)
     assert warm.kernels[2].stopped and not warm.kernels[3].stopped
 
 
-WHO = """import json, os, sys, time
-started = time.time()
-first_cell_saw = {name: name in sys.modules for name in ("colorsys", "debugpy")}
-print(json.dumps({"pid": os.getpid(), "started": started, "saw": first_cell_saw}))
+PROBE = '''"""Imported once a kernel: whether the kernel's start-up imported it, or a cell."""
+import inspect
+import sys
+
+BY_PRELOAD = any(frame.function == "_stagelab_preload" for frame in inspect.stack())
+DEBUGGER = "debugpy" in sys.modules
+'''
+WHO = """import json, os
+import stagelab_test_probe as probe
+print(json.dumps({"pid": os.getpid(), "preloaded": probe.BY_PRELOAD, "debugger": probe.DEBUGGER}))
 """
 
 
@@ -134,12 +140,18 @@ def _kernel_processes(cwd: Path) -> list[int]:
     return found
 
 
-def _two_notebooks(tmp_path: Path) -> profiles.RunPlan:
-    """A plan of two notebooks that each say which process ran them and what it had imported."""
+def _two_notebooks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> profiles.RunPlan:
+    """A plan of two notebooks that each say which process ran them, whether its start-up or
+    their cell imported their one module, and whether it had the debugger."""
+    modules = tmp_path / "modules"
+    modules.mkdir()
+    (modules / "stagelab_test_probe.py").write_text(PROBE)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        filter(None, [str(modules), os.environ.get("PYTHONPATH")])))
     notebooks = tmp_path / "notebooks"
     notebooks.mkdir()
     for name in ("50_first", "60_second"):
-        write_notebook(notebooks / f"{name}.ipynb", 'run_dir = ""', WHO + "\nimport colorsys\n")
+        write_notebook(notebooks / f"{name}.ipynb", 'run_dir = ""', WHO)
     (tmp_path / "profiles.json").write_text(json.dumps({"profiles": {"two": {
         "description": "test", "notebooks": {"50_first": {}, "60_second": {}}}}}))
     return profiles.plan_run("two", profiles_path=tmp_path / "profiles.json",
@@ -167,16 +179,18 @@ def _second_run(plan: profiles.RunPlan, tmp_path: Path) -> tuple[Path, dict, tup
 
 
 @pytest.mark.slow  # real kernels: several seconds
-def test_each_kernel_starts_with_its_imports_done_alone_and_none_outlives_its_notebook(tmp_path):
+def test_each_kernel_starts_with_its_imports_done_alone_and_none_outlives_its_notebook(
+        tmp_path, monkeypatch):
     notebooks = tmp_path / "notebooks"
-    run_dir, manifest, before, after = _second_run(_two_notebooks(tmp_path), tmp_path)
+    run_dir, manifest, before, after = _second_run(_two_notebooks(tmp_path, monkeypatch),
+                                                   tmp_path)
     assert [e["status"] for e in manifest["notebooks"]] == ["ok", "ok"]
     assert manifest["kernels"] == {"started": 2, "ready": 2,
                                    "seconds": manifest["kernels"]["seconds"], "errors": {}}
     said = [json.loads(nbformat.read(run_dir / e["output"], 4).cells[-1].outputs[0]["text"])
             for e in manifest["notebooks"]]
     assert said[0]["pid"] != said[1]["pid"]  # a process of its own each
-    assert all(s["saw"] == {"colorsys": True, "debugpy": False} for s in said)
+    assert [(s["preloaded"], s["debugger"]) for s in said] == [(True, False)] * 2
     assert not _kernel_processes(notebooks)  # each stopped with its notebook
     # nothing of theirs is left in this process either: no heartbeat thread, no socket
     assert after == before
@@ -187,10 +201,11 @@ def test_each_kernel_starts_with_its_imports_done_alone_and_none_outlives_its_no
 @pytest.mark.slow  # real kernels: several seconds
 def test_a_notebook_that_starts_its_own_kernel_leaves_nothing_behind_either(tmp_path, monkeypatch):
     monkeypatch.setattr(kernels.WarmKernels, "get", lambda self, index: None)  # none handed out
-    run_dir, manifest, before, after = _second_run(_two_notebooks(tmp_path), tmp_path)
+    run_dir, manifest, before, after = _second_run(_two_notebooks(tmp_path, monkeypatch),
+                                                   tmp_path)
     assert [e["status"] for e in manifest["notebooks"]] == ["ok", "ok"]
     said = [json.loads(nbformat.read(run_dir / e["output"], 4).cells[-1].outputs[0]["text"])
             for e in manifest["notebooks"]]
-    assert not any(s["saw"]["colorsys"] for s in said)  # papermill's own kernels: no preload
+    assert [s["preloaded"] for s in said] == [False, False]  # papermill's own kernels
     assert not _kernel_processes(tmp_path / "notebooks")
     assert after == before
