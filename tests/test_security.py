@@ -1366,7 +1366,8 @@ def _decided_replay(tmp_path: Path, node: Path) -> Path:
     manifest["notebooks"][-1]["parameters"] = dict(parameters)
     rundir.write_manifest(run, manifest)
     fresh = rederive.rederived_verdict(run, manifest)
-    fresh["findings"].append("Committed reference evidence (cpu; not this run): compared.")
+    fresh["findings"] += ["Not read as reference evidence: runs/x: no kept.json.",
+                          "Committed reference evidence (cpu; not this run): compared."]
     (run / "verdict.json").write_text(json.dumps(fresh, default=str))
     report.write_index(run)
     return run
@@ -1394,7 +1395,8 @@ def test_keep_refuses_a_verdict_whose_prose_or_numbers_were_edited(node, tmp_pat
         (lambda v: v["overall"].update(summary="Measured on an H200: saves 1.9 ms; port it."),
          r"says overall.summary 'Measured on an H200: saves 1.9 ms; port it.', its own tables"),
         (lambda v: v["decisive"][0].update(speedup=1.5), r"says decisive\[0\].speedup 1.5"),
-        (lambda v: v["findings"].insert(0, "A finding no table gives."), r"says findings"),
+        (lambda v: v["findings"].insert(0, "A finding no table gives."),
+         r"says findings\[0\] 'A finding no table gives.'"),
         (lambda v: v["calibration"].clear(), r"says calibration")]
     for change, message in cases:
         with pytest.raises(UserError, match=message) as refused:
@@ -1403,8 +1405,9 @@ def test_keep_refuses_a_verdict_whose_prose_or_numbers_were_edited(node, tmp_pat
     assert not list((tmp_path / "reference").rglob("kept.json"))
     kept = evidence.keep_evidence(run, tmp_path / "reference", force=True)
     written = json.loads((kept / "verdict.json").read_text())
-    assert written["findings"] == [f for f in sent["findings"]
-                                   if not f.startswith("Committed reference evidence")]
+    assert written["findings"] == [f for f in sent["findings"] if not f.startswith(
+        ("Committed reference evidence", "Not read as reference evidence"))]
+    assert len(written["findings"]) == len(sent["findings"]) - 2
     assert written["overall"] == sent["overall"] and written["calibration"]
 
 

@@ -11,6 +11,12 @@ from stagelab.analyse import carryover, prompt_analysis, step_analysis, summarie
 from stagelab.analyse.verdict_decision import REUSED, _cell_name, _measured
 from stagelab.core import catalogue, forward
 
+# How the findings about other kept runs begin: they depend on what is kept when a verdict is
+# made and decide nothing, so keep leaves them out of what it re-derives.
+COMMITTED = "Committed reference evidence"
+NOT_READ = "Not read as reference evidence"
+ABOUT_OTHER_RUNS = (COMMITTED, NOT_READ)
+
 
 def findings(verdict: dict[str, Any], tables: dict[str, pd.DataFrame]) -> list[str]:
     """Plain sentences of what this run measured, for the report's first screen."""
@@ -58,13 +64,13 @@ def findings(verdict: dict[str, Any], tables: dict[str, pd.DataFrame]) -> list[s
         out.append(f"Prompt logprobs: chunk {rec['chunk']} recommended for {rec['arm']} "
                    f"({rec['reason']}).")
     out.extend(verdict["missing"])
-    out.extend(f"Not read as reference evidence: {why}." for why in verdict["reference_skipped"])
+    out.extend(f"{NOT_READ}: {why}." for why in verdict["reference_skipped"])
     for ref in verdict["reference"]:
         hardware = ref.get("hardware") or {}
         machine = hardware.get("gpu") or f"CPU only, {hardware.get('cpu') or 'unknown CPU'}"
         forced = (f", kept with --force although its status was {ref.get('status')}"
                   if ref.get("forced") else "")
-        out.append(f"Committed reference evidence ({machine}; not this run{forced}): run "
+        out.append(f"{COMMITTED} ({machine}; not this run{forced}): run "
                    f"{ref['run_id']} decided {(ref.get('overall') or {}).get('decision')}.")
     return out
 

@@ -17,13 +17,14 @@ them (docs/security.md).
 from __future__ import annotations
 
 import html
+import itertools
 import json
 import math
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from stagelab.analyse import claims, summaries, verdict
+from stagelab.analyse import claims, summaries, verdict, verdict_words
 from stagelab.core import catalogue, forward, outcomes, paths, records, schema, untrusted
 from stagelab.core.cells import notebook_parameters
 from stagelab.core.errors import BadRecord, UserError
@@ -117,7 +118,7 @@ def rederived_verdict(run_dir: Path, manifest: Mapping[str, Any]) -> dict[str, A
 # runs kept where and when it was made (other evidence, deciding nothing). Left out of the
 # comparison, and of the kept verdict.json.
 NOT_RECOMPUTED = ("reference", "reference_skipped")
-ABOUT_OTHER_RUNS = "Committed reference evidence"  # the findings that compare with them
+ABOUT_OTHER_RUNS = verdict_words.ABOUT_OTHER_RUNS  # the findings that compare with them
 
 
 def compared(result: Mapping[str, Any]) -> dict[str, Any]:
@@ -129,10 +130,14 @@ def compared(result: Mapping[str, Any]) -> dict[str, Any]:
     return kept
 
 
+ABSENT = "(absent)"  # what a shorter list holds where the longer has an item
+
+
 def first_difference(said: Any, fresh: Any, where: str = "") -> tuple[str, Any, Any] | None:
-    """The first place (``overall.summary``, ``decisive[0].speedup``) where two JSON values
-    differ, with both values there; None where they are equal. A number differs by any
-    amount: a re-derivation by the same rule from the same tables gives the same bits."""
+    """The first place (``overall.summary``, ``decisive[0].speedup``, ``findings[3]``) where
+    two JSON values differ, with both values there (:data:`ABSENT` past a shorter list's end);
+    None where they are equal. A number differs by any amount: a re-derivation by the same rule
+    from the same tables gives the same bits."""
     if isinstance(said, dict) and isinstance(fresh, dict):
         for key in sorted(set(said) | set(fresh), key=str):
             found = first_difference(said.get(key), fresh.get(key),
@@ -140,8 +145,8 @@ def first_difference(said: Any, fresh: Any, where: str = "") -> tuple[str, Any, 
             if found:
                 return found
         return None
-    if isinstance(said, list) and isinstance(fresh, list) and len(said) == len(fresh):
-        for index, (one, other) in enumerate(zip(said, fresh)):
+    if isinstance(said, list) and isinstance(fresh, list):
+        for index, (one, other) in enumerate(itertools.zip_longest(said, fresh, fillvalue=ABSENT)):
             found = first_difference(one, other, f"{where}[{index}]")
             if found:
                 return found
