@@ -16,6 +16,7 @@ import torch  # noqa: E402
 from conftest import make_logits, make_tokens  # noqa: E402
 from stagelab.analyse import timeline as read_timeline  # noqa: E402
 from stagelab.core import catalogue  # noqa: E402
+from stagelab.core.errors import InsufficientMemory  # noqa: E402
 from stagelab.measure import deferred, native, sequence, timeline  # noqa: E402
 from stagelab.present import plots  # noqa: E402
 
@@ -116,3 +117,26 @@ def test_the_step_timeline_has_each_arm_that_runs_here_and_one_forward_per_step(
     assert forwards.to_dict() == {"fused": 2, "seed_pageable": 2}
     with pytest.raises(ValueError, match="timeline_steps"):
         step_timeline.record(shapes.resolve_vocabs([500])[0], 2, 3, torch.float32, None, steps=0)
+
+
+def test_a_timeline_too_large_for_the_machine_is_refused_before_it_allocates(tmp_path,
+                                                                           monkeypatch):
+    """Before: notebook 02's timeline cell allocated its logits at the first cell's size even
+    where the sweep had refused that cell (n=100000 at V=262144: 104 GB), and the notebook
+    failed; now the trace is refused before anything large is allocated, and says why."""
+    from stagelab.measure import memory, shapes, step_timeline
+    from stagelab.run import context
+
+    monkeypatch.setattr(memory, "free_host_bytes", lambda: 2**20)
+    allocated = []
+    monkeypatch.setattr(torch, "randn", lambda *a, **k: allocated.append(a))
+    shape = shapes.resolve_vocabs([1000])[0]
+    with pytest.raises(InsufficientMemory, match=r"n=1000 V=1000 \(3 steps\) on the host"):
+        step_timeline.record(shape, 1000, 5, torch.float32, None, steps=3, device="cpu")
+    assert allocated == []
+    ctx = context.NotebookContext("02_logprobs_step", tmp_path)
+    trace = ctx.trace("step_timeline", "", step_timeline.record, shape, 100_000, 5,
+                      torch.float32, None, steps=3, device="cpu")
+    assert trace is None and not list(tmp_path.rglob("*.gz"))
+    words = read_timeline.overlap_words(read_timeline.read(trace), ctx.untraced)
+    assert "n=100000 V=1000" in words and "GiB" in words and "stagelab measure" not in words

@@ -101,12 +101,16 @@ def overlap(frame: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["arm", "host_top_k_ms", "beside_forward"])
 
 
-def overlap_words(frame: pd.DataFrame) -> str:
+FROM_MEASURED = ("a run over a measured folder reads the node's rows, and `stagelab measure` "
+                 "records no timeline")
+
+
+def overlap_words(frame: pd.DataFrame, untraced: str | None = None) -> str:
     """What the timeline shows, in one paragraph: no overlap on a CPU, else the share of each
-    arm's host top-K that ran beside the device's forward."""
+    arm's host top-K that ran beside the device's forward; with no spans, why none was
+    recorded (``untraced``, e.g. the cell would not fit; None: a run over a measured folder)."""
     if frame.empty:
-        return ("No timeline was recorded: a run over a measured folder reads the node's rows, "
-                "and `stagelab measure` records no timeline.")
+        return f"No timeline was recorded: {untraced or FROM_MEASURED}."
     if not (frame.lane == DEVICE).any():
         return NO_OVERLAP_ON_CPU
     shares = overlap(frame)

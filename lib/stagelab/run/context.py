@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from stagelab.core import paths, phases, rundir, untrusted
-from stagelab.core.errors import UserError
+from stagelab.core.errors import InsufficientMemory, UserError
 from stagelab.core.records import RunFolder, atomic_target
 from stagelab.core.schema import TableSink, write_table
 
@@ -34,6 +34,7 @@ class NotebookContext:
     notebook: str
     run_dir: Path
     source_dir: Path | None = None  # the run whose data it reads, where that is another folder
+    untraced: str | None = None  # why :meth:`trace` recorded nothing here (None: not refused)
 
     @property
     def run_id(self) -> str:
@@ -135,11 +136,17 @@ class NotebookContext:
               *args: Any, **kwargs: Any) -> Path | None:
         """A trace recorded here by ``record(*args, **kwargs)`` and kept in the run folder
         (:meth:`save_trace`); None where ``measured`` names a measured folder (``stagelab
-        measure`` records no timeline: the node's is not there to read)."""
+        measure`` records no timeline: the node's is not there to read), or where ``record``
+        refused a size that would not fit (the reason in :attr:`untraced`: a run that asks for
+        more than the machine holds still ends, saying so)."""
         if measured:
             return None
-        with phases.measuring():
-            return self.save_trace(record(*args, **kwargs), name)
+        try:
+            with phases.measuring():
+                return self.save_trace(record(*args, **kwargs), name)
+        except InsufficientMemory as exc:
+            self.untraced = f"refused before it started ({exc}); nothing large was allocated"
+            return None
 
     def write_verdict(self, payload: Any) -> None:
         """Write the run's verdict (checked against its schema by the run folder); returns
