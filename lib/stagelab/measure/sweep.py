@@ -317,10 +317,12 @@ def run(cells: list[Cell], prepare: Callable[[Cell], CellPlan], *, rounds: int,
 
 
 def outcome(records: list[dict]) -> str:
-    """A cell's records in a few words: how many arms were timed, skipped, unavailable, failed."""
+    """A cell's records in a few words: how many arms (configurations: an arm at a chunk and
+    tile) were timed, skipped, unavailable, failed."""
     counts: dict[str, set] = {}
     for record in records:
         status = record.get("status", "ok")
         if status != "ok" or record.get("stage") == "total":
-            counts.setdefault(status, set()).add(record.get("arm"))
+            counts.setdefault(status, set()).add(
+                (record.get("arm"), record.get("chunk"), record.get("tile")))
     return ", ".join(f"{len(arms)} {status}" for status, arms in sorted(counts.items())) or "empty"

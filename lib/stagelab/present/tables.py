@@ -24,7 +24,8 @@ SIGNIFICANT = 3
 MIB = 2**20
 # Columns renamed only: what they are, in words.
 WORDS = {"rows": "n (rows)", "vocab": "V (vocabulary)", "k": "K", "chunk": "chunk C (rows)",
-         "n_rounds": "rounds", "baseline_rounds": "rounds", "n": "samples", "rounds": "rounds",
+         "n_rounds": "rounds", "twin_n_rounds": "A/A twin rounds", "baseline_rounds": "rounds",
+         "n": "samples", "rounds": "rounds",
          "trials": "trials", "allocations": "host allocations (count)",
          "rank_mismatches": "ranks that differ (count)",
          "id_mismatches": "ids that differ (count)"}
@@ -252,6 +253,35 @@ class Titled:
 
     def _repr_html_(self) -> str:
         return self.to_html()
+
+
+# A table of more rows is folded under a line that says what it holds (notebook 05's page was
+# 35,000 px tall with 116-row tables); a click opens it, and the run's JSON holds every row.
+FOLD_ROWS = 15
+
+
+class Folded:
+    """A long table folded: a ``<details>`` whose summary says what it holds and how many rows,
+    the table inside; displays as HTML like a Styler."""
+
+    def __init__(self, summary: str, table: Any) -> None:
+        self.summary, self.table = summary, table
+
+    def to_html(self) -> str:
+        return (f"<details class='folded'><summary>{html.escape(self.summary)}</summary>"
+                f"{self.table.to_html()}</details>")
+
+    def _repr_html_(self) -> str:
+        return self.to_html()
+
+
+def show_folded(frame: pd.DataFrame, what: str, limit: int = FOLD_ROWS) -> Any:
+    """:func:`show`, folded under "``what``: N rows (click to open)" where the frame has more
+    than ``limit`` rows: the page stays short and every row one click away."""
+    shown = show(frame)
+    if len(frame) <= limit:
+        return shown
+    return Folded(f"{what}: {len(frame)} rows (click to open)", shown)
 
 
 def sections(titled: Mapping[str, pd.DataFrame]) -> SplitTable:
