@@ -337,3 +337,31 @@ def test_the_front_page_shows_few_short_findings_that_bear_on_the_decision(tmp_p
     listed = page[page.index("<ul id='findings'>"):page.index("</ul>", page.index("id='findings'"))]
     assert listed.count("<li>") == report.FRONT_FINDINGS and "mmap" not in listed
     assert "Every finding in full (15): <a href='04_verdict.html'>" in page
+
+
+def test_the_chunk_question_is_answered_on_the_first_screen_and_in_the_terminal(tmp_path):
+    """Before: the second question (which prompt-logprobs chunk) was answered only in notebook
+    03's page; the first screen and the terminal's last lines say it, or why there is none."""
+    from stagelab.cli import next_step_lines
+
+    held = {"arm": "fused", "chunk": None, "reason": "no recommendation: the timings are not "
+            "trustworthy (a busy machine); what would give one: a quiet machine"}
+    run_dir = fake_run(tmp_path / "runs")
+    verdict = {"overall": {"decision": "INCONCLUSIVE", "summary": "No GPU."},
+               "decisive": [decisive_cell(16)], "prompt_logprobs": {"recommendation": held}}
+    (run_dir / "verdict.json").write_text(json.dumps(verdict))
+    page = report.write_index(run_dir).read_text()
+    said = page[page.index("<p id='chunk'>"):]
+    said = said[:said.index("</p>")]
+    assert "No recommended chunk (fused): no recommendation" in said and "a quiet machine" in said
+    assert "href='03_prompt_logprobs.html'" in said
+    lines = next_step_lines(run_dir, {"profile": "quick"})
+    assert lines[-1].startswith("prompt chunk: No recommended chunk (fused): ")
+    verdict["prompt_logprobs"]["recommendation"] = {"arm": "fused", "chunk": 512, "reason": "why"}
+    verdict["overall"]["decision"] = "CLOSE"
+    (run_dir / "verdict.json").write_text(json.dumps(verdict))
+    assert next_step_lines(run_dir, {}) == ["prompt chunk: Recommended chunk: 512 (fused): why."]
+    del verdict["prompt_logprobs"]
+    (run_dir / "verdict.json").write_text(json.dumps(verdict))
+    assert next_step_lines(run_dir, {}) == []
+    assert "id='chunk'" not in report.write_index(run_dir).read_text()

@@ -256,6 +256,16 @@ def prompt_sentence(verdict: dict[str, Any]) -> str:
     return prompt_analysis.recommendation_sentence(prompt["recommendation"])
 
 
+def chunk_answer(verdict: dict[str, Any] | None) -> str | None:
+    """The prompt-logprob chunk question's answer as the first screen and the terminal say it:
+    the recommended chunk, or no recommendation with why and what would give one, in plain text
+    (no Markdown); None where notebook 03 did not run."""
+    prompt = (verdict or {}).get("prompt_logprobs")
+    if not prompt or not prompt.get("recommendation"):
+        return None
+    return prompt_analysis.recommendation_sentence(prompt["recommendation"]).replace("**", "")
+
+
 def reference_table(verdict: dict[str, Any]) -> pd.DataFrame:
     """Committed reference verdicts from other machines, labelled; empty when there are none."""
     return pd.DataFrame([{"path": r["path"], "gpu": (r["hardware"] or {}).get("gpu"),

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from stagelab.analyse import predict_check, trust
+from stagelab.analyse import predict_check, trust, verdict_words
 from stagelab.core import catalogue, records
 from stagelab.core import untrusted as stranger  # a run's files, read as a stranger's
 from stagelab.core.errors import UserError
@@ -172,7 +172,8 @@ def _verdict_section(run_dir: Path, manifest: Mapping[str, Any]) -> str:
              f"<p class='decision {decision}'>Staging verdict: {decision}</p>"
              f"{_changed_decision(manifest)}"
              f"<p>{_prose(overall.get('summary', ''))}</p>",
-             next_step.first_screen(run_dir, verdict, manifest.get("profile"))]
+             next_step.first_screen(run_dir, verdict, manifest.get("profile")),
+             _chunk_answer(verdict)]
     recommendation = verdict.get("recommendation")  # absent in verdicts of older runs
     if recommendation:
         parts.append(f"<p class='recommendation'>Recommended change: "
@@ -187,6 +188,17 @@ def _verdict_section(run_dir: Path, manifest: Mapping[str, Any]) -> str:
         parts.append(f"<img src='{VERDICT_FIGURE}' alt='key plot of the verdict'>")
     parts.append("</section>")
     return "".join(parts)
+
+
+def _chunk_answer(verdict: Mapping[str, Any]) -> str:
+    """The second question, the prompt-logprob chunk, answered on the first screen beside the
+    staging verdict (before: only notebook 03's page and a finding said it), '' without it."""
+    answer = verdict_words.chunk_answer(dict(verdict))
+    if answer is None:
+        return ""
+    return (f"<p id='chunk'><b>Prompt logprobs chunk</b>: {_prose(answer)} "
+            f"(<a href='{catalogue.notebook_of(catalogue.PROMPT).name}.html'>notebook "
+            f"{catalogue.notebook_of(catalogue.PROMPT).name}</a>)</p>")
 
 
 FRONT_FINDINGS = 3  # the findings the first screen shows; notebook 04's page has them all
