@@ -309,6 +309,15 @@ def _timing_goal(table: pd.DataFrame) -> pd.Series:
     return ~table["goal"].astype(str).str.contains(MEMORY_GOAL)
 
 
+# Under a goals table, wherever it shows (JupyterLab too, where no report banner heads the page):
+# what a timing goal's "met" rests on.
+GOALS_CAPTION = ("A timing goal met holds only on trustworthy timings: the report of the run says at "
+                 "its top whether they are. A memory goal is judged on memory.")
+GOALS_CAPTION_UNTRUSTED = ("These timings were taken on a busy machine and are not trustworthy: "
+                           "a timing goal met here is not a finding. A memory goal is judged on "
+                           "memory.")
+
+
 def _styled(table: pd.DataFrame, untrusted: bool = False) -> Any:
     if "status" in table.columns:
         timing_met = (table["status"] == "met") & _timing_goal(table)
@@ -320,6 +329,9 @@ def _styled(table: pd.DataFrame, untrusted: bool = False) -> Any:
         classes.loc[timing_met & ~pd.Series(untrusted, index=table.index), "status"] = (
             GOAL_MET_CLASS)
         styler = styler.set_td_classes(classes)
+    if {"goal", "status"} <= set(table.columns):
+        styler = styler.set_caption(html.escape(GOALS_CAPTION_UNTRUSTED if untrusted
+                                                else GOALS_CAPTION))
     return styler.hide(axis="index")  # a record's text is shown, never taken as markup
 
 
