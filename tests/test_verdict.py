@@ -633,15 +633,22 @@ def test_the_verdict_states_its_context(tmp_path):
     assert result["conditions"]["log_softmax"]["under"]["host"]["measured"] is False
 
 
-def test_a_cpu_run_says_its_log_softmax_runs_on_the_host(tmp_path):
-    """Before: a CPU run said "the log-softmax runs on the device"; its device is the host."""
+def test_a_cpu_run_says_its_log_softmax_runs_on_the_cpu_before_the_copy(tmp_path):
+    """Before: a CPU run said "the log-softmax runs on the device"; its device is the host.
+    Then it said "runs on the host" beside "host: not measured in this run" (issue 45): the
+    places differ on a CPU only by the side of the copy, and both say so."""
     cells = step_cell(64, 1.5)
-    for device, expected in (("cpu", "runs on the host (a CPU run"),
+    for device, expected in (("cpu", "runs on the CPU, before the copy (a CPU run"),
                              ("cuda:0 NVIDIA H200", "runs on the device.")):
         run = write_step(tmp_path / device.replace(" ", "_").replace(":", ""),
                          [{**row, "device": device} for row in cells])
-        words = build(run, [64])["context"]["words"]
+        result = build(run, [64])
+        words = result["context"]["words"]
         assert expected in words, words
+        assert "host (the log-softmax after the copy): not measured in this run" in (
+            result["conditions"]["log_softmax"]["note"])
+        shown = verdict_words.decisive_table(result)["log_softmax"].iloc[0]
+        assert shown != "device" and ("before the copy" in shown)
         frame = schema.read_table(run, "step")
         assert expected.split(" (")[0] in step_analysis.step_context(frame, 0.02)
 

@@ -154,6 +154,12 @@ def condition_notes(verdict: dict[str, Any]) -> list[str]:
     return [block["note"] for block in (verdict.get("conditions") or {}).values()]
 
 
+# A log-softmax place said with the copy's side, where a value is named without its cells (on a
+# CPU run "host" is the same processor as "device": only the side of the copy differs).
+SIDE_WORDS = {catalogue.DEVICE: " (the log-softmax before the copy)",
+              catalogue.HOST: " (the log-softmax after the copy)"}
+
+
 def condition_note(condition: catalogue.Condition, under: dict[str, dict[str, Any]],
                    decided: str, flips: dict[str, list[str]]) -> str:
     """The recommendation under each value of a step condition, the decided one first, and the
@@ -161,7 +167,7 @@ def condition_note(condition: catalogue.Condition, under: dict[str, dict[str, An
     def one(value: str) -> str:
         found = under[value]
         if not found["cells"]:
-            return f"{value}: not measured in this run"
+            return f"{value}{SIDE_WORDS.get(value, '')}: not measured in this run"
         cells = ", ".join(found["cells"])
         if found["decision"] is None:
             return f"{value} ({cells}): {found['reason']}"
@@ -217,11 +223,24 @@ DECISIVE_COLUMNS = ["rows", "vocab", "k", "decision", "speedup", "ci_low", "ci_h
 
 
 def decisive_table(verdict: dict[str, Any]) -> pd.DataFrame:
-    """The decisive cells with their evidence and the seed step's stage split (ms)."""
+    """The decisive cells with their evidence and the seed step's stage split (ms); where the
+    log-softmax ran, in words (before: a bare "device", read as a stage and, on a CPU run, as a
+    device there is none of)."""
+    on_cpu = not (verdict.get("hardware") or {}).get("gpu")
     rows = [{**{c: cell.get(c) for c in DECISIVE_COLUMNS},
+             "log_softmax": _place(cell.get("log_softmax"), on_cpu),
              **{f"{stage}_ms": ms for stage, ms in (cell.get("stages_ms") or {}).items()}}
             for cell in verdict["decisive"]]
     return pd.DataFrame(rows, columns=None if rows else DECISIVE_COLUMNS)
+
+
+def _place(value: str | None, on_cpu: bool) -> str | None:
+    """Where a decisive cell's log-softmax ran, in words; None where the cell does not say."""
+    if not isinstance(value, str):
+        return None
+    if on_cpu:
+        return catalogue.log_softmax_place(value, on_cpu)
+    return f"{value}{SIDE_WORDS.get(value, '')}"
 
 
 QUESTION_COLUMNS = ["question", "family", "rows", "vocab", "k", "decision", "speedup", "ci_low",
