@@ -887,3 +887,13 @@ def test_notebook_04s_parameters_give_one_rule_and_one_conditions_mapping():
         verdict.decided_conditions({"log_softmax": "gpu"})
     assert verdict.arguments({"delta": 0.05, "overlap_order": "waited", "decisive_rows": [1]}) == {
         "rule": verdict_decision.Rule(delta=0.05), "conditions": {"overlap": "waited"}}
+
+
+def test_the_copy_table_notes_an_unpaired_candidate_in_a_few_words():
+    cells = [{"rows": 1, "vocab": 10, "candidate": "pinned_grow_only", "n_rounds": 0,
+              "note": "pinned_grow_only unavailable: pinned host memory needs a CUDA device",
+              "twin_n_rounds": 4},
+             {"rows": 1, "vocab": 10, "candidate": "pageable_reused", "n_rounds": 4,
+              "speedup": 1.2, "note": None, "twin_n_rounds": 4}]
+    table = verdict_words.copy_table({"copy_cells": cells})
+    assert list(table["note"].fillna("")) == ["pinned_grow_only unavailable", ""]

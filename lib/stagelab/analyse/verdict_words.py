@@ -263,8 +263,15 @@ def levers_table(verdict: dict[str, Any]) -> pd.DataFrame:
 
 
 def copy_table(verdict: dict[str, Any]) -> pd.DataFrame:
-    """The copy-level comparisons (the mechanism), per cell."""
-    return pd.DataFrame(verdict["copy_cells"])
+    """The copy-level comparisons (the mechanism), per cell; a candidate not paired with the
+    baseline noted in its first clause ("pinned_grow_only unavailable"), its full reason being
+    the decisive table's and notebook 01's (in every row, it made the table too wide)."""
+    frame = pd.DataFrame(verdict["copy_cells"])
+    if "note" in frame and "n_rounds" in frame:
+        unpaired = frame["n_rounds"].fillna(0).eq(0) & frame["note"].notna()
+        frame.loc[unpaired, "note"] = frame.loc[unpaired, "note"].astype(str).str.split(
+            ": ", n=1).str[0]
+    return frame
 
 
 def prompt_sentence(verdict: dict[str, Any]) -> str:
