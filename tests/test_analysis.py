@@ -41,6 +41,21 @@ def test_compare_pairs_by_round():
     assert out.set_index("rows").loc[64, "speedup"] == 4.0
 
 
+def test_an_unpaired_candidate_says_why_beside_the_twins_own_rounds():
+    """Before: notebook 02's decisive table on a CPU read "rounds 0" beside the A/A twin's CI,
+    as if the CI came from no round; the twin's rounds are their own column now, and a
+    candidate with no paired round a note saying why."""
+    frame = pd.concat([
+        _timings_frame({"fresh": [1.0, 1.1, 0.9], "fresh~aa": [1.0, 1.1, 0.9]}, [0, 1, 2],
+                       rows=8),
+        pd.DataFrame([dict(arm="pinned", status="unavailable", metric="time", rows=8,
+                           note="pinned host memory needs a CUDA device")])])
+    row = timings.compare(frame, "fresh", "pinned", ["rows"], twin=True).iloc[0]
+    assert (row["n_rounds"], row["twin_n_rounds"], row["twin_speedup"]) == (0, 3, 1.0)
+    assert row["note"] == "pinned unavailable: pinned host memory needs a CUDA device"
+    assert "speedup" not in row or pd.isna(row["speedup"])
+
+
 def test_compare_refuses_two_timings_of_one_round_in_a_cell():
     frame = pd.concat([_timings_frame({"a": [1.0, 1.0], "b": [1.0, 1.0]}, [0, 1], rows=r)
                        for r in (8, 64)])
@@ -253,6 +268,19 @@ def test_closing_counts_calls_cells_and_arms_and_names_failures():
         "table above).")
     assert summaries.closing(frame[frame["status"] == "ok"], "notebook 02") == (
         "Measured in notebook 02: 4 timed calls over 2 cell(s) and 2 arm(s).")
+
+
+def test_a_prompts_closing_counts_its_one_cell_and_its_configurations():
+    """Before: notebook 03's progress said "cell 1/1" and its closing line "3 cell(s)" (each
+    chunk counted as a cell); the closing counts the sweep's cells, and the configurations."""
+    prompt = dict(rows=96, vocab=1000, k=5)
+    frame = rows(*timed("fused", [1.0, 1.0], chunk=96, **prompt),
+                 *timed("fused", [1.0, 1.0], chunk=16, **prompt),
+                 *timed("head_fused", [1.0, 1.0], chunk=16, tile=1024, **prompt),
+                 *timed("head_fused", [1.0, 1.0], chunk=16, tile=2048, **prompt))
+    assert summaries.closing(frame, "the prompt sweep") == (
+        "Measured in the prompt sweep: 8 timed calls over 1 cell(s) and 4 configuration(s) of "
+        "2 arm(s).")
 
 
 def test_spread_flags_noisy_cells():

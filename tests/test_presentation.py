@@ -387,3 +387,26 @@ def test_a_memory_goal_is_met_whatever_the_timings_and_a_timing_goal_says_its_tr
     assert re.search(r">\s*met\s*<", untrusted)  # the memory goal's own
     trusted = tables.show(goals).to_html()
     assert trusted.count(tables.GOAL_MET_CLASS) == 1  # only the timing goal is qualified later
+
+
+def test_a_goals_table_says_under_it_what_a_met_timing_goal_rests_on():
+    """Issue 45: in JupyterLab goals said "met" with no trust qualifier; the goals table now
+    carries its caption wherever it shows, and other tables none."""
+    goals = pd.DataFrame([{"goal": "chunked time, chunk 512", "target": "<= 1.05 x",
+                           "measured": "1.01 x", "status": "met", "note": ""}])
+    assert "<caption>" in tables.show(goals).to_html()
+    assert tables.GOALS_CAPTION in tables.show(goals).to_html()
+    assert "not trustworthy" in tables.show(goals, untrusted=True).to_html()
+    assert "<caption>" not in tables.show(pd.DataFrame({"rows": [1]})).to_html()
+
+
+def test_a_long_table_is_folded_under_a_line_that_counts_its_rows():
+    """Notebook 05's page was 35,000 px tall with 116-row tables: a table past FOLD_ROWS is
+    folded in a <details>, every row still in it."""
+    long = pd.DataFrame({"rows": range(tables.FOLD_ROWS + 1)})
+    folded = tables.show_folded(long, "Every flip").to_html()
+    assert folded.startswith("<details class='folded'><summary>Every flip: "
+                             f"{tables.FOLD_ROWS + 1} rows (click to open)</summary>")
+    assert folded.count("<tr>") == tables.FOLD_ROWS + 2  # the header and every row
+    short = tables.show_folded(long.head(tables.FOLD_ROWS), "Every flip").to_html()
+    assert "<details" not in short

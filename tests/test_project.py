@@ -98,7 +98,8 @@ def _shown_without_raw_output(node: ast.expr) -> bool:
     name = ast.unparse(node.func)
     if name == "display":
         return all(_shown_without_raw_output(arg) for arg in node.args)
-    return (name in ("tables.show", "tables.sections", "Markdown", "ctx.save_figure")
+    return (name in ("tables.show", "tables.show_folded", "tables.sections", "Markdown",
+                     "ctx.save_figure")
             or ".style." in f"{name}." or name.startswith("plt."))
 
 

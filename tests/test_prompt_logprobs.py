@@ -534,3 +534,14 @@ def test_every_method_ranks_as_vllm_on_tied_bf16_rows(method):
     want = (logits >= target).sum(1)
     assert ((logits == target).sum(1) > 1).float().mean() > 0.9  # ties on most rows
     assert torch.equal(result.selected_token_ranks.long(), want)
+
+
+def test_each_probe_that_ends_is_told_with_the_count(monkeypatch):
+    """The finished callback: notebook 03's progress line while its probes run."""
+    monkeypatch.setattr(memory, "_Probe", _FakeProbe)
+    monkeypatch.setattr(_FakeProbe, "envs", [])
+    monkeypatch.setattr(_FakeProbe, "thresholds", [])
+    told: list[tuple[int, int]] = []
+    configs = [{"chunk": c} for c in (8, 16, 32)]
+    assert memory.measure_peaks("m:f", configs, 2, finished=lambda *a: told.append(a)) == configs
+    assert told == [(1, 3), (2, 3), (3, 3)]

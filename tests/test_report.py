@@ -337,3 +337,60 @@ def test_the_front_page_shows_few_short_findings_that_bear_on_the_decision(tmp_p
     listed = page[page.index("<ul id='findings'>"):page.index("</ul>", page.index("id='findings'"))]
     assert listed.count("<li>") == report.FRONT_FINDINGS and "mmap" not in listed
     assert "Every finding in full (15): <a href='04_verdict.html'>" in page
+
+
+def test_the_chunk_question_is_answered_on_the_first_screen_and_in_the_terminal(tmp_path):
+    """Before: the second question (which prompt-logprobs chunk) was answered only in notebook
+    03's page; the first screen and the terminal's last lines say it, or why there is none."""
+    from stagelab.cli import next_step_lines
+
+    held = {"arm": "fused", "chunk": None, "reason": "no recommendation: the timings are not "
+            "trustworthy (a busy machine); what would give one: a quiet machine"}
+    run_dir = fake_run(tmp_path / "runs")
+    verdict = {"overall": {"decision": "INCONCLUSIVE", "summary": "No GPU."},
+               "decisive": [decisive_cell(16)], "prompt_logprobs": {"recommendation": held}}
+    (run_dir / "verdict.json").write_text(json.dumps(verdict))
+    page = report.write_index(run_dir).read_text()
+    said = page[page.index("<p id='chunk'>"):]
+    said = said[:said.index("</p>")]
+    assert "No recommended chunk (fused): no recommendation" in said and "a quiet machine" in said
+    assert "href='03_prompt_logprobs.html'" in said
+    lines = next_step_lines(run_dir, {"profile": "quick"})
+    assert lines[-1].startswith("prompt chunk: No recommended chunk (fused): ")
+    verdict["prompt_logprobs"]["recommendation"] = {"arm": "fused", "chunk": 512, "reason": "why"}
+    verdict["overall"]["decision"] = "CLOSE"
+    (run_dir / "verdict.json").write_text(json.dumps(verdict))
+    assert next_step_lines(run_dir, {}) == ["prompt chunk: Recommended chunk: 512 (fused): why."]
+    del verdict["prompt_logprobs"]
+    (run_dir / "verdict.json").write_text(json.dumps(verdict))
+    assert next_step_lines(run_dir, {}) == []
+    assert "id='chunk'" not in report.write_index(run_dir).read_text()
+
+
+def test_the_reuse_lever_is_quoted_once_and_an_unmeasured_question_says_so(tmp_path):
+    """Before (issue 45): the front page quoted the reuse lever's CI three times (the questions
+    table, its reason restating it, a finding with another CI), and a question not measured
+    read "n=2 V=1000 K=2: INCONCLUSIVE" per cell, as if it had been."""
+    cell = {"rows": 16, "vocab": 152064, "k": 5}
+    straddles = {**cell, "decision": "INCONCLUSIVE", "speedup": 2.902, "ci_low": 0.123,
+                 "ci_high": 116.062, "reason": "speedup 2.902x (95% CI [0.123, 116.062]) "
+                 "straddles the minimum 1.020x: more rounds or less noise are needed to tell"}
+    questions = {
+        "bundle": {"words": "bundle words", "decision": None, "measured": False,
+                   "baseline": "a", "candidate": "b",
+                   "cells": [{**cell, "decision": "INCONCLUSIVE", "reason": "not measured"}]},
+        "reuse": {"words": "reuse words", "decision": "INCONCLUSIVE", "measured": True,
+                  "baseline": "a", "candidate": "c", "cells": [straddles]}}
+    run_dir = fake_run(tmp_path / "runs")
+    findings = ["Reuse lever at step level at n=16, V=152064, K=5: 2.90x (CI [0.35, 106.93]).",
+                "Seed's step at n=16, V=152064, K=5: 5.25 ms on average."]
+    (run_dir / "verdict.json").write_text(json.dumps(
+        {"overall": {"decision": "INCONCLUSIVE", "summary": "Held."},
+         "decisive": [decisive_cell(16)], "questions": questions, "findings": findings,
+         "recommendation": {"change": "INCONCLUSIVE", "reason": "why"}}))
+    page = report.write_index(run_dir).read_text()
+    assert "<td>bundle words</td><td>not measured</td><td>n=16 V=152064 K=5: not measured" in page
+    assert page.count("0.123") == 1 and "(straddles the minimum 1.020x: more rounds" in page
+    listed = page[page.index("<ul id='findings'>"):]
+    assert "Reuse lever" not in listed[:listed.index("</ul>")]
+    assert "step at n=16, V=152064, K=5: 5.25 ms" in listed[:listed.index("</ul>")]

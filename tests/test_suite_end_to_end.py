@@ -129,7 +129,7 @@ def test_progress_goes_to_the_terminal_per_cell_and_never_into_the_html(tmp_path
     assert len(sweep) == 2 and sweep[0].endswith(" s)")  # one per measured cell, timed
     assert any(line.startswith("[2/2] 03_prompt_logprobs: prompt logprobs: cell 1/1")
                for line in err)
-    assert any(line.startswith("[1/2] 01_d2h_staging: cell ") for line in err)
+    assert any(line.startswith("[1/2] 01_d2h_staging: notebook cell ") for line in err)
     for name in only:
         page = (run_dir / f"{name}.html").read_text()
         notebook = (run_dir / f"{name}.ipynb").read_text()

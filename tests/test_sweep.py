@@ -119,6 +119,52 @@ def test_headless_progress_is_one_line_per_cell_on_the_process_stderr(monkeypatc
     assert notebook_output.getvalue() == ""
 
 
+def test_a_long_cell_says_how_far_it_is_between_its_calls(monkeypatch, capfd):
+    """Before: notebook 03's one cell (every configuration an arm) printed nothing until it
+    ended, and the terminal read "still running" for 250 s. A plan that asks for it gets a line
+    between its calls, in the sweep's own form (the runner relays it), at most one per
+    PROGRESS_EVERY_S, the first only after it; a plan that does not ask gets none."""
+    monkeypatch.setenv(paths.HEADLESS_ENV, "1")
+    monkeypatch.setattr(sweep, "PROGRESS_EVERY_S", 0.0)  # every call is "long" here
+    seen: list[tuple[str, int]] = []
+
+    def prepare(cell: sweep.Cell) -> sweep.CellPlan:
+        told = sweep.cell_progress()
+        assert told is not None and (told.index, told.total) == (cell.sizes["rows"], 2)
+        say = told.call(cell)
+
+        def between_calls(arm: str, round_index: int) -> None:
+            seen.append((arm, round_index))
+            say(arm, round_index)
+        return plan({"a": lambda r: None, "b": lambda r: None}, between_calls=between_calls)
+
+    sweep.run(cells(2), prepare, rounds=2, warmup=1, device="cpu", label="demo")
+    err = capfd.readouterr().err.strip().splitlines()
+    assert sorted(seen) == sorted([(arm, r) for arm in "ab" for r in (-1, 0, 1)] * 2)
+    first = [line for line in err if line.startswith("demo: cell 1/2 cell 0: ")]
+    assert len(first) == 6 + 1  # 3 rounds of 2 calls, then the closing line
+    assert first[0].removeprefix("demo: cell 1/2 cell 0: ") in ("warm-up 1/1, a timed",
+                                                               "warm-up 1/1, b timed")
+    assert first[-2].endswith("round 2/2, a timed") or first[-2].endswith("round 2/2, b timed")
+    assert first[-1] == "demo: cell 1/2 cell 0: 2 ok"
+    assert sweep.cell_progress() is None  # only while a cell is measured
+
+
+def test_progress_between_calls_is_throttled_and_off_without_progress(monkeypatch, capfd):
+    monkeypatch.setenv(paths.HEADLESS_ENV, "1")
+    monkeypatch.setattr(sweep, "PROGRESS_EVERY_S", 3600.0)
+
+    def prepare(cell: sweep.Cell) -> sweep.CellPlan:
+        told = sweep.cell_progress()
+        return plan({"a": lambda r: None}, between_calls=told.call(cell) if told else None)
+
+    sweep.run(cells(1), prepare, rounds=3, warmup=0, device="cpu", label="demo")
+    assert capfd.readouterr().err.strip().splitlines() == ["demo: cell 1/1 cell 0: 1 ok"]
+    sweep.run(cells(1), prepare, rounds=3, warmup=0, device="cpu", label="demo",
+              progress=False)
+    assert capfd.readouterr().err == ""
+
+
 def test_lab_progress_without_ipywidgets_is_plain_text_on_stdout(monkeypatch, capsys):
     """Before: tqdm.auto without ipywidgets fell back to a text bar on stderr, which JupyterLab
     shows as a red error box; the bar is plain text on stdout now."""

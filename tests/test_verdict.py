@@ -633,15 +633,22 @@ def test_the_verdict_states_its_context(tmp_path):
     assert result["conditions"]["log_softmax"]["under"]["host"]["measured"] is False
 
 
-def test_a_cpu_run_says_its_log_softmax_runs_on_the_host(tmp_path):
-    """Before: a CPU run said "the log-softmax runs on the device"; its device is the host."""
+def test_a_cpu_run_says_its_log_softmax_runs_on_the_cpu_before_the_copy(tmp_path):
+    """Before: a CPU run said "the log-softmax runs on the device"; its device is the host.
+    Then it said "runs on the host" beside "host: not measured in this run" (issue 45): the
+    places differ on a CPU only by the side of the copy, and both say so."""
     cells = step_cell(64, 1.5)
-    for device, expected in (("cpu", "runs on the host (a CPU run"),
+    for device, expected in (("cpu", "runs on the CPU, before the copy (a CPU run"),
                              ("cuda:0 NVIDIA H200", "runs on the device.")):
         run = write_step(tmp_path / device.replace(" ", "_").replace(":", ""),
                          [{**row, "device": device} for row in cells])
-        words = build(run, [64])["context"]["words"]
+        result = build(run, [64])
+        words = result["context"]["words"]
         assert expected in words, words
+        assert "host (the log-softmax after the copy): not measured in this run" in (
+            result["conditions"]["log_softmax"]["note"])
+        shown = verdict_words.decisive_table(result)["log_softmax"].iloc[0]
+        assert shown != "device" and ("before the copy" in shown)
         frame = schema.read_table(run, "step")
         assert expected.split(" (")[0] in step_analysis.step_context(frame, 0.02)
 
@@ -880,3 +887,13 @@ def test_notebook_04s_parameters_give_one_rule_and_one_conditions_mapping():
         verdict.decided_conditions({"log_softmax": "gpu"})
     assert verdict.arguments({"delta": 0.05, "overlap_order": "waited", "decisive_rows": [1]}) == {
         "rule": verdict_decision.Rule(delta=0.05), "conditions": {"overlap": "waited"}}
+
+
+def test_the_copy_table_notes_an_unpaired_candidate_in_a_few_words():
+    cells = [{"rows": 1, "vocab": 10, "candidate": "pinned_grow_only", "n_rounds": 0,
+              "note": "pinned_grow_only unavailable: pinned host memory needs a CUDA device",
+              "twin_n_rounds": 4},
+             {"rows": 1, "vocab": 10, "candidate": "pageable_reused", "n_rounds": 4,
+              "speedup": 1.2, "note": None, "twin_n_rounds": 4}]
+    table = verdict_words.copy_table({"copy_cells": cells})
+    assert list(table["note"].fillna("")) == ["pinned_grow_only unavailable", ""]

@@ -253,7 +253,9 @@ def _progress(line: str) -> None:
 
 def next_step_lines(run_dir: Path, manifest: dict) -> list[str]:
     """After an undecided verdict: what a GPU is predicted to answer and the command that
-    confirms it (:func:`stagelab.present.next_step.terminal_lines`); none without a verdict."""
+    confirms it (:func:`stagelab.present.next_step.terminal_lines`); after any verdict, the
+    prompt-logprob chunk's answer (``prompt chunk: ...``); none without a verdict."""
+    from stagelab.analyse import verdict_words
     from stagelab.core.records import RunFolder
     from stagelab.present import next_step
 
@@ -261,7 +263,9 @@ def next_step_lines(run_dir: Path, manifest: dict) -> list[str]:
         verdict = RunFolder(run_dir).read_verdict()
     except UserError:
         return []
-    return next_step.terminal_lines(run_dir, verdict, manifest.get("profile"))
+    chunk = verdict_words.chunk_answer(verdict)
+    return [*next_step.terminal_lines(run_dir, verdict, manifest.get("profile")),
+            *([f"prompt chunk: {chunk}"] if chunk else [])]
 
 
 def verdict_line(run_dir: Path, manifest: dict) -> str:

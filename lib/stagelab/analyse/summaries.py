@@ -80,11 +80,22 @@ def closing(frame: pd.DataFrame, what: str) -> str:
     if empty:
         return f"**{empty}**"
     timed = ok_timings(frame)
-    cells = timed.drop_duplicates(["rows", "vocab", "k", "chunk"]).shape[0]
+    cells = timed.drop_duplicates([c for c in SWEEP_CELL if c in timed]).shape[0]
     failed = sorted(frame.loc[frame["status"] == "failed", "arm"].unique())
     tail = f" Failed: {', '.join(failed)} (see the table above)." if failed else ""
+    arms = f"{timed['arm'].nunique()} arm(s)"
+    configured = [c for c in CONFIGURATION if c in timed and timed[c].notna().any()]
+    if configured:  # a prompt's arms at each chunk and tile: its sweep cell's arms
+        count = timed[["arm", *configured]].astype(str).drop_duplicates().shape[0]
+        arms = f"{count} configuration(s) of {arms}"
     return (f"Measured in {what}: {len(timed)} timed calls over {cells} cell(s) and "
-            f"{timed['arm'].nunique()} arm(s).{tail}")
+            f"{arms}.{tail}")
+
+
+# The columns that tell a sweep's cells apart, as its progress lines count them ("cell i/N"):
+# the sizes and the step's conditions; a configuration's chunk and tile are not a cell's.
+SWEEP_CELL = ("rows", "vocab", "k", "log_softmax", "regime", "overlap_order")
+CONFIGURATION = ("chunk", "tile")
 
 
 def as_bullets(sentences: list[str]) -> str:

@@ -77,8 +77,10 @@ def compare(frame: pd.DataFrame, baseline: str, candidate: str, by: Sequence[str
             seed: int = 0) -> pd.DataFrame:
     """Per cell of ``by``: the candidate's paired speedup over the baseline (ratio of mean times)
     with its CI, the ms it saves per call on average, and, with ``twin``, the A/A speedup of the
-    baseline over its twin. A cell whose timings are not positive and finite gets no speedup and
-    a ``note`` saying why."""
+    baseline over its twin with its own rounds (``twin_n_rounds``). A cell whose timings are not
+    positive and finite gets no speedup and a ``note`` saying why; so does one where the
+    candidate shares no round with the baseline (its ``n_rounds`` 0 beside the twin's CI read
+    as a CI from no round: notebook 02's decisive table on a CPU)."""
     for condition in catalogue.CONDITIONS:  # two places, two orders...: two cells each
         if condition.column in frame and frame[condition.column].nunique() > 1:
             by = [*by, condition.column]
@@ -92,8 +94,11 @@ def compare(frame: pd.DataFrame, baseline: str, candidate: str, by: Sequence[str
                 row["speedup"], row["ci_low"], row["ci_high"] = stats.paired_speedup(
                     base, cand, confidence=confidence, seed=seed)
                 row["saved_ms"] = 1e3 * float(np.mean(base) - np.mean(cand))
+            elif not len(base):
+                row["note"] = not_measured_reason(part, candidate)
             if twin:
                 a, b = paired_rounds(part, baseline, aa_name(baseline), stage=stage)
+                row["twin_n_rounds"] = len(a)
                 if len(a) >= 2:
                     row["twin_speedup"], row["twin_ci_low"], row["twin_ci_high"] = (
                         stats.paired_speedup(a, b, confidence=confidence, seed=seed))

@@ -154,6 +154,12 @@ def condition_notes(verdict: dict[str, Any]) -> list[str]:
     return [block["note"] for block in (verdict.get("conditions") or {}).values()]
 
 
+# A log-softmax place said with the copy's side, where a value is named without its cells (on a
+# CPU run "host" is the same processor as "device": only the side of the copy differs).
+SIDE_WORDS = {catalogue.DEVICE: " (the log-softmax before the copy)",
+              catalogue.HOST: " (the log-softmax after the copy)"}
+
+
 def condition_note(condition: catalogue.Condition, under: dict[str, dict[str, Any]],
                    decided: str, flips: dict[str, list[str]]) -> str:
     """The recommendation under each value of a step condition, the decided one first, and the
@@ -161,7 +167,7 @@ def condition_note(condition: catalogue.Condition, under: dict[str, dict[str, An
     def one(value: str) -> str:
         found = under[value]
         if not found["cells"]:
-            return f"{value}: not measured in this run"
+            return f"{value}{SIDE_WORDS.get(value, '')}: not measured in this run"
         cells = ", ".join(found["cells"])
         if found["decision"] is None:
             return f"{value} ({cells}): {found['reason']}"
@@ -217,11 +223,24 @@ DECISIVE_COLUMNS = ["rows", "vocab", "k", "decision", "speedup", "ci_low", "ci_h
 
 
 def decisive_table(verdict: dict[str, Any]) -> pd.DataFrame:
-    """The decisive cells with their evidence and the seed step's stage split (ms)."""
+    """The decisive cells with their evidence and the seed step's stage split (ms); where the
+    log-softmax ran, in words (before: a bare "device", read as a stage and, on a CPU run, as a
+    device there is none of)."""
+    on_cpu = not (verdict.get("hardware") or {}).get("gpu")
     rows = [{**{c: cell.get(c) for c in DECISIVE_COLUMNS},
+             "log_softmax": _place(cell.get("log_softmax"), on_cpu),
              **{f"{stage}_ms": ms for stage, ms in (cell.get("stages_ms") or {}).items()}}
             for cell in verdict["decisive"]]
     return pd.DataFrame(rows, columns=None if rows else DECISIVE_COLUMNS)
+
+
+def _place(value: str | None, on_cpu: bool) -> str | None:
+    """Where a decisive cell's log-softmax ran, in words; None where the cell does not say."""
+    if not isinstance(value, str):
+        return None
+    if on_cpu:
+        return catalogue.log_softmax_place(value, on_cpu)
+    return f"{value}{SIDE_WORDS.get(value, '')}"
 
 
 QUESTION_COLUMNS = ["question", "family", "rows", "vocab", "k", "decision", "speedup", "ci_low",
@@ -244,8 +263,15 @@ def levers_table(verdict: dict[str, Any]) -> pd.DataFrame:
 
 
 def copy_table(verdict: dict[str, Any]) -> pd.DataFrame:
-    """The copy-level comparisons (the mechanism), per cell."""
-    return pd.DataFrame(verdict["copy_cells"])
+    """The copy-level comparisons (the mechanism), per cell; a candidate not paired with the
+    baseline noted in its first clause ("pinned_grow_only unavailable"), its full reason being
+    the decisive table's and notebook 01's (in every row, it made the table too wide)."""
+    frame = pd.DataFrame(verdict["copy_cells"])
+    if "note" in frame and "n_rounds" in frame:
+        unpaired = frame["n_rounds"].fillna(0).eq(0) & frame["note"].notna()
+        frame.loc[unpaired, "note"] = frame.loc[unpaired, "note"].astype(str).str.split(
+            ": ", n=1).str[0]
+    return frame
 
 
 def prompt_sentence(verdict: dict[str, Any]) -> str:
@@ -254,6 +280,16 @@ def prompt_sentence(verdict: dict[str, Any]) -> str:
     if not prompt:
         return "Notebook 03's data is missing from this run."
     return prompt_analysis.recommendation_sentence(prompt["recommendation"])
+
+
+def chunk_answer(verdict: dict[str, Any] | None) -> str | None:
+    """The prompt-logprob chunk question's answer as the first screen and the terminal say it:
+    the recommended chunk, or no recommendation with why and what would give one, in plain text
+    (no Markdown); None where notebook 03 did not run."""
+    prompt = (verdict or {}).get("prompt_logprobs")
+    if not prompt or not prompt.get("recommendation"):
+        return None
+    return prompt_analysis.recommendation_sentence(prompt["recommendation"]).replace("**", "")
 
 
 def reference_table(verdict: dict[str, Any]) -> pd.DataFrame:

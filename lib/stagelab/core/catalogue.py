@@ -40,8 +40,13 @@ def arm_words(arm: str) -> str:
 
 
 def log_softmax_place(place: str, on_cpu: bool) -> str:
-    """Where the log-softmax ran, in words: on a CPU run the 'device' is the host itself."""
-    return "host (a CPU run: there is no separate device)" if on_cpu else place
+    """Where the log-softmax ran, in words: on a CPU run the 'device' is the host's own
+    processor, and the two places differ only in the copy's side (before: both read "host",
+    beside a note that the host place was not measured)."""
+    if not on_cpu:
+        return place
+    side = "before" if place == DEVICE else "after"
+    return f"CPU, {side} the copy (a CPU run: the device is the host's own processor)"
 
 
 # ------------------------------------------------------------------------------- experiments

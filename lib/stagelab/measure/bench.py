@@ -165,10 +165,13 @@ def _check_schedule(arms: Mapping[str, ArmCall], rounds: int, warmup: int, steps
 
 def interleaved(arms: Mapping[str, ArmCall], *, rounds: int, warmup: int = 2, seed: int = 0,
                 device: torch.device | str | None = None, precision: Precision | None = None,
-                after_round: Callable[[], None] | None = None, steps: int = 1) -> list[dict]:
+                after_round: Callable[[], None] | None = None, steps: int = 1,
+                after_call: Callable[[str, int], None] | None = None) -> list[dict]:
     """Run every arm ``warmup + rounds`` times in a balanced order (more rounds with a
     ``precision``); return timing records. ``after_round`` is called between rounds (``stagelab
-    measure`` raises there a stop request that a finalizer swallowed).
+    measure`` raises there a stop request that a finalizer swallowed); ``after_call`` after each
+    call, untimed, with the arm and its round (negative in the warm-up: -warmup to -1), so that
+    a cell of long calls can say how far it is.
 
     ``arms[name](round_index)`` performs one round (the index lets it rotate its sources). Each
     record has ``arm``, ``stage``, ``round``, ``position``, ``seconds``, ``host_seconds`` and
@@ -204,6 +207,8 @@ def interleaved(arms: Mapping[str, ArmCall], *, rounds: int, warmup: int = 2, se
                 if measured >= 0:
                     records += _round_records(name, measured, position, seconds, host, result,
                                               timer.name, steps)
+                if after_call is not None:
+                    after_call(name, measured)
             if after_round is not None:
                 after_round()
             done = measured + 1

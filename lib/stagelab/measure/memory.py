@@ -138,14 +138,16 @@ def measure_peak(target: Target, config: dict, timeout: float = 900) -> dict:
 
 
 def measure_peaks(target: Target, configs: list[dict], parallel: int = 1,
-                  timeout: float = 900) -> list[dict]:
+                  timeout: float = 900,
+                  finished: Callable[[int, int], None] | None = None) -> list[dict]:
     """:func:`measure_peak` of each configuration, in order, ``parallel`` probe processes at a
     time. A probe's figure is its own process's peak, so probes side by side do not change one
     another's (the caller bounds ``parallel`` by the cores and by what fits in memory at once).
     Each runs with :data:`HOST_ALLOCATOR_ENV`. Side by side, their OpenMP threads wait
     passively (``OMP_WAIT_POLICY``): spinning threads of two processes on two cores took four
     times as long as one probe after another. The probes are watched from this thread, so a stop
-    (Ctrl-C, SIGTERM) or a failure kills those running at once."""
+    (Ctrl-C, SIGTERM) or a failure kills those running at once. ``finished`` is told, as each
+    probe ends, how many have ended and how many there are (a progress line)."""
     if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
         raise ValueError(f"parallel must be a positive integer, got {parallel!r}")
     target = probe_target(target)
@@ -163,6 +165,8 @@ def measure_peaks(target: Target, configs: list[dict], parallel: int = 1,
             for index, probe in done:
                 running.remove((index, probe))
                 results[index] = probe.result()
+                if finished is not None:
+                    finished(len(configs) - len(waiting) - len(running), len(configs))
             if not done:
                 time.sleep(PROBE_POLL_S)
     finally:

@@ -572,15 +572,20 @@ def measure(tokens: int, shape: ModelShape, hidden: int, chunks: list[int], dtyp
                            overlap=configs[key][2], seed=seed, device=device,
                            tile=configs[key][3] or HEAD_TILE) for key in measured]
             parallel = probe_parallelism(device, cell.host_bytes, len(probes))
-            for key, found in zip(measured, _memory_records(probes, parallel)):
+            told = sweep.cell_progress()
+            probed_so_far = (None if told is None else lambda done, total: told.say(
+                cell, f"memory probe {done}/{total} done"))
+            for key, found in zip(measured, _memory_records(probes, parallel, probed_so_far)):
                 records += [annotate({"arm": key, **record}) for record in found]
             return records
 
         def timed(config: Config) -> bench.ArmCall:
             return lambda _round: run(config)
 
+        told = sweep.cell_progress()  # a line now and then: one cell of many configurations
         return sweep.CellPlan(calls={key: timed(c) for key, c in configs.items()},
-                              annotate=annotate, after=after)
+                              annotate=annotate, after=after,
+                              between_calls=told.call(_cell) if told else None)
 
     def annotate(record: dict) -> dict:
         if record["arm"] not in configs:  # a record of the sweep itself (the order's seed)
@@ -609,9 +614,11 @@ def probe_parallelism(device: str, cell_host_bytes: int, probes: int) -> int:
     return max(1, min(probes, cores or 1, fitting))
 
 
-def _memory_records(configs: list[dict], parallel: int) -> list[list[dict]]:
-    """Each configuration's memory records, from probe processes ``parallel`` at a time."""
-    peaks = memory.measure_peaks(memory_probe, configs, parallel)
+def _memory_records(configs: list[dict], parallel: int,
+                    finished: Callable[[int, int], None] | None = None) -> list[list[dict]]:
+    """Each configuration's memory records, from probe processes ``parallel`` at a time
+    (``finished``: told as each probe ends)."""
+    peaks = memory.measure_peaks(memory_probe, configs, parallel, finished=finished)
     return [_peak_records(peak) for peak in peaks]
 
 

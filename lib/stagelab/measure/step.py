@@ -455,7 +455,8 @@ def measure(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dty
             unavailable=unavailable, annotate=annotate, after=after,
             between_rounds=sweep.both(clocks.between_rounds,
                                       host_rates.every(warmup + rounds, HOST_RATE_REPEATS)
-                                      if host_rates else None), steps=steps_per_call)
+                                      if host_rates else None), steps=steps_per_call,
+            between_calls=told.call(cell) if (told := sweep.cell_progress()) else None)
 
     precision = (precision_for(arms, aa_arm, delta=delta, max_rounds=max_rounds,
                                max_seconds=max_seconds)

@@ -16,7 +16,10 @@ all of them:
 * a watcher (:func:`watching`, set by ``stagelab measure``) is asked before each cell whether it
   may start (a deadline), called between rounds, and told how long each cell took;
 * progress: a bar in JupyterLab where tqdm is importable; in headless runs (the runner sets
-  ``STAGELAB_HEADLESS``) or without tqdm, one line per finished cell, never a flood.
+  ``STAGELAB_HEADLESS``) or without tqdm, one line per finished cell, never a flood, and, inside
+  a cell whose plan asks for it (:func:`cell_progress`), a line at most every
+  :data:`PROGRESS_EVERY_S` saying how far it is (before: notebook 03's one cell said nothing
+  for 250 s).
 """
 
 from __future__ import annotations
@@ -73,6 +76,7 @@ class CellPlan:
     after: Callable[[], list[dict]] | None = None
     annotate: Callable[[dict], dict] | None = None  # adds per-arm fields to a timing record
     between_rounds: Callable[[], None] | None = None  # untimed work between two rounds
+    between_calls: Callable[[str, int], None] | None = None  # after each call: (arm, round)
     steps: int = 1  # consecutive steps per call: each call's total is recorded per step
 
 
@@ -131,7 +135,8 @@ def measure_cell(cell: Cell, prepare: Callable[[Cell], CellPlan], *, rounds: int
             timings = bench.interleaved(
                 plan.calls, rounds=rounds, warmup=warmup, device=device, precision=precision,
                 seed=design.order_seed(f"{run}:{seed}", cell.label),
-                after_round=both(plan.between_rounds, after_round), steps=plan.steps)
+                after_round=both(plan.between_rounds, after_round), steps=plan.steps,
+                after_call=plan.between_calls)
         annotate = plan.annotate or (lambda record: record)
         records += [annotate({**cell.sizes, **timing}) if timing["arm"] in plan.calls
                     else {**cell.sizes, **timing} for timing in timings]  # not the order's row
@@ -190,6 +195,53 @@ def watching(watcher: Watcher) -> Iterator[Watcher]:
         _WATCHER.reset(token)
 
 
+# Inside a long cell, a progress line at most this often (seconds): under the runner's
+# heartbeat (:data:`stagelab.run.execute.HEARTBEAT_S`), so that it never says "still running".
+PROGRESS_EVERY_S = 5.0
+
+
+@dataclass
+class CellProgress:
+    """How far one cell is, in lines like the sweep's own (``label: cell i/N cell: ...``, so
+    that the runner relays them), at most one every ``every_s`` seconds; the first only after
+    ``every_s``, so a short cell says nothing more than its closing line."""
+
+    label: str
+    index: int
+    total: int
+    rounds: int
+    warmup: int
+    every_s: float
+    said: float = field(default_factory=time.perf_counter)
+
+    def say(self, cell: Cell, what: str) -> None:
+        """Print ``what`` about ``cell`` unless a line was printed within ``every_s``."""
+        now = time.perf_counter()
+        if now - self.said < self.every_s:
+            return
+        self.said = now
+        print(f"{self.label}: cell {self.index}/{self.total} {cell.shown}: {what}",
+              file=sys.__stderr__, flush=True)
+
+    def call(self, cell: Cell) -> Callable[[str, int], None]:
+        """A :attr:`CellPlan.between_calls` hook saying the round and the arm just timed."""
+        def after_call(arm: str, round_index: int) -> None:
+            where = (f"warm-up {round_index + self.warmup + 1}/{self.warmup}" if round_index < 0
+                     else f"round {round_index + 1}/{self.rounds}")
+            self.say(cell, f"{where}, {arm} timed")
+        return after_call
+
+
+_PROGRESS: contextvars.ContextVar[CellProgress | None] = contextvars.ContextVar(
+    "cell_progress", default=None)
+
+
+def cell_progress() -> CellProgress | None:
+    """The progress of the cell being measured, where its sweep prints lines (not in
+    JupyterLab, where a bar moves, nor with progress off); None elsewhere."""
+    return _PROGRESS.get()
+
+
 def _progress_bar(total: int, label: str, shown: bool) -> Any:
     """tqdm's bar where tqdm is importable and a bar is wanted, else None: a widget where
     ipywidgets can draw one, else plain text on stdout (before: tqdm's text fallback wrote to
@@ -233,9 +285,15 @@ def run(cells: list[Cell], prepare: Callable[[Cell], CellPlan], *, rounds: int,
                 refused.append(cell.label)
                 continue
             started = time.perf_counter()
-            found = measure_cell(cell, prepare, rounds=rounds, warmup=warmup, seed=seed,
-                                 device=device, run=run, precision=precision,
-                                 after_round=watcher.after_round if watcher else None)
+            token = _PROGRESS.set(CellProgress(label, index, len(cells), rounds, warmup,
+                                               PROGRESS_EVERY_S)
+                                  if progress and bar is None else None)
+            try:
+                found = measure_cell(cell, prepare, rounds=rounds, warmup=warmup, seed=seed,
+                                     device=device, run=run, precision=precision,
+                                     after_round=watcher.after_round if watcher else None)
+            finally:
+                _PROGRESS.reset(token)
             records += found
             if sink is not None:
                 sink.append(found)
@@ -259,10 +317,12 @@ def run(cells: list[Cell], prepare: Callable[[Cell], CellPlan], *, rounds: int,
 
 
 def outcome(records: list[dict]) -> str:
-    """A cell's records in a few words: how many arms were timed, skipped, unavailable, failed."""
+    """A cell's records in a few words: how many arms (configurations: an arm at a chunk and
+    tile) were timed, skipped, unavailable, failed."""
     counts: dict[str, set] = {}
     for record in records:
         status = record.get("status", "ok")
         if status != "ok" or record.get("stage") == "total":
-            counts.setdefault(status, set()).add(record.get("arm"))
+            counts.setdefault(status, set()).add(
+                (record.get("arm"), record.get("chunk"), record.get("tile")))
     return ", ".join(f"{len(arms)} {status}" for status, arms in sorted(counts.items())) or "empty"

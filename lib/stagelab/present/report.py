@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from stagelab.analyse import predict_check, trust
+from stagelab.analyse import predict_check, trust, verdict_words
 from stagelab.core import catalogue, records
 from stagelab.core import untrusted as stranger  # a run's files, read as a stranger's
 from stagelab.core.errors import UserError
@@ -172,14 +172,15 @@ def _verdict_section(run_dir: Path, manifest: Mapping[str, Any]) -> str:
              f"<p class='decision {decision}'>Staging verdict: {decision}</p>"
              f"{_changed_decision(manifest)}"
              f"<p>{_prose(overall.get('summary', ''))}</p>",
-             next_step.first_screen(run_dir, verdict, manifest.get("profile"))]
+             next_step.first_screen(run_dir, verdict, manifest.get("profile")),
+             _chunk_answer(verdict)]
     recommendation = verdict.get("recommendation")  # absent in verdicts of older runs
     if recommendation:
         parts.append(f"<p class='recommendation'>Recommended change: "
                      f"<b>{_esc(recommendation['change'])}</b>: {_prose(recommendation['reason'])}"
                      f"</p>{_questions_table(verdict.get('questions') or {})}")
     parts.append(_decisive_table(verdict.get("decisive", []), overall.get("summary", "")))
-    parts.append(_findings(verdict.get("findings", [])))
+    parts.append(_findings(verdict.get("findings", []), _quoted_above(verdict)))
     parts.append(_context_details(verdict.get("context") or {}, verdict.get("conditions") or {}))
     parts.append(prediction_html(verdict.get("prediction")))
     parts.append(prediction_html(verdict.get("out_of_sample")))
@@ -187,6 +188,17 @@ def _verdict_section(run_dir: Path, manifest: Mapping[str, Any]) -> str:
         parts.append(f"<img src='{VERDICT_FIGURE}' alt='key plot of the verdict'>")
     parts.append("</section>")
     return "".join(parts)
+
+
+def _chunk_answer(verdict: Mapping[str, Any]) -> str:
+    """The second question, the prompt-logprob chunk, answered on the first screen beside the
+    staging verdict (before: only notebook 03's page and a finding said it), '' without it."""
+    answer = verdict_words.chunk_answer(dict(verdict))
+    if answer is None:
+        return ""
+    return (f"<p id='chunk'><b>Prompt logprobs chunk</b>: {_prose(answer)} "
+            f"(<a href='{catalogue.notebook_of(catalogue.PROMPT).name}.html'>notebook "
+            f"{catalogue.notebook_of(catalogue.PROMPT).name}</a>)</p>")
 
 
 FRONT_FINDINGS = 3  # the findings the first screen shows; notebook 04's page has them all
@@ -218,13 +230,21 @@ def front_findings(findings: list[str], count: int = FRONT_FINDINGS) -> list[str
     return [first_sentence(f) for f in sorted(findings, key=rank)[:count]]
 
 
-def _findings(findings: list[str]) -> str:
+def _quoted_above(verdict: Mapping[str, Any]) -> tuple[str, ...]:
+    """The finding topics the questions table above the findings quotes already: the reuse
+    lever, where its question was measured (before: the front page quoted three CIs of it)."""
+    reuse = (verdict.get("questions") or {}).get("reuse") or {}
+    return ("Reuse lever",) if verdict.get("recommendation") and reuse.get("decision") else ()
+
+
+def _findings(findings: list[str], quoted: tuple[str, ...] = ()) -> str:
     """The few findings that bear on the decision, each short, and a link to notebook 04's
     page, where every finding is in full (before: 16 dense bullets on the front page, one of
-    9 lines on glibc's mmap threshold)."""
+    9 lines on glibc's mmap threshold); none of the topics ``quoted`` above them."""
     if not findings:
         return ""
-    shown = "".join(f"<li>{_prose(f)}</li>" for f in front_findings(findings))
+    kept = [f for f in findings if not str(f).startswith(quoted)] if quoted else findings
+    shown = "".join(f"<li>{_prose(f)}</li>" for f in front_findings(kept))
     page = f"{catalogue.VERDICT_NOTEBOOK}.html"
     return (f"<ul id='findings'>{shown}</ul><p class='muted'>Every finding in full "
             f"({len(findings)}): <a href='{page}'>notebook {catalogue.VERDICT_NOTEBOOK}</a>.</p>")
@@ -263,21 +283,31 @@ def _questions_table(questions: Mapping[str, Any]) -> str:
     if not questions:
         return ""
     rows = "".join(
-        f"<tr><td>{_esc(q.get('words', name))}</td><td>{_esc(q.get('decision') or 'not measured')}"
-        f"</td><td>{_esc('; '.join(_answer_cell(c) for c in q.get('cells', [])))}</td></tr>"
-        for name, q in questions.items())
+        f"<tr><td>{_esc(q.get('words', name))}</td><td>{_esc(q.get('decision') or NOT_MEASURED)}"
+        f"</td><td>{_esc('; '.join(_answer_cell(c, bool(q.get('decision'))) for c in q.get('cells', [])))}"
+        "</td></tr>" for name, q in questions.items())
     return ("<table class='questions'><tr><th>question</th><th>family</th>"
             f"<th>per cell</th></tr>{rows}</table>")
 
 
-def _answer_cell(cell: Mapping[str, Any]) -> str:
-    """A cell's answer with its speedup and CI, and, where a measured cell is INCONCLUSIVE, why
-    (before: a CI wholly above the bar read INCONCLUSIVE with the reason, the Holm-level bound,
-    only in verdict.json; an unmeasured cell's reason is the summary's)."""
+# A cell's reason that opens by restating its speedup and CI, shown beside them already.
+_RESTATED_CI = re.compile(r"^speedup [\d.]+x \(\d+% CI \[[^\]]*\]\) ")
+
+
+def _answer_cell(cell: Mapping[str, Any], family_measured: bool = True) -> str:
+    """A cell's answer with its speedup and CI (quoted once: a reason that restates them is
+    shown without), and, where a measured cell is INCONCLUSIVE, why (before: a CI wholly above
+    the bar read INCONCLUSIVE with the reason, the Holm-level bound, only in verdict.json; an
+    unmeasured cell's reason is the summary's). A cell of a question not measured says so
+    (before: "INCONCLUSIVE", as if it had been)."""
     measured = _with_ci(cell)
+    where = f"n={cell['rows']} V={cell['vocab']} K={cell['k']}"
+    if not family_measured and not measured:
+        return f"{where}: {NOT_MEASURED}"
     why = cell.get("reason") if cell.get("decision") == "INCONCLUSIVE" and measured else None
-    return (f"n={cell['rows']} V={cell['vocab']} K={cell['k']}: {cell['decision']}"
-            + (f" {measured}" if measured else "") + (f" ({why})" if why else ""))
+    why = _RESTATED_CI.sub("", why) if why else None
+    return (f"{where}: {cell['decision']}" + (f" {measured}" if measured else "")
+            + (f" ({why})" if why else ""))
 
 
 def prediction_html(check: Mapping[str, Any] | None) -> str:

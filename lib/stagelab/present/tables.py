@@ -24,7 +24,8 @@ SIGNIFICANT = 3
 MIB = 2**20
 # Columns renamed only: what they are, in words.
 WORDS = {"rows": "n (rows)", "vocab": "V (vocabulary)", "k": "K", "chunk": "chunk C (rows)",
-         "n_rounds": "rounds", "baseline_rounds": "rounds", "n": "samples", "rounds": "rounds",
+         "n_rounds": "rounds", "twin_n_rounds": "A/A twin rounds", "baseline_rounds": "rounds",
+         "n": "samples", "rounds": "rounds",
          "trials": "trials", "allocations": "host allocations (count)",
          "rank_mismatches": "ranks that differ (count)",
          "id_mismatches": "ids that differ (count)"}
@@ -254,6 +255,35 @@ class Titled:
         return self.to_html()
 
 
+# A table of more rows is folded under a line that says what it holds (notebook 05's page was
+# 35,000 px tall with 116-row tables); a click opens it, and the run's JSON holds every row.
+FOLD_ROWS = 15
+
+
+class Folded:
+    """A long table folded: a ``<details>`` whose summary says what it holds and how many rows,
+    the table inside; displays as HTML like a Styler."""
+
+    def __init__(self, summary: str, table: Any) -> None:
+        self.summary, self.table = summary, table
+
+    def to_html(self) -> str:
+        return (f"<details class='folded'><summary>{html.escape(self.summary)}</summary>"
+                f"{self.table.to_html()}</details>")
+
+    def _repr_html_(self) -> str:
+        return self.to_html()
+
+
+def show_folded(frame: pd.DataFrame, what: str, limit: int = FOLD_ROWS) -> Any:
+    """:func:`show`, folded under "``what``: N rows (click to open)" where the frame has more
+    than ``limit`` rows: the page stays short and every row one click away."""
+    shown = show(frame)
+    if len(frame) <= limit:
+        return shown
+    return Folded(f"{what}: {len(frame)} rows (click to open)", shown)
+
+
 def sections(titled: Mapping[str, pd.DataFrame]) -> SplitTable:
     """Several frames, each shown (:func:`show`) under its title, one under the other."""
     return SplitTable([Titled(title, show(frame)) for title, frame in titled.items()])
@@ -279,6 +309,15 @@ def _timing_goal(table: pd.DataFrame) -> pd.Series:
     return ~table["goal"].astype(str).str.contains(MEMORY_GOAL)
 
 
+# Under a goals table, wherever it shows (JupyterLab too, where no report banner heads the page):
+# what a timing goal's "met" rests on.
+GOALS_CAPTION = ("A timing goal met holds only on trustworthy timings: the report of the run says at "
+                 "its top whether they are. A memory goal is judged on memory.")
+GOALS_CAPTION_UNTRUSTED = ("These timings were taken on a busy machine and are not trustworthy: "
+                           "a timing goal met here is not a finding. A memory goal is judged on "
+                           "memory.")
+
+
 def _styled(table: pd.DataFrame, untrusted: bool = False) -> Any:
     if "status" in table.columns:
         timing_met = (table["status"] == "met") & _timing_goal(table)
@@ -290,6 +329,9 @@ def _styled(table: pd.DataFrame, untrusted: bool = False) -> Any:
         classes.loc[timing_met & ~pd.Series(untrusted, index=table.index), "status"] = (
             GOAL_MET_CLASS)
         styler = styler.set_td_classes(classes)
+    if {"goal", "status"} <= set(table.columns):
+        styler = styler.set_caption(html.escape(GOALS_CAPTION_UNTRUSTED if untrusted
+                                                else GOALS_CAPTION))
     return styler.hide(axis="index")  # a record's text is shown, never taken as markup
 
 
