@@ -13,6 +13,10 @@ import math
 from dataclasses import dataclass
 
 DEFAULT_TILE = 2048  # vocabulary entries per tile of the kernel (a power of two)
+# The widest tile of the fold kernel (a power of two): its 2048-wide tile spilled registers on
+# Triton 3.6 for sm_90 (8 bytes at K_PAD 2 and 16 at K_PAD 1024, fp32 logits); a wider
+# ``head_fused`` tile is walked in tiles of this width (docs/kernels.md).
+FOLD_TILE = 1024
 
 
 def pow2_at_least(value: int) -> int:
@@ -87,9 +91,10 @@ def triton_launches(rows: int, vocab: int, k: int, with_targets: bool, tile: int
 def fold_launch(rows: int, width: int, first_id: int, k: int, with_targets: bool,
                 stride_row: int | None = None) -> Launch:
     """The launch :meth:`stagelab.measure.onepass.TileFold.add` makes for a ``[rows, width]`` tile whose rows are
-    ``stride_row`` apart (None: contiguous)."""
+    ``stride_row`` apart (None: contiguous): its kernel walks it in tiles of at most
+    :data:`FOLD_TILE` (or ``K_PAD``, where wider)."""
     k_pad = pow2_at_least(max(k, 2))
-    block = max(k_pad, min(pow2_at_least(width), DEFAULT_TILE))
+    block = max(k_pad, min(pow2_at_least(width), FOLD_TILE))
     stride_row = width if stride_row is None else stride_row
     return Launch("fold_kernel", (rows,),
                   dict(stride_row=stride_row, width=width, first_id=first_id),
