@@ -43,7 +43,8 @@ RUNNING = (
     "fails on any compile error or spill. `make test` runs the slow test "
     "`tests/test_kernel_compile.py::test_the_representative_variants_compile_for_sm_90_on_"
     "the_lease_triton_without_spills` instead: one variant of each kernel, logits dtype, "
-    "split or not, k-class and masked tile or not, on Triton 3.6 alone (its environment made under `.cache/` on first use).")
+    "split or not, k-class and masked tile or not, on Triton 3.6 alone (its environment "
+    "made under `.cache/` on first use).")
 SECONDS_A_COMPILE = 3.5  # of two cores, from the slow test's timing (RUNNING)
 FIGURES = ("registers", "spill_bytes", "shared_bytes", "ctas_per_sm", "loop_instructions",
            "guard_instructions")
@@ -136,7 +137,8 @@ def variant_label(row: dict) -> str:
     flags = row["constexprs"]
     words = [f"BLOCK {flags['BLOCK']}" if "BLOCK" in flags else "",
              f"K_PAD {flags['K_PAD']}" if flags.get("TOPK") else "no top-K",
-             "split" if flags.get("SPLIT") else "", f"{row['num_warps']} warps"]
+             "split" if flags.get("SPLIT") else "", f"{row['num_warps']} warps",
+             f"at most {row['max_registers']} registers" if row.get("max_registers") else ""]
     return ", ".join(word for word in words if word)
 
 

@@ -61,6 +61,19 @@ def test_an_int_of_one_and_a_multiple_of_16_specialise_apart():
         kernel_variants.specialisation(dict(base, scalars=dict(k=16))))
 
 
+def test_a_top_k_walk_on_4_warps_is_compiled_and_launched_with_its_register_cap():
+    """Before: with the keys formed behind the guard, ptxas chose 128 registers for the split
+    walk at K_PAD 32 and 1024 and spilled 8-16 bytes; the cap lets it take more."""
+    split = launches.triton_launches(1, 32000, 20, True, None, None, 264)[0]
+    assert split.constexprs["SPLIT"] and split.max_registers == launches.TOP_K_REGISTERS
+    assert launches.triton_launches(1, 32000, 0, True, None, None, 264)[0].max_registers is None
+    assert launches.fold_launch(4, 1024, 0, 1024, True).max_registers is None  # 8 warps
+    spec = kernel_variants.spec_of(split, "fp32")
+    assert spec["max_registers"] == launches.TOP_K_REGISTERS
+    assert kernel_variants.specialisation(spec) != kernel_variants.specialisation(
+        dict(spec, max_registers=None))
+
+
 @pytest.mark.parametrize("arch, registers, warps, shared, ctas", [
     (90, 39, 4, 1024, 12),   # 39 registers: 5 units of 256 a warp, 16 CTAs by threads
     (90, 128, 4, 1024, 4),   # 16 KiB of registers per CTA
@@ -156,7 +169,8 @@ def test_the_representative_variants_compile_for_sm_90_on_the_lease_triton_witho
     """The lease's Triton (its environment made here on first use) compiles for sm_90 one
     variant of each (kernel, logits dtype, split or not, k-class: no top-K / K_PAD up to 64 /
     K_PAD 1024, fold tile masked or not): the first launched of each, by
-    ``kernel_variants.representative_variants``. None fails or spills. The installed Triton and the other variants: ``scripts/kernel_compile_check.py``.
+    ``kernel_variants.representative_variants``. None fails or spills. The installed Triton
+    and the other variants: ``scripts/kernel_compile_check.py``.
 
     Before: every top-K variant failed to compile on Triton 3.6 (``tl.flip(other)``: 3.6's
     flip compares ``dim`` before resolving None), which no interpreter test could see."""

@@ -54,19 +54,31 @@ def warps_for(block: int, k_pad: int, split: bool = False) -> int:
     return 8 if block >= 4096 or (k_pad >= WIDE_TOP_K and not split) else 4
 
 
+TOP_K_REGISTERS = 168  # the register cap ptxas is given for a top-K walk on 4 warps
+
+
+def registers_for(top_k: bool, warps: int) -> int | None:
+    """The register cap (``maxnreg``) of a kernel walking tiles, None for ptxas's own choice.
+    Measured by the compile check (Triton 3.6, sm_90): with the top-K's keys formed behind the
+    guard, ptxas chose 128 registers for the split 4-warp walk at K_PAD 32 and 1024 and
+    spilled 8-16 bytes; allowed 168, it takes 142 and spills none."""
+    return TOP_K_REGISTERS if top_k and warps == 4 else None
+
+
 @dataclass(frozen=True)
 class Launch:
     """One launch of a kernel of :mod:`stagelab.measure.onepass_triton`, as Triton
     specialises it: the kernel's name, its grid, its integer arguments by name, its
-    ``tl.constexpr`` ones and its warps. Pointer arguments are not held: the caller binds
-    them (:func:`stagelab.measure.onepass.run_launch`), and the compile check types them
-    (:mod:`stagelab.measure.kernel_variants`)."""
+    ``tl.constexpr`` ones, its warps and its register cap (None: ptxas's choice). Pointer
+    arguments are not held: the caller binds them (:func:`stagelab.measure.onepass.run_launch`),
+    and the compile check types them (:mod:`stagelab.measure.kernel_variants`)."""
 
     kernel: str
     grid: tuple[int, ...]
     scalars: dict[str, int]
     constexprs: dict[str, int | bool]
     num_warps: int
+    max_registers: int | None = None
 
 
 def triton_launches(rows: int, vocab: int, k: int, with_targets: bool, tile: int | None,
@@ -78,10 +90,10 @@ def triton_launches(rows: int, vocab: int, k: int, with_targets: bool, tile: int
     stride_row = vocab if stride_row is None else stride_row
     block, k_pad, parts, span = launch_plan(rows, vocab, k, tile, splits, slots)
     flags = dict(K_PAD=k_pad, TOPK=k > 0, HAS_TARGET=with_targets)
+    warps = warps_for(block, k_pad, parts > 1)
     first = Launch("onepass_kernel", (rows, parts),
                    dict(stride_row=stride_row, vocab=vocab, k=k, span=span),
-                   dict(BLOCK=block, SPLIT=parts > 1, **flags),
-                   warps_for(block, k_pad, parts > 1))
+                   dict(BLOCK=block, SPLIT=parts > 1, **flags), warps, registers_for(k > 0, warps))
     if parts == 1:
         return [first]
     return [first, Launch("merge_kernel", (rows,), dict(stride_row=stride_row, k=k, parts=parts),
@@ -96,10 +108,11 @@ def fold_launch(rows: int, width: int, first_id: int, k: int, with_targets: bool
     k_pad = pow2_at_least(max(k, 2))
     block = max(k_pad, min(pow2_at_least(width), FOLD_TILE))
     stride_row = width if stride_row is None else stride_row
+    warps = warps_for(block, k_pad)
     return Launch("fold_kernel", (rows,),
                   dict(stride_row=stride_row, width=width, first_id=first_id),
                   dict(BLOCK=block, K_PAD=k_pad, TOPK=k > 0, HAS_TARGET=with_targets),
-                  warps_for(block, k_pad))
+                  warps, registers_for(k > 0, warps))
 
 
 def finish_launch(rows: int, k: int, with_targets: bool) -> Launch:

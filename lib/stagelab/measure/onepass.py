@@ -281,8 +281,9 @@ def run_launch(launch: Launch, pointers: dict[str, torch.Tensor]) -> None:
     """Run ``launch`` with its pointer arguments taken by name from ``pointers``."""
     kernel = getattr(_import_kernels(), launch.kernel)
     bound = {name: pointers[name] for name in kernel.arg_names if name.endswith("_ptr")}
+    options = {} if launch.max_registers is None else dict(maxnreg=launch.max_registers)
     kernel[launch.grid](**bound, **launch.scalars, **launch.constexprs,
-                        num_warps=launch.num_warps)
+                        num_warps=launch.num_warps, **options)
 
 
 def result_pointers(out: OnePass) -> dict[str, torch.Tensor]:
