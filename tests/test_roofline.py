@@ -31,16 +31,25 @@ def test_the_share_of_tiles_that_merge_for_independent_logits(tiles, k, share):
 def test_the_rates_and_the_bound_by_hand():
     """n = 64, V = 152,064, fp32: 4 slices a row (264 slots / 64), 256 programs on 132 SMs,
     2 resident; 19 tiles a slice of 2048 fp32 (8 KiB) each."""
-    rows = (variant(64, 152064, 0, "fp32", loop_instructions=300, guard_instructions=300),)
+    rows = (variant(64, 152064, 0, "fp32", ctas_per_sm=2, loop_instructions=300,
+                    guard_instructions=300),)
     found = roofline.predict(64, 152064, 0, "fp32", GPU, 600.0, rows)
     issue_ns = 300 / GPU.clock_ghz
-    parallel = 132 * 2 * 8192 / (600 + issue_ns)
+    parallel = 132 * 2 * 8192 / roofline.tile_ns(600, issue_ns, launches.PREFETCH_TILES)
     issued = 132 * 4 * GPU.clock_ghz * 8192 / (4 * 300)
     assert found["programs"] == 256 and found["resident_per_sm"] == 2
     assert found["bytes_in_flight_per_sm"] == 2 * 8192
     assert found["model_gbps"] == pytest.approx(min(4800, parallel, issued), abs=0.1)
     assert found["bound"] == "memory parallelism" and found["merge_share"] == 0
     assert found["instructions_per_logit"] == pytest.approx(300 * 4 * 32 / 2048, abs=0.1)
+
+
+def test_a_tile_loaded_ahead_hides_the_work_behind_the_latency():
+    """Without a tile ahead a program waits the latency and then works; with one, the longer
+    of the two; with two, half the latency's wait per tile."""
+    assert roofline.tile_ns(600, 150, 0) == 750
+    assert roofline.tile_ns(600, 150, 1) == 600 and roofline.tile_ns(600, 900, 1) == 900
+    assert roofline.tile_ns(600, 150, 2) == 300
 
 
 def test_a_top_k_merging_half_its_tiles_is_issue_bound():

@@ -43,6 +43,9 @@ def launch_plan(rows: int, vocab: int, k: int, tile: int | None, splits: int | N
     return block, k_pad, math.ceil(vocab / span), span
 
 
+# Tiles the kernels' walk loads ahead of the one it works on (onepass_triton._tile_state): the
+# roofline model counts them in flight (stagelab.analyse.roofline).
+PREFETCH_TILES = 1
 WIDE_TOP_K = 1024  # from this padded top-K on, a program takes 8 warps
 
 
