@@ -471,7 +471,7 @@ def test_the_read_rate_interval_holds_the_launches_alone(interpreted, monkeypatc
     assert inside and set(inside) == {"launch"}
     assert len(ran) == 3 * len(launches.triton_launches(2, 300, 3, True, None, None,
                                                             onepass.program_slots(
-                                                                logits.device)))
+                                                                logits.device, 3)))
 
 
 def test_the_device_clock_queues_a_sleep_before_its_start_event(monkeypatch):

@@ -100,7 +100,8 @@ def tile_ns(latency_ns: float, issue_ns: float, ahead: int) -> float:
 def predict(rows: int, vocab: int, k: int, dtype: str, gpu: Gpu, latency_ns: float,
             variants: tuple[dict[str, Any], ...] | None = None) -> dict[str, Any]:
     """The model's share of ``gpu``'s HBM for one call at ``latency_ns``, with its inputs."""
-    first = launches.triton_launches(rows, vocab, k, True, None, None, 2 * gpu.sms)[0]
+    first = launches.triton_launches(rows, vocab, k, True, None, None,
+                                     launches.device_slots(gpu.sms, k))[0]
     row = figures_of(first, dtype, gpu.arch, variants=variants)
     block, warps = int(first.constexprs["BLOCK"]), first.num_warps
     programs = first.grid[0] * first.grid[1]

@@ -24,6 +24,19 @@ def pow2_at_least(value: int) -> int:
     return 1 << max(0, value - 1).bit_length()
 
 
+def programs_per_sm(k: int) -> int:
+    """Programs of the one-pass kernel the split plan aims at per SM: 4 without a top-K, where
+    the roofline model (stagelab.analyse.roofline) is bound by the bytes in flight, which more
+    resident programs raise; 2 with one, where more slices of a row would add merges (a slice's
+    first tiles nearly all enter its top-K) to a walk the model finds bound by issue."""
+    return 2 if k else 4
+
+
+def device_slots(sms: int, k: int) -> int:
+    """The ``slots`` of :func:`launch_plan` on a GPU of ``sms`` SMs for a top-``k`` call."""
+    return programs_per_sm(k) * sms
+
+
 def default_splits(rows: int, tiles: int, slots: int) -> int:
     """Slices per row: enough programs to fill ``slots``, never more slices than tiles; 1 once
     the rows alone fill the device."""

@@ -71,7 +71,7 @@ def step_launches(sms: int = LEASE_SMS) -> list[tuple[str, launches.Launch]]:
         for vocab in VOCABS:
             for k in KS:
                 for launch in launches.triton_launches(rows, vocab, k, True, None, None,
-                                                      2 * sms):
+                                                      launches.device_slots(sms, k)):
                     found.append((f"n={rows} V={vocab} k={k}", launch))
     return found
 
