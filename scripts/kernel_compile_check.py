@@ -142,14 +142,21 @@ def variant_label(row: dict) -> str:
     return ", ".join(word for word in words if word)
 
 
+def compiled_counts(found: list[dict], launched: int) -> str:
+    """How many of the ``launched`` variants each (Triton, architecture) compiled, in words."""
+    pairs = sorted({(r["triton"], r["arch"]) for r in found}, key=lambda p: (p[0], -p[1]))
+    return ", ".join(f"Triton {triton} sm_{arch}: "
+                     f"{sum((r['triton'], r['arch']) == (triton, arch) for r in found)} of {launched}"
+                     for triton, arch in pairs)
+
+
 def table(found: list[dict], when: datetime) -> str:
     """The per-variant markdown table, with its date and the Triton versions."""
     versions = sorted({r["triton"] for r in found})
     from stagelab.measure import kernel_variants
 
     launched = len(kernel_variants.launched_variants())
-    counts = ", ".join(f"Triton {v}: {sum(r['triton'] == v for r in found)} of {launched}"
-                       for v in versions)
+    counts = compiled_counts(found, launched)
     lines = ["<!-- written by scripts/kernel_compile_check.py --write; never by hand -->",
              "# The one-pass kernels compiled for the lease's GPU",
              "",

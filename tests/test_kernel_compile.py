@@ -139,6 +139,13 @@ def test_the_representatives_stand_for_every_kind():
     assert len(chosen) < len(launched) / 2
 
 
+def test_the_table_counts_each_triton_and_architecture_apart():
+    """Before: sm_80 rows beside sm_90 ones read "246 of 123 launched variants"."""
+    rows = [dict(triton="3.6.0", arch=arch) for arch in (90, 80) for _ in range(3)]
+    assert check.compiled_counts(rows + [dict(triton="3.9.0", arch=90)], 3) == (
+        "Triton 3.6.0 sm_90: 3 of 3, Triton 3.6.0 sm_80: 3 of 3, Triton 3.9.0 sm_90: 1 of 3")
+
+
 def test_a_failure_to_make_the_lease_triton_environment_says_so(tmp_path, monkeypatch):
     """Before: a failed uv surfaced as a bare CalledProcessError (or SystemExit for no uv)."""
     monkeypatch.setattr(check, "uv", lambda: "false")
