@@ -70,15 +70,16 @@ def warps_for(block: int, k_pad: int, split: bool = False) -> int:
     return 8 if block >= 4096 or (k_pad >= WIDE_TOP_K and not split) else 4
 
 
-TOP_K_REGISTERS = 168  # the register cap ptxas is given for a top-K walk on 4 warps
+TOP_K_REGISTERS = 168  # the register cap ptxas is given for a top-K walk
 
 
 def registers_for(top_k: bool, warps: int) -> int | None:
-    """The register cap (``maxnreg``) of a kernel walking tiles, None for ptxas's own choice.
-    Measured by the compile check (Triton 3.6, sm_90): with the top-K's keys formed behind the
-    guard, ptxas chose 128 registers for the split 4-warp walk at K_PAD 32 and 1024 and
-    spilled 8-16 bytes; allowed 168, it takes 142 and spills none."""
-    return TOP_K_REGISTERS if top_k and warps == 4 else None
+    """The register cap (``maxnreg``) of a kernel walking ``warps``-warp tiles, None for
+    ptxas's own choice. Measured by the compile check (sm_90): with the top-K's keys formed
+    behind the guard, ptxas chose 128 registers and spilled 8-16 bytes for the split 4-warp
+    walk at K_PAD 32 and 1024 on Triton 3.6, and 32 bytes for the 8-warp one at K_PAD 1024
+    (bf16, fp16) on Triton 3.9; allowed 168, they take 138-142 and spill none."""
+    return TOP_K_REGISTERS if top_k else None
 
 
 @dataclass(frozen=True)
