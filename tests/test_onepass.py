@@ -271,6 +271,12 @@ def test_folded_tiles_of_a_ragged_vocabulary(backend):
     fold(backend, logits, 9, ids(3, 300), tile=7)
 
 
+def test_a_folded_tile_wider_than_the_fold_kernels_tile(backend):
+    """A ``head_fused`` tile of 2600 logits: the fold kernel walks it in tiles of at most
+    ``FOLD_TILE`` (1024), the last one ragged; the top-K's guard skips tiles below its K-th."""
+    fold(backend, randn(1, 5200, seed=4), 5, ids(1, 5200), tile=2600)
+
+
 def test_folded_ties_come_in_order_of_lower_id_and_count_in_the_rank(backend):
     logits = torch.randint(-3, 4, (4, 200), generator=torch.Generator().manual_seed(2)).float()
     logits[1] = 1.0
@@ -465,7 +471,7 @@ def test_the_read_rate_interval_holds_the_launches_alone(interpreted, monkeypatc
     assert inside and set(inside) == {"launch"}
     assert len(ran) == 3 * len(launches.triton_launches(2, 300, 3, True, None, None,
                                                             onepass.program_slots(
-                                                                logits.device)))
+                                                                logits.device, 3)))
 
 
 def test_the_device_clock_queues_a_sleep_before_its_start_event(monkeypatch):

@@ -15,7 +15,8 @@ GPU = roofline.GPUS["H200"]
 
 def variant(rows: int, vocab: int, k: int, dtype: str, **figures) -> dict:
     """A compile check row for the first launch of ``(rows, vocab, k)`` with ``figures``."""
-    first = launches.triton_launches(rows, vocab, k, True, None, None, 2 * GPU.sms)[0]
+    first = launches.triton_launches(rows, vocab, k, True, None, None,
+                                     launches.device_slots(GPU.sms, k))[0]
     return dict(kernel=first.kernel, arch=90, compiles=True, triton="3.6.0",
                 pointers=dict(x_ptr=dtype), constexprs=dict(first.constexprs),
                 **dict(dict(ctas_per_sm=4, registers=96, loop_instructions=1000,
@@ -29,18 +30,36 @@ def test_the_share_of_tiles_that_merge_for_independent_logits(tiles, k, share):
 
 
 def test_the_rates_and_the_bound_by_hand():
-    """n = 64, V = 152,064, fp32: 4 slices a row (264 slots / 64), 256 programs on 132 SMs,
-    2 resident; 19 tiles a slice of 2048 fp32 (8 KiB) each."""
-    rows = (variant(64, 152064, 0, "fp32", loop_instructions=300, guard_instructions=300),)
+    """n = 64, V = 152,064, fp32, no top-K: 8 slices a row (528 slots / 64), 512 programs on
+    132 SMs, 2 resident (the cubin's CTAs per SM); 10 tiles a slice of 2048 fp32 (8 KiB)."""
+    rows = (variant(64, 152064, 0, "fp32", ctas_per_sm=2, loop_instructions=300,
+                    guard_instructions=300),)
     found = roofline.predict(64, 152064, 0, "fp32", GPU, 600.0, rows)
     issue_ns = 300 / GPU.clock_ghz
-    parallel = 132 * 2 * 8192 / (600 + issue_ns)
+    parallel = 132 * 2 * 8192 / roofline.tile_ns(600, issue_ns, launches.PREFETCH_TILES)
     issued = 132 * 4 * GPU.clock_ghz * 8192 / (4 * 300)
-    assert found["programs"] == 256 and found["resident_per_sm"] == 2
+    assert found["programs"] == 512 and found["resident_per_sm"] == 2
     assert found["bytes_in_flight_per_sm"] == 2 * 8192
     assert found["model_gbps"] == pytest.approx(min(4800, parallel, issued), abs=0.1)
     assert found["bound"] == "memory parallelism" and found["merge_share"] == 0
     assert found["instructions_per_logit"] == pytest.approx(300 * 4 * 32 / 2048, abs=0.1)
+
+
+def test_without_a_top_k_the_plan_aims_at_twice_the_programs_per_sm():
+    """The split plan's programs per SM: 4 without a top-K (bound by bytes in flight), 2 with
+    one (more slices would add merges to an issue-bound walk)."""
+    plain, top = (launches.triton_launches(64, 152064, k, True, None, None,
+                                           launches.device_slots(132, k))[0] for k in (0, 5))
+    assert plain.grid == (64, 8) and top.grid == (64, 4)
+    assert launches.device_slots(132, 0) == 2 * launches.device_slots(132, 20) == 528
+
+
+def test_a_tile_loaded_ahead_hides_the_work_behind_the_latency():
+    """Without a tile ahead a program waits the latency and then works; with one, the longer
+    of the two; with two, half the latency's wait per tile."""
+    assert roofline.tile_ns(600, 150, 0) == 750
+    assert roofline.tile_ns(600, 150, 1) == 600 and roofline.tile_ns(600, 900, 1) == 900
+    assert roofline.tile_ns(600, 150, 2) == 300
 
 
 def test_a_top_k_merging_half_its_tiles_is_issue_bound():

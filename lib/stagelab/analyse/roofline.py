@@ -7,10 +7,12 @@ warps) predict, per (n, V, k, dtype) on a named GPU, the share of its HBM bandwi
 can reach, as the least of three rates:
 
 * **HBM**: the datasheet peak;
-* **memory parallelism** (Little's law, without prefetch: each program waits for its tile, then
-  works it): ``active SMs x resident programs x tile bytes / (latency + a tile's issue time)``,
-  resident programs the least of the cubin's CTAs per SM and the programs per SM the grid
-  gives;
+* **memory parallelism** (Little's law): ``active SMs x resident programs x tile bytes / the
+  time a program spends per tile``: ``latency + a tile's issue time`` where nothing is loaded
+  ahead (each program waits for its tile, then works it), else ``max(latency / tiles ahead,
+  issue time)`` (:data:`stagelab.core.launches.PREFETCH_TILES`: the next tiles' loads are in
+  flight while it works); resident programs the least of the cubin's CTAs per SM and the
+  programs per SM the grid gives;
 * **issue**: an SM issues at most 4 warp-instructions a clock (its schedulers), shared by its
   resident warps; a tile costs its warps the guard's instructions plus, on the share of tiles
   that merge, the rest of the loop.
@@ -89,10 +91,17 @@ def merge_share(tiles: int, k: int) -> float:
     return sum(1.0 - ((t - 1) / t) ** k for t in range(1, tiles + 1)) / tiles
 
 
+def tile_ns(latency_ns: float, issue_ns: float, ahead: int) -> float:
+    """A program's time per tile: it waits for its tile then works it (``ahead`` 0), or works
+    while the next ``ahead`` tiles' loads are in flight."""
+    return latency_ns + issue_ns if ahead < 1 else max(latency_ns / ahead, issue_ns)
+
+
 def predict(rows: int, vocab: int, k: int, dtype: str, gpu: Gpu, latency_ns: float,
             variants: tuple[dict[str, Any], ...] | None = None) -> dict[str, Any]:
     """The model's share of ``gpu``'s HBM for one call at ``latency_ns``, with its inputs."""
-    first = launches.triton_launches(rows, vocab, k, True, None, None, 2 * gpu.sms)[0]
+    first = launches.triton_launches(rows, vocab, k, True, None, None,
+                                     launches.device_slots(gpu.sms, k))[0]
     row = figures_of(first, dtype, gpu.arch, variants=variants)
     block, warps = int(first.constexprs["BLOCK"]), first.num_warps
     programs = first.grid[0] * first.grid[1]
@@ -104,7 +113,8 @@ def predict(rows: int, vocab: int, k: int, dtype: str, gpu: Gpu, latency_ns: flo
                                                     - row["guard_instructions"])
     tile_bytes = block * DTYPE_BYTES[dtype]
     issue_ns = per_tile / gpu.clock_ghz  # a program's warps issue side by side, one a clock
-    parallel = active * resident * tile_bytes / (latency_ns + issue_ns)
+    parallel = active * resident * tile_bytes / tile_ns(latency_ns, issue_ns,
+                                                        launches.PREFETCH_TILES)
     issued = (active * min(ISSUE_PER_CLOCK, resident * warps) * gpu.clock_ghz * tile_bytes
               / (warps * per_tile))
     rate, bound = min((gpu.hbm_gbps, "hbm"), (parallel, "memory parallelism"),

@@ -13,11 +13,28 @@ import math
 from dataclasses import dataclass
 
 DEFAULT_TILE = 2048  # vocabulary entries per tile of the kernel (a power of two)
+# The widest tile of the fold kernel (a power of two): its 2048-wide tile spilled registers on
+# Triton 3.6 for sm_90 (8 bytes at K_PAD 2 and 16 at K_PAD 1024, fp32 logits); a wider
+# ``head_fused`` tile is walked in tiles of this width (docs/kernels.md).
+FOLD_TILE = 1024
 
 
 def pow2_at_least(value: int) -> int:
     """The smallest power of two ``>= value`` (1 for 0)."""
     return 1 << max(0, value - 1).bit_length()
+
+
+def programs_per_sm(k: int) -> int:
+    """Programs of the one-pass kernel the split plan aims at per SM: 4 without a top-K, where
+    the roofline model (stagelab.analyse.roofline) is bound by the bytes in flight, which more
+    resident programs raise; 2 with one, where more slices of a row would add merges (a slice's
+    first tiles nearly all enter its top-K) to a walk the model finds bound by issue."""
+    return 2 if k else 4
+
+
+def device_slots(sms: int, k: int) -> int:
+    """The ``slots`` of :func:`launch_plan` on a GPU of ``sms`` SMs for a top-``k`` call."""
+    return programs_per_sm(k) * sms
 
 
 def default_splits(rows: int, tiles: int, slots: int) -> int:
@@ -39,6 +56,9 @@ def launch_plan(rows: int, vocab: int, k: int, tile: int | None, splits: int | N
     return block, k_pad, math.ceil(vocab / span), span
 
 
+# Tiles the kernels' walk loads ahead of the one it works on (onepass_triton._tile_state): the
+# roofline model counts them in flight (stagelab.analyse.roofline).
+PREFETCH_TILES = 1
 WIDE_TOP_K = 1024  # from this padded top-K on, a program takes 8 warps
 
 
@@ -50,19 +70,32 @@ def warps_for(block: int, k_pad: int, split: bool = False) -> int:
     return 8 if block >= 4096 or (k_pad >= WIDE_TOP_K and not split) else 4
 
 
+TOP_K_REGISTERS = 168  # the register cap ptxas is given for a top-K walk
+
+
+def registers_for(top_k: bool, warps: int) -> int | None:
+    """The register cap (``maxnreg``) of a kernel walking ``warps``-warp tiles, None for
+    ptxas's own choice. Measured by the compile check (sm_90): with the top-K's keys formed
+    behind the guard, ptxas chose 128 registers and spilled 8-16 bytes for the split 4-warp
+    walk at K_PAD 32 and 1024 on Triton 3.6, and 32 bytes for the 8-warp one at K_PAD 1024
+    (bf16, fp16) on Triton 3.9; allowed 168, they take 138-142 and spill none."""
+    return TOP_K_REGISTERS if top_k else None
+
+
 @dataclass(frozen=True)
 class Launch:
     """One launch of a kernel of :mod:`stagelab.measure.onepass_triton`, as Triton
     specialises it: the kernel's name, its grid, its integer arguments by name, its
-    ``tl.constexpr`` ones and its warps. Pointer arguments are not held: the caller binds
-    them (:func:`stagelab.measure.onepass.run_launch`), and the compile check types them
-    (:mod:`stagelab.measure.kernel_variants`)."""
+    ``tl.constexpr`` ones, its warps and its register cap (None: ptxas's choice). Pointer
+    arguments are not held: the caller binds them (:func:`stagelab.measure.onepass.run_launch`),
+    and the compile check types them (:mod:`stagelab.measure.kernel_variants`)."""
 
     kernel: str
     grid: tuple[int, ...]
     scalars: dict[str, int]
     constexprs: dict[str, int | bool]
     num_warps: int
+    max_registers: int | None = None
 
 
 def triton_launches(rows: int, vocab: int, k: int, with_targets: bool, tile: int | None,
@@ -74,10 +107,10 @@ def triton_launches(rows: int, vocab: int, k: int, with_targets: bool, tile: int
     stride_row = vocab if stride_row is None else stride_row
     block, k_pad, parts, span = launch_plan(rows, vocab, k, tile, splits, slots)
     flags = dict(K_PAD=k_pad, TOPK=k > 0, HAS_TARGET=with_targets)
+    warps = warps_for(block, k_pad, parts > 1)
     first = Launch("onepass_kernel", (rows, parts),
                    dict(stride_row=stride_row, vocab=vocab, k=k, span=span),
-                   dict(BLOCK=block, SPLIT=parts > 1, **flags),
-                   warps_for(block, k_pad, parts > 1))
+                   dict(BLOCK=block, SPLIT=parts > 1, **flags), warps, registers_for(k > 0, warps))
     if parts == 1:
         return [first]
     return [first, Launch("merge_kernel", (rows,), dict(stride_row=stride_row, k=k, parts=parts),
@@ -87,14 +120,16 @@ def triton_launches(rows: int, vocab: int, k: int, with_targets: bool, tile: int
 def fold_launch(rows: int, width: int, first_id: int, k: int, with_targets: bool,
                 stride_row: int | None = None) -> Launch:
     """The launch :meth:`stagelab.measure.onepass.TileFold.add` makes for a ``[rows, width]`` tile whose rows are
-    ``stride_row`` apart (None: contiguous)."""
+    ``stride_row`` apart (None: contiguous): its kernel walks it in tiles of at most
+    :data:`FOLD_TILE` (or ``K_PAD``, where wider)."""
     k_pad = pow2_at_least(max(k, 2))
-    block = max(k_pad, min(pow2_at_least(width), DEFAULT_TILE))
+    block = max(k_pad, min(pow2_at_least(width), FOLD_TILE))
     stride_row = width if stride_row is None else stride_row
+    warps = warps_for(block, k_pad)
     return Launch("fold_kernel", (rows,),
                   dict(stride_row=stride_row, width=width, first_id=first_id),
                   dict(BLOCK=block, K_PAD=k_pad, TOPK=k > 0, HAS_TARGET=with_targets),
-                  warps_for(block, k_pad))
+                  warps, registers_for(k > 0, warps))
 
 
 def finish_launch(rows: int, k: int, with_targets: bool) -> Launch:

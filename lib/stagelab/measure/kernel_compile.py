@@ -110,9 +110,11 @@ def compile_one(spec: dict[str, Any], arch: int) -> dict[str, Any]:
     found: dict[str, Any] = dict(spec, arch=arch, triton=triton.__version__)
     try:
         signature, constexprs, attrs = specialised(spec, fn.arg_names)
+        options = dict(num_warps=spec["num_warps"])
+        if spec.get("max_registers"):
+            options["maxnreg"] = spec["max_registers"]
         kernel = triton.compile(ASTSource(fn, signature, constexprs, attrs),
-                                target=GPUTarget("cuda", arch, 32),
-                                options=dict(num_warps=spec["num_warps"]))
+                                target=GPUTarget("cuda", arch, 32), options=options)
     except Exception as exc:  # any compile error is a finding of the check
         message = (str(exc).strip().splitlines() or [""])[-1]
         return dict(found, compiles=False, error=f"{type(exc).__name__}: {message}"[:300])

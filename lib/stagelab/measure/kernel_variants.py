@@ -46,21 +46,22 @@ KERNEL_POINTERS = dict(
 
 
 def spec_of(launch: launches.Launch, dtype: str) -> dict[str, Any]:
-    """A compile spec: the launch's kernel, ints, constexprs and warps, its pointers typed."""
+    """A compile spec: the launch's kernel, ints, constexprs, warps and register cap, its
+    pointers typed."""
     pointers = {name: dtype if POINTER_TYPES[name] == "logits" else POINTER_TYPES[name]
                 for name in KERNEL_POINTERS[launch.kernel]}
     return dict(kernel=launch.kernel, scalars=dict(launch.scalars),
                 constexprs=dict(launch.constexprs), pointers=pointers,
-                num_warps=launch.num_warps)
+                num_warps=launch.num_warps, max_registers=launch.max_registers)
 
 
 def specialisation(spec: dict[str, Any]) -> str:
-    """What Triton compiles a spec to: the kernel, pointer types, constexprs, warps, and each
-    int as Triton's runtime sees it (1, divisible by 16, or neither)."""
+    """What Triton compiles a spec to: the kernel, pointer types, constexprs, warps, register
+    cap, and each int as Triton's runtime sees it (1, divisible by 16, or neither)."""
     ints = {name: 1 if value == 1 else ("D" if value % 16 == 0 else "")
             for name, value in spec["scalars"].items()}
     return json.dumps([spec["kernel"], spec["pointers"], spec["constexprs"], ints,
-                       spec["num_warps"]], sort_keys=True)
+                       spec["num_warps"], spec.get("max_registers")], sort_keys=True)
 
 
 def step_launches(sms: int = LEASE_SMS) -> list[tuple[str, launches.Launch]]:
@@ -70,7 +71,7 @@ def step_launches(sms: int = LEASE_SMS) -> list[tuple[str, launches.Launch]]:
         for vocab in VOCABS:
             for k in KS:
                 for launch in launches.triton_launches(rows, vocab, k, True, None, None,
-                                                      2 * sms):
+                                                      launches.device_slots(sms, k)):
                     found.append((f"n={rows} V={vocab} k={k}", launch))
     return found
 

@@ -42,6 +42,7 @@ import torch
 from stagelab.core import catalogue, schema
 from stagelab.core.launches import (
     Launch,
+    device_slots,
     finish_launch,
     fold_launch,
     pow2_at_least,
@@ -269,11 +270,12 @@ def _empty(rows: int, k: int, with_targets: bool, device: torch.device, backend:
 
 # ------------------------------------------------------------------------------------ triton
 
-def program_slots(device: torch.device) -> int:
-    """Programs the device runs at once for the split plan: two per SM on a CUDA device, one
-    per core in the interpreter."""
+def program_slots(device: torch.device, k: int) -> int:
+    """Programs the device runs at once for the split plan of a top-``k`` call: on a CUDA
+    device :func:`stagelab.core.launches.device_slots` of its SMs, one per core in the
+    interpreter."""
     if device.type == "cuda":
-        return 2 * torch.cuda.get_device_properties(device).multi_processor_count
+        return device_slots(torch.cuda.get_device_properties(device).multi_processor_count, k)
     return os.cpu_count() or 1
 
 
@@ -281,8 +283,9 @@ def run_launch(launch: Launch, pointers: dict[str, torch.Tensor]) -> None:
     """Run ``launch`` with its pointer arguments taken by name from ``pointers``."""
     kernel = getattr(_import_kernels(), launch.kernel)
     bound = {name: pointers[name] for name in kernel.arg_names if name.endswith("_ptr")}
+    options = {} if launch.max_registers is None else dict(maxnreg=launch.max_registers)
     kernel[launch.grid](**bound, **launch.scalars, **launch.constexprs,
-                        num_warps=launch.num_warps)
+                        num_warps=launch.num_warps, **options)
 
 
 def result_pointers(out: OnePass) -> dict[str, torch.Tensor]:
@@ -319,7 +322,7 @@ def _triton(logits: torch.Tensor, k: int, targets: torch.Tensor | None, tile: in
     if logits.stride(1) != 1:
         logits = logits.contiguous()  # the kernel reads rows of consecutive logits
     launches = triton_launches(rows, vocab, k, targets is not None, tile, splits,
-                               program_slots(device), logits.stride(0))
+                               program_slots(device, k), logits.stride(0))
     out = _empty(rows, k, targets is not None, device, "triton")
     pointers = dict(result_pointers(out), x_ptr=logits,
                     targets_ptr=targets if targets is not None else out.logsumexp)
@@ -519,7 +522,7 @@ def prepare_call(logits: torch.Tensor, k: int, targets: torch.Tensor, backend: s
 
         return eager
     rows, vocab = logits.shape
-    launches = triton_launches(rows, vocab, k, True, None, None, program_slots(logits.device),
+    launches = triton_launches(rows, vocab, k, True, None, None, program_slots(logits.device, k),
                                logits.stride(0))
     out = _empty(rows, k, True, logits.device, "triton")
     pointers = dict(result_pointers(out), targets_ptr=targets,

@@ -7,8 +7,8 @@ and equal to it, and the best ``K_PAD`` entries so far as int64 keys:
 the value's bits in an order-preserving integer form in the high 32 bits, the complement of the
 token id in the low 32 bits. Keys are unique per row and order by value, then by lower id, so
 ``tl.topk`` on them gives exactly "descending, ties by lower token id", and merging two lists of
-keys (a tile's and the running one, or two splits') is exact. A tile whose best key cannot
-enter the running top-K skips the merge.
+keys (a tile's and the running one, or two splits') is exact. A tile whose fp32 max is not
+above the running K-th value cannot enter the top-K: it skips the keys and the merge.
 
 Where a row is split, each slice writes its partial state and a second, tiny kernel merges the
 slices per row. The same merge folds logits that arrive one vocabulary tile at a time (the
@@ -64,13 +64,23 @@ if triton is not None:
         ge = tl.zeros((), tl.int32)
         eq = tl.zeros((), tl.int32)
         best = tl.full((K_PAD,), KEY_FLOOR, tl.int64)
+        # The guard's threshold: the fp32 value of the least key held, NaN until K_PAD keys are
+        # (KEY_FLOOR decodes to NaN). Tiles come in order of their ids, so a later value equal
+        # to it has a higher id, a lower key: only a tile whose max is above it can enter.
+        kth = tl.full((), float("nan"), tl.float32)
         floor = tl.full((BLOCK,), KEY_FLOOR, tl.int64)
         offsets = tl.arange(0, BLOCK)
+        # One tile loaded ahead (launches.PREFETCH_TILES): its load is issued before the
+        # current tile's work, so that it is in flight while the program computes.
+        ahead = tl.load(x_ptr + start + offsets, mask=start + offsets < stop,
+                        other=float("-inf"))
         for tile in range(start, stop, BLOCK):
             cols = tile + offsets
             inside = cols < stop
-            x = tl.load(x_ptr + cols, mask=inside, other=float("-inf")).to(tl.float32)
-            m_new = tl.maximum(m, tl.max(x, axis=0))
+            x = ahead.to(tl.float32)
+            ahead = tl.load(x_ptr + cols + BLOCK, mask=cols + BLOCK < stop, other=float("-inf"))
+            top = tl.max(x, axis=0)
+            m_new = tl.maximum(m, top)
             safe = tl.where(m_new == float("-inf"), 0.0, m_new)
             s = s * tl.exp(m - safe) + tl.sum(tl.exp(x - safe), axis=0)
             m = m_new
@@ -78,9 +88,10 @@ if triton is not None:
                 ge += tl.sum((inside & (x >= target)).to(tl.int32), axis=0)
                 eq += tl.sum((inside & (x == target)).to(tl.int32), axis=0)
             if TOPK:
-                keys = tl.where(inside, _keys(x, cols + first_id), floor)
-                if tl.max(keys, axis=0) > tl.min(best, axis=0):
+                if (top > kth) | (kth != kth):  # no int64 key before this passes
+                    keys = tl.where(inside, _keys(x, cols + first_id), floor)
                     best = _merge(best, tl.topk(keys, K_PAD))
+                    kth, _ = _decode(tl.min(best, axis=0))
         return m, s, best, ge, eq
 
     @triton.jit
