@@ -78,9 +78,9 @@ def write_step(run: Path, records: list[dict]) -> Path:
 
 
 def build(run: Path, rows: list[int], **kwargs) -> dict:
-    """The verdict as notebook 04 builds it, its parameters by name (delta, log_softmax...)."""
+    """The verdict as notebook 04 builds it, its parameters by name (delta, conditions...)."""
     chosen = {k: kwargs.pop(k) for k in list(kwargs)
-              if k in verdict.RULE_PARAMETERS or k in verdict.DECIDED_BY}
+              if k in (*verdict.RULE_PARAMETERS, "conditions")}
     return verdict.build_verdict(run, decisive_rows=rows, decisive_vocabs=[V], decisive_ks=[5],
                                  **verdict.arguments(chosen), **kwargs)
 
@@ -664,7 +664,7 @@ def test_forward_ms_moves_the_logprobs_only_bar_and_the_other_log_softmax_is_dec
     other = block["under"]["host"]
     assert other["measured"] and other["decision"] == "CLOSE" and block["changes_answer"]
     on_host = build(write_step(tmp_path / "host", device + host + forward), [64],
-                    log_softmax="host")
+                    conditions={"log_softmax": "host"})
     assert on_host["overall"]["decision"] == "CLOSE"
 
 
@@ -800,7 +800,7 @@ def test_the_verdict_decides_each_overlap_order_alone_and_says_which_the_seed_ha
     decided = {}
     for order, other, answer, theirs in (("queued", "waited", "CLOSE", "PORT"),
                                          ("waited", "queued", "PORT", "CLOSE")):
-        result = build(run, [64], overlap_order=order)
+        result = build(run, [64], conditions={"overlap": order})
         overlap = result["conditions"]["overlap"]
         (cell,) = result["decisive"]
         assert result["parameters"]["overlap_order"] == order
@@ -820,7 +820,7 @@ def test_the_verdict_decides_each_overlap_order_alone_and_says_which_the_seed_ha
     assert seed["order"] == "unknown" and seed["lead"] == "waited"
     assert all(line in seed["words"] for line in ("sampler.cpp:289", ":296", ":405", ":412"))
     with pytest.raises(ValueError, match="overlap must be one of"):
-        build(run, [64], overlap_order="after")
+        build(run, [64], conditions={"overlap": "after"})
 
 
 def test_the_other_order_measured_at_some_cells_is_shown_per_cell_not_decided(tmp_path):
@@ -878,5 +878,6 @@ def test_notebook_04s_parameters_give_one_rule_and_one_conditions_mapping():
         verdict.decided_conditions({"thp": "always"})
     with pytest.raises(ValueError, match="log_softmax must be one of"):
         verdict.decided_conditions({"log_softmax": "gpu"})
-    assert verdict.arguments({"delta": 0.05, "overlap_order": "waited", "decisive_rows": [1]}) == {
+    given = {"delta": 0.05, "conditions": {"overlap": "waited"}, "decisive_rows": [1]}
+    assert verdict.arguments(given) == {
         "rule": verdict_decision.Rule(delta=0.05), "conditions": {"overlap": "waited"}}

@@ -3,7 +3,7 @@ the copy's share, the levers' savings, and the step's own tables."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -39,6 +39,18 @@ def condition_values(frame: pd.DataFrame, condition: catalogue.Condition) -> lis
     first); empty for a table without rows."""
     found = set(read_condition(frame, condition).dropna())
     return [value for value in condition.values if value in found]
+
+
+def at_first_values(frame: pd.DataFrame, conditions: Mapping[str, Sequence[str]] | None,
+                    but: str = "") -> pd.DataFrame:
+    """The step rows at each condition's first value of ``conditions`` (by name; a condition
+    left out: its deciding value), every value of the condition ``but``: what notebook 02
+    shows before each condition's own table."""
+    for condition in catalogue.CONDITIONS:
+        if condition.name != but:
+            values = (conditions or {}).get(condition.name) or (condition.decides,)
+            frame = where_condition(frame, condition, values[0])
+    return frame
 
 
 def where_log_softmax(frame: pd.DataFrame, place: str) -> pd.DataFrame:

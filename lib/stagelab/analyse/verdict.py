@@ -313,9 +313,8 @@ def condition_summary(step: pd.DataFrame, named: list[tuple[int, int, int]],
             **CONDITION_CONTEXT.get(condition.name, {})}
 
 
-# Notebook 04's parameters that choose a step condition's decided value (the allocator's is the
-# process's malloc, as the engine gets it), and those that build its rule.
-DECIDED_BY = {"log_softmax": catalogue.LOG_SOFTMAX, "overlap_order": catalogue.OVERLAP}
+# Notebook 04's parameters that build its rule (its ``conditions`` choose each step condition's
+# decided value, by name).
 RULE_PARAMETERS = ("delta", "min_samples", "confidence", "seed")
 
 
@@ -337,10 +336,10 @@ def decided_conditions(chosen: Mapping[str, str] | None = None) -> dict[str, str
 
 def arguments(parameters: Mapping[str, Any]) -> dict[str, Any]:
     """:func:`build_verdict`'s rule and conditions from notebook 04's parameters of those names
-    (the notebook's call and ``keep``'s re-derivation read them alike)."""
+    (the notebook's call and ``keep``'s re-derivation read them alike; parameters recorded in an
+    older shape are read through :mod:`stagelab.core.parameter_history` first)."""
     return {"rule": Rule(**{k: parameters[k] for k in RULE_PARAMETERS if k in parameters}),
-            "conditions": {condition.name: parameters[name] for name, condition in
-                           DECIDED_BY.items() if name in parameters}}
+            "conditions": dict(parameters.get("conditions") or {})}
 
 
 def build_verdict(run_dir: Path | str, *, decisive_rows: list[int], decisive_vocabs: list[int],

@@ -120,34 +120,31 @@ def _staging_cells(p: Parameters, device: str) -> list[Any]:
 
 # -------------------------------------------------------------------------------------- step
 
-def _step_sizes(p: Parameters) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    from stagelab.measure import shapes
+def _step_spec(p: Parameters) -> Any:
+    """The notebook's step sweep (:class:`stagelab.measure.step.StepSweep`): its sizes, each step
+    condition's values (``conditions``, by the catalogue's names) and where they are measured."""
+    from stagelab.measure import shapes, step
 
-    return ((shapes.resolve_vocabs(p["models"]), p["rows"], p["ks"],
-             shapes.torch_dtype(p["logits_dtype"], "logits_dtype"), p["arms"]),
-            dict(aa_arm=p["aa_arm"], sources=p["sources"],
-                 log_softmax=p.get("log_softmax", ["device"]),
-                 seed_regimes=p.get("seed_regimes", ["malloc"]),
-                 overlap_orders=p.get("overlap_orders", ["queued"]),
-                 overlap_only=p.get("overlap_only"),
-                 steps_per_call=p.get("steps_per_call", 1)))  # one step: before sequences
+    return step.StepSweep(
+        shapes.resolve_vocabs(p["models"]), p["rows"], p["ks"],
+        shapes.torch_dtype(p["logits_dtype"], "logits_dtype"), p["arms"], aa_arm=p["aa_arm"],
+        sources=p["sources"], conditions=p.get("conditions"),
+        condition_cells=p.get("condition_cells"),
+        steps_per_call=p.get("steps_per_call", 1),  # one step: before sequences
+        rounds=p["rounds"], warmup=p["warmup"], seed=p["seed"], forward_ms=p["forward_ms"],
+        delta=p["delta"], max_rounds=p["max_rounds"], max_seconds=p["max_seconds"])
 
 
 def _step_call(p: Parameters) -> Call:
     from stagelab.measure import step
 
-    args, sizes = _step_sizes(p)
-    return step.measure, args, dict(
-        rounds=p["rounds"], warmup=p["warmup"], **sizes, seed=p["seed"],
-        forward_ms=p["forward_ms"], delta=p["delta"], max_rounds=p["max_rounds"],
-        max_seconds=p["max_seconds"])
+    return step.measure, (_step_spec(p),), {}
 
 
 def _step_cells(p: Parameters, device: str) -> list[Any]:
     from stagelab.measure import step
 
-    args, sizes = _step_sizes(p)
-    return step.cells(*args, **sizes, device=device)
+    return step.cells(_step_spec(p), device=device)
 
 
 # --------------------------------------------------------------------------- prompt logprobs
