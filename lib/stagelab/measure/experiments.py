@@ -93,29 +93,29 @@ class Experiment:
 
 
 # ----------------------------------------------------------------------------------- staging
-# Each experiment: the positional arguments and the keywords its cells share with its measuring
-# call (the sizes), then the keywords only the measuring call takes (how it times).
+# Each experiment: its notebook's parameters as the experiment's frozen spec, then the measuring
+# call and the cells, both from that one spec.
 
-def _staging_sizes(p: Parameters) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    from stagelab.measure import shapes
+def _staging_spec(p: Parameters) -> Any:
+    """The notebook's staging sweep (:class:`stagelab.measure.staging.StagingSweep`)."""
+    from stagelab.measure import shapes, staging
 
-    return ((shapes.resolve_vocabs(p["models"]), p["rows"], shapes.torch_dtype(p["dtype"]),
-             p["arms"]), dict(aa_arm=p["aa_arm"], sources=p["sources"]))
+    return staging.StagingSweep(
+        shapes.resolve_vocabs(p["models"]), p["rows"], shapes.torch_dtype(p["dtype"]), p["arms"],
+        aa_arm=p["aa_arm"], sources=p["sources"], rounds=p["rounds"], warmup=p["warmup"],
+        seed=p["seed"])
 
 
 def _staging_call(p: Parameters) -> Call:
     from stagelab.measure import staging
 
-    args, sizes = _staging_sizes(p)
-    return staging.measure, args, dict(rounds=p["rounds"], warmup=p["warmup"], **sizes,
-                                       seed=p["seed"])
+    return staging.measure, (_staging_spec(p),), {}
 
 
 def _staging_cells(p: Parameters, device: str) -> list[Any]:
     from stagelab.measure import staging
 
-    args, sizes = _staging_sizes(p)
-    return staging.cells(*args, **sizes, device=device)
+    return staging.cells(_staging_spec(p), device=device)
 
 
 # -------------------------------------------------------------------------------------- step
@@ -149,13 +149,17 @@ def _step_cells(p: Parameters, device: str) -> list[Any]:
 
 # --------------------------------------------------------------------------- prompt logprobs
 
-def _prompt_sizes(p: Parameters) -> tuple[Any, ...]:
-    from stagelab.measure import shapes
+def _prompt_spec(p: Parameters) -> Any:
+    """The notebook's prompt sweep (:class:`stagelab.measure.prompt_logprobs.PromptSweep`)."""
+    from stagelab.measure import prompt_logprobs, shapes
 
     shape = shapes.override(shapes.resolve_vocabs([p["model"]], "model")[0], vocab=p["vocab"],
                             hidden=p["hidden"])
-    return (p["tokens"], shape, shape.hidden, shapes.positive_ints(p["chunks"], "chunks"),
-            shapes.torch_dtype(p["dtype"]), p["k"], p["methods"], p["overlaps"])
+    return prompt_logprobs.PromptSweep(
+        p["tokens"], shape, shape.hidden, shapes.positive_ints(p["chunks"], "chunks"),
+        shapes.torch_dtype(p["dtype"]), p["k"], p["methods"], p["overlaps"],
+        tiles=_prompt_tiles(p), rounds=p["rounds"], warmup=p["warmup"], seed=p["seed"],
+        measure_memory=p["measure_memory"])
 
 
 def _prompt_tiles(p: Parameters) -> list[int] | None:
@@ -167,16 +171,13 @@ def _prompt_tiles(p: Parameters) -> list[int] | None:
 def _prompt_call(p: Parameters) -> Call:
     from stagelab.measure import prompt_logprobs
 
-    return prompt_logprobs.measure, _prompt_sizes(p), dict(
-        rounds=p["rounds"], warmup=p["warmup"], seed=p["seed"],
-        measure_memory=p["measure_memory"], tiles=_prompt_tiles(p))
+    return prompt_logprobs.measure, (_prompt_spec(p),), {}
 
 
 def _prompt_cells(p: Parameters, device: str) -> list[Any]:
     from stagelab.measure import prompt_logprobs
 
-    return [prompt_logprobs.prompt_cell(*_prompt_sizes(p), device=device,
-                                        tiles=_prompt_tiles(p))]
+    return [prompt_logprobs.prompt_cell(_prompt_spec(p), device=device)]
 
 
 EXPERIMENTS = {e.name: e for e in (
