@@ -96,14 +96,19 @@ class Experiment:
 # Each experiment: its notebook's parameters as the experiment's frozen spec, then the measuring
 # call and the cells, both from that one spec.
 
+def _given(p: Parameters, *names: str) -> dict[str, Any]:
+    """The timing settings ``p`` gives, by name (those it leaves out: the spec's defaults; the
+    cells never read them)."""
+    return {name: p[name] for name in names if name in p}
+
+
 def _staging_spec(p: Parameters) -> Any:
     """The notebook's staging sweep (:class:`stagelab.measure.staging.StagingSweep`)."""
     from stagelab.measure import shapes, staging
 
     return staging.StagingSweep(
         shapes.resolve_vocabs(p["models"]), p["rows"], shapes.torch_dtype(p["dtype"]), p["arms"],
-        aa_arm=p["aa_arm"], sources=p["sources"], rounds=p["rounds"], warmup=p["warmup"],
-        seed=p["seed"])
+        aa_arm=p["aa_arm"], sources=p["sources"], **_given(p, "rounds", "warmup", "seed"))
 
 
 def _staging_call(p: Parameters) -> Call:
@@ -131,8 +136,8 @@ def _step_spec(p: Parameters) -> Any:
         sources=p["sources"], conditions=p.get("conditions"),
         condition_cells=p.get("condition_cells"),
         steps_per_call=p.get("steps_per_call", 1),  # one step: before sequences
-        rounds=p["rounds"], warmup=p["warmup"], seed=p["seed"], forward_ms=p["forward_ms"],
-        delta=p["delta"], max_rounds=p["max_rounds"], max_seconds=p["max_seconds"])
+        **_given(p, "rounds", "warmup", "seed", "forward_ms", "delta", "max_rounds",
+                 "max_seconds"))
 
 
 def _step_call(p: Parameters) -> Call:
@@ -158,8 +163,7 @@ def _prompt_spec(p: Parameters) -> Any:
     return prompt_logprobs.PromptSweep(
         p["tokens"], shape, shape.hidden, shapes.positive_ints(p["chunks"], "chunks"),
         shapes.torch_dtype(p["dtype"]), p["k"], p["methods"], p["overlaps"],
-        tiles=_prompt_tiles(p), rounds=p["rounds"], warmup=p["warmup"], seed=p["seed"],
-        measure_memory=p["measure_memory"])
+        tiles=_prompt_tiles(p), **_given(p, "rounds", "warmup", "seed", "measure_memory"))
 
 
 def _prompt_tiles(p: Parameters) -> list[int] | None:
