@@ -77,13 +77,13 @@ def overlap_table(frame: pd.DataFrame) -> pd.DataFrame:
     ``queued``: what waiting on the forward before the allocation costs each arm; empty when
     the run measured one order only."""
     columns = ["rows", "vocab", "k", "arm", "queued_ms", "waited_ms", "waited_over_queued"]
-    timed = ok_timings(frame)
-    if "overlap_order" not in timed:
+    timed, column = ok_timings(frame), catalogue.OVERLAP.column
+    if column not in timed:
         return pd.DataFrame(columns=columns)
-    timed = timed[timed["overlap_order"].isin(forward.OVERLAP_ORDERS)]  # a stranger's: known only
-    if timed["overlap_order"].nunique() < len(forward.OVERLAP_ORDERS):
+    timed = timed[timed[column].isin(forward.OVERLAP_ORDERS)]  # a stranger's: known only
+    if timed[column].nunique() < len(forward.OVERLAP_ORDERS):
         return pd.DataFrame(columns=columns)
-    means = timed.pivot_table(index=["rows", "vocab", "k", "arm"], columns="overlap_order",
+    means = timed.pivot_table(index=["rows", "vocab", "k", "arm"], columns=column,
                               values="seconds", aggfunc="mean", observed=True) * 1e3
     means = means.rename(columns={order: f"{order}_ms" for order in forward.OVERLAP_ORDERS})
     means = means.dropna().reset_index()

@@ -178,10 +178,10 @@ def calibrate_rule(decisive: list[dict[str, Any]], trials: int,
 
 def context_summary(decisive: list[dict[str, Any]], delta: float, log_softmax: str,
                     family: stats.FamilyDecision | None, on_cpu: bool = False,
-                    overlap_order: str = forward.QUEUED) -> dict[str, Any]:
+                    overlap: str = catalogue.OVERLAP.decides) -> dict[str, Any]:
     """What every verdict states beside its decision: the device work queued before each step,
     what delta is a share of (with the logprobs-only bar beside it), where the log-softmax ran,
-    and how the family of cells was combined."""
+    the overlap order decided under, and how the family of cells was combined."""
     forwards = sorted({c["forward_ms"] for c in decisive})
     bars = [c["logprobs_only_min_speedup"] for c in decisive
             if c.get("logprobs_only_min_speedup") is not None]
@@ -196,7 +196,7 @@ def context_summary(decisive: list[dict[str, Any]], delta: float, log_softmax: s
             "family_reason": family.reason if family else "no decisive cell was measured",
             "words": context_words(forwards, delta,
                                    catalogue.log_softmax_place(log_softmax, on_cpu),
-                                   overlap_order)}
+                                   overlap)}
 
 
 def forward_summary(step: pd.DataFrame) -> dict[str, Any]:
@@ -360,7 +360,6 @@ def build_verdict(run_dir: Path | str, *, decisive_rows: list[int], decisive_voc
     rule = rule or Rule()
     decided_values = decided_conditions(conditions)
     log_softmax = decided_values[catalogue.LOG_SOFTMAX.name]
-    overlap_order = decided_values[catalogue.OVERLAP.name]
     check_parameters(decisive_rows, decisive_vocabs, decisive_ks)
     run_dir = Path(run_dir)
     tables, missing = load_tables(run_dir)
@@ -403,7 +402,8 @@ def build_verdict(run_dir: Path | str, *, decisive_rows: list[int], decisive_voc
         "hardware": summaries.hardware_summary(hardware),
         "parameters": {**rule.as_dict(), "decisive_rows": decisive_rows,
                        "decisive_vocabs": decisive_vocabs, "decisive_ks": decisive_ks,
-                       "log_softmax": log_softmax, "overlap_order": overlap_order,
+                       "log_softmax": log_softmax,
+                       catalogue.OVERLAP.column: decided_values[catalogue.OVERLAP.name],
                        "conditions": decided_values},
         "overall": decided,
         "recommendation": recommendation,
@@ -411,7 +411,7 @@ def build_verdict(run_dir: Path | str, *, decisive_rows: list[int], decisive_voc
         "context": with_machine({
             **context_summary(decisive, rule.delta, log_softmax, family,
                               on_cpu=step_analysis.measured_on_cpu(step_all),
-                              overlap_order=overlap_order),
+                              overlap=decided_values[catalogue.OVERLAP.name]),
             "forward": forward_summary(assumed_rows)}, hardware),
         "conditions": {condition.name: condition_summary(step_all, named, condition,
                                                          decided_values, rule)
