@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -295,11 +296,8 @@ def test_missing_tables_are_named_and_do_not_crash(tmp_path):
     result = build(tmp_path / "empty_run", [64])
     assert [line.split(" ")[0] for line in result["missing"]] == [
         "data/staging.parquet", "data/step.parquet", "data/prompt_logprobs.parquet"]
-    assert result["missing"][1] == (
-        "data/step.parquet is absent: notebook 02_logprobs_step did not run in this profile or "
-        "did not write it; what needs it is not reported")
-    assert result["decisive"][0]["reason"] == (
-        "not measured: seed_pageable was not measured in this run")
+    assert "02_logprobs_step" in result["missing"][1]
+    assert result["decisive"][0]["reason"].startswith("not measured: seed_pageable ")
     assert result["overall"]["decision"] == "INCONCLUSIVE"
     assert result["overall"]["summary"].startswith(
         "No decisive cell was measured (seed_pageable was not measured in this run)")
@@ -555,10 +553,10 @@ def test_reference_evidence_is_listed_with_its_hardware(tmp_path):
     assert str(root / "H200" / "20270106T000000Z_full" / "verdict.json") in skipped[2]
     assert all(f"Not read as reference evidence: {line}." in result["findings"] for line in skipped)
     assert result["reference"][0]["overall"]["decision"] == "CLOSE"
-    assert ("Committed reference evidence (NVIDIA H200; not this run): run 20270101T000000Z_full "
-            "decided CLOSE.") in result["findings"]
-    assert ("Committed reference evidence (CPU only, Xeon; not this run): run "
-            "20270102T000000Z_quick decided INCONCLUSIVE.") in result["findings"]
+    decided = [re.search(r"run (\S+) decided (\w+)", f).groups() for f in result["findings"]
+               if f.startswith(verdict_words.COMMITTED)]
+    assert decided == [("20270101T000000Z_full", "CLOSE"),
+                       ("20270102T000000Z_quick", "INCONCLUSIVE")]
     table = verdict_words.reference_table(result)
     assert list(table.columns) == ["path", "gpu", "cpu", "decision", "summary"]
     assert table["gpu"].fillna("-").tolist() == ["NVIDIA H200", "-"]
