@@ -292,6 +292,7 @@ def test_four_saving_cells_beside_two_null_cells_port_at_least_80_percent():
 T3_SHARED = calibration.Noise("t(3) 3 % on every arm", 0.03, t_df=3.0)
 
 
+@pytest.mark.slow  # a long simulation of the rule (37 s under load): make test
 def test_six_saving_cells_under_heavy_tails_on_every_arm_port_at_least_80_percent():
     rate = calibration.family_port_rate(T3_SHARED, [SAVES_3_DELTA] * 6, rounds=DONE_ROUNDS,
                                         trials=60, seed=6)

@@ -122,18 +122,22 @@ def test_dtype_names_and_sizes_agree_with_torch():
 
 def test_rows_name_their_experiment_as_the_catalogue_does():
     shape = shapes.ModelShape("", 1000, 8)
-    staging_cell, = staging.cells([shape], [2], torch.float32, ["pageable_fresh"], device="cpu")
-    step_cell, = step.cells([shape], [2], [1], torch.float32, ["fused"], aa_arm=None, device="cpu")
-    prompt_cell = prompt_logprobs.prompt_cell(9, shape, 8, [4], torch.float32, 1, ["fused"],
-                                              [False], device="cpu")
+    staging_cell, = staging.cells(staging.StagingSweep(
+        [shape], [2], torch.float32, ["pageable_fresh"]), device="cpu")
+    step_cell, = step.cells(step.StepSweep(
+        [shape], [2], [1], torch.float32, ["fused"], aa_arm=None), device="cpu")
+    prompt_cell = prompt_logprobs.prompt_cell(prompt_logprobs.PromptSweep(
+        9, shape, 8, [4], torch.float32, 1, ["fused"], [False]), device="cpu")
     assert [c.sizes["experiment"] for c in (staging_cell, step_cell, prompt_cell)] == [
         catalogue.STAGING, catalogue.STEP, catalogue.PROMPT]
 
 
 def test_without_a_list_of_arms_every_arm_of_the_catalogue_is_timed():
     shape = shapes.ModelShape("", 1000, 8)
-    staging_cell, = staging.cells([shape], [2], torch.float32, None, device="cpu")
-    step_cell, = step.cells([shape], [2], [1], torch.float32, None, device="cpu")
+    staging_cell, = staging.cells(staging.StagingSweep(
+        [shape], [2], torch.float32, None), device="cpu")
+    step_cell, = step.cells(step.StepSweep(
+        [shape], [2], [1], torch.float32, None), device="cpu")
     assert staging_cell.arms == [*catalogue.arm_names(catalogue.STAGING), "pageable_fresh~aa"]
     assert step_cell.arms == [*catalogue.arm_names(catalogue.STEP), "seed_pageable~aa"]
     params.validate("01_d2h_staging", {"arms": None, "aa_arm": "raw_ceiling"})

@@ -85,8 +85,8 @@ def test_the_bindings_cells_are_the_notebooks_own_on_the_smoke_profile(notebook,
 
 
 def test_the_step_binding_has_a_cell_per_place_of_the_log_softmax():
-    parameters = {**profiles.profile_parameters("smoke")[catalogue.notebook_of(
-        catalogue.STEP).name], "log_softmax": ["device", "host"]}
+    smoke = profiles.profile_parameters("smoke")[catalogue.notebook_of(catalogue.STEP).name]
+    parameters = {**smoke, "conditions": {**smoke["conditions"], "log_softmax": ["device", "host"]}}
     cells = experiments.EXPERIMENTS[catalogue.STEP].cells(parameters, "cpu")
     assert sorted({c.sizes["log_softmax"] for c in cells}) == ["device", "host"]
     assert sorted({c.sizes["overlap_order"] for c in cells}) == ["queued", "waited"]  # smoke's

@@ -249,7 +249,7 @@ def test_deadline_stops_at_a_cell_boundary_and_keeps_what_was_measured(tmp_path,
     code = measure_command.main(["--profile", "smoke", "--only", "02_logprobs_step", "03_prompt_logprobs",
                          "--param", "02_logprobs_step.rows=[2, 3, 4]", "--param",
                          "02_logprobs_step.arms=[seed_pageable, fused]", "--param",
-                         "02_logprobs_step.overlap_orders=[queued]", "--out", str(out),
+                         '02_logprobs_step.conditions={"overlap": ["queued"]}', "--out", str(out),
                          "--deadline-s", "3600", "--rehearse-on-cpu"])
     assert code == measure_command.EXIT_PARTIAL
     manifest = measured_folder.MeasuredFolder(out).manifest()
@@ -288,7 +288,7 @@ def stop_in_the_second_step_cell(out: Path, signum: int) -> int:
          str(out), "--param", "02_logprobs_step.models=[Qwen2.5-7B]",
          "--param", "02_logprobs_step.rows=[2, 64]", "--param", "02_logprobs_step.rounds=50",
          "--param", "02_logprobs_step.max_rounds=50",
-         "--param", '02_logprobs_step.overlap_orders=["queued"]'],  # two cells: n=2, then 64
+         "--param", '02_logprobs_step.conditions={"overlap": ["queued"]}'],  # two cells: n=2, then 64
         cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 300
@@ -691,7 +691,7 @@ def test_a_cell_after_one_the_deadline_refused_still_runs_where_it_fits(tmp_path
     code = measure_command.main(["--profile", "smoke", "--only", "02_logprobs_step",
                                  "--param", "02_logprobs_step.rows=[2, 3, 4]", "--param",
                                  "02_logprobs_step.arms=[seed_pageable, fused]", "--param",
-                                 "02_logprobs_step.overlap_orders=[queued]", "--out", str(out),
+                                 '02_logprobs_step.conditions={"overlap": ["queued"]}', "--out", str(out),
                                  "--deadline-s", "3600", "--rehearse-on-cpu"])
     assert code == measure_command.EXIT_PARTIAL
     (step,) = measured_folder.MeasuredFolder(out).manifest()["experiments"]

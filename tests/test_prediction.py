@@ -279,9 +279,9 @@ def test_a_gpu_without_a_row_in_the_table_is_not_checked():
 
 @pytest.mark.skipif(not NATIVE_OK, reason=f"the native path cannot be built here: {NATIVE_WHY}")
 def test_a_measured_step_records_host_rates_and_the_prediction_runs_with_errors_recorded():
-    measured = step.measure([shapes.ModelShape("", 2000, 0)], [2, 4], [3], torch.float32,
-                            ["seed_pageable", "seed_pageable_reused"], rounds=2, warmup=1,
-                            progress=False)
+    measured = step.measure(step.StepSweep(
+        [shapes.ModelShape("", 2000, 0)], [2, 4], [3], torch.float32,
+        ["seed_pageable", "seed_pageable_reused"], rounds=2, warmup=1), progress=False)
     frame = schema.make_rows(measured)
     assert set(frame[frame["metric"] == "host_rate"]["rows"]) == {2, 4}
     check = predict_check.check_run(frame, None)
@@ -433,9 +433,9 @@ def test_host_rates_that_fail_cost_the_step_cell_nothing_but_their_own_row(monke
         raise MemoryError("no room for the host rates")
 
     monkeypatch.setattr(hostrates.Sampler, "sample", broken)
-    measured = step.measure([shapes.ModelShape("", 1000, 0)], [2], [3], torch.float32,
-                            ["seed_pageable_reused"], rounds=2, warmup=1, aa_arm=None,
-                            progress=False)
+    measured = step.measure(step.StepSweep(
+        [shapes.ModelShape("", 1000, 0)], [2], [3], torch.float32, ["seed_pageable_reused"],
+        rounds=2, warmup=1, aa_arm=None), progress=False)
     frame = schema.make_rows(measured)
     timed = frame[(frame["arm"] == "seed_pageable_reused") & (frame["stage"] == "total")
                   & (frame["metric"] == "time")]

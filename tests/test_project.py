@@ -198,3 +198,49 @@ def test_notebook_defaults_answer_in_seconds_and_the_profiles_keep_their_full_si
         assert profile["05_prediction"]["decisive_models"] == ["Qwen2.5-7B", "Gemma-3-4B"]
         assert profile["04_verdict"]["decisive_models"] == ["Qwen2.5-7B", "Gemma-3-4B"]
     assert gate["05_prediction"]["decisive_rows"] == gate["04_verdict"]["decisive_rows"]
+
+
+MAX_PARAMETERS = 10
+# The functions allowed more: the Triton kernels (a kernel's arguments are its pointers,
+# strides and compile-time constants, which cannot travel as one object), and, until it
+# takes one frozen plan (helper j49's change), the calibration's entry point. Remove an entry
+# when its function fits; a new one fails.
+MANY_PARAMETERS = {
+    ("measure/onepass_triton.py", "onepass_kernel"), ("measure/onepass_triton.py", "merge_kernel"),
+    ("measure/onepass_triton.py", "fold_kernel"), ("measure/onepass_triton.py", "finish_kernel"),
+    ("analyse/calibration.py", "calibrate"),
+}
+
+
+def _parameters(function: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    """A function's parameters, ``self``/``cls`` and ``*args``/``**kwargs`` counted, self not."""
+    given = function.args
+    names = [*given.posonlyargs, *given.args, *given.kwonlyargs]
+    bound = bool(names) and names[0].arg in ("self", "cls")
+    return len(names) - bound + bool(given.vararg) + bool(given.kwarg)
+
+
+def test_no_public_function_of_the_library_takes_more_than_ten_parameters():
+    """Settings travel as one frozen value (a sweep's spec, the rule) rather than one parameter
+    each (issue 47): a public function (or method) over ten is a sweep's settings gone loose."""
+    library = paths.REPO_ROOT / "lib" / "stagelab"
+    found = set()
+    for path in sorted(library.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if (isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                    and not node.name.startswith("_") and _parameters(node) > MAX_PARAMETERS):
+                found.add((path.relative_to(library).as_posix(), node.name))
+    assert found <= MANY_PARAMETERS, sorted(found - MANY_PARAMETERS)
+    assert ("measure/onepass_triton.py", "onepass_kernel") in found  # the count sees a kernel
+    assert MANY_PARAMETERS - found <= {("analyse/calibration.py", "calibrate")}, (
+        "remove the allowance of a function that now fits")
+
+
+def test_the_parameter_count_counts_what_a_caller_passes():
+    (plain, method, loose) = ast.parse(
+        "def f(a, /, b, *c, d, **e): pass\n"
+        "class K:\n def m(self, a, b): pass\n"
+        "def g(*args, **kwargs): pass\n").body
+    assert _parameters(plain) == 5 and _parameters(loose) == 2
+    assert _parameters(method.body[0]) == 2

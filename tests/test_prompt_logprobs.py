@@ -191,7 +191,8 @@ def test_predicted_peak_follows_the_documented_model():
 
 @pytest.mark.serial  # memory peaks, two probes at once
 def test_measured_peaks_separate_chunked_fused_from_unchunked_logsoftmax():
-    config = dict(tokens=257, vocab=32768, hidden=16, dtype="float32", k=5, overlap=True)
+    config = dict(sizes=dict(tokens=257, vocab=32768, hidden=16, dtype="float32", k=5),
+                  overlap=True)
     small, large = memory.measure_peaks(pl.memory_probe, [
         {**config, "chunk": 32, "method": "fused"},
         {**config, "chunk": None, "method": "logsoftmax"}], parallel=2)
@@ -257,10 +258,12 @@ def test_a_tiny_sweep_measures_every_configuration_and_says_its_memory_first():
     from stagelab.measure.shapes import ModelShape
 
     shape = ModelShape("tiny", 64, 8)
-    plan = pl.memory_plan(17, shape, 8, [4], torch.float32, 2, ["fused"], [False], device="cpu")
+    plan = pl.memory_plan(pl.PromptSweep(
+        17, shape, 8, [4], torch.float32, 2, ["fused"], [False]), device="cpu")
     assert plan.startswith("Memory: T=17 V=64 H=8 needs about") and "so it fits" in plan
-    records = pl.measure(17, shape, 8, [4], torch.float32, 2, ["fused"], [False], rounds=2,
-                         warmup=0, measure_memory=False, device="cpu", progress=False)
+    records = pl.measure(pl.PromptSweep(
+        17, shape, 8, [4], torch.float32, 2, ["fused"], [False], rounds=2, warmup=0,
+        measure_memory=False), device="cpu", progress=False)
     timed = {(r["arm"], r["chunk"]) for r in records
              if r.get("metric", "time") == "time" and r.get("status", "ok") == "ok"}
     assert timed == {("fused", 16), ("fused", 4)}  # unchunked (T - 1 rows) and chunk 4
@@ -272,9 +275,9 @@ def test_exactness_is_checked_on_the_timed_results_without_running_them_again(mo
     calls = []
     real = pl.prompt_logprobs
     monkeypatch.setattr(pl, "prompt_logprobs", lambda *a, **kw: calls.append(a[4]) or real(*a, **kw))
-    records = pl.measure(17, ModelShape("tiny", 64, 8), 8, [4], torch.float32, 2, ["fused"],
-                         [True], rounds=2, warmup=1, measure_memory=False, device="cpu",
-                         progress=False)
+    records = pl.measure(pl.PromptSweep(
+        17, ModelShape("tiny", 64, 8), 8, [4], torch.float32, 2, ["fused"], [True], rounds=2,
+        warmup=1, measure_memory=False), device="cpu", progress=False)
     # two configurations x three timed calls, and the reference (unchunked, no overlap) once
     assert sorted(calls, key=str) == sorted([16] * 3 + [4] * 3 + [16], key=str)
     checks = {(r["arm"], r["chunk"]): r["value"] for r in records if r.get("metric") == "bitwise_equal"}
@@ -430,9 +433,9 @@ def test_a_tile_sweep_rows_carry_their_tile_checked_against_the_same_tile_unchun
     real = pl.prompt_logprobs
     monkeypatch.setattr(pl, "prompt_logprobs",
                         lambda *a, **kw: tiles_run.append((a[4], kw["tile"])) or real(*a, **kw))
-    records = pl.measure(17, ModelShape("tiny", 64, 8), 8, [4], torch.float32, 2,
-                         ["fused", HEAD_FUSED], [True], rounds=2, warmup=0,
-                         measure_memory=False, device="cpu", progress=False, tiles=[16, 32])
+    records = pl.measure(pl.PromptSweep(
+        17, ModelShape("tiny", 64, 8), 8, [4], torch.float32, 2, ["fused", HEAD_FUSED], [True],
+        rounds=2, warmup=0, measure_memory=False, tiles=[16, 32]), device="cpu", progress=False)
     timed = {(r["arm"], r["chunk"], r["tile"]) for r in records
              if r.get("metric", "time") == "time" and r.get("status", "ok") == "ok"}
     assert timed == {("fused+overlap", 16, None), ("fused+overlap", 4, None),
@@ -454,8 +457,9 @@ def test_bad_tiles_are_refused_before_anything_runs(tiles, match):
     from stagelab.measure.shapes import ModelShape
 
     with pytest.raises(ValueError, match=match):
-        pl.prompt_cell(17, ModelShape("tiny", 64, 8), 8, [4], torch.float32, 2, [HEAD_FUSED],
-                       [True], device="cpu", tiles=tiles)
+        pl.prompt_cell(pl.PromptSweep(
+            17, ModelShape("tiny", 64, 8), 8, [4], torch.float32, 2, [HEAD_FUSED], [True],
+            tiles=tiles), device="cpu")
 
 
 def test_head_fused_needs_a_weight_and_a_positive_tile():
@@ -491,8 +495,8 @@ def test_head_fused_measured_peak_is_close_to_its_model():
     """Before: at chunk 256, tile 2048 the model said 13.1 MiB and RSS 15.7 or 23.4 MiB by the
     run (glibc kept freed blocks resident); now glibc hands them back and the model counts what a
     tile holds at once."""
-    config = dict(tokens=513, vocab=32768, hidden=256, chunk=256, dtype="float32",
-                  method=HEAD_FUSED, k=5, overlap=False, tile=2048)
+    config = dict(sizes=dict(tokens=513, vocab=32768, hidden=256, dtype="float32", k=5),
+                  chunk=256, method=HEAD_FUSED, overlap=False, tile=2048)
     (peak,) = memory.measure_peaks(pl.memory_probe, [config])
     model = pl.predicted_peak_bytes(513, 32768, 256, torch.float32, HEAD_FUSED, 5, tile=2048,
                                     hidden=256)
@@ -513,8 +517,8 @@ def test_head_fused_is_exact_at_a_real_vocabulary_and_holds_a_third_of_a_chunk()
     torch.testing.assert_close(result.logprobs, reference.logprobs, atol=5e-5, rtol=0)
     del reference, result
     (peak,) = memory.measure_peaks(pl.memory_probe, [dict(
-        tokens=tokens, vocab=vocab, hidden=hidden_size, chunk=256, dtype="float32",
-        method=HEAD_FUSED, k=5, overlap=True)])
+        sizes=dict(tokens=tokens, vocab=vocab, hidden=hidden_size, dtype="float32", k=5),
+        chunk=256, method=HEAD_FUSED, overlap=True)])
     assert peak["hwm_reset"]
     assert 0 < peak["host_extra_bytes"] <= 0.35 * 256 * vocab * 4
 

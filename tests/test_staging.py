@@ -130,8 +130,8 @@ def test_unknown_arm_is_named():
 def test_measure_times_interleaved_arms_and_records_what_it_cannot_measure():
     arms = ["pageable_fresh", "pageable_fresh_empty", "pageable_reused", "pinned_grow_only",
             "raw_ceiling"]
-    records = staging.measure(shapes.resolve_vocabs([1000]), [2], torch.float32, arms, rounds=4,
-                              warmup=1, progress=False)
+    records = staging.measure(staging.StagingSweep(
+        shapes.resolve_vocabs([1000]), [2], torch.float32, arms, rounds=4, warmup=1), progress=False)
     frame = schema.make_rows(records)
     timed = frame[(frame.metric == "time") & (frame.status == "ok")]
     expected = {"pageable_fresh": 4, "pageable_fresh~aa": 4, "pageable_fresh_empty": 4,
@@ -151,8 +151,8 @@ def test_measure_times_interleaved_arms_and_records_what_it_cannot_measure():
 
 def test_measure_skips_a_cell_that_does_not_fit_with_the_numbers(monkeypatch):
     monkeypatch.setattr(memory, "free_host_bytes", lambda: 10_000)
-    frame = schema.make_rows(staging.measure(shapes.resolve_vocabs([1000]), [64], torch.float32,
-                                             ["pageable_fresh"], rounds=2, progress=False))
+    frame = schema.make_rows(staging.measure(staging.StagingSweep(
+        shapes.resolve_vocabs([1000]), [64], torch.float32, ["pageable_fresh"], rounds=2), progress=False))
     assert list(frame.status) == ["skipped", "skipped"]  # the arm and its A/A twin
     assert "needs" in frame.note.iloc[0] and "GiB" in frame.note.iloc[0]
 
@@ -169,7 +169,8 @@ def test_measure_bad_parameters(kwargs, message):
     args = {"arms": ["pageable_fresh"], "rounds": 2, "rows": [1], **kwargs}
     rows = args.pop("rows")
     with pytest.raises(ValueError, match=message):
-        staging.measure(shapes.resolve_vocabs([10]), rows, torch.float32, progress=False, **args)
+        staging.measure(staging.StagingSweep(
+            shapes.resolve_vocabs([10]), rows, torch.float32, **args), progress=False)
 
 
 def test_grow_only_results_are_views_until_the_next_stage_unless_copied():

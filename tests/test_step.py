@@ -3,6 +3,7 @@ sweep over cells, and the waits each arm makes."""
 
 from __future__ import annotations
 
+import dataclasses
 import resource
 
 import pytest
@@ -70,9 +71,9 @@ def test_native_unavailable_makes_its_arms_unavailable_and_keeps_the_numpy_arm(m
 
 
 def test_measure_times_each_arm_with_a_twin_and_records_what_cannot_run():
-    frame = schema.make_rows(step.measure(shapes.resolve_vocabs([1000]), [3], [2],
-                                          torch.float32, list(step_pipelines.STEP_ARMS), rounds=3,
-                                          warmup=1, progress=False))
+    frame = schema.make_rows(step.measure(step.StepSweep(
+        shapes.resolve_vocabs([1000]), [3], [2], torch.float32, list(step_pipelines.STEP_ARMS),
+        rounds=3, warmup=1), progress=False))
     totals = frame[(frame.metric == "time") & (frame.stage == "total") & (frame.status == "ok")]
     expected = {"seed_pageable_numpy", "device_gather", "fused", "onepass"}
     if NATIVE_OK:
@@ -100,9 +101,9 @@ def test_measure_times_each_arm_with_a_twin_and_records_what_cannot_run():
 
 def test_a_real_run_records_each_samples_position_and_the_order_is_balanced():
     arms = ["seed_pageable_numpy", "device_gather", "fused"]
-    frame = schema.make_rows(step.measure(shapes.resolve_vocabs([1000]), [3, 5], [2],
-                                          torch.float32, arms, aa_arm="seed_pageable_numpy",
-                                          rounds=9, warmup=1, progress=False),
+    frame = schema.make_rows(step.measure(step.StepSweep(
+        shapes.resolve_vocabs([1000]), [3, 5], [2], torch.float32, arms,
+        aa_arm="seed_pageable_numpy", rounds=9, warmup=1), progress=False),
                              run_id="run-a")
     totals = frame[(frame.metric == "time") & (frame.stage == "total") & (frame.status == "ok")]
     assert totals["position"].notna().all()
@@ -119,9 +120,9 @@ def test_a_real_run_records_each_samples_position_and_the_order_is_balanced():
 
 
 def test_the_log_softmax_on_the_host_gives_the_same_answer_and_its_own_stage():
-    frame = schema.make_rows(step.measure(
+    frame = schema.make_rows(step.measure(step.StepSweep(
         shapes.resolve_vocabs([1000]), [3], [2], torch.float32, ["seed_pageable_numpy", "fused"],
-        aa_arm=None, rounds=2, warmup=0, progress=False, log_softmax=["device", "host"]))
+        aa_arm=None, rounds=2, warmup=0, conditions={"log_softmax": ["device", "host"]}), progress=False))
     errors = frame[frame.metric == "max_abs_error"]
     assert set(errors["log_softmax"]) == {"device", "host"} and (errors["value"] < 5e-5).all()
     stages = frame[(frame.arm == "seed_pageable_numpy") & (frame.status == "ok")]
@@ -134,9 +135,9 @@ def test_the_one_pass_kernel_s_read_rate_is_a_row_of_each_size_it_was_timed_at()
     of a lease had no share of HBM (issue 39). Now rows of the step's table, once per size."""
     from stagelab.analyse import step_analysis
 
-    frame = schema.make_rows(step.measure(
+    frame = schema.make_rows(step.measure(step.StepSweep(
         shapes.resolve_vocabs([1000]), [3, 5], [2], torch.float32, ["fused", "onepass"],
-        aa_arm=None, rounds=2, warmup=0, progress=False, log_softmax=["device", "host"]))
+        aa_arm=None, rounds=2, warmup=0, conditions={"log_softmax": ["device", "host"]}), progress=False))
     read = frame[frame.metric == schema.READ_RATE]
     assert sorted(zip(read["rows"], read["stage"])) == [
         (3, "l2_cold"), (3, "l2_warm"), (5, "l2_cold"), (5, "l2_warm")]  # not per place
@@ -147,34 +148,34 @@ def test_the_one_pass_kernel_s_read_rate_is_a_row_of_each_size_it_was_timed_at()
     assert list(table["l2"]) == ["warm", "cold", "warm", "cold"]
     assert table["read_gb_per_s"].tolist() == pytest.approx(
         (read["bytes"] / read["seconds"] / 1e9).tolist())
-    without = schema.make_rows(step.measure(
-        shapes.resolve_vocabs([1000]), [3], [2], torch.float32, ["fused"], aa_arm=None,
-        rounds=2, warmup=0, progress=False))
+    without = schema.make_rows(step.measure(step.StepSweep(
+        shapes.resolve_vocabs([1000]), [3], [2], torch.float32, ["fused"], aa_arm=None, rounds=2,
+        warmup=0), progress=False))
     assert not (without.metric == schema.READ_RATE).any()
     assert step_analysis.read_rate_table(without).iloc[0, 0] == (
         "not measured: the run did not time the onepass arm")
 
 
 def test_every_row_records_the_seed_vectors_allocation_regime():
-    frame = schema.make_rows(step.measure(
+    frame = schema.make_rows(step.measure(step.StepSweep(
         shapes.resolve_vocabs([1000]), [3], [2], torch.float32, ["seed_pageable", "fused"],
-        aa_arm=None, rounds=2, warmup=0, progress=False,
-        seed_regimes=["malloc", "mapped fresh"]))
+        aa_arm=None, rounds=2, warmup=0, conditions={"allocator": ["malloc", "mapped fresh"]}), progress=False))
     assert set(frame["regime"]) == {native.process_allocator(), "mapped fresh"}
     timed = frame[(frame.arm == "seed_pageable") & (frame.stage == "total")
                   & (frame.metric == "time")]
     assert timed.groupby("regime")["round"].nunique().to_dict() == {
         native.process_allocator(): 2, "mapped fresh": 2}
-    with pytest.raises(ValueError, match="seed_regimes: 'jemalloc' is not one of"):
-        step.cells(shapes.resolve_vocabs([1000]), [3], [2], torch.float32, ["fused"],
-                   aa_arm=None, device="cpu", seed_regimes=["jemalloc"])
+    with pytest.raises(ValueError, match=r"conditions: allocator \['jemalloc'\] must name each of"):
+        step.cells(step.StepSweep(
+            shapes.resolve_vocabs([1000]), [3], [2], torch.float32, ["fused"], aa_arm=None,
+            conditions={"allocator": ["jemalloc"]}), device="cpu")
 
 
 def test_the_step_cells_run_in_the_order_of_rows_across_every_model():
     """Before: cells ran model by model, so a lease's second model's largest decisive cell came
     after the first model's small ones and was the first a deadline refused."""
-    found = step.cells(shapes.resolve_vocabs([1000, 3000]), [8, 2], [1, 2], torch.float32,
-                       ["fused"], aa_arm=None, device="cpu")
+    found = step.cells(step.StepSweep(
+        shapes.resolve_vocabs([1000, 3000]), [8, 2], [1, 2], torch.float32, ["fused"], aa_arm=None), device="cpu")
     sizes = [(c.sizes["rows"], c.sizes["vocab"], c.sizes["k"]) for c in found]
     assert sizes == [(8, 3000, 1), (8, 3000, 2), (8, 1000, 1), (8, 1000, 2),
                      (2, 3000, 1), (2, 3000, 2), (2, 1000, 1), (2, 1000, 2)]
@@ -183,22 +184,22 @@ def test_the_step_cells_run_in_the_order_of_rows_across_every_model():
 def test_a_cpu_runs_progress_says_the_log_softmax_ran_on_the_host(capfd, monkeypatch):
     """Before: a CPU run's progress lines said "log-softmax on device"; the cell's label (its
     identity, the seed of its balanced order) is kept, its words follow the machine."""
-    (cell,) = step.cells(shapes.resolve_vocabs([1000]), [2], [2], torch.float32, ["fused"],
-                         aa_arm=None, device="cpu")
+    (cell,) = step.cells(step.StepSweep(
+        shapes.resolve_vocabs([1000]), [2], [2], torch.float32, ["fused"], aa_arm=None), device="cpu")
     assert cell.label == "n=2 V=1000 K=2 log-softmax on device"
     assert cell.shown == "n=2 V=1000 K=2 log-softmax on the host (a CPU run)"
     monkeypatch.setenv(paths.HEADLESS_ENV, "1")  # one plain line per cell, as a run prints
-    step.measure(shapes.resolve_vocabs([1000]), [2], [2], torch.float32, ["fused"], aa_arm=None,
-                 rounds=1, warmup=0, progress=True, device="cpu")
+    step.measure(step.StepSweep(
+        shapes.resolve_vocabs([1000]), [2], [2], torch.float32, ["fused"], aa_arm=None, rounds=1,
+        warmup=0), progress=True, device="cpu")
     assert "step: cell 1/1 n=2 V=1000 K=2 log-softmax on the host (a CPU run): " in (
         capfd.readouterr().err)
 
 
 def test_rounds_until_precise_in_a_real_run_stop_and_say_why():
-    frame = schema.make_rows(step.measure(
+    frame = schema.make_rows(step.measure(step.StepSweep(
         shapes.resolve_vocabs([1000]), [3], [2], torch.float32, ["seed_pageable_numpy", "fused"],
-        aa_arm="seed_pageable_numpy", rounds=5, warmup=1, progress=False, max_rounds=15,
-        delta=1e-6))
+        aa_arm="seed_pageable_numpy", rounds=5, warmup=1, max_rounds=15, delta=1e-6), progress=False))
     stop = frame[frame.metric == "rounds"]
     assert list(stop["value"]) == [15.0] and stop["note"].iloc[0].startswith("round cap")
     assert frame[(frame.metric == "time") & (frame.stage == "total")]["round"].max() == 14
@@ -206,8 +207,9 @@ def test_rounds_until_precise_in_a_real_run_stop_and_say_why():
 
 def test_forward_ms_on_a_cpu_is_refused_and_the_default_follows_the_formula(monkeypatch):
     with pytest.raises(ValueError, match="forward_ms=2 needs a CUDA device"):
-        step.measure(shapes.resolve_vocabs([10]), [1], [0], torch.float32, ["fused"],
-                     aa_arm=None, rounds=1, progress=False, forward_ms=2, device="cpu")
+        step.measure(step.StepSweep(
+            shapes.resolve_vocabs([10]), [1], [0], torch.float32, ["fused"], aa_arm=None, rounds=1,
+            forward_ms=2), progress=False, device="cpu")
     (qwen,) = shapes.resolve_vocabs(["Qwen2.5-7B"])
     assert step.default_forward_ms(qwen, "cpu", 16)[0] == 0.0
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
@@ -227,13 +229,14 @@ def test_forward_ms_on_a_cpu_is_refused_and_the_default_follows_the_formula(monk
 def test_measure_refuses_bad_parameters_naming_them(kwargs, message):
     args = {"rows": [1], "ks": [0], "arms": ["fused"], "aa_arm": None, "rounds": 1, **kwargs}
     with pytest.raises(ValueError, match=message):
-        step.measure(shapes.resolve_vocabs([10]), args.pop("rows"), args.pop("ks"),
-                     torch.float32, args.pop("arms"), progress=False, **args)
+        step.measure(step.StepSweep(
+            shapes.resolve_vocabs([10]), args.pop("rows"), args.pop("ks"), torch.float32,
+            args.pop("arms"), **args), progress=False)
 
 
 def test_measure_skips_a_k_larger_than_the_vocabulary_and_says_why():
-    frame = schema.make_rows(step.measure(shapes.resolve_vocabs([10]), [2], [20], torch.float32,
-                                          ["fused"], aa_arm=None, rounds=1, progress=False))
+    frame = schema.make_rows(step.measure(step.StepSweep(
+        shapes.resolve_vocabs([10]), [2], [20], torch.float32, ["fused"], aa_arm=None, rounds=1), progress=False))
     assert list(frame.status) == ["skipped"]
     assert "K=20 exceeds the vocabulary V=10" in frame.note.iloc[0]
 
@@ -286,32 +289,49 @@ def test_the_waited_order_waits_once_more_before_the_host_staging(arm, order, wa
 
 
 def test_cells_carry_each_overlap_order_and_a_profile_may_limit_the_second():
-    found = step.cells(shapes.resolve_vocabs([1000, 3000]), [8, 2], [1], torch.float32,
-                       ["fused"], aa_arm=None, device="cpu", overlap_orders=["queued", "waited"])
+    found = step.cells(step.StepSweep(
+        shapes.resolve_vocabs([1000, 3000]), [8, 2], [1], torch.float32, ["fused"], aa_arm=None,
+        conditions={"overlap": ["queued", "waited"]}), device="cpu")
     assert [(c.sizes["rows"], c.sizes["vocab"], c.sizes["overlap_order"]) for c in found] == [
         (n, v, order) for n in (8, 2) for v in (3000, 1000) for order in ("queued", "waited")]
     assert [c.label.endswith(", forward waited on") for c in found] == [False, True] * 4
-    limited = step.cells(shapes.resolve_vocabs([1000, 3000]), [8, 2], [1], torch.float32,
-                         ["fused"], aa_arm=None, device="cpu",
-                         overlap_orders=["queued", "waited"], overlap_only=[[2, 1000]])
+    limited = step.cells(step.StepSweep(
+        shapes.resolve_vocabs([1000, 3000]), [8, 2], [1], torch.float32, ["fused"], aa_arm=None,
+        conditions={"overlap": ["queued", "waited"]}, condition_cells={"overlap": [[2, 1000]]}), device="cpu")
     assert [(c.sizes["rows"], c.sizes["vocab"], c.sizes["overlap_order"]) for c in limited] == [
         (8, 3000, "queued"), (8, 1000, "queued"), (2, 3000, "queued"), (2, 1000, "queued"),
         (2, 1000, "waited")]
-    default = step.cells(shapes.resolve_vocabs([1000]), [2], [1], torch.float32, ["fused"],
-                         aa_arm=None, device="cpu")
+    default = step.cells(step.StepSweep(
+        shapes.resolve_vocabs([1000]), [2], [1], torch.float32, ["fused"], aa_arm=None), device="cpu")
     assert [c.sizes["overlap_order"] for c in default] == ["queued"]
     for orders, message in ((["waited", "waited"], "at most once"), ([], "at least one"),
-                            (["after"], "overlap_orders: 'after' is not one of")):
+                            (["after"], r"conditions: overlap \['after'\] must name each of")):
         with pytest.raises(ValueError, match=message):
-            step.cells(shapes.resolve_vocabs([1000]), [2], [1], torch.float32, ["fused"],
-                       aa_arm=None, device="cpu", overlap_orders=orders)
+            step.cells(step.StepSweep(
+                shapes.resolve_vocabs([1000]), [2], [1], torch.float32, ["fused"], aa_arm=None,
+                conditions={"overlap": orders}), device="cpu")
+
+
+def test_a_step_sweep_names_every_condition_of_the_catalogue_and_refuses_a_stranger():
+    spec = step.StepSweep(shapes.resolve_vocabs([1000]), [2], [1], torch.float32, ["fused"],
+                          aa_arm=None, conditions={"log_softmax": ["host", "device"]})
+    assert spec.chosen == {c.name: ((c.decides,) if c is not catalogue.LOG_SOFTMAX
+                                    else ("host", "device")) for c in catalogue.CONDITIONS}
+    (first, second) = step.cells(spec, device="cpu")
+    assert (first.sizes["log_softmax"], second.sizes["log_softmax"]) == ("host", "device")
+    for given in ({"conditions": {"thp": ["never"]}}, {"condition_cells": {"thp": [[2, 1000]]}}):
+        with pytest.raises(ValueError, match="no step condition"):
+            step.StepSweep(shapes.resolve_vocabs([1000]), [2], [1], torch.float32, ["fused"],
+                           aa_arm=None, **given)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        spec.rounds = 3  # type: ignore[misc]
 
 
 @pytest.mark.skipif(not NATIVE_OK, reason=f"the native path cannot be built here: {NATIVE_WHY}")
 def test_every_step_row_records_its_overlap_order():
-    frame = schema.make_rows(step.measure(
+    frame = schema.make_rows(step.measure(step.StepSweep(
         shapes.resolve_vocabs([1000]), [3], [2], torch.float32, ["seed_pageable", "fused"],
-        aa_arm=None, rounds=2, warmup=0, progress=False, overlap_orders=["queued", "waited"]))
+        aa_arm=None, rounds=2, warmup=0, conditions={"overlap": ["queued", "waited"]}), progress=False))
     assert set(frame["overlap_order"]) == {"queued", "waited"}  # every row, none missing
     timed = frame[(frame.arm == "seed_pageable") & (frame.stage == "total")
                   & (frame.metric == "time")]
@@ -411,10 +431,9 @@ def test_every_alloc_row_says_whether_its_vector_was_mapped_and_its_faults():
     say so, with at least a fault per huge page; a vector mapped fresh by its own regime too;
     the reused scratch has no fresh vector and faults nothing once grown."""
     n, vocab = 1, 10 * 2 ** 20  # 40 MiB of fp32
-    frame = schema.make_rows(step.measure(
+    frame = schema.make_rows(step.measure(step.StepSweep(
         shapes.resolve_vocabs([vocab]), [n], [1], torch.float32,
-        ["seed_pageable", "seed_pageable_reused"], aa_arm=None, rounds=3, warmup=1,
-        progress=False))
+        ["seed_pageable", "seed_pageable_reused"], aa_arm=None, rounds=3, warmup=1), progress=False))
     alloc = frame[(frame.stage == "alloc") & (frame.status == "ok")]
     fresh = alloc[alloc.arm == "seed_pageable"]
     assert len(fresh) == 3

@@ -10,7 +10,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from stagelab.core import outcomes, paths, phases
+from stagelab.core import outcomes, parameter_history, paths, phases
 from stagelab.core.errors import UserError
 from stagelab.core.outcomes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 from stagelab.run import measure_command
@@ -377,10 +377,11 @@ def profile_changes(manifest: dict) -> list[str]:
         return []
     if not profile:
         return []
-    entries = {e["name"]: e.get("parameters") or {} for e in manifest.get("notebooks") or []}
+    entries = {e["name"]: parameter_history.current(e["name"], e.get("parameters") or {})
+               for e in manifest.get("notebooks") or []}
     out = [f"only {', '.join(entries)}"] if set(entries) < set(profile) else []
     for name, given in entries.items():
-        wanted = profile.get(name) or {}
+        wanted = parameter_history.current(name, profile.get(name) or {})
         changed = [f"{key}={given.get(key)!r}" for key in sorted({*given, *wanted})
                    if given.get(key) != wanted.get(key)]
         if changed:

@@ -3,7 +3,7 @@ the copy's share, the levers' savings, and the step's own tables."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -41,6 +41,18 @@ def condition_values(frame: pd.DataFrame, condition: catalogue.Condition) -> lis
     return [value for value in condition.values if value in found]
 
 
+def at_first_values(frame: pd.DataFrame, conditions: Mapping[str, Sequence[str]] | None,
+                    but: str = "") -> pd.DataFrame:
+    """The step rows at each condition's first value of ``conditions`` (by name; a condition
+    left out: its deciding value), every value of the condition ``but``: what notebook 02
+    shows before each condition's own table."""
+    for condition in catalogue.CONDITIONS:
+        if condition.name != but:
+            values = (conditions or {}).get(condition.name) or (condition.decides,)
+            frame = where_condition(frame, condition, values[0])
+    return frame
+
+
 def where_log_softmax(frame: pd.DataFrame, place: str) -> pd.DataFrame:
     """The step rows measured with the log-softmax on ``place`` (``device`` or ``host``); rows
     that do not say (tables kept before the choice existed) ran it on the device."""
@@ -65,13 +77,13 @@ def overlap_table(frame: pd.DataFrame) -> pd.DataFrame:
     ``queued``: what waiting on the forward before the allocation costs each arm; empty when
     the run measured one order only."""
     columns = ["rows", "vocab", "k", "arm", "queued_ms", "waited_ms", "waited_over_queued"]
-    timed = ok_timings(frame)
-    if "overlap_order" not in timed:
+    timed, column = ok_timings(frame), catalogue.OVERLAP.column
+    if column not in timed:
         return pd.DataFrame(columns=columns)
-    timed = timed[timed["overlap_order"].isin(forward.OVERLAP_ORDERS)]  # a stranger's: known only
-    if timed["overlap_order"].nunique() < len(forward.OVERLAP_ORDERS):
+    timed = timed[timed[column].isin(forward.OVERLAP_ORDERS)]  # a stranger's: known only
+    if timed[column].nunique() < len(forward.OVERLAP_ORDERS):
         return pd.DataFrame(columns=columns)
-    means = timed.pivot_table(index=["rows", "vocab", "k", "arm"], columns="overlap_order",
+    means = timed.pivot_table(index=["rows", "vocab", "k", "arm"], columns=column,
                               values="seconds", aggfunc="mean", observed=True) * 1e3
     means = means.rename(columns={order: f"{order}_ms" for order in forward.OVERLAP_ORDERS})
     means = means.dropna().reset_index()

@@ -178,10 +178,10 @@ def calibrate_rule(decisive: list[dict[str, Any]], trials: int,
 
 def context_summary(decisive: list[dict[str, Any]], delta: float, log_softmax: str,
                     family: stats.FamilyDecision | None, on_cpu: bool = False,
-                    overlap_order: str = forward.QUEUED) -> dict[str, Any]:
+                    overlap: str = catalogue.OVERLAP.decides) -> dict[str, Any]:
     """What every verdict states beside its decision: the device work queued before each step,
     what delta is a share of (with the logprobs-only bar beside it), where the log-softmax ran,
-    and how the family of cells was combined."""
+    the overlap order decided under, and how the family of cells was combined."""
     forwards = sorted({c["forward_ms"] for c in decisive})
     bars = [c["logprobs_only_min_speedup"] for c in decisive
             if c.get("logprobs_only_min_speedup") is not None]
@@ -196,7 +196,7 @@ def context_summary(decisive: list[dict[str, Any]], delta: float, log_softmax: s
             "family_reason": family.reason if family else "no decisive cell was measured",
             "words": context_words(forwards, delta,
                                    catalogue.log_softmax_place(log_softmax, on_cpu),
-                                   overlap_order)}
+                                   overlap)}
 
 
 def forward_summary(step: pd.DataFrame) -> dict[str, Any]:
@@ -313,9 +313,8 @@ def condition_summary(step: pd.DataFrame, named: list[tuple[int, int, int]],
             **CONDITION_CONTEXT.get(condition.name, {})}
 
 
-# Notebook 04's parameters that choose a step condition's decided value (the allocator's is the
-# process's malloc, as the engine gets it), and those that build its rule.
-DECIDED_BY = {"log_softmax": catalogue.LOG_SOFTMAX, "overlap_order": catalogue.OVERLAP}
+# Notebook 04's parameters that build its rule (its ``conditions`` choose each step condition's
+# decided value, by name).
 RULE_PARAMETERS = ("delta", "min_samples", "confidence", "seed")
 
 
@@ -337,10 +336,10 @@ def decided_conditions(chosen: Mapping[str, str] | None = None) -> dict[str, str
 
 def arguments(parameters: Mapping[str, Any]) -> dict[str, Any]:
     """:func:`build_verdict`'s rule and conditions from notebook 04's parameters of those names
-    (the notebook's call and ``keep``'s re-derivation read them alike)."""
+    (the notebook's call and ``keep``'s re-derivation read them alike; parameters recorded in an
+    older shape are read through :mod:`stagelab.core.parameter_history` first)."""
     return {"rule": Rule(**{k: parameters[k] for k in RULE_PARAMETERS if k in parameters}),
-            "conditions": {condition.name: parameters[name] for name, condition in
-                           DECIDED_BY.items() if name in parameters}}
+            "conditions": dict(parameters.get("conditions") or {})}
 
 
 def build_verdict(run_dir: Path | str, *, decisive_rows: list[int], decisive_vocabs: list[int],
@@ -361,7 +360,6 @@ def build_verdict(run_dir: Path | str, *, decisive_rows: list[int], decisive_voc
     rule = rule or Rule()
     decided_values = decided_conditions(conditions)
     log_softmax = decided_values[catalogue.LOG_SOFTMAX.name]
-    overlap_order = decided_values[catalogue.OVERLAP.name]
     check_parameters(decisive_rows, decisive_vocabs, decisive_ks)
     run_dir = Path(run_dir)
     tables, missing = load_tables(run_dir)
@@ -404,7 +402,8 @@ def build_verdict(run_dir: Path | str, *, decisive_rows: list[int], decisive_voc
         "hardware": summaries.hardware_summary(hardware),
         "parameters": {**rule.as_dict(), "decisive_rows": decisive_rows,
                        "decisive_vocabs": decisive_vocabs, "decisive_ks": decisive_ks,
-                       "log_softmax": log_softmax, "overlap_order": overlap_order,
+                       "log_softmax": log_softmax,
+                       catalogue.OVERLAP.column: decided_values[catalogue.OVERLAP.name],
                        "conditions": decided_values},
         "overall": decided,
         "recommendation": recommendation,
@@ -412,7 +411,7 @@ def build_verdict(run_dir: Path | str, *, decisive_rows: list[int], decisive_voc
         "context": with_machine({
             **context_summary(decisive, rule.delta, log_softmax, family,
                               on_cpu=step_analysis.measured_on_cpu(step_all),
-                              overlap_order=overlap_order),
+                              overlap=decided_values[catalogue.OVERLAP.name]),
             "forward": forward_summary(assumed_rows)}, hardware),
         "conditions": {condition.name: condition_summary(step_all, named, condition,
                                                          decided_values, rule)

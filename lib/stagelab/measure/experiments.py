@@ -93,72 +93,77 @@ class Experiment:
 
 
 # ----------------------------------------------------------------------------------- staging
-# Each experiment: the positional arguments and the keywords its cells share with its measuring
-# call (the sizes), then the keywords only the measuring call takes (how it times).
+# Each experiment: its notebook's parameters as the experiment's frozen spec, then the measuring
+# call and the cells, both from that one spec.
 
-def _staging_sizes(p: Parameters) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    from stagelab.measure import shapes
+def _given(p: Parameters, *names: str) -> dict[str, Any]:
+    """The timing settings ``p`` gives, by name (those it leaves out: the spec's defaults; the
+    cells never read them)."""
+    return {name: p[name] for name in names if name in p}
 
-    return ((shapes.resolve_vocabs(p["models"]), p["rows"], shapes.torch_dtype(p["dtype"]),
-             p["arms"]), dict(aa_arm=p["aa_arm"], sources=p["sources"]))
+
+def _staging_spec(p: Parameters) -> Any:
+    """The notebook's staging sweep (:class:`stagelab.measure.staging.StagingSweep`)."""
+    from stagelab.measure import shapes, staging
+
+    return staging.StagingSweep(
+        shapes.resolve_vocabs(p["models"]), p["rows"], shapes.torch_dtype(p["dtype"]), p["arms"],
+        aa_arm=p["aa_arm"], sources=p["sources"], **_given(p, "rounds", "warmup", "seed"))
 
 
 def _staging_call(p: Parameters) -> Call:
     from stagelab.measure import staging
 
-    args, sizes = _staging_sizes(p)
-    return staging.measure, args, dict(rounds=p["rounds"], warmup=p["warmup"], **sizes,
-                                       seed=p["seed"])
+    return staging.measure, (_staging_spec(p),), {}
 
 
 def _staging_cells(p: Parameters, device: str) -> list[Any]:
     from stagelab.measure import staging
 
-    args, sizes = _staging_sizes(p)
-    return staging.cells(*args, **sizes, device=device)
+    return staging.cells(_staging_spec(p), device=device)
 
 
 # -------------------------------------------------------------------------------------- step
 
-def _step_sizes(p: Parameters) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    from stagelab.measure import shapes
+def _step_spec(p: Parameters) -> Any:
+    """The notebook's step sweep (:class:`stagelab.measure.step.StepSweep`): its sizes, each step
+    condition's values (``conditions``, by the catalogue's names) and where they are measured."""
+    from stagelab.measure import shapes, step
 
-    return ((shapes.resolve_vocabs(p["models"]), p["rows"], p["ks"],
-             shapes.torch_dtype(p["logits_dtype"], "logits_dtype"), p["arms"]),
-            dict(aa_arm=p["aa_arm"], sources=p["sources"],
-                 log_softmax=p.get("log_softmax", ["device"]),
-                 seed_regimes=p.get("seed_regimes", ["malloc"]),
-                 overlap_orders=p.get("overlap_orders", ["queued"]),
-                 overlap_only=p.get("overlap_only"),
-                 steps_per_call=p.get("steps_per_call", 1)))  # one step: before sequences
+    return step.StepSweep(
+        shapes.resolve_vocabs(p["models"]), p["rows"], p["ks"],
+        shapes.torch_dtype(p["logits_dtype"], "logits_dtype"), p["arms"], aa_arm=p["aa_arm"],
+        sources=p["sources"], conditions=p.get("conditions"),
+        condition_cells=p.get("condition_cells"),
+        steps_per_call=p.get("steps_per_call", 1),  # one step: before sequences
+        **_given(p, "rounds", "warmup", "seed", "forward_ms", "delta", "max_rounds",
+                 "max_seconds"))
 
 
 def _step_call(p: Parameters) -> Call:
     from stagelab.measure import step
 
-    args, sizes = _step_sizes(p)
-    return step.measure, args, dict(
-        rounds=p["rounds"], warmup=p["warmup"], **sizes, seed=p["seed"],
-        forward_ms=p["forward_ms"], delta=p["delta"], max_rounds=p["max_rounds"],
-        max_seconds=p["max_seconds"])
+    return step.measure, (_step_spec(p),), {}
 
 
 def _step_cells(p: Parameters, device: str) -> list[Any]:
     from stagelab.measure import step
 
-    args, sizes = _step_sizes(p)
-    return step.cells(*args, **sizes, device=device)
+    return step.cells(_step_spec(p), device=device)
 
 
 # --------------------------------------------------------------------------- prompt logprobs
 
-def _prompt_sizes(p: Parameters) -> tuple[Any, ...]:
-    from stagelab.measure import shapes
+def _prompt_spec(p: Parameters) -> Any:
+    """The notebook's prompt sweep (:class:`stagelab.measure.prompt_logprobs.PromptSweep`)."""
+    from stagelab.measure import prompt_logprobs, shapes
 
     shape = shapes.override(shapes.resolve_vocabs([p["model"]], "model")[0], vocab=p["vocab"],
                             hidden=p["hidden"])
-    return (p["tokens"], shape, shape.hidden, shapes.positive_ints(p["chunks"], "chunks"),
-            shapes.torch_dtype(p["dtype"]), p["k"], p["methods"], p["overlaps"])
+    return prompt_logprobs.PromptSweep(
+        p["tokens"], shape, shape.hidden, shapes.positive_ints(p["chunks"], "chunks"),
+        shapes.torch_dtype(p["dtype"]), p["k"], p["methods"], p["overlaps"],
+        tiles=_prompt_tiles(p), **_given(p, "rounds", "warmup", "seed", "measure_memory"))
 
 
 def _prompt_tiles(p: Parameters) -> list[int] | None:
@@ -170,16 +175,13 @@ def _prompt_tiles(p: Parameters) -> list[int] | None:
 def _prompt_call(p: Parameters) -> Call:
     from stagelab.measure import prompt_logprobs
 
-    return prompt_logprobs.measure, _prompt_sizes(p), dict(
-        rounds=p["rounds"], warmup=p["warmup"], seed=p["seed"],
-        measure_memory=p["measure_memory"], tiles=_prompt_tiles(p))
+    return prompt_logprobs.measure, (_prompt_spec(p),), {}
 
 
 def _prompt_cells(p: Parameters, device: str) -> list[Any]:
     from stagelab.measure import prompt_logprobs
 
-    return [prompt_logprobs.prompt_cell(*_prompt_sizes(p), device=device,
-                                        tiles=_prompt_tiles(p))]
+    return [prompt_logprobs.prompt_cell(_prompt_spec(p), device=device)]
 
 
 EXPERIMENTS = {e.name: e for e in (

@@ -326,7 +326,7 @@ def _allocator_in(maps: str) -> str:
 def regime_label(regime: str) -> str:
     """What a row records of the regime: the process's malloc by name, or ``mapped fresh``."""
     if regime not in REGIME_CODES:
-        raise ValueError(f"seed_regimes: {regime!r} is not one of {list(REGIME_CODES)}")
+        raise ValueError(f"allocator: {regime!r} is not one of {list(REGIME_CODES)}")
     return process_allocator() if regime == MALLOC else MAPPED
 
 

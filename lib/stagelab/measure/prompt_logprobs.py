@@ -15,8 +15,9 @@ double-buffer code runs with an engine that copies at once.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
-from typing import Protocol, TypeAlias
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeAlias
 
 import torch
 
@@ -397,13 +398,15 @@ def make_inputs(tokens: int, vocab: int, hidden: int, dtype: torch.dtype, seed: 
     return hidden_states, weight, ids
 
 
-def memory_probe(tokens: int, vocab: int, hidden: int, chunk: int | None, dtype: str,
-                 method: str, k: int, overlap: bool, seed: int = 0,
-                 device: str = "cpu", tile: int = HEAD_TILE) -> Callable[[], object]:
-    """For :func:`stagelab.measure.memory.measure_peak`: build the inputs, return the call to measure."""
-    hidden_states, weight, ids = make_inputs(tokens, vocab, hidden, torch_dtype(dtype), seed,
-                                             device)
-    return lambda: prompt_logprobs(hidden_states, weight, ids, k, chunk, method=method,
+def memory_probe(sizes: Mapping[str, Any], method: str, chunk: int | None, overlap: bool,
+                 tile: int = HEAD_TILE, seed: int = 0, device: str = "cpu"
+                 ) -> Callable[[], object]:
+    """For :func:`stagelab.measure.memory.measure_peak`: build the inputs of a prompt of
+    ``sizes`` (``tokens``, ``vocab``, ``hidden``, ``dtype`` by name, ``k``), return the call of
+    one configuration to measure."""
+    hidden_states, weight, ids = make_inputs(sizes["tokens"], sizes["vocab"], sizes["hidden"],
+                                             torch_dtype(sizes["dtype"]), seed, device)
+    return lambda: prompt_logprobs(hidden_states, weight, ids, sizes["k"], chunk, method=method,
                                    overlap=overlap, tile=tile)
 
 
@@ -481,45 +484,71 @@ def probed(configs: dict[str, Config], overlaps: list[bool]) -> list[str]:
     return [key for key, (_, _, overlap, _) in configs.items() if overlap == overlaps[0]]
 
 
-def prompt_cell(tokens: int, shape: ModelShape, hidden: int, chunks: list[int],
-                dtype: torch.dtype, k: int, methods: list[str], overlaps: list[bool], *,
-                device: str | None = None, tiles: list[int] | None = None) -> sweep.Cell:
+@dataclass(frozen=True)
+class PromptSweep:
+    """What a prompt-logprob sweep measures and how, fixed once (checked when built,
+    :func:`check_measure_parameters`): one prompt of ``tokens`` on ``shape``'s vocabulary with
+    ``hidden`` states, every ``(method, chunk, overlap, tile)`` configuration
+    (:func:`configurations`; ``tiles``: the head-fused method's, None: its default), ``rounds``
+    timed after ``warmup`` in an order seeded by ``seed``, and each configuration's peak memory
+    where ``measure_memory``."""
+
+    tokens: int
+    shape: ModelShape
+    hidden: int
+    chunks: Sequence[int]
+    dtype: torch.dtype
+    k: int
+    methods: Sequence[str]
+    overlaps: Sequence[bool]
+    tiles: Sequence[int] | None = None
+    rounds: int = 3
+    warmup: int = 1
+    seed: int = 0
+    measure_memory: bool = True
+
+    def __post_init__(self) -> None:
+        check_measure_parameters(self.tokens, self.shape.vocab, list(self.chunks), self.k,
+                                 list(self.methods), list(self.overlaps),
+                                 None if self.tiles is None else list(self.tiles))
+
+    def configurations(self) -> dict[str, Config]:
+        """Every configuration to run, by key (:func:`configurations`)."""
+        return configurations(self.tokens - 1, list(self.chunks), list(self.methods),
+                              list(self.overlaps), None if self.tiles is None else list(self.tiles))
+
+
+def prompt_cell(spec: PromptSweep, device: str | None = None) -> sweep.Cell:
     """The sweep's one cell (one prompt; the configurations are its arms), with the memory its
     largest configuration needs: the inputs and the predicted peak."""
-    check_measure_parameters(tokens, shape.vocab, chunks, k, methods, overlaps, tiles)
     device = device or default_device()
-    configs = configurations(tokens - 1, chunks, methods, overlaps, tiles)
+    configs = spec.configurations()
+    tokens, shape, hidden, dtype = spec.tokens, spec.shape, spec.hidden, spec.dtype
     itemsize = torch.empty((), dtype=dtype).element_size()
     inputs_bytes = (tokens + shape.vocab) * hidden * itemsize
     peak = max(predicted_peak_bytes(tokens=tokens, vocab=shape.vocab, chunk=c, dtype=dtype,
-                                    method=m, num_logprobs=k, tile=t or HEAD_TILE, hidden=hidden)
+                                    method=m, num_logprobs=spec.k, tile=t or HEAD_TILE,
+                                    hidden=hidden)
                for m, c, _, t in configs.values())
     on_cpu = torch.device(device).type == "cpu"
     return sweep.Cell(
         sizes=dict(experiment=catalogue.PROMPT, device=device_label(device), model=shape.model,
-                   rows=tokens - 1, vocab=shape.vocab, hidden=hidden, k=k,
+                   rows=tokens - 1, vocab=shape.vocab, hidden=hidden, k=spec.k,
                    dtype=str(dtype).removeprefix("torch.")),
         arms=list(configs), label=f"T={tokens} V={shape.vocab} H={hidden}",
         host_bytes=inputs_bytes + peak if on_cpu else 0,
         device_bytes=0 if on_cpu else inputs_bytes + peak)
 
 
-def memory_plan(tokens: int, shape: ModelShape, hidden: int, chunks: list[int],
-                dtype: torch.dtype, k: int, methods: list[str], overlaps: list[bool], *,
-                device: str | None = None, tiles: list[int] | None = None) -> str:
-    """What :func:`measure` with these arguments needs in memory at its largest configuration,
-    against what is free now, in Markdown: said before the notebook's cell allocates anything."""
+def memory_plan(spec: PromptSweep, device: str | None = None) -> str:
+    """What :func:`measure` of ``spec`` needs in memory at its largest configuration, against
+    what is free now, in Markdown: said before the notebook's cell allocates anything."""
     device = device or default_device()
-    cell = prompt_cell(tokens, shape, hidden, chunks, dtype, k, methods, overlaps, device=device,
-                       tiles=tiles)
-    return sweep.memory_plan(cell, device)
+    return sweep.memory_plan(prompt_cell(spec, device), device)
 
 
-def measure(tokens: int, shape: ModelShape, hidden: int, chunks: list[int], dtype: torch.dtype,
-            k: int, methods: list[str], overlaps: list[bool], *, rounds: int, warmup: int = 1,
-            seed: int = 0, measure_memory: bool = True, device: str | None = None,
-            sink: RowSink | None = None, progress: bool = True,
-            tiles: list[int] | None = None) -> list[dict]:
+def measure(spec: PromptSweep, *, device: str | None = None, sink: RowSink | None = None,
+            progress: bool = True) -> list[dict]:
     """Time, measure and check every ``(method, chunk, overlap, tile)`` configuration of one
     prompt (:func:`configurations`; ``tiles``: the head-fused method's, a row's ``tile``).
 
@@ -533,10 +562,11 @@ def measure(tokens: int, shape: ModelShape, hidden: int, chunks: list[int], dtyp
     side where cores and free memory allow (:func:`probe_parallelism`).
     """
     device = device or default_device()
-    cell = prompt_cell(tokens, shape, hidden, chunks, dtype, k, methods, overlaps, device=device,
-                       tiles=tiles)
+    cell = prompt_cell(spec, device)
+    tokens, shape, hidden, dtype, k = spec.tokens, spec.shape, spec.hidden, spec.dtype, spec.k
+    seed, overlaps = spec.seed, list(spec.overlaps)
     rows = tokens - 1
-    configs = configurations(rows, chunks, methods, overlaps, tiles)
+    configs = spec.configurations()
 
     def prepare(_cell: sweep.Cell) -> sweep.CellPlan:
         hidden_states, weight, ids = make_inputs(tokens, shape.vocab, hidden, dtype, seed, device)
@@ -566,11 +596,12 @@ def measure(tokens: int, shape: ModelShape, hidden: int, chunks: list[int], dtyp
                     tokens=tokens, vocab=shape.vocab, chunk=chunk, dtype=dtype, method=method,
                     num_logprobs=k, tile=tile or HEAD_TILE, hidden=hidden)})
                 records += [annotate({"arm": key, **record}) for record in found]
-            measured = probed(configs, overlaps) if measure_memory else []
-            probes = [dict(tokens=tokens, vocab=shape.vocab, hidden=hidden, chunk=configs[key][1],
-                           dtype=str(dtype).removeprefix("torch."), method=configs[key][0], k=k,
-                           overlap=configs[key][2], seed=seed, device=device,
-                           tile=configs[key][3] or HEAD_TILE) for key in measured]
+            measured = probed(configs, overlaps) if spec.measure_memory else []
+            sizes = dict(tokens=tokens, vocab=shape.vocab, hidden=hidden, k=k,
+                         dtype=str(dtype).removeprefix("torch."))
+            probes = [dict(sizes=sizes, method=configs[key][0], chunk=configs[key][1],
+                           overlap=configs[key][2], tile=configs[key][3] or HEAD_TILE,
+                           seed=seed, device=device) for key in measured]
             parallel = probe_parallelism(device, cell.host_bytes, len(probes))
             told = sweep.cell_progress()
             probed_so_far = (None if told is None else lambda done, total: told.say(
@@ -594,8 +625,8 @@ def measure(tokens: int, shape: ModelShape, hidden: int, chunks: list[int], dtyp
         return {**record, "arm": catalogue.prompt_arm(method, overlap), "chunk": chunk,
                 "overlap": overlap, "tile": tile}
 
-    return sweep.run([cell], prepare, rounds=rounds, warmup=warmup, seed=seed, device=device,
-                     sink=sink, label="prompt logprobs", progress=progress)
+    return sweep.run([cell], prepare, rounds=spec.rounds, warmup=spec.warmup, seed=seed,
+                     device=device, sink=sink, label="prompt logprobs", progress=progress)
 
 
 # A probe process's own footprint beside the cell's inputs and peak: the interpreter and torch.

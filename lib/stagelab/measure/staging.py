@@ -14,7 +14,8 @@ results pass ``copy=True``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -361,7 +362,7 @@ def _stage_and_release(arm: StagingArm, src: torch.Tensor) -> None:
     arm.stage(src)
 
 
-def chosen_arms(arms: list[str] | None) -> list[str]:
+def chosen_arms(arms: Sequence[str] | None) -> list[str]:
     """The arms to time: those named, or (None) every staging arm of the catalogue."""
     return list(ARMS) if arms is None else list(arms)
 
@@ -377,43 +378,63 @@ def check_arms(arms: list[str], aa_arm: str) -> None:
         raise ValueError(f"aa_arm {aa_arm!r} must be one of arms {arms}")
 
 
-def cells(shapes: list[ModelShape], rows: list[int], dtype: torch.dtype, arms: list[str] | None, *,
-          aa_arm: str = catalogue.baseline(catalogue.STAGING), sources: int = 3,
-          device: str | None = None) -> list[sweep.Cell]:
+@dataclass(frozen=True)
+class StagingSweep:
+    """What a staging sweep measures and how, fixed once (checked when built): every arm
+    (``arms``; None: every staging arm of the catalogue) with an A/A twin of ``aa_arm`` over
+    each ``rows x vocab`` cell of the models' ``shapes``, ``sources`` tensors rotated between
+    rounds, ``rounds`` timed after ``warmup``, in an order seeded by ``seed``."""
+
+    shapes: Sequence[ModelShape]
+    rows: Sequence[int]
+    dtype: torch.dtype
+    arms: Sequence[str] | None = None
+    aa_arm: str = catalogue.baseline(catalogue.STAGING)
+    sources: int = 3
+    rounds: int = 12
+    warmup: int = 2
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        positive_ints(self.rows, "rows")
+        positive_ints([self.sources], "sources")
+        arms = chosen_arms(self.arms)
+        check_arms(arms, self.aa_arm)
+        for name, value in (("arms", tuple(arms)), ("shapes", tuple(self.shapes)),
+                            ("rows", tuple(self.rows))):
+            object.__setattr__(self, name, value)
+
+
+def cells(spec: StagingSweep, device: str | None = None) -> list[sweep.Cell]:
     """The sweep's cells, one per ``rows x vocab``, with the memory each needs (the preflight
     checks the largest against free memory)."""
-    positive_ints(rows, "rows")
-    positive_ints([sources], "sources")
-    arms = chosen_arms(arms)
-    check_arms(arms, aa_arm)
     device = device or default_device()
-    itemsize = torch.empty((), dtype=dtype).element_size()
+    itemsize = torch.empty((), dtype=spec.dtype).element_size()
     on_cpu = torch.device(device).type == "cpu"
-    every_arm = [*arms, aa_name(aa_arm)]
+    every_arm = [*(spec.arms or ()), aa_name(spec.aa_arm)]
     out = []
-    for shape in shapes:
-        for n in rows:
+    for shape in spec.shapes:
+        for n in spec.rows:
             nbytes = n * shape.vocab * itemsize
             out.append(sweep.Cell(
                 sizes=dict(experiment=catalogue.STAGING, device=device_label(device), model=shape.model,
-                           rows=n, vocab=shape.vocab, dtype=str(dtype).removeprefix("torch."),
+                           rows=n, vocab=shape.vocab, dtype=str(spec.dtype).removeprefix("torch."),
                            bytes=nbytes),
                 arms=every_arm, label=f"n={n} V={shape.vocab}",
-                host_bytes=(len(every_arm) + 1 + (sources if on_cpu else 0)) * nbytes,
-                device_bytes=0 if on_cpu else sources * nbytes))
+                host_bytes=(len(every_arm) + 1 + (spec.sources if on_cpu else 0)) * nbytes,
+                device_bytes=0 if on_cpu else spec.sources * nbytes))
     return out
 
 
-def measure(shapes: list[ModelShape], rows: list[int], dtype: torch.dtype, arms: list[str] | None, *,
-            rounds: int, warmup: int = 2, aa_arm: str = catalogue.baseline(catalogue.STAGING),
-            sources: int = 3, seed: int = 0, device: str | None = None,
-            sink: RowSink | None = None, progress: bool = True) -> list[dict]:
-    """Time each arm's ``stage()`` over every ``rows x vocab`` cell, interleaved, with an A/A twin
-    of ``aa_arm``; schema records out (written per cell into ``sink``). See :mod:`stagelab.measure.sweep`
-    for skipped, unavailable and failed rows. ``arms=None`` times every arm of the catalogue."""
-    device, arms = device or default_device(), chosen_arms(arms)
-    todo = cells(shapes, rows, dtype, arms, aa_arm=aa_arm, sources=sources, device=device)
-    generator = torch.Generator(device=device).manual_seed(seed)
+def measure(spec: StagingSweep, *, device: str | None = None, sink: RowSink | None = None,
+            progress: bool = True) -> list[dict]:
+    """Time each arm's ``stage()`` over every cell of ``spec``, interleaved, with an A/A twin
+    of its ``aa_arm``; schema records out (written per cell into ``sink``). See
+    :mod:`stagelab.measure.sweep` for skipped, unavailable and failed rows."""
+    device = device or default_device()
+    todo = cells(spec, device)
+    arms, aa_arm, dtype, sources = list(spec.arms or ()), spec.aa_arm, spec.dtype, spec.sources
+    generator = torch.Generator(device=device).manual_seed(spec.seed)
 
     def prepare(cell: sweep.Cell) -> sweep.CellPlan:
         nbytes, n, vocab = cell.sizes["bytes"], cell.sizes["rows"], cell.sizes["vocab"]
@@ -436,8 +457,8 @@ def measure(shapes: list[ModelShape], rows: list[int], dtype: torch.dtype, arms:
             calls={name: timed(arm) for name, arm in built.items()},
             unavailable=unavailable, monitor=pcie, after=after)
 
-    return sweep.run(todo, prepare, rounds=rounds, warmup=warmup, seed=seed, device=device,
-                     sink=sink, label="staging", progress=progress)
+    return sweep.run(todo, prepare, rounds=spec.rounds, warmup=spec.warmup, seed=spec.seed,
+                     device=device, sink=sink, label="staging", progress=progress)
 
 
 def _holdings(built: dict[str, StagingArm]) -> list[dict]:

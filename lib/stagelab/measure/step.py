@@ -8,7 +8,8 @@ import functools
 import itertools
 import math
 import statistics
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -25,13 +26,11 @@ from stagelab.measure.step_pipelines import (
     BASELINE,
     CANDIDATE,
     LOG_SOFTMAX,
-    OVERLAP_ORDERS,
     STEP_ARMS,
     DeviceStep,
     Pipeline,
     SeedStep,
     build_pipelines,
-    check_overlap_order,
     copied_bytes,
     make_pipeline,
 )
@@ -219,7 +218,7 @@ class ClockSampler:
                  "value": float(value), "note": note} for stage, value in values.items()]
 
 
-def chosen_arms(arms: list[str] | None) -> list[str]:
+def chosen_arms(arms: Sequence[str] | None) -> list[str]:
     """The arms to time: those named, or (None) every step arm of the catalogue."""
     return list(STEP_ARMS) if arms is None else list(arms)
 
@@ -235,83 +234,140 @@ def check_arms(arms: list[str], aa_arm: str | None) -> None:
         raise ValueError(f"aa_arm {aa_arm!r} must be one of arms {arms}")
 
 
-Dimension = tuple[str, ...] | list[str]
-OverlapCells = list[tuple[int, int | str]] | list[list[int | str]]
+CellPairs = Sequence[Sequence[int | str]]  # [[n, model or vocabulary], ...]
+# What the step records of a condition's value, where not the value itself: the process's
+# malloc by its name (glibc, jemalloc...), as the engine gets it.
+RECORDED = {catalogue.ALLOCATOR.name: native.regime_label}
+# A cell's label per condition value (the deciding values, save the log-softmax's, say nothing).
+LABELS = {(catalogue.LOG_SOFTMAX.name, place): f" log-softmax on {place}" for place in LOG_SOFTMAX}
+LABELS |= {(catalogue.ALLOCATOR.name, native.MAPPED): ", seed vector mapped fresh",
+           (catalogue.OVERLAP.name, forward.WAITED): ", forward waited on"}
 
 
-def _check_dimensions(log_softmax: Dimension, seed_regimes: Dimension,
-                      overlap_orders: Dimension) -> None:
-    """Each of the step's dimensions names each of its values at most once, at least one."""
-    if not seed_regimes or len(set(seed_regimes)) != len(seed_regimes):
-        raise ValueError(f"seed_regimes: {list(seed_regimes)!r} must name each of "
-                         f"{list(native.REGIME_CODES)} at most once, at least one")
-    if not log_softmax or any(where not in LOG_SOFTMAX for where in log_softmax) or len(
-            set(log_softmax)) != len(log_softmax):
-        raise ValueError(f"log_softmax: {list(log_softmax)!r} must name each of {LOG_SOFTMAX} "
-                         "at most once, at least one")
-    if not overlap_orders or len(set(overlap_orders)) != len(overlap_orders):
-        raise ValueError(f"overlap_orders: {list(overlap_orders)!r} must name each of "
-                         f"{list(OVERLAP_ORDERS)} at most once, at least one")
-    for order in overlap_orders:
-        check_overlap_order(order)
+def chosen_conditions(conditions: Mapping[str, Sequence[str]] | None
+                      ) -> dict[str, tuple[str, ...]]:
+    """Each step condition of the catalogue (:data:`stagelab.core.catalogue.CONDITIONS`) and the
+    values measured, in its order: those ``conditions`` names, else its deciding value alone.
+    ValueError for an unknown condition or value, a value twice, or none."""
+    given = dict(conditions or {})
+    unknown = sorted(set(given) - {c.name for c in catalogue.CONDITIONS})
+    if unknown:
+        raise ValueError(f"conditions: no step condition {unknown}; known: "
+                         f"{[c.name for c in catalogue.CONDITIONS]}")
+    chosen = {}
+    for condition in catalogue.CONDITIONS:
+        values = tuple(given.get(condition.name, (condition.decides,)))
+        if (not values or len(set(values)) != len(values)
+                or any(value not in condition.values for value in values)):
+            raise ValueError(f"conditions: {condition.name} {list(values)!r} must name each of "
+                             f"{list(condition.values)} at most once, at least one")
+        chosen[condition.name] = values
+    return chosen
 
 
-def in_order(order: str, orders: Dimension, only: OverlapCells | None, shape: ModelShape,
+def in_cells(value: str, values: Sequence[str], only: CellPairs | None, shape: ModelShape,
              n: int) -> bool:
-    """Whether a cell of ``n`` rows on ``shape`` is measured in overlap ``order``: the first of
-    ``orders`` everywhere, the others everywhere too unless ``only`` names the ``[n, model or
-    vocabulary]`` cells they are limited to (a lease's budget)."""
-    if order == orders[0] or only is None:
+    """Whether a cell of ``n`` rows on ``shape`` is measured at a condition's ``value``: the
+    first of its ``values`` everywhere, the others everywhere too unless ``only`` names the
+    ``[n, model or vocabulary]`` cells they are limited to (a lease's budget)."""
+    if value == values[0] or only is None:
         return True
     return any(rows == n and model in (shape.model, shape.vocab) for rows, model in only)
 
 
-def cells(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dtype: torch.dtype,
-          arms: list[str] | None, *, aa_arm: str | None = BASELINE, sources: int = 2,
-          device: str | None = None,
-          log_softmax: Dimension = ("device",),
-          seed_regimes: Dimension = (native.MALLOC,),
-          overlap_orders: Dimension = (forward.QUEUED,),
-          overlap_only: OverlapCells | None = None,
-          steps_per_call: int = sequence.DEFAULT_STEPS) -> list[sweep.Cell]:
-    """The sweep's cells, one per ``(n, V, K)``, place of the log-softmax, allocation regime
-    of the seed's vector and overlap order (:func:`in_order`: ``overlap_only`` limits the
-    orders after the first to some ``[n, model]`` cells), with the memory each needs (the
-    deferred arm holds a second slot and a pending copy) and the steps of each timed call
-    (:mod:`stagelab.measure.sequence`, column ``steps``); a K
-    beyond the vocabulary is a cell recorded as skipped, with the reason. In the order of
-    ``rows``, and for each ``n`` every model, the largest vocabulary first: a profile that lists
-    its rows largest first (a lease's) starts its costliest cells across every model while the
-    most time is left before a deadline; the order within one size is the parameters' own."""
-    _check_dimensions(log_softmax, seed_regimes, overlap_orders)
-    sequence.check_steps(steps_per_call)
-    labels = {regime: native.regime_label(regime) for regime in seed_regimes}
-    positive_ints(rows, "rows")
-    positive_ints([sources], "sources")
-    if not ks or any(isinstance(k, bool) or not isinstance(k, int) or k < 0 for k in ks):
-        raise ValueError(f"ks: {ks!r} must be a non-empty list of integers >= 0")
-    arms = chosen_arms(arms)
-    check_arms(arms, aa_arm)
+@dataclass(frozen=True)
+class StepSweep:
+    """What a step sweep measures and how, fixed once (checked when built): the cells (models'
+    shapes x ``rows`` x ``ks``, every arm, each step condition's values, ``conditions`` by name:
+    :func:`chosen_conditions`; ``condition_cells`` limits a condition's values after its first
+    to some ``[n, model]`` cells, :func:`in_cells`) and the timing (rounds, warm-up, the forward
+    queued before each step, the rule's ``delta`` and caps of rounds until resolved)."""
+
+    shapes: Sequence[ModelShape]
+    rows: Sequence[int]
+    ks: Sequence[int]
+    logits_dtype: torch.dtype
+    arms: Sequence[str] | None = None
+    aa_arm: str | None = BASELINE
+    sources: int = 2
+    conditions: Mapping[str, Sequence[str]] | None = None
+    condition_cells: Mapping[str, CellPairs] | None = None
+    steps_per_call: int = sequence.DEFAULT_STEPS
+    rounds: int = 12
+    warmup: int = 2
+    seed: int = 0
+    forward_ms: float | None = None
+    delta: float = 0.02
+    max_rounds: int | None = None
+    max_seconds: float = math.inf
+
+    def __post_init__(self) -> None:
+        chosen = chosen_conditions(self.conditions)
+        unknown = sorted(set(self.condition_cells or {}) - set(chosen))
+        if unknown:
+            raise ValueError(f"condition_cells: no step condition {unknown}")
+        arms = chosen_arms(self.arms)
+        check_arms(arms, self.aa_arm)
+        sequence.check_steps(self.steps_per_call)
+        positive_ints(self.rows, "rows")
+        positive_ints([self.sources], "sources")
+        if not self.ks or any(isinstance(k, bool) or not isinstance(k, int) or k < 0
+                              for k in self.ks):
+            raise ValueError(f"ks: {self.ks!r} must be a non-empty list of integers >= 0")
+        for name, value in (("conditions", chosen), ("arms", tuple(arms)),
+                            ("shapes", tuple(self.shapes)), ("rows", tuple(self.rows)),
+                            ("ks", tuple(self.ks))):
+            object.__setattr__(self, name, value)
+
+    @property
+    def chosen(self) -> dict[str, tuple[str, ...]]:
+        """Each condition's values measured (every condition of the catalogue, by name)."""
+        return chosen_conditions(self.conditions)
+
+    def measured_at(self, values: Mapping[str, str], shape: ModelShape, n: int) -> bool:
+        """Whether the cell of ``n`` rows on ``shape`` is measured at these condition values."""
+        only = self.condition_cells or {}
+        return all(in_cells(value, self.chosen[name], only.get(name), shape, n)
+                   for name, value in values.items())
+
+
+def _recorded(name: str, value: str) -> str:
+    """What a row records of a condition's value (its column's content)."""
+    return RECORDED[name](value) if name in RECORDED else value
+
+
+def cells(spec: StepSweep, device: str | None = None) -> list[sweep.Cell]:
+    """The sweep's cells, one per ``(n, V, K)`` and value of each step condition measured
+    (:meth:`StepSweep.measured_at`), with the memory each needs (the deferred arm holds a second
+    slot and a pending copy) and the steps of each timed call
+    (:mod:`stagelab.measure.sequence`, column ``steps``); a K beyond the vocabulary is a cell
+    recorded as skipped, with the reason. In the order of ``rows``, and for each ``n`` every
+    model, the largest vocabulary first: a profile that lists its rows largest first (a
+    lease's) starts its costliest cells across every model while the most time is left before
+    a deadline; the order within one size is the parameters' own."""
+    arms, rows = list(spec.arms or ()), list(spec.rows)
     device = device or default_device()
-    itemsize = torch.empty((), dtype=logits_dtype).element_size()
-    every_arm = [*arms, *([aa_name(aa_arm)] if aa_arm else [])]
+    itemsize = torch.empty((), dtype=spec.logits_dtype).element_size()
+    every_arm = [*arms, *([aa_name(spec.aa_arm)] if spec.aa_arm else [])]
     on_cpu = torch.device(device).type == "cpu"
     deferred_slots = 2 if catalogue.DEFERRED_WAIT in arms else 0  # its second slot, its pending copy
+    names = list(spec.chosen)
     out = []
-    for shape, n, k, where, regime, order in itertools.product(shapes, rows, ks, log_softmax,
-                                                               seed_regimes, overlap_orders):
-        if not in_order(order, overlap_orders, overlap_only, shape, n):
+    for (shape, n, k), chosen in itertools.product(
+            itertools.product(spec.shapes, rows, spec.ks), itertools.product(*spec.chosen.values())):
+        values = dict(zip(names, chosen))
+        if not spec.measured_at(values, shape, n):
             continue
         logits_bytes, fp32_bytes = n * shape.vocab * itemsize, n * shape.vocab * 4
-        label = (f"n={n} V={shape.vocab} K={k} log-softmax on {where}"
-                 + (", seed vector mapped fresh" if regime == native.MAPPED else "")
-                 + (", forward waited on" if order == forward.WAITED else ""))
-        device_bytes = sources * logits_bytes + (3 + deferred_slots) * fp32_bytes
+        label = f"n={n} V={shape.vocab} K={k}" + "".join(
+            LABELS.get(pair, "") for pair in values.items())
+        device_bytes = spec.sources * logits_bytes + (3 + deferred_slots) * fp32_bytes
+        recorded = {catalogue.condition(name).column: _recorded(name, value)
+                    for name, value in values.items()}
         out.append(sweep.Cell(
             sizes=dict(experiment=catalogue.STEP, device=device_label(device), model=shape.model,
-                       rows=n, vocab=shape.vocab, k=k, log_softmax=where, regime=labels[regime],
-                       overlap_order=order, steps=steps_per_call,
-                       dtype=str(logits_dtype).removeprefix("torch.")),
+                       rows=n, vocab=shape.vocab, k=k, **recorded, steps=spec.steps_per_call,
+                       dtype=str(spec.logits_dtype).removeprefix("torch.")),
             arms=every_arm, label=label,
             words=label.replace("on device", "on the host (a CPU run)") if on_cpu else "",
             host_bytes=(3 + deferred_slots) * fp32_bytes + (device_bytes if on_cpu else 0),
@@ -319,6 +375,22 @@ def cells(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dtype
             invalid="" if k <= shape.vocab else
             f"K={k} exceeds the vocabulary V={shape.vocab}: no top-K to take"))
     return sorted(out, key=lambda cell: (rows.index(cell.sizes["rows"]), -cell.sizes["vocab"]))
+
+
+def condition_values(spec: StepSweep, cell: sweep.Cell) -> dict[str, str]:
+    """A cell's value of each step condition, by name, read back from what its sizes record."""
+    found = {}
+    for name, values in spec.chosen.items():
+        recorded = cell.sizes[catalogue.condition(name).column]
+        found[name] = next(v for v in values if _recorded(name, v) == recorded)
+    return found
+
+
+def _pipeline_conditions(values: Mapping[str, str]) -> tuple[str, str, str]:
+    """The arguments that make a pipeline meet the conditions: where its log-softmax runs, its
+    fresh vector's allocator regime, its overlap order."""
+    return (values[catalogue.LOG_SOFTMAX.name], values[catalogue.ALLOCATOR.name],
+            values[catalogue.OVERLAP.name])
 
 
 def precision_for(arms: list[str], aa_arm: str | None, *, delta: float, max_rounds: int,
@@ -340,36 +412,24 @@ def precision_for(arms: list[str], aa_arm: str | None, *, delta: float, max_roun
                            min_rounds=min(design.TAIL_ROUNDS, max_rounds))
 
 
-def measure(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dtype: torch.dtype,
-            arms: list[str] | None, *, rounds: int, warmup: int = 2,
-            aa_arm: str | None = BASELINE,
-            sources: int = 2, seed: int = 0, device: str | None = None,
-            sink: RowSink | None = None, progress: bool = True,
-            log_softmax: tuple[str, ...] | list[str] = ("device",),
-            forward_ms: float | None = None, delta: float = 0.02, max_rounds: int | None = None,
-            max_seconds: float = math.inf,
-            seed_regimes: Dimension = (native.MALLOC,),
-            overlap_orders: Dimension = (forward.QUEUED,),
-            overlap_only: OverlapCells | None = None,
-            steps_per_call: int = sequence.DEFAULT_STEPS) -> list[dict]:
-    """Time every arm's whole step per ``(n, V, K)`` cell and place of the log-softmax,
-    interleaved in a balanced order, with an A/A twin of ``aa_arm``; schema records out (written
-    per cell into ``sink``).
+def measure(spec: StepSweep, *, device: str | None = None, sink: RowSink | None = None,
+            progress: bool = True) -> list[dict]:
+    """Time every arm's whole step per cell of ``spec`` (:func:`cells`), interleaved in a
+    balanced order, with an A/A twin of ``aa_arm``; schema records out (written per cell into
+    ``sink``).
 
     Each timed call is ``steps_per_call`` consecutive decode steps, the same for every arm
     (:func:`stagelab.measure.sequence.run`: forward queued, step, next forward ...; the
     deferred arm drained at the call's end, so that it gains nothing from the idle time between
     calls); its total and its stages are recorded per step (column ``steps``).
 
-    ``seed_regimes``: the seed vector's allocation regimes, each its own cells (the process's
-    malloc, ``malloc``, as the engine gets it; ``mapped fresh``: every vector its own mapping),
-    recorded per row (column ``regime``).
-
-    ``overlap_orders``: how each step meets the forward queued before it, each its own cells
-    (column ``overlap_order``): ``queued``, the fill overlaps the forward; ``waited``, the
-    device is waited on before the allocation (:func:`wait_in_order`), the other bound;
-    ``overlap_only`` limits the orders after the first to some ``[n, model]`` cells
-    (:func:`in_order`). On a CPU nothing is queued, so both orders measure the same step.
+    Each step condition's values (:data:`stagelab.core.catalogue.CONDITIONS`) are their own
+    cells, recorded per row in the condition's column: where the seed arms run the log-softmax
+    (``log_softmax``); the fresh vector's allocator (``regime``: the process's malloc, as the
+    engine gets it, by name; ``mapped fresh``: every vector its own mapping); how each step
+    meets the forward queued before it (``overlap_order``: ``queued``, the fill overlaps the
+    forward; ``waited``, the device is waited on before the allocation, the other bound; on a
+    CPU nothing is queued, so both measure the same step).
 
     ``forward_ms`` of device work is queued before each timed step (None: the cell's model's
     :func:`default_forward_ms`), so that each timed call is a decode step; it is recorded per
@@ -382,29 +442,28 @@ def measure(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dty
     difference of its logprobs from the fused arm's and how many ranks differ
     (``max_abs_error``, ``rank_mismatches``), so that a speed comparison is never one between
     different answers; where the one-pass arm is timed, the kernel's read rate once per size
-    (:func:`read_rates_once`). ``arms=None`` times every arm of the catalogue.
+    (:func:`read_rates_once`).
     """
+    device = device or default_device()
+    arms, aa_arm, seed, warmup = list(spec.arms or ()), spec.aa_arm, spec.seed, spec.warmup
+    sources, forward_ms, steps_per_call = spec.sources, spec.forward_ms, spec.steps_per_call
+    logits_dtype = spec.logits_dtype
+    todo = cells(spec, device)
     device, arms = device or default_device(), chosen_arms(arms)
-    todo = cells(shapes, rows, ks, logits_dtype, arms, aa_arm=aa_arm, sources=sources,
-                 device=device, log_softmax=log_softmax, seed_regimes=seed_regimes,
-                 overlap_orders=overlap_orders, overlap_only=overlap_only,
-                 steps_per_call=steps_per_call)
-    regime_of = {native.regime_label(regime): regime for regime in seed_regimes}
     if forward_ms is not None:
         ForwardLoad(forward_ms, device)  # refuses a bad value before anything is measured
-    shape_of = {(shape.model, shape.vocab): shape for shape in shapes}
+    shape_of = {(shape.model, shape.vocab): shape for shape in spec.shapes}
     generator = torch.Generator(device=device).manual_seed(seed)
     read_sizes: set[tuple[int, ...]] = set()  # the one-pass kernel's read rate: once per size
 
     def prepare(cell: sweep.Cell) -> sweep.CellPlan:
         n, vocab, k = cell.sizes["rows"], cell.sizes["vocab"], cell.sizes["k"]
-        where = cell.sizes["log_softmax"]
+        where, regime, order = _pipeline_conditions(condition_values(spec, cell))
         if forward_ms is None:
             ms, how = default_forward_ms(shape_of[(cell.sizes["model"], vocab)], device, n)
         else:
             ms, how = forward_ms, "given"
         load = ForwardLoad(ms, device)
-        regime, order = regime_of[cell.sizes["regime"]], cell.sizes["overlap_order"]
         built, unavailable = build_pipelines(arms, where, regime, order)
         if aa_arm in built:
             built[aa_name(aa_arm)] = make_pipeline(aa_arm, where, regime, order)
@@ -454,14 +513,14 @@ def measure(shapes: list[ModelShape], rows: list[int], ks: list[int], logits_dty
             calls={name: functools.partial(call, name, p) for name, p in built.items()},
             unavailable=unavailable, annotate=annotate, after=after,
             between_rounds=sweep.both(clocks.between_rounds,
-                                      host_rates.every(warmup + rounds, HOST_RATE_REPEATS)
+                                      host_rates.every(warmup + spec.rounds, HOST_RATE_REPEATS)
                                       if host_rates else None), steps=steps_per_call,
             between_calls=told.call(cell) if (told := sweep.cell_progress()) else None)
 
-    precision = (precision_for(arms, aa_arm, delta=delta, max_rounds=max_rounds,
-                               max_seconds=max_seconds)
-                 if max_rounds is not None and max_rounds > rounds else None)
-    return sweep.run(todo, prepare, rounds=rounds, warmup=warmup, seed=seed, device=device,
+    precision = (precision_for(arms, aa_arm, delta=spec.delta, max_rounds=spec.max_rounds,
+                               max_seconds=spec.max_seconds)
+                 if spec.max_rounds is not None and spec.max_rounds > spec.rounds else None)
+    return sweep.run(todo, prepare, rounds=spec.rounds, warmup=warmup, seed=seed, device=device,
                      sink=sink, label="step", progress=progress, precision=precision)
 
 

@@ -139,7 +139,7 @@ def _nothing() -> None:
 def check_overlap_order(order: str) -> str:
     """``order`` if it is one of :data:`OVERLAP_ORDERS`, else a ValueError naming it."""
     if order not in OVERLAP_ORDERS:
-        raise ValueError(f"overlap_orders: {order!r} is not one of {list(OVERLAP_ORDERS)}")
+        raise ValueError(f"overlap: {order!r} is not one of {list(OVERLAP_ORDERS)}")
     return order
 
 

@@ -25,7 +25,16 @@ from pathlib import Path
 from typing import Any
 
 from stagelab.analyse import claims, summaries, verdict, verdict_words
-from stagelab.core import catalogue, forward, outcomes, paths, records, schema, untrusted
+from stagelab.core import (
+    catalogue,
+    forward,
+    outcomes,
+    parameter_history,
+    paths,
+    records,
+    schema,
+    untrusted,
+)
 from stagelab.core.cells import notebook_parameters
 from stagelab.core.errors import BadRecord, UserError
 from stagelab.core.measured import MANIFEST, RECORD_COPY, MeasuredFolder
@@ -48,11 +57,20 @@ def recorded_parameters(manifest: Mapping[str, Any]) -> dict[str, Any]:
     given = entry.get("parameters") or {}
     if not isinstance(given, dict):
         raise UserError(f"its manifest's {VERDICT_NOTEBOOK} parameters are not an object")
-    return {**notebook_parameters(paths.NOTEBOOKS_DIR / f"{VERDICT_NOTEBOOK}.ipynb"), **given}
+    return _current(VERDICT_NOTEBOOK, given)
+
+
+def _current(notebook: str, given: Mapping[str, Any]) -> dict[str, Any]:
+    """A notebook's defaults under ``given`` (recorded in any format: read in today's,
+    :mod:`stagelab.core.parameter_history`)."""
+    path = paths.NOTEBOOKS_DIR / f"{notebook}.ipynb"
+    defaults = notebook_parameters(path) if path.is_file() else {}
+    return parameter_history.current(notebook, {**defaults,
+                                                **parameter_history.current(notebook, given)})
 
 
 # the parameters that change what the verdict decides: the cells, the rule, each condition's value
-DECIDING = (*PASSED, "decisive_models", *verdict.RULE_PARAMETERS, *verdict.DECIDED_BY)
+DECIDING = (*PASSED, "decisive_models", *verdict.RULE_PARAMETERS, parameter_history.CONDITIONS)
 
 
 def profile_parameters(profile: Any, notebook: str) -> dict[str, Any] | None:
@@ -63,7 +81,7 @@ def profile_parameters(profile: Any, notebook: str) -> dict[str, Any] | None:
         given = profiles[profile]["notebooks"][notebook] or {}
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    return {**notebook_parameters(paths.NOTEBOOKS_DIR / f"{notebook}.ipynb"), **given}
+    return _current(notebook, given)
 
 
 def decision_changes(manifest: Mapping[str, Any]) -> list[str]:
@@ -287,9 +305,7 @@ def recorded_notebook_parameters(manifest: Mapping[str, Any], notebook: str) -> 
     entry = next((e for e in manifest.get("notebooks") or []
                   if isinstance(e, dict) and e.get("name") == notebook), None) or {}
     recorded = entry.get("parameters")
-    given: dict[str, Any] = recorded if isinstance(recorded, dict) else {}
-    path = paths.NOTEBOOKS_DIR / f"{notebook}.ipynb"
-    return {**(notebook_parameters(path) if path.is_file() else {}), **given}
+    return _current(notebook, recorded if isinstance(recorded, dict) else {})
 
 
 def rounds_problem(table: str, rows: list[dict[str, Any]], parameters: Mapping[str, Any]

@@ -19,7 +19,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from stagelab.core import catalogue, forward, paths
+from stagelab.core import catalogue, paths
 from stagelab.core.errors import UserError
 
 Validator = Callable[[Any, Mapping[str, Any]], None]
@@ -160,54 +160,50 @@ def forward_ms(value: Any, _: Mapping[str, Any] | None = None) -> None:
                          f"default){number_hint(value)}")
 
 
-def log_softmax_places(value: Any, _: Mapping[str, Any] | None = None) -> None:
-    """Where the seed arms run the log-softmax: a non-empty list of ``device``/``host``, each once."""
-    items = _items(value)
-    for item in items:
-        _one_of(item, ("device", "host"), "log_softmax place")
-    _once(items, "place")
+def _condition_names(value: Any, what: str) -> dict[str, Any]:
+    """``value`` as a mapping by step condition name (:data:`stagelab.core.catalogue.CONDITIONS`)."""
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{value!r} is {describe_type(value)}; give an object {{condition: "
+                         f"{what}}} with conditions among {_known_conditions()}")
+    for name in value:
+        _one_of(name, _known_conditions(), "step condition")
+    return dict(value)
 
 
-def seed_regimes(value: Any, _: Mapping[str, Any] | None = None) -> None:
-    """The seed vector's allocation regimes: a non-empty list of ``malloc`` (the process's, as
-    the engine gets it) and ``mapped fresh`` (its own mapping every step), each once."""
-    items = _items(value)
-    for item in items:
-        _one_of(item, ("malloc", "mapped fresh"), "seed_regimes regime")
-    _once(items, "regime")
+def _known_conditions() -> list[str]:
+    return [condition.name for condition in catalogue.CONDITIONS]
 
 
-def overlap_orders(value: Any, _: Mapping[str, Any] | None = None) -> None:
-    """How each step meets the forward queued before it: a non-empty list of ``queued`` (the
-    fill overlaps it) and ``waited`` (it is waited on before the allocation), each once."""
-    items = _items(value)
-    for item in items:
-        _one_of(item, forward.OVERLAP_ORDERS, "overlap order")
-    _once(items, "order")
+def step_conditions(value: Any, _: Mapping[str, Any] | None = None) -> None:
+    """The step conditions' values measured: ``{condition: [value, ...]}``, each list non-empty
+    and naming each of the condition's values at most once (one left out: its deciding value)."""
+    for name, values in _condition_names(value, "[values]").items():
+        condition = catalogue.condition(name)
+        items = _items(values)
+        for item in items:
+            _one_of(item, condition.values, f"{name} value")
+        _once(items, f"{name} value")
 
 
-def overlap_only(value: Any, _: Mapping[str, Any] | None = None) -> None:
-    """Where the overlap orders after the first are measured: null (every cell) or a non-empty
-    list of ``[n, model or vocabulary]`` pairs, each once."""
+def condition_cells(value: Any, _: Mapping[str, Any] | None = None) -> None:
+    """Where each condition's values after the first are measured: null (every cell) or
+    ``{condition: [[n, model or vocabulary], ...]}``, each pair once."""
     if value is None:
         return
-    items = _items(value)
-    for item in items:
-        if not isinstance(item, (list, tuple)) or len(item) != 2:
-            raise ValueError(f"{item!r} is not a pair [n, model or vocabulary]")
-        positive_int(item[0])
-        model_or_vocab(item[1])
-    _once(items, "cell", lambda pair: (pair[0], _vocab_of(pair[1])))
+    for cells in _condition_names(value, "[[n, model], ...]").values():
+        items = _items(cells)
+        for item in items:
+            if not isinstance(item, (list, tuple)) or len(item) != 2:
+                raise ValueError(f"{item!r} is not a pair [n, model or vocabulary]")
+            positive_int(item[0])
+            model_or_vocab(item[1])
+        _once(items, "cell", lambda pair: (pair[0], _vocab_of(pair[1])))
 
 
-def overlap_order(value: Any, _: Mapping[str, Any] | None = None) -> None:
-    """The overlap order the verdict decides under: ``queued`` or ``waited``."""
-    _one_of(value, forward.OVERLAP_ORDERS, "overlap order")
-
-
-def log_softmax_place(value: Any, _: Mapping[str, Any] | None = None) -> None:
-    """The assumption the verdict decides under: ``device`` or ``host``."""
-    _one_of(value, ("device", "host"), "log_softmax place")
+def decided_conditions(value: Any, _: Mapping[str, Any] | None = None) -> None:
+    """The value the verdict decides under, per step condition: ``{condition: value}``."""
+    for name, item in _condition_names(value, "value").items():
+        _one_of(item, catalogue.condition(name).values, f"{name} value")
 
 
 def max_rounds(value: Any, values: Mapping[str, Any]) -> None:
@@ -306,12 +302,9 @@ NOTEBOOK_VALIDATORS: dict[tuple[str, str], Validator] = {
     (_STAGING, "aa_arm"): _aa_arm_in_arms(_arms_of(catalogue.STAGING), "arm"),
     (_STEP, "arms"): _subset(_arms_of(catalogue.STEP), "step arm"),
     (_STEP, "aa_arm"): _aa_arm_in_arms(_arms_of(catalogue.STEP), "step arm"),
-    (_STEP, "log_softmax"): log_softmax_places,
-    (_STEP, "seed_regimes"): seed_regimes,
-    (_STEP, "overlap_orders"): overlap_orders,
-    (_STEP, "overlap_only"): overlap_only,
-    (catalogue.VERDICT_NOTEBOOK, "log_softmax"): log_softmax_place,
-    (catalogue.VERDICT_NOTEBOOK, "overlap_order"): overlap_order,
+    (_STEP, "conditions"): step_conditions,
+    (_STEP, "condition_cells"): condition_cells,
+    (catalogue.VERDICT_NOTEBOOK, "conditions"): decided_conditions,
     (_PROMPT, "methods"): _subset(_arms_of(catalogue.PROMPT), "method"),
 }
 

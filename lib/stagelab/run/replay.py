@@ -23,7 +23,7 @@ from typing import Any, Literal, overload
 
 from stagelab.analyse import claims
 from stagelab.core import measured as measured_folder
-from stagelab.core import outcomes, records, untrusted
+from stagelab.core import outcomes, parameter_history, records, untrusted
 from stagelab.core.errors import UserError
 from stagelab.core.measured import MeasuredFolder
 from stagelab.core.records import RunFolder
@@ -115,7 +115,7 @@ def measured_parameters(notebook: NotebookPlan, entry: dict[str, Any],
     """The parameters an experiment was measured with, as data: every name must be one the
     notebook's own parameters cell declares, every value of its default's type (papermill writes
     them into code, so a name from a folder is never trusted). UserError otherwise."""
-    given = entry.get("parameters") or {}
+    given = parameter_history.current(notebook.name, entry.get("parameters") or {})
     declared = profiles.notebook_parameters(notebook.path)
     profiles.check_parameters(notebook.name, given, declared,
                               f"--from {folder}: {measured_folder.MANIFEST}")
