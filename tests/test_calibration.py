@@ -3,6 +3,8 @@ controls that show the calibration can fail."""
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 from pathlib import Path
 
 import numpy as np
@@ -19,8 +21,8 @@ assert (QUIET.sigma, NOISY.sigma) == (0.02, 0.05)
 
 
 def _row(noise, truth, *, trials, adaptive=False, rule=stats.decide_family, rounds=30):
-    table = calibration.calibrate(trials=trials, rounds=rounds, noises=[noise], truths=[truth],
-                                  adaptive=[adaptive], rule=rule)
+    table = calibration.calibrate(calibration.Plan(trials=trials, rounds=rounds), noises=[noise],
+                                  truths=[truth], adaptive=[adaptive], rule=rule)
     assert len(table) == 1
     return table.iloc[0]
 
@@ -131,29 +133,40 @@ def test_stop_rounds_follow_the_benchs_checks():
 
 
 def test_calibrate_has_one_row_per_setting_and_is_deterministic():
-    table = calibration.calibrate(trials=3, noises=calibration.NOISES[:2],
-                                  truths=["1.00", "3 delta"], adaptive=[False], cells=2)
+    table = calibration.calibrate(calibration.Plan(trials=3, cells=2),
+                                  noises=calibration.NOISES[:2], truths=["1.00", "3 delta"],
+                                  adaptive=[False])
     assert len(table) == 4 and list(table["noise"]) == ["lognormal 2 %"] * 2 + ["lognormal 5 %"] * 2
     assert {"cell_port", "family_port", "family_close", "median_rounds", "requirement",
             "met"} <= set(table.columns)
-    again = calibration.calibrate(trials=3, noises=calibration.NOISES[:2],
-                                  truths=["1.00", "3 delta"], adaptive=[False], cells=2)
+    again = calibration.calibrate(calibration.Plan(trials=3, cells=2),
+                                  noises=calibration.NOISES[:2], truths=["1.00", "3 delta"],
+                                  adaptive=[False])
     assert table.equals(again)
 
 
 @pytest.mark.parametrize("kwargs, message", [
     (dict(trials=0), "trials must be positive"), (dict(rounds=1), "rounds must be at least 2"),
     (dict(delta=0.5), "delta must lie in"), (dict(max_rounds=10), "max_rounds .* at least"),
-    (dict(truths=["2.00"]), "truths: unknown"),
 ])
 def test_calibrate_bad_input_names_the_parameter(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        calibration.calibrate(**{"trials": 2, **kwargs})
+        calibration.Plan(**{"trials": 2, **kwargs})
+    with pytest.raises(ValueError, match="truths: unknown"):
+        calibration.calibrate(calibration.Plan(trials=2), truths=["2.00"])
+
+
+def test_calibrate_takes_its_plan_as_one_frozen_value():
+    """Before: calibrate took 12 parameters; the plan is one frozen value, and no more than ten
+    remain."""
+    assert len(inspect.signature(calibration.calibrate).parameters) <= 10
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        calibration.Plan().trials = 3  # type: ignore[misc]
 
 
 def test_the_summary_names_the_worst_false_port_and_the_rows_short_of_their_requirement():
-    table = calibration.calibrate(trials=3, noises=calibration.NOISES[:1], adaptive=[False],
-                                  cells=2)
+    table = calibration.calibrate(calibration.Plan(trials=3, cells=2),
+                                  noises=calibration.NOISES[:1], adaptive=[False])
     table.loc[1, "family_port"] = 0.5  # the worst false PORT, at the bar
     table.loc[2, ["met", "family_port"]] = [False, 0.5]  # a row short of its requirement
     sentence = calibration.summary(table.to_dict("records"))
@@ -214,8 +227,9 @@ def test_one_cell_slower_by_1_5_delta_keeps_five_cells_saving_3_delta_from_porti
 
 
 def test_the_stall_rows_are_shown_in_both_directions():
-    table = calibration.calibrate(trials=20, rounds=30, noises=[CANDIDATE_STALLS, BASELINE_STALLS],
-                                  truths=["1.00"], adaptive=[False], cells=2)
+    table = calibration.calibrate(calibration.Plan(trials=20, rounds=30, cells=2),
+                                  noises=[CANDIDATE_STALLS, BASELINE_STALLS], truths=["1.00"],
+                                  adaptive=[False])
     assert list(table["noise"]) == ["candidate stalls 2 % at 4x", "baseline stalls 2 % at 4x"]
 
 
@@ -257,8 +271,9 @@ def test_too_few_trials_to_show_5_percent_are_not_judged_and_said_so():
     are not judged (neither met nor short), and the summary says why instead of 'none short'."""
     lowest = next(n for n in range(1, 200) if calibration.wilson(0, n)[1] <= 0.05)
     assert calibration.MIN_TRIALS_FOR_5_PERCENT == lowest
-    table = calibration.calibrate(trials=20, rounds=12, noises=calibration.NOISES[:1],
-                                  truths=["1.00"], adaptive=[False], cells=2)
+    table = calibration.calibrate(calibration.Plan(trials=20, rounds=12, cells=2),
+                                  noises=calibration.NOISES[:1], truths=["1.00"],
+                                  adaptive=[False])
     assert table["met"].isna().all()
     assert table["requirement"].str.startswith("none judged: 20 trials").all()
     said = calibration.summary(table.to_dict("records"))
