@@ -156,3 +156,16 @@ def test_the_first_screen_of_a_gpu_run_says_the_prediction_failed(tmp_path, h200
     section = page.split("id='verdict'")[1].split("</section>")[0]
     assert "Prediction stated before the run FAILED (H200)" in section
     assert section.index("FAILED (H200)") < section.index("Predicted beside measured")
+
+
+def test_predict_prints_the_rule_and_each_cells_falsifying_intervals(capsys, h200):
+    assert cli_main(["predict", "--platform", "H200", "--profile", "quick"]) == 0
+    out = capsys.readouterr().out
+    assert out.count(predict_model.FALSIFICATION_RULE) == 1
+    stated = _stated(h200)
+    lines = [line for line in out.splitlines() if "falsified if" in line]
+    hosts = predict_tables.hosts_of(h200)
+    assert any(f"({hosts[0].origin})" in line for line in lines)
+    pinned = next(f for f in stated[0] if f["name"] == predict_tables.CANDIDATE)
+    assert any(f"{predict_tables.CANDIDATE} step [{pinned['low_ms']:.3g}, "
+               f"{pinned['high_ms']:.3g}] ms" in line for line in lines)
