@@ -2,14 +2,17 @@
 """Measure the decision rule's error rates on its cases and write the table into the docs.
 
 Runs :func:`stagelab.analyse.calibration_cases.cases` (families of six simulated cells at 160 rounds
-and until resolved up to the gate's cap, each case's rate with its 95 % Wilson interval and
-whether its requirement is met on it) and writes the table, with the command, the trials, the
-commit and the seconds it took, between the markers of ``docs/decision-rule.md``'s "The rule's
-cases" section (``--write``), and its rows to ``docs/calibration.csv``. Never edit that table
-by hand: ``tests/test_calibration.py`` checks that the page shows the CSV's rows.
+and until resolved up to the gate's cap, each case's rate with its 95 % Wilson interval, whether
+its requirement is met on it and the trials that would show it) and, with ``--write``, puts its
+rows (with the commit they ran at) into ``docs/calibration.csv`` (with ``--only``: replacing that
+case's rows, keeping the others) and redraws the table between the markers of
+``docs/decision-rule.md``'s "The rule's cases" section from the whole CSV. ``--render`` redraws
+the table from the CSV without simulating. Never edit that table by hand:
+``tests/test_calibration.py`` checks that the page shows the CSV's rows.
 
-    python3 scripts/calibrate_rule.py --trials 200 --write   # the page's table
-    python3 scripts/calibrate_rule.py --trials 20 --only "6 cells at the bar, lognormal 2 %"
+    python3 scripts/calibrate_rule.py --trials 200 --write   # every case
+    python3 scripts/calibrate_rule.py --trials 1000 --only "6 cells at the bar, lognormal 2 %" --write
+    python3 scripts/calibrate_rule.py --render
 """
 
 from __future__ import annotations
@@ -40,29 +43,54 @@ def _one_case(name: str, *, trials: int, seed: int) -> pd.DataFrame:
     return calibration_cases.cases(trials=trials, seed=seed, only=[name])
 
 
+def _commit() -> str:
+    """This checkout's short commit, with ``+dirty`` where its code (lib, scripts) differs from
+    it (the docs a run writes do not count)."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, text=True, capture_output=True,
+                              check=False).stdout.strip()
+    commit = git("rev-parse", "--short", "HEAD") or "unknown"
+    return f"{commit}+dirty" if git("status", "--porcelain", "--untracked-files=no", "--", "lib", "scripts") else commit
+
+
+def render() -> pd.DataFrame:
+    """Redraw the page's table from docs/calibration.csv; the rows."""
+    table = pd.read_csv(TABLE)
+    table["met"] = table["met"].map({True: True, False: False, "True": True, "False": False})
+    PAGE.write_text(calibration_cases.with_table(PAGE.read_text(), table))
+    return table
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=200, help="simulated families per row")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--only", action="append", help="a case to run (repeatable)")
-    parser.add_argument("--write", action="store_true", help="write the page's table and CSV")
+    parser.add_argument("--write", action="store_true", help="write the CSV's rows and the table")
+    parser.add_argument("--render", action="store_true",
+                        help="only redraw the page's table from docs/calibration.csv")
     parser.add_argument("--jobs", type=int, default=2, help="processes (one case each at a time)")
     args = parser.parse_args(argv)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
-                            capture_output=True, check=False).stdout.strip() or "unknown"
-    started = time.monotonic()
-    names = args.only or [spec[0] for spec in calibration_cases._case_specs(0.02)]
-    with multiprocessing.Pool(args.jobs) as pool:  # each case keeps its own seed
+    if args.render:
+        print(calibration_cases.cases_markdown(render()))
+        return 0
+    known = [spec[0] for spec in calibration_cases._case_specs(0.02)]
+    unknown = [name for name in args.only or [] if name not in known]
+    if unknown:
+        parser.error(f"--only: unknown case(s) {unknown}; the cases: {known}")
+    commit, started = _commit(), time.monotonic()
+    names = args.only or known
+    with multiprocessing.Pool(min(args.jobs, len(names))) as pool:  # each case its own seed
         parts = pool.map(functools.partial(_one_case, trials=args.trials, seed=args.seed), names)
-    table = pd.concat(parts, ignore_index=True)
-    took = time.monotonic() - started
-    origin = (f"`python3 scripts/calibrate_rule.py --trials {args.trials} --seed {args.seed}` at "
-              f"commit {commit}, {took:.0f} s")
+    table = pd.concat(parts, ignore_index=True).assign(commit=commit)
+    print(f"{len(names)} case(s), {args.trials} trials each, {time.monotonic() - started:.0f} s "
+          f"at {commit}", file=sys.stderr)
     if args.write:
-        table.to_csv(TABLE, index=False)
-        page = PAGE.read_text()
-        PAGE.write_text(calibration_cases.with_table(page, table, origin))
-    print(calibration_cases.cases_markdown(table, origin))
+        if args.only and TABLE.exists():
+            table = calibration_cases.merged(pd.read_csv(TABLE), table)
+        calibration_cases.with_trials_needed(table).to_csv(TABLE, index=False)
+        table = render()
+    print(calibration_cases.cases_markdown(table))
     missed = table[table["met"].eq(False)]
     print(f"{len(missed)} of {len(table)} rows short of their requirement", file=sys.stderr)
     return 0

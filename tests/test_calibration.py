@@ -3,6 +3,8 @@ controls that show the calibration can fail."""
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 from pathlib import Path
 
 import numpy as np
@@ -19,8 +21,8 @@ assert (QUIET.sigma, NOISY.sigma) == (0.02, 0.05)
 
 
 def _row(noise, truth, *, trials, adaptive=False, rule=stats.decide_family, rounds=30):
-    table = calibration.calibrate(trials=trials, rounds=rounds, noises=[noise], truths=[truth],
-                                  adaptive=[adaptive], rule=rule)
+    table = calibration.calibrate(calibration.Plan(trials=trials, rounds=rounds), noises=[noise],
+                                  truths=[truth], adaptive=[adaptive], rule=rule)
     assert len(table) == 1
     return table.iloc[0]
 
@@ -131,29 +133,40 @@ def test_stop_rounds_follow_the_benchs_checks():
 
 
 def test_calibrate_has_one_row_per_setting_and_is_deterministic():
-    table = calibration.calibrate(trials=3, noises=calibration.NOISES[:2],
-                                  truths=["1.00", "3 delta"], adaptive=[False], cells=2)
+    table = calibration.calibrate(calibration.Plan(trials=3, cells=2),
+                                  noises=calibration.NOISES[:2], truths=["1.00", "3 delta"],
+                                  adaptive=[False])
     assert len(table) == 4 and list(table["noise"]) == ["lognormal 2 %"] * 2 + ["lognormal 5 %"] * 2
     assert {"cell_port", "family_port", "family_close", "median_rounds", "requirement",
             "met"} <= set(table.columns)
-    again = calibration.calibrate(trials=3, noises=calibration.NOISES[:2],
-                                  truths=["1.00", "3 delta"], adaptive=[False], cells=2)
+    again = calibration.calibrate(calibration.Plan(trials=3, cells=2),
+                                  noises=calibration.NOISES[:2], truths=["1.00", "3 delta"],
+                                  adaptive=[False])
     assert table.equals(again)
 
 
 @pytest.mark.parametrize("kwargs, message", [
     (dict(trials=0), "trials must be positive"), (dict(rounds=1), "rounds must be at least 2"),
     (dict(delta=0.5), "delta must lie in"), (dict(max_rounds=10), "max_rounds .* at least"),
-    (dict(truths=["2.00"]), "truths: unknown"),
 ])
 def test_calibrate_bad_input_names_the_parameter(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        calibration.calibrate(**{"trials": 2, **kwargs})
+        calibration.Plan(**{"trials": 2, **kwargs})
+    with pytest.raises(ValueError, match="truths: unknown"):
+        calibration.calibrate(calibration.Plan(trials=2), truths=["2.00"])
+
+
+def test_calibrate_takes_its_plan_as_one_frozen_value():
+    """Before: calibrate took 12 parameters; the plan is one frozen value, and no more than ten
+    remain."""
+    assert len(inspect.signature(calibration.calibrate).parameters) <= 10
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        calibration.Plan().trials = 3  # type: ignore[misc]
 
 
 def test_the_summary_names_the_worst_false_port_and_the_rows_short_of_their_requirement():
-    table = calibration.calibrate(trials=3, noises=calibration.NOISES[:1], adaptive=[False],
-                                  cells=2)
+    table = calibration.calibrate(calibration.Plan(trials=3, cells=2),
+                                  noises=calibration.NOISES[:1], adaptive=[False])
     table.loc[1, "family_port"] = 0.5  # the worst false PORT, at the bar
     table.loc[2, ["met", "family_port"]] = [False, 0.5]  # a row short of its requirement
     sentence = calibration.summary(table.to_dict("records"))
@@ -214,8 +227,9 @@ def test_one_cell_slower_by_1_5_delta_keeps_five_cells_saving_3_delta_from_porti
 
 
 def test_the_stall_rows_are_shown_in_both_directions():
-    table = calibration.calibrate(trials=20, rounds=30, noises=[CANDIDATE_STALLS, BASELINE_STALLS],
-                                  truths=["1.00"], adaptive=[False], cells=2)
+    table = calibration.calibrate(calibration.Plan(trials=20, rounds=30, cells=2),
+                                  noises=[CANDIDATE_STALLS, BASELINE_STALLS], truths=["1.00"],
+                                  adaptive=[False])
     assert list(table["noise"]) == ["candidate stalls 2 % at 4x", "baseline stalls 2 % at 4x"]
 
 
@@ -257,8 +271,9 @@ def test_too_few_trials_to_show_5_percent_are_not_judged_and_said_so():
     are not judged (neither met nor short), and the summary says why instead of 'none short'."""
     lowest = next(n for n in range(1, 200) if calibration.wilson(0, n)[1] <= 0.05)
     assert calibration.MIN_TRIALS_FOR_5_PERCENT == lowest
-    table = calibration.calibrate(trials=20, rounds=12, noises=calibration.NOISES[:1],
-                                  truths=["1.00"], adaptive=[False], cells=2)
+    table = calibration.calibrate(calibration.Plan(trials=20, rounds=12, cells=2),
+                                  noises=calibration.NOISES[:1], truths=["1.00"],
+                                  adaptive=[False])
     assert table["met"].isna().all()
     assert table["requirement"].str.startswith("none judged: 20 trials").all()
     said = calibration.summary(table.to_dict("records"))
@@ -360,30 +375,70 @@ def test_the_cases_table_has_a_row_per_case_with_its_wilson_interval_and_require
 
 def test_the_docs_cases_table_is_the_generated_one():
     """The table in docs/decision-rule.md is what scripts/calibrate_rule.py wrote from the rows
-    of docs/calibration.csv: never typed. Every case of the code is in it."""
+    of docs/calibration.csv: never typed. Every case of the code is in it, with its commit and
+    the trials its requirement needs."""
     root = Path(__file__).resolve().parent.parent
     page = (root / "docs" / "decision-rule.md").read_text()
     shown = page.split(calibration_cases.TABLE_BEGIN)[1].split(calibration_cases.TABLE_END)[0]
-    origin = shown.strip().splitlines()[0]
-    assert origin.startswith("Generated by `python3 scripts/calibrate_rule.py --trials ")
+    assert shown.strip().startswith("Generated by `python3 scripts/calibrate_rule.py`")
     rows = pd.read_csv(root / "docs" / "calibration.csv")
     rows["met"] = rows["met"].map({True: True, False: False, "True": True, "False": False})
-    rendered = calibration_cases.cases_markdown(rows, origin.removeprefix("Generated by ")
-                                                .removesuffix("; do not edit."))
-    assert shown.strip() == rendered.strip()
+    assert shown.strip() == calibration_cases.cases_markdown(rows).strip()
     assert {spec[0] for spec in calibration_cases._case_specs(DELTA)} == set(rows["case"])
+    assert rows["commit"].notna().all()
+    recomputed = calibration_cases.with_trials_needed(rows)["trials_needed"]
+    assert rows["trials_needed"].astype("Int64").equals(recomputed)
+
+
+def _table(case: str = "c", rate: float = 0.0, commit: str = "abc1234") -> pd.DataFrame:
+    return pd.DataFrame([{"case": case, "rounds": "160", "median_rounds": 160.0, "trials": 80,
+                          "rate": rate, "rate_low": 0.0, "rate_high": 0.046,
+                          "requirement": "<= 0.05", "met": True, "commit": commit}])
 
 
 def test_the_table_is_written_between_its_markers_and_nowhere_else():
-    table = pd.DataFrame([{"case": "c", "rounds": "160", "median_rounds": 160.0, "trials": 80,
-                           "rate": 0.0, "rate_low": 0.0, "rate_high": 0.046,
-                           "requirement": "<= 0.05", "met": True}])
     page = f"before\n{calibration_cases.TABLE_BEGIN}\nold\n{calibration_cases.TABLE_END}\nafter"
-    written = calibration_cases.with_table(page, table, "origin")
+    written = calibration_cases.with_table(page, _table(), "origin")
     assert written.startswith("before\n") and written.endswith("\nafter") and "old" not in written
-    assert "| c | 160 | 160 | 80 | 0.0% [0.0%, 4.6%] | <= 0.05 | met |" in written
+    assert "| c | 160 | 160 | 80 | 0.0% [0.0%, 4.6%] | <= 0.05 | met | 73 |" in written
+    assert "at commit abc1234" in calibration_cases.cases_markdown(_table())
     with pytest.raises(ValueError, match="markers"):
-        calibration_cases.with_table("no markers", table, "origin")
+        calibration_cases.with_table("no markers", _table(), "origin")
+
+
+@pytest.mark.parametrize("rate, requirement, needed", [
+    (0.0, "<= 0.05", calibration.MIN_TRIALS_FOR_5_PERCENT),  # no hit: 73 trials show it
+    (0.06, "<= 0.05", None), (0.05, "<= 0.05", None),  # on the wrong side: never
+    (0.749, ">= 0.80", None), (0.2, "none (reported)", None), (0.2, "", None),
+])
+def test_trials_needed_at_the_edges(rate, requirement, needed):
+    assert calibration_cases.trials_needed(rate, requirement) == needed
+
+
+@pytest.mark.parametrize("rate, requirement", [(0.025, "<= 0.05"), (0.041, "<= 0.05"),
+                                               (0.9, ">= 0.80"), (0.8125, ">= 0.80")])
+def test_trials_needed_is_the_fewest_that_show_the_rate(rate, requirement):
+    """At the trials needed the Wilson interval is on the right side; one fewer, it is not."""
+    n = calibration_cases.trials_needed(rate, requirement)
+    assert n is not None and n > 1
+    sign, bound = requirement.split()
+    def shown(trials):
+        low, high = calibration_cases._wilson_edges(rate, trials)
+        return high <= float(bound) if sign == "<=" else low >= float(bound)
+    assert shown(n) and not shown(n - 1)
+    low, high = calibration.wilson(round(rate * 10_000), 10_000)  # scipy's, at many trials
+    assert calibration_cases._wilson_edges(rate, 10_000) == pytest.approx((low, high), abs=1e-4)
+
+
+def test_a_rerun_case_replaces_its_rows_and_keeps_the_others_in_the_codes_order():
+    names = [spec[0] for spec in calibration_cases._case_specs(DELTA)]
+    existing = pd.concat([_table(names[2], commit="old"), _table(names[0], commit="old"),
+                          _table("a case no longer in the code", commit="old")])
+    fresh = pd.concat([_table(names[2], rate=0.01, commit="new")] * 2)
+    merged = calibration_cases.merged(existing, fresh)
+    assert list(merged["case"]) == [names[0], names[2], names[2]]
+    assert list(merged["commit"]) == ["old", "new", "new"]
+    assert "at commit new, old" in calibration_cases.origin(merged)
 
 
 ISSUE_49_BARS = (

@@ -429,37 +429,58 @@ def recommendation_rates(reuse: float, pinning: float, *, rounds: int, trials: i
     return {change: n / trials for change, n in counts.items()}
 
 
-def calibrate(trials: int = 200, rounds: int = 30, delta: float = 0.02, seed: int = 0, *,
-              cells: int = 6, max_rounds: int = 400, noises: Sequence[Noise] = NOISES,
+@dataclass(frozen=True)
+class Plan:
+    """What a calibration simulates, besides its noise models, truths and rule: ``trials``
+    families of ``cells`` cells per row at ``rounds`` fixed rounds (and until resolved up to
+    ``max_rounds``), a bar of ``delta``, the rule's ``min_samples`` and ``confidence``, and the
+    seed. Checked on construction: a bad plan names its parameter (ValueError)."""
+
+    trials: int = 200
+    rounds: int = 30
+    delta: float = 0.02
+    seed: int = 0
+    cells: int = 6
+    max_rounds: int = 400
+    min_samples: int = 10
+    confidence: float = 0.95
+
+    def __post_init__(self) -> None:
+        if self.trials < 1:
+            raise ValueError(f"trials must be positive, got {self.trials}")
+        if self.rounds < 2:
+            raise ValueError(f"rounds must be at least 2, got {self.rounds}")
+        if not 0 < self.delta < 0.3:
+            raise ValueError(f"delta must lie in (0, 0.3) (3 delta is a saving), got {self.delta}")
+        if self.max_rounds < self.rounds:
+            raise ValueError(f"max_rounds ({self.max_rounds}) must be at least rounds "
+                             f"({self.rounds})")
+
+
+def calibrate(plan: Plan | None = None, *, noises: Sequence[Noise] = NOISES,
               truths: Sequence[str] = tuple(TRUTHS), adaptive: Sequence[bool] = (False, True),
-              rule: FamilyRule = stats.decide_family, min_samples: int = 10,
-              confidence: float = 0.95) -> pd.DataFrame:
+              rule: FamilyRule = stats.decide_family) -> pd.DataFrame:
     """One row per noise model x truth x (fixed rounds, rounds until resolved): how often ``rule``
-    answers PORT or CLOSE for one cell and for a family of ``cells`` cells, over ``trials``
-    simulated runs, with the median rounds run, the share stopped at the cap, the median CI
-    half-width, the requirement and whether it is met. Every row sees its own seeded data;
-    another ``rule`` is judged on the same data."""
-    if trials < 1:
-        raise ValueError(f"trials must be positive, got {trials}")
-    if rounds < 2:
-        raise ValueError(f"rounds must be at least 2, got {rounds}")
-    if not 0 < delta < 0.3:
-        raise ValueError(f"delta must lie in (0, 0.3) (3 delta is a saving), got {delta}")
-    if max_rounds < rounds:
-        raise ValueError(f"max_rounds ({max_rounds}) must be at least rounds ({rounds})")
+    answers PORT or CLOSE for one cell and for a family of ``plan.cells`` cells, over
+    ``plan.trials`` simulated runs, with the median rounds run, the share stopped at the cap, the
+    median CI half-width, the requirement and whether it is met. Every row sees its own seeded
+    data; another ``rule`` is judged on the same data. ``plan``: :class:`Plan`'s defaults where
+    None."""
+    plan = plan or Plan()
     unknown = [t for t in truths if t not in TRUTHS]
     if unknown:
         raise ValueError(f"truths: unknown {unknown}; valid: {list(TRUTHS)}")
+    rounds, max_rounds = plan.rounds, plan.max_rounds
     rows = []
     for n_noise, noise in enumerate(noises):
         for n_truth, truth in enumerate(truths):
             for precise in adaptive:
                 start = min(max(rounds, design.TAIL_ROUNDS), max_rounds) if precise else rounds
                 setting = Setting(noise, truth, start, max_rounds if precise else rounds)
-                row_seed = seed * 1_000_003 + n_noise * 101 + n_truth * 11 + int(precise)
-                rows.append(_row(setting, trials=trials, cells=cells, delta=delta,
-                                 seed=row_seed, rule=rule, min_samples=min_samples,
-                                 confidence=confidence))
+                row_seed = plan.seed * 1_000_003 + n_noise * 101 + n_truth * 11 + int(precise)
+                rows.append(_row(setting, trials=plan.trials, cells=plan.cells,
+                                 delta=plan.delta, seed=row_seed, rule=rule,
+                                 min_samples=plan.min_samples, confidence=plan.confidence))
     return pd.DataFrame(rows)
 
 

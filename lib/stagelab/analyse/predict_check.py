@@ -11,12 +11,18 @@ from typing import Any
 
 import pandas as pd
 
-from stagelab.analyse.predict_model import QUESTIONS, Model, cpu_model, gpu_model
+from stagelab.analyse.predict_model import (
+    FALSIFICATION_RULE,
+    QUESTIONS,
+    Model,
+    cpu_model,
+    gpu_model,
+    stated_figures,
+)
 from stagelab.analyse.predict_tables import (
     BASELINE,
     CPU_PLATFORM,
     HOST_METRIC,
-    MODEL_ARMS,
     REUSED,
     Cell,
     HostClass,
@@ -68,28 +74,39 @@ def check_cell(step: pd.DataFrame, rows: int, vocab: int, k: int, *,
                                     for c in stages + arms if c["outside"]]}
 
 
+UNTIMED_STAGES = ("forward", "wait", "host_softmax")  # checked only where the step timed them
+
+
 def _stage_and_arm_checks(model: Model, cell: pd.DataFrame) -> tuple[list[dict], list[dict]]:
-    """Each stage of the seed's step and each arm's step: predicted beside measured."""
+    """Each stage of the seed's step and each arm's step: the stated interval
+    (:func:`stagelab.analyse.predict_model.stated_figures`) beside the measured mean."""
     stages, arms = [], []
     measured_base = _measured_stage_means(cell, BASELINE)
-    ranges, mids = model.parts_range(BASELINE, raw=True), model.parts_mid(BASELINE, raw=True)
-    for stage, (low, high) in ranges.items():
-        if stage in ("forward", "wait", "host_softmax") and stage not in measured_base:
-            continue
-        stages.append(_compared(stage, mids[stage], low, high, measured_base.get(stage)))
-    for arm in MODEL_ARMS:
-        measured = _measured_stage_means(cell, arm).get(catalogue.TOTAL)
-        mid, low, high = model.interval(arm)
-        if measured is not None and math.isfinite(mid):
-            arms.append(_compared(arm, mid, low, high, measured))
+    for figure in stated_figures(model):
+        if figure["level"] == "stage" and (figure["name"] not in UNTIMED_STAGES
+                                           or figure["name"] in measured_base):
+            stages.append(_compared(figure, measured_base.get(figure["name"])))
+        elif figure["level"] == "arm":
+            measured = _measured_stage_means(cell, figure["name"]).get(catalogue.TOTAL)
+            if measured is not None:
+                arms.append(_compared(figure, measured))
     return stages, arms
 
 
-def _compared(name: str, mid: float, low: float, high: float,
-              measured: float | None) -> dict[str, Any]:
-    outside = measured is not None and not low <= measured <= high
-    return {"name": name, "predicted_ms": mid, "low_ms": low, "high_ms": high,
-            "measured_ms": measured, "error": _error(mid, measured), "outside": bool(outside)}
+def falsifies(measured: float | None, low: float, high: float) -> bool | None:
+    """The falsification rule for one figure (:data:`FALSIFICATION_RULE`): True where the
+    measured value lies outside the stated ``[low, high]``, False inside, None where nothing was
+    measured."""
+    if measured is None:
+        return None
+    return not low <= measured <= high
+
+
+def _compared(figure: Mapping[str, Any], measured: float | None) -> dict[str, Any]:
+    mid, low, high = figure["predicted_ms"], figure["low_ms"], figure["high_ms"]
+    return {"name": figure["name"], "predicted_ms": mid, "low_ms": low, "high_ms": high,
+            "measured_ms": measured, "error": _error(mid, measured),
+            "outside": bool(falsifies(measured, low, high))}
 
 
 def _reuse_ratio(model: Model, cell: pd.DataFrame) -> dict[str, Any] | None:
@@ -160,20 +177,19 @@ def prior_rates(run_dir: Path | str) -> HostRates | None:
 
 
 def _question_checks(model: Model, cell: pd.DataFrame) -> list[dict[str, Any]]:
-    """Per question the run measured both arms of: the predicted saving per step (point and
+    """Per question the run measured both arms of: the stated saving per step (point and
     interval) beside the measured one (difference of mean steps), with the error."""
     out = []
-    every, mid = corners(model.knobs), at_mid(model.knobs)
-    for question, (base_arm, cand_arm) in QUESTIONS.items():
+    for figure in stated_figures(model):
+        if figure["level"] != "question":
+            continue
+        base_arm, cand_arm = QUESTIONS[figure["name"]]
         base = _measured_stage_means(cell, base_arm).get(catalogue.TOTAL)
         cand = _measured_stage_means(cell, cand_arm).get(catalogue.TOTAL)
-        saving = model.totals(base_arm, every) - model.totals(cand_arm, every)
-        point = float((model.totals(base_arm, mid) - model.totals(cand_arm, mid))[0])
-        if base is None or cand is None or not math.isfinite(point):
+        if base is None or cand is None:
             continue
-        checked = _compared(question, point, float(saving.min()), float(saving.max()),
-                            base - cand)
-        checked["error_ms"] = point - (base - cand)
+        checked = _compared(figure, base - cand)
+        checked["error_ms"] = figure["predicted_ms"] - (base - cand)
         out.append(checked)
     return out
 
@@ -228,12 +244,6 @@ def out_of_sample_run(step: pd.DataFrame | None, gpu_name: str | None,
             "note": "" if cells else "no timed seed step", "falsification": falsification(cells)}
 
 
-FALSIFICATION_RULE = (
-    "stated before the run: a measured figure (a stage's or an arm's mean step, a question's "
-    "saving) falsifies the model when it lies outside the predicted interval of every host the "
-    "model was fed for its cell; the model held when no figure did")
-
-
 def _figures(cell: Mapping[str, Any]) -> list[dict[str, Any]]:
     return [*cell["stages"], *cell["arms"], *cell["questions"]]
 
@@ -247,7 +257,8 @@ def falsification(cells: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     for cell in cells:
         for figure in _figures(cell):
             key = (cell["rows"], cell["vocab"], cell["k"], figure["name"])
-            inside = None if figure.get("measured_ms") is None else not figure["outside"]
+            fails = falsifies(figure.get("measured_ms"), figure["low_ms"], figure["high_ms"])
+            inside = None if fails is None else not fails
             figure["held"] = inside
             if inside is not None:
                 verdicts[key] = bool(verdicts.get(key)) or inside
@@ -260,6 +271,28 @@ def falsification(cells: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
              f"the model failed at {len(failed)} of {len(verdicts)} figures: {'; '.join(failed)}")
     return {"rule": FALSIFICATION_RULE, "held": held, "failed_at": failed,
             "figures": len(verdicts), "words": words}
+
+
+FIRST_SCREEN_FAILED = 3  # the failed figures the first screen names; the rest are counted
+
+
+def stated_lines(check: Mapping[str, Any] | None) -> list[str]:
+    """The first screen's line for a GPU run's out-of-sample check (``out_of_sample``): whether
+    the prediction stated before the run held or FAILED, and where; none for a CPU run, a
+    verdict before the check, or nothing measured to judge."""
+    verdict = (check or {}).get("falsification") or {}
+    if check is None or check.get("platform") in (None, CPU_PLATFORM) or verdict.get(
+            "held") is None:
+        return []
+    if verdict["held"]:
+        return [f"Prediction stated before the run held ({check['platform']}): all "
+                f"{verdict['figures']} measured figures lie inside their predicted intervals."]
+    failed = verdict["failed_at"]
+    named = "; ".join(failed[:FIRST_SCREEN_FAILED]) + (
+        f"; and {len(failed) - FIRST_SCREEN_FAILED} more" if len(failed) > FIRST_SCREEN_FAILED
+        else "")
+    return [f"Prediction stated before the run FAILED ({check['platform']}) at {len(failed)} "
+            f"of {verdict['figures']} figures: {named}."]
 
 
 def _one_place(step: pd.DataFrame) -> tuple[pd.DataFrame, str]:

@@ -340,8 +340,47 @@ def sensitivity_words(row: Mapping[str, Any]) -> str:
             + (", inside it)" if row["within_range"] else ")"))
 
 
+# The rule by which a run falsifies a prediction: stated here, before any run, with the
+# intervals (:func:`stated_figures`); the verdict applies it (``out_of_sample.falsification``).
+FALSIFICATION_RULE = (
+    "stated before the run: a measured figure (a stage's or an arm's mean step, a question's "
+    "saving) falsifies the model when it lies outside the predicted interval of every host the "
+    "model was fed for its cell; the model held when no figure did")
+
+
+def stated_figures(model: Model) -> list[dict[str, Any]]:
+    """Every figure the model states an interval for at its cell, before any run: each stage of
+    the seed's step (its own duration, as the step times it), each arm's step and each
+    question's saving per step (baseline - candidate), as ``level``, ``name``,
+    ``predicted_ms`` (at the knobs' best values), ``low_ms`` and ``high_ms`` (over every corner
+    of the knobs). ``stagelab predict`` states them with :data:`FALSIFICATION_RULE`; the
+    verdict judges a run against these same intervals."""
+    figures = []
+    ranges, mids = model.parts_range(BASELINE, raw=True), model.parts_mid(BASELINE, raw=True)
+    for stage, (low, high) in ranges.items():
+        figures.append(_figure("stage", stage, mids[stage], low, high))
+    for arm in MODEL_ARMS:
+        mid, low, high = model.interval(arm)
+        if math.isfinite(mid):
+            figures.append(_figure("arm", arm, mid, low, high))
+    every, best = corners(model.knobs), at_mid(model.knobs)
+    for question, (base_arm, cand_arm) in QUESTIONS.items():
+        saving = model.totals(base_arm, every) - model.totals(cand_arm, every)
+        point = float((model.totals(base_arm, best) - model.totals(cand_arm, best))[0])
+        if math.isfinite(point):
+            figures.append(_figure("question", question, point, float(saving.min()),
+                                   float(saving.max())))
+    return figures
+
+
+def _figure(level: str, name: str, mid: float, low: float, high: float) -> dict[str, Any]:
+    return {"level": level, "name": name, "predicted_ms": float(mid), "low_ms": float(low),
+            "high_ms": float(high)}
+
+
 def predict_cell(model: Model, delta: float) -> dict[str, Any]:
-    """Every arm's predicted step (ms, interval) and every question's answer at one cell."""
+    """Every arm's predicted step (ms, interval), every question's answer and the figures that
+    would falsify the model (:func:`stated_figures`, with the rule) at one cell."""
     arms = {}
     for arm in MODEL_ARMS:
         mid, low, high = model.interval(arm)
@@ -353,6 +392,7 @@ def predict_cell(model: Model, delta: float) -> dict[str, Any]:
     return {"platform": model.platform, "rows": model.cell.rows, "vocab": model.cell.vocab,
             "k": model.cell.k, "log_softmax": model.cell.log_softmax, "host": model.host,
             "fits": True, "arms": arms, "answers": answers, "notes": model.notes,
+            "falsification": {"rule": FALSIFICATION_RULE, "figures": stated_figures(model)},
             "sensitivity": [row for a in answers
                             for row in sensitivity(model, a["question"], delta)],
             "knobs": {name: {"low": kn.low, "high": kn.high, "origin": kn.origin}

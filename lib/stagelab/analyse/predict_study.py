@@ -163,6 +163,16 @@ def arm_records(found: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
             for e in found for c in e["cells"] if c["fits"] for arm, a in c["arms"].items()]
 
 
+def stated_records(found: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Every stated figure of :func:`predictions` (:func:`predict_model.stated_figures`), one
+    record per platform, host, cell and figure: the intervals a run's measured figures are
+    judged against (the rule: :data:`predict_model.FALSIFICATION_RULE`)."""
+    return [{"platform": c["platform"], "host": c["host"], "rows": c["rows"],
+             "vocab": c["vocab"], "k": c["k"], **figure}
+            for e in found for c in e["cells"] if c["fits"]
+            for figure in c["falsification"]["figures"]]
+
+
 HOST_CLASS = "host class "  # how an answer names a platform's usual host (data/hosts.csv)
 
 

@@ -171,9 +171,9 @@ def calibrate_rule(decisive: list[dict[str, Any]], trials: int,
     rounds = [c["baseline_rounds"] for c in decisive if c["baseline_rounds"] >= 2]
     if not trials or not rounds:
         return []
-    return calibration.calibrate(trials=trials, rounds=min(rounds), delta=rule.delta,
-                                 seed=rule.seed,
-                                 cells=len(decisive), adaptive=[False]).to_dict("records")
+    plan = calibration.Plan(trials=trials, rounds=min(rounds), delta=rule.delta, seed=rule.seed,
+                            cells=len(decisive))
+    return calibration.calibrate(plan, adaptive=[False]).to_dict("records")
 
 
 def context_summary(decisive: list[dict[str, Any]], delta: float, log_softmax: str,

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from stagelab.analyse import carryover, sequence, stats, step_analysis, timings
+from stagelab.analyse import carryover, quantile_bound, sequence, stats, step_analysis, timings
 from stagelab.core import catalogue, design
 
 BASELINE, CANDIDATE, TWIN = catalogue.decisive_arms()
@@ -111,6 +111,8 @@ def cell_evidence(step: pd.DataFrame, rows: int, vocab: int, k: int, candidate: 
             else None)
     out["stages_ms"] = _stage_split(cell)
     out["vector_regime"] = vector_regime(cell, baseline)
+    out["p99_step"] = quantile_bound.bound(timings.by_round(cell, candidate).to_numpy(dtype=float),
+                                           candidate).to_dict()
     arms = (baseline, candidate) if twin is None else (baseline, candidate, twin)
     failures = _failures(cell, arms)
     out["failures"] = failures

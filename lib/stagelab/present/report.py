@@ -171,7 +171,9 @@ def _verdict_section(run_dir: Path, manifest: Mapping[str, Any]) -> str:
              f"{_trust_banner(trust.reasons(run_dir, manifest, verdict), manifest)}"
              f"<p class='decision {decision}'>Staging verdict: {decision}</p>"
              f"{_changed_decision(manifest)}"
-             f"<p>{_prose(overall.get('summary', ''))}</p>",
+             + "".join(f"<p><b>{_esc(line)}</b></p>"  # a GPU run: the prediction held or failed
+                       for line in predict_check.stated_lines(verdict.get("out_of_sample")))
+             + f"<p>{_prose(overall.get('summary', ''))}</p>",
              next_step.first_screen(run_dir, verdict, manifest.get("profile")),
              _chunk_answer(verdict)]
     recommendation = verdict.get("recommendation")  # absent in verdicts of older runs

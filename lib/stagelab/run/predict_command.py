@@ -121,6 +121,9 @@ def format_platform(entry: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+_LEVEL_WORD = {"arm": "step ", "question": "saving ", "stage": ""}
+
+
 def _cell_lines(cell: Mapping[str, Any], several: bool) -> list[str]:
     on = f" ({cell['host']})" if several else ""
     lines = [f"    {arm:22} {a['mid_ms']:8.3f} ms {_ms(a['low_ms'], a['high_ms'])}{on}"
@@ -134,6 +137,10 @@ def _cell_lines(cell: Mapping[str, Any], several: bool) -> list[str]:
         flips = flip_words(cell, ans["question"])
         if flips:
             lines.append(f"      sensitivity ({ans['question']}): {'; '.join(flips)}")
+    lines.append(f"    falsified if a measured step or saving lies outside{on}: "
+                 + "; ".join(f"{f['name']} {_LEVEL_WORD[f['level']]}"
+                             f"{_ms(f['low_ms'], f['high_ms'])}"
+                             for f in cell["falsification"]["figures"] if f["level"] != "stage"))
     lines += [f"    note: {note}" for note in cell["notes"]]
     return lines
 
@@ -176,6 +183,8 @@ def main(args: argparse.Namespace) -> int:
           f"{forward.DEFAULT_CONTEXT} tokens, sliding windows counted) / HBM. Flips shown within "
           f"{NEAR_FLIP:g}x of a range (the link's anywhere), the others held at their best "
           "values.")
+    print(f"The rule by which a run falsifies this prediction, {predict_model.FALSIFICATION_RULE}"
+          " (each stage's interval too: --json).")
     lines = regime_lines(choice.rates)
     if lines:
         print(lines)
@@ -198,6 +207,8 @@ def predicted_json(origin: str, found: list[dict[str, Any]]) -> dict[str, Any]:
     return {"predicted": True, "origin": origin,
             "answers": predict_study.answer_records(found),
             "arms": predict_study.arm_records(found),
+            "falsification": {"rule": predict_model.FALSIFICATION_RULE,
+                              "figures": predict_study.stated_records(found)},
             "unfit": [{"platform": c["platform"], "rows": c["rows"], "vocab": c["vocab"],
                        "k": c["k"], "why": c["notes"][0]}
                       for e in found for c in e["cells"] if not c["fits"]]}
