@@ -202,13 +202,10 @@ def test_notebook_defaults_answer_in_seconds_and_the_profiles_keep_their_full_si
 
 MAX_PARAMETERS = 10
 # The functions allowed more: the Triton kernels (a kernel's arguments are its pointers,
-# strides and compile-time constants, which cannot travel as one object), and, until it
-# takes one frozen plan (helper j49's change), the calibration's entry point. Remove an entry
-# when its function fits; a new one fails.
+# strides and compile-time constants, which cannot travel as one object). A new one fails.
 MANY_PARAMETERS = {
     ("measure/onepass_triton.py", "onepass_kernel"), ("measure/onepass_triton.py", "merge_kernel"),
     ("measure/onepass_triton.py", "fold_kernel"), ("measure/onepass_triton.py", "finish_kernel"),
-    ("analyse/calibration.py", "calibrate"),
 }
 
 
@@ -233,8 +230,7 @@ def test_no_public_function_of_the_library_takes_more_than_ten_parameters():
                 found.add((path.relative_to(library).as_posix(), node.name))
     assert found <= MANY_PARAMETERS, sorted(found - MANY_PARAMETERS)
     assert ("measure/onepass_triton.py", "onepass_kernel") in found  # the count sees a kernel
-    assert MANY_PARAMETERS - found <= {("analyse/calibration.py", "calibrate")}, (
-        "remove the allowance of a function that now fits")
+    assert found == MANY_PARAMETERS, "remove the allowance of a function that now fits"
 
 
 def test_the_parameter_count_counts_what_a_caller_passes():
