@@ -249,7 +249,11 @@ def connected(cluster):
         yield cluster
 
 
-# A stand-in for `stagelab measure`: MODE then --out DIR. It records where it ran and when.
+# A stand-in for `stagelab measure`: MODE then --out DIR. It records where it ran and when,
+# under names a measured folder has (a node's archive holds no other: fleet._checked_members):
+# its start in preflight.json (written first, as measure's preflight is), its end in the
+# manifest, measured.json.
+STARTED = "preflight.json"
 STAND_IN = r"""
 import json, os, pathlib, signal, sys, time
 mode, out = sys.argv[1], pathlib.Path(sys.argv[-1])
@@ -257,7 +261,7 @@ out.mkdir(parents=True)
 import stagelab
 record = {"start": time.time(), "cwd": os.getcwd(), "stagelab": stagelab.__file__,
           "python": sys.executable}
-(out / "started.json").write_text(json.dumps(record))
+(out / "preflight.json").write_text(json.dumps(record))
 if mode.startswith("crash"):
     marker = pathlib.Path(mode.split(":", 1)[1])
     if not marker.exists() or mode.startswith("crash-always"):
@@ -326,7 +330,7 @@ def test_a_node_past_its_timeout_is_stopped_and_keeps_what_it_sent(connected, tm
     assert record.status == fleet.TIMED_OUT
     assert "timeout" in record.error
     assert record.exit_code == -signal.SIGTERM  # stopped by SIGTERM, not killed
-    assert (Path(record.measured_dir) / "started.json").is_file()
+    assert (Path(record.measured_dir) / STARTED).is_file()
 
 
 @pytest.mark.slow
