@@ -370,7 +370,11 @@ def test_a_second_ctrl_c_does_not_abandon_the_record(tiny_suite, tmp_path):
     time.sleep(0.3)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=90)
-    assert proc.returncode == cli.EXIT_INTERRUPTED, err
+    # The second signal may land after the record is closed and main has returned, in the
+    # interpreter's own shutdown, which then ends by SIGINT: the record is whole either way.
+    closed_first = proc.returncode == -signal.SIGINT and err.rstrip().endswith(
+        "run interrupted; what was produced is kept")
+    assert proc.returncode == cli.EXIT_INTERRUPTED or closed_first, err
     assert "Traceback" not in err
     manifest = rundir.read_manifest(run_dir)
     assert manifest["status"] == "interrupted" and manifest["finished_utc"]
