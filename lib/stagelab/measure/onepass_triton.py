@@ -21,6 +21,8 @@ None) and the caller falls back to torch.
 
 from __future__ import annotations
 
+from stagelab.core import launches
+
 try:
     import triton
     import triton.language as tl
@@ -32,14 +34,22 @@ if triton is not None:
     # -2**31); the mask of a key's id word.
     KEY_FLOOR = tl.constexpr(-(2**63))
     ID_MASK = tl.constexpr(0xFFFFFFFF)
+    ORDERED_FLOOR = tl.constexpr(-(2**31))  # KEY_FLOOR's high word: below every real value's
+    ID_LIMIT = tl.constexpr(2**31 - 1)  # above every token id
+    LOG2E = tl.constexpr(1.4426950408889634)  # exp(x) = exp2(x * LOG2E): one FFMA a logit
+    CANDIDATES = tl.constexpr(launches.CANDIDATE_LIMIT)
 
     @triton.jit
-    def _keys(x, cols):
-        """Unique int64 keys ordering by value (fp32, -0.0 as 0.0), then by lower id."""
+    def _ordered(x):
+        """fp32 values as int32 that order as the values do (-0.0 as 0.0): a key's high word."""
         x = tl.where(x == 0.0, 0.0, x)
         bits = x.to(tl.int32, bitcast=True)
-        ordered = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
-        return (ordered.to(tl.int64) << 32) + (ID_MASK - cols.to(tl.int64))
+        return tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+
+    @triton.jit
+    def _keys(ordered, ids):
+        """Unique int64 keys ordering by value (``ordered``: :func:`_ordered`), then lower id."""
+        return (ordered.to(tl.int64) << 32) + (ID_MASK - ids.to(tl.int64))
 
     @triton.jit
     def _decode(keys):
@@ -55,44 +65,93 @@ if triton is not None:
         return tl.bitonic_merge(tl.maximum(best, tl.flip(other, 0)), descending=True)
 
     @triton.jit
+    def _least(best):
+        """The ordered value (:func:`_ordered`) of the least key held: ``ORDERED_FLOOR`` until
+        every slot holds a value."""
+        return (tl.min(best, axis=0) >> 32).to(tl.int32)
+
+    @triton.jit
+    def _enter(ordered, ids, best, kth, K_PAD: tl.constexpr):
+        """The best keys after a tile's values (``ordered``, ``ORDERED_FLOOR`` where masked)
+        enter them, and their least's ordered value. A tile with at most ``CANDIDATES`` values
+        above ``kth`` takes them one by one, the highest first (ties: the lowest id), each
+        replacing the least key, until the tile's highest left is not above the least held;
+        one with more merges its sorted top ``K_PAD``."""
+        above = tl.sum((ordered > kth).to(tl.int32), axis=0)
+        if above > CANDIDATES:
+            best = _merge(best, tl.topk(_keys(ordered, ids), K_PAD))
+        else:
+            last = tl.arange(0, K_PAD) == K_PAD - 1
+            top = tl.max(ordered, axis=0)
+            while top > kth:
+                id = tl.min(tl.where(ordered == top, ids, ID_LIMIT), axis=0)
+                entry = tl.where(last, _keys(top, id), KEY_FLOOR)
+                best = tl.bitonic_merge(tl.maximum(best, entry), descending=True)
+                kth = _least(best)
+                ordered = tl.where(ids == id, ORDERED_FLOOR, ordered)
+                top = tl.max(ordered, axis=0)
+        return best, _least(best)
+
+    @triton.jit
+    def _walk_tile(x, cols, stop, first_id, target, m, s, counts, best, kth,
+                   K_PAD: tl.constexpr, TOPK: tl.constexpr, HAS_TARGET: tl.constexpr,
+                   MASKED: tl.constexpr):
+        """One tile (fp32 ``x`` at columns ``cols``; ``-inf`` past ``stop`` where ``MASKED``)
+        folded into the walk's state: the running max ``m``, per-lane sums of exponentials
+        rescaled to it ``s``, per-lane counts (``>=`` the target in the low 16 bits, ``==`` it
+        above), the best keys and their least's ordered value ``kth``."""
+        top = tl.max(x, axis=0)  # the one cross-warp step of a tile that enters nothing
+        m_new = tl.maximum(m, top)
+        scaled = tl.where(m_new == float("-inf"), 0.0, m_new) * LOG2E
+        s = s * tl.exp2(m * LOG2E - scaled) + tl.exp2(x * LOG2E - scaled)
+        if HAS_TARGET:
+            counted = (x >= target).to(tl.int32) + ((x == target).to(tl.int32) << 16)
+            if MASKED:
+                counted = tl.where(cols < stop, counted, 0)
+            counts += counted
+        if TOPK:
+            if _ordered(top) > kth:  # no ordered value or key before this passes
+                ordered = _ordered(x)
+                if MASKED:
+                    ordered = tl.where(cols < stop, ordered, ORDERED_FLOOR)
+                best, kth = _enter(ordered, cols + first_id, best, kth, K_PAD)
+        return m_new, s, counts, best, kth
+
+    @triton.jit
     def _tile_state(x_ptr, start, stop, target, first_id, BLOCK: tl.constexpr,
                     K_PAD: tl.constexpr, TOPK: tl.constexpr, HAS_TARGET: tl.constexpr):
         """Walk tiles ``[start, stop)`` of one row, whose column ``c`` is token ``first_id + c``:
-        (max, rescaled sum, best keys, count of logits ``>=`` the target's, count equal to it)."""
+        (max, rescaled sum, best keys, count of logits ``>=`` the target's, count equal to it).
+        Full tiles load unmasked, each two tiles ahead (launches.PREFETCH_TILES: the last
+        full tile's address stands in past it); a ragged last tile is walked masked after
+        them. The sums and counts are kept per lane and reduced
+        once at the end; tiles come in order of their ids, so a later value equal to the
+        least key held has a higher id, a lower key: only a value above it can enter."""
         m = tl.full((), float("-inf"), tl.float32)
-        s = tl.zeros((), tl.float32)
-        ge = tl.zeros((), tl.int32)
-        eq = tl.zeros((), tl.int32)
+        s = tl.zeros((BLOCK,), tl.float32)
+        counts = tl.zeros((BLOCK,), tl.int32)
         best = tl.full((K_PAD,), KEY_FLOOR, tl.int64)
-        # The guard's threshold: the fp32 value of the least key held, NaN until K_PAD keys are
-        # (KEY_FLOOR decodes to NaN). Tiles come in order of their ids, so a later value equal
-        # to it has a higher id, a lower key: only a tile whose max is above it can enter.
-        kth = tl.full((), float("nan"), tl.float32)
-        floor = tl.full((BLOCK,), KEY_FLOOR, tl.int64)
+        kth = tl.full((), ORDERED_FLOOR, tl.int32)
         offsets = tl.arange(0, BLOCK)
-        # One tile loaded ahead (launches.PREFETCH_TILES): its load is issued before the
-        # current tile's work, so that it is in flight while the program computes.
-        ahead = tl.load(x_ptr + start + offsets, mask=start + offsets < stop,
-                        other=float("-inf"))
-        for tile in range(start, stop, BLOCK):
-            cols = tile + offsets
-            inside = cols < stop
+        full_stop = start + (stop - start) // BLOCK * BLOCK
+        last = full_stop - BLOCK
+        ahead = tl.load(x_ptr + start + offsets, mask=offsets < full_stop - start)
+        after = tl.load(x_ptr + start + BLOCK + offsets,
+                        mask=offsets < full_stop - start - BLOCK)
+        for tile in range(start, full_stop, BLOCK):
             x = ahead.to(tl.float32)
-            ahead = tl.load(x_ptr + cols + BLOCK, mask=cols + BLOCK < stop, other=float("-inf"))
-            top = tl.max(x, axis=0)
-            m_new = tl.maximum(m, top)
-            safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            s = s * tl.exp(m - safe) + tl.sum(tl.exp(x - safe), axis=0)
-            m = m_new
-            if HAS_TARGET:
-                ge += tl.sum((inside & (x >= target)).to(tl.int32), axis=0)
-                eq += tl.sum((inside & (x == target)).to(tl.int32), axis=0)
-            if TOPK:
-                if (top > kth) | (kth != kth):  # no int64 key before this passes
-                    keys = tl.where(inside, _keys(x, cols + first_id), floor)
-                    best = _merge(best, tl.topk(keys, K_PAD))
-                    kth, _ = _decode(tl.min(best, axis=0))
-        return m, s, best, ge, eq
+            ahead = after
+            after = tl.load(x_ptr + tl.minimum(tile + 2 * BLOCK, last) + offsets)
+            m, s, counts, best, kth = _walk_tile(x, tile + offsets, stop, first_id, target, m,
+                                                 s, counts, best, kth, K_PAD, TOPK,
+                                                 HAS_TARGET, False)
+        if full_stop < stop:
+            cols = full_stop + offsets
+            x = tl.load(x_ptr + cols, mask=cols < stop, other=float("-inf")).to(tl.float32)
+            m, s, counts, best, kth = _walk_tile(x, cols, stop, first_id, target, m, s, counts,
+                                                 best, kth, K_PAD, TOPK, HAS_TARGET, True)
+        return (m, tl.sum(s, axis=0), best, tl.sum(counts & 0xFFFF, axis=0),
+                tl.sum(counts >> 16, axis=0))
 
     @triton.jit
     def _fold(m, s, best, ge, eq, m_part, s_part, best_part, ge_part, eq_part,
