@@ -60,7 +60,7 @@ def launch_plan(rows: int, vocab: int, k: int, tile: int | None, splits: int | N
 # two: ``ahead`` and ``after``): the roofline model counts them in flight
 # (stagelab.analyse.roofline).
 PREFETCH_TILES = 2
-# A tile with at most this many values above the least key held takes them into the top-K one
+# A tile with at most this many values above the k-th key held takes them into the top-K one
 # by one (onepass_triton._enter); one with more sorts its top K_PAD and merges it. The roofline
 # model reads both paths' instructions from the cubins and weighs them by this limit.
 CANDIDATE_LIMIT = 16
@@ -134,7 +134,7 @@ def fold_launch(rows: int, width: int, first_id: int, k: int, with_targets: bool
     stride_row = width if stride_row is None else stride_row
     warps = warps_for(block, k_pad)
     return Launch("fold_kernel", (rows,),
-                  dict(stride_row=stride_row, width=width, first_id=first_id),
+                  dict(stride_row=stride_row, width=width, first_id=first_id, k=k),
                   dict(BLOCK=block, K_PAD=k_pad, TOPK=k > 0, HAS_TARGET=with_targets),
                   warps, registers_for(k > 0, warps))
 

@@ -65,68 +65,78 @@ if triton is not None:
         return tl.bitonic_merge(tl.maximum(best, tl.flip(other, 0)), descending=True)
 
     @triton.jit
-    def _least(best):
-        """The ordered value (:func:`_ordered`) of the least key held: ``ORDERED_FLOOR`` until
-        every slot holds a value."""
-        return (tl.min(best, axis=0) >> 32).to(tl.int32)
+    def _kth(best, k, K_PAD: tl.constexpr):
+        """The ordered value (:func:`_ordered`) of the ``k``-th best key held (``best`` is
+        descending): ``ORDERED_FLOOR`` until ``k`` slots hold values."""
+        held = tl.where(tl.arange(0, K_PAD) < k, best, -KEY_FLOOR - 1)
+        return (tl.min(held, axis=0) >> 32).to(tl.int32)
 
     @triton.jit
-    def _enter(ordered, ids, best, kth, K_PAD: tl.constexpr):
-        """The best keys after a tile's values (``ordered``, ``ORDERED_FLOOR`` where masked)
-        enter them, and their least's ordered value. A tile with at most ``CANDIDATES`` values
-        above ``kth`` takes them one by one, the highest first (ties: the lowest id), each
-        replacing the least key, until the tile's highest left is not above the least held;
-        one with more merges its sorted top ``K_PAD``."""
-        above = tl.sum((ordered > kth).to(tl.int32), axis=0)
-        if above > CANDIDATES:
+    def _value(ordered):
+        """The fp32 value of an ordered value (:func:`_ordered`): NaN for ``ORDERED_FLOOR``."""
+        bits = tl.where(ordered < 0, ordered ^ 0x7FFFFFFF, ordered)
+        return bits.to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def _enter(x, ids, inside, best, kth, k, K_PAD: tl.constexpr, MASKED: tl.constexpr):
+        """The best keys (descending) after a tile's values ``x`` (``-inf`` where masked) enter
+        them, and their ``k``-th's ordered value. A tile with at most ``CANDIDATES`` values
+        above the ``k``-th key held, where ``k`` are held, takes them one by one, the highest
+        first (ties: the lowest id), each replacing the least key, until the tile's highest
+        left is not above the ``k``-th held; any other merges its sorted top ``K_PAD``. A
+        candidate is above a held value, so never ``-inf``: a value taken becomes ``-inf``."""
+        floor = _value(kth)
+        above = tl.sum((x > floor).to(tl.int32), axis=0)
+        if (above > CANDIDATES) | (kth == ORDERED_FLOOR):
+            ordered = _ordered(x)
+            if MASKED:
+                ordered = tl.where(inside, ordered, ORDERED_FLOOR)
             best = _merge(best, tl.topk(_keys(ordered, ids), K_PAD))
         else:
             last = tl.arange(0, K_PAD) == K_PAD - 1
-            top = tl.max(ordered, axis=0)
-            while top > kth:
-                id = tl.min(tl.where(ordered == top, ids, ID_LIMIT), axis=0)
-                entry = tl.where(last, _keys(top, id), KEY_FLOOR)
+            top = tl.max(x, axis=0)
+            while top > floor:
+                id = tl.min(tl.where(x == top, ids, ID_LIMIT), axis=0)
+                entry = tl.where(last, _keys(_ordered(top), id), KEY_FLOOR)
                 best = tl.bitonic_merge(tl.maximum(best, entry), descending=True)
-                kth = _least(best)
-                ordered = tl.where(ids == id, ORDERED_FLOOR, ordered)
-                top = tl.max(ordered, axis=0)
-        return best, _least(best)
+                floor = _value(_kth(best, k, K_PAD))
+                x = tl.where(ids == id, float("-inf"), x)
+                top = tl.max(x, axis=0)
+        return best, _kth(best, k, K_PAD)
 
     @triton.jit
-    def _walk_tile(x, cols, stop, first_id, target, m, s, counts, best, kth,
+    def _walk_tile(x, cols, stop, first_id, target, m, s, counts, best, kth, k,
                    K_PAD: tl.constexpr, TOPK: tl.constexpr, HAS_TARGET: tl.constexpr,
                    MASKED: tl.constexpr):
         """One tile (fp32 ``x`` at columns ``cols``; ``-inf`` past ``stop`` where ``MASKED``)
         folded into the walk's state: the running max ``m``, per-lane sums of exponentials
         rescaled to it ``s``, per-lane counts (``>=`` the target in the low 16 bits, ``==`` it
-        above), the best keys and their least's ordered value ``kth``."""
+        above), the best keys and their ``k``-th's ordered value ``kth``."""
         top = tl.max(x, axis=0)  # the one cross-warp step of a tile that enters nothing
         m_new = tl.maximum(m, top)
         scaled = tl.where(m_new == float("-inf"), 0.0, m_new) * LOG2E
         s = s * tl.exp2(m * LOG2E - scaled) + tl.exp2(x * LOG2E - scaled)
+        inside = cols < stop
         if HAS_TARGET:
             counted = (x >= target).to(tl.int32) + ((x == target).to(tl.int32) << 16)
             if MASKED:
-                counted = tl.where(cols < stop, counted, 0)
+                counted = tl.where(inside, counted, 0)
             counts += counted
         if TOPK:
-            if _ordered(top) > kth:  # no ordered value or key before this passes
-                ordered = _ordered(x)
-                if MASKED:
-                    ordered = tl.where(cols < stop, ordered, ORDERED_FLOOR)
-                best, kth = _enter(ordered, cols + first_id, best, kth, K_PAD)
+            if _ordered(top) > kth:  # no count or key before this passes
+                best, kth = _enter(x, cols + first_id, inside, best, kth, k, K_PAD, MASKED)
         return m_new, s, counts, best, kth
 
     @triton.jit
-    def _tile_state(x_ptr, start, stop, target, first_id, BLOCK: tl.constexpr,
+    def _tile_state(x_ptr, start, stop, target, first_id, k, BLOCK: tl.constexpr,
                     K_PAD: tl.constexpr, TOPK: tl.constexpr, HAS_TARGET: tl.constexpr):
-        """Walk tiles ``[start, stop)`` of one row, whose column ``c`` is token ``first_id + c``:
-        (max, rescaled sum, best keys, count of logits ``>=`` the target's, count equal to it).
-        Full tiles load unmasked, each two tiles ahead (launches.PREFETCH_TILES: the last
-        full tile's address stands in past it); a ragged last tile is walked masked after
-        them. The sums and counts are kept per lane and reduced
-        once at the end; tiles come in order of their ids, so a later value equal to the
-        least key held has a higher id, a lower key: only a value above it can enter."""
+        """Walk tiles ``[start, stop)`` of one row, whose column ``c`` is token ``first_id + c``,
+        for its top ``k``: (max, rescaled sum, best keys, count of logits ``>=`` the target's,
+        count equal to it). Full tiles load unmasked, each two tiles ahead
+        (launches.PREFETCH_TILES: the last full tile's address stands in past it); a ragged
+        last tile is walked masked after them. The sums and counts are kept per lane and
+        reduced once at the end; tiles come in order of their ids, so a later value equal to
+        the ``k``-th key held has a higher id, a lower key: only a value above it can enter."""
         m = tl.full((), float("-inf"), tl.float32)
         s = tl.zeros((BLOCK,), tl.float32)
         counts = tl.zeros((BLOCK,), tl.int32)
@@ -143,13 +153,13 @@ if triton is not None:
             ahead = after
             after = tl.load(x_ptr + tl.minimum(tile + 2 * BLOCK, last) + offsets)
             m, s, counts, best, kth = _walk_tile(x, tile + offsets, stop, first_id, target, m,
-                                                 s, counts, best, kth, K_PAD, TOPK,
+                                                 s, counts, best, kth, k, K_PAD, TOPK,
                                                  HAS_TARGET, False)
         if full_stop < stop:
             cols = full_stop + offsets
             x = tl.load(x_ptr + cols, mask=cols < stop, other=float("-inf")).to(tl.float32)
             m, s, counts, best, kth = _walk_tile(x, cols, stop, first_id, target, m, s, counts,
-                                                 best, kth, K_PAD, TOPK, HAS_TARGET, True)
+                                                 best, kth, k, K_PAD, TOPK, HAS_TARGET, True)
         return (m, tl.sum(s, axis=0), best, tl.sum(counts & 0xFFFF, axis=0),
                 tl.sum(counts >> 16, axis=0))
 
@@ -198,7 +208,7 @@ if triton is not None:
             target = tl.load(x_row + tl.load(targets_ptr + row)).to(tl.float32)
         start = part * span
         stop = tl.minimum(start + span, vocab)
-        m, s, best, ge, eq = _tile_state(x_row, start, stop, target, 0, BLOCK, K_PAD, TOPK,
+        m, s, best, ge, eq = _tile_state(x_row, start, stop, target, 0, k, BLOCK, K_PAD, TOPK,
                                          HAS_TARGET)
         if SPLIT:
             at = row * parts + part
@@ -243,7 +253,7 @@ if triton is not None:
 
     @triton.jit
     def fold_kernel(x_ptr, stride_row, width, first_id, target_ptr, state_m_ptr, state_s_ptr,
-                    state_keys_ptr, state_ge_ptr, state_eq_ptr, BLOCK: tl.constexpr,
+                    state_keys_ptr, state_ge_ptr, state_eq_ptr, k, BLOCK: tl.constexpr,
                     K_PAD: tl.constexpr, TOPK: tl.constexpr, HAS_TARGET: tl.constexpr):
         """Program ``row``: the state of its tile of logits ``[0, width)`` (tokens ``first_id``
         on), merged into the row's running state in place, as the split variant's merge does."""
@@ -252,7 +262,7 @@ if triton is not None:
         if HAS_TARGET:
             target = tl.load(target_ptr + row)
         m, s, best, ge, eq = _tile_state(x_ptr + row * stride_row, 0, width, target, first_id,
-                                         BLOCK, K_PAD, TOPK, HAS_TARGET)
+                                         k, BLOCK, K_PAD, TOPK, HAS_TARGET)
         slots = row * K_PAD + tl.arange(0, K_PAD)
         running = best
         if TOPK:
