@@ -47,7 +47,8 @@ RUNNING = (
     "made under `.cache/` on first use).")
 SECONDS_A_COMPILE = 3.5  # of two cores, from the slow test's timing (RUNNING)
 FIGURES = ("registers", "spill_bytes", "shared_bytes", "ctas_per_sm", "loop_instructions",
-           "guard_instructions")
+           "guard_instructions", "enter_instructions", "sort_instructions",
+           "candidate_instructions")
 
 
 def uv() -> str:
@@ -165,15 +166,17 @@ def table(found: list[dict], when: datetime) -> str:
              f"variants), {len(failures(found))} failed or spilled. Figures read from each cubin with "
              "the cuobjdump Triton bundles; CTAs per SM from the architecture's limits; "
              "loop: the tile loop's SASS instructions, guard: its path without the top-K "
-             "merge. Registers and CTAs bound how many bytes an SM keeps in flight "
+             "block, enter: that block's count of candidates and set-up, sort: its "
+             "sort-and-merge path, candidate: its loop's instructions a candidate "
+             "(`kernel_compile.loop_figures`). Registers and CTAs bound how many bytes an SM keeps in flight "
              "(`stagelab.analyse.roofline`).",
              "",
              RUNNING.format(launched=launched, minutes=round(2 * launched * SECONDS_A_COMPILE
                                                              / 60)),
              "",
              "| Triton | arch | kernel | variant | first shape | shapes | compiles | registers "
-             "| spilled B | shared B | CTAs/SM | loop | guard |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| spilled B | shared B | CTAs/SM | loop | guard | enter | sort | candidate |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in found:
         figures = [str(r.get(name, "")) for name in FIGURES]
         lines.append(f"| {r['triton']} | sm_{r['arch']} | {r['kernel']} | {variant_label(r)} "

@@ -93,21 +93,43 @@ SASS = """
         /*0010*/                   S2R R0, SR_CTAID.X ;
         /*0020*/                   LDG.E R2, desc[UR4][R2.64] ;
         /*0030*/                   FMNMX R4, R2, R4, !PT ;
-        /*0040*/               @P0 BRA 0x80 ;
-        /*0050*/                   IMAD R5, R5, R6, RZ ;
-        /*0060*/                   IMAD R5, R5, R6, RZ ;
+        /*0040*/               @P0 BRA 0x100 ;
+        /*0050*/                   ISETP.GT.AND P1, PT, R5, 0x10, PT ;
+        /*0060*/               @P1 BRA 0xa0 ;
         /*0070*/                   IMAD R5, R5, R6, RZ ;
-        /*0080*/                   IADD3 R7, R7, 0x1, RZ ;
-        /*0090*/               @P1 BRA 0x20 ;
-        /*00a0*/                   EXIT ;
-        /*00b0*/                   BRA 0xb0;
+        /*0080*/                   IMAD R5, R5, R6, RZ ;
+        /*0090*/                   BRA 0xe0 ;
+        /*00a0*/                   IMAD R5, R5, R6, RZ ;
+        /*00b0*/                   ISETP.GT.AND P2, PT, R5, R7, PT ;
+        /*00c0*/                   VIMNMX R5, R5, R7, PT ;
+        /*00d0*/               @P2 BRA 0xb0 ;
+        /*00e0*/                   LOP3.LUT R7, R7, 0x1, RZ, 0xc0, !PT ;
+        /*00f0*/                   IMAD R5, R5, R6, RZ ;
+        /*0100*/                   IADD3 R7, R7, 0x1, RZ ;
+        /*0110*/               @P3 BRA 0x20 ;
+        /*0120*/                   EXIT ;
+        /*0130*/                   BRA 0x130;
 """
 
 
-def test_the_loop_and_its_guard_path_are_counted_from_sass():
-    """The loop runs 0x20-0x90 (8 instructions); its forward branch skips three (the merge)."""
-    assert kernel_compile.loop_instructions(SASS) == (8, 5)
-    assert kernel_compile.loop_instructions("/*0000*/ EXIT ;") == (0, 0)
+def test_the_loop_s_paths_are_counted_from_sass():
+    """The loop runs 0x20-0x110 (16 instructions); the guard's branch skips the top-K block
+    (0x50-0xf0: 11); inside it the sort path (0x70-0x90: 3, skipped toward the candidates)
+    and the per-candidate loop (0xb0-0xd0: 3); the block's other 5 are its entry's."""
+    assert kernel_compile.loop_figures(SASS) == dict(
+        loop_instructions=16, guard_instructions=5, enter_instructions=5,
+        sort_instructions=3, candidate_instructions=3)
+    assert kernel_compile.loop_figures("/*0000*/ EXIT ;") == dict.fromkeys(
+        kernel_compile.LOOP_FIGURES, 0)
+
+
+def test_a_loop_without_a_top_k_block_is_all_guard():
+    """No forward branch inside the loop (a walk without a top-K): every path figure 0."""
+    plain = "\n".join(line for line in SASS.splitlines()
+                      if not any(f"/*{at:04x}*/" in line for at in range(0x40, 0x100, 0x10)))
+    assert kernel_compile.loop_figures(plain) == dict(
+        loop_instructions=4, guard_instructions=4, enter_instructions=0, sort_instructions=0,
+        candidate_instructions=0)
 
 
 def test_a_failed_or_spilling_variant_fails_the_check():

@@ -1,8 +1,8 @@
 """A roofline *model* of the one-pass kernel from its compiled cubins: never a measurement.
 
 What the compile check read from each cubin (``data/kernel_compile.json``, written by
-``scripts/kernel_compile_check.py``: CTAs per SM, the tile loop's SASS instructions and its
-guard's path) and the launch plan (:mod:`stagelab.core.launches`: programs per row, tile,
+``scripts/kernel_compile_check.py``: CTAs per SM, the tile loop's SASS instructions by path)
+and the launch plan (:mod:`stagelab.core.launches`: programs per row, tile,
 warps) predict, per (n, V, k, dtype) on a named GPU, the share of its HBM bandwidth the kernel
 can reach, as the least of three rates:
 
@@ -15,16 +15,18 @@ can reach, as the least of three rates:
   programs per SM the grid gives;
 * **issue**: an SM issues at most 4 warp-instructions a clock (its schedulers), shared by its
   resident warps; a tile costs its warps the guard's instructions, plus the top-K's: on a tile
-  whose max beats the least of the ``K_PAD`` keys held, the block that counts its candidates
-  (values above that key), then either the sort-and-merge path (more than
+  whose max beats the ``k``-th key held, the block that counts its candidates (values above
+  that key) and merges what the tile gives, then either the sort path (more than
   :data:`stagelab.core.launches.CANDIDATE_LIMIT` candidates) or the per-candidate loop once
-  a candidate (each path's instructions read from the cubin: ``kernel_compile.loop_figures``).
+  for each of the best ``k`` candidates (each path's instructions read from the cubin:
+  ``kernel_compile.loop_figures``).
 
 The candidates are modelled for independent logits: the first tile of a slice holds no keys
-(every value a candidate: the sort path); a value of its ``t``-th tile is above the least of
-the ``K_PAD`` best of the ``(t - 1) B`` before it with probability ``K_PAD / ((t - 1) B + 1)``,
-so a tile's candidates are binomial over its ``B`` values. The per-candidate loop is counted
-once a candidate, an upper bound (it stops at the first that no longer beats the least key).
+(every value a candidate: the sort path); a value of its ``t``-th tile is above the ``k``-th
+best of the ``(t - 1) B`` before it with probability ``k / ((t - 1) B + 1)``, so a tile's
+candidates are binomial over its ``B`` values (the issue's assumption; real logits' tiles are
+not independent, and a row whose best values come late costs more).
+
 The memory latency is an assumed range (:data:`LATENCY_NS`); every figure is evaluated at both
 ends. Torch-free.
 """
@@ -89,28 +91,30 @@ def figures_of(launch: launches.Launch, dtype: str, arch: int, triton: str = LEA
                       "--write")
 
 
-def tile_candidates(block: int, k_pad: int, tile: int,
+def tile_candidates(block: int, k: int, tile: int,
                     limit: int = launches.CANDIDATE_LIMIT) -> tuple[float, float, float]:
     """For a slice's ``tile``-th tile (1: the first) of ``block`` independent logits, against
-    the least of the ``k_pad`` best before it: the probability that some value is above it
-    (the top-K block is entered), that more than ``limit`` are (the sort path), and the
-    expected candidates when at most ``limit`` are (the per-candidate loop's passes)."""
-    if tile < 1 or block < 1 or k_pad < 1:
-        raise ValueError(f"tile, block and k_pad must be >= 1, got {tile}, {block}, {k_pad}")
-    p = 1.0 if tile == 1 else min(1.0, k_pad / ((tile - 1) * block + 1))
-    pmf = [math.comb(block, j) * p ** j * (1 - p) ** (block - j) for j in range(limit + 1)]
-    return 1.0 - pmf[0], 1.0 - sum(pmf), sum(j * pmf[j] for j in range(1, limit + 1))
+    the ``k``-th best before it: the probability that some value is above it (the top-K
+    block is entered), that more than ``limit`` are (the sort path), and the expected
+    passes of the per-candidate loop (the best ``k`` of at most ``limit`` candidates)."""
+    if tile < 1 or block < 1 or k < 1:
+        raise ValueError(f"tile, block and k must be >= 1, got {tile}, {block}, {k}")
+    if tile == 1:  # no key held yet: the sort path, whatever the count
+        return 1.0, 1.0, 0.0
+    p = min(1.0, k / ((tile - 1) * block + 1))
+    pmf = [math.comb(block, j) * p ** j * (1 - p) ** (block - j)
+           for j in range(min(limit, block) + 1)]
+    return 1.0 - pmf[0], 1.0 - sum(pmf), sum(min(j, k) * pmf[j] for j in range(1, len(pmf)))
 
 
-def walk_costs(row: dict[str, Any], tiles: int, block: int, k_pad: int,
-               top_k: bool) -> dict[str, float]:
-    """The mean SASS instructions a tile costs each warp over a slice of ``tiles`` tiles (the
-    compile check's ``row``), with the mean share of tiles that enter the top-K block, that
-    sort, and the mean candidates a tile takes one by one."""
+def walk_costs(row: dict[str, Any], tiles: int, block: int, k: int) -> dict[str, float]:
+    """The mean SASS instructions a tile costs each warp over a slice of ``tiles`` tiles of a
+    top-``k`` walk (the compile check's ``row``), with the mean share of tiles that enter the
+    top-K block, that sort, and the mean candidates a tile takes one by one."""
     guard = float(row["guard_instructions"])
-    if not top_k:
+    if k == 0:
         return dict(instructions=guard, entered=0.0, sorted=0.0, candidates=0.0)
-    shares = [tile_candidates(block, k_pad, t) for t in range(1, tiles + 1)]
+    shares = [tile_candidates(block, k, t) for t in range(1, tiles + 1)]
     entered, sorting, candidates = (sum(column) / tiles for column in zip(*shares))
     cost = (guard + entered * row["enter_instructions"] + sorting * row["sort_instructions"]
             + candidates * row["candidate_instructions"])
@@ -134,7 +138,7 @@ def predict(rows: int, vocab: int, k: int, dtype: str, gpu: Gpu, latency_ns: flo
     active = min(gpu.sms, programs)
     resident = min(row["ctas_per_sm"], math.ceil(programs / gpu.sms))
     tiles = math.ceil(first.scalars["span"] / block)
-    costs = walk_costs(row, tiles, block, int(first.constexprs["K_PAD"]), k > 0)
+    costs = walk_costs(row, tiles, block, k)
     per_tile = costs["instructions"]
     tile_bytes = block * DTYPE_BYTES[dtype]
     issue_ns = per_tile / gpu.clock_ghz  # a program's warps issue side by side, one a clock

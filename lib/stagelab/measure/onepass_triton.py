@@ -80,28 +80,26 @@ if triton is not None:
     @triton.jit
     def _enter(x, ids, inside, best, kth, k, K_PAD: tl.constexpr, MASKED: tl.constexpr):
         """The best keys (descending) after a tile's values ``x`` (``-inf`` where masked) enter
-        them, and their ``k``-th's ordered value. A tile with at most ``CANDIDATES`` values
-        above the ``k``-th key held, where ``k`` are held, takes them one by one, the highest
-        first (ties: the lowest id), each replacing the least key, until the tile's highest
-        left is not above the ``k``-th held; any other merges its sorted top ``K_PAD``. A
-        candidate is above a held value, so never ``-inf``: a value taken becomes ``-inf``."""
-        floor = _value(kth)
-        above = tl.sum((x > floor).to(tl.int32), axis=0)
+        them, and their ``k``-th's ordered value. Where ``k`` keys are held and at most
+        ``CANDIDATES`` of the tile's values are above the ``k``-th, the best ``k`` of those
+        are taken one by one, the highest first (ties: the lowest id), into a descending list
+        merged once; else the tile's sorted top ``K_PAD`` is merged. A candidate is above a
+        held value, so never ``-inf``: a value taken becomes ``-inf``."""
+        above = tl.sum((x > _value(kth)).to(tl.int32), axis=0)
         if (above > CANDIDATES) | (kth == ORDERED_FLOOR):
             ordered = _ordered(x)
             if MASKED:
                 ordered = tl.where(inside, ordered, ORDERED_FLOOR)
-            best = _merge(best, tl.topk(_keys(ordered, ids), K_PAD))
+            tile_best = tl.topk(_keys(ordered, ids), K_PAD)
         else:
-            last = tl.arange(0, K_PAD) == K_PAD - 1
-            top = tl.max(x, axis=0)
-            while top > floor:
-                id = tl.min(tl.where(x == top, ids, ID_LIMIT), axis=0)
-                entry = tl.where(last, _keys(_ordered(top), id), KEY_FLOOR)
-                best = tl.bitonic_merge(tl.maximum(best, entry), descending=True)
-                floor = _value(_kth(best, k, K_PAD))
-                x = tl.where(ids == id, float("-inf"), x)
+            slots = tl.arange(0, K_PAD)
+            tile_best = tl.full((K_PAD,), KEY_FLOOR, tl.int64)
+            for slot in range(0, tl.minimum(above, k)):
                 top = tl.max(x, axis=0)
+                id = tl.min(tl.where(x == top, ids, ID_LIMIT), axis=0)
+                tile_best = tl.where(slots == slot, _keys(_ordered(top), id), tile_best)
+                x = tl.where(ids == id, float("-inf"), x)
+        best = _merge(best, tile_best)
         return best, _kth(best, k, K_PAD)
 
     @triton.jit
