@@ -16,16 +16,16 @@ can reach, as the least of three rates:
 * **issue**: an SM issues at most 4 warp-instructions a clock (its schedulers), shared by its
   resident warps; a tile costs its warps the guard's instructions, plus the top-K's: on a tile
   whose max beats the ``k``-th key held, the block that counts its candidates (values above
-  that key) and merges what the tile gives, then either the sort path (more than
-  :data:`stagelab.core.launches.CANDIDATE_LIMIT` candidates) or the per-candidate loop once
-  for each of the best ``k`` candidates (each path's instructions read from the cubin:
-  ``kernel_compile.loop_figures``).
+  that key) and merges what the tile gives, then either the per-candidate loop once for each
+  of the best ``k`` candidates, or, where that is more than
+  :data:`stagelab.core.launches.CANDIDATE_LIMIT` passes, the sort path (each path's
+  instructions read from the cubin: ``kernel_compile.loop_figures``).
 
 The candidates are modelled for independent logits: the first tile of a slice holds no keys
-(every value a candidate: the sort path); a value of its ``t``-th tile is above the ``k``-th
-best of the ``(t - 1) B`` before it with probability ``k / ((t - 1) B + 1)``, so a tile's
-candidates are binomial over its ``B`` values (the issue's assumption; real logits' tiles are
-not independent, and a row whose best values come late costs more).
+(its best ``k`` are taken); a value of its ``t``-th tile is above the ``k``-th best of the
+``(t - 1) B`` before it with probability ``k / ((t - 1) B + 1)``, so a tile's candidates are
+binomial over its ``B`` values (the issue's assumption; real logits' tiles are not independent,
+and a row whose best values come late costs more).
 
 The memory latency is an assumed range (:data:`LATENCY_NS`); every figure is evaluated at both
 ends. Torch-free.
@@ -93,18 +93,21 @@ def figures_of(launch: launches.Launch, dtype: str, arch: int, triton: str = LEA
 
 def tile_candidates(block: int, k: int, tile: int,
                     limit: int = launches.CANDIDATE_LIMIT) -> tuple[float, float, float]:
-    """For a slice's ``tile``-th tile (1: the first) of ``block`` independent logits, against
-    the ``k``-th best before it: the probability that some value is above it (the top-K
-    block is entered), that more than ``limit`` are (the sort path), and the expected
-    passes of the per-candidate loop (the best ``k`` of at most ``limit`` candidates)."""
+    """For a slice's ``tile``-th tile (1: the first) of ``block`` independent logits: the
+    probability that some value is above the ``k``-th best before it (the top-K block is
+    entered), that the tile sorts (more than ``limit`` passes to make), and the expected
+    passes of the per-candidate loop (the best ``k`` of the candidates, where at most
+    ``limit``). The first tile holds no key: its ``k`` best are all to take."""
     if tile < 1 or block < 1 or k < 1:
         raise ValueError(f"tile, block and k must be >= 1, got {tile}, {block}, {k}")
-    if tile == 1:  # no key held yet: the sort path, whatever the count
-        return 1.0, 1.0, 0.0
+    if tile == 1:
+        return (1.0, 0.0, float(k)) if k <= limit else (1.0, 1.0, 0.0)
     p = min(1.0, k / ((tile - 1) * block + 1))
     pmf = [math.comb(block, j) * p ** j * (1 - p) ** (block - j)
            for j in range(min(limit, block) + 1)]
-    return 1.0 - pmf[0], 1.0 - sum(pmf), sum(min(j, k) * pmf[j] for j in range(1, len(pmf)))
+    more = 1.0 - sum(pmf)  # more than ``limit`` candidates: ``k`` passes, or the sort path
+    passes = sum(min(j, k) * pmf[j] for j in range(1, len(pmf)))
+    return (1.0 - pmf[0], more, passes) if k > limit else (1.0 - pmf[0], 0.0, passes + k * more)
 
 
 def walk_costs(row: dict[str, Any], tiles: int, block: int, k: int) -> dict[str, float]:

@@ -60,10 +60,11 @@ def launch_plan(rows: int, vocab: int, k: int, tile: int | None, splits: int | N
 # two: ``ahead`` and ``after``): the roofline model counts them in flight
 # (stagelab.analyse.roofline).
 PREFETCH_TILES = 2
-# A tile with at most this many values above the k-th key held takes them into the top-K one
-# by one (onepass_triton._enter); one with more sorts its top K_PAD and merges it. The roofline
-# model reads both paths' instructions from the cubins and weighs them by this limit.
-CANDIDATE_LIMIT = 16
+# The most passes a tile's per-candidate loop makes (onepass_triton._enter: one a value it
+# takes into the top-K, the best k of those above the k-th key held); a tile with more to take
+# sorts its top K_PAD and merges it. The sort path costs 23-53 passes' instructions (Triton 3.6,
+# sm_90, docs/kernels.md). The roofline model weighs both paths by this limit.
+CANDIDATE_LIMIT = 32
 WIDE_TOP_K = 1024  # from this padded top-K on, a program takes 8 warps
 
 

@@ -80,13 +80,17 @@ if triton is not None:
     @triton.jit
     def _enter(x, ids, inside, best, kth, k, K_PAD: tl.constexpr, MASKED: tl.constexpr):
         """The best keys (descending) after a tile's values ``x`` (``-inf`` where masked) enter
-        them, and their ``k``-th's ordered value. Where ``k`` keys are held and at most
-        ``CANDIDATES`` of the tile's values are above the ``k``-th, the best ``k`` of those
-        are taken one by one, the highest first (ties: the lowest id), into a descending list
-        merged once; else the tile's sorted top ``K_PAD`` is merged. A candidate is above a
-        held value, so never ``-inf``: a value taken becomes ``-inf``."""
-        above = tl.sum((x > _value(kth)).to(tl.int32), axis=0)
-        if (above > CANDIDATES) | (kth == ORDERED_FLOOR):
+        them, and their ``k``-th's ordered value. The candidates are the values above the
+        ``k``-th key held (the finite ones until ``k`` are held); the best ``k`` of them are
+        taken one by one, the highest first (ties: the lowest id), into a descending list
+        merged once, where that is at most ``CANDIDATES`` passes (and, until ``k`` keys are
+        held, ``k`` finite values are there to take); else the tile's sorted top ``K_PAD`` is
+        merged. A candidate is finite: a value taken becomes ``-inf``."""
+        empty = kth == ORDERED_FLOOR
+        floor = tl.where(empty, float("-inf"), _value(kth))
+        above = tl.sum((x > floor).to(tl.int32), axis=0)
+        takes = tl.minimum(above, k)
+        if (takes > CANDIDATES) | (empty & (above < k)):
             ordered = _ordered(x)
             if MASKED:
                 ordered = tl.where(inside, ordered, ORDERED_FLOOR)
@@ -94,7 +98,7 @@ if triton is not None:
         else:
             slots = tl.arange(0, K_PAD)
             tile_best = tl.full((K_PAD,), KEY_FLOOR, tl.int64)
-            for slot in range(0, tl.minimum(above, k)):
+            for slot in range(0, takes):
                 top = tl.max(x, axis=0)
                 id = tl.min(tl.where(x == top, ids, ID_LIMIT), axis=0)
                 tile_best = tl.where(slots == slot, _keys(_ordered(top), id), tile_best)
