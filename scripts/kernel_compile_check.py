@@ -151,6 +151,35 @@ def compiled_counts(found: list[dict], launched: int) -> str:
                      for triton, arch in pairs)
 
 
+def model_table(found: list[dict]) -> list[str]:
+    """The roofline model (``stagelab.analyse.roofline``) at the goal's shapes on an H200 from
+    ``found``'s lease-Triton sm_90 rows, with its inputs: markdown lines (none where those
+    rows lack a variant the model reads)."""
+    from stagelab.analyse import roofline
+
+    lease = tuple(r for r in found if r["triton"].startswith(LEASE_TRITON + ".")
+                  and r["arch"] == 90)
+    try:
+        rows = roofline.grid(variants=lease)
+    except LookupError:
+        return []
+    lines = ["", "## The roofline model from these cubins (a model, never a measurement)", "",
+             f"`stagelab.analyse.roofline` on an H200 (V = 152,064), from the Triton "
+             f"{LEASE_TRITON} sm_90 rows above; latency {min(roofline.LATENCY_NS):g}-"
+             f"{max(roofline.LATENCY_NS):g} ns assumed; candidates for independent logits. "
+             f"Goal (issue 44): >= {roofline.GOAL:.0%} at n >= 64, k <= 20; >= 40 % at n = 16.",
+             "", "| n | k | dtype | programs | resident/SM | tiles/slice | tile instructions "
+             "| entered | sorted | passes/tile | instructions/logit | bound at 800 ns | model % "
+             "(800-450 ns) |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['rows']} | {r['k']} | {r['dtype']} | {r['programs']} | "
+                     f"{r['resident_per_sm']} | {r['tiles_per_slice']} | "
+                     f"{r['tile_instructions']} | {r['entered_share']} | {r['sorted_share']} | "
+                     f"{r['candidates_per_tile']} | {r['instructions_per_logit']} | "
+                     f"{r['bound']} | {100 * r['model_low']:.0f}-{100 * r['model_high']:.0f} |")
+    return lines
+
+
 def table(found: list[dict], when: datetime) -> str:
     """The per-variant markdown table, with its date and the Triton versions."""
     versions = sorted({r["triton"] for r in found})
@@ -182,7 +211,7 @@ def table(found: list[dict], when: datetime) -> str:
         lines.append(f"| {r['triton']} | sm_{r['arch']} | {r['kernel']} | {variant_label(r)} "
                      f"| {r['where']} | {r['shapes']} | {'yes' if r['compiles'] else 'NO'} | "
                      + " | ".join(figures) + " |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + model_table(found)) + "\n"
 
 
 def run_check(archs: tuple[int, ...], workers: int, out: Path | None = None,

@@ -248,3 +248,23 @@ def test_the_lease_kernel_check_names_what_differs():
                                           want.target_rank, want.target_ties, "triton"), want)
     assert wrong[0] == "ids" and wrong[1].startswith("values (max diff 1.00e-03")
     assert lease.main(["--device", "cuda"]) == (0 if torch.cuda.is_available() else 1)
+
+
+def test_the_table_shows_the_model_at_the_goal_s_shapes_with_its_inputs():
+    """Every goal shape (n 1/16/64/256, k 0/5/20, fp32 and bf16) as a row of the model's
+    inputs and share, from the lease Triton's sm_90 rows alone; nothing without them."""
+    rows = []
+    for n in (1, 16, 64, 256):
+        for k in (0, 5, 20):
+            first = launches.triton_launches(n, 152064, k, True, None, None,
+                                             launches.device_slots(132, k))[0]
+            for dtype in ("fp32", "bf16"):
+                rows.append(dict(kernel=first.kernel, arch=90, compiles=True, triton="3.6.0",
+                                 pointers=dict(x_ptr=dtype), constexprs=dict(first.constexprs),
+                                 ctas_per_sm=2, registers=200, loop_instructions=4000,
+                                 guard_instructions=230, enter_instructions=250,
+                                 sort_instructions=3000, candidate_instructions=130))
+    lines = check.model_table(rows)
+    body = [line for line in lines if line.startswith("| ") and line[2].isdigit()]
+    assert len(body) == 4 * 3 * 2 and "never a measurement" in lines[1]
+    assert check.model_table([dict(row, triton="3.9.0") for row in rows]) == []

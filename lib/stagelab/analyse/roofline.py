@@ -25,7 +25,9 @@ The candidates are modelled for independent logits: the first tile of a slice ho
 (its best ``k`` are taken); a value of its ``t``-th tile is above the ``k``-th best of the
 ``(t - 1) B`` before it with probability ``k / ((t - 1) B + 1)``, so a tile's candidates are
 binomial over its ``B`` values (the issue's assumption; real logits' tiles are not independent,
-and a row whose best values come late costs more).
+and a row whose best values come late costs more). A slice's ragged last tile (walked masked,
+after the loop) is counted at the loop's figures, and a program's set-up and final reductions
+not at all.
 
 The memory latency is an assumed range (:data:`LATENCY_NS`); every figure is evaluated at both
 ends. Torch-free.

@@ -1,14 +1,16 @@
 """The one-pass kernel in Triton: top-K, logsumexp, the target's logprob and rank in one read.
 
 Each program walks vocabulary tiles of one row (or of one slice of a row: the split variant)
-keeping, in registers, a running max, the sum of exponentials rescaled to it, the counts of
-logits at or above the target's (its rank, vLLM's convention: ties count against the target)
-and equal to it, and the best ``K_PAD`` entries so far as int64 keys:
-the value's bits in an order-preserving integer form in the high 32 bits, the complement of the
-token id in the low 32 bits. Keys are unique per row and order by value, then by lower id, so
-``tl.topk`` on them gives exactly "descending, ties by lower token id", and merging two lists of
-keys (a tile's and the running one, or two splits') is exact. A tile whose fp32 max is not
-above the running K-th value cannot enter the top-K: it skips the keys and the merge.
+keeping, in registers, a running max, per lane the sum of exponentials rescaled to it and the
+counts of logits at or above the target's (its rank, vLLM's convention: ties count against the
+target) and equal to it (reduced across lanes once, at the end), and the best ``K_PAD`` entries
+so far as int64 keys: the value's bits in an order-preserving integer form in the high 32 bits,
+the complement of the token id in the low 32 bits. Keys are unique per row and order by value,
+then by lower id, so ``tl.topk`` on them gives exactly "descending, ties by lower token id", and
+merging two lists of keys (a tile's and the running one, or two splits') is exact. A tile whose
+fp32 max is not above the ``k``-th key held cannot enter the top-K and costs nothing more; one
+that can takes its best ``k`` candidates one by one (at most ``launches.CANDIDATE_LIMIT``
+passes), or else sorts its top ``K_PAD``, and merges them (:func:`_enter`).
 
 Where a row is split, each slice writes its partial state and a second, tiny kernel merges the
 slices per row. The same merge folds logits that arrive one vocabulary tile at a time (the
