@@ -89,20 +89,20 @@ def compile_with(python: Path, specs: list[dict], archs: tuple[int, ...], worker
         out_path = out or Path(folder) / "out.jsonl"
         version = subprocess.run([str(python), "-c", "import triton; print(triton.__version__)"],
                                  check=True, capture_output=True, text=True).stdout.strip()
-        done = {specialisation(row): row for row in _lines(out_path) if row["triton"] == version
-                and row["arch"] in archs}
-        wanted = {specialisation(spec) for spec in specs}
-        specs = [spec for spec in specs if specialisation(spec) not in done]
+        done = {(row["arch"], specialisation(row)): row for row in _lines(out_path)
+                if row["triton"] == version and row["arch"] in archs}
+        wanted = {(arch, specialisation(spec)) for spec in specs for arch in archs}
         start = len(_lines(out_path))
-        specs_path.write_text(json.dumps(specs))
         env = dict(os.environ, PYTHONPATH=str(ROOT / "lib"), STAGELAB_COMPILE_WORKERS=str(workers),
                    TRITON_CACHE_DIR=str(cache / "triton-compile" / version),
                    TRITON_DEFAULT_FP_FUSION="1")
         env.pop("TRITON_INTERPRET", None)
-        if specs:
-            subprocess.run([str(python), "-m", "stagelab.measure.kernel_compile",
-                            str(specs_path), str(out_path), *map(str, archs)], check=True,
-                           env=env)
+        for arch in archs:  # only what a stopped run left for each architecture
+            missing = [spec for spec in specs if (arch, specialisation(spec)) not in done]
+            if missing:
+                specs_path.write_text(json.dumps(missing))
+                subprocess.run([str(python), "-m", "stagelab.measure.kernel_compile",
+                                str(specs_path), str(out_path), str(arch)], check=True, env=env)
         kept = [row for key, row in done.items() if key in wanted]
         return kept + _lines(out_path)[start:]
 

@@ -268,3 +268,31 @@ def test_the_table_shows_the_model_at_the_goal_s_shapes_with_its_inputs():
     body = [line for line in lines if line.startswith("| ") and line[2].isdigit()]
     assert len(body) == 4 * 3 * 2 and "never a measurement" in lines[1]
     assert check.model_table([dict(row, triton="3.9.0") for row in rows]) == []
+
+
+def test_a_stopped_run_resumes_each_architecture_apart(tmp_path, monkeypatch):
+    """Before: rows were matched by specialisation alone, so a file holding a variant's sm_90
+    row skipped its sm_80 compile, and a resumed two-architecture run kept one row of each."""
+    import subprocess
+    import types
+
+    specs = [kernel_variants.spec_of(launches.finish_launch(4, k, True), "fp32") for k in (1, 5)]
+    out = tmp_path / "rows.jsonl"
+    out.write_text(json.dumps(dict(specs[0], triton="9.9", arch=90)) + "\n")
+    calls = []
+
+    def run(command, **kwargs):
+        if "-c" in command:
+            return types.SimpleNamespace(stdout="9.9\n")
+        wanted = json.loads(open(command[-3]).read())
+        calls.append((int(command[-1]), [s["scalars"]["k"] for s in wanted]))
+        with out.open("a") as sink:
+            for spec in wanted:
+                sink.write(json.dumps(dict(spec, triton="9.9", arch=int(command[-1]))) + "\n")
+        return subprocess.CompletedProcess(command, 0)
+
+    monkeypatch.setattr(check.subprocess, "run", run)
+    found = check.compile_with(tmp_path / "python", specs, (90, 80), 1, tmp_path, out)
+    assert calls == [(90, [5]), (80, [1, 5])]
+    assert sorted((row["arch"], row["scalars"]["k"]) for row in found) == [
+        (80, 1), (80, 5), (90, 1), (90, 5)]
