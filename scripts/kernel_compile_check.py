@@ -37,17 +37,19 @@ DATA = ROOT / "data" / "kernel_compile.json"
 RUNNING = (
     "The full check: `python scripts/kernel_compile_check.py --write` (`--arch 80` adds sm_80; "
     "`--rows FILE` keeps each row as it comes, so a stopped run resumes where it stopped) "
-    "compiles all {launched} launched variants on each Triton: some 3.5 s of two cores a "
-    "compile (the slow test's 46 compiles took 2 min 43 s under cpu-lock on 2026-12-02), so "
-    "about {minutes} minutes for both (estimated in proportion; the full run not timed). It "
+    "compiles all {launched} launched variants on each Triton and architecture: some 1.6 s "
+    "of two cores a compile (the 246 sm_80 compiles of both Tritons took about 6.5 minutes "
+    "under cpu-lock on 2026-12-06, timed by their rows file's growth), so about {minutes} "
+    "minutes for sm_90 on both, twice that with sm_80. It "
     "fails on any compile error or spill. `make test` runs the slow test "
     "`tests/test_kernel_compile.py::test_the_representative_variants_compile_for_sm_90_on_"
     "the_lease_triton_without_spills` instead: one variant of each kernel, logits dtype, "
     "split or not, k-class and masked tile or not, on Triton 3.6 alone (its environment "
     "made under `.cache/` on first use).")
-SECONDS_A_COMPILE = 3.5  # of two cores, from the slow test's timing (RUNNING)
+SECONDS_A_COMPILE = 1.6  # of two cores, from the full check's sm_80 timing (RUNNING)
 FIGURES = ("registers", "spill_bytes", "shared_bytes", "ctas_per_sm", "loop_instructions",
-           "guard_instructions")
+           "guard_instructions", "enter_instructions", "sort_instructions",
+           "candidate_instructions")
 
 
 def uv() -> str:
@@ -88,20 +90,20 @@ def compile_with(python: Path, specs: list[dict], archs: tuple[int, ...], worker
         out_path = out or Path(folder) / "out.jsonl"
         version = subprocess.run([str(python), "-c", "import triton; print(triton.__version__)"],
                                  check=True, capture_output=True, text=True).stdout.strip()
-        done = {specialisation(row): row for row in _lines(out_path) if row["triton"] == version
-                and row["arch"] in archs}
-        wanted = {specialisation(spec) for spec in specs}
-        specs = [spec for spec in specs if specialisation(spec) not in done]
+        done = {(row["arch"], specialisation(row)): row for row in _lines(out_path)
+                if row["triton"] == version and row["arch"] in archs}
+        wanted = {(arch, specialisation(spec)) for spec in specs for arch in archs}
         start = len(_lines(out_path))
-        specs_path.write_text(json.dumps(specs))
         env = dict(os.environ, PYTHONPATH=str(ROOT / "lib"), STAGELAB_COMPILE_WORKERS=str(workers),
                    TRITON_CACHE_DIR=str(cache / "triton-compile" / version),
                    TRITON_DEFAULT_FP_FUSION="1")
         env.pop("TRITON_INTERPRET", None)
-        if specs:
-            subprocess.run([str(python), "-m", "stagelab.measure.kernel_compile",
-                            str(specs_path), str(out_path), *map(str, archs)], check=True,
-                           env=env)
+        for arch in archs:  # only what a stopped run left for each architecture
+            missing = [spec for spec in specs if (arch, specialisation(spec)) not in done]
+            if missing:
+                specs_path.write_text(json.dumps(missing))
+                subprocess.run([str(python), "-m", "stagelab.measure.kernel_compile",
+                                str(specs_path), str(out_path), str(arch)], check=True, env=env)
         kept = [row for key, row in done.items() if key in wanted]
         return kept + _lines(out_path)[start:]
 
@@ -150,6 +152,35 @@ def compiled_counts(found: list[dict], launched: int) -> str:
                      for triton, arch in pairs)
 
 
+def model_table(found: list[dict]) -> list[str]:
+    """The roofline model (``stagelab.analyse.roofline``) at the goal's shapes on an H200 from
+    ``found``'s lease-Triton sm_90 rows, with its inputs: markdown lines (none where those
+    rows lack a variant the model reads)."""
+    from stagelab.analyse import roofline
+
+    lease = tuple(r for r in found if r["triton"].startswith(LEASE_TRITON + ".")
+                  and r["arch"] == 90)
+    try:
+        rows = roofline.grid(variants=lease)
+    except LookupError:
+        return []
+    lines = ["", "## The roofline model from these cubins (a model, never a measurement)", "",
+             f"`stagelab.analyse.roofline` on an H200 (V = 152,064), from the Triton "
+             f"{LEASE_TRITON} sm_90 rows above; latency {min(roofline.LATENCY_NS):g}-"
+             f"{max(roofline.LATENCY_NS):g} ns assumed; candidates for independent logits. "
+             f"Goal (issue 44): >= {100 * roofline.GOAL:.0f} % at n >= 64, k <= 20; >= 40 % at n = 16.",
+             "", "| n | k | dtype | programs | resident/SM | tiles/slice | tile instructions "
+             "| entered | sorted | passes/tile | instructions/logit | bound at 800 ns | model % "
+             "(800-450 ns) |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['rows']} | {r['k']} | {r['dtype']} | {r['programs']} | "
+                     f"{r['resident_per_sm']} | {r['tiles_per_slice']} | "
+                     f"{r['tile_instructions']} | {r['entered_share']} | {r['sorted_share']} | "
+                     f"{r['candidates_per_tile']} | {r['instructions_per_logit']} | "
+                     f"{r['bound']} | {100 * r['model_low']:.0f}-{100 * r['model_high']:.0f} |")
+    return lines
+
+
 def table(found: list[dict], when: datetime) -> str:
     """The per-variant markdown table, with its date and the Triton versions."""
     versions = sorted({r["triton"] for r in found})
@@ -165,21 +196,23 @@ def table(found: list[dict], when: datetime) -> str:
              f"variants), {len(failures(found))} failed or spilled. Figures read from each cubin with "
              "the cuobjdump Triton bundles; CTAs per SM from the architecture's limits; "
              "loop: the tile loop's SASS instructions, guard: its path without the top-K "
-             "merge. Registers and CTAs bound how many bytes an SM keeps in flight "
+             "block, enter: that block's count of candidates and set-up, sort: its "
+             "sort-and-merge path, candidate: its loop's instructions a candidate "
+             "(`kernel_compile.loop_figures`). Registers and CTAs bound how many bytes an SM keeps in flight "
              "(`stagelab.analyse.roofline`).",
              "",
              RUNNING.format(launched=launched, minutes=round(2 * launched * SECONDS_A_COMPILE
                                                              / 60)),
              "",
              "| Triton | arch | kernel | variant | first shape | shapes | compiles | registers "
-             "| spilled B | shared B | CTAs/SM | loop | guard |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| spilled B | shared B | CTAs/SM | loop | guard | enter | sort | candidate |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in found:
         figures = [str(r.get(name, "")) for name in FIGURES]
         lines.append(f"| {r['triton']} | sm_{r['arch']} | {r['kernel']} | {variant_label(r)} "
                      f"| {r['where']} | {r['shapes']} | {'yes' if r['compiles'] else 'NO'} | "
                      + " | ".join(figures) + " |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + model_table(found)) + "\n"
 
 
 def run_check(archs: tuple[int, ...], workers: int, out: Path | None = None,

@@ -93,21 +93,43 @@ SASS = """
         /*0010*/                   S2R R0, SR_CTAID.X ;
         /*0020*/                   LDG.E R2, desc[UR4][R2.64] ;
         /*0030*/                   FMNMX R4, R2, R4, !PT ;
-        /*0040*/               @P0 BRA 0x80 ;
-        /*0050*/                   IMAD R5, R5, R6, RZ ;
-        /*0060*/                   IMAD R5, R5, R6, RZ ;
+        /*0040*/               @P0 BRA 0x100 ;
+        /*0050*/                   ISETP.GT.AND P1, PT, R5, 0x10, PT ;
+        /*0060*/               @P1 BRA 0xa0 ;
         /*0070*/                   IMAD R5, R5, R6, RZ ;
-        /*0080*/                   IADD3 R7, R7, 0x1, RZ ;
-        /*0090*/               @P1 BRA 0x20 ;
-        /*00a0*/                   EXIT ;
-        /*00b0*/                   BRA 0xb0;
+        /*0080*/                   IMAD R5, R5, R6, RZ ;
+        /*0090*/                   BRA 0xe0 ;
+        /*00a0*/                   IMAD R5, R5, R6, RZ ;
+        /*00b0*/                   ISETP.GT.AND P2, PT, R5, R7, PT ;
+        /*00c0*/                   VIMNMX R5, R5, R7, PT ;
+        /*00d0*/               @P2 BRA 0xb0 ;
+        /*00e0*/                   LOP3.LUT R7, R7, 0x1, RZ, 0xc0, !PT ;
+        /*00f0*/                   IMAD R5, R5, R6, RZ ;
+        /*0100*/                   IADD3 R7, R7, 0x1, RZ ;
+        /*0110*/               @P3 BRA 0x20 ;
+        /*0120*/                   EXIT ;
+        /*0130*/                   BRA 0x130;
 """
 
 
-def test_the_loop_and_its_guard_path_are_counted_from_sass():
-    """The loop runs 0x20-0x90 (8 instructions); its forward branch skips three (the merge)."""
-    assert kernel_compile.loop_instructions(SASS) == (8, 5)
-    assert kernel_compile.loop_instructions("/*0000*/ EXIT ;") == (0, 0)
+def test_the_loop_s_paths_are_counted_from_sass():
+    """The loop runs 0x20-0x110 (16 instructions); the guard's branch skips the top-K block
+    (0x50-0xf0: 11); inside it the sort path (0x70-0x90: 3, skipped toward the candidates)
+    and the per-candidate loop (0xb0-0xd0: 3); the block's other 5 are its entry's."""
+    assert kernel_compile.loop_figures(SASS) == dict(
+        loop_instructions=16, guard_instructions=5, enter_instructions=5,
+        sort_instructions=3, candidate_instructions=3)
+    assert kernel_compile.loop_figures("/*0000*/ EXIT ;") == dict.fromkeys(
+        kernel_compile.LOOP_FIGURES, 0)
+
+
+def test_a_loop_without_a_top_k_block_is_all_guard():
+    """No forward branch inside the loop (a walk without a top-K): every path figure 0."""
+    plain = "\n".join(line for line in SASS.splitlines()
+                      if not any(f"/*{at:04x}*/" in line for at in range(0x40, 0x100, 0x10)))
+    assert kernel_compile.loop_figures(plain) == dict(
+        loop_instructions=4, guard_instructions=4, enter_instructions=0, sort_instructions=0,
+        candidate_instructions=0)
 
 
 def test_a_failed_or_spilling_variant_fails_the_check():
@@ -226,3 +248,51 @@ def test_the_lease_kernel_check_names_what_differs():
                                           want.target_rank, want.target_ties, "triton"), want)
     assert wrong[0] == "ids" and wrong[1].startswith("values (max diff 1.00e-03")
     assert lease.main(["--device", "cuda"]) == (0 if torch.cuda.is_available() else 1)
+
+
+def test_the_table_shows_the_model_at_the_goal_s_shapes_with_its_inputs():
+    """Every goal shape (n 1/16/64/256, k 0/5/20, fp32 and bf16) as a row of the model's
+    inputs and share, from the lease Triton's sm_90 rows alone; nothing without them."""
+    rows = []
+    for n in (1, 16, 64, 256):
+        for k in (0, 5, 20):
+            first = launches.triton_launches(n, 152064, k, True, None, None,
+                                             launches.device_slots(132, k))[0]
+            for dtype in ("fp32", "bf16"):
+                rows.append(dict(kernel=first.kernel, arch=90, compiles=True, triton="3.6.0",
+                                 pointers=dict(x_ptr=dtype), constexprs=dict(first.constexprs),
+                                 ctas_per_sm=2, registers=200, loop_instructions=4000,
+                                 guard_instructions=230, enter_instructions=250,
+                                 sort_instructions=3000, candidate_instructions=130))
+    lines = check.model_table(rows)
+    body = [line for line in lines if line.startswith("| ") and line[2].isdigit()]
+    assert len(body) == 4 * 3 * 2 and "never a measurement" in lines[1]
+    assert check.model_table([dict(row, triton="3.9.0") for row in rows]) == []
+
+
+def test_a_stopped_run_resumes_each_architecture_apart(tmp_path, monkeypatch):
+    """Before: rows were matched by specialisation alone, so a file holding a variant's sm_90
+    row skipped its sm_80 compile, and a resumed two-architecture run kept one row of each."""
+    import subprocess
+    import types
+
+    specs = [kernel_variants.spec_of(launches.finish_launch(4, k, True), "fp32") for k in (1, 5)]
+    out = tmp_path / "rows.jsonl"
+    out.write_text(json.dumps(dict(specs[0], triton="9.9", arch=90)) + "\n")
+    calls = []
+
+    def run(command, **kwargs):
+        if "-c" in command:
+            return types.SimpleNamespace(stdout="9.9\n")
+        wanted = json.loads(open(command[-3]).read())
+        calls.append((int(command[-1]), [s["scalars"]["k"] for s in wanted]))
+        with out.open("a") as sink:
+            for spec in wanted:
+                sink.write(json.dumps(dict(spec, triton="9.9", arch=int(command[-1]))) + "\n")
+        return subprocess.CompletedProcess(command, 0)
+
+    monkeypatch.setattr(check.subprocess, "run", run)
+    found = check.compile_with(tmp_path / "python", specs, (90, 80), 1, tmp_path, out)
+    assert calls == [(90, [5]), (80, [1, 5])]
+    assert sorted((row["arch"], row["scalars"]["k"]) for row in found) == [
+        (80, 1), (80, 5), (90, 1), (90, 5)]

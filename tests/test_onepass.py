@@ -144,6 +144,24 @@ def test_ties_come_in_order_of_lower_id_and_count_in_the_rank(backend):
     assert result.rank_strict()[1] == 1
 
 
+def test_a_few_candidates_a_tile_enter_one_by_one_ties_by_lower_id(backend):
+    """After the first tile, each 64-wide tile holds a few values above the K-th held (fewer
+    than launches.CANDIDATE_LIMIT: the kernel's per-candidate path), tied with each other,
+    with a held value and with the K-th; a last tile holds more (the sort path)."""
+    logits = torch.zeros(3, 64 * 6)
+    logits[:, :64] = torch.arange(64.0) / 8  # the first tile: 7.875 down to 7.375 held at k=5
+    for row in (0, 2):
+        logits[row, [70, 75, 80]] = 9.0      # three tied candidates in one tile
+        logits[row, [130, 140]] = 7.875       # tied with the best held, then with each other
+        logits[row, 200] = 7.5                # tied with the K-th held: a higher id, never in
+    logits[1, 64:] = torch.arange(64.0 * 5) % 11  # every later tile: candidates, ties
+    logits[2, 320:] = 20 + torch.arange(64.0)  # the last tile: more than the limit
+    result = run(backend, logits, 5, ids(3, 64 * 6), tile=64, splits=1)
+    assert result.ids[0].tolist() == [70, 75, 80, 63, 130]
+    assert result.ids[1, :2].tolist() == [74, 85]
+    assert result.ids[2].tolist() == list(range(383, 378, -1))
+
+
 def test_minus_infinity_masks_and_a_row_with_one_finite_logit(backend):
     logits = randn(3, 130)
     logits[0, ::2] = float("-inf")

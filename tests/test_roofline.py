@@ -19,29 +19,59 @@ def variant(rows: int, vocab: int, k: int, dtype: str, **figures) -> dict:
                                      launches.device_slots(GPU.sms, k))[0]
     return dict(kernel=first.kernel, arch=90, compiles=True, triton="3.6.0",
                 pointers=dict(x_ptr=dtype), constexprs=dict(first.constexprs),
-                **dict(dict(ctas_per_sm=4, registers=96, loop_instructions=1000,
-                            guard_instructions=400), **figures))
+                **dict(dict(ctas_per_sm=4, registers=96, loop_instructions=4000,
+                            guard_instructions=400, enter_instructions=150,
+                            sort_instructions=3000, candidate_instructions=250), **figures))
 
 
-@pytest.mark.parametrize("tiles, k, share", [(1, 5, 1.0), (5, 0, 0.0), (2, 1, 0.75),
-                                             (3, 2, (1 + 0.75 + 1 - (2 / 3) ** 2) / 3)])
-def test_the_share_of_tiles_that_merge_for_independent_logits(tiles, k, share):
-    assert roofline.merge_share(tiles, k) == pytest.approx(share)
+def test_the_candidates_of_a_tile_are_binomial_by_hand():
+    """Tile 2 of 4 values against the 2nd best of the 4 before: each value above it with
+    probability 2 / 5; none 0.6 ** 4, one 4 * 0.4 * 0.6 ** 3. With a limit of 1 pass, k = 2:
+    more than one candidate sorts, one takes one pass; with a limit of 2, the best 2 of any
+    count are taken (2 passes where there are more than 2)."""
+    none, one, two = 0.6 ** 4, 4 * 0.4 * 0.6 ** 3, 6 * 0.4 ** 2 * 0.6 ** 2
+    assert roofline.tile_candidates(4, 2, 2, limit=1) == pytest.approx(
+        (1 - none, 1 - none - one, one))
+    assert roofline.tile_candidates(4, 2, 2, limit=2) == pytest.approx(
+        (1 - none, 0, one + 2 * two + 2 * (1 - none - one - two)))
+    assert roofline.tile_candidates(4, 1, 2, limit=2)[2] == pytest.approx(1 - 0.8 ** 4)
+    assert roofline.tile_candidates(2048, 5, 1) == (1.0, 0.0, 5.0)  # the first: its best 5
+    assert roofline.tile_candidates(2048, 64, 1) == (1.0, 1.0, 0.0)  # 64 passes: it sorts
+    with pytest.raises(ValueError, match="k must be"):
+        roofline.tile_candidates(2048, 0, 2)
+
+
+def test_a_walk_s_mean_tile_weighs_each_path_by_its_share():
+    """Two tiles of 4 values, k = 2: the first takes its best 2; the second enters with
+    probability 1 - 0.6 ** 4 and takes the best 2 of its 4 * 0.4 = 1.6 candidates on average
+    (1.6 - E[c - 2 where c > 2]); neither sorts."""
+    row = dict(guard_instructions=200, enter_instructions=100, sort_instructions=3000,
+               candidate_instructions=250)
+    over = sum((j - 2) * math.comb(4, j) * 0.4 ** j * 0.6 ** (4 - j) for j in (3, 4))
+    found = roofline.walk_costs(row, 2, 4, 2)
+    entered, passes = (1 + 1 - 0.6 ** 4) / 2, (2 + 1.6 - over) / 2
+    assert found["entered"] == pytest.approx(entered) and found["sorted"] == 0
+    assert found["candidates"] == pytest.approx(passes)
+    assert found["instructions"] == pytest.approx(200 + 100 * entered + 250 * passes)
+    assert roofline.walk_costs(row, 2, 4, 0) == dict(instructions=200, entered=0, sorted=0,
+                                                       candidates=0)
+    wide = roofline.walk_costs(row, 2, 4096, 64)  # the first sorts; the second's ~64 too
+    assert 0.99 < wide["sorted"] < 1 and wide["candidates"] < 0.01
 
 
 def test_the_rates_and_the_bound_by_hand():
     """n = 64, V = 152,064, fp32, no top-K: 8 slices a row (528 slots / 64), 512 programs on
-    132 SMs, 2 resident (the cubin's CTAs per SM); 10 tiles a slice of 2048 fp32 (8 KiB)."""
-    rows = (variant(64, 152064, 0, "fp32", ctas_per_sm=2, loop_instructions=300,
+    132 SMs, 1 resident (the cubin's CTAs per SM); 10 tiles a slice of 2048 fp32 (8 KiB)."""
+    rows = (variant(64, 152064, 0, "fp32", ctas_per_sm=1, loop_instructions=300,
                     guard_instructions=300),)
     found = roofline.predict(64, 152064, 0, "fp32", GPU, 600.0, rows)
     issue_ns = 300 / GPU.clock_ghz
-    parallel = 132 * 2 * 8192 / roofline.tile_ns(600, issue_ns, launches.PREFETCH_TILES)
+    parallel = 132 * 8192 / roofline.tile_ns(600, issue_ns, launches.PREFETCH_TILES)
     issued = 132 * 4 * GPU.clock_ghz * 8192 / (4 * 300)
-    assert found["programs"] == 512 and found["resident_per_sm"] == 2
-    assert found["bytes_in_flight_per_sm"] == 2 * 8192
+    assert found["programs"] == 512 and found["resident_per_sm"] == 1
+    assert found["bytes_in_flight_per_sm"] == 8192
     assert found["model_gbps"] == pytest.approx(min(4800, parallel, issued), abs=0.1)
-    assert found["bound"] == "memory parallelism" and found["merge_share"] == 0
+    assert found["bound"] == "memory parallelism" and found["entered_share"] == 0
     assert found["instructions_per_logit"] == pytest.approx(300 * 4 * 32 / 2048, abs=0.1)
 
 
@@ -62,12 +92,21 @@ def test_a_tile_loaded_ahead_hides_the_work_behind_the_latency():
     assert roofline.tile_ns(600, 150, 2) == 300
 
 
-def test_a_top_k_merging_half_its_tiles_is_issue_bound():
-    rows = (variant(256, 152064, 20, "bf16", ctas_per_sm=3, loop_instructions=4000,
-                    guard_instructions=600),)
+def test_a_top_k_walk_costs_its_paths_at_the_model_s_shares():
+    """n = 256, V = 152,064, k = 20, bf16: one slice a row of 75 tiles; the tile's cost is the
+    guard's plus each top-K path at its modelled share, and it bounds the rate by issue."""
+    rows = (variant(256, 152064, 20, "bf16", ctas_per_sm=2),)
     found = roofline.predict(256, 152064, 20, "bf16", GPU, 450.0, rows)
-    assert found["bound"] == "issue" and 0.45 < found["merge_share"] < 0.55
-    assert found["model_hbm_share"] < 0.2
+    costs = roofline.walk_costs(rows[0], 75, 2048, 20)
+    assert found["tiles_per_slice"] == 75 and found["sorted_share"] == round(costs["sorted"], 3)
+    assert found["tile_instructions"] == pytest.approx(costs["instructions"], abs=0.1)
+    assert costs["instructions"] == pytest.approx(
+        400 + 150 * costs["entered"] + 3000 * costs["sorted"] + 250 * costs["candidates"])
+    assert costs["sorted"] == 0 and 0.4 < costs["entered"] < 0.7
+    assert 20 / 75 < costs["candidates"] < 2  # the first tile's 20 passes, then few
+    issued = 132 * 4 * GPU.clock_ghz * 4096 / (4 * costs["instructions"])
+    assert found["bound"] == "issue"
+    assert found["model_gbps"] == pytest.approx(issued, abs=0.1)
 
 
 def test_a_missing_variant_says_how_to_make_the_figures():

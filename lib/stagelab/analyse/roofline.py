@@ -1,8 +1,8 @@
 """A roofline *model* of the one-pass kernel from its compiled cubins: never a measurement.
 
 What the compile check read from each cubin (``data/kernel_compile.json``, written by
-``scripts/kernel_compile_check.py``: CTAs per SM, the tile loop's SASS instructions and its
-guard's path) and the launch plan (:mod:`stagelab.core.launches`: programs per row, tile,
+``scripts/kernel_compile_check.py``: CTAs per SM, the tile loop's SASS instructions by path)
+and the launch plan (:mod:`stagelab.core.launches`: programs per row, tile,
 warps) predict, per (n, V, k, dtype) on a named GPU, the share of its HBM bandwidth the kernel
 can reach, as the least of three rates:
 
@@ -14,13 +14,23 @@ can reach, as the least of three rates:
   flight while it works); resident programs the least of the cubin's CTAs per SM and the
   programs per SM the grid gives;
 * **issue**: an SM issues at most 4 warp-instructions a clock (its schedulers), shared by its
-  resident warps; a tile costs its warps the guard's instructions plus, on the share of tiles
-  that merge, the rest of the loop.
+  resident warps; a tile costs its warps the guard's instructions, plus the top-K's: on a tile
+  whose max beats the ``k``-th key held, the block that counts its candidates (values above
+  that key) and merges what the tile gives, then either the per-candidate loop once for each
+  of the best ``k`` candidates, or, where that is more than
+  :data:`stagelab.core.launches.CANDIDATE_LIMIT` passes, the sort path (each path's
+  instructions read from the cubin: ``kernel_compile.loop_figures``).
 
-The share of tiles that merge is modelled for independent logits: a slice's ``t``-th tile enters
-the top-K merge when one of its values ranks among the best ``k`` of the slice so far, with
-probability ``1 - ((t - 1) / t) ** k`` (1 for the first tile). The memory latency is an assumed
-range (:data:`LATENCY_NS`); every figure is evaluated at both ends. Torch-free.
+The candidates are modelled for independent logits: the first tile of a slice holds no keys
+(its best ``k`` are taken); a value of its ``t``-th tile is above the ``k``-th best of the
+``(t - 1) B`` before it with probability ``k / ((t - 1) B + 1)``, so a tile's candidates are
+binomial over its ``B`` values (the issue's assumption; real logits' tiles are not independent,
+and a row whose best values come late costs more). A slice's ragged last tile (walked masked,
+after the loop) is counted at the loop's figures, and a program's set-up and final reductions
+not at all.
+
+The memory latency is an assumed range (:data:`LATENCY_NS`); every figure is evaluated at both
+ends. Torch-free.
 """
 
 from __future__ import annotations
@@ -83,12 +93,37 @@ def figures_of(launch: launches.Launch, dtype: str, arch: int, triton: str = LEA
                       "--write")
 
 
-def merge_share(tiles: int, k: int) -> float:
-    """The share of a slice's ``tiles`` tiles that enter the top-K merge, for independent
-    logits (0 without a top-K)."""
-    if k == 0 or tiles < 1:
-        return 0.0
-    return sum(1.0 - ((t - 1) / t) ** k for t in range(1, tiles + 1)) / tiles
+def tile_candidates(block: int, k: int, tile: int,
+                    limit: int = launches.CANDIDATE_LIMIT) -> tuple[float, float, float]:
+    """For a slice's ``tile``-th tile (1: the first) of ``block`` independent logits: the
+    probability that some value is above the ``k``-th best before it (the top-K block is
+    entered), that the tile sorts (more than ``limit`` passes to make), and the expected
+    passes of the per-candidate loop (the best ``k`` of the candidates, where at most
+    ``limit``). The first tile holds no key: its ``k`` best are all to take."""
+    if tile < 1 or block < 1 or k < 1:
+        raise ValueError(f"tile, block and k must be >= 1, got {tile}, {block}, {k}")
+    if tile == 1:
+        return (1.0, 0.0, float(k)) if k <= limit else (1.0, 1.0, 0.0)
+    p = min(1.0, k / ((tile - 1) * block + 1))
+    pmf = [math.comb(block, j) * p ** j * (1 - p) ** (block - j)
+           for j in range(min(limit, block) + 1)]
+    more = 1.0 - sum(pmf)  # more than ``limit`` candidates: ``k`` passes, or the sort path
+    passes = sum(min(j, k) * pmf[j] for j in range(1, len(pmf)))
+    return (1.0 - pmf[0], more, passes) if k > limit else (1.0 - pmf[0], 0.0, passes + k * more)
+
+
+def walk_costs(row: dict[str, Any], tiles: int, block: int, k: int) -> dict[str, float]:
+    """The mean SASS instructions a tile costs each warp over a slice of ``tiles`` tiles of a
+    top-``k`` walk (the compile check's ``row``), with the mean share of tiles that enter the
+    top-K block, that sort, and the mean candidates a tile takes one by one."""
+    guard = float(row["guard_instructions"])
+    if k == 0:
+        return dict(instructions=guard, entered=0.0, sorted=0.0, candidates=0.0)
+    shares = [tile_candidates(block, k, t) for t in range(1, tiles + 1)]
+    entered, sorting, candidates = (sum(column) / tiles for column in zip(*shares))
+    cost = (guard + entered * row["enter_instructions"] + sorting * row["sort_instructions"]
+            + candidates * row["candidate_instructions"])
+    return dict(instructions=cost, entered=entered, sorted=sorting, candidates=candidates)
 
 
 def tile_ns(latency_ns: float, issue_ns: float, ahead: int) -> float:
@@ -108,9 +143,8 @@ def predict(rows: int, vocab: int, k: int, dtype: str, gpu: Gpu, latency_ns: flo
     active = min(gpu.sms, programs)
     resident = min(row["ctas_per_sm"], math.ceil(programs / gpu.sms))
     tiles = math.ceil(first.scalars["span"] / block)
-    share = merge_share(tiles, k)
-    per_tile = row["guard_instructions"] + share * (row["loop_instructions"]
-                                                    - row["guard_instructions"])
+    costs = walk_costs(row, tiles, block, k)
+    per_tile = costs["instructions"]
     tile_bytes = block * DTYPE_BYTES[dtype]
     issue_ns = per_tile / gpu.clock_ghz  # a program's warps issue side by side, one a clock
     parallel = active * resident * tile_bytes / tile_ns(latency_ns, issue_ns,
@@ -122,7 +156,10 @@ def predict(rows: int, vocab: int, k: int, dtype: str, gpu: Gpu, latency_ns: flo
     return dict(rows=rows, vocab=vocab, k=k, dtype=dtype, gpu=gpu.name, latency_ns=latency_ns,
                 programs=programs, resident_per_sm=resident, ctas_per_sm=row["ctas_per_sm"],
                 registers=row["registers"], bytes_in_flight_per_sm=resident * tile_bytes,
-                tile_instructions=round(per_tile, 1), merge_share=round(share, 3),
+                tiles_per_slice=tiles, tile_instructions=round(per_tile, 1),
+                entered_share=round(costs["entered"], 3),
+                sorted_share=round(costs["sorted"], 3),
+                candidates_per_tile=round(costs["candidates"], 3),
                 instructions_per_logit=round(per_tile * warps * 32 / block, 1),
                 model_gbps=round(rate, 1), model_hbm_share=round(rate / gpu.hbm_gbps, 3),
                 bound=bound, triton=row["triton"])

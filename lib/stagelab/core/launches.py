@@ -56,9 +56,15 @@ def launch_plan(rows: int, vocab: int, k: int, tile: int | None, splits: int | N
     return block, k_pad, math.ceil(vocab / span), span
 
 
-# Tiles the kernels' walk loads ahead of the one it works on (onepass_triton._tile_state): the
-# roofline model counts them in flight (stagelab.analyse.roofline).
-PREFETCH_TILES = 1
+# Tiles the kernels' walk loads ahead of the one it works on (onepass_triton._tile_state holds
+# two: ``ahead`` and ``after``): the roofline model counts them in flight
+# (stagelab.analyse.roofline).
+PREFETCH_TILES = 2
+# The most passes a tile's per-candidate loop makes (onepass_triton._enter: one a value it
+# takes into the top-K, the best k of those above the k-th key held); a tile with more to take
+# sorts its top K_PAD and merges it. The sort path costs 23-53 passes' instructions (Triton 3.6,
+# sm_90, docs/kernels.md). The roofline model weighs both paths by this limit.
+CANDIDATE_LIMIT = 32
 WIDE_TOP_K = 1024  # from this padded top-K on, a program takes 8 warps
 
 
@@ -70,15 +76,17 @@ def warps_for(block: int, k_pad: int, split: bool = False) -> int:
     return 8 if block >= 4096 or (k_pad >= WIDE_TOP_K and not split) else 4
 
 
-TOP_K_REGISTERS = 168  # the register cap ptxas is given for a top-K walk
+TOP_K_REGISTERS = 255  # the register cap ptxas is given for a top-K walk (its most)
 
 
 def registers_for(top_k: bool, warps: int) -> int | None:
     """The register cap (``maxnreg``) of a kernel walking ``warps``-warp tiles, None for
     ptxas's own choice. Measured by the compile check (sm_90): with the top-K's keys formed
     behind the guard, ptxas chose 128 registers and spilled 8-16 bytes for the split 4-warp
-    walk at K_PAD 32 and 1024 on Triton 3.6, and 32 bytes for the 8-warp one at K_PAD 1024
-    (bf16, fp16) on Triton 3.9; allowed 168, they take 138-142 and spill none."""
+    walk at K_PAD 32 and 1024 on Triton 3.6; with per-lane sums and counts and the
+    per-candidate top-K, a cap of 168 spilled 24 bytes (fp32, K_PAD 32) and 120 (bf16,
+    K_PAD 1024) on Triton 3.6. At 255 a 4-warp walk keeps 2 CTAs an SM: the programs per SM
+    the split plan gives a top-K call (:func:`programs_per_sm`)."""
     return TOP_K_REGISTERS if top_k else None
 
 
@@ -127,7 +135,7 @@ def fold_launch(rows: int, width: int, first_id: int, k: int, with_targets: bool
     stride_row = width if stride_row is None else stride_row
     warps = warps_for(block, k_pad)
     return Launch("fold_kernel", (rows,),
-                  dict(stride_row=stride_row, width=width, first_id=first_id),
+                  dict(stride_row=stride_row, width=width, first_id=first_id, k=k),
                   dict(BLOCK=block, K_PAD=k_pad, TOPK=k > 0, HAS_TARGET=with_targets),
                   warps, registers_for(k > 0, warps))
 

@@ -6,8 +6,9 @@
 would specialise it (an int argument equal to 1 becomes a constant, one divisible by 16 is marked
 so, every pointer 16-byte aligned, as torch allocates), and its cubin is read for: registers per
 thread, spilled bytes (ptxas's local memory; 0 when nothing spills), shared memory, CTAs per SM
-(from the architecture's limits), and the tile loop's SASS instructions (all of it, and the
-guard's path: the loop without the largest block it branches over, the top-K's merge).
+(from the architecture's limits), and the tile loop's SASS instructions by path
+(:func:`loop_figures`: all of it, the guard's path, and the top-K block's parts: its sort
+path, its per-candidate loop and the rest).
 
 Imports the standard library and Triton only, so that it runs in a small environment holding
 nothing but another Triton (the lease image's): ``python -m stagelab.measure.kernel_compile
@@ -52,20 +53,49 @@ def ctas_per_sm(arch: int, registers: int, warps: int, shared: int) -> int:
     return min(by_registers, by_threads, by_shared, limit["ctas"])
 
 
-def loop_instructions(sass: str) -> tuple[int, int]:
-    """``(loop, guard)``: the SASS instructions of the outermost loop (the span from the
-    earliest target of a backward branch to that branch) and of its path without the largest
-    block a forward branch inside it skips (0, 0 where there is no loop)."""
+LOOP_FIGURES = ("loop_instructions", "guard_instructions", "enter_instructions",
+                "sort_instructions", "candidate_instructions")
+
+
+def loop_figures(sass: str) -> dict[str, int]:
+    """The tile loop's SASS instructions, by path (all 0 where there is no loop):
+
+    * ``loop_instructions``: the outermost loop, from the earliest target of a backward
+      branch to that branch;
+    * ``guard_instructions``: its path without the largest block a forward branch inside it
+      skips (the top-K's block, entered when a tile's max beats the least key held);
+    * ``candidate_instructions``: the largest loop inside that block (one value entering the
+      top-K: ``onepass_triton._enter``'s per-candidate loop);
+    * ``sort_instructions``: the largest block a forward branch inside the top-K block skips
+      that does not hold that loop (the sort-and-merge path of a tile with many candidates);
+    * ``enter_instructions``: the rest of the top-K block (its count of candidates, the set-up
+      of either path, the least key's read)."""
     lines = [(int(address, 16), text) for address, text in SASS_LINE.findall(sass)]
     backward = [(target, at) for at, text in lines for target in _branch_target(text)
                 if target <= at]
     if not backward:
-        return 0, 0
+        return dict.fromkeys(LOOP_FIGURES, 0)
     start, end = min(backward)
-    body = [(at, text) for at, text in lines if start <= at <= end]
-    skipped = [sum(1 for a, _ in body if at < a < target) for at, text in body
-               for target in _branch_target(text) if at < target <= end]
-    return len(body), len(body) - max(skipped, default=0)
+    body = [at for at, _ in lines if start <= at <= end]
+    skips = [(at, target) for at, text in lines if start <= at <= end
+             for target in _branch_target(text) if at < target <= end]
+    block = max(skips, key=lambda skip: _inside(body, *skip), default=(start, start))
+    inner = [(target, at) for target, at in backward if block[0] < target <= at < block[1]]
+    loop = max(inner, key=lambda span: _inside(body, span[0] - 1, span[1] + 1),
+               default=(block[0], block[0] - 1))
+    sort = [skip for skip in skips if block[0] <= skip[0] and skip[1] <= block[1]
+            and not skip[0] < loop[0] <= loop[1] < skip[1]]
+    candidate = _inside(body, loop[0] - 1, loop[1] + 1)
+    sorting = max((_inside(body, *skip) for skip in sort), default=0)
+    skipped = _inside(body, *block)
+    return dict(loop_instructions=len(body), guard_instructions=len(body) - skipped,
+                enter_instructions=skipped - sorting - candidate,
+                sort_instructions=sorting, candidate_instructions=candidate)
+
+
+def _inside(addresses: list[int], after: int, before: int) -> int:
+    """How many of ``addresses`` lie strictly between ``after`` and ``before``."""
+    return sum(1 for at in addresses if after < at < before)
 
 
 def _branch_target(text: str) -> list[int]:
@@ -134,10 +164,8 @@ def cubin_figures(cubin: bytes, arch: int, warps: int) -> dict[str, int]:
     if found is None:
         raise RuntimeError(f"cuobjdump gave no resource usage: {usage[:200]!r}")
     registers, stack, shared, local = (int(v) for v in found.groups())
-    loop, guard = loop_instructions(sass)
     return dict(registers=registers, spill_bytes=local + stack, shared_bytes=shared,
-                ctas_per_sm=ctas_per_sm(arch, registers, warps, shared),
-                loop_instructions=loop, guard_instructions=guard)
+                ctas_per_sm=ctas_per_sm(arch, registers, warps, shared), **loop_figures(sass))
 
 
 def _cuobjdump(flag: str, path: Path) -> str:
