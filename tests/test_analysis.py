@@ -16,7 +16,7 @@ from stagelab.analyse import (
     summaries,
     timings,
 )
-from stagelab.core import schema
+from stagelab.core import catalogue, schema
 
 
 def _timings_frame(arms: dict[str, list[float]], rounds: list[int], **cell) -> pd.DataFrame:
@@ -671,18 +671,19 @@ def test_the_two_overlap_orders_are_told_apart_and_never_compared_as_one_cell():
     waited = timed("seed_pageable", [3e-3, 3e-3], rows=64, vocab=V, k=5, overlap_order="waited")
     older = timed("seed_pageable", [1e-3], rows=16, vocab=V, k=5)  # kept before the order
     frame = rows(*queued, *waited, *older)
-    assert len(step_analysis.where_overlap(frame, "queued")) == 3  # the older row queued its forward
-    assert len(step_analysis.where_overlap(frame, "waited")) == 2
-    assert step_analysis.overlap_orders(frame) == ["queued", "waited"]
-    assert step_analysis.overlap_orders(rows(*older)) == ["queued"]
-    table = step_analysis.overlap_table(frame)
+    order = catalogue.OVERLAP
+    assert len(step_analysis.where_condition(frame, order, "queued")) == 3  # the older row queued
+    assert len(step_analysis.where_condition(frame, order, "waited")) == 2
+    assert step_analysis.condition_values(frame, catalogue.OVERLAP) == ["queued", "waited"]
+    assert step_analysis.condition_values(rows(*older), catalogue.OVERLAP) == ["queued"]
+    table = step_analysis.condition_table(frame, catalogue.OVERLAP)
     assert len(table) == 1  # the older cell has one order only
     assert (table.iloc[0]["queued_ms"], table.iloc[0]["waited_ms"]) == pytest.approx((2.0, 3.0))
     assert table.iloc[0]["waited_over_queued"] == pytest.approx(1.5)
-    assert step_analysis.overlap_table(rows(*queued)).empty
+    assert step_analysis.condition_table(rows(*queued), catalogue.OVERLAP).empty
     stranger = timed("seed_pageable", [9e-3], rows=64, vocab=V, k=5, overlap_order="<b>x</b>")
-    assert step_analysis.overlap_table(rows(*queued, *stranger)).empty  # an unknown order: not one
-    assert len(step_analysis.overlap_table(rows(*queued, *waited, *stranger))) == 1
+    assert step_analysis.condition_table(rows(*queued, *stranger), order).empty  # a stranger: none
+    assert len(step_analysis.condition_table(rows(*queued, *waited, *stranger), catalogue.OVERLAP)) == 1
     pinned = [timed("seed_pinned", [1e-3, 1e-3], rows=64, vocab=V, k=5, overlap_order=order)
               for order in ("queued", "waited")]
     compared = timings.compare(rows(*queued, *waited, *pinned[0], *pinned[1]), "seed_pageable",
@@ -696,12 +697,13 @@ def test_the_two_places_of_the_log_softmax_are_told_apart():
     host = timed("seed_pageable", [3e-3, 3e-3], rows=64, vocab=V, k=5, log_softmax="host")
     older = timed("seed_pageable", [1e-3], rows=16, vocab=V, k=5)  # kept before the choice
     frame = rows(*device, *host, *older)
-    assert len(step_analysis.where_log_softmax(frame, "device")) == 3  # the older row ran on device
-    assert len(step_analysis.where_log_softmax(frame, "host")) == 2
-    places = step_analysis.log_softmax_places(frame).iloc[0]
+    place = catalogue.LOG_SOFTMAX
+    assert len(step_analysis.where_condition(frame, place, "device")) == 3  # the older row: device
+    assert len(step_analysis.where_condition(frame, place, "host")) == 2
+    places = step_analysis.condition_table(frame, catalogue.LOG_SOFTMAX).iloc[0]
     assert (places["device_ms"], places["host_ms"]) == pytest.approx((2.0, 3.0))
     assert places["host_over_device"] == pytest.approx(1.5)
-    assert step_analysis.log_softmax_places(rows(*device)).empty
+    assert step_analysis.condition_table(rows(*device), catalogue.LOG_SOFTMAX).empty
     both = rows(*device, *host, *timed("seed_pinned", [1e-3, 1e-3], rows=64, vocab=V, k=5,
                                         log_softmax="device"),
                 *timed("seed_pinned", [1e-3, 1e-3], rows=64, vocab=V, k=5, log_softmax="host"))

@@ -636,19 +636,21 @@ def test_a_cpu_run_says_its_log_softmax_runs_on_the_cpu_before_the_copy(tmp_path
     Then it said "runs on the host" beside "host: not measured in this run" (issue 45): the
     places differ on a CPU only by the side of the copy, and both say so."""
     cells = step_cell(64, 1.5)
-    for device, expected in (("cpu", "runs on the CPU, before the copy (a CPU run"),
-                             ("cuda:0 NVIDIA H200", "runs on the device.")):
+    for device, on_cpu in (("cpu", True), ("cuda:0 NVIDIA H200", False)):
         run = write_step(tmp_path / device.replace(" ", "_").replace(":", ""),
                          [{**row, "device": device} for row in cells])
         result = build(run, [64])
-        words = result["context"]["words"]
-        assert expected in words, words
-        assert "host (the log-softmax after the copy): not measured in this run" in (
-            result["conditions"]["log_softmax"]["note"])
+        place = catalogue.log_softmax_place("device", on_cpu)
+        assert ("CPU" in place, "before the copy" in place) == (on_cpu, on_cpu)
+        clause = verdict_words.context_clause(catalogue.LOG_SOFTMAX, "device", on_cpu)
+        assert place in clause and clause in result["context"]["words"]
+        log_softmax = result["conditions"]["log_softmax"]
+        assert log_softmax["under"]["host"]["measured"] is False
+        assert verdict_words.SIDE_WORDS["host"].strip(" ()") in log_softmax["note"]
         shown = verdict_words.decisive_table(result)["log_softmax"].iloc[0]
         assert shown != "device" and ("before the copy" in shown)
         frame = schema.read_table(run, "step")
-        assert expected.split(" (")[0] in step_analysis.step_context(frame, 0.02)
+        assert f"runs on the {place}" in step_analysis.step_context(frame, 0.02)
 
 
 def test_forward_ms_moves_the_logprobs_only_bar_and_the_other_log_softmax_is_decided(tmp_path):
@@ -783,7 +785,8 @@ def test_the_verdict_states_the_forward_and_each_condition_in_one_block(tmp_path
     assert overlap["words"] == catalogue.OVERLAP.words["queued"]
     assert overlap["under"]["waited"]["measured"] is False and overlap["changes_answer"] is None
     assert "waited: not measured in this run" in overlap["note"]
-    assert "Overlap order queued: the forward is queued" in context["words"]
+    assert all(verdict_words.context_clause(c, conditions[c.name]["decided"], False)  # no CPU here
+               in context["words"] for c in (catalogue.ALLOCATOR, catalogue.OVERLAP))
     allocator = conditions["allocator"]  # rows without a regime read as the process's malloc
     assert (allocator["decided"], allocator["values"]) == ("malloc", ["malloc"])
     assert allocator["under"]["mapped fresh"]["measured"] is False
@@ -817,7 +820,8 @@ def test_the_verdict_decides_each_overlap_order_alone_and_says_which_the_seed_ha
         assert overlap["under"][other]["answers"] == {name: theirs}
         assert overlap["changes_answer"] is True and overlap["flipped_cells"] == [name]
         assert f"{other} changes the answer at {name}" in overlap["note"]
-        assert f"Overlap order {order}:" in result["context"]["words"]
+        assert verdict_words.context_clause(catalogue.OVERLAP, order, False) in (
+            result["context"]["words"])
         decided[order] = {o: overlap["under"][o]["change"] for o in ("queued", "waited")}
     assert decided["queued"] == decided["waited"]  # the same recommendation per order either way
     assert decided["queued"] == {"queued": "close", "waited": "port the pinned scratch"}
