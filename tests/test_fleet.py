@@ -381,7 +381,7 @@ def test_a_crashed_worker_is_retried_once_and_only_once(connected, tmp_path):
 def test_no_matching_node_is_a_bad_request(cluster, capsys, tmp_path):
     assert cli.main(["fleet", "--address", cluster.address, "--profile", "quick",
                      "--resource", "no_such_resource", "--out", str(tmp_path)]) == 2
-    assert "no alive node holding the resource 'no_such_resource'" in _one_line_error(capsys)
+    assert "'no_such_resource'" in _one_line_error(capsys)
     assert not list(tmp_path.iterdir())
 
 
@@ -396,7 +396,7 @@ def test_the_command_in_its_own_process_reaches_a_loopback_cluster(cluster, tmp_
         capture_output=True, text=True, timeout=120,
         env={**os.environ, "PYTHONPATH": str(fleet.paths.REPO_ROOT / "lib")})
     assert done.returncode == 2, done.stderr[-2000:]
-    assert "no alive node holding the resource 'no_such_resource'" in done.stderr
+    assert "no alive node" in done.stderr and "'no_such_resource'" in done.stderr
 
 
 @on_the_loopback

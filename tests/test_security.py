@@ -359,8 +359,8 @@ def test_a_replay_whose_node_recorded_no_load_is_not_trusted(tmp_path):
     assert manifest["notebooks"][0]["load"] == busy.unknown(
         "the measurement did not record the node's load")
     found = trust.reasons(tmp_path, manifest, {})
-    assert found == ["02_logprobs_step: the load of the machine that timed it is unknown (the "
-                     "measurement did not record the node's load); trust needs a measured load"]
+    (reason,) = found
+    assert reason.startswith("02_logprobs_step:") and "unknown" in reason
     assert trust.headline(found).startswith("TIMINGS NOT TRUSTWORTHY")
 
 
