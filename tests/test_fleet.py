@@ -134,9 +134,9 @@ def test_the_page_says_whether_the_answer_differs_between_platforms():
     differs = [_record("a", "H100", "PORT"), _record("b", "GH200", "CLOSE")]
     assert "same" in fleet_page.answer_sentence(same)
     assert fleet_page.answer_sentence(same).endswith("(H100: PORT; GH200: PORT).")
-    assert fleet_page.answer_sentence(differs).startswith("The answer differs between platforms")
+    assert "differs" in fleet_page.answer_sentence(differs)
     assert fleet_page.answer_sentence([_record("a", "H100", "PORT"), _record("b", "H100", "PORT")]) \
-        .startswith("Only one platform produced a verdict")
+        .startswith("Only one platform")
     assert fleet_page.answer_sentence([_record("a", None, None)]).startswith("No node produced")
 
 

@@ -260,7 +260,7 @@ def test_a_tiny_sweep_measures_every_configuration_and_says_its_memory_first():
     shape = ModelShape("tiny", 64, 8)
     plan = pl.memory_plan(pl.PromptSweep(
         17, shape, 8, [4], torch.float32, 2, ["fused"], [False]), device="cpu")
-    assert plan.startswith("Memory: T=17 V=64 H=8 needs about") and "so it fits" in plan
+    assert plan.startswith("Memory: T=17 V=64 H=8") and "fits" in plan
     records = pl.measure(pl.PromptSweep(
         17, shape, 8, [4], torch.float32, 2, ["fused"], [False], rounds=2, warmup=0,
         measure_memory=False), device="cpu", progress=False)
