@@ -16,7 +16,7 @@ from stagelab.analyse import (
     summaries,
     timings,
 )
-from stagelab.core import schema
+from stagelab.core import catalogue, schema
 
 
 def _timings_frame(arms: dict[str, list[float]], rounds: list[int], **cell) -> pd.DataFrame:
@@ -52,7 +52,7 @@ def test_an_unpaired_candidate_says_why_beside_the_twins_own_rounds():
                            note="pinned host memory needs a CUDA device")])])
     row = timings.compare(frame, "fresh", "pinned", ["rows"], twin=True).iloc[0]
     assert (row["n_rounds"], row["twin_n_rounds"], row["twin_speedup"]) == (0, 3, 1.0)
-    assert row["note"] == "pinned unavailable: pinned host memory needs a CUDA device"
+    assert row["note"].startswith("pinned unavailable") and "CUDA" in row["note"]  # its own note
     assert "speedup" not in row or pd.isna(row["speedup"])
 
 
@@ -125,9 +125,10 @@ def test_paired_rounds_aligns_by_round_and_drops_incomplete_rounds():
 
 def test_not_measured_reason_quotes_the_row_or_says_nothing_ran():
     frame = rows(dict(arm="seed_pinned", status="unavailable", note="needs a CUDA device"))
-    assert timings.not_measured_reason(frame, "seed_pinned") == (
-        "seed_pinned unavailable: needs a CUDA device")
-    assert timings.not_measured_reason(frame, "fused") == "fused was not measured in this run"
+    quoted = timings.not_measured_reason(frame, "seed_pinned")
+    assert quoted.startswith("seed_pinned unavailable") and quoted.endswith("needs a CUDA device")
+    nothing = timings.not_measured_reason(frame, "fused")
+    assert nothing.startswith("fused") and "not measured" in nothing
 
 
 def test_decomposition_gives_mean_stages_and_their_shares():
@@ -174,23 +175,21 @@ def test_decomposition_parts_add_up_to_the_total_with_unattributed_time():
 def test_copy_dwarfed_answers_per_cell():
     small = step_arm("seed_pageable", 1.0, [1.0], gather=50.0, rows=16, vocab=V, k=5)  # 3/56
     big = step_arm("seed_pageable", 1.0, [1.0], **CELL)  # copy 3 of 10 ms
-    sentences = step_analysis.copy_dwarfed(rows(*small, *big))
-    assert sentences == [
-        f"n=16, V={V}, K=5: the copy took 3.00 ms of a 56.00 ms step (5.4% (one round: no CI)); "
-        "zero-fill 2.00 ms, host top-K 50.00 ms (89%), free 0.00 ms, log-softmax 1.00 ms, "
-        "unattributed 0.00 ms (means; the parts add up to the step). The copy is dwarfed (under "
-        "10% counts as dwarfed); alloc + copy + free, which pinning removes or shrinks, are "
-        "8.9% (one round: no CI) of the step.",
-        f"n=64, V={V}, K=5: the copy took 3.00 ms of a 10.00 ms step (30.0% (one round: no CI)); "
-        "zero-fill 2.00 ms, host top-K 4.00 ms (40%), free 0.00 ms, log-softmax 1.00 ms, "
-        "unattributed 0.00 ms (means; the parts add up to the step). The copy is not dwarfed "
-        "(under 10% counts as dwarfed); alloc + copy + free, which pinning removes or shrinks, "
-        "are 50.0% (one round: no CI) of the step."]
+    frame = rows(*small, *big)
+    shares = step_analysis.stage_shares(frame).set_index("rows")
+    assert shares["copy_share"].tolist() == pytest.approx([3 / 56, 3 / 10])
+    assert shares["pinning_share"].tolist() == pytest.approx([5 / 56, 5 / 10])
+    sentences = step_analysis.copy_dwarfed(frame)
+    assert [s.split(":")[0] for s in sentences] == [f"n={n}, V={V}, K=5" for n in (16, 64)]
+    assert ["is dwarfed" in s for s in sentences] == [True, False]  # the answer, per cell
+    assert "is not dwarfed" in sentences[1]
+    for sentence, figures in zip(sentences, (("3.00 ms", "56.00 ms", "5.4%", "8.9%"),
+                                             ("3.00 ms", "10.00 ms", "30.0%", "50.0%"))):
+        assert all(figure in sentence for figure in figures), sentence
     unavailable = rows(dict(arm="seed_pageable", status="unavailable",
                             note="the native build failed: no compiler", **CELL))
-    assert step_analysis.copy_dwarfed(unavailable) == [
-        "The seed's step (seed_pageable) was not timed in this run: seed_pageable unavailable: "
-        "the native build failed: no compiler."]
+    (why,) = step_analysis.copy_dwarfed(unavailable)
+    assert "(seed_pageable) was not timed" in why and why.endswith("no compiler.")  # its note
 
 
 def test_lever_savings_compares_every_lever_with_the_seed_by_round():
@@ -243,8 +242,8 @@ def test_nothing_measured_names_the_cells_and_the_reason():
     assert summaries.nothing_measured(skipped, "notebook 02") == expected
     assert summaries.measured_summary(skipped, "notebook 02") == f"**{expected}**"
     assert summaries.closing(skipped, "notebook 02") == f"**{expected}**"
-    assert summaries.nothing_measured(rows(), "notebook 02") == (
-        "Nothing was measured in notebook 02: no cell was given.")
+    said = summaries.nothing_measured(rows(), "notebook 02")
+    assert said is not None and "notebook 02" in said and "no cell" in said
     measured = pd.concat([skipped, rows(dict(arm="fused", seconds=1.0, **CELL))])
     assert summaries.nothing_measured(measured, "notebook 02") is None
 
@@ -254,9 +253,9 @@ def test_measured_summary_names_the_device_the_arms_timed_and_the_rest():
                  dict(arm="seed_pinned", status="unavailable", note="needs a CUDA device"),
                  dict(arm="seed_pinned", status="unavailable", note="needs a CUDA device"),
                  device="cpu")
-    assert summaries.measured_summary(frame, "notebook 02") == (
-        "**Device:** `cpu` · **arms timed:** fused, seed_pageable\n"
-        "- `seed_pinned` unavailable: needs a CUDA device")
+    head, unavailable = summaries.measured_summary(frame, "notebook 02").splitlines()
+    assert "`cpu`" in head and head.endswith(" fused, seed_pageable")  # the device, arms timed
+    assert unavailable.startswith("- `seed_pinned` unavailable") and "CUDA" in unavailable
 
 
 def test_closing_counts_calls_cells_and_arms_and_names_failures():
@@ -279,9 +278,10 @@ def test_a_prompts_closing_counts_its_one_cell_and_its_configurations():
                  *timed("fused", [1.0, 1.0], chunk=16, **prompt),
                  *timed("head_fused", [1.0, 1.0], chunk=16, tile=1024, **prompt),
                  *timed("head_fused", [1.0, 1.0], chunk=16, tile=2048, **prompt))
-    assert summaries.closing(frame, "the prompt sweep") == (
-        "Measured in the prompt sweep: 8 timed calls over 1 cell(s) and 4 configuration(s) of "
-        "2 arm(s).")
+    counted = re.findall(r"(\d+) (timed calls|cell\(s\)|configuration\(s\)|arm\(s\))",
+                         summaries.closing(frame, "the prompt sweep"))
+    assert counted == [("8", "timed calls"), ("1", "cell(s)"), ("4", "configuration(s)"),
+                       ("2", "arm(s)")]
 
 
 def test_spread_flags_noisy_cells():
@@ -318,6 +318,7 @@ def test_the_copy_finding_states_the_largest_cell_the_twin_and_what_was_not_meas
     frame = staging_frame(**{"pageable_fresh": 10.0, "pageable_fresh~aa": 10.0,
                              "pageable_reused": 5.0})
     finding = copy_analysis.copy_finding(frame, copy_analysis.copy_comparisons(frame))
+    # the one test that holds the copy finding's wording (notebook 01's page)
     assert finding == (
         f"**Finding at the largest copy measured (n=64, V={V}):** against the seed's fresh "
         "zero-filled buffer (its time over the arm's; above 1 the arm is faster): "
@@ -348,10 +349,8 @@ def test_recommend_chunk_picks_the_smallest_chunk_within_tolerance():
                    "best_seconds": pytest.approx(1e-3 * mean_factor), "best_chunk": 1024,
                    "ratio_to_best": pytest.approx(1.04), "ratio_ci_low": pytest.approx(1.04),
                    "ratio_ci_high": pytest.approx(1.04), "unchunked_rows": 2048,
-                   "tolerance": 0.05,
-                   "reason": "the smallest chunk timed not shown to be more than 5% slower than "
-                             "the fastest (1.07 ms on average, chunk 1024): 1.040x of its mean "
-                             "(CI 1.040-1.040); a smaller chunk holds less memory"}
+                   "tolerance": 0.05, "within_tolerance": True, "reason": rec["reason"]}
+    assert "1.040x" in rec["reason"] and "chunk 1024" in rec["reason"]  # against the fastest
     assert prompt_analysis.recommend_chunk(frame, tolerance=0.01)["chunk"] == 1024
     assert prompt_analysis.recommend_chunk(frame, tolerance=0.2)["chunk"] == 256
 
@@ -367,11 +366,11 @@ def test_a_chunk_whose_ci_straddles_the_tolerance_is_no_recommendation():
                for i, (chunk, ms) in enumerate({512: 1.08, 1024: 1.00}.items()) for r in range(12)]
     rec = prompt_analysis.recommend_chunk(rows(*records))
     assert rec["chunk"] is None and rec["recommended"] is False
-    assert "whether chunk 512 is more than 5% slower" in rec["reason"]
+    assert rec["open"] == [512]  # the question the rounds leave open
     more = int(re.search(r"about (\d+) paired rounds \(this run: 12\)", rec["reason"])[1])
     assert more > 12
     assert prompt_analysis.recommendation_sentence(rec).startswith(
-        "No recommended chunk (fused+overlap): no recommendation: the rounds leave open")
+        "No recommended chunk (fused+overlap)")
     quiet = [{**r, "seconds": (1.08 if r["chunk"] == 512 else 1.0) / 1e3} for r in records]
     assert prompt_analysis.recommend_chunk(rows(*quiet))["chunk"] == 1024  # clearly 8 % slower
 
@@ -392,13 +391,13 @@ def test_a_busy_machine_recommends_no_chunk_and_no_tile_and_says_why():
     tile = prompt_analysis.recommend_tile(frame)
     for rec, what in ((chunk, "chunk"), (tile, "tile")):
         assert rec[what] is None and rec["recommended"] is False, rec
-        assert "paired rounds (this run: 3)" in rec["reason"]
-    assert any("chunks of 512 rows or more" in n for n in chunk["needs"])  # none < 512 rows
+        assert rec["open"] and any("(this run: 3)" in n for n in rec["needs"])  # more rounds
+    assert any(n.startswith("chunks of 512") for n in chunk["needs"])  # none < 512 rows
     steady = rows(*prompt_frame({256: 1.0, 1024: 1.0}), *tiled({1024: 1.0, 2048: 1.0}))
     for rec, what in ((prompt_analysis.recommend_chunk(steady, trusted=False), "chunk"),
                       (prompt_analysis.recommend_tile(steady, trusted=False), "tile")):
         assert rec[what] is None and rec["needs"][0].startswith("a quiet machine"), rec
-        assert "the timings are not trustworthy" in rec["reason"]
+        assert rec["open"] == [] and rec["recommended"] is False  # withheld for trust alone
     assert prompt_analysis.recommend_chunk(steady)["chunk"] == 256  # quiet: decided
 
 
@@ -409,14 +408,14 @@ def test_recommend_chunk_says_when_the_whole_prompt_wins_or_nothing_was_timed():
     rec = prompt_analysis.recommend_chunk(frame)
     assert rec["chunk"] == 512 and rec["best_chunk"] == 2048
     assert rec["ratio_to_best"] == pytest.approx(1.5)
-    assert rec["reason"].startswith(
-        "every chunk timed is more than 5% slower than the whole prompt: chunking bought no time "
-        "here, only bounded memory, and chunk 512 costs least against the fastest (")
-    assert "whole prompt): 1.500x of its mean" in rec["reason"]
+    assert rec["within_tolerance"] is False and "1.500x" in rec["reason"]
     whole = prompt_analysis.recommend_chunk(rows(*prompt_frame({2048: 1.0})))
-    assert whole["chunk"] is None and "no chunk shorter than the prompt" in whole["reason"]
-    assert prompt_analysis.recommend_chunk(frame, arm="chunked") == {
-        "arm": "chunked", "chunk": None, "reason": "chunked was not timed in this run"}
+    assert whole["chunk"] is None and "ratio_to_best" not in whole  # no chunk to compare
+    assert whole["unchunked_rows"] == 2048 and "2048 rows" in whole["reason"]
+    untimed = prompt_analysis.recommend_chunk(frame, arm="chunked")
+    assert (untimed["arm"], untimed["chunk"], set(untimed)) == ("chunked", None, {
+        "arm", "chunk", "reason"})
+    assert untimed["reason"].startswith("chunked")
 
 
 def test_the_recommended_chunk_is_one_the_run_timed_even_beside_a_faster_whole_prompt():
@@ -424,7 +423,7 @@ def test_the_recommended_chunk_is_one_the_run_timed_even_beside_a_faster_whole_p
     whole prompt, although chunk 256 was within the tolerance."""
     frame = rows(*prompt_frame({64: 1.2, 256: 1.02, 512: 1.0}, prompt_rows=512))
     rec = prompt_analysis.recommend_chunk(frame)
-    assert rec["chunk"] == 256 and "a smaller chunk holds less memory" in rec["reason"]
+    assert rec["chunk"] == 256 and rec["within_tolerance"] is True
 
 
 def test_prompt_time_relative_divides_by_the_same_arms_unchunked_time():
@@ -466,11 +465,10 @@ def test_recommend_tile_picks_the_smallest_exact_tile_within_the_bound_and_toler
     assert (rec["arm"], rec["tile"], rec["chunk"], rec["best_tile"]) == (HF, 1024, 256, 2048)
     assert rec["ratio_to_best"] == pytest.approx(1.04)
     assert rec["bound_bytes"] == int(0.35 * 256 * 32768 * 4)
-    assert rec["reason"].startswith(
-        "the smallest exact tile within the memory bound not shown to be more than 5% slower "
-        "than the fastest tile (1.07 ms on average, tile 2048): 1.040x of its mean")
+    assert rec["within_tolerance"] is True and "1.040x" in rec["reason"]
+    assert "tile 2048" in rec["reason"]  # the fastest, named
     assert prompt_analysis.recommendation_sentence(rec).startswith(
-        f"Recommended tile: **1024** ({HF}, at chunk 256): the smallest exact tile")
+        f"Recommended tile: **1024** ({HF}, at chunk 256)")
     table = prompt_analysis.tile_table(rec)
     assert table["tile"].tolist() == [512, 1024, 2048, 4096] and table["exact"].all()
     assert table["chunk_share"].tolist() == pytest.approx([0.035] * 4)
@@ -488,10 +486,10 @@ def test_recommend_tile_passes_over_a_tile_that_is_not_exact_or_breaks_the_bound
     assert table["within_bound"].to_dict() == {512: True, 1024: True, 2048: True, 4096: False}
     # 2048 is 11 % slower than the fastest tile (4096, outside the bound): still the choice
     assert rec["tile"] == 2048 and rec["best_tile"] == 4096
-    assert rec["reason"].startswith("every exact tile within the memory bound is more than 5% "
-                                    "slower than the fastest tile")
+    assert rec["within_tolerance"] is False
     none = prompt_analysis.recommend_tile(rows(*tiled({1024: 1.0}, errors={1024: (1.0, 0.0)})))
-    assert none["tile"] is None and "no tile timed is both exact" in none["reason"]
+    assert none["tile"] is None and "open" not in none  # none eligible, not a question left open
+    assert not any(c["exact"] and c["within_bound"] for c in none["candidates"])
     assert prompt_analysis.recommendation_sentence(none).startswith("No recommended tile")
 
 
@@ -502,8 +500,8 @@ def test_recommend_tile_compares_at_the_largest_chunk_every_tile_ran_and_says_wh
     assert rec["chunk"] == 64 and rec["tile"] == 1024
     assert prompt_analysis.recommend_tile(frame, chunk=512)["tile"] == 1024
     nothing = prompt_analysis.recommend_tile(rows(*prompt_frame({256: 1.0}, prompt_rows=512)))
-    assert nothing == {"arm": None, "tile": None, "chunk": None,
-                       "reason": "head_fused was not timed at any tile in this run"}
+    assert nothing == {"arm": None, "tile": None, "chunk": None, "reason": nothing["reason"]}
+    assert nothing["reason"].startswith("head_fused")
     assert prompt_analysis.tile_table(nothing).empty
 
 
@@ -547,17 +545,14 @@ def test_staging_goals_without_a_gpu():
                              "pageable_reused": 5.0})
     goals = goal_rows.staging_goals(frame, {})
     assert [g["status"] for g in goals] == ["not measured", "not measured", "met", "met"]
-    assert goals[0]["note"] == "no CUDA device: pinned memory does not exist here"
-    assert goals[1]["note"] == ("no GPU link to compare with (the raw ceiling here is a "
-                                "host-to-host copy)")
-    assert goals[2]["measured"] == f"widest at n=64, V={V}: half-width 0.0% (CI 1.000-1.000)"
-    assert goals[3] == goal_rows.goal(
-        "reuse lever: reused vs fresh pageable", "CI above 1 at the largest cell",
-        f"2.00x [2.00, 2.00], 11.67 ms per copy at n=64, V={V}", True)
+    assert "CUDA" in goals[0]["note"] and "GPU link" in goals[1]["note"]  # why not measured
+    assert all(f in goals[2]["measured"] for f in (f"n=64, V={V}", "0.0%", "1.000-1.000"))
+    assert (goals[3]["goal"], goals[3]["status"]) == ("reuse lever: reused vs fresh pageable", "met")
+    assert all(f in goals[3]["measured"] for f in ("2.00x [2.00, 2.00]", "11.67 ms", "n=64"))
     without_reuse = goal_rows.staging_goals(
         staging_frame(**{"pageable_fresh": 10.0, "pageable_fresh~aa": 10.0}), {})
     assert without_reuse[3]["status"] == "not measured"
-    assert without_reuse[3]["note"] == "pageable_fresh and pageable_reused not both timed"
+    assert all(arm in without_reuse[3]["note"] for arm in ("pageable_fresh", "pageable_reused"))
 
 
 def test_staging_goals_ignore_a_cell_that_was_skipped():
@@ -568,7 +563,7 @@ def test_staging_goals_ignore_a_cell_that_was_skipped():
                for arm in ("pageable_fresh", "pageable_fresh~aa", "pageable_reused")])])
     harness, reuse = goal_rows.staging_goals(frame, {})[2:]
     assert harness["status"] == "met" and "n=64" in harness["measured"]
-    assert reuse["measured"] == f"2.00x [2.00, 2.00], 11.67 ms per copy at n=64, V={V}"
+    assert all(f in reuse["measured"] for f in ("2.00x [2.00, 2.00]", "11.67 ms", "n=64"))
 
 
 def test_harness_goal_met_not_met_and_not_measured():
@@ -580,9 +575,9 @@ def test_harness_goal_met_not_met_and_not_measured():
                                                twin_ci_high=1.07)])])
     out = goal_rows.harness_goal(far)
     assert out["status"] == "not met"
-    assert out["measured"] == f"widest at n=256, V={V}: half-width 2.0% (CI 1.030-1.070)"
+    assert all(f in out["measured"] for f in (f"n=256, V={V}", "2.0%", "1.030-1.070"))
     assert "1.05" not in out["measured"]  # the twin's ratio would read as a difference
-    assert "not a finding that identical arms differ" in out["note"]
+    assert "identical arms" in out["note"]  # imprecision, not a difference
     wide = goal_rows.harness_goal(pd.DataFrame([dict(rows=8, vocab=V, twin_speedup=1.0,
                                                     twin_ci_low=0.95, twin_ci_high=1.06)]))
     assert wide["status"] == "not met"  # centred on 1 but too wide: imprecise, not different
@@ -597,8 +592,8 @@ def test_fused_goal_met_or_not(fused_scale, status):
                  *step_arm("fused", fused_scale, drift, **CELL))
     out = goal_rows.fused_goal(frame)
     assert out["status"] == status
-    assert out["measured"] == (f"{fused_scale:.1f}x (CI {fused_scale:.1f}-{fused_scale:.1f}x) "
-                               f"at the goal's cell n=64, V={V}, K=5")
+    assert out["measured"].startswith(f"{fused_scale:.1f}x (CI {fused_scale:.1f}-")
+    assert out["measured"].endswith(f"n=64, V={V}, K=5")  # the goal's own cell
 
 
 def test_fused_goal_at_the_nearest_cell_or_not_measured():
@@ -607,11 +602,10 @@ def test_fused_goal_at_the_nearest_cell_or_not_measured():
     frame = rows(*step_arm("seed_pageable", 1.0, drift, **cell),
                  *step_arm("fused", 12.0, drift, **cell))
     out = goal_rows.fused_goal(frame)
-    assert out["status"] == "met" and out["measured"].endswith(
-        f"at the nearest measured cell n=16, V={V}, K=5")
+    assert out["status"] == "met" and out["measured"].endswith(f"n=16, V={V}, K=5")
+    assert "nearest" in out["measured"]  # not the goal's own cell
     seed_only = goal_rows.fused_goal(rows(*step_arm("seed_pageable", 1.0, drift, **cell)))
-    assert (seed_only["status"], seed_only["note"]) == (
-        "not measured", "the fused and seed arms were not both timed")
+    assert seed_only["status"] == "not measured" and "fused" in seed_only["note"]
 
 
 def test_prompt_goals_peak_ratio_and_chunked_time():
@@ -632,10 +626,10 @@ def test_prompt_goals_peak_ratio_and_chunked_time():
     assert [g["measured"].endswith("device)") for g in goal_rows.prompt_goals(on_gpu)] == [
         True, True, False]  # the device peak decides where one was measured, not the host RSS
     nothing = goal_rows.prompt_goals(rows(*prompt_frame({256: 1.0, 2048: 1.0})))
-    assert [(g["goal"], g["status"], g["note"]) for g in nothing] == [
-        ("fused peak extra memory", "not measured", "no peak of the fused path was measured"),
-        ("chunked time, chunks of 512 or more", "not measured",
-         "no chunk of 512 rows or more, shorter than the prompt, was timed")]
+    assert [(g["goal"], g["status"]) for g in nothing] == [
+        ("fused peak extra memory", "not measured"),
+        ("chunked time, chunks of 512 or more", "not measured")]
+    assert "peak" in nothing[0]["note"] and "512" in nothing[1]["note"]  # what was missing
 
 
 def test_goal_rows_have_one_shape():
@@ -660,7 +654,7 @@ def test_sync_warnings_are_summed_up_per_arm_and_absent_without_cuda():
         dict(arm="fused", metric="sync_warnings", value=2.0, rows=64, note="a.py:3: sync"),
         dict(arm="seed_pageable", metric="sync_warnings", value=1.0, rows=16)])
     sentence = summaries.sync_warnings(frame)
-    assert sentence.endswith("fused 2 (a.py:3: sync); seed_pageable 1.")
+    assert "fused 2 (a.py:3: sync)" in sentence and "seed_pageable 1" in sentence  # per arm
     unavailable = schema.make_rows([dict(arm="sync_debug", metric="sync_warnings",
                                          status="unavailable", note="needs CUDA")])
     assert summaries.sync_warnings(unavailable) is None
@@ -671,18 +665,19 @@ def test_the_two_overlap_orders_are_told_apart_and_never_compared_as_one_cell():
     waited = timed("seed_pageable", [3e-3, 3e-3], rows=64, vocab=V, k=5, overlap_order="waited")
     older = timed("seed_pageable", [1e-3], rows=16, vocab=V, k=5)  # kept before the order
     frame = rows(*queued, *waited, *older)
-    assert len(step_analysis.where_overlap(frame, "queued")) == 3  # the older row queued its forward
-    assert len(step_analysis.where_overlap(frame, "waited")) == 2
-    assert step_analysis.overlap_orders(frame) == ["queued", "waited"]
-    assert step_analysis.overlap_orders(rows(*older)) == ["queued"]
-    table = step_analysis.overlap_table(frame)
+    order = catalogue.OVERLAP
+    assert len(step_analysis.where_condition(frame, order, "queued")) == 3  # the older row queued
+    assert len(step_analysis.where_condition(frame, order, "waited")) == 2
+    assert step_analysis.condition_values(frame, catalogue.OVERLAP) == ["queued", "waited"]
+    assert step_analysis.condition_values(rows(*older), catalogue.OVERLAP) == ["queued"]
+    table = step_analysis.condition_table(frame, catalogue.OVERLAP)
     assert len(table) == 1  # the older cell has one order only
     assert (table.iloc[0]["queued_ms"], table.iloc[0]["waited_ms"]) == pytest.approx((2.0, 3.0))
     assert table.iloc[0]["waited_over_queued"] == pytest.approx(1.5)
-    assert step_analysis.overlap_table(rows(*queued)).empty
+    assert step_analysis.condition_table(rows(*queued), catalogue.OVERLAP).empty
     stranger = timed("seed_pageable", [9e-3], rows=64, vocab=V, k=5, overlap_order="<b>x</b>")
-    assert step_analysis.overlap_table(rows(*queued, *stranger)).empty  # an unknown order: not one
-    assert len(step_analysis.overlap_table(rows(*queued, *waited, *stranger))) == 1
+    assert step_analysis.condition_table(rows(*queued, *stranger), order).empty  # a stranger: none
+    assert len(step_analysis.condition_table(rows(*queued, *waited, *stranger), catalogue.OVERLAP)) == 1
     pinned = [timed("seed_pinned", [1e-3, 1e-3], rows=64, vocab=V, k=5, overlap_order=order)
               for order in ("queued", "waited")]
     compared = timings.compare(rows(*queued, *waited, *pinned[0], *pinned[1]), "seed_pageable",
@@ -696,12 +691,13 @@ def test_the_two_places_of_the_log_softmax_are_told_apart():
     host = timed("seed_pageable", [3e-3, 3e-3], rows=64, vocab=V, k=5, log_softmax="host")
     older = timed("seed_pageable", [1e-3], rows=16, vocab=V, k=5)  # kept before the choice
     frame = rows(*device, *host, *older)
-    assert len(step_analysis.where_log_softmax(frame, "device")) == 3  # the older row ran on device
-    assert len(step_analysis.where_log_softmax(frame, "host")) == 2
-    places = step_analysis.log_softmax_places(frame).iloc[0]
+    place = catalogue.LOG_SOFTMAX
+    assert len(step_analysis.where_condition(frame, place, "device")) == 3  # the older row: device
+    assert len(step_analysis.where_condition(frame, place, "host")) == 2
+    places = step_analysis.condition_table(frame, catalogue.LOG_SOFTMAX).iloc[0]
     assert (places["device_ms"], places["host_ms"]) == pytest.approx((2.0, 3.0))
     assert places["host_over_device"] == pytest.approx(1.5)
-    assert step_analysis.log_softmax_places(rows(*device)).empty
+    assert step_analysis.condition_table(rows(*device), catalogue.LOG_SOFTMAX).empty
     both = rows(*device, *host, *timed("seed_pinned", [1e-3, 1e-3], rows=64, vocab=V, k=5,
                                         log_softmax="device"),
                 *timed("seed_pinned", [1e-3, 1e-3], rows=64, vocab=V, k=5, log_softmax="host"))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import re
 import subprocess
 import sys
 import time
@@ -173,7 +174,8 @@ def test_the_harness_block_decides_over_each_cells_own_ci(tmp_path):
     assert trust.harness_checked(verdict)
     assert trust.harness_reasons({**verdict, "harness": {**verdict["harness"], "checks": []}}) == []
     del verdict["harness"]  # a verdict written before the block: each cell's own CI
-    assert trust.harness_reasons(verdict)[0].startswith("the A/A check at copy level, n=16")
+    reason = trust.harness_reasons(verdict)[0]
+    assert "copy level" in reason and "n=16" in reason  # the level and cell whose twin differs
 
 
 def test_the_report_first_screen_says_the_timings_are_not_trustworthy(tmp_path):
@@ -183,10 +185,10 @@ def test_the_report_first_screen_says_the_timings_are_not_trustworthy(tmp_path):
     page = report.write_index(tmp_path).read_text()
     verdict_box = page[page.index("<section class='verdict'"):page.index("</section>")]
     assert "TIMINGS NOT TRUSTWORTHY" in verdict_box
-    assert "02_logprobs_step ran on a busy machine" in verdict_box
+    assert "02_logprobs_step" in verdict_box and "busy" in verdict_box  # which notebook, why
     assert verdict_box.index("TIMINGS NOT TRUSTWORTHY") < verdict_box.index("PORT")
-    assert "<td class='failed'>busy: others took 1.60 of 2 cores, load average up to 0.5</td>" in (
-        page)  # the notebook's row says it too
+    (row,) = re.findall(r"<td class='failed'>busy: ([^<]*)</td>", page)  # the notebook's row
+    assert "1.60 of 2 cores" in row and "0.5" in row
 
 
 def _goals_notebook(path: Path) -> None:
@@ -215,7 +217,7 @@ def test_every_page_of_a_busy_run_says_so_and_its_goals_are_met_on_untrustworthy
     execute.export_html(tmp_path, entry, manifest)
     page = (tmp_path / entry["html"]).read_text()
     head = page[page.index("<body>"):page.index("<div class=\"cell")]
-    assert "TIMINGS NOT TRUSTWORTHY" in head and "01_d2h_staging ran on a busy machine" in head
+    assert "TIMINGS NOT TRUSTWORTHY" in head and "01_d2h_staging ran on a busy" in head
     assert "timings <span class='failed'>not trustworthy</span>" in head
     assert ">met on untrustworthy timings</td>" in page and ">met</td>" not in page
     index = report.write_index(tmp_path).read_text()
@@ -255,7 +257,7 @@ def test_the_report_says_when_the_load_was_not_recorded(tmp_path):
     rundir.write_manifest(tmp_path, manifest)
     page = report.write_index(tmp_path).read_text()
     assert "TIMINGS NOT TRUSTWORTHY" not in page
-    assert "load was not recorded for this run's timing notebooks" in page
+    assert "id='load-unknown'" in page
     manifest["notebooks"][0]["load"] = busy.assess(reading(0, 100, 50), reading(10, 101, 59))
     rundir.write_manifest(tmp_path, manifest)
     page = report.write_index(tmp_path).read_text()
@@ -281,14 +283,16 @@ def test_a_few_round_run_is_labelled_not_judged_rather_than_untrustworthy(tmp_pa
     assert trust.harness_reasons(smoke) == []  # 3 rounds judge no twin
     assert trust.too_few_rounds(smoke) == 3
     label = trust.scope_label(smoke)
-    assert label.startswith("NOT A DECISION, NOT A TRUST CHECK: 3 rounds per cell")
+    not_judged = trust.NOT_JUDGED.upper()
+    assert label.startswith(f"{not_judged}: 3 rounds")
     markdown = trust.warning_markdown(tmp_path, smoke)
-    assert markdown.startswith("**NOT A DECISION, NOT A TRUST CHECK**:")
+    assert markdown.startswith(f"**{not_judged}**:")
     assert "NOT TRUSTWORTHY" not in markdown
     # with rounds enough, the same twins are a trust check, and they failed it
     judged = _few_round_verdict(trust.MIN_TRUST_ROUNDS)
     assert trust.scope_label(judged) == "" and trust.too_few_rounds(judged) is None
-    assert trust.harness_reasons(judged)[0].startswith("the A/A check at copy level, n=8")
+    reason = trust.harness_reasons(judged)[0]
+    assert "copy level" in reason and "n=8" in reason
 
 
 def test_the_report_and_the_terminal_label_a_smoke_run_and_keep_refuses_it(tmp_path, monkeypatch):
@@ -303,11 +307,11 @@ def test_the_report_and_the_terminal_label_a_smoke_run_and_keep_refuses_it(tmp_p
     (run_dir / "verdict.json").write_text(json.dumps(_few_round_verdict(3)))
     page = report.write_index(run_dir).read_text()
     verdict_box = page[page.index("<section class='verdict'"):page.index("</section>")]
-    assert "id='not-judged'" in verdict_box and "NOT A DECISION, NOT A TRUST CHECK" in verdict_box
+    assert "id='not-judged'" in verdict_box and trust.NOT_JUDGED.upper() in verdict_box
     assert "NOT TRUSTWORTHY" not in page
     manifest = rundir.read_manifest(run_dir)
     line = cli.verdict_line(run_dir, manifest)
-    assert line.splitlines()[1].startswith("NOT A DECISION, NOT A TRUST CHECK: 3 rounds")
+    assert line.splitlines()[1].startswith(f"{trust.NOT_JUDGED.upper()}: 3 rounds")
     assert "NOT TRUSTWORTHY" not in line
     with pytest.raises(UserError, match=r"not kept: not a decision, not a trust check: 3 rounds"):
         evidence.keep_evidence(run_dir)

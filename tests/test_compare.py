@@ -109,8 +109,8 @@ def test_all_runs_unusable_exit_2_in_one_line(tmp_path, capsys):
     page = tmp_path / "c.html"
     assert cli.main(["compare", *map(str, empty), "--out", str(page)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("stagelab: error: no run to compare")
-    assert "E1 (no verdict.json, no staging table)" in err[0] and "E2" in err[0]
+    assert len(err) == 1 and err[0].startswith("stagelab: error:") and "no run to compare" in err[0]
+    assert "E1 (no verdict.json" in err[0] and "E2" in err[0]
     assert not page.exists()
 
 
@@ -194,8 +194,8 @@ def test_a_run_with_untrustworthy_timings_is_flagged_in_its_column_and_a_note(cp
     assert timings["B_h200"].startswith("NOT TRUSTWORTHY") and "A/A" in timings["B_h200"]
     assert timings["A_cpu"] == "A/A passed; load not recorded"
     bare = make_run(tmp_path, "C_bare", verdict="none")
-    assert compare.compare([a, bare]).table.loc[("verdict", "timings"), "C_bare"] == (
-        "A/A not checked; load not recorded")
+    unchecked = compare.compare([a, bare]).table.loc[("verdict", "timings"), "C_bare"]
+    assert "A/A not checked" in unchecked and "load not recorded" in unchecked
     quiet = {"busy": False, "why": []}
     manifest = json.loads((a / "manifest.json").read_text())
     manifest["notebooks"] = [{"name": "02_logprobs_step", "status": "ok", "load": quiet}]

@@ -194,7 +194,7 @@ def test_keep_rewrites_the_results_between_their_markers_and_nothing_else(tmp_pa
     assert "stale, by hand" not in text
     assert f"### NVIDIA H200: run `{run_dir.name}`" in text
     assert "**Verdict: CLOSE.**" in text
-    assert "- Seed's step at n=64: 1.00 ms." in text and "Committed reference" not in text
+    assert "n=64: 1.00 ms" in text and "Committed reference" not in text
     assert "No kept run was made on a GPU" not in text
     link = f"({dest.relative_to(root).as_posix()}/index.html)"
     assert link in text and (root / link[1:-1]).parent == dest
@@ -286,6 +286,6 @@ def test_decision_parameters_unlike_the_profile_are_named_on_the_first_screen_an
     assert "changed from its profile" in page and "delta 0.005 (profile smoke: 0.02)" in page
     evidence.keep_evidence(run, tmp_path / "reference", force=True)
     results = evidence.results_markdown(tmp_path / "reference")
-    assert "decided with parameters changed from its profile: delta 0.005" in results
+    assert "changed from its profile" in results and "delta 0.005" in results
     manifest["notebooks"][0]["parameters"]["delta"] = 0.02
     assert rederive.decision_changes(manifest) == []

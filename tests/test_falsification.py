@@ -102,8 +102,8 @@ def test_a_run_at_the_predicted_points_holds(h200):
     figures = [f for c in check["cells"] for level in ("stages", "arms", "questions")
                for f in c[level]]
     assert all(f["held"] is not None for f in figures)
-    assert predict_check.stated_lines(check)[0].startswith(
-        "Prediction stated before the run held (H200)")
+    first = predict_check.stated_lines(check)[0]  # the held verdict above, said first
+    assert first.startswith("Prediction") and "held (H200)" in first
 
 
 def test_a_step_outside_every_hosts_interval_fails_and_is_named(h200):
@@ -154,7 +154,7 @@ def test_the_first_screen_of_a_gpu_run_says_the_prediction_failed(tmp_path, h200
     (run / "verdict.json").write_text(json.dumps(verdict))
     page = report.write_index(run).read_text()
     section = page.split("id='verdict'")[1].split("</section>")[0]
-    assert "Prediction stated before the run FAILED (H200)" in section
+    assert "FAILED (H200)" in section
     assert section.index("FAILED (H200)") < section.index("Predicted beside measured")
 
 

@@ -21,7 +21,9 @@ from stagelab import cli
 from stagelab.present import fleet_page
 from stagelab.run import fleet, fleet_node
 
-pytestmark = pytest.mark.serial  # Ray clusters on this machine's loopback address
+# The tests that start a Ray cluster on this machine's loopback address (or ask one for an
+# answer) run alone; the rest are plain functions and share the machine.
+on_the_loopback = pytest.mark.serial
 
 # Ray reads this when it is imported: nodes then take the loopback address, never another.
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
@@ -132,9 +134,9 @@ def test_the_page_says_whether_the_answer_differs_between_platforms():
     differs = [_record("a", "H100", "PORT"), _record("b", "GH200", "CLOSE")]
     assert "same" in fleet_page.answer_sentence(same)
     assert fleet_page.answer_sentence(same).endswith("(H100: PORT; GH200: PORT).")
-    assert fleet_page.answer_sentence(differs).startswith("The answer differs between platforms")
+    assert "differs" in fleet_page.answer_sentence(differs)
     assert fleet_page.answer_sentence([_record("a", "H100", "PORT"), _record("b", "H100", "PORT")]) \
-        .startswith("Only one platform produced a verdict")
+        .startswith("Only one platform")
     assert fleet_page.answer_sentence([_record("a", None, None)]).startswith("No node produced")
 
 
@@ -181,6 +183,7 @@ def test_a_bad_profile_or_timeout_is_refused_before_any_node_is_asked(capsys):
     assert "--timeout-s" in _one_line_error(capsys)
 
 
+@on_the_loopback
 def test_no_cluster_at_the_address_is_a_bad_request(capsys, tmp_path):
     pytest.importorskip("ray")
     assert cli.main(["fleet", "--address", "127.0.0.1:1", "--profile", "quick",
@@ -286,6 +289,7 @@ def _targets() -> list[fleet.Target]:
     return fleet.select_targets(ray.nodes(), resource=RESOURCE)
 
 
+@on_the_loopback
 @pytest.mark.slow
 def test_the_cluster_listens_on_loopback_only(cluster):
     psutil = pytest.importorskip("psutil")
@@ -302,6 +306,7 @@ def test_the_cluster_listens_on_loopback_only(cluster):
     assert all((getattr(a, "ipv4_mapped", None) or a).is_loopback for a in addresses), addresses
 
 
+@on_the_loopback
 @pytest.mark.slow
 def test_each_node_measures_once_in_parallel_from_the_shipped_checkout(connected, tmp_path):
     seen = []
@@ -323,6 +328,7 @@ def test_each_node_measures_once_in_parallel_from_the_shipped_checkout(connected
         assert {"dispatch", "probe", "measure", "return"} <= set(record.seconds)
 
 
+@on_the_loopback
 @pytest.mark.slow
 def test_a_node_past_its_timeout_is_stopped_and_keeps_what_it_sent(connected, tmp_path):
     [record] = fleet.dispatch(_plan("hang", timeout_s=3), _targets()[:1], tmp_path,
@@ -333,6 +339,7 @@ def test_a_node_past_its_timeout_is_stopped_and_keeps_what_it_sent(connected, tm
     assert (Path(record.measured_dir) / STARTED).is_file()
 
 
+@on_the_loopback
 @pytest.mark.slow
 def test_a_task_that_never_returns_is_cancelled(connected, tmp_path, monkeypatch):
     monkeypatch.setattr(fleet, "RETURN_MARGIN_S", -28.0)  # cancel 2 s after its start
@@ -342,6 +349,7 @@ def test_a_task_that_never_returns_is_cancelled(connected, tmp_path, monkeypatch
     assert record.error.startswith("cancelled") and record.measured_dir is None
 
 
+@on_the_loopback
 @pytest.mark.slow
 def test_a_node_without_torch_is_unavailable(connected, tmp_path):
     fake = tmp_path / "no_torch"
@@ -354,6 +362,7 @@ def test_a_node_without_torch_is_unavailable(connected, tmp_path):
     assert record.measured_dir is None and record.attempts == 1
 
 
+@on_the_loopback
 @pytest.mark.slow
 def test_a_crashed_worker_is_retried_once_and_only_once(connected, tmp_path):
     once, always = _targets()
@@ -367,14 +376,16 @@ def test_a_crashed_worker_is_retried_once_and_only_once(connected, tmp_path):
     assert "; retried: WorkerCrashedError" in lost.error
 
 
+@on_the_loopback
 @pytest.mark.slow
 def test_no_matching_node_is_a_bad_request(cluster, capsys, tmp_path):
     assert cli.main(["fleet", "--address", cluster.address, "--profile", "quick",
                      "--resource", "no_such_resource", "--out", str(tmp_path)]) == 2
-    assert "no alive node holding the resource 'no_such_resource'" in _one_line_error(capsys)
+    assert "'no_such_resource'" in _one_line_error(capsys)
     assert not list(tmp_path.iterdir())
 
 
+@on_the_loopback
 @pytest.mark.slow
 def test_the_command_in_its_own_process_reaches_a_loopback_cluster(cluster, tmp_path):
     # Before: `stagelab fleet` as its own process imported Ray before telling it about loopback,
@@ -385,9 +396,10 @@ def test_the_command_in_its_own_process_reaches_a_loopback_cluster(cluster, tmp_
         capture_output=True, text=True, timeout=120,
         env={**os.environ, "PYTHONPATH": str(fleet.paths.REPO_ROOT / "lib")})
     assert done.returncode == 2, done.stderr[-2000:]
-    assert "no alive node holding the resource 'no_such_resource'" in done.stderr
+    assert "no alive node" in done.stderr and "'no_such_resource'" in done.stderr
 
 
+@on_the_loopback
 @pytest.mark.slow
 def test_the_fleet_folder_lists_every_node_with_its_status_and_times(cluster, tmp_path, capsys):
     """run_fleet end to end with the stand-in: its folders are no measurement, so each node's
@@ -413,6 +425,7 @@ def test_the_fleet_folder_lists_every_node_with_its_status_and_times(cluster, tm
     assert progress.count("started on") == 2 and progress.count(": analysed in") == 2
 
 
+@on_the_loopback
 @pytest.mark.slow
 def test_smoke_on_two_nodes_with_one_lost_mid_measure(cluster, tmp_path):
     """The done-when test: one node analysed with a verdict, the lost node failed, both listed.

@@ -137,7 +137,7 @@ def test_the_gate_estimate_states_the_round_cap_and_its_device_time(capsys):
     assert cli.main(["measure", "--profile", "gate", "--estimate", "cuda"]) == 0
     out = capsys.readouterr().out.splitlines()
     line = next(line for line in out if "rounds until resolved" in line)
-    assert line.startswith("02_logprobs_step: rounds until resolved: 150 rounds per cell")
+    assert line.startswith("02_logprobs_step:") and "150 rounds per cell" in line
     assert all(figure in line for figure in ("149", "200 rounds", "60 s", "7 cells"))
     # the six decisive cells queued, and the forward-waited order at n=16 on Qwen2.5-7B alone
     waited = [row for row in out if row.startswith("02_logprobs_step ") and "waited" in row]
@@ -174,7 +174,7 @@ def test_admission_refuses_a_cell_without_its_safety_multiple_left():
     # a at fixed (needs 250); b at fixed + 100 needs 250: refused at 300 + fixed; c then fits
     assert forecast.admitted_cells(rows, fixed + 300, "cuda") == [True, False, True]
     assert forecast.admitted_cells(rows, fixed + 350, "cuda") == [True, True, True]
-    assert "1 of 3 cells would not be started" in forecast.format_admission(
+    assert "1 of 3 cells" in forecast.format_admission(
         rows, fixed + 300, "cuda")
 
 
@@ -261,7 +261,7 @@ def test_deadline_stops_at_a_cell_boundary_and_keeps_what_was_measured(tmp_path,
     assert {r["rows"] for r in rows_of(out, "step")} == {2}
     assert prompt["cells"] == [] and rows_of(out, "prompt_logprobs") == []
     step_gap, prompt_gap = measured_folder.gaps(manifest)
-    assert step_gap.startswith("02_logprobs_step: deadline, 1 of 3 cells measured")
+    assert step_gap.startswith("02_logprobs_step: deadline") and "1 of 3 cells" in step_gap
     assert "n=3 V=4096 K=5" in step_gap  # the first cell not started
     assert prompt_gap.startswith("03_prompt_logprobs: deadline") and "not started" in prompt_gap
 
@@ -467,7 +467,7 @@ def test_a_killed_measurement_replays_and_the_verdict_names_the_gaps(tmp_path, k
         "00_environment", "01_d2h_staging", "02_logprobs_step", "04_verdict"]
     got = json.loads((replayed / "verdict.json").read_text())
     assert got["measured_on"]["status"] == "interrupted"
-    assert any(g.startswith("02_logprobs_step: interrupted, 1 of 2 cells measured")
+    assert any(g.startswith("02_logprobs_step: interrupted") and "1 of 2 cells" in g
                for g in got["measured_on"]["gaps"])
     assert any("03_prompt_logprobs: interrupted" in f for f in got["findings"])
 
@@ -505,8 +505,7 @@ def test_keep_refuses_a_replay_of_a_partial_measurement_unless_forced(tmp_path):
                          ("interrupted", ["03_prompt_logprobs: interrupted"]),
                          ("ok", ["01_d2h_staging: failed"])):
         why = evidence.refusal(tmp_path, replay_manifest(tmp_path, status, gaps, "ok"))
-        assert why.startswith(f"it replays a measurement whose status is {status}") and \
-            gaps[0] in why
+        assert f"status is {status}" in why and gaps[0] in why
     assert evidence.replay_gaps(replay_manifest(tmp_path, "ok", [], "ok")) is None
 
 

@@ -300,7 +300,7 @@ def test_an_empty_successful_build_is_never_cached(tmp_path):
     compiler.chmod(0o755)
     cache = tmp_path / "cache"
     available, reason = status_in_new_process({"CXX": str(compiler), "STAGELAB_CACHE": str(cache)})
-    assert not available and reason.endswith("gave an unusable library: it is empty")
+    assert not available and "unusable library" in reason
     assert not list(cache.iterdir())
 
 

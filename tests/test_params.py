@@ -100,7 +100,7 @@ def test_a_param_for_a_notebook_left_out_by_only_is_refused(tmp_path, capsys):
                      "--out", str(tmp_path / "runs")])
     err = capsys.readouterr().err.strip()
     assert code == cli.EXIT_USAGE
-    assert "--param for 01_d2h_staging, which --only leaves out" in err
+    assert "--param for 01_d2h_staging" in err and "--only" in err
 
 
 GOOD = {

@@ -85,11 +85,11 @@ def test_two_predict_calls_print_the_same_answers_and_measure_nothing_here(monke
     first = capsys.readouterr().out
     assert cli_main(["predict", "--platform", "H200"]) == 0
     assert capsys.readouterr().out == first
-    assert first.startswith("Predicted, not measured: each platform's usual host classes")
-    assert "hosts: host class x86 bare metal, host class x86 VM" in first
+    assert first.startswith("Predicted, not measured")
+    assert all(host in first for host in ("host class x86 bare metal", "host class x86 VM"))
     assert first.count("across hosts: bundle ") == 6  # every cell says if it flips by host
     pinning = [line for line in first.splitlines() if "sensitivity (pinning): " in line]
-    assert pinning and "flips to CLOSE if pageable_gbps > " in pinning[0]
+    assert pinning and "CLOSE if pageable_gbps >" in pinning[0]  # the flip, its knob, its side
 
 
 def test_gh200s_pinning_answer_says_the_pageable_figure_it_rests_on(monkeypatch, capsys):
@@ -98,7 +98,7 @@ def test_gh200s_pinning_answer_says_the_pageable_figure_it_rests_on(monkeypatch,
     assert cli_main(["predict", "--platform", "GH200"]) == 0
     out = capsys.readouterr().out
     flips = [line for line in out.splitlines() if "sensitivity (pinning)" in line]
-    assert len(flips) == 6 and all("flips to PORT if pageable_gbps < " in f for f in flips)
+    assert len(flips) == 6 and all("PORT if pageable_gbps <" in f for f in flips)
     assert "hosts: host class Grace" in out and "across hosts" not in out
 
 
@@ -127,7 +127,7 @@ def test_predict_on_this_machine_says_it_was_busy(monkeypatch, capsys):
     monkeypatch.setattr(busy, "LoadWatch", Loaded)
     assert cli_main(["predict", "--platform", "H200", "--host", "this"]) == 0
     out = capsys.readouterr().out
-    assert "BUSY while measured, so the host terms are inflated: other processes took" in out
+    assert "BUSY while measured" in out
     assert "across hosts" not in out  # one host: this machine
 
 
@@ -166,7 +166,7 @@ def test_the_sensitivity_names_the_value_where_an_answer_flips():
     assert row["within_range"] and row["flips_when"] == "below" and row["flips_to"] == "PORT"
     assert predict_model._margin_at(model, "pinning", 0.02, pageable_gbps=x * 0.99) > 0
     assert predict_model._margin_at(model, "pinning", 0.02, pageable_gbps=x * 1.01) < 0
-    assert predict_model.sensitivity_words(row).startswith("flips to PORT if pageable_gbps < ")
+    assert f"PORT if pageable_gbps < {x:.3g}" in predict_model.sensitivity_words(row)
 
 
 # ------------------------------------------------------------------------------ bounds
@@ -180,7 +180,7 @@ def test_impossible_host_rates_are_refused_before_use():
     rows.append({**rows[0], "stage": "top_k", "seconds": 3e-3})
     rates = predict_tables.host_rates(schema.make_rows(rows))
     assert rates.samples[nbytes]["fresh_vector"] == [2e-3, 3e-3]
-    assert "3 row(s) refused by the physical bounds" in rates.notes[0]
+    assert "3 row(s) refused" in rates.notes[0]
     cell = predict_model.predict_cell(predict_model.gpu_model(predict_tables.platform_named("H200"),
                                                   predict_tables.Cell(16, 152_064, 5, QWEN), rates),
                                 0.02)
@@ -236,8 +236,7 @@ def test_the_verdict_checks_the_model_out_of_sample_on_rates_measured_before_the
     schema.write_table(schema.make_rows(step_rows()), run, "step")
     made = verdict.build_verdict(run, decisive_rows=[4], decisive_vocabs=[1000], decisive_ks=[5])
     assert records.shape_errors(made, records.schema("verdict")) == []
-    assert made["out_of_sample"]["cells"] == [] and "no host rates were measured before" in (
-        made["out_of_sample"]["note"])
+    assert made["out_of_sample"]["cells"] == [] and "host rates" in made["out_of_sample"]["note"]
     assert made["prediction"]["kind"].startswith("additivity")
     schema.JsonLinesSink(run / paths.HOST_PRIOR_ROWS).append(prior_rows())
     made = verdict.build_verdict(run, decisive_rows=[4], decisive_vocabs=[1000], decisive_ks=[5])
@@ -270,7 +269,7 @@ def test_a_gpu_run_is_checked_out_of_sample_on_its_host_classes_pinning_saving_i
         questions["pinning"]["predicted_ms"] - 0.5)
     words = predict_check.out_of_sample_words(check)
     assert check["falsification"]["held"] is not None  # the falsification line comes first
-    assert words[1].startswith("Out of sample (Test, host class x86 bare metal, n=16")
+    assert all(key in words[1] for key in ("Test", "host class x86 bare metal", "n=16"))
 
 
 def test_the_report_shows_the_out_of_sample_check_beside_the_additivity_one():
@@ -280,7 +279,7 @@ def test_the_report_shows_the_out_of_sample_check_beside_the_additivity_one():
     prior = predict_tables.host_rates(schema.make_rows(prior_rows()), origin=predict_check.PRIOR_ORIGIN)
     outside = report.prediction_html(predict_check.out_of_sample_run(step, None, prior))
     inside = report.prediction_html(predict_check.check_run(step, None))
-    assert "out of sample: the model fed host rates measured before the run" in outside
+    assert "out of sample" in outside and predict_check.PRIOR_ORIGIN.split(",")[0] in outside
     cells = re.sub(r"<(t[dh])\b[^>]*>", r"<\1>", outside)  # the cells' text, not their ids
     assert "in sample (additivity)" in inside and "<td>reuse</td>" in cells
 

@@ -204,7 +204,8 @@ def test_the_landing_page_captions_figures_in_words(tmp_path):
 
 def test_the_speedup_figure_says_why_it_is_empty():
     ax = plots.speedups(pd.DataFrame())
-    assert ax.texts[0].get_text() == "No pair of arms was timed in the same rounds"
+    assert len(ax.texts) == 1 and "No pair of arms" in ax.texts[0].get_text()  # why, no bars
+    assert not ax.patches
 
 
 def test_a_whole_number_in_a_unit_column_is_still_converted():

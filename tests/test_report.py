@@ -42,7 +42,7 @@ def test_the_decisive_table_has_no_placeholders_and_says_a_shared_reason_once(tm
 
 def test_the_stage_split_parts_add_up_to_the_total_shown(tmp_path):
     box = verdict_page(tmp_path, [decisive_cell(16)], "Undecided.")
-    assert "log-softmax + zero-fill + copy + host top-K + free + unattributed = total" in box
+    assert tables.SPLIT_WORDS.split(": ", 1)[1] in box  # the parts, named in their order
     (parts, total), = re.findall(r"<td>([\d.+ ]+) = ([\d.]+)</td>", box)
     assert sum(float(p) for p in parts.split("+")) == float(total) == 5.5
 
@@ -189,8 +189,8 @@ def test_the_origin_names_a_rehearsal_and_the_commit_its_source_matched():
     assert "(status ok, a CPU rehearsal);" in text
     assert text.endswith(" Its source is commit cdcdcdcdcdcd.")
     measured["source"] = {"tree": "ab" * 20, "matched_commit": None, "commit_env": "v1"}
-    assert report.source_sentence(measured["source"]) == (
-        " Its source (tree abababababab) matches no commit here (it names v1).")
+    said = report.source_sentence(measured["source"])
+    assert "tree abababababab" in said and "no commit" in said and "v1" in said
     assert report.source_sentence(None) == ""
 def test_the_report_shows_the_recommended_change_and_the_three_answers(tmp_path):
     run_dir = fake_run(tmp_path / "runs")
@@ -205,16 +205,18 @@ def test_the_report_shows_the_recommended_change_and_the_three_answers(tmp_path)
          "recommendation": {"change": "port a reused pageable buffer", "reason": "why"},
          "questions": questions}))
     page = report.write_index(run_dir).read_text()
-    assert "Recommended change: <b>port a reused pageable buffer</b>: why" in page
-    assert ("<td>pinning words</td><td>CLOSE</td><td>n=16 V=152064 K=5: CLOSE 1.200x "
-            "[1.100, 1.300]") in page
+    change = "port a reused pageable buffer"
+    assert f"<b>{change}</b>: why" in page  # the change, then its reason
+    assert "<td>pinning words</td><td>CLOSE</td>" in page  # each question's answer
+    assert "n=16 V=152064 K=5: CLOSE 1.200x [1.100, 1.300]" in page  # and each cell's
+    reason = "the Holm-level bound 1.01 is below"
     held = {**questions["reuse"], "decision": "INCONCLUSIVE", "cells": [
-        {**answer, "decision": "INCONCLUSIVE", "reason": "the Holm-level bound 1.01 is below"}]}
+        {**answer, "decision": "INCONCLUSIVE", "reason": reason}]}
     (run_dir / "verdict.json").write_text(json.dumps(
         {"overall": {"decision": "INCONCLUSIVE", "summary": "Held."},
          "decisive": [decisive_cell(16)], "questions": {"reuse": held},
          "recommendation": {"change": "INCONCLUSIVE", "reason": "why"}}))
-    assert ("K=5: INCONCLUSIVE 1.200x [1.100, 1.300] (the Holm-level bound 1.01 is below)"
+    assert (f"INCONCLUSIVE 1.200x [1.100, 1.300] ({reason})"
             in report.write_index(run_dir).read_text())  # before: the reason only in the json
     older = fake_run(tmp_path / "older")
     (older / "verdict.json").write_text(json.dumps(
@@ -285,20 +287,20 @@ def test_an_undecided_first_screen_gives_each_platforms_predicted_answer_and_the
                                  "measured": True}}}))
     page = report.write_index(run_dir).read_text()
     block = page[page.index("<div id='next-step'>"):page.index("<table id='decisive'>")]
-    assert "Measured here instead: reuse alone: INCONCLUSIVE." in block
+    assert "reuse alone: INCONCLUSIVE" in block  # the answer measured instead
     assert "Not measured: bundle." in block
     assert "predicted, not measured" in block and "stagelab predict --profile quick" in block
     rows = dict(re.findall(r"<tr><td>([^<]+)</td>(.*?)</tr>", block))
     assert set(rows) == {"H200", "L4"}
-    assert "depends on pageable_gbps: saves 0.1-5.2 ms per step" in rows["H200"]
+    assert "pageable_gbps" in rows["H200"] and "0.1-5.2 ms" in rows["H200"]
     assert "PORT: saves 1.15-31.3 ms" in rows["H200"]  # the VM's wider range: CLOSE never
-    assert "depends on the host: PORT on x86 bare metal, CLOSE on x86 VM" in rows["L4"]
+    assert "PORT on x86 bare metal" in rows["L4"] and "CLOSE on x86 VM" in rows["L4"]
     assert "does not fit: not predicted" in rows["L4"]  # L4 has no n=16 answer
     assert f"<code>{next_step.CONFIRM}</code>" in block
     lines = next_step.terminal_lines(run_dir, json.loads((run_dir / "verdict.json").read_text()),
                                      "quick")
-    assert len(lines) == 2 and lines[1].startswith(f"to confirm on your GPU: {next_step.CONFIRM}")
-    assert "PORT at n=64 on H200" in lines[0] and "predicted on a GPU, not measured" in lines[0]
+    assert len(lines) == 2 and next_step.CONFIRM in lines[1]
+    assert "PORT at n=64 on H200" in lines[0] and "not measured" in lines[0]
 
 
 def test_a_decided_run_is_set_beside_its_platforms_prediction(tmp_path):
@@ -308,7 +310,7 @@ def test_a_decided_run_is_set_beside_its_platforms_prediction(tmp_path):
                "hardware": {"gpu": "NVIDIA H200"}, "decisive": [decisive_cell(64)]}
     (run_dir / "verdict.json").write_text(json.dumps(verdict))
     page = report.write_index(run_dir).read_text()
-    assert re.search(r"Measured <b>PORT</b>; predicted for H200 .*n=64 V=152,064 K=5: PORT", page)
+    assert "Measured <b>PORT</b>" in page and re.search(r"H200 .*n=64 V=152,064 K=5: PORT", page)
     assert "id='next-step'" not in page and next_step.terminal_lines(run_dir, verdict, "x") == []
     assert next_step.platform_of("NVIDIA H100 80GB HBM3", ["H100 SXM", "H200"]) == "H100 SXM"
 
@@ -336,7 +338,7 @@ def test_the_front_page_shows_few_short_findings_that_bear_on_the_decision(tmp_p
     page = report.write_index(run_dir).read_text()
     listed = page[page.index("<ul id='findings'>"):page.index("</ul>", page.index("id='findings'"))]
     assert listed.count("<li>") == report.FRONT_FINDINGS and "mmap" not in listed
-    assert "Every finding in full (15): <a href='04_verdict.html'>" in page
+    assert "(15): <a href='04_verdict.html'>" in page  # every finding, on notebook 04's page
 
 
 def test_the_chunk_question_is_answered_on_the_first_screen_and_in_the_terminal(tmp_path):
@@ -353,14 +355,15 @@ def test_the_chunk_question_is_answered_on_the_first_screen_and_in_the_terminal(
     page = report.write_index(run_dir).read_text()
     said = page[page.index("<p id='chunk'>"):]
     said = said[:said.index("</p>")]
-    assert "No recommended chunk (fused): no recommendation" in said and "a quiet machine" in said
+    assert "No recommended chunk (fused)" in said and "a quiet machine" in said
     assert "href='03_prompt_logprobs.html'" in said
     lines = next_step_lines(run_dir, {"profile": "quick"})
     assert lines[-1].startswith("prompt chunk: No recommended chunk (fused): ")
     verdict["prompt_logprobs"]["recommendation"] = {"arm": "fused", "chunk": 512, "reason": "why"}
     verdict["overall"]["decision"] = "CLOSE"
     (run_dir / "verdict.json").write_text(json.dumps(verdict))
-    assert next_step_lines(run_dir, {}) == ["prompt chunk: Recommended chunk: 512 (fused): why."]
+    (line,) = next_step_lines(run_dir, {})
+    assert line.startswith("prompt chunk: ") and line.endswith("512 (fused): why.")
     del verdict["prompt_logprobs"]
     (run_dir / "verdict.json").write_text(json.dumps(verdict))
     assert next_step_lines(run_dir, {}) == []
@@ -389,8 +392,9 @@ def test_the_reuse_lever_is_quoted_once_and_an_unmeasured_question_says_so(tmp_p
          "decisive": [decisive_cell(16)], "questions": questions, "findings": findings,
          "recommendation": {"change": "INCONCLUSIVE", "reason": "why"}}))
     page = report.write_index(run_dir).read_text()
-    assert "<td>bundle words</td><td>not measured</td><td>n=16 V=152064 K=5: not measured" in page
-    assert page.count("0.123") == 1 and "(straddles the minimum 1.020x: more rounds" in page
+    assert "<td>bundle words</td><td>not measured</td>" in page
+    assert "n=16 V=152064 K=5: not measured" in page
+    assert page.count("0.123") == 1 and "straddles the minimum 1.020x" in page
     listed = page[page.index("<ul id='findings'>"):]
     assert "Reuse lever" not in listed[:listed.index("</ul>")]
-    assert "step at n=16, V=152064, K=5: 5.25 ms" in listed[:listed.index("</ul>")]
+    assert "n=16, V=152064, K=5: 5.25 ms" in listed[:listed.index("</ul>")]

@@ -46,7 +46,7 @@ def test_run_writes_a_complete_folder_and_keeps_a_failure(tiny_suite):
     assert by_name["10_ok"]["status"] == "ok"
     assert by_name["10_ok"]["parameters"] == {"rounds": 3}
     assert by_name["20_fails"]["status"] == "failed"
-    assert "RuntimeError: deliberate failure for the test" in by_name["20_fails"]["error"]
+    assert "RuntimeError" in by_name["20_fails"]["error"]  # the notebook's own exception
     for name in ("10_ok", "20_fails"):
         assert (run_dir / f"{name}.ipynb").exists() and (run_dir / f"{name}.html").exists()
     partial = (run_dir / "20_fails.ipynb").read_text()
@@ -87,7 +87,8 @@ def test_a_cell_that_runs_too_long_times_out_and_the_next_notebook_runs(tiny_sui
     assert manifest["cell_timeout_s"] == 10
     assert sleeps["status"] == "failed"
     # cells of the executed notebook: parameters (0), injected parameters (1), the sleep (2)
-    assert sleeps["error"] == "timed out after 10 s in cell 2"
+    assert "timed out" in sleeps["error"] and "10 s" in sleeps["error"]
+    assert sleeps["error"].endswith("cell 2")
     # its duration is a recorded figure, checked for sense (at least the timeout), not speed
     assert sleeps["duration_s"] >= manifest["cell_timeout_s"] and ok["status"] == "ok"
     assert manifest["status"] == "failed"

@@ -34,6 +34,7 @@ def test_the_page_names_the_machine_and_dates_every_figure():
     text = bench.page([figure("setup", 35), figure("run", 60), figure("check-serial", 100),
                        figure("check", 60)], manifest(), "abc1234", "AMD EPYC, 2 cores",
                       "warm", WHEN)
+    # the one test that holds the timings page's wording (issue 47: one per page)
     assert "Measured 2026-12-01 21:40 UTC at commit `abc1234`" in text
     assert "The machine: AMD EPYC, 2 cores." in text and "uv's cache was warm" in text
     assert "| `make check` | 60 s on 2026-12-01 | 0.2, 1.1 | 90 s |" in text
@@ -50,16 +51,16 @@ def test_a_missed_goal_says_by_how_much_and_a_failure_is_no_time():
     text = bench.page([figure("check-serial", 100), figure("check", 80, status=2)], slow,
                       "abc1234", "m", "cold", WHEN)
     assert "| `make check` | failed (2) |" in text and "×**" not in text  # no ratio of a failure
-    assert ("Not measuring: **57%** of the notebooks' 7.0 s (goal at most 30%: NOT met, by 27 "
-            "percentage points).") in text
+    assert "**57%**" in text and "7.0 s" in text and "NOT met, by 27" in text  # 57 - 30
 
 
 def test_the_kernels_started_before_the_first_notebook_are_a_row_of_the_run():
     warm = manifest() | {"kernels": {"started": 2, "ready": 2, "seconds": 3.0, "errors": {}}}
     text = bench.page([figure("check", 60)], warm, "abc1234", "m", "warm", WHEN)
-    assert "| every kernel, before the first notebook | 3.0 | 3.0 | | | | | 100% |" in text
+    (row,) = [line for line in text.splitlines() if line.startswith("| every kernel")]
+    assert [cell.strip() for cell in row.split("|")[2:-1]] == ["3.0", "3.0", "", "", "", "", "100%"]
     # 4 s of the notebooks' 17 s, and the 3 s before them, not measuring: 35 % of 20 s
-    assert "Not measuring: **35%** of the kernels' and notebooks' 20.0 s" in text
+    assert "**35%**" in text and "20.0 s" in text
 
 
 def test_make_help_reads_each_time_from_the_page_or_says_there_is_none(tmp_path):
@@ -80,7 +81,6 @@ def test_the_note_in_developing_md_is_the_generated_figure_and_nothing_else_chan
                                      "abc1234", WHEN)
     before, _, after = text.partition("<!-- /timings:check -->")
     assert noted.endswith(after) and noted.startswith(before.split("<!-- timings:check")[0])
-    assert ("Measured 2026-12-01 at `abc1234` ([timings.md](timings.md)): `make check` on every "
-            "core took 60 s against 100 s") in noted
+    assert "2026-12-01 at `abc1234`" in noted and "60 s against 100 s" in noted
     assert bench.note_in_developing(noted, [figure("check-serial", 90), figure("check", 45)],
                                     "def5678", WHEN).count("Measured 2026-12-01") == 1

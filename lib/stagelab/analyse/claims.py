@@ -179,8 +179,8 @@ def rows_problems(table: str, rows: Sequence[Mapping[str, Any]], entry: Mapping[
 
 # What makes one timed configuration: the cell's sizes (its columns) and, within it, the arm
 # with its chunk (prompt logprobs interleave every chunk of a prompt in one round).
-CELL_COLUMNS = ("model", "device", "rows", "vocab", "hidden", "k", "dtype", "log_softmax",
-                "regime", "overlap_order")
+CELL_COLUMNS = ("model", "device", "rows", "vocab", "hidden", "k", "dtype",
+                *(condition.column for condition in catalogue.CONDITIONS))
 
 
 def positions_problem(rows: Sequence[Mapping[str, Any]]) -> str | None:

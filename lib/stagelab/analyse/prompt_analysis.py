@@ -63,9 +63,10 @@ def recommend_chunk(frame: pd.DataFrame, arm: str = catalogue.PROMPT_RECOMMENDED
     wins, because a chunk's peak memory grows with its size (chunk x vocabulary). Deciding on CIs
     keeps the choice stable: point estimates on overlapping ranges flipped it between runs. The
     unchunked prompt is the reference, never the recommendation: where no timed chunk qualifies,
-    the fastest timed chunk is named and the reason says that chunking bought no time here, only
-    bounded memory, at what cost. ``tile``: the head-fused tile whose configurations decide (None:
-    those without a tile, or an arm's smallest tile where all of its configurations have one).
+    the fastest timed chunk is named (``within_tolerance`` False) and the reason says that
+    chunking bought no time here, only bounded memory, at what cost. ``tile``: the head-fused
+    tile whose configurations decide (None: those without a tile, or an arm's smallest tile
+    where all of its configurations have one).
 
     No recommendation from noise (``chunk`` None, the reason and ``needs`` say why and what would
     give one): not where the timings are not trustworthy (``trusted`` False: a busy machine), nor
@@ -113,7 +114,8 @@ def recommend_chunk(frame: pd.DataFrame, arm: str = catalogue.PROMPT_RECOMMENDED
     return {"arm": arm, "chunk": chunk, "mean_seconds": float(means[chunk]),
             "best_seconds": float(means[best_chunk]), "best_chunk": best_chunk,
             "ratio_to_best": ratio, "ratio_ci_low": low, "ratio_ci_high": high,
-            "unchunked_rows": rows, "tolerance": tolerance, "reason": reason}
+            "unchunked_rows": rows, "tolerance": tolerance, "within_tolerance": bool(within),
+            "reason": reason}
 
 
 MATTERING_CHUNK = 512  # chunk sizes from which prompt logprobs' memory bound matters
@@ -148,7 +150,8 @@ def no_recommendation(what: str, ratios: dict[int, tuple[float, float, float]], 
                       tolerance: float, trusted: bool, rounds: int,
                       prompt_rows: int) -> dict[str, Any] | None:
     """Why no ``what`` (chunk or tile) is recommended and what would give one, or None where the
-    timings can decide: trustworthy, and every question the choice rests on resolved."""
+    timings can decide: trustworthy, and every question the choice rests on resolved
+    (``open``: the chunks or tiles whose question the rounds leave open)."""
     open_ = unresolved(ratios, pick, tolerance)
     if rounds < 2:
         open_ = sorted(ratios)
@@ -168,7 +171,7 @@ def no_recommendation(what: str, ratios: dict[int, tuple[float, float, float]], 
            f"the rounds leave open whether {what} "
            f"{', '.join(str(c) for c in open_)} is more than {tolerance:.0%} slower than the "
            "fastest (its CI straddles the bar)")
-    return {"recommended": False, "needs": needs,
+    return {"recommended": False, "open": open_, "needs": needs,
             "reason": f"no recommendation: {why}; what would give one: {'; '.join(needs)}"}
 
 
@@ -253,7 +256,8 @@ def recommend_tile(frame: pd.DataFrame, arm: str | None = None, chunk: int | Non
     if held:
         return {**found, "tile": None, **held}
     return {**found, "tile": pick["tile"], "mean_seconds": pick["mean_seconds"],
-            "ratio_to_best": pick["ratio_to_best"], "reason": _tile_reason(
+            "ratio_to_best": pick["ratio_to_best"], "within_tolerance": bool(within),
+            "reason": _tile_reason(
                 pick, best, float(means[best]), bool(within), tolerance, share)}
 
 

@@ -11,7 +11,7 @@ import pandas as pd
 
 from stagelab.analyse import roofline, stats
 from stagelab.analyse.timings import cells, compare, not_measured_reason, ok_timings
-from stagelab.core import catalogue, forward, schema
+from stagelab.core import catalogue, schema
 from stagelab.core.catalogue import STAGES, TOTAL
 
 UNATTRIBUTED = "unattributed"  # what no timed stage accounts for
@@ -53,80 +53,28 @@ def at_first_values(frame: pd.DataFrame, conditions: Mapping[str, Sequence[str]]
     return frame
 
 
-def where_log_softmax(frame: pd.DataFrame, place: str) -> pd.DataFrame:
-    """The step rows measured with the log-softmax on ``place`` (``device`` or ``host``); rows
-    that do not say (tables kept before the choice existed) ran it on the device."""
-    return where_condition(frame, catalogue.LOG_SOFTMAX, place)
-
-
-def where_overlap(frame: pd.DataFrame, order: str) -> pd.DataFrame:
-    """The step rows measured in overlap ``order`` (``queued`` or ``waited``,
-    :data:`stagelab.core.forward.OVERLAP_ORDERS`); rows that do not say (tables kept before the
-    order was recorded) queued the forward and are read as ``queued``."""
-    return where_condition(frame, catalogue.OVERLAP, order)
-
-
-def overlap_orders(frame: pd.DataFrame) -> list[str]:
-    """The overlap orders the step rows record, ``queued`` first (rows that do not say count
-    as ``queued``); empty for a table without rows."""
-    return condition_values(frame, catalogue.OVERLAP)
-
-
-def overlap_table(frame: pd.DataFrame) -> pd.DataFrame:
-    """Per cell and seed arm, the mean step (ms) in each overlap order and ``waited`` over
-    ``queued``: what waiting on the forward before the allocation costs each arm; empty when
-    the run measured one order only."""
-    columns = ["rows", "vocab", "k", "arm", "queued_ms", "waited_ms", "waited_over_queued"]
-    timed, column = ok_timings(frame), catalogue.OVERLAP.column
+def condition_table(frame: pd.DataFrame, condition: catalogue.Condition) -> pd.DataFrame:
+    """Per cell and seed arm, the mean step (ms) under each value of a step ``condition``
+    (``<value>_ms``) and each other value's over the deciding one (``<other>_over_<decides>``):
+    what the other value costs each arm; empty unless the rows record every value (rows that do
+    not say, and a stranger's value, are left out)."""
+    others = [value for value in condition.values if value != condition.decides]
+    columns = ["rows", "vocab", "k", "arm", *(f"{value}_ms" for value in condition.values),
+               *(f"{other}_over_{condition.decides}" for other in others)]
+    timed, column = ok_timings(frame), condition.column
     if column not in timed:
         return pd.DataFrame(columns=columns)
-    timed = timed[timed[column].isin(forward.OVERLAP_ORDERS)]  # a stranger's: known only
-    if timed[column].nunique() < len(forward.OVERLAP_ORDERS):
+    timed = timed[timed[column].isin(condition.values)]
+    if timed[column].nunique() < len(condition.values):
         return pd.DataFrame(columns=columns)
     means = timed.pivot_table(index=["rows", "vocab", "k", "arm"], columns=column,
                               values="seconds", aggfunc="mean", observed=True) * 1e3
-    means = means.rename(columns={order: f"{order}_ms" for order in forward.OVERLAP_ORDERS})
+    means = means.rename(columns={value: f"{value}_ms" for value in condition.values})
     means = means.dropna().reset_index()
-    means["waited_over_queued"] = means["waited_ms"] / means["queued_ms"]
+    for other in others:
+        means[f"{other}_over_{condition.decides}"] = (means[f"{other}_ms"]
+                                                      / means[f"{condition.decides}_ms"])
     return pd.DataFrame(means, columns=columns)
-
-
-MAPPED_FRESH = catalogue.MAPPED_FRESH  # the seed vector's regime that never touches the process's heap
-
-
-def regimes(frame: pd.DataFrame) -> list[str]:
-    """The seed vector's allocation regimes the rows record, the process's malloc first."""
-    found = sorted({str(r) for r in frame["regime"].dropna()}) if "regime" in frame else []
-    return sorted(found, key=lambda regime: regime == MAPPED_FRESH)
-
-
-def where_regime(frame: pd.DataFrame, regime: str | None = None) -> pd.DataFrame:
-    """The rows measured under the seed vector's allocation ``regime`` (None: the first the rows
-    record, the process's malloc before ``mapped fresh``); rows that do not say (tables kept
-    before the choice existed) ran under the process's malloc and are kept."""
-    recorded = regimes(frame)
-    regime = regime or (recorded[0] if recorded else None)
-    if regime is None or "regime" not in frame:
-        return frame
-    keep = frame["regime"] == regime
-    if regime != MAPPED_FRESH:
-        keep |= frame["regime"].isna()
-    return frame[keep]
-
-
-def log_softmax_places(frame: pd.DataFrame) -> pd.DataFrame:
-    """Per cell and seed arm, the mean step with the log-softmax on the device and on the host
-    and their ratio; empty when the run measured one place only."""
-    timed = ok_timings(frame)
-    timed = timed[timed["log_softmax"].notna()]
-    if timed["log_softmax"].nunique() < 2:
-        return pd.DataFrame(columns=["rows", "vocab", "k", "arm", "device_ms", "host_ms",
-                                     "host_over_device"])
-    means = timed.pivot_table(index=["rows", "vocab", "k", "arm"], columns="log_softmax",
-                              values="seconds", aggfunc="mean", observed=True) * 1e3
-    means = means.rename(columns={"device": "device_ms", "host": "host_ms"}).reset_index()
-    means["host_over_device"] = means["host_ms"] / means["device_ms"]
-    return pd.DataFrame(means)
 
 
 def measured_on_cpu(frame: pd.DataFrame) -> bool:

@@ -8,6 +8,7 @@ from typing import Any
 import pandas as pd
 
 from stagelab.analyse.timings import ok_timings
+from stagelab.core import catalogue
 
 
 def hardware_summary(snapshot: dict[str, Any] | None) -> dict[str, Any]:
@@ -94,7 +95,7 @@ def closing(frame: pd.DataFrame, what: str) -> str:
 
 # The columns that tell a sweep's cells apart, as its progress lines count them ("cell i/N"):
 # the sizes and the step's conditions; a configuration's chunk and tile are not a cell's.
-SWEEP_CELL = ("rows", "vocab", "k", "log_softmax", "regime", "overlap_order")
+SWEEP_CELL = ("rows", "vocab", "k", *(condition.column for condition in catalogue.CONDITIONS))
 CONFIGURATION = ("chunk", "tile")
 
 

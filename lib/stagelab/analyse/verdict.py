@@ -176,12 +176,12 @@ def calibrate_rule(decisive: list[dict[str, Any]], trials: int,
     return calibration.calibrate(plan, adaptive=[False]).to_dict("records")
 
 
-def context_summary(decisive: list[dict[str, Any]], delta: float, log_softmax: str,
-                    family: stats.FamilyDecision | None, on_cpu: bool = False,
-                    overlap: str = catalogue.OVERLAP.decides) -> dict[str, Any]:
+def context_summary(decisive: list[dict[str, Any]], delta: float, decided: Mapping[str, str],
+                    family: stats.FamilyDecision | None, on_cpu: bool = False) -> dict[str, Any]:
     """What every verdict states beside its decision: the device work queued before each step,
     what delta is a share of (with the logprobs-only bar beside it), where the log-softmax ran,
-    the overlap order decided under, and how the family of cells was combined."""
+    each step condition's value decided under (``decided``, by condition name) and how the
+    family of cells was combined."""
     forwards = sorted({c["forward_ms"] for c in decisive})
     bars = [c["logprobs_only_min_speedup"] for c in decisive
             if c.get("logprobs_only_min_speedup") is not None]
@@ -191,12 +191,10 @@ def context_summary(decisive: list[dict[str, Any]], delta: float, log_softmax: s
                         "forward_ms of device work before the step)",
             "min_speedup": 1 / (1 - delta),
             "logprobs_only_min_speedup": [min(bars), max(bars)] if bars else None,
-            "log_softmax": log_softmax,
+            "log_softmax": decided[catalogue.LOG_SOFTMAX.name],
             "family": stats.FAMILY_METHOD,
             "family_reason": family.reason if family else "no decisive cell was measured",
-            "words": context_words(forwards, delta,
-                                   catalogue.log_softmax_place(log_softmax, on_cpu),
-                                   overlap)}
+            "words": context_words(forwards, delta, decided, on_cpu)}
 
 
 def forward_summary(step: pd.DataFrame) -> dict[str, Any]:
@@ -409,9 +407,8 @@ def build_verdict(run_dir: Path | str, *, decisive_rows: list[int], decisive_voc
         "recommendation": recommendation,
         "questions": questions,
         "context": with_machine({
-            **context_summary(decisive, rule.delta, log_softmax, family,
-                              on_cpu=step_analysis.measured_on_cpu(step_all),
-                              overlap=decided_values[catalogue.OVERLAP.name]),
+            **context_summary(decisive, rule.delta, decided_values, family,
+                              on_cpu=step_analysis.measured_on_cpu(step_all)),
             "forward": forward_summary(assumed_rows)}, hardware),
         "conditions": {condition.name: condition_summary(step_all, named, condition,
                                                          decided_values, rule)

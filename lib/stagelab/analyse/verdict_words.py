@@ -3,6 +3,7 @@ screen, and the tables notebook 04 shows, all read from the verdict (or its cell
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pandas as pd
@@ -202,16 +203,34 @@ def _fault_path(kind: str, rate: float | None, bare_metal: list[float] | None) -
             "path, not of an engine's production host.")
 
 
-def context_words(forwards: list[float], delta: float, log_softmax: str,
-                  overlap_order: str = forward.QUEUED) -> str:
-    """The context in one sentence, stated next to every verdict."""
+# How a step condition's decided value reads in the context sentence where it says more than
+# the condition's catalogue words (a CPU run's place of the log-softmax, the overlap order's
+# detail); any other condition is said in its catalogue words.
+CONTEXT_CLAUSES: dict[str, Callable[[str, bool], str]] = {
+    catalogue.LOG_SOFTMAX.name:
+        lambda place, on_cpu: f"the log-softmax runs on the {catalogue.log_softmax_place(place, on_cpu)}",
+    catalogue.OVERLAP.name: lambda order, _: f"overlap order {order}: {OVERLAP_WORDS[order]}",
+}
+
+
+def context_clause(condition: catalogue.Condition, value: str, on_cpu: bool) -> str:
+    """One step condition's decided ``value`` as the context sentence says it."""
+    clause = CONTEXT_CLAUSES.get(condition.name)
+    return clause(value, on_cpu) if clause else condition.words[value]
+
+
+def context_words(forwards: list[float], delta: float, decided: Mapping[str, str],
+                  on_cpu: bool = False) -> str:
+    """The context in one sentence, stated next to every verdict: the forward, what delta is a
+    share of, and each step condition's decided value (``decided``, by condition name)."""
     forward = ("no device work before the step (forward_ms = 0: a CPU run, or the upper bound "
                "of the saving)" if forwards == [0.0] else
                f"forward_ms = {', '.join(f'{f:g}' for f in forwards)} ms of device work queued "
                "before each step")
+    clauses = "; ".join(context_clause(condition, decided[condition.name], on_cpu)
+                        for condition in catalogue.CONDITIONS)
     return (f"Context: {forward}; delta = {delta:.0%} of the decode step (forward + logprobs "
-            f"step); the log-softmax runs on the {log_softmax}. Overlap order {overlap_order}: "
-            f"{OVERLAP_WORDS[overlap_order]}.")
+            f"step); {clauses}.")
 
 
 # ------------------------------------------------------------------------- tables to show
