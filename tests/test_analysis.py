@@ -369,8 +369,9 @@ def test_a_chunk_whose_ci_straddles_the_tolerance_is_no_recommendation():
     assert rec["open"] == [512]  # the question the rounds leave open
     more = int(re.search(r"about (\d+) paired rounds \(this run: 12\)", rec["reason"])[1])
     assert more > 12
-    assert prompt_analysis.recommendation_sentence(rec).startswith(
-        "No recommended chunk (fused+overlap)")
+    said = prompt_analysis.recommendation_sentence(rec)
+    assert said.startswith("No recommended chunk (fused+overlap)")
+    assert "no recommendation" not in said.lower()  # said once, not twice
     quiet = [{**r, "seconds": (1.08 if r["chunk"] == 512 else 1.0) / 1e3} for r in records]
     assert prompt_analysis.recommend_chunk(rows(*quiet))["chunk"] == 1024  # clearly 8 % slower
 

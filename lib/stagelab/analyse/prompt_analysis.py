@@ -195,7 +195,8 @@ def recommendation_sentence(recommendation: dict[str, Any]) -> str:
     what = "tile" if "tile" in rec else "chunk"
     at = f", at chunk {rec['chunk']}" if what == "tile" and rec.get("chunk") is not None else ""
     if rec.get(what) is None:
-        return f"No recommended {what} ({rec.get('arm')}{at}): {rec.get('reason')}."
+        why = str(rec.get("reason")).removeprefix("no recommendation: ")
+        return f"No recommended {what} ({rec.get('arm')}{at}): {why}."
     return f"Recommended {what}: **{rec[what]}** ({rec.get('arm')}{at}): {rec.get('reason')}."
 
 
