@@ -75,13 +75,16 @@ def test_the_rates_and_the_bound_by_hand():
     assert found["instructions_per_logit"] == pytest.approx(300 * 4 * 32 / 2048, abs=0.1)
 
 
-def test_without_a_top_k_the_plan_aims_at_twice_the_programs_per_sm():
+def test_the_plan_aims_at_fewer_programs_per_sm_as_the_top_k_grows():
     """The split plan's programs per SM: 4 without a top-K (bound by bytes in flight), 2 with
-    one (more slices would add merges to an issue-bound walk)."""
-    plain, top = (launches.triton_launches(64, 152064, k, True, None, None,
-                                           launches.device_slots(132, k))[0] for k in (0, 5))
-    assert plain.grid == (64, 8) and top.grid == (64, 4)
-    assert launches.device_slots(132, 0) == 2 * launches.device_slots(132, 20) == 528
+    a small one (more slices would add merges to an issue-bound walk), 1 from
+    WIDE_SLICE_TOP_K on (a slice's passes dominate)."""
+    plain, small, wide = (launches.triton_launches(64, 152064, k, True, None, None,
+                                                   launches.device_slots(132, k))[0]
+                          for k in (0, 5, 20))
+    assert plain.grid == (64, 8) and small.grid == (64, 4) and wide.grid == (64, 2)
+    assert [launches.programs_per_sm(k) for k in (0, 1, 15, 16, 1024)] == [4, 2, 2, 1, 1]
+    assert launches.device_slots(132, 0) == 4 * launches.device_slots(132, 20) == 528
 
 
 def test_a_tile_loaded_ahead_hides_the_work_behind_the_latency():

@@ -24,12 +24,24 @@ def pow2_at_least(value: int) -> int:
     return 1 << max(0, value - 1).bit_length()
 
 
+# From this k on, the split plan aims at one program per SM (:func:`programs_per_sm`).
+WIDE_SLICE_TOP_K = 16
+
+
 def programs_per_sm(k: int) -> int:
     """Programs of the one-pass kernel the split plan aims at per SM: 4 without a top-K, where
     the roofline model (stagelab.analyse.roofline) is bound by the bytes in flight, which more
-    resident programs raise; 2 with one, where more slices of a row would add merges (a slice's
-    first tiles nearly all enter its top-K) to a walk the model finds bound by issue."""
-    return 2 if k else 4
+    resident programs raise; 2 with a small one, where more slices of a row would add merges
+    (a slice's first tiles nearly all enter its top-K) to a walk the model finds bound by
+    issue; 1 from :data:`WIDE_SLICE_TOP_K` on, where a slice's passes dominate (its first tile
+    takes ``k`` one by one, and later tiles' candidates fall off as the slice grows), and one
+    4-warp program still feeds an SM's 4 schedulers. The model (H200, Triton 3.6 sm_90 cubins,
+    docs/kernels.md) at n = 64: k = 20 fp32 52 % with 1 against 39 % with 2, bf16 24 %
+    against 18 %; k = 5 fp32 55-97 % against 84 % (bound by bytes in flight). k from 6 to 19
+    was not modelled (no cubin of K_PAD 16): the threshold between is a choice."""
+    if not k:
+        return 4
+    return 1 if k >= WIDE_SLICE_TOP_K else 2
 
 
 def device_slots(sms: int, k: int) -> int:
@@ -85,8 +97,8 @@ def registers_for(top_k: bool, warps: int) -> int | None:
     behind the guard, ptxas chose 128 registers and spilled 8-16 bytes for the split 4-warp
     walk at K_PAD 32 and 1024 on Triton 3.6; with per-lane sums and counts and the
     per-candidate top-K, a cap of 168 spilled 24 bytes (fp32, K_PAD 32) and 120 (bf16,
-    K_PAD 1024) on Triton 3.6. At 255 a 4-warp walk keeps 2 CTAs an SM: the programs per SM
-    the split plan gives a top-K call (:func:`programs_per_sm`)."""
+    K_PAD 1024) on Triton 3.6. At 255 a 4-warp walk keeps 2 CTAs an SM: the most programs
+    per SM the split plan gives a top-K call (:func:`programs_per_sm`)."""
     return TOP_K_REGISTERS if top_k else None
 
 
