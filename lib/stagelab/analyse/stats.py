@@ -45,7 +45,8 @@ from stagelab.core import design
 
 PORT, CLOSE, INCONCLUSIVE = "PORT", "CLOSE", "INCONCLUSIVE"
 TAIL_HEAVIER, TAIL_NOT_HEAVIER, TAIL_UNRESOLVED = "heavier", "not heavier", "unresolved"
-FAMILY_METHOD = ("Holm step-down across cells for PORT, with every cell's mean non-inferior "
+FAMILY_METHOD = ("Holm step-down across cells for PORT (each step at the max-T level of the "
+                 "cells' one-factor correlation where they share a baseline's regime mix), with every cell's mean non-inferior "
                  "(its one-sided lower bound above 1 - delta, intersection-union), no cell's p99 "
                  "tail shown heavier beyond delta (its upper bound at the family's one-sided level "
                  f"below 1 - delta) and at least {design.TAIL_ROUNDS} rounds; intersection-union "
@@ -232,6 +233,7 @@ class _Cell:
     series: tuple[np.ndarray, np.ndarray, np.ndarray | None] | None = None  # b, c, strata
     settled: Decision | None = None  # decided before the family's PORT test (or undecidable)
     blocked: str = ""  # why the cell cannot support a family PORT ('' when it can)
+    loading: float = 0.0  # its standardised error's loading on the family's shared mix error
 
 
 def _check_common(min_samples: int, confidence: float) -> None:
@@ -305,9 +307,9 @@ def _prepare(cell: Any, *, min_samples: int, confidence: float, seed: int,
     except (ValueError, KeyError, TypeError) as exc:
         return _Cell(bar, {}, settled=Decision(INCONCLUSIVE, f"bad input: {exc}",
                                                min_speedup=bar, n_rounds=n), blocked="bad input")
-    mix_se = 0.0
+    mix_se = shared = 0.0
     if mix is not None and strata is not None:
-        mix_se = regimes.mix_error(b, strata, mix)
+        mix_se, shared = regimes.mix_error(b, strata, mix), regimes.mix_loading(b, strata, mix)
         b = regimes.reweighted(b, strata, mix)
         t = t if t is None or twin_strata is None else regimes.reweighted(t, twin_strata, mix)
     remake = resample.effect_maker(seed, bias, math.hypot(bias_se, mix_se))
@@ -316,19 +318,21 @@ def _prepare(cell: Any, *, min_samples: int, confidence: float, seed: int,
     evidence: dict[str, Any] = dict(
         min_speedup=bar, n_rounds=n, saved_seconds=float(b.mean() - c.mean()),
         speedup=effect.point, ci_low=low, ci_high=high, median_speedup=median_of_ratios(b, c),
-        noninferior_bound=effect.bound(1 - confidence), dependence=resample.dependence(b, c),
+        noninferior_bound=effect.bound(1 - confidence),
+        dependence=design.inflation(resample.lag1(b, c)),
         carry_over_bias=bias if bias_se else None, carry_over_se=bias_se or None,
         stalls_unexcluded=design.rarest_unexcluded(n),
         **_tail_evidence(TailRatio(b, c, seed=seed, strata=strata), bar, confidence))
     if t is not None:
         pairs = None if strata is None and twin_strata is None else np.char.add(
             resample.labels_or(strata, n), resample.labels_or(twin_strata, n))
-        twin = RatioOfMeans(b, t, seed=seed, strata=pairs, inflation=resample.dependence(b, t))
+        twin = resample.dependent(b, t, seed=seed, strata=pairs)
         evidence.update(zip(("twin_speedup", "twin_ci_low", "twin_ci_high"),
                             (twin.point, *twin.interval(confidence))))
     evidence["note"] = _median_note(evidence)
     prepared = _Cell(bar, evidence, effect, remake=remake, series=(b, c, strata),
-                     blocked=_port_blocked(evidence, port_min_rounds))
+                     blocked=_port_blocked(evidence, port_min_rounds),
+                     loading=_loading(effect, shared))
     if math.isinf(bar):
         prepared.blocked = ""
         prepared.settled = Decision(CLOSE, "min_speedup is infinite: even a candidate that took "
@@ -342,6 +346,14 @@ def _prepare(cell: Any, *, min_samples: int, confidence: float, seed: int,
             INCONCLUSIVE, f"the harness sees a difference between identical arms: the A/A "
             f"twin's speedup {twin_words} lies outside [{1 / bar:.3f}, {bar:.3f}]", **evidence)
     return prepared
+
+
+def _loading(effect: RatioOfMeans, shared: float) -> float:
+    """The cell's loading on the family's shared mix error: that error (signed,
+    :func:`stagelab.analyse.regimes.mix_loading`) over the whole relative standard error of the
+    cell's effect (its replicates' spread, the shared error already added in)."""
+    spread = float(np.std(effect.replicates)) / effect.point
+    return min(max(shared / spread, -1.0), 1.0) if spread > 0 and shared else 0.0
 
 
 def _excess(cell: _Cell) -> float:
@@ -426,15 +438,18 @@ def _clears_port(cell: _Cell, level: float) -> bool:
 
 
 def _holm(cells: list[_Cell], alpha: float) -> tuple[set[int], dict[int, float]]:
-    """Holm's step-down at family-wise one-sided level ``alpha``: test the open cells at
-    alpha / (cells not yet declared), declare those that clear, repeat until none clears. The
-    cells declared PORT, and the level each open cell was last tested at. A cell blocked from
-    PORT (too few rounds, a heavier tail) is tested but never declared."""
+    """Holm's step-down at family-wise one-sided level ``alpha``: test the open cells at the
+    family level of the cells not yet declared (alpha / their count, or the max-T level where
+    they share the mix's error: :func:`stagelab.analyse.regimes.family_level`), declare those
+    that clear, repeat until none clears. The cells declared PORT, and the level each open cell
+    was last tested at. A cell blocked from PORT (too few rounds, a heavier tail) is tested but
+    never declared."""
     open_cells = {i for i, c in enumerate(cells) if c.settled is None}
     declared: set[int] = set()
     levels: dict[int, float] = {}
     while open_cells:
-        level = alpha / (len(cells) - len(declared))
+        level = regimes.family_level(
+            [c.loading for i, c in enumerate(cells) if i not in declared], alpha)
         levels.update(dict.fromkeys(open_cells, level))
         cleared = {i for i in open_cells if not cells[i].blocked and _clears_port(cells[i], level)}
         if not cleared:
