@@ -209,7 +209,7 @@ def test_a_net_loss_candidate_with_rare_stalls_does_not_port():
 def test_negative_control_on_few_rounds_any_cell_ports_the_net_loss():
     net_loss = 1.05 / (1 + 0.02 * 3)
 
-    def any_cell_on_60_rounds(cells, **kwargs):
+    def any_cell_on_30_rounds(cells, **kwargs):
         return _any_cell_ports(cells, **kwargs, port_min_rounds=2)
 
     rate = calibration.family_port_rate(CANDIDATE_STALLS, [net_loss] * 6, rounds=30,
