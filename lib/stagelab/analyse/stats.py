@@ -180,6 +180,8 @@ class Decision:
     carry_over_se: float | None = None  # ... whose standard error widened the CI
     stalls_unexcluded: int | None = None  # a candidate stall rarer than 1 in this many rounds
     # could be absent from the cell's rounds (design.rarest_unexcluded)
+    stall_budget: float | None = None  # a PORT's: the stall (x slower) at 1 in
+    # stalls_unexcluded rounds that would bring its port_bound down to the bar (stall_budget)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -194,6 +196,8 @@ class FamilyDecision:
     cells: list[Decision] = field(default_factory=list)
     method: str = FAMILY_METHOD
     confidence: float = 0.95
+    stall_budget: float | None = None  # a PORT's: the stall (x slower) at the rarest rate the
+    # family's rounds cannot exclude that would erase the smallest margin of a carrying cell
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -216,6 +220,18 @@ def min_speedup_for(delta: float, *, part_seconds: float, step_seconds: float) -
                          f"({step_seconds}): the part is inside the step")
     saving = delta * step_seconds
     return part_seconds / (part_seconds - saving) if part_seconds > saving else math.inf
+
+
+def stall_budget(bound: float, bar: float, unexcluded: int) -> float:
+    """The stall a PORT survives: how many times slower a candidate call stalling once in
+    ``unexcluded`` rounds (the rarest rate its rounds cannot exclude) would have to be for the
+    candidate's mean to grow by the margin of ``bound`` over ``bar``, ``1 + unexcluded (bound /
+    bar - 1)``. No rule can see a stall rarer than its rounds without assuming its size; this
+    states the size the answer assumes away."""
+    if not (bar > 0 and bound > 0 and unexcluded >= 1):
+        raise ValueError(f"bound and bar must be positive and unexcluded at least 1, got "
+                         f"{bound!r}, {bar!r}, {unexcluded!r}")
+    return 1 + unexcluded * (bound / bar - 1)
 
 
 def _ci_words(speedup: float, low: float, high: float, confidence: float) -> str:
@@ -471,8 +487,11 @@ def _cell_decision(cell: _Cell, ported: bool, family_size: int,
     level_words = (f"its lower bound at the family's level ({ev['port_bound']:.3f}, one-sided "
                    f"{ev['port_level']:.2%}, Holm over {family_size} cell(s))")
     if ported:
+        budget = stall_budget(ev["port_bound"], bar, ev["stalls_unexcluded"])
         return Decision(PORT, f"speedup {effect}: {level_words} lies above the minimum "
-                        f"{bar:.3f}x{twin_words}", **ev)
+                        f"{bar:.3f}x{twin_words}; a candidate stall rarer than 1 in "
+                        f"{ev['stalls_unexcluded']} cannot be excluded, and one {budget:.2f}x "
+                        "slower at that rate would erase the margin", stall_budget=budget, **ev)
     if ev["close_bound"] < bar:
         return Decision(CLOSE, f"speedup {effect}: its upper bound at one-sided "
                         f"{1 - confidence:.0%} ({ev['close_bound']:.3f}) lies below the minimum "
@@ -567,6 +586,20 @@ def stall_words(cells: Sequence[Decision]) -> str:
             f"{min(rounds)}: 1 in {design.rarest_unexcluded(min(rounds)):,})")
 
 
+def _family_budget(cells: Sequence[Decision]) -> tuple[float, str]:
+    """A family PORT's stall budget (:func:`stall_budget` of the carrying cell with the smallest
+    margin, at the rarest rate the family's rounds together cannot exclude: the same candidate
+    stalls in every cell) and its words."""
+    rounds = sum(d.n_rounds for d in cells if d.stalls_unexcluded)
+    unexcluded = design.rarest_unexcluded(rounds)
+    carrying = [d for d in cells if d.decision == PORT]
+    margin = min(carrying, key=lambda d: (d.port_bound or 0) / (d.min_speedup or 1))
+    assert margin.port_bound is not None and margin.min_speedup is not None  # a PORT cell's
+    budget = stall_budget(margin.port_bound, margin.min_speedup, unexcluded)
+    return budget, (f"; a stall {budget:.2f}x slower at 1 in {unexcluded:,} would erase the "
+                    "smallest margin of a carrying cell")
+
+
 def _family(decisions: list[Decision], confidence: float) -> FamilyDecision:
     """The family's one decision from its cells' decisions."""
     answers = [d.decision for d in decisions]
@@ -575,8 +608,9 @@ def _family(decisions: list[Decision], confidence: float) -> FamilyDecision:
     each = "; ".join(f"cell {i}: {d.decision}" for i, d in enumerate(decisions))
     if ported and not blocked:
         roles = port_roles([(d.decision, d.tail) for d in decisions])
-        return FamilyDecision(PORT, f"{roles}; {stall_words(decisions)} ({each})", decisions,
-                              confidence=confidence)
+        budget, budget_words = _family_budget(decisions)
+        return FamilyDecision(PORT, f"{roles}; {stall_words(decisions)}{budget_words} ({each})",
+                              decisions, confidence=confidence, stall_budget=budget)
     if all(a == CLOSE for a in answers):
         return FamilyDecision(CLOSE, f"all {len(decisions)} cells close: every CI lies below "
                               "its bar", decisions, confidence=confidence)
