@@ -65,10 +65,10 @@ def _any_cell_ports(cells, **kwargs):
 
 @pytest.mark.slow  # make check's fast lane leaves it to make test
 def test_negative_control_without_multiplicity_control_the_family_ports_too_often():
-    def any_cell_on_60_rounds(cells, **kwargs):
+    def any_cell_alone(cells, **kwargs):
         return _any_cell_ports(cells, **kwargs, port_min_rounds=2)
 
-    row = _row(QUIET, "at the bar", trials=300, rule=any_cell_on_60_rounds, rounds=60)
+    row = _row(QUIET, "at the bar", trials=300, rule=any_cell_alone, rounds=design.TAIL_ROUNDS)
     assert row["family_port"] > 0.05 and not row["met"]
 
 
