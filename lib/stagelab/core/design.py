@@ -109,18 +109,30 @@ def dependence_inflation(residuals: Sequence[float]) -> float:
     return inflation(lag1(residuals))
 
 
+def clipped_share(mean: float) -> float:
+    """``Var(max(X, 0))`` for ``X ~ N(mean, 1)``: the share of a normal estimate's variance left
+    once it is clipped at 0 (0.34 at ``mean`` 0, 1 far above it, 0 far below)."""
+    normal = NormalDist()
+    below, density = normal.cdf(mean), normal.pdf(mean)
+    first = mean * below + density
+    return max((mean * mean + 1) * below + mean * density - first * first, 0.0)
+
+
 def effective_df(rounds: int, rho: float, estimated: bool = True) -> float:
     """The degrees of freedom of a mean's standard error over ``rounds`` rounds whose noise is an
-    AR(1) of lag-1 correlation ``rho``, read from the rounds (``estimated``) or known.
+    AR(1) of lag-1 correlation ``rho``, read from the rounds (``estimated``, by :func:`lag1`) or
+    known.
 
     Two things make the error's estimate less certain than ``rounds - 1`` says. The rounds carry
     the information of ``n_eff = rounds (1 - rho) / (1 + rho)`` independent ones, whose variance
     estimate has ``n_eff - 1`` degrees of freedom. And the widening ``(1 + rho) / (1 - rho)`` is
-    itself estimated: ``rho``'s sampling variance ``(1 - rho^2) / rounds`` gives the log of the
-    widening a variance ``4 / ((1 - rho^2) rounds)``, what a variance estimate of ``(1 - rho^2)
-    rounds / 2`` degrees of freedom has (``Var log s^2 = 2 / df``). The two add on the log scale
-    (Satterthwaite): ``1 / df = 1 / (n_eff - 1) + 2 / ((1 - rho^2) rounds)``. Fewer than 10
-    rounds read no ``rho`` (``estimated`` is then moot): ``rounds - 1``."""
+    itself estimated: ``rho``'s sampling variance ``s^2 = (1 - rho^2) / rounds``, times the share
+    that survives :func:`lag1`'s clipping at 0 (:func:`clipped_share` of ``rho / s``: a third at
+    ``rho`` 0, all of it from about ``rho`` 3 s), gives the log of the widening a variance ``4
+    share / ((1 - rho^2) rounds)`` (its slope in ``rho`` is ``2 / (1 - rho^2)``), what a variance
+    estimate of ``(1 - rho^2) rounds / (2 share)`` degrees of freedom has (``Var log s^2 = 2 /
+    df``). The two add on the log scale (Satterthwaite): ``1 / df = 1 / (n_eff - 1) + 2 share /
+    ((1 - rho^2) rounds)``. Fewer than 10 rounds read no ``rho``: ``rounds - 1``."""
     if rounds < 2 or not 0 <= rho < 1:
         raise ValueError(f"rounds must be at least 2 and rho in [0, 1), got {rounds!r}, {rho!r}")
     if rounds < 10:
@@ -128,14 +140,16 @@ def effective_df(rounds: int, rho: float, estimated: bool = True) -> float:
     n_eff = rounds * (1 - rho) / (1 + rho)
     spread = 1 / max(n_eff - 1, 1.0)
     if estimated:
-        spread += 2 / ((1 - rho * rho) * rounds)
+        sampling = (1 - rho * rho) / rounds
+        spread += 2 * clipped_share(rho / math.sqrt(sampling)) / ((1 - rho * rho) * rounds)
     return 1 / spread
 
 
 def t_quantile(probability: float, df: float) -> float:
     """Student's t quantile at ``probability`` with ``df`` degrees of freedom (standard library
-    only: the Cornish-Fisher expansion about the normal quantile, to ``df^-3``; within 0.1 % of
-    the exact quantile at 5 degrees of freedom and beyond for the levels used here)."""
+    only: the Cornish-Fisher expansion about the normal quantile, to ``df^-3``; at 5 degrees of
+    freedom within 0.2 % of the exact quantile at 0.975 and 0.7 % at 0.004, at 10 within 0.05 %
+    at both; a little short of it, the error shrinking as ``df^-4``)."""
     if not (0 < probability < 1 and df > 0):
         raise ValueError(f"probability must lie in (0, 1) and df be positive, got "
                          f"{probability!r}, {df!r}")
