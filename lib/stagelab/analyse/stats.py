@@ -14,12 +14,14 @@ that pairing.
   (:mod:`stagelab.analyse.carryover`).
 * **The rule** is equivalence testing against a smallest effect of interest (``min_speedup``,
   :func:`min_speedup_for`): CLOSE when the upper bound at one-sided ``1 - confidence`` lies below
-  it; PORT when the lower bound at Holm's level across the family lies above it and above the A/A
+  it; PORT when the lower bound at Holm's level across the family (each step at the max-T level
+  where the cells share a regime mix's error, :func:`stagelab.analyse.regimes.family_level`)
+  lies above it and above the A/A
   twin's CI, still with one more round like the family's worst (a pseudo-count for the rarest
   rounds: a stall one cell holds is charged to every cell), and every cell can support it
   (:func:`decide_family`: 149 rounds, its mean non-inferior, its p99 tail not shown heavier
   beyond delta; intersection-union). Every cell and a family PORT state the rarest candidate
-  stall their rounds cannot exclude.
+  stall their rounds cannot exclude, and a PORT the stall it survives (:func:`stall_budget`).
 * **The harness check** (:func:`twin_checks`) asks of every A/A twin of a run, as one family
   (Bonferroni), whether identical arms differ by more than delta.
 * **Bad input never crashes the decision**: a non-finite, zero or negative time, a missing,
@@ -529,7 +531,8 @@ def decide_family(cells: Sequence[Mapping[str, Any]], *, min_samples: int = 10,
     index; ``twin`` may be None) and ``min_speedup`` (the cell's bar).
 
     * A cell PORTs when its lower bound at Holm's one-sided level (``(1 - confidence) / 2``
-      divided by the cells not yet declared) lies above its bar and above its twin's CI, it has
+      divided by the cells not yet declared, or the max-T level of those cells where they share
+      a regime mix's error) lies above its bar and above its twin's CI, it has
       at least ``port_min_rounds`` rounds, and its p99 tail is not shown heavier beyond delta.
     * A cell CLOSEs when its upper bound at one-sided ``1 - confidence`` lies below its bar (the
       two one-sided tests of equivalence testing, at the usual 5 %: each cell's CLOSE is a test

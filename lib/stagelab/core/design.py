@@ -10,8 +10,9 @@ arms in each round and the rule that says when a cell has enough rounds. Standar
   first arm of a round paying for a cold cache, say) then averages out over the rounds instead of
   becoming a fixed bias that no rerun removes.
 * **Rounds until resolved** (:func:`resolved`): the paired speedup's CI, ``mean(baseline) /
-  mean(candidate)``, by the delta method (:func:`speedup_half_width`, the normal approximation
-  of the ratio of means over paired rounds). A sweep adds rounds while the CI of any of its
+  mean(candidate)``, by the delta method (:func:`speedup_half_width`: the ratio of means over
+  paired rounds, widened for dependent rounds and read at their effective degrees of freedom,
+  :func:`effective_df`, as the rule reads its bounds). A sweep adds rounds while the CI of any of its
   comparisons (the bundle, reuse alone, pinning alone) still straddles its bar and a cap on
   rounds or seconds allows, and stops as soon as every one lies wholly on one side: rounds go
   where the answer needs them (near the bar), not where a half-width target puts them. That is
