@@ -35,7 +35,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from statistics import NormalDist
 from typing import Any
 
 import numpy as np
@@ -225,21 +224,23 @@ def half_widths(baseline: np.ndarray, candidate: np.ndarray, confidence: float) 
     mean_c = candidate.mean(axis=1)
     ratio = baseline.mean(axis=1) / mean_c
     residuals = baseline - ratio[:, None] * candidate
-    z = NormalDist().inv_cdf(0.5 + confidence / 2)
-    return z * residuals.std(axis=1, ddof=1) / math.sqrt(n) / mean_c * dependence(residuals)
+    rho = lag1(residuals)
+    z = np.array([design.expanded_z(0.5 + confidence / 2, design.effective_df(n, float(r)))
+                  for r in rho])
+    spread = np.sqrt((1 + rho) / (1 - rho))
+    return z * residuals.std(axis=1, ddof=1) / math.sqrt(n) / mean_c * spread
 
 
-def dependence(residuals: np.ndarray) -> np.ndarray:
-    """:func:`stagelab.core.design.dependence_inflation` for each row of ``[trials, rounds]``."""
+def lag1(residuals: np.ndarray) -> np.ndarray:
+    """:func:`stagelab.core.design.lag1` for each row of ``[trials, rounds]``."""
     n = residuals.shape[1]
     if n < 10:
-        return np.ones(residuals.shape[0])
+        return np.zeros(residuals.shape[0])
     deviations = residuals - residuals.mean(axis=1, keepdims=True)
     variance = (deviations ** 2).sum(axis=1)
     lagged = (deviations[:, 1:] * deviations[:, :-1]).sum(axis=1)
     rho = np.divide(lagged, variance, out=np.zeros_like(variance), where=variance > 0)
-    rho = np.where(variance > 0, np.clip(rho + (1 + 4 * rho) / n, 0.0, design.DEPENDENCE_CAP), 0)
-    return np.sqrt((1 + rho) / (1 - rho))
+    return np.where(variance > 0, np.clip(rho + (1 + 4 * rho) / n, 0.0, design.DEPENDENCE_CAP), 0)
 
 
 def stop_rounds(baseline: np.ndarray, candidate: np.ndarray, *, rounds: int, max_rounds: int,

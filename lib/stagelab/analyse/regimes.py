@@ -9,6 +9,13 @@ vector is reweighted to that mix (:func:`reweighted`), its rounds are resampled 
 regime, and the uncertainty of the pooled mix is added to the interval (:func:`mix_error`),
 so the decision is on the saving at the mix the family measured, with the mix's own sampling
 error counted once rather than per cell.
+
+That error is the same draw of the mix in every cell, so the cells' bounds move together
+(correlated about 0.9 when it dominates), while Holm's step-down treats them as separate tests.
+With two regimes the shared error is one factor: each cell's standardised error is its loading
+on it (:func:`mix_loading` over the cell's whole standard error) plus its own, independent part,
+and the family's level at each of Holm's steps is the max-T one of that one-factor model
+(:func:`family_level`), which for loadings near 1 approaches a single test's.
 """
 
 from __future__ import annotations
@@ -16,9 +23,11 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
+from scipy import integrate, optimize, special
 
 
 @dataclass(frozen=True)
@@ -96,3 +105,61 @@ def mix_error(values: np.ndarray, labels: np.ndarray, mix: Mix) -> float:
     mean = sum(target[k] * means[k] for k in target)
     spread = sum(target[k] * (means[k] - mean) ** 2 for k in target)
     return math.sqrt(spread / mix.calls) / mean if mix.calls > 0 and mean > 0 else 0.0
+
+
+def mix_loading(values: np.ndarray, labels: np.ndarray, mix: Mix) -> float:
+    """:func:`mix_error` signed by the way this series' mean at the mix moves when the pooled
+    share of the mix's second regime (its labels sorted) grows: the series' loading on the one
+    shared factor of a two-regime mix. 0 where the mix has more than two regimes (no single
+    factor: the family keeps plain Holm) or this series holds only one."""
+    names = sorted(mix.shares)
+    present = set(np.unique(labels))
+    if len(names) != 2 or not set(names) <= present:
+        return 0.0
+    slower = values[labels == names[1]].mean() - values[labels == names[0]].mean()
+    return math.copysign(mix_error(values, labels, mix), float(slower))
+
+
+LOADING_CAP = 0.999  # a loading of 1 leaves no own error: the integrand's division needs < 1
+
+
+def _all_below(critical: float, loadings: tuple[float, ...]) -> float:
+    """``P(max_i Z_i <= critical)`` for standard normals ``Z_i = l_i U + sqrt(1 - l_i^2) E_i``
+    (``U``, ``E_i`` independent standard normals): ``int phi(u) prod_i Phi((c - l_i u) /
+    sqrt(1 - l_i^2)) du``, by adaptive quadrature."""
+    load = np.clip(np.asarray(loadings, dtype=float), -LOADING_CAP, LOADING_CAP)
+    own = np.sqrt(1 - load ** 2)
+
+    def integrand(u: float) -> float:
+        return float(math.exp(-u * u / 2) / math.sqrt(2 * math.pi)
+                     * np.prod(special.ndtr((critical - load * u) / own)))
+    return float(integrate.quad(integrand, -9, 9, epsabs=1e-11, epsrel=1e-10, limit=200)[0])
+
+
+def max_t_critical(loadings: Sequence[float], alpha: float) -> float:
+    """The one-sided critical value ``c`` with ``P(max_i Z_i > c) = alpha`` for correlated
+    standard normals with one-factor ``loadings`` (:func:`_all_below`, solved by brentq).
+    Loadings all 0: Sidak's ``Phi^-1((1 - alpha)^(1/m))``; all near 1: near one test's."""
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha must lie in (0, 1), got {alpha!r}")
+    if not loadings or not all(math.isfinite(x) and -1 <= x <= 1 for x in loadings):
+        raise ValueError(f"loadings must be a non-empty list of numbers in [-1, 1], got "
+                         f"{list(loadings)!r}")
+    return _cached_critical(tuple(sorted(float(x) for x in loadings)), alpha)
+
+
+@lru_cache(maxsize=4096)
+def _cached_critical(loadings: tuple[float, ...], alpha: float) -> float:
+    return float(optimize.brentq(lambda c: _all_below(c, loadings) - (1 - alpha), -9, 12,
+                                 xtol=1e-10))
+
+
+def family_level(loadings: Sequence[float], alpha: float) -> float:
+    """The one-sided level at which each of a family's cells is tested so that the chance that
+    any clears falsely is ``alpha``: the max-T level ``1 - Phi(c)`` of :func:`max_t_critical`
+    where some cell loads on the shared mix, Holm's (Bonferroni's) ``alpha / m`` where none does
+    (no shared term: Holm holds whatever the correlation); never below ``alpha / m``."""
+    bonferroni = alpha / len(loadings)
+    if not any(loadings):
+        return bonferroni
+    return max(float(special.ndtr(-max_t_critical(loadings, alpha))), bonferroni)

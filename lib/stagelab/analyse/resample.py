@@ -9,8 +9,11 @@ plain bootstrap over rounds gets wrong are put right here:
   drifting on its own): resampling single rounds treats them as independent and gives an
   interval too narrow, by ``sqrt((1 + rho) / (1 - rho))`` for an AR(1) of correlation ``rho``.
   Every effect is widened by that factor, ``rho`` read from the paired residuals' own lag-1
-  autocorrelation (:func:`stagelab.core.design.dependence_inflation`, which the bench's stop rule
-  uses too, so that it cannot stop on a falsely narrow interval).
+  autocorrelation (:func:`stagelab.core.design.lag1`), and its bounds are read at the expanded
+  percentile of the rounds' effective degrees of freedom (:func:`stagelab.core.design.effective_df`:
+  the rounds count as ``n (1 - rho) / (1 + rho)`` independent ones, and ``rho``'s own sampling
+  error is counted), which the bench's stop rule uses too, so that it cannot stop on a falsely
+  narrow interval.
 * **A baseline with regimes** (a fresh vector mapped fresh in some calls and not in others,
   recorded per call): resampling within each regime keeps its observed share in every resample
   (``strata``), so the interval is the one of the saving at the observed mix, not one widened by
@@ -95,10 +98,11 @@ def _plain_by_round(rounds: int, n_resamples: int, seed: int) -> np.ndarray:
     return by_round
 
 
-@lru_cache(maxsize=256)
-def _expanded_level(level: float, rounds: int) -> float:
-    """The percentile at which the expanded percentile bootstrap reads ``level``."""
-    return float(sps.norm.cdf(math.sqrt(rounds / (rounds - 1)) * sps.t.ppf(level, rounds - 1)))
+@lru_cache(maxsize=1024)
+def _expanded_level(level: float, df: float) -> float:
+    """The percentile at which the expanded percentile bootstrap reads ``level``, its standard
+    error having ``df`` degrees of freedom (``rounds - 1`` for independent rounds)."""
+    return float(sps.norm.cdf(math.sqrt((df + 1) / df) * sps.t.ppf(level, df)))
 
 
 class Bootstrap:
@@ -107,10 +111,12 @@ class Bootstrap:
     rounds: int
     point: float
     replicates: np.ndarray
+    df: float | None = None  # the standard error's degrees of freedom; None: rounds - 1
 
     def bound(self, level: float) -> float:
         """The bound below which the statistic lies with probability ``level``."""
-        position = _expanded_level(level, self.rounds) * (len(self.replicates) - 1)
+        df = self.rounds - 1 if self.df is None else self.df
+        position = _expanded_level(level, df) * (len(self.replicates) - 1)
         below = int(position)
         above = min(below + 1, len(self.replicates) - 1)
         share = position - below
@@ -130,7 +136,8 @@ class Bootstrap:
 class RatioOfMeans(Bootstrap):
     """The paired speedup ``mean(baseline) / mean(candidate)`` with its bootstrap distribution
     over whole rounds (within ``strata`` where given), widened by ``inflation`` (the dependence
-    factor); :meth:`bound` gives a bound at any level without resampling again.
+    factor) and read at ``df`` degrees of freedom (None: ``rounds - 1``); :meth:`bound` gives a
+    bound at any level without resampling again.
 
     The bounds are percentiles of the bootstrap distribution, expanded for few rounds (Hesterberg's
     expanded percentile: the level ``p`` is read at ``Phi(sqrt(n / (n - 1)) t_{n-1}(p))``), since
@@ -142,8 +149,9 @@ class RatioOfMeans(Bootstrap):
 
     def __init__(self, baseline: np.ndarray, candidate: np.ndarray, *,
                  n_resamples: int = N_RESAMPLES, seed: int = 0, strata: Strata = None,
-                 inflation: float = 1.0) -> None:
+                 inflation: float = 1.0, df: float | None = None) -> None:
         self.rounds = len(baseline)
+        self.df = df
         self.point = float(baseline.mean() / candidate.mean())
         weights = resample_weights(self.rounds, n_resamples, seed, strata)
         means = weights @ np.stack([baseline, candidate], axis=1).astype(np.float32)
@@ -196,11 +204,21 @@ class TailRatio(Bootstrap):
                                   / _weighted_quantiles(candidate, by_round, quantile))
 
 
-def dependence(baseline: np.ndarray, candidate: np.ndarray) -> float:
-    """The CI's widening for rounds that are not independent
-    (:func:`stagelab.core.design.dependence_inflation` of the paired residuals)."""
+def lag1(baseline: np.ndarray, candidate: np.ndarray) -> float:
+    """The lag-1 autocorrelation of the paired residuals (:func:`stagelab.core.design.lag1`)."""
     ratio = baseline.mean() / candidate.mean()
-    return design.dependence_inflation((baseline - ratio * candidate).tolist())
+    return design.lag1((baseline - ratio * candidate).tolist())
+
+
+def dependent(baseline: np.ndarray, candidate: np.ndarray, *, seed: int,
+              strata: Strata = None) -> RatioOfMeans:
+    """The ratio of means for rounds that may not be independent: widened by the dependence
+    factor of the paired residuals' lag-1 correlation and read at the rounds' effective degrees
+    of freedom (:func:`stagelab.core.design.inflation`, :func:`stagelab.core.design.effective_df`)."""
+    rho = lag1(baseline, candidate)
+    return RatioOfMeans(baseline, candidate, seed=seed, strata=strata,
+                        inflation=design.inflation(rho),
+                        df=design.effective_df(len(baseline), rho))
 
 
 def effect_maker(seed: int, bias: float, bias_se: float) -> Callable[[np.ndarray, np.ndarray, Strata], RatioOfMeans]:
@@ -208,7 +226,7 @@ def effect_maker(seed: int, bias: float, bias_se: float) -> Callable[[np.ndarray
     the ratio of means over rounds resampled within the baseline's regimes, widened for
     dependent rounds, and divided by the carry-over bias with its uncertainty."""
     def remake(b: np.ndarray, c: np.ndarray, strata: np.ndarray | None) -> RatioOfMeans:
-        effect = RatioOfMeans(b, c, seed=seed, strata=strata, inflation=dependence(b, c))
+        effect = dependent(b, c, seed=seed, strata=strata)
         if bias or bias_se:
             effect.corrected(bias, bias_se)
         return effect

@@ -14,12 +14,14 @@ that pairing.
   (:mod:`stagelab.analyse.carryover`).
 * **The rule** is equivalence testing against a smallest effect of interest (``min_speedup``,
   :func:`min_speedup_for`): CLOSE when the upper bound at one-sided ``1 - confidence`` lies below
-  it; PORT when the lower bound at Holm's level across the family lies above it and above the A/A
+  it; PORT when the lower bound at Holm's level across the family (each step at the max-T level
+  where the cells share a regime mix's error, :func:`stagelab.analyse.regimes.family_level`)
+  lies above it and above the A/A
   twin's CI, still with one more round like the family's worst (a pseudo-count for the rarest
   rounds: a stall one cell holds is charged to every cell), and every cell can support it
   (:func:`decide_family`: 149 rounds, its mean non-inferior, its p99 tail not shown heavier
   beyond delta; intersection-union). Every cell and a family PORT state the rarest candidate
-  stall their rounds cannot exclude.
+  stall their rounds cannot exclude, and a PORT the stall it survives (:func:`stall_budget`).
 * **The harness check** (:func:`twin_checks`) asks of every A/A twin of a run, as one family
   (Bonferroni), whether identical arms differ by more than delta.
 * **Bad input never crashes the decision**: a non-finite, zero or negative time, a missing,
@@ -45,7 +47,9 @@ from stagelab.core import design
 
 PORT, CLOSE, INCONCLUSIVE = "PORT", "CLOSE", "INCONCLUSIVE"
 TAIL_HEAVIER, TAIL_NOT_HEAVIER, TAIL_UNRESOLVED = "heavier", "not heavier", "unresolved"
-FAMILY_METHOD = ("Holm step-down across cells for PORT, with every cell's mean non-inferior "
+FAMILY_METHOD = ("Holm step-down across cells for PORT (each step at the max-T level of the "
+                 "cells' one-factor correlation where they share a baseline's regime mix), "
+                 "with every cell's mean non-inferior "
                  "(its one-sided lower bound above 1 - delta, intersection-union), no cell's p99 "
                  "tail shown heavier beyond delta (its upper bound at the family's one-sided level "
                  f"below 1 - delta) and at least {design.TAIL_ROUNDS} rounds; intersection-union "
@@ -178,6 +182,8 @@ class Decision:
     carry_over_se: float | None = None  # ... whose standard error widened the CI
     stalls_unexcluded: int | None = None  # a candidate stall rarer than 1 in this many rounds
     # could be absent from the cell's rounds (design.rarest_unexcluded)
+    stall_budget: float | None = None  # a PORT's: the stall (x slower) at 1 in
+    # stalls_unexcluded rounds that would bring its port_bound down to the bar (stall_budget)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -192,6 +198,8 @@ class FamilyDecision:
     cells: list[Decision] = field(default_factory=list)
     method: str = FAMILY_METHOD
     confidence: float = 0.95
+    stall_budget: float | None = None  # a PORT's: the stall (x slower) at the rarest rate the
+    # family's rounds cannot exclude that would erase the smallest margin of a carrying cell
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -216,6 +224,18 @@ def min_speedup_for(delta: float, *, part_seconds: float, step_seconds: float) -
     return part_seconds / (part_seconds - saving) if part_seconds > saving else math.inf
 
 
+def stall_budget(bound: float, bar: float, unexcluded: int) -> float:
+    """The stall a PORT survives: how many times slower a candidate call stalling once in
+    ``unexcluded`` rounds (the rarest rate its rounds cannot exclude) would have to be for the
+    candidate's mean to grow by the margin of ``bound`` over ``bar``, ``1 + unexcluded (bound /
+    bar - 1)``. No rule can see a stall rarer than its rounds without assuming its size; this
+    states the size the answer assumes away."""
+    if not (bar > 0 and bound > 0 and unexcluded >= 1):
+        raise ValueError(f"bound and bar must be positive and unexcluded at least 1, got "
+                         f"{bound!r}, {bar!r}, {unexcluded!r}")
+    return 1 + unexcluded * (bound / bar - 1)
+
+
 def _ci_words(speedup: float, low: float, high: float, confidence: float) -> str:
     return f"{speedup:.3f}x ({confidence:.0%} CI [{low:.3f}, {high:.3f}])"
 
@@ -232,6 +252,7 @@ class _Cell:
     series: tuple[np.ndarray, np.ndarray, np.ndarray | None] | None = None  # b, c, strata
     settled: Decision | None = None  # decided before the family's PORT test (or undecidable)
     blocked: str = ""  # why the cell cannot support a family PORT ('' when it can)
+    loading: float = 0.0  # its standardised error's loading on the family's shared mix error
 
 
 def _check_common(min_samples: int, confidence: float) -> None:
@@ -305,9 +326,9 @@ def _prepare(cell: Any, *, min_samples: int, confidence: float, seed: int,
     except (ValueError, KeyError, TypeError) as exc:
         return _Cell(bar, {}, settled=Decision(INCONCLUSIVE, f"bad input: {exc}",
                                                min_speedup=bar, n_rounds=n), blocked="bad input")
-    mix_se = 0.0
+    mix_se = shared = 0.0
     if mix is not None and strata is not None:
-        mix_se = regimes.mix_error(b, strata, mix)
+        mix_se, shared = regimes.mix_error(b, strata, mix), regimes.mix_loading(b, strata, mix)
         b = regimes.reweighted(b, strata, mix)
         t = t if t is None or twin_strata is None else regimes.reweighted(t, twin_strata, mix)
     remake = resample.effect_maker(seed, bias, math.hypot(bias_se, mix_se))
@@ -316,19 +337,21 @@ def _prepare(cell: Any, *, min_samples: int, confidence: float, seed: int,
     evidence: dict[str, Any] = dict(
         min_speedup=bar, n_rounds=n, saved_seconds=float(b.mean() - c.mean()),
         speedup=effect.point, ci_low=low, ci_high=high, median_speedup=median_of_ratios(b, c),
-        noninferior_bound=effect.bound(1 - confidence), dependence=resample.dependence(b, c),
+        noninferior_bound=effect.bound(1 - confidence),
+        dependence=design.inflation(resample.lag1(b, c)),
         carry_over_bias=bias if bias_se else None, carry_over_se=bias_se or None,
         stalls_unexcluded=design.rarest_unexcluded(n),
         **_tail_evidence(TailRatio(b, c, seed=seed, strata=strata), bar, confidence))
     if t is not None:
         pairs = None if strata is None and twin_strata is None else np.char.add(
             resample.labels_or(strata, n), resample.labels_or(twin_strata, n))
-        twin = RatioOfMeans(b, t, seed=seed, strata=pairs, inflation=resample.dependence(b, t))
+        twin = resample.dependent(b, t, seed=seed, strata=pairs)
         evidence.update(zip(("twin_speedup", "twin_ci_low", "twin_ci_high"),
                             (twin.point, *twin.interval(confidence))))
     evidence["note"] = _median_note(evidence)
     prepared = _Cell(bar, evidence, effect, remake=remake, series=(b, c, strata),
-                     blocked=_port_blocked(evidence, port_min_rounds))
+                     blocked=_port_blocked(evidence, port_min_rounds),
+                     loading=_loading(effect, shared))
     if math.isinf(bar):
         prepared.blocked = ""
         prepared.settled = Decision(CLOSE, "min_speedup is infinite: even a candidate that took "
@@ -342,6 +365,14 @@ def _prepare(cell: Any, *, min_samples: int, confidence: float, seed: int,
             INCONCLUSIVE, f"the harness sees a difference between identical arms: the A/A "
             f"twin's speedup {twin_words} lies outside [{1 / bar:.3f}, {bar:.3f}]", **evidence)
     return prepared
+
+
+def _loading(effect: RatioOfMeans, shared: float) -> float:
+    """The cell's loading on the family's shared mix error: that error (signed,
+    :func:`stagelab.analyse.regimes.mix_loading`) over the whole relative standard error of the
+    cell's effect (its replicates' spread, the shared error already added in)."""
+    spread = float(np.std(effect.replicates)) / effect.point
+    return min(max(shared / spread, -1.0), 1.0) if spread > 0 and shared else 0.0
 
 
 def _excess(cell: _Cell) -> float:
@@ -426,15 +457,18 @@ def _clears_port(cell: _Cell, level: float) -> bool:
 
 
 def _holm(cells: list[_Cell], alpha: float) -> tuple[set[int], dict[int, float]]:
-    """Holm's step-down at family-wise one-sided level ``alpha``: test the open cells at
-    alpha / (cells not yet declared), declare those that clear, repeat until none clears. The
-    cells declared PORT, and the level each open cell was last tested at. A cell blocked from
-    PORT (too few rounds, a heavier tail) is tested but never declared."""
+    """Holm's step-down at family-wise one-sided level ``alpha``: test the open cells at the
+    family level of the cells not yet declared (alpha / their count, or the max-T level where
+    they share the mix's error: :func:`stagelab.analyse.regimes.family_level`), declare those
+    that clear, repeat until none clears. The cells declared PORT, and the level each open cell
+    was last tested at. A cell blocked from PORT (too few rounds, a heavier tail) is tested but
+    never declared."""
     open_cells = {i for i, c in enumerate(cells) if c.settled is None}
     declared: set[int] = set()
     levels: dict[int, float] = {}
     while open_cells:
-        level = alpha / (len(cells) - len(declared))
+        level = regimes.family_level(
+            [c.loading for i, c in enumerate(cells) if i not in declared], alpha)
         levels.update(dict.fromkeys(open_cells, level))
         cleared = {i for i in open_cells if not cells[i].blocked and _clears_port(cells[i], level)}
         if not cleared:
@@ -455,8 +489,11 @@ def _cell_decision(cell: _Cell, ported: bool, family_size: int,
     level_words = (f"its lower bound at the family's level ({ev['port_bound']:.3f}, one-sided "
                    f"{ev['port_level']:.2%}, Holm over {family_size} cell(s))")
     if ported:
+        budget = stall_budget(ev["port_bound"], bar, ev["stalls_unexcluded"])
         return Decision(PORT, f"speedup {effect}: {level_words} lies above the minimum "
-                        f"{bar:.3f}x{twin_words}", **ev)
+                        f"{bar:.3f}x{twin_words}; a candidate stall rarer than 1 in "
+                        f"{ev['stalls_unexcluded']} cannot be excluded, and one {budget:.2f}x "
+                        "slower at that rate would erase the margin", stall_budget=budget, **ev)
     if ev["close_bound"] < bar:
         return Decision(CLOSE, f"speedup {effect}: its upper bound at one-sided "
                         f"{1 - confidence:.0%} ({ev['close_bound']:.3f}) lies below the minimum "
@@ -494,7 +531,8 @@ def decide_family(cells: Sequence[Mapping[str, Any]], *, min_samples: int = 10,
     index; ``twin`` may be None) and ``min_speedup`` (the cell's bar).
 
     * A cell PORTs when its lower bound at Holm's one-sided level (``(1 - confidence) / 2``
-      divided by the cells not yet declared) lies above its bar and above its twin's CI, it has
+      divided by the cells not yet declared, or the max-T level of those cells where they share
+      a regime mix's error) lies above its bar and above its twin's CI, it has
       at least ``port_min_rounds`` rounds, and its p99 tail is not shown heavier beyond delta.
     * A cell CLOSEs when its upper bound at one-sided ``1 - confidence`` lies below its bar (the
       two one-sided tests of equivalence testing, at the usual 5 %: each cell's CLOSE is a test
@@ -551,6 +589,20 @@ def stall_words(cells: Sequence[Decision]) -> str:
             f"{min(rounds)}: 1 in {design.rarest_unexcluded(min(rounds)):,})")
 
 
+def _family_budget(cells: Sequence[Decision]) -> tuple[float, str]:
+    """A family PORT's stall budget (:func:`stall_budget` of the carrying cell with the smallest
+    margin, at the rarest rate the family's rounds together cannot exclude: the same candidate
+    stalls in every cell) and its words."""
+    rounds = sum(d.n_rounds for d in cells if d.stalls_unexcluded)
+    unexcluded = design.rarest_unexcluded(rounds)
+    carrying = [d for d in cells if d.decision == PORT]
+    margin = min(carrying, key=lambda d: (d.port_bound or 0) / (d.min_speedup or 1))
+    assert margin.port_bound is not None and margin.min_speedup is not None  # a PORT cell's
+    budget = stall_budget(margin.port_bound, margin.min_speedup, unexcluded)
+    return budget, (f"; a stall {budget:.2f}x slower at 1 in {unexcluded:,} would erase the "
+                    "smallest margin of a carrying cell")
+
+
 def _family(decisions: list[Decision], confidence: float) -> FamilyDecision:
     """The family's one decision from its cells' decisions."""
     answers = [d.decision for d in decisions]
@@ -559,8 +611,9 @@ def _family(decisions: list[Decision], confidence: float) -> FamilyDecision:
     each = "; ".join(f"cell {i}: {d.decision}" for i, d in enumerate(decisions))
     if ported and not blocked:
         roles = port_roles([(d.decision, d.tail) for d in decisions])
-        return FamilyDecision(PORT, f"{roles}; {stall_words(decisions)} ({each})", decisions,
-                              confidence=confidence)
+        budget, budget_words = _family_budget(decisions)
+        return FamilyDecision(PORT, f"{roles}; {stall_words(decisions)}{budget_words} ({each})",
+                              decisions, confidence=confidence, stall_budget=budget)
     if all(a == CLOSE for a in answers):
         return FamilyDecision(CLOSE, f"all {len(decisions)} cells close: every CI lies below "
                               "its bar", decisions, confidence=confidence)
