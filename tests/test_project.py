@@ -159,7 +159,7 @@ def test_notebook_02_shows_the_decisive_ab_before_the_decomposition():
 
 def test_notebook_01_says_the_speedup_is_a_ratio_of_means_as_computed():
     """Before: the prose said "median of per-round ratios"; timings.compare takes the ratio of
-    mean times over paired rounds (stats.paired_speedup)."""
+    mean times over paired rounds (paired.paired_speedup)."""
     text = " ".join(c.source for c in nbformat.read(
         str(paths.NOTEBOOKS_DIR / "01_d2h_staging.ipynb"), as_version=4).cells
         if c.cell_type == "markdown")

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from scipy import stats as sps
 
-from stagelab.analyse import calibration, sequence, stats
+from stagelab.analyse import calibration, paired, sequence, stats
 
 ONES = np.ones(12)
 # per-round ratios: median 1.10, all within 1 %, in a shuffled order (in rising order they are a
@@ -19,19 +19,19 @@ FEW = {"port_min_rounds": 10}  # the rule's other parts on a dozen rounds (a POR
 
 
 def test_paired_speedup_of_constant_ratios_is_exact():
-    assert stats.paired_speedup(2.0 * ONES, ONES) == (2.0, 2.0, 2.0)
+    assert paired.paired_speedup(2.0 * ONES, ONES) == (2.0, 2.0, 2.0)
 
 
 def test_paired_speedup_is_the_ratio_of_mean_times_and_is_seeded():
-    point, low, high = stats.paired_speedup(AROUND_1_10 * 3.0, 3.0 * ONES, seed=4)
+    point, low, high = paired.paired_speedup(AROUND_1_10 * 3.0, 3.0 * ONES, seed=4)
     assert point == pytest.approx(np.mean(AROUND_1_10)) and 1.09 <= low < point < high <= 1.11
-    assert stats.paired_speedup(AROUND_1_10 * 3.0, 3.0 * ONES, seed=4) == (point, low, high)
+    assert paired.paired_speedup(AROUND_1_10 * 3.0, 3.0 * ONES, seed=4) == (point, low, high)
 
 
 def test_a_slow_round_moves_the_speedup_as_it_moves_what_the_engine_pays():
     candidate = ONES.copy()
     candidate[3] = 100.0  # one round where the candidate took 100 times as long
-    point = stats.paired_speedup(AROUND_1_10, candidate)[0]
+    point = paired.paired_speedup(AROUND_1_10, candidate)[0]
     assert point == pytest.approx(np.sum(AROUND_1_10) / np.sum(candidate))
     assert point < 0.2  # the median of per-round ratios would still say 1.10x
 
@@ -81,7 +81,7 @@ def test_pairing_cancels_drift_shared_by_a_round():
     drift = np.exp(rng.normal(0, 0.3, 30))  # the machine's state changes a lot between rounds
     baseline = drift * np.exp(rng.normal(0, 0.01, 30))
     candidate = drift / 1.5 * np.exp(rng.normal(0, 0.01, 30))
-    _, low, high = stats.paired_speedup(baseline, candidate)
+    _, low, high = paired.paired_speedup(baseline, candidate)
     assert 1.48 < low < high < 1.52
     # negative control: bootstrapping the arms apart, the drift swamps the interval
     unpaired = _unpaired_ratio_of_medians(baseline, candidate)
@@ -95,7 +95,7 @@ def test_paired_ci_covers_the_true_speedup_at_its_confidence():
             baseline, candidate, _ = calibration.simulate(
                 calibration.Noise("", 0.08, ar1=0.05, outlier_rate=0.02, outlier_scale=3.0),
                 1.0, 30, 1, seed)[0]
-            _, low, high = stats.paired_speedup(baseline, candidate, confidence=confidence,
+            _, low, high = paired.paired_speedup(baseline, candidate, confidence=confidence,
                                                 n_resamples=1000, seed=seed)
             covered += low <= 1.0 <= high
         return covered / 200
@@ -114,7 +114,7 @@ def test_paired_ci_covers_the_true_speedup_at_its_confidence():
 ])
 def test_paired_speedup_bad_input_names_the_parameter(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        stats.paired_speedup(**kwargs)
+        paired.paired_speedup(**kwargs)
 
 
 @pytest.mark.parametrize("delta, part, step, expected", [
@@ -367,7 +367,7 @@ def test_decide_is_deterministic_for_a_seed():
 
 def test_summarize_gives_robust_statistics():
     frame = pd.DataFrame({"arm": ["a"] * 4 + ["b"] * 4, "seconds": [1, 2, 3, 4, 10, 10, 10, 10]})
-    out = stats.summarize(frame, ["arm"]).set_index("arm")
+    out = paired.summarize(frame, ["arm"]).set_index("arm")
     assert out.loc["a", "median"] == 2.5 and out.loc["a", "iqr"] == 1.5
     assert out.loc["b", "iqr_over_median"] == 0 and out.loc["b", "n"] == 4
 
@@ -375,7 +375,7 @@ def test_summarize_gives_robust_statistics():
 def _false_alarm_and_power(confidence_per_twin: float | None, noise, *, twins: int = 8,
                            rounds: int = 12, trials: int = 150, twin_bias: float = 0.0):
     """Share of simulated runs with any twin flagged: per-twin CIs at ``confidence_per_twin``,
-    or (None) :func:`stats.twin_checks` over the run's twins."""
+    or (None) :func:`paired.twin_checks` over the run's twins."""
     from dataclasses import replace
 
     times = calibration.simulate(replace(noise, twin_bias=twin_bias), 1.0, rounds,
@@ -384,10 +384,10 @@ def _false_alarm_and_power(confidence_per_twin: float | None, noise, *, twins: i
     for trial in range(trials):
         pairs = [(times[trial * twins + c, 0], times[trial * twins + c, 2]) for c in range(twins)]
         if confidence_per_twin is None:
-            _, checks = stats.twin_checks(pairs, delta=0.02, seed=trial)
+            _, checks = paired.twin_checks(pairs, delta=0.02, seed=trial)
             flagged += any(check["differs"] for check in checks)
         else:
-            intervals = [stats.paired_speedup(b, t, confidence=confidence_per_twin,
+            intervals = [paired.paired_speedup(b, t, confidence=confidence_per_twin,
                                               seed=trial)[1:] for b, t in pairs]
             flagged += any(low > 1.02 or high < 0.98 for low, high in intervals)
     return flagged / trials
@@ -411,16 +411,16 @@ def test_the_harness_check_still_sees_a_twin_that_differs():
 
 
 def test_twin_checks_name_bad_pairs_and_bad_parameters():
-    level, checks = stats.twin_checks([([1.0, 1.0, 1.0], [1.0, 1.0, 1.0]), ([1.0], [1.0]),
+    level, checks = paired.twin_checks([([1.0, 1.0, 1.0], [1.0, 1.0, 1.0]), ([1.0], [1.0]),
                                        ([1.0, float("nan")], [1.0, 1.0])], delta=0.02)
     assert level == pytest.approx(1 - 0.05 / 3)
     assert checks[0]["differs"] is False and checks[0]["twin_speedup"] == 1.0
     assert [c["differs"] for c in checks[1:]] == [None, None]
     assert "at least 2 rounds" in checks[1]["note"] and checks[2]["note"]
     with pytest.raises(ValueError, match="delta"):
-        stats.twin_checks([], delta=0)
+        paired.twin_checks([], delta=0)
     with pytest.raises(ValueError, match="confidence"):
-        stats.twin_checks([], delta=0.02, confidence=1.0)
+        paired.twin_checks([], delta=0.02, confidence=1.0)
 
 
 def _family_of(*decisions):

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from stagelab.analyse import stats
+from stagelab.analyse import paired
 from stagelab.analyse.timings import NO_TILE, _tiles_filled, _tiles_restored, ok_timings
 from stagelab.core import catalogue
 
@@ -179,10 +179,10 @@ def _ratio_to(per_round: pd.DataFrame, means: pd.Series, chunk: int, best: int,
               confidence: float, seed: int) -> tuple[float, float, float]:
     """A chunk's mean time over the fastest's, paired by round, with its CI (the point alone
     where fewer than two rounds are shared)."""
-    paired = per_round[[chunk, best]].dropna().to_numpy(dtype=float)
+    rounds = per_round[[chunk, best]].dropna().to_numpy(dtype=float)
     try:
-        return stats.paired_speedup(paired[:, 0], paired[:, 1], confidence=confidence,
-                                    seed=seed)
+        return paired.paired_speedup(rounds[:, 0], rounds[:, 1], confidence=confidence,
+                                     seed=seed)
     except ValueError:  # fewer than two shared rounds, or bad timings: the point alone
         point = float(means[chunk] / means[best])
         return (point, point, point)

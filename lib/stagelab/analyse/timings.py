@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from stagelab.analyse import stats
+from stagelab.analyse import paired
 from stagelab.core import catalogue
 from stagelab.core.catalogue import aa_name
 
@@ -91,7 +91,7 @@ def compare(frame: pd.DataFrame, baseline: str, candidate: str, by: Sequence[str
                                "n_rounds": len(base)}
         try:
             if len(base) >= 2:
-                row["speedup"], row["ci_low"], row["ci_high"] = stats.paired_speedup(
+                row["speedup"], row["ci_low"], row["ci_high"] = paired.paired_speedup(
                     base, cand, confidence=confidence, seed=seed)
                 row["saved_ms"] = 1e3 * float(np.mean(base) - np.mean(cand))
             elif not len(base):
@@ -101,8 +101,8 @@ def compare(frame: pd.DataFrame, baseline: str, candidate: str, by: Sequence[str
                 row["twin_n_rounds"] = len(a)
                 if len(a) >= 2:
                     row["twin_speedup"], row["twin_ci_low"], row["twin_ci_high"] = (
-                        stats.paired_speedup(a, b, confidence=confidence, seed=seed))
-        except stats.BadTimings as exc:
+                        paired.paired_speedup(a, b, confidence=confidence, seed=seed))
+        except paired.BadTimings as exc:
             row["note"] = f"bad timings: {exc}"
         out.append(row)
     return pd.DataFrame(out)
@@ -112,7 +112,7 @@ def spread(frame: pd.DataFrame, by: Sequence[str] = ("rows", "vocab", "arm"),
            noisy_at: float = 0.10) -> pd.DataFrame:
     """Median, quartiles and IQR/median per cell and arm; ``noisy`` where IQR/median reaches 10 %
     (where ``torch.utils.benchmark`` warns)."""
-    out = stats.summarize(ok_timings(frame), list(by))
+    out = paired.summarize(ok_timings(frame), list(by))
     return out.assign(noisy=out["iqr_over_median"] >= noisy_at)
 
 

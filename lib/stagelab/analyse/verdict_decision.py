@@ -13,7 +13,15 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from stagelab.analyse import carryover, quantile_bound, sequence, stats, step_analysis, timings
+from stagelab.analyse import (
+    carryover,
+    paired,
+    quantile_bound,
+    sequence,
+    stats,
+    step_analysis,
+    timings,
+)
 from stagelab.core import catalogue, design
 
 BASELINE, CANDIDATE, TWIN = catalogue.decisive_arms()
@@ -390,7 +398,7 @@ def decisive_cells(rows: list[int], vocabs: list[int],
 
 def harness_check(staging: pd.DataFrame | None, step: pd.DataFrame | None,
                   named: list[tuple[int, int, int]], rule: Rule) -> dict[str, Any]:
-    """The run's A/A harness check, every twin as one family (:func:`stagelab.analyse.stats.twin_checks`):
+    """The run's A/A harness check, every twin as one family (:func:`stagelab.analyse.paired.twin_checks`):
     the seed's step against its twin in each decisive cell, and the fresh pageable copy against
     its twin in each copy cell. :mod:`stagelab.analyse.trust` reads it."""
     labelled: list[tuple[dict[str, Any], list[np.ndarray]]] = []
@@ -404,13 +412,13 @@ def harness_check(staging: pd.DataFrame | None, step: pd.DataFrame | None,
         for key, part in timings.cells(staging, ["rows", "vocab"]):
             labelled.append(({"level": "copy", **key},
                              timings.paired_rounds(part, fresh, catalogue.aa_name(fresh))))
-    level, checks = stats.twin_checks([(pair[0], pair[1]) for _, pair in labelled if len(pair[0])],
+    level, checks = paired.twin_checks([(pair[0], pair[1]) for _, pair in labelled if len(pair[0])],
                                       delta=rule.delta, confidence=rule.confidence,
                                       seed=rule.seed)
     found = iter(checks)  # a cell without twin rounds is listed, unchecked, and not counted in m
     unchecked = {"n_rounds": 0, "twin_speedup": None, "twin_ci_low": None, "twin_ci_high": None,
                  "differs": None, "note": "no round timed both the baseline and its twin"}
-    return {"method": stats.TWIN_METHOD, "confidence": level,
+    return {"method": paired.TWIN_METHOD, "confidence": level,
             "family_confidence": rule.confidence, "delta": rule.delta,
             "checks": [{**label, **(next(found) if len(pair[0]) else unchecked)}
                        for label, pair in labelled]}
