@@ -38,15 +38,15 @@ def arms(rng, speedup, rounds=160, phi=0.0, sigma=0.02):
 @pytest.mark.parametrize("phi, low, high", [(0.0, 1.0, 1.2), (0.3, 1.2, 1.6), (0.7, 1.9, 2.9)])
 def test_the_dependence_factor_reads_the_rounds_autocorrelation(phi, low, high):
     rng = np.random.default_rng(5)
-    factors = [design.dependence_inflation(list(persistent(rng, phi, 400))) for _ in range(20)]
+    factors = [design.inflation(design.lag1(list(persistent(rng, phi, 400)))) for _ in range(20)]
     assert low <= np.median(factors) <= high  # sqrt((1 + phi) / (1 - phi)): 1, 1.36, 2.38
 
 
 def test_the_dependence_factor_is_one_where_it_cannot_be_read():
-    assert design.dependence_inflation([1.0] * 50) == 1.0
-    assert design.dependence_inflation([1.0, 2.0, 3.0]) == 1.0
+    assert design.inflation(design.lag1([1.0] * 50)) == 1.0
+    assert design.inflation(design.lag1([1.0, 2.0, 3.0])) == 1.0
     alternating = [(-1.0) ** i for i in range(100)]  # negative correlation: no extra precision
-    assert design.dependence_inflation(alternating) == 1.0
+    assert design.inflation(design.lag1(alternating)) == 1.0
 
 
 def test_a_ci_over_dependent_rounds_covers_the_truth():

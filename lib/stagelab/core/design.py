@@ -103,13 +103,6 @@ def inflation(rho: float) -> float:
     return math.sqrt((1 + rho) / (1 - rho))
 
 
-def dependence_inflation(residuals: Sequence[float]) -> float:
-    """The factor by which a CI that takes rounds for independent is too narrow, given the
-    paired residuals per round: :func:`inflation` of their :func:`lag1` (1 for fewer than 10
-    rounds or constant residuals)."""
-    return inflation(lag1(residuals))
-
-
 def clipped_share(mean: float) -> float:
     """``Var(max(X, 0))`` for ``X ~ N(mean, 1)``: the share of a normal estimate's variance left
     once it is clipped at 0 (0.34 at ``mean`` 0, 1 far above it, 0 far below)."""
@@ -217,7 +210,7 @@ def speedup_half_width(baseline: Sequence[float], candidate: Sequence[float],
     """Half-width of the ``confidence`` CI of ``mean(baseline) / mean(candidate)`` over paired
     rounds, by the delta method: with ``r`` the ratio and ``d[i] = baseline[i] - r *
     candidate[i]``, the ratio's standard error is ``stdev(d) / (sqrt(n) * mean(candidate))``,
-    widened by :func:`dependence_inflation` of ``d`` and read at the expanded quantile of its
+    widened by :func:`inflation` of ``d``'s :func:`lag1` and read at the expanded quantile of its
     :func:`effective_df` (:func:`expanded_z`), as the rule's bootstrap reads its bounds: the stop
     rule cannot stop on a CI narrower than the decision's. Infinite with fewer than 3 rounds or a
     non-positive mean."""
