@@ -25,31 +25,42 @@ def variant(rows: int, vocab: int, k: int, dtype: str, **figures) -> dict:
 
 
 def test_the_candidates_of_a_tile_are_binomial_by_hand():
-    """Tile 2 of 4 values against the 2nd best of the 4 before: each value above it with
-    probability 2 / 5; none 0.6 ** 4, one 4 * 0.4 * 0.6 ** 3. With a limit of 1 pass, k = 2:
-    more than one candidate sorts, one takes one pass; with a limit of 2, the best 2 of any
-    count are taken (2 passes where there are more than 2)."""
-    none, one, two = 0.6 ** 4, 4 * 0.4 * 0.6 ** 3, 6 * 0.4 ** 2 * 0.6 ** 2
+    """A wide top-K (K_PAD above the limit), tile 2 of 4 values against the k-th best of the 4
+    before: each value above it with probability k / 5. k = 2, a limit of 1 pass: none
+    0.6 ** 4, one 4 * 0.4 * 0.6 ** 3; more than one candidate sorts, one takes one pass.
+    k = 3, a limit of 3 (K_PAD 4): the best 3 of any count are taken, E[min(J, 3)] for J
+    binomial(4, 0.6)."""
+    none, one = 0.6 ** 4, 4 * 0.4 * 0.6 ** 3
     assert roofline.tile_candidates(4, 2, 2, limit=1) == pytest.approx(
         (1 - none, 1 - none - one, one))
-    assert roofline.tile_candidates(4, 2, 2, limit=2) == pytest.approx(
-        (1 - none, 0, one + 2 * two + 2 * (1 - none - one - two)))
-    assert roofline.tile_candidates(4, 1, 2, limit=2)[2] == pytest.approx(1 - 0.8 ** 4)
-    assert roofline.tile_candidates(2048, 5, 1) == (1.0, 0.0, 5.0)  # the first: its best 5
+    binomial = [math.comb(4, j) * 0.6 ** j * 0.4 ** (4 - j) for j in range(5)]
+    assert roofline.tile_candidates(4, 3, 2, limit=3) == pytest.approx(
+        (1 - 0.4 ** 4, 0, binomial[1] + 2 * binomial[2] + 3 * (binomial[3] + binomial[4])))
     assert roofline.tile_candidates(2048, 64, 1) == (1.0, 1.0, 0.0)  # 64 passes: it sorts
     with pytest.raises(ValueError, match="k must be"):
         roofline.tile_candidates(2048, 0, 2)
 
 
+def test_a_small_top_k_inserts_the_values_among_the_best_k_so_far_by_hand():
+    """K_PAD within the limit: tile 2 of 4 values, k = 2: the 2 best of the 8 are a random
+    pair of the 28; both among the first 4 in 6 of them (entered 1 - 6 / 28), and the tile
+    holds 2 * 4 / 8 = 1 of them on average; k = 1: entered and inserting 1 / 2. The first
+    tile inserts its best k."""
+    assert roofline.tile_candidates(4, 2, 2, limit=2) == pytest.approx((1 - 6 / 28, 0, 1))
+    assert roofline.tile_candidates(4, 1, 2, limit=2) == pytest.approx((0.5, 0, 0.5))
+    entered, _, inserted = roofline.tile_candidates(2048, 20, 3)  # all 20 of 6144 in 4096:
+    assert entered == pytest.approx(1 - (2 / 3) ** 20, abs=1e-5)  # about (2 / 3) ** 20
+    assert inserted == pytest.approx(20 / 3)
+    assert roofline.tile_candidates(2048, 5, 1) == (1.0, 0.0, 5.0)  # the first: its best 5
+
+
 def test_a_walk_s_mean_tile_weighs_each_path_by_its_share():
-    """Two tiles of 4 values, k = 2: the first takes its best 2; the second enters with
-    probability 1 - 0.6 ** 4 and takes the best 2 of its 4 * 0.4 = 1.6 candidates on average
-    (1.6 - E[c - 2 where c > 2]); neither sorts."""
+    """Two tiles of 4 values, k = 2: the first inserts its best 2; the second enters with
+    probability 1 - 6 / 28 and inserts 1 on average; neither sorts."""
     row = dict(guard_instructions=200, enter_instructions=100, sort_instructions=3000,
                candidate_instructions=250)
-    over = sum((j - 2) * math.comb(4, j) * 0.4 ** j * 0.6 ** (4 - j) for j in (3, 4))
     found = roofline.walk_costs(row, 2, 4, 2)
-    entered, passes = (1 + 1 - 0.6 ** 4) / 2, (2 + 1.6 - over) / 2
+    entered, passes = (1 + 1 - 6 / 28) / 2, (2 + 1) / 2
     assert found["entered"] == pytest.approx(entered) and found["sorted"] == 0
     assert found["candidates"] == pytest.approx(passes)
     assert found["instructions"] == pytest.approx(200 + 100 * entered + 250 * passes)

@@ -72,10 +72,11 @@ def launch_plan(rows: int, vocab: int, k: int, tile: int | None, splits: int | N
 # two: ``ahead`` and ``after``): the roofline model counts them in flight
 # (stagelab.analyse.roofline).
 PREFETCH_TILES = 2
-# The most passes a tile's per-candidate loop makes (onepass_triton._enter: one a value it
-# takes into the top-K, the best k of those above the k-th key held); a tile with more to take
-# sorts its top K_PAD and merges it. The sort path costs 23-53 passes' instructions (Triton 3.6,
-# sm_90, docs/kernels.md). The roofline model weighs both paths by this limit.
+# The widest top-K (K_PAD) whose tile puts its values one by one in the place of the least key
+# held (onepass_triton._insert_each: no merge a tile); and, for a wider one, the most passes a
+# tile's per-candidate loop makes (onepass_triton._enter: one a value it takes, the best k of
+# those above the k-th key held), a tile with more to take sorting its top K_PAD and merging
+# it. The roofline model weighs the paths by this limit.
 CANDIDATE_LIMIT = 32
 WIDE_TOP_K = 1024  # from this padded top-K on, a program takes 8 warps
 

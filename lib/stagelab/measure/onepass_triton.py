@@ -171,8 +171,8 @@ if triton is not None:
         few = tl.full((), 0, tl.int1)
         if empty:
             few = tl.sum((x > floor).to(tl.int32), axis=0) < k
-        if few:
-            best = _merge(best, _sorted_tile(x, ids, inside, K_PAD, MASKED))
+        if few:  # the list holds only floors (distinct, below every key of a tile)
+            best = _sorted_tile(x, ids, inside, K_PAD, MASKED)
             least = _least(best, k, K_PAD)
         elif K_PAD <= CANDIDATES:
             best, least = _insert_each(x, top, base, offsets, inside, best, least, k, K_PAD,
