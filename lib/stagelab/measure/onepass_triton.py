@@ -40,6 +40,7 @@ if triton is not None:
     # -2**31); the mask of a key's id word.
     KEY_FLOOR = tl.constexpr(-(2**63))
     ID_MASK = tl.constexpr(0xFFFFFFFF)
+    KEY_CEILING = tl.constexpr(2**63 - 1)  # above every key: a small top-K's unused slot
     ORDERED_FLOOR = tl.constexpr(-(2**31))  # KEY_FLOOR's high word: below every real value's
     ID_LIMIT = tl.constexpr(2**31 - 1)  # above every token id
     LOG2E = tl.constexpr(1.4426950408889634)  # exp(x) = exp2(x * LOG2E): one FFMA a logit
@@ -48,12 +49,11 @@ if triton is not None:
     # (_packed) holds a tile offset there, so a tile of 16-bit logits packs up to 8192 wide.
     LOW_MASK = tl.constexpr(2**13 - 1)
     HIGH_MASK = tl.constexpr(-(2**13))  # its complement
-    INT32_MIN = tl.constexpr(-(2**31))
 
     @triton.jit
     def _ordered(x):
         """fp32 values as int32 that order as the values do (-0.0 as 0.0): a key's high word."""
-        x = tl.where(x == 0.0, 0.0, x)
+        x = x + 0.0  # -0.0 + 0.0 is +0.0 (round to nearest): one add
         bits = x.to(tl.int32, bitcast=True)
         return tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
 
@@ -79,7 +79,7 @@ if triton is not None:
     def _least(best, k, K_PAD: tl.constexpr):
         """The least of the first ``k`` keys held: the ``k``-th best (``KEY_FLOOR`` and up
         until ``k`` slots hold values)."""
-        return tl.min(tl.where(tl.arange(0, K_PAD) < k, best, -KEY_FLOOR - 1), axis=0)
+        return tl.min(tl.where(tl.arange(0, K_PAD) < k, best, KEY_CEILING), axis=0)
 
     @triton.jit
     def _value(ordered):
@@ -92,11 +92,11 @@ if triton is not None:
         """int32 keys of a tile of 16-bit floats read as fp32 ``x`` (the bits of ``LOW_MASK``
         are 0 in their fp32 form): the ordered value's high bits (:func:`_ordered`; its low
         bits all 0 or all 1, so they order alike without them) above the complement of the
-        offset in the tile; ``INT32_MIN`` where masked. Unique in a tile; ordering as the int64
+        offset in the tile; ``ORDERED_FLOOR`` where masked. Unique in a tile; ordering as the int64
         keys of :func:`_keys` do."""
         keys = (_ordered(x) & HIGH_MASK) | (offsets ^ LOW_MASK)
         if MASKED:
-            keys = tl.where(inside, keys, INT32_MIN)
+            keys = tl.where(inside, keys, ORDERED_FLOOR)
         return keys
 
     @triton.jit
@@ -108,11 +108,19 @@ if triton is not None:
         return _keys(ordered, ((key & LOW_MASK) ^ LOW_MASK) + base)
 
     @triton.jit
-    def _insert(best, least, key, k, K_PAD: tl.constexpr):
-        """An unsorted list of keys with ``key`` in the place of its least (keys are unique:
-        one slot holds it), and its new least."""
+    def _held(best, k, K_PAD: tl.constexpr):
+        """A list of keys as the walk holds it: a small top-K's (``K_PAD <= CANDIDATES``) with
+        its slots from ``k`` on at ``KEY_CEILING``, never its least (:func:`_insert`)."""
+        if K_PAD <= CANDIDATES:
+            best = tl.where(tl.arange(0, K_PAD) < k, best, KEY_CEILING)
+        return best
+
+    @triton.jit
+    def _insert(best, least, key):
+        """An unsorted list of keys (:func:`_held`) with ``key`` in the place of its least
+        (keys are unique: one slot holds it), and its new least."""
         best = tl.where(best == least, key, best)
-        return best, _least(best, k, K_PAD)
+        return best, tl.min(best, axis=0)
 
     @triton.jit
     def _sorted_tile(x, ids, inside, K_PAD: tl.constexpr, MASKED: tl.constexpr):
@@ -137,15 +145,15 @@ if triton is not None:
             key = tl.max(keys, axis=0)
             candidate = _unpacked(key, base)
             while candidate > least:
-                best, least = _insert(best, least, candidate, k, K_PAD)
-                key = tl.max(tl.where(keys < key, keys, INT32_MIN), axis=0)
+                best, least = _insert(best, least, candidate)
+                key = tl.max(tl.where(keys < key, keys, ORDERED_FLOOR), axis=0)
                 candidate = _unpacked(key, base)
         else:
             ids = base + offsets
             id = tl.min(tl.where(x == top, ids, ID_LIMIT), axis=0)
             candidate = _keys(_ordered(top), id)
             while candidate > least:
-                best, least = _insert(best, least, candidate, k, K_PAD)
+                best, least = _insert(best, least, candidate)
                 x = tl.where(ids == id, float("-inf"), x)
                 top = tl.max(x, axis=0)
                 id = tl.min(tl.where(x == top, ids, ID_LIMIT), axis=0)
@@ -172,7 +180,7 @@ if triton is not None:
         if empty:
             few = tl.sum((x > floor).to(tl.int32), axis=0) < k
         if few:  # the list holds only floors (distinct, below every key of a tile)
-            best = _sorted_tile(x, ids, inside, K_PAD, MASKED)
+            best = _held(_sorted_tile(x, ids, inside, K_PAD, MASKED), k, K_PAD)
             least = _least(best, k, K_PAD)
         elif K_PAD <= CANDIDATES:
             best, least = _insert_each(x, top, base, offsets, inside, best, least, k, K_PAD,
@@ -235,7 +243,7 @@ if triton is not None:
         s = tl.zeros((BLOCK,), tl.float32)
         counts = tl.zeros((BLOCK,), tl.int32)
         slots = tl.arange(0, K_PAD)
-        best = KEY_FLOOR + (K_PAD - 1 - slots).to(tl.int64)
+        best = _held(KEY_FLOOR + (K_PAD - 1 - slots).to(tl.int64), k, K_PAD)
         least = _least(best, k, K_PAD)
         offsets = tl.arange(0, BLOCK)
         full_stop = start + (stop - start) // BLOCK * BLOCK
@@ -257,7 +265,7 @@ if triton is not None:
                                                    target, m, s, counts, best, least, k, K_PAD,
                                                    TOPK, HAS_TARGET, True, PACKED)
         if TOPK and K_PAD <= CANDIDATES:
-            best = tl.sort(best, descending=True)
+            best = tl.sort(tl.where(slots < k, best, KEY_FLOOR), descending=True)
         return (m, tl.sum(s, axis=0), best, tl.sum(counts & 0xFFFF, axis=0),
                 tl.sum(counts >> 16, axis=0))
 
