@@ -72,12 +72,14 @@ def test_a_walk_s_mean_tile_weighs_each_path_by_its_share():
 
 def test_the_rates_and_the_bound_by_hand():
     """n = 64, V = 152,064, fp32, no top-K: 8 slices a row (528 slots / 64), 512 programs on
-    132 SMs, 1 resident (the cubin's CTAs per SM); 10 tiles a slice of 2048 fp32 (8 KiB)."""
+    132 SMs, 1 resident (the cubin's CTAs per SM); 10 tiles a slice of 2048 fp32 (8 KiB), 2
+    loaded ahead: at 900 ns a tile every 450 ns, 2.4 TB/s in flight."""
     rows = (variant(64, 152064, 0, "fp32", ctas_per_sm=1, loop_instructions=300,
                     guard_instructions=300),)
-    found = roofline.predict(64, 152064, 0, "fp32", GPU, 600.0, rows)
+    found = roofline.predict(64, 152064, 0, "fp32", GPU, 900.0, rows)
     issue_ns = 300 / GPU.clock_ghz
-    parallel = 132 * 8192 / roofline.tile_ns(600, issue_ns, launches.PREFETCH_TILES)
+    parallel = 132 * 8192 / roofline.tile_ns(900, issue_ns, 2)
+    assert parallel == pytest.approx(132 * 8192 / 450)
     issued = 132 * 4 * GPU.clock_ghz * 8192 / (4 * 300)
     assert found["programs"] == 512 and found["resident_per_sm"] == 1
     assert found["bytes_in_flight_per_sm"] == 8192
@@ -96,6 +98,12 @@ def test_the_plan_aims_at_fewer_programs_per_sm_as_the_top_k_grows():
     assert plain.grid == (64, 8) and small.grid == (64, 4) and wide.grid == (64, 2)
     assert [launches.programs_per_sm(k) for k in (0, 1, 15, 16, 1024)] == [4, 2, 2, 1, 1]
     assert launches.device_slots(132, 0) == 4 * launches.device_slots(132, 20) == 528
+
+
+def test_three_tiles_load_ahead_for_a_small_top_k_else_two():
+    """A small top-K loads three ahead; none (at the roof with two) and a wide one (no
+    registers left for a third, K_PAD 64 and 1024) two."""
+    assert [launches.tiles_ahead(k) for k in (0, 1, 5, 20, 32, 33, 1024)] == [2, 3, 3, 3, 3, 2, 2]
 
 
 def test_a_tile_loaded_ahead_hides_the_work_behind_the_latency():

@@ -10,7 +10,7 @@ can reach, as the least of three rates:
 * **memory parallelism** (Little's law): ``active SMs x resident programs x tile bytes / the
   time a program spends per tile``: ``latency + a tile's issue time`` where nothing is loaded
   ahead (each program waits for its tile, then works it), else ``max(latency / tiles ahead,
-  issue time)`` (:data:`stagelab.core.launches.PREFETCH_TILES`: the next tiles' loads are in
+  issue time)`` (:func:`stagelab.core.launches.tiles_ahead`: the next tiles' loads are in
   flight while it works); resident programs the least of the cubin's CTAs per SM and the
   programs per SM the grid gives;
 * **issue**: an SM issues at most 4 warp-instructions a clock (its schedulers), shared by its
@@ -170,7 +170,7 @@ def predict(rows: int, vocab: int, k: int, dtype: str, gpu: Gpu, latency_ns: flo
     tile_bytes = block * DTYPE_BYTES[dtype]
     issue_ns = per_tile / gpu.clock_ghz  # a program's warps issue side by side, one a clock
     parallel = active * resident * tile_bytes / tile_ns(latency_ns, issue_ns,
-                                                        launches.PREFETCH_TILES)
+                                                        launches.tiles_ahead(k))
     issued = (active * min(ISSUE_PER_CLOCK, resident * warps) * gpu.clock_ghz * tile_bytes
               / (warps * per_tile))
     rate, bound = min((gpu.hbm_gbps, "hbm"), (parallel, "memory parallelism"),

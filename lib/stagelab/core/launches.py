@@ -68,16 +68,22 @@ def launch_plan(rows: int, vocab: int, k: int, tile: int | None, splits: int | N
     return block, k_pad, math.ceil(vocab / span), span
 
 
-# Tiles the kernels' walk loads ahead of the one it works on (onepass_triton._tile_state holds
-# two: ``ahead`` and ``after``): the roofline model counts them in flight
-# (stagelab.analyse.roofline).
-PREFETCH_TILES = 2
 # The widest top-K (K_PAD) whose tile puts its values one by one in the place of the least key
 # held (onepass_triton._insert_each: no merge a tile); and, for a wider one, the most passes a
 # tile's per-candidate loop makes (onepass_triton._enter: one a value it takes, the best k of
 # those above the k-th key held), a tile with more to take sorting its top K_PAD and merging
 # it. The roofline model weighs the paths by this limit.
 CANDIDATE_LIMIT = 32
+
+
+def tiles_ahead(k: int) -> int:
+    """Tiles the kernels' walk loads ahead of the one it works on (onepass_triton._tile_state):
+    three for a small top-K (``1 <= k <= CANDIDATE_LIMIT``), whose walk the roofline model
+    finds bound by bytes in flight at the longer latency; two without a top-K (at the HBM
+    roof with two from n = 16) and for a wider one, whose keys leave no registers for a third
+    (its 4-warp walk sits at 233-255 registers on Triton 3.6 sm_90, docs/kernels.md). The
+    model counts them in flight (stagelab.analyse.roofline)."""
+    return 3 if 1 <= k <= CANDIDATE_LIMIT else 2
 WIDE_TOP_K = 1024  # from this padded top-K on, a program takes 8 warps
 
 

@@ -230,8 +230,9 @@ if triton is not None:
                     K_PAD: tl.constexpr, TOPK: tl.constexpr, HAS_TARGET: tl.constexpr):
         """Walk tiles ``[start, stop)`` of one row, whose column ``c`` is token ``first_id + c``,
         for its top ``k``: (max, rescaled sum, best keys descending, count of logits ``>=`` the
-        target's, count equal to it). Full tiles load unmasked, each two tiles ahead
-        (launches.PREFETCH_TILES: the last full tile's address stands in past it); a ragged
+        target's, count equal to it). Full tiles load unmasked, each three tiles ahead for a
+        small top-K (``K_PAD <= CANDIDATES``), else two (launches.tiles_ahead: the last full
+        tile's address stands in past it); a ragged
         last tile is walked masked after them. The sums and counts are kept per lane and
         reduced once at the end; tiles come in order of their ids, so a later value equal to
         the ``k``-th key held has a higher id, a lower key: only a value above it can enter.
@@ -251,10 +252,18 @@ if triton is not None:
         ahead = tl.load(x_ptr + start + offsets, mask=offsets < full_stop - start)
         after = tl.load(x_ptr + start + BLOCK + offsets,
                         mask=offsets < full_stop - start - BLOCK)
+        later = after  # the third tile ahead, where there is one
+        if TOPK and K_PAD <= CANDIDATES:
+            later = tl.load(x_ptr + start + 2 * BLOCK + offsets,
+                            mask=offsets < full_stop - start - 2 * BLOCK)
         for tile in range(start, full_stop, BLOCK):
             x = ahead.to(tl.float32)
             ahead = after
-            after = tl.load(x_ptr + tl.minimum(tile + 2 * BLOCK, last) + offsets)
+            if TOPK and K_PAD <= CANDIDATES:
+                after = later
+                later = tl.load(x_ptr + tl.minimum(tile + 3 * BLOCK, last) + offsets)
+            else:
+                after = tl.load(x_ptr + tl.minimum(tile + 2 * BLOCK, last) + offsets)
             m, s, counts, best, least = _walk_tile(x, tile, offsets, stop, first_id, target, m,
                                                    s, counts, best, least, k, K_PAD, TOPK,
                                                    HAS_TARGET, False, PACKED)
