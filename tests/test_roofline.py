@@ -106,6 +106,20 @@ def test_three_tiles_load_ahead_for_a_small_top_k_else_two():
     assert [launches.tiles_ahead(k) for k in (0, 1, 5, 20, 32, 33, 1024)] == [2, 3, 3, 3, 3, 2, 2]
 
 
+def test_a_top_k_whose_slices_two_programs_an_sm_cut_short_takes_one():
+    """V = 152,064 (75 tiles), k = 5 on 132 SMs (264 slots): n = 16 would split rows 16 ways
+    (5 tiles a slice, under MIN_SLICE_TILES = 8) and 16 rows of 75 tiles fill 132 SMs with
+    8-tile slices: 8 slices of 10 tiles. n = 32 (8 slices of 10) is not short; n = 4 (38 of
+    2) is, but its 300 tiles cannot give 132 SMs 8 each; k = 20 and k = 0 keep their plan."""
+    assert launches.launch_plan(16, 152064, 5, None, None, 264) == (2048, 8, 8, 20480)
+    assert launches.plan_slots(16, 75, 5, 264) == 132
+    assert launches.launch_plan(32, 152064, 5, None, None, 264) == (2048, 8, 8, 20480)
+    assert launches.plan_slots(32, 75, 5, 264) == 264
+    assert launches.launch_plan(4, 152064, 5, None, None, 264) == (2048, 8, 38, 4096)
+    assert launches.plan_slots(16, 75, 20, 132) == 132
+    assert launches.plan_slots(16, 75, 0, 528) == 528
+
+
 def test_a_tile_loaded_ahead_hides_the_work_behind_the_latency():
     """Without a tile ahead a program waits the latency and then works; with one, the longer
     of the two; with two, half the latency's wait per tile."""

@@ -35,10 +35,12 @@ def programs_per_sm(k: int) -> int:
     (a slice's first tiles nearly all enter its top-K) to a walk the model finds bound by
     issue; 1 from :data:`WIDE_SLICE_TOP_K` on, where a slice's passes dominate (its first tile
     takes ``k`` one by one, and later tiles' candidates fall off as the slice grows), and one
-    4-warp program still feeds an SM's 4 schedulers. The model (H200, Triton 3.6 sm_90 cubins,
-    docs/kernels.md) at n = 64: k = 20 fp32 52 % with 1 against 39 % with 2, bf16 24 %
-    against 18 %; k = 5 fp32 55-97 % against 84 % (bound by bytes in flight). k from 6 to 19
-    was not modelled (no cubin of K_PAD 16): the threshold between is a choice."""
+    4-warp program still feeds an SM's 4 schedulers. The model (H200, Triton 3.6 sm_90 cubins
+    of the insertion top-K, 2026-12-06) at n = 64: k = 20 fp32 60 % with 1 against 45 % with
+    2, bf16 34 % against 26 %; k = 5 fp32 82-100 % against 96 %, bf16 41-60 % against 52 %.
+    k from 6 to 19 was not modelled (no cubin of K_PAD 16): the threshold between is a
+    choice. Where two programs an SM would cut a top-K's slices short, the plan takes one
+    (:func:`plan_slots`)."""
     if not k:
         return 4
     return 1 if k >= WIDE_SLICE_TOP_K else 2
@@ -47,6 +49,24 @@ def programs_per_sm(k: int) -> int:
 def device_slots(sms: int, k: int) -> int:
     """The ``slots`` of :func:`launch_plan` on a GPU of ``sms`` SMs for a top-``k`` call."""
     return programs_per_sm(k) * sms
+
+
+# A top-K slice's fewest tiles worth two programs an SM (:func:`plan_slots`): its first tile
+# takes k values one by one, which a shorter slice spreads over fewer tiles.
+MIN_SLICE_TILES = 8
+
+
+def plan_slots(rows: int, tiles: int, k: int, slots: int) -> int:
+    """The slots a call's default split fills: ``slots`` (:func:`device_slots`), or one
+    program an SM (``slots / programs_per_sm(k)``) for a top-K whose slices at ``slots`` would
+    hold fewer than :data:`MIN_SLICE_TILES` tiles, where slices of that many still give every
+    SM one. The model (H200, 2026-12-06) at n = 16, V = 152,064, k = 5: 128 programs of 10
+    tiles, fp32 77 % and bf16 41-42 %, against 240 of 5 tiles, 63 % and 35 %."""
+    once = slots // programs_per_sm(k)
+    short = tiles < MIN_SLICE_TILES * default_splits(rows, tiles, slots)
+    if k and once < slots and short and rows * tiles >= MIN_SLICE_TILES * once:
+        return once
+    return slots
 
 
 def default_splits(rows: int, tiles: int, slots: int) -> int:
@@ -63,7 +83,7 @@ def launch_plan(rows: int, vocab: int, k: int, tile: int | None, splits: int | N
     k_pad = pow2_at_least(max(k, 2))
     block = max(tile or DEFAULT_TILE, k_pad)
     tiles = math.ceil(vocab / block)
-    parts = min(tiles, splits or default_splits(rows, tiles, slots))
+    parts = min(tiles, splits or default_splits(rows, tiles, plan_slots(rows, tiles, k, slots)))
     span = math.ceil(tiles / parts) * block
     return block, k_pad, math.ceil(vocab / span), span
 
