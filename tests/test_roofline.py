@@ -25,31 +25,42 @@ def variant(rows: int, vocab: int, k: int, dtype: str, **figures) -> dict:
 
 
 def test_the_candidates_of_a_tile_are_binomial_by_hand():
-    """Tile 2 of 4 values against the 2nd best of the 4 before: each value above it with
-    probability 2 / 5; none 0.6 ** 4, one 4 * 0.4 * 0.6 ** 3. With a limit of 1 pass, k = 2:
-    more than one candidate sorts, one takes one pass; with a limit of 2, the best 2 of any
-    count are taken (2 passes where there are more than 2)."""
-    none, one, two = 0.6 ** 4, 4 * 0.4 * 0.6 ** 3, 6 * 0.4 ** 2 * 0.6 ** 2
+    """A wide top-K (K_PAD above the limit), tile 2 of 4 values against the k-th best of the 4
+    before: each value above it with probability k / 5. k = 2, a limit of 1 pass: none
+    0.6 ** 4, one 4 * 0.4 * 0.6 ** 3; more than one candidate sorts, one takes one pass.
+    k = 3, a limit of 3 (K_PAD 4): the best 3 of any count are taken, E[min(J, 3)] for J
+    binomial(4, 0.6)."""
+    none, one = 0.6 ** 4, 4 * 0.4 * 0.6 ** 3
     assert roofline.tile_candidates(4, 2, 2, limit=1) == pytest.approx(
         (1 - none, 1 - none - one, one))
-    assert roofline.tile_candidates(4, 2, 2, limit=2) == pytest.approx(
-        (1 - none, 0, one + 2 * two + 2 * (1 - none - one - two)))
-    assert roofline.tile_candidates(4, 1, 2, limit=2)[2] == pytest.approx(1 - 0.8 ** 4)
-    assert roofline.tile_candidates(2048, 5, 1) == (1.0, 0.0, 5.0)  # the first: its best 5
+    binomial = [math.comb(4, j) * 0.6 ** j * 0.4 ** (4 - j) for j in range(5)]
+    assert roofline.tile_candidates(4, 3, 2, limit=3) == pytest.approx(
+        (1 - 0.4 ** 4, 0, binomial[1] + 2 * binomial[2] + 3 * (binomial[3] + binomial[4])))
     assert roofline.tile_candidates(2048, 64, 1) == (1.0, 1.0, 0.0)  # 64 passes: it sorts
     with pytest.raises(ValueError, match="k must be"):
         roofline.tile_candidates(2048, 0, 2)
 
 
+def test_a_small_top_k_inserts_the_values_among_the_best_k_so_far_by_hand():
+    """K_PAD within the limit: tile 2 of 4 values, k = 2: the 2 best of the 8 are a random
+    pair of the 28; both among the first 4 in 6 of them (entered 1 - 6 / 28), and the tile
+    holds 2 * 4 / 8 = 1 of them on average; k = 1: entered and inserting 1 / 2. The first
+    tile inserts its best k."""
+    assert roofline.tile_candidates(4, 2, 2, limit=2) == pytest.approx((1 - 6 / 28, 0, 1))
+    assert roofline.tile_candidates(4, 1, 2, limit=2) == pytest.approx((0.5, 0, 0.5))
+    entered, _, inserted = roofline.tile_candidates(2048, 20, 3)  # all 20 of 6144 in 4096:
+    assert entered == pytest.approx(1 - (2 / 3) ** 20, abs=1e-5)  # about (2 / 3) ** 20
+    assert inserted == pytest.approx(20 / 3)
+    assert roofline.tile_candidates(2048, 5, 1) == (1.0, 0.0, 5.0)  # the first: its best 5
+
+
 def test_a_walk_s_mean_tile_weighs_each_path_by_its_share():
-    """Two tiles of 4 values, k = 2: the first takes its best 2; the second enters with
-    probability 1 - 0.6 ** 4 and takes the best 2 of its 4 * 0.4 = 1.6 candidates on average
-    (1.6 - E[c - 2 where c > 2]); neither sorts."""
+    """Two tiles of 4 values, k = 2: the first inserts its best 2; the second enters with
+    probability 1 - 6 / 28 and inserts 1 on average; neither sorts."""
     row = dict(guard_instructions=200, enter_instructions=100, sort_instructions=3000,
                candidate_instructions=250)
-    over = sum((j - 2) * math.comb(4, j) * 0.4 ** j * 0.6 ** (4 - j) for j in (3, 4))
     found = roofline.walk_costs(row, 2, 4, 2)
-    entered, passes = (1 + 1 - 0.6 ** 4) / 2, (2 + 1.6 - over) / 2
+    entered, passes = (1 + 1 - 6 / 28) / 2, (2 + 1) / 2
     assert found["entered"] == pytest.approx(entered) and found["sorted"] == 0
     assert found["candidates"] == pytest.approx(passes)
     assert found["instructions"] == pytest.approx(200 + 100 * entered + 250 * passes)
@@ -61,12 +72,14 @@ def test_a_walk_s_mean_tile_weighs_each_path_by_its_share():
 
 def test_the_rates_and_the_bound_by_hand():
     """n = 64, V = 152,064, fp32, no top-K: 8 slices a row (528 slots / 64), 512 programs on
-    132 SMs, 1 resident (the cubin's CTAs per SM); 10 tiles a slice of 2048 fp32 (8 KiB)."""
+    132 SMs, 1 resident (the cubin's CTAs per SM); 10 tiles a slice of 2048 fp32 (8 KiB), 2
+    loaded ahead: at 900 ns a tile every 450 ns, 2.4 TB/s in flight."""
     rows = (variant(64, 152064, 0, "fp32", ctas_per_sm=1, loop_instructions=300,
                     guard_instructions=300),)
-    found = roofline.predict(64, 152064, 0, "fp32", GPU, 600.0, rows)
+    found = roofline.predict(64, 152064, 0, "fp32", GPU, 900.0, rows)
     issue_ns = 300 / GPU.clock_ghz
-    parallel = 132 * 8192 / roofline.tile_ns(600, issue_ns, launches.PREFETCH_TILES)
+    parallel = 132 * 8192 / roofline.tile_ns(900, issue_ns, 2)
+    assert parallel == pytest.approx(132 * 8192 / 450)
     issued = 132 * 4 * GPU.clock_ghz * 8192 / (4 * 300)
     assert found["programs"] == 512 and found["resident_per_sm"] == 1
     assert found["bytes_in_flight_per_sm"] == 8192
@@ -85,6 +98,26 @@ def test_the_plan_aims_at_fewer_programs_per_sm_as_the_top_k_grows():
     assert plain.grid == (64, 8) and small.grid == (64, 4) and wide.grid == (64, 2)
     assert [launches.programs_per_sm(k) for k in (0, 1, 15, 16, 1024)] == [4, 2, 2, 1, 1]
     assert launches.device_slots(132, 0) == 4 * launches.device_slots(132, 20) == 528
+
+
+def test_three_tiles_load_ahead_for_a_small_top_k_else_two():
+    """A small top-K loads three ahead; none (at the roof with two) and a wide one (no
+    registers left for a third, K_PAD 64 and 1024) two."""
+    assert [launches.tiles_ahead(k) for k in (0, 1, 5, 20, 32, 33, 1024)] == [2, 3, 3, 3, 3, 2, 2]
+
+
+def test_a_top_k_whose_slices_two_programs_an_sm_cut_short_takes_one():
+    """V = 152,064 (75 tiles), k = 5 on 132 SMs (264 slots): n = 16 would split rows 16 ways
+    (5 tiles a slice, under MIN_SLICE_TILES = 8) and 16 rows of 75 tiles fill 132 SMs with
+    8-tile slices: 8 slices of 10 tiles. n = 32 (8 slices of 10) is not short; n = 4 (38 of
+    2) is, but its 300 tiles cannot give 132 SMs 8 each; k = 20 and k = 0 keep their plan."""
+    assert launches.launch_plan(16, 152064, 5, None, None, 264) == (2048, 8, 8, 20480)
+    assert launches.plan_slots(16, 75, 5, 264) == 132
+    assert launches.launch_plan(32, 152064, 5, None, None, 264) == (2048, 8, 8, 20480)
+    assert launches.plan_slots(32, 75, 5, 264) == 264
+    assert launches.launch_plan(4, 152064, 5, None, None, 264) == (2048, 8, 38, 4096)
+    assert launches.plan_slots(16, 75, 20, 132) == 132
+    assert launches.plan_slots(16, 75, 0, 528) == 528
 
 
 def test_a_tile_loaded_ahead_hides_the_work_behind_the_latency():

@@ -10,7 +10,7 @@ can reach, as the least of three rates:
 * **memory parallelism** (Little's law): ``active SMs x resident programs x tile bytes / the
   time a program spends per tile``: ``latency + a tile's issue time`` where nothing is loaded
   ahead (each program waits for its tile, then works it), else ``max(latency / tiles ahead,
-  issue time)`` (:data:`stagelab.core.launches.PREFETCH_TILES`: the next tiles' loads are in
+  issue time)`` (:func:`stagelab.core.launches.tiles_ahead`: the next tiles' loads are in
   flight while it works); resident programs the least of the cubin's CTAs per SM and the
   programs per SM the grid gives;
 * **issue**: an SM issues at most 4 warp-instructions a clock (its schedulers), shared by its
@@ -22,10 +22,13 @@ can reach, as the least of three rates:
   instructions read from the cubin: ``kernel_compile.loop_figures``).
 
 The candidates are modelled for independent logits: the first tile of a slice holds no keys
-(its best ``k`` are taken); a value of its ``t``-th tile is above the ``k``-th best of the
-``(t - 1) B`` before it with probability ``k / ((t - 1) B + 1)``, so a tile's candidates are
-binomial over its ``B`` values (the issue's assumption; real logits' tiles are not independent,
-and a row whose best values come late costs more). A slice's ragged last tile (walked masked,
+(its best ``k`` are taken). A small top-K (``K_PAD`` at most
+:data:`stagelab.core.launches.CANDIDATE_LIMIT`) inserts a value of its ``t``-th tile exactly
+when it is among the ``k`` best of the ``t B`` so far: ``k / t`` a tile on average
+(:func:`inserted_candidates`). A wider one's candidates are the values above the ``k``-th best
+of the ``(t - 1) B`` before the tile, each with probability ``k / ((t - 1) B + 1)``: binomial
+over its ``B`` values. (The issue's assumption; real logits' tiles are not independent, and a
+row whose best values come late costs more.) A slice's ragged last tile (walked masked,
 after the loop) is counted at the loop's figures, and a program's set-up and final reductions
 not at all.
 
@@ -98,10 +101,14 @@ def tile_candidates(block: int, k: int, tile: int,
     """For a slice's ``tile``-th tile (1: the first) of ``block`` independent logits: the
     probability that some value is above the ``k``-th best before it (the top-K block is
     entered), that the tile sorts (more than ``limit`` passes to make), and the expected
-    passes of the per-candidate loop (the best ``k`` of the candidates, where at most
-    ``limit``). The first tile holds no key: its ``k`` best are all to take."""
+    passes of the per-candidate loop. The first tile holds no key: its ``k`` best are all to
+    take. A small top-K (``K_PAD <= limit``) inserts values one by one
+    (:func:`inserted_candidates`); a wider one takes the best ``k`` of the candidates above
+    the ``k``-th best before the tile, where at most ``limit``."""
     if tile < 1 or block < 1 or k < 1:
         raise ValueError(f"tile, block and k must be >= 1, got {tile}, {block}, {k}")
+    if launches.pow2_at_least(max(k, 2)) <= limit:
+        return inserted_candidates(block, k, tile)
     if tile == 1:
         return (1.0, 0.0, float(k)) if k <= limit else (1.0, 1.0, 0.0)
     p = min(1.0, k / ((tile - 1) * block + 1))
@@ -110,6 +117,21 @@ def tile_candidates(block: int, k: int, tile: int,
     more = 1.0 - sum(pmf)  # more than ``limit`` candidates: ``k`` passes, or the sort path
     passes = sum(min(j, k) * pmf[j] for j in range(1, len(pmf)))
     return (1.0 - pmf[0], more, passes) if k > limit else (1.0 - pmf[0], 0.0, passes + k * more)
+
+
+def inserted_candidates(block: int, k: int, tile: int) -> tuple[float, float, float]:
+    """:func:`tile_candidates` for a small top-K, whose tile puts its values, the highest
+    first, in the place of the least key held while one is above it
+    (``onepass_triton._insert_each``): a value is put there exactly when it is among the
+    ``k`` best of its tile and every tile before, which for ``t = tile`` tiles of independent
+    logits is a uniformly random ``k`` of the ``t B``: the tile is entered unless all ``k``
+    lie before it (probability ``C((t - 1) B, k) / C(t B, k)``), and it inserts ``k / t``
+    values on average (``k`` on the first). It never sorts."""
+    if tile == 1:
+        return 1.0, 0.0, float(k)
+    before, seen = (tile - 1) * block, tile * block
+    none = math.prod((before - i) / (seen - i) for i in range(k))
+    return 1.0 - none, 0.0, k / tile
 
 
 def walk_costs(row: dict[str, Any], tiles: int, block: int, k: int) -> dict[str, float]:
@@ -148,7 +170,7 @@ def predict(rows: int, vocab: int, k: int, dtype: str, gpu: Gpu, latency_ns: flo
     tile_bytes = block * DTYPE_BYTES[dtype]
     issue_ns = per_tile / gpu.clock_ghz  # a program's warps issue side by side, one a clock
     parallel = active * resident * tile_bytes / tile_ns(latency_ns, issue_ns,
-                                                        launches.PREFETCH_TILES)
+                                                        launches.tiles_ahead(k))
     issued = (active * min(ISSUE_PER_CLOCK, resident * warps) * gpu.clock_ghz * tile_bytes
               / (warps * per_tile))
     rate, bound = min((gpu.hbm_gbps, "hbm"), (parallel, "memory parallelism"),

@@ -35,10 +35,12 @@ def programs_per_sm(k: int) -> int:
     (a slice's first tiles nearly all enter its top-K) to a walk the model finds bound by
     issue; 1 from :data:`WIDE_SLICE_TOP_K` on, where a slice's passes dominate (its first tile
     takes ``k`` one by one, and later tiles' candidates fall off as the slice grows), and one
-    4-warp program still feeds an SM's 4 schedulers. The model (H200, Triton 3.6 sm_90 cubins,
-    docs/kernels.md) at n = 64: k = 20 fp32 52 % with 1 against 39 % with 2, bf16 24 %
-    against 18 %; k = 5 fp32 55-97 % against 84 % (bound by bytes in flight). k from 6 to 19
-    was not modelled (no cubin of K_PAD 16): the threshold between is a choice."""
+    4-warp program still feeds an SM's 4 schedulers. The model (H200, Triton 3.6 sm_90 cubins
+    of the insertion top-K, 2026-12-06) at n = 64: k = 20 fp32 60 % with 1 against 45 % with
+    2, bf16 34 % against 26 %; k = 5 fp32 82-100 % against 96 %, bf16 41-60 % against 52 %.
+    k from 6 to 19 was not modelled (no cubin of K_PAD 16): the threshold between is a
+    choice. Where two programs an SM would cut a top-K's slices short, the plan takes one
+    (:func:`plan_slots`)."""
     if not k:
         return 4
     return 1 if k >= WIDE_SLICE_TOP_K else 2
@@ -47,6 +49,24 @@ def programs_per_sm(k: int) -> int:
 def device_slots(sms: int, k: int) -> int:
     """The ``slots`` of :func:`launch_plan` on a GPU of ``sms`` SMs for a top-``k`` call."""
     return programs_per_sm(k) * sms
+
+
+# A top-K slice's fewest tiles worth two programs an SM (:func:`plan_slots`): its first tile
+# takes k values one by one, which a shorter slice spreads over fewer tiles.
+MIN_SLICE_TILES = 8
+
+
+def plan_slots(rows: int, tiles: int, k: int, slots: int) -> int:
+    """The slots a call's default split fills: ``slots`` (:func:`device_slots`), or one
+    program an SM (``slots / programs_per_sm(k)``) for a top-K whose slices at ``slots`` would
+    hold fewer than :data:`MIN_SLICE_TILES` tiles, where slices of that many still give every
+    SM one. The model (H200, 2026-12-06) at n = 16, V = 152,064, k = 5: 128 programs of 10
+    tiles, fp32 77 % and bf16 41-42 %, against 240 of 5 tiles, 63 % and 35 %."""
+    once = slots // programs_per_sm(k)
+    short = tiles < MIN_SLICE_TILES * default_splits(rows, tiles, slots)
+    if k and once < slots and short and rows * tiles >= MIN_SLICE_TILES * once:
+        return once
+    return slots
 
 
 def default_splits(rows: int, tiles: int, slots: int) -> int:
@@ -63,20 +83,27 @@ def launch_plan(rows: int, vocab: int, k: int, tile: int | None, splits: int | N
     k_pad = pow2_at_least(max(k, 2))
     block = max(tile or DEFAULT_TILE, k_pad)
     tiles = math.ceil(vocab / block)
-    parts = min(tiles, splits or default_splits(rows, tiles, slots))
+    parts = min(tiles, splits or default_splits(rows, tiles, plan_slots(rows, tiles, k, slots)))
     span = math.ceil(tiles / parts) * block
     return block, k_pad, math.ceil(vocab / span), span
 
 
-# Tiles the kernels' walk loads ahead of the one it works on (onepass_triton._tile_state holds
-# two: ``ahead`` and ``after``): the roofline model counts them in flight
-# (stagelab.analyse.roofline).
-PREFETCH_TILES = 2
-# The most passes a tile's per-candidate loop makes (onepass_triton._enter: one a value it
-# takes into the top-K, the best k of those above the k-th key held); a tile with more to take
-# sorts its top K_PAD and merges it. The sort path costs 23-53 passes' instructions (Triton 3.6,
-# sm_90, docs/kernels.md). The roofline model weighs both paths by this limit.
+# The widest top-K (K_PAD) whose tile puts its values one by one in the place of the least key
+# held (onepass_triton._insert_each: no merge a tile); and, for a wider one, the most passes a
+# tile's per-candidate loop makes (onepass_triton._enter: one a value it takes, the best k of
+# those above the k-th key held), a tile with more to take sorting its top K_PAD and merging
+# it. The roofline model weighs the paths by this limit.
 CANDIDATE_LIMIT = 32
+
+
+def tiles_ahead(k: int) -> int:
+    """Tiles the kernels' walk loads ahead of the one it works on (onepass_triton._tile_state):
+    three for a small top-K (``1 <= k <= CANDIDATE_LIMIT``), whose walk the roofline model
+    finds bound by bytes in flight at the longer latency; two without a top-K (at the HBM
+    roof with two from n = 16) and for a wider one, whose keys leave no registers for a third
+    (its 4-warp walk sits at 233-255 registers on Triton 3.6 sm_90, docs/kernels.md). The
+    model counts them in flight (stagelab.analyse.roofline)."""
+    return 3 if 1 <= k <= CANDIDATE_LIMIT else 2
 WIDE_TOP_K = 1024  # from this padded top-K on, a program takes 8 warps
 
 

@@ -9,8 +9,12 @@ the complement of the token id in the low 32 bits. Keys are unique per row and o
 then by lower id, so ``tl.topk`` on them gives exactly "descending, ties by lower token id", and
 merging two lists of keys (a tile's and the running one, or two splits') is exact. A tile whose
 fp32 max is not above the ``k``-th key held cannot enter the top-K and costs nothing more; one
-that can takes its best ``k`` candidates one by one (at most ``launches.CANDIDATE_LIMIT``
-passes), or else sorts its top ``K_PAD``, and merges them (:func:`_enter`).
+that can (:func:`_enter`) puts its values, the highest first, each in the place of the least
+key held while one is above it, where ``K_PAD <= launches.CANDIDATE_LIMIT`` (an unsorted list,
+sorted once at the end: no merge a tile; 16-bit logits take each value as one int32 key packed
+with its offset in the tile, :func:`_packed`); a wider top-K takes its best ``k`` candidates
+one by one (at most ``CANDIDATE_LIMIT`` passes), or else sorts its top ``K_PAD``, and merges
+them.
 
 Where a row is split, each slice writes its partial state and a second, tiny kernel merges the
 slices per row. The same merge folds logits that arrive one vocabulary tile at a time (the
@@ -36,15 +40,20 @@ if triton is not None:
     # -2**31); the mask of a key's id word.
     KEY_FLOOR = tl.constexpr(-(2**63))
     ID_MASK = tl.constexpr(0xFFFFFFFF)
+    KEY_CEILING = tl.constexpr(2**63 - 1)  # above every key: a small top-K's unused slot
     ORDERED_FLOOR = tl.constexpr(-(2**31))  # KEY_FLOOR's high word: below every real value's
     ID_LIMIT = tl.constexpr(2**31 - 1)  # above every token id
     LOG2E = tl.constexpr(1.4426950408889634)  # exp(x) = exp2(x * LOG2E): one FFMA a logit
     CANDIDATES = tl.constexpr(launches.CANDIDATE_LIMIT)
+    # The low bits of a 16-bit float's fp32 form, all 0 (fp16's 13, bf16's 16): a packed key
+    # (_packed) holds a tile offset there, so a tile of 16-bit logits packs up to 8192 wide.
+    LOW_MASK = tl.constexpr(2**13 - 1)
+    HIGH_MASK = tl.constexpr(-(2**13))  # its complement
 
     @triton.jit
     def _ordered(x):
         """fp32 values as int32 that order as the values do (-0.0 as 0.0): a key's high word."""
-        x = tl.where(x == 0.0, 0.0, x)
+        x = x + 0.0  # -0.0 + 0.0 is +0.0 (round to nearest): one add
         bits = x.to(tl.int32, bitcast=True)
         return tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
 
@@ -67,11 +76,10 @@ if triton is not None:
         return tl.bitonic_merge(tl.maximum(best, tl.flip(other, 0)), descending=True)
 
     @triton.jit
-    def _kth(best, k, K_PAD: tl.constexpr):
-        """The ordered value (:func:`_ordered`) of the ``k``-th best key held (``best`` is
-        descending): ``ORDERED_FLOOR`` until ``k`` slots hold values."""
-        held = tl.where(tl.arange(0, K_PAD) < k, best, -KEY_FLOOR - 1)
-        return (tl.min(held, axis=0) >> 32).to(tl.int32)
+    def _least(best, k, K_PAD: tl.constexpr):
+        """The least of the first ``k`` keys held: the ``k``-th best (``KEY_FLOOR`` and up
+        until ``k`` slots hold values)."""
+        return tl.min(tl.where(tl.arange(0, K_PAD) < k, best, KEY_CEILING), axis=0)
 
     @triton.jit
     def _value(ordered):
@@ -80,90 +88,193 @@ if triton is not None:
         return bits.to(tl.float32, bitcast=True)
 
     @triton.jit
-    def _enter(x, ids, inside, best, kth, k, K_PAD: tl.constexpr, MASKED: tl.constexpr):
-        """The best keys (descending) after a tile's values ``x`` (``-inf`` where masked) enter
-        them, and their ``k``-th's ordered value. The candidates are the values above the
-        ``k``-th key held (the finite ones until ``k`` are held); the best ``k`` of them are
-        taken one by one, the highest first (ties: the lowest id), into a descending list
-        merged once, where that is at most ``CANDIDATES`` passes (and, until ``k`` keys are
-        held, ``k`` finite values are there to take); else the tile's sorted top ``K_PAD`` is
-        merged. A candidate is finite: a value taken becomes ``-inf``."""
-        empty = kth == ORDERED_FLOOR
-        floor = tl.where(empty, float("-inf"), _value(kth))
-        above = tl.sum((x > floor).to(tl.int32), axis=0)
-        takes = tl.minimum(above, k)
-        if (takes > CANDIDATES) | (empty & (above < k)):
-            ordered = _ordered(x)
-            if MASKED:
-                ordered = tl.where(inside, ordered, ORDERED_FLOOR)
-            tile_best = tl.topk(_keys(ordered, ids), K_PAD)
-        else:
-            slots = tl.arange(0, K_PAD)
-            tile_best = tl.full((K_PAD,), KEY_FLOOR, tl.int64)
-            for slot in range(0, takes):
-                top = tl.max(x, axis=0)
-                id = tl.min(tl.where(x == top, ids, ID_LIMIT), axis=0)
-                tile_best = tl.where(slots == slot, _keys(_ordered(top), id), tile_best)
-                x = tl.where(ids == id, float("-inf"), x)
-        best = _merge(best, tile_best)
-        return best, _kth(best, k, K_PAD)
+    def _packed(x, offsets, inside, MASKED: tl.constexpr):
+        """int32 keys of a tile of 16-bit floats read as fp32 ``x`` (the bits of ``LOW_MASK``
+        are 0 in their fp32 form): the ordered value's high bits (:func:`_ordered`; its low
+        bits all 0 or all 1, so they order alike without them) above the complement of the
+        offset in the tile; ``ORDERED_FLOOR`` where masked. Unique in a tile; ordering as the int64
+        keys of :func:`_keys` do."""
+        keys = (_ordered(x) & HIGH_MASK) | (offsets ^ LOW_MASK)
+        if MASKED:
+            keys = tl.where(inside, keys, ORDERED_FLOOR)
+        return keys
 
     @triton.jit
-    def _walk_tile(x, cols, stop, first_id, target, m, s, counts, best, kth, k,
+    def _unpacked(key, base):
+        """The int64 key (:func:`_keys`) of a packed one (:func:`_packed`) of the tile whose
+        offset 0 is token ``base``."""
+        high = key & HIGH_MASK
+        ordered = tl.where(high < 0, high | LOW_MASK, high)
+        return _keys(ordered, ((key & LOW_MASK) ^ LOW_MASK) + base)
+
+    @triton.jit
+    def _held(best, k, K_PAD: tl.constexpr):
+        """A list of keys as the walk holds it: a small top-K's (``K_PAD <= CANDIDATES``) with
+        its slots from ``k`` on at ``KEY_CEILING``, never its least (:func:`_insert`)."""
+        if K_PAD <= CANDIDATES:
+            best = tl.where(tl.arange(0, K_PAD) < k, best, KEY_CEILING)
+        return best
+
+    @triton.jit
+    def _insert(best, least, key):
+        """An unsorted list of keys (:func:`_held`) with ``key`` in the place of its least
+        (keys are unique: one slot holds it), and its new least."""
+        best = tl.where(best == least, key, best)
+        return best, tl.min(best, axis=0)
+
+    @triton.jit
+    def _sorted_tile(x, ids, inside, K_PAD: tl.constexpr, MASKED: tl.constexpr):
+        """A tile's best ``K_PAD`` keys, descending (masked lanes key as ``ORDERED_FLOOR``)."""
+        ordered = _ordered(x)
+        if MASKED:
+            ordered = tl.where(inside, ordered, ORDERED_FLOOR)
+        return tl.topk(_keys(ordered, ids), K_PAD)
+
+    @triton.jit
+    def _insert_each(x, top, base, offsets, inside, best, least, k, K_PAD: tl.constexpr,
+                     MASKED: tl.constexpr, PACKED: tl.constexpr):
+        """Small top-K (``K_PAD <= CANDIDATES``): the tile's values (``top`` its max) enter the
+        unsorted list ``best`` one by one, the highest first (ties: the lowest id), each in the
+        place of the least held, while one is above it. Where ``PACKED`` (16-bit logits), each
+        is the greatest int32 key (:func:`_packed`) below the last; else the greatest value at
+        its lowest id, then removed (``-inf``): never above the least held, as the first ``k``
+        taken into an empty list are finite (:func:`_enter` sorts a tile with fewer) and a
+        held ``-inf`` has a lower id."""
+        if PACKED:
+            keys = _packed(x, offsets, inside, MASKED)
+            key = tl.max(keys, axis=0)
+            candidate = _unpacked(key, base)
+            while candidate > least:
+                best, least = _insert(best, least, candidate)
+                key = tl.max(tl.where(keys < key, keys, ORDERED_FLOOR), axis=0)
+                candidate = _unpacked(key, base)
+        else:
+            ids = base + offsets
+            id = tl.min(tl.where(x == top, ids, ID_LIMIT), axis=0)
+            candidate = _keys(_ordered(top), id)
+            while candidate > least:
+                best, least = _insert(best, least, candidate)
+                x = tl.where(ids == id, float("-inf"), x)
+                top = tl.max(x, axis=0)
+                id = tl.min(tl.where(x == top, ids, ID_LIMIT), axis=0)
+                candidate = _keys(_ordered(top), id)
+        return best, least
+
+    @triton.jit
+    def _enter(x, top, base, offsets, inside, best, least, k, K_PAD: tl.constexpr,
+               MASKED: tl.constexpr, PACKED: tl.constexpr):
+        """The keys held and their least after a tile's values ``x`` (``-inf`` where masked;
+        ``top`` their max; offset 0 is token ``base``) enter them. Until ``k`` keys are held
+        (a slice's first tile), a tile with fewer than ``k`` finite values sorts its top
+        ``K_PAD`` and merges it into the list (then all floors: in order). A small top-K's list is unsorted
+        (:func:`_insert_each`); a wide one's is descending: the candidates (the values above
+        the least held) give their best ``k`` one by one, highest first (ties: the lowest id),
+        into a descending list merged once, where that is at most ``CANDIDATES`` passes; else
+        the tile's sorted top ``K_PAD`` is merged. A candidate is finite: a value taken becomes
+        ``-inf``."""
+        ids = base + offsets
+        kth = (least >> 32).to(tl.int32)
+        empty = kth == ORDERED_FLOOR
+        floor = tl.where(empty, float("-inf"), _value(kth))
+        few = tl.full((), 0, tl.int1)
+        if empty:
+            few = tl.sum((x > floor).to(tl.int32), axis=0) < k
+        if few:  # the list holds only floors (distinct, below every key of a tile)
+            best = _held(_sorted_tile(x, ids, inside, K_PAD, MASKED), k, K_PAD)
+            least = _least(best, k, K_PAD)
+        elif K_PAD <= CANDIDATES:
+            best, least = _insert_each(x, top, base, offsets, inside, best, least, k, K_PAD,
+                                       MASKED, PACKED)
+        else:
+            takes = tl.minimum(tl.sum((x > floor).to(tl.int32), axis=0), k)
+            if takes > CANDIDATES:
+                tile_best = _sorted_tile(x, ids, inside, K_PAD, MASKED)
+            else:
+                slots = tl.arange(0, K_PAD)
+                tile_best = tl.full((K_PAD,), KEY_FLOOR, tl.int64)
+                for slot in range(0, takes):
+                    top = tl.max(x, axis=0)
+                    id = tl.min(tl.where(x == top, ids, ID_LIMIT), axis=0)
+                    tile_best = tl.where(slots == slot, _keys(_ordered(top), id), tile_best)
+                    x = tl.where(ids == id, float("-inf"), x)
+            best = _merge(best, tile_best)
+            least = _least(best, k, K_PAD)
+        return best, least
+
+    @triton.jit
+    def _walk_tile(x, tile, offsets, stop, first_id, target, m, s, counts, best, least, k,
                    K_PAD: tl.constexpr, TOPK: tl.constexpr, HAS_TARGET: tl.constexpr,
-                   MASKED: tl.constexpr):
-        """One tile (fp32 ``x`` at columns ``cols``; ``-inf`` past ``stop`` where ``MASKED``)
-        folded into the walk's state: the running max ``m``, per-lane sums of exponentials
-        rescaled to it ``s``, per-lane counts (``>=`` the target in the low 16 bits, ``==`` it
-        above), the best keys and their ``k``-th's ordered value ``kth``."""
+                   MASKED: tl.constexpr, PACKED: tl.constexpr):
+        """One tile (fp32 ``x`` at columns ``tile + offsets``; ``-inf`` past ``stop`` where
+        ``MASKED``) folded into the walk's state: the running max ``m``, per-lane sums of
+        exponentials rescaled to it ``s``, per-lane counts (``>=`` the target in the low 16
+        bits, ``==`` it above), the best keys and the least of them (:func:`_least`)."""
         top = tl.max(x, axis=0)  # the one cross-warp step of a tile that enters nothing
         m_new = tl.maximum(m, top)
         scaled = tl.where(m_new == float("-inf"), 0.0, m_new) * LOG2E
         s = s * tl.exp2(m * LOG2E - scaled) + tl.exp2(x * LOG2E - scaled)
-        inside = cols < stop
+        inside = tile + offsets < stop
         if HAS_TARGET:
             counted = (x >= target).to(tl.int32) + ((x == target).to(tl.int32) << 16)
             if MASKED:
                 counted = tl.where(inside, counted, 0)
             counts += counted
         if TOPK:
-            if _ordered(top) > kth:  # no count or key before this passes
-                best, kth = _enter(x, cols + first_id, inside, best, kth, k, K_PAD, MASKED)
-        return m_new, s, counts, best, kth
+            if _ordered(top) > (least >> 32).to(tl.int32):  # no key before this passes
+                best, least = _enter(x, top, tile + first_id, offsets, inside, best, least, k,
+                                     K_PAD, MASKED, PACKED)
+        return m_new, s, counts, best, least
 
     @triton.jit
     def _tile_state(x_ptr, start, stop, target, first_id, k, BLOCK: tl.constexpr,
                     K_PAD: tl.constexpr, TOPK: tl.constexpr, HAS_TARGET: tl.constexpr):
         """Walk tiles ``[start, stop)`` of one row, whose column ``c`` is token ``first_id + c``,
-        for its top ``k``: (max, rescaled sum, best keys, count of logits ``>=`` the target's,
-        count equal to it). Full tiles load unmasked, each two tiles ahead
-        (launches.PREFETCH_TILES: the last full tile's address stands in past it); a ragged
+        for its top ``k``: (max, rescaled sum, best keys descending, count of logits ``>=`` the
+        target's, count equal to it). Full tiles load unmasked, each three tiles ahead for a
+        small top-K (``K_PAD <= CANDIDATES``), else two (launches.tiles_ahead: the last full
+        tile's address stands in past it); a ragged
         last tile is walked masked after them. The sums and counts are kept per lane and
         reduced once at the end; tiles come in order of their ids, so a later value equal to
-        the ``k``-th key held has a higher id, a lower key: only a value above it can enter."""
+        the ``k``-th key held has a higher id, a lower key: only a value above it can enter.
+        The keys start as distinct floors, descending; a small top-K's list, unsorted as it
+        is walked (:func:`_insert_each`), is sorted once at the end."""
+        PACKED: tl.constexpr = (x_ptr.dtype.element_ty.primitive_bitwidth == 16
+                                and BLOCK <= LOW_MASK + 1)
         m = tl.full((), float("-inf"), tl.float32)
         s = tl.zeros((BLOCK,), tl.float32)
         counts = tl.zeros((BLOCK,), tl.int32)
-        best = tl.full((K_PAD,), KEY_FLOOR, tl.int64)
-        kth = tl.full((), ORDERED_FLOOR, tl.int32)
+        slots = tl.arange(0, K_PAD)
+        best = _held(KEY_FLOOR + (K_PAD - 1 - slots).to(tl.int64), k, K_PAD)
+        least = _least(best, k, K_PAD)
         offsets = tl.arange(0, BLOCK)
         full_stop = start + (stop - start) // BLOCK * BLOCK
         last = full_stop - BLOCK
         ahead = tl.load(x_ptr + start + offsets, mask=offsets < full_stop - start)
         after = tl.load(x_ptr + start + BLOCK + offsets,
                         mask=offsets < full_stop - start - BLOCK)
+        later = after  # the third tile ahead, where there is one
+        if TOPK and K_PAD <= CANDIDATES:
+            later = tl.load(x_ptr + start + 2 * BLOCK + offsets,
+                            mask=offsets < full_stop - start - 2 * BLOCK)
         for tile in range(start, full_stop, BLOCK):
             x = ahead.to(tl.float32)
             ahead = after
-            after = tl.load(x_ptr + tl.minimum(tile + 2 * BLOCK, last) + offsets)
-            m, s, counts, best, kth = _walk_tile(x, tile + offsets, stop, first_id, target, m,
-                                                 s, counts, best, kth, k, K_PAD, TOPK,
-                                                 HAS_TARGET, False)
+            if TOPK and K_PAD <= CANDIDATES:
+                after = later
+                later = tl.load(x_ptr + tl.minimum(tile + 3 * BLOCK, last) + offsets)
+            else:
+                after = tl.load(x_ptr + tl.minimum(tile + 2 * BLOCK, last) + offsets)
+            m, s, counts, best, least = _walk_tile(x, tile, offsets, stop, first_id, target, m,
+                                                   s, counts, best, least, k, K_PAD, TOPK,
+                                                   HAS_TARGET, False, PACKED)
         if full_stop < stop:
             cols = full_stop + offsets
             x = tl.load(x_ptr + cols, mask=cols < stop, other=float("-inf")).to(tl.float32)
-            m, s, counts, best, kth = _walk_tile(x, cols, stop, first_id, target, m, s, counts,
-                                                 best, kth, k, K_PAD, TOPK, HAS_TARGET, True)
+            m, s, counts, best, least = _walk_tile(x, full_stop, offsets, stop, first_id,
+                                                   target, m, s, counts, best, least, k, K_PAD,
+                                                   TOPK, HAS_TARGET, True, PACKED)
+        if TOPK and K_PAD <= CANDIDATES:
+            best = tl.sort(tl.where(slots < k, best, KEY_FLOOR), descending=True)
         return (m, tl.sum(s, axis=0), best, tl.sum(counts & 0xFFFF, axis=0),
                 tl.sum(counts >> 16, axis=0))
 
