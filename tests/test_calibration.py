@@ -54,9 +54,10 @@ def test_family_ports_at_least_90_percent_at_3_delta_with_5_percent_noise_until_
 
 
 def _any_cell_ports(cells, **kwargs):
-    """Negative control: every cell decided alone, the family ports when any cell does."""
+    """Negative control: every cell decided alone, no unseen stall charged, the family ports
+    when any cell does."""
     decisions = [stats.decide(c["baseline"], c["candidate"], min_speedup=c["min_speedup"],
-                              twin=c["twin"], **kwargs) for c in cells]
+                              twin=c["twin"], stall_allowance=1.0, **kwargs) for c in cells]
     answers = {d.decision for d in decisions}
     answer = (stats.PORT if stats.PORT in answers else
               stats.CLOSE if answers == {stats.CLOSE} else stats.INCONCLUSIVE)
@@ -459,7 +460,7 @@ def test_the_noise_a_gpu_node_makes_keeps_the_rules_stated_error():
     45.8 %, a 1-in-200 stall 51 %; a bimodal baseline kept a 2 delta saving from porting (0 of
     18); a reused buffer at 0.5 delta of pinning was out of reach at the gate's cap."""
     table = calibration_cases.cases(trials=40, only=ISSUE_49_BARS, seed=3)
-    assert len(table) == len(ISSUE_49_BARS) + 6  # until resolved near the bar
+    assert len(table) == len(ISSUE_49_BARS) + 7  # until resolved near the bar and at 2 delta
     for row in table.itertuples():
         sign, level = row.requirement.split()
         if sign == "<=":  # consistent with the stated 5 %: its Wilson interval reaches under it
