@@ -331,6 +331,20 @@ def test_reuse_3_delta_with_pinning_2_delta_recommends_the_pinned_scratch():
     assert reused == 0  # at most 5 %: 60 trials cannot show it on a Wilson interval (1000 can)
 
 
+def test_deferring_the_wait_is_recommended_only_where_it_saves():
+    """The fourth question in the calibration: deferring the pinned scratch's wait, asked last
+    and only where the pinned scratch is ported (two cells, 160 rounds)."""
+    kwargs = dict(rounds=DONE_ROUNDS, trials=12, cells=2, seed=9)
+    saves = calibration.recommendation_rates(SAVES_3_DELTA, SAVES_3_DELTA, SAVES_3_DELTA,
+                                             **kwargs)
+    assert saves.get(sequence.PORT_PINNED_DEFERRED, 0.0) >= 0.9
+    none = calibration.recommendation_rates(SAVES_3_DELTA, SAVES_3_DELTA, 1.0, **kwargs)
+    assert none.get(sequence.PORT_PINNED, 0.0) >= 0.9
+    assert sequence.PORT_PINNED_DEFERRED not in none
+    unasked = calibration.recommendation_rates(1.0, 1.0, SAVES_3_DELTA, **kwargs)
+    assert sequence.PORT_PINNED_DEFERRED not in unasked  # no pinned scratch, no deferring
+
+
 @pytest.mark.slow  # make check's fast lane leaves it to make test
 def test_reuse_3_delta_with_pinning_2_delta_recommends_a_reused_buffer_at_most_5_percent():
     rates = calibration.recommendation_rates(SAVES_3_DELTA, 1 / (1 - 2 * DELTA),

@@ -127,6 +127,12 @@ def _case_specs(delta: float) -> list[tuple[str, str, str, Any]]:
          ((pin08, 1.0), sequence.CLOSE_CHANGE)),
         ("reuse 3 delta, no pinning effect: a reused buffer", "recommended", ">= 0.80",
          ((saving, 1.0), sequence.PORT_REUSED)),
+        ("reuse 3 delta, pinning 2 delta, deferring its wait 2 delta: pinned and deferred",
+         "recommended", ">= 0.80", ((saving, pin2, pin2), sequence.PORT_PINNED_DEFERRED)),
+        ("reuse 3 delta, pinning 2 delta, deferring its wait at the bar: pinned and deferred",
+         "recommended", "<= 0.05", ((saving, pin2, bar), sequence.PORT_PINNED_DEFERRED)),
+        ("reuse 3 delta, pinning 2 delta, no deferring effect: the pinned scratch",
+         "recommended", ">= 0.80", ((saving, pin2, 1.0), sequence.PORT_PINNED)),
     ] + _noise_cases(delta)
 
 
