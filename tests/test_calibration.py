@@ -379,7 +379,7 @@ FEW_CASES = ("6 cells at the bar, lognormal 2 %", "reuse 0.5 delta, no pinning e
 
 def test_the_cases_table_has_a_row_per_case_with_its_wilson_interval_and_requirement():
     names = [spec[0] for spec in calibration_cases._case_specs(DELTA)]
-    assert len(names) == len(set(names)) == 33 and set(FEW_CASES) <= set(names)
+    assert len(names) == len(set(names)) == 36 and set(FEW_CASES) <= set(names)
     table = calibration_cases.cases(trials=2, until_resolved=False, only=FEW_CASES)
     assert len(table) == 3 and set(table["rounds"]) == {"160"} and (table["trials"] == 2).all()
     assert {"case", "rate", "rate_low", "rate_high", "requirement", "met"} <= set(table.columns)

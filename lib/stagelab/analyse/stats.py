@@ -21,8 +21,12 @@ that pairing.
   twin's CI, still with one more round like the family's worst (a pseudo-count for the rarest
   rounds: a stall one cell holds is charged to every cell), and every cell can support it
   (:func:`decide_family`: 149 rounds, its mean non-inferior, its p99 tail not shown heavier
-  beyond delta; intersection-union). Every cell and a family PORT state the rarest candidate
-  stall their rounds cannot exclude, and a PORT the stall it survives (:func:`stall_budget`).
+  beyond delta; intersection-union). Every PORT bound is charged for one unseen candidate
+  stall (``stall_allowance`` times an ordinary call) among the family's rounds
+  (:func:`stagelab.core.design.unseen_stall_charge`): a sample that missed a stall rarer than
+  its rounds shows the candidate faster than it is. Every cell and a family PORT state the
+  rarest candidate stall their rounds cannot exclude, and a PORT the stall it survives beyond
+  the charged one (:func:`stall_budget`).
 * **Bad input never crashes the decision**: a non-finite, zero or negative time, a missing,
   non-numeric or wrongly shaped series, bad regimes or carry-over, or a bad bar make the cell
   INCONCLUSIVE with the reason.

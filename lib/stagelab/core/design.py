@@ -22,6 +22,10 @@ arms in each round and the rule that says when a cell has enough rounds. Standar
   round of 50 shows no slow round at all in ``0.98^n`` of samples of ``n`` rounds; a sample
   without one looks faster than the arm is, and stopping on precision locks that in. 149 rounds
   see at least one such stall with probability 95 %, so a PORT needs that many.
+* **The stall the rounds may have missed** (:func:`unseen_stall_charge`,
+  :data:`STALL_ALLOWANCE`): a PORT charges the candidate's mean for one stall 3x an ordinary
+  call among the family's rounds, since a sample that holds no stall rarer than its rounds shows
+  the candidate faster than it is.
 """
 
 from __future__ import annotations
