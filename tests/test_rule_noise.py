@@ -93,7 +93,7 @@ def test_a_stall_seen_in_one_cell_is_charged_to_every_cell_of_the_family():
     stalled = stats.decide_family(family_at(BAR * 1.012, stall_cell=0))
     assert stalled.decision != stats.PORT
     assert all(c.one_more_bound <= BAR for c in stalled.cells)
-    alone = stats.decide_family(family_at(BAR * 1.012, cells=2)[1:])
+    alone = stats.decide_family(family_at(BAR * 1.012, cells=2)[1:], stall_allowance=1.0)
     assert alone.decision == stats.PORT  # the cell alone, no stall seen, still ports
 
 
@@ -350,3 +350,69 @@ def test_every_port_states_the_stall_it_survives():
     assert all(c.stall_budget is None for c in unported.cells if c.decision != stats.PORT)
     with pytest.raises(ValueError, match="unexcluded"):
         stats.stall_budget(1.03, 1.02, 0)
+
+
+def test_the_unseen_stall_charge_is_one_stall_among_the_rounds():
+    assert design.unseen_stall_charge(960) == pytest.approx(2 / 961)  # 3x: 0.21 %
+    assert design.unseen_stall_charge(160, 1.0) == 0.0
+    assert design.unseen_stall_charge(160, 4.0) > design.unseen_stall_charge(960, 4.0)
+    with pytest.raises(ValueError, match="rounds"):
+        design.unseen_stall_charge(0)
+    with pytest.raises(ValueError, match="stall allowance"):
+        design.unseen_stall_charge(160, 0.5)
+
+
+@pytest.mark.parametrize("allowance", [0.9, math.inf, math.nan, True, "3"])
+def test_a_bad_stall_allowance_is_refused_by_name(allowance):
+    with pytest.raises(ValueError, match="stall_allowance"):
+        stats.decide_family(family_at(BAR * 1.05), stall_allowance=allowance)
+
+
+def stalling_family(rng, rate, cells=6, rounds=160, factor=3.0, speedup=BAR):
+    """Six cells whose candidate stalls ``factor`` x in ``rate`` of its calls, its mean held at
+    ``speedup`` (the bar) by its other calls (0.5 % noise on every arm: a cell's error about a
+    twentieth of delta, so that a missed stall's bias matters)."""
+    out = []
+    for _ in range(cells):
+        b, c = arms(rng, speedup, rounds, sigma=0.005)
+        stalls = rng.random(rounds) < rate
+        c = c * np.where(stalls, factor, 1.0) / (1 + rate * (factor - 1))
+        out.append({"baseline": b, "candidate": c, "twin": None, "min_speedup": BAR})
+    return out
+
+
+def test_a_sample_that_missed_a_rare_stall_no_longer_ports():
+    """Before: a candidate 3x slower in 1 of 1000 calls, its mean at the bar, showed in the 38 %
+    of families of 960 rounds that hold no stall a mean 0.2 % faster than it is, and six cells
+    ported in 4.2 % of 3000 families. The PORT bound now charges one unseen 3x stall among the
+    family's rounds."""
+    rng = np.random.default_rng(3)  # no stall in the sample: the candidate 0.2 % too fast
+    unseen = stalling_family(rng, 0.0, speedup=BAR * (1 + 2 / 1000))
+    plain = stats.decide_family(unseen, stall_allowance=1.0)
+    charged = stats.decide_family(unseen)
+    same_level = [(p.port_bound, c.port_bound) for p, c in zip(plain.cells, charged.cells)
+                  if p.port_level == c.port_level]  # Holm's later steps differ
+    assert same_level and all(c == pytest.approx(p / (1 + 2 / 961)) for p, c in same_level)
+    assert [c.stall_charge for c in charged.cells] == pytest.approx([2 / 961] * 6)
+    assert charged.stall_allowance == 3.0 and plain.stall_allowance == 1.0
+    declared = lambda family: sum(c.decision == stats.PORT for c in family.cells)  # noqa: E731
+    assert declared(plain) >= 3 and declared(charged) == 0
+
+
+def test_a_real_saving_ports_with_the_charge_and_says_so():
+    family = stats.decide_family(family_at(1 / (1 - 2 * DELTA)))
+    assert family.decision == stats.PORT
+    assert "unseen 3x candidate stall in the family's 960 rounds (0.21%" in family.reason
+    assert all("unseen 3x" in c.reason for c in family.cells if c.decision == stats.PORT)
+
+
+@pytest.mark.slow  # 2 x 300 families: make check's fast lane leaves it to make test
+def test_rare_stalls_rarer_than_the_rounds_stay_within_the_stated_error():
+    """Families at the bar whose candidate stalls 3x in 1 of 1000 calls (this file's generator):
+    charged, false PORT at or under 2.5 % of 300; uncharged, the bias shows."""
+    rng = np.random.default_rng(21)
+    families = [stalling_family(rng, 1 / 1000) for _ in range(300)]
+    charged = sum(stats.decide_family(f).decision == stats.PORT for f in families)
+    plain = sum(stats.decide_family(f, stall_allowance=1.0).decision == stats.PORT
+                for f in families)
+    assert charged <= 7 < plain

@@ -398,34 +398,51 @@ def family_port_rate(noise: Noise, speedups: Sequence[float], *, rounds: int, tr
             "family_port_high": high, "family_close": closes / trials}
 
 
-def recommendation_rates(reuse: float, pinning: float, *, rounds: int, trials: int,
-                         cells: int = 6, delta: float = 0.02, sigma: float = 0.02,
-                         seed: int = 0, max_rounds: int | None = None) -> dict[str, float]:
-    """How often each change is recommended (:func:`stagelab.analyse.sequence.recommend`) when reuse
-    alone has the true speedup ``reuse`` over the fresh vector and pinning ``pinning`` over the
-    reused buffer (the bundle: their product), every cell of a family alike, with lognormal
-    ``sigma`` noise per sample and an A/A twin of the fresh vector: the three questions decided
-    as families, in their fixed sequence, on the same simulated rounds. With ``max_rounds``,
-    rounds until resolved: each cell runs until its three questions and its twin are resolved
-    (the bench's stop rule), or the cap."""
+# each question of the sequence: (baseline, candidate, A/A twin) arms, indices into the
+# simulated arms fresh, reused, pinned, twin and, where deferring is simulated, pinned deferred
+QUESTIONS = {"bundle": (0, 2, 3), "reuse": (0, 1, 3), "pinning": (1, 2, None),
+             "deferral": (2, 4, None)}
+
+
+def recommendation_rates(reuse: float, pinning: float, deferral: float | None = None, *,
+                         rounds: int, trials: int, cells: int = 6, delta: float = 0.02,
+                         sigma: float = 0.02, seed: int = 0,
+                         max_rounds: int | None = None) -> dict[str, float]:
+    """How often each change is recommended (:func:`stagelab.analyse.sequence.recommend`, then
+    :func:`stagelab.analyse.sequence.recommend_deferral`) when reuse alone has the true speedup
+    ``reuse`` over the fresh vector, pinning ``pinning`` over the reused buffer (the bundle:
+    their product) and, where given, deferring the wait ``deferral`` over the pinned scratch
+    (the fourth question, tested last, only where the pinned scratch is ported; None: not
+    measured, as in the gate), every cell of a family alike, with lognormal ``sigma`` noise per
+    sample and an A/A twin of the fresh vector: the questions decided as families, in their
+    fixed sequence, on the same simulated rounds. With ``max_rounds``, rounds until resolved:
+    each cell runs until its questions and its twin are resolved (the bench's stop rule), or the
+    cap."""
     rng = np.random.default_rng(seed)
     bar = 1.0 / (1.0 - delta)
     cap = max(rounds, max_rounds or rounds)
-    level = np.array([1.0, 1.0 / reuse, 1.0 / (reuse * pinning), 1.0])  # fresh, reused, pinned, twin
-    times = level[None, None, :, None] * np.exp(sigma * rng.normal(size=(trials, cells, 4, cap)))
-    pairs = {"bundle": (0, 2, 3), "reuse": (0, 1, 3), "pinning": (1, 2, None)}
-    flat = times.reshape(trials * cells, 4, cap)
-    stops = _resolved_at([(flat[:, b], flat[:, c]) for b, c in ((0, 2), (0, 1), (1, 2), (0, 3))],
+    pinned = 1.0 / (reuse * pinning)
+    level = np.array([1.0, 1.0 / reuse, pinned, 1.0]  # fresh, reused, pinned, twin
+                     + ([] if deferral is None else [pinned / deferral]))  # pinned deferred
+    times = level[None, None, :, None] * np.exp(
+        sigma * rng.normal(size=(trials, cells, len(level), cap)))
+    asked = {q: arms for q, arms in QUESTIONS.items() if max(arms[:2]) < len(level)}
+    flat = times.reshape(trials * cells, len(level), cap)
+    compared = [(b, c) for b, c, _ in asked.values()] + [(0, 3)]  # and the A/A twin
+    stops = _resolved_at([(flat[:, b], flat[:, c]) for b, c in compared],
                          rounds=rounds, max_rounds=cap, bar=bar).reshape(trials, cells)
     counts: dict[str, int] = {}
     for trial, cut in zip(times, stops):
-        answers = {}
-        for question, (base, cand, twin) in pairs.items():
+        answers: dict[str, stats.FamilyDecision | None] = dict.fromkeys(QUESTIONS)
+        for question, (base, cand, twin) in asked.items():
             family = [{"baseline": cell[base, :n], "candidate": cell[cand, :n],
                        "twin": None if twin is None else cell[twin, :n], "min_speedup": bar}
                       for cell, n in zip(trial, cut)]
             answers[question] = stats.decide_family(family)
-        change = sequence.recommend(answers["bundle"], answers["pinning"], answers["reuse"])[0]
+        bundle = answers["bundle"]
+        assert bundle is not None  # always asked
+        change, reason = sequence.recommend(bundle, answers["pinning"], answers["reuse"])
+        change = sequence.recommend_deferral(change, reason, answers["deferral"])[0]
         counts[change] = counts.get(change, 0) + 1
     return {change: n / trials for change, n in counts.items()}
 

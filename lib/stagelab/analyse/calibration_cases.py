@@ -127,13 +127,21 @@ def _case_specs(delta: float) -> list[tuple[str, str, str, Any]]:
          ((pin08, 1.0), sequence.CLOSE_CHANGE)),
         ("reuse 3 delta, no pinning effect: a reused buffer", "recommended", ">= 0.80",
          ((saving, 1.0), sequence.PORT_REUSED)),
+        ("reuse 3 delta, pinning 2 delta, deferring its wait 2 delta: pinned and deferred",
+         "recommended", ">= 0.80", ((saving, pin2, pin2), sequence.PORT_PINNED_DEFERRED)),
+        ("reuse 3 delta, pinning 2 delta, deferring its wait at the bar: pinned and deferred",
+         "recommended", "<= 0.05", ((saving, pin2, bar), sequence.PORT_PINNED_DEFERRED)),
+        ("reuse 3 delta, pinning 2 delta, no deferring effect: the pinned scratch",
+         "recommended", ">= 0.80", ((saving, pin2, 1.0), sequence.PORT_PINNED)),
     ] + _noise_cases(delta)
 
 
 # the cases whose rows until resolved are simulated beside the fixed ones: those near the bar,
-# where the stop rule looks at the effect (optional stopping) or the cap decides reachability;
-# far from the bar a cell stops at its first check, and the fixed row is the same sample
-STOPPING_MATTERS = ("at the bar", "0.5 delta", "0.8 delta")
+# where the stop rule looks at the effect (optional stopping) or the cap decides reachability,
+# and a 2 delta saving under a bimodal baseline, whose cells mostly run to the cap (the stop rule
+# reads no regimes); far from the bar a cell stops at its first check, and the fixed row is the
+# same sample
+STOPPING_MATTERS = ("at the bar", "0.5 delta", "0.8 delta", "saving 2 delta")
 
 
 def cases(trials: int = 200, *, delta: float = 0.02, seed: int = 0, rounds: int = CASE_ROUNDS,

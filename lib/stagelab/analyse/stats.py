@@ -21,8 +21,12 @@ that pairing.
   twin's CI, still with one more round like the family's worst (a pseudo-count for the rarest
   rounds: a stall one cell holds is charged to every cell), and every cell can support it
   (:func:`decide_family`: 149 rounds, its mean non-inferior, its p99 tail not shown heavier
-  beyond delta; intersection-union). Every cell and a family PORT state the rarest candidate
-  stall their rounds cannot exclude, and a PORT the stall it survives (:func:`stall_budget`).
+  beyond delta; intersection-union). Every PORT bound is charged for one unseen candidate
+  stall (``stall_allowance`` times an ordinary call) among the family's rounds
+  (:func:`stagelab.core.design.unseen_stall_charge`): a sample that missed a stall rarer than
+  its rounds shows the candidate faster than it is. Every cell and a family PORT state the
+  rarest candidate stall their rounds cannot exclude, and a PORT the stall it survives beyond
+  the charged one (:func:`stall_budget`).
 * **Bad input never crashes the decision**: a non-finite, zero or negative time, a missing,
   non-numeric or wrongly shaped series, bad regimes or carry-over, or a bad bar make the cell
   INCONCLUSIVE with the reason.
@@ -91,6 +95,8 @@ class Decision:
     # could be absent from the cell's rounds (design.rarest_unexcluded)
     stall_budget: float | None = None  # a PORT's: the stall (x slower) at 1 in
     # stalls_unexcluded rounds that would bring its port_bound down to the bar (stall_budget)
+    stall_charge: float | None = None  # the share of the candidate's mean port_bound charges
+    # for an unseen stall (design.unseen_stall_charge over the family's rounds)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -107,6 +113,8 @@ class FamilyDecision:
     confidence: float = 0.95
     stall_budget: float | None = None  # a PORT's: the stall (x slower) at the rarest rate the
     # family's rounds cannot exclude that would erase the smallest margin of a carrying cell
+    stall_allowance: float = design.STALL_ALLOWANCE  # the unseen stall (x an ordinary call)
+    # charged in every PORT bound, once over the family's rounds
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -162,11 +170,15 @@ class _Cell:
     loading: float = 0.0  # its standardised error's loading on the family's shared mix error
 
 
-def _check_common(min_samples: int, confidence: float) -> None:
+def _check_common(min_samples: int, confidence: float, stall_allowance: float) -> None:
     if isinstance(min_samples, bool) or not isinstance(min_samples, int) or min_samples < 2:
         raise ValueError(f"min_samples must be at least 2, got {min_samples!r}")
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must lie in (0, 1), got {confidence!r}")
+    if (isinstance(stall_allowance, bool) or not isinstance(stall_allowance, (int, float))
+            or not (math.isfinite(stall_allowance) and stall_allowance >= 1)):
+        raise ValueError(f"stall_allowance must be a finite number >= 1 (times an ordinary "
+                         f"call), got {stall_allowance!r}")
 
 
 def _bar(cell: Any) -> float:
@@ -353,17 +365,49 @@ def _median_note(evidence: dict[str, Any]) -> str:
             "difference; the decision follows the mean, which the engine pays")
 
 
-def _clears_port(cell: _Cell, level: float) -> bool:
-    """Whether the cell's lower bound at one-sided error ``level`` lies above its bar and above
-    its twin's CI, and still above its bar with one more round like its worst."""
+@dataclass(frozen=True)
+class _StallCharge:
+    """The unseen stall every PORT bound of a family charges: one call ``allowance`` times an
+    ordinary one among the family's ``rounds`` (:func:`stagelab.core.design.unseen_stall_charge`:
+    the same candidate in every cell, so the family's rounds together are what could miss it)."""
+
+    allowance: float
+    rounds: int
+
+    @property
+    def share(self) -> float:
+        """The share of the candidate's mean charged (0 where no cell was measured)."""
+        return design.unseen_stall_charge(self.rounds, self.allowance) if self.rounds else 0.0
+
+    def charged(self, bound: float) -> float:
+        """A speedup bound with the candidate's mean raised by the charge."""
+        return bound / (1 + self.share)
+
+    def words(self) -> str:
+        return (f"charged for one unseen {self.allowance:g}x candidate stall in the family's "
+                f"{self.rounds:,} rounds ({self.share:.2%} of its mean)")
+
+
+def _port_bound(cell: _Cell, level: float, charge: _StallCharge) -> float:
+    """The cell's PORT bound: its lower bound at one-sided error ``level``, charged for the
+    family's unseen stall."""
+    assert cell.effect is not None  # a cell still to decide
+    return charge.charged(cell.effect.bound(level))
+
+
+def _clears_port(cell: _Cell, level: float, charge: _StallCharge) -> bool:
+    """Whether the cell's PORT bound at one-sided error ``level`` (:func:`_port_bound`) lies
+    above its bar and above its twin's CI, and its lower bound still above its bar with one
+    more round like the family's worst."""
     assert cell.effect is not None and cell.one_more is not None  # a cell still to decide
-    bound = cell.effect.bound(level)
+    bound = _port_bound(cell, level, charge)
     twin_high = cell.evidence.get("twin_ci_high")
     return (bound > cell.bar and (twin_high is None or bound > twin_high)
             and cell.one_more.bound(level) > cell.bar)
 
 
-def _holm(cells: list[_Cell], alpha: float) -> tuple[set[int], dict[int, float]]:
+def _holm(cells: list[_Cell], alpha: float,
+          charge: _StallCharge) -> tuple[set[int], dict[int, float]]:
     """Holm's step-down at family-wise one-sided level ``alpha``: test the open cells at the
     family level of the cells not yet declared (alpha / their count, or the max-T level where
     they share the mix's error: :func:`stagelab.analyse.regimes.family_level`), declare those
@@ -377,7 +421,8 @@ def _holm(cells: list[_Cell], alpha: float) -> tuple[set[int], dict[int, float]]
         level = regimes.family_level(
             [c.loading for i, c in enumerate(cells) if i not in declared], alpha)
         levels.update(dict.fromkeys(open_cells, level))
-        cleared = {i for i in open_cells if not cells[i].blocked and _clears_port(cells[i], level)}
+        cleared = {i for i in open_cells
+                   if not cells[i].blocked and _clears_port(cells[i], level, charge)}
         if not cleared:
             break
         declared |= cleared
@@ -385,22 +430,24 @@ def _holm(cells: list[_Cell], alpha: float) -> tuple[set[int], dict[int, float]]
     return declared, levels
 
 
-def _cell_decision(cell: _Cell, ported: bool, family_size: int,
-                   confidence: float) -> Decision:
+def _cell_decision(cell: _Cell, ported: bool, family_size: int, confidence: float,
+                   charge: _StallCharge) -> Decision:
     """The decision of one open cell once Holm has run."""
     ev = cell.evidence
     bar, low, high = cell.bar, ev["ci_low"], ev["ci_high"]
     effect = _ci_words(ev["speedup"], low, high, confidence)
     twin_high = ev.get("twin_ci_high")
     twin_words = "" if twin_high is None else f" and above the A/A twin's CI (up to {twin_high:.3f})"
-    level_words = (f"its lower bound at the family's level ({ev['port_bound']:.3f}, one-sided "
-                   f"{ev['port_level']:.2%}, Holm over {family_size} cell(s))")
+    level_words = (f"its lower bound at the family's level, {charge.words()} "
+                   f"({ev['port_bound']:.3f}, one-sided {ev['port_level']:.2%}, Holm over "
+                   f"{family_size} cell(s))")
     if ported:
         budget = stall_budget(ev["port_bound"], bar, ev["stalls_unexcluded"])
         return Decision(PORT, f"speedup {effect}: {level_words} lies above the minimum "
                         f"{bar:.3f}x{twin_words}; a candidate stall rarer than 1 in "
                         f"{ev['stalls_unexcluded']} cannot be excluded, and one {budget:.2f}x "
-                        "slower at that rate would erase the margin", stall_budget=budget, **ev)
+                        "slower at that rate, beyond the charged one, would erase the margin",
+                        stall_budget=budget, **ev)
     if ev["close_bound"] < bar:
         return Decision(CLOSE, f"speedup {effect}: its upper bound at one-sided "
                         f"{1 - confidence:.0%} ({ev['close_bound']:.3f}) lies below the minimum "
@@ -431,7 +478,8 @@ def _check_cells(cells: Sequence[Mapping[str, Any]]) -> None:
 
 def decide_family(cells: Sequence[Mapping[str, Any]], *, min_samples: int = 10,
                   confidence: float = 0.95, seed: int = 0,
-                  port_min_rounds: int = design.TAIL_ROUNDS) -> FamilyDecision:
+                  port_min_rounds: int = design.TAIL_ROUNDS,
+                  stall_allowance: float = design.STALL_ALLOWANCE) -> FamilyDecision:
     """One PORT, CLOSE or INCONCLUSIVE for a family of cells, and each cell's decision.
 
     ``cells``: dicts with ``baseline``, ``candidate``, ``twin`` (per-round timings, paired by
@@ -439,7 +487,9 @@ def decide_family(cells: Sequence[Mapping[str, Any]], *, min_samples: int = 10,
 
     * A cell PORTs when its lower bound at Holm's one-sided level (``(1 - confidence) / 2``
       divided by the cells not yet declared, or the max-T level of those cells where they share
-      a regime mix's error) lies above its bar and above its twin's CI, it has
+      a regime mix's error), charged for one unseen candidate stall ``stall_allowance`` times an
+      ordinary call among the family's rounds (:func:`stagelab.core.design.unseen_stall_charge`;
+      1 charges nothing), lies above its bar and above its twin's CI, it has
       at least ``port_min_rounds`` rounds, and its p99 tail is not shown heavier beyond delta.
     * A cell CLOSEs when its upper bound at one-sided ``1 - confidence`` lies below its bar (the
       two one-sided tests of equivalence testing, at the usual 5 %: each cell's CLOSE is a test
@@ -456,7 +506,7 @@ def decide_family(cells: Sequence[Mapping[str, Any]], *, min_samples: int = 10,
     block, and the family PORT names it).
     """
     _check_cells(cells)
-    _check_common(min_samples, confidence)
+    _check_common(min_samples, confidence, stall_allowance)
     mix = regimes.family_mix(cells)
     prepared = [_prepare(c, min_samples=min_samples, confidence=confidence, seed=seed,
                          port_min_rounds=port_min_rounds, mix=mix) for c in cells]
@@ -464,8 +514,10 @@ def decide_family(cells: Sequence[Mapping[str, Any]], *, min_samples: int = 10,
     for cell in prepared:
         if cell.settled is None:
             cell.one_more = _one_more_worst(cell, excess)
+    charge = _StallCharge(float(stall_allowance),
+                          sum(len(c.series[0]) for c in prepared if c.series is not None))
     alpha = (1 - confidence) / 2
-    ported, levels = _holm(prepared, alpha)
+    ported, levels = _holm(prepared, alpha, charge)
     decisions = []
     for index, cell in enumerate(prepared):
         if cell.settled is not None:
@@ -474,14 +526,15 @@ def decide_family(cells: Sequence[Mapping[str, Any]], *, min_samples: int = 10,
             continue
         assert cell.effect is not None  # a cell still to decide has its effect
         cell.evidence["port_level"] = levels[index]
-        cell.evidence["port_bound"] = cell.effect.bound(levels[index])
+        cell.evidence["port_bound"] = _port_bound(cell, levels[index], charge)
+        cell.evidence["stall_charge"] = charge.share
         cell.evidence["close_bound"] = cell.effect.bound(confidence)
         assert cell.one_more is not None
         cell.evidence["one_more_bound"] = cell.one_more.bound(levels[index])
-        decision = _cell_decision(cell, index in ported, len(prepared), confidence)
+        decision = _cell_decision(cell, index in ported, len(prepared), confidence, charge)
         decision.port_blocked = cell.blocked
         decisions.append(decision)
-    return _family(decisions, confidence)
+    return _family(decisions, confidence, charge)
 
 
 def stall_words(cells: Sequence[Decision]) -> str:
@@ -506,11 +559,12 @@ def _family_budget(cells: Sequence[Decision]) -> tuple[float, str]:
     margin = min(carrying, key=lambda d: (d.port_bound or 0) / (d.min_speedup or 1))
     assert margin.port_bound is not None and margin.min_speedup is not None  # a PORT cell's
     budget = stall_budget(margin.port_bound, margin.min_speedup, unexcluded)
-    return budget, (f"; a stall {budget:.2f}x slower at 1 in {unexcluded:,} would erase the "
-                    "smallest margin of a carrying cell")
+    return budget, (f"; a stall {budget:.2f}x slower at 1 in {unexcluded:,}, beyond the "
+                    "charged one, would erase the smallest margin of a carrying cell")
 
 
-def _family(decisions: list[Decision], confidence: float) -> FamilyDecision:
+def _family(decisions: list[Decision], confidence: float,
+            charge: _StallCharge) -> FamilyDecision:
     """The family's one decision from its cells' decisions."""
     answers = [d.decision for d in decisions]
     ported = [i for i, d in enumerate(answers) if d == PORT]
@@ -519,16 +573,20 @@ def _family(decisions: list[Decision], confidence: float) -> FamilyDecision:
     if ported and not blocked:
         roles = port_roles([(d.decision, d.tail) for d in decisions])
         budget, budget_words = _family_budget(decisions)
-        return FamilyDecision(PORT, f"{roles}; {stall_words(decisions)}{budget_words} ({each})",
-                              decisions, confidence=confidence, stall_budget=budget)
+        return FamilyDecision(PORT, f"{roles}; every PORT bound {charge.words()}; "
+                              f"{stall_words(decisions)}{budget_words} ({each})", decisions,
+                              confidence=confidence, stall_budget=budget,
+                              stall_allowance=charge.allowance)
     if all(a == CLOSE for a in answers):
         return FamilyDecision(CLOSE, f"all {len(decisions)} cells close: every CI lies below "
-                              "its bar", decisions, confidence=confidence)
+                              "its bar", decisions, confidence=confidence,
+                              stall_allowance=charge.allowance)
     counts = {a: answers.count(a) for a in sorted(set(answers))}
     extra = ("; a PORT is blocked by " + "; ".join(
         f"cell {i} ({decisions[i].port_blocked})" for i in blocked)) if ported and blocked else ""
     return FamilyDecision(INCONCLUSIVE, f"the cells disagree or are unresolved ({counts})"
-                          f"{extra}", decisions, confidence=confidence)
+                          f"{extra}", decisions, confidence=confidence,
+                          stall_allowance=charge.allowance)
 
 
 def port_roles(answers: Sequence[tuple[str, str]], names: Sequence[str] | None = None) -> str:
@@ -556,7 +614,8 @@ def port_roles(answers: Sequence[tuple[str, str]], names: Sequence[str] | None =
 def decide(baseline: Samples | None, candidate: Samples | None, *,
            min_speedup: float, twin: Samples | None = None, min_samples: int = 10,
            confidence: float = 0.95, seed: int = 0,
-           port_min_rounds: int = design.TAIL_ROUNDS) -> Decision:
+           port_min_rounds: int = design.TAIL_ROUNDS,
+           stall_allowance: float = design.STALL_ALLOWANCE) -> Decision:
     """PORT, CLOSE or INCONCLUSIVE for replacing ``baseline`` with ``candidate``: the rule of
     :func:`decide_family` for a family of one cell (the same estimand, the ratio of means).
 
@@ -566,5 +625,6 @@ def decide(baseline: Samples | None, candidate: Samples | None, *,
     shaped) is INCONCLUSIVE with the reason, never an exception."""
     cell = {"baseline": baseline, "candidate": candidate, "twin": twin,
             "min_speedup": min_speedup}
-    return decide_family([cell], min_samples=min_samples, confidence=confidence,
-                         seed=seed, port_min_rounds=port_min_rounds).cells[0]
+    return decide_family([cell], min_samples=min_samples, confidence=confidence, seed=seed,
+                         port_min_rounds=port_min_rounds,
+                         stall_allowance=stall_allowance).cells[0]
