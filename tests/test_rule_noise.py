@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from stagelab.analyse import carryover, regimes, resample, stats
+from stagelab.analyse import carryover, regimes, resample, stalls, stats
 from stagelab.analyse.resample import RatioOfMeans
 from stagelab.core import design
 
@@ -336,7 +336,7 @@ def test_a_family_sharing_a_regime_mix_is_tested_at_the_max_t_level():
 
 
 def test_every_port_states_the_stall_it_survives():
-    assert stats.stall_budget(1.03, 1.02, 53) == pytest.approx(1 + 53 * (1.03 / 1.02 - 1))
+    assert stalls.stall_budget(1.03, 1.02, 53) == pytest.approx(1 + 53 * (1.03 / 1.02 - 1))
     family = stats.decide_family(family_at(BAR * 1.05))
     assert family.decision == stats.PORT
     ported = [c for c in family.cells if c.decision == stats.PORT]
@@ -349,7 +349,7 @@ def test_every_port_states_the_stall_it_survives():
     assert unported.stall_budget is None
     assert all(c.stall_budget is None for c in unported.cells if c.decision != stats.PORT)
     with pytest.raises(ValueError, match="unexcluded"):
-        stats.stall_budget(1.03, 1.02, 0)
+        stalls.stall_budget(1.03, 1.02, 0)
 
 
 def test_the_unseen_stall_charge_is_one_stall_among_the_rounds():

@@ -26,7 +26,7 @@ that pairing.
   (:func:`stagelab.core.design.unseen_stall_charge`): a sample that missed a stall rarer than
   its rounds shows the candidate faster than it is. Every cell and a family PORT state the
   rarest candidate stall their rounds cannot exclude, and a PORT the stall it survives beyond
-  the charged one (:func:`stall_budget`).
+  the charged one (:mod:`stagelab.analyse.stalls`).
 * **Bad input never crashes the decision**: a non-finite, zero or negative time, a missing,
   non-numeric or wrongly shaped series, bad regimes or carry-over, or a bad bar make the cell
   INCONCLUSIVE with the reason.
@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from stagelab.analyse import regimes, resample
+from stagelab.analyse import regimes, resample, stalls
 from stagelab.analyse.paired import BadTimings, median_of_ratios, positive_timings, same_lengths
 from stagelab.analyse.resample import RatioOfMeans, Samples, TailRatio
 from stagelab.core import design
@@ -137,18 +137,6 @@ def min_speedup_for(delta: float, *, part_seconds: float, step_seconds: float) -
                          f"({step_seconds}): the part is inside the step")
     saving = delta * step_seconds
     return part_seconds / (part_seconds - saving) if part_seconds > saving else math.inf
-
-
-def stall_budget(bound: float, bar: float, unexcluded: int) -> float:
-    """The stall a PORT survives: how many times slower a candidate call stalling once in
-    ``unexcluded`` rounds (the rarest rate its rounds cannot exclude) would have to be for the
-    candidate's mean to grow by the margin of ``bound`` over ``bar``, ``1 + unexcluded (bound /
-    bar - 1)``. No rule can see a stall rarer than its rounds without assuming its size; this
-    states the size the answer assumes away."""
-    if not (bar > 0 and bound > 0 and unexcluded >= 1):
-        raise ValueError(f"bound and bar must be positive and unexcluded at least 1, got "
-                         f"{bound!r}, {bar!r}, {unexcluded!r}")
-    return 1 + unexcluded * (bound / bar - 1)
 
 
 def _ci_words(speedup: float, low: float, high: float, confidence: float) -> str:
@@ -365,37 +353,14 @@ def _median_note(evidence: dict[str, Any]) -> str:
             "difference; the decision follows the mean, which the engine pays")
 
 
-@dataclass(frozen=True)
-class _StallCharge:
-    """The unseen stall every PORT bound of a family charges: one call ``allowance`` times an
-    ordinary one among the family's ``rounds`` (:func:`stagelab.core.design.unseen_stall_charge`:
-    the same candidate in every cell, so the family's rounds together are what could miss it)."""
-
-    allowance: float
-    rounds: int
-
-    @property
-    def share(self) -> float:
-        """The share of the candidate's mean charged (0 where no cell was measured)."""
-        return design.unseen_stall_charge(self.rounds, self.allowance) if self.rounds else 0.0
-
-    def charged(self, bound: float) -> float:
-        """A speedup bound with the candidate's mean raised by the charge."""
-        return bound / (1 + self.share)
-
-    def words(self) -> str:
-        return (f"charged for one unseen {self.allowance:g}x candidate stall in the family's "
-                f"{self.rounds:,} rounds ({self.share:.2%} of its mean)")
-
-
-def _port_bound(cell: _Cell, level: float, charge: _StallCharge) -> float:
+def _port_bound(cell: _Cell, level: float, charge: stalls.StallCharge) -> float:
     """The cell's PORT bound: its lower bound at one-sided error ``level``, charged for the
     family's unseen stall."""
     assert cell.effect is not None  # a cell still to decide
     return charge.charged(cell.effect.bound(level))
 
 
-def _clears_port(cell: _Cell, level: float, charge: _StallCharge) -> bool:
+def _clears_port(cell: _Cell, level: float, charge: stalls.StallCharge) -> bool:
     """Whether the cell's PORT bound at one-sided error ``level`` (:func:`_port_bound`) lies
     above its bar and above its twin's CI, and its lower bound still above its bar with one
     more round like the family's worst."""
@@ -407,7 +372,7 @@ def _clears_port(cell: _Cell, level: float, charge: _StallCharge) -> bool:
 
 
 def _holm(cells: list[_Cell], alpha: float,
-          charge: _StallCharge) -> tuple[set[int], dict[int, float]]:
+          charge: stalls.StallCharge) -> tuple[set[int], dict[int, float]]:
     """Holm's step-down at family-wise one-sided level ``alpha``: test the open cells at the
     family level of the cells not yet declared (alpha / their count, or the max-T level where
     they share the mix's error: :func:`stagelab.analyse.regimes.family_level`), declare those
@@ -431,7 +396,7 @@ def _holm(cells: list[_Cell], alpha: float,
 
 
 def _cell_decision(cell: _Cell, ported: bool, family_size: int, confidence: float,
-                   charge: _StallCharge) -> Decision:
+                   charge: stalls.StallCharge) -> Decision:
     """The decision of one open cell once Holm has run."""
     ev = cell.evidence
     bar, low, high = cell.bar, ev["ci_low"], ev["ci_high"]
@@ -442,7 +407,7 @@ def _cell_decision(cell: _Cell, ported: bool, family_size: int, confidence: floa
                    f"({ev['port_bound']:.3f}, one-sided {ev['port_level']:.2%}, Holm over "
                    f"{family_size} cell(s))")
     if ported:
-        budget = stall_budget(ev["port_bound"], bar, ev["stalls_unexcluded"])
+        budget = stalls.stall_budget(ev["port_bound"], bar, ev["stalls_unexcluded"])
         return Decision(PORT, f"speedup {effect}: {level_words} lies above the minimum "
                         f"{bar:.3f}x{twin_words}; a candidate stall rarer than 1 in "
                         f"{ev['stalls_unexcluded']} cannot be excluded, and one {budget:.2f}x "
@@ -514,7 +479,7 @@ def decide_family(cells: Sequence[Mapping[str, Any]], *, min_samples: int = 10,
     for cell in prepared:
         if cell.settled is None:
             cell.one_more = _one_more_worst(cell, excess)
-    charge = _StallCharge(float(stall_allowance),
+    charge = stalls.StallCharge(float(stall_allowance),
                           sum(len(c.series[0]) for c in prepared if c.series is not None))
     alpha = (1 - confidence) / 2
     ported, levels = _holm(prepared, alpha, charge)
@@ -537,34 +502,27 @@ def decide_family(cells: Sequence[Mapping[str, Any]], *, min_samples: int = 10,
     return _family(decisions, confidence, charge)
 
 
-def stall_words(cells: Sequence[Decision]) -> str:
-    """What the rounds cannot show about rare candidate stalls: the rarest stall that the
-    family's rounds together (and one cell's alone) could have missed with more than 5 %
-    chance ('' where no cell was measured)."""
-    rounds = [d.n_rounds for d in cells if d.stalls_unexcluded]
-    if not rounds:
-        return ""
-    return (f"a candidate stall rarer than 1 in {design.rarest_unexcluded(sum(rounds)):,} calls "
-            f"cannot be excluded by the family's {sum(rounds):,} rounds (one cell's "
-            f"{min(rounds)}: 1 in {design.rarest_unexcluded(min(rounds)):,})")
+def _stall_words(cells: Sequence[Decision]) -> str:
+    """:func:`stagelab.analyse.stalls.stall_words` over the family's measured cells."""
+    return stalls.stall_words([d.n_rounds for d in cells if d.stalls_unexcluded])
 
 
 def _family_budget(cells: Sequence[Decision]) -> tuple[float, str]:
-    """A family PORT's stall budget (:func:`stall_budget` of the carrying cell with the smallest
-    margin, at the rarest rate the family's rounds together cannot exclude: the same candidate
-    stalls in every cell) and its words."""
+    """A family PORT's stall budget (:func:`stagelab.analyse.stalls.stall_budget` of the
+    carrying cell with the smallest margin, at the rarest rate the family's rounds together
+    cannot exclude: the same candidate stalls in every cell) and its words."""
     rounds = sum(d.n_rounds for d in cells if d.stalls_unexcluded)
     unexcluded = design.rarest_unexcluded(rounds)
     carrying = [d for d in cells if d.decision == PORT]
     margin = min(carrying, key=lambda d: (d.port_bound or 0) / (d.min_speedup or 1))
     assert margin.port_bound is not None and margin.min_speedup is not None  # a PORT cell's
-    budget = stall_budget(margin.port_bound, margin.min_speedup, unexcluded)
+    budget = stalls.stall_budget(margin.port_bound, margin.min_speedup, unexcluded)
     return budget, (f"; a stall {budget:.2f}x slower at 1 in {unexcluded:,}, beyond the "
                     "charged one, would erase the smallest margin of a carrying cell")
 
 
 def _family(decisions: list[Decision], confidence: float,
-            charge: _StallCharge) -> FamilyDecision:
+            charge: stalls.StallCharge) -> FamilyDecision:
     """The family's one decision from its cells' decisions."""
     answers = [d.decision for d in decisions]
     ported = [i for i, d in enumerate(answers) if d == PORT]
@@ -574,7 +532,7 @@ def _family(decisions: list[Decision], confidence: float,
         roles = port_roles([(d.decision, d.tail) for d in decisions])
         budget, budget_words = _family_budget(decisions)
         return FamilyDecision(PORT, f"{roles}; every PORT bound {charge.words()}; "
-                              f"{stall_words(decisions)}{budget_words} ({each})", decisions,
+                              f"{_stall_words(decisions)}{budget_words} ({each})", decisions,
                               confidence=confidence, stall_budget=budget,
                               stall_allowance=charge.allowance)
     if all(a == CLOSE for a in answers):
