@@ -117,8 +117,8 @@ def test_the_loop_s_paths_are_counted_from_sass():
     (0x50-0xf0: 11); inside it the sort path (0x70-0x90: 3, skipped toward the candidates)
     and the per-candidate loop (0xb0-0xd0: 3); the block's other 5 are its entry's."""
     assert kernel_compile.loop_figures(SASS) == dict(
-        loop_instructions=16, guard_instructions=5, enter_instructions=5,
-        sort_instructions=3, candidate_instructions=3)
+        loop_instructions=16, guard_instructions=5, count_instructions=0,
+        enter_instructions=5, sort_instructions=3, candidate_instructions=3)
     assert kernel_compile.loop_figures("/*0000*/ EXIT ;") == dict.fromkeys(
         kernel_compile.LOOP_FIGURES, 0)
 
@@ -128,8 +128,38 @@ def test_a_loop_without_a_top_k_block_is_all_guard():
     plain = "\n".join(line for line in SASS.splitlines()
                       if not any(f"/*{at:04x}*/" in line for at in range(0x40, 0x100, 0x10)))
     assert kernel_compile.loop_figures(plain) == dict(
-        loop_instructions=4, guard_instructions=4, enter_instructions=0, sort_instructions=0,
-        candidate_instructions=0)
+        loop_instructions=4, guard_instructions=4, count_instructions=0, enter_instructions=0,
+        sort_instructions=0, candidate_instructions=0)
+
+
+COUNTED = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+        /*0010*/                   LDG.E R2, desc[UR4][R2.64] ;
+        /*0020*/               @!P0 BRA 0x50 ;
+        /*0030*/                   FSETP.GE.AND P2, PT, R2, R9, PT ;
+        /*0040*/                   VIADD R8, R8, 0x1 ;
+        /*0050*/               @!P1 BRA 0x90 ;
+        /*0060*/                   IMAD R5, R5, R6, RZ ;
+        /*0070*/               @P2 BRA 0x60 ;
+        /*0080*/                   IMAD R5, R5, R6, RZ ;
+        /*0090*/                   FMNMX R4, R2, R4, !PT ;
+        /*00a0*/               @P3 BRA 0x10 ;
+        /*00b0*/                   EXIT ;
+"""
+
+
+def test_the_target_s_counts_skipped_below_it_are_a_block_of_their_own():
+    """The loop runs 0x10-0xa0 (10 instructions); the top-K block 0x60-0x80 (3, the largest
+    skipped; its per-candidate loop 0x60-0x70), the counts' block 0x30-0x40 (2, the largest
+    apart from it). Without a top-K the largest skipped block is the counts'; without a
+    target there is none."""
+    figures = kernel_compile.loop_figures(COUNTED)
+    assert figures == dict(loop_instructions=10, guard_instructions=5, count_instructions=2,
+                           enter_instructions=1, sort_instructions=0, candidate_instructions=2)
+    assert kernel_compile.loop_figures(COUNTED, counts=False)["guard_instructions"] == 7
+    plain = kernel_compile.loop_figures(COUNTED, top_k=False)
+    assert (plain["guard_instructions"], plain["count_instructions"],
+            plain["enter_instructions"]) == (7, 3, 0)
 
 
 def test_a_failed_or_spilling_variant_fails_the_check():

@@ -53,17 +53,21 @@ def ctas_per_sm(arch: int, registers: int, warps: int, shared: int) -> int:
     return min(by_registers, by_threads, by_shared, limit["ctas"])
 
 
-LOOP_FIGURES = ("loop_instructions", "guard_instructions", "enter_instructions",
-                "sort_instructions", "candidate_instructions")
+LOOP_FIGURES = ("loop_instructions", "guard_instructions", "count_instructions",
+                "enter_instructions", "sort_instructions", "candidate_instructions")
 
 
-def loop_figures(sass: str) -> dict[str, int]:
-    """The tile loop's SASS instructions, by path (all 0 where there is no loop):
+def loop_figures(sass: str, top_k: bool = True, counts: bool = True) -> dict[str, int]:
+    """The tile loop's SASS instructions, by path (all 0 where there is no loop), for a walk
+    with a top-K block (``top_k``) and a target's counts (``counts``) or without:
 
     * ``loop_instructions``: the outermost loop, from the earliest target of a backward
       branch to that branch;
-    * ``guard_instructions``: its path without the largest block a forward branch inside it
-      skips (the top-K's block, entered when a tile's max beats the least key held);
+    * ``guard_instructions``: its path without the two blocks below (every tile's work);
+    * ``count_instructions``: the largest block a forward branch inside it skips outside the
+      top-K block (the target's counts, skipped on a tile whose max is below the target);
+    * the top-K block: the largest block a forward branch inside it skips (entered when a
+      tile's max beats the least key held), in three parts:
     * ``candidate_instructions``: the largest loop inside that block (one value entering the
       top-K: ``onepass_triton._enter``'s per-candidate loop);
     * ``sort_instructions``: the largest block a forward branch inside the top-K block skips
@@ -80,6 +84,12 @@ def loop_figures(sass: str) -> dict[str, int]:
     skips = [(at, target) for at, text in lines if start <= at <= end
              for target in _branch_target(text) if at < target <= end]
     block = max(skips, key=lambda skip: _inside(body, *skip), default=(start, start))
+    if not top_k:
+        block = (start, start)
+    apart = [skip for skip in skips if skip[1] <= block[0] or block[1] <= skip[0]]
+    counted = max(apart, key=lambda skip: _inside(body, *skip), default=(start, start))
+    if not counts:
+        counted = (start, start)
     inner = [(target, at) for target, at in backward if block[0] < target <= at < block[1]]
     loop = max(inner, key=lambda span: _inside(body, span[0] - 1, span[1] + 1),
                default=(block[0], block[0] - 1))
@@ -87,9 +97,9 @@ def loop_figures(sass: str) -> dict[str, int]:
             and not skip[0] < loop[0] <= loop[1] < skip[1]]
     candidate = _inside(body, loop[0] - 1, loop[1] + 1)
     sorting = max((_inside(body, *skip) for skip in sort), default=0)
-    skipped = _inside(body, *block)
-    return dict(loop_instructions=len(body), guard_instructions=len(body) - skipped,
-                enter_instructions=skipped - sorting - candidate,
+    skipped, count = _inside(body, *block), _inside(body, *counted)
+    return dict(loop_instructions=len(body), guard_instructions=len(body) - skipped - count,
+                count_instructions=count, enter_instructions=skipped - sorting - candidate,
                 sort_instructions=sorting, candidate_instructions=candidate)
 
 
@@ -148,13 +158,19 @@ def compile_one(spec: dict[str, Any], arch: int) -> dict[str, Any]:
     except Exception as exc:  # any compile error is a finding of the check
         message = (str(exc).strip().splitlines() or [""])[-1]
         return dict(found, compiles=False, error=f"{type(exc).__name__}: {message}"[:300])
-    return dict(found, compiles=True, error="", **cubin_figures(kernel.asm["cubin"], arch,
-                                                                spec["num_warps"]))
+    flags = spec["constexprs"]
+    return dict(found, compiles=True, error="",
+                **cubin_figures(kernel.asm["cubin"], arch, spec["num_warps"],
+                                kernel.metadata.shared, bool(flags.get("TOPK")),
+                                bool(flags.get("HAS_TARGET"))))
 
 
-def cubin_figures(cubin: bytes, arch: int, warps: int) -> dict[str, int]:
-    """Registers, spilled (local) bytes, shared memory, CTAs per SM and the loop's
-    instructions of one cubin, read with the ``cuobjdump`` Triton bundles."""
+def cubin_figures(cubin: bytes, arch: int, warps: int, dynamic_shared: int = 0,
+                  top_k: bool = True, counts: bool = True) -> dict[str, int]:
+    """Registers, spilled (local) bytes, shared memory (the cubin's static and the launch's
+    ``dynamic_shared``: Triton's buffers, its pipelined loads' among them), CTAs per SM and the
+    loop's instructions of one cubin (:func:`loop_figures`), read with the ``cuobjdump``
+    Triton bundles."""
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "kernel.cubin"
         path.write_bytes(cubin)
@@ -163,9 +179,11 @@ def cubin_figures(cubin: bytes, arch: int, warps: int) -> dict[str, int]:
     found = RESOURCES.search(usage)
     if found is None:
         raise RuntimeError(f"cuobjdump gave no resource usage: {usage[:200]!r}")
-    registers, stack, shared, local = (int(v) for v in found.groups())
+    registers, stack, static, local = (int(v) for v in found.groups())
+    shared = static + dynamic_shared
     return dict(registers=registers, spill_bytes=local + stack, shared_bytes=shared,
-                ctas_per_sm=ctas_per_sm(arch, registers, warps, shared), **loop_figures(sass))
+                ctas_per_sm=ctas_per_sm(arch, registers, warps, shared),
+                **loop_figures(sass, top_k, counts))
 
 
 def _cuobjdump(flag: str, path: Path) -> str:
