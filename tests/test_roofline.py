@@ -20,8 +20,9 @@ def variant(rows: int, vocab: int, k: int, dtype: str, **figures) -> dict:
     return dict(kernel=first.kernel, arch=90, compiles=True, triton="3.6.0",
                 pointers=dict(x_ptr=dtype), constexprs=dict(first.constexprs),
                 **dict(dict(ctas_per_sm=4, registers=96, loop_instructions=4000,
-                            guard_instructions=400, enter_instructions=150,
-                            sort_instructions=3000, candidate_instructions=250), **figures))
+                            guard_instructions=400, count_instructions=80,
+                            enter_instructions=150, sort_instructions=3000,
+                            candidate_instructions=250), **figures))
 
 
 def test_the_candidates_of_a_tile_are_binomial_by_hand():
@@ -72,14 +73,15 @@ def test_a_walk_s_mean_tile_weighs_each_path_by_its_share():
 
 def test_the_rates_and_the_bound_by_hand():
     """n = 64, V = 152,064, fp32, no top-K: 8 slices a row (528 slots / 64), 512 programs on
-    132 SMs, 1 resident (the cubin's CTAs per SM); 10 tiles a slice of 2048 fp32 (8 KiB), 2
-    loaded ahead: at 900 ns a tile every 450 ns, 2.4 TB/s in flight."""
+    132 SMs, 1 resident (the cubin's CTAs per SM); 10 tiles a slice of 2048 fp32 (8 KiB),
+    ``tiles_ahead()`` in flight: at 2000 ns a tile every 2000 / 7 ns, bound by them."""
     rows = (variant(64, 152064, 0, "fp32", ctas_per_sm=1, loop_instructions=300,
-                    guard_instructions=300),)
-    found = roofline.predict(64, 152064, 0, "fp32", GPU, 900.0, rows)
+                    guard_instructions=300, count_instructions=0),)
+    found = roofline.predict(64, 152064, 0, "fp32", GPU, 2000.0, rows)
     issue_ns = 300 / GPU.clock_ghz
-    parallel = 132 * 8192 / roofline.tile_ns(900, issue_ns, 2)
-    assert parallel == pytest.approx(132 * 8192 / 450)
+    ahead = launches.tiles_ahead()
+    parallel = 132 * 8192 / roofline.tile_ns(2000, issue_ns, ahead)
+    assert parallel == pytest.approx(132 * 8192 / (2000 / ahead))
     issued = 132 * 4 * GPU.clock_ghz * 8192 / (4 * 300)
     assert found["programs"] == 512 and found["resident_per_sm"] == 1
     assert found["bytes_in_flight_per_sm"] == 8192
@@ -88,36 +90,26 @@ def test_the_rates_and_the_bound_by_hand():
     assert found["instructions_per_logit"] == pytest.approx(300 * 4 * 32 / 2048, abs=0.1)
 
 
-def test_the_plan_aims_at_fewer_programs_per_sm_as_the_top_k_grows():
-    """The split plan's programs per SM: 4 without a top-K (bound by bytes in flight), 2 with
-    a small one (more slices would add merges to an issue-bound walk), 1 from
-    WIDE_SLICE_TOP_K on (a slice's passes dominate)."""
-    plain, small, wide = (launches.triton_launches(64, 152064, k, True, None, None,
-                                                   launches.device_slots(132, k))[0]
-                          for k in (0, 5, 20))
-    assert plain.grid == (64, 8) and small.grid == (64, 4) and wide.grid == (64, 2)
-    assert [launches.programs_per_sm(k) for k in (0, 1, 15, 16, 1024)] == [4, 2, 2, 1, 1]
-    assert launches.device_slots(132, 0) == 4 * launches.device_slots(132, 20) == 528
+def test_a_tile_counts_toward_the_target_only_where_it_holds_a_value_at_or_above_it():
+    """Rank 1 in 8 values, tiles of 2: the one value is in the tile 2 times in 8; rank 2: the
+    tile holds neither in C(6, 2) / C(8, 2) = 15 / 28 of the pairs; every tile counts once
+    the rank leaves no room; the tile's count block is weighed by that share."""
+    assert roofline.counted_share(2, 8, 1) == pytest.approx(2 / 8)
+    assert roofline.counted_share(2, 8, 2) == pytest.approx(1 - 15 / 28)
+    assert roofline.counted_share(2, 8, 7) == 1.0
+    with pytest.raises(ValueError, match="rank must be"):
+        roofline.counted_share(2, 8, 0)
+    row = dict(guard_instructions=200, count_instructions=90)
+    assert roofline.walk_costs(row, 2, 4, 0, 0.25)["instructions"] == pytest.approx(222.5)
+    found = roofline.predict(64, 152064, 0, "fp32", GPU, 450.0,
+                             (variant(64, 152064, 0, "fp32", count_instructions=90),))
+    share = roofline.counted_share(2048, 152064, roofline.TARGET_RANK)
+    assert found["counted_share"] == round(share, 3) and 0.2 < share < 0.3
+    assert found["tile_instructions"] == pytest.approx(400 + 90 * share, abs=0.1)
 
 
-def test_three_tiles_load_ahead_for_a_small_top_k_else_two():
-    """A small top-K loads three ahead; none (at the roof with two) and a wide one (no
-    registers left for a third, K_PAD 64 and 1024) two."""
-    assert [launches.tiles_ahead(k) for k in (0, 1, 5, 20, 32, 33, 1024)] == [2, 3, 3, 3, 3, 2, 2]
-
-
-def test_a_top_k_whose_slices_two_programs_an_sm_cut_short_takes_one():
-    """V = 152,064 (75 tiles), k = 5 on 132 SMs (264 slots): n = 16 would split rows 16 ways
-    (5 tiles a slice, under MIN_SLICE_TILES = 8) and 16 rows of 75 tiles fill 132 SMs with
-    8-tile slices: 8 slices of 10 tiles. n = 32 (8 slices of 10) is not short; n = 4 (38 of
-    2) is, but its 300 tiles cannot give 132 SMs 8 each; k = 20 and k = 0 keep their plan."""
-    assert launches.launch_plan(16, 152064, 5, None, None, 264) == (2048, 8, 8, 20480)
-    assert launches.plan_slots(16, 75, 5, 264) == 132
-    assert launches.launch_plan(32, 152064, 5, None, None, 264) == (2048, 8, 8, 20480)
-    assert launches.plan_slots(32, 75, 5, 264) == 264
-    assert launches.launch_plan(4, 152064, 5, None, None, 264) == (2048, 8, 38, 4096)
-    assert launches.plan_slots(16, 75, 20, 132) == 132
-    assert launches.plan_slots(16, 75, 0, 528) == 528
+def test_the_pipeline_s_stages_but_one_are_in_flight():
+    assert launches.tiles_ahead() == launches.PIPELINE_STAGES - 1 >= 2
 
 
 def test_a_tile_loaded_ahead_hides_the_work_behind_the_latency():
@@ -130,14 +122,17 @@ def test_a_tile_loaded_ahead_hides_the_work_behind_the_latency():
 
 def test_a_top_k_walk_costs_its_paths_at_the_model_s_shares():
     """n = 256, V = 152,064, k = 20, bf16: one slice a row of 75 tiles; the tile's cost is the
-    guard's plus each top-K path at its modelled share, and it bounds the rate by issue."""
+    guard's, the counts' and each top-K path's at its modelled share, and it bounds the rate
+    by issue."""
     rows = (variant(256, 152064, 20, "bf16", ctas_per_sm=2),)
     found = roofline.predict(256, 152064, 20, "bf16", GPU, 450.0, rows)
-    costs = roofline.walk_costs(rows[0], 75, 2048, 20)
+    counted = roofline.counted_share(2048, 152064)
+    costs = roofline.walk_costs(rows[0], 75, 2048, 20, counted)
     assert found["tiles_per_slice"] == 75 and found["sorted_share"] == round(costs["sorted"], 3)
     assert found["tile_instructions"] == pytest.approx(costs["instructions"], abs=0.1)
     assert costs["instructions"] == pytest.approx(
-        400 + 150 * costs["entered"] + 3000 * costs["sorted"] + 250 * costs["candidates"])
+        400 + 80 * counted + 150 * costs["entered"] + 3000 * costs["sorted"]
+        + 250 * costs["candidates"])
     assert costs["sorted"] == 0 and 0.4 < costs["entered"] < 0.7
     assert 20 / 75 < costs["candidates"] < 2  # the first tile's 20 passes, then few
     issued = 132 * 4 * GPU.clock_ghz * 4096 / (4 * costs["instructions"])

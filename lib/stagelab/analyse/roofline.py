@@ -10,14 +10,16 @@ can reach, as the least of three rates:
 * **memory parallelism** (Little's law): ``active SMs x resident programs x tile bytes / the
   time a program spends per tile``: ``latency + a tile's issue time`` where nothing is loaded
   ahead (each program waits for its tile, then works it), else ``max(latency / tiles ahead,
-  issue time)`` (:func:`stagelab.core.launches.tiles_ahead`: the next tiles' loads are in
-  flight while it works); resident programs the least of the cubin's CTAs per SM and the
-  programs per SM the grid gives;
+  issue time)`` (:func:`stagelab.core.launches.tiles_ahead`: the pipelined loads of the next
+  tiles are in flight while it works); resident programs the least of the cubin's CTAs per SM
+  (its registers and shared memory, the pipeline's buffers among them) and the programs per
+  SM the grid gives;
 * **issue**: an SM issues at most 4 warp-instructions a clock (its schedulers), shared by its
-  resident warps; a tile costs its warps the guard's instructions, plus the top-K's: on a tile
-  whose max beats the ``k``-th key held, the block that counts its candidates (values above
-  that key) and merges what the tile gives, then either the per-candidate loop once for each
-  of the best ``k`` candidates, or, where that is more than
+  resident warps; a tile costs its warps the guard's instructions, the target's counts on a
+  tile whose max reaches the target (:func:`counted_share`, at :data:`TARGET_RANK`), plus the
+  top-K's: on a tile whose max beats the ``k``-th key held, the block that counts its
+  candidates (values above that key) and merges what the tile gives, then either the
+  per-candidate loop once for each of the best ``k`` candidates, or, where that is more than
   :data:`stagelab.core.launches.CANDIDATE_LIMIT` passes, the sort path (each path's
   instructions read from the cubin: ``kernel_compile.loop_figures``).
 
@@ -53,6 +55,10 @@ LATENCY_NS = (450.0, 800.0)  # assumed HBM load latency under load, ns (an input
 ISSUE_PER_CLOCK = 4  # warp-instructions an SM issues per clock (four schedulers)
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 GOAL = 0.70  # issue 44's goal: the model at >= 70 % of HBM at n >= 64, V = 152,064, k <= 20
+# The target's rank the model assumes (vLLM's: the values at or above it, itself included):
+# a sampled token within the top 20. A tile counts toward it only where its max reaches the
+# target (onepass_triton._walk_tile); an input, not measured.
+TARGET_RANK = 20
 
 
 @dataclass(frozen=True)
@@ -134,11 +140,22 @@ def inserted_candidates(block: int, k: int, tile: int) -> tuple[float, float, fl
     return 1.0 - none, 0.0, k / tile
 
 
-def walk_costs(row: dict[str, Any], tiles: int, block: int, k: int) -> dict[str, float]:
+def counted_share(block: int, vocab: int, rank: int = TARGET_RANK) -> float:
+    """The probability that a tile of ``block`` of a row's ``vocab`` independent logits holds
+    one of the ``rank`` values at or above the target's (then it counts them): one minus
+    ``C(vocab - block, rank) / C(vocab, rank)``."""
+    if not 1 <= rank <= vocab or block < 1:
+        raise ValueError(f"rank must be in [1, vocab] and block >= 1, got {rank}, {block}")
+    return 1.0 - math.prod(max(0, vocab - block - i) / (vocab - i) for i in range(rank))
+
+
+def walk_costs(row: dict[str, Any], tiles: int, block: int, k: int,
+               counted: float = 1.0) -> dict[str, float]:
     """The mean SASS instructions a tile costs each warp over a slice of ``tiles`` tiles of a
-    top-``k`` walk (the compile check's ``row``), with the mean share of tiles that enter the
-    top-K block, that sort, and the mean candidates a tile takes one by one."""
-    guard = float(row["guard_instructions"])
+    top-``k`` walk (the compile check's ``row``) whose tiles count toward the target with
+    probability ``counted`` (:func:`counted_share`), with the mean share of tiles that enter
+    the top-K block, that sort, and the mean candidates a tile takes one by one."""
+    guard = float(row["guard_instructions"]) + counted * row.get("count_instructions", 0)
     if k == 0:
         return dict(instructions=guard, entered=0.0, sorted=0.0, candidates=0.0)
     shares = [tile_candidates(block, k, t) for t in range(1, tiles + 1)]
@@ -165,12 +182,13 @@ def predict(rows: int, vocab: int, k: int, dtype: str, gpu: Gpu, latency_ns: flo
     active = min(gpu.sms, programs)
     resident = min(row["ctas_per_sm"], math.ceil(programs / gpu.sms))
     tiles = math.ceil(first.scalars["span"] / block)
-    costs = walk_costs(row, tiles, block, k)
+    counted = counted_share(block, vocab)
+    costs = walk_costs(row, tiles, block, k, counted)
     per_tile = costs["instructions"]
     tile_bytes = block * DTYPE_BYTES[dtype]
     issue_ns = per_tile / gpu.clock_ghz  # a program's warps issue side by side, one a clock
     parallel = active * resident * tile_bytes / tile_ns(latency_ns, issue_ns,
-                                                        launches.tiles_ahead(k))
+                                                        launches.tiles_ahead())
     issued = (active * min(ISSUE_PER_CLOCK, resident * warps) * gpu.clock_ghz * tile_bytes
               / (warps * per_tile))
     rate, bound = min((gpu.hbm_gbps, "hbm"), (parallel, "memory parallelism"),
@@ -179,6 +197,7 @@ def predict(rows: int, vocab: int, k: int, dtype: str, gpu: Gpu, latency_ns: flo
                 programs=programs, resident_per_sm=resident, ctas_per_sm=row["ctas_per_sm"],
                 registers=row["registers"], bytes_in_flight_per_sm=resident * tile_bytes,
                 tiles_per_slice=tiles, tile_instructions=round(per_tile, 1),
+                counted_share=round(counted, 3),
                 entered_share=round(costs["entered"], 3),
                 sorted_share=round(costs["sorted"], 3),
                 candidates_per_tile=round(costs["candidates"], 3),

@@ -24,49 +24,21 @@ def pow2_at_least(value: int) -> int:
     return 1 << max(0, value - 1).bit_length()
 
 
-# From this k on, the split plan aims at one program per SM (:func:`programs_per_sm`).
-WIDE_SLICE_TOP_K = 16
-
-
 def programs_per_sm(k: int) -> int:
     """Programs of the one-pass kernel the split plan aims at per SM: 4 without a top-K, where
     the roofline model (stagelab.analyse.roofline) is bound by the bytes in flight, which more
-    resident programs raise; 2 with a small one, where more slices of a row would add merges
-    (a slice's first tiles nearly all enter its top-K) to a walk the model finds bound by
-    issue; 1 from :data:`WIDE_SLICE_TOP_K` on, where a slice's passes dominate (its first tile
-    takes ``k`` one by one, and later tiles' candidates fall off as the slice grows), and one
-    4-warp program still feeds an SM's 4 schedulers. The model (H200, Triton 3.6 sm_90 cubins
-    of the insertion top-K, 2026-12-06) at n = 64: k = 20 fp32 60 % with 1 against 45 % with
-    2, bf16 34 % against 26 %; k = 5 fp32 82-100 % against 96 %, bf16 41-60 % against 52 %.
-    k from 6 to 19 was not modelled (no cubin of K_PAD 16): the threshold between is a
-    choice. Where two programs an SM would cut a top-K's slices short, the plan takes one
-    (:func:`plan_slots`)."""
-    if not k:
-        return 4
-    return 1 if k >= WIDE_SLICE_TOP_K else 2
+    resident programs raise; 1 with one, where more slices of a row add top-K work (a slice's
+    first tiles nearly all enter it: ``k`` insertions on its first, ``k / t`` on its
+    ``t``-th) to a walk the model finds bound by issue, and one 4-warp program still feeds an
+    SM's 4 schedulers while :data:`PIPELINE_STAGES` keep its loads in flight. The model
+    (H200, Triton 3.6 sm_90 cubins of the pipelined walk, 2026-12-06) at n = 64, k = 5: bf16
+    74 % with 1 against 62 % with 2, fp32 100 % with either."""
+    return 1 if k else 4
 
 
 def device_slots(sms: int, k: int) -> int:
     """The ``slots`` of :func:`launch_plan` on a GPU of ``sms`` SMs for a top-``k`` call."""
     return programs_per_sm(k) * sms
-
-
-# A top-K slice's fewest tiles worth two programs an SM (:func:`plan_slots`): its first tile
-# takes k values one by one, which a shorter slice spreads over fewer tiles.
-MIN_SLICE_TILES = 8
-
-
-def plan_slots(rows: int, tiles: int, k: int, slots: int) -> int:
-    """The slots a call's default split fills: ``slots`` (:func:`device_slots`), or one
-    program an SM (``slots / programs_per_sm(k)``) for a top-K whose slices at ``slots`` would
-    hold fewer than :data:`MIN_SLICE_TILES` tiles, where slices of that many still give every
-    SM one. The model (H200, 2026-12-06) at n = 16, V = 152,064, k = 5: 128 programs of 10
-    tiles, fp32 77 % and bf16 41-42 %, against 240 of 5 tiles, 63 % and 35 %."""
-    once = slots // programs_per_sm(k)
-    short = tiles < MIN_SLICE_TILES * default_splits(rows, tiles, slots)
-    if k and once < slots and short and rows * tiles >= MIN_SLICE_TILES * once:
-        return once
-    return slots
 
 
 def default_splits(rows: int, tiles: int, slots: int) -> int:
@@ -83,7 +55,7 @@ def launch_plan(rows: int, vocab: int, k: int, tile: int | None, splits: int | N
     k_pad = pow2_at_least(max(k, 2))
     block = max(tile or DEFAULT_TILE, k_pad)
     tiles = math.ceil(vocab / block)
-    parts = min(tiles, splits or default_splits(rows, tiles, plan_slots(rows, tiles, k, slots)))
+    parts = min(tiles, splits or default_splits(rows, tiles, slots))
     span = math.ceil(tiles / parts) * block
     return block, k_pad, math.ceil(vocab / span), span
 
@@ -96,14 +68,19 @@ def launch_plan(rows: int, vocab: int, k: int, tile: int | None, splits: int | N
 CANDIDATE_LIMIT = 32
 
 
-def tiles_ahead(k: int) -> int:
-    """Tiles the kernels' walk loads ahead of the one it works on (onepass_triton._tile_state):
-    three for a small top-K (``1 <= k <= CANDIDATE_LIMIT``), whose walk the roofline model
-    finds bound by bytes in flight at the longer latency; two without a top-K (at the HBM
-    roof with two from n = 16) and for a wider one, whose keys leave no registers for a third
-    (its 4-warp walk sits at 233-255 registers on Triton 3.6 sm_90, docs/kernels.md). The
-    model counts them in flight (stagelab.analyse.roofline)."""
-    return 3 if 1 <= k <= CANDIDATE_LIMIT else 2
+# The stages of the walk's tile loop (``tl.range``'s ``num_stages``: Triton's software
+# pipeline copies each tile into shared memory ``PIPELINE_STAGES - 1`` tiles ahead of the one
+# walked, on sm_80 and sm_90). Eight keep 28 KiB of bf16 (56 of fp32) in flight for one
+# program: Little's law at an H200's 4.8 TB/s and 800 ns asks about 28 KiB an SM. Its shared
+# memory (a tile a stage) bounds the programs an SM holds (the compile check reads it).
+PIPELINE_STAGES = 8
+
+
+def tiles_ahead() -> int:
+    """Tiles whose loads are in flight while the walk works one (the roofline model's)."""
+    return PIPELINE_STAGES - 1
+
+
 WIDE_TOP_K = 1024  # from this padded top-K on, a program takes 8 warps
 
 
@@ -124,8 +101,8 @@ def registers_for(top_k: bool, warps: int) -> int | None:
     behind the guard, ptxas chose 128 registers and spilled 8-16 bytes for the split 4-warp
     walk at K_PAD 32 and 1024 on Triton 3.6; with per-lane sums and counts and the
     per-candidate top-K, a cap of 168 spilled 24 bytes (fp32, K_PAD 32) and 120 (bf16,
-    K_PAD 1024) on Triton 3.6. At 255 a 4-warp walk keeps 2 CTAs an SM: the most programs
-    per SM the split plan gives a top-K call (:func:`programs_per_sm`)."""
+    K_PAD 1024) on Triton 3.6. At 255 a 4-warp walk keeps 2 CTAs an SM; the split plan gives
+    a top-K call one (:func:`programs_per_sm`)."""
     return TOP_K_REGISTERS if top_k else None
 
 

@@ -45,6 +45,7 @@ if triton is not None:
     ID_LIMIT = tl.constexpr(2**31 - 1)  # above every token id
     LOG2E = tl.constexpr(1.4426950408889634)  # exp(x) = exp2(x * LOG2E): one FFMA a logit
     CANDIDATES = tl.constexpr(launches.CANDIDATE_LIMIT)
+    STAGES = tl.constexpr(launches.PIPELINE_STAGES)  # the tile loop's pipelined loads
     # The low bits of a 16-bit float's fp32 form, all 0 (fp16's 13, bf16's 16): a packed key
     # (_packed) holds a tile offset there, so a tile of 16-bit logits packs up to 8192 wide.
     LOW_MASK = tl.constexpr(2**13 - 1)
@@ -208,17 +209,19 @@ if triton is not None:
         """One tile (fp32 ``x`` at columns ``tile + offsets``; ``-inf`` past ``stop`` where
         ``MASKED``) folded into the walk's state: the running max ``m``, per-lane sums of
         exponentials rescaled to it ``s``, per-lane counts (``>=`` the target in the low 16
-        bits, ``==`` it above), the best keys and the least of them (:func:`_least`)."""
+        bits, ``==`` it above; only on a tile whose max reaches the target, the others add
+        nothing), the best keys and the least of them (:func:`_least`)."""
         top = tl.max(x, axis=0)  # the one cross-warp step of a tile that enters nothing
         m_new = tl.maximum(m, top)
         scaled = tl.where(m_new == float("-inf"), 0.0, m_new) * LOG2E
         s = s * tl.exp2(m * LOG2E - scaled) + tl.exp2(x * LOG2E - scaled)
         inside = tile + offsets < stop
         if HAS_TARGET:
-            counted = (x >= target).to(tl.int32) + ((x == target).to(tl.int32) << 16)
-            if MASKED:
-                counted = tl.where(inside, counted, 0)
-            counts += counted
+            if top >= target:  # else no value of the tile is at or above the target's
+                counted = (x >= target).to(tl.int32) + ((x == target).to(tl.int32) << 16)
+                if MASKED:
+                    counted = tl.where(inside, counted, 0)
+                counts += counted
         if TOPK:
             if _ordered(top) > (least >> 32).to(tl.int32):  # no key before this passes
                 best, least = _enter(x, top, tile + first_id, offsets, inside, best, least, k,
@@ -230,9 +233,9 @@ if triton is not None:
                     K_PAD: tl.constexpr, TOPK: tl.constexpr, HAS_TARGET: tl.constexpr):
         """Walk tiles ``[start, stop)`` of one row, whose column ``c`` is token ``first_id + c``,
         for its top ``k``: (max, rescaled sum, best keys descending, count of logits ``>=`` the
-        target's, count equal to it). Full tiles load unmasked, each three tiles ahead for a
-        small top-K (``K_PAD <= CANDIDATES``), else two (launches.tiles_ahead: the last full
-        tile's address stands in past it); a ragged
+        target's, count equal to it). Full tiles load unmasked through Triton's software
+        pipeline (``num_stages`` ``STAGES``: on sm_80 and sm_90, copies into shared memory
+        issued ``STAGES - 1`` tiles ahead of the one walked, holding no registers); a ragged
         last tile is walked masked after them. The sums and counts are kept per lane and
         reduced once at the end; tiles come in order of their ids, so a later value equal to
         the ``k``-th key held has a higher id, a lower key: only a value above it can enter.
@@ -248,22 +251,8 @@ if triton is not None:
         least = _least(best, k, K_PAD)
         offsets = tl.arange(0, BLOCK)
         full_stop = start + (stop - start) // BLOCK * BLOCK
-        last = full_stop - BLOCK
-        ahead = tl.load(x_ptr + start + offsets, mask=offsets < full_stop - start)
-        after = tl.load(x_ptr + start + BLOCK + offsets,
-                        mask=offsets < full_stop - start - BLOCK)
-        later = after  # the third tile ahead, where there is one
-        if TOPK and K_PAD <= CANDIDATES:
-            later = tl.load(x_ptr + start + 2 * BLOCK + offsets,
-                            mask=offsets < full_stop - start - 2 * BLOCK)
-        for tile in range(start, full_stop, BLOCK):
-            x = ahead.to(tl.float32)
-            ahead = after
-            if TOPK and K_PAD <= CANDIDATES:
-                after = later
-                later = tl.load(x_ptr + tl.minimum(tile + 3 * BLOCK, last) + offsets)
-            else:
-                after = tl.load(x_ptr + tl.minimum(tile + 2 * BLOCK, last) + offsets)
+        for tile in tl.range(start, full_stop, BLOCK, num_stages=STAGES):
+            x = tl.load(x_ptr + tile + offsets).to(tl.float32)
             m, s, counts, best, least = _walk_tile(x, tile, offsets, stop, first_id, target, m,
                                                    s, counts, best, least, k, K_PAD, TOPK,
                                                    HAS_TARGET, False, PACKED)
