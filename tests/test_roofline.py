@@ -72,18 +72,20 @@ def test_a_walk_s_mean_tile_weighs_each_path_by_its_share():
 
 
 def test_the_rates_and_the_bound_by_hand():
-    """n = 64, V = 152,064, fp32, no top-K: 8 slices a row (528 slots / 64), 512 programs on
-    132 SMs, 1 resident (the cubin's CTAs per SM); 10 tiles a slice of 2048 fp32 (8 KiB),
-    ``tiles_ahead()`` in flight: at 2000 ns a tile every 2000 / 7 ns, bound by them."""
+    """n = 64, V = 152,064, fp32, no top-K: 4 slices a row (264 slots / 64), 256 programs on
+    132 SMs (the busiest with 2: a balance of 256 / 264), 1 resident (the cubin's CTAs per
+    SM); 19 tiles a slice of 2048 fp32 (8 KiB), ``tiles_ahead()`` in flight: at 2000 ns a
+    tile every 2000 / 7 ns, bound by them."""
     rows = (variant(64, 152064, 0, "fp32", ctas_per_sm=1, loop_instructions=300,
                     guard_instructions=300, count_instructions=0),)
     found = roofline.predict(64, 152064, 0, "fp32", GPU, 2000.0, rows)
     issue_ns = 300 / GPU.clock_ghz
-    ahead = launches.tiles_ahead()
-    parallel = 132 * 8192 / roofline.tile_ns(2000, issue_ns, ahead)
-    assert parallel == pytest.approx(132 * 8192 / (2000 / ahead))
-    issued = 132 * 4 * GPU.clock_ghz * 8192 / (4 * 300)
-    assert found["programs"] == 512 and found["resident_per_sm"] == 1
+    ahead, balance = launches.tiles_ahead(), 256 / 264
+    parallel = balance * 132 * 8192 / roofline.tile_ns(2000, issue_ns, ahead)
+    assert parallel == pytest.approx(balance * 132 * 8192 / (2000 / ahead))
+    issued = balance * 132 * 4 * GPU.clock_ghz * 8192 / (4 * 300)
+    assert found["programs"] == 256 and found["resident_per_sm"] == 1
+    assert found["balance"] == round(balance, 3) and found["tiles_per_slice"] == 19
     assert found["bytes_in_flight_per_sm"] == 8192
     assert found["model_gbps"] == pytest.approx(min(4800, parallel, issued), abs=0.1)
     assert found["bound"] == "memory parallelism" and found["entered_share"] == 0
@@ -106,6 +108,50 @@ def test_a_tile_counts_toward_the_target_only_where_it_holds_a_value_at_or_above
     share = roofline.counted_share(2048, 152064, roofline.TARGET_RANK)
     assert found["counted_share"] == round(share, 3) and 0.2 < share < 0.3
     assert found["tile_instructions"] == pytest.approx(400 + 90 * share, abs=0.1)
+    every = roofline.predict(64, 152064, 0, "fp32", GPU, 450.0,
+                             (variant(64, 152064, 0, "fp32", count_instructions=90),),
+                             target_rank=None)
+    assert every["counted_share"] == 1 and every["tile_instructions"] == 490
+
+
+def test_the_plan_aims_at_two_programs_an_sm_without_a_top_k_and_one_with():
+    """2 without a top-K (bound by bytes in flight; two CTAs of the pipeline fit an SM); 1
+    with one, the slices chosen by the busiest SM's work: V = 152,064 (75 tiles) at n = 64
+    is 4 slices of 19 tiles without, 2 of 38 with; n = 16, k = 5 is 8 slices of 10."""
+    plain, small, wide = (launches.triton_launches(64, 152064, k, True, None, None,
+                                                   launches.device_slots(132, k))[0]
+                          for k in (0, 5, 20))
+    assert plain.grid == (64, 4) and small.grid == (64, 2) and wide.grid == (64, 2)
+    assert [launches.programs_per_sm(k) for k in (0, 1, 15, 16, 1024)] == [2, 1, 1, 1, 1]
+    assert launches.device_slots(132, 0) == 2 * launches.device_slots(132, 20) == 264
+    assert launches.launch_plan(16, 152064, 5, None, None, 132) == (2048, 8, 8, 20480)
+
+
+def test_a_top_k_plan_weighs_the_busiest_sm_s_work():
+    """75 tiles, k = 5, 132 SMs: n = 67 in 3 slices of 25 (201 programs, 2 on the busiest:
+    2 x (25 + 5 (1 + ln 25)) = 92.2) beats 1 of 75 on 67 SMs (75 + 5 (1 + ln 75) = 101.6)
+    and 2 of 38 (134 programs: 2 x 61.2); n = 100 takes 1 (2 slices: 2 x 61.2); k = 20 at
+    n = 67 takes 1 (its insertions outweigh a slice's tiles); n = 256 fills the SMs with
+    rows. By hand, 4 tiles on 2 SMs, one row, k = 0: 2 slices of 2 (2) beat 1 of 4 (4) and
+    4 of 1 (2 x 1, more slices)."""
+    assert launches.top_k_splits(67, 75, 5, 132) == 3
+    assert launches.top_k_splits(100, 75, 5, 132) == 1
+    assert launches.top_k_splits(67, 75, 20, 132) == 1
+    assert launches.top_k_splits(256, 75, 5, 132) == 1
+    assert launches.top_k_splits(1, 4, 0, 2) == 2
+
+
+def test_rows_whose_stride_leaves_them_unaligned_are_walked_from_an_aligned_address():
+    """GPT-2's 50,257 logits a row leave most rows off 16 bytes for 16-bit logits (8 a
+    16-byte copy): its launches walk with LEAD; a stride of 152,064 or 32,000 keeps every
+    row aligned; a fold tile of 81 logits a row (50,257 % 1024) leads too."""
+    assert launches.leads(50257) and launches.leads(81) and launches.leads(4)
+    assert not launches.leads(152064) and not launches.leads(32000) and not launches.leads(8)
+    first = launches.triton_launches(64, 50257, 5, True, None, None, 132)[0]
+    assert first.constexprs["LEAD"] is True
+    assert launches.triton_launches(64, 50257, 5, True, None, None, 132,
+                                    stride_row=50264)[0].constexprs["LEAD"] is False
+    assert launches.fold_launch(8, 81, 50176, 5, True).constexprs["LEAD"] is True
 
 
 def test_the_pipeline_s_stages_but_one_are_in_flight():
@@ -114,10 +160,15 @@ def test_the_pipeline_s_stages_but_one_are_in_flight():
 
 def test_a_tile_loaded_ahead_hides_the_work_behind_the_latency():
     """Without a tile ahead a program waits the latency and then works; with one, the longer
-    of the two; with two, half the latency's wait per tile."""
+    of the two; with two, half the latency's wait per tile; a slice no longer than the tiles
+    ahead waits the latency once."""
     assert roofline.tile_ns(600, 150, 0) == 750
     assert roofline.tile_ns(600, 150, 1) == 600 and roofline.tile_ns(600, 900, 1) == 900
     assert roofline.tile_ns(600, 150, 2) == 300
+    # a slice of 1 or 3 tiles with 7 ahead: every load in flight at its start
+    assert roofline.tile_ns(600, 150, 7, tiles=1) == 750
+    assert roofline.tile_ns(600, 150, 7, tiles=3) == 350
+    assert roofline.tile_ns(600, 150, 7, tiles=8) == 150
 
 
 def test_a_top_k_walk_costs_its_paths_at_the_model_s_shares():
@@ -135,7 +186,7 @@ def test_a_top_k_walk_costs_its_paths_at_the_model_s_shares():
         + 250 * costs["candidates"])
     assert costs["sorted"] == 0 and 0.4 < costs["entered"] < 0.7
     assert 20 / 75 < costs["candidates"] < 2  # the first tile's 20 passes, then few
-    issued = 132 * 4 * GPU.clock_ghz * 4096 / (4 * costs["instructions"])
+    issued = (256 / 264) * 132 * 4 * GPU.clock_ghz * 4096 / (4 * costs["instructions"])
     assert found["bound"] == "issue"
     assert found["model_gbps"] == pytest.approx(issued, abs=0.1)
 
@@ -154,6 +205,7 @@ def test_the_committed_figures_predict_every_goal_shape_as_a_model():
     assert len(found) == 4 * 3 * 2
     for row in found:
         assert 0 < row["model_low"] <= row["model_high"] <= 1 and "model" in row["note"]
+        assert 0 < row["model_low_counting_all"] <= row["model_low"]
         assert row["triton"].startswith(roofline.LEASE_TRITON + ".")
         assert math.isfinite(row["instructions_per_logit"])
 

@@ -11,9 +11,10 @@ can reach, as the least of three rates:
   time a program spends per tile``: ``latency + a tile's issue time`` where nothing is loaded
   ahead (each program waits for its tile, then works it), else ``max(latency / tiles ahead,
   issue time)`` (:func:`stagelab.core.launches.tiles_ahead`: the pipelined loads of the next
-  tiles are in flight while it works); resident programs the least of the cubin's CTAs per SM
-  (its registers and shared memory, the pipeline's buffers among them) and the programs per
-  SM the grid gives;
+  tiles are in flight while it works), and for a slice of no more tiles than that, the
+  latency once over its tiles plus the issue time (:func:`tile_ns`); resident programs the
+  least of the cubin's CTAs per SM (its registers and shared memory, the pipeline's buffers
+  among them) and the programs per SM the grid gives;
 * **issue**: an SM issues at most 4 warp-instructions a clock (its schedulers), shared by its
   resident warps; a tile costs its warps the guard's instructions, the target's counts on a
   tile whose max reaches the target (:func:`counted_share`, at :data:`TARGET_RANK`), plus the
@@ -21,7 +22,11 @@ can reach, as the least of three rates:
   candidates (values above that key) and merges what the tile gives, then either the
   per-candidate loop once for each of the best ``k`` candidates, or, where that is more than
   :data:`stagelab.core.launches.CANDIDATE_LIMIT` passes, the sort path (each path's
-  instructions read from the cubin: ``kernel_compile.loop_figures``).
+  instructions read from the cubin: ``kernel_compile.loop_figures``);
+
+the last two scaled by the grid's **balance**, its programs over the busiest SM's share
+(``programs / (active SMs x ceil(programs / active SMs))``): the call ends when the SM with the
+most programs does.
 
 The candidates are modelled for independent logits: the first tile of a slice holds no keys
 (its best ``k`` are taken). A small top-K (``K_PAD`` at most
@@ -165,15 +170,21 @@ def walk_costs(row: dict[str, Any], tiles: int, block: int, k: int,
     return dict(instructions=cost, entered=entered, sorted=sorting, candidates=candidates)
 
 
-def tile_ns(latency_ns: float, issue_ns: float, ahead: int) -> float:
+def tile_ns(latency_ns: float, issue_ns: float, ahead: int, tiles: int | None = None) -> float:
     """A program's time per tile: it waits for its tile then works it (``ahead`` 0), or works
-    while the next ``ahead`` tiles' loads are in flight."""
+    while the next ``ahead`` tiles' loads are in flight. A slice of ``tiles`` no more than
+    ``ahead`` has every load in flight from its start: it waits the latency once, then
+    works them all."""
+    if tiles is not None and tiles <= ahead:
+        return (latency_ns + tiles * issue_ns) / tiles
     return latency_ns + issue_ns if ahead < 1 else max(latency_ns / ahead, issue_ns)
 
 
 def predict(rows: int, vocab: int, k: int, dtype: str, gpu: Gpu, latency_ns: float,
-            variants: tuple[dict[str, Any], ...] | None = None) -> dict[str, Any]:
-    """The model's share of ``gpu``'s HBM for one call at ``latency_ns``, with its inputs."""
+            variants: tuple[dict[str, Any], ...] | None = None,
+            target_rank: int | None = TARGET_RANK) -> dict[str, Any]:
+    """The model's share of ``gpu``'s HBM for one call at ``latency_ns``, with its inputs,
+    for a target of ``target_rank`` (None: every tile counts toward it, the worst case)."""
     first = launches.triton_launches(rows, vocab, k, True, None, None,
                                      launches.device_slots(gpu.sms, k))[0]
     row = figures_of(first, dtype, gpu.arch, variants=variants)
@@ -182,19 +193,21 @@ def predict(rows: int, vocab: int, k: int, dtype: str, gpu: Gpu, latency_ns: flo
     active = min(gpu.sms, programs)
     resident = min(row["ctas_per_sm"], math.ceil(programs / gpu.sms))
     tiles = math.ceil(first.scalars["span"] / block)
-    counted = counted_share(block, vocab)
+    counted = 1.0 if target_rank is None else counted_share(block, vocab, target_rank)
     costs = walk_costs(row, tiles, block, k, counted)
     per_tile = costs["instructions"]
     tile_bytes = block * DTYPE_BYTES[dtype]
     issue_ns = per_tile / gpu.clock_ghz  # a program's warps issue side by side, one a clock
-    parallel = active * resident * tile_bytes / tile_ns(latency_ns, issue_ns,
-                                                        launches.tiles_ahead())
-    issued = (active * min(ISSUE_PER_CLOCK, resident * warps) * gpu.clock_ghz * tile_bytes
-              / (warps * per_tile))
+    balance = programs / (active * math.ceil(programs / active))  # the busiest SM's share
+    parallel = balance * active * resident * tile_bytes / tile_ns(
+        latency_ns, issue_ns, launches.tiles_ahead(), tiles)
+    issued = (balance * active * min(ISSUE_PER_CLOCK, resident * warps) * gpu.clock_ghz
+              * tile_bytes / (warps * per_tile))
     rate, bound = min((gpu.hbm_gbps, "hbm"), (parallel, "memory parallelism"),
                       (issued, "issue"))
     return dict(rows=rows, vocab=vocab, k=k, dtype=dtype, gpu=gpu.name, latency_ns=latency_ns,
-                programs=programs, resident_per_sm=resident, ctas_per_sm=row["ctas_per_sm"],
+                programs=programs, balance=round(balance, 3), resident_per_sm=resident,
+                ctas_per_sm=row["ctas_per_sm"],
                 registers=row["registers"], bytes_in_flight_per_sm=resident * tile_bytes,
                 tiles_per_slice=tiles, tile_instructions=round(per_tile, 1),
                 counted_share=round(counted, 3),
@@ -209,11 +222,15 @@ def predict(rows: int, vocab: int, k: int, dtype: str, gpu: Gpu, latency_ns: flo
 def predict_range(rows: int, vocab: int, k: int, dtype: str, gpu_name: str = "H200",
                   variants: tuple[dict[str, Any], ...] | None = None) -> dict[str, Any]:
     """:func:`predict` at both ends of :data:`LATENCY_NS`: the low end's inputs, and the
-    model's share of HBM as ``model_low`` (the longer latency) and ``model_high``."""
+    model's share of HBM as ``model_low`` (the longer latency) and ``model_high``, with
+    ``model_low_counting_all``: the longer latency's where every tile counts toward the
+    target (its rank not assumed)."""
     gpu = GPUS[gpu_name]
     slow, fast = (predict(rows, vocab, k, dtype, gpu, latency, variants)
                   for latency in sorted(LATENCY_NS, reverse=True))
+    worst = predict(rows, vocab, k, dtype, gpu, max(LATENCY_NS), variants, target_rank=None)
     return dict(slow, model_low=slow["model_hbm_share"], model_high=fast["model_hbm_share"],
+                model_low_counting_all=worst["model_hbm_share"],
                 latency_ns=f"{min(LATENCY_NS):g}-{max(LATENCY_NS):g}",
                 note="a model from the cubins (never a measurement)")
 

@@ -25,15 +25,13 @@ def pow2_at_least(value: int) -> int:
 
 
 def programs_per_sm(k: int) -> int:
-    """Programs of the one-pass kernel the split plan aims at per SM: 4 without a top-K, where
-    the roofline model (stagelab.analyse.roofline) is bound by the bytes in flight, which more
-    resident programs raise; 1 with one, where more slices of a row add top-K work (a slice's
-    first tiles nearly all enter it: ``k`` insertions on its first, ``k / t`` on its
-    ``t``-th) to a walk the model finds bound by issue, and one 4-warp program still feeds an
-    SM's 4 schedulers while :data:`PIPELINE_STAGES` keep its loads in flight. The model
-    (H200, Triton 3.6 sm_90 cubins of the pipelined walk, 2026-12-06) at n = 64, k = 5: bf16
-    74 % with 1 against 62 % with 2, fp32 100 % with either."""
-    return 1 if k else 4
+    """Programs of the one-pass kernel a split plan aims at per SM: 2 without a top-K, whose
+    walk is bound by bytes in flight (two programs of :data:`PIPELINE_STAGES` keep 4 times
+    what Little's law asks at 800 ns, and two CTAs of the pipeline's shared memory fit an SM
+    of sm_80 and sm_90 where the compile check's fp32 walk fits 3 on sm_90 and 2 on sm_80);
+    1 with one: :func:`top_k_splits` weighs the slices' top-K work against the SMs they
+    fill."""
+    return 1 if k else 2
 
 
 def device_slots(sms: int, k: int) -> int:
@@ -42,9 +40,25 @@ def device_slots(sms: int, k: int) -> int:
 
 
 def default_splits(rows: int, tiles: int, slots: int) -> int:
-    """Slices per row: enough programs to fill ``slots``, never more slices than tiles; 1 once
-    the rows alone fill the device."""
+    """Slices per row without a top-K: enough programs to fill ``slots``, never more slices
+    than tiles; 1 once the rows alone fill the device."""
     return max(1, min(tiles, slots // max(rows, 1)))
+
+
+def top_k_splits(rows: int, tiles: int, k: int, slots: int) -> int:
+    """Slices per row of a top-``k`` call on ``slots`` SMs (one program an SM at a time): the
+    count whose busiest SM has the least work, the fewest of equals. An SM's work is its
+    programs (``ceil(rows x slices / slots)``) times a slice's: its tiles plus its top-K's
+    insertions, ``k (1 + ln T)`` for ``T`` tiles of independent logits (``k`` on its first,
+    about ``k / t`` on its ``t``-th: ``stagelab.analyse.roofline.inserted_candidates``), an
+    insertion costing about a tile (the compile check's Triton 3.6 sm_90 cubins, K_PAD 2 to
+    32: a candidate's loop 70-175 SASS instructions, a tile's guard 144-167). A heuristic of the
+    plan, not the roofline model: it ignores latency, and a wide top-K's sort path."""
+    def busiest(parts: int) -> float:
+        span = math.ceil(tiles / parts)
+        return math.ceil(rows * parts / max(slots, 1)) * (span + k * (1 + math.log(span)))
+
+    return min(range(1, max(tiles, 1) + 1), key=lambda parts: (busiest(parts), parts))
 
 
 def launch_plan(rows: int, vocab: int, k: int, tile: int | None, splits: int | None,
@@ -55,7 +69,8 @@ def launch_plan(rows: int, vocab: int, k: int, tile: int | None, splits: int | N
     k_pad = pow2_at_least(max(k, 2))
     block = max(tile or DEFAULT_TILE, k_pad)
     tiles = math.ceil(vocab / block)
-    parts = min(tiles, splits or default_splits(rows, tiles, slots))
+    planned = top_k_splits(rows, tiles, k, slots) if k else default_splits(rows, tiles, slots)
+    parts = min(tiles, splits or planned)
     span = math.ceil(tiles / parts) * block
     return block, k_pad, math.ceil(vocab / span), span
 
@@ -79,6 +94,19 @@ PIPELINE_STAGES = 8
 def tiles_ahead() -> int:
     """Tiles whose loads are in flight while the walk works one (the roofline model's)."""
     return PIPELINE_STAGES - 1
+
+
+# Logits of 16 bits a 16-byte copy holds: a row stride not a multiple of it leaves some rows'
+# first logits off the 16-byte alignment the pipeline's copies need (:func:`leads`).
+ALIGNED_LOGITS = 8
+
+
+def leads(stride_row: int) -> bool:
+    """Whether a kernel must walk rows ``stride_row`` logits apart from a 16-byte aligned
+    address before each row's first logit, its first tile cut there (``LEAD``:
+    onepass_triton._row_start); a stride that keeps every row aligned for 16-bit logits (and
+    so for fp32) needs not."""
+    return stride_row % ALIGNED_LOGITS != 0
 
 
 WIDE_TOP_K = 1024  # from this padded top-K on, a program takes 8 warps
@@ -134,7 +162,8 @@ def triton_launches(rows: int, vocab: int, k: int, with_targets: bool, tile: int
     warps = warps_for(block, k_pad, parts > 1)
     first = Launch("onepass_kernel", (rows, parts),
                    dict(stride_row=stride_row, vocab=vocab, k=k, span=span),
-                   dict(BLOCK=block, SPLIT=parts > 1, **flags), warps, registers_for(k > 0, warps))
+                   dict(BLOCK=block, SPLIT=parts > 1, LEAD=leads(stride_row), **flags), warps,
+                   registers_for(k > 0, warps))
     if parts == 1:
         return [first]
     return [first, Launch("merge_kernel", (rows,), dict(stride_row=stride_row, k=k, parts=parts),
@@ -152,8 +181,8 @@ def fold_launch(rows: int, width: int, first_id: int, k: int, with_targets: bool
     warps = warps_for(block, k_pad)
     return Launch("fold_kernel", (rows,),
                   dict(stride_row=stride_row, width=width, first_id=first_id, k=k),
-                  dict(BLOCK=block, K_PAD=k_pad, TOPK=k > 0, HAS_TARGET=with_targets),
-                  warps, registers_for(k > 0, warps))
+                  dict(BLOCK=block, K_PAD=k_pad, TOPK=k > 0, HAS_TARGET=with_targets,
+                       LEAD=leads(stride_row)), warps, registers_for(k > 0, warps))
 
 
 def finish_launch(rows: int, k: int, with_targets: bool) -> Launch:
