@@ -231,6 +231,22 @@ def test_targets_at_the_top_and_at_the_bottom(backend):
     assert result.target_rank.tolist() == [1, 257]
 
 
+@pytest.mark.parametrize(("dtype", "vocab", "k", "tile"), [
+    (torch.bfloat16, 7, 6, 2),  # a cut first tile of fewer than k values, then a short tail
+    (torch.float32, 1000, 64, 64),  # a wide top-K: the cut tile's lanes before token 0
+    (torch.float16, 257, 5, 8),  # many rows' first tiles cut, -inf runs across the cut
+])
+def test_rows_off_alignment_are_walked_exactly(interpreted, dtype, vocab, k, tile):
+    """Rows 3 logits wider than the vocabulary (a view: most start off 16 bytes) are walked
+    from the aligned address before each (``LEAD``), their first tile cut there. Before the
+    review's reproducers were fixed: the first case lost the cut tile's values, the second
+    gave ids of lanes before token 0."""
+    logits = randn(4, vocab + 3, seed=5, dtype=dtype)[:, :vocab]
+    logits[1, 3:min(vocab, 40)] = float("-inf")
+    assert launches.leads(logits.stride(0))
+    run(("triton", interpreted), logits, k, ids(4, vocab), tile=tile, splits=1)
+
+
 @pytest.mark.parametrize("backend", ["torch", "triton"], indirect=True)  # both, in make check
 def test_one_row(backend):
     """n = 1 splits its row across programs by default (the split variant for small n)."""

@@ -3,7 +3,8 @@
 The lease lends an H200 (CUDA sm_90, 132 SMs). At the shapes its profiles and the issue's
 grid take (rows 1/16/64/256; vocabularies 32,000, 152,064 and 262,144; k 0/1/5/20/64/1024;
 fp32, bf16 and fp16 logits; the ``head_fused`` tiles 1024-8192 and the ragged last tile of each
-vocabulary), :func:`launched_variants` lists the launches of
+vocabulary; and GPT-2's vocabulary of 50,257, whose stride leaves most rows off 16-byte
+alignment, at 64 and 256 rows and a 1024 tile), :func:`launched_variants` lists the launches of
 :func:`stagelab.core.launches.triton_launches`, :func:`~stagelab.core.launches.fold_launch`
 and :func:`~stagelab.core.launches.finish_launch`, typed as the callers type their tensors,
 once per distinct specialisation (shapes repeat specialisations): the input of
@@ -20,6 +21,9 @@ from stagelab.core import launches
 LEASE_SMS = 132  # an H200's SMs
 ROWS = (1, 16, 64, 256)
 VOCABS = (32000, 152064, 262144)
+# Rows whose stride leaves most of them unaligned (launches.leads): GPT-2's vocabulary.
+UNALIGNED_VOCAB = 50257
+UNALIGNED_ROWS = (64, 256)
 KS = (0, 1, 5, 20, 64, 1024)
 DTYPES = ("fp32", "bf16", "fp16")
 HEAD_TILES = (1024, 2048, 4096, 8192)
@@ -66,31 +70,32 @@ def specialisation(spec: dict[str, Any]) -> str:
 
 def step_launches(sms: int = LEASE_SMS) -> list[tuple[str, launches.Launch]]:
     """``(where, launch)`` of every one-pass call at the grid's shapes (with targets)."""
+    shapes = ([(rows, vocab) for rows in ROWS for vocab in VOCABS]
+              + [(rows, UNALIGNED_VOCAB) for rows in UNALIGNED_ROWS])
     found = []
-    for rows in ROWS:
-        for vocab in VOCABS:
-            for k in KS:
-                for launch in launches.triton_launches(rows, vocab, k, True, None, None,
-                                                      launches.device_slots(sms, k)):
-                    found.append((f"n={rows} V={vocab} k={k}", launch))
+    for rows, vocab in shapes:
+        for k in KS:
+            for launch in launches.triton_launches(rows, vocab, k, True, None, None,
+                                                  launches.device_slots(sms, k)):
+                found.append((f"n={rows} V={vocab} k={k}", launch))
     return found
 
 
 def fold_launches() -> list[tuple[str, launches.Launch]]:
     """``(where, launch)`` of every ``head_fused`` fold and finish at the grid's tiles: each
     full tile, and the ragged last one of each vocabulary."""
+    shapes = ([(vocab, tile) for vocab in VOCABS for tile in HEAD_TILES]
+              + [(UNALIGNED_VOCAB, HEAD_TILES[0])])
     found = []
-    for vocab in VOCABS:
-        for tile in HEAD_TILES:
-            for k in KS:
-                widths = {tile, vocab % tile or tile}
-                for width in sorted(widths):
-                    found.append((f"V={vocab} tile={tile} width={width} k={k}",
-                                  launches.fold_launch(HEAD_CHUNK, width, vocab - width, k,
-                                                      True)))
-                found.append((f"V={vocab} tile={tile} k={k}",
-                              launches.fold_launch(HEAD_CHUNK, tile, 0, k, True)))
-                found.append((f"k={k}", launches.finish_launch(HEAD_CHUNK, k, True)))
+    for vocab, tile in shapes:
+        for k in KS:
+            widths = {tile, vocab % tile or tile}
+            for width in sorted(widths):
+                found.append((f"V={vocab} tile={tile} width={width} k={k}",
+                              launches.fold_launch(HEAD_CHUNK, width, vocab - width, k, True)))
+            found.append((f"V={vocab} tile={tile} k={k}",
+                          launches.fold_launch(HEAD_CHUNK, tile, 0, k, True)))
+            found.append((f"k={k}", launches.finish_launch(HEAD_CHUNK, k, True)))
     return found
 
 
@@ -119,20 +124,26 @@ def k_class(spec: dict[str, Any]) -> str:
     return "wide" if flags["K_PAD"] >= 1024 else "narrow"
 
 
-def representative_key(spec: dict[str, Any]) -> tuple[str, str, bool, str, bool]:
+def representative_key(spec: dict[str, Any]) -> tuple[str, str, bool, str, bool, bool]:
     """What a representative stands for: the kernel, the logits' dtype, split or not, the
-    k-class (:func:`k_class`) and whether a fold's tile is masked (its width short of BLOCK)."""
+    k-class (:func:`k_class`) and whether a fold's tile is masked (its width short of BLOCK);
+    a walk of rows that may start off alignment (``LEAD``: a cut first tile) by its kernel,
+    k-class and whether its logits are 16-bit alone (the cut tile is the same code whatever
+    the rest)."""
     flags, ints = spec["constexprs"], spec["scalars"]
+    dtype = spec["pointers"].get("x_ptr", "")
+    if flags.get("LEAD"):
+        return (spec["kernel"], "16-bit" if dtype != "fp32" else dtype, False, k_class(spec),
+                False, True)
     masked = "width" in ints and ints["width"] < flags["BLOCK"]
-    return (spec["kernel"], spec["pointers"].get("x_ptr", ""), bool(flags.get("SPLIT")),
-            k_class(spec), masked)
+    return (spec["kernel"], dtype, bool(flags.get("SPLIT")), k_class(spec), masked, False)
 
 
 def representative_variants(sms: int = LEASE_SMS) -> list[dict[str, Any]]:
     """The first launched variant (in :func:`launched_variants`' order) of each distinct
     :func:`representative_key`: a compile check that sees every kind of code the kernels
     generate in a fraction of the full list's time."""
-    chosen: dict[tuple[str, str, bool, str, bool], dict[str, Any]] = {}
+    chosen: dict[tuple[str, str, bool, str, bool, bool], dict[str, Any]] = {}
     for spec in launched_variants(sms):
         chosen.setdefault(representative_key(spec), spec)
     return list(chosen.values())

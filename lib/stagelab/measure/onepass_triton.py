@@ -132,15 +132,15 @@ if triton is not None:
         return tl.topk(_keys(ordered, ids), K_PAD)
 
     @triton.jit
-    def _insert_each(x, top, base, offsets, inside, best, least, k, K_PAD: tl.constexpr,
+    def _insert_each(x, top, base, ids, offsets, inside, best, least, K_PAD: tl.constexpr,
                      MASKED: tl.constexpr, PACKED: tl.constexpr):
         """Small top-K (``K_PAD <= CANDIDATES``): the tile's values (``top`` its max) enter the
         unsorted list ``best`` one by one, the highest first (ties: the lowest id), each in the
         place of the least held, while one is above it. Where ``PACKED`` (16-bit logits), each
         is the greatest int32 key (:func:`_packed`) below the last; else the greatest value at
-        its lowest id, then removed (``-inf``): never above the least held, as the first ``k``
-        taken into an empty list are finite (:func:`_enter` sorts a tile with fewer) and a
-        held ``-inf`` has a lower id."""
+        its lowest id (``ids``: :func:`_enter`'s), then removed (``-inf``): never above the
+        least held, as the first ``k`` taken into an empty list are finite (:func:`_enter`
+        sorts a tile with fewer) and a held ``-inf`` has a lower id."""
         if PACKED:
             keys = _packed(x, offsets, inside, MASKED)
             key = tl.max(keys, axis=0)
@@ -150,7 +150,6 @@ if triton is not None:
                 key = tl.max(tl.where(keys < key, keys, ORDERED_FLOOR), axis=0)
                 candidate = _unpacked(key, base)
         else:
-            ids = base + offsets
             id = tl.min(tl.where(x == top, ids, ID_LIMIT), axis=0)
             candidate = _keys(_ordered(top), id)
             while candidate > least:
@@ -165,26 +164,34 @@ if triton is not None:
     def _enter(x, top, base, offsets, inside, best, least, k, K_PAD: tl.constexpr,
                MASKED: tl.constexpr, PACKED: tl.constexpr):
         """The keys held and their least after a tile's values ``x`` (``-inf`` where masked;
-        ``top`` their max; offset 0 is token ``base``) enter them. Until ``k`` keys are held
-        (a slice's first tile), a tile with fewer than ``k`` finite values sorts its top
-        ``K_PAD`` and merges it into the list (then all floors: in order). A small top-K's list is unsorted
-        (:func:`_insert_each`); a wide one's is descending: the candidates (the values above
-        the least held) give their best ``k`` one by one, highest first (ties: the lowest id),
-        into a descending list merged once, where that is at most ``CANDIDATES`` passes; else
-        the tile's sorted top ``K_PAD`` is merged. A candidate is finite: a value taken becomes
-        ``-inf``."""
+        ``top`` their max; offset 0 is token ``base``) enter them. A masked lane takes an id
+        above every token's, its own (``ID_LIMIT - 8 - base - offset``: a cut first tile's
+        may lie before token 0): its ``-inf`` ranks below every real one. Until ``k`` keys
+        are held, a tile with fewer than ``k`` finite values sorts its top ``K_PAD`` and
+        merges it into the list (floors, and a cut first tile's keys). A small top-K's list
+        is unsorted (:func:`_insert_each`); a wide one's is descending: the candidates (the
+        values above the least held) give their best ``k`` one by one, highest first (ties:
+        the lowest id), into a descending list merged once, where that is at most
+        ``CANDIDATES`` passes; else the tile's sorted top ``K_PAD`` is merged. A candidate is
+        finite: a value taken becomes ``-inf``."""
         ids = base + offsets
+        if MASKED:
+            ids = tl.where(inside, ids, ID_LIMIT - 8 - ids)
         kth = (least >> 32).to(tl.int32)
         empty = kth == ORDERED_FLOOR
         floor = tl.where(empty, float("-inf"), _value(kth))
         few = tl.full((), 0, tl.int1)
         if empty:
             few = tl.sum((x > floor).to(tl.int32), axis=0) < k
-        if few:  # the list holds only floors (distinct, below every key of a tile)
-            best = _held(_sorted_tile(x, ids, inside, K_PAD, MASKED), k, K_PAD)
+        if few:
+            held = best
+            if K_PAD <= CANDIDATES:  # unsorted: its slots from k on at KEY_CEILING
+                held = tl.sort(tl.where(tl.arange(0, K_PAD) < k, best, KEY_FLOOR),
+                               descending=True)
+            best = _held(_merge(held, _sorted_tile(x, ids, inside, K_PAD, MASKED)), k, K_PAD)
             least = _least(best, k, K_PAD)
         elif K_PAD <= CANDIDATES:
-            best, least = _insert_each(x, top, base, offsets, inside, best, least, k, K_PAD,
+            best, least = _insert_each(x, top, base, ids, offsets, inside, best, least, K_PAD,
                                        MASKED, PACKED)
         else:
             takes = tl.minimum(tl.sum((x > floor).to(tl.int32), axis=0), k)
@@ -203,22 +210,24 @@ if triton is not None:
         return best, least
 
     @triton.jit
-    def _walk_tile(x, tile, offsets, stop, first_id, target, m, s, counts, best, least, k,
-                   K_PAD: tl.constexpr, TOPK: tl.constexpr, HAS_TARGET: tl.constexpr,
+    def _walk_tile(x, tile, offsets, low, stop, first_id, target, m, s, counts, best, least,
+                   k, K_PAD: tl.constexpr, TOPK: tl.constexpr, HAS_TARGET: tl.constexpr,
                    MASKED: tl.constexpr, PACKED: tl.constexpr):
-        """One tile (fp32 ``x`` at columns ``tile + offsets``; ``-inf`` past ``stop`` where
-        ``MASKED``) folded into the walk's state: the running max ``m``, per-lane sums of
-        exponentials rescaled to it ``s``, per-lane counts (``>=`` the target in the low 16
-        bits, ``==`` it above; only on a tile whose max reaches the target, the others add
-        nothing), the best keys and the least of them (:func:`_least`)."""
+        """One tile (fp32 ``x`` at columns ``tile + offsets``, column ``c`` token
+        ``first_id + c``; ``-inf`` outside ``[low, stop)`` where ``MASKED``) folded into the
+        walk's state: the running max ``m``, per-lane sums of exponentials rescaled to it
+        ``s``, per-lane counts (``>=`` the target in the low 16 bits, ``==`` it above; only on
+        a tile whose max reaches the target, the others add nothing), the best keys and the
+        least of them (:func:`_least`)."""
         top = tl.max(x, axis=0)  # the one cross-warp step of a tile that enters nothing
         m_new = tl.maximum(m, top)
         scaled = tl.where(m_new == float("-inf"), 0.0, m_new) * LOG2E
         s = s * tl.exp2(m * LOG2E - scaled) + tl.exp2(x * LOG2E - scaled)
-        inside = tile + offsets < stop
+        columns = tile + offsets
+        inside = (columns >= low) & (columns < stop)
         if HAS_TARGET:
             if top >= target:  # else no value of the tile is at or above the target's
-                counted = (x >= target).to(tl.int32) + ((x == target).to(tl.int32) << 16)
+                counted = tl.where(x >= target, tl.where(x == target, 65537, 1), 0)
                 if MASKED:
                     counted = tl.where(inside, counted, 0)
                 counts += counted
@@ -229,18 +238,24 @@ if triton is not None:
         return m_new, s, counts, best, least
 
     @triton.jit
-    def _tile_state(x_ptr, start, stop, target, first_id, k, BLOCK: tl.constexpr,
-                    K_PAD: tl.constexpr, TOPK: tl.constexpr, HAS_TARGET: tl.constexpr):
-        """Walk tiles ``[start, stop)`` of one row, whose column ``c`` is token ``first_id + c``,
-        for its top ``k``: (max, rescaled sum, best keys descending, count of logits ``>=`` the
-        target's, count equal to it). Full tiles load unmasked through Triton's software
-        pipeline (``num_stages`` ``STAGES``: on sm_80 and sm_90, copies into shared memory
-        issued ``STAGES - 1`` tiles ahead of the one walked, holding no registers); a ragged
-        last tile is walked masked after them. The sums and counts are kept per lane and
-        reduced once at the end; tiles come in order of their ids, so a later value equal to
-        the ``k``-th key held has a higher id, a lower key: only a value above it can enter.
-        The keys start as distinct floors, descending; a small top-K's list, unsorted as it
-        is walked (:func:`_insert_each`), is sorted once at the end."""
+    def _tile_state(x_ptr, lead, start, stop, target, first_id, k, BLOCK: tl.constexpr,
+                    K_PAD: tl.constexpr, TOPK: tl.constexpr, HAS_TARGET: tl.constexpr,
+                    LEAD: tl.constexpr):
+        """Walk columns ``[start, stop)`` of one row, whose column ``c`` is token
+        ``first_id + c`` and lies at ``x_ptr + lead + c`` (``x_ptr`` 16-byte aligned, ``start``
+        a multiple of ``BLOCK``; ``lead`` 0 unless ``LEAD``), for its top ``k``: (max,
+        rescaled sum, best keys descending, count of logits ``>=`` the target's, count equal
+        to it). Tiles are aligned at ``x_ptr``, ``BLOCK`` apart from ``start``: the one
+        holding the first column, where ``lead`` cuts it, is walked masked; the full ones
+        load unmasked through Triton's software pipeline (``num_stages`` ``STAGES``: on sm_80
+        and sm_90, 16-byte copies into shared memory issued ``STAGES - 1`` tiles ahead of the
+        one walked, holding no registers, whatever the row's stride); a ragged last one is
+        walked masked. Tiles
+        come in order of their ids, so a later value equal to the ``k``-th key held has a
+        higher id, a lower key: only a value above it can enter. The sums and counts are
+        kept per lane and reduced once at the end; the keys start as distinct floors,
+        descending; a small top-K's list, unsorted as it is walked (:func:`_insert_each`), is
+        sorted once at the end."""
         PACKED: tl.constexpr = (x_ptr.dtype.element_ty.primitive_bitwidth == 16
                                 and BLOCK <= LOW_MASK + 1)
         m = tl.full((), float("-inf"), tl.float32)
@@ -250,22 +265,51 @@ if triton is not None:
         best = _held(KEY_FLOOR + (K_PAD - 1 - slots).to(tl.int64), k, K_PAD)
         least = _least(best, k, K_PAD)
         offsets = tl.arange(0, BLOCK)
-        full_stop = start + (stop - start) // BLOCK * BLOCK
-        for tile in tl.range(start, full_stop, BLOCK, num_stages=STAGES):
+        low, high = start + lead, stop + lead  # the walk's columns from x_ptr
+        first = start  # the first full tile
+        if LEAD:
+            cut = lead % BLOCK
+            if cut > 0:  # the tile holding column low, cut there
+                columns = low - cut + offsets
+                x = tl.load(x_ptr + columns, mask=(columns >= low) & (columns < high),
+                            other=float("-inf")).to(tl.float32)
+                m, s, counts, best, least = _walk_tile(x, low - cut, offsets, low, high,
+                                                       first_id - lead, target, m, s, counts,
+                                                       best, least, k, K_PAD, TOPK,
+                                                       HAS_TARGET, True, PACKED)
+            # past it, as arithmetic (start plus whole tiles) the compiler sees aligned
+            first = start + (lead // BLOCK + (cut > 0).to(tl.int32)) * BLOCK
+        full_stop = first + tl.maximum(high - first, 0) // BLOCK * BLOCK
+        for tile in tl.range(first, full_stop, BLOCK, num_stages=STAGES):
             x = tl.load(x_ptr + tile + offsets).to(tl.float32)
-            m, s, counts, best, least = _walk_tile(x, tile, offsets, stop, first_id, target, m,
-                                                   s, counts, best, least, k, K_PAD, TOPK,
-                                                   HAS_TARGET, False, PACKED)
-        if full_stop < stop:
-            cols = full_stop + offsets
-            x = tl.load(x_ptr + cols, mask=cols < stop, other=float("-inf")).to(tl.float32)
-            m, s, counts, best, least = _walk_tile(x, full_stop, offsets, stop, first_id,
+            m, s, counts, best, least = _walk_tile(x, tile, offsets, low, high, first_id - lead,
                                                    target, m, s, counts, best, least, k, K_PAD,
-                                                   TOPK, HAS_TARGET, True, PACKED)
+                                                   TOPK, HAS_TARGET, False, PACKED)
+        if full_stop < high:
+            columns = full_stop + offsets
+            x = tl.load(x_ptr + columns, mask=columns < high, other=float("-inf"))
+            m, s, counts, best, least = _walk_tile(x.to(tl.float32), full_stop, offsets, low,
+                                                   high, first_id - lead, target, m, s, counts,
+                                                   best, least, k, K_PAD, TOPK, HAS_TARGET,
+                                                   True, PACKED)
         if TOPK and K_PAD <= CANDIDATES:
             best = tl.sort(tl.where(slots < k, best, KEY_FLOOR), descending=True)
         return (m, tl.sum(s, axis=0), best, tl.sum(counts & 0xFFFF, axis=0),
                 tl.sum(counts >> 16, axis=0))
+
+    @triton.jit
+    def _row_start(x_ptr, row, stride_row, LEAD: tl.constexpr):
+        """The 16-byte aligned address at or below row ``row``'s first logit, and how many
+        logits it lies before that one (``x_ptr`` 16-byte aligned, as torch allocates); the
+        row's own address and 0 where its stride keeps it aligned (not ``LEAD``)."""
+        at = row * stride_row
+        lead = tl.zeros((), tl.int32)
+        if LEAD:
+            ALIGN: tl.constexpr = 128 // x_ptr.dtype.element_ty.primitive_bitwidth
+            aligned = at // ALIGN * ALIGN  # a multiple of ALIGN the compiler sees
+            lead = (at - aligned).to(tl.int32)
+            at = aligned
+        return x_ptr + at, lead
 
     @triton.jit
     def _fold(m, s, best, ge, eq, m_part, s_part, best_part, ge_part, eq_part,
@@ -300,9 +344,10 @@ if triton is not None:
                        target_lp_ptr, rank_ptr, ties_ptr, part_m_ptr, part_s_ptr,
                        part_keys_ptr, part_ge_ptr, part_eq_ptr, k, span,
                        BLOCK: tl.constexpr, K_PAD: tl.constexpr, TOPK: tl.constexpr,
-                       HAS_TARGET: tl.constexpr, SPLIT: tl.constexpr):
+                       HAS_TARGET: tl.constexpr, SPLIT: tl.constexpr, LEAD: tl.constexpr):
         """Program ``(row, slice)``: the slice ``[slice * span, (slice + 1) * span)`` of a row;
-        with ``SPLIT`` it writes its partial state, else the row's results."""
+        with ``SPLIT`` it writes its partial state, else the row's results; ``LEAD`` where
+        the rows' stride leaves some unaligned (:func:`_row_start`)."""
         row = tl.program_id(0).to(tl.int64)
         part = tl.program_id(1)
         parts = tl.num_programs(1)
@@ -312,8 +357,9 @@ if triton is not None:
             target = tl.load(x_row + tl.load(targets_ptr + row)).to(tl.float32)
         start = part * span
         stop = tl.minimum(start + span, vocab)
-        m, s, best, ge, eq = _tile_state(x_row, start, stop, target, 0, k, BLOCK, K_PAD, TOPK,
-                                         HAS_TARGET)
+        aligned, lead = _row_start(x_ptr, row, stride_row, LEAD)
+        m, s, best, ge, eq = _tile_state(aligned, lead, start, stop, target, 0, k, BLOCK, K_PAD,
+                                         TOPK, HAS_TARGET, LEAD)
         if SPLIT:
             at = row * parts + part
             tl.store(part_m_ptr + at, m)
@@ -358,15 +404,18 @@ if triton is not None:
     @triton.jit
     def fold_kernel(x_ptr, stride_row, width, first_id, target_ptr, state_m_ptr, state_s_ptr,
                     state_keys_ptr, state_ge_ptr, state_eq_ptr, k, BLOCK: tl.constexpr,
-                    K_PAD: tl.constexpr, TOPK: tl.constexpr, HAS_TARGET: tl.constexpr):
+                    K_PAD: tl.constexpr, TOPK: tl.constexpr, HAS_TARGET: tl.constexpr,
+                    LEAD: tl.constexpr):
         """Program ``row``: the state of its tile of logits ``[0, width)`` (tokens ``first_id``
-        on), merged into the row's running state in place, as the split variant's merge does."""
+        on), merged into the row's running state in place, as the split variant's merge does;
+        ``LEAD`` as :func:`onepass_kernel`'s."""
         row = tl.program_id(0).to(tl.int64)
         target = 0.0
         if HAS_TARGET:
             target = tl.load(target_ptr + row)
-        m, s, best, ge, eq = _tile_state(x_ptr + row * stride_row, 0, width, target, first_id,
-                                         k, BLOCK, K_PAD, TOPK, HAS_TARGET)
+        aligned, lead = _row_start(x_ptr, row, stride_row, LEAD)
+        m, s, best, ge, eq = _tile_state(aligned, lead, 0, width, target, first_id, k, BLOCK,
+                                         K_PAD, TOPK, HAS_TARGET, LEAD)
         slots = row * K_PAD + tl.arange(0, K_PAD)
         running = best
         if TOPK:
