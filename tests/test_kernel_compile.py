@@ -47,9 +47,13 @@ def test_the_variants_cover_the_grid_once_per_specialisation():
     assert {v["pointers"]["x_ptr"] for v in first} == {"fp32", "bf16", "fp16"}
     assert {v["constexprs"]["K_PAD"] for v in first} == {2, 8, 32, 64, 1024}
     assert {v["constexprs"]["SPLIT"] for v in first} == {True, False}
-    shapes = (len(kernel_variants.DTYPES) * len(kernel_variants.ROWS)
-              * len(kernel_variants.VOCABS) * len(kernel_variants.KS))
+    shapes = (len(kernel_variants.DTYPES) * len(kernel_variants.KS)
+              * (len(kernel_variants.ROWS) * len(kernel_variants.VOCABS)
+                 + len(kernel_variants.UNALIGNED_ROWS)))
     assert sum(v["shapes"] for v in first) == shapes
+    unaligned = [v for v in variants if v["constexprs"].get("LEAD")]
+    assert {v["kernel"] for v in unaligned} == {"onepass_kernel", "fold_kernel"}
+    assert all(str(kernel_variants.UNALIGNED_VOCAB) in v["where"] for v in unaligned)
 
 
 def test_an_int_of_one_and_a_multiple_of_16_specialise_apart():
@@ -118,7 +122,8 @@ def test_the_loop_s_paths_are_counted_from_sass():
     and the per-candidate loop (0xb0-0xd0: 3); the block's other 5 are its entry's."""
     assert kernel_compile.loop_figures(SASS) == dict(
         loop_instructions=16, guard_instructions=5, count_instructions=0,
-        enter_instructions=5, sort_instructions=3, candidate_instructions=3)
+        enter_instructions=5, sort_instructions=3, candidate_instructions=3,
+        pipelined_copies=0)
     assert kernel_compile.loop_figures("/*0000*/ EXIT ;") == dict.fromkeys(
         kernel_compile.LOOP_FIGURES, 0)
 
@@ -129,12 +134,12 @@ def test_a_loop_without_a_top_k_block_is_all_guard():
                       if not any(f"/*{at:04x}*/" in line for at in range(0x40, 0x100, 0x10)))
     assert kernel_compile.loop_figures(plain) == dict(
         loop_instructions=4, guard_instructions=4, count_instructions=0, enter_instructions=0,
-        sort_instructions=0, candidate_instructions=0)
+        sort_instructions=0, candidate_instructions=0, pipelined_copies=0)
 
 
 COUNTED = """
         /*0000*/                   MOV R1, c[0x0][0x28] ;
-        /*0010*/                   LDG.E R2, desc[UR4][R2.64] ;
+        /*0010*/                   LDGSTS.E.BYPASS.128 [R3], desc[UR4][R2.64] ;
         /*0020*/               @!P0 BRA 0x50 ;
         /*0030*/                   FSETP.GE.AND P2, PT, R2, R9, PT ;
         /*0040*/                   VIADD R8, R8, 0x1 ;
@@ -149,13 +154,14 @@ COUNTED = """
 
 
 def test_the_target_s_counts_skipped_below_it_are_a_block_of_their_own():
-    """The loop runs 0x10-0xa0 (10 instructions); the top-K block 0x60-0x80 (3, the largest
-    skipped; its per-candidate loop 0x60-0x70), the counts' block 0x30-0x40 (2, the largest
-    apart from it). Without a top-K the largest skipped block is the counts'; without a
-    target there is none."""
+    """The loop runs 0x10-0xa0 (10 instructions, one pipelined copy); the top-K block
+    0x60-0x80 (3, the largest skipped; its per-candidate loop 0x60-0x70), the counts' block
+    0x30-0x40 (2, the largest apart from it). Without a top-K the largest skipped block is
+    the counts'; without a target there is none."""
     figures = kernel_compile.loop_figures(COUNTED)
     assert figures == dict(loop_instructions=10, guard_instructions=5, count_instructions=2,
-                           enter_instructions=1, sort_instructions=0, candidate_instructions=2)
+                           enter_instructions=1, sort_instructions=0, candidate_instructions=2,
+                           pipelined_copies=1)
     assert kernel_compile.loop_figures(COUNTED, counts=False)["guard_instructions"] == 7
     plain = kernel_compile.loop_figures(COUNTED, top_k=False)
     assert (plain["guard_instructions"], plain["count_instructions"],
@@ -164,10 +170,40 @@ def test_the_target_s_counts_skipped_below_it_are_a_block_of_their_own():
 
 def test_a_failed_or_spilling_variant_fails_the_check():
     row = dict(triton="3.6.0", arch=90, kernel="onepass_kernel", where="fp32 n=1",
-               compiles=True, error="", spill_bytes=0)
+               compiles=True, error="", spill_bytes=0, loop_instructions=0,
+               pipelined_copies=0)
     assert check.failures([row]) == []
     assert "8 bytes spilled" in check.failures([dict(row, spill_bytes=8)])[0]
     assert "TypeError" in check.failures([dict(row, compiles=False, error="TypeError: x")])[0]
+    walk = dict(row, loop_instructions=200, pipelined_copies=4, constexprs=dict(BLOCK=2048),
+                pointers=dict(x_ptr="bf16"), num_warps=4)
+    assert check.failures([walk]) == []
+    assert "not pipelined" in check.failures([dict(walk, pipelined_copies=0)])[0]
+    assert check.failures([dict(walk, kernel="merge_kernel", pipelined_copies=0)]) == []
+    tiny = dict(walk, pipelined_copies=0, constexprs=dict(BLOCK=128))  # 2 bytes a thread
+    assert check.failures([tiny]) == []
+    assert check.failures([dict(tiny, pointers=dict(x_ptr="fp32"))]) != []
+
+
+def test_the_tile_loop_is_the_longest_a_backward_branch_closes():
+    """A cut first tile walked before the loop holds a loop of its own (0x10-0x20), earlier
+    than the tile loop (0x40-0x70): the longer is the tile loop; a divergent path placed
+    after the EXIT branching back (0xa0 to 0x10) is no loop."""
+    sass = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+        /*0010*/                   IMAD R5, R5, R6, RZ ;
+        /*0020*/               @P2 BRA 0x10 ;
+        /*0030*/                   MOV R1, c[0x0][0x28] ;
+        /*0040*/                   LDGSTS.E.BYPASS.128 [R3], desc[UR4][R2.64] ;
+        /*0050*/                   FMNMX R4, R2, R4, !PT ;
+        /*0060*/                   FMNMX R4, R2, R4, !PT ;
+        /*0070*/               @P3 BRA 0x40 ;
+        /*0080*/                   EXIT ;
+        /*0090*/                   SHFL.BFLY PT, R21, R166, 0x1, 0x1f ;
+        /*00a0*/                   BRA 0x10 ;
+"""
+    figures = kernel_compile.loop_figures(sass, top_k=False, counts=False)
+    assert figures["loop_instructions"] == 4 and figures["pipelined_copies"] == 1
 
 
 def test_the_fold_walks_a_wide_tile_in_tiles_of_at_most_fold_tile():
@@ -189,7 +225,8 @@ def test_the_representatives_stand_for_every_kind():
     keys = [kernel_variants.representative_key(v) for v in chosen]
     assert len(keys) == len(set(keys))
     assert set(keys) == {kernel_variants.representative_key(v) for v in launched}
-    assert {k for _, _, _, k, _ in keys} == {"none", "narrow", "wide"}
+    assert {k for _, _, _, k, _, _ in keys} == {"none", "narrow", "wide"}
+    assert {lead for *_, lead in keys} == {True, False}
     assert len(chosen) < len(launched) / 2
 
 

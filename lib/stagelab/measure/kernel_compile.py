@@ -40,6 +40,7 @@ REGISTER_UNIT = 256  # registers are allocated per warp in units of 256
 RESOURCES = re.compile(r"REG:(\d+)\s+STACK:(\d+)\s+SHARED:(\d+)\s+LOCAL:(\d+)")
 SASS_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?);")
 BRANCH = re.compile(r"\bBRA\b.*?(0x[0-9a-f]+)")
+EXIT = re.compile(r"\bEXIT\b")
 
 
 def ctas_per_sm(arch: int, registers: int, warps: int, shared: int) -> int:
@@ -54,7 +55,9 @@ def ctas_per_sm(arch: int, registers: int, warps: int, shared: int) -> int:
 
 
 LOOP_FIGURES = ("loop_instructions", "guard_instructions", "count_instructions",
-                "enter_instructions", "sort_instructions", "candidate_instructions")
+                "enter_instructions", "sort_instructions", "candidate_instructions",
+                "pipelined_copies")
+PIPELINED_COPY = re.compile(r"\bLDGSTS\b")  # cp.async: a copy from global into shared memory
 
 
 def loop_figures(sass: str, top_k: bool = True, counts: bool = True) -> dict[str, int]:
@@ -73,13 +76,21 @@ def loop_figures(sass: str, top_k: bool = True, counts: bool = True) -> dict[str
     * ``sort_instructions``: the largest block a forward branch inside the top-K block skips
       that does not hold that loop (the sort-and-merge path of a tile with many candidates);
     * ``enter_instructions``: the rest of the top-K block (its count of candidates, the set-up
-      of either path, the least key's read)."""
+      of either path, the least key's read);
+    * ``pipelined_copies``: the loop's copies from global into shared memory (``LDGSTS``:
+      Triton's software pipeline issuing the tiles ahead; 0 where its loads are plain).
+
+    The tile loop is the longest a backward branch closes (a cut first tile walked before it
+    holds loops of its own) before the last ``EXIT`` (ptxas places a warp's divergent paths
+    after it, branching back into the body)."""
     lines = [(int(address, 16), text) for address, text in SASS_LINE.findall(sass)]
+    body_end = max((at for at, text in lines if EXIT.search(text)), default=math.inf)
     backward = [(target, at) for at, text in lines for target in _branch_target(text)
-                if target <= at]
+                if target <= at < body_end]
     if not backward:
         return dict.fromkeys(LOOP_FIGURES, 0)
-    start, end = min(backward)
+    start, end = max(backward, key=lambda span: (_inside([at for at, _ in lines], span[0] - 1,
+                                                         span[1] + 1), -span[0]))
     body = [at for at, _ in lines if start <= at <= end]
     skips = [(at, target) for at, text in lines if start <= at <= end
              for target in _branch_target(text) if at < target <= end]
@@ -98,9 +109,12 @@ def loop_figures(sass: str, top_k: bool = True, counts: bool = True) -> dict[str
     candidate = _inside(body, loop[0] - 1, loop[1] + 1)
     sorting = max((_inside(body, *skip) for skip in sort), default=0)
     skipped, count = _inside(body, *block), _inside(body, *counted)
+    copies = sum(1 for at, text in lines
+                 if start <= at <= end and PIPELINED_COPY.search(text))
     return dict(loop_instructions=len(body), guard_instructions=len(body) - skipped - count,
                 count_instructions=count, enter_instructions=skipped - sorting - candidate,
-                sort_instructions=sorting, candidate_instructions=candidate)
+                sort_instructions=sorting, candidate_instructions=candidate,
+                pipelined_copies=copies)
 
 
 def _inside(addresses: list[int], after: int, before: int) -> int:
