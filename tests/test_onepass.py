@@ -231,20 +231,29 @@ def test_targets_at_the_top_and_at_the_bottom(backend):
     assert result.target_rank.tolist() == [1, 257]
 
 
-@pytest.mark.parametrize(("dtype", "vocab", "k", "tile"), [
-    (torch.bfloat16, 7, 6, 2),  # a cut first tile of fewer than k values, then a short tail
-    (torch.float32, 1000, 64, 64),  # a wide top-K: the cut tile's lanes before token 0
-    (torch.float16, 257, 5, 8),  # many rows' first tiles cut, -inf runs across the cut
+@pytest.mark.parametrize(("dtype", "vocab", "k", "tile", "splits"), [
+    (torch.bfloat16, 7, 6, 2, 1),  # a cut first tile of fewer than k values, a short tail
+    (torch.bfloat16, 20, 7, 2, 3),  # the same in a later slice: its values were lost
+    (torch.float32, 1000, 64, 64, 1),  # a wide top-K: the cut tile's lanes before token 0
+    (torch.float32, 12, 4, 4, 1),  # a small one of two finite logits: an id taken twice
+    (torch.float16, 257, 5, 8, 1),  # many rows' first tiles cut, -inf runs across the cut
 ])
-def test_rows_off_alignment_are_walked_exactly(interpreted, dtype, vocab, k, tile):
-    """Rows 3 logits wider than the vocabulary (a view: most start off 16 bytes) are walked
-    from the aligned address before each (``LEAD``), their first tile cut there. Before the
-    review's reproducers were fixed: the first case lost the cut tile's values, the second
-    gave ids of lanes before token 0."""
-    logits = randn(4, vocab + 3, seed=5, dtype=dtype)[:, :vocab]
-    logits[1, 3:min(vocab, 40)] = float("-inf")
+def test_rows_off_alignment_are_walked_exactly(interpreted, dtype, vocab, k, tile, splits):
+    """Rows 3 logits wider than the vocabulary (a view: most start off 16 bytes) are
+    walked from the aligned address before each (``LEAD``), their first tile cut there. The
+    second review's reproducers (R5, R2, R6) broke the first version: a cut tile's values
+    lost to the next few-valued tile's, and masked lanes' ids before token 0 overflowing into
+    a key's value word."""
+    logits = randn(8, vocab + 3, seed=5, dtype=dtype)[:, :vocab]
+    if vocab == 12:  # two finite logits a row
+        logits[:] = float("-inf")
+        logits[:, 4], logits[:, 9] = 1.0, 2.0
+    else:
+        logits[1, 3:min(vocab, 40)] = float("-inf")
+        if vocab > 10:  # the top two in the middle
+            logits[:, 8:10] = logits.max() + torch.tensor([2.0, 1.0]).to(dtype)
     assert launches.leads(logits.stride(0))
-    run(("triton", interpreted), logits, k, ids(4, vocab), tile=tile, splits=1)
+    run(("triton", interpreted), logits, k, ids(8, vocab), tile=tile, splits=splits)
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"], indirect=True)  # both, in make check

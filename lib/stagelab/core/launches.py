@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cache
 
 DEFAULT_TILE = 2048  # vocabulary entries per tile of the kernel (a power of two)
 # The widest tile of the fold kernel (a power of two): its 2048-wide tile spilled registers on
@@ -45,6 +46,7 @@ def default_splits(rows: int, tiles: int, slots: int) -> int:
     return max(1, min(tiles, slots // max(rows, 1)))
 
 
+@cache  # a scan of every slice count: once a shape, not on every call
 def top_k_splits(rows: int, tiles: int, k: int, slots: int) -> int:
     """Slices per row of a top-``k`` call on ``slots`` SMs (one program an SM at a time): the
     count whose busiest SM has the least work, the fewest of equals. An SM's work is its
