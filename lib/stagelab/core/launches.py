@@ -27,11 +27,11 @@ def pow2_at_least(value: int) -> int:
 
 def programs_per_sm(k: int) -> int:
     """Programs of the one-pass kernel a split plan aims at per SM: 2 without a top-K, whose
-    walk is bound by bytes in flight (two programs of :data:`PIPELINE_STAGES` keep 4 times
-    what Little's law asks at 800 ns, and two CTAs of the pipeline's shared memory fit an SM
-    of sm_80 and sm_90 where the compile check's fp32 walk fits 3 on sm_90 and 2 on sm_80);
-    1 with one: :func:`top_k_splits` weighs the slices' top-K work against the SMs they
-    fill."""
+    walk is bound by bytes in flight (two programs of :data:`PIPELINE_STAGES` keep 2 (bf16)
+    to 4 (fp32) times what Little's law asks at 800 ns, and two CTAs of the pipeline's shared
+    memory fit an SM of sm_80 and sm_90, where the compile check's fp32 walk fits 3 on sm_90
+    and 2 on sm_80); 1 with one: :func:`top_k_splits` weighs the slices' top-K work against
+    the SMs they fill."""
     return 1 if k else 2
 
 
