@@ -50,7 +50,8 @@ RUNNING = (
 SECONDS_A_COMPILE = 2.9  # of two cores, from the full check's timing (RUNNING)
 FIGURES = ("registers", "spill_bytes", "shared_bytes", "ctas_per_sm", "loop_instructions",
            "guard_instructions", "count_instructions", "enter_instructions",
-           "sort_instructions", "candidate_instructions", "pipelined_copies")
+           "sort_instructions", "candidate_instructions", "pipelined_copies", "copy_bytes",
+           "merge_instructions")
 
 
 def uv() -> str:
@@ -131,13 +132,19 @@ def _lines(path: Path) -> list[dict]:
 WALKS = ("onepass_kernel", "fold_kernel")  # the kernels whose tile loop must be pipelined
 ELEMENT_BYTES = dict(fp32=4, bf16=2, fp16=2)
 COPY_BYTES = 4  # cp.async's smallest copy a thread makes
+WIDEST_COPY = 16  # and its widest
+
+
+def thread_bytes(row: dict) -> int:
+    """The bytes of a walk's tile that fall to each of its threads."""
+    tile_bytes = row["constexprs"]["BLOCK"] * ELEMENT_BYTES[row["pointers"]["x_ptr"]]
+    return tile_bytes // (32 * row["num_warps"])
 
 
 def pipelinable(row: dict) -> bool:
     """Whether a walk's tile gives each thread at least one copy's bytes (a fold of a 128-wide
     tile of 16-bit logits on 4 warps gives 2: nothing for Triton's pipeline to copy)."""
-    tile_bytes = row["constexprs"]["BLOCK"] * ELEMENT_BYTES[row["pointers"]["x_ptr"]]
-    return tile_bytes >= COPY_BYTES * 32 * row["num_warps"]
+    return thread_bytes(row) >= COPY_BYTES
 
 
 def failures(found: list[dict]) -> list[str]:
@@ -153,9 +160,17 @@ def _problem(row: dict) -> str:
         return row["error"]
     if row["spill_bytes"]:
         return f"{row['spill_bytes']} bytes spilled"
-    if (row["kernel"] in WALKS and row["loop_instructions"] and not row["pipelined_copies"]
-            and pipelinable(row)):
+    if row.get("constexprs", {}).get("SPLIT") and not row.get("arrival_fenced"):
+        return ("its slices count in unfenced, or its row's last slice reads their states "
+                "past L2 (kernel_compile.arrival_fenced)")
+    if row["kernel"] not in WALKS or not row["loop_instructions"] or not pipelinable(row):
+        return ""
+    if not row["pipelined_copies"]:
         return "its tile loop is not pipelined (no LDGSTS)"
+    widest = min(WIDEST_COPY, thread_bytes(row))
+    if row.get("copy_bytes", widest) < widest:
+        return (f"its tile loop copies {row['copy_bytes']} bytes at a time where its tile "
+                f"gives each thread {thread_bytes(row)} (copies of {widest} possible)")
     return ""
 
 
@@ -193,22 +208,29 @@ def model_table(found: list[dict]) -> list[str]:
     lines = ["", "## The roofline model from these cubins (a model, never a measurement)", "",
              f"`stagelab.analyse.roofline` on an H200 (V = 152,064), from the Triton "
              f"{LEASE_TRITON} sm_90 rows above; latency {min(roofline.LATENCY_NS):g}-"
-             f"{max(roofline.LATENCY_NS):g} ns assumed; candidates for independent logits; "
+             f"{max(roofline.LATENCY_NS):g} ns assumed (and for a split row's last slice, "
+             "which fences, counts itself in, reads the slices' states back and merges them "
+             "after the walk, `merge`: an L2 round trip "
+             f"{min(roofline.L2_LATENCY_NS):g}-{max(roofline.L2_LATENCY_NS):g} ns, a merge "
+             f"instruction {min(roofline.MERGE_CLOCKS):g}-{max(roofline.MERGE_CLOCKS):g} "
+             "clocks); candidates for independent logits; "
              f"the target at rank {roofline.TARGET_RANK} (a tile counts toward it where it "
              "holds one of the values at or above it: `counted`; the last column lets every "
              "tile count, the rank not assumed). "
              f"Goal (issue 44): >= {100 * roofline.GOAL:.0f} % at n >= 64, k <= 20; >= 40 % at n = 16.",
              "", "| n | k | dtype | programs | resident/SM | tiles/slice | tile instructions "
              "| counted | entered | sorted | passes/tile | instructions/logit | bound at 800 ns "
-             "| model % (800-450 ns) | model % at 800 ns, every tile counting |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| walk ns at 800 ns | merge ns at 800 ns | model % (800-450 ns) "
+             "| model % at 800 ns, every tile counting |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['rows']} | {r['k']} | {r['dtype']} | {r['programs']} | "
                      f"{r['resident_per_sm']} | {r['tiles_per_slice']} | "
                      f"{r['tile_instructions']} | {r['counted_share']} | {r['entered_share']} | "
                      f"{r['sorted_share']} | "
                      f"{r['candidates_per_tile']} | {r['instructions_per_logit']} | "
-                     f"{r['bound']} | {100 * r['model_low']:.0f}-{100 * r['model_high']:.0f} | "
+                     f"{r['bound']} | {r['walk_ns']:.0f} | {r['merge_ns']:.0f} | "
+                     f"{100 * r['model_low']:.0f}-{100 * r['model_high']:.0f} | "
                      f"{100 * r['model_low_counting_all']:.0f} |")
     return lines
 
@@ -234,7 +256,9 @@ def table(found: list[dict], when: datetime) -> str:
              "set-up, sort: its "
              "sort-and-merge path, candidate: its loop's instructions a candidate, copies: "
              "the tile loop's pipelined copies into shared memory (LDGSTS; a walk without "
-             "them fails the check) "
+             "them fails the check), copy B: the narrowest of them (a walk copying less than "
+             "min(16, its tile's bytes a thread) at a time fails), merge: a split top-K walk's loop merging a group of "
+             "slices' keys, run by each row's last slice "
              "(`kernel_compile.loop_figures`). Registers and CTAs bound how many bytes an SM keeps in flight "
              "(`stagelab.analyse.roofline`).",
              "",
@@ -243,8 +267,8 @@ def table(found: list[dict], when: datetime) -> str:
              "",
              "| Triton | arch | kernel | variant | first shape | shapes | compiles | registers "
              "| spilled B | shared B | CTAs/SM | loop | guard | count | enter | sort | candidate "
-             "| copies |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| copies | copy B | merge |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in found:
         figures = [str(r.get(name, "")) for name in FIGURES]
         lines.append(f"| {r['triton']} | sm_{r['arch']} | {r['kernel']} | {variant_label(r)} "

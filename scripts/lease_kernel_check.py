@@ -1,9 +1,11 @@
 """The one-pass kernel against its torch reference on the lease's GPU, in one line.
 
 Plain Python (the lease image has torch and Triton, no pytest): on three shapes the Triton
-backend of :func:`stagelab.measure.onepass.topk_logprobs` and the head-fused fold
-(:class:`stagelab.measure.onepass.TileFold`) must give the torch backend's ids, ranks and tie
-counts exactly and its logprobs within 1e-4. Prints one line, ``kernel check: ok ...`` or
+backend of :func:`stagelab.measure.onepass.topk_logprobs` (its own plan, the same call again
+on the arrival counts the first left, and rows forced into :data:`SPLITS` slices, whose last
+slice merges them) and the head-fused fold (:class:`stagelab.measure.onepass.TileFold`) must
+give the torch backend's ids, ranks and tie counts exactly and its logprobs within 1e-4, and
+no arrival count may be left nonzero. Prints one line, ``kernel check: ok ...`` or
 ``kernel check: FAILED ...``, and exits 0 or 1; run it first in a lease command:
 
     PYTHONPATH=lib python3 scripts/lease_kernel_check.py && PYTHONPATH=lib python3 -m stagelab ...
@@ -25,6 +27,9 @@ SHAPES = ((1, 152064, 5, "bfloat16"), (64, 152064, 20, "float32"),
 SMALL = ((1, 3000, 5, "bfloat16"), (4, 1500, 20, "float32"), (3, 2500, 64, "float16"))
 TOLERANCE = 1e-4
 FOLD_TILE = 1024
+SPLITS = 8  # slices forced on every row: at k = 1024 each slice's keys are merged on their own
+# The Triton calls of a shape: its own plan, the same again, and its rows split.
+CALLS = (("", {}), ("again", {}), (f"split {SPLITS}", dict(splits=SPLITS)))
 
 
 def compare(mine, reference) -> list[str]:
@@ -62,10 +67,13 @@ def check_shape(rows: int, vocab: int, k: int, dtype: str, device: str) -> str:
         getattr(torch, dtype))
     targets = torch.randint(0, vocab, (rows,), device=device, generator=generator)
     reference = onepass.topk_logprobs(logits, k, targets, backend="torch")
-    kernel = onepass.topk_logprobs(logits, k, targets, backend="triton")
-    wrong = ([] if kernel.backend == "triton" else ["the triton backend did not run"])
-    wrong += compare(kernel, reference) + [f"fold {w}" for w in compare(
-        folded(logits, k, targets), reference)]
+    wrong = []
+    for name, tuning in CALLS:
+        kernel = onepass.topk_logprobs(logits, k, targets, backend="triton", **tuning)
+        if kernel.backend != "triton":
+            wrong.append(f"{name} the triton backend did not run".strip())
+        wrong += [f"{name} {what}".strip() for what in compare(kernel, reference)]
+    wrong += [f"fold {w}" for w in compare(folded(logits, k, targets), reference)]
     shape = f"n={rows} V={vocab} k={k} {dtype}"
     return f"{shape} ok" if not wrong else f"{shape} {', '.join(wrong)}"
 
@@ -83,6 +91,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.device == "cuda" and not torch.cuda.is_available():
             raise RuntimeError("no CUDA device")
         found = [check_shape(*shape, args.device) for shape in (SMALL if args.small else SHAPES)]
+        if args.device == "cuda":
+            torch.cuda.synchronize()
+        from stagelab.measure import onepass
+
+        found += [f"arrival counts left nonzero on {where}"
+                  for where in onepass.arrival_counts_left()]
     except Exception as exc:  # one line whatever happens: the lease's log is read at a glance
         print(f"kernel check: FAILED ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})")
         return 1

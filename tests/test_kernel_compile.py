@@ -49,11 +49,14 @@ def test_the_variants_cover_the_grid_once_per_specialisation():
     assert {v["constexprs"]["SPLIT"] for v in first} == {True, False}
     shapes = (len(kernel_variants.DTYPES) * len(kernel_variants.KS)
               * (len(kernel_variants.ROWS) * len(kernel_variants.VOCABS)
-                 + len(kernel_variants.UNALIGNED_ROWS)))
+                 + len(kernel_variants.UNALIGNED_ROWS) + 1))  # and OFFSET_SHAPE
     assert sum(v["shapes"] for v in first) == shapes
     unaligned = [v for v in variants if v["constexprs"].get("LEAD")]
     assert {v["kernel"] for v in unaligned} == {"onepass_kernel", "fold_kernel"}
-    assert all(str(kernel_variants.UNALIGNED_VOCAB) in v["where"] for v in unaligned)
+    offset = [v for v in unaligned if "origin=1" in v["where"]]
+    assert len(offset) == len(kernel_variants.DTYPES) * len(kernel_variants.KS)
+    assert all(str(kernel_variants.UNALIGNED_VOCAB) in v["where"]
+               for v in unaligned if v not in offset)
 
 
 def test_an_int_of_one_and_a_multiple_of_16_specialise_apart():
@@ -123,7 +126,7 @@ def test_the_loop_s_paths_are_counted_from_sass():
     assert kernel_compile.loop_figures(SASS) == dict(
         loop_instructions=16, guard_instructions=5, count_instructions=0,
         enter_instructions=5, sort_instructions=3, candidate_instructions=3,
-        pipelined_copies=0)
+        pipelined_copies=0, copy_bytes=0, merge_instructions=0)
     assert kernel_compile.loop_figures("/*0000*/ EXIT ;") == dict.fromkeys(
         kernel_compile.LOOP_FIGURES, 0)
 
@@ -134,7 +137,29 @@ def test_a_loop_without_a_top_k_block_is_all_guard():
                       if not any(f"/*{at:04x}*/" in line for at in range(0x40, 0x100, 0x10)))
     assert kernel_compile.loop_figures(plain) == dict(
         loop_instructions=4, guard_instructions=4, count_instructions=0, enter_instructions=0,
-        sort_instructions=0, candidate_instructions=0, pipelined_copies=0)
+        sort_instructions=0, candidate_instructions=0, pipelined_copies=0, copy_bytes=0,
+        merge_instructions=0)
+
+
+MERGED = SASS.replace("""        /*0120*/                   EXIT ;""", """        /*0120*/               @P4 EXIT ;
+        /*0130*/                   IMAD R5, R5, R6, RZ ;
+        /*0140*/                   ISETP.GT.AND P2, PT, R5, R7, PT ;
+        /*0150*/               @P2 BRA 0x140 ;
+        /*0160*/                   LDG.E.64.STRONG.GPU R8, desc[UR4][R2.64] ;
+        /*0170*/                   IMAD R5, R5, R8, RZ ;
+        /*0180*/               @P5 BRA 0x160 ;
+        /*0190*/                   EXIT ;""").replace("        /*0130*/                   BRA 0x130;\n", "")
+
+
+def test_a_split_walk_s_merge_is_the_last_loop_after_the_tile_loop():
+    """After the tile loop (0x20-0x110) and the programs that are not their row's last
+    leave (0x120), a masked tile's candidate loop (0x140-0x150) and the merge loop
+    (0x160-0x180: 3 instructions), the last before the final EXIT; counted only for a split
+    top-K walk, and the tile loop's figures unchanged."""
+    merged = kernel_compile.loop_figures(MERGED, merged=True)
+    assert merged["merge_instructions"] == 3
+    assert dict(merged, merge_instructions=0) == kernel_compile.loop_figures(SASS)
+    assert kernel_compile.loop_figures(MERGED)["merge_instructions"] == 0
 
 
 COUNTED = """
@@ -153,6 +178,44 @@ COUNTED = """
 """
 
 
+ARRIVING = """
+        /*0000*/                   STG.E desc[UR4][R2.64], R5 ;
+        /*0010*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
+        /*0020*/               @P5 MEMBAR.ALL.GPU ;
+        /*0030*/               @P5 ATOMG.E.ADD.STRONG.GPU PT, R13, desc[UR4][R20.64], R13 ;
+        /*0038*/               @P5 CCTL.IVALL ;
+        /*0040*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
+        /*0050*/              @!P5 LDG.E.STRONG.GPU R17, desc[UR4][R18.64] ;
+        /*0060*/                   EXIT ;
+"""
+
+
+def test_a_split_walk_counts_in_after_a_barrier_and_a_fence_and_reads_from_l2():
+    """The pattern of split-K's last program: every thread's stores, a barrier, a GPU fence,
+    the count's GPU-scope atomic, an L1 invalidation, then strong (L2) reads. Without the
+    barrier, or the fence (or with it before the barrier), or the invalidation, with a
+    CTA-scope atomic, or a read that may hit a stale L1, it fails; so does a walk with no
+    atomic at all, and a split row without the figure."""
+    assert kernel_compile.arrival_fenced(ARRIVING)
+    barrier = "/*0010*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;"
+    fence = "/*0020*/               @P5 MEMBAR.ALL.GPU ;"
+    for broken in (ARRIVING.replace(barrier, "/*0010*/ NOP ;"),
+                   ARRIVING.replace("MEMBAR.ALL.GPU", "NOP"),
+                   ARRIVING.replace(barrier, "/*0010*/ MEMBAR.ALL.GPU ;").replace(
+                       fence, "/*0020*/ BAR.SYNC.DEFER_BLOCKING 0x0 ;"),
+                   ARRIVING.replace("CCTL.IVALL", "NOP"),
+                   ARRIVING.replace("ATOMG.E.ADD.STRONG.GPU", "ATOMG.E.ADD.STRONG.SM"),
+                   ARRIVING.replace("LDG.E.STRONG.GPU", "LDG.E"), SASS):
+        assert not kernel_compile.arrival_fenced(broken)
+    row = dict(triton="3.6.0", arch=90, kernel="onepass_kernel", where="fp32 n=1",
+               compiles=True, error="", spill_bytes=0, loop_instructions=0, pipelined_copies=0,
+               constexprs=dict(SPLIT=True))
+    assert "unfenced" in check.failures([dict(row, arrival_fenced=False)])[0]
+    assert "unfenced" in check.failures([row])[0]
+    assert check.failures([dict(row, arrival_fenced=True)]) == []
+    assert check.failures([dict(row, constexprs=dict(SPLIT=False))]) == []
+
+
 def test_the_target_s_counts_skipped_below_it_are_a_block_of_their_own():
     """The loop runs 0x10-0xa0 (10 instructions, one pipelined copy); the top-K block
     0x60-0x80 (3, the largest skipped; its per-candidate loop 0x60-0x70), the counts' block
@@ -161,7 +224,7 @@ def test_the_target_s_counts_skipped_below_it_are_a_block_of_their_own():
     figures = kernel_compile.loop_figures(COUNTED)
     assert figures == dict(loop_instructions=10, guard_instructions=5, count_instructions=2,
                            enter_instructions=1, sort_instructions=0, candidate_instructions=2,
-                           pipelined_copies=1)
+                           pipelined_copies=1, copy_bytes=16, merge_instructions=0)
     assert kernel_compile.loop_figures(COUNTED, counts=False)["guard_instructions"] == 7
     plain = kernel_compile.loop_figures(COUNTED, top_k=False)
     assert (plain["guard_instructions"], plain["count_instructions"],
@@ -179,7 +242,14 @@ def test_a_failed_or_spilling_variant_fails_the_check():
                 pointers=dict(x_ptr="bf16"), num_warps=4)
     assert check.failures([walk]) == []
     assert "not pipelined" in check.failures([dict(walk, pipelined_copies=0)])[0]
-    assert check.failures([dict(walk, kernel="merge_kernel", pipelined_copies=0)]) == []
+    assert check.failures([dict(walk, kernel="finish_kernel", pipelined_copies=0)]) == []
+    # 32 bytes of a bf16 tile a thread, copied 4 at a time: fails; 16 at a time passes
+    assert "copies 4 bytes at a time" in check.failures([dict(walk, copy_bytes=4)])[0]
+    assert check.failures([dict(walk, copy_bytes=16)]) == []
+    narrow = dict(walk, constexprs=dict(BLOCK=128), pointers=dict(x_ptr="fp32"))  # 4 B each
+    assert check.failures([dict(narrow, copy_bytes=4)]) == []
+    assert "copies 4 bytes" in check.failures([dict(narrow, constexprs=dict(BLOCK=256),
+                                                    copy_bytes=4)])[0]  # 8 a thread
     tiny = dict(walk, pipelined_copies=0, constexprs=dict(BLOCK=128))  # 2 bytes a thread
     assert check.failures([tiny]) == []
     assert check.failures([dict(tiny, pointers=dict(x_ptr="fp32"))]) != []
@@ -315,6 +385,18 @@ def test_the_lease_kernel_check_names_what_differs():
                                           want.target_rank, want.target_ties, "triton"), want)
     assert wrong[0] == "ids" and wrong[1].startswith("values (max diff 1.00e-03")
     assert lease.main(["--device", "cuda"]) == (0 if torch.cuda.is_available() else 1)
+
+
+def test_the_lease_kernel_check_fails_on_an_arrival_count_left_behind(monkeypatch, capsys):
+    """Every shape agrees, but a persistent arrival count is nonzero after the calls: the
+    check fails and names where."""
+    monkeypatch.setattr(lease, "check_shape", lambda *shape: "n=1 ok")
+    monkeypatch.setattr(onepass, "arrival_counts_left", lambda: ["cuda:0 stream 0x7"])
+    assert lease.main(["--device", "cpu"]) == 1
+    line = capsys.readouterr().out
+    assert line.startswith("kernel check: FAILED") and "left nonzero on cuda:0 stream 0x7" in line
+    monkeypatch.setattr(onepass, "arrival_counts_left", lambda: [])
+    assert lease.main(["--device", "cpu"]) == 0
 
 
 def test_the_table_shows_the_model_at_the_goal_s_shapes_with_its_inputs():

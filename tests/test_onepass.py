@@ -209,6 +209,85 @@ def test_the_smallest_k(backend, k):
     run(backend, randn(3, 300), k, ids(3, 300), tile=64, splits=3)
 
 
+def test_a_split_row_s_last_slice_merges_its_slices_in_groups_and_leaves_the_counts_zero(
+        interpreted, monkeypatch):
+    """Ten slices of a row, K_PAD 32: the last slice reads their keys 8 at a time (a full
+    group, then one of two with six masked slots); one launch a call, whose arrival counts
+    the rows' last slices set back to zero (here, in the interpreter, a fresh buffer a call:
+    a grid stopped part-way must not leave a count behind)."""
+    first = launches.triton_launches(3, 1200, 20, True, 64, 10, 4)[0]
+    assert first.grid == (3, 10) and first.constexprs["GROUP"] == 8
+    assert launches.merge_group(32, 10) == 8 and launches.merge_group(32, 2) == 2
+    assert launches.merge_group(1024, 10) == 1
+    counts = []
+    real_run = onepass.run_launch
+    monkeypatch.setattr(onepass, "run_launch", lambda launch, pointers: (
+        counts.append(pointers["arrivals_ptr"]), real_run(launch, pointers)))
+    logits, targets = randn(3, 1200, seed=5), ids(3, 1200)
+    for _ in range(2):
+        run(("triton", interpreted), logits, 20, targets, tile=64, splits=10)
+    assert len(counts) == 2 and [c[:3].tolist() for c in counts] == [[0, 0, 0]] * 2
+    # fresh zeros each call in the interpreter; one persistent buffer on a CUDA device
+    fresh = counts[0].data_ptr() != counts[1].data_ptr()
+    assert fresh == (counts[0].device.type != "cuda")
+
+
+def test_a_prepared_call_takes_sources_that_lie_as_its_logits_do(interpreted):
+    """The timing's prepared call launches what was planned for its logits: a source of the
+    same shape at another origin is refused by name; one that lies alike runs."""
+    whole = randn(2, 305, seed=4).to(interpreted)
+    call = onepass.prepare_call(whole[:, :304], 3, ids(2, 304).to(interpreted), "triton")
+    with pytest.raises(ValueError, match="source must lie as the prepared logits do"):
+        call(whole[:, 1:])
+    call(randn(2, 305, seed=5).to(interpreted)[:, :304])
+
+
+def test_a_launch_that_raises_drops_the_arrival_counts(monkeypatch):
+    """A launch that raises (a compile error, Ctrl-C) may leave counts part-way: the device's
+    persistent buffer is dropped, so the next call starts from fresh zeros."""
+    dropped = []
+    monkeypatch.setattr(onepass, "forget_arrival_counts", dropped.append)
+
+    def interrupted(launch, pointers):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(onepass, "run_launch", interrupted)
+    launch = launches.triton_launches(1, 300, 5, True, 64, 2, 4)
+    with pytest.raises(KeyboardInterrupt):
+        onepass.run_launches(launch, {}, torch.device("cpu"))
+    assert dropped == [torch.device("cpu")]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_logits_that_start_off_16_bytes_are_walked_from_the_boundary_before_them(
+        backend, dtype, monkeypatch):
+    """Logits of a 304-wide stride (every row aligned) viewed from their second column: the
+    kernel gets a view from the boundary before them and their origin, as a pointer it was
+    compiled for (16-byte aligned), walking with LEAD for the origin alone; storage that
+    starts off the boundary, with nothing before it, is copied."""
+    whole = randn(3, 304, seed=3, dtype=dtype).to(backend[1])
+    rows = whole[:, 1:]
+    assert not launches.leads(rows.stride(0))
+    view, origin = onepass.aligned_logits(rows)
+    assert 0 < origin < 16 // whole.element_size() and view.data_ptr() % 16 == 0
+    assert view.data_ptr() + origin * whole.element_size() == rows.data_ptr()
+    seen = []
+    real_run = onepass.run_launch
+    monkeypatch.setattr(onepass, "run_launch", lambda launch, pointers: (
+        seen.append((launch, pointers["x_ptr"].data_ptr() % 16)),
+        real_run(launch, pointers)))
+    run(backend, rows, 5, ids(3, 303), tile=64, splits=2)
+    if backend[0] == "triton":
+        assert [(launch.scalars["origin"], launch.constexprs["LEAD"], misaligned)
+                for launch, misaligned in seen] == [(origin, True, 0)]
+    storage = torch.arange(16.0).untyped_storage()[4:]  # its first float 4 bytes in
+    odd = torch.empty(0).set_(storage, 0, (2, 5), (5, 1))
+    assert odd.data_ptr() % 16 == 4 and odd.storage_offset() == 0
+    with pytest.warns(RuntimeWarning, match="lie off 16 bytes with nothing of their storage"):
+        copied, at = onepass.aligned_logits(odd)
+    assert at == 0 and copied.data_ptr() % 16 == 0 and torch.equal(copied, odd)
+
+
 def test_k_zero_still_gives_logsumexp_and_the_target(backend):
     result = run(backend, randn(2, 50), 0, ids(2, 50), tile=16, splits=2)
     assert result.values.shape == (2, 0) and result.ids.shape == (2, 0)

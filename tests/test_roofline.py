@@ -22,7 +22,7 @@ def variant(rows: int, vocab: int, k: int, dtype: str, **figures) -> dict:
                 **dict(dict(ctas_per_sm=4, registers=96, loop_instructions=4000,
                             guard_instructions=400, count_instructions=80,
                             enter_instructions=150, sort_instructions=3000,
-                            candidate_instructions=250), **figures))
+                            candidate_instructions=250, merge_instructions=600), **figures))
 
 
 def test_the_candidates_of_a_tile_are_binomial_by_hand():
@@ -75,7 +75,8 @@ def test_the_rates_and_the_bound_by_hand():
     """n = 64, V = 152,064, fp32, no top-K: 4 slices a row (264 slots / 64), 256 programs on
     132 SMs (the busiest with 2: a balance of 256 / 264), 1 resident (the cubin's CTAs per
     SM); 19 tiles a slice of 2048 fp32 (8 KiB), ``tiles_ahead()`` in flight: at 2000 ns a
-    tile every 2000 / 7 ns, bound by them."""
+    tile every 2000 / 7 ns, bound by them; then each row's last slice fences, counts itself
+    in and reads the 4 slices' scalars: three L2 round trips (400 ns), after the walk."""
     rows = (variant(64, 152064, 0, "fp32", ctas_per_sm=1, loop_instructions=300,
                     guard_instructions=300, count_instructions=0),)
     found = roofline.predict(64, 152064, 0, "fp32", GPU, 2000.0, rows)
@@ -87,7 +88,9 @@ def test_the_rates_and_the_bound_by_hand():
     assert found["programs"] == 256 and found["resident_per_sm"] == 1
     assert found["balance"] == round(balance, 3) and found["tiles_per_slice"] == 19
     assert found["bytes_in_flight_per_sm"] == 8192
-    assert found["model_gbps"] == pytest.approx(min(4800, parallel, issued), abs=0.1)
+    walk_ns = 64 * 152064 * 4 / min(4800, parallel, issued)
+    assert found["walk_ns"] == pytest.approx(walk_ns, abs=0.1) and found["merge_ns"] == 1200
+    assert found["model_gbps"] == pytest.approx(64 * 152064 * 4 / (walk_ns + 1200), abs=0.1)
     assert found["bound"] == "memory parallelism" and found["entered_share"] == 0
     assert found["instructions_per_logit"] == pytest.approx(300 * 4 * 32 / 2048, abs=0.1)
 
@@ -128,17 +131,47 @@ def test_the_plan_aims_at_two_programs_an_sm_without_a_top_k_and_one_with():
 
 
 def test_a_top_k_plan_weighs_the_busiest_sm_s_work():
-    """75 tiles, k = 5, 132 SMs: n = 67 in 3 slices of 25 (201 programs, 2 on the busiest:
-    2 x (25 + 5 (1 + ln 25)) = 92.2) beats 1 of 75 on 67 SMs (75 + 5 (1 + ln 75) = 101.6)
-    and 2 of 38 (134 programs: 2 x 61.2); n = 100 takes 1 (2 slices: 2 x 61.2); k = 20 at
-    n = 67 takes 1 (its insertions outweigh a slice's tiles); n = 256 fills the SMs with
-    rows. By hand, 4 tiles on 2 SMs, one row, k = 0: 2 slices of 2 (2) beat 1 of 4 (4) and
-    4 of 1 (2 x 1, more slices)."""
-    assert launches.top_k_splits(67, 75, 5, 132) == 3
+    """75 tiles, 132 SMs. A slice's work is its tiles and k (1 + ln T) insertions; a split
+    row adds its tail, 8 and 16 a group of merged slices. n = 16, k = 5: 8 slices of 10
+    (10 + 5 (1 + ln 10) + 24 = 50.5) beat 1 of 75 (75 + 5 (1 + ln 75) = 101.6) and 16 of 5
+    (two programs on the busiest SM: 2 x 18 + 24 = 60). n = 67, k = 5 stays whole: 3
+    slices of 25 would put 2 on the busiest SM (2 x 46.1 + 24 = 116.3). n = 100 and 256,
+    and k = 20 at n = 67, fill the SMs with rows. By hand, one row, k = 0: 4 tiles on 2 SMs
+    stay whole (4 against 2 + 24); 64 on 4 SMs take 4 slices (16 + 24, the fewest of
+    equals: 8 slices give 2 x 8 + 24)."""
+    assert launches.top_k_splits(16, 75, 5, 132) == 8
+    assert launches.top_k_splits(67, 75, 5, 132) == 1
     assert launches.top_k_splits(100, 75, 5, 132) == 1
     assert launches.top_k_splits(67, 75, 20, 132) == 1
     assert launches.top_k_splits(256, 75, 5, 132) == 1
-    assert launches.top_k_splits(1, 4, 0, 2) == 2
+    assert launches.top_k_splits(1, 4, 0, 2) == 1
+    assert launches.top_k_splits(1, 64, 0, 4) == 4
+    assert (launches.MERGE_FIXED_TILES, launches.MERGED_GROUP_TILES) == (8, 16)
+    # the last slice reads every slice's scalars as one tl.arange: a power of two, and a cap
+    assert launches.MAX_SLICES == launches.pow2_at_least(launches.MAX_SLICES)
+    assert launches.launch_plan(1, 64 * 1024, 0, 64, 1000, 4)[2] == launches.MAX_SLICES
+
+
+def test_a_slice_too_long_for_the_kernel_s_per_lane_counts_is_refused_by_name():
+    """A lane counts one tie a tile in an int32's high 16 bits, and a row off alignment walks
+    one tile more than its span: 2**15 - 2 tiles a slice at most; one tile more is refused,
+    naming the vocabulary, before anything is allocated."""
+    assert launches.MAX_SLICE_TILES + 1 < 2**15
+    most = launches.MAX_SLICE_TILES
+    assert launches.launch_plan(1, most * 16, 0, 16, 1, 4)[3] == most * 16
+    with pytest.raises(ValueError, match=rf"vocab {(most + 1) * 16} in 1 slices of {most + 1}"):
+        launches.launch_plan(1, (most + 1) * 16, 0, 16, 1, 4)
+
+
+def test_a_split_row_waits_its_last_slice_s_merge_by_hand():
+    """Unsplit: no tail. Split: the last slice's fence, count and read of the slices'
+    scalars, three L2 round trips; with a top-K then a read and a merge a group, each merge
+    instruction waiting on the last (here 8 cycles at 2 GHz: 4 ns): 10 slices in groups of
+    8 make 2 groups, 2 x (400 + 600 x 4)."""
+    assert roofline.merge_ns(1, 8, 600, True, 400, 2.0, 8) == 0
+    assert roofline.merge_ns(10, 8, 600, False, 400, 2.0, 8) == 3 * 400
+    assert roofline.merge_ns(10, 8, 600, True, 400, 2.0, 8) == 3 * 400 + 2 * (400 + 2400)
+    assert roofline.merge_ns(8, 8, 600, True, 400, 2.0, 8) == 3 * 400 + 400 + 2400
 
 
 def test_rows_whose_stride_leaves_them_unaligned_are_walked_from_an_aligned_address():

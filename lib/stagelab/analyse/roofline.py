@@ -26,7 +26,10 @@ can reach, as the least of three rates:
 
 the last two scaled by the grid's **balance**, its programs over the busiest SM's share
 (``programs / (active SMs x ceil(programs / active SMs))``): the call ends when the SM with the
-most programs does.
+most programs does. A split row then waits its **merge** (:func:`merge_ns`): its last slice
+fences, counts itself in, reads the slices' partial states back from L2 and merges their
+keys, a group of slices a read, one dependent chain of instructions, after the walk; the
+call's time is the walk's plus that tail.
 
 The candidates are modelled for independent logits: the first tile of a slice holds no keys
 (its best ``k`` are taken). A small top-K (``K_PAD`` at most
@@ -57,6 +60,17 @@ from stagelab.core import forward, launches, paths
 COMPILE_FILE = paths.DATA_DIR / "kernel_compile.json"
 LEASE_TRITON = "3.6"  # the Triton the lease image runs: its cubins are the model's input
 LATENCY_NS = (450.0, 800.0)  # assumed HBM load latency under load, ns (an input, not measured)
+# Assumed L2 hit latency under load, ns, paired with LATENCY_NS's ends (an input, not
+# measured): the split walk's last slice reads the other slices' states from L2.
+L2_LATENCY_NS = (200.0, 400.0)
+# Assumed clocks a merge instruction of a split row's last slice takes, paired likewise: that
+# lone program's merge is one dependent chain, not the issue-bound stream of a walk (an ALU
+# step waits some 4 clocks, a shuffle or a barrier 20-30: the K_PAD 32 merge's 128 shuffles
+# in 589 instructions average some 8.6).
+MERGE_CLOCKS = (6.0, 10.0)
+# L2 round trips of a split row's tail before its keys: its last slice's fence (its stores
+# acknowledged), its count (the atomic's answer) and the read of the slices' scalars.
+TAIL_ROUND_TRIPS = 3
 ISSUE_PER_CLOCK = 4  # warp-instructions an SM issues per clock (four schedulers)
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 GOAL = 0.70  # issue 44's goal: the model at >= 70 % of HBM at n >= 64, V = 152,064, k <= 20
@@ -180,11 +194,30 @@ def tile_ns(latency_ns: float, issue_ns: float, ahead: int, tiles: int | None = 
     return latency_ns + issue_ns if ahead < 1 else max(latency_ns / ahead, issue_ns)
 
 
+def merge_ns(parts: int, group: int, merge_instructions: int, top_k: bool, l2_latency_ns: float,
+             clock_ghz: float, merge_clocks: float) -> float:
+    """The tail of a row split in ``parts`` slices, after its walk: its last slice's
+    :data:`TAIL_ROUND_TRIPS` L2 round trips, then, with a top-K, the slices' keys read
+    ``group`` slices at a time, each group merged (the cubin's ``merge_instructions``, at
+    ``merge_clocks`` each) before the next is read; 0 unsplit."""
+    if parts < 2:
+        return 0.0
+    fixed = TAIL_ROUND_TRIPS * l2_latency_ns
+    if not top_k:
+        return fixed
+    merge = merge_instructions * merge_clocks / clock_ghz
+    return fixed + math.ceil(parts / group) * (l2_latency_ns + merge)
+
+
 def predict(rows: int, vocab: int, k: int, dtype: str, gpu: Gpu, latency_ns: float,
             variants: tuple[dict[str, Any], ...] | None = None,
-            target_rank: int | None = TARGET_RANK) -> dict[str, Any]:
-    """The model's share of ``gpu``'s HBM for one call at ``latency_ns``, with its inputs,
-    for a target of ``target_rank`` (None: every tile counts toward it, the worst case)."""
+            target_rank: int | None = TARGET_RANK,
+            l2_latency_ns: float = max(L2_LATENCY_NS),
+            merge_clocks: float = max(MERGE_CLOCKS)) -> dict[str, Any]:
+    """The model's share of ``gpu``'s HBM for one call at ``latency_ns`` (a split row's tail
+    at ``l2_latency_ns`` and ``merge_clocks``: :func:`merge_ns`; their slow ends by default,
+    :func:`predict_range` pairs the ends), with its inputs, for a target of ``target_rank``
+    (None: every tile counts toward it, the worst case)."""
     first = launches.triton_launches(rows, vocab, k, True, None, None,
                                      launches.device_slots(gpu.sms, k))[0]
     row = figures_of(first, dtype, gpu.arch, variants=variants)
@@ -205,6 +238,14 @@ def predict(rows: int, vocab: int, k: int, dtype: str, gpu: Gpu, latency_ns: flo
               * tile_bytes / (warps * per_tile))
     rate, bound = min((gpu.hbm_gbps, "hbm"), (parallel, "memory parallelism"),
                       (issued, "issue"))
+    total_bytes = rows * vocab * DTYPE_BYTES[dtype]
+    walk_ns = total_bytes / rate  # bytes / (GB/s) is ns
+    tail_ns = merge_ns(first.grid[1], int(first.constexprs["GROUP"]),
+                       row.get("merge_instructions", 0), k > 0, l2_latency_ns, gpu.clock_ghz,
+                       merge_clocks)
+    rate = total_bytes / (walk_ns + tail_ns)
+    if tail_ns > walk_ns:
+        bound = "merge"  # a split row's tail outlasts its walk
     return dict(rows=rows, vocab=vocab, k=k, dtype=dtype, gpu=gpu.name, latency_ns=latency_ns,
                 programs=programs, balance=round(balance, 3), resident_per_sm=resident,
                 ctas_per_sm=row["ctas_per_sm"],
@@ -215,23 +256,27 @@ def predict(rows: int, vocab: int, k: int, dtype: str, gpu: Gpu, latency_ns: flo
                 sorted_share=round(costs["sorted"], 3),
                 candidates_per_tile=round(costs["candidates"], 3),
                 instructions_per_logit=round(per_tile * warps * 32 / block, 1),
+                walk_ns=round(walk_ns, 1), merge_ns=round(tail_ns, 1),
                 model_gbps=round(rate, 1), model_hbm_share=round(rate / gpu.hbm_gbps, 3),
                 bound=bound, triton=row["triton"])
 
 
 def predict_range(rows: int, vocab: int, k: int, dtype: str, gpu_name: str = "H200",
                   variants: tuple[dict[str, Any], ...] | None = None) -> dict[str, Any]:
-    """:func:`predict` at both ends of :data:`LATENCY_NS`: the low end's inputs, and the
-    model's share of HBM as ``model_low`` (the longer latency) and ``model_high``, with
+    """:func:`predict` at both ends of :data:`LATENCY_NS` (with :data:`L2_LATENCY_NS`'s and
+    :data:`MERGE_CLOCKS`'): the slow end's inputs, and the model's share of HBM as
+    ``model_low`` (the slow ends) and ``model_high``, with
     ``model_low_counting_all``: the longer latency's where every tile counts toward the
     target (its rank not assumed)."""
     gpu = GPUS[gpu_name]
-    slow, fast = (predict(rows, vocab, k, dtype, gpu, latency, variants)
-                  for latency in sorted(LATENCY_NS, reverse=True))
+    slow, fast = (predict(rows, vocab, k, dtype, gpu, end(LATENCY_NS), variants,
+                          l2_latency_ns=end(L2_LATENCY_NS), merge_clocks=end(MERGE_CLOCKS))
+                  for end in (max, min))
     worst = predict(rows, vocab, k, dtype, gpu, max(LATENCY_NS), variants, target_rank=None)
     return dict(slow, model_low=slow["model_hbm_share"], model_high=fast["model_hbm_share"],
                 model_low_counting_all=worst["model_hbm_share"],
                 latency_ns=f"{min(LATENCY_NS):g}-{max(LATENCY_NS):g}",
+                l2_latency_ns=f"{min(L2_LATENCY_NS):g}-{max(L2_LATENCY_NS):g}",
                 note="a model from the cubins (never a measurement)")
 
 
@@ -263,5 +308,7 @@ def one_pass_words(gpu_name: str, cells: list[tuple[int, int, int]]) -> str:
              f"bf16 {percent_range(n, vocab, k, 'bf16', gpu_name)}"
              for n, vocab, k in dict.fromkeys(cells)]
     return (f"  one-pass kernel, a model from its Triton {LEASE_TRITON} cubins (not measured; "
-            f"latency {min(LATENCY_NS):g}-{max(LATENCY_NS):g} ns assumed), share of HBM: "
+            f"latency {min(LATENCY_NS):g}-{max(LATENCY_NS):g} ns, L2 "
+            f"{min(L2_LATENCY_NS):g}-{max(L2_LATENCY_NS):g} ns and a split row's merge "
+            f"assumed), share of HBM: "
             + "; ".join(parts))

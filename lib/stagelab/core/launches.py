@@ -46,6 +46,32 @@ def default_splits(rows: int, tiles: int, slots: int) -> int:
     return max(1, min(tiles, slots // max(rows, 1)))
 
 
+# The most slices a row is split into: the row's last slice reads every slice's scalars at once
+# (onepass_triton._merged_slices, a vector this wide).
+MAX_SLICES = 256
+# The most tiles a slice spans: a lane counts the target's ties in the high 16 bits of an
+# int32 (onepass_triton._walk_tile), one a tile at most, and a slice whose row starts off
+# alignment walks one tile more (its cut first), so 2**15 - 2 keeps them positive.
+MAX_SLICE_TILES = 2**15 - 2
+# The most keys the row's last slice reads at once from the slices' partial states: a group of
+# MERGED_KEYS // K_PAD slices (merge_group), whose best K_PAD it merges into the row's.
+MERGED_KEYS = 256
+# A split row's tail after its walk, in the split plan's heuristic, in tiles of a walk (about
+# 225 ns each: a tile's 8 KiB of fp32 at an H200's 4.8 TB/s over its 132 SMs): its last slice's fence,
+# count and read of the slices' scalars (three L2 round trips, 200-400 ns each), and a group of
+# slices' keys read and merged by that lone program (an L2 read and some 600 dependent SASS
+# instructions at K_PAD 32: 1-3 us). Assumptions for the plan, not figures read from a cubin
+# (the roofline model reads its merge from the cubin: stagelab.analyse.roofline.merge_ns).
+MERGE_FIXED_TILES = 8
+MERGED_GROUP_TILES = 16
+
+
+def merge_group(k_pad: int, parts: int) -> int:
+    """Slices whose keys the row's last slice reads at once (``GROUP``: a power of two): as
+    many as :data:`MERGED_KEYS` allows, and no more than the row's ``parts`` need."""
+    return max(1, min(MERGED_KEYS // k_pad, pow2_at_least(parts)))
+
+
 @cache  # a scan of every slice count: once a shape, not on every call
 def top_k_splits(rows: int, tiles: int, k: int, slots: int) -> int:
     """Slices per row of a top-``k`` call on ``slots`` SMs (one program an SM at a time): the
@@ -54,26 +80,36 @@ def top_k_splits(rows: int, tiles: int, k: int, slots: int) -> int:
     insertions, ``k (1 + ln T)`` for ``T`` tiles of independent logits (``k`` on its first,
     about ``k / t`` on its ``t``-th: ``stagelab.analyse.roofline.inserted_candidates``), an
     insertion costing about a tile (the compile check's Triton 3.6 sm_90 cubins, K_PAD 2 to
-    32: a candidate's loop 70-175 SASS instructions, a tile's guard 144-167). A heuristic of the
+    32: a candidate's loop 70-175 SASS instructions, a tile's guard 144-167); then the row's
+    last slice merges the slices' keys, a group at a time (:func:`merge_group`): a tail of
+    :data:`MERGE_FIXED_TILES` and :data:`MERGED_GROUP_TILES` a group. A heuristic of the
     plan, not the roofline model: it ignores latency, and a wide top-K's sort path."""
     def busiest(parts: int) -> float:
         span = math.ceil(tiles / parts)
-        return math.ceil(rows * parts / max(slots, 1)) * (span + k * (1 + math.log(span)))
+        walk = math.ceil(rows * parts / max(slots, 1)) * (span + k * (1 + math.log(span)))
+        groups = math.ceil(parts / merge_group(pow2_at_least(max(k, 2)), parts))
+        return walk + (MERGE_FIXED_TILES + MERGED_GROUP_TILES * groups if parts > 1 else 0)
 
-    return min(range(1, max(tiles, 1) + 1), key=lambda parts: (busiest(parts), parts))
+    return min(range(1, min(max(tiles, 1), MAX_SLICES) + 1),
+               key=lambda parts: (busiest(parts), parts))
 
 
 def launch_plan(rows: int, vocab: int, k: int, tile: int | None, splits: int | None,
                 slots: int) -> tuple[int, int, int, int]:
     """``(BLOCK, K_PAD, slices per row, span of a slice)`` on a device running ``slots``
-    programs at once: no slice is empty; ``K_PAD`` is at least 2 (Triton's sort and merge
-    need a dimension to work along)."""
+    programs at once: no slice is empty, and no row has more than :data:`MAX_SLICES`; a
+    slice of more than :data:`MAX_SLICE_TILES` tiles is refused (``ValueError``);
+    ``K_PAD`` is at least 2 (Triton's sort and merge need a dimension to work along)."""
     k_pad = pow2_at_least(max(k, 2))
     block = max(tile or DEFAULT_TILE, k_pad)
     tiles = math.ceil(vocab / block)
     planned = top_k_splits(rows, tiles, k, slots) if k else default_splits(rows, tiles, slots)
-    parts = min(tiles, splits or planned)
+    parts = min(tiles, splits or planned, MAX_SLICES)
     span = math.ceil(tiles / parts) * block
+    if span // block > MAX_SLICE_TILES:
+        raise ValueError(f"vocab {vocab} in {parts} slices of {span // block} tiles of {block}: "
+                         f"at most {MAX_SLICE_TILES} tiles a slice (the kernel's per-lane "
+                         "counts); pass a wider tile or more splits")
     return block, k_pad, math.ceil(vocab / span), span
 
 
@@ -153,38 +189,40 @@ class Launch:
 
 
 def triton_launches(rows: int, vocab: int, k: int, with_targets: bool, tile: int | None,
-                    splits: int | None, slots: int, stride_row: int | None = None
-                    ) -> list[Launch]:
-    """The launches :func:`stagelab.measure.onepass.topk_logprobs` makes for ``[rows, vocab]`` logits whose rows are
-    ``stride_row`` apart (None: contiguous): the one-pass kernel, then the merge where rows
-    are split."""
+                    splits: int | None, slots: int, stride_row: int | None = None,
+                    origin: int = 0) -> list[Launch]:
+    """The launches :func:`stagelab.measure.onepass.topk_logprobs` makes for ``[rows, vocab]``
+    logits whose rows are ``stride_row`` apart (None: contiguous), the first ``origin``
+    logits past a 16-byte boundary (:func:`stagelab.measure.onepass.aligned_logits`): the
+    one-pass kernel alone, whose split variant's last slice of each row merges the row's
+    slices."""
     stride_row = vocab if stride_row is None else stride_row
     block, k_pad, parts, span = launch_plan(rows, vocab, k, tile, splits, slots)
-    flags = dict(K_PAD=k_pad, TOPK=k > 0, HAS_TARGET=with_targets)
     warps = warps_for(block, k_pad, parts > 1)
-    first = Launch("onepass_kernel", (rows, parts),
-                   dict(stride_row=stride_row, vocab=vocab, k=k, span=span),
-                   dict(BLOCK=block, SPLIT=parts > 1, LEAD=leads(stride_row), **flags), warps,
-                   registers_for(k > 0, warps))
-    if parts == 1:
-        return [first]
-    return [first, Launch("merge_kernel", (rows,), dict(stride_row=stride_row, k=k, parts=parts),
-                          flags, 4)]
+    return [Launch("onepass_kernel", (rows, parts),
+                   dict(stride_row=stride_row, origin=origin, vocab=vocab, k=k, span=span),
+                   dict(BLOCK=block, SPLIT=parts > 1, LEAD=leads(stride_row) or origin > 0,
+                        K_PAD=k_pad,
+                        TOPK=k > 0, HAS_TARGET=with_targets, GROUP=merge_group(k_pad, parts)),
+                   warps, registers_for(k > 0, warps))]
 
 
 def fold_launch(rows: int, width: int, first_id: int, k: int, with_targets: bool,
-                stride_row: int | None = None) -> Launch:
-    """The launch :meth:`stagelab.measure.onepass.TileFold.add` makes for a ``[rows, width]`` tile whose rows are
-    ``stride_row`` apart (None: contiguous): its kernel walks it in tiles of at most
-    :data:`FOLD_TILE` (or ``K_PAD``, where wider)."""
+                stride_row: int | None = None, origin: int = 0) -> Launch:
+    """The launch :meth:`stagelab.measure.onepass.TileFold.add` makes for a ``[rows, width]``
+    tile whose rows are ``stride_row`` apart (None: contiguous), ``origin`` logits past a
+    16-byte boundary: its kernel walks it in tiles of at most :data:`FOLD_TILE` (or
+    ``K_PAD``, where wider)."""
     k_pad = pow2_at_least(max(k, 2))
     block = max(k_pad, min(pow2_at_least(width), FOLD_TILE))
     stride_row = width if stride_row is None else stride_row
     warps = warps_for(block, k_pad)
     return Launch("fold_kernel", (rows,),
-                  dict(stride_row=stride_row, width=width, first_id=first_id, k=k),
+                  dict(stride_row=stride_row, origin=origin, width=width, first_id=first_id,
+                       k=k),
                   dict(BLOCK=block, K_PAD=k_pad, TOPK=k > 0, HAS_TARGET=with_targets,
-                       LEAD=leads(stride_row)), warps, registers_for(k > 0, warps))
+                       LEAD=leads(stride_row) or origin > 0), warps,
+                  registers_for(k > 0, warps))
 
 
 def finish_launch(rows: int, k: int, with_targets: bool) -> Launch:

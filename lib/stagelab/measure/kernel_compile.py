@@ -56,13 +56,17 @@ def ctas_per_sm(arch: int, registers: int, warps: int, shared: int) -> int:
 
 LOOP_FIGURES = ("loop_instructions", "guard_instructions", "count_instructions",
                 "enter_instructions", "sort_instructions", "candidate_instructions",
-                "pipelined_copies")
-PIPELINED_COPY = re.compile(r"\bLDGSTS\b")  # cp.async: a copy from global into shared memory
+                "pipelined_copies", "copy_bytes", "merge_instructions")
+# cp.async, a copy from global into shared memory (LDGSTS), and its width in bits where it
+# names one (16 and 8 bytes; else 4).
+PIPELINED_COPY = re.compile(r"\bLDGSTS\b(?:\S*?\.(128|64)\b)?")
 
 
-def loop_figures(sass: str, top_k: bool = True, counts: bool = True) -> dict[str, int]:
+def loop_figures(sass: str, top_k: bool = True, counts: bool = True,
+                 merged: bool = False) -> dict[str, int]:
     """The tile loop's SASS instructions, by path (all 0 where there is no loop), for a walk
-    with a top-K block (``top_k``) and a target's counts (``counts``) or without:
+    with a top-K block (``top_k``) and a target's counts (``counts``) or without, and the
+    merge loop of a split top-K walk (``merged``):
 
     * ``loop_instructions``: the outermost loop, from the earliest target of a backward
       branch to that branch;
@@ -78,7 +82,10 @@ def loop_figures(sass: str, top_k: bool = True, counts: bool = True) -> dict[str
     * ``enter_instructions``: the rest of the top-K block (its count of candidates, the set-up
       of either path, the least key's read);
     * ``pipelined_copies``: the loop's copies from global into shared memory (``LDGSTS``:
-      Triton's software pipeline issuing the tiles ahead; 0 where its loads are plain).
+      Triton's software pipeline issuing the tiles ahead; 0 where its loads are plain), and
+      ``copy_bytes``: the narrowest of them, in bytes (0 where there is none);
+    * ``merge_instructions``: the last loop after the tile loop (``merged``: the row's last
+      slice merging a group of slices' keys, ``onepass_triton._merged_slices``), else 0.
 
     The tile loop is the longest a backward branch closes (a cut first tile walked before it
     holds loops of its own) before the last ``EXIT`` (ptxas places a warp's divergent paths
@@ -109,12 +116,49 @@ def loop_figures(sass: str, top_k: bool = True, counts: bool = True) -> dict[str
     candidate = _inside(body, loop[0] - 1, loop[1] + 1)
     sorting = max((_inside(body, *skip) for skip in sort), default=0)
     skipped, count = _inside(body, *block), _inside(body, *counted)
-    copies = sum(1 for at, text in lines
-                 if start <= at <= end and PIPELINED_COPY.search(text))
+    widths = [int(found.group(1) or 32) // 8 for at, text in lines if start <= at <= end
+              for found in [PIPELINED_COPY.search(text)] if found]
+    after = [span for span in backward if span[0] > end]
+    merge = max(after, default=None) if merged else None
     return dict(loop_instructions=len(body), guard_instructions=len(body) - skipped - count,
                 count_instructions=count, enter_instructions=skipped - sorting - candidate,
                 sort_instructions=sorting, candidate_instructions=candidate,
-                pipelined_copies=copies)
+                pipelined_copies=len(widths), copy_bytes=min(widths, default=0),
+                merge_instructions=_inside([at for at, _ in lines], merge[0] - 1, merge[1] + 1)
+                if merge else 0)
+
+
+ARRIVAL = re.compile(r"\bATOMG\b")  # a split walk's count of its row's slices that ended
+STORE = re.compile(r"\bSTG\b")
+LOAD = re.compile(r"\bLDG\b")
+BARRIER = re.compile(r"\bBAR\.SYNC\b")
+GPU_FENCE = re.compile(r"\bMEMBAR\.\S*GPU\b")
+ACQUIRE = re.compile(r"\bCCTL\.IVALL\b")  # L1 invalidated: what an acquire compiles to
+
+
+def arrival_fenced(sass: str) -> bool:
+    """Whether a split walk counts its slice in only after every thread's partial state is
+    stored and released (a barrier, then a GPU-scope fence, between the last store before the
+    count's atomic and that atomic, itself of GPU scope), acquires the count (an L1
+    invalidation after the atomic, before any load) and reads the slices' states from L2
+    (every global load after the atomic ``STRONG.GPU``): the order of split-K's "last
+    program" pattern, which the interpreter cannot check (it runs one program at a time). A
+    rule on the SASS ptxas gives today, not a proof: a correct kernel reading plainly after
+    its count would fail it."""
+    texts = [text for _, text in SASS_LINE.findall(sass)]
+    at = next((i for i, text in enumerate(texts) if ARRIVAL.search(text)), None)
+    if at is None or "STRONG.GPU" not in texts[at]:
+        return False
+    stored = max((i for i in range(at) if STORE.search(texts[i])), default=-1)
+    between = texts[stored + 1:at]
+    barrier = next((i for i, text in enumerate(between) if BARRIER.search(text)), None)
+    fenced = barrier is not None and any(GPU_FENCE.search(text) for text in between[barrier:])
+    after = texts[at + 1:]
+    first_read = next((i for i, text in enumerate(after) if LOAD.search(text)), None)
+    acquired = first_read is not None and any(ACQUIRE.search(text)
+                                              for text in after[:first_read])
+    return (fenced and acquired
+            and all("STRONG.GPU" in text for text in after if LOAD.search(text)))
 
 
 def _inside(addresses: list[int], after: int, before: int) -> int:
@@ -127,22 +171,23 @@ def _branch_target(text: str) -> list[int]:
     return [int(found.group(1), 16)] if found else []
 
 
-def specialised(spec: dict[str, Any], arg_names: list[str]) -> tuple[dict, dict, dict]:
-    """Triton's ``(signature, constexprs, attrs)`` for a spec's arguments, as its runtime
-    specialises them at a launch."""
+def specialised(spec: dict[str, Any], fn: Any) -> tuple[dict, dict, dict]:
+    """Triton's ``(signature, constexprs, attrs)`` for a spec's arguments to the kernel
+    ``fn``, as its runtime specialises them at a launch."""
     from triton.backends.compiler import BaseBackend
     from triton.runtime.jit import native_specialize_impl
 
     signature, constexprs, attrs = {}, dict(spec["constexprs"]), {}
-    for index, name in enumerate(arg_names):
+    params = fn.params
+    for index, name in enumerate(fn.arg_names):
         if name in constexprs:
             signature[name] = "constexpr"
         elif name in spec["pointers"]:
             signature[name] = "*" + spec["pointers"][name]
             attrs[(index,)] = [["tt.divisibility", 16]]
-        else:
+        else:  # as the runtime does: not at all for an int the kernel marks do_not_specialize
             kind, mark = native_specialize_impl(BaseBackend, spec["scalars"][name], False,
-                                                True, True)
+                                                not params[index].do_not_specialize, True)
             signature[name] = kind
             if kind == "constexpr":
                 constexprs[name] = spec["scalars"][name]
@@ -163,7 +208,7 @@ def compile_one(spec: dict[str, Any], arch: int) -> dict[str, Any]:
     fn = getattr(onepass_triton, spec["kernel"])
     found: dict[str, Any] = dict(spec, arch=arch, triton=triton.__version__)
     try:
-        signature, constexprs, attrs = specialised(spec, fn.arg_names)
+        signature, constexprs, attrs = specialised(spec, fn)
         options = dict(num_warps=spec["num_warps"])
         if spec.get("max_registers"):
             options["maxnreg"] = spec["max_registers"]
@@ -176,15 +221,19 @@ def compile_one(spec: dict[str, Any], arch: int) -> dict[str, Any]:
     return dict(found, compiles=True, error="",
                 **cubin_figures(kernel.asm["cubin"], arch, spec["num_warps"],
                                 kernel.metadata.shared, bool(flags.get("TOPK")),
-                                bool(flags.get("HAS_TARGET"))))
+                                bool(flags.get("HAS_TARGET")),
+                                bool(flags.get("TOPK") and flags.get("SPLIT")),
+                                bool(flags.get("SPLIT"))))
 
 
 def cubin_figures(cubin: bytes, arch: int, warps: int, dynamic_shared: int = 0,
-                  top_k: bool = True, counts: bool = True) -> dict[str, int]:
+                  top_k: bool = True, counts: bool = True, merged: bool = False,
+                  split: bool = False) -> dict[str, int]:
     """Registers, spilled (local) bytes, shared memory (the cubin's static and the launch's
-    ``dynamic_shared``: Triton's buffers, its pipelined loads' among them), CTAs per SM and the
-    loop's instructions of one cubin (:func:`loop_figures`), read with the ``cuobjdump``
-    Triton bundles."""
+    ``dynamic_shared``: Triton's buffers, its pipelined loads' among them), CTAs per SM, the
+    loop's instructions of one cubin (:func:`loop_figures`) and, for a ``split`` walk,
+    ``arrival_fenced`` (:func:`arrival_fenced`), read with the ``cuobjdump`` Triton
+    bundles."""
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "kernel.cubin"
         path.write_bytes(cubin)
@@ -197,7 +246,8 @@ def cubin_figures(cubin: bytes, arch: int, warps: int, dynamic_shared: int = 0,
     shared = static + dynamic_shared
     return dict(registers=registers, spill_bytes=local + stack, shared_bytes=shared,
                 ctas_per_sm=ctas_per_sm(arch, registers, warps, shared),
-                **loop_figures(sass, top_k, counts))
+                **loop_figures(sass, top_k, counts, merged),
+                **(dict(arrival_fenced=arrival_fenced(sass)) if split else {}))
 
 
 def _cuobjdump(flag: str, path: Path) -> str:

@@ -4,7 +4,8 @@ The lease lends an H200 (CUDA sm_90, 132 SMs). At the shapes its profiles and th
 grid take (rows 1/16/64/256; vocabularies 32,000, 152,064 and 262,144; k 0/1/5/20/64/1024;
 fp32, bf16 and fp16 logits; the ``head_fused`` tiles 1024-8192 and the ragged last tile of each
 vocabulary; and GPT-2's vocabulary of 50,257, whose stride leaves most rows off 16-byte
-alignment, at 64 and 256 rows and a 1024 tile), :func:`launched_variants` lists the launches of
+alignment, at 64 and 256 rows and a 1024 tile; and rows whose first logit lies off 16 bytes,
+a view's), :func:`launched_variants` lists the launches of
 :func:`stagelab.core.launches.triton_launches`, :func:`~stagelab.core.launches.fold_launch`
 and :func:`~stagelab.core.launches.finish_launch`, typed as the callers type their tensors,
 once per distinct specialisation (shapes repeat specialisations): the input of
@@ -24,6 +25,10 @@ VOCABS = (32000, 152064, 262144)
 # Rows whose stride leaves most of them unaligned (launches.leads): GPT-2's vocabulary.
 UNALIGNED_VOCAB = 50257
 UNALIGNED_ROWS = (64, 256)
+# Rows of an aligned stride whose first logit lies off 16 bytes (a view: LEAD by its origin).
+OFFSET_SHAPE = (64, 152064)
+# The kernels' ints Triton does not specialise (``do_not_specialize``): one compile any value.
+UNSPECIALISED = frozenset({"origin"})
 KS = (0, 1, 5, 20, 64, 1024)
 DTYPES = ("fp32", "bf16", "fp16")
 HEAD_TILES = (1024, 2048, 4096, 8192)
@@ -34,14 +39,14 @@ POINTER_TYPES = dict(
     x_ptr="logits", targets_ptr="i64", target_ptr="fp32", values_ptr="fp32", ids_ptr="i64",
     lse_ptr="fp32", target_lp_ptr="fp32", rank_ptr="i64", ties_ptr="i64", part_m_ptr="fp32",
     part_s_ptr="fp32", part_keys_ptr="i64", part_ge_ptr="i64", part_eq_ptr="i64",
-    state_m_ptr="fp32", state_s_ptr="fp32", state_keys_ptr="i64", state_ge_ptr="i64",
+    arrivals_ptr="i32", state_m_ptr="fp32", state_s_ptr="fp32", state_keys_ptr="i64", state_ge_ptr="i64",
     state_eq_ptr="i64")
 # Each kernel's pointer arguments (in its own order; checked against the kernels by the test).
 STEP_POINTERS = ("x_ptr", "targets_ptr", "values_ptr", "ids_ptr", "lse_ptr", "target_lp_ptr",
                  "rank_ptr", "ties_ptr", "part_m_ptr", "part_s_ptr", "part_keys_ptr",
-                 "part_ge_ptr", "part_eq_ptr")
+                 "part_ge_ptr", "part_eq_ptr", "arrivals_ptr")
 KERNEL_POINTERS = dict(
-    onepass_kernel=STEP_POINTERS, merge_kernel=STEP_POINTERS,
+    onepass_kernel=STEP_POINTERS,
     fold_kernel=("x_ptr", "target_ptr", "state_m_ptr", "state_s_ptr", "state_keys_ptr",
                  "state_ge_ptr", "state_eq_ptr"),
     finish_kernel=("target_ptr", "values_ptr", "ids_ptr", "lse_ptr", "target_lp_ptr",
@@ -63,21 +68,24 @@ def specialisation(spec: dict[str, Any]) -> str:
     """What Triton compiles a spec to: the kernel, pointer types, constexprs, warps, register
     cap, and each int as Triton's runtime sees it (1, divisible by 16, or neither)."""
     ints = {name: 1 if value == 1 else ("D" if value % 16 == 0 else "")
-            for name, value in spec["scalars"].items()}
+            for name, value in spec["scalars"].items() if name not in UNSPECIALISED}
     return json.dumps([spec["kernel"], spec["pointers"], spec["constexprs"], ints,
                        spec["num_warps"], spec.get("max_registers")], sort_keys=True)
 
 
 def step_launches(sms: int = LEASE_SMS) -> list[tuple[str, launches.Launch]]:
-    """``(where, launch)`` of every one-pass call at the grid's shapes (with targets)."""
-    shapes = ([(rows, vocab) for rows in ROWS for vocab in VOCABS]
-              + [(rows, UNALIGNED_VOCAB) for rows in UNALIGNED_ROWS])
+    """``(where, launch)`` of every one-pass call at the grid's shapes (with targets), and
+    at :data:`OFFSET_SHAPE` for rows whose first logit lies one past a 16-byte boundary."""
+    shapes = ([(rows, vocab, 0) for rows in ROWS for vocab in VOCABS]
+              + [(rows, UNALIGNED_VOCAB, 0) for rows in UNALIGNED_ROWS] + [(*OFFSET_SHAPE, 1)])
     found = []
-    for rows, vocab in shapes:
+    for rows, vocab, origin in shapes:
         for k in KS:
             for launch in launches.triton_launches(rows, vocab, k, True, None, None,
-                                                  launches.device_slots(sms, k)):
-                found.append((f"n={rows} V={vocab} k={k}", launch))
+                                                  launches.device_slots(sms, k),
+                                                  origin=origin):
+                where = f"n={rows} V={vocab} k={k}" + (f" origin={origin}" if origin else "")
+                found.append((where, launch))
     return found
 
 

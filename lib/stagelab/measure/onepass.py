@@ -14,9 +14,10 @@ Two backends give the same answer:
 
 * ``"triton"`` (:mod:`stagelab.measure.onepass_triton`): one kernel reads each logit once,
   keeping per row a running max, the rescaled sum of exponentials and a small top-K over
-  vocabulary tiles; for few rows, each row is split across programs and a second, tiny kernel
-  merges their partial states, so that every SM has work. It runs on a CUDA device, or on a CPU
-  in Triton's interpreter (``TRITON_INTERPRET=1``, set before Triton is first imported).
+  vocabulary tiles; for few rows, each row is split across programs, so that every SM has
+  work, and the row's last program to end merges their partial states. It runs on a CUDA
+  device, or on a CPU in Triton's interpreter (``TRITON_INTERPRET=1``, set before Triton is
+  first imported).
 * ``"torch"``: the same keys in eager torch, in row blocks of bounded memory; the reference the
   tests hold the kernel to, and the fallback where Triton is absent or cannot run (said in a
   ``RuntimeWarning`` and in the result's ``backend``).
@@ -28,6 +29,7 @@ comparison and top-K is exact and deterministic on both backends (``-0.0`` count
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import statistics
@@ -136,7 +138,8 @@ def topk_logprobs(logits: torch.Tensor, k: int, targets: torch.Tensor | None = N
     of ``[0, V)`` are refused before anything runs, and rows whose logsumexp is not finite (NaN,
     +inf, or only -inf) raise afterwards, naming the rows, as the fused path does (one host read
     each); ``validate=False`` skips both. ``tile`` (a power of two) and ``splits`` (slices per
-    row) tune the Triton kernel (None: chosen from the device); the torch backend ignores them.
+    row, at most the row's tiles and :data:`stagelab.core.launches.MAX_SLICES`) tune the
+    Triton kernel (None: chosen from the device); the torch backend ignores them.
     """
     rows, vocab, k = check_arguments(logits, k, targets, backend, tile, splits)
     if targets is not None and validate:
@@ -279,6 +282,46 @@ def program_slots(device: torch.device, k: int) -> int:
     return os.cpu_count() or 1
 
 
+def aligned_logits(logits: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """``logits`` as the kernels take them: a view from the 16-byte boundary at or before its
+    first element, and how many elements that lies before it (0 for a tensor torch
+    allocated). The kernels' pipelined copies and the compile check both rest on a 16-byte
+    aligned pointer; a view that starts off it (a slice of rows of an odd vocabulary, say) is
+    widened back to the boundary within its own storage, or, where its storage holds nothing
+    that far back, copied (said in a ``RuntimeWarning``)."""
+    size = logits.element_size()
+    if logits.data_ptr() % 16 == 0:
+        return logits, 0
+    origin = logits.data_ptr() % 16 // size
+    if logits.data_ptr() % size == 0 and logits.storage_offset() >= origin:
+        return logits.as_strided(logits.shape, logits.stride(),
+                                 logits.storage_offset() - origin), origin
+    warnings.warn(f"logits at {logits.data_ptr():#x} lie off 16 bytes with nothing of their "
+                  "storage before them to widen a view to: the kernel reads a copy",
+                  RuntimeWarning, stacklevel=4)
+    return logits.clone(memory_format=torch.contiguous_format), 0
+
+
+def on_device(device: torch.device) -> contextlib.AbstractContextManager:
+    """``device`` made current for Triton's launches (they run on the current device's current
+    stream, the one :func:`arrival_counts` keys its buffer by); nothing on a CPU."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
+def run_launches(launches: list[Launch], pointers: dict[str, torch.Tensor],
+                 device: torch.device) -> None:
+    """Run ``launches`` on ``device``; where one raises, the device's arrival counts are
+    dropped (:func:`forget_arrival_counts`): a count left part-way would give the next call's
+    rows a wrong merge, silently."""
+    try:
+        with on_device(device):
+            for launch in launches:
+                run_launch(launch, pointers)
+    except BaseException:
+        forget_arrival_counts(device)
+        raise
+
+
 def run_launch(launch: Launch, pointers: dict[str, torch.Tensor]) -> None:
     """Run ``launch`` with its pointer arguments taken by name from ``pointers``."""
     kernel = getattr(_import_kernels(), launch.kernel)
@@ -300,8 +343,9 @@ def result_pointers(out: OnePass) -> dict[str, torch.Tensor]:
 
 def _partial_pointers(first: Launch, rows: int, device: torch.device
                       ) -> dict[str, torch.Tensor]:
-    """The split variant's partial states (per row and slice), by pointer name; one-element
-    stand-ins where the row is not split."""
+    """The split variant's partial states (per row and slice) and its rows' arrival counts
+    (:func:`arrival_counts`), by pointer name; one-element stand-ins where the row is not
+    split."""
     parts, k_pad = first.grid[1], int(first.constexprs["K_PAD"])
     found = {}
     for name, dtype, width in (("m", torch.float32, 1), ("s", torch.float32, 1),
@@ -309,26 +353,72 @@ def _partial_pointers(first: Launch, rows: int, device: torch.device
                                ("eq", torch.int64, 1)):
         size = rows * parts * width if parts > 1 else 1
         found[f"part_{name}_ptr"] = torch.empty(size, dtype=dtype, device=device)
+    found["arrivals_ptr"] = arrival_counts(rows if parts > 1 else 1, device)
     return found
+
+
+_ARRIVALS: dict[tuple[str, int], torch.Tensor] = {}
+ARRIVAL_ROWS = 1024  # a persistent buffer's least length: a planned split call's rows are
+# fewer than the device's program slots (264 on an H200), so it is made once (a call with
+# ``splits`` forced on more rows grows it)
+
+
+def arrival_counts(rows: int, device: torch.device) -> torch.Tensor:
+    """At least ``rows`` int32 zeros on ``device``: per row, the split kernel's count of its
+    slices that have ended. The kernel leaves them zeros (the row's last slice sets its count
+    back), so on a CUDA device one buffer per device and stream serves every call, in stream
+    order, with no fill a call (grown, a new zeroed buffer, where more rows come). Fresh zeros
+    every call where that does not hold: in Triton's interpreter (a CPU), whose grid can stop
+    between two programs (Ctrl-C), and under CUDA graph capture, where a graph must own its
+    counts (graphs captured on one stream would share a buffer, and keep a grown one's old
+    address)."""
+    if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
+        return torch.zeros(max(rows, 1), dtype=torch.int32, device=device)
+    key = _arrivals_key(device)
+    held = _ARRIVALS.get(key)
+    if held is None or held.numel() < rows:
+        held = _ARRIVALS[key] = torch.zeros(max(rows, ARRIVAL_ROWS), dtype=torch.int32,
+                                            device=device)
+    return held
+
+
+def arrival_counts_left() -> list[str]:
+    """The persistent arrival counts (device and stream) holding a nonzero count: none once
+    every call's kernel has ended (the lease kernel check asks, after a synchronize)."""
+    return [f"{device} stream {stream:#x}" for (device, stream), held in _ARRIVALS.items()
+            if bool(held.any())]
+
+
+def forget_arrival_counts(device: torch.device) -> None:
+    """Drop ``device``'s persistent arrival counts on its current stream: the next call
+    makes fresh zeros."""
+    if device.type == "cuda":
+        _ARRIVALS.pop(_arrivals_key(device), None)
+
+
+def _arrivals_key(device: torch.device) -> tuple[str, int]:
+    index = torch.cuda.current_device() if device.index is None else device.index
+    return f"cuda:{index}", torch.cuda.current_stream(index).cuda_stream
 
 
 def _triton(logits: torch.Tensor, k: int, targets: torch.Tensor | None, tile: int | None,
             splits: int | None) -> OnePass:
-    """The Triton backend: one kernel (plus the merge where rows are split)."""
+    """The Triton backend: one kernel."""
     rows, vocab = logits.shape
     device = logits.device
     if rows == 0:
         return _empty(0, k, targets is not None, device, "triton")
     if logits.stride(1) != 1:
         logits = logits.contiguous()  # the kernel reads rows of consecutive logits
+    logits, origin = aligned_logits(logits)
     launches = triton_launches(rows, vocab, k, targets is not None, tile, splits,
-                               program_slots(device, k), logits.stride(0))
+                               program_slots(device, k), logits.stride(0), origin)
     out = _empty(rows, k, targets is not None, device, "triton")
     pointers = dict(result_pointers(out), x_ptr=logits,
                     targets_ptr=targets if targets is not None else out.logsumexp)
-    pointers.update(_partial_pointers(launches[0], rows, device))
-    for launch in launches:
-        run_launch(launch, pointers)
+    with on_device(device):
+        pointers.update(_partial_pointers(launches[0], rows, device))
+    run_launches(launches, pointers, device)
     return out
 
 
@@ -406,9 +496,10 @@ class TileFold:
     def _add_triton(self, logits: torch.Tensor, first_id: int) -> None:
         if logits.stride(1) != 1:
             logits = logits.contiguous()
+        logits, origin = aligned_logits(logits)
         launch = fold_launch(self.rows, logits.shape[1], first_id, self.k,
-                             self.target is not None, logits.stride(0))
-        run_launch(launch, dict(x_ptr=logits, **self._state_pointers()))
+                             self.target is not None, logits.stride(0), origin)
+        run_launches([launch], dict(x_ptr=logits, **self._state_pointers()), self.device)
 
     def _state_pointers(self) -> dict[str, torch.Tensor]:
         """The running state's pointer arguments of the fold and finish kernels, by name."""
@@ -420,8 +511,8 @@ class TileFold:
         """The results over every tile folded in (logprobs, as :func:`topk_logprobs` gives)."""
         out = _empty(self.rows, self.k, self.target is not None, self.device, self.backend)
         if self.backend == "triton" and self.rows:
-            run_launch(finish_launch(self.rows, self.k, self.target is not None),
-                       dict(result_pointers(out), **self._state_pointers()))
+            run_launches([finish_launch(self.rows, self.k, self.target is not None)],
+                         dict(result_pointers(out), **self._state_pointers()), self.device)
             return out
         out.logsumexp.copy_(self.peak + torch.log(self.total))
         if self.target is not None:
@@ -513,25 +604,35 @@ SLEEP_CYCLES = 4_000_000  # about 2 ms of an SM's clock: longer than the host ta
 
 def prepare_call(logits: torch.Tensor, k: int, targets: torch.Tensor, backend: str
                  ) -> Callable[[torch.Tensor], None]:
-    """A call of the kernel on logits shaped as ``logits``, everything it writes allocated
-    here, once: on the Triton backend the call only launches; the torch backend allocates its
-    own temporaries, as it does in use."""
+    """A call of the kernel on logits shaped and placed as ``logits``, everything it writes
+    allocated here, once: on the Triton backend the call only takes its arrival counts
+    (:func:`arrival_counts`, as :func:`topk_logprobs` does) and launches; the torch backend
+    allocates its own temporaries, as it does in use."""
     if backend != "triton":
         def eager(source: torch.Tensor) -> None:
             _torch(source, k, targets)
 
         return eager
     rows, vocab = logits.shape
-    launches = triton_launches(rows, vocab, k, True, None, None, program_slots(logits.device, k),
-                               logits.stride(0))
-    out = _empty(rows, k, True, logits.device, "triton")
-    pointers = dict(result_pointers(out), targets_ptr=targets,
-                    **_partial_pointers(launches[0], rows, logits.device))
+    device = logits.device
+    planned, origin = aligned_logits(logits)
+    launches = triton_launches(rows, vocab, k, True, None, None, program_slots(device, k),
+                               planned.stride(0), origin)
+    out = _empty(rows, k, True, device, "triton")
+    with on_device(device):
+        pointers = dict(result_pointers(out), targets_ptr=targets,
+                        **_partial_pointers(launches[0], rows, device))
+    split = launches[0].grid[1] > 1
 
     def call(source: torch.Tensor) -> None:
-        pointers["x_ptr"] = source
-        for launch in launches:
-            run_launch(launch, pointers)
+        x, at = aligned_logits(source)
+        if at != origin or x.stride() != planned.stride():
+            raise ValueError(f"source must lie as the prepared logits do (origin {origin}, "
+                             f"strides {planned.stride()}), got origin {at}, {x.stride()}")
+        pointers["x_ptr"] = x
+        with on_device(device):
+            pointers["arrivals_ptr"] = arrival_counts(rows if split else 1, device)
+        run_launches(launches, pointers, device)
 
     return call
 

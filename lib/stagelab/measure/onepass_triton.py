@@ -16,13 +16,14 @@ with its offset in the tile, :func:`_packed`); a wider top-K takes its best ``k`
 one by one (at most ``CANDIDATE_LIMIT`` passes), or else sorts its top ``K_PAD``, and merges
 them.
 
-Where a row is split, each slice writes its partial state and a second, tiny kernel merges the
-slices per row. The same merge folds logits that arrive one vocabulary tile at a time (the
-``head_fused`` prompt method: the lm_head's product, a ``[C, tile]`` block at a time):
-:func:`fold_kernel` merges each tile's state into a running one kept per row in memory, and
-:func:`finish_kernel` writes the results from it. Imported lazily by
-:mod:`stagelab.measure.onepass`: where Triton is absent this module still imports (``triton`` is
-None) and the caller falls back to torch.
+Where a row is split, each slice writes its partial state and counts itself in; the row's last
+slice to end merges them and writes the row's results (no second kernel, no second launch: the
+"last program merges" of split-K kernels). The same state merge folds logits that arrive one
+vocabulary tile at a time (the ``head_fused`` prompt method: the lm_head's product, a
+``[C, tile]`` block at a time): :func:`fold_kernel` merges each tile's state into a running
+one kept per row in memory, and :func:`finish_kernel` writes the results from it. Imported
+lazily by :mod:`stagelab.measure.onepass`: where Triton is absent this module still imports
+(``triton`` is None) and the caller falls back to torch.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ if triton is not None:
     LOG2E = tl.constexpr(1.4426950408889634)  # exp(x) = exp2(x * LOG2E): one FFMA a logit
     CANDIDATES = tl.constexpr(launches.CANDIDATE_LIMIT)
     STAGES = tl.constexpr(launches.PIPELINE_STAGES)  # the tile loop's pipelined loads
+    SLICES = tl.constexpr(launches.MAX_SLICES)  # a row's slices, at most: read at once
     # The low bits of a 16-bit float's fp32 form, all 0 (fp16's 13, bf16's 16): a packed key
     # (_packed) holds a tile offset there, so a tile of 16-bit logits packs up to 8192 wide.
     LOW_MASK = tl.constexpr(2**13 - 1)
@@ -298,13 +300,16 @@ if triton is not None:
                 tl.sum(counts >> 16, axis=0))
 
     @triton.jit
-    def _row_start(x_ptr, row, stride_row, LEAD: tl.constexpr):
-        """The 16-byte aligned address at or below row ``row``'s first logit, and how many
-        logits it lies before that one (``x_ptr`` 16-byte aligned, as torch allocates); the
-        row's own address and 0 where its stride keeps it aligned (not ``LEAD``)."""
+    def _row_start(x_ptr, row, stride_row, origin, LEAD: tl.constexpr):
+        """The 16-byte aligned address at or below row ``row``'s first logit (at ``x_ptr +
+        origin + row * stride_row``, ``x_ptr`` 16-byte aligned), and how many logits it lies
+        before that one; the row's own address and 0 where its stride keeps it aligned and
+        its origin is 0 (not ``LEAD``: ``origin``, not specialised, is then left out, so the
+        compiler sees the address as aligned as ``stride_row`` is)."""
         at = row * stride_row
         lead = tl.zeros((), tl.int32)
         if LEAD:
+            at += origin
             ALIGN: tl.constexpr = 128 // x_ptr.dtype.element_ty.primitive_bitwidth
             aligned = at // ALIGN * ALIGN  # a multiple of ALIGN the compiler sees
             lead = (at - aligned).to(tl.int32)
@@ -340,24 +345,67 @@ if triton is not None:
             tl.store(ids_ptr + row * k + slots, ids, mask=slots < k)
 
     @triton.jit
-    def onepass_kernel(x_ptr, stride_row, vocab, targets_ptr, values_ptr, ids_ptr, lse_ptr,
-                       target_lp_ptr, rank_ptr, ties_ptr, part_m_ptr, part_s_ptr,
-                       part_keys_ptr, part_ge_ptr, part_eq_ptr, k, span,
+    def _merged_slices(row, parts, part_m_ptr, part_s_ptr, part_keys_ptr, part_ge_ptr,
+                       part_eq_ptr, K_PAD: tl.constexpr, TOPK: tl.constexpr,
+                       GROUP: tl.constexpr):
+        """Row ``row``'s state from its ``parts`` slices' partial states, read past L1
+        (``.cg``: other programs wrote them): the scalars of every slice in one read, the keys
+        ``GROUP`` slices a read (:func:`stagelab.core.launches.merge_group`), their best
+        ``K_PAD`` merged into the row's."""
+        first = row * parts
+        slices = tl.arange(0, SLICES)
+        held = slices < parts
+        ms = tl.load(part_m_ptr + first + slices, mask=held, other=float("-inf"),
+                     cache_modifier=".cg")
+        m = tl.max(ms, axis=0)
+        safe = tl.where(m == float("-inf"), 0.0, m)
+        s = tl.sum(tl.load(part_s_ptr + first + slices, mask=held, other=0.0,
+                           cache_modifier=".cg") * tl.exp(ms - safe), axis=0)
+        ge = tl.sum(tl.load(part_ge_ptr + first + slices, mask=held, other=0,
+                            cache_modifier=".cg"), axis=0)
+        eq = tl.sum(tl.load(part_eq_ptr + first + slices, mask=held, other=0,
+                            cache_modifier=".cg"), axis=0)
+        best = tl.full((K_PAD,), KEY_FLOOR, tl.int64)
+        if TOPK:
+            group = tl.arange(0, GROUP)
+            slots = tl.arange(0, K_PAD)
+            for lead in range(0, parts, GROUP):
+                keys = tl.load(part_keys_ptr + (first + lead + group)[:, None] * K_PAD
+                               + slots[None, :], mask=(lead + group < parts)[:, None],
+                               other=KEY_FLOOR, cache_modifier=".cg")
+                keys = tl.reshape(keys, (GROUP * K_PAD,))
+                if GROUP > 1:
+                    keys = tl.topk(keys, K_PAD)
+                best = _merge(best, keys)
+        return m, s, best, ge, eq
+
+    # ``origin`` (0 but for logits that start off alignment:
+    # :func:`stagelab.measure.onepass.aligned_logits`) takes any value without a
+    # specialisation of its own (not even on its divisibility): only ``LEAD`` walks add it.
+    @triton.jit(do_not_specialize=["origin"])
+    def onepass_kernel(x_ptr, stride_row, origin, vocab, targets_ptr, values_ptr, ids_ptr,
+                       lse_ptr, target_lp_ptr, rank_ptr, ties_ptr, part_m_ptr, part_s_ptr,
+                       part_keys_ptr, part_ge_ptr, part_eq_ptr, arrivals_ptr, k, span,
                        BLOCK: tl.constexpr, K_PAD: tl.constexpr, TOPK: tl.constexpr,
-                       HAS_TARGET: tl.constexpr, SPLIT: tl.constexpr, LEAD: tl.constexpr):
-        """Program ``(row, slice)``: the slice ``[slice * span, (slice + 1) * span)`` of a row;
-        with ``SPLIT`` it writes its partial state, else the row's results; ``LEAD`` where
-        the rows' stride leaves some unaligned (:func:`_row_start`)."""
+                       HAS_TARGET: tl.constexpr, SPLIT: tl.constexpr, LEAD: tl.constexpr,
+                       GROUP: tl.constexpr):
+        """Program ``(row, slice)``: the slice ``[slice * span, (slice + 1) * span)`` of a row
+        (at ``x_ptr + origin + row * stride_row``), whose results it writes; with ``SPLIT`` it
+        writes its partial state and counts itself in ``arrivals_ptr[row]``, and the row's
+        last slice to end merges them all (``GROUP`` slices' keys a read:
+        :func:`_merged_slices`), writes the row's results and sets the count back to 0 (so
+        the counts, zeros, serve the next call as they were); ``LEAD`` where the rows' stride
+        or origin leaves some unaligned (:func:`_row_start`)."""
         row = tl.program_id(0).to(tl.int64)
         part = tl.program_id(1)
         parts = tl.num_programs(1)
-        x_row = x_ptr + row * stride_row
+        x_row = x_ptr + origin + row * stride_row
         target = 0.0
         if HAS_TARGET:
             target = tl.load(x_row + tl.load(targets_ptr + row)).to(tl.float32)
         start = part * span
         stop = tl.minimum(start + span, vocab)
-        aligned, lead = _row_start(x_ptr, row, stride_row, LEAD)
+        aligned, lead = _row_start(x_ptr, row, stride_row, origin, LEAD)
         m, s, best, ge, eq = _tile_state(aligned, lead, start, stop, target, 0, k, BLOCK, K_PAD,
                                          TOPK, HAS_TARGET, LEAD)
         if SPLIT:
@@ -368,52 +416,34 @@ if triton is not None:
             tl.store(part_eq_ptr + at, eq)
             if TOPK:
                 tl.store(part_keys_ptr + at * K_PAD + tl.arange(0, K_PAD), best)
+            tl.debug_barrier()  # every lane's share of the state stored before it is counted
+            arrived = tl.atomic_add(arrivals_ptr + row, 1, sem="acq_rel", scope="gpu")
+            if arrived == parts - 1:  # the row's last slice to end
+                tl.store(arrivals_ptr + row, 0)
+                row_m, row_s, row_best, row_ge, row_eq = _merged_slices(
+                    row, parts, part_m_ptr, part_s_ptr, part_keys_ptr, part_ge_ptr,
+                    part_eq_ptr, K_PAD, TOPK, GROUP)
+                _finish(row, row_m, row_s, row_best, row_ge, row_eq, target, values_ptr,
+                        ids_ptr, lse_ptr, target_lp_ptr, rank_ptr, ties_ptr, k, K_PAD, TOPK,
+                        HAS_TARGET)
         else:
             _finish(row, m, s, best, ge, eq, target, values_ptr, ids_ptr, lse_ptr,
                     target_lp_ptr, rank_ptr, ties_ptr, k, K_PAD, TOPK, HAS_TARGET)
 
-    @triton.jit
-    def merge_kernel(x_ptr, stride_row, targets_ptr, values_ptr, ids_ptr, lse_ptr,
-                     target_lp_ptr, rank_ptr, ties_ptr, part_m_ptr, part_s_ptr,
-                     part_keys_ptr, part_ge_ptr, part_eq_ptr, k, parts,
-                     K_PAD: tl.constexpr, TOPK: tl.constexpr, HAS_TARGET: tl.constexpr):
-        """Program ``row``: merge its slices' partial states and write its results."""
-        row = tl.program_id(0).to(tl.int64)
-        m = tl.full((), float("-inf"), tl.float32)
-        s = tl.zeros((), tl.float32)
-        ge = tl.zeros((), tl.int64)
-        eq = tl.zeros((), tl.int64)
-        best = tl.full((K_PAD,), KEY_FLOOR, tl.int64)
-        slots = tl.arange(0, K_PAD)
-        for part in range(0, parts):
-            at = row * parts + part
-            best_part = best
-            if TOPK:
-                best_part = tl.load(part_keys_ptr + at * K_PAD + slots)
-            m, s, best, ge, eq = _fold(m, s, best, ge, eq, tl.load(part_m_ptr + at),
-                                       tl.load(part_s_ptr + at), best_part,
-                                       tl.load(part_ge_ptr + at), tl.load(part_eq_ptr + at),
-                                       TOPK)
-        target = 0.0
-        if HAS_TARGET:
-            target = tl.load(x_ptr + row * stride_row + tl.load(targets_ptr + row))
-            target = target.to(tl.float32)
-        _finish(row, m, s, best, ge, eq, target, values_ptr, ids_ptr, lse_ptr, target_lp_ptr,
-                rank_ptr, ties_ptr, k, K_PAD, TOPK, HAS_TARGET)
-
-    @triton.jit
-    def fold_kernel(x_ptr, stride_row, width, first_id, target_ptr, state_m_ptr, state_s_ptr,
-                    state_keys_ptr, state_ge_ptr, state_eq_ptr, k, BLOCK: tl.constexpr,
+    @triton.jit(do_not_specialize=["origin"])
+    def fold_kernel(x_ptr, stride_row, origin, width, first_id, target_ptr, state_m_ptr,
+                    state_s_ptr, state_keys_ptr, state_ge_ptr, state_eq_ptr, k,
+                    BLOCK: tl.constexpr,
                     K_PAD: tl.constexpr, TOPK: tl.constexpr, HAS_TARGET: tl.constexpr,
                     LEAD: tl.constexpr):
         """Program ``row``: the state of its tile of logits ``[0, width)`` (tokens ``first_id``
-        on), merged into the row's running state in place, as the split variant's merge does;
-        ``LEAD`` as :func:`onepass_kernel`'s."""
+        on, at ``x_ptr + origin + row * stride_row``), merged into the row's running state in
+        place, as the split variant's merge does; ``LEAD`` as :func:`onepass_kernel`'s."""
         row = tl.program_id(0).to(tl.int64)
         target = 0.0
         if HAS_TARGET:
             target = tl.load(target_ptr + row)
-        aligned, lead = _row_start(x_ptr, row, stride_row, LEAD)
+        aligned, lead = _row_start(x_ptr, row, stride_row, origin, LEAD)
         m, s, best, ge, eq = _tile_state(aligned, lead, 0, width, target, first_id, k, BLOCK,
                                          K_PAD, TOPK, HAS_TARGET, LEAD)
         slots = row * K_PAD + tl.arange(0, K_PAD)
