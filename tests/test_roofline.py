@@ -174,6 +174,21 @@ def test_a_split_row_waits_its_last_slice_s_merge_by_hand():
     assert roofline.merge_ns(8, 8, 600, True, 400, 2.0, 8) == 3 * 400 + 400 + 2400
 
 
+def test_a_tail_longer_than_the_walk_bounds_the_call():
+    """n = 1, k = 5: 25 slices of 3 tiles, a short walk; a merge loop of 5000 instructions
+    (at 10 clocks each; one group: K_PAD 8 reads 32 slices' keys at once) outlasts it: the
+    call is bound by the merge, its rate the bytes over walk and tail together."""
+    rows = (variant(1, 152064, 5, "fp32", merge_instructions=5000),)
+    found = roofline.predict(1, 152064, 5, "fp32", GPU, 800.0, rows)
+    assert found["programs"] == 25 and found["bound"] == "merge"
+    assert launches.merge_group(8, 25) == 32
+    tail = 3 * 400 + 400 + 5000 * 10 / GPU.clock_ghz
+    assert found["merge_ns"] == pytest.approx(tail, abs=0.1)
+    assert found["model_gbps"] == pytest.approx(
+        152064 * 4 / (found["walk_ns"] + tail), abs=0.1)
+    assert found["merge_ns"] > found["walk_ns"]
+
+
 def test_rows_whose_stride_leaves_them_unaligned_are_walked_from_an_aligned_address():
     """GPT-2's 50,257 logits a row leave most rows off 16 bytes for 16-bit logits (8 a
     16-byte copy): its launches walk with LEAD; a stride of 152,064 or 32,000 keeps every
