@@ -257,8 +257,8 @@ def table(found: list[dict], when: datetime) -> str:
              "sort-and-merge path, candidate: its loop's instructions a candidate, copies: "
              "the tile loop's pipelined copies into shared memory (LDGSTS; a walk without "
              "them fails the check), copy B: the narrowest of them (a walk copying less than "
-             "min(16, its tile's bytes a thread) at a time fails), merge: a split top-K walk's loop merging a group of "
-             "slices' keys, run by each row's last slice "
+             "min(16, its tile's bytes a thread) at a time fails), merge: a split top-K "
+             "walk's loop merging a group of slices' keys, run by each row's last slice "
              "(`kernel_compile.loop_figures`). Registers and CTAs bound how many bytes an SM keeps in flight "
              "(`stagelab.analyse.roofline`).",
              "",
@@ -305,8 +305,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     found = (current_rows(args.rows) if args.from_rows and args.rows
              else run_check(tuple(args.arch or (90,)), args.workers, args.rows))
-    if args.write:
-        when = datetime.now(UTC)
+    if args.write:  # dated when compiled: a table rendered from rows takes their file's time
+        when = (datetime.fromtimestamp(args.rows.stat().st_mtime, UTC)
+                if args.from_rows and args.rows else datetime.now(UTC))
         DOC.write_text(table(found, when))
         DATA.write_text(json.dumps({"written": when.isoformat(timespec="seconds"),
                                     "variants": found}, indent=1) + "\n")

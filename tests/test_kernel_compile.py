@@ -394,7 +394,8 @@ def test_the_lease_kernel_check_fails_on_an_arrival_count_left_behind(monkeypatc
     monkeypatch.setattr(onepass, "arrival_counts_left", lambda: ["cuda:0 stream 0x7"])
     assert lease.main(["--device", "cpu"]) == 1
     line = capsys.readouterr().out
-    assert line.startswith("kernel check: FAILED") and "left nonzero on cuda:0 stream 0x7" in line
+    assert line.startswith("kernel check: FAILED")
+    assert "left nonzero on cuda:0 stream 0x7" in line
     monkeypatch.setattr(onepass, "arrival_counts_left", lambda: [])
     assert lease.main(["--device", "cpu"]) == 0
 
@@ -445,3 +446,20 @@ def test_a_stopped_run_resumes_each_architecture_apart(tmp_path, monkeypatch):
     assert calls == [(90, [5]), (80, [1, 5])]
     assert sorted((row["arch"], row["scalars"]["k"]) for row in found) == [
         (80, 1), (80, 5), (90, 1), (90, 5)]
+
+
+def test_a_table_written_from_rows_is_dated_when_they_were_compiled(tmp_path, monkeypatch):
+    """Re-rendering the docs from a rows file compiles nothing: the table and the data carry
+    the rows file's time, not the time of the rendering."""
+    import os
+
+    committed = json.loads((paths.REPO_ROOT / "data" / "kernel_compile.json").read_text())
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps(row) + "\n" for row in committed["variants"]))
+    os.utime(rows, (1_700_000_000, 1_700_000_000))  # 2023-11-14 22:13 UTC
+    monkeypatch.setattr(check, "ROOT", tmp_path)  # the help names its files from the root
+    monkeypatch.setattr(check, "DOC", tmp_path / "kernels.md")
+    monkeypatch.setattr(check, "DATA", tmp_path / "kernel_compile.json")
+    check.main(["--write", "--rows", str(rows), "--from-rows"])
+    assert json.loads(check.DATA.read_text())["written"] == "2023-11-14T22:13:20+00:00"
+    assert "Compiled 2023-11-14 22:13 UTC" in check.DOC.read_text()

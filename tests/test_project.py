@@ -204,7 +204,8 @@ MAX_PARAMETERS = 10
 # The functions allowed more: the Triton kernels (a kernel's arguments are its pointers,
 # strides and compile-time constants, which cannot travel as one object). A new one fails.
 MANY_PARAMETERS = {
-    ("measure/onepass_triton.py", "onepass_kernel"), ("measure/onepass_triton.py", "fold_kernel"),
+    ("measure/onepass_triton.py", "onepass_kernel"),
+    ("measure/onepass_triton.py", "fold_kernel"),
     ("measure/onepass_triton.py", "finish_kernel"),
 }
 

@@ -57,10 +57,10 @@ MAX_SLICE_TILES = 2**15 - 2
 # MERGED_KEYS // K_PAD slices (merge_group), whose best K_PAD it merges into the row's.
 MERGED_KEYS = 256
 # A split row's tail after its walk, in the split plan's heuristic, in tiles of a walk (about
-# 225 ns each: a tile's 8 KiB of fp32 at an H200's 4.8 TB/s over its 132 SMs): its last slice's fence,
-# count and read of the slices' scalars (three L2 round trips, 200-400 ns each), and a group of
-# slices' keys read and merged by that lone program (an L2 read and some 600 dependent SASS
-# instructions at K_PAD 32: 1-3 us). Assumptions for the plan, not figures read from a cubin
+# 225 ns each: a tile's 8 KiB of fp32 at an H200's 4.8 TB/s over its 132 SMs): its last
+# slice's fence, count and read of the slices' scalars (three L2 round trips, 200-400 ns
+# each), and a group of slices' keys read and merged by that lone program (an L2 read and
+# some 600 dependent SASS instructions at K_PAD 32: 1-3 us). Assumptions for the plan, not figures read from a cubin
 # (the roofline model reads its merge from the cubin: stagelab.analyse.roofline.merge_ns).
 MERGE_FIXED_TILES = 8
 MERGED_GROUP_TILES = 16
@@ -107,8 +107,8 @@ def launch_plan(rows: int, vocab: int, k: int, tile: int | None, splits: int | N
     parts = min(tiles, splits or planned, MAX_SLICES)
     span = math.ceil(tiles / parts) * block
     if span // block > MAX_SLICE_TILES:
-        raise ValueError(f"vocab {vocab} in {parts} slices of {span // block} tiles of {block}: "
-                         f"at most {MAX_SLICE_TILES} tiles a slice (the kernel's per-lane "
+        raise ValueError(f"vocab {vocab} in {parts} slices of {span // block} tiles of "
+                         f"{block}: at most {MAX_SLICE_TILES} tiles a slice (the kernel's per-lane "
                          "counts); pass a wider tile or more splits")
     return block, k_pad, math.ceil(vocab / span), span
 
@@ -202,8 +202,8 @@ def triton_launches(rows: int, vocab: int, k: int, with_targets: bool, tile: int
     return [Launch("onepass_kernel", (rows, parts),
                    dict(stride_row=stride_row, origin=origin, vocab=vocab, k=k, span=span),
                    dict(BLOCK=block, SPLIT=parts > 1, LEAD=leads(stride_row) or origin > 0,
-                        K_PAD=k_pad,
-                        TOPK=k > 0, HAS_TARGET=with_targets, GROUP=merge_group(k_pad, parts)),
+                        K_PAD=k_pad, TOPK=k > 0, HAS_TARGET=with_targets,
+                        GROUP=merge_group(k_pad, parts)),
                    warps, registers_for(k > 0, warps))]
 
 

@@ -39,7 +39,8 @@ POINTER_TYPES = dict(
     x_ptr="logits", targets_ptr="i64", target_ptr="fp32", values_ptr="fp32", ids_ptr="i64",
     lse_ptr="fp32", target_lp_ptr="fp32", rank_ptr="i64", ties_ptr="i64", part_m_ptr="fp32",
     part_s_ptr="fp32", part_keys_ptr="i64", part_ge_ptr="i64", part_eq_ptr="i64",
-    arrivals_ptr="i32", state_m_ptr="fp32", state_s_ptr="fp32", state_keys_ptr="i64", state_ge_ptr="i64",
+    arrivals_ptr="i32", state_m_ptr="fp32", state_s_ptr="fp32", state_keys_ptr="i64",
+    state_ge_ptr="i64",
     state_eq_ptr="i64")
 # Each kernel's pointer arguments (in its own order; checked against the kernels by the test).
 STEP_POINTERS = ("x_ptr", "targets_ptr", "values_ptr", "ids_ptr", "lse_ptr", "target_lp_ptr",
