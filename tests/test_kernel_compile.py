@@ -216,6 +216,52 @@ def test_a_split_walk_counts_in_after_a_barrier_and_a_fence_and_reads_from_l2():
     assert check.failures([dict(row, constexprs=dict(SPLIT=False))]) == []
 
 
+TAIL = """
+        /*0000*/                   LDGSTS.E.BYPASS.128 [R3], desc[UR4][R2.64] ;
+        /*0010*/               @P0 BRA 0x0 ;
+        /*0020*/               @P5 ATOMG.E.ADD.STRONG.GPU PT, R13, desc[UR4][R20.64], R13 ;
+        /*0030*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
+        /*0040*/               @P4 EXIT ;
+        /*0050*/              @!P5 LDG.E.STRONG.GPU R17, desc[UR4][R18.64] ;
+        /*0060*/              @!P5 LDG.E.64.STRONG.GPU R22, desc[UR4][R18.64+0x400] ;
+        /*0070*/                   FMNMX R4, R17, R4, !PT ;
+        /*0080*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
+        /*0090*/                   LDG.E.STRONG.GPU R19, desc[UR4][R18.64+0x200] ;
+        /*00a0*/                   FADD R4, R19, R4 ;
+        /*00b0*/                   LDG.E.64.STRONG.GPU R8, desc[UR4][R2.64] ;
+        /*00c0*/                   IMAD R5, R5, R8, RZ ;
+        /*00d0*/               @P2 BRA 0xb0 ;
+        /*00e0*/                   MUFU.LG2 R4, R4 ;
+        /*00f0*/                   STG.E desc[UR4][R6.64], R4 ;
+        /*0100*/                   EXIT ;
+        /*0110*/                   LDG.E.STRONG.GPU R9, desc[UR4][R2.64] ;
+        /*0120*/                   BRA 0x70 ;
+"""
+
+
+def test_a_split_walk_s_tail_counts_its_reads_a_barrier_holds_apart():
+    """After the count's atomic (0x20), to the last EXIT (0x100), less the merge loop
+    (0xb0-0xd0): two loads issued together (one round trip), a barrier, a third load (a
+    second): 2 reads in 10 instructions, the row's results written after the loop among
+    them; the tile loop before the atomic and a divergent path after the EXIT, branching
+    back into the tail, are neither the merge loop nor the tail. Without the loop the tail
+    is all 12; with the barrier gone, the loads are one batch; without the atomic there is
+    no tail."""
+    assert kernel_compile.tail_figures(TAIL) == dict(tail_reads=2, tail_instructions=10)
+    looped = "        /*00d0*/               @P2 BRA 0xb0 ;\n"
+    assert kernel_compile.tail_figures(TAIL.replace(looped, "")) == dict(
+        tail_reads=2, tail_instructions=12)
+    one_batch = TAIL.replace("/*0080*/                   BAR.SYNC.DEFER_BLOCKING 0x0",
+                             "/*0080*/                   NOP")
+    assert kernel_compile.tail_figures(one_batch)["tail_reads"] == 1
+    assert kernel_compile.tail_figures(SASS) == dict(tail_reads=0, tail_instructions=0)
+    row = dict(triton="3.6.0", arch=90, kernel="onepass_kernel", where="fp32 n=1",
+               compiles=True, error="", spill_bytes=0, loop_instructions=0, pipelined_copies=0,
+               constexprs=dict(SPLIT=True), arrival_fenced=True)
+    assert "in 2 round trips" in check.failures([dict(row, tail_reads=2)])[0]
+    assert check.failures([dict(row, tail_reads=1)]) == []
+
+
 def test_the_target_s_counts_skipped_below_it_are_a_block_of_their_own():
     """The loop runs 0x10-0xa0 (10 instructions, one pipelined copy); the top-K block
     0x60-0x80 (3, the largest skipped; its per-candidate loop 0x60-0x70), the counts' block
@@ -295,8 +341,9 @@ def test_the_representatives_stand_for_every_kind():
     keys = [kernel_variants.representative_key(v) for v in chosen]
     assert len(keys) == len(set(keys))
     assert set(keys) == {kernel_variants.representative_key(v) for v in launched}
-    assert {k for _, _, _, k, _, _ in keys} == {"none", "narrow", "wide"}
-    assert {lead for *_, lead in keys} == {True, False}
+    assert {k for _, _, _, k, _, _, _ in keys} == {"none", "narrow", "wide"}
+    assert {lead for *_, lead, _ in keys} == {True, False}
+    assert {group for *_, group in keys} == {"", "one", "two", "more"}  # _group_best's paths
     assert len(chosen) < len(launched) / 2
 
 
@@ -413,7 +460,8 @@ def test_the_table_shows_the_model_at_the_goal_s_shapes_with_its_inputs():
                                  pointers=dict(x_ptr=dtype), constexprs=dict(first.constexprs),
                                  ctas_per_sm=2, registers=200, loop_instructions=4000,
                                  guard_instructions=230, enter_instructions=250,
-                                 sort_instructions=3000, candidate_instructions=130))
+                                 sort_instructions=3000, candidate_instructions=130,
+                                 merge_instructions=200, tail_reads=1, tail_instructions=150))
     lines = check.model_table(rows)
     body = [line for line in lines if line.startswith("| ") and line[2].isdigit()]
     assert len(body) == 4 * 3 * 2 and "never a measurement" in lines[1]

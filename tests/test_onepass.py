@@ -9,6 +9,7 @@ top-K's merges and the split variant's merge of partial states.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.metadata
 import importlib.util
@@ -211,12 +212,14 @@ def test_the_smallest_k(backend, k):
 
 def test_a_split_row_s_last_slice_merges_its_slices_in_groups_and_leaves_the_counts_zero(
         interpreted, monkeypatch):
-    """Ten slices of a row, K_PAD 32: the last slice reads their keys 8 at a time (a full
-    group, then one of two with six masked slots); one launch a call, whose arrival counts
-    the rows' last slices set back to zero (here, in the interpreter, a fresh buffer a call:
-    a grid stopped part-way must not leave a count behind)."""
+    """Ten slices of a row, K_PAD 32: the last slice reads their scalars as a vector of 16
+    and their keys 8 at a time (a full group, then one of two with six masked slots); one
+    launch a call, whose arrival counts the rows' last slices set back to zero (here, in the
+    interpreter, a fresh buffer a call: a grid stopped part-way must not leave a count
+    behind)."""
     first = launches.triton_launches(3, 1200, 20, True, 64, 10, 4)[0]
     assert first.grid == (3, 10) and first.constexprs["GROUP"] == 8
+    assert first.constexprs["SLICES"] == 16
     assert launches.merge_group(32, 10) == 8 and launches.merge_group(32, 2) == 2
     assert launches.merge_group(1024, 10) == 1
     counts = []
@@ -230,6 +233,43 @@ def test_a_split_row_s_last_slice_merges_its_slices_in_groups_and_leaves_the_cou
     # fresh zeros each call in the interpreter; one persistent buffer on a CUDA device
     fresh = counts[0].data_ptr() != counts[1].data_ptr()
     assert fresh == (counts[0].device.type != "cuda")
+
+
+@pytest.mark.parametrize(("k", "tile", "vocab", "splits", "group"), [
+    (100, 128, 1000, 3, 2),  # K_PAD 128: slices 0 and 1 merged, then 2 beside a masked 3
+    (1024, 1024, 3500, 4, 1),  # K_PAD 1024: each slice's list alone, three later groups
+])
+def test_a_row_s_slices_merge_in_groups_of_two_and_of_one(interpreted, k, tile, vocab,
+                                                             splits, group):
+    """The last slice's groups of two slices (their lists merged, no sort) and of one, a
+    later group's second slice past the row's last."""
+    first = launches.triton_launches(2, vocab, k, True, tile, splits, 4)[0]
+    assert first.grid[1] == splits and first.constexprs["GROUP"] == group
+    run(("triton", interpreted), randn(2, vocab, seed=11), k, ids(2, vocab), tile=tile,
+        splits=splits)
+
+
+def test_the_split_state_is_allocated_as_the_compile_check_types_it():
+    """The partial states a split call allocates have the element types the compile check
+    compiles the kernel for (kernel_variants.POINTER_TYPES): the counts int32 on both
+    sides."""
+    from stagelab.measure import kernel_variants
+
+    names = {torch.float32: "fp32", torch.int64: "i64", torch.int32: "i32"}
+    first = launches.triton_launches(2, 1000, 5, True, 64, 4, 4)[0]
+    pointers = onepass._partial_pointers(first, 2, torch.device("cpu"))
+    assert {name: names[tensor.dtype] for name, tensor in pointers.items()} == {
+        name: kernel_variants.POINTER_TYPES[name] for name in pointers}
+    assert pointers["part_ge_ptr"].dtype == torch.int32
+
+
+def test_a_launch_whose_slices_outnumber_its_slices_constexpr_is_refused():
+    """A hand-built split launch with SLICES below its slices a row would leave some slices'
+    scalars out of the row's logsumexp and rank: refused by name before it runs."""
+    first = launches.triton_launches(2, 1000, 5, True, 64, 4, 4)[0]
+    stale = dataclasses.replace(first, constexprs=dict(first.constexprs, SLICES=2))
+    with pytest.raises(ValueError, match="SLICES 2 is below its 4 slices"):
+        onepass.run_launch(stale, {})
 
 
 def test_a_prepared_call_takes_sources_that_lie_as_its_logits_do(interpreted):

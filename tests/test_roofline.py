@@ -22,7 +22,8 @@ def variant(rows: int, vocab: int, k: int, dtype: str, **figures) -> dict:
                 **dict(dict(ctas_per_sm=4, registers=96, loop_instructions=4000,
                             guard_instructions=400, count_instructions=80,
                             enter_instructions=150, sort_instructions=3000,
-                            candidate_instructions=250, merge_instructions=600), **figures))
+                            candidate_instructions=250, merge_instructions=600,
+                            tail_reads=1, tail_instructions=250), **figures))
 
 
 def test_the_candidates_of_a_tile_are_binomial_by_hand():
@@ -89,8 +90,10 @@ def test_the_rates_and_the_bound_by_hand():
     assert found["balance"] == round(balance, 3) and found["tiles_per_slice"] == 19
     assert found["bytes_in_flight_per_sm"] == 8192
     walk_ns = 64 * 152064 * 4 / min(4800, parallel, issued)
-    assert found["walk_ns"] == pytest.approx(walk_ns, abs=0.1) and found["merge_ns"] == 1200
-    assert found["model_gbps"] == pytest.approx(64 * 152064 * 4 / (walk_ns + 1200), abs=0.1)
+    tail = (2 + 1) * 400 + 250 * 10 / GPU.clock_ghz  # fence, count, one read; 250 at 10
+    assert found["walk_ns"] == pytest.approx(walk_ns, abs=0.1)
+    assert found["tail_ns"] == pytest.approx(tail, abs=0.1)
+    assert found["model_gbps"] == pytest.approx(64 * 152064 * 4 / (walk_ns + tail), abs=0.1)
     assert found["bound"] == "memory parallelism" and found["entered_share"] == 0
     assert found["instructions_per_logit"] == pytest.approx(300 * 4 * 32 / 2048, abs=0.1)
 
@@ -163,30 +166,35 @@ def test_a_slice_too_long_for_the_kernel_s_per_lane_counts_is_refused_by_name():
         launches.launch_plan(1, (most + 1) * 16, 0, 16, 1, 4)
 
 
-def test_a_split_row_waits_its_last_slice_s_merge_by_hand():
-    """Unsplit: no tail. Split: the last slice's fence, count and read of the slices'
-    scalars, three L2 round trips; with a top-K then a read and a merge a group, each merge
-    instruction waiting on the last (here 8 cycles at 2 GHz: 4 ns): 10 slices in groups of
-    8 make 2 groups, 2 x (400 + 600 x 4)."""
-    assert roofline.merge_ns(1, 8, 600, True, 400, 2.0, 8) == 0
-    assert roofline.merge_ns(10, 8, 600, False, 400, 2.0, 8) == 3 * 400
-    assert roofline.merge_ns(10, 8, 600, True, 400, 2.0, 8) == 3 * 400 + 2 * (400 + 2400)
-    assert roofline.merge_ns(8, 8, 600, True, 400, 2.0, 8) == 3 * 400 + 400 + 2400
+def test_a_split_row_waits_its_last_slice_s_tail_by_hand():
+    """Unsplit: no tail. Split: the last slice's fence and count, then as many L2 round
+    trips as its cubin's tail reads in batches a barrier holds apart, and its tail's
+    instructions (here 8 cycles at 2 GHz: 4 ns each); with a top-K, each later group of
+    slices a read and a merge loop: 10 slices in groups of 8 make one later group."""
+    row = dict(tail_reads=1, tail_instructions=300, merge_instructions=600)
+    assert roofline.split_tail_ns(1, 8, row, True, 400, 2.0, 8) == 0
+    assert roofline.split_tail_ns(10, 8, row, False, 400, 2.0, 8) == 3 * 400 + 300 * 4
+    assert roofline.split_tail_ns(10, 8, row, True, 400, 2.0, 8) == 4 * 400 + (300 + 600) * 4
+    assert roofline.split_tail_ns(8, 8, row, True, 400, 2.0, 8) == 3 * 400 + 300 * 4
+    serial = dict(row, tail_reads=4)  # the scalars read one after another: 3 trips more
+    assert roofline.split_tail_ns(8, 8, serial, True, 400, 2.0, 8) == 6 * 400 + 300 * 4
 
 
 def test_a_tail_longer_than_the_walk_bounds_the_call():
-    """n = 1, k = 5: 25 slices of 3 tiles, a short walk; a merge loop of 5000 instructions
-    (at 10 clocks each; one group: K_PAD 8 reads 32 slices' keys at once) outlasts it: the
-    call is bound by the merge, its rate the bytes over walk and tail together."""
-    rows = (variant(1, 152064, 5, "fp32", merge_instructions=5000),)
+    """n = 1, k = 5: 25 slices of 3 tiles, a short walk; a tail of 5000 instructions (at 10
+    clocks each; one group: K_PAD 8 reads 32 slices' keys at once, no merge loop run)
+    outlasts it: the call is bound by the tail, its rate the bytes over walk and tail
+    together."""
+    rows = (variant(1, 152064, 5, "fp32", tail_instructions=5000),)
     found = roofline.predict(1, 152064, 5, "fp32", GPU, 800.0, rows)
-    assert found["programs"] == 25 and found["bound"] == "merge"
+    assert found["programs"] == 25 and found["bound"] == "tail"
     assert launches.merge_group(8, 25) == 32
-    tail = 3 * 400 + 400 + 5000 * 10 / GPU.clock_ghz
-    assert found["merge_ns"] == pytest.approx(tail, abs=0.1)
+    tail = 3 * 400 + 5000 * 10 / GPU.clock_ghz
+    assert found["tail_ns"] == pytest.approx(tail, abs=0.1)
+    assert found["tail_reads"] == 1 and found["tail_instructions"] == 5000
     assert found["model_gbps"] == pytest.approx(
         152064 * 4 / (found["walk_ns"] + tail), abs=0.1)
-    assert found["merge_ns"] > found["walk_ns"]
+    assert found["tail_ns"] > found["walk_ns"]
 
 
 def test_rows_whose_stride_leaves_them_unaligned_are_walked_from_an_aligned_address():

@@ -26,10 +26,12 @@ can reach, as the least of three rates:
 
 the last two scaled by the grid's **balance**, its programs over the busiest SM's share
 (``programs / (active SMs x ceil(programs / active SMs))``): the call ends when the SM with the
-most programs does. A split row then waits its **merge** (:func:`merge_ns`): its last slice
-fences, counts itself in, reads the slices' partial states back from L2 and merges their
-keys, a group of slices a read, one dependent chain of instructions, after the walk; the
-call's time is the walk's plus that tail.
+most programs does. A split row then waits its **tail** (:func:`split_tail_ns`): its last slice
+fences, counts itself in, reads the slices' partial states back from L2 (as many round trips
+as its cubin's tail holds barrier-separated batches of loads: ``tail_reads``), runs its
+tail's instructions (the scalars' reductions, the first group's keys merged) and merges any
+later group of slices' keys, a read each, one dependent chain of instructions, after the
+walk; the call's time is the walk's plus that tail.
 
 The candidates are modelled for independent logits: the first tile of a slice holds no keys
 (its best ``k`` are taken). A small top-K (``K_PAD`` at most
@@ -39,8 +41,12 @@ when it is among the ``k`` best of the ``t B`` so far: ``k / t`` a tile on avera
 of the ``(t - 1) B`` before the tile, each with probability ``k / ((t - 1) B + 1)``: binomial
 over its ``B`` values. (The issue's assumption; real logits' tiles are not independent, and a
 row whose best values come late costs more.) A slice's ragged last tile (walked masked,
-after the loop) is counted at the loop's figures, and a program's set-up and final reductions
-not at all.
+after the loop) is counted at the loop's figures; a program's set-up and its own end of walk
+(its final reductions and sort, before a split slice counts itself in or an unsplit one
+writes its row) not at all, nor the drain of the call's last stores. A split row's last
+slice's instructions after its count are counted (``tail_instructions``, and the merge loop's
+for each later group), each at :data:`MERGE_CLOCKS`, though some overlap (its address
+arithmetic with its read).
 
 The memory latency is an assumed range (:data:`LATENCY_NS`); every figure is evaluated at both
 ends. Torch-free.
@@ -63,14 +69,15 @@ LATENCY_NS = (450.0, 800.0)  # assumed HBM load latency under load, ns (an input
 # Assumed L2 hit latency under load, ns, paired with LATENCY_NS's ends (an input, not
 # measured): the split walk's last slice reads the other slices' states from L2.
 L2_LATENCY_NS = (200.0, 400.0)
-# Assumed clocks a merge instruction of a split row's last slice takes, paired likewise: that
-# lone program's merge is one dependent chain, not the issue-bound stream of a walk (an ALU
-# step waits some 4 clocks, a shuffle or a barrier 20-30: the K_PAD 32 merge's 128 shuffles
-# in 589 instructions average some 8.6).
+# Assumed clocks an instruction of a split row's tail takes (its last slice's, after the
+# count), paired likewise: that lone program's tail is one dependent chain, not the
+# issue-bound stream of a walk (an ALU step waits some 4 clocks, a shuffle or a barrier
+# 20-30: the K_PAD 32 merge's 128 shuffles in 589 instructions averaged some 8.6).
 MERGE_CLOCKS = (6.0, 10.0)
-# L2 round trips of a split row's tail before its keys: its last slice's fence (its stores
-# acknowledged), its count (the atomic's answer) and the read of the slices' scalars.
-TAIL_ROUND_TRIPS = 3
+# L2 round trips of a split row's tail before it reads anything: its last slice's fence (its
+# stores acknowledged) and its count (the atomic's answer). Its reads add the cubin's
+# ``tail_reads`` (kernel_compile.tail_figures) and one a later group of slices' keys.
+FENCE_AND_COUNT_TRIPS = 2
 ISSUE_PER_CLOCK = 4  # warp-instructions an SM issues per clock (four schedulers)
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 GOAL = 0.70  # issue 44's goal: the model at >= 70 % of HBM at n >= 64, V = 152,064, k <= 20
@@ -194,19 +201,19 @@ def tile_ns(latency_ns: float, issue_ns: float, ahead: int, tiles: int | None = 
     return latency_ns + issue_ns if ahead < 1 else max(latency_ns / ahead, issue_ns)
 
 
-def merge_ns(parts: int, group: int, merge_instructions: int, top_k: bool, l2_latency_ns: float,
-             clock_ghz: float, merge_clocks: float) -> float:
-    """The tail of a row split in ``parts`` slices, after its walk: its last slice's
-    :data:`TAIL_ROUND_TRIPS` L2 round trips, then, with a top-K, the slices' keys read
-    ``group`` slices at a time, each group merged (the cubin's ``merge_instructions``, at
-    ``merge_clocks`` each) before the next is read; 0 unsplit."""
+def split_tail_ns(parts: int, group: int, row: dict[str, Any], top_k: bool,
+                  l2_latency_ns: float, clock_ghz: float, merge_clocks: float) -> float:
+    """The tail of a row split in ``parts`` slices, after its walk, from the compile check's
+    ``row`` of its cubin: its last slice's :data:`FENCE_AND_COUNT_TRIPS` and ``tail_reads``
+    L2 round trips and ``tail_instructions`` (each at ``merge_clocks``); then, with a top-K,
+    each later group of ``group`` slices' keys read (a round trip) and merged (the merge
+    loop's ``merge_instructions``) before the next is read; 0 unsplit."""
     if parts < 2:
         return 0.0
-    fixed = TAIL_ROUND_TRIPS * l2_latency_ns
-    if not top_k:
-        return fixed
-    merge = merge_instructions * merge_clocks / clock_ghz
-    return fixed + math.ceil(parts / group) * (l2_latency_ns + merge)
+    later = math.ceil(parts / group) - 1 if top_k else 0
+    trips = FENCE_AND_COUNT_TRIPS + row["tail_reads"] + later
+    instructions = row["tail_instructions"] + later * row["merge_instructions"]
+    return trips * l2_latency_ns + instructions * merge_clocks / clock_ghz
 
 
 def predict(rows: int, vocab: int, k: int, dtype: str, gpu: Gpu, latency_ns: float,
@@ -215,9 +222,9 @@ def predict(rows: int, vocab: int, k: int, dtype: str, gpu: Gpu, latency_ns: flo
             l2_latency_ns: float = max(L2_LATENCY_NS),
             merge_clocks: float = max(MERGE_CLOCKS)) -> dict[str, Any]:
     """The model's share of ``gpu``'s HBM for one call at ``latency_ns`` (a split row's tail
-    at ``l2_latency_ns`` and ``merge_clocks``: :func:`merge_ns`; their slow ends by default,
-    :func:`predict_range` pairs the ends), with its inputs, for a target of ``target_rank``
-    (None: every tile counts toward it, the worst case)."""
+    at ``l2_latency_ns`` and ``merge_clocks``: :func:`split_tail_ns`; their slow ends by
+    default, :func:`predict_range` pairs the ends), with its inputs, for a target of
+    ``target_rank`` (None: every tile counts toward it, the worst case)."""
     first = launches.triton_launches(rows, vocab, k, True, None, None,
                                      launches.device_slots(gpu.sms, k))[0]
     row = figures_of(first, dtype, gpu.arch, variants=variants)
@@ -240,12 +247,11 @@ def predict(rows: int, vocab: int, k: int, dtype: str, gpu: Gpu, latency_ns: flo
                       (issued, "issue"))
     total_bytes = rows * vocab * DTYPE_BYTES[dtype]
     walk_ns = total_bytes / rate  # bytes / (GB/s) is ns
-    tail_ns = merge_ns(first.grid[1], int(first.constexprs["GROUP"]),
-                       row.get("merge_instructions", 0), k > 0, l2_latency_ns, gpu.clock_ghz,
-                       merge_clocks)
+    tail_ns = split_tail_ns(first.grid[1], int(first.constexprs["GROUP"]), row, k > 0,
+                       l2_latency_ns, gpu.clock_ghz, merge_clocks)
     rate = total_bytes / (walk_ns + tail_ns)
     if tail_ns > walk_ns:
-        bound = "merge"  # a split row's tail outlasts its walk
+        bound = "tail"  # a split row's tail outlasts its walk
     return dict(rows=rows, vocab=vocab, k=k, dtype=dtype, gpu=gpu.name, latency_ns=latency_ns,
                 programs=programs, balance=round(balance, 3), resident_per_sm=resident,
                 ctas_per_sm=row["ctas_per_sm"],
@@ -256,7 +262,9 @@ def predict(rows: int, vocab: int, k: int, dtype: str, gpu: Gpu, latency_ns: flo
                 sorted_share=round(costs["sorted"], 3),
                 candidates_per_tile=round(costs["candidates"], 3),
                 instructions_per_logit=round(per_tile * warps * 32 / block, 1),
-                walk_ns=round(walk_ns, 1), merge_ns=round(tail_ns, 1),
+                tail_reads=row.get("tail_reads", 0) if tail_ns else 0,
+                tail_instructions=row.get("tail_instructions", 0) if tail_ns else 0,
+                walk_ns=round(walk_ns, 1), tail_ns=round(tail_ns, 1),
                 model_gbps=round(rate, 1), model_hbm_share=round(rate / gpu.hbm_gbps, 3),
                 bound=bound, triton=row["triton"])
 
@@ -309,6 +317,6 @@ def one_pass_words(gpu_name: str, cells: list[tuple[int, int, int]]) -> str:
              for n, vocab, k in dict.fromkeys(cells)]
     return (f"  one-pass kernel, a model from its Triton {LEASE_TRITON} cubins (not measured; "
             f"latency {min(LATENCY_NS):g}-{max(LATENCY_NS):g} ns, L2 "
-            f"{min(L2_LATENCY_NS):g}-{max(L2_LATENCY_NS):g} ns and a split row's merge "
+            f"{min(L2_LATENCY_NS):g}-{max(L2_LATENCY_NS):g} ns and a split row's tail's clocks "
             f"assumed), share of HBM: "
             + "; ".join(parts))

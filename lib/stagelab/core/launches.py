@@ -47,7 +47,7 @@ def default_splits(rows: int, tiles: int, slots: int) -> int:
 
 
 # The most slices a row is split into: the row's last slice reads every slice's scalars at once
-# (onepass_triton._merged_slices, a vector this wide).
+# (onepass_triton._merged_slices, a vector of the slices padded to a power of two: SLICES).
 MAX_SLICES = 256
 # The most tiles a slice spans: a lane counts the target's ties in the high 16 bits of an
 # int32 (onepass_triton._walk_tile), one a tile at most, and a slice whose row starts off
@@ -58,10 +58,13 @@ MAX_SLICE_TILES = 2**15 - 2
 MERGED_KEYS = 256
 # A split row's tail after its walk, in the split plan's heuristic, in tiles of a walk (about
 # 225 ns each: a tile's 8 KiB of fp32 at an H200's 4.8 TB/s over its 132 SMs): its last
-# slice's fence, count and read of the slices' scalars (three L2 round trips, 200-400 ns
-# each), and a group of slices' keys read and merged by that lone program (an L2 read and
-# some 600 dependent SASS instructions at K_PAD 32: 1-3 us). Assumptions for the plan, not figures read from a cubin
-# (the roofline model reads its merge from the cubin: stagelab.analyse.roofline.merge_ns).
+# slice's fence, count and read (three L2 round trips, 200-400 ns each: MERGE_FIXED_TILES),
+# and for each group of slices, the first included, its keys merged by that lone program
+# (an L2 read for a later group; the compile check's cubins give its tail 106-815 SASS
+# instructions and a later group's merge 41-972, a few ns each: MERGED_GROUP_TILES a group,
+# 3.6 us). Assumptions for the plan, not figures read
+# from a cubin (the roofline model reads its tail from the cubin:
+# stagelab.analyse.roofline.split_tail_ns).
 MERGE_FIXED_TILES = 8
 MERGED_GROUP_TILES = 16
 
@@ -203,7 +206,7 @@ def triton_launches(rows: int, vocab: int, k: int, with_targets: bool, tile: int
                    dict(stride_row=stride_row, origin=origin, vocab=vocab, k=k, span=span),
                    dict(BLOCK=block, SPLIT=parts > 1, LEAD=leads(stride_row) or origin > 0,
                         K_PAD=k_pad, TOPK=k > 0, HAS_TARGET=with_targets,
-                        GROUP=merge_group(k_pad, parts)),
+                        GROUP=merge_group(k_pad, parts), SLICES=pow2_at_least(parts)),
                    warps, registers_for(k > 0, warps))]
 
 

@@ -161,6 +161,35 @@ def arrival_fenced(sass: str) -> bool:
             and all("STRONG.GPU" in text for text in after if LOAD.search(text)))
 
 
+def tail_figures(sass: str) -> dict[str, int]:
+    """A split walk's tail, which its row's last slice runs after counting itself in (from the
+    count's atomic to the last ``EXIT``, less the merge loop's body: that loop's later groups
+    are :func:`loop_figures`' ``merge_instructions``): ``tail_reads``, the batches of global
+    loads before that loop that a barrier holds apart (Triton's reductions consume what a
+    batch read before their barriers, so each batch waits an L2 round trip of its own; a load
+    waiting on an earlier one with no barrier between is not seen), and
+    ``tail_instructions``, its SASS instructions (run once, by one program, after the walk:
+    the scalars' reductions, the first group's keys merged, the row's results written). Both
+    0 without the atomic."""
+    lines = [(int(address, 16), text) for address, text in SASS_LINE.findall(sass)]
+    at = next((address for address, text in lines if ARRIVAL.search(text)), None)
+    if at is None:
+        return dict(tail_reads=0, tail_instructions=0)
+    body_end = max((address for address, text in lines if EXIT.search(text)), default=math.inf)
+    loops = [(target, address) for address, text in lines for target in _branch_target(text)
+             if at < target <= address < body_end]
+    loop = max(loops, default=(body_end, body_end))  # the last: loop_figures' merge loop
+    tail = [text for address, text in lines
+            if at < address < body_end and not loop[0] <= address <= loop[1]]
+    reads, fresh = 0, True
+    for text in (text for address, text in lines if at < address < loop[0]):
+        if BARRIER.search(text):
+            fresh = True
+        elif LOAD.search(text) and fresh:
+            reads, fresh = reads + 1, False
+    return dict(tail_reads=reads, tail_instructions=len(tail))
+
+
 def _inside(addresses: list[int], after: int, before: int) -> int:
     """How many of ``addresses`` lie strictly between ``after`` and ``before``."""
     return sum(1 for at in addresses if after < at < before)
@@ -232,8 +261,8 @@ def cubin_figures(cubin: bytes, arch: int, warps: int, dynamic_shared: int = 0,
     """Registers, spilled (local) bytes, shared memory (the cubin's static and the launch's
     ``dynamic_shared``: Triton's buffers, its pipelined loads' among them), CTAs per SM, the
     loop's instructions of one cubin (:func:`loop_figures`) and, for a ``split`` walk,
-    ``arrival_fenced`` (:func:`arrival_fenced`), read with the ``cuobjdump`` Triton
-    bundles."""
+    ``arrival_fenced`` (:func:`arrival_fenced`) and its tail's figures
+    (:func:`tail_figures`), read with the ``cuobjdump`` Triton bundles."""
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "kernel.cubin"
         path.write_bytes(cubin)
@@ -247,7 +276,8 @@ def cubin_figures(cubin: bytes, arch: int, warps: int, dynamic_shared: int = 0,
     return dict(registers=registers, spill_bytes=local + stack, shared_bytes=shared,
                 ctas_per_sm=ctas_per_sm(arch, registers, warps, shared),
                 **loop_figures(sass, top_k, counts, merged),
-                **(dict(arrival_fenced=arrival_fenced(sass)) if split else {}))
+                **(dict(arrival_fenced=arrival_fenced(sass), **tail_figures(sass))
+                   if split else {}))
 
 
 def _cuobjdump(flag: str, path: Path) -> str:

@@ -38,7 +38,7 @@ HEAD_CHUNK = 256  # rows of a head_fused chunk (not a kernel argument: any count
 POINTER_TYPES = dict(
     x_ptr="logits", targets_ptr="i64", target_ptr="fp32", values_ptr="fp32", ids_ptr="i64",
     lse_ptr="fp32", target_lp_ptr="fp32", rank_ptr="i64", ties_ptr="i64", part_m_ptr="fp32",
-    part_s_ptr="fp32", part_keys_ptr="i64", part_ge_ptr="i64", part_eq_ptr="i64",
+    part_s_ptr="fp32", part_keys_ptr="i64", part_ge_ptr="i32", part_eq_ptr="i32",
     arrivals_ptr="i32", state_m_ptr="fp32", state_s_ptr="fp32", state_keys_ptr="i64",
     state_ge_ptr="i64",
     state_eq_ptr="i64")
@@ -133,26 +133,37 @@ def k_class(spec: dict[str, Any]) -> str:
     return "wide" if flags["K_PAD"] >= 1024 else "narrow"
 
 
-def representative_key(spec: dict[str, Any]) -> tuple[str, str, bool, str, bool, bool]:
+def group_class(spec: dict[str, Any]) -> str:
+    """How a split top-K walk's last slice merges a group of slices' keys
+    (``onepass_triton._group_best``): one list alone, two merged, or more sorted; "" for any
+    other walk."""
+    flags = spec["constexprs"]
+    if not (flags.get("SPLIT") and flags.get("TOPK")):
+        return ""
+    return {1: "one", 2: "two"}.get(flags["GROUP"], "more")
+
+
+def representative_key(spec: dict[str, Any]) -> tuple[str, str, bool, str, bool, bool, str]:
     """What a representative stands for: the kernel, the logits' dtype, split or not, the
-    k-class (:func:`k_class`) and whether a fold's tile is masked (its width short of BLOCK);
-    a walk of rows that may start off alignment (``LEAD``: a cut first tile) by its kernel,
-    k-class and whether its logits are 16-bit alone (the cut tile is the same code whatever
-    the rest)."""
+    k-class (:func:`k_class`), whether a fold's tile is masked (its width short of BLOCK) and
+    a split walk's group class (:func:`group_class`); a walk of rows that may start off
+    alignment (``LEAD``: a cut first tile) by its kernel, k-class and whether its logits are
+    16-bit alone (the cut tile is the same code whatever the rest)."""
     flags, ints = spec["constexprs"], spec["scalars"]
     dtype = spec["pointers"].get("x_ptr", "")
     if flags.get("LEAD"):
         return (spec["kernel"], "16-bit" if dtype != "fp32" else dtype, False, k_class(spec),
-                False, True)
+                False, True, "")
     masked = "width" in ints and ints["width"] < flags["BLOCK"]
-    return (spec["kernel"], dtype, bool(flags.get("SPLIT")), k_class(spec), masked, False)
+    return (spec["kernel"], dtype, bool(flags.get("SPLIT")), k_class(spec), masked, False,
+            group_class(spec))
 
 
 def representative_variants(sms: int = LEASE_SMS) -> list[dict[str, Any]]:
     """The first launched variant (in :func:`launched_variants`' order) of each distinct
     :func:`representative_key`: a compile check that sees every kind of code the kernels
     generate in a fraction of the full list's time."""
-    chosen: dict[tuple[str, str, bool, str, bool, bool], dict[str, Any]] = {}
+    chosen: dict[tuple[str, str, bool, str, bool, bool, str], dict[str, Any]] = {}
     for spec in launched_variants(sms):
         chosen.setdefault(representative_key(spec), spec)
     return list(chosen.values())

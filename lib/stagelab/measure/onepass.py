@@ -323,7 +323,13 @@ def run_launches(launches: list[Launch], pointers: dict[str, torch.Tensor],
 
 
 def run_launch(launch: Launch, pointers: dict[str, torch.Tensor]) -> None:
-    """Run ``launch`` with its pointer arguments taken by name from ``pointers``."""
+    """Run ``launch`` with its pointer arguments taken by name from ``pointers``; a split
+    launch whose ``SLICES`` is below its slices a row is refused (its rows' last slices would
+    leave some slices' scalars out, silently)."""
+    slices = launch.constexprs.get("SLICES")
+    if slices is not None and slices < launch.grid[-1]:
+        raise ValueError(f"launch: SLICES {slices} is below its {launch.grid[-1]} slices a "
+                         "row (launches.triton_launches sets it)")
     kernel = getattr(_import_kernels(), launch.kernel)
     bound = {name: pointers[name] for name in kernel.arg_names if name.endswith("_ptr")}
     options = {} if launch.max_registers is None else dict(maxnreg=launch.max_registers)
@@ -345,12 +351,12 @@ def _partial_pointers(first: Launch, rows: int, device: torch.device
                       ) -> dict[str, torch.Tensor]:
     """The split variant's partial states (per row and slice) and its rows' arrival counts
     (:func:`arrival_counts`), by pointer name; one-element stand-ins where the row is not
-    split."""
+    split. The counts are int32: a row holds fewer than 2**31 logits (its ids are int32)."""
     parts, k_pad = first.grid[1], int(first.constexprs["K_PAD"])
     found = {}
     for name, dtype, width in (("m", torch.float32, 1), ("s", torch.float32, 1),
-                               ("keys", torch.int64, k_pad), ("ge", torch.int64, 1),
-                               ("eq", torch.int64, 1)):
+                               ("keys", torch.int64, k_pad), ("ge", torch.int32, 1),
+                               ("eq", torch.int32, 1)):
         size = rows * parts * width if parts > 1 else 1
         found[f"part_{name}_ptr"] = torch.empty(size, dtype=dtype, device=device)
     found["arrivals_ptr"] = arrival_counts(rows if parts > 1 else 1, device)

@@ -47,7 +47,6 @@ if triton is not None:
     LOG2E = tl.constexpr(1.4426950408889634)  # exp(x) = exp2(x * LOG2E): one FFMA a logit
     CANDIDATES = tl.constexpr(launches.CANDIDATE_LIMIT)
     STAGES = tl.constexpr(launches.PIPELINE_STAGES)  # the tile loop's pipelined loads
-    SLICES = tl.constexpr(launches.MAX_SLICES)  # a row's slices, at most: read at once
     # The low bits of a 16-bit float's fp32 form, all 0 (fp16's 13, bf16's 16): a packed key
     # (_packed) holds a tile offset there, so a tile of 16-bit logits packs up to 8192 wide.
     LOW_MASK = tl.constexpr(2**13 - 1)
@@ -345,38 +344,66 @@ if triton is not None:
             tl.store(ids_ptr + row * k + slots, ids, mask=slots < k)
 
     @triton.jit
+    def _slice_keys(part_keys_ptr, first, at, parts, K_PAD: tl.constexpr):
+        """The keys slice ``at`` of the row whose first slice is ``first`` wrote, descending
+        (all ``KEY_FLOOR`` for a slice past ``parts``), read past L1 (``.cg``: another
+        program wrote them)."""
+        slots = tl.arange(0, K_PAD)
+        return tl.load(part_keys_ptr + (first + at) * K_PAD + slots,
+                       mask=at + slots * 0 < parts, other=KEY_FLOOR, cache_modifier=".cg")
+
+    @triton.jit
+    def _group_best(part_keys_ptr, first, lead, parts, GROUP: tl.constexpr,
+                    K_PAD: tl.constexpr):
+        """The best ``K_PAD`` keys, descending, of slices ``lead`` to ``lead + GROUP`` of the
+        row whose first slice is ``first`` (a slice past ``parts`` holds none). Each slice
+        wrote its keys descending: one list is its own best, two are merged (:func:`_merge`,
+        no sort); more are read as one and their top ``K_PAD`` taken (``tl.topk``)."""
+        if GROUP == 1:
+            best = _slice_keys(part_keys_ptr, first, lead, parts, K_PAD)
+        elif GROUP == 2:
+            best = _merge(_slice_keys(part_keys_ptr, first, lead, parts, K_PAD),
+                          _slice_keys(part_keys_ptr, first, lead + 1, parts, K_PAD))
+        else:
+            group = tl.arange(0, GROUP)
+            keys = tl.load(part_keys_ptr + (first + lead + group)[:, None] * K_PAD
+                           + tl.arange(0, K_PAD)[None, :],
+                           mask=(lead + group < parts)[:, None], other=KEY_FLOOR,
+                           cache_modifier=".cg")
+            best = tl.topk(tl.reshape(keys, (GROUP * K_PAD,)), K_PAD)
+        return best
+
+    @triton.jit
     def _merged_slices(row, parts, part_m_ptr, part_s_ptr, part_keys_ptr, part_ge_ptr,
                        part_eq_ptr, K_PAD: tl.constexpr, TOPK: tl.constexpr,
-                       GROUP: tl.constexpr):
+                       GROUP: tl.constexpr, SLICES: tl.constexpr):
         """Row ``row``'s state from its ``parts`` slices' partial states, read past L1
-        (``.cg``: other programs wrote them): the scalars of every slice in one read, the keys
-        ``GROUP`` slices a read (:func:`stagelab.core.launches.merge_group`), their best
-        ``K_PAD`` merged into the row's."""
+        (``.cg``: other programs wrote them): the scalars of every slice and the first
+        ``GROUP`` slices' keys in one round trip (every load issued before the first
+        reduction, whose barrier would hold a later one back), any later group's a read each
+        (:func:`stagelab.core.launches.merge_group`), its best (:func:`_group_best`) merged
+        into the row's. The scalars are a vector of ``SLICES`` (``parts`` padded to a power
+        of two): a few slices' are reduced within a warp, with no barrier."""
         first = row * parts
         slices = tl.arange(0, SLICES)
         held = slices < parts
         ms = tl.load(part_m_ptr + first + slices, mask=held, other=float("-inf"),
                      cache_modifier=".cg")
-        m = tl.max(ms, axis=0)
-        safe = tl.where(m == float("-inf"), 0.0, m)
-        s = tl.sum(tl.load(part_s_ptr + first + slices, mask=held, other=0.0,
-                           cache_modifier=".cg") * tl.exp(ms - safe), axis=0)
-        ge = tl.sum(tl.load(part_ge_ptr + first + slices, mask=held, other=0,
-                            cache_modifier=".cg"), axis=0)
-        eq = tl.sum(tl.load(part_eq_ptr + first + slices, mask=held, other=0,
-                            cache_modifier=".cg"), axis=0)
+        ss = tl.load(part_s_ptr + first + slices, mask=held, other=0.0, cache_modifier=".cg")
+        ges = tl.load(part_ge_ptr + first + slices, mask=held, other=0, cache_modifier=".cg")
+        eqs = tl.load(part_eq_ptr + first + slices, mask=held, other=0, cache_modifier=".cg")
         best = tl.full((K_PAD,), KEY_FLOOR, tl.int64)
         if TOPK:
-            group = tl.arange(0, GROUP)
-            slots = tl.arange(0, K_PAD)
-            for lead in range(0, parts, GROUP):
-                keys = tl.load(part_keys_ptr + (first + lead + group)[:, None] * K_PAD
-                               + slots[None, :], mask=(lead + group < parts)[:, None],
-                               other=KEY_FLOOR, cache_modifier=".cg")
-                keys = tl.reshape(keys, (GROUP * K_PAD,))
-                if GROUP > 1:
-                    keys = tl.topk(keys, K_PAD)
-                best = _merge(best, keys)
+            best = _group_best(part_keys_ptr, first, 0, parts, GROUP, K_PAD)
+        m = tl.max(ms, axis=0)
+        safe = tl.where(m == float("-inf"), 0.0, m)
+        s = tl.sum(ss * tl.exp(ms - safe), axis=0)
+        ge = tl.sum(ges, axis=0)
+        eq = tl.sum(eqs, axis=0)
+        if TOPK:
+            for lead in range(GROUP, parts, GROUP):
+                best = _merge(best, _group_best(part_keys_ptr, first, lead, parts, GROUP,
+                                                K_PAD))
         return m, s, best, ge, eq
 
     # ``origin`` (0 but for logits that start off alignment:
@@ -388,11 +415,12 @@ if triton is not None:
                        part_keys_ptr, part_ge_ptr, part_eq_ptr, arrivals_ptr, k, span,
                        BLOCK: tl.constexpr, K_PAD: tl.constexpr, TOPK: tl.constexpr,
                        HAS_TARGET: tl.constexpr, SPLIT: tl.constexpr, LEAD: tl.constexpr,
-                       GROUP: tl.constexpr):
+                       GROUP: tl.constexpr, SLICES: tl.constexpr):
         """Program ``(row, slice)``: the slice ``[slice * span, (slice + 1) * span)`` of a row
         (at ``x_ptr + origin + row * stride_row``), whose results it writes; with ``SPLIT`` it
         writes its partial state and counts itself in ``arrivals_ptr[row]``, and the row's
-        last slice to end merges them all (``GROUP`` slices' keys a read:
+        last slice to end merges them all (``GROUP`` slices' keys a read, the scalars of
+        ``SLICES``, its slices padded to a power of two:
         :func:`_merged_slices`), writes the row's results and sets the count back to 0 (so
         the counts, zeros, serve the next call as they were); ``LEAD`` where the rows' stride
         or origin leaves some unaligned (:func:`_row_start`)."""
@@ -422,7 +450,7 @@ if triton is not None:
                 tl.store(arrivals_ptr + row, 0)
                 row_m, row_s, row_best, row_ge, row_eq = _merged_slices(
                     row, parts, part_m_ptr, part_s_ptr, part_keys_ptr, part_ge_ptr,
-                    part_eq_ptr, K_PAD, TOPK, GROUP)
+                    part_eq_ptr, K_PAD, TOPK, GROUP, SLICES)
                 _finish(row, row_m, row_s, row_best, row_ge, row_eq, target, values_ptr,
                         ids_ptr, lse_ptr, target_lp_ptr, rank_ptr, ties_ptr, k, K_PAD, TOPK,
                         HAS_TARGET)
