@@ -29,9 +29,9 @@ the last two scaled by the grid's **balance**, its programs over the busiest SM'
 most programs does. A split row then waits its **tail** (:func:`split_tail_ns`): its last slice
 fences, counts itself in, reads the slices' partial states back from L2 (as many round trips
 as its cubin's tail holds barrier-separated batches of loads: ``tail_reads``), runs its
-tail's instructions (the scalars' reductions, the first group's keys merged) and merges any
-later group of slices' keys, a read each, one dependent chain of instructions, after the
-walk; the call's time is the walk's plus that tail.
+tail's instructions (the scalars' reductions, the first group's keys merged, the row's
+results written) and merges any later group of slices' keys, a read each, one dependent
+chain of instructions, after the walk; the call's time is the walk's plus that tail.
 
 The candidates are modelled for independent logits: the first tile of a slice holds no keys
 (its best ``k`` are taken). A small top-K (``K_PAD`` at most
@@ -248,7 +248,7 @@ def predict(rows: int, vocab: int, k: int, dtype: str, gpu: Gpu, latency_ns: flo
     total_bytes = rows * vocab * DTYPE_BYTES[dtype]
     walk_ns = total_bytes / rate  # bytes / (GB/s) is ns
     tail_ns = split_tail_ns(first.grid[1], int(first.constexprs["GROUP"]), row, k > 0,
-                       l2_latency_ns, gpu.clock_ghz, merge_clocks)
+                            l2_latency_ns, gpu.clock_ghz, merge_clocks)
     rate = total_bytes / (walk_ns + tail_ns)
     if tail_ns > walk_ns:
         bound = "tail"  # a split row's tail outlasts its walk
@@ -262,8 +262,8 @@ def predict(rows: int, vocab: int, k: int, dtype: str, gpu: Gpu, latency_ns: flo
                 sorted_share=round(costs["sorted"], 3),
                 candidates_per_tile=round(costs["candidates"], 3),
                 instructions_per_logit=round(per_tile * warps * 32 / block, 1),
-                tail_reads=row.get("tail_reads", 0) if tail_ns else 0,
-                tail_instructions=row.get("tail_instructions", 0) if tail_ns else 0,
+                tail_reads=row["tail_reads"] if tail_ns else 0,
+                tail_instructions=row["tail_instructions"] if tail_ns else 0,
                 walk_ns=round(walk_ns, 1), tail_ns=round(tail_ns, 1),
                 model_gbps=round(rate, 1), model_hbm_share=round(rate / gpu.hbm_gbps, 3),
                 bound=bound, triton=row["triton"])

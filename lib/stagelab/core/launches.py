@@ -62,9 +62,8 @@ MERGED_KEYS = 256
 # and for each group of slices, the first included, its keys merged by that lone program
 # (an L2 read for a later group; the compile check's cubins give its tail 106-815 SASS
 # instructions and a later group's merge 41-972, a few ns each: MERGED_GROUP_TILES a group,
-# 3.6 us). Assumptions for the plan, not figures read
-# from a cubin (the roofline model reads its tail from the cubin:
-# stagelab.analyse.roofline.split_tail_ns).
+# 3.6 us). Assumptions for the plan, not figures read from a cubin (the roofline model reads
+# its tail from the cubin: stagelab.analyse.roofline.split_tail_ns).
 MERGE_FIXED_TILES = 8
 MERGED_GROUP_TILES = 16
 

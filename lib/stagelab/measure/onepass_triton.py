@@ -419,11 +419,11 @@ if triton is not None:
         """Program ``(row, slice)``: the slice ``[slice * span, (slice + 1) * span)`` of a row
         (at ``x_ptr + origin + row * stride_row``), whose results it writes; with ``SPLIT`` it
         writes its partial state and counts itself in ``arrivals_ptr[row]``, and the row's
-        last slice to end merges them all (``GROUP`` slices' keys a read, the scalars of
-        ``SLICES``, its slices padded to a power of two:
-        :func:`_merged_slices`), writes the row's results and sets the count back to 0 (so
-        the counts, zeros, serve the next call as they were); ``LEAD`` where the rows' stride
-        or origin leaves some unaligned (:func:`_row_start`)."""
+        last slice to end merges them all (:func:`_merged_slices`: ``GROUP`` slices' keys a
+        read, the scalars a vector of ``SLICES``, its slices padded to a power of two),
+        writes the row's results and sets the count back to 0 (so the counts, zeros, serve
+        the next call as they were); ``LEAD`` where the rows' stride or origin leaves some
+        unaligned (:func:`_row_start`)."""
         row = tl.program_id(0).to(tl.int64)
         part = tl.program_id(1)
         parts = tl.num_programs(1)
