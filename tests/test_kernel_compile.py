@@ -247,14 +247,39 @@ def test_a_split_walk_s_tail_counts_its_reads_a_barrier_holds_apart():
     back into the tail, are neither the merge loop nor the tail. Without the loop the tail
     is all 12; with the barrier gone, the loads are one batch; without the atomic there is
     no tail."""
-    assert kernel_compile.tail_figures(TAIL) == dict(tail_reads=2, tail_instructions=10)
+    figures = kernel_compile.tail_figures(TAIL)
+    assert (figures["tail_reads"], figures["tail_instructions"]) == (2, 10)
     looped = "        /*00d0*/               @P2 BRA 0xb0 ;\n"
-    assert kernel_compile.tail_figures(TAIL.replace(looped, "")) == dict(
-        tail_reads=2, tail_instructions=12)
+    unlooped = kernel_compile.tail_figures(TAIL.replace(looped, ""))
+    assert (unlooped["tail_reads"], unlooped["tail_instructions"]) == (2, 12)
+    assert unlooped["merge_trips"] == 0 and unlooped["merge_clocks"] == [0, 0]
     one_batch = TAIL.replace("/*0080*/                   BAR.SYNC.DEFER_BLOCKING 0x0",
                              "/*0080*/                   NOP")
     assert kernel_compile.tail_figures(one_batch)["tail_reads"] == 1
-    assert kernel_compile.tail_figures(SASS) == dict(tail_reads=0, tail_instructions=0)
+    assert kernel_compile.tail_figures(SASS) == dict(
+        tail_reads=0, tail_instructions=0, tail_trips=0, tail_clocks=[0, 0], merge_trips=0,
+        merge_clocks=[0, 0])
+
+
+def test_a_split_walk_s_tail_path_counts_every_round_trip_it_waits_in_turn():
+    """The tail's critical path, one warp issuing in order (sass_path's latencies, fast and
+    slow ends: a barrier 20/40 clocks, an ALU step 4/6, MUFU 15/25): barrier, EXIT, two loads
+    (issued at 42), FMNMX waits for the first (a trip), barrier to 83, the third load at 84,
+    FADD waits for it (a second trip) to 90, MUFU to 115, the store issues then: 2 trips and
+    115 clocks (63 fast). Without the barrier the third load still waits behind FMNMX, which
+    waits for the first: 2 trips where ``tail_reads`` sees 1 batch. Issued before FMNMX, it
+    rides the first trip. The merge loop's body: a load, then one ALU step on it."""
+    figures = kernel_compile.tail_figures(TAIL)
+    assert (figures["tail_trips"], figures["tail_clocks"]) == (2, [63, 115])
+    assert (figures["merge_trips"], figures["merge_clocks"]) == (1, [4, 6])
+    one_batch = TAIL.replace("/*0080*/                   BAR.SYNC.DEFER_BLOCKING 0x0",
+                             "/*0080*/                   NOP")
+    assert kernel_compile.tail_figures(one_batch)["tail_trips"] == 2
+    third, first = "LDG.E.STRONG.GPU R19, desc[UR4][R18.64+0x200]", "FMNMX R4, R17, R4, !PT"
+    hoisted = one_batch.replace(first, "THIRD").replace(third, first).replace("THIRD", third)
+    assert kernel_compile.tail_figures(hoisted)["tail_trips"] == 1
+
+
     row = dict(triton="3.6.0", arch=90, kernel="onepass_kernel", where="fp32 n=1",
                compiles=True, error="", spill_bytes=0, loop_instructions=0, pipelined_copies=0,
                constexprs=dict(SPLIT=True), arrival_fenced=True)
@@ -461,7 +486,9 @@ def test_the_table_shows_the_model_at_the_goal_s_shapes_with_its_inputs():
                                  ctas_per_sm=2, registers=200, loop_instructions=4000,
                                  guard_instructions=230, enter_instructions=250,
                                  sort_instructions=3000, candidate_instructions=130,
-                                 merge_instructions=200, tail_reads=1, tail_instructions=150))
+                                 merge_instructions=200, tail_reads=1, tail_instructions=150,
+                                 tail_trips=1, tail_clocks=[400, 600], merge_trips=1,
+                                 merge_clocks=[500, 700]))
     lines = check.model_table(rows)
     body = [line for line in lines if line.startswith("| ") and line[2].isdigit()]
     assert len(body) == 4 * 3 * 2 and "never a measurement" in lines[1]

@@ -29,6 +29,8 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from stagelab.measure import sass_path
+
 # Per-SM limits of the architectures compiled for: registers, threads, resident CTAs, shared
 # memory (bytes usable by resident CTAs together), and the shared memory the runtime reserves
 # per CTA (CUDA C Programming Guide, compute capabilities table).
@@ -161,33 +163,44 @@ def arrival_fenced(sass: str) -> bool:
             and all("STRONG.GPU" in text for text in after if LOAD.search(text)))
 
 
-def tail_figures(sass: str) -> dict[str, int]:
+def tail_figures(sass: str) -> dict[str, Any]:
     """A split walk's tail, which its row's last slice runs after counting itself in (from the
     count's atomic to the last ``EXIT``, less the merge loop's body: that loop's later groups
     are :func:`loop_figures`' ``merge_instructions``): ``tail_reads``, the batches of global
     loads before that loop that a barrier holds apart (Triton's reductions consume what a
-    batch read before their barriers, so each batch waits an L2 round trip of its own; a load
-    waiting on an earlier one with no barrier between is not seen), and
+    batch read before their barriers, so each batch waits an L2 round trip of its own), and
     ``tail_instructions``, its SASS instructions (run once, by one program, after the walk:
-    the scalars' reductions, the first group's keys merged, the row's results written). Both
-    0 without the atomic."""
+    the scalars' reductions, the first group's keys merged, the row's results written); its
+    critical path as one warp issues it (:func:`stagelab.measure.sass_path.critical_path`):
+    ``tail_trips``, its L2 round trips (a load waiting on an earlier one with no barrier
+    between counted too), and ``tail_clocks``, its clocks beside them at the fast and slow
+    ends of :data:`stagelab.measure.sass_path.LATENCY_CLOCKS`; and the merge loop's body's
+    (a later group's keys read and merged), ``merge_trips`` and ``merge_clocks``. All 0
+    without the atomic."""
     lines = [(int(address, 16), text) for address, text in SASS_LINE.findall(sass)]
     at = next((address for address, text in lines if ARRIVAL.search(text)), None)
     if at is None:
-        return dict(tail_reads=0, tail_instructions=0)
+        return dict(tail_reads=0, tail_instructions=0, tail_trips=0, tail_clocks=[0, 0],
+                    merge_trips=0, merge_clocks=[0, 0])
     body_end = max((address for address, text in lines if EXIT.search(text)), default=math.inf)
     loops = [(target, address) for address, text in lines for target in _branch_target(text)
              if at < target <= address < body_end]
     loop = max(loops, default=(body_end, body_end))  # the last: loop_figures' merge loop
     tail = [text for address, text in lines
             if at < address < body_end and not loop[0] <= address <= loop[1]]
+    merge = [text for address, text in lines if loop[0] <= address <= loop[1] < body_end]
     reads, fresh = 0, True
     for text in (text for address, text in lines if at < address < loop[0]):
         if BARRIER.search(text):
             fresh = True
         elif LOAD.search(text) and fresh:
             reads, fresh = reads + 1, False
-    return dict(tail_reads=reads, tail_instructions=len(tail))
+    tail_paths = [sass_path.critical_path(tail, end) for end in sass_path.ENDS]
+    merge_paths = [sass_path.critical_path(merge, end) for end in sass_path.ENDS]
+    return dict(tail_reads=reads, tail_instructions=len(tail),
+                tail_trips=tail_paths[-1][0], tail_clocks=[clocks for _, clocks in tail_paths],
+                merge_trips=merge_paths[-1][0],
+                merge_clocks=[clocks for _, clocks in merge_paths])
 
 
 def _inside(addresses: list[int], after: int, before: int) -> int:
