@@ -260,7 +260,8 @@ def test_the_split_state_is_allocated_as_the_compile_check_types_it():
     pointers = onepass._partial_pointers(first, 2, torch.device("cpu"))
     assert {name: names[tensor.dtype] for name, tensor in pointers.items()} == {
         name: kernel_variants.POINTER_TYPES[name] for name in pointers}
-    assert pointers["part_ge_ptr"].dtype == torch.int32
+    assert pointers["part_state_ptr"].dtype == torch.int32
+    assert pointers["part_state_ptr"].numel() == 2 * first.grid[1] * 4  # a record a slice
 
 
 def test_a_launch_whose_slices_outnumber_its_slices_constexpr_is_refused():

@@ -37,15 +37,13 @@ HEAD_CHUNK = 256  # rows of a head_fused chunk (not a kernel argument: any count
 # TileFold allocate them; "logits" is the logits' (or the fold tile's) own dtype.
 POINTER_TYPES = dict(
     x_ptr="logits", targets_ptr="i64", target_ptr="fp32", values_ptr="fp32", ids_ptr="i64",
-    lse_ptr="fp32", target_lp_ptr="fp32", rank_ptr="i64", ties_ptr="i64", part_m_ptr="fp32",
-    part_s_ptr="fp32", part_keys_ptr="i64", part_ge_ptr="i32", part_eq_ptr="i32",
-    arrivals_ptr="i32", state_m_ptr="fp32", state_s_ptr="fp32", state_keys_ptr="i64",
+    lse_ptr="fp32", target_lp_ptr="fp32", rank_ptr="i64", ties_ptr="i64", part_state_ptr="i32",
+    part_keys_ptr="i64", arrivals_ptr="i32", state_m_ptr="fp32", state_s_ptr="fp32", state_keys_ptr="i64",
     state_ge_ptr="i64",
     state_eq_ptr="i64")
 # Each kernel's pointer arguments (in its own order; checked against the kernels by the test).
 STEP_POINTERS = ("x_ptr", "targets_ptr", "values_ptr", "ids_ptr", "lse_ptr", "target_lp_ptr",
-                 "rank_ptr", "ties_ptr", "part_m_ptr", "part_s_ptr", "part_keys_ptr",
-                 "part_ge_ptr", "part_eq_ptr", "arrivals_ptr")
+                 "rank_ptr", "ties_ptr", "part_state_ptr", "part_keys_ptr", "arrivals_ptr")
 KERNEL_POINTERS = dict(
     onepass_kernel=STEP_POINTERS,
     fold_kernel=("x_ptr", "target_ptr", "state_m_ptr", "state_s_ptr", "state_keys_ptr",

@@ -349,14 +349,13 @@ def result_pointers(out: OnePass) -> dict[str, torch.Tensor]:
 
 def _partial_pointers(first: Launch, rows: int, device: torch.device
                       ) -> dict[str, torch.Tensor]:
-    """The split variant's partial states (per row and slice) and its rows' arrival counts
+    """The split variant's partial states (per row and slice: a record of four int32, the
+    max's and sum's bits and the two counts, and the keys) and its rows' arrival counts
     (:func:`arrival_counts`), by pointer name; one-element stand-ins where the row is not
     split. The counts are int32: a row holds fewer than 2**31 logits (its ids are int32)."""
     parts, k_pad = first.grid[1], int(first.constexprs["K_PAD"])
     found = {}
-    for name, dtype, width in (("m", torch.float32, 1), ("s", torch.float32, 1),
-                               ("keys", torch.int64, k_pad), ("ge", torch.int32, 1),
-                               ("eq", torch.int32, 1)):
+    for name, dtype, width in (("state", torch.int32, 4), ("keys", torch.int64, k_pad)):
         size = rows * parts * width if parts > 1 else 1
         found[f"part_{name}_ptr"] = torch.empty(size, dtype=dtype, device=device)
     found["arrivals_ptr"] = arrival_counts(rows if parts > 1 else 1, device)

@@ -374,27 +374,38 @@ if triton is not None:
         return best
 
     @triton.jit
-    def _merged_slices(row, parts, part_m_ptr, part_s_ptr, part_keys_ptr, part_ge_ptr,
-                       part_eq_ptr, K_PAD: tl.constexpr, TOPK: tl.constexpr,
-                       GROUP: tl.constexpr, SLICES: tl.constexpr):
+    def _record(m, s, ge, eq):
+        """A slice's scalars as one record of four int32 (``m`` and ``s`` as their bits):
+        one 16-byte store, read back in one load (:func:`_merged_slices`)."""
+        field = tl.arange(0, 4)
+        return tl.where(field == 0, m.to(tl.int32, bitcast=True),
+                        tl.where(field == 1, s.to(tl.int32, bitcast=True),
+                                 tl.where(field == 2, ge, eq)))
+
+    @triton.jit
+    def _merged_slices(row, parts, part_state_ptr, part_keys_ptr, K_PAD: tl.constexpr,
+                       TOPK: tl.constexpr, GROUP: tl.constexpr, SLICES: tl.constexpr):
         """Row ``row``'s state from its ``parts`` slices' partial states, read past L1
-        (``.cg``: other programs wrote them): the scalars of every slice and the first
-        ``GROUP`` slices' keys in one round trip (every load issued before the first
-        reduction, whose barrier would hold a later one back), any later group's a read each
+        (``.cg``: other programs wrote them): every slice's record of scalars (:func:`_record`)
+        in one load, the first ``GROUP`` slices' keys beside it, both issued before anything
+        waits on either (so they share one round trip), any later group's a read each
         (:func:`stagelab.core.launches.merge_group`), its best (:func:`_group_best`) merged
-        into the row's. The scalars are a vector of ``SLICES`` (``parts`` padded to a power
-        of two): a few slices' are reduced within a warp, with no barrier."""
+        into the row's. The records are ``SLICES`` (``parts`` padded to a power of two) by
+        four: a few slices' are reduced within a warp, with no barrier."""
         first = row * parts
         slices = tl.arange(0, SLICES)
         held = slices < parts
-        ms = tl.load(part_m_ptr + first + slices, mask=held, other=float("-inf"),
-                     cache_modifier=".cg")
-        ss = tl.load(part_s_ptr + first + slices, mask=held, other=0.0, cache_modifier=".cg")
-        ges = tl.load(part_ge_ptr + first + slices, mask=held, other=0, cache_modifier=".cg")
-        eqs = tl.load(part_eq_ptr + first + slices, mask=held, other=0, cache_modifier=".cg")
+        records = tl.load(part_state_ptr + (first + slices)[:, None] * 4
+                          + tl.arange(0, 4)[None, :], mask=held[:, None], other=0,
+                          cache_modifier=".cg")
         best = tl.full((K_PAD,), KEY_FLOOR, tl.int64)
         if TOPK:
             best = _group_best(part_keys_ptr, first, 0, parts, GROUP, K_PAD)
+        m_and_ge, s_and_eq = tl.split(tl.reshape(records, (SLICES, 2, 2)))
+        m_bits, ges = tl.split(m_and_ge)
+        s_bits, eqs = tl.split(s_and_eq)
+        ms = tl.where(held, m_bits.to(tl.float32, bitcast=True), float("-inf"))
+        ss = s_bits.to(tl.float32, bitcast=True)
         m = tl.max(ms, axis=0)
         safe = tl.where(m == float("-inf"), 0.0, m)
         s = tl.sum(ss * tl.exp(ms - safe), axis=0)
@@ -411,8 +422,8 @@ if triton is not None:
     # specialisation of its own (not even on its divisibility): only ``LEAD`` walks add it.
     @triton.jit(do_not_specialize=["origin"])
     def onepass_kernel(x_ptr, stride_row, origin, vocab, targets_ptr, values_ptr, ids_ptr,
-                       lse_ptr, target_lp_ptr, rank_ptr, ties_ptr, part_m_ptr, part_s_ptr,
-                       part_keys_ptr, part_ge_ptr, part_eq_ptr, arrivals_ptr, k, span,
+                       lse_ptr, target_lp_ptr, rank_ptr, ties_ptr, part_state_ptr,
+                       part_keys_ptr, arrivals_ptr, k, span,
                        BLOCK: tl.constexpr, K_PAD: tl.constexpr, TOPK: tl.constexpr,
                        HAS_TARGET: tl.constexpr, SPLIT: tl.constexpr, LEAD: tl.constexpr,
                        GROUP: tl.constexpr, SLICES: tl.constexpr):
@@ -438,10 +449,7 @@ if triton is not None:
                                          TOPK, HAS_TARGET, LEAD)
         if SPLIT:
             at = row * parts + part
-            tl.store(part_m_ptr + at, m)
-            tl.store(part_s_ptr + at, s)
-            tl.store(part_ge_ptr + at, ge)
-            tl.store(part_eq_ptr + at, eq)
+            tl.store(part_state_ptr + at * 4 + tl.arange(0, 4), _record(m, s, ge, eq))
             if TOPK:
                 tl.store(part_keys_ptr + at * K_PAD + tl.arange(0, K_PAD), best)
             tl.debug_barrier()  # every lane's share of the state stored before it is counted
@@ -449,8 +457,7 @@ if triton is not None:
             if arrived == parts - 1:  # the row's last slice to end
                 tl.store(arrivals_ptr + row, 0)
                 row_m, row_s, row_best, row_ge, row_eq = _merged_slices(
-                    row, parts, part_m_ptr, part_s_ptr, part_keys_ptr, part_ge_ptr,
-                    part_eq_ptr, K_PAD, TOPK, GROUP, SLICES)
+                    row, parts, part_state_ptr, part_keys_ptr, K_PAD, TOPK, GROUP, SLICES)
                 _finish(row, row_m, row_s, row_best, row_ge, row_eq, target, values_ptr,
                         ids_ptr, lse_ptr, target_lp_ptr, rank_ptr, ties_ptr, k, K_PAD, TOPK,
                         HAS_TARGET)
