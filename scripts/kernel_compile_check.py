@@ -37,8 +37,8 @@ DATA = ROOT / "data" / "kernel_compile.json"
 RUNNING = (
     "The full check: `python scripts/kernel_compile_check.py --write` (`--arch 80` adds sm_80; "
     "`--rows FILE` keeps each row as it comes, so a stopped run resumes where it stopped) "
-    "compiles all {launched} launched variants on each Triton and architecture: some 6.1 s "
-    "of two cores a compile (the 438 sm_90 compiles of both Tritons took 45 minutes under "
+    "compiles all {launched} launched variants on each Triton and architecture: some 5.5 s "
+    "of two cores a compile (the 438 sm_90 compiles of both Tritons took 40 minutes under "
     "cpu-lock on 2026-12-06), so about {minutes} minutes for sm_90 on both, twice that with "
     "sm_80. It "
     "fails on any compile error or spill, on a walk whose tile loop is not pipelined or "
@@ -49,11 +49,12 @@ RUNNING = (
     "the_lease_triton_without_spills` instead: one variant of each kernel, logits dtype, "
     "split or not, k-class and masked tile or not, on Triton 3.6 alone (its environment "
     "made under `.cache/` on first use).")
-SECONDS_A_COMPILE = 6.1  # of two cores, from the full check's timing (RUNNING)
+SECONDS_A_COMPILE = 5.5  # of two cores, from the full check's timing (RUNNING)
 FIGURES = ("registers", "spill_bytes", "shared_bytes", "ctas_per_sm", "loop_instructions",
            "guard_instructions", "count_instructions", "enter_instructions",
            "sort_instructions", "candidate_instructions", "pipelined_copies", "copy_bytes",
-           "merge_instructions", "tail_reads", "tail_instructions")
+           "merge_instructions", "tail_reads", "tail_instructions", "tail_trips", "tail_clocks",
+           "merge_clocks")
 
 
 def uv() -> str:
@@ -201,6 +202,11 @@ def compiled_counts(found: list[dict], launched: int) -> str:
                      for triton, arch in pairs)
 
 
+def cell(figure: object) -> str:
+    """A figure as the table shows it: a (fast, slow) pair as ``fast-slow``."""
+    return "-".join(str(end) for end in figure) if isinstance(figure, list) else str(figure)
+
+
 def model_table(found: list[dict]) -> list[str]:
     """The roofline model (``stagelab.analyse.roofline``) at the goal's shapes on an H200 from
     ``found``'s lease-Triton sm_90 rows, with its inputs: markdown lines (none where those
@@ -218,19 +224,19 @@ def model_table(found: list[dict]) -> list[str]:
              f"{LEASE_TRITON} sm_90 rows above; latency {min(roofline.LATENCY_NS):g}-"
              f"{max(roofline.LATENCY_NS):g} ns assumed (and for a split row's last slice, "
              "which fences, counts itself in, reads the slices' states back and merges them "
-             "after the walk, its `tail`: its fence, count and reads (`reads` above) an L2 "
-             "round trip each, and a later group of slices' keys one more, "
-             f"{min(roofline.L2_LATENCY_NS):g}-{max(roofline.L2_LATENCY_NS):g} ns, each of its "
-             f"instructions (`tail` above, and `merge` a later group) "
-             f"{min(roofline.MERGE_CLOCKS):g}-{max(roofline.MERGE_CLOCKS):g} "
-             "clocks); candidates for independent logits; "
+             "after the walk, its `tail`: its fence and count and its critical path's L2 "
+             "round trips (`trips` above, and a later group of slices' keys one more) "
+             f"{min(roofline.L2_LATENCY_NS):g}-{max(roofline.L2_LATENCY_NS):g} ns each, and "
+             "its path's clocks (`tail clocks` above, and `merge clocks` a later group) at "
+             "the boost clock, the fast ends paired); candidates for independent logits; "
              f"the target at rank {roofline.TARGET_RANK} (a tile counts toward it where it "
              "holds one of the values at or above it: `counted`; the last column lets every "
              "tile count, the rank not assumed). "
              f"Goal (issue 44): >= {100 * roofline.GOAL:.0f} % at n >= 64, k <= 20; >= 40 % at n = 16.",
              "", "| n | k | dtype | programs | resident/SM | tiles/slice | tile instructions "
              "| counted | entered | sorted | passes/tile | instructions/logit | bound at 800 ns "
-             "| walk ns at 800 ns | tail reads, instructions | tail ns at 800 ns "
+             "| walk ns at 800 ns | tail trips, clocks (slow), instructions "
+             "| tail ns at 800 ns "
              "| model % (800-450 ns) | model % at 800 ns, every tile counting |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -240,7 +246,8 @@ def model_table(found: list[dict]) -> list[str]:
                      f"{r['sorted_share']} | "
                      f"{r['candidates_per_tile']} | {r['instructions_per_logit']} | "
                      f"{r['bound']} | {r['walk_ns']:.0f} | "
-                     f"{r['tail_reads']}, {r['tail_instructions']} | {r['tail_ns']:.0f} | "
+                     f"{r['tail_trips']}, {r['tail_clocks']}, {r['tail_instructions']} | "
+                     f"{r['tail_ns']:.0f} | "
                      f"{100 * r['model_low']:.0f}-{100 * r['model_high']:.0f} | "
                      f"{100 * r['model_low_counting_all']:.0f} |")
     return lines
@@ -273,7 +280,12 @@ def table(found: list[dict], when: datetime) -> str:
              "(`kernel_compile.loop_figures`), reads: the round trips in which that slice reads "
              "the slices' states after counting itself in (load batches a barrier holds apart; "
              "a split walk reading in more than one fails), tail: its instructions after the "
-             "count, that loop's body aside (`kernel_compile.tail_figures`). Registers and "
+             "count, that loop's body aside (`kernel_compile.tail_figures`); trips and tail "
+             "clocks: that tail's critical path as one warp issues it in order, its L2 round "
+             "trips (a load issued behind one waiting on another counted too) and its clocks "
+             "beside them at the fast and slow ends of the assumed instruction latencies "
+             "(`stagelab.measure.sass_path`), merge clocks: the merge loop's body's. "
+             "Registers and "
              "CTAs bound how many bytes an SM keeps in flight (`stagelab.analyse.roofline`).",
              "",
              RUNNING.format(launched=launched, minutes=round(2 * launched * SECONDS_A_COMPILE
@@ -281,11 +293,11 @@ def table(found: list[dict], when: datetime) -> str:
              "",
              "| Triton | arch | kernel | variant | first shape | shapes | compiles | registers "
              "| spilled B | shared B | CTAs/SM | loop | guard | count | enter | sort | candidate "
-             "| copies | copy B | merge | reads | tail |",
+             "| copies | copy B | merge | reads | tail | trips | tail clocks | merge clocks |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
-             "---|---|"]
+             "---|---|---|---|---|"]
     for r in found:
-        figures = [str(r.get(name, "")) for name in FIGURES]
+        figures = [cell(r.get(name, "")) for name in FIGURES]
         lines.append(f"| {r['triton']} | sm_{r['arch']} | {r['kernel']} | {variant_label(r)} "
                      f"| {r['where']} | {r['shapes']} | {'yes' if r['compiles'] else 'NO'} | "
                      + " | ".join(figures) + " |")

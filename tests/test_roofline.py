@@ -23,7 +23,9 @@ def variant(rows: int, vocab: int, k: int, dtype: str, **figures) -> dict:
                             guard_instructions=400, count_instructions=80,
                             enter_instructions=150, sort_instructions=3000,
                             candidate_instructions=250, merge_instructions=600,
-                            tail_reads=1, tail_instructions=250), **figures))
+                            tail_reads=1, tail_instructions=250, tail_trips=1,
+                            tail_clocks=[300, 500], merge_trips=1,
+                            merge_clocks=[800, 1200]), **figures))
 
 
 def test_the_candidates_of_a_tile_are_binomial_by_hand():
@@ -77,7 +79,8 @@ def test_the_rates_and_the_bound_by_hand():
     132 SMs (the busiest with 2: a balance of 256 / 264), 1 resident (the cubin's CTAs per
     SM); 19 tiles a slice of 2048 fp32 (8 KiB), ``tiles_ahead()`` in flight: at 2000 ns a
     tile every 2000 / 7 ns, bound by them; then each row's last slice fences, counts itself
-    in and reads the 4 slices' scalars: three L2 round trips (400 ns), after the walk."""
+    in and reads the 4 slices' scalars: three L2 round trips (400 ns) and its path's clocks
+    at the slow end, after the walk."""
     rows = (variant(64, 152064, 0, "fp32", ctas_per_sm=1, loop_instructions=300,
                     guard_instructions=300, count_instructions=0),)
     found = roofline.predict(64, 152064, 0, "fp32", GPU, 2000.0, rows)
@@ -90,7 +93,7 @@ def test_the_rates_and_the_bound_by_hand():
     assert found["balance"] == round(balance, 3) and found["tiles_per_slice"] == 19
     assert found["bytes_in_flight_per_sm"] == 8192
     walk_ns = 64 * 152064 * 4 / min(4800, parallel, issued)
-    tail = (2 + 1) * 400 + 250 * 10 / GPU.clock_ghz  # fence, count, one read; 250 at 10
+    tail = (2 + 1) * 400 + 500 / GPU.clock_ghz  # fence, count, one trip; 500 clocks
     assert found["walk_ns"] == pytest.approx(walk_ns, abs=0.1)
     assert found["tail_ns"] == pytest.approx(tail, abs=0.1)
     assert found["model_gbps"] == pytest.approx(64 * 152064 * 4 / (walk_ns + tail), abs=0.1)
@@ -167,34 +170,37 @@ def test_a_slice_too_long_for_the_kernel_s_per_lane_counts_is_refused_by_name():
 
 
 def test_a_split_row_waits_its_last_slice_s_tail_by_hand():
-    """Unsplit: no tail. Split: the last slice's fence and count, then as many L2 round
-    trips as its cubin's tail reads in batches a barrier holds apart, and its tail's
-    instructions (here 8 cycles at 2 GHz: 4 ns each); with a top-K, each later group of
-    slices a read and a merge loop: 10 slices in groups of 8 make one later group."""
-    row = dict(tail_reads=1, tail_instructions=300, merge_instructions=600)
-    assert roofline.split_tail_ns(1, 8, row, True, 400, 2.0, 8) == 0
-    assert roofline.split_tail_ns(10, 8, row, False, 400, 2.0, 8) == 3 * 400 + 300 * 4
-    assert roofline.split_tail_ns(10, 8, row, True, 400, 2.0, 8) == 4 * 400 + (300 + 600) * 4
-    assert roofline.split_tail_ns(8, 8, row, True, 400, 2.0, 8) == 3 * 400 + 300 * 4
-    serial = dict(row, tail_reads=4)  # the scalars read one after another: 3 trips more
-    assert roofline.split_tail_ns(8, 8, serial, True, 400, 2.0, 8) == 6 * 400 + 300 * 4
+    """Unsplit: no tail. Split: the last slice's fence and count, then its tail's critical
+    path (its round trips and the clocks beside them at the end asked for: here 300 fast,
+    500 slow, at 2 GHz); with a top-K, each later group of slices its merge loop's path:
+    10 slices in groups of 8 make one later group."""
+    row = dict(tail_trips=1, tail_clocks=[300, 500], merge_trips=1, merge_clocks=[600, 900])
+    assert roofline.split_tail_ns(1, 8, row, True, 400, 2.0, 1) == 0
+    assert roofline.split_tail_ns(10, 8, row, False, 400, 2.0, 1) == 3 * 400 + 500 / 2
+    assert roofline.split_tail_ns(10, 8, row, False, 200, 2.0, 0) == 3 * 200 + 300 / 2
+    assert roofline.split_tail_ns(10, 8, row, True, 400, 2.0, 1) == 4 * 400 + (500 + 900) / 2
+    assert roofline.split_tail_ns(8, 8, row, True, 400, 2.0, 1) == 3 * 400 + 500 / 2
+    serial = dict(row, tail_trips=2)  # a read waiting behind another: a trip more
+    assert roofline.split_tail_ns(8, 8, serial, True, 400, 2.0, 1) == 4 * 400 + 500 / 2
 
 
 def test_a_tail_longer_than_the_walk_bounds_the_call():
-    """n = 1, k = 5: 25 slices of 3 tiles, a short walk; a tail of 5000 instructions (at 10
-    clocks each; one group: K_PAD 8 reads 32 slices' keys at once, no merge loop run)
+    """n = 1, k = 5: 25 slices of 3 tiles, a short walk; a tail whose path is 10000 clocks
+    at the slow end (one group: K_PAD 8 reads 32 slices' keys at once, no merge loop run)
     outlasts it: the call is bound by the tail, its rate the bytes over walk and tail
     together."""
-    rows = (variant(1, 152064, 5, "fp32", tail_instructions=5000),)
+    rows = (variant(1, 152064, 5, "fp32", tail_clocks=[6000, 10000]),)
     found = roofline.predict(1, 152064, 5, "fp32", GPU, 800.0, rows)
     assert found["programs"] == 25 and found["bound"] == "tail"
     assert launches.merge_group(8, 25) == 32
-    tail = 3 * 400 + 5000 * 10 / GPU.clock_ghz
+    tail = 3 * 400 + 10000 / GPU.clock_ghz
     assert found["tail_ns"] == pytest.approx(tail, abs=0.1)
-    assert found["tail_reads"] == 1 and found["tail_instructions"] == 5000
+    assert found["tail_trips"] == 1 and found["tail_clocks"] == 10000
     assert found["model_gbps"] == pytest.approx(
         152064 * 4 / (found["walk_ns"] + tail), abs=0.1)
     assert found["tail_ns"] > found["walk_ns"]
+    fast = roofline.predict(1, 152064, 5, "fp32", GPU, 450.0, rows, l2_latency_ns=200, end=0)
+    assert fast["tail_ns"] == pytest.approx(3 * 200 + 6000 / GPU.clock_ghz, abs=0.1)
 
 
 def test_rows_whose_stride_leaves_them_unaligned_are_walked_from_an_aligned_address():

@@ -27,11 +27,13 @@ can reach, as the least of three rates:
 the last two scaled by the grid's **balance**, its programs over the busiest SM's share
 (``programs / (active SMs x ceil(programs / active SMs))``): the call ends when the SM with the
 most programs does. A split row then waits its **tail** (:func:`split_tail_ns`): its last slice
-fences, counts itself in, reads the slices' partial states back from L2 (as many round trips
-as its cubin's tail holds barrier-separated batches of loads: ``tail_reads``), runs its
-tail's instructions (the scalars' reductions, the first group's keys merged, the row's
-results written) and merges any later group of slices' keys, a read each, one dependent
-chain of instructions, after the walk; the call's time is the walk's plus that tail.
+fences, counts itself in, reads the slices' partial states back from L2, reduces them, merges
+the first group's keys and writes the row's results, then reads and merges any later group
+of slices' keys, one program after the walk; its time is its cubin's critical path as one
+warp issues it in order (``tail_trips`` L2 round trips and ``tail_clocks`` beside them, a
+later group's ``merge_trips`` and ``merge_clocks``: the compile check's
+:func:`stagelab.measure.sass_path.critical_path`, at the fast and slow ends of its assumed
+instruction latencies); the call's time is the walk's plus that tail.
 
 The candidates are modelled for independent logits: the first tile of a slice holds no keys
 (its best ``k`` are taken). A small top-K (``K_PAD`` at most
@@ -43,10 +45,7 @@ over its ``B`` values. (The issue's assumption; real logits' tiles are not indep
 row whose best values come late costs more.) A slice's ragged last tile (walked masked,
 after the loop) is counted at the loop's figures; a program's set-up and its own end of walk
 (its final reductions and sort, before a split slice counts itself in or an unsplit one
-writes its row) not at all, nor the drain of the call's last stores. A split row's last
-slice's instructions after its count are counted (``tail_instructions``, and the merge loop's
-for each later group), each at :data:`MERGE_CLOCKS`, though some overlap (its address
-arithmetic with its read).
+writes its row) not at all, nor the drain of the call's last stores.
 
 The memory latency is an assumed range (:data:`LATENCY_NS`); every figure is evaluated at both
 ends. Torch-free.
@@ -69,14 +68,9 @@ LATENCY_NS = (450.0, 800.0)  # assumed HBM load latency under load, ns (an input
 # Assumed L2 hit latency under load, ns, paired with LATENCY_NS's ends (an input, not
 # measured): the split walk's last slice reads the other slices' states from L2.
 L2_LATENCY_NS = (200.0, 400.0)
-# Assumed clocks an instruction of a split row's tail takes (its last slice's, after the
-# count), paired likewise: that lone program's tail is one dependent chain, not the
-# issue-bound stream of a walk (an ALU step waits some 4 clocks, a shuffle or a barrier
-# 20-30: the K_PAD 32 merge's 128 shuffles in 589 instructions averaged some 8.6).
-MERGE_CLOCKS = (6.0, 10.0)
 # L2 round trips of a split row's tail before it reads anything: its last slice's fence (its
-# stores acknowledged) and its count (the atomic's answer). Its reads add the cubin's
-# ``tail_reads`` (kernel_compile.tail_figures) and one a later group of slices' keys.
+# stores acknowledged) and its count (the atomic's answer). Its critical path adds the
+# cubin's ``tail_trips`` (kernel_compile.tail_figures) and a later group's ``merge_trips``.
 FENCE_AND_COUNT_TRIPS = 2
 ISSUE_PER_CLOCK = 4  # warp-instructions an SM issues per clock (four schedulers)
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -202,29 +196,29 @@ def tile_ns(latency_ns: float, issue_ns: float, ahead: int, tiles: int | None = 
 
 
 def split_tail_ns(parts: int, group: int, row: dict[str, Any], top_k: bool,
-                  l2_latency_ns: float, clock_ghz: float, merge_clocks: float) -> float:
+                  l2_latency_ns: float, clock_ghz: float, end: int) -> float:
     """The tail of a row split in ``parts`` slices, after its walk, from the compile check's
-    ``row`` of its cubin: its last slice's :data:`FENCE_AND_COUNT_TRIPS` and ``tail_reads``
-    L2 round trips and ``tail_instructions`` (each at ``merge_clocks``); then, with a top-K,
-    each later group of ``group`` slices' keys read (a round trip) and merged (the merge
-    loop's ``merge_instructions``) before the next is read; 0 unsplit."""
+    ``row`` of its cubin: its last slice's :data:`FENCE_AND_COUNT_TRIPS` L2 round trips,
+    then its critical path (``tail_trips`` round trips and ``tail_clocks[end]``: ``end`` 0
+    the fast, 1 the slow end of the latencies the check assumed); then, with a top-K, each
+    later group of ``group`` slices' keys read and merged (``merge_trips`` and
+    ``merge_clocks[end]``) before the next is read; 0 unsplit."""
     if parts < 2:
         return 0.0
     later = math.ceil(parts / group) - 1 if top_k else 0
-    trips = FENCE_AND_COUNT_TRIPS + row["tail_reads"] + later
-    instructions = row["tail_instructions"] + later * row["merge_instructions"]
-    return trips * l2_latency_ns + instructions * merge_clocks / clock_ghz
+    trips = FENCE_AND_COUNT_TRIPS + row["tail_trips"] + later * row["merge_trips"]
+    clocks = row["tail_clocks"][end] + later * row["merge_clocks"][end]
+    return trips * l2_latency_ns + clocks / clock_ghz
 
 
 def predict(rows: int, vocab: int, k: int, dtype: str, gpu: Gpu, latency_ns: float,
             variants: tuple[dict[str, Any], ...] | None = None,
             target_rank: int | None = TARGET_RANK,
-            l2_latency_ns: float = max(L2_LATENCY_NS),
-            merge_clocks: float = max(MERGE_CLOCKS)) -> dict[str, Any]:
+            l2_latency_ns: float = max(L2_LATENCY_NS), end: int = 1) -> dict[str, Any]:
     """The model's share of ``gpu``'s HBM for one call at ``latency_ns`` (a split row's tail
-    at ``l2_latency_ns`` and ``merge_clocks``: :func:`split_tail_ns`; their slow ends by
-    default, :func:`predict_range` pairs the ends), with its inputs, for a target of
-    ``target_rank`` (None: every tile counts toward it, the worst case)."""
+    at ``l2_latency_ns`` and ``end`` of its instruction latencies: :func:`split_tail_ns`;
+    their slow ends by default, :func:`predict_range` pairs the ends), with its inputs, for a
+    target of ``target_rank`` (None: every tile counts toward it, the worst case)."""
     first = launches.triton_launches(rows, vocab, k, True, None, None,
                                      launches.device_slots(gpu.sms, k))[0]
     row = figures_of(first, dtype, gpu.arch, variants=variants)
@@ -248,7 +242,7 @@ def predict(rows: int, vocab: int, k: int, dtype: str, gpu: Gpu, latency_ns: flo
     total_bytes = rows * vocab * DTYPE_BYTES[dtype]
     walk_ns = total_bytes / rate  # bytes / (GB/s) is ns
     tail_ns = split_tail_ns(first.grid[1], int(first.constexprs["GROUP"]), row, k > 0,
-                            l2_latency_ns, gpu.clock_ghz, merge_clocks)
+                            l2_latency_ns, gpu.clock_ghz, end)
     rate = total_bytes / (walk_ns + tail_ns)
     if tail_ns > walk_ns:
         bound = "tail"  # a split row's tail outlasts its walk
@@ -262,7 +256,8 @@ def predict(rows: int, vocab: int, k: int, dtype: str, gpu: Gpu, latency_ns: flo
                 sorted_share=round(costs["sorted"], 3),
                 candidates_per_tile=round(costs["candidates"], 3),
                 instructions_per_logit=round(per_tile * warps * 32 / block, 1),
-                tail_reads=row["tail_reads"] if tail_ns else 0,
+                tail_trips=row["tail_trips"] if tail_ns else 0,
+                tail_clocks=row["tail_clocks"][end] if tail_ns else 0,
                 tail_instructions=row["tail_instructions"] if tail_ns else 0,
                 walk_ns=round(walk_ns, 1), tail_ns=round(tail_ns, 1),
                 model_gbps=round(rate, 1), model_hbm_share=round(rate / gpu.hbm_gbps, 3),
@@ -271,15 +266,15 @@ def predict(rows: int, vocab: int, k: int, dtype: str, gpu: Gpu, latency_ns: flo
 
 def predict_range(rows: int, vocab: int, k: int, dtype: str, gpu_name: str = "H200",
                   variants: tuple[dict[str, Any], ...] | None = None) -> dict[str, Any]:
-    """:func:`predict` at both ends of :data:`LATENCY_NS` (with :data:`L2_LATENCY_NS`'s and
-    :data:`MERGE_CLOCKS`'): the slow end's inputs, and the model's share of HBM as
-    ``model_low`` (the slow ends) and ``model_high``, with
+    """:func:`predict` at both ends of :data:`LATENCY_NS` (paired with those of
+    :data:`L2_LATENCY_NS` and of the tail's instruction latencies): the slow end's inputs,
+    and the model's share of HBM as ``model_low`` (the slow ends) and ``model_high``, with
     ``model_low_counting_all``: the longer latency's where every tile counts toward the
     target (its rank not assumed)."""
     gpu = GPUS[gpu_name]
-    slow, fast = (predict(rows, vocab, k, dtype, gpu, end(LATENCY_NS), variants,
-                          l2_latency_ns=end(L2_LATENCY_NS), merge_clocks=end(MERGE_CLOCKS))
-                  for end in (max, min))
+    slow, fast = (predict(rows, vocab, k, dtype, gpu, pick(LATENCY_NS), variants,
+                          l2_latency_ns=pick(L2_LATENCY_NS), end=end)
+                  for pick, end in ((max, 1), (min, 0)))
     worst = predict(rows, vocab, k, dtype, gpu, max(LATENCY_NS), variants, target_rank=None)
     return dict(slow, model_low=slow["model_hbm_share"], model_high=fast["model_hbm_share"],
                 model_low_counting_all=worst["model_hbm_share"],
@@ -317,6 +312,6 @@ def one_pass_words(gpu_name: str, cells: list[tuple[int, int, int]]) -> str:
              for n, vocab, k in dict.fromkeys(cells)]
     return (f"  one-pass kernel, a model from its Triton {LEASE_TRITON} cubins (not measured; "
             f"latency {min(LATENCY_NS):g}-{max(LATENCY_NS):g} ns, L2 "
-            f"{min(L2_LATENCY_NS):g}-{max(L2_LATENCY_NS):g} ns and a split row's tail's clocks "
+            f"{min(L2_LATENCY_NS):g}-{max(L2_LATENCY_NS):g} ns and instruction latencies "
             f"assumed), share of HBM: "
             + "; ".join(parts))

@@ -60,10 +60,11 @@ MERGED_KEYS = 256
 # 225 ns each: a tile's 8 KiB of fp32 at an H200's 4.8 TB/s over its 132 SMs): its last
 # slice's fence, count and read (three L2 round trips, 200-400 ns each: MERGE_FIXED_TILES),
 # and for each group of slices, the first included, its keys merged by that lone program
-# (an L2 read for a later group; the compile check's cubins give its tail 106-815 SASS
-# instructions and a later group's merge 41-972, a few ns each: MERGED_GROUP_TILES a group,
-# 3.6 us). Assumptions for the plan, not figures read from a cubin (the roofline model reads
-# its tail from the cubin: stagelab.analyse.roofline.split_tail_ns).
+# (an L2 read for a later group; the compile check's Triton 3.6 sm_90 cubins give its tail's
+# critical path 513-2662 clocks at the slow end, 0.3-1.3 us, and a later group's merge
+# 262-3334, up to 1.7 us: MERGED_GROUP_TILES a group, 3.6 us, errs long). Assumptions for
+# the plan, not figures read from a cubin (the roofline model reads its tail from the cubin:
+# stagelab.analyse.roofline.split_tail_ns).
 MERGE_FIXED_TILES = 8
 MERGED_GROUP_TILES = 16
 
