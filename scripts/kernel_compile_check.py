@@ -43,7 +43,7 @@ RUNNING = (
     "sm_80. It "
     "fails on any compile error or spill, on a walk whose tile loop is not pipelined or "
     "copies less at a time than its tile allows, and on a split walk that counts its slices "
-    "in unfenced or reads their states back in more than one round trip. "
+    "in unfenced or reads their states back in loads that a barrier holds apart. "
     "`make test` runs the slow test "
     "`tests/test_kernel_compile.py::test_the_representative_variants_compile_for_sm_90_on_"
     "the_lease_triton_without_spills` instead: one variant of each kernel, logits dtype, "
@@ -54,7 +54,7 @@ FIGURES = ("registers", "spill_bytes", "shared_bytes", "ctas_per_sm", "loop_inst
            "guard_instructions", "count_instructions", "enter_instructions",
            "sort_instructions", "candidate_instructions", "pipelined_copies", "copy_bytes",
            "merge_instructions", "tail_reads", "tail_instructions", "tail_trips", "tail_clocks",
-           "merge_clocks")
+           "merge_trips", "merge_clocks")
 
 
 def uv() -> str:
@@ -154,7 +154,7 @@ def failures(found: list[dict]) -> list[str]:
     """One line per variant that did not compile, spilled, walks its tiles without the
     pipeline's copies (plain loads: nothing in flight while a tile is worked) or with copies
     narrower than its tile allows, or, split, counts its slices in unfenced or reads their
-    states back in more than one round trip."""
+    states back in batches of loads that a barrier holds apart."""
     return [f"Triton {r['triton']} sm_{r['arch']} {r['kernel']} {r['where']}: " + problem
             for r in found for problem in [_problem(r)] if problem]
 
@@ -169,8 +169,8 @@ def _problem(row: dict) -> str:
         return ("its slices count in unfenced, or its row's last slice reads their states "
                 "past L2 (kernel_compile.arrival_fenced)")
     if row.get("constexprs", {}).get("SPLIT") and row.get("tail_reads", 1) > 1:
-        return (f"its row's last slice reads the slices' states in {row['tail_reads']} round "
-                "trips, a barrier between them, where one would do "
+        return (f"its row's last slice reads the slices' states in {row['tail_reads']} "
+                "batches of loads a barrier holds apart, where one would do "
                 "(kernel_compile.tail_figures)")
     if row["kernel"] not in WALKS or not row["loop_instructions"] or not pipelinable(row):
         return ""
@@ -225,7 +225,7 @@ def model_table(found: list[dict]) -> list[str]:
              f"{max(roofline.LATENCY_NS):g} ns assumed (and for a split row's last slice, "
              "which fences, counts itself in, reads the slices' states back and merges them "
              "after the walk, its `tail`: its fence and count and its critical path's L2 "
-             "round trips (`trips` above, and a later group of slices' keys one more) "
+             "round trips (`trips` above, and a later group of slices' keys its `merge trips`) "
              f"{min(roofline.L2_LATENCY_NS):g}-{max(roofline.L2_LATENCY_NS):g} ns each, and "
              "its path's clocks (`tail clocks` above, and `merge clocks` a later group) at "
              "the boost clock, the fast ends paired); candidates for independent logits; "
@@ -277,14 +277,15 @@ def table(found: list[dict], when: datetime) -> str:
              "them fails the check), copy B: the narrowest of them (a walk copying less than "
              "min(16, its tile's bytes a thread) at a time fails), merge: a split top-K "
              "walk's loop merging a later group of slices' keys, run by each row's last slice "
-             "(`kernel_compile.loop_figures`), reads: the round trips in which that slice reads "
-             "the slices' states after counting itself in (load batches a barrier holds apart; "
-             "a split walk reading in more than one fails), tail: its instructions after the "
+             "(`kernel_compile.loop_figures`), reads: the batches of loads, a barrier holding "
+             "them apart, in which that slice reads the slices' states after counting itself "
+             "in (a split walk reading in more than one fails), tail: its instructions after the "
              "count, that loop's body aside (`kernel_compile.tail_figures`); trips and tail "
              "clocks: that tail's critical path as one warp issues it in order, its L2 round "
              "trips (a load issued behind one waiting on another counted too) and its clocks "
              "beside them at the fast and slow ends of the assumed instruction latencies "
-             "(`stagelab.measure.sass_path`), merge clocks: the merge loop's body's. "
+             "(`stagelab.measure.sass_path`), merge trips and clocks: the merge loop's "
+             "body's. "
              "Registers and "
              "CTAs bound how many bytes an SM keeps in flight (`stagelab.analyse.roofline`).",
              "",
@@ -293,9 +294,10 @@ def table(found: list[dict], when: datetime) -> str:
              "",
              "| Triton | arch | kernel | variant | first shape | shapes | compiles | registers "
              "| spilled B | shared B | CTAs/SM | loop | guard | count | enter | sort | candidate "
-             "| copies | copy B | merge | reads | tail | trips | tail clocks | merge clocks |",
+             "| copies | copy B | merge | reads | tail | trips | tail clocks | merge trips "
+             "| merge clocks |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
-             "---|---|---|---|---|"]
+             "---|---|---|---|---|---|"]
     for r in found:
         figures = [cell(r.get(name, "")) for name in FIGURES]
         lines.append(f"| {r['triton']} | sm_{r['arch']} | {r['kernel']} | {variant_label(r)} "

@@ -283,7 +283,7 @@ def test_a_split_walk_s_tail_path_counts_every_round_trip_it_waits_in_turn():
     row = dict(triton="3.6.0", arch=90, kernel="onepass_kernel", where="fp32 n=1",
                compiles=True, error="", spill_bytes=0, loop_instructions=0, pipelined_copies=0,
                constexprs=dict(SPLIT=True), arrival_fenced=True)
-    assert "in 2 round trips" in check.failures([dict(row, tail_reads=2)])[0]
+    assert "in 2 batches of loads" in check.failures([dict(row, tail_reads=2)])[0]
     assert check.failures([dict(row, tail_reads=1)]) == []
 
 

@@ -212,7 +212,7 @@ def test_the_smallest_k(backend, k):
 
 def test_a_split_row_s_last_slice_merges_its_slices_in_groups_and_leaves_the_counts_zero(
         interpreted, monkeypatch):
-    """Ten slices of a row, K_PAD 32: the last slice reads their scalars as a vector of 16
+    """Ten slices of a row, K_PAD 32: the last slice reads their scalars as 16 records
     and their keys 8 at a time (a full group, then one of two with six masked slots); one
     launch a call, whose arrival counts the rows' last slices set back to zero (here, in the
     interpreter, a fresh buffer a call: a grid stopped part-way must not leave a count

@@ -182,6 +182,10 @@ def test_a_split_row_waits_its_last_slice_s_tail_by_hand():
     assert roofline.split_tail_ns(8, 8, row, True, 400, 2.0, 1) == 3 * 400 + 500 / 2
     serial = dict(row, tail_trips=2)  # a read waiting behind another: a trip more
     assert roofline.split_tail_ns(8, 8, serial, True, 400, 2.0, 1) == 4 * 400 + 500 / 2
+    # 18 slices in groups of 8: two later groups, each its merge loop's 2 trips and clocks
+    twice = dict(row, merge_trips=2)
+    assert roofline.split_tail_ns(18, 8, twice, True, 400, 2.0, 0) == (
+        (2 + 1 + 2 * 2) * 400 + (300 + 2 * 600) / 2)
 
 
 def test_a_tail_longer_than_the_walk_bounds_the_call():
@@ -251,6 +255,25 @@ def test_a_top_k_walk_costs_its_paths_at_the_model_s_shares():
     issued = (256 / 264) * 132 * 4 * GPU.clock_ghz * 4096 / (4 * costs["instructions"])
     assert found["bound"] == "issue"
     assert found["model_gbps"] == pytest.approx(issued, abs=0.1)
+
+
+def test_the_range_pairs_the_fast_ends_and_the_slow_ends():
+    """model_high: the short HBM latency with the short L2 one and the tail's fast clocks;
+    model_low: the long ones with the slow clocks (n = 16, k = 5: 8 slices, one group).
+    One program of four warps an SM whose work outlasts the latency's share of its tile is
+    paced by the SM's issue: both bounds agree, and the bound says issue."""
+    rows = (variant(16, 152064, 5, "fp32", tail_clocks=[300, 700]),)
+    found = roofline.predict_range(16, 152064, 5, "fp32", variants=rows)
+    fast = roofline.predict(16, 152064, 5, "fp32", GPU, 450.0, rows, l2_latency_ns=200, end=0)
+    slow = roofline.predict(16, 152064, 5, "fp32", GPU, 800.0, rows, l2_latency_ns=400, end=1)
+    assert fast["tail_ns"] == pytest.approx(3 * 200 + 300 / GPU.clock_ghz, abs=0.1)
+    assert slow["tail_ns"] == pytest.approx(3 * 400 + 700 / GPU.clock_ghz, abs=0.1)
+    assert (found["model_high"], found["model_low"]) == (
+        fast["model_hbm_share"], slow["model_hbm_share"])
+    assert found["tail_ns"] == slow["tail_ns"] and found["tail_clocks"] == 700
+    busy = (variant(64, 152064, 20, "fp32", ctas_per_sm=1, guard_instructions=2000),)
+    found = roofline.predict(64, 152064, 20, "fp32", GPU, 800.0, busy)
+    assert found["bound"] == "issue" and found["resident_per_sm"] == 1
 
 
 def test_a_missing_variant_says_how_to_make_the_figures():

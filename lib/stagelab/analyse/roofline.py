@@ -237,8 +237,11 @@ def predict(rows: int, vocab: int, k: int, dtype: str, gpu: Gpu, latency_ns: flo
         latency_ns, issue_ns, launches.tiles_ahead(), tiles)
     issued = (balance * active * min(ISSUE_PER_CLOCK, resident * warps) * gpu.clock_ghz
               * tile_bytes / (warps * per_tile))
-    rate, bound = min((gpu.hbm_gbps, "hbm"), (parallel, "memory parallelism"),
-                      (issued, "issue"))
+    rates = {"hbm": gpu.hbm_gbps, "issue": issued, "memory parallelism": parallel}
+    rate = min(rates.values())
+    # the first that binds, within rounding: a program whose work outlasts its tiles' wait
+    # (one program of four warps an SM) is paced by the SM's issue, whichever formula says so
+    bound = next(name for name, bound_rate in rates.items() if bound_rate <= rate * (1 + 1e-9))
     total_bytes = rows * vocab * DTYPE_BYTES[dtype]
     walk_ns = total_bytes / rate  # bytes / (GB/s) is ns
     tail_ns = split_tail_ns(first.grid[1], int(first.constexprs["GROUP"]), row, k > 0,

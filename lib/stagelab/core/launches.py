@@ -47,7 +47,8 @@ def default_splits(rows: int, tiles: int, slots: int) -> int:
 
 
 # The most slices a row is split into: the row's last slice reads every slice's scalars at once
-# (onepass_triton._merged_slices, a vector of the slices padded to a power of two: SLICES).
+# (onepass_triton._merged_slices: a record a slice, the slices padded to a power of two:
+# SLICES).
 MAX_SLICES = 256
 # The most tiles a slice spans: a lane counts the target's ties in the high 16 bits of an
 # int32 (onepass_triton._walk_tile), one a tile at most, and a slice whose row starts off

@@ -376,7 +376,8 @@ if triton is not None:
     @triton.jit
     def _record(m, s, ge, eq):
         """A slice's scalars as one record of four int32 (``m`` and ``s`` as their bits):
-        one 16-byte store, read back in one load (:func:`_merged_slices`)."""
+        stored by one instruction, read back with every slice's in one load of 16 bytes a
+        slice (:func:`_merged_slices`)."""
         field = tl.arange(0, 4)
         return tl.where(field == 0, m.to(tl.int32, bitcast=True),
                         tl.where(field == 1, s.to(tl.int32, bitcast=True),
@@ -431,7 +432,7 @@ if triton is not None:
         (at ``x_ptr + origin + row * stride_row``), whose results it writes; with ``SPLIT`` it
         writes its partial state and counts itself in ``arrivals_ptr[row]``, and the row's
         last slice to end merges them all (:func:`_merged_slices`: ``GROUP`` slices' keys a
-        read, the scalars a vector of ``SLICES``, its slices padded to a power of two),
+        read, the scalars ``SLICES`` records, its slices padded to a power of two),
         writes the row's results and sets the count back to 0 (so the counts, zeros, serve
         the next call as they were); ``LEAD`` where the rows' stride or origin leaves some
         unaligned (:func:`_row_start`)."""
