@@ -14,13 +14,15 @@ round trip more is taken as the longer whatever the clocks beside it, which hold
 round trip outlasts the clocks any path spends between two of them (a few hundred here; an L2
 round trip under load some 400-800 clocks at an H200's boost clock: on today's tails a plain
 sum at a round trip of 400 clocks differs by at most 2 %, at 600 and 800 not at all). The
-caller prices a round trip (:mod:`stagelab.analyse.roofline`). Further simplifications, each named: one warp stands for
-the program's warps (they run the same code, one a scheduler); a barrier costs its latency once
-every earlier instruction has issued; both sides of a forward branch are walked one after the
-other (a predicated run of code costs its issue slots either way); a store, branch or fence
-yields nothing to wait on; a register written twice is ready at its last write, the second
-writer waiting for a pending variable-latency first. Standard library only, like
-:mod:`stagelab.measure.kernel_compile`, which reads it.
+caller prices a round trip (:mod:`stagelab.analyse.roofline`).
+
+Further simplifications, each named: one warp stands for the program's warps (they run the
+same code, one a scheduler); a barrier costs its latency once every earlier instruction has
+issued; both sides of a forward branch are walked one after the other (a predicated run of
+code costs its issue slots either way); a store, branch or fence yields nothing to wait on; a
+register written twice is ready at its last write, the second writer waiting for a pending
+variable-latency first. Standard library only, like :mod:`stagelab.measure.kernel_compile`,
+which reads it.
 """
 
 from __future__ import annotations
@@ -97,10 +99,10 @@ def instruction(text: str) -> Instruction:
     width = 4 if ".128" in opcode else 2 if ".64" in opcode or ".WIDE" in opcode else 1
     if root == "CS2R":
         width = 1 if ".32" in opcode else 2
-    last = [_registers(operands[-1], width)] if operands else []
+    last = _registers(operands[-1], width) if operands else []
     if root in NO_RESULT or not operands:
         reads += [r for op in operands[:-1] for r in _registers(op)]
-        return Instruction(opcode, (), tuple(reads + (last[0] if last else [])))
+        return Instruction(opcode, (), tuple(reads + last))
     if root == "R2P":
         return Instruction(opcode, PREDICATES, tuple(reads + _registers(operands[1])))
     if PREDICATE.match(operands[0]):
@@ -120,7 +122,7 @@ def instruction(text: str) -> Instruction:
     wide_addend = ".WIDE" in opcode and len(sources) > 0
     reads += [r for op in (sources[:-1] if wide_addend else sources) for r in _registers(op)]
     if wide_addend:
-        reads += last[0]
+        reads += last
     if "PR" in sources:
         reads += PREDICATES
     return Instruction(opcode, tuple(writes), tuple(reads))
