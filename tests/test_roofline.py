@@ -320,3 +320,34 @@ def test_predict_words_name_the_model_and_skip_gpus_not_modelled(monkeypatch):
     assert "not measured" in words and words.count("n=64 V=152064 k=5") == 1
     assert words.count(" %") == 2
     assert roofline.one_pass_words("L4", [(64, 152064, 5)]) == ""
+
+
+def test_an_a100_is_modelled_from_its_own_plan_and_the_sm_80_figures():
+    """An A100 (108 SMs at 1.41 GHz) plans its own grid and reads sm_80 figures; an sm_90
+    row of the same launch does not stand in for them."""
+    a100 = roofline.GPUS["A100 SXM"]
+    first = launches.triton_launches(64, 152064, 5, True, None, None,
+                                     launches.device_slots(a100.sms, 5))[0]
+    row = dict(variant(64, 152064, 5, "bf16"), constexprs=dict(first.constexprs))
+    with pytest.raises(LookupError, match="sm_80"):
+        roofline.predict(64, 152064, 5, "bf16", a100, 600.0, (row,))
+    found = roofline.predict(64, 152064, 5, "bf16", a100, 600.0, (dict(row, arch=80),))
+    assert found["gpu"] == "A100 SXM" and found["programs"] == first.grid[0] * first.grid[1]
+    assert found["programs"] <= a100.sms < GPU.sms
+    assert a100.hbm_gbps == 2039.0 and roofline.GPUS["A100 PCIe"].hbm_gbps == 1935.0
+
+
+def test_predict_words_model_an_a100_platform_from_its_sm_80_rows(monkeypatch):
+    """``stagelab predict`` names platforms as data/platforms.csv does ("A100 SXM"): its
+    words give the model's share from sm_80 rows, and no model from sm_90 rows alone."""
+    a100 = roofline.GPUS["A100 SXM"]
+    first = launches.triton_launches(64, 152064, 5, True, None, None,
+                                     launches.device_slots(a100.sms, 5))[0]
+    rows = tuple(dict(variant(64, 152064, 5, dtype), constexprs=dict(first.constexprs))
+                 for dtype in ("fp32", "bf16"))
+    monkeypatch.setattr(roofline, "compiled_variants", lambda: rows)
+    assert roofline.one_pass_words("A100 SXM", [(64, 152064, 5)]).count("no model") == 2
+    monkeypatch.setattr(roofline, "compiled_variants",
+                        lambda: tuple(dict(row, arch=80) for row in rows))
+    words = roofline.one_pass_words("A100 SXM", [(64, 152064, 5)])
+    assert "no model" not in words and words.count(" %") == 2

@@ -3,7 +3,8 @@
 What the compile check read from each cubin (``data/kernel_compile.json``, written by
 ``scripts/kernel_compile_check.py``: CTAs per SM, the tile loop's SASS instructions by path)
 and the launch plan (:mod:`stagelab.core.launches`: programs per row, tile,
-warps) predict, per (n, V, k, dtype) on a named GPU, the share of its HBM bandwidth the kernel
+warps) predict, per (n, V, k, dtype) on a named GPU (:data:`GPUS`: an H200 or H100 from the
+sm_90 cubins, an A100 from the sm_80 ones), the share of its HBM bandwidth the kernel
 can reach, as the least of three rates:
 
 * **HBM**: the datasheet peak;
@@ -94,9 +95,13 @@ class Gpu:
     arch: int
 
 
-GPUS = {"H200": Gpu("H200", forward.peak_bandwidth_gbps("H200") or 0.0, 132, 1.98, 90),
-        "H100 SXM": Gpu("H100 SXM", forward.peak_bandwidth_gbps("H100 80GB HBM3") or 0.0, 132,
-                        1.98, 90)}
+# SMs and boost clocks from NVIDIA's datasheets (H100 and H200 SXM: 132 SMs at 1.98 GHz; A100:
+# 108 at 1.41), HBM from forward's table; an A100 is modelled from the sm_80 cubins.
+GPUS = {gpu.name: gpu for gpu in (
+    Gpu("H200", forward.peak_bandwidth_gbps("H200") or 0.0, 132, 1.98, 90),
+    Gpu("H100 SXM", forward.peak_bandwidth_gbps("H100 80GB HBM3") or 0.0, 132, 1.98, 90),
+    Gpu("A100 SXM", forward.peak_bandwidth_gbps("A100-SXM4-80GB") or 0.0, 108, 1.41, 80),
+    Gpu("A100 PCIe", forward.peak_bandwidth_gbps("A100 80GB PCIe") or 0.0, 108, 1.41, 80))}
 DTYPE_NAMES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}  # torch's: the model's
 
 
