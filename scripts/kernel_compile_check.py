@@ -1,20 +1,22 @@
-"""Compile every launched one-pass kernel variant for the lease's GPU, with no GPU here.
+"""Compile every launched one-pass kernel variant for the lease's GPU and an A100, no GPU here.
 
 Each distinct specialisation the measuring code launches at the lease's shapes
-(:func:`stagelab.measure.kernel_variants.launched_variants`) is compiled for CUDA sm_90 (and
-``--arch 80`` for sm_80) by the Triton this environment installs and by the lease image's
-Triton (3.6, in its own small environment under ``.cache/``, made here with uv on first use),
-each in its own process (:mod:`stagelab.measure.kernel_compile`). It fails (exit 1) on any
-compile error or spill, and ``--write`` writes the per-variant table (registers, spills,
+(:func:`stagelab.measure.kernel_variants.launched_variants`) is compiled for CUDA sm_90 (an
+H200's launches) and sm_80 (an A100's: :func:`launched_for`) by the Triton this environment
+installs and by the lease image's Triton (3.6, in its own small environment under
+``.cache/``, made here with uv on first use), each in its own process
+(:mod:`stagelab.measure.kernel_compile`). It fails (exit 1) on any compile error or spill,
+and ``--write`` writes the per-variant table (registers, spills,
 shared memory, CTAs per SM, the loop's SASS instructions) with the date and the Triton
 versions to ``docs/kernels.md``, and the figures to ``data/kernel_compile.json`` (the
 roofline model's input, :mod:`stagelab.analyse.roofline`).
 
-    python scripts/kernel_compile_check.py [--write] [--arch 90 --arch 80] [--workers 2]
+    python scripts/kernel_compile_check.py [--write] [--arch 90] [--arch 80] [--workers 2]
 
-The slow test (``tests/test_kernel_compile.py``) compiles the representatives alone
-(:func:`stagelab.measure.kernel_variants.representative_variants`); docs/kernels.md says how
-long the full check takes.
+The slow tests (``tests/test_kernel_compile.py``) compile the representatives alone
+(:func:`stagelab.measure.kernel_variants.representative_variants`) on Triton 3.6, and each
+kernel's widest variant for both architectures on the installed Triton; docs/kernels.md says
+how long the full check takes.
 """
 
 from __future__ import annotations
@@ -35,20 +37,22 @@ DOC = ROOT / "docs" / "kernels.md"
 DATA = ROOT / "data" / "kernel_compile.json"
 # How to run the check, written above the table.
 RUNNING = (
-    "The full check: `python scripts/kernel_compile_check.py --write` (`--arch 80` adds sm_80; "
-    "`--rows FILE` keeps each row as it comes, so a stopped run resumes where it stopped) "
-    "compiles all {launched} launched variants on each Triton and architecture: some 5.5 s "
-    "of two cores a compile (the 438 sm_90 compiles of both Tritons took 40 minutes under "
-    "cpu-lock on 2026-12-06), so about {minutes} minutes for sm_90 on both, twice that with "
-    "sm_80. It "
+    "The full check: `python scripts/kernel_compile_check.py --write` (`--arch 90` for sm_90 "
+    "alone; `--rows FILE` keeps each row as it comes, so a stopped run resumes where it "
+    "stopped) compiles on each Triton every variant launched on each architecture's GPU "
+    "({launched}): some 5.5 s of two cores a compile (the 438 sm_90 compiles took 40 minutes "
+    "under cpu-lock on 2026-12-06; an A100's 408 sm_80 compiles some 40 minutes, over two runs, "
+    "on 2026-12-07), so about {minutes} minutes in all. It "
     "fails on any compile error or spill, on a walk whose tile loop is not pipelined or "
     "copies less at a time than its tile allows, and on a split walk that counts its slices "
     "in unfenced or reads their states back in loads that a barrier holds apart. "
-    "`make test` runs the slow test "
+    "`make test` runs two slow tests instead: "
     "`tests/test_kernel_compile.py::test_the_representative_variants_compile_for_sm_90_on_"
-    "the_lease_triton_without_spills` instead: one variant of each kernel, logits dtype, "
-    "split or not, k-class and masked tile or not, on Triton 3.6 alone (its environment "
-    "made under `.cache/` on first use).")
+    "the_lease_triton_without_spills`, one variant of each kernel, logits dtype, "
+    "split or not, k-class and masked tile or not, on Triton 3.6 (its environment "
+    "made under `.cache/` on first use), and `test_the_widest_variant_of_each_kernel_"
+    "compiles_for_sm_90_and_sm_80_on_the_installed_triton`.")
+ARCHS = (90, 80)  # sm_90 (the lease's H200) and sm_80 (an A100)
 SECONDS_A_COMPILE = 5.5  # of two cores, from the full check's timing (RUNNING)
 FIGURES = ("registers", "spill_bytes", "shared_bytes", "ctas_per_sm", "loop_instructions",
            "guard_instructions", "count_instructions", "enter_instructions",
@@ -110,19 +114,43 @@ def compile_with(python: Path, specs: list[dict], archs: tuple[int, ...], worker
                 subprocess.run([str(python), "-m", "stagelab.measure.kernel_compile",
                                 str(specs_path), str(out_path), str(arch)], check=True, env=env)
         kept = [row for key, row in done.items() if key in wanted]
-        return kept + _lines(out_path)[start:]
+        return in_spec_order(kept + _lines(out_path)[start:], {arch: specs for arch in archs})
+
+
+def in_spec_order(rows: list[dict], specs: dict[int, list[dict]]) -> list[dict]:
+    """The last of ``rows`` for each variant ``specs`` lists for its architecture, in that
+    order (architecture by architecture), each labelled with its spec's first shape and count
+    of shapes where the spec has them: a row kept from a run whose plan differed (another
+    GPU's slices) carries that plan's."""
+    from stagelab.measure.kernel_variants import specialisation
+
+    latest = {(row["arch"], specialisation(row)): row for row in rows}
+    return [dict(latest[key], **{name: spec[name] for name in ("where", "shapes")
+                                 if name in spec})
+            for arch, listed in specs.items() for spec in listed
+            for key in [(arch, specialisation(spec))] if key in latest]
+
+
+def launched_for(arch: int) -> list[dict]:
+    """The variants launched on the GPU ``arch`` is compiled for (its own SMs' plans:
+    ``kernel_variants.ARCH_SMS``)."""
+    sys.path.insert(0, str(ROOT / "lib"))
+    from stagelab.measure import kernel_variants
+
+    return kernel_variants.launched_variants(kernel_variants.ARCH_SMS[arch])
 
 
 def current_rows(path: Path) -> list[dict]:
-    """The rows of ``path`` that compiled a variant launched today (the last of each), the
-    lease's Triton first."""
-    sys.path.insert(0, str(ROOT / "lib"))
-    from stagelab.measure.kernel_variants import launched_variants, specialisation
-
-    wanted = {specialisation(spec) for spec in launched_variants()}
-    latest = {(row["triton"], row["arch"], specialisation(row)): row for row in _lines(path)}
-    return sorted((row for key, row in latest.items() if key[2] in wanted),
-                  key=lambda row: not row["triton"].startswith(LEASE_TRITON + "."))
+    """The rows of ``path`` that compiled a variant launched today on its architecture's GPU
+    (the last of each, labelled as launched today: :func:`in_spec_order`), the lease's Triton
+    first, then sm_90 before sm_80."""
+    rows = _lines(path)
+    tritons = sorted({row["triton"] for row in rows},
+                     key=lambda triton: not triton.startswith(LEASE_TRITON + "."))
+    archs = [arch for arch in ARCHS if any(row["arch"] == arch for row in rows)]
+    return [row for triton in tritons
+            for row in in_spec_order([r for r in rows if r["triton"] == triton],
+                                     {arch: launched_for(arch) for arch in archs})]
 
 
 def _lines(path: Path) -> list[dict]:
@@ -194,12 +222,13 @@ def variant_label(row: dict) -> str:
     return ", ".join(word for word in words if word)
 
 
-def compiled_counts(found: list[dict], launched: int) -> str:
-    """How many of the ``launched`` variants each (Triton, architecture) compiled, in words."""
+def compiled_counts(found: list[dict], launched: dict[int, int]) -> str:
+    """How many of the variants launched on each architecture's GPU (``launched``, by
+    architecture) each (Triton, architecture) compiled, in words."""
     pairs = sorted({(r["triton"], r["arch"]) for r in found}, key=lambda p: (p[0], -p[1]))
     return ", ".join(f"Triton {triton} sm_{arch}: "
-                     f"{sum((r['triton'], r['arch']) == (triton, arch) for r in found)} of {launched}"
-                     for triton, arch in pairs)
+                     f"{sum((r['triton'], r['arch']) == (triton, arch) for r in found)} of "
+                     f"{launched[arch]}" for triton, arch in pairs)
 
 
 def cell(figure: object) -> str:
@@ -207,21 +236,36 @@ def cell(figure: object) -> str:
     return "-".join(str(end) for end in figure) if isinstance(figure, list) else str(figure)
 
 
+MODELLED = ("H200", "A100 SXM")  # the GPUs the table models (roofline.GPUS), an architecture each
+GOAL_GPU = "H200"  # the GPU issue 44's goal is set on
+
+
 def model_table(found: list[dict]) -> list[str]:
-    """The roofline model (``stagelab.analyse.roofline``) at the goal's shapes on an H200 from
-    ``found``'s lease-Triton sm_90 rows, with its inputs: markdown lines (none where those
-    rows lack a variant the model reads)."""
+    """The roofline model (``stagelab.analyse.roofline``) at the goal's shapes on each GPU of
+    :data:`MODELLED` from ``found``'s lease-Triton rows of its architecture, with its inputs:
+    markdown lines (none for a GPU whose rows lack a variant the model reads)."""
+    return [line for gpu_name in MODELLED for line in _model_section(found, gpu_name)]
+
+
+def _model_section(found: list[dict], gpu_name: str) -> list[str]:
+    """:func:`model_table`'s lines for one GPU."""
     from stagelab.analyse import roofline
 
+    arch = roofline.GPUS[gpu_name].arch
     lease = tuple(r for r in found if r["triton"].startswith(LEASE_TRITON + ".")
-                  and r["arch"] == 90)
+                  and r["arch"] == arch)
     try:
-        rows = roofline.grid(variants=lease)
+        rows = roofline.grid(gpu_name, variants=lease)
     except LookupError:
         return []
-    lines = ["", "## The roofline model from these cubins (a model, never a measurement)", "",
-             f"`stagelab.analyse.roofline` on an H200 (V = 152,064), from the Triton "
-             f"{LEASE_TRITON} sm_90 rows above; latency {min(roofline.LATENCY_NS):g}-"
+    goal = (f" Goal (issue 44): >= {100 * roofline.GOAL:.0f} % at n >= 64, k <= 20; >= 40 % "
+            "at n = 16." if gpu_name == GOAL_GPU else
+            f" Its latencies, memory's and instructions', are the {GOAL_GPU}'s assumptions, "
+            "not its own (an A100's far L2 hits take longer): a first screen.")
+    lines = ["", f"## The roofline model from these cubins on an {gpu_name} (a model, never a "
+             "measurement)", "",
+             f"`stagelab.analyse.roofline` on an {gpu_name} (V = 152,064), from the Triton "
+             f"{LEASE_TRITON} sm_{arch} rows above; latency {min(roofline.LATENCY_NS):g}-"
              f"{max(roofline.LATENCY_NS):g} ns assumed (and for a split row's last slice, "
              "which fences, counts itself in, reads the slices' states back and merges them "
              "after the walk, its `tail`: its fence and count and its critical path's L2 "
@@ -231,8 +275,7 @@ def model_table(found: list[dict]) -> list[str]:
              "the boost clock, the fast ends paired); candidates for independent logits; "
              f"the target at rank {roofline.TARGET_RANK} (a tile counts toward it where it "
              "holds one of the values at or above it: `counted`; the last column lets every "
-             "tile count, the rank not assumed). "
-             f"Goal (issue 44): >= {100 * roofline.GOAL:.0f} % at n >= 64, k <= 20; >= 40 % at n = 16.",
+             "tile count, the rank not assumed)." + goal,
              "", "| n | k | dtype | programs | resident/SM | tiles/slice | tile instructions "
              "| counted | entered | sorted | passes/tile | instructions/logit | bound at 800 ns "
              "| walk ns at 800 ns | tail trips, clocks (slow), instructions "
@@ -256,12 +299,13 @@ def model_table(found: list[dict]) -> list[str]:
 def table(found: list[dict], when: datetime) -> str:
     """The per-variant markdown table, with its date and the Triton versions."""
     versions = sorted({r["triton"] for r in found})
-    from stagelab.measure import kernel_variants
-
-    launched = len(kernel_variants.launched_variants())
+    launched = {arch: len(launched_for(arch)) for arch in sorted({r["arch"] for r in found},
+                                                                  reverse=True)}
     counts = compiled_counts(found, launched)
+    gpus = {90: "an H200", 80: "an A100"}
     lines = ["<!-- written by scripts/kernel_compile_check.py --write; never by hand -->",
-             "# The one-pass kernels compiled for the lease's GPU",
+             "# The one-pass kernels compiled for "
+             + " and ".join(f"{gpus[arch]} (sm_{arch})" for arch in launched),
              "",
              f"Compiled {when:%Y-%m-%d %H:%M} UTC ahead of time (no GPU) by Triton "
              f"{' and '.join(versions)}: {len(found)} compilations ({counts} launched "
@@ -289,8 +333,9 @@ def table(found: list[dict], when: datetime) -> str:
              "Registers and "
              "CTAs bound how many bytes an SM keeps in flight (`stagelab.analyse.roofline`).",
              "",
-             RUNNING.format(launched=launched, minutes=round(2 * launched * SECONDS_A_COMPILE
-                                                             / 60)),
+             RUNNING.format(launched=", ".join(f"{count} on {gpus[arch]} for sm_{arch}"
+                                               for arch, count in launched.items()),
+                            minutes=round(2 * sum(launched.values()) * SECONDS_A_COMPILE / 60)),
              "",
              "| Triton | arch | kernel | variant | first shape | shapes | compiles | registers "
              "| spilled B | shared B | CTAs/SM | loop | guard | count | enter | sort | candidate "
@@ -308,23 +353,22 @@ def table(found: list[dict], when: datetime) -> str:
 
 def run_check(archs: tuple[int, ...], workers: int, out: Path | None = None,
               specs: list[dict] | None = None, installed: bool = True) -> list[dict]:
-    """``specs`` (every launched variant where None) compiled for each architecture by the
-    lease's Triton, then by the installed one where ``installed`` (rows appended to ``out``
-    as they come, where given)."""
-    sys.path.insert(0, str(ROOT / "lib"))
-    from stagelab.measure import kernel_variants
-
-    specs = kernel_variants.launched_variants() if specs is None else specs
+    """``specs`` (where None, the variants launched on each architecture's GPU:
+    :func:`launched_for`) compiled for each architecture by the lease's Triton, then by the
+    installed one where ``installed`` (rows appended to ``out`` as they come, where given)."""
     pythons = [triton_python(LEASE_TRITON)] + ([Path(sys.executable)] if installed else [])
     found = []
     for python in pythons:
-        found += compile_with(python, specs, archs, workers, out=out)
+        for arch in archs:
+            found += compile_with(python, launched_for(arch) if specs is None else specs,
+                                  (arch,), workers, out=out)
     return found
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--arch", type=int, action="append", choices=(80, 90))
+    parser.add_argument("--arch", type=int, action="append", choices=ARCHS,
+                        help="an architecture to compile for (repeatable; default: both)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--write", action="store_true",
                         help=f"write {DOC.relative_to(ROOT)} and {DATA.relative_to(ROOT)}")
@@ -333,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--from-rows", action="store_true")
     args = parser.parse_args(argv)
     found = (current_rows(args.rows) if args.from_rows and args.rows
-             else run_check(tuple(args.arch or (90,)), args.workers, args.rows))
+             else run_check(tuple(args.arch or ARCHS), args.workers, args.rows))
     if args.write:  # dated when compiled: a table rendered from rows takes their file's time
         when = (datetime.fromtimestamp(args.rows.stat().st_mtime, UTC)
                 if args.from_rows and args.rows else datetime.now(UTC))

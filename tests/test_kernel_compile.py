@@ -2,10 +2,12 @@
 
 The slow test compiles one representative of each kind of launched variant with the lease
 image's Triton (3.6, in its own environment under ``.cache/``, made on first use by
-``scripts/kernel_compile_check.py``), and fails on any compile error or spill. The full check (every
-variant, both Tritons) is the script. The fast tests hold the parts to known answers: the
-specs type every pointer the kernels take, the variants cover the grid once per
-specialisation, and the cubin readers count what they should on hand-written SASS.
+``scripts/kernel_compile_check.py``), and fails on any compile error or spill; a second
+compiles each kernel's widest variants for sm_90 and sm_80 on the installed Triton. The full
+check (every variant, both Tritons, both architectures) is the script. The fast tests hold
+the parts to known answers: the specs type every pointer the kernels take, the variants
+cover the grid once per specialisation, and the cubin readers count what they should on
+hand-written SASS.
 """
 
 from __future__ import annotations
@@ -13,9 +15,11 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
+from pathlib import Path
 
 import pytest
 
+from stagelab.analyse import roofline
 from stagelab.core import launches, paths
 from stagelab.measure import kernel_compile, kernel_variants, onepass
 
@@ -38,8 +42,10 @@ def test_the_specs_type_every_pointer_each_kernel_takes():
         assert tuple(taken) == pointers, name
 
 
-def test_the_variants_cover_the_grid_once_per_specialisation():
-    variants = kernel_variants.launched_variants()
+@pytest.mark.parametrize("sms", sorted(kernel_variants.ARCH_SMS.values()))
+def test_the_variants_cover_the_grid_once_per_specialisation(sms):
+    """On each architecture's GPU (an H200's 132 SMs, an A100's 108)."""
+    variants = kernel_variants.launched_variants(sms)
     keys = [kernel_variants.specialisation(v) for v in variants]
     assert len(keys) == len(set(keys))
     assert {v["kernel"] for v in variants} == set(kernel_variants.KERNEL_POINTERS)
@@ -375,8 +381,43 @@ def test_the_representatives_stand_for_every_kind():
 def test_the_table_counts_each_triton_and_architecture_apart():
     """Before: sm_80 rows beside sm_90 ones read "246 of 123 launched variants"."""
     rows = [dict(triton="3.6.0", arch=arch) for arch in (90, 80) for _ in range(3)]
-    assert check.compiled_counts(rows + [dict(triton="3.9.0", arch=90)], 3) == (
-        "Triton 3.6.0 sm_90: 3 of 3, Triton 3.6.0 sm_80: 3 of 3, Triton 3.9.0 sm_90: 1 of 3")
+    assert check.compiled_counts(rows + [dict(triton="3.9.0", arch=90)], {90: 3, 80: 4}) == (
+        "Triton 3.6.0 sm_90: 3 of 3, Triton 3.6.0 sm_80: 3 of 4, Triton 3.9.0 sm_90: 1 of 3")
+
+
+def test_each_architecture_compiles_the_launches_of_its_own_gpu(tmp_path, monkeypatch):
+    """sm_80 is compiled for an A100's plans (108 SMs), sm_90 for an H200's (132): their
+    slices differ, so each has variants the other lacks. The table keeps each
+    architecture's own, in its order, labelled with its own plan's shapes (a row kept from a
+    run of the H200's plan is relabelled). Before: sm_80 compiled the H200's launches, 21 of an
+    A100's missing."""
+    h200, a100 = check.launched_for(90), check.launched_for(80)
+    key = kernel_variants.specialisation
+    assert {key(v) for v in a100} - {key(v) for v in h200}
+    assert {key(v) for v in h200} - {key(v) for v in a100}
+    asked = []
+    monkeypatch.setattr(check, "triton_python", lambda version: tmp_path / "python")
+    monkeypatch.setattr(check, "compile_with", lambda python, specs, archs, workers, out:
+                        asked.append((archs, len(specs))) or [])
+    check.run_check((90, 80), 1, installed=False)
+    assert asked == [((90,), len(h200)), ((80,), len(a100))]
+    only_h200 = next(v for v in h200 if key(v) not in {key(a) for a in a100})
+    only_a100 = next(v for v in a100 if key(v) not in {key(h) for h in h200})
+    shared = next(v for v in a100 if key(v) in {key(h) for h in h200}
+                  and (v["where"], v["shapes"]) != next((h["where"], h["shapes"])
+                                                        for h in h200 if key(h) == key(v)))
+    as_h200 = next(h for h in h200 if key(h) == key(shared))
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps(dict(spec, triton="3.6.0", arch=arch)) + "\n"
+                            for spec, arch in ((only_h200, 90), (only_h200, 80), (only_a100, 80),
+                                               (as_h200, 80))))
+    kept = check.current_rows(rows)
+    assert [(row["arch"], key(row)) for row in kept] == sorted(
+        [(90, key(only_h200)), (80, key(only_a100)), (80, key(shared))],
+        key=lambda pair: (-pair[0], [key(v) for v in (h200 if pair[0] == 90 else a100)].index(
+            pair[1])))
+    relabelled = next(row for row in kept if key(row) == key(shared))
+    assert (relabelled["where"], relabelled["shapes"]) == (shared["where"], shared["shapes"])
 
 
 def test_a_failure_to_make_the_lease_triton_environment_says_so(tmp_path, monkeypatch):
@@ -387,20 +428,29 @@ def test_a_failure_to_make_the_lease_triton_environment_says_so(tmp_path, monkey
     assert not (tmp_path / "triton-3.6" / ".complete").exists()
 
 
-def test_the_committed_figures_hold_every_launched_variant_on_the_lease_triton():
-    """The roofline reads the lease's Triton's figures: every launched variant is in the
-    committed file for sm_90, none failed or spilled, and the table names its date and
-    versions. Before: 43 of 144 variants were missing and two spilled."""
+def test_the_committed_figures_hold_every_launched_variant_on_each_triton_and_arch():
+    """The roofline reads the lease's Triton's figures (sm_90 for an H200, sm_80 for an
+    A100): on both Tritons, the committed file holds exactly the variants launched on each
+    architecture's GPU, in launch order and labelled with that plan's shapes; none failed or
+    spilled, and the table names its date and versions. Before: 43 of 144 variants were
+    missing and two spilled; then sm_80 was not compiled at all."""
     data = json.loads(check.DATA.read_text())
-    lease_rows = [row for row in data["variants"]
-                  if row["triton"].startswith(check.LEASE_TRITON + ".") and row["arch"] == 90]
     assert check.failures(data["variants"]) == []
-    launched = {kernel_variants.specialisation(v) for v in kernel_variants.launched_variants()}
-    compiled = {kernel_variants.specialisation(row) for row in lease_rows}
-    assert launched <= compiled
+    tritons = {row["triton"] for row in data["variants"]}
+    assert {row["arch"] for row in data["variants"]} == set(check.ARCHS)
+    assert len(tritons) == 2 and any(t.startswith(check.LEASE_TRITON + ".") for t in tritons)
+    for triton in tritons:
+        for arch in check.ARCHS:
+            listed = [row for row in data["variants"]
+                      if (row["triton"], row["arch"]) == (triton, arch)]
+            assert [kernel_variants.specialisation(row) for row in listed] == [
+                kernel_variants.specialisation(v) for v in check.launched_for(arch)]
+            assert [(row["where"], row["shapes"]) for row in listed] == [
+                (v["where"], v["shapes"]) for v in check.launched_for(arch)]
     text = check.DOC.read_text()
     assert data["written"][:10] in text
     assert all(row["triton"] in text for row in data["variants"])
+    assert all(f"on an {gpu} (a model" in text for gpu in check.MODELLED)
 
 
 @pytest.mark.slow
@@ -419,6 +469,31 @@ def test_the_representative_variants_compile_for_sm_90_on_the_lease_triton_witho
     assert check.failures(found) == []
     assert {row["triton"].rsplit(".", 1)[0] for row in found} == {check.LEASE_TRITON}
     assert len(found) == len(specs)
+
+
+@pytest.mark.slow
+@NEEDS_TRITON
+def test_the_widest_variants_compile_for_sm_90_and_sm_80_on_the_installed_triton():
+    """The installed Triton (the one a user's machine runs) compiles, for each architecture,
+    the widest top-K (the most registers) of each kernel, split or not, that its GPU
+    launches: none fails or spills. The full check compiles every variant on both Tritons
+    for both."""
+    found, asked = [], []
+    for arch, sms in kernel_variants.ARCH_SMS.items():
+        widest: dict[tuple[str, bool], dict] = {}
+        for spec in kernel_variants.representative_variants(sms):
+            kind = (spec["kernel"], bool(spec["constexprs"].get("SPLIT")))
+            held = widest.get(kind)
+            if held is None or (spec["constexprs"].get("K_PAD", 0)
+                                > held["constexprs"].get("K_PAD", 0)):
+                widest[kind] = spec
+        asked += [(kind, arch) for kind in widest]
+        found += check.compile_with(Path(sys.executable), list(widest.values()), (arch,),
+                                    workers=2)
+    assert check.failures(found) == []
+    assert sorted(((row["kernel"], bool(row["constexprs"].get("SPLIT"))), row["arch"])
+                  for row in found) == sorted(asked)
+    assert {row["constexprs"].get("K_PAD") for row in found} >= {1024}
 
 
 LEASE = importlib.util.spec_from_file_location(
@@ -492,7 +567,32 @@ def test_the_table_shows_the_model_at_the_goal_s_shapes_with_its_inputs():
     lines = check.model_table(rows)
     body = [line for line in lines if line.startswith("| ") and line[2].isdigit()]
     assert len(body) == 4 * 3 * 2 and "never a measurement" in lines[1]
+    assert "an H200" in lines[1] and sum("Goal (issue 44)" in line for line in lines) == 1
     assert check.model_table([dict(row, triton="3.9.0") for row in rows]) == []
+
+
+def test_the_table_models_an_a100_from_the_sm_80_rows_alone():
+    """An A100 (108 SMs) is modelled from sm_80 rows of its own launches, without the goal's
+    words (set on an H200); sm_90 rows alone give it no section."""
+    gpu = roofline.GPUS["A100 SXM"]
+    rows = []
+    for n in (1, 16, 64, 256):
+        for k in (0, 5, 20):
+            first = launches.triton_launches(n, 152064, k, True, None, None,
+                                             launches.device_slots(gpu.sms, k))[0]
+            rows += [dict(kernel=first.kernel, arch=80, compiles=True, triton="3.6.0",
+                          pointers=dict(x_ptr=dtype), constexprs=dict(first.constexprs),
+                          ctas_per_sm=2, registers=200, loop_instructions=4000,
+                          guard_instructions=230, enter_instructions=250,
+                          sort_instructions=3000, candidate_instructions=130,
+                          merge_instructions=200, tail_reads=1, tail_instructions=150,
+                          tail_trips=1, tail_clocks=[400, 600], merge_trips=1,
+                          merge_clocks=[500, 700]) for dtype in ("fp32", "bf16")]
+    lines = check.model_table(rows)
+    assert "an A100 SXM" in lines[1] and not any("Goal" in line for line in lines)
+    assert len([line for line in lines if line.startswith("| ") and line[2].isdigit()]) == 24
+    assert not any("A100" in line for line in check.model_table([dict(row, arch=90)
+                                                                 for row in rows]))
 
 
 def test_a_stopped_run_resumes_each_architecture_apart(tmp_path, monkeypatch):

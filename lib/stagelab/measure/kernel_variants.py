@@ -9,7 +9,8 @@ a view's), :func:`launched_variants` lists the launches of
 :func:`stagelab.core.launches.triton_launches`, :func:`~stagelab.core.launches.fold_launch`
 and :func:`~stagelab.core.launches.finish_launch`, typed as the callers type their tensors,
 once per distinct specialisation (shapes repeat specialisations): the input of
-:mod:`stagelab.measure.kernel_compile`.
+:mod:`stagelab.measure.kernel_compile`. sm_80 is compiled for an A100's launches
+(:data:`ARCH_SMS`), whose plans of slices differ where its SMs do.
 """
 
 from __future__ import annotations
@@ -20,6 +21,10 @@ from typing import Any
 from stagelab.core import launches
 
 LEASE_SMS = 132  # an H200's SMs
+# The SMs of the GPU each architecture is compiled for (an H200's for sm_90, an A100's for
+# sm_80): a call's plan of slices depends on them (launches.device_slots), so each
+# architecture's variants are its own GPU's launches.
+ARCH_SMS = {90: LEASE_SMS, 80: 108}
 ROWS = (1, 16, 64, 256)
 VOCABS = (32000, 152064, 262144)
 # Rows whose stride leaves most of them unaligned (launches.leads): GPT-2's vocabulary.
