@@ -39,7 +39,8 @@ DATA = ROOT / "data" / "kernel_compile.json"
 RUNNING = (
     "The full check: `python scripts/kernel_compile_check.py --write` (`--arch 90` for sm_90 "
     "alone; `--rows FILE` keeps each row as it comes, so a stopped run resumes where it "
-    "stopped) compiles on each Triton every variant launched on each architecture's GPU "
+    "stopped, and compiles again a row of other kernel code: each row carries its code's "
+    "`kernel_digest`) compiles on each Triton every variant launched on each architecture's GPU "
     "({launched}): some 5.5 s of two cores a compile (the 438 sm_90 compiles took 40 minutes "
     "under cpu-lock on 2026-12-06; an A100's 408 sm_80 compiles some 40 minutes, over two runs, "
     "on 2026-12-07), so about {minutes} minutes in all. It "
@@ -91,7 +92,9 @@ def triton_python(version: str, cache: Path = ROOT / ".cache") -> Path:
 def compile_with(python: Path, specs: list[dict], archs: tuple[int, ...], workers: int,
                  cache: Path = ROOT / ".cache", out: Path | None = None) -> list[dict]:
     """The figures of every spec for every architecture, compiled by ``python``'s Triton
-    (appended to ``out`` as JSON lines as they come, where given)."""
+    (appended to ``out`` as JSON lines as they come, where given; a row already there is
+    kept only where it was compiled from today's kernel code: ``kernel_digest``)."""
+    from stagelab.measure.kernel_compile import kernel_digest
     from stagelab.measure.kernel_variants import specialisation
 
     with tempfile.TemporaryDirectory() as folder:
@@ -100,7 +103,8 @@ def compile_with(python: Path, specs: list[dict], archs: tuple[int, ...], worker
         version = subprocess.run([str(python), "-c", "import triton; print(triton.__version__)"],
                                  check=True, capture_output=True, text=True).stdout.strip()
         done = {(row["arch"], specialisation(row)): row for row in _lines(out_path)
-                if row["triton"] == version and row["arch"] in archs}
+                if row["triton"] == version and row["arch"] in archs
+                and row.get("kernel_digest") == kernel_digest()}
         wanted = {(arch, specialisation(spec)) for spec in specs for arch in archs}
         start = len(_lines(out_path))
         env = dict(os.environ, PYTHONPATH=str(ROOT / "lib"), STAGELAB_COMPILE_WORKERS=str(workers),
@@ -141,10 +145,13 @@ def launched_for(arch: int) -> list[dict]:
 
 
 def current_rows(path: Path) -> list[dict]:
-    """The rows of ``path`` that compiled a variant launched today on its architecture's GPU
-    (the last of each, labelled as launched today: :func:`in_spec_order`), the lease's Triton
-    first, then sm_90 before sm_80."""
-    rows = _lines(path)
+    """The rows of ``path`` that compiled today's kernel code (``kernel_digest``) for a
+    variant launched today on its architecture's GPU (the last of each, labelled as launched
+    today: :func:`in_spec_order`), the lease's Triton first, then sm_90 before sm_80."""
+    sys.path.insert(0, str(ROOT / "lib"))
+    from stagelab.measure.kernel_compile import kernel_digest
+
+    rows = [row for row in _lines(path) if row.get("kernel_digest") == kernel_digest()]
     tritons = sorted({row["triton"] for row in rows},
                      key=lambda triton: not triton.startswith(LEASE_TRITON + "."))
     archs = [arch for arch in ARCHS if any(row["arch"] == arch for row in rows)]

@@ -408,9 +408,10 @@ def test_each_architecture_compiles_the_launches_of_its_own_gpu(tmp_path, monkey
                                                         for h in h200 if key(h) == key(v)))
     as_h200 = next(h for h in h200 if key(h) == key(shared))
     rows = tmp_path / "rows.jsonl"
-    rows.write_text("".join(json.dumps(dict(spec, triton="3.6.0", arch=arch)) + "\n"
-                            for spec, arch in ((only_h200, 90), (only_h200, 80), (only_a100, 80),
-                                               (as_h200, 80))))
+    rows.write_text("".join(json.dumps(dict(spec, triton="3.6.0", arch=arch,
+                                            kernel_digest=kernel_compile.kernel_digest()))
+                            + "\n" for spec, arch in ((only_h200, 90), (only_h200, 80),
+                                                      (only_a100, 80), (as_h200, 80))))
     kept = check.current_rows(rows)
     assert [(row["arch"], key(row)) for row in kept] == sorted(
         [(90, key(only_h200)), (80, key(only_a100)), (80, key(shared))],
@@ -431,8 +432,9 @@ def test_a_failure_to_make_the_lease_triton_environment_says_so(tmp_path, monkey
 def test_the_committed_figures_hold_every_launched_variant_on_each_triton_and_arch():
     """The roofline reads the lease's Triton's figures (sm_90 for an H200, sm_80 for an
     A100): on both Tritons, the committed file holds exactly the variants launched on each
-    architecture's GPU, in launch order and labelled with that plan's shapes; none failed or
-    spilled, and the table names its date and versions. Before: 43 of 144 variants were
+    architecture's GPU, in launch order and labelled with that plan's shapes, each compiled
+    from today's kernel code (a kernel changed without the check run again fails here); none
+    failed or spilled, and the table names its date and versions. Before: 43 of 144 variants were
     missing and two spilled; then sm_80 was not compiled at all."""
     data = json.loads(check.DATA.read_text())
     assert check.failures(data["variants"]) == []
@@ -447,6 +449,7 @@ def test_the_committed_figures_hold_every_launched_variant_on_each_triton_and_ar
                 kernel_variants.specialisation(v) for v in check.launched_for(arch)]
             assert [(row["where"], row["shapes"]) for row in listed] == [
                 (v["where"], v["shapes"]) for v in check.launched_for(arch)]
+    assert {row["kernel_digest"] for row in data["variants"]} == {kernel_compile.kernel_digest()}
     text = check.DOC.read_text()
     assert data["written"][:10] in text
     assert all(row["triton"] in text for row in data["variants"])
@@ -595,15 +598,49 @@ def test_the_table_models_an_a100_from_the_sm_80_rows_alone():
                                                                  for row in rows]))
 
 
+def test_the_kernel_digest_follows_the_code_not_its_words(tmp_path):
+    """A docstring or a comment changed leaves the digest (nothing to recompile); a changed
+    constant or statement changes it (every figure compiled before is stale)."""
+    source = kernel_compile.KERNEL_SOURCE.read_text()
+    digest = kernel_compile.kernel_digest()
+    worded = tmp_path / "worded.py"
+    worded.write_text(source.replace('"""The one-pass kernel in Triton', '"""Reworded')
+                      .replace("# The key of a padding lane", "# Reworded")
+                      + "\n# a comment at the end\n")
+    assert worded.read_text() != source and kernel_compile.kernel_digest(worded) == digest
+    for before, after in (("STAGES = tl.constexpr(launches.PIPELINE_STAGES)",
+                           "STAGES = tl.constexpr(launches.PIPELINE_STAGES + 1)"),
+                          ("x = x + 0.0", "x = x + 1.0")):
+        changed = tmp_path / "changed.py"
+        assert before in source
+        changed.write_text(source.replace(before, after, 1))
+        assert kernel_compile.kernel_digest(changed) != digest
+
+
+def test_a_table_from_rows_leaves_out_rows_of_other_kernel_code(tmp_path):
+    spec = check.launched_for(90)[0]
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps(dict(spec, triton="3.6.0", arch=90, kernel_digest=d))
+                            + "\n" for d in (kernel_compile.kernel_digest(), "an-older-kernel")))
+    assert check.current_rows(rows) == [dict(spec, triton="3.6.0", arch=90,
+                                             kernel_digest=kernel_compile.kernel_digest())]
+    rows.write_text(json.dumps(dict(spec, triton="3.6.0", arch=90)) + "\n")
+    assert check.current_rows(rows) == []
+
+
 def test_a_stopped_run_resumes_each_architecture_apart(tmp_path, monkeypatch):
     """Before: rows were matched by specialisation alone, so a file holding a variant's sm_90
-    row skipped its sm_80 compile, and a resumed two-architecture run kept one row of each."""
+    row skipped its sm_80 compile, and a resumed two-architecture run kept one row of each. A
+    row compiled from other kernel code (``kernel_digest``) is compiled again, not kept."""
     import subprocess
     import types
 
     specs = [kernel_variants.spec_of(launches.finish_launch(4, k, True), "fp32") for k in (1, 5)]
     out = tmp_path / "rows.jsonl"
-    out.write_text(json.dumps(dict(specs[0], triton="9.9", arch=90)) + "\n")
+    today = kernel_compile.kernel_digest()
+    out.write_text(json.dumps(dict(specs[0], triton="9.9", arch=90, kernel_digest=today))
+                   + "\n" + json.dumps(dict(specs[1], triton="9.9", arch=80,
+                                             kernel_digest="an-older-kernel")) + "\n")
     calls = []
 
     def run(command, **kwargs):

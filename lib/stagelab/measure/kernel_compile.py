@@ -18,6 +18,8 @@ SPECS.json OUT.jsonl`` with ``lib`` on ``PYTHONPATH``; the specs are made by
 
 from __future__ import annotations
 
+import ast
+import hashlib
 import json
 import math
 import os
@@ -213,6 +215,23 @@ def _branch_target(text: str) -> list[int]:
     return [int(found.group(1), 16)] if found else []
 
 
+KERNEL_SOURCE = Path(__file__).with_name("onepass_triton.py")
+
+
+def kernel_digest(path: Path = KERNEL_SOURCE) -> str:
+    """What the kernels compile from: a digest of ``path``'s code, its docstrings and comments
+    aside (a change of words recompiles nothing; a change of code makes every figure read from
+    an earlier compile stale). Each row carries the digest of the code it was compiled from."""
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (isinstance(body, list) and body and isinstance(body[0], ast.Expr)
+                and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)):
+            node.body = body[1:] or [ast.Pass()]  # type: ignore[attr-defined]
+    return hashlib.sha256(ast.dump(tree).encode()).hexdigest()[:16]
+
+
 def specialised(spec: dict[str, Any], fn: Any) -> tuple[dict, dict, dict]:
     """Triton's ``(signature, constexprs, attrs)`` for a spec's arguments to the kernel
     ``fn``, as its runtime specialises them at a launch."""
@@ -248,7 +267,8 @@ def compile_one(spec: dict[str, Any], arch: int) -> dict[str, Any]:
     from stagelab.measure import onepass_triton
 
     fn = getattr(onepass_triton, spec["kernel"])
-    found: dict[str, Any] = dict(spec, arch=arch, triton=triton.__version__)
+    found: dict[str, Any] = dict(spec, arch=arch, triton=triton.__version__,
+                                 kernel_digest=kernel_digest(Path(onepass_triton.__file__)))
     try:
         signature, constexprs, attrs = specialised(spec, fn)
         options = dict(num_warps=spec["num_warps"])
