@@ -550,23 +550,28 @@ def test_the_lease_kernel_check_fails_on_an_arrival_count_left_behind(monkeypatc
     assert lease.main(["--device", "cpu"]) == 0
 
 
-def test_the_table_shows_the_model_at_the_goal_s_shapes_with_its_inputs():
-    """Every goal shape (n 1/16/64/256, k 0/5/20, fp32 and bf16) as a row of the model's
-    inputs and share, from the lease Triton's sm_90 rows alone; nothing without them."""
+def goal_rows(sms: int, arch: int) -> list[dict]:
+    """Hand-made lease-Triton rows of ``arch`` for every goal shape's launch on ``sms`` SMs."""
     rows = []
     for n in (1, 16, 64, 256):
         for k in (0, 5, 20):
             first = launches.triton_launches(n, 152064, k, True, None, None,
-                                             launches.device_slots(132, k))[0]
-            for dtype in ("fp32", "bf16"):
-                rows.append(dict(kernel=first.kernel, arch=90, compiles=True, triton="3.6.0",
-                                 pointers=dict(x_ptr=dtype), constexprs=dict(first.constexprs),
-                                 ctas_per_sm=2, registers=200, loop_instructions=4000,
-                                 guard_instructions=230, enter_instructions=250,
-                                 sort_instructions=3000, candidate_instructions=130,
-                                 merge_instructions=200, tail_reads=1, tail_instructions=150,
-                                 tail_trips=1, tail_clocks=[400, 600], merge_trips=1,
-                                 merge_clocks=[500, 700]))
+                                             launches.device_slots(sms, k))[0]
+            rows += [dict(kernel=first.kernel, arch=arch, compiles=True, triton="3.6.0",
+                          pointers=dict(x_ptr=dtype), constexprs=dict(first.constexprs),
+                          ctas_per_sm=2, registers=200, loop_instructions=4000,
+                          guard_instructions=230, enter_instructions=250,
+                          sort_instructions=3000, candidate_instructions=130,
+                          merge_instructions=200, tail_reads=1, tail_instructions=150,
+                          tail_trips=1, tail_clocks=[400, 600], merge_trips=1,
+                          merge_clocks=[500, 700]) for dtype in ("fp32", "bf16")]
+    return rows
+
+
+def test_the_table_shows_the_model_at_the_goal_s_shapes_with_its_inputs():
+    """Every goal shape (n 1/16/64/256, k 0/5/20, fp32 and bf16) as a row of the model's
+    inputs and share, from the lease Triton's sm_90 rows alone; nothing without them."""
+    rows = goal_rows(132, 90)
     lines = check.model_table(rows)
     body = [line for line in lines if line.startswith("| ") and line[2].isdigit()]
     assert len(body) == 4 * 3 * 2 and "never a measurement" in lines[1]
@@ -577,20 +582,7 @@ def test_the_table_shows_the_model_at_the_goal_s_shapes_with_its_inputs():
 def test_the_table_models_an_a100_from_the_sm_80_rows_alone():
     """An A100 (108 SMs) is modelled from sm_80 rows of its own launches, without the goal's
     words (set on an H200); sm_90 rows alone give it no section."""
-    gpu = roofline.GPUS["A100 SXM"]
-    rows = []
-    for n in (1, 16, 64, 256):
-        for k in (0, 5, 20):
-            first = launches.triton_launches(n, 152064, k, True, None, None,
-                                             launches.device_slots(gpu.sms, k))[0]
-            rows += [dict(kernel=first.kernel, arch=80, compiles=True, triton="3.6.0",
-                          pointers=dict(x_ptr=dtype), constexprs=dict(first.constexprs),
-                          ctas_per_sm=2, registers=200, loop_instructions=4000,
-                          guard_instructions=230, enter_instructions=250,
-                          sort_instructions=3000, candidate_instructions=130,
-                          merge_instructions=200, tail_reads=1, tail_instructions=150,
-                          tail_trips=1, tail_clocks=[400, 600], merge_trips=1,
-                          merge_clocks=[500, 700]) for dtype in ("fp32", "bf16")]
+    rows = goal_rows(roofline.GPUS["A100 SXM"].sms, 80)
     lines = check.model_table(rows)
     assert "an A100 SXM" in lines[1] and not any("Goal" in line for line in lines)
     assert len([line for line in lines if line.startswith("| ") and line[2].isdigit()]) == 24
