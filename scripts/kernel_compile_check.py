@@ -218,6 +218,23 @@ def _problem(row: dict) -> str:
     return ""
 
 
+def unfinished(found: list[dict]) -> list[str]:
+    """Why ``found`` cannot be the table: no row (of today's kernel code, from rows), or a
+    (Triton, architecture) that compiled only some of the variants its GPU launches."""
+    if not found:
+        return ["no rows compiled from today's kernel code (kernel_digest): compile them"]
+    from stagelab.measure.kernel_variants import specialisation
+
+    short = []
+    for triton, arch in dict.fromkeys((r["triton"], r["arch"]) for r in found):
+        have = {specialisation(r) for r in found if (r["triton"], r["arch"]) == (triton, arch)}
+        missing = [spec for spec in launched_for(arch) if specialisation(spec) not in have]
+        if missing:
+            short.append(f"Triton {triton} sm_{arch}: {len(missing)} launched variants not "
+                         f"compiled, e.g. {missing[0]['kernel']} {missing[0]['where']}")
+    return short
+
+
 def variant_label(row: dict) -> str:
     """A variant's constexprs and warps in a few words."""
     flags = row["constexprs"]
@@ -385,6 +402,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     found = (current_rows(args.rows) if args.from_rows and args.rows
              else run_check(tuple(args.arch or ARCHS), args.workers, args.rows))
+    short = unfinished(found)
+    if short:  # nothing written: a table short of variants would stand for a full one
+        print("\n".join(short))
+        return 1
     if args.write:  # dated when compiled: a table rendered from rows takes their file's time
         when = (datetime.fromtimestamp(args.rows.stat().st_mtime, UTC)
                 if args.from_rows and args.rows else datetime.now(UTC))

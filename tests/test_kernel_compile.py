@@ -590,16 +590,19 @@ def test_the_table_models_an_a100_from_the_sm_80_rows_alone():
                                                                  for row in rows]))
 
 
-def test_the_kernel_digest_follows_the_code_not_its_words(tmp_path):
-    """A docstring or a comment changed leaves the digest (nothing to recompile); a changed
-    constant or statement changes it (every figure compiled before is stale)."""
+def test_the_kernel_digest_follows_the_code_not_its_words(tmp_path, monkeypatch):
+    """A docstring (the module's or a function's) or a comment changed leaves the digest
+    (nothing to recompile); a changed constant, statement or launches constant the kernel
+    reads changes it (every figure compiled before is stale)."""
     source = kernel_compile.KERNEL_SOURCE.read_text()
     digest = kernel_compile.kernel_digest()
-    worded = tmp_path / "worded.py"
-    worded.write_text(source.replace('"""The one-pass kernel in Triton', '"""Reworded')
-                      .replace("# The key of a padding lane", "# Reworded")
-                      + "\n# a comment at the end\n")
-    assert worded.read_text() != source and kernel_compile.kernel_digest(worded) == digest
+    for before, after in (('"""The one-pass kernel in Triton', '"""Reworded'),
+                          ('"""fp32 values as int32 that order', '"""Reworded'),
+                          ("# The key of a padding lane", "# Reworded")):
+        worded = tmp_path / "worded.py"
+        assert before in source
+        worded.write_text(source.replace(before, after, 1))
+        assert kernel_compile.kernel_digest(worded) == digest
     for before, after in (("STAGES = tl.constexpr(launches.PIPELINE_STAGES)",
                            "STAGES = tl.constexpr(launches.PIPELINE_STAGES + 1)"),
                           ("x = x + 0.0", "x = x + 1.0")):
@@ -607,6 +610,56 @@ def test_the_kernel_digest_follows_the_code_not_its_words(tmp_path):
         assert before in source
         changed.write_text(source.replace(before, after, 1))
         assert kernel_compile.kernel_digest(changed) != digest
+    monkeypatch.setattr(launches, "PIPELINE_STAGES", launches.PIPELINE_STAGES + 1)
+    kernel_compile.kernel_digest.cache_clear()
+    try:
+        assert kernel_compile.kernel_digest() != digest
+    finally:
+        monkeypatch.undo()
+        kernel_compile.kernel_digest.cache_clear()
+    assert kernel_compile.kernel_digest() == digest
+
+
+def test_the_kernel_digest_is_the_same_on_every_python_here():
+    """Before: an ``ast.dump`` digest differed on 3.11, 3.12 (``type_params``) and 3.13
+    (empty fields left out), so a run on another Python called every row stale."""
+    import os
+    import subprocess
+
+    root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
+    others = sorted(str(python) for python in root.glob("3.1[1-9]*/bin/python"))
+    if not others:
+        pytest.skip("no other Python 3.11+ here to compare with")
+    code = "from stagelab.measure import kernel_compile as k; print(k.kernel_digest())"
+    env = dict(os.environ, PYTHONPATH=str(paths.REPO_ROOT / "lib"))
+    digests = {python: subprocess.run([python, "-c", code], capture_output=True, text=True,
+                                      env=env, check=True).stdout.strip() for python in others}
+    assert set(digests.values()) == {kernel_compile.kernel_digest()}, digests
+
+
+@NEEDS_TRITON
+def test_a_compile_stamps_its_row_with_the_kernel_digest():
+    """Even a failed one (a spec short of an int: no compile is tried)."""
+    spec = kernel_variants.spec_of(launches.finish_launch(4, 5, True), "fp32")
+    found = kernel_compile.compile_one(dict(spec, scalars={}), 90)
+    assert not found["compiles"] and found["kernel_digest"] == kernel_compile.kernel_digest()
+
+
+def test_an_unfinished_table_is_refused_and_not_written(tmp_path, monkeypatch):
+    """A table rendered from rows none of which is of today's kernel code, or short of a
+    launched variant, is not written and the check fails. Before: it wrote an empty table
+    and exited 0."""
+    monkeypatch.setattr(check, "ROOT", tmp_path)  # the help names its files from the root
+    monkeypatch.setattr(check, "DOC", tmp_path / "kernels.md")
+    monkeypatch.setattr(check, "DATA", tmp_path / "kernel_compile.json")
+    spec = check.launched_for(90)[0]
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps(dict(spec, triton="3.6.0", arch=90, compiles=True,
+                                    spill_bytes=0, kernel_digest="an-older-kernel")) + "\n")
+    assert check.main(["--write", "--rows", str(rows), "--from-rows"]) == 1
+    assert not check.DOC.exists() and not check.DATA.exists()
+    short = check.unfinished([dict(spec, triton="3.6.0", arch=90)])
+    assert len(short) == 1 and f"{len(check.launched_for(90)) - 1} launched variants" in short[0]
 
 
 def test_a_table_from_rows_leaves_out_rows_of_other_kernel_code(tmp_path):

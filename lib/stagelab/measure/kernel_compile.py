@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 from concurrent.futures import ProcessPoolExecutor
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -216,12 +217,22 @@ def _branch_target(text: str) -> list[int]:
 
 
 KERNEL_SOURCE = Path(__file__).with_name("onepass_triton.py")
+# AST fields left out of a kernel's digest: absent or always empty in the kernel's code, and
+# written differently by each Python (3.12 added ``type_params``; 3.13 leaves empty ones out).
+UNHASHED_FIELDS = frozenset({"type_params", "type_comment", "kind"})
 
 
+@cache
 def kernel_digest(path: Path = KERNEL_SOURCE) -> str:
     """What the kernels compile from: a digest of ``path``'s code, its docstrings and comments
     aside (a change of words recompiles nothing; a change of code makes every figure read from
-    an earlier compile stale). Each row carries the digest of the code it was compiled from."""
+    an earlier compile stale), and of the values of the :mod:`stagelab.core.launches`
+    constants it reads (``CANDIDATE_LIMIT``, ``PIPELINE_STAGES``); the same on every Python.
+    Each row carries the digest of the code it was compiled from. Not in it: the cubin
+    readers here and in :mod:`~stagelab.measure.sass_path`, the compile options and the
+    Triton (each row names its own)."""
+    from stagelab.core import launches
+
     tree = ast.parse(path.read_text())
     for node in ast.walk(tree):
         body = getattr(node, "body", None)
@@ -229,7 +240,22 @@ def kernel_digest(path: Path = KERNEL_SOURCE) -> str:
                 and isinstance(body[0].value, ast.Constant)
                 and isinstance(body[0].value.value, str)):
             node.body = body[1:] or [ast.Pass()]  # type: ignore[attr-defined]
-    return hashlib.sha256(ast.dump(tree).encode()).hexdigest()[:16]
+    read = sorted({node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)
+                   and isinstance(node.value, ast.Name) and node.value.id == "launches"})
+    shape = json.dumps([_shape(tree), {name: repr(getattr(launches, name)) for name in read}])
+    return hashlib.sha256(shape.encode()).hexdigest()[:16]
+
+
+def _shape(node: object) -> object:
+    """An AST as plain data, alike on every Python: each node's type and its fields with a
+    value, less :data:`UNHASHED_FIELDS` (positions are not fields)."""
+    if isinstance(node, ast.AST):
+        return [type(node).__name__] + [
+            [name, _shape(value)] for name in node._fields if name not in UNHASHED_FIELDS
+            for value in [getattr(node, name, None)] if value is not None and value != []]
+    if isinstance(node, list):
+        return [_shape(item) for item in node]
+    return repr(node)
 
 
 def specialised(spec: dict[str, Any], fn: Any) -> tuple[dict, dict, dict]:
