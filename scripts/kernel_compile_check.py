@@ -15,7 +15,7 @@ roofline model's input, :mod:`stagelab.analyse.roofline`).
 
 The slow tests (``tests/test_kernel_compile.py``) compile the representatives alone
 (:func:`stagelab.measure.kernel_variants.representative_variants`) on Triton 3.6, and each
-kernel's widest variant for both architectures on the installed Triton; docs/kernels.md says
+kernel's widest variants for both architectures on the installed Triton; docs/kernels.md says
 how long the full check takes.
 """
 
@@ -51,8 +51,9 @@ RUNNING = (
     "`tests/test_kernel_compile.py::test_the_representative_variants_compile_for_sm_90_on_"
     "the_lease_triton_without_spills`, one variant of each kernel, logits dtype, "
     "split or not, k-class and masked tile or not, on Triton 3.6 (its environment "
-    "made under `.cache/` on first use), and `test_the_widest_variant_of_each_kernel_"
-    "compiles_for_sm_90_and_sm_80_on_the_installed_triton`.")
+    "made under `.cache/` on first use), and `test_the_widest_variants_compile_for_sm_90_"
+    "and_sm_80_on_the_installed_triton`, each kernel's widest top-K, split or not, on the "
+    "installed Triton.")
 ARCHS = (90, 80)  # sm_90 (the lease's H200) and sm_80 (an A100)
 SECONDS_A_COMPILE = 5.5  # of two cores, from the full check's timing (RUNNING)
 FIGURES = ("registers", "spill_bytes", "shared_bytes", "ctas_per_sm", "loop_instructions",

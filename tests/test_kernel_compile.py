@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -376,6 +377,12 @@ def test_the_representatives_stand_for_every_kind():
     assert {lead for *_, lead, _ in keys} == {True, False}
     assert {group for *_, group in keys} == {"", "one", "two", "more"}  # _group_best's paths
     assert len(chosen) < len(launched) / 2
+
+
+def test_the_tests_the_table_names_exist():
+    """The table tells a reader which slow tests stand in for the full check: each exists."""
+    named = re.findall(r"`(?:tests/test_kernel_compile.py::)?(test_\w+)`", check.RUNNING)
+    assert len(named) == 2 and all(callable(globals().get(name)) for name in named)
 
 
 def test_the_table_counts_each_triton_and_architecture_apart():
