@@ -353,3 +353,13 @@ def test_predict_words_model_an_a100_platform_from_its_sm_80_rows(monkeypatch):
                         lambda: tuple(dict(row, arch=80) for row in rows))
     words = roofline.one_pass_words("A100 SXM", [(64, 152064, 5)])
     assert "no model" not in words and words.count(" %") == 2
+
+
+def test_each_modelled_gpu_has_the_sms_its_architecture_is_compiled_for():
+    """The compile check compiles each architecture for one GPU's plan of slices
+    (kernel_variants.ARCH_SMS); a GPU modelled from that architecture with other SMs would
+    plan launches nobody compiled."""
+    from stagelab.measure import kernel_variants
+
+    assert {gpu.name: kernel_variants.ARCH_SMS[gpu.arch] for gpu in roofline.GPUS.values()} == {
+        gpu.name: gpu.sms for gpu in roofline.GPUS.values()}
