@@ -297,22 +297,64 @@ def test_the_committed_figures_predict_every_goal_shape_as_a_model(gpu_name):
         assert math.isfinite(row["instructions_per_logit"])
 
 
-def test_the_read_rate_table_shows_the_model_beside_the_measured_share(monkeypatch):
+def read_rate_frame(ks: tuple[int, ...] = (5, 20)):
+    """Step rows of metric ``read_rate`` at n = 64, V = 152,064, bf16, L2 warm and cold."""
     import pandas as pd
 
-    from stagelab.analyse import step_analysis
     from stagelab.core import schema
+
+    return pd.DataFrame([dict(metric=schema.READ_RATE, status="ok", stage=f"l2_{l2}", rows=64,
+                              vocab=152064, k=k, dtype="bfloat16", bytes=64 * 152064 * 2,
+                              seconds=1e-4, value=0.4, note="")
+                         for l2 in ("warm", "cold") for k in ks])
+
+
+def test_the_read_rate_table_shows_the_model_beside_the_measured_share(monkeypatch):
+    from stagelab.analyse import step_analysis
 
     monkeypatch.setattr(roofline, "compiled_variants",
                         lambda: (variant(64, 152064, 5, "bf16"),))
-    frame = pd.DataFrame([dict(metric=schema.READ_RATE, status="ok", stage=f"l2_{l2}", rows=64,
-                               vocab=152064, k=k, dtype="bfloat16", bytes=64 * 152064 * 2,
-                               seconds=1e-4, value=0.4, note="")
-                          for l2 in ("warm", "cold") for k in (5, 20)])
-    table = step_analysis.read_rate_table(frame)
-    model = table["model_hbm_percent_h200"].tolist()
+    table = step_analysis.read_rate_table(read_rate_frame(), "NVIDIA H200")
+    model = table["model_hbm_percent"].tolist()
     assert model[0] == model[2] and model[0].endswith(" %") and "-" in model[0]
     assert model[1].startswith("no model")  # k = 20's variant was not compiled here
+    assert set(table["model_gpu"]) == {"NVIDIA H200"}
+
+
+def test_the_read_rate_table_models_the_gpu_the_rows_were_measured_on(monkeypatch):
+    """Before: the model beside a read rate was always an H200's, whatever GPU measured it
+    (an H100 lease's rate stood beside an H200's model). Now the run's GPU's, at its own
+    HBM peak; a GPU not modelled says so; a CPU's run shows the lease's H200, so named."""
+    from stagelab.analyse import step_analysis
+
+    monkeypatch.setattr(roofline, "compiled_variants",
+                        lambda: (variant(64, 152064, 5, "bf16"),))
+    frame = read_rate_frame((5,))
+
+    def model(gpu_name):
+        return step_analysis.read_rate_table(frame, gpu_name)["model_hbm_percent"].iloc[0]
+
+    h100, h200 = roofline.GPUS["H100 SXM"], roofline.GPUS["H200"]
+    assert model("NVIDIA H100 80GB HBM3") == roofline.percent_range(64, 152064, 5, "bf16", h100)
+    assert model("NVIDIA H100 80GB HBM3") != model("NVIDIA H200")
+    assert model("NVIDIA L4") == "no model: NVIDIA L4 is not modelled"
+    assert model(None) == roofline.percent_range(64, 152064, 5, "bf16", h200)
+    assert step_analysis.read_rate_table(frame)["model_gpu"].iloc[0].startswith("H200 (")
+
+
+def test_a_device_is_modelled_by_its_exact_name_at_its_own_hbm_peak():
+    """CUDA's names map to the modelled GPUs exactly: a 40 GB A100 at its 1555 GB/s (its
+    SMs, clock and sm_80 the 80 GB card's), an H200 NVL or H100 PCIe (other clocks and
+    SMs) not at all."""
+    a100_40 = roofline.gpu_of_device("NVIDIA A100-SXM4-40GB")
+    assert (a100_40.name, a100_40.hbm_gbps, a100_40.sms, a100_40.arch) == (
+        "A100 SXM", 1555.0, 108, 80)
+    assert roofline.gpu_of_device("NVIDIA A100-SXM4-80GB").hbm_gbps == 2039.0
+    assert roofline.gpu_of_device("NVIDIA A100-PCIE-40GB").hbm_gbps == 1555.0
+    assert roofline.gpu_of_device("NVIDIA H200") == roofline.GPUS["H200"]
+    assert roofline.gpu_of_device("NVIDIA H100 80GB HBM3") == roofline.GPUS["H100 SXM"]
+    for name in ("NVIDIA H200 NVL", "NVIDIA H100 PCIe", "NVIDIA GH200 480GB", "", None):
+        assert roofline.gpu_of_device(name) is None
 
 
 def test_predict_words_name_the_model_and_skip_gpus_not_modelled(monkeypatch):

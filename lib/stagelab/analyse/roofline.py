@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -84,8 +84,9 @@ TARGET_RANK = 20
 
 @dataclass(frozen=True)
 class Gpu:
-    """What the model needs of a GPU: its datasheet figures (HBM GB/s, SMs, boost clock GHz)
-    and the compute capability its cubins were compiled for; named as ``data/platforms.csv``
+    """What the model needs of a GPU: its datasheet figures (HBM GB/s, SMs, boost clock GHz),
+    the compute capability its cubins were compiled for, and the names CUDA gives the cards
+    it stands for (less "NVIDIA ": :func:`gpu_of_device`); named as ``data/platforms.csv``
     names its platform."""
 
     name: str
@@ -93,15 +94,32 @@ class Gpu:
     sms: int
     clock_ghz: float
     arch: int
+    devices: tuple[str, ...] = ()
 
 
-# SMs and boost clocks from NVIDIA's datasheets (H100 and H200 SXM: 132 SMs at 1.98 GHz; A100:
-# 108 at 1.41), HBM from forward's table; an A100 is modelled from the sm_80 cubins.
+# SMs and boost clocks from NVIDIA's datasheets (H100 and H200 SXM: 132 SMs at 1.98 GHz; A100,
+# 40 or 80 GB: 108 at 1.41), HBM from forward's table (the first device's); an A100 is
+# modelled from the sm_80 cubins.
 GPUS = {gpu.name: gpu for gpu in (
-    Gpu("H200", forward.peak_bandwidth_gbps("H200") or 0.0, 132, 1.98, 90),
-    Gpu("H100 SXM", forward.peak_bandwidth_gbps("H100 80GB HBM3") or 0.0, 132, 1.98, 90),
-    Gpu("A100 SXM", forward.peak_bandwidth_gbps("A100-SXM4-80GB") or 0.0, 108, 1.41, 80),
-    Gpu("A100 PCIe", forward.peak_bandwidth_gbps("A100 80GB PCIe") or 0.0, 108, 1.41, 80))}
+    Gpu("H200", forward.peak_bandwidth_gbps("H200") or 0.0, 132, 1.98, 90, ("H200",)),
+    Gpu("H100 SXM", forward.peak_bandwidth_gbps("H100 80GB HBM3") or 0.0, 132, 1.98, 90,
+        ("H100 80GB HBM3",)),
+    Gpu("A100 SXM", forward.peak_bandwidth_gbps("A100-SXM4-80GB") or 0.0, 108, 1.41, 80,
+        ("A100-SXM4-80GB", "A100-SXM4-40GB")),
+    Gpu("A100 PCIe", forward.peak_bandwidth_gbps("A100 80GB PCIe") or 0.0, 108, 1.41, 80,
+        ("A100 80GB PCIe", "A100-PCIE-40GB")))}
+
+
+def gpu_of_device(device_name: str | None) -> Gpu | None:
+    """The modelled GPU of a CUDA device (its name as ``torch.cuda.get_device_name`` gives
+    it), at that card's own datasheet HBM peak (a 40 GB A100's 1555 GB/s, not the 80 GB
+    card's); None for no device or one not modelled (an exact name, never a near match: an
+    H200 NVL or an H100 PCIe has other clocks or SMs)."""
+    name = (device_name or "").strip().removeprefix("NVIDIA ").strip()
+    for gpu in GPUS.values():
+        if name in gpu.devices:
+            return replace(gpu, hbm_gbps=forward.peak_bandwidth_gbps(name) or gpu.hbm_gbps)
+    return None
 DTYPE_NAMES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}  # torch's: the model's
 
 
@@ -272,14 +290,15 @@ def predict(rows: int, vocab: int, k: int, dtype: str, gpu: Gpu, latency_ns: flo
                 bound=bound, triton=row["triton"])
 
 
-def predict_range(rows: int, vocab: int, k: int, dtype: str, gpu_name: str = "H200",
+def predict_range(rows: int, vocab: int, k: int, dtype: str, gpu: Gpu | str = "H200",
                   variants: tuple[dict[str, Any], ...] | None = None) -> dict[str, Any]:
     """:func:`predict` at both ends of :data:`LATENCY_NS` (paired with those of
-    :data:`L2_LATENCY_NS` and of the tail's instruction latencies): the slow end's inputs,
+    :data:`L2_LATENCY_NS` and of the tail's instruction latencies) on ``gpu`` (a
+    :data:`GPUS` name, or a :class:`Gpu`: :func:`gpu_of_device`'s): the slow end's inputs,
     and the model's share of HBM as ``model_low`` (the slow ends) and ``model_high``, with
     ``model_low_counting_all``: the longer latency's where every tile counts toward the
     target (its rank not assumed)."""
-    gpu = GPUS[gpu_name]
+    gpu = GPUS[gpu] if isinstance(gpu, str) else gpu
     slow, fast = (predict(rows, vocab, k, dtype, gpu, pick(LATENCY_NS), variants,
                           l2_latency_ns=pick(L2_LATENCY_NS), end=end)
                   for pick, end in ((max, 1), (min, 0)))
@@ -300,11 +319,11 @@ def grid(gpu_name: str = "H200", rows: tuple[int, ...] = (1, 16, 64, 256),
             for dtype in dtypes for k in ks for n in rows]
 
 
-def percent_range(rows: int, vocab: int, k: int, dtype: str, gpu_name: str = "H200") -> str:
-    """The model's share of HBM as ``"low-high %"`` (``dtype`` torch's name or the model's),
-    or why there is none."""
+def percent_range(rows: int, vocab: int, k: int, dtype: str, gpu: Gpu | str = "H200") -> str:
+    """The model's share of ``gpu``'s HBM (:func:`predict_range`'s) as ``"low-high %"``
+    (``dtype`` torch's name or the model's), or why there is none."""
     try:
-        found = predict_range(rows, vocab, k, DTYPE_NAMES.get(dtype, dtype), gpu_name)
+        found = predict_range(rows, vocab, k, DTYPE_NAMES.get(dtype, dtype), gpu)
     except (LookupError, KeyError) as exc:
         return f"no model ({exc})"[:120]
     return f"{100 * found['model_low']:.0f}-{100 * found['model_high']:.0f} %"
