@@ -273,7 +273,9 @@ def model_table(found: list[dict]) -> list[str]:
 
 
 def _model_section(found: list[dict], gpu_name: str) -> list[str]:
-    """:func:`model_table`'s lines for one GPU."""
+    """:func:`model_table`'s lines for one GPU; for :data:`GOAL_GPU`, each cell's goal and
+    the tile instructions that would meet it (:func:`stagelab.analyse.roofline.goal_instructions`),
+    and how many goal cells the model meets."""
     from stagelab.analyse import roofline
 
     arch = roofline.GPUS[gpu_name].arch
@@ -283,10 +285,7 @@ def _model_section(found: list[dict], gpu_name: str) -> list[str]:
         rows = roofline.grid(gpu_name, variants=lease)
     except LookupError:
         return []
-    goal = (f" Goal (issue 44): >= {100 * roofline.GOAL:.0f} % at n >= 64, k <= 20; >= 40 % "
-            "at n = 16." if gpu_name == GOAL_GPU else
-            f" Its latencies, memory's and instructions', are the {GOAL_GPU}'s assumptions, "
-            "not its own (an A100's far L2 hits take longer): a first screen.")
+    goals = gpu_name == GOAL_GPU
     lines = ["", f"## The roofline model from these cubins on an {gpu_name} (a model, never a "
              "measurement)", "",
              f"`stagelab.analyse.roofline` on an {gpu_name} (V = 152,064), from the Triton "
@@ -300,13 +299,16 @@ def _model_section(found: list[dict], gpu_name: str) -> list[str]:
              "the boost clock, the fast ends paired); candidates for independent logits; "
              f"the target at rank {roofline.TARGET_RANK} (a tile counts toward it where it "
              "holds one of the values at or above it: `counted`; the last column lets every "
-             "tile count, the rank not assumed)." + goal,
+             "tile count, the rank not assumed)." + (_goal_words(rows) if goals else
+             f" Its latencies, memory's and instructions', are the {GOAL_GPU}'s assumptions, "
+             "not its own (an A100's far L2 hits take longer): a first screen."),
              "", "| n | k | dtype | programs | resident/SM | tiles/slice | tile instructions "
              "| counted | entered | sorted | passes/tile | instructions/logit | bound at 800 ns "
              "| walk ns at 800 ns | tail trips, clocks (slow), instructions "
              "| tail ns at 800 ns "
-             "| model % (800-450 ns) | model % at 800 ns, every tile counting |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| model % (800-450 ns) | model % at 800 ns, every tile counting |"
+             + (" goal % | tile instructions at the goal |" if goals else ""),
+             "|---" * (20 if goals else 18) + "|"]
     for r in rows:
         lines.append(f"| {r['rows']} | {r['k']} | {r['dtype']} | {r['programs']} | "
                      f"{r['resident_per_sm']} | {r['tiles_per_slice']} | "
@@ -317,8 +319,36 @@ def _model_section(found: list[dict], gpu_name: str) -> list[str]:
                      f"{r['tail_trips']}, {r['tail_clocks']}, {r['tail_instructions']} | "
                      f"{r['tail_ns']:.0f} | "
                      f"{100 * r['model_low']:.0f}-{100 * r['model_high']:.0f} | "
-                     f"{100 * r['model_low_counting_all']:.0f} |")
+                     f"{100 * r['model_low_counting_all']:.0f} |"
+                     + (_goal_cells(r, lease) if goals else ""))
     return lines
+
+
+def _goal_words(rows: list[dict]) -> str:
+    """The goal, and how many of its cells the model meets at the slow ends."""
+    from stagelab.analyse import roofline
+
+    cells = [r for r in rows if roofline.goal_share(r["rows"]) is not None]
+    met = sum(r["model_low"] >= roofline.goal_share(r["rows"]) for r in cells)
+    return (f" Goal (issue 44): >= {100 * roofline.GOAL:.0f} % at n >= 64, k <= 20; >= "
+            f"{100 * roofline.GOAL_AT_16:.0f} % at n = 16: the model meets it at {met} of "
+            f"{len(cells)} cells at the slow ends. `tile instructions at the goal`: the most a "
+            "tile may cost each warp, on average, for the model to meet it at the slow ends, "
+            "the rest (CTAs, plan, tail) as compiled (`stagelab.analyse.roofline."
+            "goal_instructions`); `none` where no walk meets it: the tail and the memory "
+            "latency alone miss it.")
+
+
+def _goal_cells(r: dict, lease: tuple[dict, ...]) -> str:
+    """A model row's goal and the tile instructions that would meet it."""
+    from stagelab.analyse import roofline
+
+    goal = roofline.goal_share(r["rows"])
+    if goal is None:
+        return " | |"
+    budget = roofline.goal_instructions(r["rows"], r["vocab"], r["k"], r["dtype"], GOAL_GPU,
+                                        lease)
+    return f" {100 * goal:.0f} | {'none' if budget is None else budget} |"
 
 
 def table(found: list[dict], when: datetime) -> str:

@@ -586,6 +586,29 @@ def test_the_table_shows_the_model_at_the_goal_s_shapes_with_its_inputs():
     assert check.model_table([dict(row, triton="3.9.0") for row in rows]) == []
 
 
+def test_the_h200_table_gives_each_goal_cell_its_goal_and_instruction_budget():
+    """Each H200 row with a goal (n >= 16) shows it and the tile instructions that would meet
+    it (roofline.goal_instructions on the same rows, ``none`` where no walk does); n = 1 has
+    neither; the words count the goal cells the model meets at the slow ends."""
+    rows = goal_rows(132, 90)
+    lines = check.model_table(rows)
+    body = [[cell.strip() for cell in line.split("|")[1:-1]] for line in lines
+            if line.startswith("| ") and line[2].isdigit()]
+    assert all(len(cells) == 20 for cells in body)
+    met = 0
+    for cells in body:
+        n, k, dtype = int(cells[0]), int(cells[1]), cells[2]
+        goal = roofline.goal_share(n)
+        if goal is None:
+            assert n == 1 and cells[18:] == ["", ""]
+            continue
+        budget = roofline.goal_instructions(n, 152064, k, dtype, "H200", tuple(rows))
+        assert cells[18] == f"{100 * goal:.0f}"
+        assert cells[19] == ("none" if budget is None else str(budget))
+        met += roofline.predict_range(n, 152064, k, dtype, "H200", tuple(rows))["model_low"] >= goal
+    assert sum(f"meets it at {met} of 18 cells" in line for line in lines) == 1
+
+
 def test_the_table_models_an_a100_from_the_sm_80_rows_alone():
     """An A100 (108 SMs) is modelled from sm_80 rows of its own launches, without the goal's
     words (set on an H200); sm_90 rows alone give it no section."""

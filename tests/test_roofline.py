@@ -342,6 +342,29 @@ def test_the_read_rate_table_models_the_gpu_the_rows_were_measured_on(monkeypatc
     assert step_analysis.read_rate_table(frame)["model_gpu"].iloc[0].startswith("H200 (")
 
 
+def test_the_goal_is_issue_44_s_by_rows():
+    assert [roofline.goal_share(n) for n in (1, 15, 16, 63, 64, 256)] == [
+        None, None, 0.40, 0.40, 0.70, 0.70]
+
+
+def test_the_instruction_budget_is_the_most_a_tile_may_cost_to_meet_the_goal():
+    """At the budget the model meets the goal at the slow ends; a tenth of an instruction
+    more misses it; a tail that alone outlasts the goal's time leaves no budget; a row
+    count without a goal has none."""
+    rows = (variant(64, 152064, 5, "bf16"), variant(16, 152064, 5, "bf16"))
+
+    def share(n, instructions):
+        found = roofline.predict(n, 152064, 5, "bf16", GPU, max(roofline.LATENCY_NS), rows,
+                                 tile_instructions=instructions)
+        return 64 * 152064 * 2 / (found["walk_ns"] + found["tail_ns"]) / GPU.hbm_gbps
+
+    budget = roofline.goal_instructions(64, 152064, 5, "bf16", "H200", rows)
+    assert 50 < budget < 400 and share(64, budget) >= 0.70 > share(64, budget + 0.1)
+    slow_tail = tuple(dict(row, tail_clocks=[10**6, 10**6]) for row in rows)
+    assert roofline.goal_instructions(64, 152064, 5, "bf16", "H200", slow_tail) is None
+    assert roofline.goal_instructions(1, 152064, 5, "bf16", "H200", rows) is None
+
+
 def test_a_device_is_modelled_by_its_exact_name_at_its_own_hbm_peak():
     """CUDA's names map to the modelled GPUs exactly: a 40 GB A100 at its 1555 GB/s (its
     SMs, clock and sm_80 the 80 GB card's), an H200 NVL or H100 PCIe (other clocks and

@@ -76,6 +76,7 @@ FENCE_AND_COUNT_TRIPS = 2
 ISSUE_PER_CLOCK = 4  # warp-instructions an SM issues per clock (four schedulers)
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 GOAL = 0.70  # issue 44's goal: the model at >= 70 % of HBM at n >= 64, V = 152,064, k <= 20
+GOAL_AT_16 = 0.40  # and at >= 40 % at n = 16
 # The target's rank the model assumes (vLLM's: the values at or above it, itself included):
 # a sampled token within the top 20. A tile counts toward it only where its max reaches the
 # target (onepass_triton._walk_tile); an input, not measured.
@@ -237,11 +238,14 @@ def split_tail_ns(parts: int, group: int, row: dict[str, Any], top_k: bool,
 def predict(rows: int, vocab: int, k: int, dtype: str, gpu: Gpu, latency_ns: float,
             variants: tuple[dict[str, Any], ...] | None = None,
             target_rank: int | None = TARGET_RANK,
-            l2_latency_ns: float = max(L2_LATENCY_NS), end: int = 1) -> dict[str, Any]:
+            l2_latency_ns: float = max(L2_LATENCY_NS), end: int = 1,
+            tile_instructions: float | None = None) -> dict[str, Any]:
     """The model's share of ``gpu``'s HBM for one call at ``latency_ns`` (a split row's tail
     at ``l2_latency_ns`` and ``end`` of its instruction latencies: :func:`split_tail_ns`;
     their slow ends by default, :func:`predict_range` pairs the ends), with its inputs, for a
-    target of ``target_rank`` (None: every tile counts toward it, the worst case)."""
+    target of ``target_rank`` (None: every tile counts toward it, the worst case); a tile's
+    mean instructions ``tile_instructions`` in place of the cubin's where given (what a
+    kernel would need: :func:`goal_instructions`)."""
     first = launches.triton_launches(rows, vocab, k, True, None, None,
                                      launches.device_slots(gpu.sms, k))[0]
     row = figures_of(first, dtype, gpu.arch, variants=variants)
@@ -252,7 +256,7 @@ def predict(rows: int, vocab: int, k: int, dtype: str, gpu: Gpu, latency_ns: flo
     tiles = math.ceil(first.scalars["span"] / block)
     counted = 1.0 if target_rank is None else counted_share(block, vocab, target_rank)
     costs = walk_costs(row, tiles, block, k, counted)
-    per_tile = costs["instructions"]
+    per_tile = costs["instructions"] if tile_instructions is None else tile_instructions
     tile_bytes = block * DTYPE_BYTES[dtype]
     issue_ns = per_tile / gpu.clock_ghz  # a program's warps issue side by side, one a clock
     balance = programs / (active * math.ceil(programs / active))  # the busiest SM's share
@@ -308,6 +312,38 @@ def predict_range(rows: int, vocab: int, k: int, dtype: str, gpu: Gpu | str = "H
                 latency_ns=f"{min(LATENCY_NS):g}-{max(LATENCY_NS):g}",
                 l2_latency_ns=f"{min(L2_LATENCY_NS):g}-{max(L2_LATENCY_NS):g}",
                 note="a model from the cubins (never a measurement)")
+
+
+def goal_share(rows: int) -> float | None:
+    """Issue 44's goal for a call of ``rows`` rows: :data:`GOAL` of HBM from 64 rows,
+    :data:`GOAL_AT_16` from 16; None below (no goal)."""
+    return GOAL if rows >= 64 else GOAL_AT_16 if rows >= 16 else None
+
+
+def goal_instructions(rows: int, vocab: int, k: int, dtype: str, gpu: Gpu | str = "H200",
+                      variants: tuple[dict[str, Any], ...] | None = None) -> float | None:
+    """The most instructions a tile may cost each warp (the mean over a slice, as
+    ``tile_instructions``) for the model to meet the goal (:func:`goal_share`) at the slow
+    ends, all else the cubin's (its CTAs, its tail): a budget to set a kernel's design
+    against, in tenths of an instruction; None where no walk meets it (the tail and the
+    memory latency alone miss it) or there is no goal. The share falls as a tile costs more:
+    found by bisection."""
+    goal = goal_share(rows)
+    gpu = GPUS[gpu] if isinstance(gpu, str) else gpu
+
+    def share(instructions: float) -> float:  # unrounded: from the call's nanoseconds
+        found = predict(rows, vocab, k, dtype, gpu, max(LATENCY_NS), variants,
+                        l2_latency_ns=max(L2_LATENCY_NS), end=1, tile_instructions=instructions)
+        total_bytes = rows * vocab * DTYPE_BYTES[dtype]
+        return total_bytes / (found["walk_ns"] + found["tail_ns"]) / gpu.hbm_gbps
+
+    low, high = 10, 10 * 2 ** 20  # tenths of an instruction: low meets the goal, high not
+    if goal is None or share(low / 10) < goal:
+        return None
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if share(middle / 10) >= goal else (low, middle)
+    return low / 10
 
 
 def grid(gpu_name: str = "H200", rows: tuple[int, ...] = (1, 16, 64, 256),
