@@ -328,10 +328,10 @@ def _goal_words(rows: list[dict]) -> str:
     """The goal, and how many of its cells the model meets at the slow ends."""
     from stagelab.analyse import roofline
 
-    cells = [r for r in rows if roofline.goal_share(r["rows"]) is not None]
-    met = sum(r["model_low"] >= roofline.goal_share(r["rows"]) for r in cells)
+    met = [roofline.meets_goal(r) for r in rows]
+    cells = [found for found in met if found is not None]
     return (f" Goal (issue 44): >= {100 * roofline.GOAL:.0f} % at n >= 64, k <= 20; >= "
-            f"{100 * roofline.GOAL_AT_16:.0f} % at n = 16: the model meets it at {met} of "
+            f"{100 * roofline.GOAL_AT_16:.0f} % at n = 16: the model meets it at {sum(cells)} of "
             f"{len(cells)} cells at the slow ends. `tile instructions at the goal`: the most a "
             "tile may cost each warp, on average, for the model to meet it at the slow ends, "
             "the rest (CTAs, plan, tail) as compiled (`stagelab.analyse.roofline."

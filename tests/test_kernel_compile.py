@@ -16,6 +16,7 @@ import importlib.util
 import json
 import re
 import sys
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -750,3 +751,12 @@ def test_a_table_written_from_rows_is_dated_when_they_were_compiled(tmp_path, mo
     check.main(["--write", "--rows", str(rows), "--from-rows"])
     assert json.loads(check.DATA.read_text())["written"] == "2023-11-14T22:13:20+00:00"
     assert "Compiled 2023-11-14 22:13 UTC" in check.DOC.read_text()
+
+
+def test_the_committed_doc_is_the_table_of_the_committed_figures():
+    """docs/kernels.md is rendered from data/kernel_compile.json by today's code (the
+    variants' figures, the model and its goal budgets): an edit of either, or of the model,
+    without rendering again fails here."""
+    committed = json.loads((paths.REPO_ROOT / "data" / "kernel_compile.json").read_text())
+    when = datetime.fromisoformat(committed["written"])
+    assert check.table(committed["variants"], when) == check.DOC.read_text()

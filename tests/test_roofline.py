@@ -8,7 +8,7 @@ import math
 import pytest
 
 from stagelab.analyse import roofline
-from stagelab.core import launches
+from stagelab.core import forward, launches
 
 GPU = roofline.GPUS["H200"]
 
@@ -339,7 +339,26 @@ def test_the_read_rate_table_models_the_gpu_the_rows_were_measured_on(monkeypatc
     assert model("NVIDIA H100 80GB HBM3") != model("NVIDIA H200")
     assert model("NVIDIA L4") == "no model: NVIDIA L4 is not modelled"
     assert model(None) == roofline.percent_range(64, 152064, 5, "bf16", h200)
-    assert step_analysis.read_rate_table(frame)["model_gpu"].iloc[0].startswith("H200 (")
+    label = step_analysis.read_rate_table(frame)["model_gpu"].iloc[0]
+    assert label.startswith("H200 (") and "no GPU" in label
+
+
+def test_a_40_gb_a100_s_read_rate_is_modelled_at_its_own_peak(monkeypatch):
+    """A 40 GB A100 shares the 80 GB card's sm_80 rows, SMs and clock, not its HBM: its share
+    is of 1555 GB/s, not 2039."""
+    from stagelab.analyse import step_analysis
+
+    a100 = roofline.GPUS["A100 SXM"]
+    first = launches.triton_launches(64, 152064, 5, True, None, None,
+                                     launches.device_slots(a100.sms, 5))[0]
+    monkeypatch.setattr(roofline, "compiled_variants", lambda: (
+        dict(variant(64, 152064, 5, "bf16"), constexprs=dict(first.constexprs), arch=80),))
+    small = roofline.gpu_of_device("NVIDIA A100-SXM4-40GB")
+    model = step_analysis.read_rate_table(read_rate_frame((5,)), "NVIDIA A100-SXM4-40GB")
+    found = model["model_hbm_percent"].iloc[0]
+    assert found == roofline.percent_range(64, 152064, 5, "bf16", small)
+    assert found != roofline.percent_range(64, 152064, 5, "bf16", "A100 SXM")
+    assert found.endswith(" %")
 
 
 def test_the_goal_is_issue_44_s_by_rows():
@@ -347,22 +366,35 @@ def test_the_goal_is_issue_44_s_by_rows():
         None, None, 0.40, 0.40, 0.70, 0.70]
 
 
-def test_the_instruction_budget_is_the_most_a_tile_may_cost_to_meet_the_goal():
+def test_the_instruction_budget_is_the_most_a_tile_may_cost_to_meet_the_goal(monkeypatch):
     """At the budget the model meets the goal at the slow ends; a tenth of an instruction
-    more misses it; a tail that alone outlasts the goal's time leaves no budget; a row
-    count without a goal has none."""
-    rows = (variant(64, 152064, 5, "bf16"), variant(16, 152064, 5, "bf16"))
+    more misses it, at a budget under 400 and one over; a tail that alone outlasts the
+    goal's time leaves no budget; a row count without a goal has none; a goal met even at
+    the bisection's end is refused."""
+    rows = tuple(variant(n, 152064, k, dtype) for n, k, dtype in
+                 ((64, 5, "bf16"), (16, 5, "bf16"), (256, 0, "fp32")))
 
-    def share(n, instructions):
-        found = roofline.predict(n, 152064, 5, "bf16", GPU, max(roofline.LATENCY_NS), rows,
-                                 tile_instructions=instructions)
-        return 64 * 152064 * 2 / (found["walk_ns"] + found["tail_ns"]) / GPU.hbm_gbps
+    def share(n, k, dtype, instructions):
+        return roofline.predict(n, 152064, k, dtype, GPU, max(roofline.LATENCY_NS), rows,
+                                tile_instructions=instructions)["model_hbm_share"]
 
-    budget = roofline.goal_instructions(64, 152064, 5, "bf16", "H200", rows)
-    assert 50 < budget < 400 and share(64, budget) >= 0.70 > share(64, budget + 0.1)
+    for n, k, dtype, least, most in ((64, 5, "bf16", 50, 400), (256, 0, "fp32", 400, 2000)):
+        budget = roofline.goal_instructions(n, 152064, k, dtype, "H200", rows)
+        assert least < budget < most
+        assert share(n, k, dtype, budget) >= 0.70 > share(n, k, dtype, budget + 0.1)
     slow_tail = tuple(dict(row, tail_clocks=[10**6, 10**6]) for row in rows)
     assert roofline.goal_instructions(64, 152064, 5, "bf16", "H200", slow_tail) is None
     assert roofline.goal_instructions(1, 152064, 5, "bf16", "H200", rows) is None
+    monkeypatch.setattr(roofline, "MOST_INSTRUCTIONS", 100)
+    with pytest.raises(ValueError, match="bisection's end"):
+        roofline.goal_instructions(256, 152064, 0, "fp32", "H200", rows)
+
+
+def test_a_cell_meets_its_goal_by_its_unrounded_share():
+    assert roofline.meets_goal(dict(rows=64, model_low=0.6999)) is False
+    assert roofline.meets_goal(dict(rows=64, model_low=0.70)) is True
+    assert roofline.meets_goal(dict(rows=16, model_low=0.40)) is True
+    assert roofline.meets_goal(dict(rows=1, model_low=0.01)) is None
 
 
 def test_a_device_is_modelled_by_its_exact_name_at_its_own_hbm_peak():
@@ -376,8 +408,16 @@ def test_a_device_is_modelled_by_its_exact_name_at_its_own_hbm_peak():
     assert roofline.gpu_of_device("NVIDIA A100-PCIE-40GB").hbm_gbps == 1555.0
     assert roofline.gpu_of_device("NVIDIA H200") == roofline.GPUS["H200"]
     assert roofline.gpu_of_device("NVIDIA H100 80GB HBM3") == roofline.GPUS["H100 SXM"]
-    for name in ("NVIDIA H200 NVL", "NVIDIA H100 PCIe", "NVIDIA GH200 480GB", "", None):
+    assert roofline.gpu_of_device("  NVIDIA H200 \n") == roofline.GPUS["H200"]
+    for name in ("NVIDIA H200 NVL", "NVIDIA H100 PCIe", "NVIDIA H100 NVL", "NVIDIA GH200 480GB",
+                 "", None):
         assert roofline.gpu_of_device(name) is None
+
+
+def test_every_device_a_modelled_gpu_stands_for_has_a_datasheet_peak():
+    for gpu in roofline.GPUS.values():
+        assert gpu.devices and gpu.hbm_gbps == forward.PEAK_BANDWIDTH_GBPS[gpu.devices[0]]
+        assert all(name in forward.PEAK_BANDWIDTH_GBPS for name in gpu.devices)
 
 
 def test_predict_words_name_the_model_and_skip_gpus_not_modelled(monkeypatch):

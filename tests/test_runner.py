@@ -241,6 +241,17 @@ def test_an_interactive_folder_gets_a_manifest_and_is_listed(tmp_path, monkeypat
     assert "interactive" in report.write_index(ctx.run_dir).read_text()
 
 
+def test_a_notebook_names_the_gpu_its_run_s_numbers_come_from(tmp_path):
+    """The GPU of the run's manifest (a measured folder's, where the run reads one), without
+    taking a snapshot; None without a GPU or a manifest."""
+    ctx = context.NotebookContext("02_logprobs_step", tmp_path)
+    assert ctx.gpu_name() is None  # no manifest yet
+    for hardware, name in (({"gpu": {"name": "NVIDIA H200"}}, "NVIDIA H200"),
+                           ({"gpu": None}, None), (None, None)):
+        rundir.write_manifest(tmp_path, rundir.new_manifest(tmp_path, "quick", [], [], hardware))
+        assert ctx.gpu_name() == name
+
+
 def test_every_notebook_context_sets_the_suites_plot_theme(tmp_path):
     import matplotlib
     import seaborn as sns

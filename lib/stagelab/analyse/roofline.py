@@ -75,8 +75,10 @@ L2_LATENCY_NS = (200.0, 400.0)
 FENCE_AND_COUNT_TRIPS = 2
 ISSUE_PER_CLOCK = 4  # warp-instructions an SM issues per clock (four schedulers)
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+DTYPE_NAMES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}  # torch's: the model's
 GOAL = 0.70  # issue 44's goal: the model at >= 70 % of HBM at n >= 64, V = 152,064, k <= 20
 GOAL_AT_16 = 0.40  # and at >= 40 % at n = 16
+MOST_INSTRUCTIONS = 2**20  # the widest budget goal_instructions looks for, a tile's per warp
 # The target's rank the model assumes (vLLM's: the values at or above it, itself included):
 # a sampled token within the top 20. A tile counts toward it only where its max reaches the
 # target (onepass_triton._walk_tile); an input, not measured.
@@ -119,9 +121,13 @@ def gpu_of_device(device_name: str | None) -> Gpu | None:
     name = (device_name or "").strip().removeprefix("NVIDIA ").strip()
     for gpu in GPUS.values():
         if name in gpu.devices:
-            return replace(gpu, hbm_gbps=forward.peak_bandwidth_gbps(name) or gpu.hbm_gbps)
+            return replace(gpu, hbm_gbps=forward.PEAK_BANDWIDTH_GBPS[name])
     return None
-DTYPE_NAMES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}  # torch's: the model's
+
+
+def gpu_named(gpu: Gpu | str) -> Gpu:
+    """``gpu`` itself, or the :data:`GPUS` entry it names."""
+    return GPUS[gpu] if isinstance(gpu, str) else gpu
 
 
 @cache
@@ -290,7 +296,7 @@ def predict(rows: int, vocab: int, k: int, dtype: str, gpu: Gpu, latency_ns: flo
                 tail_clocks=row["tail_clocks"][end] if tail_ns else 0,
                 tail_instructions=row["tail_instructions"] if tail_ns else 0,
                 walk_ns=round(walk_ns, 1), tail_ns=round(tail_ns, 1),
-                model_gbps=round(rate, 1), model_hbm_share=round(rate / gpu.hbm_gbps, 3),
+                model_gbps=round(rate, 1), model_hbm_share=rate / gpu.hbm_gbps,
                 bound=bound, triton=row["triton"])
 
 
@@ -302,7 +308,7 @@ def predict_range(rows: int, vocab: int, k: int, dtype: str, gpu: Gpu | str = "H
     and the model's share of HBM as ``model_low`` (the slow ends) and ``model_high``, with
     ``model_low_counting_all``: the longer latency's where every tile counts toward the
     target (its rank not assumed)."""
-    gpu = GPUS[gpu] if isinstance(gpu, str) else gpu
+    gpu = gpu_named(gpu)
     slow, fast = (predict(rows, vocab, k, dtype, gpu, pick(LATENCY_NS), variants,
                           l2_latency_ns=pick(L2_LATENCY_NS), end=end)
                   for pick, end in ((max, 1), (min, 0)))
@@ -315,9 +321,17 @@ def predict_range(rows: int, vocab: int, k: int, dtype: str, gpu: Gpu | str = "H
 
 
 def goal_share(rows: int) -> float | None:
-    """Issue 44's goal for a call of ``rows`` rows: :data:`GOAL` of HBM from 64 rows,
-    :data:`GOAL_AT_16` from 16; None below (no goal)."""
+    """Issue 44's goal for a call of ``rows`` rows (which the issue sets at k <= 20, the
+    model table's ks): :data:`GOAL` of HBM from 64 rows, :data:`GOAL_AT_16` at 16 (and, in
+    this reading, up to 63); None below 16 (no goal)."""
     return GOAL if rows >= 64 else GOAL_AT_16 if rows >= 16 else None
+
+
+def meets_goal(found: dict[str, Any]) -> bool | None:
+    """Whether a :func:`predict_range` result meets its goal at the slow ends (its unrounded
+    ``model_low``); None where its row count has no goal."""
+    goal = goal_share(found["rows"])
+    return None if goal is None else found["model_low"] >= goal
 
 
 def goal_instructions(rows: int, vocab: int, k: int, dtype: str, gpu: Gpu | str = "H200",
@@ -327,22 +341,25 @@ def goal_instructions(rows: int, vocab: int, k: int, dtype: str, gpu: Gpu | str 
     ends, all else the cubin's (its CTAs, its tail): a budget to set a kernel's design
     against, in tenths of an instruction; None where no walk meets it (the tail and the
     memory latency alone miss it) or there is no goal. The share falls as a tile costs more:
-    found by bisection."""
+    found by bisection, between a tenth of an instruction and :data:`MOST_INSTRUCTIONS`
+    (``ValueError`` where even that meets it)."""
     goal = goal_share(rows)
-    gpu = GPUS[gpu] if isinstance(gpu, str) else gpu
+    gpu = gpu_named(gpu)
 
-    def share(instructions: float) -> float:  # unrounded: from the call's nanoseconds
-        found = predict(rows, vocab, k, dtype, gpu, max(LATENCY_NS), variants,
-                        l2_latency_ns=max(L2_LATENCY_NS), end=1, tile_instructions=instructions)
-        total_bytes = rows * vocab * DTYPE_BYTES[dtype]
-        return total_bytes / (found["walk_ns"] + found["tail_ns"]) / gpu.hbm_gbps
+    def meets(tenths: int) -> bool:
+        return predict(rows, vocab, k, dtype, gpu, max(LATENCY_NS), variants,
+                       l2_latency_ns=max(L2_LATENCY_NS), end=1,
+                       tile_instructions=tenths / 10)["model_hbm_share"] >= goal
 
-    low, high = 10, 10 * 2 ** 20  # tenths of an instruction: low meets the goal, high not
-    if goal is None or share(low / 10) < goal:
+    low, high = 1, 10 * MOST_INSTRUCTIONS  # tenths: low meets the goal, high does not
+    if goal is None or not meets(low):
         return None
+    if meets(high):
+        raise ValueError(f"n={rows} V={vocab} k={k} {dtype}: the goal is met even at "
+                         f"{MOST_INSTRUCTIONS} instructions a tile, the bisection's end")
     while high - low > 1:
         middle = (low + high) // 2
-        low, high = (middle, high) if share(middle / 10) >= goal else (low, middle)
+        low, high = (middle, high) if meets(middle) else (low, middle)
     return low / 10
 
 

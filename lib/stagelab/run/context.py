@@ -117,6 +117,16 @@ class NotebookContext:
         caption = report.figure_caption(path.name, gpu=self._has_gpu())
         display(Image(data=path.read_bytes(), format="png", metadata={"alt": caption}))
 
+    def gpu_name(self) -> str | None:
+        """The name of the GPU this run's numbers come from (its manifest's hardware: the
+        measured folder's where it reads one; no new snapshot), None without a GPU or a
+        manifest."""
+        try:
+            hardware = rundir.read_manifest(self.run_dir).get("hardware") or {}
+        except (OSError, UserError):
+            return None
+        return (hardware.get("gpu") or {}).get("name")
+
     def _has_gpu(self) -> bool:
         """Whether this run's machine has a GPU (some captions name the link it draws)."""
         try:
