@@ -464,6 +464,20 @@ def test_the_committed_figures_hold_every_launched_variant_on_each_triton_and_ar
     assert all(f"on an {gpu} (a model" in text for gpu in check.MODELLED)
 
 
+@NEEDS_TRITON
+def test_the_committed_figures_are_the_installed_triton_s():
+    """Beside the lease's 3.6, the committed figures are those of the Triton this checkout
+    installs (the test extra's range takes the newest): a newer release installed here
+    leaves them another Triton's, and the full check must run again."""
+    from importlib.metadata import version
+
+    installed = version("triton")
+    compiled = {row["triton"] for row in json.loads(check.DATA.read_text())["variants"]}
+    assert installed in compiled, (
+        f"data/kernel_compile.json holds Triton {sorted(compiled)}, not the installed "
+        f"{installed}: run scripts/kernel_compile_check.py --write")
+
+
 @pytest.mark.slow
 @NEEDS_TRITON
 def test_the_representative_variants_compile_for_sm_90_on_the_lease_triton_without_spills():
