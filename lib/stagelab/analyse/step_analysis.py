@@ -18,7 +18,7 @@ UNATTRIBUTED = "unattributed"  # what no timed stage accounts for
 FORWARD = "forward"  # the decode forward queued before the step, which the step waits behind
 SPLIT = (FORWARD, *STAGES, UNATTRIBUTED)  # the parts of a step that add up to its total
 DWARFED_SHARE = 0.10  # the copy counts as dwarfed below this share of the seed's step
-LEASE_GPU = "H200"  # the model beside a CPU's read rate: the GPU a lease lends (the device tool)
+LEASE_GPU = "H200"  # the model beside a CPU's read rate: a kind of GPU the lease lends (device tool)
 
 
 def read_condition(frame: pd.DataFrame, condition: catalogue.Condition) -> pd.Series:
