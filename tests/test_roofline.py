@@ -83,7 +83,7 @@ def test_the_rates_and_the_bound_by_hand():
     at the slow end, after the walk."""
     rows = (variant(64, 152064, 0, "fp32", ctas_per_sm=1, loop_instructions=300,
                     guard_instructions=300, count_instructions=0),)
-    found = roofline.predict(64, 152064, 0, "fp32", GPU, 2000.0, rows)
+    found = roofline.predict(64, 152064, 0, "fp32", GPU, roofline.Latencies(2000.0), rows)
     issue_ns = 300 / GPU.clock_ghz
     ahead, balance = launches.tiles_ahead(), 256 / 264
     parallel = balance * 132 * 8192 / roofline.tile_ns(2000, issue_ns, ahead)
@@ -112,12 +112,12 @@ def test_a_tile_counts_toward_the_target_only_where_it_holds_a_value_at_or_above
         roofline.counted_share(2, 8, 0)
     row = dict(guard_instructions=200, count_instructions=90)
     assert roofline.walk_costs(row, 2, 4, 0, 0.25)["instructions"] == pytest.approx(222.5)
-    found = roofline.predict(64, 152064, 0, "fp32", GPU, 450.0,
+    found = roofline.predict(64, 152064, 0, "fp32", GPU, roofline.Latencies(450.0),
                              (variant(64, 152064, 0, "fp32", count_instructions=90),))
     share = roofline.counted_share(2048, 152064, roofline.TARGET_RANK)
     assert found["counted_share"] == round(share, 3) and 0.2 < share < 0.3
     assert found["tile_instructions"] == pytest.approx(400 + 90 * share, abs=0.1)
-    every = roofline.predict(64, 152064, 0, "fp32", GPU, 450.0,
+    every = roofline.predict(64, 152064, 0, "fp32", GPU, roofline.Latencies(450.0),
                              (variant(64, 152064, 0, "fp32", count_instructions=90),),
                              target_rank=None)
     assert every["counted_share"] == 1 and every["tile_instructions"] == 490
@@ -194,7 +194,7 @@ def test_a_tail_longer_than_the_walk_bounds_the_call():
     outlasts it: the call is bound by the tail, its rate the bytes over walk and tail
     together."""
     rows = (variant(1, 152064, 5, "fp32", tail_clocks=[6000, 10000]),)
-    found = roofline.predict(1, 152064, 5, "fp32", GPU, 800.0, rows)
+    found = roofline.predict(1, 152064, 5, "fp32", GPU, roofline.Latencies(800.0), rows)
     assert found["programs"] == 25 and found["bound"] == "tail"
     assert launches.merge_group(8, 25) == 32
     tail = 3 * 400 + 10000 / GPU.clock_ghz
@@ -203,7 +203,7 @@ def test_a_tail_longer_than_the_walk_bounds_the_call():
     assert found["model_gbps"] == pytest.approx(
         152064 * 4 / (found["walk_ns"] + tail), abs=0.1)
     assert found["tail_ns"] > found["walk_ns"]
-    fast = roofline.predict(1, 152064, 5, "fp32", GPU, 450.0, rows, l2_latency_ns=200, end=0)
+    fast = roofline.predict(1, 152064, 5, "fp32", GPU, roofline.FAST, rows)
     assert fast["tail_ns"] == pytest.approx(3 * 200 + 6000 / GPU.clock_ghz, abs=0.1)
 
 
@@ -242,7 +242,7 @@ def test_a_top_k_walk_costs_its_paths_at_the_model_s_shares():
     guard's, the counts' and each top-K path's at its modelled share, and it bounds the rate
     by issue."""
     rows = (variant(256, 152064, 20, "bf16", ctas_per_sm=2),)
-    found = roofline.predict(256, 152064, 20, "bf16", GPU, 450.0, rows)
+    found = roofline.predict(256, 152064, 20, "bf16", GPU, roofline.Latencies(450.0), rows)
     counted = roofline.counted_share(2048, 152064)
     costs = roofline.walk_costs(rows[0], 75, 2048, 20, counted)
     assert found["tiles_per_slice"] == 75 and found["sorted_share"] == round(costs["sorted"], 3)
@@ -264,21 +264,21 @@ def test_the_range_pairs_the_fast_ends_and_the_slow_ends():
     paced by the SM's issue: both bounds agree, and the bound says issue."""
     rows = (variant(16, 152064, 5, "fp32", tail_clocks=[300, 700]),)
     found = roofline.predict_range(16, 152064, 5, "fp32", variants=rows)
-    fast = roofline.predict(16, 152064, 5, "fp32", GPU, 450.0, rows, l2_latency_ns=200, end=0)
-    slow = roofline.predict(16, 152064, 5, "fp32", GPU, 800.0, rows, l2_latency_ns=400, end=1)
+    fast = roofline.predict(16, 152064, 5, "fp32", GPU, roofline.FAST, rows)
+    slow = roofline.predict(16, 152064, 5, "fp32", GPU, roofline.SLOW, rows)
     assert fast["tail_ns"] == pytest.approx(3 * 200 + 300 / GPU.clock_ghz, abs=0.1)
     assert slow["tail_ns"] == pytest.approx(3 * 400 + 700 / GPU.clock_ghz, abs=0.1)
     assert (found["model_high"], found["model_low"]) == (
         fast["model_hbm_share"], slow["model_hbm_share"])
     assert found["tail_ns"] == slow["tail_ns"] and found["tail_clocks"] == 700
     busy = (variant(64, 152064, 20, "fp32", ctas_per_sm=1, guard_instructions=2000),)
-    found = roofline.predict(64, 152064, 20, "fp32", GPU, 800.0, busy)
+    found = roofline.predict(64, 152064, 20, "fp32", GPU, roofline.Latencies(800.0), busy)
     assert found["bound"] == "issue" and found["resident_per_sm"] == 1
 
 
 def test_a_missing_variant_says_how_to_make_the_figures():
     with pytest.raises(LookupError, match="kernel_compile_check"):
-        roofline.predict(64, 152064, 5, "bf16", GPU, 600.0, ())
+        roofline.predict(64, 152064, 5, "bf16", GPU, roofline.Latencies(600.0), ())
 
 
 @pytest.mark.parametrize("gpu_name", sorted(roofline.GPUS))
@@ -375,7 +375,7 @@ def test_the_instruction_budget_is_the_most_a_tile_may_cost_to_meet_the_goal(mon
                  ((64, 5, "bf16"), (16, 5, "bf16"), (256, 0, "fp32")))
 
     def share(n, k, dtype, instructions):
-        return roofline.predict(n, 152064, k, dtype, GPU, max(roofline.LATENCY_NS), rows,
+        return roofline.predict(n, 152064, k, dtype, GPU, roofline.SLOW, rows,
                                 tile_instructions=instructions)["model_hbm_share"]
 
     for n, k, dtype, least, most in ((64, 5, "bf16", 50, 400), (256, 0, "fp32", 400, 2000)):
@@ -437,8 +437,8 @@ def test_an_a100_is_modelled_from_its_own_plan_and_the_sm_80_figures():
                                      launches.device_slots(a100.sms, 5))[0]
     row = dict(variant(64, 152064, 5, "bf16"), constexprs=dict(first.constexprs))
     with pytest.raises(LookupError, match="sm_80"):
-        roofline.predict(64, 152064, 5, "bf16", a100, 600.0, (row,))
-    found = roofline.predict(64, 152064, 5, "bf16", a100, 600.0, (dict(row, arch=80),))
+        roofline.predict(64, 152064, 5, "bf16", a100, roofline.Latencies(600.0), (row,))
+    found = roofline.predict(64, 152064, 5, "bf16", a100, roofline.Latencies(600.0), (dict(row, arch=80),))
     assert found["gpu"] == "A100 SXM" and found["programs"] == first.grid[0] * first.grid[1]
     assert found["programs"] <= a100.sms < GPU.sms
     assert a100.hbm_gbps == 2039.0 and roofline.GPUS["A100 PCIe"].hbm_gbps == 1935.0

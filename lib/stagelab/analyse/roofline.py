@@ -241,17 +241,32 @@ def split_tail_ns(parts: int, group: int, row: dict[str, Any], top_k: bool,
     return trips * l2_latency_ns + clocks / clock_ghz
 
 
-def predict(rows: int, vocab: int, k: int, dtype: str, gpu: Gpu, latency_ns: float,
+@dataclass(frozen=True)
+class Latencies:
+    """The latencies a prediction assumes (inputs, never measured): an HBM load's under load,
+    an L2 hit's (a split row's tail: :func:`split_tail_ns`), and which end of the tail's
+    assumed instruction latencies its clocks are read at (``end``: 0 the fast, 1 the slow;
+    the compile check's ``tail_clocks`` pairs)."""
+
+    memory_ns: float
+    l2_ns: float = max(L2_LATENCY_NS)
+    end: int = 1
+
+
+SLOW = Latencies(max(LATENCY_NS), max(L2_LATENCY_NS), 1)  # the model's low share
+FAST = Latencies(min(LATENCY_NS), min(L2_LATENCY_NS), 0)  # and its high one
+
+
+def predict(rows: int, vocab: int, k: int, dtype: str, gpu: Gpu, latencies: Latencies,
             variants: tuple[dict[str, Any], ...] | None = None,
             target_rank: int | None = TARGET_RANK,
-            l2_latency_ns: float = max(L2_LATENCY_NS), end: int = 1,
             tile_instructions: float | None = None) -> dict[str, Any]:
-    """The model's share of ``gpu``'s HBM for one call at ``latency_ns`` (a split row's tail
-    at ``l2_latency_ns`` and ``end`` of its instruction latencies: :func:`split_tail_ns`;
-    their slow ends by default, :func:`predict_range` pairs the ends), with its inputs, for a
-    target of ``target_rank`` (None: every tile counts toward it, the worst case); a tile's
-    mean instructions ``tile_instructions`` in place of the cubin's where given (what a
-    kernel would need: :func:`goal_instructions`)."""
+    """The model's share of ``gpu``'s HBM for one call at ``latencies`` (:func:`predict_range`
+    pairs :data:`SLOW` and :data:`FAST`), with its inputs, for a target of ``target_rank``
+    (None: every tile counts toward it, the worst case); a tile's mean instructions
+    ``tile_instructions`` in place of the cubin's where given (what a kernel would need:
+    :func:`goal_instructions`)."""
+    latency_ns, end = latencies.memory_ns, latencies.end
     first = launches.triton_launches(rows, vocab, k, True, None, None,
                                      launches.device_slots(gpu.sms, k))[0]
     row = figures_of(first, dtype, gpu.arch, variants=variants)
@@ -278,7 +293,7 @@ def predict(rows: int, vocab: int, k: int, dtype: str, gpu: Gpu, latency_ns: flo
     total_bytes = rows * vocab * DTYPE_BYTES[dtype]
     walk_ns = total_bytes / rate  # bytes / (GB/s) is ns
     tail_ns = split_tail_ns(first.grid[1], int(first.constexprs["GROUP"]), row, k > 0,
-                            l2_latency_ns, gpu.clock_ghz, end)
+                            latencies.l2_ns, gpu.clock_ghz, end)
     rate = total_bytes / (walk_ns + tail_ns)
     if tail_ns > walk_ns:
         bound = "tail"  # a split row's tail outlasts its walk
@@ -309,10 +324,8 @@ def predict_range(rows: int, vocab: int, k: int, dtype: str, gpu: Gpu | str = "H
     ``model_low_counting_all``: the longer latency's where every tile counts toward the
     target (its rank not assumed)."""
     gpu = gpu_named(gpu)
-    slow, fast = (predict(rows, vocab, k, dtype, gpu, pick(LATENCY_NS), variants,
-                          l2_latency_ns=pick(L2_LATENCY_NS), end=end)
-                  for pick, end in ((max, 1), (min, 0)))
-    worst = predict(rows, vocab, k, dtype, gpu, max(LATENCY_NS), variants, target_rank=None)
+    slow, fast = (predict(rows, vocab, k, dtype, gpu, ends, variants) for ends in (SLOW, FAST))
+    worst = predict(rows, vocab, k, dtype, gpu, SLOW, variants, target_rank=None)
     return dict(slow, model_low=slow["model_hbm_share"], model_high=fast["model_hbm_share"],
                 model_low_counting_all=worst["model_hbm_share"],
                 latency_ns=f"{min(LATENCY_NS):g}-{max(LATENCY_NS):g}",
@@ -347,8 +360,7 @@ def goal_instructions(rows: int, vocab: int, k: int, dtype: str, gpu: Gpu | str 
     gpu = gpu_named(gpu)
 
     def meets(tenths: int) -> bool:
-        return predict(rows, vocab, k, dtype, gpu, max(LATENCY_NS), variants,
-                       l2_latency_ns=max(L2_LATENCY_NS), end=1,
+        return predict(rows, vocab, k, dtype, gpu, SLOW, variants,
                        tile_instructions=tenths / 10)["model_hbm_share"] >= goal
 
     low, high = 1, 10 * MOST_INSTRUCTIONS  # tenths: low meets the goal, high does not
