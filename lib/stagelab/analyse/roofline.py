@@ -65,6 +65,7 @@ from stagelab.core import forward, launches, paths
 
 COMPILE_FILE = paths.DATA_DIR / "kernel_compile.json"
 LEASE_TRITON = "3.6"  # the Triton the lease image runs: its cubins are the model's input
+LEASE_GPU = "H200"  # the GPU the model is of unless told another: a kind the lease lends
 LATENCY_NS = (450.0, 800.0)  # assumed HBM load latency under load, ns (an input, not measured)
 # Assumed L2 hit latency under load, ns, paired with LATENCY_NS's ends (an input, not
 # measured): the split walk's last slice reads the other slices' states from L2.
@@ -118,7 +119,7 @@ def gpu_of_device(device_name: str | None) -> Gpu | None:
     it), at that card's own datasheet HBM peak (a 40 GB A100's 1555 GB/s, not the 80 GB
     card's); None for no device or one not modelled (an exact name, never a near match: an
     H200 NVL or an H100 PCIe has other clocks or SMs)."""
-    name = (device_name or "").strip().removeprefix("NVIDIA ").strip()
+    name = forward.device_key(device_name)
     for gpu in GPUS.values():
         if name in gpu.devices:
             return replace(gpu, hbm_gbps=forward.PEAK_BANDWIDTH_GBPS[name])
@@ -315,7 +316,8 @@ def predict(rows: int, vocab: int, k: int, dtype: str, gpu: Gpu, latencies: Late
                 bound=bound, triton=row["triton"])
 
 
-def predict_range(rows: int, vocab: int, k: int, dtype: str, gpu: Gpu | str = "H200",
+def predict_range(rows: int, vocab: int, k: int, dtype: str,
+                  gpu: Gpu | str = LEASE_GPU,
                   variants: tuple[dict[str, Any], ...] | None = None) -> dict[str, Any]:
     """:func:`predict` at both ends of :data:`LATENCY_NS` (paired with those of
     :data:`L2_LATENCY_NS` and of the tail's instruction latencies) on ``gpu`` (a
@@ -347,7 +349,8 @@ def meets_goal(found: dict[str, Any]) -> bool | None:
     return None if goal is None else found["model_low"] >= goal
 
 
-def goal_instructions(rows: int, vocab: int, k: int, dtype: str, gpu: Gpu | str = "H200",
+def goal_instructions(rows: int, vocab: int, k: int, dtype: str,
+                      gpu: Gpu | str = LEASE_GPU,
                       variants: tuple[dict[str, Any], ...] | None = None) -> float | None:
     """The most instructions a tile may cost each warp (the mean over a slice, as
     ``tile_instructions``) for the model to meet the goal (:func:`goal_share`) at the slow
@@ -375,7 +378,7 @@ def goal_instructions(rows: int, vocab: int, k: int, dtype: str, gpu: Gpu | str 
     return low / 10
 
 
-def grid(gpu_name: str = "H200", rows: tuple[int, ...] = (1, 16, 64, 256),
+def grid(gpu_name: str = LEASE_GPU, rows: tuple[int, ...] = (1, 16, 64, 256),
          vocab: int = 152064, ks: tuple[int, ...] = (0, 5, 20),
          dtypes: tuple[str, ...] = ("fp32", "bf16"),
          variants: tuple[dict[str, Any], ...] | None = None) -> list[dict[str, Any]]:
@@ -384,7 +387,8 @@ def grid(gpu_name: str = "H200", rows: tuple[int, ...] = (1, 16, 64, 256),
             for dtype in dtypes for k in ks for n in rows]
 
 
-def percent_range(rows: int, vocab: int, k: int, dtype: str, gpu: Gpu | str = "H200") -> str:
+def percent_range(rows: int, vocab: int, k: int, dtype: str,
+                  gpu: Gpu | str = LEASE_GPU) -> str:
     """The model's share of ``gpu``'s HBM (:func:`predict_range`'s) as ``"low-high %"``
     (``dtype`` torch's name or the model's), or why there is none."""
     try:

@@ -18,7 +18,6 @@ UNATTRIBUTED = "unattributed"  # what no timed stage accounts for
 FORWARD = "forward"  # the decode forward queued before the step, which the step waits behind
 SPLIT = (FORWARD, *STAGES, UNATTRIBUTED)  # the parts of a step that add up to its total
 DWARFED_SHARE = 0.10  # the copy counts as dwarfed below this share of the seed's step
-LEASE_GPU = "H200"  # the model beside a CPU's read rate: a kind of GPU the lease lends (device tool)
 
 
 def read_condition(frame: pd.DataFrame, condition: catalogue.Condition) -> pd.Series:
@@ -274,18 +273,19 @@ def read_rate_table(frame: pd.DataFrame, gpu_name: str | None = None) -> pd.Data
     kernel's compiled cubins (not a measurement) for the GPU they were measured on
     (``gpu_name``, CUDA's name: :func:`stagelab.analyse.roofline.gpu_of_device`; why not,
     where that GPU is not modelled), or without one (a CPU's run) for the lease's
-    (:data:`LEASE_GPU`, so named); one line saying why where there are none."""
+    (:data:`stagelab.analyse.roofline.LEASE_GPU`, so named); one line saying why where there
+    are none."""
     rows = frame[(frame["metric"] == schema.READ_RATE) & (frame["status"] == "ok")]
     if rows.empty:
         failed = frame[(frame["metric"] == schema.READ_RATE) & (frame["status"] != "ok")]
         why = (f"failed: {failed['note'].iloc[0]}" if not failed.empty else
                f"not measured: the run did not time the {catalogue.ONE_PASS} arm")
         return pd.DataFrame([{"read rate": why}])
-    gpu = roofline.gpu_of_device(gpu_name) if gpu_name else roofline.GPUS[LEASE_GPU]
+    gpu = roofline.gpu_of_device(gpu_name) if gpu_name else roofline.GPUS[roofline.LEASE_GPU]
     table = rows.assign(
         l2=rows["stage"].str.removeprefix("l2_"), read_gb_per_s=rows["bytes"] / rows["seconds"] / 1e9,
         call_us=rows["seconds"] * 1e6, hbm_percent=rows["value"] * 100,
-        model_gpu=gpu_name or f"{LEASE_GPU} (the lease's: no GPU ran this)",
+        model_gpu=gpu_name or f"{roofline.LEASE_GPU} (the lease's: no GPU ran this)",
         model_hbm_percent=[roofline.percent_range(int(r), int(v), int(k), str(d), gpu) if gpu
                            else f"no model: {gpu_name} is not modelled"
                            for r, v, k, d in zip(rows["rows"], rows["vocab"], rows["k"],

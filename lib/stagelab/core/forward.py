@@ -53,11 +53,16 @@ PEAK_BANDWIDTH_GBPS = {
 }
 
 
+def device_key(gpu_name: str | None) -> str:
+    """A GPU's name as CUDA reports it, less "NVIDIA " and surrounding blanks: the key of
+    :data:`PEAK_BANDWIDTH_GBPS` ("" for None)."""
+    return (gpu_name or "").strip().removeprefix("NVIDIA ").strip()
+
+
 def peak_bandwidth_gbps(gpu_name: str) -> float | None:
     """The datasheet peak memory bandwidth of a GPU by its exact name (with or without the
     leading "NVIDIA "); None when unknown (never a near match: "L40" is not "L4")."""
-    name = gpu_name.strip().removeprefix("NVIDIA ").strip()
-    return PEAK_BANDWIDTH_GBPS.get(name)
+    return PEAK_BANDWIDTH_GBPS.get(device_key(gpu_name))
 
 
 @dataclass(frozen=True)

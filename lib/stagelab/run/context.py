@@ -121,18 +121,21 @@ class NotebookContext:
         """The name of the GPU this run's numbers come from (its manifest's hardware: the
         measured folder's where it reads one; no new snapshot), None without a GPU or a
         manifest."""
-        try:
-            hardware = rundir.read_manifest(self.run_dir).get("hardware") or {}
-        except (OSError, UserError):
-            return None
-        return (hardware.get("gpu") or {}).get("name")
+        return ((self._hardware() or {}).get("gpu") or {}).get("name")
 
     def _has_gpu(self) -> bool:
-        """Whether this run's machine has a GPU (some captions name the link it draws)."""
+        """Whether this run's machine has a GPU (some captions name the link it draws); before
+        its manifest is written, True: the captions say what a GPU run's figure draws."""
+        hardware = self._hardware()
+        return True if hardware is None else bool(hardware.get("gpu"))
+
+    def _hardware(self) -> dict[str, Any] | None:
+        """The hardware snapshot of this run's manifest ({} where it holds none), None before
+        the manifest is written."""
         try:
-            return bool((rundir.read_manifest(self.run_dir).get("hardware") or {}).get("gpu"))
-        except (OSError, UserError):  # no manifest yet: say what a GPU run's figure draws
-            return True
+            return rundir.read_manifest(self.run_dir).get("hardware") or {}
+        except (OSError, UserError):
+            return None
 
     def save_trace(self, packed: bytes, name: str) -> Path:
         """Write a compressed Chrome trace (:meth:`RunFolder.trace_path`) atomically; its path."""
