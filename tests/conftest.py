@@ -121,7 +121,7 @@ def tiny_cli(suite: dict[str, Path], *args: str) -> list[str]:
     script = ("import sys\nfrom pathlib import Path\nfrom stagelab import cli\nfrom stagelab.core import paths\n"
               f"paths.PROFILES_FILE = Path({str(suite['profiles'])!r})\n"
               f"paths.NOTEBOOKS_DIR = Path({str(suite['notebooks'])!r})\n"
-              f"sys.exit(cli.main({list(args)!r}))\n")
+              f"sys.exit(cli.console({list(args)!r}))\n")
     return [sys.executable, "-c", script]
 
 

@@ -343,6 +343,17 @@ def test_a_stop_swallowed_by_a_finalizer_is_raised_again_after_its_round(monkeyp
         clock.admit("step", None, 1, 0)
 
 
+@pytest.mark.parametrize("signum", stops.SIGNALS)
+def test_a_stop_in_the_shutdown_after_the_command_ends_it_quietly_with_its_status(signum):
+    # Before: a second Ctrl-C landing in torch's finalizer at exit printed a traceback (CI).
+    script = ("import os, sys, weakref\nfrom stagelab.core import stops\n"
+              "class Held: pass\nheld = Held()\n"
+              f"weakref.finalize(held, lambda: os.kill(os.getpid(), {int(signum)}))\n"
+              "print('recorded')\nstops.end_quietly(7)\nsys.exit(0)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout, done.stderr) == (7, "recorded\n", "")
+
+
 @pytest.mark.serial  # a process killed on purpose
 @pytest.mark.slow
 def test_a_killed_measurement_keeps_its_finished_cells(killed):

@@ -2,6 +2,6 @@
 
 import sys
 
-from stagelab.cli import main
+from stagelab.cli import console
 
-sys.exit(main())
+sys.exit(console())

@@ -10,7 +10,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from stagelab.core import outcomes, parameter_history, paths, phases
+from stagelab.core import outcomes, parameter_history, paths, phases, stops
 from stagelab.core.errors import UserError
 from stagelab.core.outcomes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 from stagelab.run import measure_command
@@ -460,3 +460,12 @@ def main(argv: list[str] | None = None) -> int:
         args = _parser().parse_args(argv)
         return outcomes.one_line_errors("stagelab", lambda: COMMANDS[args.command](args),
                                         also=(RecordError,))
+
+
+def console(argv: list[str] | None = None) -> int:
+    """The ``stagelab`` command's process: :func:`main`, then a quiet end, in which a stop
+    signal exits at once with main's status (see :func:`stops.end_quietly`). Not for a caller
+    that goes on after it, whose own Ctrl-C it would take over."""
+    status = main(argv)
+    stops.end_quietly(status)
+    return status
