@@ -302,16 +302,17 @@ def _model_section(found: list[dict], gpu_name: str) -> list[str]:
              "tile count, the rank not assumed)." + (_goal_words(rows) if goals else
              f" Its latencies, memory's and instructions', are the {GOAL_GPU}'s assumptions, "
              "not its own (an A100's far L2 hits take longer): a first screen."),
-             "", "| n | k | dtype | programs | resident/SM | tiles/slice | tile instructions "
+             "", "| n | k | dtype | programs | warps | resident/SM | tiles/slice "
+             "| tile instructions "
              "| counted | entered | sorted | passes/tile | instructions/logit | bound at 800 ns "
              "| walk ns at 800 ns | tail trips, clocks (slow), instructions "
              "| tail ns at 800 ns "
              "| model % (800-450 ns) | model % at 800 ns, every tile counting |"
              + (" goal % | tile instructions at the goal |" if goals else ""),
-             "|---" * (20 if goals else 18) + "|"]
+             "|---" * (21 if goals else 19) + "|"]
     for r in rows:
         lines.append(f"| {r['rows']} | {r['k']} | {r['dtype']} | {r['programs']} | "
-                     f"{r['resident_per_sm']} | {r['tiles_per_slice']} | "
+                     f"{r['warps']} | {r['resident_per_sm']} | {r['tiles_per_slice']} | "
                      f"{r['tile_instructions']} | {r['counted_share']} | {r['entered_share']} | "
                      f"{r['sorted_share']} | "
                      f"{r['candidates_per_tile']} | {r['instructions_per_logit']} | "

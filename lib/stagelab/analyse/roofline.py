@@ -17,11 +17,13 @@ can reach, as the least of three rates:
   least of the cubin's CTAs per SM (its registers and shared memory, the pipeline's buffers
   among them) and the programs per SM the grid gives;
 * **issue**: an SM issues at most 4 warp-instructions a clock (its schedulers), shared by its
-  resident warps; a tile costs its warps the guard's instructions, the target's counts on a
-  tile whose max reaches the target (:func:`counted_share`, at :data:`TARGET_RANK`), plus the
-  top-K's: on a tile whose max beats the ``k``-th key held, the block that counts its
-  candidates (values above that key) and merges what the tile gives, then either the
-  per-candidate loop once for each of the best ``k`` candidates, or, where that is more than
+  resident warps (each on a scheduler of its own: one program of four warps, or four
+  programs of one, :func:`stagelab.core.launches.narrow_walk`); a tile costs its warps the
+  guard's instructions, the target's counts on a tile whose max reaches the target
+  (:func:`counted_share`, at :data:`TARGET_RANK`), plus the top-K's: on a tile whose max
+  beats the ``k``-th key held, the block that counts its candidates (values above that key)
+  and merges what the tile gives, then either the per-candidate loop once for each of the
+  best ``k`` candidates, or, where that is more than
   :data:`stagelab.core.launches.CANDIDATE_LIMIT` passes, the sort path (each path's
   instructions read from the cubin: ``kernel_compile.loop_figures``);
 
@@ -141,16 +143,20 @@ def compiled_variants(path: Path = COMPILE_FILE) -> tuple[dict[str, Any], ...]:
 
 def figures_of(launch: launches.Launch, dtype: str, arch: int, triton: str = LEASE_TRITON,
                variants: tuple[dict[str, Any], ...] | None = None) -> dict[str, Any]:
-    """The compiled figures of ``launch`` on logits of ``dtype`` (a compile check row)."""
+    """The compiled figures of ``launch`` on logits of ``dtype`` (a compile check row of its
+    constexprs, warps and register cap: the same constexprs on other warps are another
+    cubin)."""
     for row in compiled_variants() if variants is None else variants:
         if (row["kernel"] == launch.kernel and row["arch"] == arch and row["compiles"]
                 and row["triton"].startswith(triton + ".")
                 and row["pointers"].get("x_ptr") == dtype
-                and row["constexprs"] == dict(launch.constexprs)):
+                and row["constexprs"] == dict(launch.constexprs)
+                and row["num_warps"] == launch.num_warps
+                and row.get("max_registers") == launch.max_registers):
             return row
-    raise LookupError(f"no compiled {launch.kernel} {dict(launch.constexprs)} {dtype} for "
-                      f"sm_{arch} on Triton {triton}: run scripts/kernel_compile_check.py "
-                      "--write")
+    raise LookupError(f"no compiled {launch.kernel} {dict(launch.constexprs)} {dtype} on "
+                      f"{launch.num_warps} warps for sm_{arch} on Triton {triton}: run "
+                      "scripts/kernel_compile_check.py --write")
 
 
 def tile_candidates(block: int, k: int, tile: int,
@@ -299,7 +305,8 @@ def predict(rows: int, vocab: int, k: int, dtype: str, gpu: Gpu, latencies: Late
     if tail_ns > walk_ns:
         bound = "tail"  # a split row's tail outlasts its walk
     return dict(rows=rows, vocab=vocab, k=k, dtype=dtype, gpu=gpu.name, latency_ns=latency_ns,
-                programs=programs, balance=round(balance, 3), resident_per_sm=resident,
+                programs=programs, warps=warps, balance=round(balance, 3),
+                resident_per_sm=resident,
                 ctas_per_sm=row["ctas_per_sm"],
                 registers=row["registers"], bytes_in_flight_per_sm=resident * tile_bytes,
                 tiles_per_slice=tiles, tile_instructions=round(per_tile, 1),
