@@ -581,6 +581,7 @@ def goal_rows(sms: int, arch: int) -> list[dict]:
                                              launches.device_slots(sms, k))[0]
             rows += [dict(kernel=first.kernel, arch=arch, compiles=True, triton="3.6.0",
                           pointers=dict(x_ptr=dtype), constexprs=dict(first.constexprs),
+                          num_warps=first.num_warps, max_registers=first.max_registers,
                           ctas_per_sm=2, registers=200, loop_instructions=4000,
                           guard_instructions=230, enter_instructions=250,
                           sort_instructions=3000, candidate_instructions=130,
@@ -609,17 +610,20 @@ def test_the_h200_table_gives_each_goal_cell_its_goal_and_instruction_budget():
     lines = check.model_table(rows)
     body = [[cell.strip() for cell in line.split("|")[1:-1]] for line in lines
             if line.startswith("| ") and line[2].isdigit()]
-    assert all(len(cells) == 20 for cells in body)
+    assert all(len(cells) == 21 for cells in body)
     met = 0
     for cells in body:
         n, k, dtype = int(cells[0]), int(cells[1]), cells[2]
         goal = roofline.goal_share(n)
         if goal is None:
-            assert n == 1 and cells[18:] == ["", ""]
+            assert n == 1 and cells[19:] == ["", ""]
             continue
         budget = roofline.goal_instructions(n, 152064, k, dtype, "H200", tuple(rows))
-        assert cells[18] == f"{100 * goal:.0f}"
-        assert cells[19] == ("none" if budget is None else str(budget))
+        first = launches.triton_launches(n, 152064, k, True, None, None,
+                                         launches.device_slots(132, k))[0]
+        assert cells[4] == str(first.num_warps)
+        assert cells[19] == f"{100 * goal:.0f}"
+        assert cells[20] == ("none" if budget is None else str(budget))
         met += roofline.predict_range(n, 152064, k, dtype, "H200", tuple(rows))["model_low"] >= goal
     assert sum(f"meets it at {met} of 18 cells" in line for line in lines) == 1
 

@@ -31,7 +31,8 @@ def programs_per_sm(k: int) -> int:
     to 4 (fp32) times what Little's law asks at 800 ns, and two CTAs of the pipeline's shared
     memory fit an SM of sm_80 and sm_90, where the compile check's fp32 walk fits 3 on sm_90
     and 2 on sm_80); 1 with one: :func:`top_k_splits` weighs the slices' top-K work against
-    the SMs they fill."""
+    the SMs they fill (a narrow walk's plan takes four one-warp programs an SM in its place:
+    :func:`narrow_walk`)."""
     return 1 if k else 2
 
 
@@ -78,8 +79,9 @@ def merge_group(k_pad: int, parts: int) -> int:
 
 @cache  # a scan of every slice count: once a shape, not on every call
 def top_k_splits(rows: int, tiles: int, k: int, slots: int) -> int:
-    """Slices per row of a top-``k`` call on ``slots`` SMs (one program an SM at a time): the
-    count whose busiest SM has the least work, the fewest of equals. An SM's work is its
+    """Slices per row of a top-``k`` call on ``slots`` programs at once (one an SM, or a
+    narrow walk's four: :func:`narrow_walk`): the count whose busiest SM has the least
+    work, the fewest of equals. An SM's work is its
     programs (``ceil(rows x slices / slots)``) times a slice's: its tiles plus its top-K's
     insertions, ``k (1 + ln T)`` for ``T`` tiles of independent logits (``k`` on its first,
     about ``k / t`` on its ``t``-th: ``stagelab.analyse.roofline.inserted_candidates``), an
@@ -101,10 +103,13 @@ def top_k_splits(rows: int, tiles: int, k: int, slots: int) -> int:
 def launch_plan(rows: int, vocab: int, k: int, tile: int | None, splits: int | None,
                 slots: int) -> tuple[int, int, int, int]:
     """``(BLOCK, K_PAD, slices per row, span of a slice)`` on a device running ``slots``
-    programs at once: no slice is empty, and no row has more than :data:`MAX_SLICES`; a
+    programs at once (a narrow walk's :data:`NARROW_PROGRAMS_PER_SM` times as many:
+    :func:`narrow_walk`): no slice is empty, and no row has more than :data:`MAX_SLICES`; a
     slice of more than :data:`MAX_SLICE_TILES` tiles is refused (``ValueError``);
     ``K_PAD`` is at least 2 (Triton's sort and merge need a dimension to work along)."""
     k_pad = pow2_at_least(max(k, 2))
+    if narrow_walk(rows, k, tile, slots):
+        tile, slots = NARROW_TILE, NARROW_PROGRAMS_PER_SM * slots
     block = max(tile or DEFAULT_TILE, k_pad)
     tiles = math.ceil(vocab / block)
     planned = top_k_splits(rows, tiles, k, slots) if k else default_splits(rows, tiles, slots)
@@ -123,6 +128,31 @@ def launch_plan(rows: int, vocab: int, k: int, tile: int | None, splits: int | N
 # those above the k-th key held), a tile with more to take sorting its top K_PAD and merging
 # it. The roofline model weighs the paths by this limit.
 CANDIDATE_LIMIT = 32
+
+# A narrow walk (narrow_walk): one warp a program, tiles of NARROW_TILE (16 logits a lane, as a
+# 4-warp program's 2048: one warp's 1024-wide tiles spilled 8-120 bytes at n = 256 in the
+# compile check, on Triton 3.6 for sm_80 and 3.9 for sm_90), NARROW_PROGRAMS_PER_SM programs
+# an SM (their four warps one for each of its schedulers).
+NARROW_TILE = 512
+NARROW_PROGRAMS_PER_SM = 4
+
+
+def narrow_walk(rows: int, k: int, tile: int | None, slots: int) -> bool:
+    """Whether a top-``k`` call of ``rows`` rows walks in one-warp programs of
+    :data:`NARROW_TILE`-wide tiles, :data:`NARROW_PROGRAMS_PER_SM` an SM, where ``slots``
+    (a top-K call's: one program an SM, :func:`programs_per_sm`) are its GPU's SMs: a small
+    top-K (``K_PAD`` at most :data:`CANDIDATE_LIMIT`) whose rows alone fill the SMs, the tile
+    left to the plan. Each value entering such a top-K costs its program two reductions over
+    the tile (``onepass_triton._insert_each``), which one warp makes with shuffles alone,
+    where four also exchange through shared memory behind barriers, each warp paying it.
+    The roofline model, from both plans' Triton 3.6 sm_90 cubins (compiled side by side on
+    2026-12-07), put n = 256, V = 152,064, k = 20, bf16 on an H200 at 72 % of HBM so (512
+    one-warp programs) against 51 % in 256 four-warp programs of 2048-wide tiles; with fewer
+    rows than SMs, the slices that four programs an SM need cost more insertions and tails
+    than the narrow programs save (n = 64, fp32, k = 5: 80 % against 84 %; n = 16, bf16,
+    k = 5: 15 % against 24 %)."""
+    return (tile is None and k >= 1 and pow2_at_least(max(k, 2)) <= CANDIDATE_LIMIT
+            and rows >= slots)
 
 
 # The stages of the walk's tile loop (``tl.range``'s ``num_stages``: Triton's software
@@ -202,7 +232,7 @@ def triton_launches(rows: int, vocab: int, k: int, with_targets: bool, tile: int
     slices."""
     stride_row = vocab if stride_row is None else stride_row
     block, k_pad, parts, span = launch_plan(rows, vocab, k, tile, splits, slots)
-    warps = warps_for(block, k_pad, parts > 1)
+    warps = 1 if narrow_walk(rows, k, tile, slots) else warps_for(block, k_pad, parts > 1)
     return [Launch("onepass_kernel", (rows, parts),
                    dict(stride_row=stride_row, origin=origin, vocab=vocab, k=k, span=span),
                    dict(BLOCK=block, SPLIT=parts > 1, LEAD=leads(stride_row) or origin > 0,
