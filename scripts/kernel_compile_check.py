@@ -50,7 +50,8 @@ RUNNING = (
     "`make test` runs two slow tests instead: "
     "`tests/test_kernel_compile.py::test_the_representative_variants_compile_for_sm_90_on_"
     "the_lease_triton_without_spills`, one variant of each kernel, logits dtype, "
-    "split or not, k-class and masked tile or not, on Triton 3.6 (its environment "
+    "split or not, k-class, masked tile or not and one warp or not, on Triton 3.6 (its "
+    "environment "
     "made under `.cache/` on first use), and `test_the_widest_variants_compile_for_sm_90_"
     "and_sm_80_on_the_installed_triton`, each kernel's widest top-K, split or not, on the "
     "installed Triton.")

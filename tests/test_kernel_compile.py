@@ -55,10 +55,13 @@ def test_the_variants_cover_the_grid_once_per_specialisation(sms):
     assert {v["pointers"]["x_ptr"] for v in first} == {"fp32", "bf16", "fp16"}
     assert {v["constexprs"]["K_PAD"] for v in first} == {2, 8, 32, 64, 1024}
     assert {v["constexprs"]["SPLIT"] for v in first} == {True, False}
-    shapes = (len(kernel_variants.DTYPES) * len(kernel_variants.KS)
-              * (len(kernel_variants.ROWS) * len(kernel_variants.VOCABS)
-                 + len(kernel_variants.UNALIGNED_ROWS) + 1))  # and OFFSET_SHAPE
+    shapes = len(kernel_variants.DTYPES) * (
+        len(kernel_variants.KS) * (len(kernel_variants.ROWS) * len(kernel_variants.VOCABS)
+                                   + len(kernel_variants.UNALIGNED_ROWS) + 1)  # OFFSET_SHAPE
+        + len(kernel_variants.NARROW_ROWS))  # at NARROW_K alone
     assert sum(v["shapes"] for v in first) == shapes
+    narrow = [v for v in first if v["num_warps"] == 1]
+    assert {v["constexprs"]["SLICES"] for v in narrow} == {1, 2, 4}  # the narrow plan's
     unaligned = [v for v in variants if v["constexprs"].get("LEAD")]
     assert {v["kernel"] for v in unaligned} == {"onepass_kernel", "fold_kernel"}
     offset = [v for v in unaligned if "origin=1" in v["where"]]
@@ -374,9 +377,10 @@ def test_the_representatives_stand_for_every_kind():
     keys = [kernel_variants.representative_key(v) for v in chosen]
     assert len(keys) == len(set(keys))
     assert set(keys) == {kernel_variants.representative_key(v) for v in launched}
-    assert {k for _, _, _, k, _, _, _ in keys} == {"none", "narrow", "wide"}
-    assert {lead for *_, lead, _ in keys} == {True, False}
-    assert {group for *_, group in keys} == {"", "one", "two", "more"}  # _group_best's paths
+    assert {k for _, _, _, k, *_ in keys} == {"none", "narrow", "wide"}
+    assert {lead for *_, lead, _, _ in keys} == {True, False}
+    assert {group for *_, group, _ in keys} == {"", "one", "two", "more"}  # _group_best's paths
+    assert {one_warp for *_, one_warp in keys} == {True, False}  # launches.narrow_walk's
     assert len(chosen) < len(launched) / 2
 
 
@@ -483,7 +487,8 @@ def test_the_committed_figures_are_the_installed_triton_s():
 def test_the_representative_variants_compile_for_sm_90_on_the_lease_triton_without_spills():
     """The lease's Triton (its environment made here on first use) compiles for sm_90 one
     variant of each (kernel, logits dtype, split or not, k-class: no top-K / K_PAD up to 64 /
-    K_PAD 1024, fold tile masked or not): the first launched of each, by
+    K_PAD 1024, fold tile masked or not, one warp or four and more): the first launched of
+    each, by
     ``kernel_variants.representative_variants``. None fails or spills. The installed Triton
     and the other variants: ``scripts/kernel_compile_check.py``.
 
@@ -494,6 +499,7 @@ def test_the_representative_variants_compile_for_sm_90_on_the_lease_triton_witho
     assert check.failures(found) == []
     assert {row["triton"].rsplit(".", 1)[0] for row in found} == {check.LEASE_TRITON}
     assert len(found) == len(specs)
+    assert {row["num_warps"] == 1 for row in found} == {True, False}
 
 
 @pytest.mark.slow

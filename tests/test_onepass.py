@@ -351,6 +351,28 @@ def test_targets_at_the_top_and_at_the_bottom(backend):
     assert result.target_rank.tolist() == [1, 257]
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize(("dtype", "rows", "vocab", "k", "slices"), [
+    (torch.bfloat16, 4, 3000, 20, 1),  # 6 tiles of 512 a row, the last 440 wide
+    (torch.float32, 2, 1100, 32, 3),  # a tile a slice, the last 76 wide
+    (torch.float16, 3, 700, 17, 1),  # 2 tiles, the second 188 wide; row 1 finite in it alone
+])
+def test_the_narrow_plan_is_exact(interpreted, monkeypatch, dtype, rows, vocab, k, slices):
+    """17 <= k <= 32 on rows that fill the device's two slots, tile and slices left to the
+    plan: one-warp programs of 512-wide tiles (``launches.narrow_walk``), split as the plan
+    splits them, with ties, a run of ``-inf`` and targets at both ends."""
+    monkeypatch.setattr(onepass, "program_slots", lambda device, k: 2)
+    first = launches.triton_launches(rows, vocab, k, True, None, None, 2)[0]
+    assert (first.num_warps, first.constexprs["BLOCK"], first.grid[1]) == (
+        1, launches.NARROW_TILE, slices)
+    logits = randn(rows, vocab, seed=7, dtype=dtype)
+    logits[0, 100:140] = logits[0].max()  # 40 ties at the top, across the K-th
+    logits[1, :600] = float("-inf")
+    targets = ids(rows, vocab)
+    targets[0], targets[1] = 120, vocab - 1
+    run(("triton", interpreted), logits, k, targets)
+
+
 @pytest.mark.parametrize(("dtype", "vocab", "k", "tile", "splits"), [
     (torch.bfloat16, 7, 6, 2, 1),  # a cut first tile of fewer than k values, a short tail
     (torch.bfloat16, 20, 7, 2, 3),  # the same in a later slice: its values were lost

@@ -143,32 +143,38 @@ def first_launch(rows: int, k: int, tile: int | None = None, sms: int = 132):
                                     launches.device_slots(sms, k))[0]
 
 
-def test_a_small_top_k_whose_rows_fill_the_sms_walks_in_one_warp_programs():
-    """n at least the SMs, 1 <= k <= 32 (K_PAD within the candidate limit), the tile left to
-    the plan: 512-wide tiles (297), one warp a program, four programs an SM: on 132 SMs,
-    n = 256 takes 2 slices of 149 tiles (512 programs of the 528 slots), on an A100's 108
-    too. Fewer rows than SMs, a wider top-K, none, or a tile asked for keep the plan of
-    4-warp programs of 2048-wide tiles."""
+def test_a_top_k_of_17_to_32_whose_rows_fill_the_sms_walks_in_one_warp_programs():
+    """n at least the SMs, K_PAD 32 (17 <= k <= 32), the tile and slices left to the plan:
+    512-wide tiles (297), one warp a program, slices planned for four programs an SM: on
+    132 SMs, n = 256 takes 2 slices of 149 tiles (512 programs of the 528 slots); on an
+    A100's 108, one slice of 297 (256 of 432). Fewer rows than SMs, a narrower top-K, a
+    wider one, none, a tile or slices asked for keep 4-warp programs of 2048-wide tiles."""
     narrow = first_launch(256, 20)
     assert (narrow.grid, narrow.constexprs["BLOCK"], narrow.num_warps) == ((256, 2), 512, 1)
     assert narrow.scalars["span"] == 149 * 512 and narrow.max_registers == 255
+    assert first_launch(256, 20, sms=108).grid == (256, 1)
+    assert first_launch(256, 20, sms=108).scalars["span"] == 297 * 512
     assert {first_launch(n, k, sms=sms).num_warps for n, sms in ((132, 132), (108, 108),
                                                                  (1000, 132))
-            for k in (1, 5, 20, 32)} == {1}
-    for rows, k, tile in ((131, 20, None), (256, 33, None), (256, 0, None), (256, 20, 2048)):
+            for k in (17, 20, 32)} == {1}
+    for rows, k, tile in ((131, 20, None), (256, 16, None), (256, 5, None), (256, 1, None),
+                          (256, 33, None), (256, 0, None), (256, 20, 2048)):
         wide = first_launch(rows, k, tile)
         assert (wide.constexprs["BLOCK"], wide.num_warps) == (2048, 4), (rows, k, tile)
+    forced = launches.triton_launches(256, 152064, 20, True, None, 2, 132)[0]
+    assert (forced.constexprs["BLOCK"], forced.num_warps) == (2048, 4)
     assert launches.launch_plan(256, 152064, 20, None, None, 132) == (512, 32, 2, 149 * 512)
 
 
 def test_the_model_reads_a_launch_s_own_warps_and_register_cap():
     """A cubin of the same constexprs on other warps, or under another register cap, is
-    another cubin: it does not stand for the launch, and the lookup names the warps."""
+    another cubin: it does not stand for the launch, and the lookup names the warps and the
+    cap."""
     row = variant(256, 152064, 20, "bf16")
     found = roofline.predict(256, 152064, 20, "bf16", GPU, roofline.SLOW, (row,))
     assert found["programs"] == 512
     for other in (dict(row, num_warps=4), dict(row, max_registers=None)):
-        with pytest.raises(LookupError, match="on 1 warps"):
+        with pytest.raises(LookupError, match="on 1 warps, at most 255 registers"):
             roofline.predict(256, 152064, 20, "bf16", GPU, roofline.SLOW, (other,))
 
 
@@ -180,6 +186,18 @@ def test_the_committed_figures_meet_the_goal_at_n_256_k_20_bf16_in_narrow_progra
         pytest.skip("data/kernel_compile.json is not written (scripts/kernel_compile_check.py)")
     found = roofline.predict_range(256, 152064, 20, "bf16")
     assert roofline.meets_goal(found) and found["programs"] == 512
+
+
+def test_the_committed_figures_model_every_narrow_call_on_an_h200():
+    """Every row count from the SMs to 4000 at k = 20, V = 152,064, fp32 and bf16: the 1, 2
+    or 4 slices a row the narrow plan gives are each compiled (``kernel_variants.NARROW_ROWS``),
+    so the model answers every such call. Before: n = 132, 133 and 200 had no cubin."""
+    counts = {launches.launch_plan(n, 152064, 20, None, None, 132)[2]
+              for n in range(132, 4001)}
+    assert counts == {1, 2, 3, 4}
+    for n in (*range(132, 4001, 31), 133, 200):
+        for dtype in ("fp32", "bf16"):
+            assert roofline.predict_range(n, 152064, 20, dtype)["warps"] == 1
 
 
 def test_a_top_k_plan_weighs_the_busiest_sm_s_work():

@@ -17,8 +17,8 @@ can reach, as the least of three rates:
   least of the cubin's CTAs per SM (its registers and shared memory, the pipeline's buffers
   among them) and the programs per SM the grid gives;
 * **issue**: an SM issues at most 4 warp-instructions a clock (its schedulers), shared by its
-  resident warps (each on a scheduler of its own: one program of four warps, or four
-  programs of one, :func:`stagelab.core.launches.narrow_walk`); a tile costs its warps the
+  resident warps (no more than four of them issuing at once: a program of four warps, or
+  four programs of one, :func:`stagelab.core.launches.narrow_walk`); a tile costs its warps the
   guard's instructions, the target's counts on a tile whose max reaches the target
   (:func:`counted_share`, at :data:`TARGET_RANK`), plus the top-K's: on a tile whose max
   beats the ``k``-th key held, the block that counts its candidates (values above that key)
@@ -154,9 +154,11 @@ def figures_of(launch: launches.Launch, dtype: str, arch: int, triton: str = LEA
                 and row["num_warps"] == launch.num_warps
                 and row.get("max_registers") == launch.max_registers):
             return row
+    cap = ("ptxas's own registers" if launch.max_registers is None
+           else f"at most {launch.max_registers} registers")
     raise LookupError(f"no compiled {launch.kernel} {dict(launch.constexprs)} {dtype} on "
-                      f"{launch.num_warps} warps for sm_{arch} on Triton {triton}: run "
-                      "scripts/kernel_compile_check.py --write")
+                      f"{launch.num_warps} warps, {cap}, for sm_{arch} on Triton {triton}: "
+                      "run scripts/kernel_compile_check.py --write")
 
 
 def tile_candidates(block: int, k: int, tile: int,

@@ -4,8 +4,9 @@ The lease lends an H200 (CUDA sm_90, 132 SMs). At the shapes its profiles and th
 grid take (rows 1/16/64/256; vocabularies 32,000, 152,064 and 262,144; k 0/1/5/20/64/1024;
 fp32, bf16 and fp16 logits; the ``head_fused`` tiles 1024-8192 and the ragged last tile of each
 vocabulary; and GPT-2's vocabulary of 50,257, whose stride leaves most rows off 16-byte
-alignment, at 64 and 256 rows and a 1024 tile; and rows whose first logit lies off 16 bytes,
-a view's), :func:`launched_variants` lists the launches of
+alignment, at 64 and 256 rows and a 1024 tile; rows whose first logit lies off 16 bytes,
+a view's; and 132, 200 and 528 rows at k = 20, the narrow plan's slices),
+:func:`launched_variants` lists the launches of
 :func:`stagelab.core.launches.triton_launches`, :func:`~stagelab.core.launches.fold_launch`
 and :func:`~stagelab.core.launches.finish_launch`, typed as the callers type their tensors,
 once per distinct specialisation (shapes repeat specialisations): the input of
@@ -35,6 +36,11 @@ OFFSET_SHAPE = (64, 152064)
 # The kernels' ints Triton does not specialise (``do_not_specialize``): one compile any value.
 UNSPECIALISED = frozenset({"origin"})
 KS = (0, 1, 5, 20, 64, 1024)
+# Rows that fill an H200's or an A100's SMs (launches.narrow_walk), at NARROW_K: one row
+# count for each of the 4, 2 and 1 slices a row the narrow plan gives them, so that the
+# roofline model holds a cubin for any such call (V = 152,064).
+NARROW_ROWS = (132, 200, 528)
+NARROW_K = 20
 DTYPES = ("fp32", "bf16", "fp16")
 HEAD_TILES = (1024, 2048, 4096, 8192)
 HEAD_CHUNK = 256  # rows of a head_fused chunk (not a kernel argument: any count compiles alike)
@@ -78,13 +84,16 @@ def specialisation(spec: dict[str, Any]) -> str:
 
 
 def step_launches(sms: int = LEASE_SMS) -> list[tuple[str, launches.Launch]]:
-    """``(where, launch)`` of every one-pass call at the grid's shapes (with targets), and
-    at :data:`OFFSET_SHAPE` for rows whose first logit lies one past a 16-byte boundary."""
-    shapes = ([(rows, vocab, 0) for rows in ROWS for vocab in VOCABS]
-              + [(rows, UNALIGNED_VOCAB, 0) for rows in UNALIGNED_ROWS] + [(*OFFSET_SHAPE, 1)])
+    """``(where, launch)`` of every one-pass call at the grid's shapes (with targets), at
+    :data:`OFFSET_SHAPE` for rows whose first logit lies one past a 16-byte boundary, and at
+    :data:`NARROW_ROWS` for the narrow plan's slices."""
+    shapes = ([(rows, vocab, 0, KS) for rows in ROWS for vocab in VOCABS]
+              + [(rows, UNALIGNED_VOCAB, 0, KS) for rows in UNALIGNED_ROWS]
+              + [(*OFFSET_SHAPE, 1, KS)]
+              + [(rows, VOCABS[1], 0, (NARROW_K,)) for rows in NARROW_ROWS])
     found = []
-    for rows, vocab, origin in shapes:
-        for k in KS:
+    for rows, vocab, origin, ks in shapes:
+        for k in ks:
             for launch in launches.triton_launches(rows, vocab, k, True, None, None,
                                                   launches.device_slots(sms, k),
                                                   origin=origin):
@@ -146,27 +155,30 @@ def group_class(spec: dict[str, Any]) -> str:
     return {1: "one", 2: "two"}.get(flags["GROUP"], "more")
 
 
-def representative_key(spec: dict[str, Any]) -> tuple[str, str, bool, str, bool, bool, str]:
+def representative_key(spec: dict[str, Any]) -> tuple[str, str, bool, str, bool, bool, str,
+                                                      bool]:
     """What a representative stands for: the kernel, the logits' dtype, split or not, the
-    k-class (:func:`k_class`), whether a fold's tile is masked (its width short of BLOCK) and
-    a split walk's group class (:func:`group_class`); a walk of rows that may start off
-    alignment (``LEAD``: a cut first tile) by its kernel, k-class and whether its logits are
-    16-bit alone (the cut tile is the same code whatever the rest)."""
+    k-class (:func:`k_class`), whether a fold's tile is masked (its width short of BLOCK), a
+    split walk's group class (:func:`group_class`) and whether it runs on one warp (a narrow
+    walk's reductions are shuffles alone: ``launches.narrow_walk``); a walk of rows that may
+    start off alignment (``LEAD``: a cut first tile) by its kernel, k-class, warps and
+    whether its logits are 16-bit alone (the cut tile is the same code whatever the rest)."""
     flags, ints = spec["constexprs"], spec["scalars"]
     dtype = spec["pointers"].get("x_ptr", "")
+    one_warp = spec["num_warps"] == 1
     if flags.get("LEAD"):
         return (spec["kernel"], "16-bit" if dtype != "fp32" else dtype, False, k_class(spec),
-                False, True, "")
+                False, True, "", one_warp)
     masked = "width" in ints and ints["width"] < flags["BLOCK"]
     return (spec["kernel"], dtype, bool(flags.get("SPLIT")), k_class(spec), masked, False,
-            group_class(spec))
+            group_class(spec), one_warp)
 
 
 def representative_variants(sms: int = LEASE_SMS) -> list[dict[str, Any]]:
     """The first launched variant (in :func:`launched_variants`' order) of each distinct
     :func:`representative_key`: a compile check that sees every kind of code the kernels
     generate in a fraction of the full list's time."""
-    chosen: dict[tuple[str, str, bool, str, bool, bool, str], dict[str, Any]] = {}
+    chosen: dict[tuple[str, str, bool, str, bool, bool, str, bool], dict[str, Any]] = {}
     for spec in launched_variants(sms):
         chosen.setdefault(representative_key(spec), spec)
     return list(chosen.values())
