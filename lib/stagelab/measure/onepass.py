@@ -364,8 +364,9 @@ def _partial_pointers(first: Launch, rows: int, device: torch.device
 
 _ARRIVALS: dict[tuple[str, int], torch.Tensor] = {}
 ARRIVAL_ROWS = 1024  # a persistent buffer's least length: a planned split call's rows are
-# fewer than the device's program slots (264 on an H200), so it is made once (a call with
-# ``splits`` forced on more rows grows it)
+# few (a four-warp plan splits fewer rows than the device's 264 program slots on an H200, a
+# narrow one up to ten times its SMs: launches.narrow_walk), so it is made once and grown by
+# a call of more split rows
 
 
 def arrival_counts(rows: int, device: torch.device) -> torch.Tensor:
