@@ -20,11 +20,12 @@ import argparse
 import sys
 import time
 
-# (rows, vocabulary, k, dtype): decode at n = 1; a batch at n = 256, k = 20, whose rows fill
-# the SMs (one-warp programs: launches.narrow_walk); a large vocabulary at n = 64 with the
-# largest top-K; small ones for the interpreter.
+# (rows, vocabulary, k, dtype): decode at n = 1 (four-warp programs, split); a batch at
+# n = 256, k = 20, whose rows fill the SMs (one-warp programs: launches.narrow_walk); a large
+# vocabulary at n = 256 with the largest top-K (eight-warp programs, unsplit); each forced
+# into SPLITS slices too (four warps); small ones for the interpreter.
 SHAPES = ((1, 152064, 5, "bfloat16"), (256, 152064, 20, "float32"),
-          (64, 262144, 1024, "bfloat16"))
+          (256, 262144, 1024, "bfloat16"))
 SMALL = ((1, 3000, 5, "bfloat16"), (4, 1500, 20, "float32"), (3, 2500, 64, "float16"))
 TOLERANCE = 1e-4
 FOLD_TILE = 1024

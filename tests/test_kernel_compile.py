@@ -58,7 +58,7 @@ def test_the_variants_cover_the_grid_once_per_specialisation(sms):
     shapes = len(kernel_variants.DTYPES) * (
         len(kernel_variants.KS) * (len(kernel_variants.ROWS) * len(kernel_variants.VOCABS)
                                    + len(kernel_variants.UNALIGNED_ROWS) + 1)  # OFFSET_SHAPE
-        + len(kernel_variants.NARROW_ROWS))  # at NARROW_K alone
+        + len(kernel_variants.NARROW_ROWS) * len(kernel_variants.NARROW_VOCABS))  # NARROW_K
     assert sum(v["shapes"] for v in first) == shapes
     narrow = [v for v in first if v["num_warps"] == 1]
     assert {v["constexprs"]["SLICES"] for v in narrow} == {1, 2, 4}  # the narrow plan's

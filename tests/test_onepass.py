@@ -360,7 +360,10 @@ def test_targets_at_the_top_and_at_the_bottom(backend):
 def test_the_narrow_plan_is_exact(interpreted, monkeypatch, dtype, rows, vocab, k, slices):
     """17 <= k <= 32 on rows that fill the device's two slots, tile and slices left to the
     plan: one-warp programs of 512-wide tiles (``launches.narrow_walk``), split as the plan
-    splits them, with ties, a run of ``-inf`` and targets at both ends."""
+    splits them, with ties, a run of ``-inf`` and targets at both ends. Triton's interpreter
+    ignores the warps: on a CPU this runs the plan's tiles and slices; the one-warp code runs
+    on a GPU (here where there is one, and in ``scripts/lease_kernel_check.py``) and is
+    compiled by ``tests/test_kernel_compile.py``'s representatives."""
     monkeypatch.setattr(onepass, "program_slots", lambda device, k: 2)
     first = launches.triton_launches(rows, vocab, k, True, None, None, 2)[0]
     assert (first.num_warps, first.constexprs["BLOCK"], first.grid[1]) == (

@@ -163,6 +163,9 @@ def test_a_top_k_of_17_to_32_whose_rows_fill_the_sms_walks_in_one_warp_programs(
         assert (wide.constexprs["BLOCK"], wide.num_warps) == (2048, 4), (rows, k, tile)
     forced = launches.triton_launches(256, 152064, 20, True, None, 2, 132)[0]
     assert (forced.constexprs["BLOCK"], forced.num_warps) == (2048, 4)
+    # a row longer than one slice of 2**15 - 2 tiles of 512 keeps the wide tile it fits in
+    assert launches.launch_plan(528, 17_000_000, 20, None, None, 132)[0] == 2048
+    assert launches.launch_plan(528, 16_000_000, 20, None, None, 132)[0] == 512
     assert launches.launch_plan(256, 152064, 20, None, None, 132) == (512, 32, 2, 149 * 512)
 
 
@@ -189,15 +192,18 @@ def test_the_committed_figures_meet_the_goal_at_n_256_k_20_bf16_in_narrow_progra
 
 
 def test_the_committed_figures_model_every_narrow_call_on_an_h200():
-    """Every row count from the SMs to 4000 at k = 20, V = 152,064, fp32 and bf16: the 1, 2
-    or 4 slices a row the narrow plan gives are each compiled (``kernel_variants.NARROW_ROWS``),
-    so the model answers every such call. Before: n = 132, 133 and 200 had no cubin."""
-    counts = {launches.launch_plan(n, 152064, 20, None, None, 132)[2]
-              for n in range(132, 4001)}
-    assert counts == {1, 2, 3, 4}
-    for n in (*range(132, 4001, 31), 133, 200):
-        for dtype in ("fp32", "bf16"):
-            assert roofline.predict_range(n, 152064, 20, dtype)["warps"] == 1
+    """Every row count from the SMs to 4000 at k = 20, fp32 and bf16, of V = 152,064 and of
+    GPT-2's 50,257 (rows off 16-byte alignment: a cut first tile): the 1, 2 or 4 slices a
+    row the narrow plan gives are each compiled (``kernel_variants.NARROW_ROWS``), so the
+    model answers every such call. Before: n = 132, 133 and 200 had no cubin, nor GPT-2's
+    rows but at n = 256."""
+    for vocab in (152064, 50257):
+        counts = {launches.launch_plan(n, vocab, 20, None, None, 132)[2]
+                  for n in range(132, 4001)}
+        assert counts == {1, 2, 3, 4}
+        for n in (*range(132, 4001, 31), 133, 200):
+            for dtype in ("fp32", "bf16"):
+                assert roofline.predict_range(n, vocab, 20, dtype)["warps"] == 1
 
 
 def test_a_top_k_plan_weighs_the_busiest_sm_s_work():

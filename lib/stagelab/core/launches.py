@@ -108,7 +108,7 @@ def launch_plan(rows: int, vocab: int, k: int, tile: int | None, splits: int | N
     slice of more than :data:`MAX_SLICE_TILES` tiles is refused (``ValueError``);
     ``K_PAD`` is at least 2 (Triton's sort and merge need a dimension to work along)."""
     k_pad = pow2_at_least(max(k, 2))
-    if narrow_walk(rows, k, tile, splits, slots):
+    if narrow_walk(rows, vocab, k, tile, splits, slots):
         tile, slots = NARROW_TILE, NARROW_PROGRAMS_PER_SM * slots
     block = max(tile or DEFAULT_TILE, k_pad)
     tiles = math.ceil(vocab / block)
@@ -138,26 +138,32 @@ NARROW_PROGRAMS_PER_SM = 4
 NARROW_K_PAD = 32
 
 
-def narrow_walk(rows: int, k: int, tile: int | None, splits: int | None, slots: int) -> bool:
-    """Whether a top-``k`` call of ``rows`` rows walks in one-warp programs of
+def narrow_walk(rows: int, vocab: int, k: int, tile: int | None, splits: int | None,
+                slots: int) -> bool:
+    """Whether a top-``k`` call of ``rows`` rows of ``vocab`` walks in one-warp programs of
     :data:`NARROW_TILE`-wide tiles, :data:`NARROW_PROGRAMS_PER_SM` an SM, where ``slots``
     (a top-K call's: one program an SM, :func:`programs_per_sm`) are its GPU's SMs: a top-K
     padded to :data:`NARROW_K_PAD` (17 <= k <= 32) whose rows alone fill the SMs, the tile
-    and the slices left to the plan. Each value entering the top-K costs its program two
+    and the slices left to the plan, and a row that fits one slice of such tiles
+    (:data:`MAX_SLICE_TILES`). Each value entering the top-K costs its program two
     reductions over the tile (``onepass_triton._insert_each``), which one warp makes with
     shuffles alone, where four also exchange through shared memory behind barriers.
 
-    The roofline model's slow ends (an H200, V = 152,064, k = 20; both plans' Triton 3.6
-    sm_90 cubins compiled side by side on 2026-12-07), narrow against four-warp programs of
-    2048-wide tiles, in % of HBM: bf16 n = 132 52/53, 160 54/32, 256 72/51, 400 75/40,
-    528 99/53, 1000 94/50; fp32 132 87/100, 160 89/62, 256 95/100, 400 100/78, 1000 100/97
-    (the losses: the tail of rows the narrow plan splits, where the wide walk is at the
-    roof). At k = 1 and 5 the narrow plan lost or tied everywhere in fp32 (k = 5, n = 132:
-    89/100), and at k = 1 in bf16 (n = 132: 83/99), so those stay four-warp; with fewer rows
-    than SMs, the slices that four programs an SM need cost more insertions and tails than
-    they save (n = 64, fp32, k = 5: 80/84; n = 16, bf16, k = 5: 15/24)."""
+    The roofline model's slow ends (an H200, V = 152,064; both plans' Triton 3.6 sm_90
+    cubins compiled side by side on 2026-12-07, the four-warp plan's at these row counts and
+    the narrow plan's at k = 1 and 5 not kept in ``data/kernel_compile.json``), narrow
+    against four-warp programs of 2048-wide tiles, in % of HBM. k = 20, bf16: n = 132 52/53,
+    160 54/32, 256 72/51, 400 75/40, 528 99/53, 1000 94/50; fp32: 132 87/100, 160 89/62,
+    256 95/100, 400 100/78, 1000 100/97 (it loses where the four-warp walk is at the roof and
+    the narrow plan splits the rows, each paying a tail, and gains more where it wins, so
+    it is taken whatever the dtype). At k = 1 and 5 it never won in fp32 (k = 5, n = 132:
+    89/100) nor at k = 1 in bf16 (n = 132: 83/99), so those stay four-warp. With fewer rows
+    than SMs, four programs an SM need more slices, whose insertions and tails cost what
+    the narrow programs save: k = 20, n = 64 62/62 (fp32) and 32/33 (bf16), n = 16 12/24
+    and 6/13."""
     return (tile is None and splits is None and rows >= slots
-            and pow2_at_least(max(k, 2)) == NARROW_K_PAD)
+            and pow2_at_least(max(k, 2)) == NARROW_K_PAD
+            and math.ceil(vocab / NARROW_TILE) <= MAX_SLICE_TILES)
 
 
 # The stages of the walk's tile loop (``tl.range``'s ``num_stages``: Triton's software
@@ -237,7 +243,7 @@ def triton_launches(rows: int, vocab: int, k: int, with_targets: bool, tile: int
     slices."""
     stride_row = vocab if stride_row is None else stride_row
     block, k_pad, parts, span = launch_plan(rows, vocab, k, tile, splits, slots)
-    warps = 1 if narrow_walk(rows, k, tile, splits, slots) else warps_for(block, k_pad, parts > 1)
+    warps = 1 if narrow_walk(rows, vocab, k, tile, splits, slots) else warps_for(block, k_pad, parts > 1)
     return [Launch("onepass_kernel", (rows, parts),
                    dict(stride_row=stride_row, origin=origin, vocab=vocab, k=k, span=span),
                    dict(BLOCK=block, SPLIT=parts > 1, LEAD=leads(stride_row) or origin > 0,

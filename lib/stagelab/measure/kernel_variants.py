@@ -5,8 +5,8 @@ grid take (rows 1/16/64/256; vocabularies 32,000, 152,064 and 262,144; k 0/1/5/2
 fp32, bf16 and fp16 logits; the ``head_fused`` tiles 1024-8192 and the ragged last tile of each
 vocabulary; and GPT-2's vocabulary of 50,257, whose stride leaves most rows off 16-byte
 alignment, at 64 and 256 rows and a 1024 tile; rows whose first logit lies off 16 bytes,
-a view's; and 132, 200 and 528 rows at k = 20, the narrow plan's slices),
-:func:`launched_variants` lists the launches of
+a view's; and 132, 200 and 1000 rows at k = 20 of 152,064 and 50,257, the narrow plan's
+slices), :func:`launched_variants` lists the launches of
 :func:`stagelab.core.launches.triton_launches`, :func:`~stagelab.core.launches.fold_launch`
 and :func:`~stagelab.core.launches.finish_launch`, typed as the callers type their tensors,
 once per distinct specialisation (shapes repeat specialisations): the input of
@@ -37,9 +37,11 @@ OFFSET_SHAPE = (64, 152064)
 UNSPECIALISED = frozenset({"origin"})
 KS = (0, 1, 5, 20, 64, 1024)
 # Rows that fill an H200's or an A100's SMs (launches.narrow_walk), at NARROW_K: one row
-# count for each of the 4, 2 and 1 slices a row the narrow plan gives them, so that the
-# roofline model holds a cubin for any such call (V = 152,064).
-NARROW_ROWS = (132, 200, 528)
+# count for each of the 4, 2 and 1 slices a row (SLICES) the narrow plan gives them on both
+# GPUs (132: 4 on an H200, 3 on an A100), at V = 152,064 and at GPT-2's unaligned 50,257, so
+# that the roofline model holds a cubin for any such call.
+NARROW_ROWS = (132, 200, 1000)
+NARROW_VOCABS = (VOCABS[1], UNALIGNED_VOCAB)
 NARROW_K = 20
 DTYPES = ("fp32", "bf16", "fp16")
 HEAD_TILES = (1024, 2048, 4096, 8192)
@@ -90,7 +92,8 @@ def step_launches(sms: int = LEASE_SMS) -> list[tuple[str, launches.Launch]]:
     shapes = ([(rows, vocab, 0, KS) for rows in ROWS for vocab in VOCABS]
               + [(rows, UNALIGNED_VOCAB, 0, KS) for rows in UNALIGNED_ROWS]
               + [(*OFFSET_SHAPE, 1, KS)]
-              + [(rows, VOCABS[1], 0, (NARROW_K,)) for rows in NARROW_ROWS])
+              + [(rows, vocab, 0, (NARROW_K,)) for rows in NARROW_ROWS
+                 for vocab in NARROW_VOCABS])
     found = []
     for rows, vocab, origin, ks in shapes:
         for k in ks:
