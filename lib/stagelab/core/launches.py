@@ -130,9 +130,10 @@ def launch_plan(rows: int, vocab: int, k: int, tile: int | None, splits: int | N
 CANDIDATE_LIMIT = 32
 
 # A narrow walk (narrow_walk): one warp a program, tiles of NARROW_TILE (16 logits a lane, as a
-# 4-warp program's 2048: one warp's 1024-wide tiles spilled 8-120 bytes at n = 256 in the
-# compile check, on Triton 3.6 for sm_80 and 3.9 for sm_90), NARROW_PROGRAMS_PER_SM programs
-# an SM (their four warps one for each of its schedulers), for a top-K padded to NARROW_K_PAD.
+# 4-warp program's 2048: one warp's 1024-wide tiles spilled 8-120 bytes at n = 256 in a
+# compile check run not kept, on Triton 3.6 for sm_80 and 3.9 for sm_90),
+# NARROW_PROGRAMS_PER_SM programs an SM (their four warps one for each of its schedulers), for
+# a top-K padded to NARROW_K_PAD.
 NARROW_TILE = 512
 NARROW_PROGRAMS_PER_SM = 4
 NARROW_K_PAD = 32
@@ -150,9 +151,9 @@ def narrow_walk(rows: int, vocab: int, k: int, tile: int | None, splits: int | N
     shuffles alone, where four also exchange through shared memory behind barriers.
 
     The roofline model's slow ends (an H200, V = 152,064; both plans' Triton 3.6 sm_90
-    cubins compiled side by side on 2026-12-07, the four-warp plan's at these row counts and
-    the narrow plan's at k = 1 and 5 not kept in ``data/kernel_compile.json``), narrow
-    against four-warp programs of 2048-wide tiles, in % of HBM. k = 20, bf16: n = 132 52/53,
+    cubins compiled side by side on 2026-12-07; not kept in ``data/kernel_compile.json``:
+    the four-warp plan's at n >= 132, the narrow plan's below the SMs and at k = 1 and 5),
+    narrow against four-warp programs of 2048-wide tiles, in % of HBM. k = 20, bf16: n = 132 52/53,
     160 54/32, 256 72/51, 400 75/40, 528 99/53, 1000 94/50; fp32: 132 87/100, 160 89/62,
     256 95/100, 400 100/78, 1000 100/97 (it loses where the four-warp walk is at the roof and
     the narrow plan splits the rows, each paying a tail, and gains more where it wins, so
