@@ -344,6 +344,19 @@ def test_k_1024_on_triton(interpreted):
     run(("triton", interpreted), randn(1, 2500), 1024, ids(1, 2500), splits=2)
 
 
+def test_targets_from_a_strided_or_shifted_view_of_tokens(backend):
+    """Before: the kernel read row ``i``'s target at ``targets_ptr + i``, so a strided view
+    (``tokens[::2]``) gave it other rows' tokens (a wrong rank and logprob on the Triton
+    backend), and a shifted one (``tokens[1:]``, the next-token pattern) specialised a
+    pointer the compile check never compiled. Now both read as the tokens they show."""
+    tokens = ids(9, 300).to(backend[1])  # viewed where they lie: run() moves nothing then
+    for targets in (tokens[::2][:4], tokens[1:5]):
+        run(backend, randn(4, 300), 5, targets, tile=64, splits=2)
+        assert onepass.kernel_targets(targets, targets.device).data_ptr() % 16 == 0
+    aligned = ids(4, 300)
+    assert onepass.kernel_targets(aligned, aligned.device).data_ptr() == aligned.data_ptr()
+
+
 def test_targets_at_the_top_and_at_the_bottom(backend):
     logits = randn(2, 257)
     targets = torch.stack([logits[0].argmax(), logits[1].argmin()])

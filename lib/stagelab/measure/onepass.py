@@ -148,7 +148,7 @@ def topk_logprobs(logits: torch.Tensor, k: int, targets: torch.Tensor | None = N
     if why:
         warnings.warn(f"topk_logprobs: the triton backend cannot run here ({why}); "
                       "ran the torch backend", RuntimeWarning, stacklevel=2)
-    device_targets = None if targets is None else targets.to(logits.device, torch.int64)
+    device_targets = None if targets is None else kernel_targets(targets, logits.device)
     if ran == "triton":
         result = _triton(logits, k, device_targets, tile, splits)
     else:
@@ -280,6 +280,15 @@ def program_slots(device: torch.device, k: int) -> int:
     if device.type == "cuda":
         return device_slots(torch.cuda.get_device_properties(device).multi_processor_count, k)
     return os.cpu_count() or 1
+
+
+def kernel_targets(targets: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``targets`` as the kernel reads them: int64 on ``device``, one after another (it reads
+    row ``i``'s at ``targets_ptr + i``: a strided view, ``tokens[::2]``, would give it other
+    rows' tokens), from a 16-byte boundary (the compile check's specialisation: a shifted
+    view, ``tokens[1:]``, would compile another); copied only where they are not."""
+    moved = targets.to(device, torch.int64).contiguous()
+    return moved if moved.data_ptr() % 16 == 0 else moved.clone()
 
 
 def aligned_logits(logits: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -460,7 +469,9 @@ class TileFold:
             raise RuntimeError(f"TileFold: the triton backend cannot run here "
                                f"({resolve_backend('triton', device)[1]})")
         self.rows, self.k, self.backend, self.device = rows, k, backend, device
-        self.target = None if target_logits is None else target_logits.float().reshape(rows)
+        # contiguous: fold_kernel reads row i's target at target_ptr + i
+        self.target = (None if target_logits is None
+                       else target_logits.float().reshape(rows).contiguous())
         self.k_pad = pow2_at_least(max(k, 2))
         self.peak = torch.full((rows,), float("-inf"), device=device)
         self.total = torch.zeros(rows, device=device)
