@@ -26,11 +26,12 @@ def pow2_at_least(value: int) -> int:
 
 
 def programs_per_sm(k: int) -> int:
-    """Programs of the one-pass kernel a split plan aims at per SM: 2 without a top-K, whose
-    walk is bound by bytes in flight (two programs of :data:`PIPELINE_STAGES` keep 2 (bf16)
-    to 4 (fp32) times what Little's law asks at 800 ns, and two CTAs of the pipeline's shared
-    memory fit an SM of sm_80 and sm_90, where the compile check's fp32 walk fits 3 on sm_90
-    and 2 on sm_80); 1 with one: :func:`top_k_splits` weighs the slices' top-K work against
+    """Programs of the one-pass kernel a split plan aims at per SM: 2 without a top-K (two
+    programs of :data:`PIPELINE_STAGES` keep 2 (bf16) to 4 (fp32) times the bytes in flight
+    Little's law asks at 800 ns, and two CTAs of the pipeline's shared memory fit an SM of
+    sm_80 and sm_90, where the compile check's fp32 walk fits 3 on sm_90 and 2 on sm_80;
+    the roofline model finds such walks bound by their tiles' critical paths instead, which
+    two programs an SM halve); 1 with one: :func:`top_k_splits` weighs the slices' top-K work against
     the SMs they fill (a narrow walk's plan takes four one-warp programs an SM in its place:
     :func:`narrow_walk`)."""
     return 1 if k else 2
@@ -51,6 +52,7 @@ def default_splits(rows: int, tiles: int, slots: int) -> int:
 # (onepass_triton._merged_slices: a record a slice, the slices padded to a power of two:
 # SLICES).
 MAX_SLICES = 256
+COLUMN_LIMIT = 2**31 - 1  # the kernel's columns are int32: a slice's end must fit
 # The most tiles a slice spans: a lane counts the target's ties in the high 16 bits of an
 # int32 (onepass_triton._walk_tile), one a tile at most, and a slice whose row starts off
 # alignment walks one tile more (its cut first), so 2**15 - 2 keeps them positive.
@@ -105,21 +107,31 @@ def launch_plan(rows: int, vocab: int, k: int, tile: int | None, splits: int | N
     """``(BLOCK, K_PAD, slices per row, span of a slice)`` on a device running ``slots``
     programs at once (a narrow walk's :data:`NARROW_PROGRAMS_PER_SM` times as many:
     :func:`narrow_walk`): no slice is empty, and no row has more than :data:`MAX_SLICES`; a
-    slice of more than :data:`MAX_SLICE_TILES` tiles is refused (``ValueError``);
-    ``K_PAD`` is at least 2 (Triton's sort and merge need a dimension to work along)."""
+    slice of more than :data:`MAX_SLICE_TILES` tiles is refused (``ValueError``), as is a
+    plan whose last slice would end past :data:`COLUMN_LIMIT` (the kernel's int32 columns) or
+    a vocabulary of no logit; a planned count of slices grows to keep each within
+    :data:`MAX_SLICE_TILES`; ``K_PAD`` is at least 2 (Triton's sort and merge need a
+    dimension to work along)."""
+    if vocab < 1:
+        raise ValueError(f"vocab must be >= 1, got {vocab}")
     k_pad = pow2_at_least(max(k, 2))
     if narrow_walk(rows, vocab, k, tile, splits, slots):
         tile, slots = NARROW_TILE, NARROW_PROGRAMS_PER_SM * slots
     block = max(tile or DEFAULT_TILE, k_pad)
     tiles = math.ceil(vocab / block)
     planned = top_k_splits(rows, tiles, k, slots) if k else default_splits(rows, tiles, slots)
-    parts = min(tiles, splits or planned, MAX_SLICES)
+    parts = min(tiles, splits or max(planned, math.ceil(tiles / MAX_SLICE_TILES)), MAX_SLICES)
     span = math.ceil(tiles / parts) * block
     if span // block > MAX_SLICE_TILES:
         raise ValueError(f"vocab {vocab} in {parts} slices of {span // block} tiles of "
                          f"{block}: at most {MAX_SLICE_TILES} tiles a slice (the kernel's per-lane "
                          "counts); pass a wider tile or more splits")
-    return block, k_pad, math.ceil(vocab / span), span
+    slices = math.ceil(vocab / span)
+    if slices * span > COLUMN_LIMIT:
+        raise ValueError(f"vocab {vocab} in {slices} slices of {span} logits: the last would "
+                         f"end at column {slices * span}, past {COLUMN_LIMIT} (the kernel's "
+                         "int32 columns)")
+    return block, k_pad, slices, span
 
 
 # The widest top-K (K_PAD) whose tile puts its values one by one in the place of the least key
@@ -148,20 +160,21 @@ def narrow_walk(rows: int, vocab: int, k: int, tile: int | None, splits: int | N
     and the slices left to the plan, and a row that fits one slice of such tiles
     (:data:`MAX_SLICE_TILES`). Each value entering the top-K costs its program two
     reductions over the tile (``onepass_triton._insert_each``), which one warp makes with
-    shuffles alone, where four also exchange through shared memory behind barriers.
+    shuffles alone, where four also exchange through shared memory behind barriers: fewer
+    instructions and a shorter critical path a candidate (the compile check's
+    ``candidate_instructions`` and ``candidate_clocks``: at n = 256 bf16 k = 20, 119
+    instructions and 304-436 clocks in one warp against 137 and 496-744 in four at n = 64).
 
-    The roofline model's slow ends (an H200, V = 152,064; both plans' Triton 3.6 sm_90
-    cubins compiled side by side on 2026-12-07; not kept in ``data/kernel_compile.json``:
-    the four-warp plan's at n >= 132, the narrow plan's below the SMs and at k = 1 and 5),
-    narrow against four-warp programs of 2048-wide tiles, in % of HBM. k = 20, bf16: n = 132 52/53,
-    160 54/32, 256 72/51, 400 75/40, 528 99/53, 1000 94/50; fp32: 132 87/100, 160 89/62,
-    256 95/100, 400 100/78, 1000 100/97 (it loses where the four-warp walk is at the roof and
-    the narrow plan splits the rows, each paying a tail, and gains more where it wins, so
-    it is taken whatever the dtype). At k = 1 and 5 it never won in fp32 (k = 5, n = 132:
-    89/100) nor at k = 1 in bf16 (n = 132: 83/99), so those stay four-warp. With fewer rows
-    than SMs, four programs an SM need more slices, whose insertions and tails cost what
-    the narrow programs save: k = 20, n = 64 62/62 (fp32) and 32/33 (bf16), n = 16 12/24
-    and 6/13."""
+    Chosen on 2026-12-07 by an earlier roofline model, which costed a tile by its
+    instructions alone, with both plans' cubins compiled side by side (the four-warp plan's at
+    n >= 132 are not kept in ``data/kernel_compile.json``, so that comparison cannot be
+    redone from the data): narrow won at k = 20 in bf16 from n = 160 and lost only where the
+    four-warp walk was at the roof, and at k = 1 and 5 it did not win. The current model
+    (``stagelab.analyse.roofline``, which also costs each tile's critical path), with the
+    four-warp cubins compiled again for the comparison (not kept either), puts the narrow
+    plan at or above the four-warp one at k = 20 for n = 132, 200, 256, 528 and 1000, fp32
+    and bf16 (slow ends, % of HBM: n = 256 fp32 39 against 32, bf16 21 against 21; n = 1000
+    fp32 99 against 32, bf16 53 against 20); k = 1 and 5 were not compared again."""
     return (tile is None and splits is None and rows >= slots
             and pow2_at_least(max(k, 2)) == NARROW_K_PAD
             and math.ceil(vocab / NARROW_TILE) <= MAX_SLICE_TILES)

@@ -1,7 +1,8 @@
 """Every kernel launch the measuring code makes at the lease's shapes, as compile specs.
 
 The lease lends an H200 (CUDA sm_90, 132 SMs). At the shapes its profiles and the issue's
-grid take (rows 1/16/64/256; vocabularies 32,000, 152,064 and 262,144; k 0/1/5/20/64/1024;
+grid take (rows 1/16/64/256; vocabularies 32,000, 152,064 and 262,144, and those of the
+models its profiles measure; k 0/1/5/20/64/1024;
 fp32, bf16 and fp16 logits; the ``head_fused`` tiles 1024-8192 and the ragged last tile of each
 vocabulary; and GPT-2's vocabulary of 50,257, whose stride leaves most rows off 16-byte
 alignment, at 64 and 256 rows and a 1024 tile; rows whose first logit lies off 16 bytes,
@@ -27,7 +28,12 @@ LEASE_SMS = 132  # an H200's SMs
 # architecture's variants are its own GPU's launches.
 ARCH_SMS = {90: LEASE_SMS, 80: 108}
 ROWS = (1, 16, 64, 256)
-VOCABS = (32000, 152064, 262144)
+ISSUE_VOCABS = (32000, 152064, 262144)  # issue 44's grid
+# The vocabularies of the models profiles.json measures on a GPU (data/model_shapes.csv:
+# Mistral-7B-v0.3, Llama-3.1-8B, Qwen2.5-7B, gpt-oss-20b, Gemma-3-4B; a test holds the list
+# to the file): their ragged last tiles plan other slices than the issue's round sizes.
+PROFILE_VOCABS = (32768, 128256, 152064, 201088, 262208)
+VOCABS = tuple(dict.fromkeys(ISSUE_VOCABS + PROFILE_VOCABS))
 # Rows whose stride leaves most of them unaligned (launches.leads): GPT-2's vocabulary.
 UNALIGNED_VOCAB = 50257
 UNALIGNED_ROWS = (64, 256)
