@@ -23,7 +23,7 @@ import pytest
 
 from stagelab.analyse import roofline
 from stagelab.core import launches, paths
-from stagelab.measure import kernel_compile, kernel_variants, onepass
+from stagelab.measure import kernel_compile, kernel_variants, onepass, sass_path
 
 SPEC = importlib.util.spec_from_file_location(
     "kernel_compile_check", paths.REPO_ROOT / "scripts" / "kernel_compile_check.py")
@@ -68,6 +68,25 @@ def test_the_variants_cover_the_grid_once_per_specialisation(sms):
     assert len(offset) == len(kernel_variants.DTYPES) * len(kernel_variants.KS)
     assert all(str(kernel_variants.UNALIGNED_VOCAB) in v["where"]
                for v in unaligned if v not in offset)
+
+
+def test_the_variants_hold_every_vocabulary_a_profile_names():
+    """Before: Gemma-3-4B's 262,208 (a 129th tile) planned 256 slices a row at n = 1, a
+    variant never compiled. Every model a profile of profiles.json names (a model of
+    data/model_shapes.csv, not a bare size) has its vocabulary compiled for."""
+    from stagelab.run import params
+
+    named = {vocab for profile in json.loads(paths.PROFILES_FILE.read_text())["profiles"]
+             .values() for notebook in profile.get("notebooks", {}).values()
+             for name in ("models", "decisive_models", "model")
+             for item in _as_list(notebook.get(name)) if isinstance(item, str)
+             for vocab in [params.model_vocabs()[item]]}
+    assert named and named <= set(kernel_variants.VOCABS)
+    assert 262208 in named
+
+
+def _as_list(value: object) -> list:
+    return list(value) if isinstance(value, (list, tuple)) else [] if value is None else [value]
 
 
 def test_an_int_of_one_and_a_multiple_of_16_specialise_apart():
@@ -130,26 +149,54 @@ SASS = """
 """
 
 
+def path(sass: str, addresses: list[int]) -> list[int]:
+    """The clocks, at each end of the assumed latencies, of the critical path of the lines of
+    ``sass`` at ``addresses``, in address order: what a path's figure should be."""
+    texts = [text for at, text in kernel_compile.SASS_LINE.findall(sass)
+             if int(at, 16) in addresses]
+    assert len(texts) == len(addresses)
+    return [sass_path.critical_path(texts, end)[1] for end in sass_path.ENDS]
+
+
+def instruction_figures(figures: dict) -> dict:
+    """``loop_figures``' counts, its paths' clocks aside."""
+    return {name: figures[name] for name in kernel_compile.LOOP_FIGURES}
+
+
 def test_the_loop_s_paths_are_counted_from_sass():
     """The loop runs 0x20-0x110 (16 instructions); the guard's branch skips the top-K block
     (0x50-0xf0: 11); inside it the sort path (0x70-0x90: 3, skipped toward the candidates)
-    and the per-candidate loop (0xb0-0xd0: 3); the block's other 5 are its entry's."""
-    assert kernel_compile.loop_figures(SASS) == dict(
+    and the per-candidate loop (0xb0-0xd0: 3); the block's other 5 are its entry's. Each
+    path's clocks are the critical path of its own lines alone."""
+    figures = kernel_compile.loop_figures(SASS)
+    assert instruction_figures(figures) == dict(
         loop_instructions=16, guard_instructions=5, count_instructions=0,
         enter_instructions=5, sort_instructions=3, candidate_instructions=3,
         pipelined_copies=0, copy_bytes=0, merge_instructions=0)
-    assert kernel_compile.loop_figures("/*0000*/ EXIT ;") == dict.fromkeys(
-        kernel_compile.LOOP_FIGURES, 0)
+    assert figures["guard_clocks"] == path(SASS, [0x20, 0x30, 0x40, 0x100, 0x110])
+    assert figures["enter_clocks"] == path(SASS, [0x50, 0x60, 0xa0, 0xe0, 0xf0])
+    assert figures["sort_clocks"] == path(SASS, [0x70, 0x80, 0x90])
+    assert figures["candidate_clocks"] == path(SASS, [0xb0, 0xc0, 0xd0])
+    assert figures["count_clocks"] == [0, 0]
+    # two dependent IMADs (R5), the second issued as the first's result is ready (4 or 6
+    # clocks), its own ready as late again; the branch beside them waits for nothing
+    assert figures["sort_clocks"] == [4 + 4, 6 + 6] != figures["enter_clocks"]
+    assert kernel_compile.loop_figures("/*0000*/ EXIT ;") == dict(
+        dict.fromkeys(kernel_compile.LOOP_FIGURES, 0),
+        **dict.fromkeys(kernel_compile.PATH_CLOCKS, [0, 0]))
 
 
 def test_a_loop_without_a_top_k_block_is_all_guard():
     """No forward branch inside the loop (a walk without a top-K): every path figure 0."""
     plain = "\n".join(line for line in SASS.splitlines()
                       if not any(f"/*{at:04x}*/" in line for at in range(0x40, 0x100, 0x10)))
-    assert kernel_compile.loop_figures(plain) == dict(
+    figures = kernel_compile.loop_figures(plain)
+    assert instruction_figures(figures) == dict(
         loop_instructions=4, guard_instructions=4, count_instructions=0, enter_instructions=0,
         sort_instructions=0, candidate_instructions=0, pipelined_copies=0, copy_bytes=0,
         merge_instructions=0)
+    assert figures["guard_clocks"] == path(plain, [0x20, 0x30, 0x100, 0x110])
+    assert all(figures[name] == [0, 0] for name in kernel_compile.PATH_CLOCKS[1:])
 
 
 MERGED = SASS.replace("""        /*0120*/                   EXIT ;""", """        /*0120*/               @P4 EXIT ;
@@ -304,9 +351,12 @@ def test_the_target_s_counts_skipped_below_it_are_a_block_of_their_own():
     0x30-0x40 (2, the largest apart from it). Without a top-K the largest skipped block is
     the counts'; without a target there is none."""
     figures = kernel_compile.loop_figures(COUNTED)
-    assert figures == dict(loop_instructions=10, guard_instructions=5, count_instructions=2,
-                           enter_instructions=1, sort_instructions=0, candidate_instructions=2,
-                           pipelined_copies=1, copy_bytes=16, merge_instructions=0)
+    assert instruction_figures(figures) == dict(
+        loop_instructions=10, guard_instructions=5, count_instructions=2,
+        enter_instructions=1, sort_instructions=0, candidate_instructions=2,
+        pipelined_copies=1, copy_bytes=16, merge_instructions=0)
+    assert figures["count_clocks"] == path(COUNTED, [0x30, 0x40])
+    assert figures["guard_clocks"] == path(COUNTED, [0x10, 0x20, 0x50, 0x90, 0xa0])
     assert kernel_compile.loop_figures(COUNTED, counts=False)["guard_instructions"] == 7
     plain = kernel_compile.loop_figures(COUNTED, top_k=False)
     assert (plain["guard_instructions"], plain["count_instructions"],
@@ -565,6 +615,40 @@ def test_the_lease_kernel_check_names_what_differs():
     assert lease.main(["--device", "cuda"]) == (0 if torch.cuda.is_available() else 1)
 
 
+def test_the_lease_kernel_check_says_which_call_raised_and_why_in_one_line(monkeypatch):
+    """Before: an exception without a message ended the check in an IndexError traceback, a
+    Triton compile error printed only its location (its cause is its last line), and any
+    raise stopped every other shape and call. Now each call that raises is named, with its
+    plan, its exception's type and last line, and the others are still checked."""
+    assert lease.reason(AssertionError()) == "AssertionError"
+    assert lease.reason(RuntimeError("at 1:4:\n  x = tl.flip(y)\n\nTypeError: '<=' no")) == (
+        "RuntimeError: TypeError: '<=' no")
+    real = onepass.topk_logprobs
+
+    def failing(logits, k, targets, backend="torch", **tuning):
+        if backend == "triton" and tuning.get("splits"):
+            raise RuntimeError("at 1:4:\nout of resources")
+        return real(logits, k, targets, backend="torch")
+
+    monkeypatch.setattr(onepass, "topk_logprobs", failing)
+    monkeypatch.setattr(lease, "folded", lambda *args: (_ for _ in ()).throw(ValueError()))
+    line = lease.check_shape(3, 500, 5, "float32", "cpu")
+    assert line.startswith("n=3 V=500 k=5 float32 ")
+    assert f"split {lease.SPLITS} [grid (3, " in line
+    assert "raised RuntimeError: out of resources" in line
+    assert "plan [grid" in line and "the triton backend did not run" in line
+    assert line.endswith("fold raised ValueError")
+    assert lease.plan(1, 0, 5, {}, "cpu") == (
+        "plan refused: ValueError: vocab must be >= 1, got 0")
+    monkeypatch.setattr(lease, "compare", lambda *results: (_ for _ in ()).throw(
+        RuntimeError("CUDA error: an illegal memory access was encountered")))
+    line = lease.check_shape(3, 500, 5, "float32", "cpu")
+    assert line.count("raised RuntimeError: CUDA error: an illegal memory access") == 2
+    monkeypatch.setattr(lease, "check_shape", lambda *shape: 1 / 0)
+    assert lease.checked((2, 10, 1, "float32"), "cpu") == (
+        "n=2 V=10 k=1 float32 raised ZeroDivisionError: division by zero")
+
+
 def test_the_lease_kernel_check_fails_on_an_arrival_count_left_behind(monkeypatch, capsys):
     """Every shape agrees, but a persistent arrival count is nonzero after the calls: the
     check fails and names where."""
@@ -593,7 +677,10 @@ def goal_rows(sms: int, arch: int) -> list[dict]:
                           sort_instructions=3000, candidate_instructions=130,
                           merge_instructions=200, tail_reads=1, tail_instructions=150,
                           tail_trips=1, tail_clocks=[400, 600], merge_trips=1,
-                          merge_clocks=[500, 700]) for dtype in ("fp32", "bf16")]
+                          merge_clocks=[500, 700], guard_clocks=[600, 900],
+                          count_clocks=[0, 0], enter_clocks=[500, 700],
+                          sort_clocks=[9000, 12000], candidate_clocks=[400, 600])
+                 for dtype in ("fp32", "bf16")]
     return rows
 
 
@@ -611,27 +698,32 @@ def test_the_table_shows_the_model_at_the_goal_s_shapes_with_its_inputs():
 def test_the_h200_table_gives_each_goal_cell_its_goal_and_instruction_budget():
     """Each H200 row with a goal (n >= 16) shows it and the tile instructions that would meet
     it (roofline.goal_instructions on the same rows, ``none`` where no walk does); n = 1 has
-    neither; the words count the goal cells the model meets at the slow ends."""
+    neither; the words count the goal cells the model meets at the slow ends, at the target's
+    assumed rank and with every tile counting."""
     rows = goal_rows(132, 90)
     lines = check.model_table(rows)
     body = [[cell.strip() for cell in line.split("|")[1:-1]] for line in lines
             if line.startswith("| ") and line[2].isdigit()]
-    assert all(len(cells) == 21 for cells in body)
-    met = 0
+    assert all(len(cells) == 22 for cells in body)
+    met = every = 0
     for cells in body:
         n, k, dtype = int(cells[0]), int(cells[1]), cells[2]
         goal = roofline.goal_share(n)
         if goal is None:
-            assert n == 1 and cells[19:] == ["", ""]
+            assert n == 1 and cells[20:] == ["", ""]
             continue
         budget = roofline.goal_instructions(n, 152064, k, dtype, "H200", tuple(rows))
         first = launches.triton_launches(n, 152064, k, True, None, None,
                                          launches.device_slots(132, k))[0]
         assert cells[4] == str(first.num_warps)
-        assert cells[19] == f"{100 * goal:.0f}"
-        assert cells[20] == ("none" if budget is None else str(budget))
-        met += roofline.predict_range(n, 152064, k, dtype, "H200", tuple(rows))["model_low"] >= goal
+        assert cells[20] == f"{100 * goal:.0f}"
+        assert cells[21] == ("none" if budget is None else str(budget))
+        found = roofline.predict_range(n, 152064, k, dtype, "H200", tuple(rows))
+        assert cells[8] == str(found["tile_clocks"])
+        met += found["model_low"] >= goal
+        every += found["model_low_counting_all"] >= goal
     assert sum(f"meets it at {met} of 18 cells" in line for line in lines) == 1
+    assert sum(f"at {every} with every tile counting" in line for line in lines) == 1
 
 
 def test_the_table_models_an_a100_from_the_sm_80_rows_alone():

@@ -1,35 +1,44 @@
 """A roofline *model* of the one-pass kernel from its compiled cubins: never a measurement.
 
 What the compile check read from each cubin (``data/kernel_compile.json``, written by
-``scripts/kernel_compile_check.py``: CTAs per SM, the tile loop's SASS instructions by path)
+``scripts/kernel_compile_check.py``: CTAs per SM, the tile loop's SASS instructions and
+critical paths by path)
 and the launch plan (:mod:`stagelab.core.launches`: programs per row, tile,
 warps) predict, per (n, V, k, dtype) on a named GPU (:data:`GPUS`: an H200 or H100 from the
 sm_90 cubins, an A100 from the sm_80 ones), the share of its HBM bandwidth the kernel
-can reach, as the least of three rates:
+can reach, from the longer of two times:
 
-* **HBM**: the datasheet peak;
-* **memory parallelism** (Little's law): ``active SMs x resident programs x tile bytes / the
-  time a program spends per tile``: ``latency + a tile's issue time`` where nothing is loaded
-  ahead (each program waits for its tile, then works it), else ``max(latency / tiles ahead,
-  issue time)`` (:func:`stagelab.core.launches.tiles_ahead`: the pipelined loads of the next
-  tiles are in flight while it works), and for a slice of no more tiles than that, the
-  latency once over its tiles plus the issue time (:func:`tile_ns`); resident programs the
-  least of the cubin's CTAs per SM (its registers and shared memory, the pipeline's buffers
-  among them) and the programs per SM the grid gives;
-* **issue**: an SM issues at most 4 warp-instructions a clock (its schedulers), shared by its
-  resident warps (no more than four of them issuing at once: a program of four warps, or
-  four programs of one, :func:`stagelab.core.launches.narrow_walk`); a tile costs its warps the
-  guard's instructions, the target's counts on a tile whose max reaches the target
-  (:func:`counted_share`, at :data:`TARGET_RANK`), plus the top-K's: on a tile whose max
-  beats the ``k``-th key held, the block that counts its candidates (values above that key)
-  and merges what the tile gives, then either the per-candidate loop once for each of the
-  best ``k`` candidates, or, where that is more than
+* **HBM**: the datasheet peak (a ceiling no real kernel reaches: the model's 100 % is a
+  kernel at it, not one measured there);
+* **each program's slice**, the longest a plan makes (its whole tiles), at the SM with the
+  most programs, in waves of the programs it holds at once (the least of the cubin's CTAs per
+  SM, from its registers and shared memory, the pipeline's buffers among them, and the
+  programs per SM the grid gives) (:func:`slice_ns`): its first load's latency, then its
+  tiles' work, unless the loads lag behind it:
+  * **memory parallelism** (Little's law): a tile lands a latency after the one
+    :func:`stagelab.core.launches.tiles_ahead` tiles before it (the pipelined loads of the
+    next tiles are in flight while it works), so each round of that many tiles takes a
+    latency and a tile's work; a slice of no more tiles than that has every load in flight
+    from its start;
+  * **issue**: an SM issues at most 4 warp-instructions a clock (its schedulers), shared by
+    its resident warps: a tile costs a program's warps ``warps x`` the tile's instructions
+    a warp, at a quarter of the SM's slots per warp, or more where a scheduler holds more
+    than one warp;
+  * **dependences**: a warp issues in order, each instruction waiting for what it reads, so
+    a tile takes at least its critical path as one warp issues it (the compile check's
+    ``*_clocks``, :func:`stagelab.measure.sass_path.critical_path`, at the fast and slow
+    ends of the assumed instruction latencies), however few its instructions; a scheduler
+    holding one warp (four warps an SM) hides none of it;
+
+  a tile's instructions and clocks are its guard's, the target's counts on a tile whose max
+  reaches the target (:func:`counted_share`, at :data:`TARGET_RANK`), plus the top-K's: on
+  a tile whose max beats the ``k``-th key held, the block that counts its candidates (values
+  above that key) and merges what the tile gives, then either the per-candidate loop once
+  for each of the best ``k`` candidates, or, where that is more than
   :data:`stagelab.core.launches.CANDIDATE_LIMIT` passes, the sort path (each path's
-  instructions read from the cubin: ``kernel_compile.loop_figures``);
+  instructions and clocks read from the cubin: ``kernel_compile.loop_figures``).
 
-the last two scaled by the grid's **balance**, its programs over the busiest SM's share
-(``programs / (active SMs x ceil(programs / active SMs))``): the call ends when the SM with the
-most programs does. A split row then waits its **tail** (:func:`split_tail_ns`): its last slice
+A split row then waits its **tail** (:func:`split_tail_ns`): its last slice
 fences, counts itself in, reads the slices' partial states back from L2, reduces them, merges
 the first group's keys and writes the row's results, then reads and merges any later group
 of slices' keys, one program after the walk; its time is its cubin's critical path as one
@@ -48,7 +57,9 @@ over its ``B`` values. (The issue's assumption; real logits' tiles are not indep
 row whose best values come late costs more.) A slice's ragged last tile (walked masked,
 after the loop) is counted at the loop's figures; a program's set-up and its own end of walk
 (its final reductions and sort, before a split slice counts itself in or an unsplit one
-writes its row) not at all, nor the drain of the call's last stores.
+writes its row) not at all, nor the call's launch, nor the drain of its last stores. A tile's
+critical path is one iteration's from its inputs ready, so an iteration's last results
+overlapping the next one's first instructions is not credited.
 
 The memory latency is an assumed range (:data:`LATENCY_NS`); every figure is evaluated at both
 ends. Torch-free.
@@ -209,29 +220,54 @@ def counted_share(block: int, vocab: int, rank: int = TARGET_RANK) -> float:
 
 
 def walk_costs(row: dict[str, Any], tiles: int, block: int, k: int,
-               counted: float = 1.0) -> dict[str, float]:
-    """The mean SASS instructions a tile costs each warp over a slice of ``tiles`` tiles of a
-    top-``k`` walk (the compile check's ``row``) whose tiles count toward the target with
-    probability ``counted`` (:func:`counted_share`), with the mean share of tiles that enter
-    the top-K block, that sort, and the mean candidates a tile takes one by one."""
+               counted: float = 1.0, end: int = 1) -> dict[str, float]:
+    """The mean SASS instructions a tile costs each warp, and the mean clocks of its
+    critical path as one warp issues it (``clocks``: each path's, the compile check's
+    ``*_clocks`` at ``end`` of its assumed instruction latencies, 0 the fast, 1 the slow),
+    over a slice of ``tiles`` tiles of a top-``k`` walk (the compile check's ``row``) whose
+    tiles count toward the target with probability ``counted`` (:func:`counted_share`),
+    with the mean share of tiles that enter the top-K block, that sort, and the mean
+    candidates a tile takes one by one."""
     guard = float(row["guard_instructions"]) + counted * row.get("count_instructions", 0)
+    clocks = float(row["guard_clocks"][end]) + counted * row["count_clocks"][end]
     if k == 0:
-        return dict(instructions=guard, entered=0.0, sorted=0.0, candidates=0.0)
+        return dict(instructions=guard, clocks=clocks, entered=0.0, sorted=0.0,
+                    candidates=0.0)
     shares = [tile_candidates(block, k, t) for t in range(1, tiles + 1)]
     entered, sorting, candidates = (sum(column) / tiles for column in zip(*shares))
     cost = (guard + entered * row["enter_instructions"] + sorting * row["sort_instructions"]
             + candidates * row["candidate_instructions"])
-    return dict(instructions=cost, entered=entered, sorted=sorting, candidates=candidates)
+    clocks += (entered * row["enter_clocks"][end] + sorting * row["sort_clocks"][end]
+               + candidates * row["candidate_clocks"][end])
+    return dict(instructions=cost, clocks=clocks, entered=entered, sorted=sorting,
+                candidates=candidates)
 
 
-def tile_ns(latency_ns: float, issue_ns: float, ahead: int, tiles: int | None = None) -> float:
-    """A program's time per tile: it waits for its tile then works it (``ahead`` 0), or works
-    while the next ``ahead`` tiles' loads are in flight. A slice of ``tiles`` no more than
-    ``ahead`` has every load in flight from its start: it waits the latency once, then
-    works them all."""
-    if tiles is not None and tiles <= ahead:
-        return (latency_ns + tiles * issue_ns) / tiles
-    return latency_ns + issue_ns if ahead < 1 else max(latency_ns / ahead, issue_ns)
+def slice_ns(latency_ns: float, issue_ns: float, path_ns: float, ahead: int,
+             tiles: int) -> tuple[float, str]:
+    """A program's time over a slice of ``tiles`` tiles, and what binds it: each tile's work
+    takes the longer of its warps' share of their schedulers' issue (``issue_ns``) and its
+    critical path as one warp issues it (``path_ns``: ``dependences``); where ``ahead``
+    tiles' loads are in flight from the start and each tile worked issues the load of the
+    one ``ahead`` after it, the program waits its first load, then works its tiles unless
+    the loads lag (``memory parallelism``: each of the tiles past the first ``ahead`` lands a
+    latency after the one ``ahead`` before it is worked: each round of ``ahead`` tiles a
+    latency and a tile's work, the last round's other tiles' work after it), within a
+    round's work (``ahead x work``) of the pipeline's own steps; a short slice whose first
+    wait outlasts its work is bound by it.
+    Where nothing is loaded ahead, each tile waits its own load, then is worked. A tie of
+    issue and path is named issue."""
+    work = max(issue_ns, path_ns)
+    working = "dependences" if path_ns > issue_ns else "issue"
+    if ahead < 1:
+        return tiles * (latency_ns + work), ("memory parallelism" if latency_ns > work
+                                             else working)
+    rounds = math.ceil(tiles / ahead)
+    lagging = rounds * (latency_ns + work) + (tiles - (rounds - 1) * ahead - 1) * work
+    worked = latency_ns + tiles * work  # the same as lagging in one round, but for rounding
+    return max(worked, lagging), ("memory parallelism"
+                                  if lagging > worked * (1 + 1e-9) or latency_ns > tiles * work
+                                  else working)
 
 
 def split_tail_ns(parts: int, group: int, row: dict[str, Any], top_k: bool,
@@ -273,8 +309,8 @@ def predict(rows: int, vocab: int, k: int, dtype: str, gpu: Gpu, latencies: Late
     """The model's share of ``gpu``'s HBM for one call at ``latencies`` (:func:`predict_range`
     pairs :data:`SLOW` and :data:`FAST`), with its inputs, for a target of ``target_rank``
     (None: every tile counts toward it, the worst case); a tile's mean instructions
-    ``tile_instructions`` in place of the cubin's where given (what a kernel would need:
-    :func:`goal_instructions`)."""
+    ``tile_instructions`` in place of the cubin's where given, its critical path scaled with
+    them (what a kernel would need: :func:`goal_instructions`)."""
     latency_ns, end = latencies.memory_ns, latencies.end
     first = launches.triton_launches(rows, vocab, k, True, None, None,
                                      launches.device_slots(gpu.sms, k))[0]
@@ -282,36 +318,36 @@ def predict(rows: int, vocab: int, k: int, dtype: str, gpu: Gpu, latencies: Late
     block, warps = int(first.constexprs["BLOCK"]), first.num_warps
     programs = first.grid[0] * first.grid[1]
     active = min(gpu.sms, programs)
-    resident = min(row["ctas_per_sm"], math.ceil(programs / gpu.sms))
-    tiles = math.ceil(first.scalars["span"] / block)
+    on_busiest = math.ceil(programs / active)  # the programs of the SM with the most
+    resident = min(row["ctas_per_sm"], on_busiest)
+    waves = math.ceil(on_busiest / resident)
+    tiles = math.ceil(first.scalars["span"] / block)  # a whole slice's: the longest
     counted = 1.0 if target_rank is None else counted_share(block, vocab, target_rank)
-    costs = walk_costs(row, tiles, block, k, counted)
+    costs = walk_costs(row, tiles, block, k, counted, end)
     per_tile = costs["instructions"] if tile_instructions is None else tile_instructions
-    tile_bytes = block * DTYPE_BYTES[dtype]
-    issue_ns = per_tile / gpu.clock_ghz  # a program's warps issue side by side, one a clock
-    balance = programs / (active * math.ceil(programs / active))  # the busiest SM's share
-    parallel = balance * active * resident * tile_bytes / tile_ns(
-        latency_ns, issue_ns, launches.tiles_ahead(), tiles)
-    issued = (balance * active * min(ISSUE_PER_CLOCK, resident * warps) * gpu.clock_ghz
-              * tile_bytes / (warps * per_tile))
-    rates = {"hbm": gpu.hbm_gbps, "issue": issued, "memory parallelism": parallel}
-    rate = min(rates.values())
-    # the first that binds, within rounding: a program whose work outlasts its tiles' wait
-    # (one program of four warps an SM) is paced by the SM's issue, whichever formula says so
-    bound = next(name for name, bound_rate in rates.items() if bound_rate <= rate * (1 + 1e-9))
+    path_clocks = costs["clocks"] * per_tile / costs["instructions"]  # at the cubin's ratio
+    sharing = max(1.0, resident * warps / ISSUE_PER_CLOCK)  # warps a scheduler issues for
+    ahead = launches.tiles_ahead()
+    program_ns, bound = slice_ns(latency_ns, sharing * per_tile / gpu.clock_ghz,
+                                 path_clocks / gpu.clock_ghz, ahead, tiles)
     total_bytes = rows * vocab * DTYPE_BYTES[dtype]
-    walk_ns = total_bytes / rate  # bytes / (GB/s) is ns
+    walk_ns = max(total_bytes / gpu.hbm_gbps, waves * program_ns)  # bytes / (GB/s) is ns
+    if walk_ns == total_bytes / gpu.hbm_gbps:
+        bound = "hbm"
     tail_ns = split_tail_ns(first.grid[1], int(first.constexprs["GROUP"]), row, k > 0,
                             latencies.l2_ns, gpu.clock_ghz, end)
     rate = total_bytes / (walk_ns + tail_ns)
     if tail_ns > walk_ns:
         bound = "tail"  # a split row's tail outlasts its walk
+    tile_bytes = block * DTYPE_BYTES[dtype]
     return dict(rows=rows, vocab=vocab, k=k, dtype=dtype, gpu=gpu.name, latency_ns=latency_ns,
-                programs=programs, warps=warps, balance=round(balance, 3),
-                resident_per_sm=resident,
+                programs=programs, warps=warps, waves=waves,
+                resident_per_sm=resident, scheduler_warps=round(sharing, 2),
                 ctas_per_sm=row["ctas_per_sm"],
-                registers=row["registers"], bytes_in_flight_per_sm=resident * tile_bytes,
+                registers=row["registers"],
+                bytes_in_flight_per_sm=resident * tile_bytes * max(1, min(ahead, tiles)),
                 tiles_per_slice=tiles, tile_instructions=round(per_tile, 1),
+                tile_clocks=round(path_clocks, 1),
                 counted_share=round(counted, 3),
                 entered_share=round(costs["entered"], 3),
                 sorted_share=round(costs["sorted"], 3),
@@ -362,8 +398,9 @@ def goal_instructions(rows: int, vocab: int, k: int, dtype: str,
                       gpu: Gpu | str = LEASE_GPU,
                       variants: tuple[dict[str, Any], ...] | None = None) -> float | None:
     """The most instructions a tile may cost each warp (the mean over a slice, as
-    ``tile_instructions``) for the model to meet the goal (:func:`goal_share`) at the slow
-    ends, all else the cubin's (its CTAs, its tail): a budget to set a kernel's design
+    ``tile_instructions``, its critical path at the cubin's clocks an instruction) for the
+    model to meet the goal (:func:`goal_share`) at the slow ends, all else the cubin's (its
+    CTAs, its tail): a budget to set a kernel's design
     against, in tenths of an instruction; None where no walk meets it (the tail and the
     memory latency alone miss it) or there is no goal. The share falls as a tile costs more:
     found by bisection, between a tenth of an instruction and :data:`MOST_INSTRUCTIONS`

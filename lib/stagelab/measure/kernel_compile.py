@@ -62,13 +62,16 @@ def ctas_per_sm(arch: int, registers: int, warps: int, shared: int) -> int:
 LOOP_FIGURES = ("loop_instructions", "guard_instructions", "count_instructions",
                 "enter_instructions", "sort_instructions", "candidate_instructions",
                 "pipelined_copies", "copy_bytes", "merge_instructions")
+# The tile loop's paths' critical paths, [fast, slow] clocks (loop_figures).
+PATH_CLOCKS = ("guard_clocks", "count_clocks", "enter_clocks", "candidate_clocks",
+               "sort_clocks")
 # cp.async, a copy from global into shared memory (LDGSTS), and its width in bits where it
 # names one (16 and 8 bytes; else 4).
 PIPELINED_COPY = re.compile(r"\bLDGSTS\b(?:\S*?\.(128|64)\b)?")
 
 
 def loop_figures(sass: str, top_k: bool = True, counts: bool = True,
-                 merged: bool = False) -> dict[str, int]:
+                 merged: bool = False) -> dict[str, Any]:
     """The tile loop's SASS instructions, by path (all 0 where there is no loop), for a walk
     with a top-K block (``top_k``) and a target's counts (``counts``) or without, and the
     merge loop of a split top-K walk (``merged``):
@@ -90,7 +93,13 @@ def loop_figures(sass: str, top_k: bool = True, counts: bool = True,
       Triton's software pipeline issuing the tiles ahead; 0 where its loads are plain), and
       ``copy_bytes``: the narrowest of them, in bytes (0 where there is none);
     * ``merge_instructions``: the last loop after the tile loop (``merged``: the row's last
-      slice merging a group of slices' keys, ``onepass_triton._merged_slices``), else 0.
+      slice merging a group of slices' keys, ``onepass_triton._merged_slices``), else 0;
+    * ``guard_clocks``, ``count_clocks``, ``enter_clocks``, ``candidate_clocks`` and
+      ``sort_clocks``: each path's critical path as one warp issues it
+      (:func:`stagelab.measure.sass_path.critical_path`, its first instruction's inputs
+      ready), in clocks at the fast and slow ends of the assumed instruction latencies
+      (:data:`stagelab.measure.sass_path.LATENCY_CLOCKS`): what a tile takes a warp that
+      has its scheduler to itself, however few its instructions.
 
     The tile loop is the longest a backward branch closes (a cut first tile walked before it
     holds loops of its own) before the last ``EXIT`` (ptxas places a warp's divergent paths
@@ -100,7 +109,7 @@ def loop_figures(sass: str, top_k: bool = True, counts: bool = True,
     backward = [(target, at) for at, text in lines for target in _branch_target(text)
                 if target <= at < body_end]
     if not backward:
-        return dict.fromkeys(LOOP_FIGURES, 0)
+        return dict(dict.fromkeys(LOOP_FIGURES, 0), **{name: [0, 0] for name in PATH_CLOCKS})
     start, end = max(backward, key=lambda span: (_inside([at for at, _ in lines], span[0] - 1,
                                                          span[1] + 1), -span[0]))
     body = [at for at, _ in lines if start <= at <= end]
@@ -118,8 +127,9 @@ def loop_figures(sass: str, top_k: bool = True, counts: bool = True,
                default=(block[0], block[0] - 1))
     sort = [skip for skip in skips if block[0] <= skip[0] and skip[1] <= block[1]
             and not skip[0] < loop[0] <= loop[1] < skip[1]]
+    sorted_block = max(sort, key=lambda skip: _inside(body, *skip), default=(start, start))
     candidate = _inside(body, loop[0] - 1, loop[1] + 1)
-    sorting = max((_inside(body, *skip) for skip in sort), default=0)
+    sorting = _inside(body, *sorted_block)
     skipped, count = _inside(body, *block), _inside(body, *counted)
     widths = [int(found.group(1) or 32) // 8 for at, text in lines if start <= at <= end
               for found in [PIPELINED_COPY.search(text)] if found]
@@ -130,7 +140,33 @@ def loop_figures(sass: str, top_k: bool = True, counts: bool = True,
                 sort_instructions=sorting, candidate_instructions=candidate,
                 pipelined_copies=len(widths), copy_bytes=min(widths, default=0),
                 merge_instructions=_inside([at for at, _ in lines], merge[0] - 1, merge[1] + 1)
-                if merge else 0)
+                if merge else 0,
+                **_path_clocks([(at, text) for at, text in lines if start <= at <= end],
+                               block, counted, loop, sorted_block))
+
+
+def _path_clocks(body: list[tuple[int, str]], block: tuple[int, int], counted: tuple[int, int],
+                 loop: tuple[int, int], sorted_block: tuple[int, int]) -> dict[str, list[int]]:
+    """The clocks of each path of the tile loop's ``body`` (:data:`PATH_CLOCKS`, from the
+    spans :func:`loop_figures` found: the top-K ``block`` and the ``counted`` one skipped
+    between their ends, the candidate ``loop`` from its first to its last address, the
+    ``sorted_block`` skipped), at each end of the assumed instruction latencies."""
+    def between(span: tuple[int, int], at: int) -> bool:
+        return span[0] < at < span[1]
+
+    def within_loop(at: int) -> bool:
+        return loop[0] <= at <= loop[1]
+
+    paths = {
+        "guard_clocks": lambda at: not between(block, at) and not between(counted, at),
+        "count_clocks": lambda at: between(counted, at),
+        "enter_clocks": lambda at: (between(block, at) and not within_loop(at)
+                                    and not between(sorted_block, at)),
+        "candidate_clocks": within_loop,
+        "sort_clocks": lambda at: between(sorted_block, at),
+    }
+    return {name: [sass_path.critical_path([text for at, text in body if keep(at)], end)[1]
+                   for end in sass_path.ENDS] for name, keep in paths.items()}
 
 
 ARRIVAL = re.compile(r"\bATOMG\b")  # a split walk's count of its row's slices that ended
@@ -316,7 +352,7 @@ def compile_one(spec: dict[str, Any], arch: int) -> dict[str, Any]:
 
 def cubin_figures(cubin: bytes, arch: int, warps: int, dynamic_shared: int = 0,
                   top_k: bool = True, counts: bool = True, merged: bool = False,
-                  split: bool = False) -> dict[str, int]:
+                  split: bool = False) -> dict[str, Any]:
     """Registers, spilled (local) bytes, shared memory (the cubin's static and the launch's
     ``dynamic_shared``: Triton's buffers, its pipelined loads' among them), CTAs per SM, the
     loop's instructions of one cubin (:func:`loop_figures`) and, for a ``split`` walk,
