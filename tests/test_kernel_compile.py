@@ -662,6 +662,38 @@ def test_the_lease_kernel_check_fails_on_an_arrival_count_left_behind(monkeypatc
     assert lease.main(["--device", "cpu"]) == 0
 
 
+COMPARE = importlib.util.spec_from_file_location(
+    "compare_narrow_plan", paths.REPO_ROOT / "scripts" / "compare_narrow_plan.py")
+compare_plans = sys.modules.setdefault(COMPARE.name, importlib.util.module_from_spec(COMPARE))
+COMPARE.loader.exec_module(compare_plans)
+
+
+def test_the_plan_comparison_takes_the_four_warp_launch_the_narrow_plan_replaces():
+    """The four-warp specs are the launches a call at those rows makes with the tile given
+    (the narrow plan's own condition leaves them four-warp), 2048-wide, one a dtype."""
+    specs = compare_plans.four_warp_specs((256, 1000), 20, 132)
+    assert [spec["where"] for spec in specs] == [
+        "four-warp fp32 n=256", "four-warp bf16 n=256", "four-warp fp32 n=1000",
+        "four-warp bf16 n=1000"]
+    assert {(spec["num_warps"], spec["constexprs"]["BLOCK"]) for spec in specs} == {(4, 2048)}
+    narrow = launches.triton_launches(256, 152064, 20, True, None, None, 132)[0]
+    assert (narrow.num_warps, narrow.constexprs["BLOCK"]) == (1, 512)
+
+
+@pytest.mark.slow
+@NEEDS_TRITON
+def test_the_narrow_plan_is_at_or_above_the_four_warp_one_as_its_words_say(capsys):
+    """What narrow_walk's words quote, compiled again on the lease's Triton: at n = 256 and
+    1000, k = 20, the model puts the narrow plan at or above the four-warp one."""
+    assert compare_plans.main(["--rows", "256", "1000"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if "narrow" in line]
+    assert len(lines) == 4
+    for line in lines:
+        narrow, wide = (int(part.split()[-1].split("-")[0])
+                        for part in line.split(":")[1].split(","))
+        assert narrow >= wide, line
+
+
 def goal_rows(sms: int, arch: int) -> list[dict]:
     """Hand-made lease-Triton rows of ``arch`` for every goal shape's launch on ``sms`` SMs."""
     rows = []

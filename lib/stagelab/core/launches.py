@@ -170,11 +170,12 @@ def narrow_walk(rows: int, vocab: int, k: int, tile: int | None, splits: int | N
     n >= 132 are not kept in ``data/kernel_compile.json``, so that comparison cannot be
     redone from the data): narrow won at k = 20 in bf16 from n = 160 and lost only where the
     four-warp walk was at the roof, and at k = 1 and 5 it did not win. The current model
-    (``stagelab.analyse.roofline``, which also costs each tile's critical path), with the
-    four-warp cubins compiled again for the comparison (not kept either), puts the narrow
-    plan at or above the four-warp one at k = 20 for n = 132, 200, 256, 528 and 1000, fp32
-    and bf16 (slow ends, % of HBM: n = 256 fp32 39 against 32, bf16 21 against 21; n = 1000
-    fp32 99 against 32, bf16 53 against 20); k = 1 and 5 were not compared again."""
+    (``stagelab.analyse.roofline``, which also costs each tile's critical path) puts the
+    narrow plan at or above the four-warp one at k = 20 for n = 132, 200, 256, 528 and 1000,
+    fp32 and bf16 (slow ends, % of HBM: n = 256 fp32 39 against 32, bf16 21 against 21;
+    n = 1000 fp32 99 against 32, bf16 53 against 20): ``scripts/compare_narrow_plan.py``
+    compiles the four-warp cubins and prints the comparison again; k = 1 and 5 were not
+    compared again."""
     return (tile is None and splits is None and rows >= slots
             and pow2_at_least(max(k, 2)) == NARROW_K_PAD
             and math.ceil(vocab / NARROW_TILE) <= MAX_SLICE_TILES)
