@@ -1,14 +1,16 @@
 """The narrow plan against the four-warp one under the roofline model, cubins compiled here.
 
-``stagelab.core.launches.narrow_walk`` sends a top-K of 17 to 32 whose rows fill the SMs to
-one-warp programs of 512-wide tiles. The compile check keeps only the plans launched, so the
-four-warp plan's cubins at those shapes are not in ``data/kernel_compile.json``: this compiles
-them for sm_90 on the lease's Triton (``scripts/kernel_compile_check.py``'s environment and
-cache; rows kept under ``.cache/``, not in the data) and prints, for each row count, the
-model's share of an H200's HBM (``stagelab.analyse.roofline``, slow and fast ends) for both
-plans: what narrow_walk's words quote. A model, never a measurement.
+``stagelab.core.launches.narrow_walk`` sends every call whose top-K pads to at most 32 (none
+included) and whose tile and slices are left to the plan to one-warp programs of 512-wide
+tiles, twelve an SM with a top-K and sixteen without. The compile check keeps only the plans
+launched, so the four-warp plan's cubins at those shapes are not in
+``data/kernel_compile.json``, nor all of the narrow plan's: this compiles both for sm_90 on
+the lease's Triton (``scripts/kernel_compile_check.py``'s environment and cache; rows kept
+under ``.cache/``, not in the data) and prints, for each k and row count, the model's share
+of an H200's HBM (``stagelab.analyse.roofline``, slow and fast ends) for both plans: what
+narrow_walk's words quote. A model, never a measurement.
 
-    python scripts/compare_narrow_plan.py [--rows 132 256 1000] [--k 20]
+    python scripts/compare_narrow_plan.py [--rows 1 16 64 256 1000] [--k 0 5 20]
 """
 
 from __future__ import annotations
@@ -20,10 +22,11 @@ from pathlib import Path
 from unittest import mock
 
 ROOT = Path(__file__).resolve().parents[1]
-ROWS = (132, 200, 256, 528, 1000)
+ROWS = (1, 16, 64, 256, 1000)
+KS = (0, 5, 20)
 VOCAB = 152064
 DTYPES = ("fp32", "bf16")
-KEPT = ROOT / ".cache" / "four-warp-rows.jsonl"
+KEPT = ROOT / ".cache" / "plan-rows.jsonl"
 
 
 def _check():
@@ -35,29 +38,34 @@ def _check():
     return module
 
 
-def four_warp_specs(rows: tuple[int, ...], k: int, sms: int) -> list[dict]:
-    """The four-warp plan's first launch at each row count and dtype, as compile specs (a tile
-    given: the narrow plan takes only calls that leave it to the plan)."""
+def plan_specs(rows: tuple[int, ...], ks: tuple[int, ...], sms: int,
+               tile: int | None) -> list[dict]:
+    """The first launch at each k, row count and dtype, as compile specs: the four-warp
+    plan's where ``tile`` is given (the narrow plan takes only calls that leave it to the
+    plan), the narrow plan's where it is None."""
     from stagelab.core import launches
     from stagelab.measure import kernel_variants
 
+    plan = "narrow" if tile is None else "four-warp"
     specs = []
-    for n in rows:
-        first = launches.triton_launches(n, VOCAB, k, True, launches.DEFAULT_TILE, None,
-                                         launches.device_slots(sms, k))[0]
-        specs += [dict(kernel_variants.spec_of(first, dtype), where=f"four-warp {dtype} n={n}")
-                  for dtype in DTYPES]
+    for k in ks:
+        for n in rows:
+            first = launches.triton_launches(n, VOCAB, k, True, tile, None,
+                                             launches.device_slots(sms, k))[0]
+            specs += [dict(kernel_variants.spec_of(first, dtype),
+                           where=f"{plan} {dtype} n={n} k={k}") for dtype in DTYPES]
     return specs
 
 
-def shares(rows: tuple[int, ...], k: int, variants: tuple[dict, ...]) -> list[dict]:
-    """The model's slow and fast shares of an H200's HBM for each plan, row count and dtype."""
+def shares(rows: tuple[int, ...], ks: tuple[int, ...], variants: tuple[dict, ...]) -> list[dict]:
+    """The model's slow and fast shares of an H200's HBM for each plan, k, row count and
+    dtype."""
     from stagelab.analyse import roofline
     from stagelab.core import launches
 
     gpu = roofline.GPUS[roofline.LEASE_GPU]
     found = []
-    for n in rows:
+    for k, n in ((k, n) for k in ks for n in rows):
         for dtype in DTYPES:
             cell = dict(rows=n, k=k, dtype=dtype)
             for plan, narrow in (("narrow", launches.narrow_walk), ("four_warp", None)):
@@ -73,23 +81,26 @@ def shares(rows: tuple[int, ...], k: int, variants: tuple[dict, ...]) -> list[di
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, nargs="+", default=list(ROWS))
-    parser.add_argument("--k", type=int, default=20)
+    parser.add_argument("--k", type=int, nargs="+", default=list(KS))
     args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT / "lib"))
     from stagelab.analyse import roofline
+    from stagelab.core import launches
 
     check = _check()
     gpu = roofline.GPUS[roofline.LEASE_GPU]
-    compiled = check.compile_with(check.triton_python(check.LEASE_TRITON),
-                                  four_warp_specs(tuple(args.rows), args.k, gpu.sms),
-                                  (gpu.arch,), workers=2, out=KEPT)
-    variants = roofline.compiled_variants() + tuple(compiled)
-    print(f"k = {args.k}, V = {VOCAB}, {gpu.name}, % of HBM at the slow-fast ends "
+    rows, ks = tuple(args.rows), tuple(args.k)
+    specs = [spec for tile in (None, launches.DEFAULT_TILE)
+             for spec in plan_specs(rows, ks, gpu.sms, tile)]
+    variants = tuple(check.compile_with(check.triton_python(check.LEASE_TRITON), specs,
+                                        (gpu.arch,), workers=2, out=KEPT))
+    print(f"V = {VOCAB}, {gpu.name}, % of HBM at the slow-fast ends "
           "(a model, never a measurement):")
-    for cell in shares(tuple(args.rows), args.k, variants):
+    for cell in shares(rows, ks, variants):
         narrow, wide = ("-".join(f"{100 * share:.0f}" for share in cell[plan])
                         for plan in ("narrow", "four_warp"))
-        print(f"  n={cell['rows']} {cell['dtype']}: narrow {narrow}, four-warp {wide}")
+        print(f"  k={cell['k']} n={cell['rows']} {cell['dtype']}: narrow {narrow}, "
+              f"four-warp {wide}")
     return 0
 
 

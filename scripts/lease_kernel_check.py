@@ -21,8 +21,8 @@ import argparse
 import sys
 import time
 
-# (rows, vocabulary, k, dtype): decode at n = 1 (four-warp programs, split); a batch at
-# n = 256, k = 20, whose rows fill the SMs (one-warp programs, split: launches.narrow_walk);
+# (rows, vocabulary, k, dtype): decode at n = 1 (one-warp programs, 30 slices:
+# launches.narrow_walk); a batch at n = 256, k = 20 (one-warp programs, 6 slices);
 # GPT-2's 1000 rows at k = 20 (one-warp programs, whole rows, most of them off 16 bytes:
 # each walked from an aligned address); a large vocabulary at n = 256 with the largest top-K
 # (eight-warp programs, unsplit); each forced into SPLITS slices too (four warps); small ones

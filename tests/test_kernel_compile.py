@@ -60,8 +60,10 @@ def test_the_variants_cover_the_grid_once_per_specialisation(sms):
                                    + len(kernel_variants.UNALIGNED_ROWS) + 1)  # OFFSET_SHAPE
         + len(kernel_variants.NARROW_ROWS) * len(kernel_variants.NARROW_VOCABS))  # NARROW_K
     assert sum(v["shapes"] for v in first) == shapes
-    narrow = [v for v in first if v["num_warps"] == 1]
-    assert {v["constexprs"]["SLICES"] for v in narrow} == {1, 2, 4}  # the narrow plan's
+    narrow = [v for v in first if v["num_warps"] == 1]  # the narrow plan's: K_PAD <= 32
+    assert {v["constexprs"]["SLICES"] for v in narrow} == {2 ** e for e in range(9)}
+    assert {v["constexprs"]["K_PAD"] for v in narrow} == {2, 8, 32}
+    assert {v["constexprs"]["K_PAD"] for v in first if v["num_warps"] > 1} == {64, 1024}
     unaligned = [v for v in variants if v["constexprs"].get("LEAD")]
     assert {v["kernel"] for v in unaligned} == {"onepass_kernel", "fold_kernel"}
     offset = [v for v in unaligned if "origin=1" in v["where"]]
@@ -670,28 +672,50 @@ COMPARE.loader.exec_module(compare_plans)
 
 def test_the_plan_comparison_takes_the_four_warp_launch_the_narrow_plan_replaces():
     """The four-warp specs are the launches a call at those rows makes with the tile given
-    (the narrow plan's own condition leaves them four-warp), 2048-wide, one a dtype."""
-    specs = compare_plans.four_warp_specs((256, 1000), 20, 132)
+    (the narrow plan's own condition leaves them four-warp), 2048-wide, one a dtype; the
+    narrow ones, the tile left to the plan."""
+    specs = compare_plans.plan_specs((256, 1000), (0, 20), 132, launches.DEFAULT_TILE)
     assert [spec["where"] for spec in specs] == [
-        "four-warp fp32 n=256", "four-warp bf16 n=256", "four-warp fp32 n=1000",
-        "four-warp bf16 n=1000"]
+        f"four-warp {dtype} n={n} k={k}" for k in (0, 20) for n in (256, 1000)
+        for dtype in ("fp32", "bf16")]
     assert {(spec["num_warps"], spec["constexprs"]["BLOCK"]) for spec in specs} == {(4, 2048)}
-    narrow = launches.triton_launches(256, 152064, 20, True, None, None, 132)[0]
-    assert (narrow.num_warps, narrow.constexprs["BLOCK"]) == (1, 512)
+    narrow = compare_plans.plan_specs((256,), (20,), 132, None)
+    assert [(spec["where"], spec["num_warps"]) for spec in narrow] == [
+        ("narrow fp32 n=256 k=20", 1), ("narrow bf16 n=256 k=20", 1)]
+    for k in (0, 20):
+        narrow = launches.triton_launches(256, 152064, k, True, None, None, 132)[0]
+        assert (narrow.num_warps, narrow.constexprs["BLOCK"]) == (1, 512)
 
 
 @pytest.mark.slow
 @NEEDS_TRITON
 def test_the_narrow_plan_is_at_or_above_the_four_warp_one_as_its_words_say(capsys):
-    """What narrow_walk's words quote, compiled again on the lease's Triton: at n = 256 and
-    1000, k = 20, the model puts the narrow plan at or above the four-warp one."""
-    assert compare_plans.main(["--rows", "256", "1000"]) == 0
-    lines = [line for line in capsys.readouterr().out.splitlines() if "narrow" in line]
-    assert len(lines) == 4
-    for line in lines:
-        narrow, wide = (int(part.split()[-1].split("-")[0])
-                        for part in line.split(":")[1].split(","))
-        assert narrow >= wide, line
+    """What narrow_walk's words quote, compiled again on the lease's Triton: of the 30 cells
+    of n = 1 to 1000, k = 0, 5 and 20, fp32 and bf16, the model puts the narrow plan a
+    point below the four-warp one at the slow ends at three (k = 0: n = 64 and 1000 fp32,
+    256 bf16), at or above it at the rest; ten below at the fast ends, by two points at
+    most; the figures the words quote at n = 64 and 256, and the four-warp tile's guard and
+    candidate clocks they set the one-warp tile's against."""
+    assert compare_plans.main([]) == 0
+    cells = {}
+    for line in capsys.readouterr().out.splitlines():
+        found = re.fullmatch(r"  k=(\d+) n=(\d+) (\w+): narrow (\d+)-(\d+), four-warp (\d+)-(\d+)",
+                             line)
+        if found:
+            k, n, dtype, *shares = found.groups()
+            cells[int(k), int(n), dtype] = tuple(map(int, shares))
+    assert len(cells) == 30
+    below = {cell for cell, (low, _, wide_low, _) in cells.items() if low < wide_low}
+    assert below == {(0, 64, "fp32"), (0, 1000, "fp32"), (0, 256, "bf16")}
+    assert all(wide_low - low == 1 for (low, _, wide_low, _) in map(cells.get, below))
+    fast = [high - wide_high for _, high, _, wide_high in cells.values() if high < wide_high]
+    assert len(fast) == 10 and min(fast) >= -2
+    assert [cells[0, 64, dtype][0::2] for dtype in ("fp32", "bf16")] == [(83, 84), (71, 50)]
+    assert [cells[k, 256, dtype][0::2] for k in (5, 20) for dtype in ("fp32", "bf16")] == [
+        (94, 67), (71, 37), (64, 32), (37, 21)]
+    four_warp = [json.loads(line) for line in compare_plans.KEPT.read_text().splitlines()]
+    wide = [row for row in four_warp if row["where"] == "four-warp fp32 n=64 k=20"][-1]
+    assert (wide["guard_clocks"], wide["candidate_clocks"]) == ([505, 739], [801, 1212])
 
 
 def goal_rows(sms: int, arch: int) -> list[dict]:

@@ -366,14 +366,16 @@ def test_targets_at_the_top_and_at_the_bottom(backend):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("dtype", "rows", "vocab", "k", "slices"), [
-    (torch.bfloat16, 4, 3000, 20, 1),  # 6 tiles of 512 a row, the last 440 wide
+    (torch.bfloat16, 4, 3000, 20, 6),  # a tile of 512 a slice, the last 440 wide
     (torch.float32, 2, 1100, 32, 3),  # a tile a slice, the last 76 wide
     (torch.float16, 3, 700, 17, 1),  # 2 tiles, the second 188 wide; row 1 finite in it alone
+    (torch.float32, 3, 2000, 0, 4),  # no top-K: a tile a slice, the last 464 wide
+    (torch.bfloat16, 2, 1500, 5, 1),  # 3 tiles in one slice, the last 476 wide
 ])
 def test_the_narrow_plan_is_exact(interpreted, monkeypatch, dtype, rows, vocab, k, slices):
-    """17 <= k <= 32 on rows that fill the device's two slots, tile and slices left to the
-    plan: one-warp programs of 512-wide tiles (``launches.narrow_walk``), split as the plan
-    splits them, with ties, a run of ``-inf`` and targets at both ends. Triton's interpreter
+    """k <= 32 (none included), tile and slices left to the plan: one-warp programs of
+    512-wide tiles (``launches.narrow_walk``), split as the plan splits them on the device's
+    two slots, with ties, a run of ``-inf`` and targets at both ends. Triton's interpreter
     ignores the warps: on a CPU this runs the plan's tiles and slices; the one-warp code runs
     on a GPU (here where there is one, and in ``scripts/lease_kernel_check.py``) and is
     compiled by ``tests/test_kernel_compile.py``'s representatives."""

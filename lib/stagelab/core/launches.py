@@ -26,14 +26,15 @@ def pow2_at_least(value: int) -> int:
 
 
 def programs_per_sm(k: int) -> int:
-    """Programs of the one-pass kernel a split plan aims at per SM: 2 without a top-K (two
-    programs of :data:`PIPELINE_STAGES` keep 2 (bf16) to 4 (fp32) times the bytes in flight
-    Little's law asks at 800 ns, and two CTAs of the pipeline's shared memory fit an SM of
-    sm_80 and sm_90, where the compile check's fp32 walk fits 3 on sm_90 and 2 on sm_80;
-    the roofline model finds such walks bound by their tiles' critical paths instead, which
-    two programs an SM halve); 1 with one: :func:`top_k_splits` weighs the slices' top-K work against
-    the SMs they fill (a narrow walk's plan takes four one-warp programs an SM in its place:
-    :func:`narrow_walk`)."""
+    """Programs of the four-warp one-pass walk a split plan aims at per SM (a call whose tile
+    or slices are given, or whose top-K is wider than :data:`NARROW_K_PAD`; any other call
+    walks in :func:`narrow_programs_per_sm` one-warp programs an SM: :func:`narrow_walk`): 2
+    without a top-K (two programs of :data:`PIPELINE_STAGES` keep 2 (bf16) to 4 (fp32) times
+    the bytes in flight Little's law asks at 800 ns, and two CTAs of the pipeline's shared
+    memory fit an SM of sm_80 and sm_90, where the compile check's fp32 walk fits 3 on sm_90
+    and 2 on sm_80; the roofline model finds such walks bound by their tiles' critical paths
+    instead, which two programs an SM halve); 1 with one: :func:`top_k_splits` weighs the
+    slices' top-K work against the SMs they fill."""
     return 1 if k else 2
 
 
@@ -43,9 +44,10 @@ def device_slots(sms: int, k: int) -> int:
 
 
 def default_splits(rows: int, tiles: int, slots: int) -> int:
-    """Slices per row without a top-K: enough programs to fill ``slots``, never more slices
-    than tiles; 1 once the rows alone fill the device."""
-    return max(1, min(tiles, slots // max(rows, 1)))
+    """Slices per row without a top-K: the fewest whose programs fill ``slots`` (a last wave
+    left short, not a slot left idle), never more slices than tiles; 1 once the rows alone
+    fill the device."""
+    return max(1, min(tiles, math.ceil(slots / max(rows, 1))))
 
 
 # The most slices a row is split into: the row's last slice reads every slice's scalars at once
@@ -82,7 +84,8 @@ def merge_group(k_pad: int, parts: int) -> int:
 @cache  # a scan of every slice count: once a shape, not on every call
 def top_k_splits(rows: int, tiles: int, k: int, slots: int) -> int:
     """Slices per row of a top-``k`` call on ``slots`` programs at once (one an SM, or a
-    narrow walk's four: :func:`narrow_walk`): the count whose busiest SM has the least
+    narrow walk's :func:`narrow_programs_per_sm`: :func:`narrow_walk`): the count whose busiest
+    SM has the least
     work, the fewest of equals. An SM's work is its
     programs (``ceil(rows x slices / slots)``) times a slice's: its tiles plus its top-K's
     insertions, ``k (1 + ln T)`` for ``T`` tiles of independent logits (``k`` on its first,
@@ -105,7 +108,8 @@ def top_k_splits(rows: int, tiles: int, k: int, slots: int) -> int:
 def launch_plan(rows: int, vocab: int, k: int, tile: int | None, splits: int | None,
                 slots: int) -> tuple[int, int, int, int]:
     """``(BLOCK, K_PAD, slices per row, span of a slice)`` on a device running ``slots``
-    programs at once (a narrow walk's :data:`NARROW_PROGRAMS_PER_SM` times as many:
+    four-warp programs at once (:func:`device_slots`; a narrow walk plans
+    :func:`narrow_programs_per_sm` one-warp programs for each SM those slots stand for:
     :func:`narrow_walk`): no slice is empty, and no row has more than :data:`MAX_SLICES`; a
     slice of more than :data:`MAX_SLICE_TILES` tiles is refused (``ValueError``), as is a
     plan whose last slice would end past :data:`COLUMN_LIMIT` (the kernel's int32 columns) or
@@ -115,8 +119,8 @@ def launch_plan(rows: int, vocab: int, k: int, tile: int | None, splits: int | N
     if vocab < 1:
         raise ValueError(f"vocab must be >= 1, got {vocab}")
     k_pad = pow2_at_least(max(k, 2))
-    if narrow_walk(rows, vocab, k, tile, splits, slots):
-        tile, slots = NARROW_TILE, NARROW_PROGRAMS_PER_SM * slots
+    if narrow_walk(vocab, k, tile, splits):
+        tile, slots = NARROW_TILE, narrow_programs_per_sm(k) * slots // programs_per_sm(k)
     block = max(tile or DEFAULT_TILE, k_pad)
     tiles = math.ceil(vocab / block)
     planned = top_k_splits(rows, tiles, k, slots) if k else default_splits(rows, tiles, slots)
@@ -143,41 +147,52 @@ CANDIDATE_LIMIT = 32
 
 # A narrow walk (narrow_walk): one warp a program, tiles of NARROW_TILE (16 logits a lane, as a
 # 4-warp program's 2048: one warp's 1024-wide tiles spilled 8-120 bytes at n = 256 in a
-# compile check run not kept, on Triton 3.6 for sm_80 and 3.9 for sm_90),
-# NARROW_PROGRAMS_PER_SM programs an SM (their four warps one for each of its schedulers), for
-# a top-K padded to NARROW_K_PAD.
+# compile check run not kept, on Triton 3.6 for sm_80 and 3.9 for sm_90), for a top-K padded
+# to NARROW_K_PAD or less.
 NARROW_TILE = 512
-NARROW_PROGRAMS_PER_SM = 4
 NARROW_K_PAD = 32
 
 
-def narrow_walk(rows: int, vocab: int, k: int, tile: int | None, splits: int | None,
-                slots: int) -> bool:
-    """Whether a top-``k`` call of ``rows`` rows of ``vocab`` walks in one-warp programs of
-    :data:`NARROW_TILE`-wide tiles, :data:`NARROW_PROGRAMS_PER_SM` an SM, where ``slots``
-    (a top-K call's: one program an SM, :func:`programs_per_sm`) are its GPU's SMs: a top-K
-    padded to :data:`NARROW_K_PAD` (17 <= k <= 32) whose rows alone fill the SMs, the tile
-    and the slices left to the plan, and a row that fits one slice of such tiles
-    (:data:`MAX_SLICE_TILES`). Each value entering the top-K costs its program two
-    reductions over the tile (``onepass_triton._insert_each``), which one warp makes with
-    shuffles alone, where four also exchange through shared memory behind barriers: fewer
-    instructions and a shorter critical path a candidate (the compile check's
-    ``candidate_instructions`` and ``candidate_clocks``: at n = 256 bf16 k = 20, 119
-    instructions and 304-436 clocks in one warp against 137 and 496-744 in four at n = 64).
+def narrow_programs_per_sm(k: int) -> int:
+    """One-warp programs a narrow walk's plan aims at per SM (:func:`narrow_walk`), from the
+    compile check's cubins (Triton 3.6, sm_90): 12 with a top-K, three warps for each of the
+    SM's four schedulers (139-196 registers: 10 to 14 CTAs an SM); 16 without (71-110
+    registers: 18 to 25 CTAs of 16-bit logits an SM, 14 of fp32, its pipeline's shared
+    memory the bound), which the roofline model finds at or above 12 at every goal shape
+    and above it for bf16 at n = 64 (71 against 63 % of an H200's HBM at the slow ends), and
+    20 below it at n = 16 (its slices of two tiles wait more than they work)."""
+    return 12 if k else 16
 
-    Chosen on 2026-12-07 by an earlier roofline model, which costed a tile by its
-    instructions alone, with both plans' cubins compiled side by side (the four-warp plan's at
-    n >= 132 are not kept in ``data/kernel_compile.json``, so that comparison cannot be
-    redone from the data): narrow won at k = 20 in bf16 from n = 160 and lost only where the
-    four-warp walk was at the roof, and at k = 1 and 5 it did not win. The current model
-    (``stagelab.analyse.roofline``, which also costs each tile's critical path) puts the
-    narrow plan at or above the four-warp one at k = 20 for n = 132, 200, 256, 528 and 1000,
-    fp32 and bf16 (slow ends, % of HBM: n = 256 fp32 39 against 32, bf16 21 against 21;
-    n = 1000 fp32 99 against 32, bf16 53 against 20): ``scripts/compare_narrow_plan.py``
-    compiles the four-warp cubins and prints the comparison again; k = 1 and 5 were not
-    compared again."""
-    return (tile is None and splits is None and rows >= slots
-            and pow2_at_least(max(k, 2)) == NARROW_K_PAD
+
+def narrow_walk(vocab: int, k: int, tile: int | None, splits: int | None) -> bool:
+    """Whether a top-``k`` call (``k`` 0: none) of rows of ``vocab`` logits walks in one-warp
+    programs of :data:`NARROW_TILE`-wide tiles, :func:`narrow_programs_per_sm` an SM: a call
+    that leaves the tile and the slices to the plan, with a top-K padded to at most
+    :data:`NARROW_K_PAD` (``k <= 32``), whose row fits one slice of such tiles
+    (:data:`MAX_SLICE_TILES`), whatever its rows. One warp reduces a tile with shuffles
+    alone, where four also exchange through shared memory behind barriers: a shorter
+    critical path a tile and a candidate (the compile check's ``guard_clocks`` and
+    ``candidate_clocks``, Triton 3.6 sm_90, fp32 K_PAD 32: 355-513 and 467-669 clocks in one
+    warp against 505-739 and 801-1212 in four); and twelve or sixteen such programs an SM
+    give each scheduler three or four warps to issue from, where a four-warp top-K walk
+    holds two programs an SM at most (its 182-211 registers) and the split plan gives it
+    one. The roofline model (:mod:`stagelab.analyse.roofline`) finds both walks bound by
+    their tiles' critical paths, which more warps a scheduler hide.
+
+    Chosen on 2026-12-07 under that model, both plans' cubins compiled (a four-warp plan's
+    where a tile is given): this plan at every ``k <= 32`` and row count, in place of four
+    programs an SM at ``17 <= k <= 32`` for rows that fill the SMs, with default slices
+    rounded up (:func:`default_splits`). The model's shares of an H200's HBM at V = 152,064,
+    slow ends, this plan against the four-warp one (%): n = 64, k = 0: fp32 83 against 84,
+    bf16 71 against 50; k = 5: 54 and 30 against 25 and 14; k = 20: 20 and 12 against 11 and
+    7; n = 256, k = 5: 94 and 71 against 67 and 37; k = 20: 64 and 37 against 32 and 21;
+    n = 1000, k = 20: 99 and 53 against 32 and 20. Of the 30 cells of n = 1, 16, 64, 256
+    and 1000, k = 0, 5 and 20, fp32 and bf16, it is a point below at three, as rounded (k = 0:
+    n = 64 and 1000 fp32, n = 256 bf16), and at or above at the rest; at the fast ends, one
+    or two points below at ten.
+    ``scripts/compare_narrow_plan.py`` compiles both plans' cubins and prints the
+    comparison again."""
+    return (tile is None and splits is None and pow2_at_least(max(k, 2)) <= NARROW_K_PAD
             and math.ceil(vocab / NARROW_TILE) <= MAX_SLICE_TILES)
 
 
@@ -258,7 +273,7 @@ def triton_launches(rows: int, vocab: int, k: int, with_targets: bool, tile: int
     slices."""
     stride_row = vocab if stride_row is None else stride_row
     block, k_pad, parts, span = launch_plan(rows, vocab, k, tile, splits, slots)
-    warps = 1 if narrow_walk(rows, vocab, k, tile, splits, slots) else warps_for(block, k_pad, parts > 1)
+    warps = 1 if narrow_walk(vocab, k, tile, splits) else warps_for(block, k_pad, parts > 1)
     return [Launch("onepass_kernel", (rows, parts),
                    dict(stride_row=stride_row, origin=origin, vocab=vocab, k=k, span=span),
                    dict(BLOCK=block, SPLIT=parts > 1, LEAD=leads(stride_row) or origin > 0,

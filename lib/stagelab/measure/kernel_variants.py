@@ -6,8 +6,8 @@ models its profiles measure; k 0/1/5/20/64/1024;
 fp32, bf16 and fp16 logits; the ``head_fused`` tiles 1024-8192 and the ragged last tile of each
 vocabulary; and GPT-2's vocabulary of 50,257, whose stride leaves most rows off 16-byte
 alignment, at 64 and 256 rows and a 1024 tile; rows whose first logit lies off 16 bytes,
-a view's; and 132, 200 and 1000 rows at k = 20 of 152,064 and 50,257, the narrow plan's
-slices), :func:`launched_variants` lists the launches of
+a view's; and 317, 529 and 1000 rows at k = 20 of 152,064 and 50,257, the narrow plan's
+slices past the grid's), :func:`launched_variants` lists the launches of
 :func:`stagelab.core.launches.triton_launches`, :func:`~stagelab.core.launches.fold_launch`
 and :func:`~stagelab.core.launches.finish_launch`, typed as the callers type their tensors,
 once per distinct specialisation (shapes repeat specialisations): the input of
@@ -42,11 +42,12 @@ OFFSET_SHAPE = (64, 152064)
 # The kernels' ints Triton does not specialise (``do_not_specialize``): one compile any value.
 UNSPECIALISED = frozenset({"origin"})
 KS = (0, 1, 5, 20, 64, 1024)
-# Rows that fill an H200's or an A100's SMs (launches.narrow_walk), at NARROW_K: one row
-# count for each of the 4, 2 and 1 slices a row (SLICES) the narrow plan gives them on both
-# GPUs (132: 4 on an H200, 3 on an A100), at V = 152,064 and at GPT-2's unaligned 50,257, so
-# that the roofline model holds a cubin for any such call.
-NARROW_ROWS = (132, 200, 1000)
+# Rows past the grid's at NARROW_K: one row count for each of the 4, 2 and 1 slices a row
+# (SLICES) the narrow plan (launches.narrow_walk) gives from 260 rows on, on both GPUs (317
+# and 529: 4 and 2 on an H200 and on an A100), at V = 152,064 and at GPT-2's unaligned
+# 50,257; with ROWS' they give every row count from 1 to 4000 a cubin at k = 20 (a test
+# scans them), so that the roofline model answers any such call.
+NARROW_ROWS = (317, 529, 1000)
 NARROW_VOCABS = (VOCABS[1], UNALIGNED_VOCAB)
 NARROW_K = 20
 DTYPES = ("fp32", "bf16", "fp16")
