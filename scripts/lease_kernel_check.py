@@ -21,14 +21,16 @@ import argparse
 import sys
 import time
 
-# (rows, vocabulary, k, dtype): decode at n = 1 (one-warp programs, 30 slices:
-# launches.narrow_walk); a batch at n = 256, k = 20 (one-warp programs, 6 slices);
-# GPT-2's 1000 rows at k = 20 (one-warp programs, whole rows, most of them off 16 bytes:
-# each walked from an aligned address); a large vocabulary at n = 256 with the largest top-K
-# (eight-warp programs, unsplit); each forced into SPLITS slices too (four warps); small ones
-# for the interpreter.
-SHAPES = ((1, 152064, 5, "bfloat16"), (256, 152064, 20, "float32"),
-          (1000, 50257, 20, "bfloat16"), (256, 262144, 1024, "bfloat16"))
+# (rows, vocabulary, k, dtype): decode at n = 1 (four-warp programs, split); batches at
+# n = 64 without a top-K (one-warp programs, 33 slices: launches.narrow_walk), at n = 16,
+# k = 20 (one-warp programs, 16 slices, whose keys the row's last merges in two groups) and
+# at n = 256, k = 20 (one-warp programs, 6 slices); GPT-2's 1000 rows at k = 20 (one-warp
+# programs, whole rows, most of them off 16 bytes: each walked from an aligned address); a
+# large vocabulary at n = 256 with the largest top-K (eight-warp programs, unsplit); each
+# forced into SPLITS slices too (four warps); small ones for the interpreter.
+SHAPES = ((1, 152064, 5, "bfloat16"), (64, 152064, 0, "float32"), (16, 152064, 20, "bfloat16"),
+          (256, 152064, 20, "float32"), (1000, 50257, 20, "bfloat16"),
+          (256, 262144, 1024, "bfloat16"))
 SMALL = ((1, 3000, 5, "bfloat16"), (4, 1500, 20, "float32"), (3, 2500, 64, "float16"))
 TOLERANCE = 1e-4
 FOLD_TILE = 1024

@@ -58,12 +58,15 @@ def test_the_variants_cover_the_grid_once_per_specialisation(sms):
     shapes = len(kernel_variants.DTYPES) * (
         len(kernel_variants.KS) * (len(kernel_variants.ROWS) * len(kernel_variants.VOCABS)
                                    + len(kernel_variants.UNALIGNED_ROWS) + 1)  # OFFSET_SHAPE
-        + len(kernel_variants.NARROW_ROWS) * len(kernel_variants.NARROW_VOCABS))  # NARROW_K
+        + len(kernel_variants.SCAN_ROWS) * len(kernel_variants.SCAN_VOCABS)
+        * len(kernel_variants.SCAN_KS))
     assert sum(v["shapes"] for v in first) == shapes
     narrow = [v for v in first if v["num_warps"] == 1]  # the narrow plan's: K_PAD <= 32
-    assert {v["constexprs"]["SLICES"] for v in narrow} == {2 ** e for e in range(9)}
+    # up to 256 on an H200 (16 rows of 297 tiles in 2112 slots: 132 slices), 128 on an A100
+    assert {v["constexprs"]["SLICES"] for v in narrow} == {2 ** e for e in range(9 if sms == 132
+                                                                              else 8)}
     assert {v["constexprs"]["K_PAD"] for v in narrow} == {2, 8, 32}
-    assert {v["constexprs"]["K_PAD"] for v in first if v["num_warps"] > 1} == {64, 1024}
+    assert {v["constexprs"]["K_PAD"] for v in first if v["num_warps"] > 1} == {2, 8, 32, 64, 1024}
     unaligned = [v for v in variants if v["constexprs"].get("LEAD")]
     assert {v["kernel"] for v in unaligned} == {"onepass_kernel", "fold_kernel"}
     offset = [v for v in unaligned if "origin=1" in v["where"]]
@@ -674,13 +677,14 @@ def test_the_plan_comparison_takes_the_four_warp_launch_the_narrow_plan_replaces
     """The four-warp specs are the launches a call at those rows makes with the tile given
     (the narrow plan's own condition leaves them four-warp), 2048-wide, one a dtype; the
     narrow ones, the tile left to the plan."""
-    specs = compare_plans.plan_specs((256, 1000), (0, 20), 132, launches.DEFAULT_TILE)
+    specs = compare_plans.plan_specs((256, 1000), (0, 20), 132, "four-warp")
     assert [spec["where"] for spec in specs] == [
         f"four-warp {dtype} n={n} k={k}" for k in (0, 20) for n in (256, 1000)
         for dtype in ("fp32", "bf16")]
     assert {(spec["num_warps"], spec["constexprs"]["BLOCK"]) for spec in specs} == {(4, 2048)}
-    narrow = compare_plans.plan_specs((256,), (20,), 132, None)
+    narrow = compare_plans.plan_specs((1, 256), (20,), 132, "narrow")  # at any rows
     assert [(spec["where"], spec["num_warps"]) for spec in narrow] == [
+        ("narrow fp32 n=1 k=20", 1), ("narrow bf16 n=1 k=20", 1),
         ("narrow fp32 n=256 k=20", 1), ("narrow bf16 n=256 k=20", 1)]
     for k in (0, 20):
         narrow = launches.triton_launches(256, 152064, k, True, None, None, 132)[0]
@@ -689,30 +693,36 @@ def test_the_plan_comparison_takes_the_four_warp_launch_the_narrow_plan_replaces
 
 @pytest.mark.slow
 @NEEDS_TRITON
-def test_the_narrow_plan_is_at_or_above_the_four_warp_one_as_its_words_say(capsys):
-    """What narrow_walk's words quote, compiled again on the lease's Triton: of the 30 cells
-    of n = 1 to 1000, k = 0, 5 and 20, fp32 and bf16, the model puts the narrow plan a
-    point below the four-warp one at the slow ends at three (k = 0: n = 64 and 1000 fp32,
-    256 bf16), at or above it at the rest; ten below at the fast ends, by two points at
-    most; the figures the words quote at n = 64 and 256, and the four-warp tile's guard and
-    candidate clocks they set the one-warp tile's against."""
+def test_the_narrow_plan_is_above_the_four_warp_one_where_its_words_say(capsys):
+    """What narrow_walk's words quote, compiled again on the lease's Triton: of the 24 cells
+    of n = 16 to 1000, k = 0, 5 and 20, fp32 and bf16, the model puts the narrow plan below
+    the four-warp one at the slow ends at three and at the fast ends at six, by 2.7 points at
+    most; below 16 rows it loses with a top-K; the figures it quotes; and the four-warp
+    tile's guard and candidate clocks it sets the one-warp tile's against."""
     assert compare_plans.main([]) == 0
     cells = {}
+    number = r"(\d+\.\d)"
     for line in capsys.readouterr().out.splitlines():
-        found = re.fullmatch(r"  k=(\d+) n=(\d+) (\w+): narrow (\d+)-(\d+), four-warp (\d+)-(\d+)",
-                             line)
+        found = re.fullmatch(rf"  k=(\d+) n=(\d+) (\w+): narrow {number}-{number}, "
+                             rf"four-warp {number}-{number}", line)
         if found:
             k, n, dtype, *shares = found.groups()
-            cells[int(k), int(n), dtype] = tuple(map(int, shares))
-    assert len(cells) == 30
-    below = {cell for cell, (low, _, wide_low, _) in cells.items() if low < wide_low}
-    assert below == {(0, 64, "fp32"), (0, 1000, "fp32"), (0, 256, "bf16")}
-    assert all(wide_low - low == 1 for (low, _, wide_low, _) in map(cells.get, below))
-    fast = [high - wide_high for _, high, _, wide_high in cells.values() if high < wide_high]
-    assert len(fast) == 10 and min(fast) >= -2
-    assert [cells[0, 64, dtype][0::2] for dtype in ("fp32", "bf16")] == [(83, 84), (71, 50)]
-    assert [cells[k, 256, dtype][0::2] for k in (5, 20) for dtype in ("fp32", "bf16")] == [
-        (94, 67), (71, 37), (64, 32), (37, 21)]
+            cells[int(k), int(n), dtype] = tuple(map(float, shares))
+    assert len(cells) == 36
+    batch = {cell: shares for cell, shares in cells.items() if cell[1] >= 16}
+    below = {cell for cell, (low, _, wide_low, _) in batch.items() if low < wide_low}
+    assert below == {(0, 256, "fp32"), (0, 1000, "fp32"), (20, 16, "bf16")}
+    fast = [wide_high - high for _, high, _, wide_high in batch.values() if high < wide_high]
+    assert len(fast) == 6 and max(fast) <= 2.7 + 1e-9  # printed to a tenth
+    assert all(cells[k, 4, "fp32"][0] < cells[k, 4, "fp32"][2] for k in (5, 20))
+    quoted = {(0, 64, "fp32"): (83.3, 76.5), (0, 64, "bf16"): (71.5, 42.1),
+              (5, 64, "fp32"): (54.0, 25.2), (5, 64, "bf16"): (30.2, 14.4),
+              (20, 64, "fp32"): (19.8, 10.7), (20, 64, "bf16"): (11.7, 7.1),
+              (5, 256, "fp32"): (93.9, 66.9), (5, 256, "bf16"): (70.9, 37.2),
+              (20, 256, "fp32"): (63.8, 32.5), (20, 256, "bf16"): (37.3, 20.9),
+              (0, 256, "fp32"): (95.4, 95.8), (0, 1000, "fp32"): (98.9, 100.0),
+              (20, 16, "bf16"): (2.9, 3.1), (5, 4, "fp32"): (3.7, 5.1)}
+    assert {cell: cells[cell][0::2] for cell in quoted} == quoted
     four_warp = [json.loads(line) for line in compare_plans.KEPT.read_text().splitlines()]
     wide = [row for row in four_warp if row["where"] == "four-warp fp32 n=64 k=20"][-1]
     assert (wide["guard_clocks"], wide["candidate_clocks"]) == ([505, 739], [801, 1212])

@@ -365,29 +365,40 @@ def test_targets_at_the_top_and_at_the_bottom(backend):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("dtype", "rows", "vocab", "k", "slices"), [
-    (torch.bfloat16, 4, 3000, 20, 6),  # a tile of 512 a slice, the last 440 wide
-    (torch.float32, 2, 1100, 32, 3),  # a tile a slice, the last 76 wide
-    (torch.float16, 3, 700, 17, 1),  # 2 tiles, the second 188 wide; row 1 finite in it alone
-    (torch.float32, 3, 2000, 0, 4),  # no top-K: a tile a slice, the last 464 wide
-    (torch.bfloat16, 2, 1500, 5, 1),  # 3 tiles in one slice, the last 476 wide
+@pytest.mark.parametrize(("dtype", "rows", "vocab", "k", "slots", "lead", "slices"), [
+    (torch.bfloat16, 4, 3000, 20, 2, False, 6),  # a tile of 512 a slice, the last 440 wide
+    (torch.float32, 2, 1100, 32, 2, False, 3),  # a tile a slice, the last 76 wide
+    (torch.float16, 3, 700, 17, 2, False, 1),  # 2 tiles, the second 188 wide; row 1 finite in it
+    (torch.float32, 3, 2000, 0, 2, False, 4),  # no top-K: a tile a slice, the last 464 wide
+    (torch.bfloat16, 2, 1500, 5, 2, False, 1),  # 3 tiles in one slice, the last 476 wide
+    (torch.bfloat16, 3, 1104, 0, 2, True, 3),  # no top-K, rows off 16 bytes: a cut first tile
+    (torch.float32, 2, 1200, 9, 2, True, 1),  # K_PAD 16, whole rows off 16 bytes
+    (torch.bfloat16, 2, 300, 5, 2, False, 1),  # a row narrower than a tile
+    (torch.float32, 1, 30000, 20, 16, False, 15),  # two groups of slices' keys merged
+    (torch.bfloat16, 1, 66000, 0, 32, False, 129),  # 256 slices' records (SLICES) read at once
 ])
-def test_the_narrow_plan_is_exact(interpreted, monkeypatch, dtype, rows, vocab, k, slices):
+def test_the_narrow_plan_is_exact(interpreted, monkeypatch, dtype, rows, vocab, k, slots, lead,
+                                  slices):
     """k <= 32 (none included), tile and slices left to the plan: one-warp programs of
-    512-wide tiles (``launches.narrow_walk``), split as the plan splits them on the device's
-    two slots, with ties, a run of ``-inf`` and targets at both ends. Triton's interpreter
-    ignores the warps: on a CPU this runs the plan's tiles and slices; the one-warp code runs
-    on a GPU (here where there is one, and in ``scripts/lease_kernel_check.py``) and is
-    compiled by ``tests/test_kernel_compile.py``'s representatives."""
-    monkeypatch.setattr(onepass, "program_slots", lambda device, k: 2)
-    first = launches.triton_launches(rows, vocab, k, True, None, None, 2)[0]
+    512-wide tiles (``launches.narrow_walk``, here from one row), split as the plan splits
+    them on the device's ``slots``, with ties, a run of ``-inf`` and targets at both ends;
+    rows an odd stride apart where ``lead``. Triton's interpreter ignores the warps: on a
+    CPU this runs the plan's tiles and slices; the one-warp code runs on a GPU (here where
+    there is one, and in ``scripts/lease_kernel_check.py``) and is compiled by
+    ``tests/test_kernel_compile.py``'s representatives."""
+    monkeypatch.setattr(onepass, "program_slots", lambda device, k: slots)
+    monkeypatch.setattr(launches, "NARROW_LEAST_ROWS", 1)
+    stride = vocab + 3 if lead else vocab
+    first = launches.triton_launches(rows, vocab, k, True, None, None, slots, stride)[0]
     assert (first.num_warps, first.constexprs["BLOCK"], first.grid[1]) == (
         1, launches.NARROW_TILE, slices)
-    logits = randn(rows, vocab, seed=7, dtype=dtype)
+    # an odd stride (``lead``, at a vocabulary that alone keeps rows aligned) or vocabulary
+    assert first.constexprs["LEAD"] == (lead or vocab % launches.ALIGNED_LOGITS != 0)
+    logits = randn(rows, stride, seed=7, dtype=dtype)[:, :vocab]
     logits[0, 100:140] = logits[0].max()  # 40 ties at the top, across the K-th
-    logits[1, :600] = float("-inf")
+    logits[-1, 200:400] = float("-inf")  # after the ties, where one row holds both
     targets = ids(rows, vocab)
-    targets[0], targets[1] = 120, vocab - 1
+    targets[0], targets[-1] = 120, vocab - 1
     run(("triton", interpreted), logits, k, targets)
 
 

@@ -44,10 +44,16 @@ def device_slots(sms: int, k: int) -> int:
 
 
 def default_splits(rows: int, tiles: int, slots: int) -> int:
-    """Slices per row without a top-K: the fewest whose programs fill ``slots`` (a last wave
-    left short, not a slot left idle), never more slices than tiles; 1 once the rows alone
-    fill the device."""
-    return max(1, min(tiles, math.ceil(slots / max(rows, 1))))
+    """Slices per row without a top-K, never more than its tiles: of the most whose programs
+    fit ``slots`` and the fewest that fill them, the one whose waves of ``slots`` programs
+    times the tiles of a slice are the fewer (the fewer slices of equals): rounding up fills
+    a slot a row count leaves idle (n = 64, 2112 slots: 33 slices, not 32 and 64 idle), but
+    not where it starts a wave (n = 1651: one slice, not two in two waves); 1 once the rows
+    alone fill the device."""
+    rows = max(rows, 1)
+    fit, fill = (max(1, min(tiles, parts)) for parts in (slots // rows, math.ceil(slots / rows)))
+    return min((fit, fill), key=lambda parts: (math.ceil(rows * parts / slots)
+                                               * math.ceil(tiles / parts), parts))
 
 
 # The most slices a row is split into: the row's last slice reads every slice's scalars at once
@@ -119,7 +125,7 @@ def launch_plan(rows: int, vocab: int, k: int, tile: int | None, splits: int | N
     if vocab < 1:
         raise ValueError(f"vocab must be >= 1, got {vocab}")
     k_pad = pow2_at_least(max(k, 2))
-    if narrow_walk(vocab, k, tile, splits):
+    if narrow_walk(rows, vocab, k, tile, splits):
         tile, slots = NARROW_TILE, narrow_programs_per_sm(k) * slots // programs_per_sm(k)
     block = max(tile or DEFAULT_TILE, k_pad)
     tiles = math.ceil(vocab / block)
@@ -151,25 +157,29 @@ CANDIDATE_LIMIT = 32
 # to NARROW_K_PAD or less.
 NARROW_TILE = 512
 NARROW_K_PAD = 32
+NARROW_LEAST_ROWS = 16  # fewer rows (decode) keep the four-warp plan: narrow_walk
 
 
 def narrow_programs_per_sm(k: int) -> int:
     """One-warp programs a narrow walk's plan aims at per SM (:func:`narrow_walk`), from the
     compile check's cubins (Triton 3.6, sm_90): 12 with a top-K, three warps for each of the
-    SM's four schedulers (139-196 registers: 10 to 14 CTAs an SM); 16 without (71-110
+    SM's four schedulers (137-196 registers: 10 to 14 CTAs an SM); 16 without (71-112
     registers: 18 to 25 CTAs of 16-bit logits an SM, 14 of fp32, its pipeline's shared
-    memory the bound), which the roofline model finds at or above 12 at every goal shape
-    and above it for bf16 at n = 64 (71 against 63 % of an H200's HBM at the slow ends), and
-    20 below it at n = 16 (its slices of two tiles wait more than they work)."""
+    memory the bound). Chosen on 2026-12-07 from 12, 14, 16 and 20 without a top-K under the
+    roofline model (H200, V = 152,064, slow ends, in a run not kept): 16 is above 12 and 14
+    for bf16 (n = 64: 71.5 % against 60.2 and 66.9; n = 256: 91.2 against 85.4 and 91.2)
+    and within 0.2 points of them for fp32 (n = 64: 83.3 against 83.5); 20 falls at n = 16
+    (fp32: 41.2 against 55.0). An A100's sm_80 top-K cubins fit 9 or 10: its twelve run in
+    two waves."""
     return 12 if k else 16
 
 
-def narrow_walk(vocab: int, k: int, tile: int | None, splits: int | None) -> bool:
-    """Whether a top-``k`` call (``k`` 0: none) of rows of ``vocab`` logits walks in one-warp
-    programs of :data:`NARROW_TILE`-wide tiles, :func:`narrow_programs_per_sm` an SM: a call
-    that leaves the tile and the slices to the plan, with a top-K padded to at most
-    :data:`NARROW_K_PAD` (``k <= 32``), whose row fits one slice of such tiles
-    (:data:`MAX_SLICE_TILES`), whatever its rows. One warp reduces a tile with shuffles
+def narrow_walk(rows: int, vocab: int, k: int, tile: int | None, splits: int | None) -> bool:
+    """Whether a top-``k`` call (``k`` 0: none) of ``rows`` rows of ``vocab`` logits walks in
+    one-warp programs of :data:`NARROW_TILE`-wide tiles, :func:`narrow_programs_per_sm` an
+    SM: a call of at least :data:`NARROW_LEAST_ROWS` rows that leaves the tile and the slices
+    to the plan, with a top-K padded to at most :data:`NARROW_K_PAD` (``k <= 32``), whose
+    row fits one slice of such tiles (:data:`MAX_SLICE_TILES`). One warp reduces a tile with shuffles
     alone, where four also exchange through shared memory behind barriers: a shorter
     critical path a tile and a candidate (the compile check's ``guard_clocks`` and
     ``candidate_clocks``, Triton 3.6 sm_90, fp32 K_PAD 32: 355-513 and 467-669 clocks in one
@@ -179,20 +189,19 @@ def narrow_walk(vocab: int, k: int, tile: int | None, splits: int | None) -> boo
     one. The roofline model (:mod:`stagelab.analyse.roofline`) finds both walks bound by
     their tiles' critical paths, which more warps a scheduler hide.
 
-    Chosen on 2026-12-07 under that model, both plans' cubins compiled (a four-warp plan's
-    where a tile is given): this plan at every ``k <= 32`` and row count, in place of four
-    programs an SM at ``17 <= k <= 32`` for rows that fill the SMs, with default slices
-    rounded up (:func:`default_splits`). The model's shares of an H200's HBM at V = 152,064,
-    slow ends, this plan against the four-warp one (%): n = 64, k = 0: fp32 83 against 84,
-    bf16 71 against 50; k = 5: 54 and 30 against 25 and 14; k = 20: 20 and 12 against 11 and
-    7; n = 256, k = 5: 94 and 71 against 67 and 37; k = 20: 64 and 37 against 32 and 21;
-    n = 1000, k = 20: 99 and 53 against 32 and 20. Of the 30 cells of n = 1, 16, 64, 256
-    and 1000, k = 0, 5 and 20, fp32 and bf16, it is a point below at three, as rounded (k = 0:
-    n = 64 and 1000 fp32, n = 256 bf16), and at or above at the rest; at the fast ends, one
-    or two points below at ten.
-    ``scripts/compare_narrow_plan.py`` compiles both plans' cubins and prints the
-    comparison again."""
-    return (tile is None and splits is None and pow2_at_least(max(k, 2)) <= NARROW_K_PAD
+    Chosen on 2026-12-07 under that model, both plans' cubins compiled
+    (``scripts/compare_narrow_plan.py`` prints the comparison again; H200, V = 152,064, slow
+    ends, % of HBM), in place of four one-warp programs an SM at ``17 <= k <= 32`` for rows
+    that fill the SMs. Against the four-warp plan (a tile given) at n = 16 to 1000: n = 64,
+    k = 0: fp32 83.3 against 76.5, bf16 71.5 against 42.1; k = 5: 54.0 and 30.2 against 25.2
+    and 14.4; k = 20: 19.8 and 11.7 against 10.7 and 7.1; n = 256, k = 5: 93.9 and 70.9
+    against 66.9 and 37.2; k = 20: 63.8 and 37.3 against 32.5 and 20.9. It is below at three
+    of those 24 cells (k = 0 fp32 at n = 256, 95.4 against 95.8, and n = 1000, 98.9 against
+    100; k = 20 bf16 at n = 16, 2.9 against 3.1), and at six at the fast ends, by 2.7 points
+    at most. Below :data:`NARROW_LEAST_ROWS` rows it loses with a top-K (n = 4, k = 5, fp32:
+    3.7 against 5.1) and at n = 1 without: decode keeps the four-warp plan."""
+    return (tile is None and splits is None and rows >= NARROW_LEAST_ROWS
+            and pow2_at_least(max(k, 2)) <= NARROW_K_PAD
             and math.ceil(vocab / NARROW_TILE) <= MAX_SLICE_TILES)
 
 
@@ -273,7 +282,7 @@ def triton_launches(rows: int, vocab: int, k: int, with_targets: bool, tile: int
     slices."""
     stride_row = vocab if stride_row is None else stride_row
     block, k_pad, parts, span = launch_plan(rows, vocab, k, tile, splits, slots)
-    warps = 1 if narrow_walk(vocab, k, tile, splits) else warps_for(block, k_pad, parts > 1)
+    warps = 1 if narrow_walk(rows, vocab, k, tile, splits) else warps_for(block, k_pad, parts > 1)
     return [Launch("onepass_kernel", (rows, parts),
                    dict(stride_row=stride_row, origin=origin, vocab=vocab, k=k, span=span),
                    dict(BLOCK=block, SPLIT=parts > 1, LEAD=leads(stride_row) or origin > 0,

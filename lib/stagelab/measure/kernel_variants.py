@@ -6,8 +6,8 @@ models its profiles measure; k 0/1/5/20/64/1024;
 fp32, bf16 and fp16 logits; the ``head_fused`` tiles 1024-8192 and the ragged last tile of each
 vocabulary; and GPT-2's vocabulary of 50,257, whose stride leaves most rows off 16-byte
 alignment, at 64 and 256 rows and a 1024 tile; rows whose first logit lies off 16 bytes,
-a view's; and 317, 529 and 1000 rows at k = 20 of 152,064 and 50,257, the narrow plan's
-slices past the grid's), :func:`launched_variants` lists the launches of
+a view's; and the row counts that give every other plan of slices up to 4000 rows at k = 0,
+1, 5 and 20 of 152,064 and 50,257: :data:`SCAN_ROWS`), :func:`launched_variants` lists the launches of
 :func:`stagelab.core.launches.triton_launches`, :func:`~stagelab.core.launches.fold_launch`
 and :func:`~stagelab.core.launches.finish_launch`, typed as the callers type their tensors,
 once per distinct specialisation (shapes repeat specialisations): the input of
@@ -42,14 +42,14 @@ OFFSET_SHAPE = (64, 152064)
 # The kernels' ints Triton does not specialise (``do_not_specialize``): one compile any value.
 UNSPECIALISED = frozenset({"origin"})
 KS = (0, 1, 5, 20, 64, 1024)
-# Rows past the grid's at NARROW_K: one row count for each of the 4, 2 and 1 slices a row
-# (SLICES) the narrow plan (launches.narrow_walk) gives from 260 rows on, on both GPUs (317
-# and 529: 4 and 2 on an H200 and on an A100), at V = 152,064 and at GPT-2's unaligned
-# 50,257; with ROWS' they give every row count from 1 to 4000 a cubin at k = 20 (a test
-# scans them), so that the roofline model answers any such call.
-NARROW_ROWS = (317, 529, 1000)
-NARROW_VOCABS = (VOCABS[1], UNALIGNED_VOCAB)
-NARROW_K = 20
+# Rows past the grid's, at SCAN_KS (the grid's ks that a narrow walk takes:
+# launches.narrow_walk) of 152,064 and of GPT-2's unaligned 50,257: with ROWS' they give every
+# row count from 1 to 4000 a cubin on an H200 and an A100 (the slices a row the plan gives
+# change with the rows; a test scans them), so that the roofline model answers any such call.
+# Chosen by a greedy cover of that scan.
+SCAN_ROWS = (4, 7, 15, 16, 26, 65, 125, 423, 577, 951, 1321, 2269)
+SCAN_VOCABS = (VOCABS[1], UNALIGNED_VOCAB)
+SCAN_KS = (0, 1, 5, 20)
 DTYPES = ("fp32", "bf16", "fp16")
 HEAD_TILES = (1024, 2048, 4096, 8192)
 HEAD_CHUNK = 256  # rows of a head_fused chunk (not a kernel argument: any count compiles alike)
@@ -95,12 +95,11 @@ def specialisation(spec: dict[str, Any]) -> str:
 def step_launches(sms: int = LEASE_SMS) -> list[tuple[str, launches.Launch]]:
     """``(where, launch)`` of every one-pass call at the grid's shapes (with targets), at
     :data:`OFFSET_SHAPE` for rows whose first logit lies one past a 16-byte boundary, and at
-    :data:`NARROW_ROWS` for the narrow plan's slices."""
+    :data:`SCAN_ROWS` for the other plans of slices up to 4000 rows."""
     shapes = ([(rows, vocab, 0, KS) for rows in ROWS for vocab in VOCABS]
               + [(rows, UNALIGNED_VOCAB, 0, KS) for rows in UNALIGNED_ROWS]
               + [(*OFFSET_SHAPE, 1, KS)]
-              + [(rows, vocab, 0, (NARROW_K,)) for rows in NARROW_ROWS
-                 for vocab in NARROW_VOCABS])
+              + [(rows, vocab, 0, SCAN_KS) for rows in SCAN_ROWS for vocab in SCAN_VOCABS])
     found = []
     for rows, vocab, origin, ks in shapes:
         for k in ks:

@@ -372,10 +372,10 @@ def _partial_pointers(first: Launch, rows: int, device: torch.device
 
 
 _ARRIVALS: dict[tuple[str, int], torch.Tensor] = {}
-ARRIVAL_ROWS = 1024  # a persistent buffer's least length: a planned split call's rows are
-# few (a four-warp plan splits fewer rows than the device's 264 program slots on an H200, a
-# narrow one fewer than 16 times its SMs, 2112: launches.narrow_programs_per_sm; a top-K's
-# stop well before), so it is made once and grown by a call of more split rows
+ARRIVAL_ROWS = 1024  # a persistent buffer's least length: most split calls' rows are fewer (a
+# four-warp plan splits fewer rows than the device's 264 program slots on an H200); a call of
+# more split rows (a narrow plan's, launches.narrow_walk: k = 1 splits even 10,000 rows in 3)
+# grows it once to its rows
 
 
 def arrival_counts(rows: int, device: torch.device) -> torch.Tensor:
