@@ -90,9 +90,8 @@ def merge_group(k_pad: int, parts: int) -> int:
 @cache  # a scan of every slice count: once a shape, not on every call
 def top_k_splits(rows: int, tiles: int, k: int, slots: int) -> int:
     """Slices per row of a top-``k`` call on ``slots`` programs at once (one an SM, or a
-    narrow walk's :func:`narrow_programs_per_sm`: :func:`narrow_walk`): the count whose busiest
-    SM has the least
-    work, the fewest of equals. An SM's work is its
+    narrow walk's :func:`narrow_programs_per_sm`: :func:`narrow_walk`): the count whose
+    busiest SM has the least work, the fewest of equals. An SM's work is its
     programs (``ceil(rows x slices / slots)``) times a slice's: its tiles plus its top-K's
     insertions, ``k (1 + ln T)`` for ``T`` tiles of independent logits (``k`` on its first,
     about ``k / t`` on its ``t``-th: ``stagelab.analyse.roofline.inserted_candidates``), an
@@ -179,9 +178,9 @@ def narrow_walk(rows: int, vocab: int, k: int, tile: int | None, splits: int | N
     one-warp programs of :data:`NARROW_TILE`-wide tiles, :func:`narrow_programs_per_sm` an
     SM: a call of at least :data:`NARROW_LEAST_ROWS` rows that leaves the tile and the slices
     to the plan, with a top-K padded to at most :data:`NARROW_K_PAD` (``k <= 32``), whose
-    row fits one slice of such tiles (:data:`MAX_SLICE_TILES`). One warp reduces a tile with shuffles
-    alone, where four also exchange through shared memory behind barriers: a shorter
-    critical path a tile and a candidate (the compile check's ``guard_clocks`` and
+    row fits one slice of such tiles (:data:`MAX_SLICE_TILES`). One warp reduces a tile with
+    shuffles alone, where four also exchange through shared memory behind barriers: a
+    shorter critical path a tile and a candidate (the compile check's ``guard_clocks`` and
     ``candidate_clocks``, Triton 3.6 sm_90, fp32 K_PAD 32: 355-513 and 467-669 clocks in one
     warp against 505-739 and 801-1212 in four); and twelve or sixteen such programs an SM
     give each scheduler three or four warps to issue from, where a four-warp top-K walk

@@ -7,9 +7,10 @@ fp32, bf16 and fp16 logits; the ``head_fused`` tiles 1024-8192 and the ragged la
 vocabulary; and GPT-2's vocabulary of 50,257, whose stride leaves most rows off 16-byte
 alignment, at 64 and 256 rows and a 1024 tile; rows whose first logit lies off 16 bytes,
 a view's; and the row counts that give every other plan of slices up to 4000 rows at k = 0,
-1, 5 and 20 of 152,064 and 50,257: :data:`SCAN_ROWS`), :func:`launched_variants` lists the launches of
-:func:`stagelab.core.launches.triton_launches`, :func:`~stagelab.core.launches.fold_launch`
-and :func:`~stagelab.core.launches.finish_launch`, typed as the callers type their tensors,
+1, 5 and 20 of 152,064 and 50,257: :data:`SCAN_ROWS`), :func:`launched_variants` lists the
+launches of :func:`stagelab.core.launches.triton_launches`,
+:func:`~stagelab.core.launches.fold_launch` and
+:func:`~stagelab.core.launches.finish_launch`, typed as the callers type their tensors,
 once per distinct specialisation (shapes repeat specialisations): the input of
 :mod:`stagelab.measure.kernel_compile`. sm_80 is compiled for an A100's launches
 (:data:`ARCH_SMS`), whose plans of slices differ where its SMs do.
