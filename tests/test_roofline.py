@@ -94,14 +94,13 @@ def test_a_walk_s_mean_tile_weighs_each_path_by_its_share():
 
 def test_the_walk_and_the_bound_by_hand(four_warp):
     """n = 64, V = 152,064, fp32, no top-K, the four-warp plan: 4 slices a row (264 slots /
-    64: a fifth would start a second wave), 256 programs on
-    132 SMs (the busiest with 2), 1 resident (the cubin's CTAs per SM): two waves; 19 tiles a
-    slice of 2048 fp32 (8 KiB), ``tiles_ahead()`` in flight: at 2000 ns each round of 7
-    tiles takes a latency and a tile's work, three rounds for 19 tiles, then the last
-    round's 4 other tiles' work, bound by the loads (its 300 instructions and its 300-clock
-    path at 1.98 GHz take less); then each row's last slice fences, counts itself in and
-    reads the 4 slices' scalars: three L2 round trips (400 ns) and its path's clocks at the
-    slow end, after the walk."""
+    64: a fifth would start a second wave), 256 programs on 132 SMs (the busiest with 2), 1
+    resident (the cubin's CTAs per SM): two waves; 19 tiles a slice of 2048 fp32 (8 KiB),
+    ``tiles_ahead()`` in flight: at 2000 ns each round of 7 tiles takes a latency and a
+    tile's work, three rounds for 19 tiles, then the last round's 4 other tiles' work, bound
+    by the loads (its 300 instructions and its 300-clock path at 1.98 GHz take less); then
+    each row's last slice fences, counts itself in and reads the 4 slices' scalars: three L2
+    round trips (400 ns) and its path's clocks at the slow end, after the walk."""
     rows = (variant(64, 152064, 0, "fp32", ctas_per_sm=1, loop_instructions=300,
                     guard_instructions=300, count_instructions=0, guard_clocks=[300, 300],
                     count_clocks=[0, 0]),)
