@@ -10,8 +10,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import nbformat
@@ -21,6 +22,7 @@ from nbformat.v4 import new_code_cell, new_notebook
 
 from stagelab.core import paths, rundir, schema, stops
 from stagelab.core.records import RunFolder
+from stagelab.measure import busy
 from stagelab.present import report
 
 # ------------------------------------------------------------- both cores (pytest-xdist)
@@ -57,6 +59,19 @@ def triton_built_for_its_interpreter() -> None:
             del os.environ["TRITON_INTERPRET"]
         else:
             os.environ["TRITON_INTERPRET"] = previous
+
+
+@pytest.fixture(autouse=True)
+def no_load_sampler_outlives_its_test() -> Iterator[None]:
+    """Fail the test that leaves a :class:`~stagelab.measure.busy.LoadWatch` sampler running:
+    it reads /proc every few seconds for the rest of the worker's life, inside other tests'
+    timed stages and file audits (a test double that skipped ``LoadWatch.__exit__`` did so)."""
+    before = set(threading.enumerate())
+    yield
+    for thread in set(threading.enumerate()) - before:
+        if thread.name == busy.SAMPLER_THREAD:
+            thread.join(10)
+            assert not thread.is_alive(), "a LoadWatch sampler outlived this test"
 
 
 def made_once(tmp_path_factory: pytest.TempPathFactory, name: str,

@@ -119,7 +119,8 @@ def test_predict_on_this_machine_says_it_was_busy(monkeypatch, capsys):
                                                                     "free")]
 
     class Loaded(busy.LoadWatch):
-        def __exit__(self, *_exc):
+        def __exit__(self, *exc):
+            super().__exit__(*exc)  # its sampler stops; before, it read /proc every 2 s after
             self.summary = {"busy": True, "why": ["other processes took 2.00 of 2 cores"],
                             "load_avg_max": 9.0}
 

@@ -28,6 +28,7 @@ OTHERS_CORES_LIMIT = 0.5
 # ... or the hypervisor stole at least this share of the machine's CPU time.
 STEAL_SHARE_LIMIT = 0.05
 SAMPLE_EVERY_S = 2.0
+SAMPLER_THREAD = "stagelab load"  # the name of a LoadWatch's sampling thread
 
 
 @dataclass(frozen=True)
@@ -182,7 +183,7 @@ class LoadWatch:
         except (OSError, ValueError, IndexError) as exc:
             self.summary = unknown(f"the machine's load cannot be read here ({exc})")
             return self
-        self._thread = threading.Thread(target=self._sample, name="stagelab load", daemon=True)
+        self._thread = threading.Thread(target=self._sample, name=SAMPLER_THREAD, daemon=True)
         self._thread.start()
         return self
 
