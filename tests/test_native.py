@@ -10,6 +10,7 @@ import os
 import resource
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -50,27 +51,61 @@ def test_seed_vector_is_zeroed_and_aliased_by_its_tensor():
 
 
 OPENED: list[str] = []  # files opened while a test below listens (an audit hook, once set)
+IGNORED: set[threading.Thread] = set()  # the threads it does not hear: those running before
 LISTENING: list[bool] = []
 
 
 def _opened(event: str, args: tuple) -> None:
-    if LISTENING and event in ("open", "os.open"):
+    if LISTENING and event in ("open", "os.open") and threading.current_thread() not in IGNORED:
         OPENED.append(str(args[0]))
 
 
 def opened_files(call) -> list[str]:
     """Every file ``call`` opens, by Python's audit events (``open`` covers ``builtins.open``,
-    ``io.open``, ``Path.read_text`` and ``os.open``)."""
+    ``io.open``, ``Path.read_text`` and ``os.open``), in its thread and any thread started
+    while it runs; not in the threads already running (before: another test's leaked load
+    sampler, reading /proc every 2 s, failed this audit in CI)."""
     if not getattr(opened_files, "hooked", False):
         sys.addaudithook(_opened)
         opened_files.hooked = True
     OPENED.clear()
+    IGNORED.clear()
+    IGNORED.update(set(threading.enumerate()) - {threading.current_thread()})  # not idents:
+    # a thread ended but not joined leaves its ident to the next one started
     LISTENING.append(True)
     try:
         call()
     finally:
         LISTENING.clear()
     return list(OPENED)
+
+
+def test_the_file_audit_hears_the_call_and_threads_it_starts_not_those_already_running(
+        tmp_path):
+    """A thread running before the call (another test's, left behind) opens a file during
+    it, unheard; the call's own open and that of a thread it starts are heard."""
+    path = tmp_path / "seen"
+    path.write_text("x")
+    go, done = threading.Event(), threading.Event()
+
+    def elsewhere() -> None:
+        go.wait(5)
+        path.read_text()
+        done.set()
+
+    running = threading.Thread(target=elsewhere)
+    running.start()
+
+    def call() -> None:
+        go.set()
+        assert done.wait(5)
+        path.read_text()
+        started = threading.Thread(target=path.read_text)
+        started.start()
+        started.join()
+
+    assert opened_files(call) == [str(path)] * 2
+    running.join()
 
 
 def test_fresh_seed_vectors_open_no_file():
