@@ -63,7 +63,7 @@ def triton_built_for_its_interpreter() -> None:
 
 @pytest.fixture(autouse=True)
 def no_load_sampler_outlives_its_test() -> Iterator[None]:
-    """Fail the test that leaves a :class:`~stagelab.measure.busy.LoadWatch` sampler running:
+    """Error the test that leaves a :class:`~stagelab.measure.busy.LoadWatch` sampler running:
     it reads /proc every few seconds for the rest of the worker's life, inside other tests'
     timed stages and file audits (a test double that skipped ``LoadWatch.__exit__`` did so)."""
     before = set(threading.enumerate())
