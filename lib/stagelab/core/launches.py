@@ -184,9 +184,10 @@ def narrow_walk(rows: int, vocab: int, k: int, tile: int | None, splits: int | N
     ``candidate_clocks``, Triton 3.6 sm_90, fp32 K_PAD 32: 355-513 and 467-669 clocks in one
     warp against 505-739 and 801-1212 in four); and twelve or sixteen such programs an SM
     give each scheduler three or four warps to issue from, where a four-warp top-K walk
-    holds two programs an SM at most (its 182-211 registers) and the split plan gives it
-    one. The roofline model (:mod:`stagelab.analyse.roofline`) finds both walks bound by
-    their tiles' critical paths, which more warps a scheduler hide.
+    holds two programs an SM (its 162-211 registers at K_PAD 2 to 32; three at some of
+    K_PAD 2) and the split plan gives it one. The roofline model
+    (:mod:`stagelab.analyse.roofline`) finds both walks bound by their tiles' critical
+    paths, which more warps a scheduler hide.
 
     Chosen on 2026-12-07 under that model, both plans' cubins compiled
     (``scripts/compare_narrow_plan.py`` prints the comparison again; H200, V = 152,064, slow
