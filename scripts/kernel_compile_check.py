@@ -41,9 +41,13 @@ RUNNING = (
     "alone; `--rows FILE` keeps each row as it comes, so a stopped run resumes where it "
     "stopped, and compiles again a row of other kernel code: each row carries its code's "
     "`kernel_digest`) compiles on each Triton every variant launched on each architecture's GPU "
-    "({launched}): some 5.5 s of two cores a compile (the 438 sm_90 compiles took 40 minutes "
-    "under cpu-lock on 2026-12-06; an A100's 408 sm_80 compiles some 40 minutes, over two runs, "
-    "on 2026-12-07), so about {minutes} minutes in all. It "
+    "({launched}), but keeps a committed row where today's kernel code makes its variant the "
+    "same TTIR (`ttir_digest`, printed without source positions: the rest of a compile reads "
+    "the TTIR, the options and the target alone), its `compiled_at` its compile's: some 5.5 s "
+    "of two cores a compile (the 438 sm_90 compiles took 40 minutes under cpu-lock on "
+    "2026-12-06; an A100's 408 sm_80 compiles some 40 minutes, over two runs, "
+    "on 2026-12-07), so about {minutes} minutes in all where every variant's TTIR changed, and "
+    "some 0.3 s a variant to digest its TTIR. It "
     "fails on any compile error or spill, on a walk whose tile loop is not pipelined or "
     "copies less at a time than its tile allows, and on a split walk that counts its slices "
     "in unfenced or reads their states back in loads that a barrier holds apart. "
@@ -93,10 +97,13 @@ def triton_python(version: str, cache: Path = ROOT / ".cache") -> Path:
 
 
 def compile_with(python: Path, specs: list[dict], archs: tuple[int, ...], workers: int,
-                 cache: Path = ROOT / ".cache", out: Path | None = None) -> list[dict]:
+                 cache: Path = ROOT / ".cache", out: Path | None = None,
+                 earlier: list[dict] | None = None) -> list[dict]:
     """The figures of every spec for every architecture, compiled by ``python``'s Triton
     (appended to ``out`` as JSON lines as they come, where given; a row already there is
-    kept only where it was compiled from today's kernel code: ``kernel_digest``)."""
+    kept only where it was compiled from today's kernel code: ``kernel_digest``). A row of
+    ``earlier`` (None: the committed figures, :func:`committed_rows`) is kept in place of a
+    compile where today's code makes the same TTIR of its variant (:func:`_kept`)."""
     from stagelab.measure.kernel_compile import kernel_digest
     from stagelab.measure.kernel_variants import specialisation
 
@@ -114,14 +121,61 @@ def compile_with(python: Path, specs: list[dict], archs: tuple[int, ...], worker
                    TRITON_CACHE_DIR=str(cache / "triton-compile" / version),
                    TRITON_DEFAULT_FP_FUSION="1")
         env.pop("TRITON_INTERPRET", None)
+        before = committed_rows() if earlier is None else earlier
         for arch in archs:  # only what a stopped run left for each architecture
             missing = [spec for spec in specs if (arch, specialisation(spec)) not in done]
+            missing = _kept(python, missing, arch, version, before, out_path, env, folder)
             if missing:
                 specs_path.write_text(json.dumps(missing))
                 subprocess.run([str(python), "-m", "stagelab.measure.kernel_compile",
                                 str(specs_path), str(out_path), str(arch)], check=True, env=env)
         kept = [row for key, row in done.items() if key in wanted]
         return in_spec_order(kept + _lines(out_path)[start:], {arch: specs for arch in archs})
+
+
+def _kept(python: Path, missing: list[dict], arch: int, version: str, earlier: list[dict],
+          out: Path, env: dict[str, str], folder: str) -> list[dict]:
+    """The specs of ``missing`` still to compile for ``sm_<arch>`` on Triton ``version``.
+    Each that an earlier row of that Triton and architecture compiled without fault, and
+    whose TTIR today's code makes alike (``kernel_compile.ttir_digest``, printed without
+    source positions; or whose row is of today's code, its TTIR digested now), is kept: that
+    row, of today's ``kernel_digest`` and with its TTIR's digest, appended to ``out``. Its
+    figures are what compiling again would give, for the rest of a compile reads the TTIR, the
+    options and the target alone; its ``compiled_at`` stays its compile's."""
+    from stagelab.measure.kernel_compile import kernel_digest
+    from stagelab.measure.kernel_variants import specialisation
+
+    prior = {specialisation(row): row for row in earlier
+             if (row["triton"], row["arch"]) == (version, arch) and row["compiles"]
+             and not _problem(row)}
+    candidates = [spec for spec in missing if specialisation(spec) in prior]
+    if not candidates:
+        return missing
+    specs_path, digests_path = Path(folder) / "digest-specs.json", Path(folder) / "digests.jsonl"
+    specs_path.write_text(json.dumps(candidates))
+    digests_path.unlink(missing_ok=True)
+    subprocess.run([str(python), "-m", "stagelab.measure.kernel_compile", "--ttir",
+                    str(specs_path), str(digests_path), str(arch)], check=True, env=env)
+    today, same = kernel_digest(), set()
+    with out.open("a") as sink:
+        for row in _lines(digests_path):
+            key, digest = specialisation(row), row["ttir_digest"]
+            old = prior[key]
+            if digest and (old.get("ttir_digest") == digest or old["kernel_digest"] == today):
+                sink.write(json.dumps(dict(old, kernel_digest=today, ttir_digest=digest)) + "\n")
+                same.add(key)
+    return [spec for spec in missing if specialisation(spec) not in same]
+
+
+def committed_rows() -> list[dict]:
+    """The committed figures' rows (none where there are none), each with its
+    ``compiled_at``: a row written before rows carried it takes its table's time, by which it
+    had been compiled."""
+    if not DATA.exists():
+        return []
+    data = json.loads(DATA.read_text())
+    return [dict(row, compiled_at=row.get("compiled_at") or data["written"])
+            for row in data["variants"]]
 
 
 def in_spec_order(rows: list[dict], specs: dict[int, list[dict]]) -> list[dict]:
@@ -366,6 +420,16 @@ def _goal_cells(r: dict, lease: tuple[dict, ...]) -> str:
     return f" {100 * goal:.0f} | {'none' if budget is None else budget} |"
 
 
+def compiled_span(found: list[dict], when: datetime) -> str:
+    """By when ``found``'s rows were compiled, in words: the latest ``compiled_at`` (``when``
+    for a row without; a row kept from an earlier run, :func:`_kept`, keeps its compile's)."""
+    return f"none after {max(_compiled_at(r, when) for r in found):%Y-%m-%d %H:%M} UTC"
+
+
+def _compiled_at(row: dict, when: datetime) -> datetime:
+    return datetime.fromisoformat(row["compiled_at"]) if row.get("compiled_at") else when
+
+
 def table(found: list[dict], when: datetime) -> str:
     """The per-variant markdown table, with its date and the Triton versions."""
     versions = sorted({r["triton"] for r in found})
@@ -377,8 +441,9 @@ def table(found: list[dict], when: datetime) -> str:
              "# The one-pass kernels compiled for "
              + " and ".join(f"{gpus[arch]} (sm_{arch})" for arch in launched),
              "",
-             f"Compiled {when:%Y-%m-%d %H:%M} UTC ahead of time (no GPU) by Triton "
-             f"{' and '.join(versions)}: {len(found)} compilations ({counts} launched "
+             f"Written {when:%Y-%m-%d %H:%M} UTC from cubins compiled ahead of time (no GPU) "
+             f"by Triton {' and '.join(versions)}, {compiled_span(found, when)}: "
+             f"{len(found)} compilations ({counts} launched "
              f"variants), {len(failures(found))} failed or spilled. Figures read from each cubin with "
              "the cuobjdump Triton bundles; CTAs per SM from the architecture's limits; "
              "shared: the cubin's static and Triton's dynamic (the pipelined loads' buffers); "

@@ -918,6 +918,112 @@ def test_a_stopped_run_resumes_each_architecture_apart(tmp_path, monkeypatch):
         (80, 1), (80, 5), (90, 1), (90, 5)]
 
 
+DIGESTS = """
+import importlib.util, json, sys
+import stagelab.measure as measure
+from stagelab.measure import kernel_compile
+rows, source = json.loads(sys.argv[1]), sys.argv[2]
+if source:  # the kernels as another file of them defines them
+    found = importlib.util.spec_from_file_location("onepass_elsewhere", source)
+    measure.onepass_triton = importlib.util.module_from_spec(found)
+    found.loader.exec_module(measure.onepass_triton)
+print(json.dumps([kernel_compile.ttir_digest(row, row["arch"]) for row in rows]))
+"""
+
+
+def ttir_digests(rows: list[dict], source: Path | None = None) -> list[str]:
+    """``kernel_compile.ttir_digest`` of each row's variant for its architecture, compiled by
+    the installed Triton (not its interpreter, which the tests run: it makes no TTIR), of the
+    kernels of ``source`` where given."""
+    import os
+    import subprocess
+
+    env = dict(os.environ, PYTHONPATH=str(paths.REPO_ROOT / "lib"))
+    env.pop("TRITON_INTERPRET", None)
+    done = subprocess.run([sys.executable, "-c", DIGESTS, json.dumps(rows), str(source or "")],
+                          capture_output=True, text=True, env=env, check=True)
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+@NEEDS_TRITON
+def test_the_ttir_digest_ignores_where_the_code_sits_but_not_what_it_does(tmp_path):
+    """The full check keeps a committed row where today's code makes its variant the same
+    TTIR: lines moved leave the digest (the same cubin but for its line table), a changed
+    constant the variant reads changes it. Its kernel code's digest changes with the
+    constant."""
+    spec = dict(check.launched_for(90)[0], arch=90)  # a one-pass walk: logits times LOG2E
+    source = kernel_compile.KERNEL_SOURCE.read_text()
+    before = "LOG2E = tl.constexpr(1.4426950408889634)"
+    assert before in source
+    moved, changed = tmp_path / "moved.py", tmp_path / "changed.py"
+    moved.write_text("# moved\n" * 7 + source)
+    changed.write_text(source.replace(before, "LOG2E = tl.constexpr(1.5)"))
+    today, = ttir_digests([spec])
+    assert ttir_digests([spec], moved) == [today]
+    assert ttir_digests([spec], changed) != [today]
+    assert kernel_compile.kernel_digest(changed) != kernel_compile.kernel_digest()
+
+
+def test_a_committed_row_is_kept_where_today_s_code_makes_its_ttir_alike(tmp_path,
+                                                                          monkeypatch):
+    """Of four variants with an earlier row of older code: the one whose TTIR today's code
+    makes alike is kept (today's ``kernel_digest``, its own ``compiled_at``); another TTIR,
+    an earlier row that failed, and one of another Triton are compiled. A row of today's
+    code without a TTIR digest (figures of before the digest) is kept and given one."""
+    import subprocess
+    import types
+
+    specs = [kernel_variants.spec_of(launches.finish_launch(4, k, True), "fp32")
+             for k in (1, 5, 20, 64, 1024)]
+    today = kernel_compile.kernel_digest()
+    old = dict(triton="9.9", arch=90, compiles=True, error="", spill_bytes=0,
+               kernel_digest="an-older-kernel", compiled_at="2026-01-02T03:04+00:00")
+    earlier = [dict(specs[0], **old, ttir_digest="same"),
+               dict(specs[1], **old, ttir_digest="before"),
+               dict(specs[2], **dict(old, compiles=False, error="boom"), ttir_digest="same"),
+               dict(specs[3], **dict(old, triton="9.8"), ttir_digest="same"),
+               dict(specs[4], **dict(old, kernel_digest=today))]
+    out, calls = tmp_path / "rows.jsonl", []
+
+    def run(command, **kwargs):
+        if "-c" in command:
+            return types.SimpleNamespace(stdout="9.9\n")
+        wanted = json.loads(open(command[-3]).read())
+        calls.append(("--ttir" in command, [s["scalars"]["k"] for s in wanted]))
+        with open(command[-2], "a") as sink:
+            for spec in wanted:
+                sink.write(json.dumps(dict(spec, triton="9.9", arch=90, ttir_digest="same",
+                                           kernel_digest=today, compiled_at="now")) + "\n")
+        return subprocess.CompletedProcess(command, 0)
+
+    monkeypatch.setattr(check.subprocess, "run", run)
+    found = check.compile_with(tmp_path / "python", specs, (90,), 1, tmp_path, out, earlier)
+    assert calls == [(True, [1, 5, 1024]), (False, [5, 20, 64])]
+    by_k = {row["scalars"]["k"]: row for row in found}
+    assert {k: row["compiled_at"] for k, row in by_k.items()} == {
+        1: "2026-01-02T03:04+00:00", 5: "now", 20: "now", 64: "now",
+        1024: "2026-01-02T03:04+00:00"}
+    assert {row["kernel_digest"] for row in found} == {today}
+    assert by_k[1024]["ttir_digest"] == "same"
+    assert len(check._lines(out)) == 5  # kept rows are in the rows file: a resumed run has them
+
+
+@NEEDS_TRITON
+def test_the_committed_rows_carry_the_ttir_today_s_code_makes():
+    """Each kernel's first committed row of each architecture on the installed Triton holds
+    the TTIR digest its variant has today: the key on which a later check keeps rows."""
+    import triton
+
+    data = json.loads(check.DATA.read_text())["variants"]
+    firsts = {}
+    for row in data:
+        if row["triton"] == triton.__version__:
+            firsts.setdefault((row["kernel"], row["arch"]), row)
+    assert len(firsts) == 6
+    assert ttir_digests(list(firsts.values())) == [row["ttir_digest"] for row in firsts.values()]
+    assert all(row.get("ttir_digest") and row.get("compiled_at") for row in data)
+
+
 def test_a_table_written_from_rows_is_dated_when_they_were_compiled(tmp_path, monkeypatch):
     """Re-rendering the docs from a rows file compiles nothing: the table and the data carry
     the rows file's time, not the time of the rendering."""
@@ -932,7 +1038,7 @@ def test_a_table_written_from_rows_is_dated_when_they_were_compiled(tmp_path, mo
     monkeypatch.setattr(check, "DATA", tmp_path / "kernel_compile.json")
     check.main(["--write", "--rows", str(rows), "--from-rows"])
     assert json.loads(check.DATA.read_text())["written"] == "2023-11-14T22:13:20+00:00"
-    assert "Compiled 2023-11-14 22:13 UTC" in check.DOC.read_text()
+    assert "Written 2023-11-14 22:13 UTC" in check.DOC.read_text()
 
 
 def test_the_committed_doc_is_the_table_of_the_committed_figures():

@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 from concurrent.futures import ProcessPoolExecutor
+from datetime import UTC, datetime
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -319,35 +320,90 @@ def specialised(spec: dict[str, Any], fn: Any) -> tuple[dict, dict, dict]:
     return signature, constexprs, attrs
 
 
-def compile_one(spec: dict[str, Any], arch: int) -> dict[str, Any]:
-    """One spec compiled for CUDA ``sm_<arch>``: its figures, or ``compiles`` False and the
-    error's first line."""
-    import triton
-    from triton.backends.compiler import GPUTarget
+def _source(spec: dict[str, Any]) -> Any:
+    """Triton's ``ASTSource`` of a spec: its kernel as the runtime specialises it."""
     from triton.compiler import ASTSource
 
     from stagelab.measure import onepass_triton
 
     fn = getattr(onepass_triton, spec["kernel"])
-    found: dict[str, Any] = dict(spec, arch=arch, triton=triton.__version__,
-                                 kernel_digest=kernel_digest(Path(onepass_triton.__file__)))
+    return ASTSource(fn, *specialised(spec, fn))
+
+
+def _options(spec: dict[str, Any]) -> dict[str, Any]:
+    """The compile options a spec's launch gives Triton: its warps and register cap."""
+    return dict(num_warps=spec["num_warps"],
+                **({"maxnreg": spec["max_registers"]} if spec.get("max_registers") else {}))
+
+
+def ttir_digest(spec: dict[str, Any], arch: int) -> str:
+    """A digest of the Triton IR (TTIR) this Triton makes of a spec for CUDA ``sm_<arch>``,
+    printed without its source positions: all that the rest of a compile (TTGIR, LLVM, PTX,
+    the cubin) reads besides the options and the target. So a row compiled from code whose
+    digest is another's stands for today's code where this digest is the same (a change
+    under a constexpr the variant does not set, or lines moved): the full check keeps it
+    instead of compiling it again. Costs the front end alone (under a second)."""
+    from triton._C.libtriton import ir
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler.compiler import make_backend
+
+    source = _source(spec)
+    target = GPUTarget("cuda", arch, 32)
+    backend = make_backend(target)
+    options = backend.parse_options(dict(_options(spec), **source.parse_options()))
+    context = ir.context()
+    ir.load_dialects(context)
+    backend.load_dialects(context)
+    module = source.make_ir(target, options, backend.get_codegen_implementation(options),
+                            backend.get_module_map(), context)
+    stages: dict[str, Any] = {}
+    backend.add_stages(stages, options, source.language)
+    ttir = stages["ttir"](module, {})
+    return hashlib.sha256(ttir.str_nodebug().encode()).hexdigest()[:16]
+
+
+def _stamp(spec: dict[str, Any], arch: int) -> dict[str, Any]:
+    """A spec's row before its figures: its architecture, Triton, kernel code and time."""
+    import triton
+
+    from stagelab.measure import onepass_triton
+
+    return dict(spec, arch=arch, triton=triton.__version__,
+                kernel_digest=kernel_digest(Path(onepass_triton.__file__)),
+                compiled_at=datetime.now(UTC).isoformat(timespec="minutes"))
+
+
+def compile_one(spec: dict[str, Any], arch: int) -> dict[str, Any]:
+    """One spec compiled for CUDA ``sm_<arch>``: its figures and :func:`ttir_digest`, or
+    ``compiles`` False and the error's first line."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    found = _stamp(spec, arch)
     try:
-        signature, constexprs, attrs = specialised(spec, fn)
-        options = dict(num_warps=spec["num_warps"])
-        if spec.get("max_registers"):
-            options["maxnreg"] = spec["max_registers"]
-        kernel = triton.compile(ASTSource(fn, signature, constexprs, attrs),
-                                target=GPUTarget("cuda", arch, 32), options=options)
+        digest = ttir_digest(spec, arch)
+        kernel = triton.compile(_source(spec), target=GPUTarget("cuda", arch, 32),
+                                options=_options(spec))
     except Exception as exc:  # any compile error is a finding of the check
         message = (str(exc).strip().splitlines() or [""])[-1]
         return dict(found, compiles=False, error=f"{type(exc).__name__}: {message}"[:300])
     flags = spec["constexprs"]
-    return dict(found, compiles=True, error="",
+    return dict(found, compiles=True, error="", ttir_digest=digest,
                 **cubin_figures(kernel.asm["cubin"], arch, spec["num_warps"],
                                 kernel.metadata.shared, bool(flags.get("TOPK")),
                                 bool(flags.get("HAS_TARGET")),
                                 bool(flags.get("TOPK") and flags.get("SPLIT")),
                                 bool(flags.get("SPLIT"))))
+
+
+def digest_one(spec: dict[str, Any], arch: int) -> dict[str, Any]:
+    """A spec's row holding its :func:`ttir_digest` alone (``""`` where the front end
+    fails: such a spec is compiled, and its error recorded)."""
+    try:
+        digest = ttir_digest(spec, arch)
+    except Exception:  # the compile that follows records the error
+        digest = ""
+    return dict(_stamp(spec, arch), ttir_digest=digest)
 
 
 def cubin_figures(cubin: bytes, arch: int, warps: int, dynamic_shared: int = 0,
@@ -387,25 +443,32 @@ def _compile_job(job: tuple[dict[str, Any], int]) -> dict[str, Any]:
     return compile_one(*job)
 
 
+def _digest_job(job: tuple[dict[str, Any], int]) -> dict[str, Any]:
+    return digest_one(*job)
+
+
 def compile_all(specs: list[dict[str, Any]], archs: tuple[int, ...], workers: int,
-                out: Path) -> None:
+                out: Path, digests_only: bool = False) -> None:
     """Every spec for every architecture, ``workers`` processes at once, in the specs' order,
     each row appended to ``out`` (JSON lines) as it comes, so that a run cut short keeps what
-    it compiled."""
+    it compiled; with ``digests_only``, each spec's :func:`digest_one` instead."""
     jobs = [(spec, arch) for arch in archs for spec in specs]
     with ProcessPoolExecutor(max_workers=max(1, workers)) as pool, out.open("a") as sink:
-        for row in pool.map(_compile_job, jobs):
+        for row in pool.map(_digest_job if digests_only else _compile_job, jobs):
             sink.write(json.dumps(row) + "\n")
             sink.flush()
 
 
 def main(argv: list[str]) -> int:
-    """``SPECS.json OUT.jsonl [ARCH ...]``: compile, append the figures, exit 0 (a failed
-    compile is a row with ``compiles`` False, for the caller to judge)."""
-    specs_path, out_path, *archs = argv
+    """``[--ttir] SPECS.json OUT.jsonl [ARCH ...]``: compile (with ``--ttir``, digest each
+    spec's TTIR alone), append the rows, exit 0 (a failed compile is a row with ``compiles``
+    False, for the caller to judge)."""
+    digests_only = argv[:1] == ["--ttir"]
+    specs_path, out_path, *archs = argv[digests_only:]
     specs = json.loads(Path(specs_path).read_text())
     workers = int(os.environ.get("STAGELAB_COMPILE_WORKERS", "2"))
-    compile_all(specs, tuple(int(a) for a in archs) or (90,), workers, Path(out_path))
+    compile_all(specs, tuple(int(a) for a in archs) or (90,), workers, Path(out_path),
+                digests_only)
     return 0
 
 
