@@ -249,6 +249,49 @@ def test_a_row_s_slices_merge_in_groups_of_two_and_of_one(interpreted, k, tile, 
         splits=splits)
 
 
+def test_the_plan_reads_a_group_s_keys_first_where_they_take_a_lane_more_than_one_load():
+    """READ_FIRST where a group's int64 keys pass 16 bytes a lane: a one-warp split walk at
+    n = 64, k = 5 (32 slices of 8 keys: 2048 bytes on 32 lanes); not its four-warp decode
+    (n = 4: 128 lanes), a call without a top-K, or an unsplit row; and only where set, so
+    the variants it leaves keep their specialisation."""
+    narrow = launches.triton_launches(64, 152064, 5, True, None, None, 132)[0]
+    assert narrow.num_warps == 1 and narrow.constexprs["GROUP"] * narrow.constexprs["K_PAD"] > 64
+    assert narrow.constexprs["READ_FIRST"] is True
+    decode = launches.triton_launches(4, 152064, 5, True, None, None, 132)[0]
+    assert decode.num_warps == 4 and decode.grid[1] > 1 and "READ_FIRST" not in decode.constexprs
+    assert "READ_FIRST" not in launches.triton_launches(64, 152064, 0, True, None, None,
+                                                        264)[0].constexprs
+    assert "READ_FIRST" not in launches.triton_launches(1, 300, 5, True, 64, 1, 4)[0].constexprs
+    assert launches.keys_read_first(8, 32, 1) and not launches.keys_read_first(8, 32, 4)
+    assert not launches.keys_read_first(2, 32, 1)  # 512 bytes: one load a lane
+
+
+@pytest.mark.parametrize(("k", "splits", "group"), [
+    (20, 10, 8),  # K_PAD 32: a group of 8 slices, then a later one with six masked
+    (5, 12, 16),  # K_PAD 8: 12 slices in one group of 16
+    (1, 19, 32),  # K_PAD 2: 19 slices (a tile each) in one group of 32
+])
+def test_a_group_s_keys_read_whole_before_their_sort_leave_the_results(interpreted,
+                                                                       monkeypatch, k,
+                                                                       splits, group):
+    """READ_FIRST raises each key to the group's least (``launches.keys_read_first``): the
+    top-K, logsumexp and the target's rank are the reference's, ties by the lower id."""
+    real_run, flagged = onepass.run_launch, []
+
+    def read_first(launch, pointers):
+        if launch.constexprs.get("SPLIT") and launch.constexprs["GROUP"] > 2:
+            launch = dataclasses.replace(launch, constexprs=dict(launch.constexprs,
+                                                                 READ_FIRST=True))
+            flagged.append(launch.constexprs["GROUP"])
+        real_run(launch, pointers)
+
+    monkeypatch.setattr(onepass, "run_launch", read_first)
+    logits = randn(3, 1200, seed=7)
+    logits[:, 600:640] = logits[:, 0:40]  # ties across slices
+    run(("triton", interpreted), logits, k, ids(3, 1200), tile=64, splits=splits)
+    assert flagged == [group]
+
+
 def test_the_split_state_is_allocated_as_the_compile_check_types_it():
     """The partial states a split call allocates have the element types the compile check
     compiles the kernel for (kernel_variants.POINTER_TYPES): the counts int32 on both

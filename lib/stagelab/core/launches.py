@@ -87,6 +87,23 @@ def merge_group(k_pad: int, parts: int) -> int:
     return max(1, min(MERGED_KEYS // k_pad, pow2_at_least(parts)))
 
 
+KEY_BYTES = 8  # a top-K key: an int64 of the value's ordered bits and its id
+LANE_LOAD_BYTES = 16  # the widest load a lane issues
+
+
+def keys_read_first(k_pad: int, group: int, warps: int) -> bool:
+    """Whether a split row's last slice reads a group of slices' keys whole before it sorts
+    them (``READ_FIRST``: onepass_triton._group_best): where the ``group x k_pad`` keys take
+    each lane of ``warps`` warps more than one load of :data:`LANE_LOAD_BYTES`, ptxas issues
+    each load only once the sort has used the one before. The compile check's Triton 3.6
+    sm_90 cubin at n = 64, k = 5, fp32 (one warp, 32 slices of 8 keys: four loads a lane)
+    waited on 5 L2 round trips in turn on its tail's critical path and 4 on a later group's
+    merge; reading first, 2 and 1. Where one load a lane holds the keys, the reduction only
+    lengthens the path: the four-warp decode plan at n = 4, k = 5, fp32 fell from 5.1 to
+    4.7 % of HBM in the roofline model with it."""
+    return group * k_pad * KEY_BYTES > LANE_LOAD_BYTES * 32 * warps
+
+
 @cache  # a scan of every slice count: once a shape, not on every call
 def top_k_splits(rows: int, tiles: int, k: int, slots: int) -> int:
     """Slices per row of a top-``k`` call on ``slots`` programs at once (one an SM, or a
@@ -192,14 +209,16 @@ def narrow_walk(rows: int, vocab: int, k: int, tile: int | None, splits: int | N
     Chosen on 2026-12-07 under that model, both plans' cubins compiled
     (``scripts/compare_narrow_plan.py`` prints the comparison again; H200, V = 152,064, slow
     ends, % of HBM), in place of four one-warp programs an SM at ``17 <= k <= 32`` for rows
-    that fill the SMs. Against the four-warp plan (a tile given) at n = 16 to 1000: n = 64,
-    k = 0: fp32 83.3 against 76.5, bf16 71.5 against 42.1; k = 5: 54.0 and 30.2 against 25.2
-    and 14.4; k = 20: 19.8 and 11.7 against 10.7 and 7.1; n = 256, k = 5: 93.9 and 70.9
-    against 66.9 and 37.2; k = 20: 63.8 and 37.3 against 32.5 and 20.9. It is below at three
-    of those 24 cells (k = 0 fp32 at n = 256, 95.4 against 95.8, and n = 1000, 98.9 against
-    100; k = 20 bf16 at n = 16, 2.9 against 3.1), and at six at the fast ends, by 2.7 points
-    at most. Below :data:`NARROW_LEAST_ROWS` rows it loses with a top-K (n = 4, k = 5, fp32:
-    3.7 against 5.1) and at n = 1 without: decode keeps the four-warp plan."""
+    that fill the SMs. Against the four-warp plan (a tile given) at n = 16 to 1000, its split
+    rows reading a group's keys whole where they take a lane more than one load
+    (:func:`keys_read_first`): n = 64, k = 0: fp32 83.3 against 76.5, bf16 71.5 against
+    42.1; k = 5: 60.6 and 34.3 against 25.2 and 14.4; k = 20: 21.8 and 13.1 against 10.7 and
+    7.1; n = 256, k = 5: 93.9 and 70.9 against 66.9 and 37.2; k = 20: 65.5 and 38.5 against
+    32.5 and 20.9. It is below at two of those 24 cells (k = 0 fp32 at n = 256, 95.4 against
+    95.8, and n = 1000, 98.9 against 100), and at five at the fast ends, by 2.7 points at
+    most. Below :data:`NARROW_LEAST_ROWS` rows it loses with a top-K (n = 4, k = 5, fp32: 4.2
+    against 5.1; k = 20, bf16: 0.8 against 1.0, fp32 even at 1.4, below at the fast end)
+    and at n = 1 without: decode keeps the four-warp plan."""
     return (tile is None and splits is None and rows >= NARROW_LEAST_ROWS
             and pow2_at_least(max(k, 2)) <= NARROW_K_PAD
             and math.ceil(vocab / NARROW_TILE) <= MAX_SLICE_TILES)
@@ -283,11 +302,16 @@ def triton_launches(rows: int, vocab: int, k: int, with_targets: bool, tile: int
     stride_row = vocab if stride_row is None else stride_row
     block, k_pad, parts, span = launch_plan(rows, vocab, k, tile, splits, slots)
     warps = 1 if narrow_walk(rows, vocab, k, tile, splits) else warps_for(block, k_pad, parts > 1)
+    group = merge_group(k_pad, parts)
+    # READ_FIRST only where set (the kernel's default is False): the variants it leaves keep
+    # their specialisation, and so their compiled rows (scripts/kernel_compile_check.py).
+    read_first = k > 0 and parts > 1 and keys_read_first(k_pad, group, warps)
     return [Launch("onepass_kernel", (rows, parts),
                    dict(stride_row=stride_row, origin=origin, vocab=vocab, k=k, span=span),
                    dict(BLOCK=block, SPLIT=parts > 1, LEAD=leads(stride_row) or origin > 0,
-                        K_PAD=k_pad, TOPK=k > 0, HAS_TARGET=with_targets,
-                        GROUP=merge_group(k_pad, parts), SLICES=pow2_at_least(parts)),
+                        K_PAD=k_pad, TOPK=k > 0, HAS_TARGET=with_targets, GROUP=group,
+                        SLICES=pow2_at_least(parts), **({"READ_FIRST": True} if read_first
+                                                       else {})),
                    warps, registers_for(k > 0, warps))]
 
 

@@ -306,6 +306,8 @@ def specialised(spec: dict[str, Any], fn: Any) -> tuple[dict, dict, dict]:
     for index, name in enumerate(fn.arg_names):
         if name in constexprs:
             signature[name] = "constexpr"
+        elif params[index].is_constexpr:  # a flag the launch leaves at its default
+            signature[name], constexprs[name] = "constexpr", params[index].default
         elif name in spec["pointers"]:
             signature[name] = "*" + spec["pointers"][name]
             attrs[(index,)] = [["tt.divisibility", 16]]

@@ -354,11 +354,14 @@ if triton is not None:
 
     @triton.jit
     def _group_best(part_keys_ptr, first, lead, parts, GROUP: tl.constexpr,
-                    K_PAD: tl.constexpr):
+                    K_PAD: tl.constexpr, READ_FIRST: tl.constexpr):
         """The best ``K_PAD`` keys, descending, of slices ``lead`` to ``lead + GROUP`` of the
         row whose first slice is ``first`` (a slice past ``parts`` holds none). Each slice
         wrote its keys descending: one list is its own best, two are merged (:func:`_merge`,
-        no sort); more are read as one and their top ``K_PAD`` taken (``tl.topk``)."""
+        no sort); more are read as one and their top ``K_PAD`` taken (``tl.topk``), with
+        ``READ_FIRST`` after a reduction over all of them (their least, each key raised to
+        it: no change), which asks for every load before the sort uses the first
+        (:func:`stagelab.core.launches.keys_read_first`)."""
         if GROUP == 1:
             best = _slice_keys(part_keys_ptr, first, lead, parts, K_PAD)
         elif GROUP == 2:
@@ -370,6 +373,8 @@ if triton is not None:
                            + tl.arange(0, K_PAD)[None, :],
                            mask=(lead + group < parts)[:, None], other=KEY_FLOOR,
                            cache_modifier=".cg")
+            if READ_FIRST:
+                keys = tl.maximum(keys, tl.min(keys))
             best = tl.topk(tl.reshape(keys, (GROUP * K_PAD,)), K_PAD)
         return best
 
@@ -385,7 +390,8 @@ if triton is not None:
 
     @triton.jit
     def _merged_slices(row, parts, part_state_ptr, part_keys_ptr, K_PAD: tl.constexpr,
-                       TOPK: tl.constexpr, GROUP: tl.constexpr, SLICES: tl.constexpr):
+                       TOPK: tl.constexpr, GROUP: tl.constexpr, SLICES: tl.constexpr,
+                       READ_FIRST: tl.constexpr):
         """Row ``row``'s state from its ``parts`` slices' partial states, read past L1
         (``.cg``: other programs wrote them): every slice's record of scalars (:func:`_record`)
         in one load, the first ``GROUP`` slices' keys beside it, both issued before anything
@@ -401,7 +407,7 @@ if triton is not None:
                           cache_modifier=".cg")
         best = tl.full((K_PAD,), KEY_FLOOR, tl.int64)
         if TOPK:
-            best = _group_best(part_keys_ptr, first, 0, parts, GROUP, K_PAD)
+            best = _group_best(part_keys_ptr, first, 0, parts, GROUP, K_PAD, READ_FIRST)
         m_and_ge, s_and_eq = tl.split(tl.reshape(records, (SLICES, 2, 2)))
         m_bits, ges = tl.split(m_and_ge)
         s_bits, eqs = tl.split(s_and_eq)
@@ -415,7 +421,7 @@ if triton is not None:
         if TOPK:
             for lead in range(GROUP, parts, GROUP):
                 best = _merge(best, _group_best(part_keys_ptr, first, lead, parts, GROUP,
-                                                K_PAD))
+                                                K_PAD, READ_FIRST))
         return m, s, best, ge, eq
 
     # ``origin`` (0 but for logits that start off alignment:
@@ -427,7 +433,8 @@ if triton is not None:
                        part_keys_ptr, arrivals_ptr, k, span,
                        BLOCK: tl.constexpr, K_PAD: tl.constexpr, TOPK: tl.constexpr,
                        HAS_TARGET: tl.constexpr, SPLIT: tl.constexpr, LEAD: tl.constexpr,
-                       GROUP: tl.constexpr, SLICES: tl.constexpr):
+                       GROUP: tl.constexpr, SLICES: tl.constexpr,
+                       READ_FIRST: tl.constexpr = False):
         """Program ``(row, slice)``: the slice ``[slice * span, (slice + 1) * span)`` of a row
         (at ``x_ptr + origin + row * stride_row``), whose results it writes; with ``SPLIT`` it
         writes its partial state and counts itself in ``arrivals_ptr[row]``, and the row's
@@ -435,7 +442,8 @@ if triton is not None:
         read, the scalars ``SLICES`` records, its slices padded to a power of two),
         writes the row's results and sets the count back to 0 (so the counts, zeros, serve
         the next call as they were); ``LEAD`` where the rows' stride or origin leaves some
-        unaligned (:func:`_row_start`)."""
+        unaligned (:func:`_row_start`); ``READ_FIRST`` (:func:`_group_best`) given only where
+        set, so that the variants it leaves keep their specialisation."""
         row = tl.program_id(0).to(tl.int64)
         part = tl.program_id(1)
         parts = tl.num_programs(1)
@@ -458,7 +466,8 @@ if triton is not None:
             if arrived == parts - 1:  # the row's last slice to end
                 tl.store(arrivals_ptr + row, 0)
                 row_m, row_s, row_best, row_ge, row_eq = _merged_slices(
-                    row, parts, part_state_ptr, part_keys_ptr, K_PAD, TOPK, GROUP, SLICES)
+                    row, parts, part_state_ptr, part_keys_ptr, K_PAD, TOPK, GROUP, SLICES,
+                    READ_FIRST)
                 _finish(row, row_m, row_s, row_best, row_ge, row_eq, target, values_ptr,
                         ids_ptr, lse_ptr, target_lp_ptr, rank_ptr, ties_ptr, k, K_PAD, TOPK,
                         HAS_TARGET)
