@@ -43,11 +43,13 @@ RUNNING = (
     "`kernel_digest`) compiles on each Triton every variant launched on each architecture's GPU "
     "({launched}), but keeps a committed row where today's kernel code makes its variant the "
     "same TTIR (`ttir_digest`, printed without source positions: the rest of a compile reads "
-    "the TTIR, the options and the target alone), its `compiled_at` its compile's: some 5.5 s "
+    "the TTIR, the options, the target and the Triton build: none is kept where a Triton, "
+    "LLVM or ptxas knob is set, and `--compile-all` keeps none, as after a change to the "
+    "cubin readers), its `compiled_at` its compile's: some 5.5 s "
     "of two cores a compile (the 438 sm_90 compiles took 40 minutes under cpu-lock on "
     "2026-12-06; an A100's 408 sm_80 compiles some 40 minutes, over two runs, "
     "on 2026-12-07), so about {minutes} minutes in all where every variant's TTIR changed, and "
-    "some 0.3 s a variant to digest its TTIR. It "
+    "some 0.4 s of a core a variant to digest its TTIR. It "
     "fails on any compile error or spill, on a walk whose tile loop is not pipelined or "
     "copies less at a time than its tile allows, and on a split walk that counts its slices "
     "in unfenced or reads their states back in loads that a barrier holds apart. "
@@ -138,16 +140,20 @@ def _kept(python: Path, missing: list[dict], arch: int, version: str, earlier: l
     """The specs of ``missing`` still to compile for ``sm_<arch>`` on Triton ``version``.
     Each that an earlier row of that Triton and architecture compiled without fault, and
     whose TTIR today's code makes alike (``kernel_compile.ttir_digest``, printed without
-    source positions; or whose row is of today's code, its TTIR digested now), is kept: that
-    row, of today's ``kernel_digest`` and with its TTIR's digest, appended to ``out``. Its
-    figures are what compiling again would give, for the rest of a compile reads the TTIR, the
-    options and the target alone; its ``compiled_at`` stays its compile's."""
+    source positions; or, for a row of today's code digested before rows carried it, any),
+    is kept: that row, of today's ``kernel_digest`` and with its TTIR's digest, appended to
+    ``out``. Its figures are what compiling again would give: the rest of a compile reads the
+    TTIR, the options (the specialisation's warps and register cap), the target and the
+    Triton build (its version, ptxas among its files), and the environment's knobs, so no row
+    is kept where one is set (:func:`compile_knobs`). Its ``compiled_at`` stays its
+    compile's. The cubin readers (``kernel_compile.cubin_figures``, ``sass_path``) are not
+    keyed: after a change to them, run with no rows to keep (``--compile-all``)."""
     from stagelab.measure.kernel_compile import kernel_digest
     from stagelab.measure.kernel_variants import specialisation
 
     prior = {specialisation(row): row for row in earlier
              if (row["triton"], row["arch"]) == (version, arch) and row["compiles"]
-             and not _problem(row)}
+             and not _problem(row)} if not compile_knobs(env) else {}
     candidates = [spec for spec in missing if specialisation(spec) in prior]
     if not candidates:
         return missing
@@ -161,10 +167,23 @@ def _kept(python: Path, missing: list[dict], arch: int, version: str, earlier: l
         for row in _lines(digests_path):
             key, digest = specialisation(row), row["ttir_digest"]
             old = prior[key]
-            if digest and (old.get("ttir_digest") == digest or old["kernel_digest"] == today):
+            if digest and old.get("ttir_digest", digest if old["kernel_digest"] == today
+                                  else None) == digest:
                 sink.write(json.dumps(dict(old, kernel_digest=today, ttir_digest=digest)) + "\n")
                 same.add(key)
     return [spec for spec in missing if specialisation(spec) not in same]
+
+
+# Environment variables the check sets itself, or that leave a compile's output alone.
+OWN_KNOBS = frozenset({"TRITON_CACHE_DIR", "TRITON_DEFAULT_FP_FUSION", "TRITON_INTERPRET"})
+
+
+def compile_knobs(env: dict[str, str]) -> list[str]:
+    """The variables of ``env`` that may change what Triton, LLVM or ptxas make of a TTIR
+    (``TRITON_*``, ``PTXAS*``, ``DISABLE_*``, ``MLIR_*``, ``LLVM_*``, less
+    :data:`OWN_KNOBS`): with any set, no row is kept, for none records them."""
+    return sorted(name for name in env if name.startswith(
+        ("TRITON_", "PTXAS", "DISABLE_", "MLIR_", "LLVM_")) and name not in OWN_KNOBS)
 
 
 def committed_rows() -> list[dict]:
@@ -260,6 +279,9 @@ def _problem(row: dict) -> str:
     if row.get("constexprs", {}).get("SPLIT") and not row.get("arrival_fenced"):
         return ("its slices count in unfenced, or its row's last slice reads their states "
                 "past L2 (kernel_compile.arrival_fenced)")
+    if row.get("constexprs", {}).get("READ_FIRST") and row.get("merge_trips", 1) > 1:
+        return (f"it reads a group's keys first (READ_FIRST), yet a later group's merge waits "
+                f"on {row['merge_trips']} L2 round trips in turn: the reduction folded away?")
     if row.get("constexprs", {}).get("SPLIT") and row.get("tail_reads", 1) > 1:
         return (f"its row's last slice reads the slices' states in {row['tail_reads']} "
                 "batches of loads a barrier holds apart, where one would do "
@@ -489,16 +511,19 @@ def table(found: list[dict], when: datetime) -> str:
 
 
 def run_check(archs: tuple[int, ...], workers: int, out: Path | None = None,
-              specs: list[dict] | None = None, installed: bool = True) -> list[dict]:
+              specs: list[dict] | None = None, installed: bool = True,
+              earlier: list[dict] | None = None) -> list[dict]:
     """``specs`` (where None, the variants launched on each architecture's GPU:
     :func:`launched_for`) compiled for each architecture by the lease's Triton, then by the
-    installed one where ``installed`` (rows appended to ``out`` as they come, where given)."""
+    installed one where ``installed`` (rows appended to ``out`` as they come, where given),
+    keeping rows of ``earlier`` whose TTIR is alike (None: the committed rows; ``[]``:
+    compile every spec, as the slow tests do: :func:`compile_with`)."""
     pythons = [triton_python(LEASE_TRITON)] + ([Path(sys.executable)] if installed else [])
     found = []
     for python in pythons:
         for arch in archs:
             found += compile_with(python, launched_for(arch) if specs is None else specs,
-                                  (arch,), workers, out=out)
+                                  (arch,), workers, out=out, earlier=earlier)
     return found
 
 
@@ -512,9 +537,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=Path, help="append each row here as it comes (JSON "
                         "lines); with --from-rows, write the table from such a file instead")
     parser.add_argument("--from-rows", action="store_true")
+    parser.add_argument("--compile-all", action="store_true",
+                        help="keep no committed row, its TTIR alike or not (after a change "
+                        "to the cubin readers)")
     args = parser.parse_args(argv)
     found = (current_rows(args.rows) if args.from_rows and args.rows
-             else run_check(tuple(args.arch or ARCHS), args.workers, args.rows))
+             else run_check(tuple(args.arch or ARCHS), args.workers, args.rows,
+                            earlier=[] if args.compile_all else None))
     short = unfinished(found)
     if short:  # nothing written: a table short of variants would stand for a full one
         print("\n".join(short))

@@ -16,7 +16,7 @@ import importlib.util
 import json
 import re
 import sys
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -390,6 +390,9 @@ def test_a_failed_or_spilling_variant_fails_the_check():
     tiny = dict(walk, pipelined_copies=0, constexprs=dict(BLOCK=128))  # 2 bytes a thread
     assert check.failures([tiny]) == []
     assert check.failures([dict(tiny, pointers=dict(x_ptr="fp32"))]) != []
+    first = dict(walk, constexprs=dict(BLOCK=2048, READ_FIRST=True), merge_trips=1)
+    assert check.failures([first]) == []
+    assert "folded away" in check.failures([dict(first, merge_trips=4)])[0]
 
 
 def test_the_tile_loop_is_the_longest_a_backward_branch_closes():
@@ -464,8 +467,8 @@ def test_each_architecture_compiles_the_launches_of_its_own_gpu(tmp_path, monkey
     assert {key(v) for v in h200} - {key(v) for v in a100}
     asked = []
     monkeypatch.setattr(check, "triton_python", lambda version: tmp_path / "python")
-    monkeypatch.setattr(check, "compile_with", lambda python, specs, archs, workers, out:
-                        asked.append((archs, len(specs))) or [])
+    monkeypatch.setattr(check, "compile_with", lambda python, specs, archs, workers, out,
+                        earlier: asked.append((archs, len(specs))) or [])
     check.run_check((90, 80), 1, installed=False)
     assert asked == [((90,), len(h200)), ((80,), len(a100))]
     only_h200 = next(v for v in h200 if key(v) not in {key(a) for a in a100})
@@ -566,8 +569,10 @@ def test_the_representative_variants_compile_for_sm_90_on_the_lease_triton_witho
     Before: every top-K variant failed to compile on Triton 3.6 (``tl.flip(other)``: 3.6's
     flip compares ``dim`` before resolving None), which no interpreter test could see."""
     specs = kernel_variants.representative_variants()
-    found = check.run_check((90,), workers=2, specs=specs, installed=False)
+    started = datetime.now(UTC).isoformat(timespec="minutes")
+    found = check.run_check((90,), workers=2, specs=specs, installed=False, earlier=[])
     assert check.failures(found) == []
+    assert min(row["compiled_at"] for row in found) >= started  # compiled, none kept
     assert {row["triton"].rsplit(".", 1)[0] for row in found} == {check.LEASE_TRITON}
     assert len(found) == len(specs)
     assert {row["num_warps"] == 1 for row in found} == {True, False}
@@ -581,6 +586,7 @@ def test_the_widest_variants_compile_for_sm_90_and_sm_80_on_the_installed_triton
     launches: none fails or spills. The full check compiles every variant on both Tritons
     for both."""
     found, asked = [], []
+    started = datetime.now(UTC).isoformat(timespec="minutes")
     for arch, sms in kernel_variants.ARCH_SMS.items():
         widest: dict[tuple[str, bool], dict] = {}
         for spec in kernel_variants.representative_variants(sms):
@@ -591,8 +597,9 @@ def test_the_widest_variants_compile_for_sm_90_and_sm_80_on_the_installed_triton
                 widest[kind] = spec
         asked += [(kind, arch) for kind in widest]
         found += check.compile_with(Path(sys.executable), list(widest.values()), (arch,),
-                                    workers=2)
+                                    workers=2, earlier=[])
     assert check.failures(found) == []
+    assert min(row["compiled_at"] for row in found) >= started  # compiled, none kept
     assert sorted(((row["kernel"], bool(row["constexprs"].get("SPLIT"))), row["arch"])
                   for row in found) == sorted(asked)
     assert {row["constexprs"].get("K_PAD") for row in found} >= {1024}
@@ -983,24 +990,26 @@ def test_the_ttir_digest_ignores_where_the_code_sits_but_not_what_it_does(tmp_pa
 
 def test_a_committed_row_is_kept_where_today_s_code_makes_its_ttir_alike(tmp_path,
                                                                           monkeypatch):
-    """Of four variants with an earlier row of older code: the one whose TTIR today's code
-    makes alike is kept (today's ``kernel_digest``, its own ``compiled_at``); another TTIR,
-    an earlier row that failed, and one of another Triton are compiled. A row of today's
-    code without a TTIR digest (figures of before the digest) is kept and given one."""
+    """Of the variants with an earlier row: the one whose TTIR today's code makes alike is
+    kept (today's ``kernel_digest``, its own ``compiled_at``); another TTIR (even on a row of
+    today's code), an earlier row that failed, and one of another Triton are compiled. A row
+    of today's code without a TTIR digest (figures of before the digest) is kept and given
+    one. A front end that fails, or a Triton or ptxas knob set, keeps nothing."""
     import subprocess
     import types
 
     specs = [kernel_variants.spec_of(launches.finish_launch(4, k, True), "fp32")
-             for k in (1, 5, 20, 64, 1024)]
+             for k in (1, 2, 5, 20, 64, 1024)]
     today = kernel_compile.kernel_digest()
     old = dict(triton="9.9", arch=90, compiles=True, error="", spill_bytes=0,
                kernel_digest="an-older-kernel", compiled_at="2026-01-02T03:04+00:00")
     earlier = [dict(specs[0], **old, ttir_digest="same"),
-               dict(specs[1], **old, ttir_digest="before"),
-               dict(specs[2], **dict(old, compiles=False, error="boom"), ttir_digest="same"),
-               dict(specs[3], **dict(old, triton="9.8"), ttir_digest="same"),
-               dict(specs[4], **dict(old, kernel_digest=today))]
-    out, calls = tmp_path / "rows.jsonl", []
+               dict(specs[1], **dict(old, kernel_digest=today), ttir_digest="before"),
+               dict(specs[2], **old, ttir_digest="before"),
+               dict(specs[3], **dict(old, compiles=False, error="boom"), ttir_digest="same"),
+               dict(specs[4], **dict(old, triton="9.8"), ttir_digest="same"),
+               dict(specs[5], **dict(old, kernel_digest=today))]
+    calls = []
 
     def run(command, **kwargs):
         if "-c" in command:
@@ -1008,35 +1017,50 @@ def test_a_committed_row_is_kept_where_today_s_code_makes_its_ttir_alike(tmp_pat
         wanted = json.loads(open(command[-3]).read())
         calls.append(("--ttir" in command, [s["scalars"]["k"] for s in wanted]))
         with open(command[-2], "a") as sink:
-            for spec in wanted:
-                sink.write(json.dumps(dict(spec, triton="9.9", arch=90, ttir_digest="same",
+            for spec in wanted:  # the front end fails at k = 1 where the test says so
+                digest = "" if spec["scalars"]["k"] == failing else "same"
+                sink.write(json.dumps(dict(spec, triton="9.9", arch=90, ttir_digest=digest,
                                            kernel_digest=today, compiled_at="now")) + "\n")
         return subprocess.CompletedProcess(command, 0)
 
     monkeypatch.setattr(check.subprocess, "run", run)
+    failing = None
+    out = tmp_path / "rows.jsonl"
     found = check.compile_with(tmp_path / "python", specs, (90,), 1, tmp_path, out, earlier)
-    assert calls == [(True, [1, 5, 1024]), (False, [5, 20, 64])]
+    assert calls == [(True, [1, 2, 5, 1024]), (False, [2, 5, 20, 64])]
     by_k = {row["scalars"]["k"]: row for row in found}
     assert {k: row["compiled_at"] for k, row in by_k.items()} == {
-        1: "2026-01-02T03:04+00:00", 5: "now", 20: "now", 64: "now",
+        1: "2026-01-02T03:04+00:00", 2: "now", 5: "now", 20: "now", 64: "now",
         1024: "2026-01-02T03:04+00:00"}
     assert {row["kernel_digest"] for row in found} == {today}
     assert by_k[1024]["ttir_digest"] == "same"
-    assert len(check._lines(out)) == 5  # kept rows are in the rows file: a resumed run has them
+    assert len(check._lines(out)) == 6  # kept rows are in the rows file: a resumed run has them
+    failing, calls[:] = 1, []  # a front end that fails keeps nothing: the compile says why
+    check.compile_with(tmp_path / "python", specs[:1], (90,), 1, tmp_path,
+                       tmp_path / "failing.jsonl", earlier)
+    assert calls == [(True, [1]), (False, [1])]
+    calls[:] = []  # a knob that may change a compile's output: nothing kept, nothing digested
+    monkeypatch.setenv("PTXAS_OPTIONS", "-O0")
+    check.compile_with(tmp_path / "python", specs[:1], (90,), 1, tmp_path,
+                       tmp_path / "knob.jsonl", earlier)
+    assert calls == [(False, [1])]
 
 
 @NEEDS_TRITON
 def test_the_committed_rows_carry_the_ttir_today_s_code_makes():
-    """Each kernel's first committed row of each architecture on the installed Triton holds
-    the TTIR digest its variant has today: the key on which a later check keeps rows."""
+    """The first committed row of each kernel, architecture, split or not and reading its
+    keys first or not, on the installed Triton, holds the TTIR digest its variant has today:
+    the key on which a later check keeps rows."""
     import triton
 
     data = json.loads(check.DATA.read_text())["variants"]
     firsts = {}
     for row in data:
         if row["triton"] == triton.__version__:
-            firsts.setdefault((row["kernel"], row["arch"]), row)
-    assert len(firsts) == 6
+            flags = row["constexprs"]
+            firsts.setdefault((row["kernel"], row["arch"], bool(flags.get("SPLIT")),
+                               bool(flags.get("READ_FIRST"))), row)
+    assert len(firsts) == 10  # the one-pass walk split and read first, split, or neither
     assert ttir_digests(list(firsts.values())) == [row["ttir_digest"] for row in firsts.values()]
     assert all(row.get("ttir_digest") and row.get("compiled_at") for row in data)
 

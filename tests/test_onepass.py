@@ -252,8 +252,9 @@ def test_a_row_s_slices_merge_in_groups_of_two_and_of_one(interpreted, k, tile, 
 def test_the_plan_reads_a_group_s_keys_first_where_they_take_a_lane_more_than_one_load():
     """READ_FIRST where a group's int64 keys pass 16 bytes a lane: a one-warp split walk at
     n = 64, k = 5 (32 slices of 8 keys: 2048 bytes on 32 lanes); not its four-warp decode
-    (n = 4: 128 lanes), a call without a top-K, or an unsplit row; and only where set, so
-    the variants it leaves keep their specialisation."""
+    (n = 4: 128 lanes), a call without a top-K, an unsplit row or a group of one slice's
+    K_PAD 1024 (merged, not sorted); and only where set, so the variants it leaves keep
+    their specialisation."""
     narrow = launches.triton_launches(64, 152064, 5, True, None, None, 132)[0]
     assert narrow.num_warps == 1 and narrow.constexprs["GROUP"] * narrow.constexprs["K_PAD"] > 64
     assert narrow.constexprs["READ_FIRST"] is True
@@ -264,6 +265,9 @@ def test_the_plan_reads_a_group_s_keys_first_where_they_take_a_lane_more_than_on
     assert "READ_FIRST" not in launches.triton_launches(1, 300, 5, True, 64, 1, 4)[0].constexprs
     assert launches.keys_read_first(8, 32, 1) and not launches.keys_read_first(8, 32, 4)
     assert not launches.keys_read_first(2, 32, 1)  # 512 bytes: one load a lane
+    assert not launches.keys_read_first(1024, 1, 4)  # one slice's list: merged, not sorted
+    wide = launches.triton_launches(1, 152064, 1024, True, None, None, 132)[0]
+    assert wide.grid[1] > 1 and "READ_FIRST" not in wide.constexprs
 
 
 @pytest.mark.parametrize(("k", "splits", "group"), [

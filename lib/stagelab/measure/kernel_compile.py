@@ -265,7 +265,8 @@ def kernel_digest(path: Path = KERNEL_SOURCE) -> str:
     aside (a change of words recompiles nothing; a change of code makes every figure read from
     an earlier compile stale), and of the values of the :mod:`stagelab.core.launches`
     constants it reads (``CANDIDATE_LIMIT``, ``PIPELINE_STAGES``); the same on every Python.
-    Each row carries the digest of the code it was compiled from. Not in it: the cubin
+    Each row carries the digest of the code it stands for: compiled from, or kept for where
+    that code makes its variant the same TTIR (:func:`ttir_digest`). Not in it: the cubin
     readers here and in :mod:`~stagelab.measure.sass_path`, the compile options and the
     Triton (each row names its own)."""
     from stagelab.core import launches
@@ -306,7 +307,7 @@ def specialised(spec: dict[str, Any], fn: Any) -> tuple[dict, dict, dict]:
     for index, name in enumerate(fn.arg_names):
         if name in constexprs:
             signature[name] = "constexpr"
-        elif params[index].is_constexpr:  # a flag the launch leaves at its default
+        elif params[index].is_constexpr and params[index].has_default:  # left at its default
             signature[name], constexprs[name] = "constexpr", params[index].default
         elif name in spec["pointers"]:
             signature[name] = "*" + spec["pointers"][name]
@@ -341,10 +342,11 @@ def _options(spec: dict[str, Any]) -> dict[str, Any]:
 def ttir_digest(spec: dict[str, Any], arch: int) -> str:
     """A digest of the Triton IR (TTIR) this Triton makes of a spec for CUDA ``sm_<arch>``,
     printed without its source positions: all that the rest of a compile (TTGIR, LLVM, PTX,
-    the cubin) reads besides the options and the target. So a row compiled from code whose
-    digest is another's stands for today's code where this digest is the same (a change
-    under a constexpr the variant does not set, or lines moved): the full check keeps it
-    instead of compiling it again. Costs the front end alone (under a second)."""
+    the cubin) reads besides the options, the target, the Triton build and the environment's
+    knobs. So a row compiled from code whose digest is another's stands for today's code
+    where this digest is the same (a change under a constexpr the variant does not set, or
+    lines moved) on the same Triton, architecture and specialisation: the full check keeps it
+    instead of compiling it again. Costs the front end alone (about 0.4 s of a core)."""
     from triton._C.libtriton import ir
     from triton.backends.compiler import GPUTarget
     from triton.compiler.compiler import make_backend
