@@ -100,8 +100,8 @@ def keys_read_first(k_pad: int, group: int, warps: int) -> bool:
     waited on 5 L2 round trips in turn on its tail's critical path and 4 on a later group's
     merge; reading first, 2 and 1. Where one load a lane holds the keys, the reduction only
     lengthens the path: the four-warp decode plan at n = 4, k = 5, fp32 fell from 5.1 to
-    4.7 % of HBM in the roofline model with it. A group of one or two slices is merged, not
-    sorted: nothing to read first."""
+    4.7 % of HBM in the roofline model with it (2026-12-07, in a run not kept). A group of
+    one or two slices is merged, not sorted: nothing to read first."""
     return group > 2 and group * k_pad * KEY_BYTES > LANE_LOAD_BYTES * 32 * warps
 
 
