@@ -416,6 +416,29 @@ def test_the_tile_loop_is_the_longest_a_backward_branch_closes():
     assert figures["loop_instructions"] == 4 and figures["pipelined_copies"] == 1
 
 
+def test_the_tile_loop_lies_before_a_split_walk_counts_itself_in():
+    """Before: a split walk's merge loop after its count (ATOMG), longer than its tile loop
+    (a tree over 128 slices' keys on Triton 3.6), was read as the tile loop, and the check
+    failed it as not pipelined. The tile loop is the longest before the count; the merge
+    loop is still the last after it."""
+    sass = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+        /*0010*/                   LDGSTS.E.BYPASS.128 [R3], desc[UR4][R2.64] ;
+        /*0020*/                   FMNMX R4, R2, R4, !PT ;
+        /*0030*/               @P3 BRA 0x10 ;
+        /*0040*/                   ATOMG.E.ADD.STRONG.GPU PT, R9, desc[UR4][R6.64], R8 ;
+        /*0050*/                   LDG.E.64.STRONG.GPU R10, desc[UR4][R6.64] ;
+        /*0060*/                   IMNMX R4, R10, R4, !PT ;
+        /*0070*/                   IMNMX R4, R10, R4, !PT ;
+        /*0080*/                   IMNMX R4, R10, R4, !PT ;
+        /*0090*/               @P4 BRA 0x50 ;
+        /*00a0*/                   EXIT ;
+"""
+    figures = kernel_compile.loop_figures(sass, top_k=False, counts=False, merged=True)
+    assert figures["loop_instructions"] == 3 and figures["pipelined_copies"] == 1
+    assert figures["merge_instructions"] == 5
+
+
 def test_the_fold_walks_a_wide_tile_in_tiles_of_at_most_fold_tile():
     """Before: a ``head_fused`` tile of 1280 logits made a 2048-wide fold tile, which spilled
     8 bytes (K_PAD 2) and 16 (K_PAD 1024) on Triton 3.6 for sm_90: the check allowed them."""

@@ -104,15 +104,19 @@ def loop_figures(sass: str, top_k: bool = True, counts: bool = True,
 
     The tile loop is the longest a backward branch closes (a cut first tile walked before it
     holds loops of its own) before the last ``EXIT`` (ptxas places a warp's divergent paths
-    after it, branching back into the body)."""
+    after it, branching back into the body) and, in a split walk, before its count of the
+    row's slices (the tail's merge loop after it may be the longer: a tree over 128 slices'
+    keys is)."""
     lines = [(int(address, 16), text) for address, text in SASS_LINE.findall(sass)]
     body_end = max((at for at, text in lines if EXIT.search(text)), default=math.inf)
     backward = [(target, at) for at, text in lines for target in _branch_target(text)
                 if target <= at < body_end]
-    if not backward:
+    arrival = next((at for at, text in lines if ARRIVAL.search(text)), math.inf)
+    walks = [span for span in backward if span[1] < arrival]
+    if not walks:
         return dict(dict.fromkeys(LOOP_FIGURES, 0), **{name: [0, 0] for name in PATH_CLOCKS})
-    start, end = max(backward, key=lambda span: (_inside([at for at, _ in lines], span[0] - 1,
-                                                         span[1] + 1), -span[0]))
+    start, end = max(walks, key=lambda span: (_inside([at for at, _ in lines], span[0] - 1,
+                                                      span[1] + 1), -span[0]))
     body = [at for at, _ in lines if start <= at <= end]
     skips = [(at, target) for at, text in lines if start <= at <= end
              for target in _branch_target(text) if at < target <= end]
