@@ -279,9 +279,6 @@ def _problem(row: dict) -> str:
     if row.get("constexprs", {}).get("SPLIT") and not row.get("arrival_fenced"):
         return ("its slices count in unfenced, or its row's last slice reads their states "
                 "past L2 (kernel_compile.arrival_fenced)")
-    if row.get("constexprs", {}).get("READ_FIRST") and row.get("merge_trips", 1) > 1:
-        return (f"it reads a group's keys first (READ_FIRST), yet a later group's merge waits "
-                f"on {row['merge_trips']} L2 round trips in turn: the reduction folded away?")
     if row.get("constexprs", {}).get("SPLIT") and row.get("tail_reads", 1) > 1:
         return (f"its row's last slice reads the slices' states in {row['tail_reads']} "
                 "batches of loads a barrier holds apart, where one would do "

@@ -390,9 +390,6 @@ def test_a_failed_or_spilling_variant_fails_the_check():
     tiny = dict(walk, pipelined_copies=0, constexprs=dict(BLOCK=128))  # 2 bytes a thread
     assert check.failures([tiny]) == []
     assert check.failures([dict(tiny, pointers=dict(x_ptr="fp32"))]) != []
-    first = dict(walk, constexprs=dict(BLOCK=2048, READ_FIRST=True), merge_trips=1)
-    assert check.failures([first]) == []
-    assert "folded away" in check.failures([dict(first, merge_trips=4)])[0]
 
 
 def test_the_tile_loop_is_the_longest_a_backward_branch_closes():
@@ -549,20 +546,32 @@ def test_the_committed_figures_hold_every_launched_variant_on_each_triton_and_ar
     assert all(f"on an {gpu} (a model" in text for gpu in check.MODELLED)
 
 
-def test_a_group_s_keys_read_first_wait_one_round_trip_in_a_later_group_s_merge():
-    """What keys_read_first's words quote, in the committed cubins: the one-warp walk at
-    n = 64, k = 5, fp32 on the lease's Triton for sm_90 reads its 32 slices' keys whole and
-    waits on 2 L2 round trips in its tail (5 before); every variant reading first waits on
-    one in a later group's merge (4 before, at K_PAD 8 in groups of 32), on either Triton
-    and architecture."""
-    rows = json.loads(check.DATA.read_text())["variants"]
-    first = launches.triton_launches(64, 152064, 5, True, None, None, 132)[0]
-    quoted = roofline.figures_of(first, "fp32", 90, variants=tuple(rows))
-    assert quoted["constexprs"]["READ_FIRST"] and quoted["tail_trips"] == 2
-    reading = [row for row in rows if row["constexprs"].get("READ_FIRST")]
-    assert {(row["triton"], row["arch"]) for row in reading} == {
+def test_a_group_s_keys_merged_as_a_tree_hold_the_figures_merge_tree_quotes():
+    """What merge_tree's words quote, in the committed cubins (Triton 3.6, sm_90, fp32): the
+    one-warp walk at n = 64, k = 5 (32 slices of 8 keys) waits on 2 L2 round trips and
+    1009 clocks (slow end) in its tail and 2326 in a later group's merge; at n = 256, k = 20
+    (8 slices of 32 keys) 1 and 1511. Every variant the lease's Triton compiles with a tree
+    waits on one round trip in a later group's merge, for either architecture."""
+    rows = tuple(json.loads(check.DATA.read_text())["variants"])
+    words = " ".join(launches.merge_tree.__doc__.split())
+
+    def quoted(n: int, k: int) -> dict:
+        launch = launches.triton_launches(n, 152064, k, True, None, None, 132)[0]
+        assert launch.constexprs["MERGE_TREE"] is True
+        return roofline.figures_of(launch, "fp32", 90, variants=rows)
+
+    five, twenty = quoted(64, 5), quoted(256, 20)
+    assert (five["tail_trips"], five["tail_clocks"][1], five["merge_clocks"][1]) == (2, 1009,
+                                                                                   2326)
+    assert (twenty["tail_trips"], twenty["tail_clocks"][1]) == (1, 1511)
+    assert "against 2 and 1009" in words and "against 1 and 2326" in words
+    assert "against 1 and 1511" in words
+    trees = [row for row in rows if row["constexprs"].get("MERGE_TREE")]
+    assert {(row["triton"], row["arch"]) for row in trees} == {
         (row["triton"], row["arch"]) for row in rows}
-    assert {row["merge_trips"] for row in reading} == {1}
+    lease = [row for row in trees if row["triton"].startswith(check.LEASE_TRITON + ".")]
+    assert {row["arch"] for row in lease} == set(check.ARCHS)
+    assert {row["merge_trips"] for row in lease} == {1}
 
 
 @NEEDS_TRITON
@@ -743,8 +752,9 @@ def test_the_narrow_plan_is_above_the_four_warp_one_where_its_words_say(capsys):
     """What narrow_walk's words quote, compiled again on the lease's Triton: of the 24 cells
     of n = 16 to 1000, k = 0, 5 and 20, fp32 and bf16, the model puts the narrow plan below
     the four-warp one at the slow ends at two and at the fast ends at five, by 2.7 points at
-    most; below 16 rows it loses with a top-K (at the fast ends); the figures it quotes; and
-    the four-warp tile's guard and candidate clocks it sets the one-warp tile's against."""
+    most; below 16 rows it loses with a top-K at the fast ends, but at k = 20 for fp32
+    (level); the figures it quotes; and the four-warp tile's guard and candidate clocks it
+    sets the one-warp tile's against."""
     assert compare_plans.main([]) == 0
     cells = {}
     number = r"(\d+\.\d)"
@@ -760,16 +770,18 @@ def test_the_narrow_plan_is_above_the_four_warp_one_where_its_words_say(capsys):
     assert below == {(0, 256, "fp32"), (0, 1000, "fp32")}
     fast = [wide_high - high for _, high, _, wide_high in batch.values() if high < wide_high]
     assert len(fast) == 5 and max(fast) <= 2.7 + 1e-9  # printed to a tenth
-    assert all(cells[k, 4, dtype][1] < cells[k, 4, dtype][3] for k in (5, 20)
-               for dtype in ("fp32", "bf16"))
+    losing = [(5, "fp32"), (5, "bf16"), (20, "bf16")]
+    assert all(cells[k, 4, dtype][1] < cells[k, 4, dtype][3] for k, dtype in losing)
     quoted = {(0, 64, "fp32"): (83.3, 76.5), (0, 64, "bf16"): (71.5, 42.1),
-              (5, 64, "fp32"): (60.6, 25.2), (5, 64, "bf16"): (34.3, 14.4),
-              (20, 64, "fp32"): (21.8, 10.7), (20, 64, "bf16"): (13.1, 7.1),
+              (5, 64, "fp32"): (66.1, 25.2), (5, 64, "bf16"): (38.1, 14.4),
+              (20, 64, "fp32"): (23.4, 10.7), (20, 64, "bf16"): (14.7, 7.1),
               (5, 256, "fp32"): (93.9, 66.9), (5, 256, "bf16"): (70.9, 37.2),
-              (20, 256, "fp32"): (65.5, 32.5), (20, 256, "bf16"): (38.5, 20.9),
+              (20, 256, "fp32"): (66.0, 32.5), (20, 256, "bf16"): (39.5, 20.9),
               (0, 256, "fp32"): (95.4, 95.8), (0, 1000, "fp32"): (98.9, 100.0),
-              (5, 4, "fp32"): (4.2, 5.1), (20, 4, "bf16"): (0.8, 1.0), (20, 4, "fp32"): (1.4, 1.4)}
+              (5, 4, "fp32"): (4.6, 5.1), (5, 4, "bf16"): (2.7, 3.2),
+              (20, 4, "bf16"): (0.9, 1.0), (20, 4, "fp32"): (1.5, 1.4)}
     assert {cell: cells[cell][0::2] for cell in quoted} == quoted
+    assert cells[20, 4, "fp32"][1] == cells[20, 4, "fp32"][3] == 2.1  # level, fast ends
     four_warp = [json.loads(line) for line in compare_plans.KEPT.read_text().splitlines()]
     wide = [row for row in four_warp if row["where"] == "four-warp fp32 n=64 k=20"][-1]
     assert (wide["guard_clocks"], wide["candidate_clocks"]) == ([505, 739], [801, 1212])
@@ -1072,7 +1084,7 @@ def test_a_committed_row_is_kept_where_today_s_code_makes_its_ttir_alike(tmp_pat
 @NEEDS_TRITON
 def test_the_committed_rows_carry_the_ttir_today_s_code_makes():
     """The first committed row of each kernel, architecture, split or not and reading its
-    keys first or not, on the installed Triton, holds the TTIR digest its variant has today:
+    keys as a tree or not, on the installed Triton, holds the TTIR digest its variant has today:
     the key on which a later check keeps rows."""
     import triton
 
@@ -1082,8 +1094,8 @@ def test_the_committed_rows_carry_the_ttir_today_s_code_makes():
         if row["triton"] == triton.__version__:
             flags = row["constexprs"]
             firsts.setdefault((row["kernel"], row["arch"], bool(flags.get("SPLIT")),
-                               bool(flags.get("READ_FIRST"))), row)
-    assert len(firsts) == 10  # the one-pass walk split and read first, split, or neither
+                               bool(flags.get("MERGE_TREE"))), row)
+    assert len(firsts) == 10  # the one-pass walk split with a tree, split, or neither
     assert ttir_digests(list(firsts.values())) == [row["ttir_digest"] for row in firsts.values()]
     assert all(row.get("ttir_digest") and row.get("compiled_at") for row in data)
 

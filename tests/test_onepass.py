@@ -249,51 +249,118 @@ def test_a_row_s_slices_merge_in_groups_of_two_and_of_one(interpreted, k, tile, 
         splits=splits)
 
 
-def test_the_plan_reads_a_group_s_keys_first_where_they_take_a_lane_more_than_one_load():
-    """READ_FIRST where a group's int64 keys pass 16 bytes a lane: a one-warp split walk at
+def test_the_plan_merges_a_group_s_keys_as_a_tree_where_they_take_a_lane_more_than_one_load():
+    """MERGE_TREE where a group's int64 keys pass 16 bytes a lane: a one-warp split walk at
     n = 64, k = 5 (32 slices of 8 keys: 2048 bytes on 32 lanes); not its four-warp decode
     (n = 4: 128 lanes), a call without a top-K, an unsplit row or a group of one slice's
-    K_PAD 1024 (merged, not sorted); and only where set, so the variants it leaves keep
+    K_PAD 1024 (merged, never sorted); and only where set, so the variants it leaves keep
     their specialisation."""
     narrow = launches.triton_launches(64, 152064, 5, True, None, None, 132)[0]
     assert narrow.num_warps == 1 and narrow.constexprs["GROUP"] * narrow.constexprs["K_PAD"] > 64
-    assert narrow.constexprs["READ_FIRST"] is True
+    assert narrow.constexprs["MERGE_TREE"] is True
     decode = launches.triton_launches(4, 152064, 5, True, None, None, 132)[0]
-    assert decode.num_warps == 4 and decode.grid[1] > 1 and "READ_FIRST" not in decode.constexprs
-    assert "READ_FIRST" not in launches.triton_launches(64, 152064, 0, True, None, None,
+    assert decode.num_warps == 4 and decode.grid[1] > 1 and "MERGE_TREE" not in decode.constexprs
+    assert "MERGE_TREE" not in launches.triton_launches(64, 152064, 0, True, None, None,
                                                         264)[0].constexprs
-    assert "READ_FIRST" not in launches.triton_launches(1, 300, 5, True, 64, 1, 4)[0].constexprs
-    assert launches.keys_read_first(8, 32, 1) and not launches.keys_read_first(8, 32, 4)
-    assert not launches.keys_read_first(2, 32, 1)  # 512 bytes: one load a lane
-    assert not launches.keys_read_first(1024, 1, 4)  # one slice's list: merged, not sorted
+    assert "MERGE_TREE" not in launches.triton_launches(1, 300, 5, True, 64, 1, 4)[0].constexprs
+    assert launches.merge_tree(8, 32, 1) and not launches.merge_tree(8, 32, 4)
+    assert not launches.merge_tree(2, 32, 1)  # 512 bytes: one load a lane
+    assert not launches.merge_tree(1024, 1, 4)  # one slice's list: merged, not sorted
     wide = launches.triton_launches(1, 152064, 1024, True, None, None, 132)[0]
-    assert wide.grid[1] > 1 and "READ_FIRST" not in wide.constexprs
+    assert wide.grid[1] > 1 and "MERGE_TREE" not in wide.constexprs
 
 
-@pytest.mark.parametrize(("k", "splits", "group"), [
-    (20, 10, 8),  # K_PAD 32: a group of 8 slices, then a later one with six masked
-    (5, 12, 16),  # K_PAD 8: 12 slices in one group of 16
-    (1, 19, 32),  # K_PAD 2: 19 slices (a tile each) in one group of 32
+@pytest.mark.parametrize(("k", "splits", "group", "blank"), [
+    (20, 10, 8, None),  # K_PAD 32: a group of 8 slices, then a later one with six masked
+    (20, 3, 4, 2),  # K_PAD 32: 3 slices in a group of 4 (an odd one masked), one all -inf
+    (5, 12, 16, 3),  # K_PAD 8: 12 slices in one group of 16, an odd one all -inf
+    (2, 19, 32, None),  # K_PAD 2: 19 slices (a tile each) in one group of 32
 ])
-def test_a_group_s_keys_read_whole_before_their_sort_leave_the_results(interpreted,
-                                                                       monkeypatch, k,
-                                                                       splits, group):
-    """READ_FIRST raises each key to the group's least (``launches.keys_read_first``): the
-    top-K, logsumexp and the target's rank are the reference's, ties by the lower id."""
+def test_a_group_s_keys_merged_as_a_tree_leave_the_results(interpreted, monkeypatch, k,
+                                                          splits, group, blank):
+    """MERGE_TREE merges a group's lists in pairs, the odd slices' read in reverse
+    (``launches.merge_tree``): the top-K, logsumexp and the target's rank are the
+    reference's, ties by the lower id, where a slice holds no finite value (``blank``)."""
     real_run, flagged = onepass.run_launch, []
 
-    def read_first(launch, pointers):
+    def tree(launch, pointers):
         if launch.constexprs.get("SPLIT") and launch.constexprs["GROUP"] > 2:
             launch = dataclasses.replace(launch, constexprs=dict(launch.constexprs,
-                                                                 READ_FIRST=True))
+                                                                 MERGE_TREE=True))
             flagged.append(launch.constexprs["GROUP"])
         real_run(launch, pointers)
 
-    monkeypatch.setattr(onepass, "run_launch", read_first)
+    monkeypatch.setattr(onepass, "run_launch", tree)
     logits = randn(3, 1200, seed=7)
     logits[:, 600:640] = logits[:, 0:40]  # ties across slices
-    run(("triton", interpreted), logits, k, ids(3, 1200), tile=64, splits=splits)
+    targets = ids(3, 1200)
+    if blank is not None:
+        span = launches.triton_launches(3, 1200, k, True, 64, splits, 4)[0].scalars["span"]
+        logits[:, blank * span:(blank + 1) * span] = float("-inf")  # the whole slice
+        targets = torch.zeros(3, dtype=torch.long)  # a finite logit
+    run(("triton", interpreted), logits, k, targets, tile=64, splits=splits)
     assert flagged == [group]
+
+
+# The kernels' module while a test's own kernel calls into it: Triton's interpreter resolves a
+# kernel's names among its module's globals (test_the_tree_merges_any_group_...).
+_KERNELS = None
+
+
+def _tree_pairs() -> list[tuple[int, int]]:
+    """Every (GROUP, K_PAD) at which a one-warp split walk merges its slices' keys as a tree
+    (``launches.merge_tree``), a group's keys within ``launches.MERGED_KEYS``."""
+    return [(group, k_pad) for k_pad in (2, 4, 8, 16, 32)
+            for group in (4, 8, 16, 32, 64, 128)
+            if group * k_pad <= launches.MERGED_KEYS and launches.merge_tree(k_pad, group, 1)]
+
+
+def _slice_lists(rng: np.random.Generator, slices: int, k_pad: int) -> np.ndarray:
+    """``slices`` lists of ``k_pad`` unique int64 keys, each descending as a slice writes
+    them, about a third padded with the floor below every key (a slice with fewer than
+    ``k`` values), drawn across the keys' whole range."""
+    floor = np.iinfo(np.int64).min
+    keys = rng.choice(np.arange(-2**40, 2**40, 7919, dtype=np.int64), (slices, k_pad),
+                      replace=False) * 1021
+    lists = -np.sort(-keys, axis=1)
+    for at in range(slices):
+        if rng.random() < 0.3:
+            lists[at, rng.integers(0, k_pad):] = floor
+    return lists
+
+
+def test_the_tree_merges_any_group_of_slices_as_a_sort_would(interpreted, monkeypatch):
+    """``_group_best`` with ``MERGE_TREE`` at every (GROUP, K_PAD) the plan sets it, for 3,
+    GROUP - 1 and GROUP + 1 slices a row (a group cut short, a later group), two rows and
+    real keys past the last row (a mask that let them in would show): the best ``K_PAD``
+    keys of the group's slices, descending, as numpy's sort gives them."""
+    import triton
+    import triton.language as tl
+
+    monkeypatch.setitem(globals(), "_KERNELS", _kernels_module())
+
+    @triton.jit
+    def group_best(keys_ptr, out_ptr, first, lead, parts, GROUP: tl.constexpr,
+                   K_PAD: tl.constexpr):
+        tl.store(out_ptr + tl.arange(0, K_PAD),
+                 _KERNELS._group_best(keys_ptr, first, lead, parts, GROUP, K_PAD, True))
+
+    pairs, rng, checked = _tree_pairs(), np.random.default_rng(11), 0
+    assert {(128, 2), (32, 8), (8, 32)} <= set(pairs) and all(g > 2 for g, _ in pairs)
+    for group, k_pad in pairs:
+        for parts in sorted({3, group - 1, group + 1}):
+            lists = _slice_lists(rng, 2 * parts + 2, k_pad)  # 2 rows, then 2 slices past
+            for row in range(2):
+                for lead in range(0, parts, group):
+                    first = row * parts
+                    out = torch.empty(k_pad, dtype=torch.int64)
+                    group_best[(1,)](torch.from_numpy(lists), out, first, lead, parts, group,
+                                     k_pad)
+                    held = lists[first + lead:first + min(lead + group, parts)].ravel()
+                    assert out.tolist() == sorted(held, reverse=True)[:k_pad], (group, k_pad,
+                                                                                parts, lead)
+                    checked += 1
+    assert checked >= 4 * len(pairs)
 
 
 def test_the_split_state_is_allocated_as_the_compile_check_types_it():

@@ -91,17 +91,25 @@ KEY_BYTES = 8  # a top-K key: an int64 of the value's ordered bits and its id
 LANE_LOAD_BYTES = 16  # the widest load a lane issues
 
 
-def keys_read_first(k_pad: int, group: int, warps: int) -> bool:
-    """Whether a split row's last slice reads a group of slices' keys whole before it sorts
-    them (``READ_FIRST``: onepass_triton._group_best): where the ``group x k_pad`` keys take
-    each lane of ``warps`` warps more than one load of :data:`LANE_LOAD_BYTES`, ptxas issues
-    each load only once the sort has used the one before. The compile check's Triton 3.6
-    sm_90 cubin at n = 64, k = 5, fp32 (one warp, 32 slices of 8 keys: four loads a lane)
-    waited on 5 L2 round trips in turn on its tail's critical path and 4 on a later group's
-    merge; reading first, 2 and 1. Where one load a lane holds the keys, the reduction only
-    lengthens the path: the four-warp decode plan at n = 4, k = 5, fp32 fell from 5.1 to
-    4.7 % of HBM in the roofline model with it (2026-12-07, in a run not kept). A group of
-    one or two slices is merged, not sorted: nothing to read first."""
+def merge_tree(k_pad: int, group: int, warps: int) -> bool:
+    """Whether a split row's last slice merges a group of slices' keys as a tree, the odd
+    slices' read in reverse (``MERGE_TREE``: onepass_triton._group_best), in place of
+    ``tl.topk``, which sorts again each list its slice wrote sorted: a group of more than two
+    whose ``group x k_pad`` keys take each lane of ``warps`` warps more than one load of
+    :data:`LANE_LOAD_BYTES`, where ptxas issued ``tl.topk``'s loads one after another. Only
+    one-warp walks meet it (a group holds at most :data:`MERGED_KEYS` keys: one such load
+    a lane of four warps): K_PAD 2 in groups of 64 and 128, 4 of 32 and 64, 8 of 16 and 32,
+    16 of 8 and 16, 32 of 4 and 8 (the compile check's shapes give K_PAD 2, 8 and 32).
+    Compile check, Triton 3.6, sm_90, fp32, the critical path (L2 round trips, slow-end
+    clocks) with ``tl.topk`` (its keys read first, each raised to their least: the rows
+    committed before) against the tree, 2026-12-07: n = 64, k = 5 (32 slices of 8 keys) the
+    tail 2 and 3273 against 2 and 1009, a later group's merge 1 and 4386 against 1 and 2326;
+    n = 256, k = 20 (8 slices of 32 keys), the tail 2 and 1255 against 1 and 1511 (a round
+    trip fewer for 256 clocks more). On Triton 3.9, 8 slices of 32 keys wait 2 round trips
+    in a later group's merge against 1 (ptxas issues some loads after the first merge
+    stage), for 2397 clocks against 8398. The reversed addresses are not contiguous: the
+    tree reads its keys 8 bytes a load, ``tl.topk`` 16. A group of one or two slices is
+    merged, never sorted."""
     return group > 2 and group * k_pad * KEY_BYTES > LANE_LOAD_BYTES * 32 * warps
 
 
@@ -180,7 +188,7 @@ NARROW_LEAST_ROWS = 16  # fewer rows (decode) keep the four-warp plan: narrow_wa
 def narrow_programs_per_sm(k: int) -> int:
     """One-warp programs a narrow walk's plan aims at per SM (:func:`narrow_walk`), from the
     compile check's cubins (Triton 3.6, sm_90): 12 with a top-K, three warps for each of the
-    SM's four schedulers (137-196 registers: 10 to 14 CTAs an SM); 16 without (71-112
+    SM's four schedulers (137-195 registers: 10 to 14 CTAs an SM); 16 without (71-112
     registers: 18 to 25 CTAs of 16-bit logits an SM, 14 of fp32, its pipeline's shared
     memory the bound). Chosen on 2026-12-07 from 12, 14, 16 and 20 without a top-K under the
     roofline model (H200, V = 152,064, slow ends, in a run not kept): 16 is above 12 and 14
@@ -211,15 +219,16 @@ def narrow_walk(rows: int, vocab: int, k: int, tile: int | None, splits: int | N
     (``scripts/compare_narrow_plan.py`` prints the comparison again; H200, V = 152,064, slow
     ends, % of HBM), in place of four one-warp programs an SM at ``17 <= k <= 32`` for rows
     that fill the SMs. Against the four-warp plan (a tile given) at n = 16 to 1000, its split
-    rows reading a group's keys whole where they take a lane more than one load
-    (:func:`keys_read_first`): n = 64, k = 0: fp32 83.3 against 76.5, bf16 71.5 against
-    42.1; k = 5: 60.6 and 34.3 against 25.2 and 14.4; k = 20: 21.8 and 13.1 against 10.7 and
-    7.1; n = 256, k = 5: 93.9 and 70.9 against 66.9 and 37.2; k = 20: 65.5 and 38.5 against
-    32.5 and 20.9. It is below at two of those 24 cells (k = 0 fp32 at n = 256, 95.4 against
-    95.8, and n = 1000, 98.9 against 100), and at five at the fast ends, by 2.7 points at
-    most. Below :data:`NARROW_LEAST_ROWS` rows it loses with a top-K (n = 4, k = 5, fp32: 4.2
-    against 5.1; k = 20, bf16: 0.8 against 1.0, fp32 even at 1.4, below at the fast end)
-    and at n = 1 without: decode keeps the four-warp plan."""
+    rows merging a group's keys as a tree where they take a lane more than one load
+    (:func:`merge_tree`; 2026-12-08): n = 64, k = 0: fp32 83.3 against 76.5, bf16 71.5
+    against 42.1; k = 5: 66.1 and 38.1 against 25.2 and 14.4; k = 20: 23.4 and 14.7 against
+    10.7 and 7.1; n = 256, k = 5: 93.9 and 70.9 against 66.9 and 37.2; k = 20: 66.0 and 39.5
+    against 32.5 and 20.9. It is below at two of those 24 cells (k = 0 fp32 at n = 256,
+    95.4 against 95.8, and n = 1000, 98.9 against 100), and at five at the fast ends, by 2.7
+    points at most. Below :data:`NARROW_LEAST_ROWS` rows it loses with a top-K at k = 5
+    (n = 4, fp32: 4.6 against 5.1, bf16 2.7 against 3.2) and at k = 20 for bf16 (0.9
+    against 1.0), is level at k = 20 for fp32 (1.5 against 1.4; 2.1 both at the fast ends),
+    and loses at n = 1 without: decode keeps the four-warp plan."""
     return (tile is None and splits is None and rows >= NARROW_LEAST_ROWS
             and pow2_at_least(max(k, 2)) <= NARROW_K_PAD
             and math.ceil(vocab / NARROW_TILE) <= MAX_SLICE_TILES)
@@ -304,14 +313,14 @@ def triton_launches(rows: int, vocab: int, k: int, with_targets: bool, tile: int
     block, k_pad, parts, span = launch_plan(rows, vocab, k, tile, splits, slots)
     warps = 1 if narrow_walk(rows, vocab, k, tile, splits) else warps_for(block, k_pad, parts > 1)
     group = merge_group(k_pad, parts)
-    # READ_FIRST only where set (the kernel's default is False): the variants it leaves keep
+    # MERGE_TREE only where set (the kernel's default is False): the variants it leaves keep
     # their specialisation, and so their compiled rows (scripts/kernel_compile_check.py).
-    read_first = k > 0 and parts > 1 and keys_read_first(k_pad, group, warps)
+    tree = k > 0 and parts > 1 and merge_tree(k_pad, group, warps)
     return [Launch("onepass_kernel", (rows, parts),
                    dict(stride_row=stride_row, origin=origin, vocab=vocab, k=k, span=span),
                    dict(BLOCK=block, SPLIT=parts > 1, LEAD=leads(stride_row) or origin > 0,
                         K_PAD=k_pad, TOPK=k > 0, HAS_TARGET=with_targets, GROUP=group,
-                        SLICES=pow2_at_least(parts), **({"READ_FIRST": True} if read_first
+                        SLICES=pow2_at_least(parts), **({"MERGE_TREE": True} if tree
                                                        else {})),
                    warps, registers_for(k > 0, warps))]
 

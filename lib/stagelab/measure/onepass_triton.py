@@ -353,15 +353,33 @@ if triton is not None:
                        mask=at + slots * 0 < parts, other=KEY_FLOOR, cache_modifier=".cg")
 
     @triton.jit
+    def _tree_best(keys, GROUP: tl.constexpr, K_PAD: tl.constexpr):
+        """The best ``K_PAD`` keys, descending, of ``GROUP`` lists of ``K_PAD`` (rows of
+        ``keys``: each even one descending, each odd one ascending; both sizes powers of two,
+        ``GROUP`` above 2: :func:`stagelab.core.launches.merge_tree`), merged in pairs as a
+        tree, no list sorted again: a pair's greater keys slot by slot are a bitonic list of
+        its best ``K_PAD`` (repeats counted), which each level's bitonic merge (``log2
+        K_PAD`` compare stages) puts in the order its next pair needs (even rows descending,
+        odd ascending), the last descending."""
+        tl.static_assert(GROUP > 2, "a group of one or two slices is merged, not a tree")
+        LEVELS: tl.constexpr = GROUP.bit_length() - 1
+        best = tl.max(tl.reshape(keys, (GROUP // 2, 2, K_PAD)), axis=1)
+        for level in tl.static_range(2, LEVELS + 1):
+            even, odd = tl.split(tl.permute(tl.reshape(best, (GROUP >> level, 2, K_PAD)),
+                                            (0, 2, 1)))
+            best = tl.maximum(tl.bitonic_merge(even, descending=True),
+                              tl.bitonic_merge(odd, descending=False))
+        return tl.bitonic_merge(tl.reshape(best, (K_PAD,)), descending=True)
+
+    @triton.jit
     def _group_best(part_keys_ptr, first, lead, parts, GROUP: tl.constexpr,
-                    K_PAD: tl.constexpr, READ_FIRST: tl.constexpr):
+                    K_PAD: tl.constexpr, MERGE_TREE: tl.constexpr):
         """The best ``K_PAD`` keys, descending, of slices ``lead`` to ``lead + GROUP`` of the
         row whose first slice is ``first`` (a slice past ``parts`` holds none). Each slice
         wrote its keys descending: one list is its own best, two are merged (:func:`_merge`,
-        no sort); more are read as one and their top ``K_PAD`` taken (``tl.topk``), with
-        ``READ_FIRST`` after a reduction over all of them (their least, each key raised to
-        it: no change), which asks for every load before the sort uses the first
-        (:func:`stagelab.core.launches.keys_read_first`)."""
+        no sort); more are read as one and, with ``MERGE_TREE``, the odd slices' in reverse,
+        merged as a tree (:func:`_tree_best`), else their top ``K_PAD`` taken (``tl.topk``,
+        which sorts each list again) (:func:`stagelab.core.launches.merge_tree`)."""
         if GROUP == 1:
             best = _slice_keys(part_keys_ptr, first, lead, parts, K_PAD)
         elif GROUP == 2:
@@ -369,13 +387,19 @@ if triton is not None:
                           _slice_keys(part_keys_ptr, first, lead + 1, parts, K_PAD))
         else:
             group = tl.arange(0, GROUP)
-            keys = tl.load(part_keys_ptr + (first + lead + group)[:, None] * K_PAD
-                           + tl.arange(0, K_PAD)[None, :],
-                           mask=(lead + group < parts)[:, None], other=KEY_FLOOR,
-                           cache_modifier=".cg")
-            if READ_FIRST:
-                keys = tl.maximum(keys, tl.min(keys))
-            best = tl.topk(tl.reshape(keys, (GROUP * K_PAD,)), K_PAD)
+            if MERGE_TREE:  # an odd slice's keys ascending (reversed: 8 bytes a load)
+                slots = tl.arange(0, K_PAD)[None, :]
+                slots = tl.where((group % 2 == 1)[:, None], K_PAD - 1 - slots, slots)
+                keys = tl.load(part_keys_ptr + (first + lead + group)[:, None] * K_PAD + slots,
+                               mask=(lead + group < parts)[:, None], other=KEY_FLOOR,
+                               cache_modifier=".cg")
+                best = _tree_best(keys, GROUP, K_PAD)
+            else:
+                keys = tl.load(part_keys_ptr + (first + lead + group)[:, None] * K_PAD
+                               + tl.arange(0, K_PAD)[None, :],
+                               mask=(lead + group < parts)[:, None], other=KEY_FLOOR,
+                               cache_modifier=".cg")
+                best = tl.topk(tl.reshape(keys, (GROUP * K_PAD,)), K_PAD)
         return best
 
     @triton.jit
@@ -391,7 +415,7 @@ if triton is not None:
     @triton.jit
     def _merged_slices(row, parts, part_state_ptr, part_keys_ptr, K_PAD: tl.constexpr,
                        TOPK: tl.constexpr, GROUP: tl.constexpr, SLICES: tl.constexpr,
-                       READ_FIRST: tl.constexpr):
+                       MERGE_TREE: tl.constexpr):
         """Row ``row``'s state from its ``parts`` slices' partial states, read past L1
         (``.cg``: other programs wrote them): every slice's record of scalars (:func:`_record`)
         in one load, the first ``GROUP`` slices' keys beside it, both issued before anything
@@ -407,7 +431,7 @@ if triton is not None:
                           cache_modifier=".cg")
         best = tl.full((K_PAD,), KEY_FLOOR, tl.int64)
         if TOPK:
-            best = _group_best(part_keys_ptr, first, 0, parts, GROUP, K_PAD, READ_FIRST)
+            best = _group_best(part_keys_ptr, first, 0, parts, GROUP, K_PAD, MERGE_TREE)
         m_and_ge, s_and_eq = tl.split(tl.reshape(records, (SLICES, 2, 2)))
         m_bits, ges = tl.split(m_and_ge)
         s_bits, eqs = tl.split(s_and_eq)
@@ -421,7 +445,7 @@ if triton is not None:
         if TOPK:
             for lead in range(GROUP, parts, GROUP):
                 best = _merge(best, _group_best(part_keys_ptr, first, lead, parts, GROUP,
-                                                K_PAD, READ_FIRST))
+                                                K_PAD, MERGE_TREE))
         return m, s, best, ge, eq
 
     # ``origin`` (0 but for logits that start off alignment:
@@ -434,7 +458,7 @@ if triton is not None:
                        BLOCK: tl.constexpr, K_PAD: tl.constexpr, TOPK: tl.constexpr,
                        HAS_TARGET: tl.constexpr, SPLIT: tl.constexpr, LEAD: tl.constexpr,
                        GROUP: tl.constexpr, SLICES: tl.constexpr,
-                       READ_FIRST: tl.constexpr = False):
+                       MERGE_TREE: tl.constexpr = False):
         """Program ``(row, slice)``: the slice ``[slice * span, (slice + 1) * span)`` of a row
         (at ``x_ptr + origin + row * stride_row``), whose results it writes; with ``SPLIT`` it
         writes its partial state and counts itself in ``arrivals_ptr[row]``, and the row's
@@ -442,7 +466,7 @@ if triton is not None:
         read, the scalars ``SLICES`` records, its slices padded to a power of two),
         writes the row's results and sets the count back to 0 (so the counts, zeros, serve
         the next call as they were); ``LEAD`` where the rows' stride or origin leaves some
-        unaligned (:func:`_row_start`); ``READ_FIRST`` (:func:`_group_best`) given only where
+        unaligned (:func:`_row_start`); ``MERGE_TREE`` (:func:`_group_best`) given only where
         set, so that the variants it leaves keep their specialisation."""
         row = tl.program_id(0).to(tl.int64)
         part = tl.program_id(1)
@@ -467,7 +491,7 @@ if triton is not None:
                 tl.store(arrivals_ptr + row, 0)
                 row_m, row_s, row_best, row_ge, row_eq = _merged_slices(
                     row, parts, part_state_ptr, part_keys_ptr, K_PAD, TOPK, GROUP, SLICES,
-                    READ_FIRST)
+                    MERGE_TREE)
                 _finish(row, row_m, row_s, row_best, row_ge, row_eq, target, values_ptr,
                         ids_ptr, lse_ptr, target_lp_ptr, rank_ptr, ties_ptr, k, K_PAD, TOPK,
                         HAS_TARGET)
